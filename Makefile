@@ -1,0 +1,14 @@
+# The two commands of the README's quick start, and the benchmarks.
+.PHONY: run test bench setup
+
+setup:
+	@bash scripts/setup.sh
+
+run: setup
+	.venv/bin/journalq demo --data ./data
+
+test: setup
+	.venv/bin/python -m pytest
+
+bench: setup
+	.venv/bin/python bench/run.py

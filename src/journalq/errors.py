@@ -1,0 +1,92 @@
+"""One exception hierarchy for the whole package: everything journalq raises is a ``journalq.Error``.
+
+Errors about stored data carry where the problem is: the file, the byte position in it, and, when
+known, the offset and timestamp of the message involved, so that an operator can go and look.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+ZERO_TIMESTAMP = -(2**63)
+"""How the format stores Go's zero ``time.Time``: the minimum int64."""
+
+
+def format_timestamp(timestamp_ns: int | None) -> str:
+    """A timestamp in nanoseconds as RFC 3339 in UTC; the zero time as ``zero-time``."""
+    if timestamp_ns is None or timestamp_ns == ZERO_TIMESTAMP:
+        return "zero-time"
+    seconds, nanos = divmod(timestamp_ns, 1_000_000_000)
+    try:
+        moment = _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{timestamp_ns}ns"
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{nanos:09d}Z"
+
+
+class Error(Exception):
+    """Base class of every error journalq raises."""
+
+
+class InvalidMessageError(Error, ValueError):
+    """A message that cannot be stored: a key over 127 bytes, a value that is not bytes, ..."""
+
+
+class JournalError(Error):
+    """A problem with a journal directory or its files."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        file: str | Path | None = None,
+        position: int | None = None,
+        offset: int | None = None,
+        timestamp_ns: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.file = Path(file) if file is not None else None
+        self.position = position
+        self.offset = offset
+        self.timestamp_ns = timestamp_ns
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        where = []
+        if self.file is not None:
+            where.append(str(self.file))
+        if self.position is not None:
+            where.append(f"byte {self.position}")
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        if self.timestamp_ns is not None:
+            where.append(f"timestamp {format_timestamp(self.timestamp_ns)}")
+        return f"{self.reason} ({', '.join(where)})" if where else self.reason
+
+    def located(self, file: str | Path, base_position: int = 0) -> JournalError:
+        """The same error, placed in ``file`` with positions counted from ``base_position``."""
+        position = None if self.position is None else base_position + self.position
+        return type(self)(
+            self.reason, file=file, position=position, offset=self.offset, timestamp_ns=self.timestamp_ns
+        )
+
+
+class CorruptionError(JournalError):
+    """Stored bytes that do not decode as messages, or offsets that are not dense."""
+
+
+class TruncatedError(JournalError):
+    """A segment became shorter than what was already read from it."""
+
+
+class LockedError(JournalError):
+    """Another writer holds the journal's lock."""
+
+
+class OffsetOutOfRangeError(JournalError, LookupError):
+    """An offset before the first message still stored, or past the end of the journal."""
+
+
+class ScanTimeout(JournalError, TimeoutError):
+    """A following scanner waited longer than its timeout for the next message."""

@@ -1,0 +1,34 @@
+"""The sej journal: codec, segments, writer, scanner, reader offsets, sparse index, recovery.
+
+Byte-compatible with h12.io/sej: it reads what sej writes, and sej reads what it writes.
+"""
+
+from journalq.errors import (
+    ZERO_TIMESTAMP,
+    CorruptionError,
+    InvalidMessageError,
+    JournalError,
+    LockedError,
+    OffsetOutOfRangeError,
+    TruncatedError,
+)
+from journalq.journal.codec import MAX_KEY_SIZE, Message
+from journalq.journal.recovery import Recovery
+from journalq.journal.sync import SyncPolicy
+from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
+
+__all__ = [
+    "DEFAULT_SEGMENT_SIZE",
+    "MAX_KEY_SIZE",
+    "ZERO_TIMESTAMP",
+    "CorruptionError",
+    "InvalidMessageError",
+    "JournalError",
+    "LockedError",
+    "Message",
+    "OffsetOutOfRangeError",
+    "Recovery",
+    "SyncPolicy",
+    "TruncatedError",
+    "Writer",
+]

@@ -1,0 +1,208 @@
+"""The sej message format, as pure functions: no files, no clocks, no I/O.
+
+A segment file is a sequence of messages; each message is, big-endian::
+
+    offset     uint64   its position in the journal; dense, rising by one
+    timestamp  int64    nanoseconds since the Unix epoch (Go's zero time: the minimum int64)
+    type       uint8
+    key_len    int8     so a key holds at most 127 bytes
+    key        key_len bytes
+    value_len  int32
+    value      value_len bytes
+    size       int32    the size of the whole message, itself included (lets a reader go backward)
+
+Everything here works on ``bytes``-like buffers so that it can be tested and fuzzed alone; the
+writer and the scanner wrap it with file I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from itertools import count
+from typing import NamedTuple
+
+from journalq.errors import ZERO_TIMESTAMP, CorruptionError, InvalidMessageError
+
+HEADER = struct.Struct(">QqBb")  # offset, timestamp, type, key length
+INT32 = struct.Struct(">i")
+_HEADER_NO_KEY = struct.Struct(">QqBbi")  # the header and value length of a message without key
+OVERHEAD = HEADER.size + 2 * INT32.size  # 26 bytes around key and value
+MAX_KEY_SIZE = 127
+MAX_MESSAGE_SIZE = 2**31 - 1  # the size field is an int32
+MAX_VALUE_SIZE = MAX_MESSAGE_SIZE - OVERHEAD - MAX_KEY_SIZE
+
+__all__ = [
+    "HEADER",
+    "MAX_KEY_SIZE",
+    "MAX_VALUE_SIZE",
+    "OVERHEAD",
+    "ZERO_TIMESTAMP",
+    "Message",
+    "decode",
+    "encode",
+    "encode_batch",
+    "message_size",
+]
+
+
+class Message(NamedTuple):
+    """One message of a journal.
+
+    Read from a journal, every field is set. Given to a writer, ``offset`` is ignored (the writer
+    assigns the next one) and a ``timestamp_ns`` of ``None`` means "now".
+    """
+
+    offset: int = 0
+    timestamp_ns: int | None = None
+    type: int = 0
+    key: bytes = b""
+    value: bytes = b""
+
+
+def message_size(key_len: int, value_len: int) -> int:
+    """Bytes that a message with a key and value of these lengths takes in a segment."""
+    return OVERHEAD + key_len + value_len
+
+
+def _check(key: bytes, value: bytes, type_: int, timestamp_ns: int) -> None:
+    """Raise a clear ``InvalidMessageError`` for whatever makes this message unstorable."""
+    for name, field in (("key", key), ("value", value)):
+        if not isinstance(field, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError(f"message {name} must be bytes, not {type(field).__name__}")
+    if len(key) > MAX_KEY_SIZE:
+        raise InvalidMessageError(f"message key is {len(key)} bytes; the format allows at most 127")
+    if len(value) > MAX_VALUE_SIZE:
+        raise InvalidMessageError(f"message value is {len(value)} bytes; at most {MAX_VALUE_SIZE}")
+    if not isinstance(type_, int) or not 0 <= type_ <= 255:
+        raise InvalidMessageError(f"message type must be an integer from 0 to 255, not {type_!r}")
+    if not isinstance(timestamp_ns, int) or not ZERO_TIMESTAMP <= timestamp_ns < 2**63:
+        raise InvalidMessageError(f"message timestamp must be a 64-bit integer, not {timestamp_ns!r}")
+
+
+def encode(offset: int, timestamp_ns: int, type: int, key: bytes, value: bytes) -> bytes:
+    """The bytes of one message."""
+    _check(key, value, type, timestamp_ns)
+    key, value = bytes(key), bytes(value)  # a memoryview's len() counts items, not bytes
+    if offset < 0 or offset >= 2**64:
+        raise InvalidMessageError(f"offset {offset} does not fit in an unsigned 64-bit integer")
+    key_len, value_len = len(key), len(value)
+    return b"".join(
+        (
+            HEADER.pack(offset, timestamp_ns, type, key_len),
+            key,
+            INT32.pack(value_len),
+            value,
+            INT32.pack(OVERHEAD + key_len + value_len),
+        )
+    )
+
+
+def _encode_values(first_offset: int, timestamp_ns: int, values: Sequence[bytes]) -> tuple[bytes, list[int]]:
+    """The fast path of ``encode_batch``: plain values, no key, type 0, one timestamp."""
+    lengths = list(map(len, values))
+    pack_head, pack_size = _HEADER_NO_KEY.pack, INT32.pack
+    data = b"".join(
+        [
+            pack_head(offset, timestamp_ns, 0, 0, n) + v + pack_size(OVERHEAD + n)
+            for offset, v, n in zip(count(first_offset), values, lengths)
+        ]
+    )
+    return data, lengths
+
+
+def encode_batch(
+    first_offset: int, timestamp_ns: int, items: Iterable[bytes | Message]
+) -> tuple[bytes, list[int], int]:
+    """Encode many messages at consecutive offsets from ``first_offset``.
+
+    ``items`` are values (bytes-like) or ``Message``s; a ``Message`` keeps its own timestamp unless
+    it is ``None``, and all others get ``timestamp_ns``. Returns the bytes, the size of each
+    message's key plus value (the rest is ``OVERHEAD``), and the number of messages.
+    """
+    items = items if isinstance(items, (list, tuple)) else list(items)
+    if not items:
+        return b"", [], 0
+    try:
+        data, lengths = _encode_values(first_offset, timestamp_ns, items)
+        if len(data) == len(lengths) * OVERHEAD + sum(lengths):
+            return data, lengths, len(items)
+    except (TypeError, struct.error):
+        pass  # not all plain values, or one too large: the general path says which and why
+    parts: list[bytes] = []
+    lengths = []
+    for offset, item in zip(count(first_offset), items):
+        if isinstance(item, Message):
+            ts = timestamp_ns if item.timestamp_ns is None else item.timestamp_ns
+            parts.append(encode(offset, ts, item.type, item.key, item.value))
+            lengths.append(len(item.key) + len(item.value))
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            parts.append(encode(offset, timestamp_ns, 0, b"", item))
+            lengths.append(len(item))
+        else:
+            raise InvalidMessageError(
+                f"item {offset - first_offset} of the batch is a {type(item).__name__}; "
+                "append bytes values or journalq.journal.Message objects"
+            )
+    return b"".join(parts), lengths, len(items)
+
+
+def decode(
+    buf: bytes | bytearray | memoryview,
+    start: int = 0,
+    end: int | None = None,
+    expected_offset: int | None = None,
+    max_messages: int | None = None,
+) -> tuple[list[Message], int]:
+    """Decode the whole messages in ``buf[start:end]``.
+
+    Returns the messages and the position just past the last one; an incomplete message at the end
+    is left for the caller to complete with more bytes. When ``expected_offset`` is given, offsets
+    must run densely from it. Raises ``CorruptionError`` (with ``position`` relative to ``buf``) at
+    the first message whose structure or offset is wrong.
+    """
+    if not isinstance(buf, bytes):
+        buf = bytes(buf)  # slices of bytes are bytes: one copy here instead of two per message
+    if end is None:
+        end = len(buf)
+    unpack_head, unpack_int = HEADER.unpack_from, INT32.unpack_from
+    out: list[Message] = []
+    append = out.append
+    pos = start
+    limit = end - OVERHEAD
+    remaining = -1 if max_messages is None else max_messages
+    next_offset = expected_offset
+    while pos <= limit and remaining != 0:
+        offset, timestamp_ns, type_, key_len = unpack_head(buf, pos)
+        key_start = pos + 18
+        key_end = key_start + key_len
+        if key_len < 0:
+            raise _corrupt(f"negative key length {key_len}", pos, offset, timestamp_ns)
+        if key_end + 8 > end:
+            break
+        (value_len,) = unpack_int(buf, key_end)
+        value_end = key_end + 4 + value_len
+        if value_len < 0:
+            raise _corrupt(f"negative value length {value_len}", pos, offset, timestamp_ns)
+        if value_end + 4 > end:
+            break
+        (size,) = unpack_int(buf, value_end)
+        if size != value_end + 4 - pos:
+            raise _corrupt(
+                f"size field says {size} bytes, the message has {value_end + 4 - pos}",
+                pos,
+                offset,
+                timestamp_ns,
+            )
+        if next_offset is not None:
+            if offset != next_offset:
+                raise _corrupt(f"offset {offset} where {next_offset} was due", pos, offset, timestamp_ns)
+            next_offset += 1
+        append(Message(offset, timestamp_ns, type_, buf[key_start:key_end], buf[key_end + 4 : value_end]))
+        pos = value_end + 4
+        remaining -= 1
+    return out, pos
+
+
+def _corrupt(reason: str, position: int, offset: int, timestamp_ns: int) -> CorruptionError:
+    return CorruptionError(reason, position=position, offset=offset, timestamp_ns=timestamp_ns)

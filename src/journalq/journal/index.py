@@ -1,0 +1,167 @@
+"""The sparse offset index kept beside each segment (``%016x.idx``), after Kafka's.
+
+It maps some offsets of a segment to the byte positions of their messages, one entry every
+``interval`` bytes or so, so that a seek reads one index lookup and at most ``interval`` bytes of
+segment, however long the journal. The index is only a hint: every entry is checked against the
+segment when it is used, and an index that is missing, damaged or stale is rebuilt from the segment.
+
+File format, big-endian: a 16-byte header (``JQIDX001`` and the segment's base offset), then
+16-byte entries (offset uint64, position uint64) with both rising. A torn last entry is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from journalq.journal.segment import Segment
+
+MAGIC = b"JQIDX001"
+HEADER = struct.Struct(">8sQ")
+ENTRY = struct.Struct(">QQ")
+DEFAULT_INTERVAL = 4096
+
+Entry = tuple[int, int]  # (offset, byte position in the segment)
+
+
+def choose_entries(
+    first_offset: int, starts: Sequence[int], last_indexed: int, interval: int
+) -> tuple[list[Entry], int]:
+    """Index entries for a run of messages appended to a segment (pure).
+
+    ``starts[i]`` is the segment position of message ``first_offset + i``, and ``starts[-1]`` is
+    where the run ends. An entry is due once a message starts ``interval`` bytes or more past the
+    last entry (``last_indexed``). Returns the entries and the new ``last_indexed``.
+    """
+    entries: list[Entry] = []
+    count = len(starts) - 1
+    i = 0
+    while True:
+        i = bisect_left(starts, last_indexed + interval, i, count)
+        if i >= count:
+            return entries, last_indexed
+        last_indexed = starts[i]
+        entries.append((first_offset + i, last_indexed))
+
+
+def encode_entries(entries: Sequence[Entry]) -> bytes:
+    pack = ENTRY.pack
+    return b"".join([pack(offset, position) for offset, position in entries])
+
+
+def _valid_header(header: bytes, segment: Segment) -> bool:
+    if len(header) != HEADER.size:
+        return False
+    magic, base = HEADER.unpack(header)
+    return magic == MAGIC and base == segment.base
+
+
+def read_entries(segment: Segment) -> list[Entry]:
+    """All entries of the segment's index; none when it is missing or not an index of it."""
+    try:
+        with open(segment.index_path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    if not _valid_header(data[: HEADER.size], segment):
+        return []
+    entries: list[Entry] = []
+    last = (segment.base, 0)
+    usable = HEADER.size + (len(data) - HEADER.size) // ENTRY.size * ENTRY.size
+    for entry in ENTRY.iter_unpack(data[HEADER.size : usable]):
+        if entry[0] <= last[0] or entry[1] <= last[1]:
+            break  # not rising: what follows is damage, not index
+        entries.append(entry)
+        last = entry
+    return entries
+
+
+def lookup(segment: Segment, offset: int, limit: int | None = None) -> Entry:
+    """The last entry at or before ``offset`` (and before byte ``limit``), by binary search.
+
+    Reads O(log n) entries, so a lookup costs the same in a small segment and in a huge one.
+    Without a usable index the answer is the segment's start, which is always right.
+    """
+    start: Entry = (segment.base, 0)
+    try:
+        fd = os.open(segment.index_path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return start
+    try:
+        if not _valid_header(os.pread(fd, HEADER.size, 0), segment):
+            return start
+        lo, hi = 0, (os.fstat(fd).st_size - HEADER.size) // ENTRY.size
+        best = start
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = ENTRY.unpack(os.pread(fd, ENTRY.size, HEADER.size + mid * ENTRY.size))
+            if entry[0] <= offset and (limit is None or entry[1] < limit):
+                best = entry
+                lo = mid + 1
+            else:
+                hi = mid
+        return best
+    finally:
+        os.close(fd)
+
+
+def last_position(segment: Segment) -> int:
+    """The position of the index's last entry (0 without one), reading only that entry."""
+    try:
+        with open(segment.index_path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            whole = (size - HEADER.size) // ENTRY.size
+            if whole <= 0 or not _valid_header(f.read(HEADER.size), segment):
+                return 0
+            return ENTRY.unpack(os.pread(f.fileno(), ENTRY.size, HEADER.size + (whole - 1) * ENTRY.size))[1]
+    except OSError:
+        return 0
+
+
+def write_index(segment: Segment, entries: Sequence[Entry]) -> bool:
+    """Replace the segment's index atomically; False when the directory cannot be written."""
+    tmp = segment.index_path.with_name(f"{segment.index_path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(HEADER.pack(MAGIC, segment.base) + encode_entries(entries))
+        os.replace(tmp, segment.index_path)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+
+
+class IndexAppender:
+    """Appends entries to the index of the segment a writer is appending to.
+
+    The index is never synced: it is rebuilt from the segment whenever it disagrees with it.
+    """
+
+    def __init__(self, segment: Segment, entries: Sequence[Entry]) -> None:
+        """Open the index, rewriting it to hold exactly ``entries`` (known good) when it differs."""
+        self.segment = segment
+        self.last_position = entries[-1][1] if entries else 0
+        expected = HEADER.size + len(entries) * ENTRY.size
+        path = segment.index_path
+        try:
+            current = path.stat().st_size
+        except FileNotFoundError:
+            current = -1
+        if current != expected or read_entries(segment) != list(entries):
+            write_index(segment, entries)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def add(self, entries: Sequence[Entry]) -> None:
+        if entries:
+            os.write(self._fd, encode_entries(entries))
+            self.last_position = entries[-1][1]
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,92 @@
+"""Advisory file locks, the way sej takes them: ``flock`` on a ``.lck`` file.
+
+Unlike sej, journalq never deletes a lock file: deleting it lets a process that opened the old file
+and a process that created a new one both believe they hold the lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from types import TracebackType
+
+from journalq.errors import LockedError
+
+
+class FileLock:
+    """An exclusive ``flock`` on ``path``, which is created when missing.
+
+    ``acquire(wait=False)`` raises ``LockedError`` when another process holds the lock;
+    ``acquire(wait=True)`` blocks until it is free. The lock file stays open between acquisitions,
+    so taking the lock again costs one system call.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        self.held = False
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return self._fd
+
+    def acquire(self, wait: bool = False) -> None:
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = self.read_note()
+                raise LockedError(
+                    "another writer holds the lock" + (f" ({holder})" if holder else ""),
+                    file=self.path,
+                ) from None
+            # The file may have been replaced (sej's writer deletes it on close): a lock on an
+            # unlinked file guards nothing, so take the lock again on the file the path names now.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.held = True
+                return
+            self._close_fd()
+
+    def release(self) -> None:
+        if self._fd is not None and self.held:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self.held = False
+
+    def write_note(self, note: str) -> None:
+        """Say in the lock file who holds it, for the error that a refused process prints."""
+        fd = self._open()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, note.encode(), 0)
+
+    def read_note(self) -> str:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read(200).decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.held = False
+
+    def close(self) -> None:
+        self.release()
+        self._close_fd()
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,138 @@
+"""Segment files: their names, where they live, and listing them.
+
+A journal directory holds ``jnl/`` with one file per segment, named by the offset of its first
+message in 16 hex digits (``%016x.jnl``), and beside each segment journalq keeps a sparse offset
+index, ``%016x.idx``, which sej ignores (it only reads ``*.jnl``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+
+from journalq.errors import CorruptionError
+from journalq.journal.codec import OVERHEAD, decode
+
+SEGMENT_SUFFIX = ".jnl"
+INDEX_SUFFIX = ".idx"
+_SEGMENT_NAME = re.compile(r"^([0-9a-fA-F]{1,16})\.jnl$")
+
+
+def journal_dir(path: str | os.PathLike[str]) -> Path:
+    """``DIR/jnl``: where the segments of the journal at ``DIR`` live."""
+    return Path(path) / "jnl"
+
+
+def lock_path(path: str | os.PathLike[str]) -> Path:
+    """``DIR/jnl.lck``: the writer's lock file, as sej names it."""
+    return Path(path) / "jnl.lck"
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:016x}{SEGMENT_SUFFIX}"
+
+
+@dataclass(frozen=True, order=True)
+class Segment:
+    """A segment file: ``base`` is the offset of its first message."""
+
+    base: int
+    path: Path
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(INDEX_SUFFIX)
+
+
+def segment_at(path: str | os.PathLike[str], base_offset: int) -> Segment:
+    """The segment of the journal at ``path`` that starts at ``base_offset`` (it may not exist)."""
+    return Segment(base_offset, journal_dir(path) / segment_name(base_offset))
+
+
+def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
+    """The segments of the journal at ``path``, oldest first; other files are ignored, as sej does."""
+    directory = journal_dir(path)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    segments = []
+    for name in names:
+        match = _SEGMENT_NAME.match(name)
+        if match:
+            segments.append(Segment(int(match.group(1), 16), directory / name))
+    segments.sort()
+    return segments
+
+
+READ_CHUNK = 1 << 20
+
+
+@dataclass
+class SegmentScan:
+    """What a pass over (part of) a segment found.
+
+    ``end`` is the position just past the last whole, valid message and ``next_offset`` the offset
+    due there. When the bytes after ``end`` are not a whole valid message, ``problem`` says why:
+    they may be a message still being written, a torn write, or damage.
+    """
+
+    end: int
+    next_offset: int
+    last_timestamp_ns: int | None
+    file_size: int
+    entries: list[tuple[int, int]]
+    problem: CorruptionError | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.end == self.file_size
+
+
+def scan_segment(
+    segment: Segment,
+    start: int,
+    start_offset: int,
+    *,
+    last_indexed: int = 0,
+    interval: int = 4096,
+) -> SegmentScan:
+    """Read ``segment`` from byte ``start`` (where message ``start_offset`` begins) to its end,
+    checking every message and collecting the index entries due after ``last_indexed``."""
+    from journalq.journal.index import choose_entries  # index imports this module
+
+    entries: list[tuple[int, int]] = []
+    last_ts: int | None = None
+    pos, next_offset = start, start_offset
+    with open(segment.path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        pending = b""
+        problem = None
+        while pos < size:
+            chunk = os.pread(f.fileno(), READ_CHUNK, pos + len(pending))
+            if not chunk:
+                break
+            buf = pending + chunk
+            try:
+                messages, used = decode(buf, 0, len(buf), next_offset)
+            except CorruptionError as exc:
+                problem = exc.located(segment.path, pos)
+                messages, used = decode(buf, 0, exc.position, next_offset)
+            if messages:
+                starts = list(accumulate((OVERHEAD + len(m.key) + len(m.value) for m in messages), initial=pos))
+                found, last_indexed = choose_entries(next_offset, starts, last_indexed, interval)
+                entries.extend(found)
+                next_offset = messages[-1].offset + 1
+                last_ts = messages[-1].timestamp_ns
+            pos += used
+            pending = buf[used:]
+            if problem is not None or (not messages and len(chunk) < READ_CHUNK):
+                break
+    if problem is None and pos < size:
+        problem = CorruptionError(
+            f"incomplete message: {size - pos} bytes at the end", file=segment.path, position=pos, offset=next_offset
+        )
+    return SegmentScan(pos, next_offset, last_ts, size, entries, problem)

@@ -1,0 +1,71 @@
+"""Sync policies: how often a writer forces appended data onto stable storage.
+
+``none``    leave it to the operating system (an append survives the death of the process, not
+            of the machine); fastest.
+``group``   sync at most every ``interval_ms`` milliseconds or every ``max_messages`` messages,
+            whichever comes first: a bounded window of loss for most of the speed of ``none``.
+``always``  every append returns only once its data, and on a new segment the directory entry,
+            are on stable storage.
+
+As strings: ``"none"``, ``"always"``, ``"group"`` (10 ms), ``"group:5ms"``, ``"group:1000"``
+(messages) or ``"group:5ms,1000"``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from journalq.errors import Error
+
+DEFAULT_GROUP_INTERVAL_MS = 10.0
+_GROUP_PART = re.compile(r"^(?:(?P<ms>\d+(?:\.\d+)?)ms|(?P<n>\d+))$")
+
+fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
+@dataclass(frozen=True)
+class SyncPolicy:
+    mode: Literal["none", "group", "always"] = "none"
+    interval_ms: float | None = None
+    max_messages: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str | SyncPolicy) -> SyncPolicy:
+        if isinstance(spec, SyncPolicy):
+            return spec
+        if not isinstance(spec, str):
+            raise Error(f"sync policy must be a string or SyncPolicy, not {type(spec).__name__}")
+        text = spec.strip().lower()
+        if text in ("none", "always"):
+            return cls(text)  # type: ignore[arg-type]
+        name, _, rest = text.partition(":")
+        if name != "group":
+            raise Error(f"unknown sync policy {spec!r}: use none, always or group[:Nms][,N]")
+        interval_ms: float | None = None
+        max_messages: int | None = None
+        for part in filter(None, (p.strip() for p in rest.split(","))):
+            match = _GROUP_PART.match(part)
+            if not match:
+                raise Error(f"bad part {part!r} in sync policy {spec!r}: use e.g. group:10ms,1000")
+            if match.group("ms") is not None:
+                interval_ms = float(match.group("ms"))
+            else:
+                max_messages = int(match.group("n"))
+        if interval_ms is None and max_messages is None:
+            interval_ms = DEFAULT_GROUP_INTERVAL_MS
+        if (interval_ms is not None and interval_ms <= 0) or (max_messages is not None and max_messages <= 0):
+            raise Error(f"sync policy {spec!r}: interval and message count must be positive")
+        return cls("group", interval_ms, max_messages)
+
+    def __str__(self) -> str:
+        if self.mode != "group":
+            return self.mode
+        parts = []
+        if self.interval_ms is not None:
+            parts.append(f"{self.interval_ms:g}ms")
+        if self.max_messages is not None:
+            parts.append(str(self.max_messages))
+        return "group:" + ",".join(parts)

@@ -1,0 +1,432 @@
+"""The journal writer: appends messages at dense offsets to segment files, sej's ``Writer``.
+
+Opening a writer recovers the journal: the last segment is checked from its last good index entry
+to its end, and a torn or damaged tail is cut off and kept (see ``recovery``). Every append hands
+its bytes to the operating system before it returns (unless ``buffer_size`` asks otherwise), so an
+acknowledged append survives the death of the process; the sync policy decides when they reach
+stable storage.
+
+An exclusive writer holds ``jnl.lck`` for its lifetime, as sej's does. A shared writer
+(``shared=True``) lets several processes append to one journal with no daemon: each append takes
+the lock, catches up with what the others appended (recovering their torn writes if one died),
+appends and lets go.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Iterable
+from itertools import accumulate
+from pathlib import Path
+from types import TracebackType
+
+from journalq.errors import Error, JournalError, LockedError, TruncatedError
+from journalq.journal.codec import HEADER, OVERHEAD, Message, encode, encode_batch
+from journalq.journal.index import DEFAULT_INTERVAL, IndexAppender, choose_entries, last_position, read_entries
+from journalq.journal.lock import FileLock
+from journalq.journal.recovery import Recovery, cut_tail, fsync_dir
+from journalq.journal.segment import Segment, journal_dir, list_segments, lock_path, scan_segment, segment_at
+from journalq.journal.sync import SyncPolicy, fdatasync
+
+DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
+_EXCLUSIVE_NOTE = "exclusive writer"
+
+
+class Writer:
+    """Appends to the journal at ``path`` (created when missing).
+
+    ``segment_size``: a segment is closed once it reaches this many bytes (like sej, after the
+    message that reaches it). ``sync``: a ``SyncPolicy`` or its string (``"none"``, ``"always"``,
+    ``"group:10ms,1000"``). ``buffer_size``: gather appends in memory up to this many bytes before
+    writing (``0``, the default, writes every append at once; buffered appends are lost if the
+    process dies before ``flush``). ``shared``: take the lock per append instead of for the
+    writer's lifetime, so that other processes can append too.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        sync: str | SyncPolicy = "none",
+        shared: bool = False,
+        buffer_size: int = 0,
+        index_interval: int = DEFAULT_INTERVAL,
+    ) -> None:
+        if segment_size <= 0:
+            raise Error(f"segment_size must be positive, not {segment_size}")
+        if buffer_size < 0:
+            raise Error(f"buffer_size must be 0 or more, not {buffer_size}")
+        self.path = Path(path)
+        self.segment_size = segment_size
+        self.sync_policy = SyncPolicy.parse(sync)
+        if buffer_size and (shared or self.sync_policy.mode == "always"):
+            raise Error("buffer_size cannot be used with shared=True or sync='always'")
+        self.shared = shared
+        self.buffer_size = buffer_size
+        self.index_interval = index_interval
+        self.recoveries: list[Recovery] = []
+        """Every tail that this writer cut while opening or catching up, oldest first."""
+
+        self._mutex = threading.Lock()
+        self._wake = threading.Condition(self._mutex)
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._fd = -1
+        self._index: IndexAppender | None = None
+        self._segment: Segment = segment_at(self.path, 0)
+        self._seg_len = 0
+        self._next_offset = 0
+        self._pending: list[bytes] = []
+        self._pending_lengths: list[int] = []
+        self._pending_bytes = 0
+        self._unsynced = 0
+        self._unsynced_since = 0.0
+        self._flusher: threading.Thread | None = None
+
+        journal_dir(self.path).mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(lock_path(self.path))
+        try:
+            if shared:
+                self._take_shared_lock()
+            else:
+                self._lock.acquire(wait=False)
+                self._lock.write_note(f"{_EXCLUSIVE_NOTE}, pid {os.getpid()}")
+            try:
+                segments = list_segments(self.path)
+                self._open_segment(segments[-1] if segments else segment_at(self.path, 0))
+            finally:
+                if shared:
+                    self._lock.release()
+        except BaseException:
+            self._close_files()
+            self._lock.close()
+            raise
+        if self.sync_policy.mode == "group" and self.sync_policy.interval_ms is not None:
+            self._flusher = threading.Thread(target=self._flush_loop, name="journalq-sync", daemon=True)
+            self._flusher.start()
+
+    # -- public interface -------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next append will get (sej's ``Writer.Offset``)."""
+        with self._mutex:
+            return self._next_offset + len(self._pending_lengths)
+
+    @property
+    def segment(self) -> Segment:
+        """The segment being appended to."""
+        return self._segment
+
+    def append(self, value: bytes, key: bytes = b"", type: int = 0, timestamp_ns: int | None = None) -> int:
+        """Append one message; returns its offset."""
+        ts = time.time_ns() if timestamp_ns is None else timestamp_ns
+        with self._mutex:
+            self._begin()
+            try:
+                offset = self._next_offset + len(self._pending_lengths)
+                data = encode(offset, ts, type, key, value)
+                self._add(data, [len(data) - OVERHEAD])
+            finally:
+                self._end()
+        return offset
+
+    def append_many(self, items: Iterable[bytes | Message]) -> int | None:
+        """Append a batch (values, or ``Message``s) in one write; returns the last offset, or
+        ``None`` for an empty batch. A batch that fails is not stored at all."""
+        items = items if isinstance(items, (list, tuple)) else list(items)
+        ts = time.time_ns()
+        with self._mutex:
+            self._begin()
+            try:
+                first = self._next_offset + len(self._pending_lengths)
+                data, lengths, count = encode_batch(first, ts, items)
+                if count:
+                    self._add(data, lengths)
+            finally:
+                self._end()
+        return first + count - 1 if count else None
+
+    def flush(self) -> None:
+        """Hand buffered appends to the operating system (only ``buffer_size`` buffers)."""
+        with self._mutex:
+            self._check_usable()
+            self._write_pending()
+
+    def sync(self) -> None:
+        """Flush, then force everything appended so far onto stable storage."""
+        with self._mutex:
+            self._check_usable()
+            self._write_pending()
+            self._sync_now()
+
+    def close(self) -> None:
+        """Flush, sync and close the files; release the lock. Closing twice is harmless."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            self._wake.notify_all()
+            try:
+                if self._failed is None and self._fd >= 0:
+                    self._write_pending()
+                    self._sync_now()
+            finally:
+                self._close_files()
+                self._lock.close()
+        if self._flusher is not None:
+            self._flusher.join()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Writer({str(self.path)!r}, next_offset={self._next_offset}, sync={str(self.sync_policy)!r})"
+
+    # -- opening and recovery ---------------------------------------------------------------
+
+    def _open_segment(self, segment: Segment) -> None:
+        """Make ``segment`` the one appended to, after checking and recovering its tail."""
+        self._close_files()
+        created = not segment.path.exists()
+        fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if created and self.sync_policy.mode == "always":
+                fsync_dir(segment.path.parent)
+            start_offset, start, kept = _last_good_entry(segment, os.fstat(fd).st_size)
+            scan = scan_segment(
+                segment, start, start_offset, last_indexed=start, interval=self.index_interval
+            )
+            if not scan.clean:
+                self.recoveries.append(cut_tail(self.path, segment, scan))
+            self._index = IndexAppender(segment, kept + scan.entries)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._segment = segment
+        self._seg_len = scan.end
+        self._next_offset = scan.next_offset
+
+    def _take_shared_lock(self) -> None:
+        try:
+            self._lock.acquire(wait=False)
+        except LockedError as exc:
+            if self._lock.read_note().startswith(_EXCLUSIVE_NOTE):
+                raise LockedError(
+                    f"an exclusive writer holds the journal; shared writers cannot join it "
+                    f"({self._lock.read_note()})",
+                    file=exc.file,
+                ) from None
+            self._lock.acquire(wait=True)
+
+    def _catch_up(self) -> None:
+        """Under the shared lock: take in what other writers appended since we last held it."""
+        size = os.fstat(self._fd).st_size
+        if size < self._seg_len:
+            raise TruncatedError(
+                f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",
+                file=self._segment.path,
+            )
+        if size > self._seg_len:
+            scan = scan_segment(self._segment, self._seg_len, self._next_offset, interval=self.index_interval)
+            if not scan.clean:
+                self.recoveries.append(cut_tail(self.path, self._segment, scan))
+            self._seg_len = scan.end
+            self._next_offset = scan.next_offset
+            assert self._index is not None
+            self._index.last_position = max(self._index.last_position, last_position(self._segment))
+        # Another writer may have started a new segment: it is named by the offset now due.
+        while True:
+            following = segment_at(self.path, self._next_offset)
+            if following == self._segment or not following.path.exists():
+                return
+            self._open_segment(following)
+
+    # -- appending --------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise Error(f"writer of {self.path} is closed")
+        if self._failed is not None:
+            raise JournalError(
+                f"writer of {self.path} failed earlier ({self._failed}); open a new writer to recover"
+            )
+
+    def _begin(self) -> None:
+        self._check_usable()
+        if self.shared:
+            self._take_shared_lock()
+            try:
+                self._catch_up()
+            except BaseException:
+                self._lock.release()
+                raise
+
+    def _end(self) -> None:
+        if self.shared:
+            self._lock.release()
+
+    def _add(self, data: bytes, lengths: list[int]) -> None:
+        if not self.buffer_size:
+            self._write(data, lengths)
+            return
+        self._pending.append(data)
+        self._pending_lengths.extend(lengths)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= self.buffer_size:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        if self._pending:
+            data, lengths = b"".join(self._pending), self._pending_lengths
+            self._pending, self._pending_lengths, self._pending_bytes = [], [], 0
+            self._write(data, lengths)
+
+    def _write(self, data: bytes, lengths: list[int]) -> None:
+        """Write encoded messages at ``self._next_offset``, rolling segments where sej would.
+
+        All or nothing: on an I/O error (a full disk, say) every byte of the batch is taken back
+        before the error is raised.
+        """
+        first_offset = self._next_offset
+        start_segment, start_len = self._segment, self._seg_len
+        created: list[Segment] = []
+        # starts[i] is where message i begins, counted from the current segment's start;
+        # after a roll, ``shift`` is where the new segment began in the same count.
+        starts = list(accumulate(map(OVERHEAD.__add__, lengths), initial=self._seg_len))
+        count = len(lengths)
+        view = memoryview(data)
+        shift = 0
+        done = 0  # messages written
+        try:
+            while done < count:
+                # The first message that ends at or past the segment size closes the segment.
+                last = bisect_left(starts, self.segment_size + shift, done + 1, count + 1)
+                end = min(last, count)
+                piece = view[starts[done] - starts[0] : starts[end] - starts[0]]
+                _write_all(self._fd, piece)
+                assert self._index is not None
+                entries, _ = choose_entries(
+                    first_offset + done,
+                    starts[done : end + 1],
+                    self._index.last_position + shift,
+                    self.index_interval,
+                )
+                self._index.add([(offset, position - shift) for offset, position in entries])
+                self._seg_len = starts[end] - shift
+                self._next_offset = first_offset + end
+                done = end
+                if self._seg_len >= self.segment_size:
+                    self._roll()
+                    created.append(self._segment)
+                    shift = starts[end]
+            self._synced_after(count)
+        except OSError as exc:
+            self._take_back(start_segment, start_len, first_offset, created)
+            raise JournalError(
+                f"could not append {count} message(s): {exc.strerror or exc}; nothing of them was stored",
+                file=self._segment.path,
+                offset=first_offset,
+            ) from exc
+
+    def _roll(self) -> None:
+        """Close the full segment (synced, as sej does) and start the next one."""
+        fdatasync(self._fd)
+        self._unsynced = 0
+        self._open_segment(segment_at(self.path, self._next_offset))
+
+    def _take_back(self, segment: Segment, length: int, next_offset: int, created: list[Segment]) -> None:
+        """Undo a failed batch: remove segments it started and cut the first back to ``length``."""
+        try:
+            self._close_files()
+            for extra in created:
+                for leftover in (extra.path, extra.index_path):
+                    try:
+                        leftover.unlink()
+                    except FileNotFoundError:
+                        pass
+            os.truncate(segment.path, length)
+            self._open_segment(segment)
+        except OSError as exc:
+            # The journal cannot be put back from here; a new writer's recovery will cut the rest.
+            self._failed = exc
+        if self._failed is None and self._next_offset != next_offset:
+            self._failed = JournalError("journal changed while taking back a failed append", file=segment.path)
+
+    # -- syncing ----------------------------------------------------------------------------
+
+    def _synced_after(self, count: int) -> None:
+        policy = self.sync_policy
+        if policy.mode == "always":
+            self._sync_now()
+        elif policy.mode == "group":
+            if not self._unsynced:
+                self._unsynced_since = time.monotonic()
+                self._wake.notify()
+            self._unsynced += count
+            if policy.max_messages is not None and self._unsynced >= policy.max_messages:
+                self._sync_now()
+
+    def _sync_now(self) -> None:
+        if self._fd >= 0:
+            fdatasync(self._fd)
+        self._unsynced = 0
+
+    def _flush_loop(self) -> None:
+        """Group sync's timer: sync data left unsynced for the policy's interval."""
+        interval = (self.sync_policy.interval_ms or 0) / 1000
+        with self._mutex:
+            while not self._closed:
+                if not self._unsynced:
+                    self._wake.wait()
+                    continue
+                due = self._unsynced_since + interval - time.monotonic()
+                if due > 0:
+                    self._wake.wait(due)
+                    continue
+                try:
+                    self._sync_now()
+                except OSError as exc:
+                    self._failed = exc
+                    return
+
+    def _close_files(self) -> None:
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+def _offset_at(fd: int, position: int) -> int | None:
+    header = os.pread(fd, HEADER.size, position)
+    return HEADER.unpack(header)[0] if len(header) == HEADER.size else None
+
+
+def _last_good_entry(segment: Segment, size: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """The last index entry that the segment confirms: (offset, position, entries up to it)."""
+    entries = read_entries(segment)
+    if entries:
+        with open(segment.path, "rb", buffering=0) as f:
+            for i in range(len(entries) - 1, -1, -1):
+                offset, position = entries[i]
+                if position < size and _offset_at(f.fileno(), position) == offset:
+                    return offset, position, entries[: i + 1]
+    return segment.base, 0, []
