@@ -13,7 +13,9 @@ from journalq.errors import (
     TruncatedError,
 )
 from journalq.journal.codec import MAX_KEY_SIZE, Message
+from journalq.journal.offsets import ReaderOffset, end_offset, first_offset, read_offset
 from journalq.journal.recovery import Recovery
+from journalq.journal.scanner import Scanner
 from journalq.journal.sync import SyncPolicy
 from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
 
@@ -27,8 +29,13 @@ __all__ = [
     "LockedError",
     "Message",
     "OffsetOutOfRangeError",
+    "ReaderOffset",
     "Recovery",
+    "Scanner",
     "SyncPolicy",
     "TruncatedError",
     "Writer",
+    "end_offset",
+    "first_offset",
+    "read_offset",
 ]

@@ -16,7 +16,7 @@ import struct
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from journalq.journal.segment import Segment
+from journalq.journal.segment import Segment, offset_at
 
 MAGIC = b"JQIDX001"
 HEADER = struct.Struct(">8sQ")
@@ -78,26 +78,25 @@ def read_entries(segment: Segment) -> list[Entry]:
     return entries
 
 
-def lookup(segment: Segment, offset: int, limit: int | None = None) -> Entry:
-    """The last entry at or before ``offset`` (and before byte ``limit``), by binary search.
+def lookup(segment: Segment, offset: int) -> Entry | None:
+    """The last entry at or before ``offset``, by binary search; ``None`` without a usable index.
 
-    Reads O(log n) entries, so a lookup costs the same in a small segment and in a huge one.
-    Without a usable index the answer is the segment's start, which is always right.
+    Reads O(log n) entries, so a lookup costs the same in a small segment and in a huge one. With an
+    index but no entry at or before ``offset``, the answer is the segment's start.
     """
-    start: Entry = (segment.base, 0)
     try:
         fd = os.open(segment.index_path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return start
+        return None
     try:
         if not _valid_header(os.pread(fd, HEADER.size, 0), segment):
-            return start
+            return None
         lo, hi = 0, (os.fstat(fd).st_size - HEADER.size) // ENTRY.size
-        best = start
+        best: Entry = (segment.base, 0)
         while lo < hi:
             mid = (lo + hi) // 2
             entry = ENTRY.unpack(os.pread(fd, ENTRY.size, HEADER.size + mid * ENTRY.size))
-            if entry[0] <= offset and (limit is None or entry[1] < limit):
+            if entry[0] <= offset:
                 best = entry
                 lo = mid + 1
             else:
@@ -165,3 +164,18 @@ class IndexAppender:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def last_confirmed(segment: Segment, size: int) -> tuple[int, int, list[Entry]]:
+    """The last index entry that the segment confirms, as (offset, position, entries up to it).
+
+    Without one, the segment's start: (base, 0, []).
+    """
+    entries = read_entries(segment)
+    if entries:
+        with open(segment.path, "rb", buffering=0) as f:
+            for i in range(len(entries) - 1, -1, -1):
+                offset, position = entries[i]
+                if position < size and offset_at(f.fileno(), position) == offset:
+                    return offset, position, entries[: i + 1]
+    return segment.base, 0, []

@@ -14,7 +14,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from journalq.errors import CorruptionError
-from journalq.journal.codec import OVERHEAD, decode
+from journalq.journal.codec import HEADER, OVERHEAD, decode
 
 SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
@@ -66,6 +66,12 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
             segments.append(Segment(int(match.group(1), 16), directory / name))
     segments.sort()
     return segments
+
+
+def offset_at(fd: int, position: int) -> int | None:
+    """The offset field of the message at ``position`` of an open segment (None past its end)."""
+    header = os.pread(fd, HEADER.size, position)
+    return HEADER.unpack(header)[0] if len(header) == HEADER.size else None
 
 
 READ_CHUNK = 1 << 20

@@ -24,8 +24,14 @@ from pathlib import Path
 from types import TracebackType
 
 from journalq.errors import Error, JournalError, LockedError, TruncatedError
-from journalq.journal.codec import HEADER, OVERHEAD, Message, encode, encode_batch
-from journalq.journal.index import DEFAULT_INTERVAL, IndexAppender, choose_entries, last_position, read_entries
+from journalq.journal.codec import OVERHEAD, Message, encode, encode_batch
+from journalq.journal.index import (
+    DEFAULT_INTERVAL,
+    IndexAppender,
+    choose_entries,
+    last_confirmed,
+    last_position,
+)
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import Recovery, cut_tail, fsync_dir
 from journalq.journal.segment import Segment, journal_dir, list_segments, lock_path, scan_segment, segment_at
@@ -202,7 +208,7 @@ class Writer:
         try:
             if created and self.sync_policy.mode == "always":
                 fsync_dir(segment.path.parent)
-            start_offset, start, kept = _last_good_entry(segment, os.fstat(fd).st_size)
+            start_offset, start, kept = last_confirmed(segment, os.fstat(fd).st_size)
             scan = scan_segment(
                 segment, start, start_offset, last_indexed=start, interval=self.index_interval
             )
@@ -413,20 +419,3 @@ def _write_all(fd: int, data: memoryview) -> None:
     while data:
         written = os.write(fd, data)
         data = data[written:]
-
-
-def _offset_at(fd: int, position: int) -> int | None:
-    header = os.pread(fd, HEADER.size, position)
-    return HEADER.unpack(header)[0] if len(header) == HEADER.size else None
-
-
-def _last_good_entry(segment: Segment, size: int) -> tuple[int, int, list[tuple[int, int]]]:
-    """The last index entry that the segment confirms: (offset, position, entries up to it)."""
-    entries = read_entries(segment)
-    if entries:
-        with open(segment.path, "rb", buffering=0) as f:
-            for i in range(len(entries) - 1, -1, -1):
-                offset, position = entries[i]
-                if position < size and _offset_at(f.fileno(), position) == offset:
-                    return offset, position, entries[: i + 1]
-    return segment.base, 0, []

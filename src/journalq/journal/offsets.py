@@ -1,0 +1,115 @@
+"""Reader offsets: where a journal begins and ends, and named offsets that readers persist.
+
+A named offset lives in ``DIR/ofs/NAME.ofs`` as 8 bytes, big-endian, exactly as sej's ``Offset``
+keeps it (the offset of the next message to read), guarded by ``DIR/ofs/NAME.lck``. A commit
+replaces the file atomically (write a temporary file, rename it over), so a crash leaves the old
+value or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from pathlib import Path
+from types import TracebackType
+
+from journalq.errors import Error, JournalError
+from journalq.journal.index import last_confirmed
+from journalq.journal.lock import FileLock
+from journalq.journal.recovery import fsync_dir
+from journalq.journal.segment import list_segments, scan_segment
+
+_UINT64 = struct.Struct(">Q")
+_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
+
+
+def first_offset(path: str | os.PathLike[str]) -> int:
+    """The offset of the oldest message still stored (equal to ``end_offset`` when empty)."""
+    segments = list_segments(path)
+    return segments[0].base if segments else 0
+
+
+def end_offset(path: str | os.PathLike[str]) -> int:
+    """The offset after the last whole message: the next one a writer assigns (sej's LastOffset).
+
+    An incomplete message at the end (one being written, or a torn write) is not counted.
+    """
+    segments = list_segments(path)
+    if not segments:
+        return 0
+    last = segments[-1]
+    size = last.path.stat().st_size
+    offset, position, _ = last_confirmed(last, size)
+    return scan_segment(last, position, offset).next_offset
+
+
+def offset_path(path: str | os.PathLike[str], name: str) -> Path:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise Error(f"reader name {name!r} must be letters, digits, '.', '_' or '-', not starting with '.'")
+    return Path(path) / "ofs" / f"{name}.ofs"
+
+
+def read_offset(path: str | os.PathLike[str], name: str) -> int:
+    """The committed value of the named offset, 0 when it was never committed (as sej reads it)."""
+    file = offset_path(path, name)
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        return 0
+    if not data:
+        return 0
+    if len(data) != _UINT64.size:
+        raise JournalError(f"offset file holds {len(data)} bytes, not 8", file=file)
+    return _UINT64.unpack(data)[0]
+
+
+class ReaderOffset:
+    """A named, persistent reader offset; one process holds a name at a time.
+
+    ``sync`` (default True, as sej) makes each commit durable before it returns.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], name: str, *, sync: bool = True) -> None:
+        self.file = offset_path(path, name)
+        self.name = name
+        self.sync = sync
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(self.file.with_suffix(".lck"))
+        self._lock.acquire(wait=False)
+        try:
+            self._value = read_offset(path, name)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+    def commit(self, offset: int) -> None:
+        if not isinstance(offset, int) or not 0 <= offset < 2**64:
+            raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
+        if offset == self._value and self.file.exists():
+            return
+        tmp = self.file.with_name(self.file.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(_UINT64.pack(offset))
+            if self.sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, self.file)
+        if self.sync:
+            fsync_dir(self.file.parent)
+        self._value = offset
+
+    def close(self) -> None:
+        self._lock.close()
+
+    def __enter__(self) -> ReaderOffset:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

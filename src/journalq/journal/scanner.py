@@ -1,0 +1,241 @@
+"""The journal scanner: reads messages from any offset, and follows appends, sej's ``Scanner``.
+
+Seeking costs the same in any journal: a binary search over segment names, then over the sparse
+index of one segment, then at most one index interval of bytes. Reading decodes large chunks at a
+time. Following waits on file-system notification (``watch``); an incomplete last message is
+waited out, a segment that shrinks under the scanner or an offset out of order fails fast.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from bisect import bisect_right
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.journal import index
+from journalq.journal.codec import Message, decode
+from journalq.journal.segment import (
+    READ_CHUNK,
+    Segment,
+    journal_dir,
+    list_segments,
+    offset_at,
+    scan_segment,
+    segment_at,
+)
+from journalq.journal.watch import DirectoryWatch
+
+
+class Scanner:
+    """Iterates the messages of the journal at ``path`` from ``offset``.
+
+    Without ``follow`` the iteration ends at the journal's current end. With ``follow=True`` (or a
+    ``timeout``) it waits for new messages, across new segments, and ends only once ``timeout``
+    seconds pass with no new message (never, when ``timeout`` is None). Iterating again after an
+    end resumes where the scanner stopped. ``offset`` is always the offset of the next message.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        offset: int = 0,
+        timeout: float | None = None,
+        *,
+        follow: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self.follow = follow or timeout is not None
+        if not self.path.is_dir():
+            raise JournalError("no journal directory here", file=self.path)
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
+        self._fd = -1
+        self._segment: Segment = segment_at(self.path, 0)
+        self._pos = 0  # where the bytes not yet decoded start in the segment
+        self._pending = b""  # bytes read past _pos that do not make a whole message yet
+        self._batch: list[Message] = []
+        self._i = 0
+        self._next = 0  # the offset of the first message not yet decoded
+        self._watch: DirectoryWatch | None = None
+        try:
+            self._seek(offset)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def offset(self) -> int:
+        """The offset of the next message this scanner returns."""
+        return self._next - (len(self._batch) - self._i)
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            batch, i = self._batch, self._i
+            n = len(batch)
+            while i < n:
+                message = batch[i]
+                i += 1
+                self._i = i
+                yield message
+            if not self._advance():
+                return
+
+    def read_batch(self, max_messages: int = 65536) -> list[Message]:
+        """The next messages available now, up to ``max_messages``; waits (as the iteration does)
+        when there are none. An empty list means the end (or the timeout) was reached."""
+        if self._i >= len(self._batch) and not self._advance():
+            return []
+        out = self._batch[self._i : self._i + max_messages]
+        self._i += len(out)
+        return out
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def __enter__(self) -> Scanner:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- seeking ----------------------------------------------------------------------------
+
+    def _seek(self, offset: int) -> None:
+        segments = list_segments(self.path)
+        if not segments:
+            if offset != 0:
+                raise OffsetOutOfRangeError(f"offset {offset} is past the end of an empty journal", file=self.path)
+            self._segment = segment_at(self.path, 0)
+            return
+        if offset < segments[0].base:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is no longer stored: the journal starts at {segments[0].base}",
+                file=self.path,
+            )
+        bases = [s.base for s in segments]
+        which = bisect_right(bases, offset) - 1
+        segment = segments[which]
+        self._open(segment)
+        self._next, self._pos = self._index_entry(segment, offset, sealed=which < len(segments) - 1)
+        # Decode forward until the batch holds the offset asked for, or the journal ends.
+        while self._fill():
+            if self._batch[-1].offset >= offset:
+                self._i = offset - self._batch[0].offset
+                return
+        self._batch, self._i = [], 0
+        if self._next != offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is past the end of the journal (the next offset is {self._next})",
+                file=self.path,
+            )
+
+    def _index_entry(self, segment: Segment, offset: int, sealed: bool) -> tuple[int, int]:
+        """Where to start decoding for ``offset``: a confirmed index entry, or the segment's start."""
+        entry = index.lookup(segment, offset)
+        if entry is not None and offset_at(self._fd, entry[1]) == entry[0]:
+            return entry
+        if sealed:
+            # A missing or stale index of a sealed segment (one written by sej, say): rebuild it
+            # once, for every later seek. A read-only journal just goes without.
+            scan = scan_segment(segment, 0, segment.base)
+            index.write_index(segment, scan.entries)
+            usable = [e for e in scan.entries if e[0] <= offset]
+            if usable:
+                return usable[-1]
+        return segment.base, 0
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _open(self, segment: Segment) -> bool:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._segment = segment
+        self._pos, self._pending, self._next = 0, b"", segment.base
+        try:
+            self._fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _fill(self) -> bool:
+        """Decode the next chunk into ``_batch``; False when nothing new is there now."""
+        if self._fd < 0 and not self._open(self._segment):
+            return False
+        while True:
+            size = os.fstat(self._fd).st_size
+            have = self._pos + len(self._pending)
+            if size < have:
+                if size < self._pos:
+                    raise TruncatedError(
+                        f"segment shrank to {size} bytes after {self._pos} bytes were read",
+                        file=self._segment.path,
+                        offset=self._next,
+                    )
+                self._pending = self._pending[: size - self._pos]  # recovery cut a torn tail
+                have = size
+            if size > have:
+                # Twice the pending bytes at least, so that a huge message takes few reads.
+                chunk = os.pread(self._fd, max(READ_CHUNK, len(self._pending)), have)
+                buf = self._pending + chunk if self._pending else chunk
+                try:
+                    messages, used = decode(buf, 0, len(buf), self._next)
+                except CorruptionError as exc:
+                    raise exc.located(self._segment.path, self._pos) from None
+                self._pos += used
+                self._pending = buf[used:]
+                if messages:
+                    self._batch, self._i = messages, 0
+                    self._next = messages[-1].offset + 1
+                    return True
+                continue
+            # At the end of the segment: go on to the next one once it exists.
+            following = segment_at(self.path, self._next)
+            if following == self._segment or not following.path.exists():
+                return False
+            if os.fstat(self._fd).st_size != size:
+                continue  # the writer finished this segment meanwhile
+            if self._pending:
+                raise CorruptionError(
+                    f"incomplete message ({len(self._pending)} bytes) at the end of a finished segment",
+                    file=self._segment.path,
+                    position=self._pos,
+                    offset=self._next,
+                )
+            self._open(following)
+
+    def _advance(self) -> bool:
+        """Refill the batch, waiting when following; False at the end or on timeout."""
+        self._batch, self._i = [], 0
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            if self._fill():
+                if self._watch is not None:
+                    self._watch.changed()
+                return True
+            if not self.follow:
+                return False
+            if self._watch is None:
+                directory = journal_dir(self.path)
+                self._watch = DirectoryWatch(directory if directory.is_dir() else self.path)
+                continue  # look once more: an append may have come before the watch began
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if not self._watch.wait(remaining) and deadline is not None and time.monotonic() >= deadline:
+                return False
+            if self._watch.directory != journal_dir(self.path) and journal_dir(self.path).is_dir():
+                self._watch.close()
+                self._watch = None

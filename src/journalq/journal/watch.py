@@ -1,0 +1,75 @@
+"""Waiting for a journal to change, by file-system notification rather than busy polling.
+
+On Linux a follower sleeps in inotify until a file in the segment directory is written, created or
+moved in, so it sees an append within a fraction of a millisecond. Where inotify is missing (other
+systems, or the per-user watch limit reached), it falls back to polling with a backoff.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+try:
+    from inotify_simple import INotify, flags
+except ImportError:  # not Linux
+    INotify = None  # type: ignore[assignment,misc]
+
+_POLL_MIN, _POLL_MAX = 0.001, 0.05
+
+
+class DirectoryWatch:
+    """Wakes up when a file in ``directory`` (or the directory itself) changes."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._inotify = None
+        self._poll_delay = _POLL_MIN
+        if INotify is not None:
+            try:
+                inotify = INotify()
+            except OSError:
+                return
+            try:
+                inotify.add_watch(
+                    self.directory,
+                    flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.CLOSE_WRITE | flags.DELETE_SELF,
+                )
+            except OSError:
+                inotify.close()
+                return
+            self._inotify = inotify
+
+    @property
+    def notified(self) -> bool:
+        """True when changes are reported by the system; False when this watch polls."""
+        return self._inotify is not None
+
+    def wait(self, timeout: float | None) -> bool:
+        """Sleep until something changes or ``timeout`` seconds pass; False on timeout.
+
+        A True may be a change that the caller has already seen: it only means "look again".
+        """
+        if self._inotify is not None:
+            ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+            return bool(self._inotify.read(timeout=ms))
+        delay = self._poll_delay if timeout is None else min(self._poll_delay, timeout)
+        time.sleep(delay)
+        self._poll_delay = min(self._poll_delay * 2, _POLL_MAX)
+        return timeout is None or delay < timeout
+
+    def changed(self) -> None:
+        """Tell a polling watch that the caller found news, so it polls quickly again."""
+        self._poll_delay = _POLL_MIN
+
+    def close(self) -> None:
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+
+    def __enter__(self) -> DirectoryWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
