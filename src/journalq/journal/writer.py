@@ -93,7 +93,7 @@ class Writer:
         self._unsynced_since = 0.0
         self._flusher: threading.Thread | None = None
 
-        journal_dir(self.path).mkdir(parents=True, exist_ok=True)
+        _make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
         self._lock = FileLock(lock_path(self.path))
         try:
             if shared:
@@ -413,6 +413,18 @@ class Writer:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _make_dirs(directory: Path, durable: bool) -> None:
+    """Create ``directory`` and its missing parents; when ``durable``, sync each new entry."""
+    missing = []
+    while not directory.is_dir():
+        missing.append(directory)
+        directory = directory.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+        if durable:
+            fsync_dir(new.parent)
 
 
 def _write_all(fd: int, data: memoryview) -> None:
