@@ -90,3 +90,27 @@ class OffsetOutOfRangeError(JournalError, LookupError):
 
 class ScanTimeout(JournalError, TimeoutError):
     """A following scanner waited longer than its timeout for the next message."""
+
+
+class QueueError(Error):
+    """A problem with a queue, a topic or a channel."""
+
+
+class QueueNotFoundError(QueueError, LookupError):
+    """A queue or topic that does not exist."""
+
+
+class InvalidNameError(QueueError, ValueError):
+    """A queue, topic or channel name that cannot be used (it could leave the data directory)."""
+
+
+class InvalidSettingError(QueueError, ValueError):
+    """A queue setting out of its range, or of the wrong kind."""
+
+
+class ReceiptError(QueueError):
+    """A receipt that is malformed, or whose delivery is over (finished, or delivered again)."""
+
+
+class TaskNotFoundError(QueueError, LookupError):
+    """A message id that names no task: never sent, or garbage-collected after it finished."""

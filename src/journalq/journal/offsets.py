@@ -64,6 +64,26 @@ def read_offset(path: str | os.PathLike[str], name: str) -> int:
     return _UINT64.unpack(data)[0]
 
 
+def write_offset(file: Path, offset: int, *, sync: bool = True) -> None:
+    """Replace the offset file ``file`` atomically with ``offset``; durable when ``sync``.
+
+    Takes no lock: the caller is the one process entitled to the name (``ReaderOffset`` holds its
+    ``.lck``; a queue channel commits under its own lock).
+    """
+    if not isinstance(offset, int) or not 0 <= offset < 2**64:
+        raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(_UINT64.pack(offset))
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, file)
+    if sync:
+        fsync_dir(file.parent)
+
+
 class ReaderOffset:
     """A named, persistent reader offset; one process holds a name at a time.
 
@@ -88,19 +108,9 @@ class ReaderOffset:
         return self._value
 
     def commit(self, offset: int) -> None:
-        if not isinstance(offset, int) or not 0 <= offset < 2**64:
-            raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
         if offset == self._value and self.file.exists():
             return
-        tmp = self.file.with_name(self.file.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(_UINT64.pack(offset))
-            if self.sync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.file)
-        if self.sync:
-            fsync_dir(self.file.parent)
+        write_offset(self.file, offset, sync=self.sync)
         self._value = offset
 
     def close(self) -> None:

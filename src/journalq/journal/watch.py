@@ -20,9 +20,9 @@ _POLL_MIN, _POLL_MAX = 0.001, 0.05
 
 
 class DirectoryWatch:
-    """Wakes up when a file in ``directory`` (or the directory itself) changes."""
+    """Wakes up when a file in ``directory`` (or in any of ``more``) changes."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *more: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self._inotify = None
         self._poll_delay = _POLL_MIN
@@ -32,10 +32,11 @@ class DirectoryWatch:
             except OSError:
                 return
             try:
-                inotify.add_watch(
-                    self.directory,
-                    flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.CLOSE_WRITE | flags.DELETE_SELF,
-                )
+                for watched in (self.directory, *more):
+                    inotify.add_watch(
+                        watched,
+                        flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.CLOSE_WRITE | flags.DELETE_SELF,
+                    )
             except OSError:
                 inotify.close()
                 return

@@ -18,7 +18,8 @@ import os
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
 from types import TracebackType
@@ -77,7 +78,8 @@ class Writer:
         self.recoveries: list[Recovery] = []
         """Every tail that this writer cut while opening or catching up, oldest first."""
 
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()  # reentrant: appends inside ``hold()``
+        self._held = 0
         self._wake = threading.Condition(self._mutex)
         self._closed = False
         self._failed: BaseException | None = None
@@ -156,6 +158,20 @@ class Writer:
             finally:
                 self._end()
         return first + count - 1 if count else None
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Keep the journal to this writer for several appends (and whatever the caller reads in
+        between): a shared writer takes the lock and catches up once, and no other process
+        appends until the block ends. Other threads of this process wait too."""
+        with self._mutex:
+            self._begin()
+            self._held += 1
+            try:
+                yield
+            finally:
+                self._held -= 1
+                self._end()
 
     def flush(self) -> None:
         """Hand buffered appends to the operating system (only ``buffer_size`` buffers)."""
@@ -270,7 +286,7 @@ class Writer:
 
     def _begin(self) -> None:
         self._check_usable()
-        if self.shared:
+        if self.shared and not self._held:
             self._take_shared_lock()
             try:
                 self._catch_up()
@@ -279,7 +295,7 @@ class Writer:
                 raise
 
     def _end(self) -> None:
-        if self.shared:
+        if self.shared and not self._held:
             self._lock.release()
 
     def _add(self, data: bytes, lengths: list[int]) -> None:

@@ -1,0 +1,164 @@
+"""The broker: a data directory of topics and queues, with no process running for it.
+
+``Broker(root)`` is cheap: it only opens what is asked of it, and any number of processes may
+have one over the same directory at once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from journalq.errors import QueueNotFoundError
+from journalq.journal.sync import SyncPolicy
+from journalq.queue import settings as settings_file
+from journalq.queue.channel import Channel
+from journalq.queue.settings import QueueSettings, check_name
+from journalq.queue.topic import Topic
+
+DEFAULT_CHANNEL = "default"
+
+
+class Queue(Channel):
+    """A topic with one channel, the common case (SQS's queue): send, receive, delete."""
+
+    def send(self, body: bytes, **options: Any) -> str:
+        """Send one message; see ``Topic.send`` for the options."""
+        return self.topic.send(body, **options)
+
+    def send_many(self, items: Any) -> list[str]:
+        return self.topic.send_many(items)
+
+    def configure(self, **changes: Any) -> QueueSettings:
+        """Change settings (visibility_timeout, delay, max_receive_count, ...); returns them all."""
+        return self.topic.broker.configure(self.topic.name, **changes)
+
+    def redrive(self, destination: str | None = None, max_messages: int | None = None) -> int:
+        """Move dead letters back to the queue each came from (or to ``destination``), oldest
+        first (SQS's StartMessageMoveTask); returns how many were moved."""
+        moved = 0
+        while max_messages is None or moved < max_messages:
+            batch = self.receive(min(100, (max_messages or 100) - moved) or 100, visibility_timeout=60)
+            if not batch:
+                return moved
+            by_target: dict[str, list[Any]] = {}
+            for message in batch:
+                target = destination or (message.source or {}).get("queue")
+                if target is None:
+                    self.release(message.receipt)
+                    continue
+                by_target.setdefault(target, []).append(message)
+            for target, messages in by_target.items():
+                self.topic.broker.queue(target).send_many(
+                    [
+                        {"body": m.body, "attributes": m.attributes, "filters": m.filters or None,
+                         "group_id": m.group_id, "metadata": m.metadata}
+                        for m in messages
+                    ]
+                )
+                self.delete_many([m.receipt for m in messages])
+                moved += len(messages)
+            if not by_target:
+                return moved
+        return moved
+
+
+class Broker:
+    """Topics and queues under ``root``.
+
+    ``sync``: the sync policy of every journal the broker writes (``"always"`` by default: each
+    send and each change of a message's state is on stable storage before the call returns;
+    ``"none"`` is much faster and still survives the death of the process).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, sync: str | SyncPolicy = "always") -> None:
+        self.root = Path(root)
+        self.sync = str(SyncPolicy.parse(sync))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._topics: dict[str, Topic] = {}
+        self._queues: dict[str, Queue] = {}
+
+    def topic(self, name: str, *, create: bool = True, **settings: Any) -> Topic:
+        """The topic ``name``; created (with ``settings``) when missing and ``create`` is true."""
+        check_name(name)
+        topic = self._topics.get(name)
+        if topic is not None and not settings:
+            return topic
+        path = self.root / name
+        current = settings_file.load(path)
+        if current is None:
+            if not create and not (path / "jnl").is_dir():
+                raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+            current = QueueSettings().replace(**settings)
+            path.mkdir(parents=True, exist_ok=True)
+            settings_file.save(path, current)
+        elif settings:
+            updated = current.replace(**settings)
+            if updated != current:
+                settings_file.save(path, updated)
+                current = updated
+        if topic is None:
+            topic = self._topics[name] = Topic(self, name, current)
+            topic._get_writer()  # the journal exists from creation on, so followers can watch it
+        topic.settings = current
+        return topic
+
+    def queue(self, name: str, *, create: bool = True, **settings: Any) -> Queue:
+        """The queue ``name``: a topic with the one channel ``default``."""
+        topic = self.topic(name, create=create, **settings)
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
+            topic._channels[DEFAULT_CHANNEL] = queue
+        return queue
+
+    def configure(self, name: str, **changes: Any) -> QueueSettings:
+        return self.topic(name, create=False, **changes).settings
+
+    def names(self) -> list[str]:
+        """The topics and queues in the data directory."""
+        try:
+            entries = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return []
+        return [n for n in entries if (self.root / n / settings_file.SETTINGS_FILE).is_file()]
+
+    def exists(self, name: str) -> bool:
+        check_name(name)
+        return (self.root / name / settings_file.SETTINGS_FILE).is_file()
+
+    def delete(self, name: str) -> None:
+        """Delete a queue or topic and all its messages."""
+        check_name(name)
+        if not self.exists(name):
+            raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        self._queues.pop(name, None)
+        topic = self._topics.pop(name, None)
+        if topic is not None:
+            topic.close()
+        path = self.root / name
+        # Rename first, so that the queue disappears at once even if the removal is slow.
+        doomed = self.root / f".deleted-{name}-{os.getpid()}"
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def gc(self) -> dict[str, int]:
+        """Garbage-collect every topic now; returns files deleted per topic."""
+        return {name: len(self.topic(name).gc()) for name in self.names()}
+
+    def close(self) -> None:
+        for topic in self._topics.values():
+            topic.close()
+        self._topics.clear()
+        self._queues.clear()
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

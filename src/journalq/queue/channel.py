@@ -1,0 +1,530 @@
+"""A channel: a named consumer of a topic whose messages are shared out among competing consumers.
+
+Every change (a delivery, a delete, a change of visibility, a dead letter) is an event appended to
+the channel's own state journal, ``TOPIC/channels/NAME/``, under its lock. Each process keeps the
+channel's state in memory (``state.ChannelState``): to act, it takes the lock, applies the events
+the others appended since, decides, appends its own events and lets go. So many processes share a
+channel with no daemon, a consumer killed with SIGKILL loses nothing (its messages come back when
+their visibility ends, with no event at all), and a process killed while appending leaves a torn
+tail that the next one cuts.
+
+The state journal is compacted: every ``SNAPSHOT_EVERY`` events a snapshot of the whole state is
+appended, ``ofs/snapshot.ofs`` is pointed at it, and the state segments before it are deleted.
+The channel's cursor is committed as a plain sej reader offset, ``TOPIC/ofs/NAME.ofs``, which the
+topic's garbage collection reads.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from journalq.errors import OffsetOutOfRangeError, ReceiptError, TaskNotFoundError
+from journalq.journal import Message, Scanner, Writer
+from journalq.journal.offsets import read_offset, write_offset
+from journalq.journal.segment import list_segments
+from journalq.journal.watch import DirectoryWatch
+from journalq.queue import envelope
+from journalq.queue import filters as filtering
+from journalq.queue.envelope import Attribute, Envelope
+from journalq.queue.state import ChannelState, Event, EventKind, StaleReceipt
+from journalq.queue.topic import message_id, parse_message_id
+
+if TYPE_CHECKING:
+    from journalq.queue.topic import Topic
+
+SNAPSHOT_EVERY = 20_000
+STATE_SEGMENT_SIZE = 4 * 1024 * 1024
+MAX_RECEIVE = 10_000
+_LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """A delivered message. ``receipt`` names this delivery: use it to delete, release or change
+    visibility; once the message is delivered again, the old receipt no longer works."""
+
+    id: str
+    receipt: str
+    body: bytes
+    attributes: dict[str, Attribute]
+    receive_count: int
+    sent_at_ns: int
+    offset: int
+    group_id: str | None = None
+    dedup_id: str | None = None
+    filters: dict[str, str] = field(default_factory=dict)
+    metadata: Any = None
+    source: dict[str, Any] | None = None
+
+    @property
+    def sent_at(self) -> datetime:
+        return datetime.fromtimestamp(self.sent_at_ns / 1e9, timezone.utc)
+
+
+@dataclass(frozen=True)
+class Task:
+    """zkmq's view of a message: its state (inserted, claimed, finished, dead) and metadata."""
+
+    id: str
+    state: str
+    metadata: Any
+    receive_count: int
+    consumer: str | None
+    filters: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ChannelStats:
+    available: int
+    in_flight: int
+    delayed: int
+    dead: int
+    oldest_age: float | None
+    """Seconds since the oldest message not yet finished was sent (None when there is none)."""
+
+
+def _receipt(offset: int, seq: int) -> str:
+    return f"{offset}.{seq}"
+
+
+def _parse_receipt(receipt: str) -> tuple[int, int]:
+    try:
+        offset, seq = (int(part) for part in receipt.split("."))
+        if offset < 0 or seq < 1:
+            raise ValueError
+    except (AttributeError, ValueError):
+        raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue") from None
+    return offset, seq
+
+
+class Channel:
+    """The channel ``name`` of ``topic``; get one with ``Topic.channel`` or ``Broker.queue``."""
+
+    def __init__(self, topic: Topic, name: str) -> None:
+        self.topic = topic
+        self.name = name
+        self.path = topic.path / "channels" / name
+        self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
+        self.state = ChannelState()
+        self._events: Scanner | None = None
+        self._since_snapshot = 0
+        self._tail: Scanner | None = None  # reads new topic messages from the frontier
+        self._envelopes: dict[int, Envelope] = {}
+        self._committed_cursor = -1
+        with self._writer.hold():
+            self._load()
+
+    @property
+    def settings(self):  # noqa: ANN201 - the topic's QueueSettings
+        return self.topic.settings
+
+    # -- catching up with the state journal ---------------------------------------------------
+
+    def _load(self) -> None:
+        """Rebuild the state from the latest snapshot and the events after it."""
+        self.state = ChannelState()
+        self._since_snapshot = 0
+        if self._events is not None:
+            self._events.close()
+        start = read_offset(self.path, "snapshot")
+        segments = list_segments(self.path)
+        if segments and start < segments[0].base:
+            start = segments[0].base
+        self._events = Scanner(self.path, start)
+        self._apply_new()
+
+    def _apply_new(self) -> None:
+        assert self._events is not None
+        state = self.state
+        try:
+            while batch := self._events.read_batch():
+                for message in batch:
+                    state.apply(Event.decode(message.type, message.key, message.value), message.timestamp_ns)
+                self._since_snapshot += len(batch)
+        except OffsetOutOfRangeError:
+            self._load()  # compacted away under us: start again from the newest snapshot
+
+    def _record(self, events: list[Event]) -> None:
+        """Append events (under the hold) and apply them, as every other process will."""
+        messages = []
+        for event in events:
+            type_, key, value = event.encode()
+            messages.append(Message(type=type_, key=key, value=value))
+        self._writer.append_many(messages)
+        self._apply_new()
+
+    def _maintain(self, now: int) -> None:
+        """Under the hold: keep up with retention, collect finished tasks, compact."""
+        state = self.state
+        first = self.topic.first_offset()
+        if state.cursor < first:
+            self._record([Event(EventKind.SKIP_TO, first)])
+        interval_ns = int(self.settings.task_gc_interval * 1e9)
+        if now - state.last_collect >= interval_ns:
+            self._record([Event(EventKind.COLLECT, 0, visible_at=now - int(self.settings.task_gc_lifetime * 1e9))])
+            self.commit_cursor()
+        if self._since_snapshot >= SNAPSHOT_EVERY:
+            self._compact()
+
+    def _compact(self) -> None:
+        snapshot_at = self._writer.next_offset
+        self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot())])
+        write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=self.topic.broker.sync != "none")
+        self._since_snapshot = 0
+        segments = list_segments(self.path)
+        for segment, following in zip(segments, segments[1:]):
+            if following.base > snapshot_at:
+                break
+            for file in (segment.path, segment.index_path):
+                try:
+                    file.unlink()
+                except FileNotFoundError:
+                    pass
+
+    def commit_cursor(self) -> None:
+        """Publish the cursor as the sej reader offset ``TOPIC/ofs/NAME.ofs`` (for the topic's gc)."""
+        cursor = self.state.cursor
+        if cursor != self._committed_cursor:
+            write_offset(self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False)
+            self._committed_cursor = cursor
+
+    # -- receiving --------------------------------------------------------------------------
+
+    def receive(
+        self,
+        max_messages: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        filters: filtering.ConsumerFilters | None = None,
+    ) -> list[ReceivedMessage]:
+        """Receive up to ``max_messages``, oldest available first, each hidden from every other
+        consumer for ``visibility_timeout`` seconds (the queue's by default) unless deleted.
+
+        ``wait`` (the queue's ``receive_wait`` by default) is long polling: with nothing
+        available, wait up to that many seconds and return as soon as something arrives.
+        ``filters``: this consumer's zkmq filters, ``{name: value}`` or ``{name: (value,
+        method)}`` with method ``absolute`` or ``at_least``; None takes every message.
+        """
+        if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
+            raise ReceiptError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
+        settings = self.settings
+        hide = settings.visibility_timeout if visibility_timeout is None else visibility_timeout
+        if isinstance(hide, bool) or not isinstance(hide, (int, float)) or not 0 <= hide <= 12 * 3600:
+            raise ReceiptError(f"visibility_timeout must be 0 to 43200 seconds, not {hide!r}")
+        wait = settings.receive_wait if wait is None else wait
+        if not 0 <= wait <= 3600:
+            raise ReceiptError(f"wait must be 0 to 3600 seconds, not {wait!r}")
+        wanted = filtering.normalize(filters, settings.enums)
+        deadline = time.monotonic() + wait
+        watch: DirectoryWatch | None = None
+        try:
+            while True:
+                got, wake_at = self._receive_now(max_messages, hide, wanted)
+                remaining = deadline - time.monotonic()
+                if got or remaining <= 0:
+                    return got
+                if watch is None:
+                    watch = DirectoryWatch(self.topic.path / "jnl", self.path / "jnl")
+                    continue  # look again: something may have come before the watch began
+                if wake_at is not None:
+                    remaining = min(remaining, max(0.0, (wake_at - time.time_ns()) / 1e9))
+                watch.wait(remaining)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _receive_now(
+        self, max_messages: int, hide: float, wanted: dict[str, tuple[str, filtering.Method]] | None
+    ) -> tuple[list[ReceivedMessage], int | None]:
+        """One attempt under the lock; also returns when something hidden comes back."""
+        settings = self.settings
+        enums = settings.enums
+        max_count = settings.max_receive_count
+        with self._writer.hold():
+            self._apply_new()
+            now = time.time_ns()
+            self._maintain(now)
+            state = self.state
+            state.expire(now)
+            blocked = set(state.group_holds)
+            picks: list[tuple[Message, Envelope, int]] = []
+            dead: list[tuple[Message, Envelope, int]] = []
+            wake_at = state.next_expiry()
+
+            def consider(message: Message, count: int) -> bool:
+                """Take ``message`` if it may go to this consumer now; True when full."""
+                nonlocal wake_at
+                env = self._envelope(message)
+                group = env.group_id
+                if group is not None and group in blocked:
+                    return False
+                visible_at = message.timestamp_ns + int(env.delay * 1e9)
+                if visible_at > now or not filtering.matches(env.filters, wanted, enums):
+                    if visible_at > now:
+                        wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
+                    if group is not None:
+                        blocked.add(group)  # keep the group's order: nothing after it goes first
+                    return False
+                if max_count is not None and count >= max_count:
+                    dead.append((message, env, count))
+                    return False
+                picks.append((message, env, count + 1))
+                if group is not None:
+                    blocked.add(group)
+                return len(picks) >= max_messages
+
+            full = False
+            for offset in list(state.candidates()):
+                message = self.topic.message(offset)
+                if message is None:
+                    continue
+                if consider(message, state.receive_count(offset)):
+                    full = True
+                    break
+            if not full:
+                for message in self._new_messages(state.frontier):
+                    if consider(message, 0):
+                        break
+            events = [
+                Event(EventKind.DELIVER, m.offset, count, now + int(hide * 1e9), self.consumer_id, group=e.group_id)
+                for m, e, count in picks
+            ]
+            if dead:
+                self._send_dead(dead)
+                events += [Event(EventKind.DEAD, m.offset, count) for m, _, count in dead]
+            if events:
+                self._record(events)
+        received = [
+            ReceivedMessage(
+                id=message_id(m.offset),
+                receipt=_receipt(m.offset, count),
+                body=e.body,
+                attributes=e.attributes,
+                receive_count=count,
+                sent_at_ns=m.timestamp_ns,
+                offset=m.offset,
+                group_id=e.group_id,
+                dedup_id=e.dedup_id,
+                filters=e.filters,
+                metadata=self.state.metadata.get(m.offset, e.metadata),
+                source=e.source,
+            )
+            for m, e, count in picks
+        ]
+        return received, wake_at
+
+    def _new_messages(self, frontier: int) -> list[Message]:
+        """Messages from the frontier on (at most a look-ahead's worth)."""
+        tail = self._tail
+        if tail is None or tail.offset != frontier:
+            if tail is not None:
+                tail.close()
+            try:
+                tail = self._tail = Scanner(self.topic.path, frontier)
+            except OffsetOutOfRangeError:
+                self._tail = None
+                return []
+        batch = tail.read_batch(_LOOK_AHEAD)
+        self.topic.remember(batch)
+        return batch
+
+    def _envelope(self, message: Message) -> Envelope:
+        if message.type != envelope.ENVELOPE_TYPE:
+            return Envelope(message.value)
+        env = self._envelopes.get(message.offset)
+        if env is None:
+            env = self._envelopes[message.offset] = envelope.decode(message.type, message.value)
+            if len(self._envelopes) > 8192:
+                self._envelopes.pop(next(iter(self._envelopes)))
+        return env
+
+    def _send_dead(self, dead: list[tuple[Message, Envelope, int]]) -> None:
+        queue_name = self.settings.dead_letter_queue
+        assert queue_name is not None
+        target = self.topic.broker.queue(queue_name)
+        target.send_many(
+            [
+                {
+                    "body": env.body,
+                    "attributes": env.attributes,
+                    "filters": env.filters or None,
+                    "group_id": env.group_id,
+                    "metadata": self.state.metadata.get(m.offset, env.metadata),
+                    "source": {"queue": self.topic.name, "channel": self.name, "id": message_id(m.offset), "count": count},
+                }
+                for m, env, count in dead
+            ]
+        )
+
+    # -- acting on receipts -----------------------------------------------------------------
+
+    def delete(self, receipt: str) -> None:
+        """Finish the message of this delivery: it will not be delivered again."""
+        _raise(self.delete_many([receipt])[0])
+
+    def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
+        """Delete several; for each receipt, None or the error that kept it from being deleted."""
+        return self._act(receipts, lambda i, offset, seq, now: Event(EventKind.FINISH, offset, seq))
+
+    def change_visibility(self, receipt: str, seconds: float) -> None:
+        """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
+        _raise(self.change_visibility_many([(receipt, seconds)])[0])
+
+    def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
+        for _, seconds in changes:
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 12 * 3600:
+                raise ReceiptError(f"visibility timeout must be 0 to 43200 seconds, not {seconds!r}")
+        return self._act(
+            [receipt for receipt, _ in changes],
+            lambda i, offset, seq, now: Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)),
+        )
+
+    def release(self, receipt: str, delay: float = 0.0) -> None:
+        """Give the message back: available again after ``delay`` seconds (mq's redelivery)."""
+        self.change_visibility(receipt, delay)
+
+    def _act(self, receipts: list[str], make: Callable[[int, int, int, int], Event]) -> list[ReceiptError | None]:
+        """Under the lock, turn each receipt that names a current delivery into ``make``'s event."""
+        outcomes: list[ReceiptError | None] = []
+        with self._writer.hold():
+            self._apply_new()
+            now = time.time_ns()
+            self.state.expire(now)
+            events = []
+            for i, receipt in enumerate(receipts):
+                try:
+                    offset, seq = _parse_receipt(receipt)
+                    self.state.check_receipt(offset, seq)
+                except StaleReceipt as exc:
+                    outcomes.append(ReceiptError(f"receipt {receipt!r}: {exc}"))
+                    continue
+                except ReceiptError as exc:
+                    outcomes.append(exc)
+                    continue
+                events.append(make(i, offset, seq, now))
+                outcomes.append(None)
+            if events:
+                self._record(events)
+        return outcomes
+
+    # -- tasks, consumers, stats ----------------------------------------------------------------
+
+    def task(self, id: str) -> Task:
+        """The task state and metadata of message ``id``."""
+        offset = parse_message_id(id)
+        with self._writer.hold():
+            self._apply_new()
+        now = time.time_ns()
+        state = self.state
+        state.expire(now)
+        status = state.task_state(offset, now)
+        message = self.topic.message(offset) if status is not None else None
+        if status is None or (message is None and status in ("inserted", "claimed")):
+            raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name} (never sent, or collected)")
+        env = self._envelope(message) if message is not None else Envelope(b"")
+        delivery = state.inflight.get(offset)
+        return Task(
+            id=id,
+            state=status,
+            metadata=state.metadata.get(offset, env.metadata),
+            receive_count=delivery.seq if delivery is not None else 0,
+            consumer=delivery.consumer if status == "claimed" and delivery is not None else None,
+            filters=env.filters,
+        )
+
+    def set_metadata(self, id: str, metadata: Any) -> None:
+        """Replace the JSON metadata of task ``id``."""
+        import json
+
+        offset = parse_message_id(id)
+        try:
+            payload = json.dumps(metadata, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise ReceiptError(f"task metadata must be JSON: {exc}") from None
+        with self._writer.hold():
+            self._apply_new()
+            if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():
+                raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name}")
+            self._record([Event(EventKind.METADATA, offset, payload=payload)])
+
+    def consumers(self) -> dict[str, list[str]]:
+        """Active consumers and the ids of the messages each holds hidden now."""
+        with self._writer.hold():
+            self._apply_new()
+        now = time.time_ns()
+        self.state.expire(now)
+        held: dict[str, list[str]] = {}
+        for offset, delivery in sorted(self.state.inflight.items()):
+            if offset not in self.state.ready and delivery.visible_at > now:
+                held.setdefault(delivery.consumer, []).append(message_id(offset))
+        return held
+
+    def stats(self) -> ChannelStats:
+        """Counts as SQS gives them (approximate beyond ``_LOOK_AHEAD`` unseen messages)."""
+        with self._writer.hold():
+            self._apply_new()
+        now = time.time_ns()
+        state = self.state
+        state.expire(now)
+        in_flight = sum(1 for o in state.inflight if o not in state.ready)
+        available = delayed = 0
+        for offset in state.candidates():
+            message = self.topic.message(offset)
+            if message is None:
+                continue
+            env = self._envelope(message)
+            if message.timestamp_ns + int(env.delay * 1e9) > now:
+                delayed += 1
+            else:
+                available += 1
+        end = self._end_offset()
+        unseen = max(0, end - state.frontier)
+        if unseen:
+            with Scanner(self.topic.path, state.frontier) as scanner:
+                for message in scanner.read_batch(100_000):
+                    env = self._envelope(message)
+                    if message.timestamp_ns + int(env.delay * 1e9) > now:
+                        delayed += 1
+                        unseen -= 1
+        available += unseen
+        oldest = None
+        if state.cursor < end:
+            first = self.topic.message(max(state.cursor, self.topic.first_offset()))
+            if first is not None:
+                oldest = max(0.0, (now - first.timestamp_ns) / 1e9)
+        return ChannelStats(available, in_flight, delayed, state.dead, oldest)
+
+    def _end_offset(self) -> int:
+        from journalq.journal import end_offset
+
+        return end_offset(self.topic.path)
+
+    def purge(self) -> None:
+        """Finish every message sent so far (SQS's PurgeQueue)."""
+        with self._writer.hold():
+            self._apply_new()
+            self._record([Event(EventKind.SKIP_TO, self._end_offset())])
+
+    def close(self) -> None:
+        try:
+            self.commit_cursor()
+        except OSError:
+            pass
+        for scanner in (self._events, self._tail):
+            if scanner is not None:
+                scanner.close()
+        self._writer.close()
+
+
+def _raise(error: ReceiptError | None) -> None:
+    if error is not None:
+        raise error

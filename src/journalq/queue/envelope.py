@@ -1,0 +1,151 @@
+"""The queue envelope: how attributes, filters, delays and ids travel inside a sej message.
+
+A message sent with nothing but a body is a plain sej message: type 0, the body as the value. A
+message with queue metadata has the type ``ENVELOPE_TYPE`` (0xE0) and a value of::
+
+    b"JQ1"                   magic and version
+    meta_len   uint32        big-endian
+    meta       meta_len bytes of UTF-8 JSON, an object with any of the keys below
+    body       the rest
+
+    "a"  attributes: {name: [data_type, value]}; Binary values in base64 (as SQS carries them)
+    "d"  delay in seconds (a number) from the message's timestamp
+    "f"  filters: {name: value}, both strings
+    "i"  deduplication id
+    "g"  group id (FIFO: one message of a group in flight at a time)
+    "m"  task metadata, any JSON object
+    "s"  where a dead letter came from: {"queue": name, "id": message id, "count": receives}
+
+A value with type 0xE0 but without the magic is read as a plain body, so no stored message can
+make a reader fail. Everything here is pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from journalq.errors import InvalidMessageError
+
+ENVELOPE_TYPE = 0xE0
+_MAGIC = b"JQ1"
+_META_LEN = struct.Struct(">I")
+_PREFIX = len(_MAGIC) + _META_LEN.size
+
+ATTRIBUTE_TYPES = ("String", "Number", "Binary")
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """A message attribute as SQS has them: a data type (``String``, ``Number`` or ``Binary``,
+    optionally with a custom suffix such as ``Number.float``) and a value."""
+
+    data_type: str
+    value: str | bytes
+
+    def __post_init__(self) -> None:
+        base = self.data_type.split(".", 1)[0]
+        if base not in ATTRIBUTE_TYPES:
+            raise InvalidMessageError(f"attribute data type {self.data_type!r} is not String, Number or Binary")
+        if (base == "Binary") != isinstance(self.value, bytes):
+            raise InvalidMessageError(
+                f"a {self.data_type} attribute takes {'bytes' if base == 'Binary' else 'str'}, "
+                f"not {type(self.value).__name__}"
+            )
+
+    @classmethod
+    def of(cls, value: Attribute | str | bytes | int | float) -> Attribute:
+        """An attribute from a plain Python value: str, bytes, int or float."""
+        if isinstance(value, Attribute):
+            return value
+        if isinstance(value, bool):
+            raise InvalidMessageError("attribute values are str, bytes, int or float, not bool")
+        if isinstance(value, str):
+            return cls("String", value)
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return cls("Binary", bytes(value))
+        if isinstance(value, (int, float)):
+            return cls("Number", repr(value))
+        raise InvalidMessageError(f"attribute values are str, bytes, int or float, not {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A queue message's body and metadata."""
+
+    body: bytes
+    attributes: dict[str, Attribute] = field(default_factory=dict)
+    delay: float = 0.0
+    filters: dict[str, str] = field(default_factory=dict)
+    dedup_id: str | None = None
+    group_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    source: dict[str, Any] | None = None
+
+    @property
+    def plain(self) -> bool:
+        """True when nothing but the body is set: stored as a plain sej message."""
+        return not (
+            self.attributes or self.delay or self.filters or self.dedup_id is not None
+            or self.group_id is not None or self.metadata is not None or self.source is not None
+        )
+
+
+def encode(envelope: Envelope) -> tuple[int, bytes]:
+    """The sej (type, value) that carries ``envelope``."""
+    if envelope.plain:
+        return 0, envelope.body
+    meta: dict[str, Any] = {}
+    if envelope.attributes:
+        meta["a"] = {
+            name: [a.data_type, base64.b64encode(a.value).decode() if isinstance(a.value, bytes) else a.value]
+            for name, a in envelope.attributes.items()
+        }
+    if envelope.delay:
+        meta["d"] = envelope.delay
+    if envelope.filters:
+        meta["f"] = envelope.filters
+    if envelope.dedup_id is not None:
+        meta["i"] = envelope.dedup_id
+    if envelope.group_id is not None:
+        meta["g"] = envelope.group_id
+    if envelope.metadata is not None:
+        meta["m"] = envelope.metadata
+    if envelope.source is not None:
+        meta["s"] = envelope.source
+    try:
+        raw = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"message metadata cannot be stored as JSON: {exc}") from None
+    return ENVELOPE_TYPE, b"".join((_MAGIC, _META_LEN.pack(len(raw)), raw, envelope.body))
+
+
+def decode(type_: int, value: bytes) -> Envelope:
+    """The envelope of a stored message; plain (or unreadable) ones are all body."""
+    if type_ != ENVELOPE_TYPE or not value.startswith(_MAGIC) or len(value) < _PREFIX:
+        return Envelope(value)
+    (meta_len,) = _META_LEN.unpack_from(value, len(_MAGIC))
+    end = _PREFIX + meta_len
+    try:
+        meta = json.loads(value[_PREFIX:end])
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+        attributes = {
+            name: Attribute(kind, base64.b64decode(raw) if kind.startswith("Binary") else raw)
+            for name, (kind, raw) in meta.get("a", {}).items()
+        }
+        return Envelope(
+            value[end:],
+            attributes,
+            float(meta.get("d", 0.0)),
+            dict(meta.get("f", {})),
+            meta.get("i"),
+            meta.get("g"),
+            meta.get("m"),
+            meta.get("s"),
+        )
+    except (ValueError, TypeError, InvalidMessageError):
+        return Envelope(value)  # damaged metadata: deliver the bytes as they are

@@ -1,0 +1,132 @@
+"""Queue settings, kept in ``TOPIC/queue.json`` beside the journal (sej ignores the file).
+
+Names, defaults and ranges follow Amazon SQS where the meaning is the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from journalq.errors import InvalidNameError, InvalidSettingError
+
+_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,79}$")
+MAX_NAME_LENGTH = 80
+
+
+def check_name(name: str, what: str = "queue") -> str:
+    """A queue, topic or channel name: letters, digits, ``-``, ``_`` and ``.`` (not first, no
+    ``..``), at most 80 characters, so that it can never name a path outside the data directory."""
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise InvalidNameError(
+            f"{what} name {name!r} must be 1 to 80 letters, digits, '-', '_' or '.', "
+            "not starting with '.' and without '..'"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    visibility_timeout: float = 30.0
+    """Seconds a received message stays hidden unless deleted (SQS: 0 to 12 hours)."""
+    delay: float = 0.0
+    """Seconds every new message waits before it can be received (SQS: 0 to 15 minutes)."""
+    receive_wait: float = 0.0
+    """Default long-polling wait of ``receive`` in seconds (SQS: 0 to 20)."""
+    max_receive_count: int | None = None
+    """Deliveries after which a message goes to ``dead_letter_queue`` (None: never)."""
+    dead_letter_queue: str | None = None
+    retention_seconds: float | None = 4 * 24 * 3600.0
+    """Messages older than this are deleted whether consumed or not (None: kept until consumed)."""
+    retention_bytes: int | None = None
+    """Oldest segments are deleted once the topic holds more than this (None: no limit)."""
+    dedup_window: float = 300.0
+    """Seconds within which a second send with the same deduplication id is dropped."""
+    fifo: bool = False
+    content_based_dedup: bool = False
+    """Use the SHA-256 of the body as deduplication id when none is given."""
+    enums: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Ordered values per filter name, lowest first, for the ``at_least`` filter method."""
+    task_gc_lifetime: float = 3600.0
+    """Seconds a finished task's state and metadata stay readable."""
+    task_gc_interval: float = 60.0
+    """Seconds between garbage collections of finished tasks and consumed segments."""
+    segment_size: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        def number(name: str, low: float, high: float | None = None, optional: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and optional:
+                return
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidSettingError(f"setting {name} must be a number, not {value!r}")
+            if value < low or (high is not None and value > high):
+                bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
+                raise InvalidSettingError(f"setting {name} is {value!r}; it must be {bounds}")
+
+        number("visibility_timeout", 0, 12 * 3600)
+        number("delay", 0, 15 * 60)
+        number("receive_wait", 0, 20)
+        number("max_receive_count", 1, 1000, optional=True)
+        number("retention_seconds", 1, None, optional=True)
+        number("retention_bytes", 1, None, optional=True)
+        number("dedup_window", 0, 24 * 3600)
+        number("task_gc_lifetime", 0)
+        number("task_gc_interval", 0.001)
+        number("segment_size", 4096)
+        if self.dead_letter_queue is not None:
+            check_name(self.dead_letter_queue, "dead-letter queue")
+        if self.max_receive_count is not None and self.dead_letter_queue is None:
+            raise InvalidSettingError("max_receive_count needs a dead_letter_queue to move messages to")
+        if not isinstance(self.enums, dict):
+            raise InvalidSettingError("setting enums must map filter names to lists of values")
+        enums = {}
+        for name, values in self.enums.items():
+            values = tuple(values)
+            if not values or not all(isinstance(v, str) for v in values) or len(set(values)) != len(values):
+                raise InvalidSettingError(f"enum {name!r} must be a list of distinct strings, lowest first")
+            enums[name] = values
+        object.__setattr__(self, "enums", enums)
+
+    def replace(self, **changes: Any) -> QueueSettings:
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise InvalidSettingError(f"unknown queue setting(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["enums"] = {name: list(values) for name, values in self.enums.items()}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QueueSettings:
+        return cls().replace(**data)
+
+
+SETTINGS_FILE = "queue.json"
+
+
+def load(topic_path: Path) -> QueueSettings | None:
+    """The settings of the topic at ``topic_path``; None when it has none (a plain journal)."""
+    file = topic_path / SETTINGS_FILE
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InvalidSettingError(f"cannot read queue settings {file}: {exc}") from None
+    return QueueSettings.from_json(data)
+
+
+def save(topic_path: Path, settings: QueueSettings) -> None:
+    """Write the settings atomically (temporary file, then rename)."""
+    file = topic_path / SETTINGS_FILE
+    tmp = file.with_name(f"{SETTINGS_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, file)

@@ -1,0 +1,365 @@
+"""A channel's state as a pure state machine: events in, decisions out, no I/O, no clock.
+
+A channel refers to the messages of its topic by offset; it never copies them. Its state is
+rebuilt by applying, in order, the events of its state journal (one per change: a delivery, a
+delete, a change of visibility, a dead letter, ...), so that any process can catch up with what
+the others did and decide the next delivery itself, with no daemon.
+
+Message offsets of a channel fall in three parts::
+
+    finished < cursor <= [ in flight, skipped, finished out of order ] < frontier <= never seen
+
+- ``inflight``: delivered and not finished; a delivery whose visibility has ended is *ready* to go
+  out again (it comes back by itself, with no event, once the clock passes it).
+- ``skipped``: offsets below the frontier never delivered (delayed, filtered out or held back by
+  their group when later ones went out).
+- ``finished``: deleted or moved to the dead-letter queue; below ``cursor`` nothing is kept.
+
+Times are integers of nanoseconds since the epoch, given by the caller.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from sortedcontainers import SortedSet
+
+
+class EventKind(IntEnum):
+    """The type byte of a state-journal message."""
+
+    DELIVER = 1  # key: consumer id; value: offset, delivery number, visible-again time, group
+    FINISH = 2  # value: offset, delivery number (deleted by its receipt)
+    VISIBILITY = 3  # value: offset, delivery number, visible-again time (0: now)
+    DEAD = 4  # value: offset, delivery number (moved to the dead-letter queue)
+    METADATA = 5  # value: offset, then the task's JSON metadata
+    SKIP_TO = 6  # value: offset (purge, or retention removed what is below it)
+    SNAPSHOT = 7  # value: the whole state, see ``snapshot``
+    COLLECT = 8  # value: time; forget finished tasks finished before it (task garbage collection)
+
+
+_OFFSET_SEQ = struct.Struct(">QI")
+_OFFSET_SEQ_TIME = struct.Struct(">QIq")
+_OFFSET = struct.Struct(">Q")
+_TIME = struct.Struct(">q")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    offset: int
+    seq: int = 0
+    visible_at: int = 0
+    consumer: str = ""
+    payload: bytes = b""
+    group: str | None = None
+
+    def encode(self) -> tuple[int, bytes, bytes]:
+        """(type, key, value) of the journal message that records this event."""
+        kind = self.kind
+        if kind is EventKind.DELIVER:
+            value = _OFFSET_SEQ_TIME.pack(self.offset, self.seq, self.visible_at)
+            if self.group is not None:
+                value += self.group.encode()
+        elif kind is EventKind.VISIBILITY:
+            value = _OFFSET_SEQ_TIME.pack(self.offset, self.seq, self.visible_at)
+        elif kind is EventKind.COLLECT:
+            value = _TIME.pack(self.visible_at)
+        elif kind in (EventKind.FINISH, EventKind.DEAD):
+            value = _OFFSET_SEQ.pack(self.offset, self.seq)
+        elif kind in (EventKind.METADATA, EventKind.SKIP_TO):
+            value = _OFFSET.pack(self.offset) + self.payload
+        else:
+            value = self.payload
+        return int(kind), self.consumer.encode()[:127], value
+
+    @classmethod
+    def decode(cls, type_: int, key: bytes, value: bytes) -> Event:
+        kind = EventKind(type_)
+        if kind in (EventKind.DELIVER, EventKind.VISIBILITY):
+            offset, seq, visible_at = _OFFSET_SEQ_TIME.unpack_from(value)
+            group = value[_OFFSET_SEQ_TIME.size :].decode() if len(value) > _OFFSET_SEQ_TIME.size else None
+            return cls(kind, offset, seq, visible_at, key.decode("utf-8", "replace"), group=group)
+        if kind is EventKind.COLLECT:
+            return cls(kind, 0, visible_at=_TIME.unpack_from(value)[0])
+        if kind in (EventKind.FINISH, EventKind.DEAD):
+            offset, seq = _OFFSET_SEQ.unpack_from(value)
+            return cls(kind, offset, seq)
+        if kind in (EventKind.METADATA, EventKind.SKIP_TO):
+            return cls(kind, _OFFSET.unpack_from(value)[0], payload=value[_OFFSET.size :])
+        return cls(kind, 0, payload=value)
+
+
+@dataclass
+class Delivery:
+    """The current delivery of a message in flight."""
+
+    offset: int
+    seq: int  # 1 for the first delivery: also the message's receive count
+    visible_at: int  # when it is ready to go out again
+    consumer: str
+    group: str | None = None
+
+
+class StaleReceipt(Exception):
+    """A receipt of a delivery that is over: finished, or delivered again since."""
+
+
+class ChannelState:
+    """Everything a channel knows, rebuilt from its events."""
+
+    def __init__(self) -> None:
+        self.cursor = 0
+        self.frontier = 0
+        self.inflight: dict[int, Delivery] = {}
+        self.skipped: SortedSet = SortedSet()
+        self.finished: set[int] = set()  # finished offsets >= cursor
+        self.ready: SortedSet = SortedSet()  # inflight offsets whose visibility has ended
+        self._expiry: list[tuple[int, int, int]] = []  # (visible_at, offset, seq), lazily pruned
+        self.group_holds: dict[str, int] = {}  # group -> deliveries of it still hidden
+        self.metadata: dict[int, Any] = {}  # task metadata set by events
+        self.finished_at: dict[int, tuple[int, str]] = {}  # offset -> (time, "finished"|"dead")
+        self.dead = 0
+        self.collected_below = 0  # tasks below it were garbage-collected
+        self.cursor_marks: list[tuple[int, int]] = []  # (time, cursor) at each collection
+        self.last_collect = 0
+        self.events_applied = 0
+
+    # -- applying events --------------------------------------------------------------------
+
+    def apply(self, event: Event, now: int) -> None:
+        """Apply one event; ``now`` is the time it was recorded (the journal message's timestamp)."""
+        self.events_applied += 1
+        kind = event.kind
+        if kind is EventKind.DELIVER:
+            self._deliver(event)
+        elif kind is EventKind.FINISH or kind is EventKind.DEAD:
+            self._finish(event.offset, now, "dead" if kind is EventKind.DEAD else "finished")
+        elif kind is EventKind.VISIBILITY:
+            delivery = self.inflight.get(event.offset)
+            if delivery is not None and delivery.seq == event.seq:
+                self._hide_until(delivery, event.visible_at)
+        elif kind is EventKind.METADATA:
+            self.metadata[event.offset] = json.loads(event.payload)
+        elif kind is EventKind.SKIP_TO:
+            self.skip_to(event.offset, now)
+        elif kind is EventKind.SNAPSHOT:
+            self.restore(event.payload)
+        elif kind is EventKind.COLLECT:
+            self.collect(event.visible_at, now)
+
+    def _deliver(self, event: Event) -> None:
+        offset = event.offset
+        if offset < self.cursor or offset in self.finished:
+            return
+        if offset >= self.frontier:
+            self.skipped.update(range(self.frontier, offset))
+            self.frontier = offset + 1
+        else:
+            self.skipped.discard(offset)
+        old = self.inflight.pop(offset, None)
+        if old is not None:
+            self._unhold(old)
+            self.ready.discard(offset)
+        delivery = Delivery(offset, event.seq, event.visible_at, event.consumer, event.group)
+        self.inflight[offset] = delivery
+        self._hold(delivery)
+        heapq.heappush(self._expiry, (event.visible_at, offset, event.seq))
+
+    def _hide_until(self, delivery: Delivery, visible_at: int) -> None:
+        """A new visibility for a delivery in flight (hidden again if it was ready)."""
+        if delivery.offset in self.ready:
+            self.ready.discard(delivery.offset)
+            self._hold(delivery)
+        delivery.visible_at = visible_at
+        heapq.heappush(self._expiry, (visible_at, delivery.offset, delivery.seq))
+
+    def _hold(self, delivery: Delivery) -> None:
+        """Count a hidden delivery against its group (FIFO: one of a group in flight at a time)."""
+        if delivery.group is not None:
+            self.group_holds[delivery.group] = self.group_holds.get(delivery.group, 0) + 1
+
+    def _unhold(self, delivery: Delivery) -> None:
+        if delivery.group is not None and delivery.offset not in self.ready:
+            left = self.group_holds.get(delivery.group, 0) - 1
+            if left > 0:
+                self.group_holds[delivery.group] = left
+            else:
+                self.group_holds.pop(delivery.group, None)
+
+    def _finish(self, offset: int, now: int, how: str) -> None:
+        if offset < self.cursor or offset in self.finished:
+            return
+        delivery = self.inflight.pop(offset, None)
+        if delivery is not None:
+            self._unhold(delivery)
+            self.ready.discard(offset)
+        self.skipped.discard(offset)
+        if offset >= self.frontier:
+            self.skipped.update(range(self.frontier, offset))
+            self.frontier = offset + 1
+        self.finished.add(offset)
+        if how == "dead":
+            self.dead += 1
+        if how == "dead" or offset in self.metadata:
+            # Plain finished tasks are told apart by the cursor; only these need a record.
+            self.finished_at[offset] = (now, how)
+        self._advance_cursor()
+
+    def _advance_cursor(self) -> None:
+        while self.cursor in self.finished:
+            self.finished.discard(self.cursor)
+            self.cursor += 1
+
+    def skip_to(self, offset: int, now: int) -> None:
+        """Forget every message below ``offset`` (a purge, or retention deleted them)."""
+        if offset <= self.cursor:
+            return
+        for gone in [o for o in self.inflight if o < offset]:
+            delivery = self.inflight.pop(gone)
+            self._unhold(delivery)
+            self.ready.discard(gone)
+        for gone in list(self.skipped.irange(maximum=offset - 1)):
+            self.skipped.discard(gone)
+        self.finished = {o for o in self.finished if o >= offset}
+        self.cursor = offset
+        self.frontier = max(self.frontier, offset)
+        self._advance_cursor()
+
+    # -- time -------------------------------------------------------------------------------
+
+    def expire(self, now: int) -> None:
+        """Make ready every delivery whose visibility ended by ``now``."""
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            visible_at, offset, seq = heapq.heappop(expiry)
+            delivery = self.inflight.get(offset)
+            if delivery is None or delivery.seq != seq or delivery.visible_at != visible_at:
+                continue  # finished, delivered again or hidden longer since
+            if offset not in self.ready:
+                self._unhold(delivery)
+                self.ready.add(offset)
+
+    def next_expiry(self) -> int | None:
+        """The earliest time a hidden delivery becomes ready (None when there is none)."""
+        expiry = self._expiry
+        while expiry:
+            visible_at, offset, seq = expiry[0]
+            delivery = self.inflight.get(offset)
+            if delivery is not None and delivery.seq == seq and delivery.visible_at == visible_at:
+                return visible_at
+            heapq.heappop(expiry)
+        return None
+
+    # -- deciding ---------------------------------------------------------------------------
+
+    def candidates(self) -> Iterable[int]:
+        """Offsets below the frontier that may go out now, oldest first (call ``expire`` first).
+
+        Beyond these come the never-seen offsets from ``frontier`` on, which the caller reads
+        from the topic.
+        """
+        ready, skipped = self.ready, self.skipped
+        if not skipped:
+            return iter(ready)
+        if not ready:
+            return iter(skipped)
+        return heapq.merge(ready, skipped)
+
+    def check_receipt(self, offset: int, seq: int) -> Delivery:
+        """The current delivery that a receipt names; ``StaleReceipt`` when it is over."""
+        delivery = self.inflight.get(offset)
+        if delivery is None:
+            raise StaleReceipt(f"message {offset} is no longer in flight (finished or gone)")
+        if delivery.seq != seq:
+            raise StaleReceipt(
+                f"message {offset} was delivered again (delivery {delivery.seq}) after the "
+                f"delivery {seq} that this receipt belongs to"
+            )
+        return delivery
+
+    def receive_count(self, offset: int) -> int:
+        delivery = self.inflight.get(offset)
+        return delivery.seq if delivery is not None else 0
+
+    # -- task states -------------------------------------------------------------------------
+
+    def task_state(self, offset: int, now: int) -> str | None:
+        """zkmq's task state: inserted, claimed, finished or dead; None once collected (or for an
+        offset never stored)."""
+        record = self.finished_at.get(offset)
+        if record is not None:
+            return record[1]
+        if offset < self.collected_below:
+            return None
+        if offset < self.cursor or offset in self.finished:
+            return "finished"
+        delivery = self.inflight.get(offset)
+        if delivery is not None and offset not in self.ready and delivery.visible_at > now:
+            return "claimed"
+        return "inserted"
+
+    def collect(self, older_than: int, now: int) -> None:
+        """Task garbage collection: forget tasks finished before ``older_than``.
+
+        Plain finished tasks carry no record: each collection notes the cursor, and a later one
+        forgets everything below the cursor noted at or before ``older_than``.
+        """
+        marks = self.cursor_marks
+        while marks and marks[0][0] <= older_than:
+            self.collected_below = max(self.collected_below, marks.pop(0)[1])
+        marks.append((now, self.cursor))
+        for offset in [o for o, (when, _) in self.finished_at.items() if when < older_than]:
+            del self.finished_at[offset]
+            self.metadata.pop(offset, None)
+        for offset in [o for o in self.metadata if o < self.collected_below and o not in self.finished_at]:
+            del self.metadata[offset]
+        self.last_collect = now
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The whole state as JSON bytes, for a SNAPSHOT event that lets the journal be compacted."""
+        return json.dumps(
+            {
+                "cursor": self.cursor,
+                "frontier": self.frontier,
+                "inflight": [[d.offset, d.seq, d.visible_at, d.consumer, d.group] for d in self.inflight.values()],
+                "skipped": list(self.skipped),
+                "finished": sorted(self.finished),
+                "metadata": [[o, m] for o, m in self.metadata.items()],
+                "finished_at": [[o, t, how] for o, (t, how) in self.finished_at.items()],
+                "dead": self.dead,
+                "collected_below": self.collected_below,
+                "cursor_marks": self.cursor_marks,
+                "last_collect": self.last_collect,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    def restore(self, payload: bytes) -> None:
+        data = json.loads(payload)
+        applied = self.events_applied
+        self.__init__()  # type: ignore[misc]
+        self.events_applied = applied
+        self.cursor = data["cursor"]
+        self.frontier = data["frontier"]
+        self.skipped.update(data["skipped"])
+        self.finished = set(data["finished"])
+        self.metadata = {o: m for o, m in data["metadata"]}
+        self.finished_at = {o: (t, how) for o, t, how in data["finished_at"]}
+        self.dead = data["dead"]
+        self.collected_below = data["collected_below"]
+        self.cursor_marks = [tuple(m) for m in data["cursor_marks"]]
+        self.last_collect = data["last_collect"]
+        for offset, seq, visible_at, consumer, group in data["inflight"]:
+            delivery = Delivery(offset, seq, visible_at, consumer, group)
+            self.inflight[offset] = delivery
+            self._hold(delivery)
+            heapq.heappush(self._expiry, (visible_at, offset, seq))

@@ -1,0 +1,345 @@
+"""A topic: a journal that producers send to and channels read, sq's topic.
+
+Sending appends through a shared writer, so producers in many processes can send at once.
+Channels live in ``TOPIC/channels/NAME/`` and refer to messages by offset; they add nothing to a
+send, so a topic with ten channels writes as fast as one with none. ``gc()`` deletes the oldest
+segments once every channel is done with them, or once retention says they have lived long enough.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from journalq.errors import InvalidMessageError, JournalError, OffsetOutOfRangeError
+from journalq.journal import Message, Scanner, Writer
+from journalq.journal.codec import HEADER, INT32
+from journalq.journal.offsets import read_offset
+from journalq.journal.segment import Segment, list_segments
+from journalq.queue import envelope, filters
+from journalq.queue.envelope import Attribute, Envelope
+from journalq.queue.settings import QueueSettings, check_name
+
+if TYPE_CHECKING:
+    from journalq.queue.broker import Broker
+    from journalq.queue.channel import Channel
+
+OutgoingMessage = bytes | Mapping[str, Any]
+"""What ``send_many`` takes: a body, or a mapping with ``body`` and any of the keyword arguments
+of ``Topic.send``."""
+
+
+def message_id(offset: int) -> str:
+    return str(offset)
+
+
+def parse_message_id(message_id: str) -> int:
+    try:
+        offset = int(message_id)
+    except (TypeError, ValueError):
+        offset = -1
+    if offset < 0:
+        raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids")
+    return offset
+
+
+class Topic:
+    """The topic ``name`` of a broker; use ``Broker.topic`` or ``Broker.queue`` to get one."""
+
+    def __init__(self, broker: Broker, name: str, settings: QueueSettings) -> None:
+        self.broker = broker
+        self.name = check_name(name, "topic")
+        self.path: Path = broker.root / name
+        self.settings = settings
+        self._writer: Writer | None = None
+        self._channels: dict[str, Channel] = {}
+        self._dedup: _DedupIndex | None = None
+        self._messages: OrderedDict[int, Message] = OrderedDict()
+        self._last_gc = 0.0
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(
+        self,
+        body: bytes,
+        *,
+        attributes: Mapping[str, Attribute | str | bytes | int | float] | None = None,
+        delay: float | None = None,
+        filters: Mapping[str, str] | None = None,
+        dedup_id: str | None = None,
+        group_id: str | None = None,
+        metadata: Any = None,
+    ) -> str:
+        """Append one message; returns its id. A duplicate (same ``dedup_id`` within the
+        deduplication window) is accepted and dropped: the id returned is the first one's."""
+        return self.send_many(
+            [
+                {
+                    "body": body,
+                    "attributes": attributes,
+                    "delay": delay,
+                    "filters": filters,
+                    "dedup_id": dedup_id,
+                    "group_id": group_id,
+                    "metadata": metadata,
+                }
+            ]
+        )[0]
+
+    def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
+        """Append a batch in one write; returns the ids in the order given."""
+        envelopes = [self._envelope(item) for item in items]
+        if not envelopes:
+            return []
+        writer = self._get_writer()
+        earlier: dict[int, int] = {}  # batch index -> offset already holding its dedup id
+        first_in_batch: dict[int, int] = {}  # batch index -> index of the same id earlier in it
+        fresh: list[int] = []
+        with writer.hold():
+            if any(e.dedup_id is not None for e in envelopes):
+                dedup = self._dedup_index()
+                dedup.catch_up()
+                batch_seen: dict[str, int] = {}
+                for i, env in enumerate(envelopes):
+                    known = None if env.dedup_id is None else dedup.lookup(env.dedup_id)
+                    if known is not None:
+                        earlier[i] = known
+                    elif env.dedup_id is not None and env.dedup_id in batch_seen:
+                        first_in_batch[i] = batch_seen[env.dedup_id]
+                    else:
+                        if env.dedup_id is not None:
+                            batch_seen[env.dedup_id] = i
+                        fresh.append(i)
+            else:
+                fresh = list(range(len(envelopes)))
+            now = time.time_ns()
+            messages = []
+            for i in fresh:
+                type_, value = envelope.encode(envelopes[i])
+                messages.append(Message(timestamp_ns=now, type=type_, value=value))
+            first = writer.next_offset
+            if messages:
+                writer.append_many(messages)
+        offsets = dict(earlier)
+        for n, i in enumerate(fresh):
+            offsets[i] = first + n
+            if envelopes[i].dedup_id is not None:
+                self._dedup_index().remember(envelopes[i].dedup_id, first + n, now)
+        for i, j in first_in_batch.items():
+            offsets[i] = offsets[j]
+        return [message_id(offsets[i]) for i in range(len(envelopes))]
+
+    def _envelope(self, item: OutgoingMessage) -> Envelope:
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            item = {"body": bytes(item)}
+        if not isinstance(item, Mapping):
+            raise InvalidMessageError(f"a message to send is bytes or a mapping, not {type(item).__name__}")
+        unknown = set(item) - {"body", "attributes", "delay", "filters", "dedup_id", "group_id", "metadata", "source"}
+        if unknown:
+            raise InvalidMessageError(f"unknown message field(s): {', '.join(sorted(unknown))}")
+        body = item.get("body")
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError(f"message body must be bytes, not {type(body).__name__}")
+        body = bytes(body)
+        settings = self.settings
+        delay = settings.delay if item.get("delay") is None else item["delay"]
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 900:
+            raise InvalidMessageError(f"message delay must be 0 to 900 seconds, not {delay!r}")
+        dedup_id = item.get("dedup_id")
+        if dedup_id is None and settings.content_based_dedup:
+            dedup_id = hashlib.sha256(body).hexdigest()
+        for name in ("dedup_id", "group_id"):
+            value = dedup_id if name == "dedup_id" else item.get(name)
+            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 128):
+                raise InvalidMessageError(f"{name} must be a string of 1 to 128 characters, not {value!r}")
+        attributes = {}
+        for name, value in (item.get("attributes") or {}).items():
+            if not isinstance(name, str) or not name:
+                raise InvalidMessageError(f"attribute names are non-empty strings, not {name!r}")
+            attributes[name] = Attribute.of(value)
+        return Envelope(
+            body=body,
+            attributes=attributes,
+            delay=float(delay),
+            filters=filters.check_message_filters(item.get("filters"), settings.enums),
+            dedup_id=dedup_id,
+            group_id=item.get("group_id"),
+            metadata=item.get("metadata"),
+            source=item.get("source"),  # set on dead letters: where they came from
+        )
+
+    def _get_writer(self) -> Writer:
+        if self._writer is None:
+            self._writer = Writer(
+                self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size
+            )
+        return self._writer
+
+    def _dedup_index(self) -> _DedupIndex:
+        if self._dedup is None:
+            self._dedup = _DedupIndex(self.path, self.settings.dedup_window)
+        return self._dedup
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def message(self, offset: int) -> Message | None:
+        """The stored message at ``offset`` (None once deleted), through a small cache."""
+        cached = self._messages.get(offset)
+        if cached is not None:
+            self._messages.move_to_end(offset)
+            return cached
+        try:
+            with Scanner(self.path, offset) as scanner:
+                batch = scanner.read_batch(64)
+        except OffsetOutOfRangeError:
+            return None
+        self.remember(batch)
+        return batch[0] if batch else None
+
+    def remember(self, messages: list[Message]) -> None:
+        """Keep recently read messages for redelivery without a seek."""
+        cache = self._messages
+        for message in messages:
+            cache[message.offset] = message
+        while len(cache) > 8192:
+            cache.popitem(last=False)
+
+    def first_offset(self) -> int:
+        segments = list_segments(self.path)
+        return segments[0].base if segments else 0
+
+    # -- channels and garbage collection ------------------------------------------------------
+
+    def channel(self, name: str) -> Channel:
+        """The channel ``name`` (created when missing): it gets every message of the topic."""
+        from journalq.queue.channel import Channel
+
+        check_name(name, "channel")
+        channel = self._channels.get(name)
+        if channel is None:
+            channel = self._channels[name] = Channel(self, name)
+        return channel
+
+    def channel_names(self) -> list[str]:
+        try:
+            return sorted(p.name for p in (self.path / "channels").iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def gc(self, now: float | None = None) -> list[Path]:
+        """Delete the oldest segments that no channel needs or that retention lets go.
+
+        A segment is needed while some channel's committed cursor is inside or before it (a topic
+        without channels keeps everything until retention). Never deletes the segment being
+        written. Returns the files deleted.
+        """
+        now = time.time() if now is None else now
+        for channel in self._channels.values():
+            channel.commit_cursor()
+        segments = list_segments(self.path)
+        names = self.channel_names()
+        cursors = [read_offset(self.path, name) for name in names]
+        needed_from = min(cursors) if cursors else None
+        settings = self.settings
+        sizes = [s.path.stat().st_size for s in segments]
+        total = sum(sizes)
+        deleted: list[Path] = []
+        for segment, following, size in zip(segments, segments[1:], sizes):
+            consumed = needed_from is not None and following.base <= needed_from
+            too_old = settings.retention_seconds is not None and _last_timestamp(segment) < (
+                now - settings.retention_seconds
+            ) * 1e9
+            too_big = settings.retention_bytes is not None and total > settings.retention_bytes
+            if not (consumed or too_old or too_big):
+                break
+            for file in (segment.path, segment.index_path):
+                try:
+                    file.unlink()
+                    deleted.append(file)
+                except FileNotFoundError:
+                    pass
+            total -= size
+        self._last_gc = time.monotonic()
+        return deleted
+
+    def gc_due(self) -> bool:
+        return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _last_timestamp(segment: Segment) -> int:
+    """The timestamp of a segment's last message, read backward through its size field."""
+    try:
+        with open(segment.path, "rb", buffering=0) as f:
+            end = os.fstat(f.fileno()).st_size
+            if end < 4:
+                return 2**63 - 1
+            (size,) = INT32.unpack(os.pread(f.fileno(), 4, end - 4))
+            header = os.pread(f.fileno(), HEADER.size, end - size)
+            return HEADER.unpack(header)[1] if len(header) == HEADER.size else 2**63 - 1
+    except (OSError, ValueError) as exc:
+        raise JournalError(f"cannot read the last message of a segment: {exc}", file=segment.path) from None
+
+
+class _DedupIndex:
+    """Deduplication ids sent within the window, caught up from the topic itself.
+
+    The ids travel in the messages' envelopes, so every producer process learns the others' by
+    reading what they appended; nothing else needs to be stored.
+    """
+
+    def __init__(self, path: Path, window: float) -> None:
+        self.path = path
+        self.window_ns = int(window * 1e9)
+        self.seen: OrderedDict[str, tuple[int, int]] = OrderedDict()  # id -> (offset, time)
+        self._scanner: Scanner | None = None
+
+    def _start(self) -> Scanner:
+        """Start reading at the newest segment that begins before the window."""
+        horizon = time.time_ns() - self.window_ns
+        segments = list_segments(self.path)
+        start = segments[0].base if segments else 0
+        for segment in reversed(segments):
+            with open(segment.path, "rb", buffering=0) as f:
+                header = os.pread(f.fileno(), HEADER.size, 0)
+            if len(header) == HEADER.size and HEADER.unpack(header)[1] <= horizon:
+                start = segment.base
+                break
+        return Scanner(self.path, start)
+
+    def catch_up(self) -> None:
+        if self._scanner is None:
+            self._scanner = self._start()
+        while batch := self._scanner.read_batch():
+            for message in batch:
+                if message.type == envelope.ENVELOPE_TYPE:
+                    dedup_id = envelope.decode(message.type, message.value).dedup_id
+                    if dedup_id is not None:
+                        self.remember(dedup_id, message.offset, message.timestamp_ns)
+
+    def remember(self, dedup_id: str, offset: int, timestamp_ns: int) -> None:
+        if dedup_id not in self.seen:
+            self.seen[dedup_id] = (offset, timestamp_ns)
+
+    def lookup(self, dedup_id: str) -> int | None:
+        horizon = time.time_ns() - self.window_ns
+        seen = self.seen
+        while seen:
+            oldest = next(iter(seen.values()))
+            if oldest[1] >= horizon:
+                break
+            seen.popitem(last=False)
+        found = seen.get(dedup_id)
+        return found[0] if found is not None and found[1] >= horizon else None
