@@ -65,15 +65,21 @@ def message_size(key_len: int, value_len: int) -> int:
     return OVERHEAD + key_len + value_len
 
 
+def _nbytes(field: bytes | bytearray | memoryview) -> int:
+    """Length in bytes (a memoryview's len() counts items, which may be wider than a byte)."""
+    return field.nbytes if isinstance(field, memoryview) else len(field)
+
+
 def _check(key: bytes, value: bytes, type_: int, timestamp_ns: int) -> None:
     """Raise a clear ``InvalidMessageError`` for whatever makes this message unstorable."""
     for name, field in (("key", key), ("value", value)):
         if not isinstance(field, (bytes, bytearray, memoryview)):
             raise InvalidMessageError(f"message {name} must be bytes, not {type(field).__name__}")
-    if len(key) > MAX_KEY_SIZE:
-        raise InvalidMessageError(f"message key is {len(key)} bytes; the format allows at most 127")
-    if len(value) > MAX_VALUE_SIZE:
-        raise InvalidMessageError(f"message value is {len(value)} bytes; at most {MAX_VALUE_SIZE}")
+    key_len, value_len = _nbytes(key), _nbytes(value)
+    if key_len > MAX_KEY_SIZE:
+        raise InvalidMessageError(f"message key is {key_len} bytes; the format allows at most 127")
+    if value_len > MAX_VALUE_SIZE:
+        raise InvalidMessageError(f"message value is {value_len} bytes; at most {MAX_VALUE_SIZE}")
     if not isinstance(type_, int) or not 0 <= type_ <= 255:
         raise InvalidMessageError(f"message type must be an integer from 0 to 255, not {type_!r}")
     if not isinstance(timestamp_ns, int) or not ZERO_TIMESTAMP <= timestamp_ns < 2**63:
@@ -135,15 +141,14 @@ def encode_batch(
         if isinstance(item, Message):
             ts = timestamp_ns if item.timestamp_ns is None else item.timestamp_ns
             parts.append(encode(offset, ts, item.type, item.key, item.value))
-            lengths.append(len(item.key) + len(item.value))
         elif isinstance(item, (bytes, bytearray, memoryview)):
             parts.append(encode(offset, timestamp_ns, 0, b"", item))
-            lengths.append(len(item))
         else:
             raise InvalidMessageError(
                 f"item {offset - first_offset} of the batch is a {type(item).__name__}; "
                 "append bytes values or journalq.journal.Message objects"
             )
+        lengths.append(len(parts[-1]) - OVERHEAD)  # key plus value, in bytes as encoded
     return b"".join(parts), lengths, len(items)
 
 

@@ -26,8 +26,14 @@ from journalq.journal.segment import (
     offset_at,
     scan_segment,
     segment_at,
+    segment_name,
 )
 from journalq.journal.watch import DirectoryWatch
+
+# The first read after opening a segment (or seeking in one) is small: a seek lands within one
+# index interval of the message asked for, and decoding a whole READ_CHUNK (~8,000 messages of
+# 100 bytes) to return one costs milliseconds. Later reads double up to READ_CHUNK.
+FIRST_READ = 2 * index.DEFAULT_INTERVAL
 
 
 class Scanner:
@@ -48,6 +54,7 @@ class Scanner:
         follow: bool = False,
     ) -> None:
         self.path = Path(path)
+        self._jnl = str(journal_dir(self.path))
         self.timeout = timeout
         self.follow = follow or timeout is not None
         if not self.path.is_dir():
@@ -58,6 +65,7 @@ class Scanner:
         self._segment: Segment = segment_at(self.path, 0)
         self._pos = 0  # where the bytes not yet decoded start in the segment
         self._pending = b""  # bytes read past _pos that do not make a whole message yet
+        self._chunk = FIRST_READ  # bytes to read next: small after a seek, doubling to READ_CHUNK
         self._batch: list[Message] = []
         self._i = 0
         self._next = 0  # the offset of the first message not yet decoded
@@ -164,6 +172,7 @@ class Scanner:
             self._fd = -1
         self._segment = segment
         self._pos, self._pending, self._next = 0, b"", segment.base
+        self._chunk = FIRST_READ
         try:
             self._fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -188,12 +197,18 @@ class Scanner:
                 have = size
             if size > have:
                 # Twice the pending bytes at least, so that a huge message takes few reads.
-                chunk = os.pread(self._fd, max(READ_CHUNK, len(self._pending)), have)
+                chunk = os.pread(self._fd, max(self._chunk, len(self._pending)), have)
+                self._chunk = min(2 * self._chunk, READ_CHUNK)
                 buf = self._pending + chunk if self._pending else chunk
                 try:
                     messages, used = decode(buf, 0, len(buf), self._next)
                 except CorruptionError as exc:
-                    raise exc.located(self._segment.path, self._pos) from None
+                    if not exc.position:
+                        raise exc.located(self._segment.path, self._pos) from None
+                    # Hand out the whole messages before the damage first: the next read
+                    # starts at the damaged message and raises.
+                    messages, used = decode(buf, 0, exc.position, self._next)
+                    buf = buf[:used]
                 self._pos += used
                 self._pending = buf[used:]
                 if messages:
@@ -201,10 +216,13 @@ class Scanner:
                     self._next = messages[-1].offset + 1
                     return True
                 continue
-            # At the end of the segment: go on to the next one once it exists.
-            following = segment_at(self.path, self._next)
-            if following == self._segment or not following.path.exists():
+            # At the end of the segment: go on to the next one once it exists (a string path:
+            # this runs on every poll, and pathlib is slow).
+            if self._next == self._segment.base or not os.path.exists(
+                os.path.join(self._jnl, segment_name(self._next))
+            ):
                 return False
+            following = segment_at(self.path, self._next)
             if os.fstat(self._fd).st_size != size:
                 continue  # the writer finished this segment meanwhile
             if self._pending:

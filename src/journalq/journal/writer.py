@@ -35,7 +35,15 @@ from journalq.journal.index import (
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import Recovery, cut_tail, fsync_dir
-from journalq.journal.segment import Segment, journal_dir, list_segments, lock_path, scan_segment, segment_at
+from journalq.journal.segment import (
+    Segment,
+    journal_dir,
+    list_segments,
+    lock_path,
+    scan_segment,
+    segment_at,
+    segment_name,
+)
 from journalq.journal.sync import SyncPolicy, fdatasync
 
 DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
@@ -68,6 +76,7 @@ class Writer:
         if buffer_size < 0:
             raise Error(f"buffer_size must be 0 or more, not {buffer_size}")
         self.path = Path(path)
+        self._jnl = str(journal_dir(self.path))
         self.segment_size = segment_size
         self.sync_policy = SyncPolicy.parse(sync)
         if buffer_size and (shared or self.sync_policy.mode == "always"):
@@ -268,11 +277,11 @@ class Writer:
             assert self._index is not None
             self._index.last_position = max(self._index.last_position, last_position(self._segment))
         # Another writer may have started a new segment: it is named by the offset now due.
-        while True:
-            following = segment_at(self.path, self._next_offset)
-            if following == self._segment or not following.path.exists():
-                return
-            self._open_segment(following)
+        # (A string path: this runs on every shared append, and pathlib is slow.)
+        while self._next_offset != self._segment.base and os.path.exists(
+            os.path.join(self._jnl, segment_name(self._next_offset))
+        ):
+            self._open_segment(segment_at(self.path, self._next_offset))
 
     # -- appending --------------------------------------------------------------------------
 

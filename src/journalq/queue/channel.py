@@ -117,6 +117,7 @@ class Channel:
         self._events: Scanner | None = None
         self._since_snapshot = 0
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
+        self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
         with self._writer.hold():
@@ -132,47 +133,69 @@ class Channel:
         """Rebuild the state from the latest snapshot and the events after it."""
         self.state = ChannelState()
         self._since_snapshot = 0
-        if self._events is not None:
-            self._events.close()
         start = read_offset(self.path, "snapshot")
         segments = list_segments(self.path)
         if segments and start < segments[0].base:
             start = segments[0].base
-        self._events = Scanner(self.path, start)
+        self._applied = start
+        self._seek_events(start)
         self._apply_new()
 
+    def _seek_events(self, offset: int) -> None:
+        if self._events is not None:
+            self._events.close()
+        self._events = Scanner(self.path, offset)
+
     def _apply_new(self) -> None:
+        """Under the hold: apply the events other processes appended since we last looked."""
+        if self._writer.next_offset == self._applied:
+            return  # nothing new (the hold has caught the writer up)
         assert self._events is not None
+        if self._applied - self._events.offset > 1000:
+            self._seek_events(self._applied)  # skip our own events rather than read them back
         state = self.state
         try:
             while batch := self._events.read_batch():
                 for message in batch:
-                    state.apply(Event.decode(message.type, message.key, message.value), message.timestamp_ns)
-                self._since_snapshot += len(batch)
+                    if message.offset >= self._applied:
+                        state.apply(Event.decode(message.type, message.key, message.value), message.timestamp_ns)
+                        self._since_snapshot += 1
+                self._applied = max(self._applied, batch[-1].offset + 1)
         except OffsetOutOfRangeError:
             self._load()  # compacted away under us: start again from the newest snapshot
 
     def _record(self, events: list[Event]) -> None:
-        """Append events (under the hold) and apply them, as every other process will."""
+        """Append events (under the hold) and apply them, exactly as every other process will."""
+        self._apply_new()
+        now = time.time_ns()
         messages = []
         for event in events:
             type_, key, value = event.encode()
-            messages.append(Message(type=type_, key=key, value=value))
+            messages.append(Message(timestamp_ns=now, type=type_, key=key, value=value))
         self._writer.append_many(messages)
-        self._apply_new()
+        for event in events:
+            self.state.apply(event, now)
+        self._applied += len(events)
+        self._since_snapshot += len(events)
 
     def _maintain(self, now: int) -> None:
-        """Under the hold: keep up with retention, collect finished tasks, compact."""
+        """Under the hold, every ``task_gc_interval``: catch up with retention, collect finished
+        tasks, publish the cursor, collect consumed segments; and compact when due."""
         state = self.state
-        first = self.topic.first_offset()
-        if state.cursor < first:
-            self._record([Event(EventKind.SKIP_TO, first)])
-        interval_ns = int(self.settings.task_gc_interval * 1e9)
-        if now - state.last_collect >= interval_ns:
+        if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
+            self._skip_deleted()
             self._record([Event(EventKind.COLLECT, 0, visible_at=now - int(self.settings.task_gc_lifetime * 1e9))])
             self.commit_cursor()
+            if self.topic.gc_due():
+                self.topic.gc()
         if self._since_snapshot >= SNAPSHOT_EVERY:
             self._compact()
+
+    def _skip_deleted(self) -> None:
+        """Forget messages that retention deleted from the topic before this channel took them."""
+        first = self.topic.first_offset()
+        if self.state.cursor < first:
+            self._record([Event(EventKind.SKIP_TO, first)])
 
     def _compact(self) -> None:
         snapshot_at = self._writer.next_offset
@@ -286,6 +309,7 @@ class Channel:
             for offset in list(state.candidates()):
                 message = self.topic.message(offset)
                 if message is None:
+                    self._skip_deleted()  # retention deleted it
                     continue
                 if consider(message, state.receive_count(offset)):
                     full = True
@@ -323,19 +347,32 @@ class Channel:
         return received, wake_at
 
     def _new_messages(self, frontier: int) -> list[Message]:
-        """Messages from the frontier on (at most a look-ahead's worth)."""
-        tail = self._tail
-        if tail is None or tail.offset != frontier:
-            if tail is not None:
-                tail.close()
-            try:
-                tail = self._tail = Scanner(self.topic.path, frontier)
-            except OffsetOutOfRangeError:
-                self._tail = None
-                return []
-        batch = tail.read_batch(_LOOK_AHEAD)
-        self.topic.remember(batch)
-        return batch
+        """Messages from the frontier on, at most a look-ahead's worth.
+
+        What was read but not taken stays in ``_ahead`` for the next receive, so a consumer
+        reads the topic once, in order; it seeks only when other processes moved the frontier
+        past what it had read.
+        """
+        ahead = self._ahead
+        if ahead and ahead[0].offset < frontier:
+            skip = frontier - ahead[0].offset
+            ahead = self._ahead = ahead[skip:] if skip < len(ahead) else []
+        if len(ahead) < _LOOK_AHEAD:
+            tail = self._tail
+            position = ahead[-1].offset + 1 if ahead else frontier
+            if tail is None or tail.offset != position:
+                if tail is not None:
+                    tail.close()
+                try:
+                    tail = self._tail = Scanner(self.topic.path, position)
+                except OffsetOutOfRangeError:
+                    self._tail = None
+                    return ahead
+            more = tail.read_batch(_LOOK_AHEAD - len(ahead))
+            if more:
+                self.topic.remember(more)
+                ahead = self._ahead = ahead + more
+        return ahead
 
     def _envelope(self, message: Message) -> Envelope:
         if message.type != envelope.ENVELOPE_TYPE:
