@@ -171,6 +171,7 @@ def decode(
     if end is None:
         end = len(buf)
     unpack_head, unpack_int = HEADER.unpack_from, INT32.unpack_from
+    new = tuple.__new__  # skips the NamedTuple's Python-level __new__: a fifth faster
     out: list[Message] = []
     append = out.append
     pos = start
@@ -203,7 +204,7 @@ def decode(
             if offset != next_offset:
                 raise _corrupt(f"offset {offset} where {next_offset} was due", pos, offset, timestamp_ns)
             next_offset += 1
-        append(Message(offset, timestamp_ns, type_, buf[key_start:key_end], buf[key_end + 4 : value_end]))
+        append(new(Message, (offset, timestamp_ns, type_, buf[key_start:key_end], buf[key_end + 4 : value_end])))
         pos = value_end + 4
         remaining -= 1
     return out, pos

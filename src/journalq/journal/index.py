@@ -119,8 +119,20 @@ def last_position(segment: Segment) -> int:
         return 0
 
 
+def _writable(directory: os.PathLike[str]) -> bool:
+    """Whether an index may be written here. The permission bits are asked as well as access():
+    root may write anywhere, but a journal made read-only (a published test vector, an archive)
+    must stay untouched by its readers."""
+    try:
+        return bool(os.stat(directory).st_mode & 0o222) and os.access(directory, os.W_OK)
+    except OSError:
+        return False
+
+
 def write_index(segment: Segment, entries: Sequence[Entry]) -> bool:
-    """Replace the segment's index atomically; False when the directory cannot be written."""
+    """Replace the segment's index atomically; False when the directory is read-only."""
+    if not _writable(segment.index_path.parent):
+        return False
     tmp = segment.index_path.with_name(f"{segment.index_path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:

@@ -22,7 +22,7 @@ from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
     journal_dir,
-    list_segments,
+    segment_bases,
     offset_at,
     scan_segment,
     segment_at,
@@ -37,7 +37,8 @@ FIRST_READ = 2 * index.DEFAULT_INTERVAL
 
 
 class Scanner:
-    """Iterates the messages of the journal at ``path`` from ``offset``.
+    """Iterates the messages of the journal at ``path`` from ``offset`` (by default, from the
+    oldest message still stored).
 
     Without ``follow`` the iteration ends at the journal's current end. With ``follow=True`` (or a
     ``timeout``) it waits for new messages, across new segments, and ends only once ``timeout``
@@ -48,7 +49,7 @@ class Scanner:
     def __init__(
         self,
         path: str | os.PathLike[str],
-        offset: int = 0,
+        offset: int | None = None,
         timeout: float | None = None,
         *,
         follow: bool = False,
@@ -59,6 +60,9 @@ class Scanner:
         self.follow = follow or timeout is not None
         if not self.path.is_dir():
             raise JournalError("no journal directory here", file=self.path)
+        bases = segment_bases(self.path)
+        if offset is None:
+            offset = bases[0] if bases else 0
         if offset < 0:
             raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
         self._fd = -1
@@ -71,7 +75,7 @@ class Scanner:
         self._next = 0  # the offset of the first message not yet decoded
         self._watch: DirectoryWatch | None = None
         try:
-            self._seek(offset)
+            self._seek(offset, bases)
         except BaseException:
             self.close()
             raise
@@ -120,23 +124,21 @@ class Scanner:
 
     # -- seeking ----------------------------------------------------------------------------
 
-    def _seek(self, offset: int) -> None:
-        segments = list_segments(self.path)
-        if not segments:
+    def _seek(self, offset: int, bases: list[int]) -> None:
+        if not bases:
             if offset != 0:
                 raise OffsetOutOfRangeError(f"offset {offset} is past the end of an empty journal", file=self.path)
             self._segment = segment_at(self.path, 0)
             return
-        if offset < segments[0].base:
+        if offset < bases[0]:
             raise OffsetOutOfRangeError(
-                f"offset {offset} is no longer stored: the journal starts at {segments[0].base}",
+                f"offset {offset} is no longer stored: the journal starts at {bases[0]}",
                 file=self.path,
             )
-        bases = [s.base for s in segments]
         which = bisect_right(bases, offset) - 1
-        segment = segments[which]
+        segment = segment_at(self.path, bases[which])
         self._open(segment)
-        self._next, self._pos = self._index_entry(segment, offset, sealed=which < len(segments) - 1)
+        self._next, self._pos = self._index_entry(segment, offset, sealed=which < len(bases) - 1)
         # Decode forward until the batch holds the offset asked for, or the journal ends.
         while self._fill():
             if self._batch[-1].offset >= offset:

@@ -18,7 +18,7 @@ from journalq.journal.codec import HEADER, OVERHEAD, decode
 
 SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
-_SEGMENT_NAME = re.compile(r"^([0-9a-fA-F]{1,16})\.jnl$")
+_SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")  # as sej names them: %016x
 
 
 def journal_dir(path: str | os.PathLike[str]) -> Path:
@@ -52,24 +52,36 @@ def segment_at(path: str | os.PathLike[str], base_offset: int) -> Segment:
     return Segment(base_offset, journal_dir(path) / segment_name(base_offset))
 
 
+def segment_bases(path: str | os.PathLike[str]) -> list[int]:
+    """The base offsets of the segments of the journal at ``path``, oldest first.
+
+    Only integers: a seek needs one segment's path, and building a path per segment would make
+    seeking cost more the more segments there are.
+    """
+    try:
+        names = os.listdir(journal_dir(path))
+    except FileNotFoundError:
+        return []
+    bases = []
+    for name in names:
+        if name.endswith(SEGMENT_SUFFIX):
+            match = _SEGMENT_NAME.match(name)
+            if match:
+                bases.append(int(match.group(1), 16))
+    bases.sort()
+    return bases
+
+
 def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
     """The segments of the journal at ``path``, oldest first; other files are ignored, as sej does."""
     directory = journal_dir(path)
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    segments = []
-    for name in names:
-        match = _SEGMENT_NAME.match(name)
-        if match:
-            segments.append(Segment(int(match.group(1), 16), directory / name))
-    segments.sort()
-    return segments
+    return [Segment(base, directory / segment_name(base)) for base in segment_bases(path)]
 
 
 def offset_at(fd: int, position: int) -> int | None:
     """The offset field of the message at ``position`` of an open segment (None past its end)."""
+    if position >= 2**63:  # from a damaged index entry: past the end of any file (and of off_t)
+        return None
     header = os.pread(fd, HEADER.size, position)
     return HEADER.unpack(header)[0] if len(header) == HEADER.size else None
 

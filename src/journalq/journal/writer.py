@@ -109,6 +109,8 @@ class Writer:
         try:
             if shared:
                 self._take_shared_lock()
+                if self._lock.read_note().startswith(_EXCLUSIVE_NOTE):
+                    self._lock.write_note("")  # left by an exclusive writer that died: we hold the lock
             else:
                 self._lock.acquire(wait=False)
                 self._lock.write_note(f"{_EXCLUSIVE_NOTE}, pid {os.getpid()}")
@@ -208,6 +210,9 @@ class Writer:
                     self._sync_now()
             finally:
                 self._close_files()
+                if not self.shared:
+                    # Or shared writers waiting for each other would take this writer for alive.
+                    self._lock.write_note("")
                 self._lock.close()
         if self._flusher is not None:
             self._flusher.join()

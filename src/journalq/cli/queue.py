@@ -1,0 +1,561 @@
+"""``journalq queue ...``: work queues from the shell, over ``journalq.queue``.
+
+Every subcommand takes ``--data DIR`` (the broker's data directory: ``./data``, or
+``$JOURNALQ_DATA``) and ``--sync POLICY`` (``always`` by default), and prints JSON lines; ``stats``
+and ``list`` print a table when stdout is a terminal. Failures are the one line
+``journalq: error: ...`` of the rest of the command, usage errors included.
+
+Only ``send`` (unless ``--no-create``) and ``create`` make a queue or the data directory; every
+other subcommand refuses a queue that does not exist rather than creating it.
+
+The commands are thin: what they know about queues comes from ``journalq.queue``; this module
+parses arguments and renders results.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _line_batches, _tabular
+from journalq.errors import InvalidMessageError, InvalidNameError, QueueError, QueueNotFoundError, format_timestamp
+from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
+from journalq.queue.channel import MAX_RECEIVE
+from journalq.queue.settings import check_name
+
+__all__ = ["queue", "received_json"]
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class _UsageError(click.UsageError):
+    """A usage error shown as the one line ``journalq: error: ...`` (exit status 2)."""
+
+    def show(self, file: Any = None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"journalq: error: {self.format_message()}{hint}", err=True)
+
+
+class _QueueGroup(_Group):
+    """main's error handling, and click's usage errors of the subcommands as one line too."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            if isinstance(exc, _UsageError):
+                raise
+            raise _UsageError(exc.format_message(), exc.ctx) from exc
+
+
+# -- the broker and its queues ----------------------------------------------------------------
+
+
+def _broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--data`` and ``--sync``, which every subcommand takes."""
+    command = click.option(
+        "--sync", default="always", show_default=True, metavar="POLICY",
+        help="none, always, or group[:Nms][,N] (e.g. group:10ms): when writes reach stable storage.",
+    )(command)
+    return click.option(
+        "--data", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
+        envvar="JOURNALQ_DATA", show_envvar=True, metavar="DIR", help="The broker's data directory.",
+    )(command)
+
+
+@contextmanager
+def _broker(data: Path, sync: str, *, create: bool = False) -> Iterator[Broker]:
+    """The broker of ``data``; the directory is made only when ``create``."""
+    if not create and not data.is_dir():
+        raise CommandError(f"no data directory {data} (give --data DIR or set JOURNALQ_DATA)")
+    with Broker(data, sync=sync) as broker:
+        yield broker
+
+
+def _channels(broker: Broker, name: str) -> list[str]:
+    return broker.topic(name, create=False).channel_names()
+
+
+def _is_queue(broker: Broker, name: str) -> bool:
+    """A topic is a queue unless it has channels and none is the queue's: opening it as a queue
+    would add a channel that holds back its garbage collection and gets every old message."""
+    channels = _channels(broker, name)
+    return not channels or DEFAULT_CHANNEL in channels
+
+
+def _require(broker: Broker, name: str) -> None:
+    """Refuse a name that is not an existing queue (checking the name itself first)."""
+    if not broker.exists(name):
+        raise QueueNotFoundError(f"no queue {name!r} in {broker.root}")
+    if not _is_queue(broker, name):
+        channels = ", ".join(_channels(broker, name))
+        raise QueueError(f"{name!r} in {broker.root} is a topic with the channels {channels}, not a queue")
+
+
+def _queue(broker: Broker, name: str) -> Queue:
+    """An existing queue; never creates one."""
+    _require(broker, name)
+    return broker.queue(name, create=False)
+
+
+def _queue_names(broker: Broker) -> list[str]:
+    """The queues of the data directory (not the topics with channels of their own)."""
+    names = []
+    for name in broker.names():
+        try:
+            check_name(name)
+        except InvalidNameError:
+            continue  # a queue being deleted (.deleted-...): not one to show
+        if _is_queue(broker, name):
+            names.append(name)
+    return names
+
+
+# -- parameters -------------------------------------------------------------------------------
+
+
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    """``NAME=VALUE`` options as a dict (the value may hold '='; a later NAME wins)."""
+    out: dict[str, str] = {}
+    for item in values:
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise CommandError(f"{option} {item!r} is not NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def _consumer_filters(values: tuple[str, ...]) -> dict[str, str | tuple[str, str]] | None:
+    """``--filter NAME=VALUE[:at_least|:absolute]`` as the consumer filters of ``receive``."""
+    if not values:
+        return None
+    out: dict[str, str | tuple[str, str]] = {}
+    for name, value in _pairs(values, "--filter").items():
+        head, colon, method = value.rpartition(":")
+        if colon and method in ("at_least", "absolute"):
+            out[name] = (head, method)
+        else:
+            out[name] = value
+    return out
+
+
+def _enums(values: tuple[str, ...]) -> dict[str, list[str]]:
+    out = {}
+    for name, listed in _pairs(values, "--enum").items():
+        levels = listed.split(",")
+        if not all(levels):
+            raise CommandError(f"--enum {name}={listed}: give the values lowest first, as v1,v2,v3")
+        out[name] = levels
+    return out
+
+
+def _json_option(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"{option} is not valid JSON: {exc}") from None
+
+
+def _retention(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None | str:
+    """``--retention-seconds``: seconds, or ``none`` to keep messages until consumed."""
+    if value is None:
+        return "unset"
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a number of seconds nor none") from None
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def _attribute_json(attribute: Attribute) -> dict[str, str]:
+    if isinstance(attribute.value, bytes):
+        return {"type": attribute.data_type, "value_b64": base64.b64encode(attribute.value).decode("ascii")}
+    return {"type": attribute.data_type, "value": attribute.value}
+
+
+def received_json(message: ReceivedMessage) -> dict[str, Any]:
+    """A received message as ``receive`` prints it: the body as text when it is UTF-8, else as
+    ``body_b64``; ``sent_at`` in RFC 3339 (UTC, nanoseconds) beside ``sent_at_ns``."""
+    obj: dict[str, Any] = {"id": message.id, "receipt": message.receipt}
+    try:
+        obj["body"] = message.body.decode("utf-8")
+    except UnicodeDecodeError:
+        obj["body_b64"] = base64.b64encode(message.body).decode("ascii")
+    obj.update(
+        attributes={name: _attribute_json(a) for name, a in message.attributes.items()},
+        receive_count=message.receive_count,
+        sent_at=format_timestamp(message.sent_at_ns),
+        sent_at_ns=message.sent_at_ns,
+        group_id=message.group_id,
+        dedup_id=message.dedup_id,
+        filters=message.filters,
+        metadata=message.metadata,
+        source=message.source,
+    )
+    return obj
+
+
+def _echo_jsonl(objects: list[dict[str, Any]]) -> None:
+    if objects:
+        click.echo("\n".join(_json(obj) for obj in objects))
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> Iterator[str]:
+    """Rows for people: the first column left-aligned, the others right-aligned; None as '-'."""
+    cells = [[("-" if row[c] is None else str(row[c])) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        first = values[0].ljust(widths[0])
+        rest = "".join(f"  {v.rjust(w)}" for v, w in zip(values[1:], widths[1:]))
+        return (first + rest).rstrip()
+
+    yield line(columns)
+    for row in cells:
+        yield line(row)
+
+
+def _outcomes(receipts: list[str], errors: list[Any], done: str) -> None:
+    """One line per receipt, then an error when any failed."""
+    _echo_jsonl([
+        {"receipt": r, done: e is None} | ({"error": str(e)} if e is not None else {})
+        for r, e in zip(receipts, errors)
+    ])
+    failed = [e for e in errors if e is not None]
+    if failed:
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise CommandError(f"{len(failed)} of {len(receipts)} not {done}: {failed[0]}{more}")
+
+
+# -- the group --------------------------------------------------------------------------------
+
+
+@click.group(cls=_QueueGroup)
+def queue() -> None:
+    """Work queues in the data directory (--data DIR, default ./data or $JOURNALQ_DATA).
+
+    Output is JSON lines. A receive hides each message for its visibility timeout; delete it by
+    its receipt once done, or it comes back (and after --max-receive-count deliveries goes to
+    the dead-letter queue).
+    """
+
+
+# -- send -------------------------------------------------------------------------------------
+
+
+@queue.command()
+@click.argument("name", metavar="QUEUE")
+@click.argument("body", required=False)
+@click.option("--attribute", "attributes", multiple=True, metavar="NAME=VALUE",
+              help="A String attribute (repeatable).")
+@click.option("--delay", type=float, metavar="SECONDS",
+              help="Hide the message this long (0 to 900; default: the queue's delay).")
+@click.option("--filter", "filters", multiple=True, metavar="NAME=VALUE",
+              help="What a consumer must offer to take the message (repeatable).")
+@click.option("--dedup-id", help="Deduplication id: a second send within the queue's window is dropped.")
+@click.option("--group-id", help="Group id: one message of a group in flight at a time, in order.")
+@click.option("--metadata", metavar="JSON", help="Task metadata, any JSON value.")
+@click.option("--no-create", is_flag=True, help="Fail when the queue does not exist (default: create it).")
+@_broker_options
+def send(
+    name: str, body: str | None, attributes: tuple[str, ...], delay: float | None, filters: tuple[str, ...],
+    dedup_id: str | None, group_id: str | None, metadata: str | None, no_create: bool, data: Path, sync: str,
+) -> None:
+    """Send BODY to QUEUE, or one message per line of standard input (without its newline) when
+    BODY is omitted. Prints {"id": ...} per message, in order."""
+    options = {
+        "attributes": _pairs(attributes, "--attribute") or None,
+        "delay": delay,
+        "filters": _pairs(filters, "--filter") or None,
+        "dedup_id": dedup_id,
+        "group_id": group_id,
+        "metadata": _json_option(metadata, "--metadata"),
+    }
+    with _broker(data, sync, create=not no_create) as broker:
+        if not broker.exists(name):
+            if no_create:
+                raise QueueNotFoundError(f"no queue {name!r} in {broker.root} (and --no-create)")
+            broker.queue(name)
+        topic = broker.topic(name, create=False)
+        if body is not None:
+            ids = topic.send_many([{"body": os.fsencode(body), **options}])
+            _echo_jsonl([{"id": i} for i in ids])
+            return
+        for first, lines in _line_batches(sys.stdin.buffer):
+            items = [{"body": line[:-1] if line.endswith(b"\n") else line, **options} for line in lines]
+            try:
+                ids = topic.send_many(items)
+            except InvalidMessageError as exc:
+                sent = "; the lines before it were sent" if first > 1 else ""
+                raise CommandError(f"{exc}; nothing from line {first} on was sent{sent}") from None
+            _echo_jsonl([{"id": i} for i in ids])
+            sys.stdout.flush()
+
+
+# -- receive and receipts -----------------------------------------------------------------------
+
+
+@queue.command()
+@click.argument("name", metavar="QUEUE")
+@click.option("-n", "--max-messages", "count", type=click.IntRange(1, MAX_RECEIVE), default=1, show_default=True,
+              help="Receive up to N messages.")
+@click.option("--visibility-timeout", type=float, metavar="SECONDS",
+              help="Hide the messages this long unless deleted (default: the queue's).")
+@click.option("--wait", type=float, metavar="SECONDS",
+              help="With nothing available, wait up to this long for a message (default: the queue's).")
+@click.option("--filter", "filters", multiple=True, metavar="NAME=VALUE[:at_least]",
+              help="What this consumer offers (repeatable): a message whose filters it does not "
+              "meet is left for others. at_least compares in the queue's --enum order.")
+@click.option("--delete", is_flag=True, help="Delete the messages once printed (at most once delivery).")
+@_broker_options
+def receive(
+    name: str, count: int, visibility_timeout: float | None, wait: float | None, filters: tuple[str, ...],
+    delete: bool, data: Path, sync: str,
+) -> None:
+    """Receive messages from QUEUE: one JSON object per message with id, receipt, body (or
+    body_b64 when it is not UTF-8), attributes, receive_count, sent_at, sent_at_ns, group_id,
+    dedup_id, filters, metadata and source (where a dead letter came from). Prints nothing when
+    no message is available."""
+    wanted = _consumer_filters(filters)
+    with _broker(data, sync) as broker:
+        q = _queue(broker, name)
+        messages = q.receive(count, visibility_timeout=visibility_timeout, wait=wait, filters=wanted)
+        _echo_jsonl([received_json(m) for m in messages])
+        if delete and messages:
+            sys.stdout.flush()
+            errors = q.delete_many([m.receipt for m in messages])
+            failed = [e for e in errors if e is not None]
+            if failed:
+                raise CommandError(f"received {len(messages)}, but {len(failed)} could not be deleted: {failed[0]}")
+
+
+@queue.command("delete")
+@click.argument("name", metavar="QUEUE")
+@click.argument("receipts", metavar="RECEIPT...", nargs=-1, required=True)
+@_broker_options
+def delete_command(name: str, receipts: tuple[str, ...], data: Path, sync: str) -> None:
+    """Delete the messages of these deliveries: {"receipt": ..., "deleted": true} per receipt
+    (false with an error, and exit status 1, for a receipt that no longer holds its message)."""
+    with _broker(data, sync) as broker:
+        q = _queue(broker, name)
+        _outcomes(list(receipts), q.delete_many(list(receipts)), "deleted")
+
+
+@queue.command()
+@click.argument("name", metavar="QUEUE")
+@click.argument("receipt")
+@click.option("--delay", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="Available again after this long.")
+@_broker_options
+def release(name: str, receipt: str, delay: float, data: Path, sync: str) -> None:
+    """Give the message of this delivery back to QUEUE without finishing it."""
+    with _broker(data, sync) as broker:
+        _queue(broker, name).release(receipt, delay)
+        _echo_jsonl([{"receipt": receipt, "released": True, "delay": delay}])
+
+
+@queue.command("change-visibility")
+@click.argument("name", metavar="QUEUE")
+@click.argument("receipt")
+@click.argument("seconds", type=float)
+@_broker_options
+def change_visibility(name: str, receipt: str, seconds: float, data: Path, sync: str) -> None:
+    """Hide the message of this delivery for SECONDS from now (0: available at once)."""
+    with _broker(data, sync) as broker:
+        _queue(broker, name).change_visibility(receipt, seconds)
+        _echo_jsonl([{"receipt": receipt, "visibility_timeout": seconds}])
+
+
+@queue.command()
+@click.argument("name", metavar="QUEUE")
+@click.argument("message_id", metavar="ID")
+@_broker_options
+def task(name: str, message_id: str, data: Path, sync: str) -> None:
+    """The task state of message ID (inserted, claimed, finished or dead), with its metadata,
+    receive_count, consumer (while claimed) and filters."""
+    with _broker(data, sync) as broker:
+        t = _queue(broker, name).task(message_id)
+        _echo_jsonl([{
+            "id": t.id, "state": t.state, "metadata": t.metadata, "receive_count": t.receive_count,
+            "consumer": t.consumer, "filters": t.filters,
+        }])
+
+
+# -- queues -----------------------------------------------------------------------------------
+
+_STATS_COLUMNS = ["name", "available", "in_flight", "delayed", "dead", "oldest_age"]
+
+
+@queue.command()
+@click.argument("names", metavar="[QUEUE]...", nargs=-1)
+@click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
+              help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
+@_broker_options
+def stats(names: tuple[str, ...], fmt: str, data: Path, sync: str) -> None:
+    """Counts of each QUEUE (every queue when none is named): name, available, in_flight,
+    delayed, dead (moved to the dead-letter queue so far) and oldest_age (seconds since the
+    oldest unfinished message was sent; null when none)."""
+    with _broker(data, sync) as broker:
+        for name in names:
+            _require(broker, name)  # every name before any output
+        rows = []
+        for name in names or _queue_names(broker):
+            s = broker.queue(name, create=False).stats()
+            rows.append({
+                "name": name, "available": s.available, "in_flight": s.in_flight, "delayed": s.delayed,
+                "dead": s.dead, "oldest_age": None if s.oldest_age is None else round(s.oldest_age, 3),
+            })
+    if _tabular(fmt):
+        for line in _table(rows, _STATS_COLUMNS):
+            click.echo(line)
+    else:
+        _echo_jsonl(rows)
+
+
+@queue.command("list")
+@click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
+              help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
+@_broker_options
+def list_command(fmt: str, data: Path, sync: str) -> None:
+    """The queues of the data directory: {"name": ...} per queue, in name order."""
+    with _broker(data, sync) as broker:
+        names = _queue_names(broker)
+    if _tabular(fmt):
+        for name in names:
+            click.echo(name)
+    else:
+        _echo_jsonl([{"name": n} for n in names])
+
+
+@queue.command()
+@click.argument("name", metavar="QUEUE")
+@click.option("--visibility-timeout", type=float, metavar="SECONDS",
+              help="How long a received message stays hidden (0 to 43200; default 30).")
+@click.option("--delay", type=float, metavar="SECONDS", help="Delay of every new message (0 to 900).")
+@click.option("--max-receive-count", type=int, metavar="N",
+              help="Deliveries after which a message goes to --dead-letter-queue (1 to 1000).")
+@click.option("--dead-letter-queue", metavar="QUEUE", help="Where dead letters go (created when missing).")
+@click.option("--retention-seconds", callback=_retention, metavar="SECONDS|none",
+              help="Delete messages older than this, consumed or not (default 4 days; none: keep).")
+@click.option("--fifo", is_flag=True, default=None, help="A FIFO queue.")
+@click.option("--content-based-dedup", is_flag=True, default=None,
+              help="Deduplicate by the SHA-256 of the body when no --dedup-id is given.")
+@click.option("--enum", "enums", multiple=True, metavar="NAME=v1,v2,v3",
+              help="Ordered values of filter NAME, lowest first, for receive's at_least (repeatable).")
+@_broker_options
+def create(
+    name: str, visibility_timeout: float | None, delay: float | None, max_receive_count: int | None,
+    dead_letter_queue: str | None, retention_seconds: Any, fifo: bool | None, content_based_dedup: bool | None,
+    enums: tuple[str, ...], data: Path, sync: str,
+) -> None:
+    """Create QUEUE with these settings; prints {"name", "created", "settings"}.
+
+    For a queue that exists already with the same settings, nothing changes ("created": false);
+    with other settings, it is an error.
+    """
+    given: dict[str, Any] = {
+        key: value for key, value in (
+            ("visibility_timeout", visibility_timeout), ("delay", delay),
+            ("max_receive_count", max_receive_count), ("dead_letter_queue", dead_letter_queue),
+            ("fifo", fifo), ("content_based_dedup", content_based_dedup),
+        ) if value is not None
+    }
+    if retention_seconds != "unset":
+        given["retention_seconds"] = retention_seconds
+    if enums:
+        given["enums"] = _enums(enums)
+    check_name(name)
+    if dead_letter_queue == name:
+        raise CommandError(f"queue {name!r} cannot be its own dead-letter queue")
+    with _broker(data, sync, create=True) as broker:
+        if broker.exists(name):
+            _require(broker, name)
+            current = broker.topic(name, create=False).settings
+            wanted = current.replace(**given)
+            if wanted != current:
+                before, after = current.to_json(), wanted.to_json()
+                described = "; ".join(
+                    f"{key} is {json.dumps(before[key])}, not {json.dumps(after[key])}"
+                    for key in sorted(before) if before[key] != after[key]
+                )
+                raise QueueError(f"queue {name!r} exists already with other settings: {described}")
+            created = False
+        else:
+            QueueSettings().replace(**given)  # a bad setting fails before anything is made
+            if dead_letter_queue is not None and not broker.exists(dead_letter_queue):
+                broker.queue(dead_letter_queue)
+            wanted = broker.queue(name, **given).settings
+            created = True
+        _echo_jsonl([{"name": name, "created": created, "settings": wanted.to_json()}])
+
+
+@queue.command("delete-queue")
+@click.argument("name", metavar="QUEUE")
+@_broker_options
+def delete_queue(name: str, data: Path, sync: str) -> None:
+    """Delete QUEUE and all its messages."""
+    with _broker(data, sync) as broker:
+        _require(broker, name)
+        broker.delete(name)
+        _echo_jsonl([{"name": name, "deleted": True}])
+
+
+@queue.command()
+@click.argument("name", metavar="QUEUE")
+@_broker_options
+def purge(name: str, data: Path, sync: str) -> None:
+    """Finish every message sent to QUEUE so far, in flight or not."""
+    with _broker(data, sync) as broker:
+        _queue(broker, name).purge()
+        _echo_jsonl([{"name": name, "purged": True}])
+
+
+@queue.command()
+@click.argument("name", metavar="DLQ")
+@click.option("--to", "destination", metavar="QUEUE",
+              help="Move every message here (default: back to the queue each came from).")
+@click.option("--max", "max_messages", type=click.IntRange(min=1), metavar="N", help="Move at most N messages.")
+@_broker_options
+def redrive(name: str, destination: str | None, max_messages: int | None, data: Path, sync: str) -> None:
+    """Move the dead letters of DLQ back, oldest first; prints {"name", "to", "moved"}."""
+    with _broker(data, sync) as broker:
+        dlq = _queue(broker, name)
+        if destination is not None:
+            if destination == name:
+                raise CommandError(f"--to {destination} is the dead-letter queue itself")
+            _require(broker, destination)
+        moved = dlq.redrive(destination, max_messages)
+        _echo_jsonl([{"name": name, "to": destination, "moved": moved}])
+
+
+@queue.command()
+@_broker_options
+def gc(data: Path, sync: str) -> None:
+    """Delete the journal segments that every channel is done with, or that retention lets go,
+    in every queue and topic: {"name", "deleted_files"} per queue."""
+    with _broker(data, sync) as broker:
+        rows = []
+        for name in broker.names():
+            try:
+                check_name(name)
+            except InvalidNameError:
+                continue
+            rows.append({"name": name, "deleted_files": len(broker.topic(name, create=False).gc())})
+        _echo_jsonl(rows)

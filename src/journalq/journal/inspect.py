@@ -1,0 +1,393 @@
+"""Looking at a journal from outside: what it holds (``describe``) and whether it is sound (``check``).
+
+``describe`` is cheap: it reads the first message of every segment, the last message of a sealed
+segment by going backward from its trailing size field (what the size field is for), and the tail
+of the last segment from its last confirmed index entry, as a writer would. It trusts the structure
+in between; ``check`` is the one that reads every byte.
+
+``check`` reads every segment and every sparse index without changing anything, unless asked to
+repair. Repair does only what is safe: it recovers the last segment exactly as opening a writer
+does (cutting a torn or damaged tail and keeping the bytes under ``DIR/cut/``) and rewrites stale or
+missing indexes, which are mere hints rebuilt from the segments. Damage anywhere else is reported,
+never "repaired" by cutting data that readers may still need.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from journalq.errors import CorruptionError, JournalError
+from journalq.journal import index
+from journalq.journal.codec import INT32, OVERHEAD, Message, decode
+from journalq.journal.recovery import Recovery
+from journalq.journal.scanner import Scanner
+from journalq.journal.segment import Segment, SegmentScan, journal_dir, list_segments, scan_segment
+from journalq.journal.writer import Writer
+
+__all__ = [
+    "CheckReport",
+    "JournalInfo",
+    "Problem",
+    "SegmentInfo",
+    "check",
+    "describe",
+    "first_offset_since",
+    "require_journal",
+]
+
+_FIRST_READ = 64 * 1024  # enough for most messages; a larger one is read again whole
+
+
+# -- describe ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One segment file. Timestamps are raw (the zero time is ``ZERO_TIMESTAMP``), None when the
+    segment holds no whole message; ``end_offset`` is the offset after its last whole message."""
+
+    base: int
+    path: Path
+    size_bytes: int
+    first_offset: int
+    end_offset: int
+    first_timestamp_ns: int | None
+    last_timestamp_ns: int | None
+    messages: int
+
+
+@dataclass(frozen=True)
+class JournalInfo:
+    """A journal directory: its segments, oldest first, and their totals."""
+
+    path: Path
+    segments: list[SegmentInfo]
+    first_offset: int
+    end_offset: int
+    size_bytes: int
+    messages: int
+
+    @property
+    def first_timestamp_ns(self) -> int | None:
+        """The timestamp of the oldest stored message (None when the journal is empty)."""
+        return next((s.first_timestamp_ns for s in self.segments if s.messages), None)
+
+    @property
+    def last_timestamp_ns(self) -> int | None:
+        """The timestamp of the newest stored message (None when the journal is empty)."""
+        return next((s.last_timestamp_ns for s in reversed(self.segments) if s.messages), None)
+
+
+def require_journal(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path, or a ``JournalError`` saying why it is not a journal directory.
+
+    A journal always has ``jnl/`` (a writer creates it on open), so a directory without one is
+    most likely a typo or a root of shards; refusing it keeps ``check --repair`` from creating a
+    journal where none was meant to be.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise JournalError("no such directory", file=path)
+    if not path.is_dir():
+        raise JournalError("not a directory", file=path)
+    if not journal_dir(path).is_dir():
+        raise JournalError("not a journal directory: it has no jnl/ subdirectory", file=path)
+    return path
+
+
+def describe(path: str | os.PathLike[str]) -> JournalInfo:
+    """Segments, offsets, timestamps and sizes of the journal at ``path``.
+
+    Raises ``CorruptionError`` when the first or last message of a segment does not decode (run
+    ``check`` to find every problem); a torn tail of the last segment is normal after a crash and
+    is simply not counted, as a writer would not count it.
+    """
+    path = require_journal(path)
+    segments = list_segments(path)
+    infos = [_describe_segment(s, sealed=i < len(segments) - 1) for i, s in enumerate(segments)]
+    return JournalInfo(
+        path=path,
+        segments=infos,
+        first_offset=infos[0].first_offset if infos else 0,
+        end_offset=infos[-1].end_offset if infos else 0,
+        size_bytes=sum(s.size_bytes for s in infos),
+        messages=sum(s.messages for s in infos),
+    )
+
+
+def _describe_segment(segment: Segment, *, sealed: bool) -> SegmentInfo:
+    with open(segment.path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        first = _message_at(segment, fd, 0, size, segment.base)
+        last = _last_message(segment, fd, size) if sealed and first is not None else None
+    if last is not None:
+        end_offset, last_ts = last.offset + 1, last.timestamp_ns
+    else:
+        end_offset, last_ts = _scan_tail(segment, size, sealed=sealed)
+    return SegmentInfo(
+        base=segment.base,
+        path=segment.path,
+        size_bytes=size,
+        first_offset=segment.base,
+        end_offset=end_offset,
+        first_timestamp_ns=first.timestamp_ns if first is not None else None,
+        last_timestamp_ns=last_ts,
+        messages=end_offset - segment.base,
+    )
+
+
+def _message_at(segment: Segment, fd: int, position: int, end: int, offset: int | None) -> Message | None:
+    """The whole message at ``position`` (before ``end``), or None when it is incomplete.
+
+    Raises ``CorruptionError``, located in the segment, when the bytes there are not a message
+    (with ``offset`` given: not the message with that offset).
+    """
+    want = _FIRST_READ
+    while True:
+        buf = os.pread(fd, min(want, end - position), position)
+        try:
+            messages, _ = decode(buf, expected_offset=offset, max_messages=1)
+        except CorruptionError as exc:
+            raise exc.located(segment.path, position) from None
+        if messages:
+            return messages[0]
+        if position + len(buf) >= end:
+            return None
+        want *= 4
+
+
+def _last_message(segment: Segment, fd: int, size: int) -> Message | None:
+    """The last message of a segment, found backward from its trailing size field; None when the
+    bytes there do not make a whole message ending exactly at the end of the file."""
+    if size < OVERHEAD:
+        return None
+    (length,) = INT32.unpack(os.pread(fd, INT32.size, size - INT32.size))
+    if not OVERHEAD <= length <= size:
+        return None
+    try:
+        messages, used = decode(os.pread(fd, length, size - length), max_messages=1)
+    except CorruptionError:
+        return None
+    return messages[0] if messages and used == length else None
+
+
+def _scan_tail(segment: Segment, size: int, *, sealed: bool) -> tuple[int, int | None]:
+    """(end offset, last timestamp) by scanning from the last confirmed index entry, as a writer
+    does on open. A sealed segment whose end does not decode is damage, and is raised."""
+    offset, position, _ = index.last_confirmed(segment, size)
+    scan = scan_segment(segment, position, offset)
+    if sealed and scan.problem is not None:
+        raise scan.problem
+    return scan.next_offset, scan.last_timestamp_ns
+
+
+# -- check ------------------------------------------------------------------------------------
+
+ProblemKind = Literal["segment", "tail", "index", "journal"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a journal.
+
+    ``kind``: ``segment``, messages that do not decode or offsets that are not dense inside a
+    segment (never repaired: the data after it may still be needed); ``tail``, the same at the end
+    of the last segment, where a writer would cut it (repaired by cutting, bytes kept); ``index``,
+    a sparse index that is missing, damaged or points at the wrong messages (repaired by
+    rebuilding it); ``journal``, segments that do not follow each other densely. ``fixed`` says
+    whether ``check(repair=True)`` repaired it.
+    """
+
+    kind: ProblemKind
+    file: Path
+    position: int | None
+    offset: int | None
+    reason: str
+    fixed: bool = False
+
+    def __str__(self) -> str:
+        where = [str(self.file)]
+        if self.position is not None:
+            where.append(f"byte {self.position}")
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        state = "repaired" if self.fixed else "not repaired"
+        return f"{self.kind}: {', '.join(where)}: {self.reason} ({state})"
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found: ``ok`` when no problem is left unrepaired."""
+
+    path: Path
+    segments: int = 0
+    messages: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    recoveries: list[Recovery] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(p.fixed for p in self.problems)
+
+    @property
+    def remaining(self) -> list[Problem]:
+        """The problems that are still there."""
+        return [p for p in self.problems if not p.fixed]
+
+
+def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
+    """Verify every message and every sparse index of the journal at ``path``.
+
+    Checked: every message decodes, offsets run densely within each segment and from one segment
+    to the next, each segment starts at the offset its name says, and every index entry points at
+    the message with its offset. With ``repair``, the last segment is first recovered exactly as a
+    writer recovers it on open (which needs the writer's lock: ``LockedError`` while another writer
+    runs), then stale or missing indexes are rebuilt. Nothing else is ever changed.
+
+    Run while a writer appends, the message being written may show as an incomplete ``tail``.
+    """
+    path = require_journal(path)
+    report = CheckReport(path)
+    if repair:
+        report.recoveries = _recover(path)
+        report.problems.extend(_recovery_problem(r) for r in report.recoveries)
+    segments = list_segments(path)
+    report.segments = len(segments)
+    due: int | None = None  # the offset the next segment must start at, when known
+    for i, segment in enumerate(segments):
+        if due is not None and segment.base != due:
+            report.problems.append(_gap_problem(segment, due))
+        scan = scan_segment(segment, 0, segment.base)
+        report.messages += scan.next_offset - segment.base
+        if scan.problem is not None:
+            report.problems.append(_scan_problem(segment, scan, last=i == len(segments) - 1))
+        report.problems.extend(_check_index(segment, scan, repair))
+        # After damage the true end of a segment is unknown: a "gap" there would only echo it.
+        due = scan.next_offset if scan.problem is None else None
+    return report
+
+
+def _recover(path: Path) -> list[Recovery]:
+    """Recover the last segment the way the writer does, by opening and closing one."""
+    writer = Writer(path)
+    writer.close()
+    return writer.recoveries
+
+
+def _recovery_problem(recovery: Recovery) -> Problem:
+    return Problem(
+        "tail",
+        recovery.file,
+        recovery.position,
+        recovery.next_offset,
+        f"{recovery.reason}; cut {recovery.cut_bytes} bytes, kept in {recovery.saved_to}",
+        fixed=True,
+    )
+
+
+def _gap_problem(segment: Segment, due: int) -> Problem:
+    what = "missing" if segment.base > due else "stored twice"
+    return Problem(
+        "journal",
+        segment.path,
+        0,
+        segment.base,
+        f"segment starts at offset {segment.base} but the previous one ends before offset {due}: "
+        f"offsets {min(due, segment.base)}-{max(due, segment.base) - 1} are {what}",
+    )
+
+
+def _scan_problem(segment: Segment, scan: SegmentScan, *, last: bool) -> Problem:
+    """A segment's first bad message: a repairable tail only where a writer would cut it, which is
+    in the last segment at or after its last confirmed index entry."""
+    problem = scan.problem
+    assert problem is not None
+    kind: ProblemKind = "segment"
+    if last:
+        _, confirmed, _ = index.last_confirmed(segment, scan.file_size)
+        if scan.end >= confirmed:
+            kind = "tail"
+    return Problem(kind, segment.path, scan.end, scan.next_offset, problem.reason)
+
+
+def _check_index(segment: Segment, scan: SegmentScan, repair: bool) -> list[Problem]:
+    """The segment's index problem, if any, rebuilt from ``scan`` when ``repair``."""
+    reason = _index_problem(segment, scan)
+    if reason is None:
+        return []
+    fixed = False
+    if repair:
+        fixed = index.write_index(segment, scan.entries)
+        if not fixed:
+            reason += "; could not rewrite it (is the directory writable?)"
+    return [Problem("index", segment.index_path, None, None, reason, fixed)]
+
+
+def _index_problem(segment: Segment, scan: SegmentScan) -> str | None:
+    """Why the segment's index cannot be trusted, or None when every entry checks out.
+
+    An index need not list every entry a rebuild would (one that lags after a crash only makes
+    seeks slower, and a writer may use another interval), but each entry it has must point at the
+    start of the message with its offset, inside the valid part of the segment.
+    """
+    try:
+        data = segment.index_path.read_bytes()
+    except FileNotFoundError:
+        # Only worth reporting where an index would hold entries: a small segment needs none.
+        return "index is missing" if scan.entries else None
+    if data[: index.HEADER.size] != index.HEADER.pack(index.MAGIC, segment.base):
+        return f"index is not an index of this segment (its header is {data[: index.HEADER.size].hex()})"
+    entries = index.read_entries(segment)
+    expected_size = index.HEADER.size + len(entries) * index.ENTRY.size
+    if len(data) != expected_size:
+        return f"index has {len(data) - expected_size} bytes after its last valid entry (torn or damaged)"
+    bad = next(_bad_entries(segment, scan, entries), None)
+    if bad is not None:
+        (offset, position), why = bad
+        return f"index entry (offset {offset}, byte {position}) is stale: {why}"
+    return None
+
+
+def _bad_entries(
+    segment: Segment, scan: SegmentScan, entries: list[index.Entry]
+) -> Iterator[tuple[index.Entry, str]]:
+    """Index entries that do not point at a whole, valid message with their offset."""
+    with open(segment.path, "rb", buffering=0) as f:
+        for offset, position in entries:
+            if position >= scan.end:
+                yield (offset, position), f"the valid messages end at byte {scan.end}"
+                continue
+            try:
+                message = _message_at(segment, f.fileno(), position, scan.end, offset)
+            except CorruptionError as exc:
+                yield (offset, position), exc.reason
+                continue
+            if message is None:
+                yield (offset, position), "no whole message starts there"
+
+
+# -- finding by time --------------------------------------------------------------------------
+
+
+def first_offset_since(path: str | os.PathLike[str], timestamp_ns: int, start: int | None = None) -> int:
+    """The offset of the first message (from ``start``) whose timestamp is ``timestamp_ns`` or
+    later; the journal's end offset when there is none.
+
+    sej does not require timestamps to rise, so this is a scan, not a search.
+    """
+    path = require_journal(path)
+    segments = list_segments(path)
+    if start is None:
+        start = segments[0].base if segments else 0
+    with Scanner(path, start) as scanner:
+        while batch := scanner.read_batch():
+            for message in batch:
+                if message.timestamp_ns >= timestamp_ns:
+                    return message.offset
+        return scanner.offset
+
