@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -169,16 +170,32 @@ def _json_option(text: str | None, option: str) -> Any:
         raise CommandError(f"{option} is not valid JSON: {exc}") from None
 
 
+class _SecondsType(click.ParamType):
+    """A number of seconds: a finite float (ranges are the queue layer's to check). NaN would
+    pass every range check, and be stored as a setting that no receive accepts."""
+
+    name = "SECONDS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
+
+
+SECONDS = _SecondsType()
+
+
 def _retention(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None | str:
     """``--retention-seconds``: seconds, or ``none`` to keep messages until consumed."""
     if value is None:
         return "unset"
     if value.strip().lower() == "none":
         return None
-    try:
-        return float(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is neither a number of seconds nor none") from None
+    return SECONDS.convert(value, param, ctx)
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -265,7 +282,7 @@ def queue() -> None:
 @click.argument("body", required=False)
 @click.option("--attribute", "attributes", multiple=True, metavar="NAME=VALUE",
               help="A String attribute (repeatable).")
-@click.option("--delay", type=float, metavar="SECONDS",
+@click.option("--delay", type=SECONDS, metavar="SECONDS",
               help="Hide the message this long (0 to 900; default: the queue's delay).")
 @click.option("--filter", "filters", multiple=True, metavar="NAME=VALUE",
               help="What a consumer must offer to take the message (repeatable).")
@@ -316,9 +333,9 @@ def send(
 @click.argument("name", metavar="QUEUE")
 @click.option("-n", "--max-messages", "count", type=click.IntRange(1, MAX_RECEIVE), default=1, show_default=True,
               help="Receive up to N messages.")
-@click.option("--visibility-timeout", type=float, metavar="SECONDS",
+@click.option("--visibility-timeout", type=SECONDS, metavar="SECONDS",
               help="Hide the messages this long unless deleted (default: the queue's).")
-@click.option("--wait", type=float, metavar="SECONDS",
+@click.option("--wait", type=SECONDS, metavar="SECONDS",
               help="With nothing available, wait up to this long for a message (default: the queue's).")
 @click.option("--filter", "filters", multiple=True, metavar="NAME=VALUE[:at_least]",
               help="What this consumer offers (repeatable): a message whose filters it does not "
@@ -361,7 +378,7 @@ def delete_command(name: str, receipts: tuple[str, ...], data: Path, sync: str) 
 @queue.command()
 @click.argument("name", metavar="QUEUE")
 @click.argument("receipt")
-@click.option("--delay", type=float, default=0.0, show_default=True, metavar="SECONDS",
+@click.option("--delay", type=SECONDS, default=0.0, show_default=True, metavar="SECONDS",
               help="Available again after this long.")
 @_broker_options
 def release(name: str, receipt: str, delay: float, data: Path, sync: str) -> None:
@@ -374,7 +391,7 @@ def release(name: str, receipt: str, delay: float, data: Path, sync: str) -> Non
 @queue.command("change-visibility")
 @click.argument("name", metavar="QUEUE")
 @click.argument("receipt")
-@click.argument("seconds", type=float)
+@click.argument("seconds", type=SECONDS)
 @_broker_options
 def change_visibility(name: str, receipt: str, seconds: float, data: Path, sync: str) -> None:
     """Hide the message of this delivery for SECONDS from now (0: available at once)."""
@@ -446,9 +463,9 @@ def list_command(fmt: str, data: Path, sync: str) -> None:
 
 @queue.command()
 @click.argument("name", metavar="QUEUE")
-@click.option("--visibility-timeout", type=float, metavar="SECONDS",
+@click.option("--visibility-timeout", type=SECONDS, metavar="SECONDS",
               help="How long a received message stays hidden (0 to 43200; default 30).")
-@click.option("--delay", type=float, metavar="SECONDS", help="Delay of every new message (0 to 900).")
+@click.option("--delay", type=SECONDS, metavar="SECONDS", help="Delay of every new message (0 to 900).")
 @click.option("--max-receive-count", type=int, metavar="N",
               help="Deliveries after which a message goes to --dead-letter-queue (1 to 1000).")
 @click.option("--dead-letter-queue", metavar="QUEUE", help="Where dead letters go (created when missing).")
@@ -484,6 +501,8 @@ def create(
     check_name(name)
     if dead_letter_queue == name:
         raise CommandError(f"queue {name!r} cannot be its own dead-letter queue")
+    if not data.is_dir():
+        QueueSettings().replace(**given)  # a bad setting fails before the data directory is made
     with _broker(data, sync, create=True) as broker:
         if broker.exists(name):
             _require(broker, name)

@@ -1,0 +1,347 @@
+"""``journalq queue ...``: work queues from the command line.
+
+Most tests run the click command in-process (``CliRunner``); the error cases also run the installed
+``journalq`` script in a subprocess, since what matters there is exactly what a person sees.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from journalq.cli.main import cli
+from journalq.queue import Broker
+
+_SCRIPT = Path(sys.executable).parent / "journalq"
+COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "journalq.cli.main"]
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def run(data: Path, *args: object, input: bytes | str | None = None) -> Result:
+    """``journalq queue ARGS --data DATA --sync none`` in-process; unexpected exceptions propagate."""
+    argv = ["queue", *map(str, args), "--data", str(data)]
+    if "--sync" not in argv:
+        argv += ["--sync", "none"]
+    return CliRunner().invoke(cli, argv, input=input, catch_exceptions=False)
+
+
+def ok(data: Path, *args: object, input: bytes | str | None = None) -> list[dict]:
+    """The JSON lines of a command that must succeed."""
+    result = run(data, *args, input=input)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def fails(data: Path, *args: object, needle: str = "", code: int | None = None) -> str:
+    """A command that must fail with one ``journalq: error:`` line; returns it."""
+    result = run(data, *args)
+    assert result.exit_code != 0 if code is None else result.exit_code == code, result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("journalq: error: "), result.stderr
+    assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def run_process(data: Path, *args: object, input: bytes | None = None) -> subprocess.CompletedProcess:
+    argv = [*COMMAND, "queue", *map(str, args), "--data", str(data), "--sync", "none"]
+    return subprocess.run(argv, input=input, capture_output=True, timeout=30, check=False)
+
+
+def receive(data: Path, queue: str, *args: object) -> list[dict]:
+    return ok(data, "receive", queue, *args)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+# -- send, receive, delete --------------------------------------------------------------------
+
+
+def test_send_receive_delete_round_trip(data: Path) -> None:
+    [sent] = ok(data, "send", "jobs", "resize 1.jpg", "--attribute", "size=1024", "--attribute", "kind=a=b",
+                "--metadata", '{"owner": "ann"}', "--group-id", "g1")
+    assert set(sent) == {"id"}
+    [got] = receive(data, "jobs")
+    assert got["id"] == sent["id"]
+    assert got["body"] == "resize 1.jpg"
+    assert got["attributes"] == {"size": {"type": "String", "value": "1024"},
+                                 "kind": {"type": "String", "value": "a=b"}}
+    assert got["receive_count"] == 1
+    assert got["group_id"] == "g1" and got["metadata"] == {"owner": "ann"}
+    assert abs(got["sent_at_ns"] / 1e9 - time.time()) < 60
+    assert got["sent_at"].endswith("Z") and got["sent_at"][:19] == time.strftime(
+        "%Y-%m-%dT%H:%M:%S", time.gmtime(got["sent_at_ns"] // 10**9))
+    [task] = ok(data, "task", "jobs", got["id"])
+    assert task["state"] == "claimed" and task["metadata"] == {"owner": "ann"} and task["consumer"]
+
+    assert ok(data, "delete", "jobs", got["receipt"]) == [{"receipt": got["receipt"], "deleted": True}]
+    assert receive(data, "jobs") == []
+    assert ok(data, "task", "jobs", got["id"])[0]["state"] == "finished"
+    # The receipt is spent: deleting again is an error, reported per receipt and as one line.
+    result = run(data, "delete", "jobs", got["receipt"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["deleted"] is False
+    assert result.stderr.startswith("journalq: error: 1 of 1 not deleted: receipt ")
+
+
+def test_send_one_message_per_stdin_line_and_bodies_that_are_not_text(data: Path) -> None:
+    sent = ok(data, "send", "lines", input=b"one\ntwo\n\xff\xfe\nthree")
+    assert [s["id"] for s in sent] == ["0", "1", "2", "3"]
+    got = receive(data, "lines", "-n", 10)
+    assert [m.get("body") for m in got] == ["one", "two", None, "three"]
+    assert base64.b64decode(got[2]["body_b64"]) == b"\xff\xfe"
+    assert ok(data, "send", "lines", input=b"") == []
+
+
+def test_receive_delete_flag_and_filters_on_send(data: Path) -> None:
+    ok(data, "send", "jobs", "a")
+    ok(data, "send", "jobs", "b", "--filter", "region=eu")
+    [got] = receive(data, "jobs", "-n", 10, "--delete", "--filter", "region=us")
+    assert got["body"] == "a" and got["filters"] == {}
+    [got] = receive(data, "jobs", "-n", 10, "--delete", "--filter", "region=eu")
+    assert got["body"] == "b" and got["filters"] == {"region": "eu"}
+    [stats] = ok(data, "stats", "jobs")
+    assert (stats["available"], stats["in_flight"]) == (0, 0)
+
+
+def test_dedup_id_and_delay(data: Path) -> None:
+    first = ok(data, "send", "jobs", "x", "--dedup-id", "d1")
+    assert ok(data, "send", "jobs", "x", "--dedup-id", "d1") == first
+    ok(data, "send", "jobs", "later", "--delay", "60")
+    [stats] = ok(data, "stats", "jobs")
+    assert (stats["available"], stats["delayed"]) == (1, 1)
+
+
+def test_visibility_timeout_brings_a_message_back(data: Path) -> None:
+    ok(data, "send", "jobs", "work")
+    [first] = receive(data, "jobs", "--visibility-timeout", 0.5)
+    assert first["receive_count"] == 1
+    assert receive(data, "jobs") == []  # hidden
+    time.sleep(0.6)
+    [second] = receive(data, "jobs", "--visibility-timeout", 30)
+    assert second["id"] == first["id"] and second["receive_count"] == 2
+    assert second["receipt"] != first["receipt"]
+    fails(data, "delete", "jobs", first["receipt"], needle="delivered again")
+
+
+def test_release_and_change_visibility(data: Path) -> None:
+    ok(data, "send", "jobs", "work")
+    [got] = receive(data, "jobs")
+    assert ok(data, "release", "jobs", got["receipt"]) == [{"receipt": got["receipt"], "released": True, "delay": 0.0}]
+    [again] = receive(data, "jobs")
+    assert again["receive_count"] == 2
+    assert ok(data, "change-visibility", "jobs", again["receipt"], 0) == [
+        {"receipt": again["receipt"], "visibility_timeout": 0.0}
+    ]
+    [third] = receive(data, "jobs", "--visibility-timeout", 60)
+    assert third["receive_count"] == 3
+    fails(data, "release", "jobs", again["receipt"], needle="delivered again")
+    fails(data, "change-visibility", "jobs", third["receipt"], 50000, needle="visibility timeout must be 0 to 43200")
+    fails(data, "release", "jobs", "not-a-receipt", needle="not a receipt")
+
+
+def test_wait_returns_when_nothing_comes(data: Path) -> None:
+    ok(data, "create", "jobs")
+    started = time.monotonic()
+    assert receive(data, "jobs", "--wait", 0.3) == []
+    assert 0.25 <= time.monotonic() - started < 5
+
+
+# -- queues -----------------------------------------------------------------------------------
+
+
+def test_stats_counts_and_purge(data: Path) -> None:
+    ok(data, "send", "a", input="1\n2\n3\n4\n")
+    ok(data, "send", "a", "later", "--delay", "600")
+    ok(data, "create", "b")
+    receive(data, "a", "-n", 1, "--visibility-timeout", 60)
+    rows = ok(data, "stats")
+    assert [r["name"] for r in rows] == ["a", "b"]
+    a, b = rows
+    assert set(a) == {"name", "available", "in_flight", "delayed", "dead", "oldest_age"}
+    assert (a["available"], a["in_flight"], a["delayed"], a["dead"]) == (3, 1, 1, 0)
+    assert isinstance(a["oldest_age"], float) and 0 <= a["oldest_age"] < 60
+    assert (b["available"], b["in_flight"], b["oldest_age"]) == (0, 0, None)
+    assert ok(data, "stats", "b") == [b]
+
+    table = run(data, "stats", "--format", "table")
+    assert table.exit_code == 0
+    header, *lines = table.stdout.splitlines()
+    assert header.split() == ["name", "available", "in_flight", "delayed", "dead", "oldest_age"]
+    assert lines[1].split() == ["b", "0", "0", "0", "0", "-"]
+
+    assert ok(data, "purge", "a") == [{"name": "a", "purged": True}]
+    [a] = ok(data, "stats", "a")
+    assert (a["available"], a["in_flight"], a["delayed"]) == (0, 0, 0)
+    assert receive(data, "a", "-n", 10) == []
+
+
+def test_create_list_and_delete_queue(data: Path) -> None:
+    [created] = ok(data, "create", "jobs", "--visibility-timeout", 5, "--delay", 1, "--retention-seconds", "none",
+                   "--fifo", "--content-based-dedup", "--enum", "size=s,m,l")
+    assert created["name"] == "jobs" and created["created"] is True
+    settings = created["settings"]
+    assert settings["visibility_timeout"] == 5 and settings["delay"] == 1 and settings["retention_seconds"] is None
+    assert settings["fifo"] is True and settings["content_based_dedup"] is True
+    assert settings["enums"] == {"size": ["s", "m", "l"]}
+    # The same again changes nothing; other settings are refused.
+    assert ok(data, "create", "jobs", "--visibility-timeout", 5)[0]["created"] is False
+    fails(data, "create", "jobs", "--visibility-timeout", 6, needle="visibility_timeout is 5.0, not 6.0")
+
+    ok(data, "create", "other")
+    assert ok(data, "list") == [{"name": "jobs"}, {"name": "other"}]
+    assert ok(data, "delete-queue", "jobs") == [{"name": "jobs", "deleted": True}]
+    assert ok(data, "list") == [{"name": "other"}]
+    fails(data, "delete-queue", "jobs", needle="no queue 'jobs'")
+
+
+def test_the_data_directory_comes_from_the_environment(tmp_path: Path) -> None:
+    data = tmp_path / "from-env"
+    result = CliRunner(env={"JOURNALQ_DATA": str(data)}).invoke(cli, ["queue", "send", "jobs", "x"])
+    assert result.exit_code == 0, result.stderr
+    assert Broker(data).names() == ["jobs"]
+
+
+def test_dead_letters_and_redrive(data: Path) -> None:
+    ok(data, "create", "jobs", "--max-receive-count", 2, "--dead-letter-queue", "jobs-dlq")
+    assert ok(data, "list") == [{"name": "jobs"}, {"name": "jobs-dlq"}]  # the DLQ is made too
+    ok(data, "send", "jobs", input="poison 1\npoison 2\npoison 3\n")
+    for count in (1, 2):
+        got = receive(data, "jobs", "-n", 10, "--visibility-timeout", 0)
+        assert [m["receive_count"] for m in got] == [count] * 3
+    assert receive(data, "jobs", "-n", 10) == []  # a third delivery would be one too many
+    jobs, dlq = ok(data, "stats", "jobs", "jobs-dlq")
+    assert (jobs["dead"], jobs["available"], dlq["available"]) == (3, 0, 3)
+    [dead] = receive(data, "jobs-dlq", "--visibility-timeout", 0)
+    assert dead["body"] == "poison 1"
+    assert dead["source"]["queue"] == "jobs" and dead["source"]["count"] == 2
+
+    assert ok(data, "redrive", "jobs-dlq", "--max", 1) == [{"name": "jobs-dlq", "to": None, "moved": 1}]
+    [back] = receive(data, "jobs", "-n", 10)
+    assert back["body"] == "poison 1" and back["receive_count"] == 1
+
+    ok(data, "create", "elsewhere")
+    assert ok(data, "redrive", "jobs-dlq", "--to", "elsewhere") == [{"name": "jobs-dlq", "to": "elsewhere", "moved": 2}]
+    assert [m["body"] for m in receive(data, "elsewhere", "-n", 10)] == ["poison 2", "poison 3"]
+    assert ok(data, "redrive", "jobs-dlq")[0]["moved"] == 0
+    fails(data, "redrive", "jobs-dlq", "--to", "missing", needle="no queue 'missing'")
+    fails(data, "redrive", "jobs-dlq", "--to", "jobs-dlq", needle="dead-letter queue itself")
+
+
+def test_filters_at_least(data: Path) -> None:
+    ok(data, "create", "gpu", "--enum", "perf=low,standard,high")
+    ok(data, "send", "gpu", "needs standard", "--filter", "perf=standard")
+    ok(data, "send", "gpu", "needs high", "--filter", "perf=high")
+    ok(data, "send", "gpu", "needs nothing")
+    fails(data, "send", "gpu", "bad", "--filter", "perf=extreme", needle="not one of")
+
+    got = receive(data, "gpu", "-n", 10, "--filter", "perf=standard:at_least", "--delete")
+    assert [m["body"] for m in got] == ["needs standard", "needs nothing"]
+    assert receive(data, "gpu", "-n", 10, "--filter", "perf=standard") == []  # absolute: high != standard
+    got = receive(data, "gpu", "-n", 10, "--filter", "perf=high:at_least")
+    assert [m["body"] for m in got] == ["needs high"]
+
+    fails(data, "receive", "gpu", "--filter", "perf=extreme:at_least", needle="not one of")
+    fails(data, "receive", "gpu", "--filter", "zone=eu:at_least", needle="no ordered enum")
+    fails(data, "receive", "gpu", "--filter", "novalue", needle="not NAME=VALUE")
+
+
+def test_gc(data: Path) -> None:
+    ok(data, "send", "jobs", "x")
+    assert ok(data, "gc") == [{"name": "jobs", "deleted_files": 0}]
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def test_commands_on_a_missing_queue_fail_and_create_nothing(data: Path) -> None:
+    fails(data, "receive", "nope", needle="no data directory")
+    fails(data, "list", needle="no data directory")
+    fails(data, "create", "jobs", "--delay", 1000, needle="setting delay")
+    assert not data.exists()
+    ok(data, "create", "jobs")
+    for args in (
+        ("receive", "nope"), ("stats", "nope"), ("stats", "jobs", "nope"), ("purge", "nope"),
+        ("delete", "nope", "0.1"), ("release", "nope", "0.1"), ("change-visibility", "nope", "0.1", "1"),
+        ("task", "nope", "0"), ("redrive", "nope"), ("delete-queue", "nope"),
+        ("send", "nope", "x", "--no-create"),
+    ):
+        fails(data, *args, needle="no queue 'nope'", code=1)
+    assert ok(data, "list") == [{"name": "jobs"}]
+    assert sorted(p.name for p in data.iterdir()) == ["jobs"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("send", "../x", "body"), "queue name '../x'"),
+        (("receive", "../x"), "queue name '../x'"),
+        (("create", "../x"), "queue name '../x'"),
+        (("create", "q", "--dead-letter-queue", "../x"), "dead-letter queue name"),
+        (("create", "q", "--visibility-timeout", "-1"), "visibility_timeout"),
+        (("create", "q", "--max-receive-count", "3"), "needs a dead_letter_queue"),
+        (("create", "q", "--max-receive-count", "3", "--dead-letter-queue", "q"), "its own dead-letter queue"),
+        (("create", "q", "--enum", "perf=a,,b"), "lowest first"),
+        (("create", "q", "--retention-seconds", "soon"), "not a number of seconds"),
+        (("create", "q", "--visibility-timeout", "nan"), "not a finite number"),
+        (("send", "jobs", "x", "--delay", "901"), "delay must be 0 to 900"),
+        (("send", "jobs", "x", "--metadata", "{not json"), "--metadata is not valid JSON"),
+        (("send", "jobs", "x", "--attribute", "novalue"), "not NAME=VALUE"),
+        (("send", "jobs", "x", "--sync", "sometimes"), "unknown sync policy"),
+        (("receive", "jobs", "-n", "0"), "-n"),
+        (("receive", "jobs", "--visibility-timeout", "-1"), "visibility_timeout"),
+        (("delete", "jobs", "garbage"), "not a receipt"),
+        (("task", "jobs", "x"), "message id 'x'"),
+        (("task", "jobs", "99"), "no task '99'"),
+        (("frobnicate",), "No such command"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(data: Path, args: tuple[str, ...], needle: str) -> None:
+    ok(data, "create", "jobs")
+    fails(data, *args, needle=needle)
+    assert ok(data, "list") == [{"name": "jobs"}]  # nothing made by the failure
+
+
+def test_errors_as_a_person_sees_them(data: Path) -> None:
+    """The installed script: one line on stderr, no traceback, non-zero exit status."""
+    created = run_process(data, "create", "jobs")
+    assert created.returncode == 0, created.stderr
+    for args, needle in (
+        (("receive", "missing"), "no queue 'missing'"),
+        (("receive", "../x"), "queue name"),
+        (("delete", "jobs", "1.1"), "not deleted"),
+        (("receive", "jobs", "-n", "lots"), "not a valid integer"),
+    ):
+        process = run_process(data, *args)
+        stderr = process.stderr.decode()
+        assert process.returncode != 0
+        assert "Traceback" not in stderr and b"Traceback" not in process.stdout
+        lines = stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("journalq: error: ") and needle in lines[0], stderr
+    sent = run_process(data, "send", "jobs", input=b"a\nb\n")
+    assert sent.returncode == 0 and len(sent.stdout.splitlines()) == 2
+
+
+def test_a_topic_with_channels_of_its_own_is_not_a_queue(data: Path) -> None:
+    """Opening it as a queue would add a channel that gets every old message and holds back gc."""
+    with Broker(data) as broker:
+        topic = broker.topic("events")
+        topic.channel("audit")
+        topic.send(b"e")
+    ok(data, "create", "jobs")
+    assert ok(data, "list") == [{"name": "jobs"}]
+    assert [r["name"] for r in ok(data, "stats")] == ["jobs"]
+    fails(data, "receive", "events", needle="topic with the channels audit, not a queue")
+    assert ok(data, "send", "events", "more") == [{"id": "1"}]  # sending to a topic is fine
+    assert sorted(p.name for p in (data / "events" / "channels").iterdir()) == ["audit"]
