@@ -153,6 +153,8 @@ class Scanner:
 
     def _index_entry(self, segment: Segment, offset: int, sealed: bool) -> tuple[int, int]:
         """Where to start decoding for ``offset``: a confirmed index entry, or the segment's start."""
+        if offset == segment.base:
+            return offset, 0
         entry = index.lookup(segment, offset)
         if entry is not None and offset_at(self._fd, entry[1]) == entry[0]:
             return entry
@@ -186,7 +188,8 @@ class Scanner:
         if self._fd < 0 and not self._open(self._segment):
             return False
         while True:
-            size = os.fstat(self._fd).st_size
+            stat = os.fstat(self._fd)
+            size = stat.st_size
             have = self._pos + len(self._pending)
             if size < have:
                 if size < self._pos:
@@ -223,6 +226,12 @@ class Scanner:
             if self._next == self._segment.base or not os.path.exists(
                 os.path.join(self._jnl, segment_name(self._next))
             ):
+                if stat.st_nlink == 0:
+                    # The last segment is gone: a failed append was taken back (and with it
+                    # messages this scanner may have returned), or the journal was deleted.
+                    raise TruncatedError(
+                        "the segment was removed under the scanner", file=self._segment.path, offset=self._next
+                    )
                 return False
             following = segment_at(self.path, self._next)
             if os.fstat(self._fd).st_size != size:

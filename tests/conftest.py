@@ -1,0 +1,134 @@
+"""Shared fixtures: the sej test vectors written by the Go reference implementation.
+
+The vectors live beside the repository, in ``<repo>/../shared/vectors/sej`` (CI clones the repo
+with ``shared/`` next to it). They are read-only: tests that write (a ``Writer``, a seek that
+rebuilds an index, a reader offset) work on a copy made by ``copy_vector``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import ZERO_TIMESTAMP
+from journalq.journal.codec import Message
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+VECTORS = Path(__file__).resolve().parents[1].parent / "shared" / "vectors" / "sej"
+
+
+@pytest.fixture(scope="session")
+def sej_vectors() -> Path:
+    """The directory of the sej vectors; a clear failure (not a skip) when it is missing."""
+    if not (VECTORS / "plain").is_dir():
+        pytest.fail(
+            f"sej test vectors not found at {VECTORS}: the repository's parent directory must hold "
+            "shared/vectors/sej (clone the repo with shared/ beside it)",
+            pytrace=False,
+        )
+    return VECTORS
+
+
+def load_expected(path: Path) -> list[dict]:
+    """The lines of an ``.expected.jsonl`` file, with key/value decoded and the zero time mapped."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            ts = row["timestamp_ns"]
+            rows.append(
+                {
+                    "dir": row.get("dir"),
+                    "message": Message(
+                        offset=row["offset"],
+                        timestamp_ns=ZERO_TIMESTAMP if ts is None else ts,
+                        type=row["type"],
+                        key=base64.b64decode(row["key_b64"]),
+                        value=base64.b64decode(row["value_b64"]),
+                    ),
+                }
+            )
+    return rows
+
+
+@pytest.fixture(scope="session")
+def expected_plain(sej_vectors: Path) -> list[Message]:
+    return [r["message"] for r in load_expected(sej_vectors / "plain.expected.jsonl")]
+
+
+@pytest.fixture(scope="session")
+def expected_torn(sej_vectors: Path) -> list[Message]:
+    return [r["message"] for r in load_expected(sej_vectors / "torn.expected.jsonl")]
+
+
+@pytest.fixture(scope="session")
+def expected_sharded(sej_vectors: Path) -> dict[str, list[Message]]:
+    by_dir: dict[str, list[Message]] = {}
+    for r in load_expected(sej_vectors / "sharded.expected.jsonl"):
+        by_dir.setdefault(r["dir"], []).append(r["message"])
+    return by_dir
+
+
+@pytest.fixture
+def copy_vector(sej_vectors: Path, tmp_path: Path):
+    """``copy_vector("plain")``: a writable copy of a vector directory, under ``tmp_path``.
+
+    Only what the Go implementation wrote is copied (``*.jnl``, ``*.ofs``): journalq's ``.idx``
+    files are left out, so a test starts from exactly what sej left on disk.
+    """
+
+    def copy(name: str) -> Path:
+        dest = tmp_path / "vectors" / name
+        shutil.copytree(
+            sej_vectors / name,
+            dest,
+            ignore=shutil.ignore_patterns("*.idx", "*.tmp"),
+            copy_function=shutil.copyfile,
+        )
+        for root, dirs, files in os.walk(dest):
+            for entry in dirs + files:
+                p = Path(root) / entry
+                p.chmod(p.stat().st_mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if p.is_dir() else 0))
+        Path(dest).chmod(0o755)
+        return dest
+
+    return copy
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def vectors_untouched():
+    """Fails the test if it created, changed or removed anything in the shared vectors."""
+    before = _snapshot(VECTORS) if VECTORS.is_dir() else None
+    yield
+    if before is not None:
+        after = _snapshot(VECTORS)
+        changed = sorted(set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]})
+        assert not changed, f"the test wrote into the read-only vectors at {VECTORS}: {changed}"
+
+
+@pytest.fixture
+def child_env() -> dict[str, str]:
+    """Environment for a child Python process that imports this checkout's journalq."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

@@ -1,0 +1,290 @@
+"""The sparse offset index: only ever a hint. Whatever happens to it, a seek returns the same."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import struct
+import tempfile
+from bisect import bisect_right
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from journalq.journal import Scanner, Writer
+from journalq.journal import index as index_mod
+from journalq.journal.codec import OVERHEAD
+from journalq.journal.index import ENTRY, HEADER, MAGIC, lookup, read_entries, write_index
+from journalq.journal.segment import list_segments, scan_segment, segment_at
+
+pytestmark = pytest.mark.usefixtures("vectors_untouched")
+
+INTERVAL = 150
+
+
+def build(path: Path, count: int = 400, seed: int = 7) -> list:
+    rng = random.Random(seed)
+    with Writer(path, segment_size=2500, index_interval=INTERVAL) as w:
+        i = 0
+        while i < count:
+            n = rng.choice([1, 1, 1, 4])
+            w.append_many([bytes([i % 256]) * rng.randrange(0, 90) for _ in range(n)])
+            i += n
+    with Scanner(path, 0) as s:
+        return list(s)
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory):
+    path = tmp_path_factory.mktemp("index") / "journal"
+    messages = build(path)
+    return path, messages
+
+
+@pytest.fixture
+def fresh(journal, tmp_path):
+    """A copy of the module's journal, to damage."""
+    path, messages = journal
+    copy = tmp_path / "journal"
+    shutil.copytree(path, copy)
+    return copy, messages
+
+
+def check_seeks(path: Path, messages, targets) -> None:
+    for k in targets:
+        with Scanner(path, k) as s:
+            got = next(iter(s), None)
+        if k == len(messages):
+            assert got is None
+        else:
+            assert got == messages[k], f"seek to {k}"
+
+
+def all_targets(messages):
+    return range(len(messages) + 1)
+
+
+def index_files(path: Path) -> list[Path]:
+    return sorted((path / "jnl").glob("*.idx"))
+
+
+def test_the_writer_keeps_valid_sparse_indexes(journal):
+    path, messages = journal
+    segments = list_segments(path)
+    assert len(segments) > 10
+    with_entries = 0
+    for seg in segments:
+        entries = read_entries(seg)
+        data = seg.path.read_bytes()
+        assert entries == scan_segment(seg, 0, seg.base, interval=INTERVAL).entries
+        with_entries += bool(entries)
+        last = 0
+        for offset, position in entries:
+            assert struct.unpack_from(">Q", data, position)[0] == offset
+            assert position - last >= INTERVAL
+            last = position
+    assert with_entries > 5
+
+
+def test_deleting_indexes_changes_no_seek(fresh):
+    path, messages = fresh
+    for p in index_files(path):
+        p.unlink()
+    check_seeks(path, messages, all_targets(messages))
+
+
+def test_an_index_of_another_segment_changes_no_seek(fresh):
+    path, messages = fresh
+    files = index_files(path)
+    assert len(files) > 3
+    contents = [p.read_bytes() for p in files]
+    for i, p in enumerate(files):  # each one gets its neighbour's
+        p.write_bytes(contents[(i + 1) % len(files)])
+    check_seeks(path, messages, all_targets(messages))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "empty",
+        "header only",
+        "bad magic",
+        "torn last entry",
+        "garbage appended",
+        "positions shifted",
+        "positions past the end",
+        "huge positions",
+        "offsets shifted",
+        "not rising",
+    ],
+)
+def test_damaged_indexes_change_no_seek(fresh, damage):
+    path, messages = fresh
+    for p in index_files(path):
+        data = p.read_bytes()
+        header, body = data[: HEADER.size], data[HEADER.size :]
+        entries = list(ENTRY.iter_unpack(body))
+        if damage == "empty":
+            data = b""
+        elif damage == "header only":
+            data = header
+        elif damage == "bad magic":
+            data = b"JQIDX999" + data[8:]
+        elif damage == "torn last entry":
+            data = data + ENTRY.pack(10**6, 10**6)[:9]
+        elif damage == "garbage appended":
+            data = data + os.urandom(48)
+        elif damage == "positions shifted":  # each entry names the position of another message
+            data = header + b"".join(ENTRY.pack(o, p + OVERHEAD) for o, p in entries)
+        elif damage == "positions past the end":
+            data = header + b"".join(ENTRY.pack(o, p + 10**6) for o, p in entries)
+        elif damage == "huge positions":  # past what a file offset (off_t) can hold
+            data = header + b"".join(ENTRY.pack(o, 2**64 - 1 - p) for o, p in entries)
+        elif damage == "offsets shifted":
+            data = header + b"".join(ENTRY.pack(o + 1, p) for o, p in entries)
+        elif damage == "not rising":
+            data = header + b"".join(ENTRY.pack(o, p) for o, p in reversed(entries))
+        p.write_bytes(data)
+    check_seeks(path, messages, all_targets(messages))
+    with Writer(path, segment_size=2500, index_interval=INTERVAL) as w:  # and a writer opens
+        assert w.recoveries == []
+        assert w.append(b"after") == len(messages)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.data())
+def test_random_damage_to_indexes_changes_no_seek(journal, data):
+    source, messages = journal
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "journal"
+        shutil.copytree(source, path)
+        files = index_files(path)
+        for p in data.draw(st.lists(st.sampled_from(files), min_size=1, max_size=4, unique=True), label="files"):
+            raw = bytearray(p.read_bytes())
+            for position, value in data.draw(
+                st.lists(st.tuples(st.integers(0, max(0, len(raw) - 1)), st.integers(0, 255)), min_size=1, max_size=8),
+                label="changes",
+            ):
+                if raw:
+                    raw[position] = value
+            cut = data.draw(st.integers(0, len(raw)), label="cut") if data.draw(st.booleans(), label="truncate") else len(raw)
+            p.write_bytes(bytes(raw[:cut]))
+        targets = data.draw(st.lists(st.integers(0, len(messages)), min_size=20, max_size=40), label="targets")
+        check_seeks(path, messages, targets)
+
+
+def test_the_index_of_a_sealed_segment_is_rebuilt_after_a_seek(tmp_path):
+    path = tmp_path / "journal"
+    with Writer(path, segment_size=20_000) as w:  # the default index interval: 4096 bytes
+        for i in range(0, 800, 8):
+            w.append_many([b"%d" % i * 20] * 8)
+    with Scanner(path, 0) as s:
+        messages = list(s)
+    segments = list_segments(path)
+    assert len(segments) > 3
+    sealed = segments[1]
+    good = read_entries(sealed)
+    assert good, "the segment should have index entries"
+    target = good[-1][0] + 1  # well inside the segment
+    for damage in (lambda p: p.unlink(), lambda p: p.write_bytes(b"junk")):
+        damage(sealed.index_path)
+        check_seeks(path, messages, [target])
+        assert sealed.index_path.exists()
+        assert read_entries(sealed) == scan_segment(sealed, 0, sealed.base).entries
+        assert read_entries(sealed)  # a real index, usable by the next seek
+    # A seek into the segment where the index was rebuilt does not rebuild it again.
+    mtime = sealed.index_path.stat().st_mtime_ns
+    check_seeks(path, messages, [target, target + 1, sealed.base])
+    assert sealed.index_path.stat().st_mtime_ns == mtime
+
+
+def test_a_writer_replaces_a_damaged_index_of_the_last_segment(fresh):
+    path, messages = fresh
+    last = list_segments(path)[-1]
+    with Writer(path, segment_size=2500, index_interval=INTERVAL) as w:
+        w.append_many([b"z" * 80] * 5)
+    good = read_entries(last)
+    assert good
+    last.index_path.write_bytes(last.index_path.read_bytes()[:HEADER.size] + ENTRY.pack(good[0][0], good[0][1] + 1))
+    with Writer(path, segment_size=2500, index_interval=INTERVAL) as w:
+        w.append(b"after")
+    entries = read_entries(last)
+    data = last.path.read_bytes()
+    assert entries and all(struct.unpack_from(">Q", data, p)[0] == o for o, p in entries)
+    with Scanner(path, 0) as s:
+        assert [m.offset for m in s] == list(range(len(messages) + 6))
+
+
+# -- lookup: binary search over a large index ------------------------------------------------
+
+
+class CountingOS:
+    def __init__(self) -> None:
+        self.preads = 0
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def pread(self, fd, n, position):
+        self.preads += 1
+        return os.pread(fd, n, position)
+
+
+def linear(entries, base, offset):
+    best = (base, 0)
+    for entry in entries:
+        if entry[0] <= offset:
+            best = entry
+        else:
+            break
+    return best
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 100_000])
+def test_lookup_agrees_with_a_linear_search(tmp_path, monkeypatch, count):
+    rng = random.Random(count)
+    base = 1000
+    segment = segment_at(tmp_path, base)
+    segment.path.parent.mkdir(parents=True)
+    entries, offset, position = [], base, 0
+    for _ in range(count):
+        offset += rng.randint(1, 20)
+        position += rng.randint(OVERHEAD, 5000)
+        entries.append((offset, position))
+    assert write_index(segment, entries)
+    last = entries[-1][0] if entries else base
+    targets = {base, base + 1, last, last + 1, last + 1000}
+    targets.update(o for o, _ in entries[:3])
+    targets.update(o - 1 for o, _ in entries[:3])
+    targets.update(rng.randint(base, last + 5) for _ in range(2000))
+    counting = CountingOS()
+    monkeypatch.setattr(index_mod, "os", counting)
+    for target in sorted(targets):
+        counting.preads = 0
+        assert lookup(segment, target) == linear(entries, base, target), target
+        # The header, then one entry per halving: never a scan.
+        assert counting.preads <= 2 + max(1, len(entries)).bit_length()
+    # A torn entry at the end is not read.
+    with open(segment.index_path, "ab") as f:
+        f.write(ENTRY.pack(last + 10, position + 100)[:11])
+    assert lookup(segment, last + 50) == linear(entries, base, last + 50)
+    # Binary search with bisect agrees too (another independent oracle).
+    keys = [o for o, _ in entries]
+    for target in list(targets)[:200]:
+        i = bisect_right(keys, target)
+        assert lookup(segment, target) == (entries[i - 1] if i else (base, 0))
+
+
+def test_lookup_without_a_usable_index(tmp_path):
+    segment = segment_at(tmp_path, 5)
+    segment.path.parent.mkdir(parents=True)
+    assert lookup(segment, 10) is None  # missing
+    segment.index_path.write_bytes(MAGIC)  # header cut short
+    assert lookup(segment, 10) is None
+    write_index(segment_at(tmp_path, 6), [(7, 100)])
+    shutil.copy(segment_at(tmp_path, 6).index_path, segment.index_path)  # another segment's
+    assert lookup(segment, 10) is None
+    assert read_entries(segment) == []

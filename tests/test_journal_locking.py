@@ -1,0 +1,346 @@
+"""Locking: one exclusive writer at a time, shared writers appending together, killed writers."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import LockedError
+from journalq.journal import Scanner, Writer
+from journalq.journal.codec import encode
+from journalq.journal.lock import FileLock
+
+pytestmark = pytest.mark.usefixtures("vectors_untouched")
+
+
+def scan_all(path: Path):
+    with Scanner(path, 0) as s:
+        return list(s)
+
+
+def run_child(script: str, *args, env, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+TRY_OPEN = """
+    import sys
+    from journalq.journal import Writer, LockedError
+    try:
+        w = Writer(sys.argv[1], shared=sys.argv[2] == "shared")
+    except LockedError as e:
+        print("LockedError:", e)
+    else:
+        print("opened", w.append(b"from child"))
+        w.close()
+"""
+
+
+# -- exclusive writers -----------------------------------------------------------------------
+
+
+def test_second_exclusive_writer_in_the_same_process(tmp_path):
+    first = Writer(tmp_path)
+    first.append(b"a")
+    with pytest.raises(LockedError) as info:
+        Writer(tmp_path)
+    message = str(info.value)
+    assert "another writer holds the lock" in message
+    assert f"exclusive writer, pid {os.getpid()}" in message
+    assert str(tmp_path / "jnl.lck") in message
+    assert info.value.file == tmp_path / "jnl.lck"
+    first.append(b"b")  # the refused writer did not disturb the first
+    first.close()
+    with Writer(tmp_path) as second:
+        assert second.append(b"c") == 2
+    assert [m.value for m in scan_all(tmp_path)] == [b"a", b"b", b"c"]
+
+
+def test_second_exclusive_writer_in_another_process(tmp_path, child_env):
+    first = Writer(tmp_path)
+    first.append(b"a")
+    result = run_child(TRY_OPEN, tmp_path, "exclusive", env=child_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("LockedError: another writer holds the lock")
+    assert f"pid {os.getpid()}" in result.stdout
+    first.close()
+    result = run_child(TRY_OPEN, tmp_path, "exclusive", env=child_env)
+    assert result.stdout.strip() == "opened 1", result.stderr
+    assert [m.value for m in scan_all(tmp_path)] == [b"a", b"from child"]
+
+
+def test_a_writer_in_another_process_blocks_this_one_until_it_exits(tmp_path, child_env):
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from journalq.journal import Writer\n"
+         "w = Writer(sys.argv[1]); w.append(b'child'); print('ready', flush=True); sys.stdin.readline(); w.close()",
+         str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with pytest.raises(LockedError, match=f"exclusive writer, pid {child.pid}"):
+            Writer(tmp_path)
+        with pytest.raises(LockedError, match="an exclusive writer holds the journal; shared writers cannot join"):
+            Writer(tmp_path, shared=True)
+        child.stdin.write("close\n")
+        child.stdin.flush()
+        assert child.wait(30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    with Writer(tmp_path) as w:
+        assert w.append(b"parent") == 1
+
+
+def test_a_killed_exclusive_writer_leaves_the_lock_free(tmp_path, child_env):
+    result = run_child(
+        "import os, signal, sys\nfrom journalq.journal import Writer\n"
+        "w = Writer(sys.argv[1]); w.append(b'x'); os.kill(os.getpid(), signal.SIGKILL)",
+        tmp_path,
+        env=child_env,
+    )
+    assert result.returncode == -signal.SIGKILL
+    with Writer(tmp_path) as w:
+        assert w.append(b"y") == 1
+
+
+# -- shared writers --------------------------------------------------------------------------
+
+
+def test_shared_writer_refused_while_an_exclusive_writer_holds_the_journal(tmp_path, child_env):
+    exclusive = Writer(tmp_path)
+    with pytest.raises(LockedError) as info:
+        Writer(tmp_path, shared=True)
+    assert "an exclusive writer holds the journal; shared writers cannot join it" in str(info.value)
+    assert f"pid {os.getpid()}" in str(info.value)
+    result = run_child(TRY_OPEN, tmp_path, "shared", env=child_env)
+    assert "LockedError: an exclusive writer holds the journal" in result.stdout, result.stderr
+    exclusive.close()
+    with Writer(tmp_path, shared=True) as shared:
+        assert shared.append(b"x") == 0
+
+
+def test_exclusive_writer_between_shared_appends(tmp_path):
+    shared = Writer(tmp_path, shared=True)
+    shared.append(b"s0")
+    exclusive = Writer(tmp_path)  # the lock is free between shared appends
+    exclusive.append(b"e1")
+    with pytest.raises(LockedError, match="an exclusive writer holds the journal"):
+        shared.append(b"lost")
+    exclusive.append(b"e2")
+    exclusive.close()
+    assert shared.append(b"s3") == 3  # caught up with the exclusive writer's appends
+    shared.close()
+    assert [m.value for m in scan_all(tmp_path)] == [b"s0", b"e1", b"e2", b"s3"]
+
+
+def _append_in_thread(writer: Writer, value: bytes):
+    result: dict = {}
+
+    def run():
+        try:
+            result["offset"] = writer.append(value)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def check_shared_writers_wait_for_each_other(path: Path) -> None:
+    a = Writer(path, shared=True)
+    b = Writer(path, shared=True)
+    base = a.append(b"a0")
+    # Another shared writer in the middle of an append holds the lock now.
+    holder = FileLock(path / "jnl.lck")
+    holder.acquire()
+    thread, result = _append_in_thread(b, b"b1")
+    thread.join(0.3)
+    holder.release()
+    thread.join(30)
+    holder.close()
+    assert not thread.is_alive()
+    assert "error" not in result, f"a shared writer was refused by another shared writer: {result.get('error')}"
+    assert result["offset"] == base + 1
+    assert a.append(b"a2") == base + 2
+    a.close()
+    b.close()
+    assert [m.value for m in scan_all(path)][-3:] == [b"a0", b"b1", b"a2"]
+
+
+def test_shared_writers_wait_for_each_other(tmp_path):
+    check_shared_writers_wait_for_each_other(tmp_path)
+
+
+def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_closed(tmp_path):
+    with Writer(tmp_path) as w:
+        w.append(b"exclusive")
+    check_shared_writers_wait_for_each_other(tmp_path)
+
+
+def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_was_killed(tmp_path, child_env):
+    result = run_child(
+        "import os, signal, sys\nfrom journalq.journal import Writer\n"
+        "w = Writer(sys.argv[1]); w.append(b'x'); os.kill(os.getpid(), signal.SIGKILL)",
+        tmp_path,
+        env=child_env,
+    )
+    assert result.returncode == -signal.SIGKILL
+    check_shared_writers_wait_for_each_other(tmp_path)
+
+
+SHARED_CHILD = """
+    import os, random, signal, sys
+    import journalq.journal.writer as writer_mod
+    from journalq.journal import Writer
+
+    path, wid, ops, seed, die_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+
+    class Dying:
+        # The writer's os, whose write() puts half the bytes in and then kills the process.
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def write(self, fd, data):
+            os.write(fd, bytes(data[: max(1, len(data) // 2)]))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    w = Writer(path, shared=True, segment_size=2048)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    rng = random.Random(seed)
+    seq = 0
+    out = []
+    for op in range(ops):
+        if op == die_after:
+            writer_mod.os = Dying()
+        if rng.random() < 0.5:
+            offset = w.append(b"w%d-%d;" % (wid, seq) + b"." * rng.randrange(100))
+            print(offset, seq, 1, flush=True)
+            seq += 1
+        else:
+            n = rng.randint(2, 5)
+            last = w.append_many([b"w%d-%d;" % (wid, seq + i) + b"." * rng.randrange(100) for i in range(n)])
+            print(last - n + 1, seq, n, flush=True)
+            seq += n
+    w.close()
+    print("done", seq, len(w.recoveries), flush=True)
+"""
+
+
+def run_shared_writers(path: Path, env, ops: list[int], die_after: dict[int, int]):
+    children = []
+    for wid, n in enumerate(ops):
+        children.append(
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(SHARED_CHILD), str(path), str(wid), str(n),
+                 str(1000 + wid), str(die_after.get(wid, -1))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            )
+        )
+    try:
+        for child in children:
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        for child in children:  # all at once
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        outputs = [child.communicate(timeout=120) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    return [(child.returncode, out, err) for child, (out, err) in zip(children, outputs)]
+
+
+def parse_acks(out: str):
+    acks, done = [], None
+    for line in out.splitlines():
+        parts = line.split()
+        if parts[0] == "done":
+            done = (int(parts[1]), int(parts[2]))
+        else:
+            acks.append(tuple(map(int, parts)))
+    return acks, done
+
+
+def check_shared_journal(path: Path, results, die_after: dict[int, int]):
+    messages = scan_all(path)
+    assert [m.offset for m in messages] == list(range(len(messages))), "offsets are not dense"
+    by_writer: dict[int, list[tuple[int, int]]] = {}
+    for m in messages:
+        head = m.value.split(b";")[0]
+        wid, seq = map(int, head[1:].split(b"-"))
+        by_writer.setdefault(wid, []).append((seq, m.offset))
+    recoveries = 0
+    for wid, (code, out, err) in enumerate(results):
+        acks, done = parse_acks(out)
+        seen = by_writer.get(wid, [])
+        seqs = [seq for seq, _ in seen]
+        assert seqs == sorted(set(seqs)), f"writer {wid}: messages repeated or out of order"
+        where = dict(seen)
+        for offset, seq, n in acks:  # every acknowledged message, a batch at consecutive offsets
+            for i in range(n):
+                assert where.get(seq + i) == offset + i, f"writer {wid}: seq {seq + i} not at {offset + i}"
+        if wid in die_after:
+            assert code == -signal.SIGKILL, err
+            assert done is None
+            acked = sum(n for _, _, n in acks)
+            # Its last, torn append was a single message or a batch of at most 5: whole messages
+            # at its start may be kept (a crash is not an I/O error: no take-back), never more.
+            assert seqs == list(range(len(seqs))), f"writer {wid}: messages missing or out of order"
+            assert acked <= len(seqs) < acked + 5
+        else:
+            assert code == 0, err
+            total, recovered = done
+            assert seqs == list(range(total)), f"writer {wid}: not every message is there exactly once"
+            recoveries += recovered
+    return messages, recoveries
+
+
+def test_four_shared_writer_processes_append_at_once(tmp_path, child_env):
+    path = tmp_path / "journal"
+    with Writer(path) as w:  # made by an exclusive writer first, as a journal often is
+        w.append(b"w9-0;")
+    results = run_shared_writers(path, child_env, [200, 200, 200, 200], {})
+    messages, recoveries = check_shared_journal(path, results, {})
+    assert recoveries == 0
+    assert len(messages) > 800
+    segments = sorted((path / "jnl").glob("*.jnl"))
+    assert len(segments) > 10, "the writers should have rolled segments"
+    for s in segments:  # each segment starts at the offset its name says
+        data = s.read_bytes()
+        if data:
+            assert int.from_bytes(data[:8], "big") == int(s.stem, 16)
+
+
+def test_a_shared_writer_killed_mid_append_is_recovered_by_the_others(tmp_path, child_env):
+    path = tmp_path / "journal"
+    die_after = {0: 25}
+    results = run_shared_writers(path, child_env, [200, 300, 300, 300], die_after)
+    messages, recoveries = check_shared_journal(path, results, die_after)
+    assert recoveries == 1, "exactly one surviving writer should have cut the torn append"
+    cut = list((path / "cut").iterdir())
+    assert len(cut) == 1
+    torn = cut[0].read_bytes()
+    assert 0 < len(torn) < len(encode(0, 0, 0, b"", b"w0-0;" + b"." * 100)) * 5
+    assert torn[:8] != b"" and cut[0].name.split("@")[0] in {p.name for p in (path / "jnl").glob("*.jnl")}
+    with Writer(path) as w:
+        assert w.recoveries == []
+        assert w.next_offset == len(messages)

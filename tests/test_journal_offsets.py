@@ -1,0 +1,135 @@
+"""Reader offsets (DIR/ofs/NAME.ofs, 8 bytes big-endian, as sej's Offset) and the journal's ends."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from journalq.errors import Error, JournalError, LockedError
+from journalq.journal import ReaderOffset, Writer, end_offset, first_offset, read_offset
+
+pytestmark = pytest.mark.usefixtures("vectors_untouched")
+
+
+def test_commit_and_read_round_trip(tmp_path):
+    with ReaderOffset(tmp_path, "alpha") as ro:
+        assert ro.value == 0
+        assert ro.name == "alpha"
+        ro.commit(42)
+        assert ro.value == 42
+        assert read_offset(tmp_path, "alpha") == 42
+        ro.commit(42)  # the same again: harmless
+        ro.commit(0x0102030405060708)
+    path = tmp_path / "ofs" / "alpha.ofs"
+    assert path.read_bytes() == bytes.fromhex("0102030405060708")  # 8 bytes, big-endian
+    with ReaderOffset(tmp_path, "alpha") as ro:  # a new holder reads what was committed
+        assert ro.value == 0x0102030405060708
+        ro.commit(2**64 - 1)
+    assert path.read_bytes() == b"\xff" * 8
+    assert read_offset(tmp_path, "alpha") == 2**64 - 1
+    assert sorted(p.name for p in (tmp_path / "ofs").iterdir()) == ["alpha.lck", "alpha.ofs"]  # no temporaries
+
+
+def test_commit_without_sync(tmp_path):
+    with ReaderOffset(tmp_path, "fast", sync=False) as ro:
+        ro.commit(7)
+    assert (tmp_path / "ofs" / "fast.ofs").read_bytes() == bytes.fromhex("0000000000000007")
+
+
+def test_never_committed_and_empty_files_read_as_zero(tmp_path):
+    assert read_offset(tmp_path, "nobody") == 0
+    (tmp_path / "ofs").mkdir()
+    (tmp_path / "ofs" / "empty.ofs").write_bytes(b"")
+    assert read_offset(tmp_path, "empty") == 0
+
+
+def test_the_offsets_committed_by_sej_on_a_copy(copy_vector):
+    path = copy_vector("plain")
+    with ReaderOffset(path, "alpha") as ro:
+        assert ro.value == 1465
+        ro.commit(1466)
+    assert (path / "ofs" / "alpha.ofs").read_bytes() == (1466).to_bytes(8, "big")
+    assert read_offset(path, "beta") == 1150
+
+
+def test_a_second_holder_of_the_same_name_is_refused(tmp_path, child_env):
+    first = ReaderOffset(tmp_path, "alpha")
+    with pytest.raises(LockedError) as info:
+        ReaderOffset(tmp_path, "alpha")
+    assert info.value.file == tmp_path / "ofs" / "alpha.lck"
+    with ReaderOffset(tmp_path, "beta") as other:  # another name is another lock
+        other.commit(1)
+    script = (
+        "import sys\nfrom journalq.journal import ReaderOffset, LockedError\n"
+        "try:\n    ReaderOffset(sys.argv[1], 'alpha')\nexcept LockedError as e:\n    print('LockedError', e)\n"
+        "else:\n    print('opened')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=child_env, capture_output=True, text=True, timeout=60)
+    assert result.stdout.startswith("LockedError"), result.stderr
+    assert "alpha.lck" in result.stdout
+    first.close()
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=child_env, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "opened", result.stderr
+    with ReaderOffset(tmp_path, "alpha") as again:
+        assert again.value == 0
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "a/b", "../escape", "a b", "tab\t", "ü", None, 5])
+def test_bad_names_are_refused(tmp_path, name):
+    with pytest.raises(Error, match="reader name"):
+        ReaderOffset(tmp_path, name)
+    with pytest.raises(Error, match="reader name"):
+        read_offset(tmp_path, name)
+    assert not (tmp_path / "escape.ofs").exists()
+
+
+@pytest.mark.parametrize("name", ["a", "A-b_c.d", "0", "x" * 100])
+def test_good_names(tmp_path, name):
+    with ReaderOffset(tmp_path, name) as ro:
+        ro.commit(3)
+    assert read_offset(tmp_path, name) == 3
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, "5", 1.0, None])
+def test_bad_commits_are_refused(tmp_path, bad):
+    with ReaderOffset(tmp_path, "alpha") as ro:
+        ro.commit(9)
+        with pytest.raises(Error, match="unsigned 64-bit integer"):
+            ro.commit(bad)
+        assert ro.value == 9
+    assert read_offset(tmp_path, "alpha") == 9
+
+
+def test_a_corrupt_offset_file_is_a_clear_error(tmp_path):
+    (tmp_path / "ofs").mkdir()
+    path = tmp_path / "ofs" / "alpha.ofs"
+    path.write_bytes(b"\x00\x01\x02\x03\x04")
+    with pytest.raises(JournalError) as info:
+        read_offset(tmp_path, "alpha")
+    assert info.value.file == path
+    assert "offset file holds 5 bytes, not 8" in str(info.value) and str(path) in str(info.value)
+    with pytest.raises(JournalError, match="holds 5 bytes, not 8"):
+        ReaderOffset(tmp_path, "alpha")
+    # The refused holder let the lock go.
+    path.write_bytes((11).to_bytes(8, "big"))
+    with ReaderOffset(tmp_path, "alpha") as ro:
+        assert ro.value == 11
+
+
+def test_first_and_end_offsets(tmp_path):
+    assert (first_offset(tmp_path), end_offset(tmp_path)) == (0, 0)
+    with Writer(tmp_path, segment_size=100) as w:
+        w.append_many([b"v" * 30] * 7)  # 56-byte messages: 2 per segment, then an empty one
+    assert (first_offset(tmp_path), end_offset(tmp_path)) == (0, 7)
+    os.unlink(tmp_path / "jnl" / "0000000000000000.jnl")
+    assert (first_offset(tmp_path), end_offset(tmp_path)) == (2, 7)
+    with Writer(tmp_path, segment_size=100) as w:
+        w.append(b"v" * 30)
+        assert end_offset(tmp_path) == 8  # a reader sees the append at once
+    assert (tmp_path / "jnl" / "0000000000000008.jnl").stat().st_size == 0  # it rolled after 7
+    with open(tmp_path / "jnl" / "0000000000000008.jnl", "ab") as f:
+        f.write(b"\x00" * 12)  # the start of a message: not counted
+    assert end_offset(tmp_path) == 8

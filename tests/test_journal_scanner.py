@@ -1,0 +1,333 @@
+"""The scanner: following appends, waiting out incomplete messages, damage, timeouts, resuming."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from itertools import islice
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.journal import Message, Scanner, Writer
+from journalq.journal.codec import encode
+
+pytestmark = pytest.mark.usefixtures("vectors_untouched")
+
+SEG0 = "0000000000000000.jnl"
+
+
+def scan_all(path: Path, offset: int = 0):
+    with Scanner(path, offset) as s:
+        return list(s)
+
+
+class Follower(threading.Thread):
+    """Iterates a following scanner in a thread until it has ``want`` messages or it ends."""
+
+    def __init__(self, path: Path, want: int, offset: int = 0, timeout: float = 20.0) -> None:
+        super().__init__(daemon=True)
+        self.scanner = Scanner(path, offset, timeout=timeout)
+        self.want = want
+        self.got: list[Message] = []
+        self.error: BaseException | None = None
+        self.started_waiting = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.started_waiting.set()
+            for message in self.scanner:
+                self.got.append(message)
+                if len(self.got) >= self.want:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+        finally:
+            self.scanner.close()
+
+    def result(self, timeout: float = 30.0) -> list[Message]:
+        self.join(timeout)
+        assert not self.is_alive(), "the follower did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.got
+
+
+# -- following -------------------------------------------------------------------------------
+
+
+def test_follower_sees_later_appends_across_new_segments(tmp_path):
+    writer = Writer(tmp_path, segment_size=300)
+    follower = Follower(tmp_path, want=60)
+    follower.start()
+    follower.started_waiting.wait(10)
+    for i in range(60):
+        if i % 10 == 9:
+            writer.append_many([b"batch %d" % i])
+        else:
+            writer.append(b"message %d" % i + b"." * 30)
+        if i % 7 == 0:
+            time.sleep(0.005)  # let the follower catch up and wait again now and then
+    got = follower.result()
+    writer.close()
+    assert [m.offset for m in got] == list(range(60))
+    assert got == scan_all(tmp_path)
+    assert len(list((tmp_path / "jnl").glob("*.jnl"))) > 5
+
+
+def test_follower_started_before_the_journal_exists(tmp_path):
+    tmp_path.mkdir(exist_ok=True)  # a directory, but no jnl/ yet
+    follower = Follower(tmp_path, want=5)
+    follower.start()
+    follower.started_waiting.wait(10)
+    time.sleep(0.05)
+    with Writer(tmp_path, segment_size=100) as writer:
+        for i in range(5):
+            writer.append(b"m%d" % i + b"-" * 60)
+    assert [m.value[:2] for m in follower.result()] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+
+
+FOLLOWER_PROCESS = """
+    import sys
+    from journalq.journal import Scanner
+    path, want = sys.argv[1], int(sys.argv[2])
+    with Scanner(path, 0, timeout=20) as s:
+        print("ready", flush=True)
+        n = 0
+        for m in s:
+            print(m.offset, m.value.decode(), flush=True)
+            n += 1
+            if n == want:
+                break
+"""
+
+
+def test_follower_in_another_process(tmp_path, child_env):
+    writer = Writer(tmp_path, segment_size=200)
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(FOLLOWER_PROCESS), str(tmp_path), "40"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        for i in range(40):
+            if i % 4 == 0:
+                writer.append_many([b"v%d" % i])
+            else:
+                writer.append(b"v%d" % i)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        writer.close()
+    assert child.returncode == 0, err
+    assert out.splitlines() == [f"{i} v{i}" for i in range(40)]
+
+
+def test_an_incomplete_last_message_is_waited_out(tmp_path):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b", b"c"])
+    segment = tmp_path / "jnl" / SEG0
+    third = encode(3, 42, 7, b"key", b"the fourth message")
+    scanner = Scanner(tmp_path, 0, timeout=20)
+    assert [m.value for m in scanner.read_batch()] == [b"a", b"b", b"c"]
+    with open(segment, "ab") as f:  # half a message, as a writer in the middle of a write
+        f.write(third[:15])
+        f.flush()
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("batch", scanner.read_batch()))
+    thread.start()
+    thread.join(0.3)
+    assert "batch" not in result  # nothing whole to return yet
+    with open(segment, "ab") as f:
+        f.write(third[15:])
+    thread.join(30)
+    assert not thread.is_alive()
+    assert result["batch"] == [Message(3, 42, 7, b"key", b"the fourth message")]
+    assert scanner.offset == 4
+    scanner.close()
+
+
+def test_a_torn_tail_cut_by_recovery_under_a_follower(tmp_path):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b"])
+    with open(tmp_path / "jnl" / SEG0, "ab") as f:
+        f.write(encode(2, 0, 0, b"", b"torn")[:20])
+    follower = Follower(tmp_path, want=3)
+    follower.start()
+    time.sleep(0.2)  # the follower has read the torn bytes and waits for the rest
+    with Writer(tmp_path) as writer:  # recovery cuts them
+        assert writer.recoveries and writer.recoveries[0].cut_bytes == 20
+        writer.append(b"c")
+    assert [m.value for m in follower.result()] == [b"a", b"b", b"c"]
+
+
+def test_a_segment_truncated_under_the_scanner_raises(tmp_path):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"x" * 20] * 5)  # 46-byte messages
+    scanner = Scanner(tmp_path, 0)
+    assert len(list(scanner)) == 5  # read to byte 230
+    os.truncate(tmp_path / "jnl" / SEG0, 100)
+    with pytest.raises(TruncatedError) as info:
+        list(scanner)
+    assert info.value.file == tmp_path / "jnl" / SEG0
+    assert "shrank to 100 bytes after 230 bytes were read" in str(info.value)
+    scanner.close()
+    # The same for a follower.
+    follower = Follower(tmp_path, want=10, offset=0)
+    follower.start()
+    deadline = time.monotonic() + 20
+    while len(follower.got) < 2 and time.monotonic() < deadline:  # 100 bytes: 2 whole messages
+        time.sleep(0.01)
+    assert len(follower.got) == 2
+    time.sleep(0.05)  # it waits for the rest of the third
+    os.truncate(tmp_path / "jnl" / SEG0, 10)
+    with pytest.raises(TruncatedError):
+        follower.result()
+
+
+def test_truncation_not_past_what_was_read_is_not_an_error(tmp_path):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"x" * 20] * 3)  # 46-byte messages
+    segment = tmp_path / "jnl" / SEG0
+    with Scanner(tmp_path, 0) as scanner:
+        assert len(list(scanner)) == 3
+        with open(segment, "ab") as f:
+            f.write(encode(3, 0, 0, b"", b"torn")[:20])  # unread bytes, not a whole message
+        assert scanner.read_batch() == []
+        os.truncate(segment, 138)  # back to exactly what was read
+        assert scanner.read_batch() == []
+        with Writer(tmp_path) as writer:
+            writer.append(b"next")
+        assert [m.value for m in scanner.read_batch()] == [b"next"]
+
+
+def hand_segment(path: Path, base: int, offsets: list[int]) -> tuple[Path, list[int]]:
+    (path / "jnl").mkdir(parents=True, exist_ok=True)
+    segment = path / "jnl" / f"{base:016x}.jnl"
+    data, starts = b"", []
+    for offset in offsets:
+        starts.append(len(data))
+        data += encode(offset, 0, 0, b"", b"value %d" % offset)
+    segment.write_bytes(data)
+    return segment, starts
+
+
+@pytest.mark.parametrize("offsets, bad", [([0, 1, 2, 4, 5], 3), ([0, 1, 1, 2], 2), ([0, 1, 2, 0], 3)])
+def test_out_of_order_offsets_raise_naming_file_and_position(tmp_path, offsets, bad):
+    segment, starts = hand_segment(tmp_path, 0, offsets)
+    got = []
+    with pytest.raises(CorruptionError) as info:
+        for m in Scanner(tmp_path, 0):
+            got.append(m.offset)
+    assert got == offsets[:bad]  # what comes before the damage is yielded first
+    err = info.value
+    assert err.file == segment and err.position == starts[bad]
+    assert f"offset {offsets[bad]} where {bad} was due" in str(err)
+    assert str(segment) in str(err) and f"byte {starts[bad]}" in str(err)
+
+
+def test_a_segment_not_starting_at_its_name_is_corrupt(tmp_path):
+    segment, _ = hand_segment(tmp_path, 5, [0, 1])
+    with pytest.raises(CorruptionError, match="offset 0 where 5 was due") as info:
+        list(Scanner(tmp_path, 5))
+    assert info.value.file == segment and info.value.position == 0
+
+
+def test_incomplete_message_at_the_end_of_a_finished_segment(tmp_path):
+    hand_segment(tmp_path, 0, [0, 1])
+    with open(tmp_path / "jnl" / SEG0, "ab") as f:
+        f.write(encode(2, 0, 0, b"", b"cut")[:10])
+    hand_segment(tmp_path, 2, [2, 3])
+    got = []
+    with pytest.raises(CorruptionError, match="incomplete message .* at the end of a finished segment"):
+        for m in Scanner(tmp_path, 0):
+            got.append(m.offset)
+    assert got == [0, 1]
+
+
+# -- timeouts, batches, resuming -------------------------------------------------------------
+
+
+def test_timeout_ends_the_iteration(tmp_path):
+    with Writer(tmp_path) as writer:
+        writer.append(b"only")
+    result: dict = {}
+
+    def run():
+        started = time.monotonic()
+        with Scanner(tmp_path, 0, timeout=0.3) as s:
+            result["got"] = list(s)
+        result["took"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "a scanner with a timeout never ended"
+    assert [m.value for m in result["got"]] == [b"only"]
+    assert result["took"] >= 0.2  # it waited, about the timeout
+
+
+def test_timeout_on_an_empty_journal(tmp_path):
+    Writer(tmp_path).close()
+    started = time.monotonic()
+    with Scanner(tmp_path, timeout=0.2) as s:
+        assert list(s) == []
+        assert s.read_batch() == []
+    assert time.monotonic() - started >= 0.3  # two waits of about 0.2 s
+
+
+def test_read_batch(tmp_path):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"%d" % i for i in range(10)])
+    with Scanner(tmp_path, 2) as s:
+        assert [m.offset for m in s.read_batch(3)] == [2, 3, 4]
+        assert s.offset == 5
+        assert [m.offset for m in s.read_batch()] == [5, 6, 7, 8, 9]
+        assert s.read_batch() == []
+        assert s.offset == 10
+
+
+def test_iteration_resumes_after_ending(tmp_path):
+    writer = Writer(tmp_path, segment_size=120)
+    writer.append_many([b"first %d" % i for i in range(5)])
+    scanner = Scanner(tmp_path, 0)
+    head = list(islice(scanner, 2))
+    assert [m.offset for m in head] == [0, 1]
+    assert scanner.offset == 2
+    assert [m.offset for m in scanner] == [2, 3, 4]  # a new iteration goes on where it stopped
+    assert list(scanner) == []
+    writer.append_many([b"second %d" % i for i in range(6)])  # into new segments
+    assert [m.offset for m in scanner] == list(range(5, 11))
+    assert scanner.offset == 11
+    writer.append(b"third")
+    assert [m.value for m in scanner.read_batch()] == [b"third"]
+    scanner.close()
+    writer.close()
+
+
+def test_scanner_arguments(tmp_path):
+    with pytest.raises(JournalError, match="no journal directory here"):
+        Scanner(tmp_path / "missing")
+    assert scan_all(tmp_path) == []  # an empty directory: an empty journal
+    with pytest.raises(OffsetOutOfRangeError, match="past the end of an empty journal"):
+        Scanner(tmp_path, 1)
+    with pytest.raises(OffsetOutOfRangeError, match="negative"):
+        Scanner(tmp_path, -1)
+
+
+def test_offsets_before_the_first_stored_segment(tmp_path):
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 10)  # 56-byte messages: 2 per segment
+    (tmp_path / "jnl" / SEG0).unlink()  # retention removed the oldest segment
+    with pytest.raises(OffsetOutOfRangeError, match="no longer stored: the journal starts at 2"):
+        Scanner(tmp_path, 1)
+    assert [m.offset for m in scan_all(tmp_path, 2)] == list(range(2, 10))
+    with Scanner(tmp_path) as s:  # by default, from the oldest message stored
+        assert s.offset == 2

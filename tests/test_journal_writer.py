@@ -1,0 +1,519 @@
+"""The writer: byte-exact output, segment rolling as sej does it, sync policies, a full disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import ZERO_TIMESTAMP, Error, InvalidMessageError, JournalError, TruncatedError
+from journalq.journal import Message, Scanner, SyncPolicy, Writer, end_offset
+from journalq.journal import writer as writer_mod
+from journalq.journal.sync import DEFAULT_GROUP_INTERVAL_MS
+
+pytestmark = pytest.mark.usefixtures("vectors_untouched")
+
+
+def scan_all(path: Path, offset: int = 0) -> list[Message]:
+    with Scanner(path, offset) as scanner:
+        return list(scanner)
+
+
+def jnl_files(path: Path) -> list[tuple[str, int]]:
+    return sorted((p.name, p.stat().st_size) for p in (path / "jnl").glob("*.jnl"))
+
+
+# -- byte-exact output -----------------------------------------------------------------------
+
+
+def test_written_bytes_match_the_format_worked_out_by_hand(tmp_path):
+    with Writer(tmp_path) as w:
+        assert w.append(b"hello", key=b"k", type=1, timestamp_ns=1_700_000_000_123_456_789) == 0
+        assert w.append(b"", key=b"", type=255, timestamp_ns=ZERO_TIMESTAMP) == 1
+        assert w.append(b"v", key=bytes(range(127)), type=0, timestamp_ns=1) == 2
+        assert (
+            w.append_many(
+                [
+                    Message(timestamp_ns=-1, type=7, key=b"", value=b"\x00\xff"),
+                    Message(timestamp_ns=1_234_567_890_000_000_000, type=128, key=b"key", value=b""),
+                ]
+            )
+            == 4
+        )
+    expected = bytes.fromhex(
+        # message 0
+        "0000000000000000"  # offset 0
+        "17979cfe3d85cd15"  # timestamp 1_700_000_000_123_456_789 ns
+        "01"  # type 1
+        "01" "6b"  # key length 1, key "k"
+        "00000005" "68656c6c6f"  # value length 5, "hello"
+        "00000020"  # size 26 + 1 + 5 = 32
+        # message 1: empty key, Go's zero time, type 255, empty value
+        "0000000000000001"  # offset 1
+        "8000000000000000"  # the zero time: minimum int64
+        "ff"  # type 255
+        "00"  # key length 0
+        "00000000"  # value length 0
+        "0000001a"  # size 26
+        # message 2: a 127-byte key
+        "0000000000000002"  # offset 2
+        "0000000000000001"  # timestamp 1 ns
+        "00"  # type 0
+        "7f"  # key length 127
+        + bytes(range(127)).hex()  # key 00 01 .. 7e
+        + "00000001" "76"  # value length 1, "v"
+        "0000009a"  # size 26 + 127 + 1 = 154
+        # message 3, from a batch: timestamp -1 ns
+        "0000000000000003"  # offset 3
+        "ffffffffffffffff"  # timestamp -1
+        "07"  # type 7
+        "00"  # key length 0
+        "00000002" "00ff"  # value length 2, value
+        "0000001c"  # size 28
+        # message 4, from the same batch
+        "0000000000000004"  # offset 4
+        "112210f4768db400"  # timestamp 1_234_567_890_000_000_000 ns
+        "80"  # type 128
+        "03" "6b6579"  # key length 3, "key"
+        "00000000"  # value length 0
+        "0000001d"  # size 29
+    )
+    assert jnl_files(tmp_path) == [("0000000000000000.jnl", len(expected))]
+    assert (tmp_path / "jnl" / "0000000000000000.jnl").read_bytes() == expected
+    assert (tmp_path / "jnl.lck").exists()
+
+
+def test_batch_of_plain_values_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer_mod.time, "time_ns", lambda: 0x0102030405060708)
+    with Writer(tmp_path) as w:
+        assert w.append_many([b"a", bytearray(b"bc")]) == 1
+        assert w.append(b"d") == 2  # timestamp None: now
+        assert w.append_many([]) is None
+    data = (tmp_path / "jnl" / "0000000000000000.jnl").read_bytes()
+    assert data == (
+        struct.pack(">QqBb", 0, 0x0102030405060708, 0, 0) + struct.pack(">i", 1) + b"a" + struct.pack(">i", 27)
+        + struct.pack(">QqBb", 1, 0x0102030405060708, 0, 0) + struct.pack(">i", 2) + b"bc" + struct.pack(">i", 28)
+        + struct.pack(">QqBb", 2, 0x0102030405060708, 0, 0) + struct.pack(">i", 1) + b"d" + struct.pack(">i", 27)
+    )
+
+
+def test_invalid_messages_are_refused_and_nothing_is_written(tmp_path):
+    with Writer(tmp_path) as w:
+        w.append(b"first")
+        with pytest.raises(InvalidMessageError, match="key is 128 bytes"):
+            w.append(b"v", key=b"k" * 128)
+        with pytest.raises(InvalidMessageError, match="value must be bytes, not str"):
+            w.append("text")
+        with pytest.raises(InvalidMessageError):
+            w.append_many([b"ok", b"ok", Message(key=b"k" * 200)])
+        with pytest.raises(InvalidMessageError, match="item 1 of the batch is a int"):
+            w.append_many([b"ok", 5])
+        assert w.next_offset == 1
+        assert w.append(b"second") == 1
+    assert [m.value for m in scan_all(tmp_path)] == [b"first", b"second"]
+
+
+# -- segment rolling -------------------------------------------------------------------------
+
+
+def v(n: int) -> bytes:
+    return b"x" * n  # a value making a message of 26 + n bytes with an empty key
+
+
+def test_segments_roll_after_the_message_that_reaches_segment_size(tmp_path):
+    w = Writer(tmp_path, segment_size=100)
+    # 40-byte messages: 40, 80, 120 -> the third reaches 100, then the segment is closed.
+    for i in range(3):
+        assert w.append(v(14)) == i
+    assert jnl_files(tmp_path) == [("0000000000000000.jnl", 120), ("0000000000000003.jnl", 0)]
+    # A batch of seven 40-byte messages spans three more segments.
+    assert w.append_many([v(14)] * 7) == 9
+    # Message 10 is 60 bytes and ends exactly at 100: that closes the segment too.
+    assert w.append(v(34)) == 10
+    # One message larger than a segment gets a segment of its own.
+    assert w.append_many([v(200)]) == 11
+    # A batch starting in a segment with data: 12 alone, then 13, 14 reach it; 15, 16 follow.
+    assert w.append(v(14)) == 12
+    assert w.append_many([v(14)] * 4) == 16
+    assert w.segment.path.name == "000000000000000f.jnl"
+    w.close()
+    assert jnl_files(tmp_path) == [
+        ("0000000000000000.jnl", 120),  # 0, 1, 2
+        ("0000000000000003.jnl", 120),  # 3, 4, 5
+        ("0000000000000006.jnl", 120),  # 6, 7, 8
+        ("0000000000000009.jnl", 100),  # 9 (40) and 10 (60)
+        ("000000000000000b.jnl", 226),  # 11
+        ("000000000000000c.jnl", 120),  # 12, 13, 14
+        ("000000000000000f.jnl", 80),  # 15, 16
+    ]
+    # Each segment starts with the message its name says.
+    for name, _ in jnl_files(tmp_path):
+        head = (tmp_path / "jnl" / name).read_bytes()[:8]
+        assert struct.unpack(">Q", head)[0] == int(name[:16], 16)
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(17))
+    # A new writer continues in the last segment.
+    with Writer(tmp_path, segment_size=100) as w:
+        assert w.next_offset == 17
+        assert w.append(v(14)) == 17
+    # 80 + 40 reaches 100: it rolled after message 17, to an empty segment 18 (0x12).
+    assert jnl_files(tmp_path)[-2:] == [("000000000000000f.jnl", 120), ("0000000000000012.jnl", 0)]
+
+
+def test_buffered_writes_produce_the_same_bytes(tmp_path):
+    items = [Message(timestamp_ns=i, type=i % 256, key=bytes([i % 7]) * (i % 5), value=v(i * 3 % 97)) for i in range(200)]
+    plain, buffered = tmp_path / "plain", tmp_path / "buffered"
+    with Writer(plain, segment_size=700) as w:
+        for m in items:
+            w.append(m.value, key=m.key, type=m.type, timestamp_ns=m.timestamp_ns)
+    with Writer(buffered, segment_size=700, buffer_size=1000) as w:
+        for i in range(0, 200, 9):
+            w.append_many(items[i : i + 9])
+        assert w.next_offset == 200
+    assert jnl_files(plain) == jnl_files(buffered)
+    for name, _ in jnl_files(plain):
+        assert (plain / "jnl" / name).read_bytes() == (buffered / "jnl" / name).read_bytes()
+
+
+def test_rewriting_the_plain_vector_reproduces_every_segment(tmp_path, sej_vectors, expected_plain):
+    """The Go writer used 64 KiB segments; the same messages must give the same files."""
+    original = sej_vectors / "plain" / "jnl"
+    one_by_one, batched = tmp_path / "one", tmp_path / "batched"
+    with Writer(one_by_one, segment_size=65536) as w:
+        for m in expected_plain:
+            assert w.append(m.value, key=m.key, type=m.type, timestamp_ns=m.timestamp_ns) == m.offset
+    with Writer(batched, segment_size=65536) as w:
+        for i in range(0, len(expected_plain), 97):
+            w.append_many(expected_plain[i : i + 97])
+    want = sorted(p.name for p in original.glob("*.jnl"))
+    assert len(want) > 20
+    for path in (one_by_one, batched):
+        assert [name for name, _ in jnl_files(path)] == want
+        for name in want:
+            assert (path / "jnl" / name).read_bytes() == (original / name).read_bytes(), name
+
+
+# -- sync policies ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        ("none", SyncPolicy("none")),
+        ("always", SyncPolicy("always")),
+        (" Always ", SyncPolicy("always")),
+        ("group", SyncPolicy("group", DEFAULT_GROUP_INTERVAL_MS, None)),
+        ("group:", SyncPolicy("group", DEFAULT_GROUP_INTERVAL_MS, None)),
+        ("group:5ms", SyncPolicy("group", 5.0, None)),
+        ("group:2.5ms", SyncPolicy("group", 2.5, None)),
+        ("group:1000", SyncPolicy("group", None, 1000)),
+        ("group:5ms,1000", SyncPolicy("group", 5.0, 1000)),
+        ("group:1000, 5ms", SyncPolicy("group", 5.0, 1000)),
+        (SyncPolicy("group", 1.0, 2), SyncPolicy("group", 1.0, 2)),
+    ],
+)
+def test_sync_policy_parse(spec, want):
+    got = SyncPolicy.parse(spec)
+    assert got == want
+    assert SyncPolicy.parse(str(got)) == got
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("sometimes", "unknown sync policy 'sometimes'"),
+        ("always:5", "unknown sync policy"),
+        ("group:0", "must be positive"),
+        ("group:0ms", "must be positive"),
+        ("group:-5", "bad part '-5'"),
+        ("group:5s", "bad part '5s'"),
+        ("group:abc", "bad part 'abc'"),
+        (5, "must be a string or SyncPolicy, not int"),
+        (None, "must be a string or SyncPolicy, not NoneType"),
+    ],
+)
+def test_sync_policy_parse_errors(spec, match, tmp_path):
+    with pytest.raises(Error, match=match):
+        SyncPolicy.parse(spec)
+    with pytest.raises(Error, match=match):
+        Writer(tmp_path / "j", sync=spec)
+
+
+@pytest.fixture
+def syncs(monkeypatch):
+    """Counts the writer's fdatasync calls (and still syncs)."""
+    calls: list[float] = []
+    real = writer_mod.fdatasync
+
+    def counting(fd):
+        calls.append(time.monotonic())
+        real(fd)
+
+    monkeypatch.setattr(writer_mod, "fdatasync", counting)
+    return calls
+
+
+BIG = 1 << 30  # no rolls in the sync tests: a roll syncs too
+
+
+def test_sync_always_syncs_every_append(tmp_path, syncs):
+    w = Writer(tmp_path, sync="always", segment_size=BIG)
+    assert len(syncs) == 0
+    w.append(b"a")
+    assert len(syncs) == 1
+    w.append(b"b")
+    assert len(syncs) == 2
+    w.append_many([b"c", b"d", b"e"])
+    assert len(syncs) == 3
+    w.close()
+    assert len(syncs) == 4  # close syncs
+
+
+def test_sync_none_syncs_only_on_close_and_roll(tmp_path, syncs):
+    w = Writer(tmp_path, sync="none", segment_size=BIG)
+    for _ in range(50):
+        w.append(b"a")
+    assert syncs == []
+    w.sync()
+    assert len(syncs) == 1
+    w.close()
+    assert len(syncs) == 2
+    w.close()  # closing twice is harmless and does not sync again
+    assert len(syncs) == 2
+    # A roll syncs the full segment, as sej does.
+    syncs.clear()
+    with Writer(tmp_path / "rolls", sync="none", segment_size=100) as w:
+        w.append_many([v(14)] * 9)  # 3 segments of 120 bytes: 3 rolls
+        assert len(syncs) == 3
+    assert len(syncs) == 4
+
+
+def test_group_sync_every_n_messages(tmp_path, syncs):
+    w = Writer(tmp_path, sync="group:3", segment_size=BIG)
+    w.append(b"1")
+    w.append(b"2")
+    assert syncs == []
+    w.append(b"3")
+    assert len(syncs) == 1
+    w.append(b"4")
+    w.append(b"5")
+    assert len(syncs) == 1
+    w.append(b"6")
+    assert len(syncs) == 2
+    w.append_many([b"7", b"8"])
+    assert len(syncs) == 2
+    w.append_many([b"9"])
+    assert len(syncs) == 3
+    w.append_many([b"x"] * 5)  # one batch over N: one sync
+    assert len(syncs) == 4
+    w.append(b"y")
+    w.close()
+    assert len(syncs) == 5
+
+
+def test_group_sync_after_the_interval(tmp_path, syncs):
+    w = Writer(tmp_path, sync="group:100ms", segment_size=BIG)
+    try:
+        time.sleep(0.05)
+        assert syncs == []  # nothing appended, nothing to sync
+        appended = time.monotonic()
+        w.append(b"a")
+        deadline = time.monotonic() + 10
+        while not syncs and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(syncs) == 1, "group:100ms never synced an append"
+        assert syncs[0] - appended >= 0.09  # not before the interval
+        # More appends, another sync after the interval; then it sleeps again.
+        w.append_many([b"b", b"c"])
+        deadline = time.monotonic() + 10
+        while len(syncs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(syncs) == 2
+    finally:
+        w.close()
+    assert len(syncs) == 3
+
+
+def test_group_sync_interval_and_count(tmp_path, syncs):
+    with Writer(tmp_path, sync="group:60000ms,2", segment_size=BIG) as w:
+        w.append(b"a")
+        assert syncs == []
+        w.append(b"b")
+        assert len(syncs) == 1
+
+
+# -- a full disk -----------------------------------------------------------------------------
+
+
+class FullDisk:
+    """Stands in for ``os`` in the writer module; its ``write`` can fail like a full disk."""
+
+    def __init__(self) -> None:
+        self.fail_on: int | None = None  # the number of the write() call that fails
+        self.calls = 0
+        self.partial = 0
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def write(self, fd, data):
+        self.calls += 1
+        if self.fail_on is not None and self.calls == self.fail_on:
+            # Part of the data goes in, then the disk is full.
+            self.partial = os.write(fd, bytes(data[: max(1, len(data) // 2)]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    fake = FullDisk()
+    monkeypatch.setattr(writer_mod, "os", fake)
+    return fake
+
+
+def check_failed_batch(path: Path, w: Writer, fake: FullDisk, batch, before_files, before_messages):
+    fake.calls, fake.fail_on = 0, fake.fail_on
+    with pytest.raises(JournalError) as info:
+        w.append_many(batch)
+    assert fake.partial > 0, "the fault did not happen"
+    err = info.value
+    assert "No space left on device" in str(err)
+    assert "nothing of them was stored" in str(err)
+    assert isinstance(err.__cause__, OSError) and err.__cause__.errno == errno.ENOSPC
+    assert err.offset == len(before_messages)
+    # Nothing of the batch is visible; everything before it is.
+    assert jnl_files(path) == before_files
+    assert scan_all(path) == before_messages
+    assert end_offset(path) == len(before_messages)
+    assert w.next_offset == len(before_messages)
+
+
+def test_full_disk_takes_the_whole_batch_back(tmp_path, full_disk):
+    w = Writer(tmp_path, segment_size=BIG)
+    for i in range(10):
+        w.append(b"before %d" % i)
+    before_files, before = jnl_files(tmp_path), scan_all(tmp_path)
+    full_disk.fail_on = 1
+    check_failed_batch(tmp_path, w, full_disk, [b"lost %d" % i for i in range(20)], before_files, before)
+    # The fault is gone: the next append gets the next dense offset.
+    full_disk.fail_on = None
+    assert w.append(b"after") == 10
+    assert w.append_many([b"after 2", b"after 3"]) == 12
+    w.close()
+    got = scan_all(tmp_path)
+    assert [m.offset for m in got] == list(range(13))
+    assert [m.value for m in got[10:]] == [b"after", b"after 2", b"after 3"]
+    with Writer(tmp_path) as again:
+        assert again.recoveries == []
+        assert again.next_offset == 13
+
+
+def test_full_disk_on_a_single_append(tmp_path, full_disk):
+    w = Writer(tmp_path)
+    w.append(b"kept")
+    full_disk.calls, full_disk.fail_on = 0, 1
+    with pytest.raises(JournalError, match="No space left on device"):
+        w.append(b"lost")
+    full_disk.fail_on = None
+    assert w.append(b"next") == 1
+    w.close()
+    assert [m.value for m in scan_all(tmp_path)] == [b"kept", b"next"]
+
+
+@pytest.mark.parametrize("fail_on", [2, 3])
+def test_full_disk_in_a_batch_that_spans_a_roll(tmp_path, full_disk, fail_on):
+    w = Writer(tmp_path, segment_size=100, index_interval=50)
+    w.append_many([v(14)] * 4)  # segment 0: 0, 1, 2 (120 bytes); segment 3: 3 (40 bytes)
+    before_files, before = jnl_files(tmp_path), scan_all(tmp_path)
+    assert before_files == [("0000000000000000.jnl", 120), ("0000000000000003.jnl", 40)]
+    # Nine 40-byte messages from offset 4: 4, 5 fill segment 3; 6, 7, 8 make segment 6; ...
+    # The first write goes in and the segment rolls; a later write fails half done.
+    full_disk.calls, full_disk.fail_on = 0, fail_on
+    check_failed_batch(tmp_path, w, full_disk, [v(14)] * 9, before_files, before)
+    assert not (tmp_path / "jnl" / "0000000000000006.jnl").exists()
+    assert not (tmp_path / "jnl" / "0000000000000006.idx").exists()
+    assert not (tmp_path / "jnl" / "0000000000000009.jnl").exists()
+    full_disk.fail_on = None
+    assert w.append(v(14)) == 4
+    assert w.append_many([v(14)] * 3) == 7
+    w.close()
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(8))
+    assert jnl_files(tmp_path) == [
+        ("0000000000000000.jnl", 120),
+        ("0000000000000003.jnl", 120),
+        ("0000000000000006.jnl", 80),
+    ]
+    for k in range(8):
+        with Scanner(tmp_path, k) as s:
+            assert next(iter(s)).offset == k
+
+
+def test_writer_arguments_are_checked(tmp_path):
+    with pytest.raises(Error, match="segment_size must be positive"):
+        Writer(tmp_path, segment_size=0)
+    with pytest.raises(Error, match="buffer_size"):
+        Writer(tmp_path, buffer_size=-1)
+    with pytest.raises(Error, match="buffer_size cannot be used"):
+        Writer(tmp_path, buffer_size=10, sync="always")
+    w = Writer(tmp_path)
+    w.close()
+    with pytest.raises(Error, match="closed"):
+        w.append(b"x")
+
+
+def test_concurrent_threads_get_dense_offsets(tmp_path):
+    w = Writer(tmp_path, segment_size=2000)
+    results: list[list[int]] = [[] for _ in range(4)]
+
+    def work(i):
+        for j in range(100):
+            if j % 3:
+                results[i].append(w.append(b"t%d-%d" % (i, j)))
+            else:
+                last = w.append_many([b"t%d-%d-%d" % (i, j, k) for k in range(3)])
+                results[i].extend(range(last - 2, last + 1))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    w.close()
+    got = scan_all(tmp_path)
+    assert [m.offset for m in got] == list(range(len(got)))
+    assert sorted(o for r in results for o in r) == list(range(len(got)))
+    by_offset = {m.offset: m.value for m in got}
+    for i, offsets in enumerate(results):
+        assert all(by_offset[o].startswith(b"t%d-" % i) for o in offsets)
+
+
+def test_a_follower_is_not_stranded_by_a_failed_batch(tmp_path, full_disk):
+    w = Writer(tmp_path, segment_size=100)
+    w.append_many([v(14)] * 4)  # segment 0: 0, 1, 2; segment 3: 3
+    follower = Scanner(tmp_path, 0, timeout=0.5)
+    assert [m.offset for m in follower] == [0, 1, 2, 3]
+    real_write = FullDisk.write
+
+    def write_then_let_the_follower_read(self, fd, data):
+        if self.calls + 1 == self.fail_on:
+            os.write(fd, bytes(data[:40]))  # part of the batch reaches the new segment ...
+            list(follower)  # ... and the follower goes there
+            self.calls += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, fd, data)
+
+    full_disk.calls, full_disk.fail_on = 0, 2  # the batch's second write: in the new segment
+    full_disk.write = write_then_let_the_follower_read.__get__(full_disk)
+    with pytest.raises(JournalError):
+        w.append_many([v(14)] * 9)
+    full_disk.fail_on = None
+    assert w.append(b"real 4") == 4
+    w.close()
+    # The follower saw messages that were taken back: it must fail fast, not wait forever.
+    with pytest.raises(TruncatedError, match="removed under the scanner"):
+        list(follower)
