@@ -41,7 +41,8 @@ class Queue(Channel):
         first (SQS's StartMessageMoveTask); returns how many were moved."""
         moved = 0
         while max_messages is None or moved < max_messages:
-            batch = self.receive(min(100, (max_messages or 100) - moved) or 100, visibility_timeout=60)
+            size = 100 if max_messages is None else min(100, max_messages - moved)
+            batch = self.receive(size, visibility_timeout=60)
             if not batch:
                 return moved
             by_target: dict[str, list[Any]] = {}

@@ -17,15 +17,23 @@ topic's garbage collection reads.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from journalq.errors import OffsetOutOfRangeError, ReceiptError, TaskNotFoundError
+from journalq.errors import (
+    JournalError,
+    OffsetOutOfRangeError,
+    ReceiptError,
+    TaskNotFoundError,
+    TruncatedError,
+)
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.offsets import read_offset, write_offset
 from journalq.journal.segment import list_segments
@@ -34,7 +42,7 @@ from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.envelope import Attribute, Envelope
 from journalq.queue.state import ChannelState, Event, EventKind, StaleReceipt
-from journalq.queue.topic import message_id, parse_message_id
+from journalq.queue.topic import held, message_id, parse_message_id
 
 if TYPE_CHECKING:
     from journalq.queue.topic import Topic
@@ -43,6 +51,7 @@ SNAPSHOT_EVERY = 20_000
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
 MAX_RECEIVE = 10_000
 _LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
+_STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
 
 
 @dataclass(frozen=True)
@@ -94,14 +103,14 @@ def _receipt(offset: int, seq: int) -> str:
     return f"{offset}.{seq}"
 
 
+_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)")  # what ``_receipt`` makes, and nothing else
+
+
 def _parse_receipt(receipt: str) -> tuple[int, int]:
-    try:
-        offset, seq = (int(part) for part in receipt.split("."))
-        if offset < 0 or seq < 1:
-            raise ValueError
-    except (AttributeError, ValueError):
-        raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue") from None
-    return offset, seq
+    match = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
+    if match is None:
+        raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue")
+    return int(match[1]), int(match[2])
 
 
 class Channel:
@@ -120,12 +129,22 @@ class Channel:
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
-        with self._writer.hold():
+        with self._hold():
             self._load()
 
     @property
     def settings(self):  # noqa: ANN201 - the topic's QueueSettings
         return self.topic.settings
+
+    def _hold(self) -> AbstractContextManager[Writer]:
+        """Hold the state journal: no other process changes the channel until the block ends."""
+        return held(self._writer, self._reopen_writer)
+
+    def _reopen_writer(self) -> Writer:
+        """A new writer, for one whose segment another process's compaction deleted."""
+        sync = self.topic.broker.sync
+        self._writer = Writer(self.path, shared=True, sync=sync, segment_size=STATE_SEGMENT_SIZE)
+        return self._writer
 
     # -- catching up with the state journal ---------------------------------------------------
 
@@ -139,30 +158,36 @@ class Channel:
             start = segments[0].base
         self._applied = start
         self._seek_events(start)
-        self._apply_new()
+        self._apply_new(reload=False)
 
     def _seek_events(self, offset: int) -> None:
         if self._events is not None:
             self._events.close()
         self._events = Scanner(self.path, offset)
 
-    def _apply_new(self) -> None:
+    def _apply_new(self, reload: bool = True) -> None:
         """Under the hold: apply the events other processes appended since we last looked."""
         if self._writer.next_offset == self._applied:
             return  # nothing new (the hold has caught the writer up)
         assert self._events is not None
-        if self._applied - self._events.offset > 1000:
-            self._seek_events(self._applied)  # skip our own events rather than read them back
         state = self.state
         try:
+            if self._applied - self._events.offset > 1000:
+                self._seek_events(self._applied)  # skip our own events rather than read them back
             while batch := self._events.read_batch():
                 for message in batch:
                     if message.offset >= self._applied:
                         state.apply(Event.decode(message.type, message.key, message.value), message.timestamp_ns)
                         self._since_snapshot += 1
                 self._applied = max(self._applied, batch[-1].offset + 1)
-        except OffsetOutOfRangeError:
-            self._load()  # compacted away under us: start again from the newest snapshot
+        except (OffsetOutOfRangeError, TruncatedError):
+            pass
+        if self._applied < self._writer.next_offset:
+            # Compacted away under us (the events scanner's segments were deleted, or it could
+            # not seek): start again from the newest snapshot.
+            if not reload:
+                raise JournalError("events missing from the state journal", file=self.path, offset=self._applied)
+            self._load()
 
     def _record(self, events: list[Event]) -> None:
         """Append events (under the hold) and apply them, exactly as every other process will."""
@@ -244,7 +269,7 @@ class Channel:
         if isinstance(hide, bool) or not isinstance(hide, (int, float)) or not 0 <= hide <= 12 * 3600:
             raise ReceiptError(f"visibility_timeout must be 0 to 43200 seconds, not {hide!r}")
         wait = settings.receive_wait if wait is None else wait
-        if not 0 <= wait <= 3600:
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 3600:
             raise ReceiptError(f"wait must be 0 to 3600 seconds, not {wait!r}")
         wanted = filtering.normalize(filters, settings.enums)
         deadline = time.monotonic() + wait
@@ -272,7 +297,7 @@ class Channel:
         settings = self.settings
         enums = settings.enums
         max_count = settings.max_receive_count
-        with self._writer.hold():
+        with self._hold():
             self._apply_new()
             now = time.time_ns()
             self._maintain(now)
@@ -360,18 +385,22 @@ class Channel:
         if len(ahead) < _LOOK_AHEAD:
             tail = self._tail
             position = ahead[-1].offset + 1 if ahead else frontier
-            if tail is None or tail.offset != position:
-                if tail is not None:
-                    tail.close()
-                try:
+            try:
+                if tail is None or tail.offset != position:
+                    if tail is not None:
+                        tail.close()
+                        self._tail = None
                     tail = self._tail = Scanner(self.topic.path, position)
-                except OffsetOutOfRangeError:
+                # read_batch gives one decoded chunk at a time: read on up to the look-ahead
+                while len(ahead) < _LOOK_AHEAD and (more := tail.read_batch(_LOOK_AHEAD - len(ahead))):
+                    self.topic.remember(more)
+                    ahead = self._ahead = ahead + more
+            except (OffsetOutOfRangeError, TruncatedError):
+                # Retention deleted messages this channel had not read: ``_skip_deleted`` skips
+                # them at the next collection.
+                if self._tail is not None:
+                    self._tail.close()
                     self._tail = None
-                    return ahead
-            more = tail.read_batch(_LOOK_AHEAD - len(ahead))
-            if more:
-                self.topic.remember(more)
-                ahead = self._ahead = ahead + more
         return ahead
 
     def _envelope(self, message: Message) -> Envelope:
@@ -432,7 +461,7 @@ class Channel:
     def _act(self, receipts: list[str], make: Callable[[int, int, int, int], Event]) -> list[ReceiptError | None]:
         """Under the lock, turn each receipt that names a current delivery into ``make``'s event."""
         outcomes: list[ReceiptError | None] = []
-        with self._writer.hold():
+        with self._hold():
             self._apply_new()
             now = time.time_ns()
             self.state.expire(now)
@@ -458,7 +487,7 @@ class Channel:
     def task(self, id: str) -> Task:
         """The task state and metadata of message ``id``."""
         offset = parse_message_id(id)
-        with self._writer.hold():
+        with self._hold():
             self._apply_new()
         now = time.time_ns()
         state = self.state
@@ -487,7 +516,7 @@ class Channel:
             payload = json.dumps(metadata, separators=(",", ":")).encode()
         except (TypeError, ValueError) as exc:
             raise ReceiptError(f"task metadata must be JSON: {exc}") from None
-        with self._writer.hold():
+        with self._hold():
             self._apply_new()
             if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name}")
@@ -495,7 +524,7 @@ class Channel:
 
     def consumers(self) -> dict[str, list[str]]:
         """Active consumers and the ids of the messages each holds hidden now."""
-        with self._writer.hold():
+        with self._hold():
             self._apply_new()
         now = time.time_ns()
         self.state.expire(now)
@@ -506,8 +535,8 @@ class Channel:
         return held
 
     def stats(self) -> ChannelStats:
-        """Counts as SQS gives them (approximate beyond ``_LOOK_AHEAD`` unseen messages)."""
-        with self._writer.hold():
+        """Counts as SQS gives them (approximate beyond ``_STATS_LOOK_AHEAD`` unseen messages)."""
+        with self._hold():
             self._apply_new()
         now = time.time_ns()
         state = self.state
@@ -524,14 +553,19 @@ class Channel:
             else:
                 available += 1
         end = self._end_offset()
-        unseen = max(0, end - state.frontier)
+        start = max(state.frontier, self.topic.first_offset())  # retention may have deleted some
+        unseen = max(0, end - start)
         if unseen:
-            with Scanner(self.topic.path, state.frontier) as scanner:
-                for message in scanner.read_batch(100_000):
-                    env = self._envelope(message)
-                    if message.timestamp_ns + int(env.delay * 1e9) > now:
-                        delayed += 1
-                        unseen -= 1
+            with Scanner(self.topic.path, start) as scanner:
+                looked = 0
+                while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch()):
+                    looked += len(batch)
+                    for message in batch:
+                        if message.type == envelope.ENVELOPE_TYPE:
+                            env = self._envelope(message)
+                            if message.timestamp_ns + int(env.delay * 1e9) > now:
+                                delayed += 1
+                                unseen -= 1
         available += unseen
         oldest = None
         if state.cursor < end:
@@ -547,7 +581,7 @@ class Channel:
 
     def purge(self) -> None:
         """Finish every message sent so far (SQS's PurgeQueue)."""
-        with self._writer.hold():
+        with self._hold():
             self._apply_new()
             self._record([Event(EventKind.SKIP_TO, self._end_offset())])
 

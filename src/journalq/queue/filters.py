@@ -28,18 +28,28 @@ def normalize(filters: ConsumerFilters | None, enums: Mapping[str, tuple[str, ..
     """A consumer's filters as {name: (value, method)}, checked; a bare value means ``absolute``."""
     if filters is None:
         return None
+    if not isinstance(filters, Mapping):
+        raise InvalidMessageError(
+            f"consumer filters map names to a value or (value, method), not {type(filters).__name__}"
+        )
     out: dict[str, tuple[str, Method]] = {}
     for name, spec in filters.items():
-        value, method = (spec, "absolute") if isinstance(spec, str) else tuple(spec)
+        if not isinstance(name, str):
+            raise InvalidMessageError(f"filter names are strings, not {name!r}")
+        if isinstance(spec, str):
+            value, method = spec, "absolute"
+        elif isinstance(spec, (tuple, list)) and len(spec) == 2:
+            value, method = spec
+        else:
+            raise InvalidMessageError(f"filter {name!r}: give a value or (value, method), not {spec!r}")
         if method not in METHODS:
             raise InvalidMessageError(f"filter {name!r}: method must be absolute or at_least, not {method!r}")
         if not isinstance(value, str):
             raise InvalidMessageError(f"filter {name!r}: value must be a string, not {type(value).__name__}")
-        if method == "at_least":
-            if name not in enums:
-                raise InvalidMessageError(f"filter {name!r} has no ordered enum declared, so at_least cannot compare")
-            if value not in enums[name]:
-                raise InvalidMessageError(f"filter {name!r}: {value!r} is not one of {list(enums[name])}")
+        if method == "at_least" and name not in enums:
+            raise InvalidMessageError(f"filter {name!r} has no ordered enum declared, so at_least cannot compare")
+        if name in enums and value not in enums[name]:  # no message can carry it: a typo
+            raise InvalidMessageError(f"filter {name!r}: {value!r} is not one of {list(enums[name])}")
         out[name] = (value, method)
     return out
 

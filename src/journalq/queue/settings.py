@@ -22,7 +22,7 @@ MAX_NAME_LENGTH = 80
 def check_name(name: str, what: str = "queue") -> str:
     """A queue, topic or channel name: letters, digits, ``-``, ``_`` and ``.`` (not first, no
     ``..``), at most 80 characters, so that it can never name a path outside the data directory."""
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise InvalidNameError(
             f"{what} name {name!r} must be 1 to 80 letters, digits, '-', '_' or '.', "
             "not starting with '.' and without '..'"
@@ -87,6 +87,8 @@ class QueueSettings:
             raise InvalidSettingError("setting enums must map filter names to lists of values")
         enums = {}
         for name, values in self.enums.items():
+            if not isinstance(name, str) or not isinstance(values, (list, tuple)):  # a str: letters
+                raise InvalidSettingError(f"enum {name!r} must be a list of distinct strings, lowest first")
             values = tuple(values)
             if not values or not all(isinstance(v, str) for v in values) or len(set(values)) != len(values):
                 raise InvalidSettingError(f"enum {name!r} must be a list of distinct strings, lowest first")

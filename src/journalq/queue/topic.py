@@ -12,11 +12,12 @@ import hashlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from journalq.errors import InvalidMessageError, JournalError, OffsetOutOfRangeError
+from journalq.errors import InvalidMessageError, JournalError, OffsetOutOfRangeError, TruncatedError
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
@@ -96,11 +97,10 @@ class Topic:
         envelopes = [self._envelope(item) for item in items]
         if not envelopes:
             return []
-        writer = self._get_writer()
         earlier: dict[int, int] = {}  # batch index -> offset already holding its dedup id
         first_in_batch: dict[int, int] = {}  # batch index -> index of the same id earlier in it
         fresh: list[int] = []
-        with writer.hold():
+        with held(self._get_writer(), self._reopen_writer) as writer:
             if any(e.dedup_id is not None for e in envelopes):
                 dedup = self._dedup_index()
                 dedup.catch_up()
@@ -179,6 +179,10 @@ class Topic:
                 self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size
             )
         return self._writer
+
+    def _reopen_writer(self) -> Writer:
+        self._writer = None
+        return self._get_writer()
 
     def _dedup_index(self) -> _DedupIndex:
         if self._dedup is None:
@@ -279,6 +283,24 @@ class Topic:
             self._writer = None
 
 
+@contextmanager
+def held(writer: Writer, reopen: Callable[[], Writer]) -> Iterator[Writer]:
+    """``writer.hold()``, yielding the writer held. A shared writer cannot catch up once another
+    process's gc (or compaction) deleted the segment it was on: then the writer is closed and
+    ``reopen()`` gives one at the journal's end to hold instead."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(writer.hold())
+        except FileNotFoundError:
+            segments = list_segments(writer.path)
+            if not segments or writer.segment in segments:
+                raise  # not a collected segment: the journal itself is gone, or something else
+            writer.close()
+            writer = reopen()
+            stack.enter_context(writer.hold())
+        yield writer
+
+
 def _last_timestamp(segment: Segment) -> int:
     """The timestamp of a segment's last message, read backward through its size field."""
     try:
@@ -322,6 +344,16 @@ class _DedupIndex:
     def catch_up(self) -> None:
         if self._scanner is None:
             self._scanner = self._start()
+        try:
+            self._read_new()
+        except (OffsetOutOfRangeError, TruncatedError):
+            # gc deleted segments this scanner had not read yet: read the window again
+            self._scanner.close()
+            self._scanner = self._start()
+            self._read_new()
+
+    def _read_new(self) -> None:
+        assert self._scanner is not None
         while batch := self._scanner.read_batch():
             for message in batch:
                 if message.type == envelope.ENVELOPE_TYPE:

@@ -1,0 +1,443 @@
+"""The queue layer's main paths: send and receive, what is stored, visibility, receipts, FIFO
+order, groups, deduplication, delays, long polling, fan-out and stats."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import ReceiptError
+from journalq.journal import Scanner, end_offset
+from journalq.queue import ENVELOPE_TYPE, Attribute, Broker, ReceivedMessage
+
+
+@pytest.fixture
+def broker(tmp_path: Path):
+    with Broker(tmp_path / "data", sync="none") as b:
+        yield b
+
+
+def stored(path: Path) -> list:
+    with Scanner(path) as scanner:
+        return list(scanner)
+
+
+def bodies(messages: list[ReceivedMessage]) -> list[bytes]:
+    return [m.body for m in messages]
+
+
+# -- sending and what is stored ------------------------------------------------------------
+
+
+def test_plain_send_is_a_plain_sej_message(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    assert q.send(b"hello") == "0"
+    assert q.send(b"") == "1"
+    raw = stored(q.topic.path)
+    assert [(m.offset, m.type, m.key, m.value) for m in raw] == [(0, 0, b"", b"hello"), (1, 0, b"", b"")]
+
+
+def test_send_with_metadata_stores_the_documented_envelope(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    mid = q.send(
+        b"\x00body\xff",
+        attributes={"name": "x", "size": 12, "blob": b"\x01\x02", "typed": Attribute("Number.float", "1.5")},
+        delay=0.25,
+        filters={"performance_class": "standard"},
+        dedup_id="d-1",
+        group_id="g-1",
+    )
+    (raw,) = stored(q.topic.path)
+    assert raw.offset == int(mid) and raw.type == ENVELOPE_TYPE == 0xE0 and raw.key == b""
+    value = raw.value
+    assert value[:3] == b"JQ1"
+    (meta_len,) = struct.unpack(">I", value[3:7])
+    meta = json.loads(value[7 : 7 + meta_len].decode("utf-8"))
+    assert value[7 + meta_len :] == b"\x00body\xff"
+    assert meta == {
+        "a": {
+            "name": ["String", "x"],
+            "size": ["Number", "12"],
+            "blob": ["Binary", "AQI="],
+            "typed": ["Number.float", "1.5"],
+        },
+        "d": 0.25,
+        "f": {"performance_class": "standard"},
+        "i": "d-1",
+        "g": "g-1",
+    }
+
+
+def test_send_many_and_received_fields(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    before = dt.datetime.now(dt.timezone.utc)
+    ids = q.send_many([b"a", {"body": b"b", "attributes": {"k": "v"}}, bytearray(b"c")])
+    assert ids == ["0", "1", "2"]
+    got = q.receive(10)
+    assert bodies(got) == [b"a", b"b", b"c"]
+    m = got[1]
+    assert m.id == "1" and m.receive_count == 1 and isinstance(m.receipt, str)
+    assert m.attributes == {"k": Attribute("String", "v")}
+    assert before - dt.timedelta(seconds=1) <= m.sent_at <= dt.datetime.now(dt.timezone.utc)
+    assert len({g.receipt for g in got}) == 3
+
+
+def test_a_new_broker_sees_what_another_left(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as b:
+        q = b.queue("jobs", visibility_timeout=60)
+        q.send_many([b"1", b"2", b"3"])
+        (m,) = q.receive()
+        q.delete(m.receipt)
+        (held,) = q.receive()
+    with Broker(tmp_path) as b:
+        q = b.queue("jobs")
+        assert q.settings.visibility_timeout == 60
+        (m,) = q.receive(5)
+        assert m.body == b"3"
+        q.delete(held.receipt)  # a receipt works in another broker (another process)
+        assert q.stats().in_flight == 1
+
+
+# -- visibility and receipts ---------------------------------------------------------------
+
+
+def test_received_message_is_hidden_then_comes_back_by_itself(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    (first,) = q.receive(visibility_timeout=0.5)
+    assert q.receive() == []
+    time.sleep(0.55)
+    (again,) = q.receive(visibility_timeout=30)
+    assert again.id == first.id and again.receive_count == 2 and again.receipt != first.receipt
+    q.delete(again.receipt)
+    time.sleep(0.05)
+    assert q.receive() == [] and q.stats().in_flight == 0
+
+
+def test_change_visibility_and_release(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    (m,) = q.receive(visibility_timeout=0.2)
+    q.change_visibility(m.receipt, 30)  # extend
+    time.sleep(0.3)
+    assert q.receive() == []
+    q.change_visibility(m.receipt, 0)  # back at once
+    (m2,) = q.receive()
+    assert m2.receive_count == 2
+    q.release(m2.receipt)  # mq: give it back now
+    (m3,) = q.receive()
+    assert m3.receive_count == 3
+    q.release(m3.receipt, delay=0.5)  # mq: delayed redelivery
+    assert q.receive() == []
+    assert q.stats().in_flight == 1
+    time.sleep(0.55)
+    (m4,) = q.receive()
+    assert m4.receive_count == 4 and m4.body == b"x"
+
+
+BAD_RECEIPTS = [
+    "", "x", "1", "1.0", "-1.1", "1.-1", "1.2.3", "a.b", "1 .1x", " 0.1", "1_0.1", "0.1\n", "+0.1",
+    "\u0660.\u0661", None, 5, 1.5, b"0.1",
+]
+
+
+@pytest.mark.parametrize("bad", BAD_RECEIPTS, ids=repr)
+def test_malformed_receipt_is_a_receipt_error(broker: Broker, bad: object) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    (m,) = q.receive()
+    for act in (q.delete, q.release, lambda r: q.change_visibility(r, 5)):
+        with pytest.raises(ReceiptError):
+            act(bad)  # type: ignore[arg-type]
+    q.delete(m.receipt)  # the real delivery is untouched
+
+
+def test_stale_receipt_after_redelivery_names_the_newer_delivery(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    (old,) = q.receive(visibility_timeout=0.1)
+    time.sleep(0.15)
+    (new,) = q.receive(visibility_timeout=30)
+    for act in (q.delete, q.release, lambda r: q.change_visibility(r, 0)):
+        with pytest.raises(ReceiptError, match=r"delivered again \(delivery 2\)"):
+            act(old.receipt)
+    assert q.consumers() == {q.consumer_id: [new.id]}  # still hidden: the stale receipts did nothing
+    assert q.receive() == []
+    q.delete(new.receipt)
+
+
+def test_expired_but_not_redelivered_receipt_still_deletes(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    (m,) = q.receive(visibility_timeout=0.05)
+    time.sleep(0.1)
+    q.delete(m.receipt)  # as SQS: nobody took it again, so the receipt is still the latest
+    assert q.receive() == []
+
+
+def test_delete_twice_is_an_error(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    (m,) = q.receive()
+    q.delete(m.receipt)
+    with pytest.raises(ReceiptError, match="no longer in flight"):
+        q.delete(m.receipt)
+    errors = q.delete_many([m.receipt, "bad"])
+    assert all(isinstance(e, ReceiptError) for e in errors)
+
+
+# -- FIFO ---------------------------------------------------------------------------------
+
+
+def test_fifo_oldest_first_without_timeouts(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([b"%d" % i for i in range(30)])
+    order = []
+    for size in (1, 3, 7, 1, 20):
+        got = q.receive(size)
+        order += bodies(got)
+        q.delete_many([m.receipt for m in got])
+    assert order == [b"%d" % i for i in range(30)]
+
+
+def test_fifo_expired_message_goes_out_before_newer_ones(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([b"0", b"1", b"2", b"3"])
+    (m0,) = q.receive(visibility_timeout=0.5)
+    (m1,) = q.receive(visibility_timeout=30)
+    q.send(b"4")
+    time.sleep(0.55)
+    got = q.receive(3)
+    assert bodies(got) == [b"0", b"2", b"3"]
+    assert got[0].receive_count == 2
+    # released ones too: back in offset order ahead of everything newer
+    q.release(got[2].receipt)
+    q.release(m1.receipt)
+    assert bodies(q.receive(3)) == [b"1", b"3", b"4"]
+
+
+def test_groups_one_message_of_a_group_in_flight(broker: Broker) -> None:
+    q = broker.queue("fifo")
+    q.send_many(
+        [{"body": b"a1", "group_id": "A"}, {"body": b"a2", "group_id": "A"},
+         {"body": b"b1", "group_id": "B"}, {"body": b"b2", "group_id": "B"}, {"body": b"c1", "group_id": "C"}]
+    )
+    (a1,) = q.receive()
+    assert a1.body == b"a1" and a1.group_id == "A"
+    (b1,) = q.receive()  # the second receive gets the next group's message
+    assert b1.body == b"b1"
+    (c1,) = q.receive()
+    assert c1.body == b"c1"
+    assert q.receive(10) == []  # or nothing
+    q.delete(a1.receipt)
+    assert bodies(q.receive(10)) == [b"a2"]  # after delete, the group's next message
+    q.release(b1.receipt)  # b1 back: it goes before b2
+    (again,) = q.receive(10)
+    assert again.body == b"b1" and again.receive_count == 2
+
+
+def test_groups_batch_takes_one_per_group_and_keeps_order_after_expiry(broker: Broker) -> None:
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"%s%d" % (g, i), "group_id": g.decode()} for i in range(3) for g in (b"x", b"y")])
+    q.send(b"plain")
+    got = q.receive(10, visibility_timeout=0.2)
+    assert bodies(got) == [b"x0", b"y0", b"plain"]
+    time.sleep(0.25)
+    got = q.receive(10)
+    assert bodies(got) == [b"x0", b"y0", b"plain"] and all(m.receive_count == 2 for m in got)
+    q.delete_many([m.receipt for m in got])
+    assert bodies(q.receive(10)) == [b"x1", b"y1"]
+
+
+def test_dedup_drops_second_send_within_window(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    first = q.send(b"one", dedup_id="k")
+    assert q.send(b"one again", dedup_id="k") == first
+    ids = q.send_many([{"body": b"two", "dedup_id": "k2"}, {"body": b"dup", "dedup_id": "k2"},
+                       {"body": b"dup", "dedup_id": "k"}, b"plain"])
+    assert ids[0] == ids[1] and ids[2] == first and len(set(ids)) == 3
+    assert end_offset(q.topic.path) == 3
+    assert bodies(q.receive(10)) == [b"one", b"two", b"plain"]
+
+
+def test_dedup_is_shared_by_brokers_and_ends_with_the_window(broker: Broker) -> None:
+    q = broker.queue("jobs", dedup_window=1.0)
+    first = q.send(b"x", dedup_id="same")
+    with Broker(broker.root, sync="none") as other:
+        assert other.queue("jobs").send(b"x", dedup_id="same") == first
+    time.sleep(1.05)
+    later = q.send(b"x", dedup_id="same")
+    assert later != first
+    assert end_offset(q.topic.path) == 2
+
+
+def test_content_based_dedup(broker: Broker) -> None:
+    q = broker.queue("jobs", content_based_dedup=True)
+    a = q.send(b"same body")
+    assert q.send(b"same body") == a
+    assert q.send(b"same body", dedup_id="explicit") != a
+    assert q.send(b"other body") != a
+    assert bodies(q.receive(10)) == [b"same body", b"same body", b"other body"]
+
+
+# -- delays ---------------------------------------------------------------------------------
+
+
+def test_per_message_delay(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send(b"later", delay=0.8)
+    q.send(b"now")
+    assert bodies(q.receive(10)) == [b"now"]
+    stats = q.stats()
+    assert stats.delayed == 1 and stats.available == 0
+    time.sleep(0.85)
+    assert bodies(q.receive(10)) == [b"later"]
+
+
+def test_queue_default_delay(broker: Broker) -> None:
+    q = broker.queue("jobs", delay=0.6)
+    q.send(b"a")
+    q.send(b"b", delay=0)  # an explicit delay beats the default
+    assert bodies(q.receive(10)) == [b"b"]
+    t0 = time.monotonic()
+    got = q.receive(10, wait=3)  # long polling wakes when the delay ends
+    assert bodies(got) == [b"a"] and time.monotonic() - t0 < 2.5
+
+
+def test_delayed_group_head_holds_its_group(broker: Broker) -> None:
+    q = broker.queue("fifo")
+    q.send(b"g1", group_id="g", delay=0.6)
+    q.send(b"g2", group_id="g")
+    q.send(b"h1", group_id="h")
+    assert bodies(q.receive(10)) == [b"h1"]
+    time.sleep(0.65)
+    assert bodies(q.receive(10)) == [b"g1"]
+
+
+# -- long polling ---------------------------------------------------------------------------
+
+
+def test_long_poll_returns_when_a_thread_sends(broker: Broker) -> None:
+    q = broker.queue("jobs")
+
+    def send_later() -> None:
+        time.sleep(0.3)
+        with Broker(broker.root, sync="none") as other:
+            other.queue("jobs").send(b"arrived")
+
+    sender = threading.Thread(target=send_later)
+    t0 = time.monotonic()
+    sender.start()
+    got = q.receive(wait=5)
+    elapsed = time.monotonic() - t0
+    sender.join()
+    assert bodies(got) == [b"arrived"]
+    assert 0.25 <= elapsed < 3
+
+
+def test_long_poll_returns_when_another_process_sends(broker: Broker, child_env: dict) -> None:
+    q = broker.queue("jobs")
+    code = (
+        "import sys, time\nfrom journalq.queue import Broker\ntime.sleep(0.3)\n"
+        "with Broker(sys.argv[1], sync='none') as b: b.queue('jobs').send(b'from child')\n"
+    )
+    t0 = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-c", code, str(broker.root)], env=child_env)
+    try:
+        got = q.receive(wait=5)
+        elapsed = time.monotonic() - t0
+    finally:
+        assert child.wait(30) == 0
+    assert bodies(got) == [b"from child"] and elapsed < 3
+
+
+def test_long_poll_without_messages_waits_without_busy_loop(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send(b"held")
+    q.receive(visibility_timeout=60)  # something hidden: the wait has an expiry to watch too
+    cpu0, t0 = time.process_time(), time.monotonic()
+    assert q.receive(wait=1.0) == []
+    cpu, elapsed = time.process_time() - cpu0, time.monotonic() - t0
+    assert elapsed >= 0.95
+    assert cpu < 0.5 * elapsed, f"{cpu:.2f} s of CPU in a {elapsed:.2f} s wait: a busy loop"
+
+
+def test_long_poll_wakes_when_a_hidden_message_comes_back(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    q.receive(visibility_timeout=0.4)
+    t0 = time.monotonic()
+    (m,) = q.receive(wait=5)
+    assert m.receive_count == 2 and time.monotonic() - t0 < 3
+
+
+# -- topics, channels, stats ----------------------------------------------------------------
+
+
+def test_every_channel_gets_every_message_without_copies(broker: Broker) -> None:
+    topic = broker.topic("events")
+    a, b = topic.channel("a"), topic.channel("b")
+    marker = b"unique-body-marker-" * 20
+    topic.send_many([marker + b"%d" % i for i in range(50)])
+    got_a = a.receive(100)
+    got_b1 = b.receive(10)
+    assert len(got_a) == 50 and len(got_b1) == 10
+    assert bodies(got_a[:10]) == bodies(got_b1)
+    a.delete_many([m.receipt for m in got_a])
+    got_b2 = b.receive(100)  # a's deletes did not touch b
+    assert len(got_b2) == 40
+    # competing consumers within a channel share the messages out: a second broker's consumer
+    with Broker(broker.root, sync="none") as other:
+        b_other = other.topic("events").channel("b")
+        b.release(got_b1[0].receipt)
+        (shared,) = b_other.receive(10)
+        assert shared.id == got_b1[0].id
+    # channels refer to messages by offset: no channel file holds a body
+    for file in (topic.path / "channels").rglob("*"):
+        if file.is_file():
+            assert b"unique-body-marker" not in file.read_bytes()
+    assert sorted(topic.channel_names()) == ["a", "b"]
+
+
+def test_stats(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+    empty = q.stats()
+    assert (empty.available, empty.in_flight, empty.delayed, empty.dead, empty.oldest_age) == (0, 0, 0, 0, None)
+    q.send_many([b"0", b"1", b"2", b"3"])
+    q.send(b"delayed", delay=60)
+    time.sleep(0.05)
+    s = q.stats()
+    assert (s.available, s.in_flight, s.delayed, s.dead) == (4, 0, 1, 0)
+    assert s.oldest_age is not None and 0.04 <= s.oldest_age < 30
+    (m0,) = q.receive(visibility_timeout=0.5)
+    (m1,) = q.receive()
+    s = q.stats()
+    assert (s.available, s.in_flight, s.delayed, s.dead) == (2, 2, 1, 0)
+    time.sleep(0.55)
+    s = q.stats()
+    assert (s.available, s.in_flight, s.delayed, s.dead) == (3, 1, 1, 0)  # m0 came back
+    got = q.receive(10)  # m0 was received once: it goes to the dead-letter queue now
+    assert bodies(got) == [b"2", b"3"]
+    s = q.stats()
+    assert (s.available, s.in_flight, s.delayed, s.dead) == (0, 3, 1, 1)
+    assert broker.queue("jobs-dlq").stats().available == 1
+
+
+def test_purge_finishes_everything_sent_so_far(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([b"0", b"1", b"2"])
+    (held,) = q.receive()
+    q.purge()
+    assert q.receive(10) == [] and q.stats().in_flight == 0
+    with pytest.raises(ReceiptError):
+        q.delete(held.receipt)
+    q.send(b"after")
+    assert bodies(q.receive(10)) == [b"after"]

@@ -1,0 +1,119 @@
+"""Dead letters: after ``max_receive_count`` deliveries a message moves to the dead-letter queue,
+with where it came from; ``Queue.redrive()`` moves dead letters back."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from journalq.journal import end_offset
+from journalq.queue import Broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path):
+    with Broker(tmp_path / "data", sync="none") as b:
+        yield b
+
+
+def test_message_moves_after_max_receive_count(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=3, dead_letter_queue="jobs-dlq")
+    mid = q.send(b"poison", attributes={"kind": "bad"}, group_id="g")
+    q.send(b"fine")
+    for count in (1, 2, 3):
+        got = q.receive(visibility_timeout=0)  # 0: back at once, as if the consumer failed
+        assert [(m.body, m.receive_count) for m in got] == [(b"poison", count)]
+        (receipt,) = [m.receipt for m in got]
+    (fine,) = q.receive()  # the fourth attempt moves the poison message and goes on
+    assert fine.body == b"fine"
+    stats = q.stats()
+    assert stats.dead == 1 and stats.available == 0
+    assert q.task(mid).state == "dead"
+    with pytest.raises(Exception, match="no longer in flight"):
+        q.delete(receipt)
+    dlq = broker.queue("jobs-dlq")
+    (dead,) = dlq.receive()
+    assert dead.body == b"poison" and dead.attributes["kind"].value == "bad" and dead.group_id == "g"
+    assert dead.source == {"queue": "jobs", "channel": "default", "id": mid, "count": 3}
+    assert dead.receive_count == 1
+    time.sleep(0.01)
+    assert q.receive(wait=0) == []
+
+
+def test_expired_visibility_counts_as_a_receive(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=2, dead_letter_queue="dlq")
+    q.send(b"slow")
+    q.receive(visibility_timeout=0.05)
+    time.sleep(0.06)
+    (m,) = q.receive(visibility_timeout=0.05)
+    assert m.receive_count == 2
+    time.sleep(0.06)
+    assert q.receive() == []
+    assert [m.body for m in broker.queue("dlq").receive()] == [b"slow"]
+
+
+def test_deleted_in_time_is_not_dead(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    q.send(b"ok")
+    (m,) = q.receive()
+    q.delete(m.receipt)
+    assert q.receive() == [] and q.stats().dead == 0
+    assert broker.queue("dlq").stats().available == 0
+
+
+def test_redrive_moves_dead_letters_back(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+    q.send_many([{"body": b"%d" % i, "attributes": {"i": i}} for i in range(5)])
+    assert len(q.receive(10, visibility_timeout=0)) == 5
+    assert q.receive(10) == []  # all five moved
+    dlq = broker.queue("jobs-dlq")
+    assert dlq.stats().available == 5
+    assert dlq.redrive() == 5
+    assert dlq.stats().available == 0 and dlq.stats().in_flight == 0
+    back = q.receive(10)
+    assert [m.body for m in back] == [b"%d" % i for i in range(5)]  # oldest first
+    assert [m.attributes["i"].value for m in back] == ["0", "1", "2", "3", "4"]
+    assert all(m.receive_count == 1 for m in back)  # a fresh message: counting starts again
+
+
+def test_redrive_to_another_destination_and_limit(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    q.send_many([b"a", b"b", b"c"])
+    q.receive(10, visibility_timeout=0)
+    q.receive(10)
+    dlq = broker.queue("dlq")
+    assert dlq.redrive("elsewhere", max_messages=2) == 2
+    assert [m.body for m in broker.queue("elsewhere").receive(10)] == [b"a", b"b"]
+    assert dlq.redrive() == 1
+    assert [m.body for m in q.receive(10)] == [b"c"]
+
+
+def test_redrive_of_many_dead_letters(broker: Broker) -> None:
+    """More than two batches of 100: the batch size must stay within receive's limits."""
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    q.send_many([b"%d" % i for i in range(250)])
+    while q.receive(100, visibility_timeout=0):
+        pass
+    dlq = broker.queue("dlq")
+    assert dlq.stats().available == 250
+    assert dlq.redrive() == 250
+    assert end_offset(q.topic.path) == 500
+    got = []
+    while batch := q.receive(100):
+        got += batch
+        q.delete_many([m.receipt for m in batch])
+    assert sorted(int(m.body) for m in got) == list(range(250))
+
+
+def test_dead_letter_of_a_topic_channel_names_it(broker: Broker) -> None:
+    topic = broker.topic("events", max_receive_count=1, dead_letter_queue="events-dlq")
+    a, b = topic.channel("a"), topic.channel("b")
+    topic.send(b"x")
+    a.receive(visibility_timeout=0)
+    assert a.receive() == []  # moved
+    (m,) = b.receive()  # the other channel is not affected
+    assert m.receive_count == 1
+    (dead,) = broker.queue("events-dlq").receive()
+    assert dead.source["channel"] == "a"

@@ -1,0 +1,340 @@
+"""Garbage collection: topic segments deleted once every channel is done with them (and never one
+a slower channel still needs), retention by age and by size, and compaction of channel state
+(snapshots) that another process rebuilds to the same state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import journalq.queue.channel as channel_module
+from journalq.errors import TaskNotFoundError
+from journalq.journal import Scanner, first_offset, read_offset
+from journalq.journal.segment import list_segments
+from journalq.queue import Broker
+
+SEGMENT = 4096
+PER_SEGMENT = 33  # messages of 100 bytes in a 4096-byte segment
+
+
+def body(i: int) -> bytes:
+    return b"%04d" % i + b"x" * 96
+
+
+def drain(channel, count: int | None = None, *, batch: int = 10) -> list[bytes]:
+    got: list[bytes] = []
+    while count is None or len(got) < count:
+        messages = channel.receive(batch if count is None else min(batch, count - len(got)))
+        if not messages:
+            break
+        got += [m.body for m in messages]
+        assert not any(channel.delete_many([m.receipt for m in messages]))
+    return got
+
+
+def total_size(path: Path) -> int:
+    return sum(s.path.stat().st_size for s in list_segments(path))
+
+
+def test_segments_go_once_every_channel_is_done_two_channels_one_slow(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", segment_size=SEGMENT)
+        fast, slow = topic.channel("fast"), topic.channel("slow")
+        topic.send_many([body(i) for i in range(600)])
+        segments_before = len(list_segments(topic.path))
+        assert segments_before >= 15
+        assert drain(fast) == [body(i) for i in range(600)]
+        assert drain(slow, 300) == [body(i) for i in range(300)]
+        (held,) = slow.receive(1, visibility_timeout=0.3)  # 300, in flight
+        assert held.body == body(300)
+        deleted = topic.gc()
+        assert deleted and all(p.suffix in (".jnl", ".idx") for p in deleted)
+        first = first_offset(topic.path)
+        assert 300 - PER_SEGMENT < first <= 300  # only what both channels finished
+        # nothing the slow channel still needs is gone: its held message comes back whole
+        time.sleep(0.35)
+        assert drain(slow) == [body(i) for i in range(300, 600)]
+        topic.gc()
+        assert len(list_segments(topic.path)) == 1  # never the segment being written
+        assert first_offset(topic.path) > 560
+        topic.send(b"after")
+        assert drain(fast) == [b"after"] and drain(slow) == [b"after"]
+
+
+def test_gc_keeps_what_a_channel_of_another_process_has_not_committed(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        topic = a.topic("events", segment_size=SEGMENT)
+        topic.send_many([body(i) for i in range(300)])
+        mine = topic.channel("mine")
+        assert len(drain(mine)) == 300
+        theirs = b.topic("events").channel("theirs")
+        assert len(drain(theirs, 200)) == 200  # committed only on its next collection or close
+        a.topic("events").gc()
+        assert first_offset(topic.path) == 0
+        b.close()  # closing commits its cursor
+        assert read_offset(topic.path, "theirs") == 200
+        a.topic("events").gc()
+        assert 200 - PER_SEGMENT < first_offset(topic.path) <= 200
+    with Broker(tmp_path, sync="none") as c:
+        assert drain(c.topic("events").channel("theirs")) == [body(i) for i in range(200, 300)]
+
+
+def test_a_channel_collects_segments_by_itself(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=SEGMENT, task_gc_interval=0.05)
+        q.send_many([body(i) for i in range(400)])
+        assert len(drain(q)) == 400
+        time.sleep(0.06)
+        q.receive()  # a collection is due: it publishes the cursor and deletes consumed segments
+        time.sleep(0.06)
+        q.receive()
+        assert len(list_segments(q.topic.path)) <= 2
+
+
+def test_gc_deletes_finished_tasks_and_keeps_open_ones(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=SEGMENT, task_gc_interval=0.05, task_gc_lifetime=0.1)
+        ids = q.send_many([{"body": body(i), "metadata": {"i": i}} for i in range(200)])
+        assert len(drain(q, 150)) == 150
+        (open_,) = q.receive(visibility_timeout=60)  # id 150 stays open
+        q.set_metadata(open_.id, {"i": 150, "progress": 0.5})
+        assert len(drain(q)) == 49
+        assert q.task(ids[10]).state == "finished"
+        for _ in range(6):
+            time.sleep(0.06)
+            q.receive()
+        assert 150 - PER_SEGMENT < first_offset(q.topic.path) <= 150  # the open task pins its segment
+        t = q.task(open_.id)
+        assert (t.state, t.metadata) == ("claimed", {"i": 150, "progress": 0.5})
+        for gone in (ids[0], ids[10], ids[149]):
+            with pytest.raises(TaskNotFoundError):
+                q.task(gone)
+        q.delete(open_.receipt)
+        for _ in range(6):
+            time.sleep(0.06)
+            q.receive()
+        assert first_offset(q.topic.path) > 190
+        for gone in (open_.id, ids[199]):
+            with pytest.raises(TaskNotFoundError):
+                q.task(gone)
+
+
+def test_retention_by_age(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=SEGMENT, retention_seconds=1, task_gc_interval=0.05)
+        q.send_many([body(i) for i in range(300)])
+        (old,) = q.receive(visibility_timeout=60)  # even one in flight does not hold retention
+        time.sleep(1.1)
+        q.send_many([body(i) for i in range(300, 340)])
+        deleted = q.topic.gc()
+        assert deleted
+        first = first_offset(q.topic.path)
+        assert 300 - PER_SEGMENT < first <= 300  # old segments gone, unconsumed or not
+        stats = q.stats()
+        assert stats.available <= 340 - first + 1
+        time.sleep(0.06)  # the channel catches up with retention at its next collection
+        got = drain(q)
+        assert got[-40:] == [body(i) for i in range(300, 340)]
+        assert got == [body(i) for i in range(first, 340)] and body(0) not in got
+
+
+def test_retention_by_age_seen_by_a_fresh_process(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=SEGMENT, retention_seconds=1, task_gc_interval=0.05)
+        q.send_many([body(i) for i in range(300)])
+        q.receive()
+    time.sleep(1.1)
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs")
+        q.send(b"new")
+        q.topic.gc()
+        first = first_offset(q.topic.path)
+        assert first > 200
+        s = q.stats()  # must not fail on the deleted segments the channel has not read
+        assert s.in_flight == 1 and s.available >= 1
+        time.sleep(0.06)
+        assert drain(q)[-1] == b"new"
+
+
+def test_retention_by_size(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=SEGMENT, retention_bytes=3 * SEGMENT, task_gc_interval=0.05)
+        q.send_many([body(i) for i in range(400)])
+        q.topic.gc()
+        segments = list_segments(q.topic.path)
+        assert total_size(q.topic.path) <= 3 * SEGMENT and len(segments) >= 2
+        with Scanner(q.topic.path, segments[0].base) as scanner:
+            kept = [m.value for m in scanner]
+        assert kept == [body(i) for i in range(segments[0].base, 400)]  # the newest are kept
+        time.sleep(0.06)
+        assert drain(q) == kept
+
+
+# -- compaction of channel state ---------------------------------------------------------------
+
+
+CHILD_VIEW = """
+import json, sys
+from journalq.queue import Broker
+root, name, ids = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+with Broker(root, sync="none") as b:
+    q = b.queue(name)
+    s = q.stats()
+    tasks = {}
+    for i in ids:
+        try:
+            t = q.task(i)
+            tasks[i] = [t.state, t.metadata, t.receive_count]
+        except Exception as exc:
+            tasks[i] = type(exc).__name__
+    state = q.state
+    print(json.dumps({
+        "stats": [s.available, s.in_flight, s.delayed, s.dead],
+        "consumers": q.consumers(),
+        "tasks": tasks,
+        "cursor": state.cursor, "frontier": state.frontier,
+        "skipped": list(state.skipped), "finished": sorted(state.finished),
+    }))
+"""
+
+
+def view(q, ids: list[str]) -> dict:
+    s = q.stats()
+    tasks = {}
+    for i in ids:
+        try:
+            t = q.task(i)
+            tasks[i] = [t.state, t.metadata, t.receive_count]
+        except Exception as exc:  # noqa: BLE001
+            tasks[i] = type(exc).__name__
+    state = q.state
+    return {
+        "stats": [s.available, s.in_flight, s.delayed, s.dead],
+        "consumers": q.consumers(),
+        "tasks": tasks,
+        "cursor": state.cursor, "frontier": state.frontier,
+        "skipped": list(state.skipped), "finished": sorted(state.finished),
+    }
+
+
+def test_compaction_bounds_state_and_another_process_rebuilds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, child_env: dict
+) -> None:
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 100)
+    monkeypatch.setattr(channel_module, "STATE_SEGMENT_SIZE", 4096)
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", max_receive_count=2, dead_letter_queue="dlq")
+        ids = q.send_many(
+            [{"body": b"%d" % i, "group_id": "g" if i % 50 == 0 else None} for i in range(2000)]
+        )
+        sizes = []
+        for round_ in range(40):
+            got = q.receive(50, visibility_timeout=600)
+            keep = [m for m in got if int(m.id) % 97 == 0]  # some stay in flight
+            for m in got:
+                if int(m.id) % 89 == 0:
+                    q.set_metadata(m.id, {"round": round_})
+            q.delete_many([m.receipt for m in got if m not in keep])
+            sizes.append(sum(s.path.stat().st_size for s in list_segments(q.path)))
+        q.send(b"late", delay=600)
+        poison = q.send(b"poison")
+        q.receive(1000, visibility_timeout=0)  # everything left, once, back at once
+        q.receive(1000, visibility_timeout=0)
+        q.receive(1000, visibility_timeout=0)  # poison (received twice): dead on the third look
+        assert q.stats().dead >= 1
+        assert (q.path / "ofs" / "snapshot.ofs").is_file()
+        assert len(list_segments(q.path)) <= 3
+        assert max(sizes[10:]) < 3 * max(sizes[:10]) + 3 * 4096  # bounded, not growing with history
+        sample = [ids[i] for i in (0, 1, 89, 97, 178, 194, 1999)] + [poison, "5000"]
+        mine = view(q, sample)
+        # a fresh broker in another process rebuilds the same state from snapshot + events
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD_VIEW, str(tmp_path), "jobs", json.dumps(sample)],
+            env=child_env, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+        theirs = json.loads(out)
+        assert theirs == json.loads(json.dumps(mine))
+        assert mine["tasks"]["5000"] == "TaskNotFoundError"
+
+
+def test_compaction_under_a_long_lived_consumer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer idle while another compacts the state journal past it (deleting the state
+    segments it was reading and writing) goes on with the right state: no error, nothing
+    finished delivered again."""
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 50)
+    monkeypatch.setattr(channel_module, "STATE_SEGMENT_SIZE", 4096)
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        qa, qb = a.queue("jobs"), b.queue("jobs")
+        qa.send_many([b"%d" % i for i in range(3000)])
+        (first,) = qa.receive()
+        qa.delete(first.receipt)
+        (held,) = qa.receive(visibility_timeout=600)
+        done = {first.body}
+        for _ in range(200):
+            got = qb.receive(5)
+            done.update(m.body for m in got)
+            assert not any(qb.delete_many([m.receipt for m in got]))
+        assert list_segments(qb.path)[0].base > 100  # a's position in the state journal is gone
+        got = qa.receive(10)
+        assert got and not {m.body for m in got} & done
+        assert held.body not in {m.body for m in got}
+        qa.delete(held.receipt)
+        rest = drain(qa, batch=100) + [m.body for m in got]
+        assert sorted(done | set(rest) | {held.body}, key=int) == [b"%d" % i for i in range(3000)]
+        assert len(done) + len(rest) + 1 == 3000
+
+
+def test_producer_whose_segment_was_collected_can_still_send(tmp_path: Path) -> None:
+    """A producer idle while others fill segments that gc then deletes, including the one its
+    writer was on."""
+    with Broker(tmp_path, sync="none") as idle, Broker(tmp_path, sync="none") as busy:
+        idle_q = idle.queue("jobs", segment_size=SEGMENT)
+        idle_q.send(b"first")
+        busy_q = busy.queue("jobs")
+        busy_q.send_many([body(i) for i in range(300)])
+        assert len(drain(busy_q)) == 301
+        busy_q.topic.gc()
+        assert first_offset(busy_q.topic.path) > 200
+        idle_q.send(b"again")
+        assert drain(busy_q) == [b"again"]
+
+
+def test_retention_while_a_consumer_reads(tmp_path: Path) -> None:
+    """Retention deletes segments a live consumer was reading (and the ones after): it goes on
+    with what is left, with no error."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=SEGMENT, retention_bytes=2 * SEGMENT, task_gc_interval=0.05)
+        q.send_many([body(i) for i in range(10)])
+        assert len(drain(q)) == 10  # the consumer has read to the end of the first segment
+        with Broker(tmp_path, sync="none") as producer:
+            producer.queue("jobs").send_many([body(i) for i in range(10, 400)])
+        q.topic.gc()
+        first = first_offset(q.topic.path)
+        assert first > 300
+        got = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (not got or got[-1] != body(399)):
+            got += drain(q)
+            time.sleep(0.02)
+        assert got[-1] == body(399)
+        assert got[-(400 - first):] == [body(i) for i in range(first, 400)]
+
+
+def test_dedup_after_gc_deleted_what_the_producer_had_not_read(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        qa = a.queue("jobs", segment_size=SEGMENT)
+        qa.send(b"early", dedup_id="early")  # a's dedup index has read the journal to here
+        qb = b.queue("jobs")
+        qb.send_many([body(i) for i in range(300)])
+        late = qb.send(b"late", dedup_id="late")
+        assert len(drain(qb, batch=100)) == 302
+        qb.topic.gc()
+        assert first_offset(qb.topic.path) > 250
+        assert qa.send(b"late again", dedup_id="late") == late  # b's id, still in the window
+        assert qa.send(b"new", dedup_id="new") != late
+        assert drain(qb) == [b"new"]

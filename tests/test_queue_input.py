@@ -1,0 +1,225 @@
+"""Bad input: invalid names, bad settings, bad messages, bad receive arguments. Each gives its
+own clear error, and nothing already stored (messages, settings, channel state) is lost."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import (
+    Error,
+    InvalidMessageError,
+    InvalidNameError,
+    InvalidSettingError,
+    QueueNotFoundError,
+    ReceiptError,
+)
+from journalq.journal import Scanner
+from journalq.queue import Broker, QueueSettings
+
+BAD_NAMES = [
+    "../x", "a/b", "", "x" * 81, ".", "..", ".hidden", "a..b", "/abs", "a\\b", "a b", "é",
+    "jobs\n", "jobs\x00", None, 5, b"jobs",
+]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with the hash of its content."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture
+def filled(tmp_path: Path):
+    """A broker with a queue holding messages, one in flight and one finished."""
+    with Broker(tmp_path / "data", sync="none") as broker:
+        q = broker.queue("jobs", visibility_timeout=60)
+        q.send_many([b"m0", b"m1", {"body": b"m2", "attributes": {"a": "1"}}, b"m3"])
+        (m0,) = q.receive()
+        q.delete(m0.receipt)
+        (m1,) = q.receive()
+        q.topic.channel("other")
+        before = tree(broker.root)
+        yield broker, q, m1
+        # after every bad call: nothing stored changed, and the queue works as before
+        assert tree(broker.root) == before or _only_state_grew(before, tree(broker.root))
+        with Scanner(q.topic.path) as scanner:
+            assert [m.value[-2:] for m in scanner] == [b"m0", b"m1", b"m2", b"m3"]
+        with Broker(broker.root, sync="none") as fresh:
+            fq = fresh.queue("jobs")
+            assert fq.settings.visibility_timeout == 60
+            assert [m.body for m in fq.receive(10)] == [b"m2", b"m3"]
+            fq.delete(m1.receipt)
+        assert sorted(broker.names()) == ["jobs"]
+
+
+def _only_state_grew(before: dict[str, str], after: dict[str, str]) -> bool:
+    """Reading may append to a channel's state journal (a task collection); nothing else."""
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    return all("/channels/" in "/" + k and k.endswith((".jnl", ".idx", ".ofs")) or k.startswith("jobs/ofs/")
+               for k in changed) and set(before) <= set(after)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
+def test_invalid_queue_and_topic_names(filled, name: object) -> None:
+    broker, q, _ = filled
+    for make in (broker.queue, broker.topic, broker.exists, broker.delete, q.topic.channel):
+        with pytest.raises(InvalidNameError):
+            make(name)  # type: ignore[arg-type]
+    if name is not None:  # (None: no dead-letter queue, see test_bad_settings)
+        with pytest.raises(InvalidNameError):
+            broker.queue("fine", dead_letter_queue=name, max_receive_count=3)  # type: ignore[arg-type]
+    assert not broker.exists("fine") and not (broker.root / "fine").exists()
+
+
+def test_names_that_are_fine(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        for name in ("a", "A-b_c.d", "9", "-x", "_", "x" * 80, "v1.2"):
+            broker.queue(name).send(b"x")
+        assert sorted(broker.names()) == sorted(["a", "A-b_c.d", "9", "-x", "_", "x" * 80, "v1.2"])
+        assert all(p.parent == tmp_path for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"visibility_timeout": -1},
+        {"visibility_timeout": 12 * 3600 + 1},
+        {"visibility_timeout": "30"},
+        {"visibility_timeout": True},
+        {"visibility_timeout": None},
+        {"delay": 901},
+        {"receive_wait": 21},
+        {"max_receive_count": 0, "dead_letter_queue": "dlq"},
+        {"max_receive_count": 3},  # no dead-letter queue to move to
+        {"retention_seconds": 0},
+        {"retention_bytes": 0},
+        {"dedup_window": -1},
+        {"task_gc_interval": 0},
+        {"segment_size": 100},
+        {"enums": ["low", "high"]},
+        {"enums": {"p": []}},
+        {"enums": {"p": ["a", "a"]}},
+        {"enums": {"p": ["a", 1]}},
+        {"enums": {"p": "low"}},  # a string is not a list of values
+        {"enums": {"p": 5}},
+        {"enums": {1: ["a"]}},
+        {"no_such_setting": 1},
+    ],
+    ids=repr,
+)
+def test_bad_settings(filled, settings: dict) -> None:
+    broker, q, _ = filled
+    with pytest.raises(InvalidSettingError):
+        broker.queue("jobs", **settings)  # an existing queue keeps its settings
+    with pytest.raises(InvalidSettingError):
+        q.configure(**settings)
+    with pytest.raises(InvalidSettingError):
+        broker.queue("new", **settings)  # a new queue is not created at all
+    assert not broker.exists("new") and not (broker.root / "new").exists()
+    with pytest.raises(InvalidSettingError):
+        QueueSettings(**settings) if "no_such_setting" not in settings else QueueSettings().replace(**settings)
+
+
+def test_configure_missing_queue(filled) -> None:
+    broker, _, _ = filled
+    with pytest.raises(QueueNotFoundError):
+        broker.configure("missing", visibility_timeout=3)
+    with pytest.raises(QueueNotFoundError):
+        broker.queue("missing", create=False)
+    assert not (broker.root / "missing").exists()
+
+
+def test_damaged_settings_file_is_a_setting_error(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("jobs").send(b"x")
+    (tmp_path / "jobs" / "queue.json").write_text("{not json")
+    with Broker(tmp_path, sync="none") as broker, pytest.raises(InvalidSettingError, match="queue.json"):
+        broker.queue("jobs")
+
+
+@pytest.mark.parametrize("body", ["text", None, 5, ["a"], {"body": "text"}, {"body": None}], ids=repr)
+def test_body_not_bytes(filled, body: object) -> None:
+    broker, q, _ = filled
+    with pytest.raises(InvalidMessageError):
+        q.send(body)  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessageError):
+        q.send_many([b"fine", body])  # type: ignore[list-item]  # the batch is not stored at all
+    with pytest.raises(InvalidMessageError):
+        broker.topic("jobs").send(body)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"delay": -1},
+        {"delay": 901},
+        {"delay": "1"},
+        {"delay": True},
+        {"dedup_id": ""},
+        {"dedup_id": "x" * 129},
+        {"dedup_id": 5},
+        {"group_id": ""},
+        {"group_id": 7},
+        {"attributes": {"": "x"}},
+        {"attributes": {"k": True}},
+        {"attributes": {"k": None}},
+        {"attributes": {"k": [1]}},
+        {"filters": {"performance_class": 5}},
+        {"filters": {"performance_class": "ultra"}},  # not in the declared enum
+        {"metadata": {"not json": object()}},
+    ],
+    ids=repr,
+)
+def test_bad_message_options(filled, options: dict) -> None:
+    broker, _, _ = filled
+    q = broker.queue("jobs", enums={"performance_class": ["low", "standard"]})
+    with pytest.raises(InvalidMessageError):
+        q.send(b"body", **options)
+    with pytest.raises(InvalidMessageError):
+        q.send_many([b"fine", {"body": b"body", **options}])
+    broker.queue("jobs", enums={})
+
+
+def test_unknown_message_field(filled) -> None:
+    _, q, _ = filled
+    with pytest.raises(InvalidMessageError, match="unknown message field"):
+        q.send_many([{"body": b"x", "colour": "red"}])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_messages": 0},
+        {"max_messages": 10_001},
+        {"max_messages": "1"},
+        {"visibility_timeout": -1},
+        {"visibility_timeout": 12 * 3600 + 1},
+        {"visibility_timeout": "5"},
+        {"wait": -1},
+        {"wait": 3601},
+        {"wait": "1"},
+    ],
+    ids=repr,
+)
+def test_bad_receive_arguments(filled, kwargs: dict) -> None:
+    _, q, _ = filled
+    with pytest.raises(Error, match="must be"):
+        q.receive(**kwargs)
+
+
+def test_bad_visibility_change(filled) -> None:
+    _, q, m1 = filled
+    for seconds in (-1, 12 * 3600 + 1, "1", None, True):
+        with pytest.raises(ReceiptError):
+            q.change_visibility(m1.receipt, seconds)  # type: ignore[arg-type]
+        with pytest.raises(ReceiptError):
+            q.release(m1.receipt, delay=seconds)  # type: ignore[arg-type]
+    assert q.consumers() == {q.consumer_id: ["1"]}  # still hidden as before
