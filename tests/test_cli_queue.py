@@ -147,7 +147,7 @@ def test_release_and_change_visibility(data: Path) -> None:
     [third] = receive(data, "jobs", "--visibility-timeout", 60)
     assert third["receive_count"] == 3
     fails(data, "release", "jobs", again["receipt"], needle="delivered again")
-    fails(data, "change-visibility", "jobs", third["receipt"], 50000, needle="visibility timeout must be 0 to 43200")
+    fails(data, "change-visibility", "jobs", third["receipt"], 50000, needle="visibility timeout is 50000.0; it must be from 0 to 43200")
     fails(data, "release", "jobs", "not-a-receipt", needle="not a receipt")
 
 

@@ -441,3 +441,36 @@ def test_purge_finishes_everything_sent_so_far(broker: Broker) -> None:
         q.delete(held.receipt)
     q.send(b"after")
     assert bodies(q.receive(10)) == [b"after"]
+
+
+def test_a_receipt_acts_only_on_its_own_channel(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        a, b = broker.queue("a"), broker.queue("b")
+        a.send(b"x")
+        b.send(b"y")
+        receipt = a.receive()[0].receipt
+        b.receive()
+        with pytest.raises(ReceiptError, match="another queue"):
+            b.delete(receipt)
+        a.delete(receipt)
+        # A queue made again under the same name does not take the old queue's receipts.
+        a.send(b"z")
+        old = a.receive(visibility_timeout=60)[0].receipt
+        broker.delete("a")
+        again = broker.queue("a")
+        again.send_many([b"v", b"w"])
+        taken = again.receive(2)
+        assert taken[1].receipt.split(".")[:2] == old.split(".")[:2]  # same offset and delivery
+        with pytest.raises(ReceiptError, match="another queue"):
+            again.delete(old)
+        assert again.task(taken[1].id).state == "claimed"
+
+
+def test_the_same_receipt_twice_in_one_call(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("q")
+        q.send(b"x")
+        receipt = q.receive()[0].receipt
+        first, second = q.delete_many([receipt, receipt])
+        assert first is None
+        assert isinstance(second, ReceiptError) and "twice" in str(second)

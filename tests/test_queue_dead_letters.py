@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from journalq.errors import QueueNotFoundError
 from journalq.journal import end_offset
 from journalq.queue import Broker
 
@@ -84,8 +85,12 @@ def test_redrive_to_another_destination_and_limit(broker: Broker) -> None:
     q.receive(10, visibility_timeout=0)
     q.receive(10)
     dlq = broker.queue("dlq")
+    with pytest.raises(QueueNotFoundError):
+        dlq.redrive("elsewhere")  # a destination must exist: redrive makes no queue
+    assert dlq.stats().available == 3
+    elsewhere = broker.queue("elsewhere")
     assert dlq.redrive("elsewhere", max_messages=2) == 2
-    assert [m.body for m in broker.queue("elsewhere").receive(10)] == [b"a", b"b"]
+    assert [m.body for m in elsewhere.receive(10)] == [b"a", b"b"]
     assert dlq.redrive() == 1
     assert [m.body for m in q.receive(10)] == [b"c"]
 
@@ -117,3 +122,15 @@ def test_dead_letter_of_a_topic_channel_names_it(broker: Broker) -> None:
     assert m.receive_count == 1
     (dead,) = broker.queue("events-dlq").receive()
     assert dead.source["channel"] == "a"
+
+
+def test_redrive_leaves_dead_letters_of_a_deleted_queue(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    q.send(b"a")
+    q.receive(visibility_timeout=0)
+    q.receive()
+    broker.delete("jobs")
+    dlq = broker.queue("dlq")
+    assert dlq.redrive() == 0
+    assert not broker.exists("jobs")  # not made again by the redrive
+    assert dlq.stats().in_flight == 1  # put back, to be redriven elsewhere or looked at

@@ -105,7 +105,8 @@ class InvalidNameError(QueueError, ValueError):
 
 
 class InvalidSettingError(QueueError, ValueError):
-    """A queue setting out of its range, or of the wrong kind."""
+    """A queue setting, or an argument such as a visibility timeout, out of its range or of the
+    wrong kind."""
 
 
 class ReceiptError(QueueError):

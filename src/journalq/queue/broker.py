@@ -39,6 +39,9 @@ class Queue(Channel):
     def redrive(self, destination: str | None = None, max_messages: int | None = None) -> int:
         """Move dead letters back to the queue each came from (or to ``destination``), oldest
         first (SQS's StartMessageMoveTask); returns how many were moved."""
+        broker = self.topic.broker
+        if destination is not None:
+            broker.queue(destination, create=False)  # refuse a destination that does not exist
         moved = 0
         while max_messages is None or moved < max_messages:
             size = 100 if max_messages is None else min(100, max_messages - moved)
@@ -52,8 +55,16 @@ class Queue(Channel):
                     self.release(message.receipt)
                     continue
                 by_target.setdefault(target, []).append(message)
-            for target, messages in by_target.items():
-                self.topic.broker.queue(target).send_many(
+            for target, messages in list(by_target.items()):
+                try:
+                    # Never make a queue that was deleted since: its dead letters stay here.
+                    queue = broker.queue(target, create=False)
+                except QueueNotFoundError:
+                    for message in messages:
+                        self.release(message.receipt, delay=60)
+                    del by_target[target]
+                    continue
+                queue.send_many(
                     [
                         {"body": m.body, "attributes": m.attributes, "filters": m.filters or None,
                          "group_id": m.group_id, "metadata": m.metadata}
@@ -91,7 +102,7 @@ class Broker:
         path = self.root / name
         current = settings_file.load(path)
         if current is None:
-            if not create and not (path / "jnl").is_dir():
+            if not create:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
             current = QueueSettings().replace(**settings)
             path.mkdir(parents=True, exist_ok=True)
@@ -125,7 +136,10 @@ class Broker:
             entries = sorted(os.listdir(self.root))
         except FileNotFoundError:
             return []
-        return [n for n in entries if (self.root / n / settings_file.SETTINGS_FILE).is_file()]
+        return [
+            n for n in entries
+            if not n.startswith(".") and (self.root / n / settings_file.SETTINGS_FILE).is_file()
+        ]
 
     def exists(self, name: str) -> bool:
         check_name(name)

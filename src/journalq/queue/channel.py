@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journalq.errors import (
+    InvalidSettingError,
     JournalError,
     OffsetOutOfRangeError,
     ReceiptError,
@@ -41,6 +43,7 @@ from journalq.journal.watch import DirectoryWatch
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.envelope import Attribute, Envelope
+from journalq.queue.settings import check_number
 from journalq.queue.state import ChannelState, Event, EventKind, StaleReceipt
 from journalq.queue.topic import held, message_id, parse_message_id
 
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
 SNAPSHOT_EVERY = 20_000
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
 MAX_RECEIVE = 10_000
+MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
 _LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
 
@@ -99,18 +103,26 @@ class ChannelStats:
     """Seconds since the oldest message not yet finished was sent (None when there is none)."""
 
 
-def _receipt(offset: int, seq: int) -> str:
-    return f"{offset}.{seq}"
+_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})")  # what ``_receipt`` makes
 
 
-_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)")  # what ``_receipt`` makes, and nothing else
-
-
-def _parse_receipt(receipt: str) -> tuple[int, int]:
-    match = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
-    if match is None:
-        raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue")
-    return int(match[1]), int(match[2])
+def _channel_token(path: Path) -> str:
+    """The random token made when the channel was created (``channel.id``): receipts carry it, so
+    that one can never act on another channel, nor on a channel made again under the same name."""
+    file = path / "channel.id"
+    try:
+        return file.read_text().strip()
+    except FileNotFoundError:
+        pass
+    tmp = path / f"channel.id.{os.getpid()}.tmp"
+    tmp.write_text(secrets.token_hex(4) + "\n")
+    try:
+        os.link(tmp, file)  # creates it whole, or fails when another process was first
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return file.read_text().strip()
 
 
 class Channel:
@@ -122,6 +134,7 @@ class Channel:
         self.path = topic.path / "channels" / name
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
+        self._token = _channel_token(self.path)
         self.state = ChannelState()
         self._events: Scanner | None = None
         self._since_snapshot = 0
@@ -135,6 +148,19 @@ class Channel:
     @property
     def settings(self):  # noqa: ANN201 - the topic's QueueSettings
         return self.topic.settings
+
+    def _receipt(self, offset: int, seq: int) -> str:
+        return f"{offset}.{seq}.{self._token}"
+
+    def _parse_receipt(self, receipt: str) -> tuple[int, int]:
+        match = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
+        if match is None:
+            raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue")
+        if match[3] != self._token:
+            raise ReceiptError(
+                f"receipt {receipt!r} belongs to another queue or channel (or to an earlier one of this name)"
+            )
+        return int(match[1]), int(match[2])
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""
@@ -263,14 +289,11 @@ class Channel:
         method)}`` with method ``absolute`` or ``at_least``; None takes every message.
         """
         if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
-            raise ReceiptError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
+            raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
         settings = self.settings
         hide = settings.visibility_timeout if visibility_timeout is None else visibility_timeout
-        if isinstance(hide, bool) or not isinstance(hide, (int, float)) or not 0 <= hide <= 12 * 3600:
-            raise ReceiptError(f"visibility_timeout must be 0 to 43200 seconds, not {hide!r}")
-        wait = settings.receive_wait if wait is None else wait
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 3600:
-            raise ReceiptError(f"wait must be 0 to 3600 seconds, not {wait!r}")
+        check_number("visibility_timeout", hide, 0, MAX_VISIBILITY)
+        wait = check_number("wait", settings.receive_wait if wait is None else wait, 0, 3600)
         wanted = filtering.normalize(filters, settings.enums)
         deadline = time.monotonic() + wait
         watch: DirectoryWatch | None = None
@@ -355,7 +378,7 @@ class Channel:
         received = [
             ReceivedMessage(
                 id=message_id(m.offset),
-                receipt=_receipt(m.offset, count),
+                receipt=self._receipt(m.offset, count),
                 body=e.body,
                 attributes=e.attributes,
                 receive_count=count,
@@ -447,8 +470,7 @@ class Channel:
 
     def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
         for _, seconds in changes:
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 12 * 3600:
-                raise ReceiptError(f"visibility timeout must be 0 to 43200 seconds, not {seconds!r}")
+            check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
         return self._act(
             [receipt for receipt, _ in changes],
             lambda i, offset, seq, now: Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)),
@@ -466,10 +488,14 @@ class Channel:
             now = time.time_ns()
             self.state.expire(now)
             events = []
+            acted: set[int] = set()
             for i, receipt in enumerate(receipts):
                 try:
-                    offset, seq = _parse_receipt(receipt)
+                    offset, seq = self._parse_receipt(receipt)
                     self.state.check_receipt(offset, seq)
+                    if offset in acted:
+                        raise ReceiptError(f"receipt {receipt!r} was given twice in one call")
+                    acted.add(offset)
                 except StaleReceipt as exc:
                     outcomes.append(ReceiptError(f"receipt {receipt!r}: {exc}"))
                     continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -28,6 +29,16 @@ def check_name(name: str, what: str = "queue") -> str:
             "not starting with '.' and without '..'"
         )
     return name
+
+
+def check_number(name: str, value: object, low: float, high: float | None = None) -> float:
+    """``value`` as a finite number from ``low`` to ``high``, or ``InvalidSettingError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidSettingError(f"{name} must be a finite number, not {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
+        raise InvalidSettingError(f"{name} is {value!r}; it must be {bounds}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -61,13 +72,8 @@ class QueueSettings:
     def __post_init__(self) -> None:
         def number(name: str, low: float, high: float | None = None, optional: bool = False) -> None:
             value = getattr(self, name)
-            if value is None and optional:
-                return
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InvalidSettingError(f"setting {name} must be a number, not {value!r}")
-            if value < low or (high is not None and value > high):
-                bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
-                raise InvalidSettingError(f"setting {name} is {value!r}; it must be {bounds}")
+            if not (value is None and optional):
+                check_number(f"setting {name}", value, low, high)
 
         number("visibility_timeout", 0, 12 * 3600)
         number("delay", 0, 15 * 60)
