@@ -517,3 +517,41 @@ def test_a_follower_is_not_stranded_by_a_failed_batch(tmp_path, full_disk):
     # The follower saw messages that were taken back: it must fail fast, not wait forever.
     with pytest.raises(TruncatedError, match="removed under the scanner"):
         list(follower)
+
+
+def test_always_is_group_commit_across_threads(tmp_path, monkeypatch):
+    """Threads appending at once share syncs, and none returns before a sync covering its bytes."""
+    synced_sizes: list[int] = []  # file size at the start of each completed sync
+    lock = threading.Lock()
+
+    def slow_fdatasync(fd: int) -> None:
+        size = os.fstat(fd).st_size
+        time.sleep(0.002)  # a slow disk: appends pile up behind each sync
+        os.fdatasync(fd)
+        with lock:
+            synced_sizes.append(size)
+
+    monkeypatch.setattr(writer_mod, "fdatasync", slow_fdatasync)
+    w = Writer(tmp_path, sync="always")
+    size_of_one = 26 + 10
+    problems: list[str] = []
+
+    def work() -> None:
+        for _ in range(25):
+            offset = w.append(b"0123456789")
+            end = (offset + 1) * size_of_one
+            with lock:
+                covered = max(synced_sizes, default=0)
+            if covered < end:
+                problems.append(f"offset {offset} returned before a sync covered byte {end}")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    w.close()
+    assert not problems
+    appends = 8 * 25
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(appends))
+    assert len(synced_sizes) < appends / 2  # shared: far fewer syncs than appends

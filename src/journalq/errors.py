@@ -76,6 +76,20 @@ class CorruptionError(JournalError):
     """Stored bytes that do not decode as messages, or offsets that are not dense."""
 
 
+class StorageError(JournalError):
+    """The storage refused a write or a sync (a full disk, an I/O error): what the call was
+    storing is not stored. ``errno`` is the operating system's error number."""
+
+    def __init__(self, reason: str, *, errno: int | None = None, **where: object) -> None:
+        self.errno = errno
+        super().__init__(reason, **where)  # type: ignore[arg-type]
+
+    def located(self, file: str | Path, base_position: int = 0) -> JournalError:
+        located = super().located(file, base_position)
+        located.errno = self.errno  # type: ignore[attr-defined]
+        return located
+
+
 class TruncatedError(JournalError):
     """A segment became shorter than what was already read from it."""
 

@@ -24,7 +24,7 @@ from itertools import accumulate
 from pathlib import Path
 from types import TracebackType
 
-from journalq.errors import Error, JournalError, LockedError, TruncatedError
+from journalq.errors import Error, JournalError, LockedError, StorageError, TruncatedError
 from journalq.journal.codec import OVERHEAD, Message, encode, encode_batch
 from journalq.journal.index import (
     DEFAULT_INTERVAL,
@@ -102,6 +102,9 @@ class Writer:
         self._pending_bytes = 0
         self._unsynced = 0
         self._unsynced_since = 0.0
+        self._durable_offset = 0  # under sync="always", every offset below is on stable storage
+        self._syncing = False
+        self._sync_done = threading.Condition(threading.Lock())
         self._flusher: threading.Thread | None = None
 
         _make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
@@ -151,7 +154,9 @@ class Writer:
                 data = encode(offset, ts, type, key, value)
                 self._add(data, [len(data) - OVERHEAD])
             finally:
-                self._end()
+                durable_to = self._end()
+        if durable_to is not None:
+            self._make_durable(durable_to)
         return offset
 
     def append_many(self, items: Iterable[bytes | Message]) -> int | None:
@@ -167,7 +172,9 @@ class Writer:
                 if count:
                     self._add(data, lengths)
             finally:
-                self._end()
+                durable_to = self._end()
+        if durable_to is not None:
+            self._make_durable(durable_to)
         return first + count - 1 if count else None
 
     @contextmanager
@@ -182,7 +189,9 @@ class Writer:
                 yield
             finally:
                 self._held -= 1
-                self._end()
+                durable_to = self._end()
+        if durable_to is not None:
+            self._make_durable(durable_to)
 
     def flush(self) -> None:
         """Hand buffered appends to the operating system (only ``buffer_size`` buffers)."""
@@ -308,9 +317,16 @@ class Writer:
                 self._lock.release()
                 raise
 
-    def _end(self) -> None:
-        if self.shared and not self._held:
+    def _end(self) -> int | None:
+        """Finish an operation. Returns the offset that must be durable before the outermost
+        operation returns (under ``sync="always"``), or None."""
+        if self._held:
+            return None
+        if self.shared:
             self._lock.release()
+        if self.sync_policy.mode == "always" and self._next_offset > self._durable_offset:
+            return self._next_offset
+        return None
 
     def _add(self, data: bytes, lengths: list[int]) -> None:
         if not self.buffer_size:
@@ -369,8 +385,9 @@ class Writer:
             self._synced_after(count)
         except OSError as exc:
             self._take_back(start_segment, start_len, first_offset, created)
-            raise JournalError(
+            raise StorageError(
                 f"could not append {count} message(s): {exc.strerror or exc}; nothing of them was stored",
+                errno=exc.errno,
                 file=self._segment.path,
                 offset=first_offset,
             ) from exc
@@ -379,6 +396,7 @@ class Writer:
         """Close the full segment (synced, as sej does) and start the next one."""
         fdatasync(self._fd)
         self._unsynced = 0
+        self._mark_durable(self._next_offset)
         self._open_segment(segment_at(self.path, self._next_offset))
 
     def _take_back(self, segment: Segment, length: int, next_offset: int, created: list[Segment]) -> None:
@@ -402,10 +420,10 @@ class Writer:
     # -- syncing ----------------------------------------------------------------------------
 
     def _synced_after(self, count: int) -> None:
+        """Count an append against the sync policy. (``always`` syncs after the operation, out of
+        the lock: see ``_make_durable``.)"""
         policy = self.sync_policy
-        if policy.mode == "always":
-            self._sync_now()
-        elif policy.mode == "group":
+        if policy.mode == "group":
             if not self._unsynced:
                 self._unsynced_since = time.monotonic()
                 self._wake.notify()
@@ -417,6 +435,56 @@ class Writer:
         if self._fd >= 0:
             fdatasync(self._fd)
         self._unsynced = 0
+        self._mark_durable(self._next_offset)
+
+    def _mark_durable(self, offset: int) -> None:
+        with self._sync_done:
+            if offset > self._durable_offset:
+                self._durable_offset = offset
+                self._sync_done.notify_all()
+
+    def _make_durable(self, target: int) -> None:
+        """Return once every offset below ``target`` is on stable storage: group commit.
+
+        Called outside the writer's mutex, so that while one thread syncs, others append; the
+        first thread to find no sync under way syncs everything written so far, and the others
+        wait for it instead of syncing themselves. A failed sync fails the writer for good: after
+        a failed fsync, the kernel may have dropped the data and a second fsync may not say so.
+        """
+        with self._sync_done:
+            while self._durable_offset < target:
+                if self._failed is not None:
+                    raise StorageError(f"sync failed earlier: {self._failed}", file=self._segment.path)
+                if not self._syncing:
+                    self._syncing = True
+                    break
+                self._sync_done.wait()
+            else:
+                return
+        error: OSError | None = None
+        try:
+            with self._mutex:
+                upto = self._next_offset
+                fd = os.dup(self._fd)  # a roll may close the segment while this syncs it
+            try:
+                fdatasync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            error = exc
+        with self._sync_done:
+            self._syncing = False
+            if error is None:
+                self._durable_offset = max(self._durable_offset, upto)
+            else:
+                self._failed = error
+            self._sync_done.notify_all()
+        if error is not None:
+            raise StorageError(
+                f"could not sync: {error.strerror or error}; the last appends may not be stored",
+                errno=error.errno,
+                file=self._segment.path,
+            ) from error
 
     def _flush_loop(self) -> None:
         """Group sync's timer: sync data left unsynced for the policy's interval."""
