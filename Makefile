@@ -1,14 +1,17 @@
 # The two commands of the README's quick start, and the benchmarks.
-.PHONY: run test bench setup
+.PHONY: run test bench setup demo
 
 setup:
 	@bash scripts/setup.sh
 
 run: setup
-	.venv/bin/journalq demo --data ./data
+	.venv/bin/journalq serve --data ./data
 
 test: setup
 	.venv/bin/python -m pytest
 
 bench: setup
 	.venv/bin/python bench/run.py
+
+demo: setup
+	.venv/bin/journalq demo --data ./data/demo

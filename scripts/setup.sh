@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv/ in the project root and installs journalq (editable) with its test tools.
+# Creates .venv/ in the project root and installs journalq (editable) with its test and benchmark tools.
 # Idempotent and quick when nothing changed: the install is redone only when pyproject.toml changes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,6 +16,6 @@ stamp=.venv/.journalq-installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e '.[test]'
+    .venv/bin/python -m pip install --quiet -e '.[test,bench]'
     echo "$want" > "$stamp"
 fi

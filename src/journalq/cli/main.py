@@ -671,9 +671,11 @@ def demo(data: Path, messages: int) -> None:
         click.echo(line)
 
 
-from journalq.cli.queue import queue  # noqa: E402 - last: it imports this module's helpers
+from journalq.cli.queue import queue  # noqa: E402
+from journalq.cli.serve import serve  # noqa: E402 - last: it imports this module's helpers
 
 cli.add_command(queue)
+cli.add_command(serve)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

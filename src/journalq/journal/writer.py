@@ -140,6 +140,11 @@ class Writer:
             return self._next_offset + len(self._pending_lengths)
 
     @property
+    def failed(self) -> bool:
+        """True once a sync failed: the writer refuses appends, and a new one must recover."""
+        return self._failed is not None
+
+    @property
     def segment(self) -> Segment:
         """The segment being appended to."""
         return self._segment

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -92,10 +93,15 @@ class Broker:
         self.root.mkdir(parents=True, exist_ok=True)
         self._topics: dict[str, Topic] = {}
         self._queues: dict[str, Queue] = {}
+        self._lock = threading.RLock()  # one Topic and one Queue object per name, across threads
 
     def topic(self, name: str, *, create: bool = True, **settings: Any) -> Topic:
         """The topic ``name``; created (with ``settings``) when missing and ``create`` is true."""
         check_name(name)
+        with self._lock:
+            return self._topic(name, create, settings)
+
+    def _topic(self, name: str, create: bool, settings: dict[str, Any]) -> Topic:
         topic = self._topics.get(name)
         if topic is not None and not settings:
             return topic
@@ -120,12 +126,34 @@ class Broker:
 
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> Queue:
         """The queue ``name``: a topic with the one channel ``default``."""
-        topic = self.topic(name, create=create, **settings)
-        queue = self._queues.get(name)
-        if queue is None:
-            queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
-            topic._channels[DEFAULT_CHANNEL] = queue
-        return queue
+        with self._lock:
+            topic = self.topic(name, create=create, **settings)
+            queue = self._queues.get(name)
+            if queue is None:
+                queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
+                topic._channels[DEFAULT_CHANNEL] = queue
+            return queue
+
+    def forget(self, name: str) -> None:
+        """Close what this broker has open of ``name``; the next use opens it again (recovering its
+        journals), as after a storage failure that left a writer unusable."""
+        with self._lock:
+            self._queues.pop(name, None)
+            topic = self._topics.pop(name, None)
+        if topic is not None:
+            try:
+                topic.close()
+            except OSError:
+                pass  # the storage that failed may fail the close too: the files are closed anyway
+
+    def reopen_failed(self) -> list[str]:
+        """Forget every topic whose writer failed, so that the next use reopens and recovers it;
+        returns their names."""
+        with self._lock:
+            failed = [name for name, topic in self._topics.items() if topic.failed]
+        for name in failed:
+            self.forget(name)
+        return failed
 
     def configure(self, name: str, **changes: Any) -> QueueSettings:
         return self.topic(name, create=False, **changes).settings
@@ -150,10 +178,7 @@ class Broker:
         check_name(name)
         if not self.exists(name):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-        self._queues.pop(name, None)
-        topic = self._topics.pop(name, None)
-        if topic is not None:
-            topic.close()
+        self.forget(name)
         path = self.root / name
         # Rename first, so that the queue disappears at once even if the removal is slow.
         doomed = self.root / f".deleted-{name}-{os.getpid()}"

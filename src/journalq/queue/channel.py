@@ -515,23 +515,33 @@ class Channel:
         offset = parse_message_id(id)
         with self._hold():
             self._apply_new()
-        now = time.time_ns()
-        state = self.state
-        state.expire(now)
-        status = state.task_state(offset, now)
-        message = self.topic.message(offset) if status is not None else None
-        if status is None or (message is None and status in ("inserted", "claimed")):
-            raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name} (never sent, or collected)")
-        env = self._envelope(message) if message is not None else Envelope(b"")
-        delivery = state.inflight.get(offset)
-        return Task(
-            id=id,
-            state=status,
-            metadata=state.metadata.get(offset, env.metadata),
-            receive_count=delivery.seq if delivery is not None else 0,
-            consumer=delivery.consumer if status == "claimed" and delivery is not None else None,
-            filters=env.filters,
-        )
+            now = time.time_ns()
+            state = self.state
+            state.expire(now)
+            status = state.task_state(offset, now)
+            message = self.topic.message(offset) if status is not None else None
+            if status is None or (message is None and status in ("inserted", "claimed")):
+                raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name} (never sent, or collected)")
+            env = self._envelope(message) if message is not None else Envelope(b"")
+            delivery = state.inflight.get(offset)
+            return Task(
+                id=id,
+                state=status,
+                metadata=state.metadata.get(offset, env.metadata),
+                receive_count=delivery.seq if delivery is not None else 0,
+                consumer=delivery.consumer if status == "claimed" and delivery is not None else None,
+                filters=env.filters,
+            )
+
+    def delete_id(self, id: str) -> None:
+        """Finish message ``id`` whatever its state: delivered or not (mq deletes by id)."""
+        offset = parse_message_id(id)
+        with self._hold():
+            self._apply_new()
+            state = self.state
+            if state.task_state(offset, time.time_ns()) in (None, "finished", "dead") or offset >= self._end_offset():
+                raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}/{self.name}")
+            self._record([Event(EventKind.FINISH, offset, state.receive_count(offset))])
 
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
@@ -552,53 +562,58 @@ class Channel:
         """Active consumers and the ids of the messages each holds hidden now."""
         with self._hold():
             self._apply_new()
-        now = time.time_ns()
-        self.state.expire(now)
-        held: dict[str, list[str]] = {}
-        for offset, delivery in sorted(self.state.inflight.items()):
-            if offset not in self.state.ready and delivery.visible_at > now:
-                held.setdefault(delivery.consumer, []).append(message_id(offset))
-        return held
+            now = time.time_ns()
+            state = self.state
+            state.expire(now)
+            held: dict[str, list[str]] = {}
+            for offset, delivery in sorted(state.inflight.items()):
+                if offset not in state.ready and delivery.visible_at > now:
+                    held.setdefault(delivery.consumer, []).append(message_id(offset))
+            return held
 
     def stats(self) -> ChannelStats:
         """Counts as SQS gives them (approximate beyond ``_STATS_LOOK_AHEAD`` unseen messages)."""
-        with self._hold():
+        with self._hold():  # copy what is needed; read the topic after letting go
             self._apply_new()
-        now = time.time_ns()
-        state = self.state
-        state.expire(now)
-        in_flight = sum(1 for o in state.inflight if o not in state.ready)
+            now = time.time_ns()
+            state = self.state
+            state.expire(now)
+            in_flight = sum(1 for o in state.inflight if o not in state.ready)
+            candidates = list(state.candidates())
+            frontier, cursor, dead = state.frontier, state.cursor, state.dead
+
+        def delayed_now(message: Message) -> bool:
+            if message.type != envelope.ENVELOPE_TYPE:
+                return False
+            return message.timestamp_ns + int(envelope.decode(message.type, message.value).delay * 1e9) > now
+
         available = delayed = 0
-        for offset in state.candidates():
+        for offset in candidates:
             message = self.topic.message(offset)
-            if message is None:
-                continue
-            env = self._envelope(message)
-            if message.timestamp_ns + int(env.delay * 1e9) > now:
-                delayed += 1
-            else:
-                available += 1
+            if message is not None:
+                if delayed_now(message):
+                    delayed += 1
+                else:
+                    available += 1
         end = self._end_offset()
-        start = max(state.frontier, self.topic.first_offset())  # retention may have deleted some
+        first = self.topic.first_offset()
+        start = max(frontier, first)  # retention may have deleted some
         unseen = max(0, end - start)
         if unseen:
             with Scanner(self.topic.path, start) as scanner:
                 looked = 0
                 while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch()):
                     looked += len(batch)
-                    for message in batch:
-                        if message.type == envelope.ENVELOPE_TYPE:
-                            env = self._envelope(message)
-                            if message.timestamp_ns + int(env.delay * 1e9) > now:
-                                delayed += 1
-                                unseen -= 1
+                    late = sum(1 for message in batch if delayed_now(message))
+                    delayed += late
+                    unseen -= late
         available += unseen
         oldest = None
-        if state.cursor < end:
-            first = self.topic.message(max(state.cursor, self.topic.first_offset()))
-            if first is not None:
-                oldest = max(0.0, (now - first.timestamp_ns) / 1e9)
-        return ChannelStats(available, in_flight, delayed, state.dead, oldest)
+        if cursor < end:
+            oldest_message = self.topic.message(max(cursor, first))
+            if oldest_message is not None:
+                oldest = max(0.0, (now - oldest_message.timestamp_ns) / 1e9)
+        return ChannelStats(available, in_flight, delayed, dead, oldest)
 
     def _end_offset(self) -> int:
         from journalq.journal import end_offset

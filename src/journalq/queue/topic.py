@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -61,6 +62,7 @@ class Topic:
         self._channels: dict[str, Channel] = {}
         self._dedup: _DedupIndex | None = None
         self._messages: OrderedDict[int, Message] = OrderedDict()
+        self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
         self._last_gc = 0.0
 
     # -- sending ----------------------------------------------------------------------------
@@ -193,10 +195,11 @@ class Topic:
 
     def message(self, offset: int) -> Message | None:
         """The stored message at ``offset`` (None once deleted), through a small cache."""
-        cached = self._messages.get(offset)
-        if cached is not None:
-            self._messages.move_to_end(offset)
-            return cached
+        with self._cache_lock:
+            cached = self._messages.get(offset)
+            if cached is not None:
+                self._messages.move_to_end(offset)
+                return cached
         try:
             with Scanner(self.path, offset) as scanner:
                 batch = scanner.read_batch(64)
@@ -208,10 +211,11 @@ class Topic:
     def remember(self, messages: list[Message]) -> None:
         """Keep recently read messages for redelivery without a seek."""
         cache = self._messages
-        for message in messages:
-            cache[message.offset] = message
-        while len(cache) > 8192:
-            cache.popitem(last=False)
+        with self._cache_lock:
+            for message in messages:
+                cache[message.offset] = message
+            while len(cache) > 8192:
+                cache.popitem(last=False)
 
     def first_offset(self) -> int:
         segments = list_segments(self.path)
@@ -273,6 +277,12 @@ class Topic:
 
     def gc_due(self) -> bool:
         return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
+
+    @property
+    def failed(self) -> bool:
+        """True when one of its journal writers failed (a sync did): reopen the topic."""
+        writers = [self._writer, *(channel._writer for channel in self._channels.values())]
+        return any(writer is not None and writer.failed for writer in writers)
 
     def close(self) -> None:
         for channel in self._channels.values():

@@ -1,0 +1,1 @@
+"""The HTTP server: mq's REST API, the Amazon SQS JSON protocol, metrics (``journalq serve``)."""

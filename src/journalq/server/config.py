@@ -1,0 +1,53 @@
+"""The server's settings: one frozen object, from the command line or the environment.
+
+Uvicorn's worker processes (``--workers N``) import the app anew, so the settings travel to them
+as JSON in the ``JOURNALQ_SERVER`` environment variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENVIRONMENT_VARIABLE = "JOURNALQ_SERVER"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    data: Path = Path("data")
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    sync: str = "always"
+    """Answer only once the data is on stable storage (mq's promise); ``none`` for speed."""
+    rest_token: str | None = None
+    """A bearer token the REST API requires (None: the REST API is open)."""
+    aws_credentials: dict[str, str] = field(default_factory=dict)
+    """Access key id -> secret key: SigV4 signatures the SQS API requires (empty: open)."""
+    account_id: str = "000000000000"
+    region: str = "us-east-1"
+    max_message_size: int = 1024 * 1024
+    """Largest message body the REST API takes; SQS takes at most 256 KiB, as Amazon does."""
+    max_request_size: int = 2 * 1024 * 1024
+    body_timeout: float = 10.0
+    """Seconds a client may take to send a request body before it is answered 408."""
+    retry_after: int = 1
+    """Seconds a 503 (storage full or failing) tells clients to wait before trying again."""
+
+    def to_environment(self) -> str:
+        data = dataclasses.asdict(self)
+        data["data"] = str(self.data)
+        return json.dumps(data)
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str] | None = None) -> ServerConfig:
+        raw = (os.environ if environ is None else environ).get(ENVIRONMENT_VARIABLE)
+        if not raw:
+            return cls()
+        data: dict[str, Any] = json.loads(raw)
+        data["data"] = Path(data["data"])
+        return cls(**data)

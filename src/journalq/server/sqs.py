@@ -1,0 +1,1401 @@
+"""The Amazon SQS JSON 1.0 protocol over a ``Broker``, as request -> response functions.
+
+Sans-I/O: ``SqsProtocol.handle(action, request, base_url)`` takes the action (the part of
+``X-Amz-Target: AmazonSQS.<Action>`` after the dot) and the decoded JSON body, and returns the
+JSON answer as a dict, or raises ``SqsError`` (an SQS error: the app answers it with
+``{"__type": error.type, "message": error.message}``, ``error.status`` and the header
+``x-amzn-query-error: error.query_error``). Storage failures (``journalq.errors.StorageError``:
+a full disk, an I/O error) propagate: the app answers them 503 with ``Retry-After``. It blocks
+(``ReceiveMessage`` long-polls up to 20 seconds): call it from a worker thread. It is thread-safe.
+
+How SQS maps onto journalq:
+
+* A queue is a journalq queue (a topic and its ``default`` channel); its URL is
+  ``{base_url}/{account_id}/{name}`` and any URL whose last path segment is the name reaches it.
+  Queues made through the REST API or the CLI are listed and usable too.
+* Queue attributes are ``QueueSettings`` where journalq has the setting (VisibilityTimeout,
+  DelaySeconds, MessageRetentionPeriod, ReceiveMessageWaitTimeSeconds, RedrivePolicy, FifoQueue,
+  ContentBasedDeduplication). What journalq has no setting for (MaximumMessageSize, tags, Policy,
+  RedriveAllowPolicy, the KMS/SSE attributes, FifoThroughputLimit, the creation time, the message
+  move tasks run) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
+  process and deleted with the queue. Policy and the KMS/SSE attributes are stored and echoed,
+  never enforced.
+* Message ids are journalq's (the offset, in decimal); FIFO sequence numbers are the offset,
+  zero-padded to 20 digits. Receipt handles are journalq's receipts.
+* Bodies travel as UTF-8. A body that is not valid UTF-8 (sent through the REST API, which takes
+  any bytes) is delivered decoded with ``errors="replace"`` (U+FFFD for each bad byte), and its
+  ``MD5OfBody`` is that of the text delivered, so that SDKs that check it accept it.
+* ``AWSTraceHeader`` (the one message system attribute) is stored as the message attribute
+  ``AWS.TraceHeader``, a name SQS reserves (no SQS client can send it), and is delivered as the
+  system attribute, never among ``MessageAttributes``.
+* ``DeleteMessage`` with the receipt of a delivery that is over (the message was deleted, or
+  received again since) succeeds without deleting anything, as on SQS (``ChangeMessageVisibility``
+  with one is ``InvalidParameterValue``, as on SQS); a receipt that is not one of the queue's is
+  ``ReceiptHandleIsInvalid``.
+* ``StartMessageMoveTask`` runs the move at once (``Queue.redrive``) and answers when it is done;
+  ``MaxNumberOfMessagesPerSecond`` is accepted and ignored.
+* ``ApproximateFirstReceiveTimestamp`` is remembered in memory by the process that made the first
+  delivery (journalq does not store it); elsewhere, or after a restart, it is the time of the
+  current receive. ``SenderId`` is the account id.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import fcntl
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from journalq.errors import (
+    InvalidMessageError,
+    InvalidNameError,
+    InvalidSettingError,
+    QueueNotFoundError,
+    ReceiptError,
+)
+from journalq.queue import settings as settings_file
+from journalq.queue.broker import Broker, Queue
+from journalq.queue.channel import ReceivedMessage
+from journalq.queue.envelope import Attribute
+from journalq.queue.settings import QueueSettings, check_name
+from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
+
+# -- errors -----------------------------------------------------------------------------------
+
+_QUERY_ERRORS: dict[str, tuple[str, int]] = {
+    # modeled error shape -> (the code of the former Query protocol, HTTP status), as SQS answers
+    "QueueDoesNotExist": ("AWS.SimpleQueueService.NonExistentQueue", 400),
+    "QueueNameExists": ("QueueAlreadyExists", 400),
+    "QueueDeletedRecently": ("AWS.SimpleQueueService.QueueDeletedRecently", 400),
+    "BatchEntryIdsNotDistinct": ("AWS.SimpleQueueService.BatchEntryIdsNotDistinct", 400),
+    "BatchRequestTooLong": ("AWS.SimpleQueueService.BatchRequestTooLong", 400),
+    "EmptyBatchRequest": ("AWS.SimpleQueueService.EmptyBatchRequest", 400),
+    "InvalidBatchEntryId": ("AWS.SimpleQueueService.InvalidBatchEntryId", 400),
+    "TooManyEntriesInBatchRequest": ("AWS.SimpleQueueService.TooManyEntriesInBatchRequest", 400),
+    "MessageNotInflight": ("AWS.SimpleQueueService.MessageNotInflight", 400),
+    "PurgeQueueInProgress": ("AWS.SimpleQueueService.PurgeQueueInProgress", 403),
+    "UnsupportedOperation": ("AWS.SimpleQueueService.UnsupportedOperation", 400),
+    "ReceiptHandleIsInvalid": ("ReceiptHandleIsInvalid", 400),
+    "InvalidAttributeName": ("InvalidAttributeName", 400),
+    "InvalidAttributeValue": ("InvalidAttributeValue", 400),
+    "InvalidMessageContents": ("InvalidMessageContents", 400),
+    "InvalidIdFormat": ("InvalidIdFormat", 400),
+    "OverLimit": ("OverLimit", 403),
+    "RequestThrottled": ("RequestThrottled", 403),
+    "InvalidAddress": ("InvalidAddress", 404),
+    "InvalidSecurity": ("InvalidSecurity", 403),
+    "ResourceNotFoundException": ("ResourceNotFoundException", 404),
+}
+_ALIASES = {query: shape for shape, (query, _) in _QUERY_ERRORS.items() if query != shape}
+
+
+class SqsError(Exception):
+    """An error as SQS answers it. ``code`` is the error's shape name (``QueueDoesNotExist``,
+    ``QueueNameExists``, ...) or, for SQS's common errors, the code itself
+    (``InvalidParameterValue``, ``MissingParameter``, ``InvalidAction``, ...); the Query codes
+    (``QueueAlreadyExists``, ``AWS.SimpleQueueService.NonExistentQueue``) are accepted too.
+    ``status`` defaults to the one SQS uses for the code (400 for most)."""
+
+    def __init__(self, code: str, message: str, status: int | None = None, sender: bool = True) -> None:
+        code = _ALIASES.get(code, code)
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        query_code, default_status = _QUERY_ERRORS.get(code, (code, 400))
+        self.query_code = query_code
+        self.status = default_status if status is None else status
+        self.sender = sender
+
+    @property
+    def type(self) -> str:
+        """The ``__type`` of the JSON answer."""
+        return f"com.amazonaws.sqs#{self.code}"
+
+    @property
+    def query_error(self) -> str:
+        """The ``x-amzn-query-error`` header: the Query code and who is at fault."""
+        return f"{self.query_code};{'Sender' if self.sender else 'Receiver'}"
+
+    def entry(self, entry_id: str) -> dict[str, Any]:
+        """This error as a ``Failed`` entry of a batch answer."""
+        return {"Id": entry_id, "SenderFault": self.sender, "Code": self.query_code, "Message": self.message}
+
+
+def _invalid(message: str) -> SqsError:
+    return SqsError("InvalidParameterValue", message)
+
+
+def _missing(name: str) -> SqsError:
+    return SqsError("MissingParameter", f"The request must contain the parameter {name}.")
+
+
+def _no_queue() -> SqsError:
+    return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+
+
+# -- limits and formats -------------------------------------------------------------------------
+
+MAX_BATCH = 10
+MAX_ATTRIBUTES = 10
+MAX_TAGS = 50
+MAX_VISIBILITY = 12 * 3600
+TRACE_ATTRIBUTE = "AWS.TraceHeader"
+"""The message attribute that carries ``AWSTraceHeader`` (a name SQS reserves for itself)."""
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
+_FIFO_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
+_BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+_DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[A-Za-z0-9_.-]{1,250})?")
+_GROUP_OR_DEDUP_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+_BAD_CHARACTER = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_VALID_CHARACTERS = "#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF"
+
+_DYNAMIC_ATTRIBUTES = (
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+    "CreatedTimestamp",
+    "LastModifiedTimestamp",
+    "QueueArn",
+)
+_STORED_ATTRIBUTES = (
+    "Policy",
+    "RedriveAllowPolicy",
+    "KmsMasterKeyId",
+    "KmsDataKeyReusePeriodSeconds",
+    "SqsManagedSseEnabled",
+    "FifoThroughputLimit",
+)
+_QUEUE_ATTRIBUTES = frozenset(
+    (
+        "VisibilityTimeout",
+        "DelaySeconds",
+        "MessageRetentionPeriod",
+        "ReceiveMessageWaitTimeSeconds",
+        "RedrivePolicy",
+        "FifoQueue",
+        "ContentBasedDeduplication",
+        "DeduplicationScope",
+        "MaximumMessageSize",
+        *_STORED_ATTRIBUTES,
+        *_DYNAMIC_ATTRIBUTES,
+    )
+)
+_SYSTEM_ATTRIBUTES = frozenset(
+    (
+        "SenderId",
+        "SentTimestamp",
+        "ApproximateReceiveCount",
+        "ApproximateFirstReceiveTimestamp",
+        "SequenceNumber",
+        "MessageDeduplicationId",
+        "MessageGroupId",
+        "AWSTraceHeader",
+        "DeadLetterQueueSourceArn",
+    )
+)
+
+
+def _check_characters(text: str, what: str, code: str = "InvalidMessageContents") -> None:
+    bad = _BAD_CHARACTER.search(text)
+    if bad is not None:
+        raise SqsError(
+            code,
+            f"Invalid binary character '#x{ord(bad.group()):X}' was found in {what}, the set of "
+            f"allowed characters is {_VALID_CHARACTERS}",
+        )
+
+
+def _integer(
+    request: Mapping[str, Any], name: str, low: int, high: int, reason: str | None = None
+) -> int | None:
+    """The integer parameter ``name`` (None when absent), from ``low`` to ``high``."""
+    value = request.get(name)
+    if value is None:
+        return None
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,12}", value.strip()):
+        number = int(value)
+    if number is None or not low <= number <= high:
+        raise _invalid(
+            f"Value {value} for parameter {name} is invalid. Reason: {reason or f'Must be between {low} and {high}'}."
+        )
+    return number
+
+
+def _string(request: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
+    value = request.get(name)
+    if value is None or (required and value == ""):
+        if required:
+            raise _missing(name)
+        return None
+    if not isinstance(value, str):
+        raise _invalid(f"Value {value!r} for parameter {name} is invalid. Reason: it must be a string.")
+    return value
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise SqsError(
+        "InvalidAttributeValue", f"Invalid value for the parameter {name}: {value!r} (true or false)."
+    )
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _check_number_value(name: str, value: str) -> None:
+    """SQS's Number: up to 38 significant digits, from -10^128 to 10^126."""
+    try:
+        number = Decimal(value) if _NUMBER.fullmatch(value.strip()) else None
+    except InvalidOperation:
+        number = None
+    if number is None or not number.is_finite():
+        raise _invalid(f"Can't cast the value of message (user) attribute '{name}' to a number.")
+    digits = "".join(map(str, number.as_tuple().digits)).strip("0")
+    if len(digits) > 38 or (number != 0 and not -128 <= number.adjusted() <= 126):
+        raise _invalid(
+            f"Value of message (user) attribute '{name}' is out of range: numbers have up to 38 digits "
+            "of precision, from -10^128 to 10^126."
+        )
+
+
+def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str, Any]]:
+    """The ``Entries`` of a batch action, with its request-wide rules checked."""
+    entries = request.get("Entries")
+    if not entries:
+        raise SqsError(
+            "EmptyBatchRequest",
+            "There should be at least one SendMessageBatchRequestEntry in the request."
+            if send
+            else "There should be at least one entry in the request.",
+        )
+    if not isinstance(entries, list):
+        raise _invalid("Entries must be a list.")
+    if len(entries) > MAX_BATCH:
+        raise SqsError(
+            "TooManyEntriesInBatchRequest",
+            f"Maximum number of entries per request are {MAX_BATCH}. You have sent {len(entries)}.",
+        )
+    seen: set[str] = set()
+    for entry in entries:
+        entry_id = entry.get("Id") if isinstance(entry, dict) else None
+        if not isinstance(entry_id, str) or not _BATCH_ID.fullmatch(entry_id):
+            raise SqsError(
+                "InvalidBatchEntryId",
+                "A batch entry id can only contain alphanumeric characters, hyphens and underscores. "
+                "It can be at most 80 letters long.",
+            )
+        if entry_id in seen:
+            raise SqsError("BatchEntryIdsNotDistinct", f"Id {entry_id} repeated.")
+        seen.add(entry_id)
+    return entries
+
+
+# -- the state SQS has that journalq does not: sqs.json beside the queue -----------------------
+
+SIDECAR = "sqs.json"
+
+
+class _Sidecar:
+    """``ROOT/NAME/sqs.json``: a small JSON object per queue, changed under a lock (a ``flock``
+    on the queue's directory, and a mutex for this process's threads)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._mutex = threading.Lock()
+        self._cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+    def read(self, name: str) -> dict[str, Any]:
+        """The queue's data, read-only (cached while the file stays the same: every change
+        replaces the file, so its inode tells)."""
+        file = self.root / name / SIDECAR
+        try:
+            st = file.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            self._cache.pop(name, None)
+            return {}
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._cache.get(name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        data = self._load(name)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[name] = (key, data)
+        return data
+
+    def _load(self, name: str) -> dict[str, Any]:
+        try:
+            data = json.loads((self.root / name / SIDECAR).read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError):
+            return {}  # damaged: treat as empty rather than make the queue unusable
+        return data if isinstance(data, dict) else {}
+
+    @contextlib.contextmanager
+    def change(self, name: str) -> Iterator[dict[str, Any]]:
+        """``with sidecar.change(name) as data:`` change ``data``; written when the block ends."""
+        directory = self.root / name
+        with self._mutex:
+            try:
+                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise _no_queue() from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                data = self._load(name)
+                before = json.dumps(data, sort_keys=True)
+                yield data
+                if json.dumps(data, sort_keys=True) != before:
+                    tmp = directory / f"{SIDECAR}.{os.getpid()}.{threading.get_ident()}.tmp"
+                    try:
+                        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+                        os.replace(tmp, directory / SIDECAR)
+                    except FileNotFoundError:
+                        raise _no_queue() from None  # deleted meanwhile
+            finally:
+                os.close(fd)
+
+
+# -- the protocol -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Outgoing:
+    """A message to send, checked: what ``send_many`` takes and what the answer needs."""
+
+    item: dict[str, Any]
+    answer: dict[str, Any]
+    size: int
+
+
+class SqsProtocol:
+    """Amazon SQS actions over ``broker``. ``max_message_size``: the largest message (body and
+    attributes) and the largest batch this endpoint takes, and the highest MaximumMessageSize a
+    queue may have (SQS's limit is 262144 bytes)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        account_id: str = "000000000000",
+        region: str = "us-east-1",
+        max_message_size: int = 262144,
+    ) -> None:
+        self.broker = broker
+        self.account_id = account_id
+        self.region = region
+        self.max_message_size = max_message_size
+        self._sidecar = _Sidecar(broker.root)
+        self._first_receive: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._first_receive_lock = threading.Lock()
+        self._actions: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
+            "CreateQueue": self.create_queue,
+            "GetQueueUrl": self.get_queue_url,
+            "ListQueues": self.list_queues,
+            "GetQueueAttributes": self.get_queue_attributes,
+            "SetQueueAttributes": self.set_queue_attributes,
+            "PurgeQueue": self.purge_queue,
+            "DeleteQueue": self.delete_queue,
+            "SendMessage": self.send_message,
+            "SendMessageBatch": self.send_message_batch,
+            "ReceiveMessage": self.receive_message,
+            "DeleteMessage": self.delete_message,
+            "DeleteMessageBatch": self.delete_message_batch,
+            "ChangeMessageVisibility": self.change_message_visibility,
+            "ChangeMessageVisibilityBatch": self.change_message_visibility_batch,
+            "ListDeadLetterSourceQueues": self.list_dead_letter_source_queues,
+            "StartMessageMoveTask": self.start_message_move_task,
+            "ListMessageMoveTasks": self.list_message_move_tasks,
+            "CancelMessageMoveTask": self.cancel_message_move_task,
+            "TagQueue": self.tag_queue,
+            "UntagQueue": self.untag_queue,
+            "ListQueueTags": self.list_queue_tags,
+            "AddPermission": self._unsupported,
+            "RemovePermission": self._unsupported,
+        }
+
+    @property
+    def actions(self) -> list[str]:
+        return sorted(self._actions)
+
+    def handle(self, action: str, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        """Run ``action`` with the JSON ``request``; returns the JSON answer or raises ``SqsError``."""
+        method = self._actions.get(action)
+        if method is None:
+            raise SqsError("InvalidAction", f"The action {action} is not valid for this endpoint.")
+        if not isinstance(request, dict):
+            raise SqsError("InvalidParameterValue", "The request body must be a JSON object.")
+        try:
+            return method(request, base_url.rstrip("/"))
+        except SqsError:
+            raise
+        except QueueNotFoundError:
+            raise _no_queue() from None
+        except ReceiptError as exc:
+            raise SqsError("ReceiptHandleIsInvalid", str(exc)) from None
+        except (InvalidNameError, InvalidSettingError, InvalidMessageError) as exc:
+            raise _invalid(str(exc)) from None
+
+    # -- names, URLs, ARNs ------------------------------------------------------------------------
+
+    def queue_url(self, base_url: str, name: str) -> str:
+        return f"{base_url.rstrip('/')}/{self.account_id}/{name}"
+
+    def queue_arn(self, name: str) -> str:
+        return f"arn:aws:sqs:{self.region}:{self.account_id}:{name}"
+
+    @staticmethod
+    def name_of_arn(arn: Any, parameter: str) -> str:
+        """The queue name of ``arn:aws:sqs:REGION:ACCOUNT:NAME`` (any region and account)."""
+        parts = arn.split(":", 5) if isinstance(arn, str) else []
+        if len(parts) != 6 or parts[0] != "arn" or parts[2] != "sqs" or not parts[5]:
+            raise _invalid(
+                f"Value {arn} for parameter {parameter} is invalid. Reason: it is not an Amazon SQS queue ARN."
+            )
+        return parts[5]
+
+    def _name_of_url(self, request: Mapping[str, Any]) -> str:
+        url = _string(request, "QueueUrl", required=True)
+        assert url is not None
+        path = urlsplit(url).path if "://" in url else url
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        try:
+            check_name(name)
+        except InvalidNameError:
+            raise _no_queue() from None
+        return name
+
+    def _existing(self, name: str) -> str:
+        try:
+            if self.broker.exists(name):
+                return name
+        except InvalidNameError:
+            pass
+        raise _no_queue()
+
+    def _queue(self, name: str) -> Queue:
+        self._existing(name)
+        return self.broker.queue(name, create=False)
+
+    def _settings(self, name: str) -> QueueSettings:
+        """The queue's settings as stored (what another process may have changed too)."""
+        settings = settings_file.load(self.broker.root / name)
+        if settings is None:
+            raise _no_queue()
+        return settings
+
+    # -- queue attributes ---------------------------------------------------------------------------
+
+    def _parse_attributes(
+        self, attributes: Any, *, fifo: bool, creating: bool
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """SQS queue attributes -> (QueueSettings changes, attributes kept in sqs.json)."""
+        if attributes is None:
+            return {}, {}
+        if not isinstance(attributes, dict):
+            raise SqsError("InvalidAttributeValue", "Attributes must be a map of attribute names to values.")
+        changes: dict[str, Any] = {}
+        stored: dict[str, Any] = {}
+
+        def integer(name: str, value: Any, low: int, high: int) -> int:
+            text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+            if not re.fullmatch(r"\d{1,12}", text) or not low <= int(text) <= high:
+                raise SqsError(
+                    "InvalidAttributeValue",
+                    f"Invalid value for the parameter {name}: {value!r} (an integer from {low} to {high}).",
+                )
+            return int(text)
+
+        for name, value in attributes.items():
+            if name == "VisibilityTimeout":
+                changes["visibility_timeout"] = integer(name, value, 0, MAX_VISIBILITY)
+            elif name == "DelaySeconds":
+                changes["delay"] = integer(name, value, 0, 900)
+            elif name == "MessageRetentionPeriod":
+                changes["retention_seconds"] = integer(name, value, 60, 1209600)
+            elif name == "ReceiveMessageWaitTimeSeconds":
+                changes["receive_wait"] = integer(name, value, 0, 20)
+            elif name == "MaximumMessageSize":
+                stored[name] = integer(name, value, 1024, self.max_message_size)
+            elif name == "RedrivePolicy":
+                changes.update(self._parse_redrive_policy(value, fifo))
+            elif name == "FifoQueue":
+                if not creating:
+                    raise SqsError(
+                        "InvalidAttributeName", "FifoQueue can only be set when the queue is created."
+                    )
+                changes["fifo"] = _boolean(name, value)
+            elif (
+                name in ("ContentBasedDeduplication", "DeduplicationScope", "FifoThroughputLimit")
+                and not fifo
+            ):
+                raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
+            elif name == "ContentBasedDeduplication":
+                changes["content_based_dedup"] = _boolean(name, value)
+            elif name == "DeduplicationScope":
+                if value == "messageGroup":
+                    raise SqsError(
+                        "InvalidAttributeValue",
+                        "DeduplicationScope messageGroup is not supported: deduplication is per queue.",
+                    )
+                if value != "queue":
+                    raise SqsError(
+                        "InvalidAttributeValue",
+                        f"Invalid value for the parameter DeduplicationScope: {value!r}.",
+                    )
+            elif name == "FifoThroughputLimit":
+                if value not in ("perQueue", "perMessageGroupId"):
+                    raise SqsError(
+                        "InvalidAttributeValue",
+                        f"Invalid value for the parameter FifoThroughputLimit: {value!r}.",
+                    )
+                stored[name] = value
+            elif name in ("Policy", "RedriveAllowPolicy"):
+                if not isinstance(value, str):
+                    raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
+                if value:
+                    try:
+                        json.loads(value)
+                    except ValueError:
+                        raise SqsError(
+                            "InvalidAttributeValue", f"Invalid value for the parameter {name}: not JSON."
+                        ) from None
+                stored[name] = value
+            elif name == "KmsMasterKeyId":
+                if not isinstance(value, str):
+                    raise SqsError("InvalidAttributeValue", "Invalid value for the parameter KmsMasterKeyId.")
+                stored[name] = value
+            elif name == "KmsDataKeyReusePeriodSeconds":
+                stored[name] = integer(name, value, 60, 86400)
+            elif name == "SqsManagedSseEnabled":
+                stored[name] = "true" if _boolean(name, value) else "false"
+            else:
+                raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
+        return changes, stored
+
+    def _parse_redrive_policy(self, value: Any, fifo: bool) -> dict[str, Any]:
+        if value in ("", None, {}):
+            return {"dead_letter_queue": None, "max_receive_count": None}
+        try:
+            policy = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            policy = None
+        if (
+            not isinstance(policy, dict)
+            or "deadLetterTargetArn" not in policy
+            or "maxReceiveCount" not in policy
+        ):
+            raise SqsError(
+                "InvalidAttributeValue",
+                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Redrive policy is not a JSON "
+                "object with deadLetterTargetArn and maxReceiveCount.",
+            )
+        count = policy["maxReceiveCount"]
+        if isinstance(count, str) and count.strip().isdigit():
+            count = int(count)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
+            raise SqsError(
+                "InvalidAttributeValue",
+                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Invalid value for maxReceiveCount: "
+                f"{policy['maxReceiveCount']}, valid values are from 1 to 1000 both inclusive.",
+            )
+        target = self.name_of_arn(policy["deadLetterTargetArn"], "RedrivePolicy")
+        try:
+            target_settings = settings_file.load(self.broker.root / target) if check_name(target) else None
+        except InvalidNameError:
+            target_settings = None
+        if target_settings is None:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Dead letter target does not exist.",
+            )
+        if target_settings.fifo != fifo:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Dead-letter target owner queue "
+                "and the dead-letter queue must both be FIFO queues or both be standard queues.",
+            )
+        return {"dead_letter_queue": target, "max_receive_count": count}
+
+    def _static_attributes(self, settings: QueueSettings, stored: Mapping[str, Any]) -> dict[str, str]:
+        """The attributes that settings and sqs.json give (all but counts, times and the ARN)."""
+        out = {
+            "VisibilityTimeout": _number_text(settings.visibility_timeout),
+            "DelaySeconds": _number_text(settings.delay),
+            "ReceiveMessageWaitTimeSeconds": _number_text(settings.receive_wait),
+            "MaximumMessageSize": str(stored.get("MaximumMessageSize", self.max_message_size)),
+            "SqsManagedSseEnabled": str(stored.get("SqsManagedSseEnabled", "false")),
+        }
+        if settings.retention_seconds is not None:  # None: kept until consumed, which SQS cannot say
+            out["MessageRetentionPeriod"] = _number_text(settings.retention_seconds)
+        if settings.dead_letter_queue is not None and settings.max_receive_count is not None:
+            out["RedrivePolicy"] = json.dumps(
+                {
+                    "deadLetterTargetArn": self.queue_arn(settings.dead_letter_queue),
+                    "maxReceiveCount": settings.max_receive_count,
+                },
+                separators=(",", ":"),
+            )
+        if settings.fifo:
+            out["FifoQueue"] = "true"
+            out["ContentBasedDeduplication"] = "true" if settings.content_based_dedup else "false"
+            out["DeduplicationScope"] = "queue"
+            out["FifoThroughputLimit"] = str(stored.get("FifoThroughputLimit", "perQueue"))
+        for name in ("Policy", "RedriveAllowPolicy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds"):
+            if name in stored:
+                out[name] = str(stored[name])
+        return out
+
+    def _times(self, name: str, sidecar: Mapping[str, Any]) -> tuple[int, int]:
+        """(created, last modified) in seconds since the epoch."""
+        path = self.broker.root / name
+        try:
+            settings_mtime = (path / settings_file.SETTINGS_FILE).stat().st_mtime
+        except FileNotFoundError:
+            raise _no_queue() from None
+        created = sidecar.get("created")
+        if not isinstance(created, (int, float)):
+            try:  # made once, with the queue's channel, and never changed
+                created = (path / "channels" / "default" / "channel.id").stat().st_mtime
+            except FileNotFoundError:
+                created = settings_mtime
+        modified = max(settings_mtime, float(sidecar.get("modified", 0)))
+        return int(created), int(modified)
+
+    # -- actions: queues ------------------------------------------------------------------------------
+
+    def create_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = _string(request, "QueueName", required=True)
+        assert name is not None
+        attributes = request.get("Attributes") or {}
+        if not isinstance(attributes, dict):
+            raise SqsError("InvalidAttributeValue", "Attributes must be a map of attribute names to values.")
+        fifo = _boolean("FifoQueue", attributes["FifoQueue"]) if "FifoQueue" in attributes else False
+        if name.endswith(".fifo") or fifo:
+            if not (fifo and _FIFO_QUEUE_NAME.fullmatch(name)):
+                raise _invalid(
+                    "The name of a FIFO queue can only include alphanumeric characters, hyphens, or underscores, "
+                    "must end with .fifo suffix and be 1 to 80 in length."
+                )
+        elif not _QUEUE_NAME.fullmatch(name):
+            raise _invalid(
+                "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length"
+            )
+        tags = request.get("tags", request.get("Tags")) or {}
+        self._check_tags(tags)
+        changes, stored = self._parse_attributes(attributes, fifo=fifo, creating=True)
+        path = self.broker.root / name
+        current = settings_file.load(path)
+        if current is not None:
+            self._check_same(name, current, changes, stored, attributes)
+            return {"QueueUrl": self.queue_url(base_url, name)}
+        try:
+            self.broker.queue(name, create=True, **changes)
+        except InvalidSettingError as exc:
+            raise SqsError("InvalidAttributeValue", str(exc)) from None
+        now = time.time()
+        with self._sidecar.change(name) as sidecar:
+            sidecar.setdefault("created", now)
+            sidecar["modified"] = now
+            sidecar.setdefault("attributes", {}).update(stored)
+            if tags:
+                sidecar["tags"] = dict(tags)
+        return {"QueueUrl": self.queue_url(base_url, name)}
+
+    def _check_same(
+        self,
+        name: str,
+        current: QueueSettings,
+        changes: dict[str, Any],
+        stored: dict[str, Any],
+        given: Mapping[str, Any],
+    ) -> None:
+        """CreateQueue of an existing queue: fine when the attributes given are the queue's."""
+        current_stored = self._sidecar.read(name).get("attributes", {})
+        try:
+            wanted = current.replace(**changes)
+        except InvalidSettingError as exc:
+            raise SqsError("InvalidAttributeValue", str(exc)) from None
+        before = self._static_attributes(current, current_stored)
+        after = self._static_attributes(wanted, {**current_stored, **stored})
+        before.setdefault("FifoQueue", "false")
+        after.setdefault("FifoQueue", "false")
+        for attribute in given:
+            if before.get(attribute) != after.get(attribute):
+                raise SqsError(
+                    "QueueNameExists",
+                    f"A queue already exists with the same name and a different value for attribute {attribute}",
+                )
+
+    def get_queue_url(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = _string(request, "QueueName", required=True)
+        assert name is not None
+        return {"QueueUrl": self.queue_url(base_url, self._existing(name))}
+
+    def list_queues(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        prefix = _string(request, "QueueNamePrefix") or ""
+        names = [n for n in self.broker.names() if n.startswith(prefix)]
+        return self._page(request, names, "QueueUrls", base_url)
+
+    def _page(
+        self, request: Mapping[str, Any], names: list[str], key: str, base_url: str, always: bool = False
+    ) -> dict[str, Any]:
+        """A page of queue URLs: up to MaxResults (1 to 1000) after NextToken, or the first 1000."""
+        limit = _integer(request, "MaxResults", 1, 1000)
+        token = _string(request, "NextToken")
+        if token:
+            try:
+                after = json.loads(base64.urlsafe_b64decode(token.encode()))["after"]
+            except (ValueError, KeyError, TypeError, binascii.Error):
+                raise _invalid("Invalid NextToken value.") from None
+            names = [n for n in names if n > after]
+        answer: dict[str, Any] = {}
+        page = names[: limit or 1000]
+        if page or always:
+            answer[key] = [self.queue_url(base_url, n) for n in page]
+        if limit is not None and len(names) > limit:
+            answer["NextToken"] = base64.urlsafe_b64encode(json.dumps({"after": page[-1]}).encode()).decode()
+        return answer
+
+    def get_queue_attributes(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._name_of_url(request)
+        wanted = request.get("AttributeNames") or []
+        if not isinstance(wanted, list):
+            raise _invalid("AttributeNames must be a list.")
+        for attribute in wanted:
+            if attribute != "All" and attribute not in _QUEUE_ATTRIBUTES:
+                raise SqsError("InvalidAttributeName", f"Unknown Attribute {attribute}.")
+        if not wanted:
+            self._existing(name)
+            return {}
+        every = "All" in wanted
+        settings = self._settings(name)
+        sidecar = self._sidecar.read(name)
+        values = self._static_attributes(settings, sidecar.get("attributes", {}))
+        if every or {"CreatedTimestamp", "LastModifiedTimestamp"} & set(wanted):
+            created, modified = self._times(name, sidecar)
+            values["CreatedTimestamp"] = str(created)
+            values["LastModifiedTimestamp"] = str(modified)
+        values["QueueArn"] = self.queue_arn(name)
+        if every or any(a.startswith("ApproximateNumberOfMessages") for a in wanted):
+            stats = self._queue(name).stats()
+            values["ApproximateNumberOfMessages"] = str(stats.available)
+            values["ApproximateNumberOfMessagesNotVisible"] = str(stats.in_flight)
+            values["ApproximateNumberOfMessagesDelayed"] = str(stats.delayed)
+        if not every:
+            values = {k: v for k, v in values.items() if k in wanted}
+        return {"Attributes": values} if values else {}
+
+    def set_queue_attributes(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._name_of_url(request)
+        attributes = request.get("Attributes")
+        if attributes is None:
+            raise _missing("Attributes")
+        current = self._settings(name)
+        changes, stored = self._parse_attributes(attributes, fifo=current.fifo, creating=False)
+        if changes:
+            try:
+                self.broker.configure(name, **changes)
+            except InvalidSettingError as exc:
+                raise SqsError("InvalidAttributeValue", str(exc)) from None
+        with self._sidecar.change(name) as sidecar:
+            sidecar.setdefault("attributes", {}).update(stored)
+            if changes or stored:
+                sidecar["modified"] = time.time()
+        return {}
+
+    def purge_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        self._queue(self._name_of_url(request)).purge()
+        return {}
+
+    def delete_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._existing(self._name_of_url(request))
+        self.broker.delete(name)
+        with self._first_receive_lock:
+            for key in [k for k in self._first_receive if k[0] == name]:
+                del self._first_receive[key]
+        return {}
+
+    def list_dead_letter_source_queues(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._existing(self._name_of_url(request))
+        return self._page(request, self._sources_of(name), "queueUrls", base_url, always=True)
+
+    def _sources_of(self, name: str) -> list[str]:
+        """The queues whose RedrivePolicy names ``name``."""
+        sources = []
+        for other in self.broker.names():
+            try:
+                settings = settings_file.load(self.broker.root / other)
+            except InvalidSettingError:
+                continue  # a damaged queue.json is that queue's problem, not this listing's
+            if settings is not None and settings.dead_letter_queue == name:
+                sources.append(other)
+        return sources
+
+    # -- actions: tags ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_tags(tags: Any) -> None:
+        if not isinstance(tags, dict):
+            raise _invalid("Tags must be a map of tag keys to values.")
+        for key, value in tags.items():
+            if not isinstance(key, str) or not 1 <= len(key) <= 128:
+                raise _invalid(f"Tag key {key!r} is invalid: 1 to 128 characters.")
+            if not isinstance(value, str) or len(value) > 256:
+                raise _invalid(f"Tag value for key {key!r} is invalid: a string of at most 256 characters.")
+        if len(tags) > MAX_TAGS:
+            raise _invalid(f"Too many tags: a queue has at most {MAX_TAGS}.")
+
+    def tag_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._existing(self._name_of_url(request))
+        tags = request.get("Tags")
+        if tags is None:
+            raise _missing("Tags")
+        self._check_tags(tags)
+        with self._sidecar.change(name) as sidecar:
+            merged = {**sidecar.get("tags", {}), **tags}
+            if len(merged) > MAX_TAGS:
+                raise _invalid(f"Too many tags added for queue {name}: a queue has at most {MAX_TAGS}.")
+            sidecar["tags"] = merged
+        return {}
+
+    def untag_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._existing(self._name_of_url(request))
+        keys = request.get("TagKeys")
+        if keys is None:
+            raise _missing("TagKeys")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise _invalid("TagKeys must be a list of strings.")
+        with self._sidecar.change(name) as sidecar:
+            tags = sidecar.get("tags", {})
+            for key in keys:
+                tags.pop(key, None)
+            sidecar["tags"] = tags
+        return {}
+
+    def list_queue_tags(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._existing(self._name_of_url(request))
+        tags = self._sidecar.read(name).get("tags") or {}
+        return {"Tags": dict(tags)} if tags else {}
+
+    # -- actions: sending ---------------------------------------------------------------------------------
+
+    def _outgoing(self, entry: Mapping[str, Any], settings: QueueSettings, limit: int) -> _Outgoing:
+        """Check one message to send (SendMessage's parameters, or a batch entry)."""
+        body = entry.get("MessageBody")
+        if body is None or body == "":
+            raise _missing("MessageBody")
+        if not isinstance(body, str):
+            raise _invalid("MessageBody must be a string.")
+        _check_characters(body, "the message body")
+        encoded = body.encode("utf-8")
+        size = len(encoded)
+
+        delay = _integer(entry, "DelaySeconds", 0, 900)
+        if settings.fifo and delay:
+            raise _invalid(
+                f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request include parameter "
+                "that is not valid for this queue type."
+            )
+
+        attributes: dict[str, Attribute] = {}
+        raw_attributes = entry.get("MessageAttributes") or {}
+        if not isinstance(raw_attributes, dict):
+            raise _invalid("MessageAttributes must be a map of attribute names to values.")
+        if len(raw_attributes) > MAX_ATTRIBUTES:
+            raise _invalid(
+                f"Number of message attributes [{len(raw_attributes)}] exceeds the allowed maximum [{MAX_ATTRIBUTES}]."
+            )
+        for name, value in raw_attributes.items():
+            self._check_attribute_name(name)
+            attributes[name] = self._attribute(name, value, "message (user) attribute")
+            size += (
+                len(name.encode())
+                + len(attributes[name].data_type.encode())
+                + len(
+                    attributes[name].value
+                    if isinstance(attributes[name].value, bytes)
+                    else attributes[name].value.encode()
+                )
+            )
+
+        system: dict[str, Attribute] = {}
+        raw_system = entry.get("MessageSystemAttributes") or {}
+        if not isinstance(raw_system, dict):
+            raise _invalid("MessageSystemAttributes must be a map of attribute names to values.")
+        for name, value in raw_system.items():
+            if name != "AWSTraceHeader":
+                raise _invalid(f"Message system attribute name '{name}' is invalid.")
+            trace = self._attribute(name, value, "message system attribute")
+            if trace.data_type != "String":
+                raise _invalid("Message system attribute 'AWSTraceHeader' must be of type String.")
+            system[name] = trace
+
+        group = _string(entry, "MessageGroupId")
+        dedup = _string(entry, "MessageDeduplicationId")
+        if settings.fifo:
+            if group is None:
+                raise _missing("MessageGroupId")
+            if dedup is None and not settings.content_based_dedup:
+                raise _invalid(
+                    "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId "
+                    "provided explicitly"
+                )
+        else:
+            for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
+                if value is not None:
+                    raise _invalid(
+                        f"Value {value} for parameter {parameter} is invalid. Reason: The request include "
+                        "parameter that is not valid for this queue type."
+                    )
+        for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
+            if value is not None and not _GROUP_OR_DEDUP_ID.fullmatch(value):
+                raise _invalid(
+                    f"Value {value} for parameter {parameter} is invalid. Reason: 1 to 128 alphanumeric or "
+                    "punctuation characters."
+                )
+
+        if size > limit:
+            raise _invalid(
+                f"One or more parameters are invalid. Reason: Message must be shorter than {limit} bytes."
+            )
+
+        stored = dict(attributes)
+        if system:
+            stored[TRACE_ATTRIBUTE] = system["AWSTraceHeader"]
+        item: dict[str, Any] = {"body": encoded, "attributes": stored or None, "delay": delay}
+        if group is not None:
+            item["group_id"] = group
+        if dedup is not None:
+            item["dedup_id"] = dedup
+        answer = {"MD5OfMessageBody": md5_of_body(body)}
+        if attributes:
+            answer["MD5OfMessageAttributes"] = md5_of_message_attributes(attributes)
+        if system:
+            answer["MD5OfMessageSystemAttributes"] = md5_of_message_system_attributes(system)
+        return _Outgoing(item, answer, size)
+
+    @staticmethod
+    def _check_attribute_name(name: Any) -> None:
+        if not isinstance(name, str) or not _ATTRIBUTE_NAME.fullmatch(name):
+            raise _invalid(
+                f"Message (user) attribute name '{name}' is invalid: up to 256 letters, digits, '_', '-' and '.'."
+            )
+        if name.startswith(".") or name.endswith(".") or ".." in name:
+            raise _invalid(
+                f"Message (user) attribute name '{name}' is invalid: no leading, trailing or repeated '.'."
+            )
+        if name.lower().startswith(("aws.", "amazon.")):
+            raise _invalid(
+                f"Message (user) attribute name '{name}' is invalid: the prefixes AWS. and Amazon. are reserved."
+            )
+
+    @staticmethod
+    def _attribute(name: str, value: Any, what: str) -> Attribute:
+        if not isinstance(value, dict):
+            raise _invalid(f"The {what} '{name}' must be an object with DataType and a value.")
+        data_type = value.get("DataType")
+        if not data_type:
+            raise _invalid(f"The {what} '{name}' must contain a non-empty attribute type.")
+        if not isinstance(data_type, str) or len(data_type) > 256 or not _DATA_TYPE.fullmatch(data_type):
+            raise _invalid(
+                f"The type of {what} '{name}' is invalid: String, Number or Binary, with an optional custom suffix."
+            )
+        if value.get("StringListValues") or value.get("BinaryListValues"):
+            raise _invalid(f"The {what} '{name}': StringListValues and BinaryListValues are not supported.")
+        base = data_type.split(".", 1)[0]
+        if base == "Binary":
+            raw = value.get("BinaryValue")
+            if isinstance(raw, (bytes, bytearray)):
+                data = bytes(raw)
+            elif isinstance(raw, str):
+                try:
+                    data = base64.b64decode(raw, validate=True)
+                except (binascii.Error, ValueError):
+                    raise _invalid(f"The {what} '{name}' has a BinaryValue that is not base64.") from None
+            else:
+                data = b""
+            if not data:
+                raise _invalid(f"The {what} '{name}' must contain a non-empty value of type 'Binary'.")
+            return Attribute(data_type, data)
+        text = value.get("StringValue")
+        if not isinstance(text, str) or text == "":
+            raise _invalid(f"The {what} '{name}' must contain a non-empty value of type '{base}'.")
+        _check_characters(text, f"the {what} '{name}'", code="InvalidParameterValue")
+        if base == "Number":
+            _check_number_value(name, text)
+        return Attribute(data_type, text)
+
+    def _limit(self, name: str) -> int:
+        stored = self._sidecar.read(name).get("attributes", {})
+        return min(int(stored.get("MaximumMessageSize", self.max_message_size)), self.max_message_size)
+
+    def _answer(self, message_id: str, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
+        answer = {"MessageId": message_id, **outgoing.answer}
+        if fifo:
+            answer["SequenceNumber"] = f"{int(message_id):020d}"
+        return answer
+
+    def send_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._name_of_url(request)
+        queue = self._queue(name)
+        settings = queue.settings
+        outgoing = self._outgoing(request, settings, self._limit(name))
+        (message_id,) = queue.send_many([outgoing.item])
+        return self._answer(message_id, outgoing, settings.fifo)
+
+    def send_message_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._name_of_url(request)
+        queue = self._queue(name)
+        entries = _entries(request, send=True)
+        settings = queue.settings
+        limit = self._limit(name)
+        total = sum(
+            len(e["MessageBody"].encode("utf-8", "surrogatepass"))
+            for e in entries
+            if isinstance(e.get("MessageBody"), str)
+        )
+        if total > self.max_message_size:
+            raise SqsError(
+                "BatchRequestTooLong",
+                f"Batch requests cannot be longer than {self.max_message_size} bytes. You have sent {total} bytes.",
+            )
+        checked: list[tuple[str, _Outgoing]] = []
+        failed: list[dict[str, Any]] = []
+        for entry in entries:
+            try:
+                checked.append((entry["Id"], self._outgoing(entry, settings, limit)))
+            except SqsError as exc:
+                failed.append(exc.entry(entry["Id"]))
+        if sum(o.size for _, o in checked) > self.max_message_size:
+            raise SqsError(
+                "BatchRequestTooLong", f"Batch requests cannot be longer than {self.max_message_size} bytes."
+            )
+        successful = []
+        if checked:
+            ids = queue.send_many([o.item for _, o in checked])
+            successful = [
+                {"Id": entry_id, **self._answer(mid, o, settings.fifo)}
+                for (entry_id, o), mid in zip(checked, ids)
+            ]
+        return {"Successful": successful, "Failed": failed}
+
+    # -- actions: receiving ------------------------------------------------------------------------------
+
+    def receive_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        name = self._name_of_url(request)
+        queue = self._queue(name)
+        count = _integer(request, "MaxNumberOfMessages", 1, 10, "Must be between 1 and 10, if provided")
+        hide = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
+        wait = _integer(request, "WaitTimeSeconds", 0, 20, "Must be >= 0 and <= 20, if provided")
+        system = set()
+        for parameter in ("AttributeNames", "MessageSystemAttributeNames"):
+            names = request.get(parameter) or []
+            if not isinstance(names, list):
+                raise _invalid(f"{parameter} must be a list.")
+            system.update(n for n in names if isinstance(n, str))
+        if "All" in system:
+            system = set(_SYSTEM_ATTRIBUTES)
+        selectors = request.get("MessageAttributeNames") or []
+        if not isinstance(selectors, list):
+            raise _invalid("MessageAttributeNames must be a list.")
+        received = queue.receive(count or 1, visibility_timeout=hide, wait=wait)
+        if not received:
+            return {}
+        fifo = queue.settings.fifo
+        now_ms = time.time_ns() // 1_000_000
+        return {"Messages": [self._message(name, m, system, selectors, fifo, now_ms) for m in received]}
+
+    def _first_receive_ms(self, name: str, message: ReceivedMessage, now_ms: int) -> int:
+        key = (name, message.id)
+        with self._first_receive_lock:
+            if message.receive_count <= 1:
+                self._first_receive[key] = now_ms
+            first = self._first_receive.setdefault(key, now_ms)
+            self._first_receive.move_to_end(key)
+            while len(self._first_receive) > 100_000:
+                self._first_receive.popitem(last=False)
+        return first
+
+    @staticmethod
+    def _selected(name: str, selectors: list[Any]) -> bool:
+        for selector in selectors:
+            if selector in ("All", ".*") or selector == name:
+                return True
+            if isinstance(selector, str) and selector.endswith(".*") and name.startswith(selector[:-1]):
+                return True
+        return False
+
+    def _message(
+        self,
+        queue: str,
+        message: ReceivedMessage,
+        system: set[str],
+        selectors: list[Any],
+        fifo: bool,
+        now_ms: int,
+    ) -> dict[str, Any]:
+        body = message.body.decode("utf-8", errors="replace")
+        out: dict[str, Any] = {
+            "MessageId": message.id,
+            "ReceiptHandle": message.receipt,
+            "MD5OfBody": md5_of_body(body),
+            "Body": body,
+        }
+        trace = message.attributes.get(TRACE_ATTRIBUTE)
+        attributes: dict[str, str] = {}
+        wanted = system.__contains__
+        if wanted("SenderId"):
+            attributes["SenderId"] = self.account_id
+        if wanted("SentTimestamp"):
+            attributes["SentTimestamp"] = str(message.sent_at_ns // 1_000_000)
+        if wanted("ApproximateReceiveCount"):
+            attributes["ApproximateReceiveCount"] = str(message.receive_count)
+        if wanted("ApproximateFirstReceiveTimestamp"):
+            attributes["ApproximateFirstReceiveTimestamp"] = str(
+                self._first_receive_ms(queue, message, now_ms)
+            )
+        else:
+            self._first_receive_ms(queue, message, now_ms)
+        if fifo and wanted("SequenceNumber"):
+            attributes["SequenceNumber"] = f"{message.offset:020d}"
+        if fifo and wanted("MessageDeduplicationId") and message.dedup_id is not None:
+            attributes["MessageDeduplicationId"] = message.dedup_id
+        if wanted("MessageGroupId") and message.group_id is not None:
+            attributes["MessageGroupId"] = message.group_id
+        if wanted("AWSTraceHeader") and trace is not None and isinstance(trace.value, str):
+            attributes["AWSTraceHeader"] = trace.value
+        source = (message.source or {}).get("queue")
+        if wanted("DeadLetterQueueSourceArn") and isinstance(source, str):
+            attributes["DeadLetterQueueSourceArn"] = self.queue_arn(source)
+        if attributes:
+            out["Attributes"] = attributes
+        chosen = {
+            n: a
+            for n, a in message.attributes.items()
+            if n != TRACE_ATTRIBUTE and self._selected(n, selectors)
+        }
+        if chosen:
+            out["MD5OfMessageAttributes"] = md5_of_message_attributes(chosen)
+            out["MessageAttributes"] = {
+                n: (
+                    {"DataType": a.data_type, "BinaryValue": base64.b64encode(a.value).decode("ascii")}
+                    if isinstance(a.value, bytes)
+                    else {"DataType": a.data_type, "StringValue": a.value}
+                )
+                for n, a in sorted(chosen.items())
+            }
+        return out
+
+    # -- actions: receipts ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _wellformed(queue: Queue, receipt: str) -> bool:
+        """True when ``receipt`` is one of this queue's receipts, whatever its delivery's state.
+
+        journalq raises ``ReceiptError`` both for a malformed receipt and for one whose delivery is
+        over; telling them apart takes the channel's receipt parser (a private method)."""
+        parse = getattr(queue, "_parse_receipt", None)
+        if parse is None:
+            return False
+        try:
+            parse(receipt)
+        except ReceiptError:
+            return False
+        return True
+
+    def _receipt_error(
+        self, queue: Queue, receipt: str, error: ReceiptError, *, deleting: bool
+    ) -> SqsError | None:
+        if not self._wellformed(queue, receipt):
+            return SqsError(
+                "ReceiptHandleIsInvalid",
+                f'The input receipt handle "{receipt}" is not a valid receipt handle.',
+            )
+        if deleting:
+            return None  # a delivery that is over: SQS answers success (the message may come again)
+        return _invalid(
+            f"Value {receipt} for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not "
+            "available for visibility timeout change."
+        )
+
+    def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        queue = self._queue(self._name_of_url(request))
+        receipt = _string(request, "ReceiptHandle", required=True)
+        assert receipt is not None
+        (error,) = queue.delete_many([receipt])
+        if error is not None and (problem := self._receipt_error(queue, receipt, error, deleting=True)):
+            raise problem
+        return {}
+
+    def delete_message_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        queue = self._queue(self._name_of_url(request))
+        entries = _entries(request)
+        failed: list[dict[str, Any]] = []
+        todo: list[tuple[str, str]] = []
+        for entry in entries:
+            receipt = entry.get("ReceiptHandle")
+            if not isinstance(receipt, str) or not receipt:
+                failed.append(_missing("ReceiptHandle").entry(entry["Id"]))
+            else:
+                todo.append((entry["Id"], receipt))
+        successful = []
+        if todo:
+            errors = queue.delete_many([receipt for _, receipt in todo])
+            for (entry_id, receipt), error in zip(todo, errors):
+                problem = error and self._receipt_error(queue, receipt, error, deleting=True)
+                if problem:
+                    failed.append(problem.entry(entry_id))
+                else:
+                    successful.append({"Id": entry_id})
+        return {"Successful": successful, "Failed": failed}
+
+    def change_message_visibility(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        queue = self._queue(self._name_of_url(request))
+        receipt = _string(request, "ReceiptHandle", required=True)
+        assert receipt is not None
+        if request.get("VisibilityTimeout") is None:
+            raise _missing("VisibilityTimeout")
+        seconds = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
+        (error,) = queue.change_visibility_many([(receipt, seconds)])
+        if error is not None and (problem := self._receipt_error(queue, receipt, error, deleting=False)):
+            raise problem
+        return {}
+
+    def change_message_visibility_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        queue = self._queue(self._name_of_url(request))
+        entries = _entries(request)
+        failed: list[dict[str, Any]] = []
+        todo: list[tuple[str, str, int]] = []
+        for entry in entries:
+            try:
+                receipt = _string(entry, "ReceiptHandle", required=True)
+                assert receipt is not None
+                seconds = _integer(entry, "VisibilityTimeout", 0, MAX_VISIBILITY)
+                todo.append((entry["Id"], receipt, 0 if seconds is None else seconds))
+            except SqsError as exc:
+                failed.append(exc.entry(entry["Id"]))
+        successful = []
+        if todo:
+            errors = queue.change_visibility_many([(receipt, seconds) for _, receipt, seconds in todo])
+            for (entry_id, receipt, _), error in zip(todo, errors):
+                problem = error and self._receipt_error(queue, receipt, error, deleting=False)
+                if problem:
+                    failed.append(problem.entry(entry_id))
+                else:
+                    successful.append({"Id": entry_id})
+        return {"Successful": successful, "Failed": failed}
+
+    # -- actions: message move tasks (dead-letter redrive) -------------------------------------------------
+
+    def _resource(self, arn: Any, parameter: str) -> str:
+        name = self.name_of_arn(arn, parameter)
+        try:
+            if check_name(name) and self.broker.exists(name):
+                return name
+        except InvalidNameError:
+            pass
+        raise SqsError(
+            "ResourceNotFoundException",
+            f"The resource that you specified for the {parameter} parameter doesn't exist.",
+        )
+
+    def start_message_move_task(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        source_arn = _string(request, "SourceArn", required=True)
+        source = self._resource(source_arn, "SourceArn")
+        destination_arn = _string(request, "DestinationArn")
+        destination = self._resource(destination_arn, "DestinationArn") if destination_arn else None
+        rate = _integer(request, "MaxNumberOfMessagesPerSecond", 1, 500)
+        if not self._sources_of(source):
+            raise _invalid("Source queue must be configured as a Dead Letter Queue.")
+        queue = self._queue(source)
+        to_move = queue.stats().available
+        handle = base64.urlsafe_b64encode(
+            json.dumps({"task": str(uuid.uuid4()), "source": source}).encode()
+        ).decode()
+        task: dict[str, Any] = {
+            "TaskHandle": handle,
+            "Status": "RUNNING",
+            "SourceArn": source_arn,
+            "ApproximateNumberOfMessagesMoved": 0,
+            "ApproximateNumberOfMessagesToMove": to_move,
+            "StartedTimestamp": time.time_ns() // 1_000_000,
+        }
+        if destination_arn:
+            task["DestinationArn"] = destination_arn
+        if rate is not None:
+            task["MaxNumberOfMessagesPerSecond"] = rate
+        try:
+            task["ApproximateNumberOfMessagesMoved"] = queue.redrive(destination)
+            task["Status"] = "COMPLETED"
+        except Exception as exc:
+            task["Status"] = "FAILED"
+            task["FailureReason"] = str(exc) or type(exc).__name__
+            raise
+        finally:
+            with contextlib.suppress(SqsError, OSError):
+                with self._sidecar.change(source) as sidecar:
+                    sidecar["move_tasks"] = [task, *sidecar.get("move_tasks", [])][:10]
+        return {"TaskHandle": handle}
+
+    def list_message_move_tasks(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        source = self._resource(_string(request, "SourceArn", required=True), "SourceArn")
+        limit = _integer(request, "MaxResults", 1, 10) or 1
+        results = []
+        for task in self._sidecar.read(source).get("move_tasks", [])[:limit]:
+            task = dict(task)
+            if task.get("Status") != "RUNNING":
+                task.pop("TaskHandle", None)  # as SQS: only running tasks have a handle to cancel
+            results.append(task)
+        return {"Results": results}
+
+    def cancel_message_move_task(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        handle = _string(request, "TaskHandle", required=True)
+        assert handle is not None
+        try:
+            source = json.loads(base64.urlsafe_b64decode(handle.encode()))["source"]
+            check_name(source)
+        except (ValueError, KeyError, TypeError, binascii.Error, InvalidNameError):
+            raise SqsError("ResourceNotFoundException", "The task handle is not valid.") from None
+        tasks = self._sidecar.read(source).get("move_tasks", []) if self.broker.exists(source) else []
+        for task in tasks:
+            if task.get("TaskHandle") == handle:
+                raise SqsError(
+                    "UnsupportedOperation",
+                    f"The message move task is {task.get('Status', 'COMPLETED')}: only a running task can be "
+                    "cancelled (this endpoint runs each task to its end before answering).",
+                )
+        raise SqsError("ResourceNotFoundException", "The task handle does not name a message move task.")
+
+    def _unsupported(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+        raise SqsError(
+            "UnsupportedOperation",
+            "Permissions are not supported by this endpoint: use a queue Policy elsewhere.",
+        )
+
+
+__all__ = ["SqsError", "SqsProtocol", "TRACE_ATTRIBUTE"]

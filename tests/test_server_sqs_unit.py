@@ -1,0 +1,1188 @@
+"""The Amazon SQS layer of the server without HTTP: the MD5 digests SQS answers with, SigV4
+checking against requests signed by botocore, and ``SqsProtocol`` called directly over a Broker."""
+
+from __future__ import annotations
+
+import base64
+import calendar
+import hashlib
+import json
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from journalq.errors import StorageError
+from journalq.queue import Broker
+from journalq.queue.envelope import Attribute
+from journalq.server import digests
+from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
+from journalq.server.sigv4 import AuthError, verify
+from journalq.server.sqs import TRACE_ATTRIBUTE, SqsError, SqsProtocol
+
+BASE = "http://127.0.0.1:8080"
+
+# -- digests ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "digest"),
+    [
+        # RFC 1321, appendix A.5 (the MD5 test suite)
+        ("", "d41d8cd98f00b204e9800998ecf8427e"),
+        ("abc", "900150983cd24fb0d6963f7d28e17f72"),
+        ("message digest", "f96b697d7cb7938d525a2f31aaf161d0"),
+        # moto's SQS tests (test_message_send_with_attributes): MD5OfMessageBody of "derp"
+        ("derp", "58fd9edd83341c29f1aebba81c31e257"),
+    ],
+)
+def test_md5_of_body(body: str, digest: str) -> None:
+    assert md5_of_body(body) == digest
+
+
+def test_md5_of_body_is_of_the_utf8_bytes() -> None:
+    assert md5_of_body("h\u00e9\U0001f600") == hashlib.md5("h\u00e9\U0001f600".encode()).hexdigest()
+
+
+def _number(value: str) -> Attribute:
+    return Attribute("Number", value)
+
+
+def _string(value: str) -> Attribute:
+    return Attribute("String", value)
+
+
+ATTRIBUTE_VECTORS = [
+    # moto's SQS tests (tests/test_sqs/test_sqs.py: test_message_send_with_attributes and
+    # test_send_receive_message_with_attributes), which pin what AWS answers; localstack's
+    # test_sqs_message_attrs_md5 pins the first one too.
+    ({"timestamp": _number("1493147359900")}, "235c5c510d26fb653d073faed50ae77c"),
+    ({"timestamp": _number("1493147359901")}, "994258b45346a2cc3f9cbb611aa7af30"),
+    # moto's test_sqs.py, test_message_send_with_attributes (newer versions): a name with '.', '-', '_'
+    ({"SOME_Valid.attribute-Name": _number("1493147359900")}, "36655e7e9d7c0e8479fa3f3f42247ae7"),
+    # moto's test_sqs.py, test_message_with_attributes_have_labels: a custom type suffix
+    ({"timestamp": Attribute("Number.java.lang.Long", "1493147359900")}, "2e2e4876d8e0bd6b8c2c8f556831c349"),
+    # YDB's SQS-compatible service, ymq/actor/attributes_md5_ut.cpp "AmazonSampleWithString"
+    # and "AmazonSampleWithBinary" (samples from Amazon; the order given is not sorted)
+    (
+        {
+            "test_attribute_name_2": _string("test_attribute_value_2"),
+            "test_attribute_name_1": _string("test_attribute_value_1"),
+        },
+        "d53f3b558fe951154770f25cb63dbba9",
+    ),
+    (
+        {"test_attribute_name": Attribute("Binary", b"test_attribute_value")},
+        "23f6bd27ea87aab7dfeadcc9aebee495",
+    ),
+    # The SQS Developer Guide's message-attribute example (SellerName / City / Region /
+    # PostalCode / PricePerGallon), as pinned by an open-source Node SQS checksum module's tests
+    ({"SellerName": _string("Example Store")}, "cd28f3b68aeee4b2eac9c66f2f694b58"),
+    (
+        {
+            "City": _string("Any City"),
+            "PostalCode": _string("99065"),
+            "Region": _string("WA"),
+            "SellerName": _string("Example Store"),
+        },
+        "66d793da93becb551e41562575418975",
+    ),
+    (
+        {
+            "City": _string("Any City"),
+            "PostalCode": _string("99065"),
+            "PricePerGallon": _number("1.99"),
+            "Region": _string("WA"),
+            "SellerName": _string("Example Store"),
+        },
+        "10809b55e3d9b22c17220b7dbaf283ef",
+    ),
+]
+
+
+@pytest.mark.parametrize(("attributes", "digest"), ATTRIBUTE_VECTORS)
+def test_md5_of_message_attributes_published_vectors(attributes: dict[str, Attribute], digest: str) -> None:
+    assert md5_of_message_attributes(attributes) == digest
+
+
+def test_attribute_digest_layout() -> None:
+    """The bytes digested, spelled out: name, type, transport byte (2: Binary), value."""
+    expected = (
+        struct.pack(">I", 3)
+        + b"bin"
+        + struct.pack(">I", 10)
+        + b"Binary.gif"
+        + b"\x02"
+        + struct.pack(">I", 2)
+        + b"\x00\xff"
+        + struct.pack(">I", 1)
+        + b"n"
+        + struct.pack(">I", 12)
+        + b"Number.float"
+        + b"\x01"
+        + struct.pack(">I", 3)
+        + b"1.5"
+    )
+    attributes = {"n": Attribute("Number.float", "1.5"), "bin": Attribute("Binary.gif", b"\x00\xff")}
+    assert digests.attributes_digest_input(attributes) == expected
+    assert md5_of_message_attributes(attributes) == hashlib.md5(expected).hexdigest()
+
+
+def _oracle(attributes: dict[str, tuple[str, str | bytes]]) -> str:
+    """An independent rendering of the algorithm in the SQS Developer Guide ("Calculating the MD5
+    message digest for message attributes"), over plain tuples."""
+    md5 = hashlib.md5()
+    for name in sorted(attributes):
+        data_type, value = attributes[name]
+        for part in (name.encode(), data_type.encode()):
+            md5.update(len(part).to_bytes(4, "big") + part)
+        raw = value if isinstance(value, bytes) else value.encode()
+        md5.update(
+            (b"\x02" if data_type.startswith("Binary") else b"\x01") + len(raw).to_bytes(4, "big") + raw
+        )
+    return md5.hexdigest()
+
+
+_names = st.text(st.sampled_from("abcXYZ019_-."), min_size=1, max_size=12)
+_values = st.one_of(
+    st.tuples(
+        st.sampled_from(["String", "Number", "String.x", "Number.int"]),
+        st.text(min_size=1, max_size=20).filter(lambda s: not any(0xD800 <= ord(c) <= 0xDFFF for c in s)),
+    ),
+    st.tuples(st.sampled_from(["Binary", "Binary.png"]), st.binary(min_size=1, max_size=20)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(_names, _values, max_size=10))
+def test_md5_of_message_attributes_matches_an_independent_oracle(attributes: dict[str, Any]) -> None:
+    ours = md5_of_message_attributes({n: Attribute(t, v) for n, (t, v) in attributes.items()})
+    assert ours == _oracle(attributes)
+
+
+def test_md5_of_system_attributes_is_the_same_algorithm() -> None:
+    trace = {"AWSTraceHeader": _string("Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1")}
+    assert md5_of_message_system_attributes(trace) == _oracle(
+        {"AWSTraceHeader": ("String", trace["AWSTraceHeader"].value)}
+    )
+
+
+# -- SigV4 --------------------------------------------------------------------------------------
+
+KEY_ID, SECRET = "AKIDJOURNALQ", "s3cr3t/K7MDENG+bPxRfiCYEXAMPLEKEY"
+CREDENTIALS = {KEY_ID: SECRET, "OTHERKEY": "other-secret"}
+
+
+def _signed(
+    url: str = "http://127.0.0.1:8080/",
+    body: bytes = b'{"QueueName":"jobs"}',
+    *,
+    method: str = "POST",
+    key_id: str = KEY_ID,
+    secret: str = SECRET,
+    token: str | None = None,
+    region: str = "us-east-1",
+    service: str = "sqs",
+) -> tuple[str, str, str, dict[str, str], bytes]:
+    """A request signed by botocore: (method, path, query, headers, body) as a server sees them."""
+    parts = urlsplit(url)
+    request = AWSRequest(
+        method=method,
+        url=url,
+        data=body,
+        headers={
+            "Host": parts.netloc,
+            "Content-Type": "application/x-amz-json-1.0",
+            "X-Amz-Target": "AmazonSQS.CreateQueue",
+        },
+    )
+    SigV4Auth(Credentials(key_id, secret, token), service, region).add_auth(request)
+    headers = {name: value for name, value in request.headers.items()}
+    return method, parts.path or "/", parts.query, headers, body
+
+
+def test_sigv4_accepts_a_request_signed_by_botocore() -> None:
+    assert verify(*_signed(), CREDENTIALS) == KEY_ID
+    # header names in any case; any region the client signed for
+    method, path, query, headers, body = _signed(region="eu-west-3")
+    assert (
+        verify(method, path, query, {k.upper(): v for k, v in headers.items()}, body, CREDENTIALS) == KEY_ID
+    )
+
+
+def test_sigv4_query_strings_paths_and_session_tokens() -> None:
+    url = "http://localhost:9324/000000000000/jobs?Action=ListQueues&Version=2012-11-05&QueueNamePrefix=a%20b&Z=1&A=%2F"
+    assert verify(*_signed(url, b"", method="GET"), CREDENTIALS) == KEY_ID
+    method, path, query, headers, body = _signed(url, b"", method="GET")
+    with pytest.raises(AuthError) as caught:
+        verify(method, path, query.replace("Z=1", "Z=2"), headers, body, CREDENTIALS)
+    assert caught.value.code == "SignatureDoesNotMatch"
+    with pytest.raises(AuthError, match="SignatureDoesNotMatch"):
+        verify(method, "/000000000000/other", query, headers, body, CREDENTIALS)
+    assert verify(*_signed(token="session-token"), CREDENTIALS) == KEY_ID
+
+
+def test_sigv4_tampering_is_refused() -> None:
+    method, path, query, headers, body = _signed()
+    for changed in (
+        (method, path, query, headers, body + b" "),  # the body
+        ("PUT", path, query, headers, body),  # the method
+        (method, path, query, {**headers, "X-Amz-Target": "AmazonSQS.DeleteQueue"}, body),  # a signed header
+        (method, path, query, {**headers, "Host": "evil.example"}, body),
+    ):
+        with pytest.raises(AuthError) as caught:
+            verify(*changed, CREDENTIALS)
+        assert caught.value.code == "SignatureDoesNotMatch"
+    # an unsigned header may change
+    assert verify(method, path, query, {**headers, "User-Agent": "other"}, body, CREDENTIALS) == KEY_ID
+
+
+def test_sigv4_wrong_secret_unknown_key_and_missing_header() -> None:
+    with pytest.raises(AuthError) as caught:
+        verify(*_signed(secret="not-the-secret"), CREDENTIALS)
+    assert caught.value.code == "SignatureDoesNotMatch" and caught.value.status == 403
+    with pytest.raises(AuthError) as caught:
+        verify(*_signed(key_id="AKIDUNKNOWN"), CREDENTIALS)
+    assert caught.value.code == "InvalidClientTokenId"
+    with pytest.raises(AuthError) as caught:
+        verify(*_signed(key_id="OTHERKEY"), CREDENTIALS)  # a known key, signed with another's secret
+    assert caught.value.code == "SignatureDoesNotMatch"
+    method, path, query, headers, body = _signed()
+    del headers["Authorization"]
+    with pytest.raises(AuthError) as caught:
+        verify(method, path, query, headers, body, CREDENTIALS)
+    assert caught.value.code == "MissingAuthenticationToken"
+    with pytest.raises(AuthError) as caught:
+        verify(*_signed(service="s3"), CREDENTIALS)
+    assert caught.value.code == "SignatureDoesNotMatch"
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        "Bearer abc",
+        "AWS4-HMAC-SHA256 Credential=AKIDJOURNALQ/20150830/us-east-1/sqs/aws4_request",
+        "AWS4-HMAC-SHA256 Credential=AKIDJOURNALQ/us-east-1/sqs, SignedHeaders=host, Signature=00",
+        "AWS4-HMAC-SHA256 Credential=AKIDJOURNALQ/20150830/us-east-1/sqs/aws4_request, SignedHeaders=x-amz-date, Signature=00",
+    ],
+)
+def test_sigv4_malformed_headers(authorization: str) -> None:
+    method, path, query, headers, body = _signed()
+    headers["Authorization"] = authorization
+    with pytest.raises(AuthError) as caught:
+        verify(method, path, query, headers, body, CREDENTIALS)
+    assert caught.value.code == "IncompleteSignature"
+
+
+def test_sigv4_expired_and_future_requests() -> None:
+    request = _signed()
+    now = time.time()
+    assert verify(*request, CREDENTIALS, now=now + 200) == KEY_ID
+    for moment in (now + 400, now - 400):
+        with pytest.raises(AuthError) as caught:
+            verify(*request, CREDENTIALS, now=moment)
+        assert caught.value.code == "RequestExpired"
+    assert verify(*request, CREDENTIALS, now=now + 400, max_skew=900) == KEY_ID
+    method, path, query, headers, body = request
+    with pytest.raises(AuthError) as caught:
+        verify(method, path, query, {**headers, "X-Amz-Date": "20000101T000000Z"}, body, CREDENTIALS)
+    assert caught.value.code in ("RequestExpired", "SignatureDoesNotMatch")
+
+
+def test_sigv4_payload_hash_header() -> None:
+    method, path, query, headers, body = _signed()
+    headers_with_hash = {**headers, "X-Amz-Content-SHA256": hashlib.sha256(b"other").hexdigest()}
+    with pytest.raises(AuthError, match="SignatureDoesNotMatch"):
+        verify(method, path, query, headers_with_hash, body, CREDENTIALS)
+    with pytest.raises(AuthError, match="must be signed"):
+        verify(
+            method, path, query, {**headers, "X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD"}, body, CREDENTIALS
+        )
+    # botocore puts the header in the signature when it is present: then it must be the body's
+    request = AWSRequest(
+        method="POST",
+        url="http://127.0.0.1:8080/",
+        data=body,
+        headers={"Host": "127.0.0.1:8080", "X-Amz-Content-SHA256": hashlib.sha256(body).hexdigest()},
+    )
+    SigV4Auth(Credentials(KEY_ID, SECRET), "sqs", "us-east-1").add_auth(request)
+    assert verify("POST", "/", "", dict(request.headers.items()), body, CREDENTIALS) == KEY_ID
+
+
+@pytest.mark.parametrize(
+    ("query", "signature"),
+    [
+        # AWS's Signature Version 4 test suite (aws-sig-v4-test-suite), "get-vanilla" and
+        # "get-vanilla-query-order-key-case": AKIDEXAMPLE, us-east-1, service "service"
+        ("", "5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31"),
+        ("Param2=value2&Param1=value1", "b97d918cfa904a5beff61c982a1b6f458b799221646efd99d3219ec94cdf2500"),
+    ],
+)
+def test_sigv4_aws_test_suite_vectors(query: str, signature: str) -> None:
+    headers = {
+        "Host": "example.amazonaws.com",
+        "X-Amz-Date": "20150830T123600Z",
+        "Authorization": "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, "
+        f"SignedHeaders=host;x-amz-date, Signature={signature}",
+    }
+    now = calendar.timegm((2015, 8, 30, 12, 36, 0))
+    credentials = {"AKIDEXAMPLE": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}
+    assert verify("GET", "/", query, headers, b"", credentials, service="service", now=now) == "AKIDEXAMPLE"
+    with pytest.raises(AuthError, match="SignatureDoesNotMatch"):
+        verify("GET", "/", query, headers, b"", {"AKIDEXAMPLE": "wrong"}, service="service", now=now)
+
+
+# -- the SQS protocol -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def broker(tmp_path: Path):
+    with Broker(tmp_path / "data", sync="none") as b:
+        yield b
+
+
+@pytest.fixture
+def sqs(broker: Broker) -> SqsProtocol:
+    return SqsProtocol(broker)
+
+
+class Client:
+    """Calls ``SqsProtocol.handle`` the way the app does."""
+
+    def __init__(self, sqs: SqsProtocol) -> None:
+        self.sqs = sqs
+
+    def __call__(self, action: str, **request: Any) -> dict[str, Any]:
+        answer = self.sqs.handle(action, request, BASE)
+        json.dumps(answer)  # every answer must be JSON
+        return answer
+
+    def error(self, action: str, **request: Any) -> SqsError:
+        with pytest.raises(SqsError) as caught:
+            self.sqs.handle(action, request, BASE)
+        return caught.value
+
+    def create(self, name: str, **attributes: Any) -> str:
+        return self("CreateQueue", QueueName=name, Attributes={k: str(v) for k, v in attributes.items()})[
+            "QueueUrl"
+        ]
+
+    def receive(self, url: str, **request: Any) -> list[dict[str, Any]]:
+        return self("ReceiveMessage", QueueUrl=url, **request).get("Messages", [])
+
+
+@pytest.fixture
+def client(sqs: SqsProtocol) -> Client:
+    return Client(sqs)
+
+
+def test_sqs_error_shapes() -> None:
+    error = SqsError("QueueDoesNotExist", "gone")
+    assert error.type == "com.amazonaws.sqs#QueueDoesNotExist"
+    assert error.query_error == "AWS.SimpleQueueService.NonExistentQueue;Sender" and error.status == 400
+    exists = SqsError("QueueAlreadyExists", "taken")  # the Query code names the modeled shape
+    assert (
+        exists.type == "com.amazonaws.sqs#QueueNameExists"
+        and exists.query_error == "QueueAlreadyExists;Sender"
+    )
+    assert (
+        SqsError("ServiceUnavailable", "full", status=503, sender=False).query_error
+        == "ServiceUnavailable;Receiver"
+    )
+    assert SqsError("SignatureDoesNotMatch", "no", status=403).status == 403
+    assert SqsError("ResourceNotFoundException", "x").status == 404
+
+
+def test_create_get_list_and_delete_queues(client: Client) -> None:
+    url = client.create("jobs")
+    assert url == f"{BASE}/000000000000/jobs"
+    assert client.create("jobs") == url  # the same attributes: its URL again
+    assert client("GetQueueUrl", QueueName="jobs") == {"QueueUrl": url}
+    for name in ("jobs-b", "jobs-c", "other"):
+        client.create(name)
+    assert client("ListQueues") == {
+        "QueueUrls": [f"{BASE}/000000000000/{n}" for n in ("jobs", "jobs-b", "jobs-c", "other")]
+    }
+    assert client("ListQueues", QueueNamePrefix="jobs-")["QueueUrls"] == [
+        f"{BASE}/000000000000/jobs-b",
+        f"{BASE}/000000000000/jobs-c",
+    ]
+    assert client("ListQueues", QueueNamePrefix="nothing") == {}
+    page = client("ListQueues", MaxResults=3)
+    assert len(page["QueueUrls"]) == 3 and page["NextToken"]
+    rest = client("ListQueues", MaxResults=3, NextToken=page["NextToken"])
+    assert rest == {"QueueUrls": [f"{BASE}/000000000000/other"]}
+    assert client.error("ListQueues", MaxResults=0).code == "InvalidParameterValue"
+    assert client.error("ListQueues", NextToken="garbage!").code == "InvalidParameterValue"
+    # any URL whose last segment is the name reaches the queue
+    assert client(
+        "GetQueueAttributes",
+        QueueUrl="https://sqs.eu-west-1.amazonaws.com/123456789012/jobs/",
+        AttributeNames=["QueueArn"],
+    ) == {"Attributes": {"QueueArn": "arn:aws:sqs:us-east-1:000000000000:jobs"}}
+    assert client("DeleteQueue", QueueUrl=url) == {}
+    error = client.error("GetQueueUrl", QueueName="jobs")
+    assert (error.code, error.query_error, error.status) == (
+        "QueueDoesNotExist",
+        "AWS.SimpleQueueService.NonExistentQueue;Sender",
+        400,
+    )
+    for action in (
+        "SendMessage",
+        "ReceiveMessage",
+        "PurgeQueue",
+        "DeleteQueue",
+        "GetQueueAttributes",
+        "ListQueueTags",
+    ):
+        assert client.error(action, QueueUrl=url, MessageBody="x").code == "QueueDoesNotExist", action
+    assert client.error("GetQueueUrl", QueueName="../etc").code == "QueueDoesNotExist"
+    assert (
+        client.error("SendMessage", QueueUrl=f"{BASE}/000000000000/..", MessageBody="x").code
+        == "QueueDoesNotExist"
+    )
+
+
+def test_create_queue_rules(client: Client) -> None:
+    assert client.error("CreateQueue").code == "MissingParameter"
+    for bad in ("has space", "a" * 81, "dots.in.name", ""):
+        assert client.error("CreateQueue", QueueName=bad).code in (
+            "InvalidParameterValue",
+            "MissingParameter",
+        ), bad
+    assert (
+        client.error("CreateQueue", QueueName="jobs.fifo").code == "InvalidParameterValue"
+    )  # FifoQueue missing
+    assert (
+        client.error("CreateQueue", QueueName="jobs", Attributes={"FifoQueue": "true"}).code
+        == "InvalidParameterValue"
+    )
+    assert client.create("a" * 80)
+    assert client.create("a" * 75 + ".fifo", FifoQueue="true")
+    url = client.create("slow", VisibilityTimeout=60, DelaySeconds=5)
+    error = client.error("CreateQueue", QueueName="slow", Attributes={"VisibilityTimeout": "61"})
+    assert (error.code, error.query_error) == ("QueueNameExists", "QueueAlreadyExists;Sender")
+    assert "VisibilityTimeout" in error.message
+    # the same values given again (in another form), or fewer of them: the URL
+    assert client("CreateQueue", QueueName="slow", Attributes={"VisibilityTimeout": 60})["QueueUrl"] == url
+    assert (
+        client("CreateQueue", QueueName="slow", Attributes={"DelaySeconds": "5", "FifoQueue": "false"})[
+            "QueueUrl"
+        ]
+        == url
+    )
+    assert (
+        client.error("CreateQueue", QueueName="slow", Attributes={"MaximumMessageSize": "2048"}).code
+        == "QueueNameExists"
+    )
+
+
+def test_queue_attributes(client: Client, broker: Broker) -> None:
+    before = int(time.time())
+    url = client.create(
+        "jobs",
+        VisibilityTimeout=45,
+        DelaySeconds=0,
+        MessageRetentionPeriod=3600,
+        ReceiveMessageWaitTimeSeconds=2,
+        MaximumMessageSize=4096,
+    )
+    settings = broker.queue("jobs", create=False).settings
+    assert (settings.visibility_timeout, settings.retention_seconds, settings.receive_wait) == (45, 3600, 2)
+    client("SendMessage", QueueUrl=url, MessageBody="one")
+    client("SendMessage", QueueUrl=url, MessageBody="two")
+    client("SendMessage", QueueUrl=url, MessageBody="later", DelaySeconds=60)
+    client.receive(url, WaitTimeSeconds=0)
+    attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["VisibilityTimeout"] == "45" and attributes["MessageRetentionPeriod"] == "3600"
+    assert attributes["ReceiveMessageWaitTimeSeconds"] == "2" and attributes["DelaySeconds"] == "0"
+    assert attributes["MaximumMessageSize"] == "4096"
+    assert attributes["QueueArn"] == "arn:aws:sqs:us-east-1:000000000000:jobs"
+    assert (
+        attributes["ApproximateNumberOfMessages"],
+        attributes["ApproximateNumberOfMessagesNotVisible"],
+        attributes["ApproximateNumberOfMessagesDelayed"],
+    ) == ("1", "1", "1")
+    assert (
+        before - 2
+        <= int(attributes["CreatedTimestamp"])
+        <= int(attributes["LastModifiedTimestamp"])
+        <= time.time() + 2
+    )
+    assert "FifoQueue" not in attributes and "RedrivePolicy" not in attributes
+    assert client("GetQueueAttributes", QueueUrl=url) == {}
+    some = client(
+        "GetQueueAttributes", QueueUrl=url, AttributeNames=["DelaySeconds", "ApproximateNumberOfMessages"]
+    )
+    assert some == {"Attributes": {"DelaySeconds": "0", "ApproximateNumberOfMessages": "1"}}
+    assert (
+        client.error("GetQueueAttributes", QueueUrl=url, AttributeNames=["Nope"]).code
+        == "InvalidAttributeName"
+    )
+
+    assert (
+        client(
+            "SetQueueAttributes",
+            QueueUrl=url,
+            Attributes={"VisibilityTimeout": "10", "DelaySeconds": "3", "Policy": '{"Version":"2012-10-17"}'},
+        )
+        == {}
+    )
+    assert broker.queue("jobs", create=False).settings.visibility_timeout == 10
+    attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["VisibilityTimeout"] == "10" and attributes["DelaySeconds"] == "3"
+    assert attributes["Policy"] == '{"Version":"2012-10-17"}'
+    for bad, code in (
+        ({"VisibilityTimeout": "43201"}, "InvalidAttributeValue"),
+        ({"VisibilityTimeout": "ten"}, "InvalidAttributeValue"),
+        ({"DelaySeconds": "901"}, "InvalidAttributeValue"),
+        ({"MessageRetentionPeriod": "59"}, "InvalidAttributeValue"),
+        ({"ReceiveMessageWaitTimeSeconds": "21"}, "InvalidAttributeValue"),
+        ({"MaximumMessageSize": "1023"}, "InvalidAttributeValue"),
+        ({"MaximumMessageSize": "262145"}, "InvalidAttributeValue"),
+        ({"Policy": "{not json"}, "InvalidAttributeValue"),
+        ({"ContentBasedDeduplication": "true"}, "InvalidAttributeName"),  # not a FIFO queue
+        ({"FifoQueue": "true"}, "InvalidAttributeName"),  # only at creation
+        ({"QueueArn": "x"}, "InvalidAttributeName"),
+        ({"Bogus": "1"}, "InvalidAttributeName"),
+    ):
+        assert client.error("SetQueueAttributes", QueueUrl=url, Attributes=bad).code == code, bad
+    assert client.error("SetQueueAttributes", QueueUrl=url).code == "MissingParameter"
+
+
+def test_maximum_message_size(client: Client) -> None:
+    url = client.create("small", MaximumMessageSize=1024)
+    assert client("SendMessage", QueueUrl=url, MessageBody="x" * 1024)["MessageId"]
+    error = client.error("SendMessage", QueueUrl=url, MessageBody="x" * 1025)
+    assert error.code == "InvalidParameterValue" and "1024" in error.message
+    # attributes count: name, type and value
+    attribute = {"ab": {"DataType": "String", "StringValue": "xyz"}}
+    assert (
+        client.error("SendMessage", QueueUrl=url, MessageBody="x" * 1014, MessageAttributes=attribute).code
+        == "InvalidParameterValue"
+    )
+    assert client("SendMessage", QueueUrl=url, MessageBody="x" * 1013, MessageAttributes=attribute)[
+        "MessageId"
+    ]
+    big = client.create("big")
+    error = client.error("SendMessage", QueueUrl=big, MessageBody="\u00e9" * 131073)  # 262146 bytes of UTF-8
+    assert error.code == "InvalidParameterValue" and "262144" in error.message
+
+
+def test_send_and_receive_with_digests(client: Client) -> None:
+    url = client.create("jobs")
+    attributes = {
+        "kind": {"DataType": "String", "StringValue": "resize"},
+        "size": {"DataType": "Number", "StringValue": "1024"},
+        "ratio": {"DataType": "Number.float", "StringValue": "1.5"},
+        "thumb": {"DataType": "Binary", "BinaryValue": base64.b64encode(b"\x00\x01\xff").decode()},
+        "meta.a": {"DataType": "String", "StringValue": "A"},
+        "meta.b": {"DataType": "String.custom", "StringValue": "B"},
+    }
+    trace = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+    body = "r\u00e9sum\u00e9 \U0001f600 <xml/> &amp;"
+    sent = client(
+        "SendMessage",
+        QueueUrl=url,
+        MessageBody=body,
+        MessageAttributes=attributes,
+        MessageSystemAttributes={"AWSTraceHeader": {"DataType": "String", "StringValue": trace}},
+    )
+    plain = {
+        "kind": Attribute("String", "resize"),
+        "size": Attribute("Number", "1024"),
+        "ratio": Attribute("Number.float", "1.5"),
+        "thumb": Attribute("Binary", b"\x00\x01\xff"),
+        "meta.a": Attribute("String", "A"),
+        "meta.b": Attribute("String.custom", "B"),
+    }
+    assert sent["MD5OfMessageBody"] == hashlib.md5(body.encode()).hexdigest()
+    assert sent["MD5OfMessageAttributes"] == _oracle({n: (a.data_type, a.value) for n, a in plain.items()})
+    assert sent["MD5OfMessageSystemAttributes"] == _oracle({"AWSTraceHeader": ("String", trace)})
+    assert "SequenceNumber" not in sent
+
+    (message,) = client.receive(
+        url, MessageAttributeNames=["All"], MessageSystemAttributeNames=["All"], VisibilityTimeout=0
+    )
+    assert message["MessageId"] == sent["MessageId"] and message["Body"] == body
+    assert message["MD5OfBody"] == sent["MD5OfMessageBody"]
+    assert message["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    assert message["MessageAttributes"]["thumb"] == {
+        "DataType": "Binary",
+        "BinaryValue": base64.b64encode(b"\x00\x01\xff").decode(),
+    }
+    assert message["MessageAttributes"]["ratio"] == {"DataType": "Number.float", "StringValue": "1.5"}
+    assert (
+        TRACE_ATTRIBUTE not in message["MessageAttributes"]
+        and "AWSTraceHeader" not in message["MessageAttributes"]
+    )
+    system = message["Attributes"]
+    assert system["AWSTraceHeader"] == trace and system["ApproximateReceiveCount"] == "1"
+    assert abs(int(system["SentTimestamp"]) - time.time() * 1000) < 10_000
+    assert system["SenderId"] == "000000000000"
+    first = system["ApproximateFirstReceiveTimestamp"]
+    assert "SequenceNumber" not in system and "MessageGroupId" not in system
+
+    # only the attributes asked for, and a digest of just those
+    (message,) = client.receive(
+        url,
+        MessageAttributeNames=["meta.*", "size"],
+        AttributeNames=["ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp"],
+        VisibilityTimeout=0,
+    )
+    assert sorted(message["MessageAttributes"]) == ["meta.a", "meta.b", "size"]
+    chosen = {n: plain[n] for n in ("meta.a", "meta.b", "size")}
+    assert (
+        message["MD5OfMessageAttributes"]
+        == md5_of_message_attributes(chosen)
+        == _oracle({n: (a.data_type, a.value) for n, a in chosen.items()})
+    )
+    assert message["Attributes"] == {
+        "ApproximateReceiveCount": "2",
+        "ApproximateFirstReceiveTimestamp": first,
+    }
+    # nothing asked for: no attributes, no attribute digest
+    (message,) = client.receive(url)
+    assert (
+        "MessageAttributes" not in message
+        and "MD5OfMessageAttributes" not in message
+        and "Attributes" not in message
+    )
+    assert client("ReceiveMessage", QueueUrl=url) == {}  # hidden now
+
+
+def test_message_validation(client: Client) -> None:
+    url = client.create("jobs")
+    send = lambda **r: client.error("SendMessage", QueueUrl=url, **r)  # noqa: E731
+    assert send().code == "MissingParameter"
+    assert send(MessageBody="").code == "MissingParameter"
+    for bad in ("bell \x07", "nul \x00", "lone \ud800 surrogate", "\ufffe"):
+        error = send(MessageBody=bad)
+        assert (
+            error.code == "InvalidMessageContents" and error.query_error == "InvalidMessageContents;Sender"
+        ), repr(bad)
+    assert client("SendMessage", QueueUrl=url, MessageBody="tab\tnewline\ncr\r \ud7ff \ue000 \U0010ffff")[
+        "MessageId"
+    ]
+    assert send(MessageBody="x", DelaySeconds=901).code == "InvalidParameterValue"
+    assert send(MessageBody="x", MessageGroupId="g").code == "InvalidParameterValue"  # not a FIFO queue
+    assert send(MessageBody="x", MessageDeduplicationId="d").code == "InvalidParameterValue"
+    for attributes in (
+        {"AWS.x": {"DataType": "String", "StringValue": "v"}},
+        {"amazon.x": {"DataType": "String", "StringValue": "v"}},
+        {"bad name": {"DataType": "String", "StringValue": "v"}},
+        {".lead": {"DataType": "String", "StringValue": "v"}},
+        {"a..b": {"DataType": "String", "StringValue": "v"}},
+        {"n": {"DataType": "Number", "StringValue": "12x"}},
+        {"n": {"DataType": "Number", "StringValue": "1" * 39}},
+        {"n": {"DataType": "Text", "StringValue": "v"}},
+        {"n": {"StringValue": "v"}},
+        {"n": {"DataType": "String", "StringValue": ""}},
+        {"n": {"DataType": "String", "StringValue": "bell\x07"}},
+        {"n": {"DataType": "Binary", "BinaryValue": "not base64!"}},
+        {"n": {"DataType": "String", "StringListValues": ["a"]}},
+        {f"a{i}": {"DataType": "String", "StringValue": "v"} for i in range(11)},
+    ):
+        assert send(MessageBody="x", MessageAttributes=attributes).code == "InvalidParameterValue", attributes
+    assert send(
+        MessageBody="x", MessageSystemAttributes={"Other": {"DataType": "String", "StringValue": "v"}}
+    ).code == ("InvalidParameterValue")
+    numbers = {
+        f"n{i}": {"DataType": "Number", "StringValue": v}
+        for i, v in enumerate(["-1", "+2.5", "1e10", ".5", "1" * 38])
+    }
+    assert client("SendMessage", QueueUrl=url, MessageBody="x", MessageAttributes=numbers)[
+        "MD5OfMessageAttributes"
+    ]
+
+
+def test_bodies_that_are_not_utf8_are_delivered_with_replacement_characters(
+    client: Client, broker: Broker
+) -> None:
+    url = client.create("raw")
+    broker.queue("raw", create=False).send(b"ok \xff\xfe end")  # as the REST API may store it
+    (message,) = client.receive(url)
+    assert message["Body"] == "ok \ufffd\ufffd end"
+    assert message["MD5OfBody"] == hashlib.md5("ok \ufffd\ufffd end".encode()).hexdigest()
+
+
+def test_receive_parameters(client: Client) -> None:
+    url = client.create("jobs")
+    for i in range(12):
+        client("SendMessage", QueueUrl=url, MessageBody=f"m{i}")
+    assert len(client.receive(url, MaxNumberOfMessages=10, VisibilityTimeout=0)) == 10
+    assert len(client.receive(url)) == 1
+    for bad in (
+        {"MaxNumberOfMessages": 0},
+        {"MaxNumberOfMessages": 11},
+        {"WaitTimeSeconds": 21},
+        {"WaitTimeSeconds": -1},
+        {"VisibilityTimeout": 43201},
+        {"MaxNumberOfMessages": "ten"},
+    ):
+        error = client.error("ReceiveMessage", QueueUrl=url, **bad)
+        assert error.code == "InvalidParameterValue", bad
+    assert "between 1 and 10" in client.error("ReceiveMessage", QueueUrl=url, MaxNumberOfMessages=11).message
+
+
+def test_long_polling_returns_as_soon_as_a_message_arrives(client: Client, broker: Broker) -> None:
+    url = client.create("jobs")
+    sender = threading.Timer(0.3, lambda: broker.queue("jobs", create=False).send(b"late"))
+    started = time.monotonic()
+    sender.start()
+    try:
+        messages = client.receive(url, WaitTimeSeconds=10)
+    finally:
+        sender.join()
+    assert [m["Body"] for m in messages] == ["late"]
+    assert 0.2 <= time.monotonic() - started < 5
+    started = time.monotonic()
+    assert client("ReceiveMessage", QueueUrl=url, WaitTimeSeconds=1) == {}
+    assert 0.9 <= time.monotonic() - started < 5
+
+
+def test_long_polling_uses_the_queue_wait_and_another_thread_of_the_protocol(client: Client) -> None:
+    url = client.create("waits", ReceiveMessageWaitTimeSeconds=10)
+    got: list[Any] = []
+    receiver = threading.Thread(target=lambda: got.append(client.receive(url)))
+    started = time.monotonic()
+    receiver.start()
+    time.sleep(0.3)
+    client("SendMessage", QueueUrl=url, MessageBody="through SendMessage")
+    receiver.join(10)
+    assert [m["Body"] for m in got[0]] == ["through SendMessage"] and time.monotonic() - started < 5
+
+
+def test_delete_and_change_visibility(client: Client) -> None:
+    url = client.create("jobs")
+    other = client.create("other")
+    client("SendMessage", QueueUrl=url, MessageBody="a")
+    client("SendMessage", QueueUrl=other, MessageBody="b")
+    (message,) = client.receive(url)
+    (foreign,) = client.receive(other)
+    assert (
+        client(
+            "ChangeMessageVisibility",
+            QueueUrl=url,
+            ReceiptHandle=message["ReceiptHandle"],
+            VisibilityTimeout=0,
+        )
+        == {}
+    )
+    (again,) = client.receive(url)
+    assert again["MessageId"] == message["MessageId"] and again["ReceiptHandle"] != message["ReceiptHandle"]
+    # the older receipt: delete succeeds without deleting (as SQS), a visibility change fails
+    assert client("DeleteMessage", QueueUrl=url, ReceiptHandle=message["ReceiptHandle"]) == {}
+    error = client.error(
+        "ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=5
+    )
+    assert error.code == "InvalidParameterValue"
+    assert (
+        client(
+            "ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"], VisibilityTimeout=0
+        )
+        == {}
+    )
+    (third,) = client.receive(url, AttributeNames=["ApproximateReceiveCount"])
+    assert third["Attributes"]["ApproximateReceiveCount"] == "3"
+    assert client("DeleteMessage", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"]) == {}
+    assert client("DeleteMessage", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"]) == {}  # twice: fine
+    assert client("ReceiveMessage", QueueUrl=url, VisibilityTimeout=0) == {}
+    for receipt in ("garbage", foreign["ReceiptHandle"], "1.1.00000000"):
+        error = client.error("DeleteMessage", QueueUrl=url, ReceiptHandle=receipt)
+        assert (error.code, error.query_error) == (
+            "ReceiptHandleIsInvalid",
+            "ReceiptHandleIsInvalid;Sender",
+        ), receipt
+        error = client.error(
+            "ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=receipt, VisibilityTimeout=1
+        )
+        assert error.code == "ReceiptHandleIsInvalid"
+    assert client.error("DeleteMessage", QueueUrl=url).code == "MissingParameter"
+    assert (
+        client.error("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=foreign["ReceiptHandle"]).code
+        == "MissingParameter"
+    )
+    assert (
+        client.error(
+            "ChangeMessageVisibility",
+            QueueUrl=other,
+            ReceiptHandle=foreign["ReceiptHandle"],
+            VisibilityTimeout=43201,
+        ).code
+        == "InvalidParameterValue"
+    )
+
+
+def test_send_message_batch(client: Client) -> None:
+    url = client.create("jobs")
+    entries = [
+        {
+            "Id": "a",
+            "MessageBody": "one",
+            "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}},
+        },
+        {"Id": "b-2", "MessageBody": "bad \x01"},
+        {"Id": "c_3", "MessageBody": "three", "DelaySeconds": 0},
+        {"Id": "d", "MessageBody": ""},
+    ]
+    answer = client("SendMessageBatch", QueueUrl=url, Entries=entries)
+    assert [e["Id"] for e in answer["Successful"]] == ["a", "c_3"]
+    one, three = answer["Successful"]
+    assert one["MD5OfMessageBody"] == md5_of_body("one")
+    assert one["MD5OfMessageAttributes"] == md5_of_message_attributes({"k": Attribute("String", "v")})
+    assert "MD5OfMessageAttributes" not in three
+    assert answer["Failed"] == [
+        {
+            "Id": "b-2",
+            "SenderFault": True,
+            "Code": "InvalidMessageContents",
+            "Message": answer["Failed"][0]["Message"],
+        },
+        {
+            "Id": "d",
+            "SenderFault": True,
+            "Code": "MissingParameter",
+            "Message": "The request must contain the parameter MessageBody.",
+        },
+    ]
+    assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["one", "three"]
+
+    error = client.error("SendMessageBatch", QueueUrl=url, Entries=[])
+    assert (error.code, error.query_error) == (
+        "EmptyBatchRequest",
+        "AWS.SimpleQueueService.EmptyBatchRequest;Sender",
+    )
+    assert client.error("SendMessageBatch", QueueUrl=url).code == "EmptyBatchRequest"
+    many = [{"Id": f"m{i}", "MessageBody": "x"} for i in range(11)]
+    error = client.error("SendMessageBatch", QueueUrl=url, Entries=many)
+    assert (error.code, error.query_error) == (
+        "TooManyEntriesInBatchRequest",
+        "AWS.SimpleQueueService.TooManyEntriesInBatchRequest;Sender",
+    )
+    error = client.error(
+        "SendMessageBatch",
+        QueueUrl=url,
+        Entries=[{"Id": "x", "MessageBody": "1"}, {"Id": "x", "MessageBody": "2"}],
+    )
+    assert (error.code, error.query_error) == (
+        "BatchEntryIdsNotDistinct",
+        "AWS.SimpleQueueService.BatchEntryIdsNotDistinct;Sender",
+    )
+    for bad_id in ("has space", "", "x" * 81, None):
+        error = client.error("SendMessageBatch", QueueUrl=url, Entries=[{"Id": bad_id, "MessageBody": "1"}])
+        assert error.code == "InvalidBatchEntryId", bad_id
+    large = [{"Id": f"m{i}", "MessageBody": "x" * 30000} for i in range(9)]
+    error = client.error("SendMessageBatch", QueueUrl=url, Entries=large)
+    assert (error.code, error.query_error) == (
+        "BatchRequestTooLong",
+        "AWS.SimpleQueueService.BatchRequestTooLong;Sender",
+    )
+    assert client("ReceiveMessage", QueueUrl=url, VisibilityTimeout=0) == {}  # nothing of the refused batches
+
+
+def test_delete_and_change_visibility_batches(client: Client) -> None:
+    url = client.create("jobs")
+    client(
+        "SendMessageBatch", QueueUrl=url, Entries=[{"Id": f"m{i}", "MessageBody": f"m{i}"} for i in range(3)]
+    )
+    received = client.receive(url, MaxNumberOfMessages=3)
+    receipts = [m["ReceiptHandle"] for m in received]
+    answer = client(
+        "ChangeMessageVisibilityBatch",
+        QueueUrl=url,
+        Entries=[
+            {"Id": "zero", "ReceiptHandle": receipts[0], "VisibilityTimeout": 0},
+            {"Id": "long", "ReceiptHandle": receipts[1], "VisibilityTimeout": 600},
+            {"Id": "bad", "ReceiptHandle": "junk", "VisibilityTimeout": 1},
+            {"Id": "range", "ReceiptHandle": receipts[2], "VisibilityTimeout": 50000},
+        ],
+    )
+    assert [e["Id"] for e in answer["Successful"]] == ["zero", "long"]
+    assert {e["Id"]: e["Code"] for e in answer["Failed"]} == {
+        "bad": "ReceiptHandleIsInvalid",
+        "range": "InvalidParameterValue",
+    }
+    assert all(e["SenderFault"] is True for e in answer["Failed"])
+    (back,) = client.receive(url)
+    assert back["MessageId"] == received[0]["MessageId"]
+    answer = client(
+        "DeleteMessageBatch",
+        QueueUrl=url,
+        Entries=[
+            {"Id": "new", "ReceiptHandle": back["ReceiptHandle"]},
+            {"Id": "stale", "ReceiptHandle": receipts[0]},  # a delivery that is over: success, as SQS
+            {"Id": "other", "ReceiptHandle": receipts[1]},
+            {"Id": "junk", "ReceiptHandle": "junk"},
+            {"Id": "none"},
+        ],
+    )
+    assert [e["Id"] for e in answer["Successful"]] == ["new", "stale", "other"]
+    assert {e["Id"]: e["Code"] for e in answer["Failed"]} == {
+        "junk": "ReceiptHandleIsInvalid",
+        "none": "MissingParameter",
+    }
+    stats = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (stats["ApproximateNumberOfMessages"], stats["ApproximateNumberOfMessagesNotVisible"]) == (
+        "0",
+        "1",
+    )
+    assert client.error("DeleteMessageBatch", QueueUrl=url, Entries=[]).code == "EmptyBatchRequest"
+    assert (
+        client.error(
+            "ChangeMessageVisibilityBatch", QueueUrl=url, Entries=[{"Id": "a", "ReceiptHandle": "x"}] * 2
+        ).code
+        == "BatchEntryIdsNotDistinct"
+    )
+
+
+def test_fifo_queues(client: Client) -> None:
+    url = client.create("orders.fifo", FifoQueue="true")
+    attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["FifoQueue"] == "true" and attributes["ContentBasedDeduplication"] == "false"
+    send = lambda **r: client("SendMessage", QueueUrl=url, **r)  # noqa: E731
+    assert (
+        client.error("SendMessage", QueueUrl=url, MessageBody="x", MessageDeduplicationId="d").code
+        == "MissingParameter"
+    )
+    error = client.error("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g")
+    assert error.code == "InvalidParameterValue" and "ContentBasedDeduplication" in error.message
+    error = client.error(
+        "SendMessage",
+        QueueUrl=url,
+        MessageBody="x",
+        MessageGroupId="g",
+        MessageDeduplicationId="d",
+        DelaySeconds=5,
+    )
+    assert error.code == "InvalidParameterValue"
+    assert (
+        client.error(
+            "SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g" * 129, MessageDeduplicationId="d"
+        ).code
+        == "InvalidParameterValue"
+    )
+    first = send(MessageBody="first", MessageGroupId="g1", MessageDeduplicationId="d1")
+    second = send(MessageBody="second", MessageGroupId="g1", MessageDeduplicationId="d2")
+    again = send(MessageBody="first, again", MessageGroupId="g1", MessageDeduplicationId="d1")
+    other = send(MessageBody="other group", MessageGroupId="g2", MessageDeduplicationId="d3")
+    assert again["MessageId"] == first["MessageId"] and again["SequenceNumber"] == first["SequenceNumber"]
+    assert first["SequenceNumber"] == f"{int(first['MessageId']):020d}" and len(first["SequenceNumber"]) == 20
+    assert int(first["SequenceNumber"]) < int(second["SequenceNumber"]) < int(other["SequenceNumber"])
+    messages = client.receive(url, MaxNumberOfMessages=10, AttributeNames=["All"])
+    assert [m["Body"] for m in messages] == ["first", "other group"]  # one of a group in flight at a time
+    head = messages[0]["Attributes"]
+    assert (head["MessageGroupId"], head["MessageDeduplicationId"], head["SequenceNumber"]) == (
+        "g1",
+        "d1",
+        first["SequenceNumber"],
+    )
+    assert client("ReceiveMessage", QueueUrl=url) == {}  # g1 waits for "first"
+    client("DeleteMessage", QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
+    assert [m["Body"] for m in client.receive(url)] == ["second"]
+
+    cbd = client.create("cbd.fifo", FifoQueue="true", ContentBasedDeduplication="true")
+    one = client("SendMessage", QueueUrl=cbd, MessageBody="same", MessageGroupId="g")
+    two = client("SendMessage", QueueUrl=cbd, MessageBody="same", MessageGroupId="g")
+    assert one["MessageId"] == two["MessageId"]
+    (message,) = client.receive(cbd, MessageSystemAttributeNames=["MessageDeduplicationId"])
+    assert message["Attributes"]["MessageDeduplicationId"] == hashlib.sha256(b"same").hexdigest()
+    batch = client(
+        "SendMessageBatch",
+        QueueUrl=cbd,
+        Entries=[
+            {"Id": "a", "MessageBody": "b1", "MessageGroupId": "g"},
+            {"Id": "b", "MessageBody": "b2"},
+        ],
+    )
+    assert [e["Id"] for e in batch["Successful"]] == ["a"] and batch["Successful"][0]["SequenceNumber"]
+    assert batch["Failed"][0]["Code"] == "MissingParameter"
+    assert client.error(
+        "SetQueueAttributes", QueueUrl=cbd, Attributes={"DeduplicationScope": "messageGroup"}
+    ).code == ("InvalidAttributeValue")
+    assert (
+        client(
+            "SetQueueAttributes",
+            QueueUrl=cbd,
+            Attributes={"ContentBasedDeduplication": "false", "FifoThroughputLimit": "perMessageGroupId"},
+        )
+        == {}
+    )
+    attributes = client("GetQueueAttributes", QueueUrl=cbd, AttributeNames=["All"])["Attributes"]
+    assert (
+        attributes["ContentBasedDeduplication"] == "false"
+        and attributes["FifoThroughputLimit"] == "perMessageGroupId"
+    )
+
+
+def test_dead_letters_redrive_and_move_tasks(client: Client) -> None:
+    dlq = client.create("jobs-dlq")
+    dlq_arn = "arn:aws:sqs:us-east-1:000000000000:jobs-dlq"
+    error = client.error(
+        "CreateQueue",
+        QueueName="jobs",
+        Attributes={
+            "RedrivePolicy": json.dumps(
+                {"deadLetterTargetArn": "arn:aws:sqs:us-east-1:000000000000:missing", "maxReceiveCount": 2}
+            )
+        },
+    )
+    assert error.code == "InvalidParameterValue" and "does not exist" in error.message
+    for bad in (
+        '{"maxReceiveCount": 2}',
+        "not json",
+        json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 0}),
+        json.dumps({"deadLetterTargetArn": "not-an-arn", "maxReceiveCount": 2}),
+    ):
+        assert client.error("CreateQueue", QueueName="jobs", Attributes={"RedrivePolicy": bad}).code in (
+            "InvalidAttributeValue",
+            "InvalidParameterValue",
+        ), bad
+    fifo_dlq = client.create("dlq.fifo", FifoQueue="true")
+    assert fifo_dlq
+    error = client.error(
+        "CreateQueue",
+        QueueName="jobs",
+        Attributes={
+            "RedrivePolicy": json.dumps(
+                {"deadLetterTargetArn": "arn:aws:sqs:us-east-1:000000000000:dlq.fifo", "maxReceiveCount": 2}
+            )
+        },
+    )
+    assert error.code == "InvalidParameterValue"
+    url = client.create(
+        "jobs", RedrivePolicy=json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "2"})
+    )
+    policy = json.loads(
+        client("GetQueueAttributes", QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"][
+            "RedrivePolicy"
+        ]
+    )
+    assert policy == {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2}
+    assert client("ListDeadLetterSourceQueues", QueueUrl=dlq) == {"queueUrls": [url]}
+    assert client("ListDeadLetterSourceQueues", QueueUrl=url) == {"queueUrls": []}
+
+    client(
+        "SendMessage",
+        QueueUrl=url,
+        MessageBody="poison",
+        MessageAttributes={"k": {"DataType": "String", "StringValue": "v"}},
+    )
+    for _ in range(2):
+        assert [m["Body"] for m in client.receive(url, VisibilityTimeout=0)] == ["poison"]
+    assert client("ReceiveMessage", QueueUrl=url) == {}  # the third try moves it
+    (dead,) = client.receive(
+        dlq, MessageAttributeNames=["All"], AttributeNames=["DeadLetterQueueSourceArn"], VisibilityTimeout=0
+    )
+    assert dead["Body"] == "poison" and dead["MessageAttributes"]["k"]["StringValue"] == "v"
+    assert dead["Attributes"]["DeadLetterQueueSourceArn"] == "arn:aws:sqs:us-east-1:000000000000:jobs"
+
+    assert client.error("StartMessageMoveTask", SourceArn="arn:aws:sqs:us-east-1:000000000000:nope").code == (
+        "ResourceNotFoundException"
+    )
+    assert client.error("StartMessageMoveTask", SourceArn="arn:aws:sqs:us-east-1:000000000000:jobs").code == (
+        "InvalidParameterValue"
+    )  # not a dead-letter queue
+    assert client.error("StartMessageMoveTask").code == "MissingParameter"
+    handle = client("StartMessageMoveTask", SourceArn=dlq_arn, MaxNumberOfMessagesPerSecond=10)["TaskHandle"]
+    assert [m["Body"] for m in client.receive(url)] == ["poison"]
+    assert client("ReceiveMessage", QueueUrl=dlq) == {}
+    (task,) = client("ListMessageMoveTasks", SourceArn=dlq_arn)["Results"]
+    assert task["Status"] == "COMPLETED" and task["SourceArn"] == dlq_arn
+    assert task["ApproximateNumberOfMessagesMoved"] == 1 and task["ApproximateNumberOfMessagesToMove"] == 1
+    assert (
+        task["MaxNumberOfMessagesPerSecond"] == 10
+        and abs(task["StartedTimestamp"] - time.time() * 1000) < 60_000
+    )
+    error = client.error("CancelMessageMoveTask", TaskHandle=handle)
+    assert (error.code, error.query_error) == (
+        "UnsupportedOperation",
+        "AWS.SimpleQueueService.UnsupportedOperation;Sender",
+    )
+    assert client.error("CancelMessageMoveTask", TaskHandle="bogus").code == "ResourceNotFoundException"
+    # to another destination; tasks listed newest first
+    other = client.create("elsewhere")
+    client("SendMessage", QueueUrl=dlq, MessageBody="stray")
+    client(
+        "StartMessageMoveTask",
+        SourceArn=dlq_arn,
+        DestinationArn="arn:aws:sqs:us-east-1:000000000000:elsewhere",
+    )
+    assert [m["Body"] for m in client.receive(other)] == ["stray"]
+    tasks = client("ListMessageMoveTasks", SourceArn=dlq_arn, MaxResults=10)["Results"]
+    assert [t.get("DestinationArn") for t in tasks] == ["arn:aws:sqs:us-east-1:000000000000:elsewhere", None]
+    assert (
+        client.error("ListMessageMoveTasks", SourceArn=dlq_arn, MaxResults=11).code == "InvalidParameterValue"
+    )
+    # removing the redrive policy
+    assert client("SetQueueAttributes", QueueUrl=url, Attributes={"RedrivePolicy": ""}) == {}
+    assert client("ListDeadLetterSourceQueues", QueueUrl=dlq) == {"queueUrls": []}
+
+
+def test_tags_persist_beside_the_queue(client: Client, broker: Broker) -> None:
+    url = client("CreateQueue", QueueName="tagged", tags={"team": "infra"})["QueueUrl"]
+    assert client("ListQueueTags", QueueUrl=url) == {"Tags": {"team": "infra"}}
+    assert client("TagQueue", QueueUrl=url, Tags={"env": "test", "team": "core"}) == {}
+    assert client("UntagQueue", QueueUrl=url, TagKeys=["env", "absent"]) == {}
+    assert Client(SqsProtocol(broker))("ListQueueTags", QueueUrl=url) == {
+        "Tags": {"team": "core"}
+    }  # stored, not in memory
+    assert client.error("TagQueue", QueueUrl=url).code == "MissingParameter"
+    assert client.error("TagQueue", QueueUrl=url, Tags={"": "x"}).code == "InvalidParameterValue"
+    assert (
+        client.error("TagQueue", QueueUrl=url, Tags={f"k{i}": "v" for i in range(50)}).code
+        == "InvalidParameterValue"
+    )
+    assert client.error("UntagQueue", QueueUrl=url).code == "MissingParameter"
+    client("UntagQueue", QueueUrl=url, TagKeys=["team"])
+    assert client("ListQueueTags", QueueUrl=url) == {}
+    # the sidecar goes with the queue
+    client("TagQueue", QueueUrl=url, Tags={"a": "b"})
+    client("DeleteQueue", QueueUrl=url)
+    client.create("tagged")
+    assert client("ListQueueTags", QueueUrl=url) == {}
+
+
+def test_purge_queue(client: Client) -> None:
+    url = client.create("jobs")
+    for i in range(5):
+        client("SendMessage", QueueUrl=url, MessageBody=f"m{i}")
+    assert client("PurgeQueue", QueueUrl=url) == {}
+    assert client("ReceiveMessage", QueueUrl=url) == {}
+    client("SendMessage", QueueUrl=url, MessageBody="after")
+    assert [m["Body"] for m in client.receive(url)] == ["after"]
+
+
+def test_unknown_and_unsupported_actions(client: Client) -> None:
+    error = client.error("Frobnicate")
+    assert (error.code, error.type, error.query_error) == (
+        "InvalidAction",
+        "com.amazonaws.sqs#InvalidAction",
+        "InvalidAction;Sender",
+    )
+    assert client.error("AddPermission", QueueUrl="x").code == "UnsupportedOperation"
+    assert client.error("SendMessage", MessageBody="x").code == "MissingParameter"  # no QueueUrl
+    with pytest.raises(SqsError):
+        SqsProtocol.handle(client.sqs, "ListQueues", [], BASE)  # type: ignore[arg-type]
+
+
+def test_storage_errors_propagate(client: Client, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = client.create("jobs")
+    queue = broker.queue("jobs", create=False)
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise StorageError("no space left on device", errno=28)
+
+    monkeypatch.setattr(queue, "send_many", full)
+    with pytest.raises(StorageError) as caught:
+        client("SendMessage", QueueUrl=url, MessageBody="x")
+    assert caught.value.errno == 28
