@@ -117,6 +117,25 @@ def _encode_values(first_offset: int, timestamp_ns: int, values: Sequence[bytes]
     return data, lengths
 
 
+def _encode_messages(first_offset: int, timestamp_ns: int, messages: Sequence[Message]) -> tuple[bytes, list[int]]:
+    """The fast path of ``encode_batch`` for ``Message`` items: struct checks every field's range
+    (a key over 127 bytes, a type over 255 raise ``struct.error``)."""
+    pack_head, pack_int = HEADER.pack, INT32.pack
+    parts, lengths = [], []
+    for offset, message in zip(count(first_offset), messages):
+        _, ts, type_, key, value = message
+        key_len, value_len = len(key), len(value)
+        parts.append(
+            pack_head(offset, timestamp_ns if ts is None else ts, type_, key_len)
+            + key
+            + pack_int(value_len)
+            + value
+            + pack_int(OVERHEAD + key_len + value_len)
+        )
+        lengths.append(key_len + value_len)
+    return b"".join(parts), lengths
+
+
 def encode_batch(
     first_offset: int, timestamp_ns: int, items: Iterable[bytes | Message]
 ) -> tuple[bytes, list[int], int]:
@@ -129,12 +148,14 @@ def encode_batch(
     items = items if isinstance(items, (list, tuple)) else list(items)
     if not items:
         return b"", [], 0
+    fast = _encode_messages if isinstance(items[0], Message) else _encode_values
     try:
-        data, lengths = _encode_values(first_offset, timestamp_ns, items)
+        data, lengths = fast(first_offset, timestamp_ns, items)
+        # Lengths of memoryviews count items, not bytes: the general path gets those right.
         if len(data) == len(lengths) * OVERHEAD + sum(lengths):
             return data, lengths, len(items)
-    except (TypeError, struct.error):
-        pass  # not all plain values, or one too large: the general path says which and why
+    except (TypeError, ValueError, struct.error):
+        pass  # mixed items, or one out of range: the general path says which and why
     parts: list[bytes] = []
     lengths = []
     for offset, item in zip(count(first_offset), items):

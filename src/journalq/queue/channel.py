@@ -403,8 +403,8 @@ class Channel:
         """
         ahead = self._ahead
         if ahead and ahead[0].offset < frontier:
-            skip = frontier - ahead[0].offset
-            ahead = self._ahead = ahead[skip:] if skip < len(ahead) else []
+            # Drop what was taken since: in place, so a receive of one costs no copy of the rest.
+            del ahead[: frontier - ahead[0].offset]
         if len(ahead) < _LOOK_AHEAD:
             tail = self._tail
             position = ahead[-1].offset + 1 if ahead else frontier
@@ -417,7 +417,7 @@ class Channel:
                 # read_batch gives one decoded chunk at a time: read on up to the look-ahead
                 while len(ahead) < _LOOK_AHEAD and (more := tail.read_batch(_LOOK_AHEAD - len(ahead))):
                     self.topic.remember(more)
-                    ahead = self._ahead = ahead + more
+                    ahead.extend(more)
             except (OffsetOutOfRangeError, TruncatedError):
                 # Retention deleted messages this channel had not read: ``_skip_deleted`` skips
                 # them at the next collection.

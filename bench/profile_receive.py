@@ -1,0 +1,76 @@
+"""Profile journalq's single-process receive(1) + delete with cProfile (not part of run.py).
+
+    .venv/bin/python bench/profile_receive.py [--messages N] [--sync none|always] [--batch B] [--top K]
+
+Fills a queue in a scratch directory with N 100-byte messages (not profiled), then profiles one
+process receiving and deleting them all, and prints the functions by own time and by cumulative
+time. The scratch directory is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import journalq  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(HERE.parent / "src"))
+
+from journalq.queue import Broker  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--sync", default="none", choices=("none", "always"))
+    parser.add_argument("--batch", type=int, default=1, help="receive(B) + delete_many (default 1: delete)")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    (HERE / ".data").mkdir(exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="profile-receive-", dir=HERE / ".data"))
+    try:
+        with Broker(root, sync="none") as broker:
+            queue = broker.queue("q")
+            for i in range(0, args.messages, 1000):
+                queue.send_many([b"%010d" % n + bytes(90) for n in range(i, min(i + 1000, args.messages))])
+        broker = Broker(root, sync=args.sync)
+        queue = broker.queue("q", create=False)
+        profiler = cProfile.Profile()
+        received = 0
+        started = time.perf_counter()
+        profiler.enable()
+        if args.batch == 1:
+            while got := queue.receive(1):
+                queue.delete(got[0].receipt)
+                received += 1
+        else:
+            while got := queue.receive(args.batch):
+                queue.delete_many([m.receipt for m in got])
+                received += len(got)
+        profiler.disable()
+        seconds = time.perf_counter() - started
+        broker.close()
+        if received != args.messages:
+            raise AssertionError(f"received {received} of {args.messages}")
+        print(
+            f"{received:,} messages, receive({args.batch}) + delete, sync={args.sync}: "
+            f"{seconds:.2f} s under the profiler ({received / seconds:,.0f} msg/s)\n"
+        )
+        stats = pstats.Stats(profiler).strip_dirs()
+        stats.sort_stats("tottime").print_stats(args.top)
+        stats.sort_stats("cumulative").print_stats(args.top)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
