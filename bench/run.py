@@ -1,8 +1,8 @@
 """Run journalq's benchmarks: ``bench/run.py [--quick] [--repeat N] [NAME ...]``.
 
-Names: append, scan, seek, follow (all by default). Prints a table (figure, baseline measured in
-the same run, ratio, aim), then one JSON object per result, one per line, for machines. Progress
-goes to stderr. See bench/README.md for what each benchmark measures and why.
+Names: append, scan, seek, follow, channels, receive, server (all by default). Prints a table
+(figure, baseline measured in the same run, ratio, aim), then one JSON object per result, one per
+line, for machines. Progress goes to stderr. See bench/README.md for what each benchmark measures and why.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ except ImportError:  # not installed: use the source tree
 
 import bench_append  # noqa: E402
 import bench_follow  # noqa: E402
+import bench_queue  # noqa: E402
 import bench_scan  # noqa: E402
 import bench_seek  # noqa: E402
+import bench_server  # noqa: E402
 from harness import Context, Result, cpu_note, remove, table  # noqa: E402
 
 BENCHMARKS = {
@@ -30,12 +32,22 @@ BENCHMARKS = {
     "scan": bench_scan.run,
     "seek": bench_seek.run,
     "follow": bench_follow.run,
+    "channels": bench_queue.run_channels,
+    "receive": bench_queue.run_receive,
+    "server": bench_server.run,
 }
 
 GO_CONTEXT = (
     "For context: the Go reference implementation (h12.io/sej) writes 1.9 million and reads 1.2 million\n"
     "such messages (keyless, 100-byte values) per second on this machine (figures given, not measured here)."
 )
+CONTEXTS = {  # printed after the table when their benchmark ran
+    "append": GO_CONTEXT,
+    "scan": GO_CONTEXT,
+    "channels": bench_queue.CHANNELS_CONTEXT,
+    "receive": bench_queue.RECEIVE_CONTEXT,
+    "server": bench_server.SERVER_CONTEXT,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results))
     print()
-    print(GO_CONTEXT)
-    print()
+    for context in dict.fromkeys(CONTEXTS[n] for n in names if n in CONTEXTS):
+        print(context)
+        print()
     for result in results:
         print(result.to_json(args.quick))
     return 0  # a missed aim is reported, not an error: these machines are noisy

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -71,8 +73,22 @@ def serve(data: Path, host: str, port: int, workers: int, sync: str, token: str 
         h11_max_incomplete_event_size=64 * 1024,  # headers that never end are cut off
         timeout_graceful_shutdown=30,
     )
+    # Uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler it
+    # found: with the default one the process would die of it (exit status 143) after a clean
+    # shutdown. Exit 0 instead, as on SIGINT.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     if workers == 1:
         uvicorn.run(create_app(config), **options)
     else:
+        # The worker processes log nothing at INFO (this handler is not theirs): the start line
+        # comes from here, once.
+        from journalq import __version__
+
+        server_log.info("journalq %s serving %s on http://%s:%d (sync=%s, workers=%d)",
+                        __version__, data, host, port, sync, workers)
         os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
         uvicorn.run("journalq.server.app:app_from_environment", factory=True, workers=workers, **options)
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    raise SystemExit(0)

@@ -32,6 +32,7 @@ from journalq.errors import (
     InvalidSettingError,
     JournalError,
     OffsetOutOfRangeError,
+    QueueNotFoundError,
     ReceiptError,
     TaskNotFoundError,
     TruncatedError,
@@ -132,6 +133,7 @@ class Channel:
         self.topic = topic
         self.name = name
         self.path = topic.path / "channels" / name
+        self._closed = False
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
         self._token = _channel_token(self.path)
@@ -299,7 +301,12 @@ class Channel:
         watch: DirectoryWatch | None = None
         try:
             while True:
-                got, wake_at = self._receive_now(max_messages, hide, wanted)
+                try:
+                    got, wake_at = self._receive_now(max_messages, hide, wanted)
+                except Exception:
+                    if self._closed:  # closed under this receive (a long poll, most likely)
+                        return self._closed_under_receive()
+                    raise
                 remaining = deadline - time.monotonic()
                 if got or remaining <= 0:
                     return got
@@ -309,9 +316,18 @@ class Channel:
                 if wake_at is not None:
                     remaining = min(remaining, max(0.0, (wake_at - time.time_ns()) / 1e9))
                 watch.wait(remaining)
+                if self._closed:
+                    return self._closed_under_receive()
         finally:
             if watch is not None:
                 watch.close()
+
+    def _closed_under_receive(self) -> list[ReceivedMessage]:
+        """A receive whose channel was closed while it waited: the queue was deleted, or the broker
+        let it go to open it anew (after a storage failure). Nothing was received."""
+        if not self.topic.path.is_dir():
+            raise QueueNotFoundError(f"queue or topic {self.topic.name!r} was deleted")
+        return []
 
     def _receive_now(
         self, max_messages: int, hide: float, wanted: dict[str, tuple[str, filtering.Method]] | None
@@ -627,6 +643,7 @@ class Channel:
             self._record([Event(EventKind.SKIP_TO, self._end_offset())])
 
     def close(self) -> None:
+        self._closed = True
         try:
             self.commit_cursor()
         except OSError:

@@ -10,6 +10,7 @@ with ``Retry-After``, the write leaves nothing half-done, and reads go on being 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import logging
@@ -32,6 +33,9 @@ from journalq.server.sqs import SqsError, SqsProtocol
 log = logging.getLogger("journalq.server")
 T = TypeVar("T")
 
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
+"""Errors of the storage (a full disk, a quota, an I/O error) answered 503 wherever they arise."""
+
 RESERVED = {"metrics", "healthz", "docs", "redoc", "openapi.json"}
 """Paths of the server's own that no queue can be reached at through the REST API."""
 
@@ -46,7 +50,10 @@ class HTTPProblem(Exception):
 
 def create_app(config: ServerConfig) -> FastAPI:
     broker_box: list[Broker] = []
-    limiter = anyio.CapacityLimiter(256)  # blocking operations, long polls among them
+    limiter = anyio.CapacityLimiter(256)  # blocking operations but receives
+    # Receives may long-poll (up to 20 s for SQS, ``wait`` for REST): with one pool for all, a few
+    # hundred waiting consumers would hold up every write, and the messages they wait for.
+    receive_limiter = anyio.CapacityLimiter(1024)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -73,16 +80,24 @@ def create_app(config: ServerConfig) -> FastAPI:
     def broker() -> Broker:
         return broker_box[0]
 
-    async def blocking(fn: Callable[..., T], *args: Any) -> T:
+    async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False) -> T:
         """Run a queue operation in a worker thread, mapping storage failures to 503."""
         try:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+            return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
         except StorageError as exc:
             # A failed sync leaves a writer unusable by design: close it, and the next request
             # reopens (and recovers) the journal. A failed write was taken back already.
             reopened = broker().reopen_failed()
             log.error("storage failure: %s%s", exc, f" (reopening {', '.join(reopened)})" if reopened else "")
             raise HTTPProblem(503, f"not stored: {exc.reason}", {"Retry-After": str(config.retry_after)}) from exc
+        except OSError as exc:
+            # The same failures met outside a journal (a queue's settings file, its channel's
+            # token, an offset file): still the storage's, not a bug of the server's.
+            if exc.errno not in _STORAGE_ERRNOS:
+                raise
+            log.error("storage failure: %s", exc)
+            retry = {"Retry-After": str(config.retry_after)}
+            raise HTTPProblem(503, f"not stored: {exc.strerror or exc}", retry) from exc
 
     async def body_of(request: Request, limit: int) -> bytes:
         """The request body, refused when too large (413) or too slow to arrive (408)."""
@@ -110,7 +125,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             raise HTTPProblem(400, f"the request body could not be read: {exc}") from None
         return b"".join(chunks)
 
-    def rest_auth(request: Request) -> None:
+    async def rest_auth(request: Request) -> None:  # async: no thread hop per request
         if config.rest_token is None:
             return
         given = request.headers.get("authorization", "")
@@ -150,16 +165,19 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)])
     async def get_queue(queue: str) -> dict[str, Any]:
         """200 with the queue's counts when it exists, 404 otherwise."""
-        q = await blocking(lambda: broker().queue(queue_name(queue), create=False))
-        stats = await blocking(q.stats)
+        stats = await blocking(lambda: broker().queue(queue_name(queue), create=False).stats())
         return {"name": queue, **stats.__dict__}
 
     @app.put("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=201)
     async def put_queue(queue: str, response: Response) -> dict[str, Any]:
         """Create the queue (201), or find it there already (200). The body is ignored."""
         name = queue_name(queue)
-        existed = await blocking(broker().exists, name)
-        await blocking(broker().queue, name)
+        def create() -> bool:
+            existed = broker().exists(name)
+            broker().queue(name)
+            return existed
+
+        existed = await blocking(create)
         if existed:
             response.status_code = 200
         return {"name": name, "created": not existed}
@@ -175,8 +193,12 @@ def create_app(config: ServerConfig) -> FastAPI:
         """The oldest available message as the body, with ``X-Message-Id`` (and ``X-Receipt``,
         ``X-Receive-Count``); 204 when there is none. The message is hidden for the visibility
         timeout and delivered again unless deleted. ``wait``: long polling, in seconds."""
-        q = await blocking(lambda: broker().queue(queue_name(queue), create=False))
-        got = await blocking(lambda: q.receive(1, wait=wait, visibility_timeout=visibility_timeout))
+        got = await blocking(
+            lambda: broker().queue(queue_name(queue), create=False).receive(
+                1, wait=wait, visibility_timeout=visibility_timeout
+            ),
+            receiving=True,
+        )
         if not got:
             return Response(status_code=204)
         message = got[0]
@@ -196,16 +218,14 @@ def create_app(config: ServerConfig) -> FastAPI:
         """Store the body as a message; 201 with ``X-Message-Id`` once it is on stable storage,
         400 when the body cannot be read, 503 with ``Retry-After`` when it cannot be stored."""
         body = await body_of(request, config.max_message_size)
-        q = await blocking(lambda: broker().queue(queue_name(queue), create=False))
-        message_id = await blocking(q.send, body)
+        message_id = await blocking(lambda: broker().queue(queue_name(queue), create=False).send(body))
         app.state.metrics.messages_in.labels(queue).inc()
         return Response(status_code=201, headers={"X-Message-Id": message_id})
 
     @app.delete("/{queue}/messages/{message_id}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=204)
     async def remove(queue: str, message_id: str) -> Response:
         """Delete a message by the id that adding or fetching it gave, whatever its state."""
-        q = await blocking(lambda: broker().queue(queue_name(queue), create=False))
-        await blocking(q.delete_id, message_id)
+        await blocking(lambda: broker().queue(queue_name(queue), create=False).delete_id(message_id))
         app.state.metrics.messages_deleted.labels(queue).inc()
         return Response(status_code=204)
 
@@ -234,7 +254,14 @@ def create_app(config: ServerConfig) -> FastAPI:
                     config.aws_credentials,
                 )
             except AuthError as exc:
-                return _sqs_error(SqsError(exc.code, exc.message, status=403))
+                return _sqs_error(SqsError(exc.code, exc.message, status=exc.status))
+        elif config.rest_token is not None:
+            # A server guarded by a token is not left open through its other API: without AWS
+            # keys configured, SQS requests need the same bearer token.
+            try:
+                await rest_auth(request)
+            except HTTPProblem as exc:
+                return _sqs_error(SqsError("MissingAuthenticationToken", exc.message, status=exc.status), exc.headers)
         try:
             payload = json.loads(body or b"{}")
             if not isinstance(payload, dict):
@@ -245,11 +272,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region))
         base_url = f"{request.url.scheme}://{request.headers.get('host', f'{config.host}:{config.port}')}"
         try:
-            answer = await blocking(sqs_box[0].handle, action, payload, base_url)
+            answer = await blocking(sqs_box[0].handle, action, payload, base_url, receiving=action == "ReceiveMessage")
         except SqsError as exc:
             return _sqs_error(exc)
         except HTTPProblem as exc:
             return _sqs_error(SqsError("ServiceUnavailable", exc.message, status=exc.status, sender=False), exc.headers)
+        except Error as exc:  # none that SQS has a code for: still answered in SQS's shape
+            return _sqs_error(SqsError("InternalFailure", str(exc), status=500, sender=False))
         app.state.metrics.count_sqs(action, payload, answer)
         return Response(json.dumps(answer).encode(), media_type="application/x-amz-json-1.0")
 

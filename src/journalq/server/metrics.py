@@ -20,6 +20,19 @@ from journalq.queue import Broker
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20)
+SQS_ACTIONS = frozenset(
+    (
+        "CreateQueue", "GetQueueUrl", "ListQueues", "GetQueueAttributes", "SetQueueAttributes",
+        "PurgeQueue", "DeleteQueue", "SendMessage", "SendMessageBatch", "ReceiveMessage",
+        "DeleteMessage", "DeleteMessageBatch", "ChangeMessageVisibility",
+        "ChangeMessageVisibilityBatch", "ListDeadLetterSourceQueues", "StartMessageMoveTask",
+        "ListMessageMoveTasks", "CancelMessageMoveTask", "TagQueue", "UntagQueue", "ListQueueTags",
+        "AddPermission", "RemovePermission",
+    )
+)
+"""The operation labels of SQS requests. Any other ``X-Amz-Target`` is labelled ``other``: the
+header comes from the client (before any authentication), and label values must not grow
+without bound."""
 
 
 class Metrics:
@@ -122,7 +135,8 @@ class RequestTimer:
             headers = dict(scope["headers"])
             target = headers.get(b"x-amz-target", b"").decode("latin-1")
             if target:
-                api, operation = "sqs", target.partition(".")[2] or "?"
+                action = target.partition(".")[2]
+                api, operation = "sqs", action if action in SQS_ACTIONS else "other"
             else:
                 route = scope.get("route")
                 path = getattr(route, "path", None) or "unrouted"

@@ -1,0 +1,321 @@
+"""The real server as a subprocess (``.venv/bin/journalq serve``): the harness the other
+``test_server_*`` modules import, and the tests of the server's life cycle itself — loopback by
+default, one start line with its address, a clean exit (code 0) on SIGTERM and SIGINT with the
+requests under way finished (a long poll, a POST whose body is still arriving), ``--workers``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+JOURNALQ = REPO / ".venv" / "bin" / "journalq"
+if not JOURNALQ.exists():  # another environment: the console script beside this interpreter
+    JOURNALQ = Path(sys.executable).with_name("journalq")
+
+START_LINE = re.compile(r"serving .* on http://(?P<host>[^:/\s]+):(?P<port>\d+)")
+
+
+def free_port() -> int:
+    """A port nobody listens on now (bound to 0 and closed; the caller retries on a collision)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``journalq serve --data DATA --port PORT [args]`` in a subprocess, its output in a file."""
+
+    def __init__(self, data: Path, *args: str, log_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.data = Path(data)
+        self.args = list(args)
+        self.log_dir = Path(log_dir) if log_dir is not None else self.data.parent
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.log_file: Path | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_file.read_text(errors="replace") if self.log_file and self.log_file.exists() else ""
+
+    def start_lines(self) -> list[str]:
+        return [line for line in self.log().splitlines() if START_LINE.search(line)]
+
+    def start(self, timeout: float = 20.0) -> ServerProcess:
+        """Start on a free port (another one when the port was taken meanwhile); wait for /healthz."""
+        last_error = ""
+        for _attempt in range(5):
+            self.port = free_port()
+            self.starts += 1
+            self.log_file = self.log_dir / f"server-{self.port}-{self.starts}.log"
+            env = dict(os.environ if self.env is None else self.env)
+            env["PYTHONUNBUFFERED"] = "1"
+            with open(self.log_file, "wb") as out:
+                self.process = subprocess.Popen(
+                    [str(JOURNALQ), "serve", "--data", str(self.data), "--port", str(self.port), *self.args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    break
+                try:
+                    if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                        return self
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+            last_error = self.log()
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            if "address already in use" not in last_error.lower():
+                break
+        raise AssertionError(f"the server did not start; its output:\n{last_error}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
+        """Send ``sig`` and wait for the exit; returns the exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"the server did not exit within {timeout} s of signal {sig}:\n{self.log()}") from None
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def check_clean_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop with ``sig``: exit code 0, and one start line naming the address in this run's log."""
+        code = self.stop(sig)
+        log = self.log()
+        assert code == 0, f"exit code {code} after signal {sig}; output:\n{log}"
+        lines = self.start_lines()
+        assert len(lines) == 1, f"expected one start line, got {lines!r}; output:\n{log}"
+        match = START_LINE.search(lines[0])
+        assert match is not None and int(match["port"]) == self.port, lines[0]
+        assert match["host"] == "127.0.0.1", lines[0]
+        assert "Traceback" not in log, log
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """``start_server(*args, data=None)``: a running server (data defaults to ``tmp_path/data``);
+    every one still running at the end is stopped with SIGTERM, which must give exit code 0 and
+    exactly one start line with the address."""
+    servers: list[ServerProcess] = []
+
+    def start(*args: str, data: Path | None = None, env: dict[str, str] | None = None) -> ServerProcess:
+        server = ServerProcess(data or tmp_path / "data", *args, log_dir=tmp_path, env=env)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    problems = []
+    for server in servers:
+        if server.process is not None and server.process.poll() is None:
+            try:
+                server.check_clean_stop()
+            except AssertionError as exc:
+                problems.append(str(exc))
+    assert not problems, "\n\n".join(problems)
+
+
+def module_server(tmp_path_factory: pytest.TempPathFactory, *args: str) -> Iterator[ServerProcess]:
+    """For a module-scoped fixture: one server for the whole module, stopped cleanly after it."""
+    root = tmp_path_factory.mktemp("server")
+    server = ServerProcess(root / "data", *args, log_dir=root).start()
+    try:
+        yield server
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.check_clean_stop()
+
+
+def raw_request(port: int, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw bytes; return the first answer (headers and a Content-Length body), or what came
+    until the server closed or ``timeout``."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        return read_answer(s)
+
+
+def read_answer(s: socket.socket) -> bytes:
+    data = b""
+    try:
+        while True:
+            head, sep, rest = data.partition(b"\r\n\r\n")
+            if sep:
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                if length is not None and len(rest) >= int(length[1]):
+                    return data
+            chunk = s.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        return data
+
+
+def read_all(s: socket.socket) -> bytes:
+    chunks = []
+    try:
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return b"".join(chunks)
+
+
+def status_of(answer: bytes) -> int:
+    match = re.match(rb"HTTP/1\.[01] (\d{3})", answer)
+    assert match is not None, f"not an HTTP answer: {answer[:200]!r}"
+    return int(match[1])
+
+
+def sqs_client(url: str, key: str = "AKIDEXAMPLE", secret: str = "secret", **config: object):
+    """A boto3 SQS client for the server at ``url``, with one attempt per call (no retries)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "sqs",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        config=Config(retries={"total_max_attempts": 1}, **config),  # type: ignore[arg-type]
+    )
+
+
+# -- the life cycle -----------------------------------------------------------------------------
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses with a socket listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            address, port_hex = fields[1].rsplit(":", 1)
+            if int(port_hex, 16) == port and fields[3] == "0A":  # TCP_LISTEN
+                found.add(address)
+    return found
+
+
+def test_help_shows_the_defaults() -> None:
+    out = subprocess.run([str(JOURNALQ), "serve", "--help"], capture_output=True, text=True, check=True).stdout
+    for option in ("--data", "--host", "--port", "--workers", "--token", "--aws-key", "--max-message-size"):
+        assert option in out
+    assert "127.0.0.1" in out and "8080" in out
+
+
+def test_listens_on_loopback_by_default_and_logs_one_start_line(start_server) -> None:
+    server = start_server()
+    if Path("/proc/net/tcp").exists():
+        # 0100007F is 127.0.0.1 in /proc's byte order; 0.0.0.0 would be 00000000
+        assert _listening_addresses(server.port) == {"0100007F"}
+    assert httpx.get(f"{server.url}/healthz").json()["status"] == "ok"
+    server.check_clean_stop(signal.SIGTERM)
+
+
+def test_sigint_stops_cleanly_too(start_server) -> None:
+    server = start_server()
+    httpx.put(f"{server.url}/q").raise_for_status()
+    httpx.post(f"{server.url}/q/messages", content=b"kept").raise_for_status()
+    server.check_clean_stop(signal.SIGINT)
+    # The journals were closed properly: a new server finds the message, and no lock is left.
+    again = start_server(data=server.data)
+    got = httpx.get(f"{again.url}/q/messages")
+    assert got.status_code == 200 and got.content == b"kept"
+
+
+def test_sigterm_lets_a_long_poll_and_a_slow_post_finish(start_server) -> None:
+    server = start_server()
+    httpx.put(f"{server.url}/q").raise_for_status()
+    httpx.put(f"{server.url}/idle").raise_for_status()
+    results: dict[str, object] = {}
+
+    def long_poll() -> None:
+        started = time.monotonic()
+        response = httpx.get(f"{server.url}/idle/messages", params={"wait": 2}, timeout=30)
+        results["poll"] = (response.status_code, time.monotonic() - started)
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    # A POST whose body is under way when the signal comes.
+    body = b"sent across the shutdown"
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=20)
+    s.sendall(
+        b"POST /q/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body[:5]
+    )
+    time.sleep(0.5)  # the long poll and the POST are in flight
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    s.sendall(body[5:])
+    answer = read_all(s)
+    s.close()
+    poller.join(30)
+    assert status_of(answer) == 201, answer
+    assert re.search(rb"(?i)x-message-id: 0", answer), answer
+    status, took = results["poll"]  # type: ignore[misc]
+    assert status == 204 and took >= 1.9, results
+    assert server.stop() == 0, server.log()
+    assert len(server.start_lines()) == 1, server.log()
+    # Synced and closed: a new server has the message the POST was answered 201 for.
+    again = start_server(data=server.data)
+    got = httpx.get(f"{again.url}/q/messages")
+    assert got.status_code == 200 and got.content == body
+
+
+def test_new_connections_are_refused_once_stopping(start_server) -> None:
+    server = start_server()
+    assert server.stop() == 0
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{server.url}/healthz", timeout=2)
+
+
+def test_workers(start_server) -> None:
+    """``--workers 2``: two processes share the data directory; every one sees every message."""
+    server = start_server("--workers", "2")
+    with httpx.Client(base_url=server.url) as client:
+        client.put("/w").raise_for_status()
+        ids = [client.post("/w/messages", content=b"m%d" % i).headers["x-message-id"] for i in range(20)]
+        assert len(set(ids)) == 20
+        bodies = []
+        while (r := client.get("/w/messages")).status_code == 200:
+            bodies.append(r.content)
+            client.delete(f"/w/messages/{r.headers['x-message-id']}").raise_for_status()
+        assert sorted(bodies) == sorted(b"m%d" % i for i in range(20))
+    server.check_clean_stop(signal.SIGTERM)
+

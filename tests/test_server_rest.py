@@ -1,0 +1,430 @@
+"""mq's six REST endpoints against the real server (httpx), the two APIs on one queue, and the
+service endpoints: /metrics (Prometheus text), /healthz, /openapi.json."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from botocore.exceptions import ClientError
+from prometheus_client.parser import text_string_to_metric_families
+from test_server_harness import ServerProcess, module_server, raw_request, sqs_client, status_of
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    yield from module_server(tmp_path_factory)
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def queue(client: httpx.Client) -> str:
+    """A new queue's name."""
+    name = f"q-{uuid.uuid4().hex[:12]}"
+    assert client.put(f"/{name}").status_code == 201
+    return name
+
+
+# -- queues: GET, PUT, DELETE /{queue} ----------------------------------------------------------
+
+
+def test_put_creates_201_then_finds_200(client: httpx.Client) -> None:
+    name = f"made-{uuid.uuid4().hex[:8]}"
+    first = client.put(f"/{name}")
+    assert first.status_code == 201 and first.json() == {"name": name, "created": True}
+    again = client.put(f"/{name}", content=b"the body is ignored")
+    assert again.status_code == 200 and again.json() == {"name": name, "created": False}
+
+
+def test_get_queue_counts_and_404(client: httpx.Client, queue: str) -> None:
+    client.post(f"/{queue}/messages", content=b"one").raise_for_status()
+    got = client.get(f"/{queue}")
+    assert got.status_code == 200
+    info = got.json()
+    assert info["name"] == queue and info["available"] == 1 and info["in_flight"] == 0
+    assert client.get("/no-such-queue").status_code == 404
+    assert "error" in client.get("/no-such-queue").json()
+
+
+def test_delete_queue(client: httpx.Client, queue: str) -> None:
+    client.post(f"/{queue}/messages", content=b"doomed").raise_for_status()
+    deleted = client.delete(f"/{queue}")
+    assert deleted.status_code == 204 and deleted.content == b""
+    assert client.get(f"/{queue}").status_code == 404
+    assert client.delete(f"/{queue}").status_code == 404
+    assert client.get(f"/{queue}/messages").status_code == 404
+    # made again, it is empty
+    assert client.put(f"/{queue}").status_code == 201
+    assert client.get(f"/{queue}/messages").status_code == 204
+
+
+def test_endpoints_of_a_queue_that_does_not_exist_answer_404(client: httpx.Client) -> None:
+    assert client.get("/nothing-here/messages").status_code == 404
+    assert client.post("/nothing-here/messages", content=b"x").status_code == 404
+    assert client.delete("/nothing-here/messages/0").status_code == 404
+    assert client.delete("/nothing-here").status_code == 404
+    assert client.get("/nothing-here").status_code == 404
+    assert client.get("/nothing-here").status_code == 404  # and nothing was created on the way
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+
+def test_post_then_get_then_204(client: httpx.Client, queue: str) -> None:
+    body = bytes(range(256)) * 3  # any bytes, not only text
+    posted = client.post(f"/{queue}/messages", content=body)
+    assert posted.status_code == 201
+    message_id = posted.headers["X-Message-Id"]
+    got = client.get(f"/{queue}/messages")
+    assert got.status_code == 200
+    assert got.content == body
+    assert got.headers["X-Message-Id"] == message_id
+    assert got.headers["X-Receive-Count"] == "1"
+    assert got.headers["X-Receipt"]
+    empty = client.get(f"/{queue}/messages")
+    assert empty.status_code == 204 and empty.content == b""
+    assert "X-Message-Id" not in empty.headers
+
+
+def test_messages_come_oldest_first_with_distinct_ids(client: httpx.Client, queue: str) -> None:
+    ids = [client.post(f"/{queue}/messages", content=b"m%d" % i).headers["X-Message-Id"] for i in range(5)]
+    assert len(set(ids)) == 5
+    got = [client.get(f"/{queue}/messages") for _ in range(5)]
+    assert [g.content for g in got] == [b"m%d" % i for i in range(5)]
+    assert [g.headers["X-Message-Id"] for g in got] == ids
+
+
+def test_fetched_message_is_hidden_then_delivered_again(client: httpx.Client, queue: str) -> None:
+    message_id = client.post(f"/{queue}/messages", content=b"again").headers["X-Message-Id"]
+    first = client.get(f"/{queue}/messages", params={"visibility_timeout": 1})
+    assert first.status_code == 200 and first.headers["X-Receive-Count"] == "1"
+    assert client.get(f"/{queue}/messages").status_code == 204  # hidden
+    assert client.get(f"/{queue}").json()["in_flight"] == 1
+    time.sleep(1.2)
+    second = client.get(f"/{queue}/messages", params={"visibility_timeout": 30})
+    assert second.status_code == 200
+    assert second.content == b"again" and second.headers["X-Message-Id"] == message_id
+    assert second.headers["X-Receive-Count"] == "2"
+    assert second.headers["X-Receipt"] != first.headers["X-Receipt"]
+
+
+def test_the_queue_visibility_timeout_is_the_default(server: ServerProcess, client: httpx.Client) -> None:
+    sqs = sqs_client(server.url)
+    name = f"vis-{uuid.uuid4().hex[:8]}"
+    sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "1"})
+    client.post(f"/{name}/messages", content=b"short").raise_for_status()
+    assert client.get(f"/{name}/messages").status_code == 200
+    assert client.get(f"/{name}/messages").status_code == 204
+    # Back after the queue's one second, not the default thirty (a long poll to catch it).
+    started = time.monotonic()
+    again = client.get(f"/{name}/messages", params={"wait": 5})
+    assert again.status_code == 200 and again.content == b"short"
+    assert time.monotonic() - started < 3
+
+
+def test_delete_by_id_in_every_state(client: httpx.Client, queue: str) -> None:
+    waiting = client.post(f"/{queue}/messages", content=b"never fetched").headers["X-Message-Id"]
+    fetched = client.post(f"/{queue}/messages", content=b"fetched").headers["X-Message-Id"]
+    # A message never fetched can be deleted by its id.
+    assert client.delete(f"/{queue}/messages/{waiting}").status_code == 204
+    got = client.get(f"/{queue}/messages", params={"visibility_timeout": 1})
+    assert got.content == b"fetched" and got.headers["X-Message-Id"] == fetched
+    # One in flight too; it is not delivered again when its visibility ends.
+    assert client.delete(f"/{queue}/messages/{fetched}").status_code == 204
+    time.sleep(1.2)
+    assert client.get(f"/{queue}/messages").status_code == 204
+    # Gone: deleting again is 404, as is an id never given.
+    assert client.delete(f"/{queue}/messages/{fetched}").status_code == 404
+    assert client.delete(f"/{queue}/messages/999999").status_code == 404
+    assert client.get(f"/{queue}").json()["available"] == 0
+
+
+def test_long_poll_returns_as_soon_as_a_message_arrives(
+    client: httpx.Client, queue: str, server: ServerProcess
+) -> None:
+    def post_later() -> None:
+        time.sleep(0.5)
+        httpx.post(f"{server.url}/{queue}/messages", content=b"late")
+
+    threading.Thread(target=post_later).start()
+    started = time.monotonic()
+    got = client.get(f"/{queue}/messages", params={"wait": 10})
+    took = time.monotonic() - started
+    assert got.status_code == 200 and got.content == b"late"
+    assert 0.4 < took < 3, took
+    started = time.monotonic()
+    assert client.get(f"/{queue}/messages", params={"wait": 1}).status_code == 204
+    assert time.monotonic() - started >= 0.95
+
+
+def test_bad_parameters_are_400(client: httpx.Client, queue: str) -> None:
+    assert client.get(f"/{queue}/messages", params={"wait": -1}).status_code == 400
+    assert client.get(f"/{queue}/messages", params={"visibility_timeout": -5}).status_code == 400
+    assert client.delete(f"/{queue}/messages/not-an-id").status_code in (400, 404)
+
+
+def test_a_body_that_cannot_be_read_is_400_and_stores_nothing(
+    server: ServerProcess, client: httpx.Client, queue: str
+) -> None:
+    # Chunked transfer coding with a chunk size that is not hexadecimal.
+    answer = raw_request(
+        server.port,
+        f"POST /{queue}/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "5\r\nhello\r\nzz\r\nbroken\r\n0\r\n\r\n".encode(),
+    )
+    assert status_of(answer) == 400, answer
+    # A body cut short: the client goes away before its Content-Length is reached.
+    answer = raw_request(
+        server.port,
+        f"POST /{queue}/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly part".encode(),
+        timeout=0.5,
+    )
+    assert answer == b"" or status_of(answer) in (400, 408), answer
+    time.sleep(0.2)
+    assert client.get(f"/{queue}").json()["available"] == 0
+    assert client.get(f"/{queue}/messages").status_code == 204
+    # and the server goes on serving
+    assert client.post(f"/{queue}/messages", content=b"fine").status_code == 201
+
+
+def test_reserved_names_are_not_queues(client: httpx.Client) -> None:
+    for name in ("metrics", "healthz", "openapi.json"):
+        assert client.put(f"/{name}").status_code == 400
+        assert client.post(f"/{name}/messages", content=b"x").status_code in (400, 404)
+
+
+# -- both APIs on one queue --------------------------------------------------------------------
+
+
+def test_posted_through_rest_received_with_boto3(server: ServerProcess, client: httpx.Client, queue: str) -> None:
+    sqs = sqs_client(server.url)
+    url = sqs.get_queue_url(QueueName=queue)["QueueUrl"]
+    bodies = [f"from rest {i} \u00e9\u4e2d".encode() for i in range(3)]
+    ids = [client.post(f"/{queue}/messages", content=b).headers["X-Message-Id"] for b in bodies]
+    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"])["Messages"]
+    assert [m["Body"].encode() for m in got] == bodies
+    assert [m["MessageId"] for m in got] == ids
+    for m in got:
+        assert m["MD5OfBody"] == hashlib.md5(m["Body"].encode()).hexdigest()
+        assert m["Attributes"]["ApproximateReceiveCount"] == "1"
+    # Deleted through SQS: gone for REST too.
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
+    # Deleted by id through REST while in flight under an SQS receipt.
+    assert client.delete(f"/{queue}/messages/{ids[1]}").status_code == 204
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=got[2]["ReceiptHandle"], VisibilityTimeout=0)
+    back = client.get(f"/{queue}/messages")
+    assert back.status_code == 200 and back.content == bodies[2] and back.headers["X-Receive-Count"] == "2"
+    assert client.get(f"/{queue}/messages").status_code == 204
+
+
+def test_sent_with_boto3_fetched_through_rest(server: ServerProcess, client: httpx.Client) -> None:
+    sqs = sqs_client(server.url)
+    name = f"cross-{uuid.uuid4().hex[:8]}"
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    assert client.get(f"/{name}").status_code == 200  # a queue made through SQS is a REST queue
+    sent = sqs.send_message(QueueUrl=url, MessageBody="from boto3 \u2603",
+                            MessageAttributes={"k": {"DataType": "String", "StringValue": "v"}})
+    batch = sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "batched"}])
+    got = client.get(f"/{name}/messages")
+    assert got.status_code == 200
+    assert got.content == "from boto3 \u2603".encode()
+    assert got.headers["X-Message-Id"] == sent["MessageId"]
+    assert client.delete(f"/{name}/messages/{sent['MessageId']}").status_code == 204
+    second = client.get(f"/{name}/messages")
+    assert second.content == b"batched" and second.headers["X-Message-Id"] == batch["Successful"][0]["MessageId"]
+    assert client.delete(f"/{name}/messages/{second.headers['X-Message-Id']}").status_code == 204
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages") is None
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["ApproximateNumberOfMessages"] == "0"
+    assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
+    # A queue deleted through REST no longer exists for SQS.
+    assert client.delete(f"/{name}").status_code == 204
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs.get_queue_url(QueueName=name)
+
+
+# -- metrics, health, OpenAPI ------------------------------------------------------------------
+
+
+def test_healthz(client: httpx.Client) -> None:
+    got = client.get("/healthz")
+    assert got.status_code == 200
+    assert got.json()["status"] == "ok" and isinstance(got.json()["queues"], int)
+
+
+def test_openapi_lists_the_six_mq_endpoints(client: httpx.Client) -> None:
+    got = client.get("/openapi.json")
+    assert got.status_code == 200
+    document = got.json()
+    assert document["openapi"].startswith("3.")
+    paths = document["paths"]
+    assert set(paths["/{queue}"]) >= {"get", "put", "delete"}
+    assert set(paths["/{queue}/messages"]) >= {"get", "post"}
+    assert set(paths["/{queue}/messages/{message_id}"]) >= {"delete"}
+    operations = [
+        (path, method) for path, item in paths.items() if "{queue}" in path for method in item
+    ]
+    assert len(operations) == 6, operations
+
+
+def _families(text: str) -> dict[str, object]:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def _sample(families: dict, family: str, sample: str, **labels: str) -> float | None:
+    for s in families[family].samples:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    return None
+
+
+def test_metrics_in_prometheus_text_format(server: ServerProcess, client: httpx.Client) -> None:
+    name = f"metered-{uuid.uuid4().hex[:8]}"
+    client.put(f"/{name}").raise_for_status()
+    for i in range(4):
+        client.post(f"/{name}/messages", content=b"m%d" % i).raise_for_status()
+    fetched = client.get(f"/{name}/messages")
+    client.delete(f"/{name}/messages/{fetched.headers['X-Message-Id']}").raise_for_status()
+    client.get(f"/{name}/messages")  # one in flight
+    sqs = sqs_client(server.url)
+    url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="via sqs")
+
+    got = client.get("/metrics")
+    assert got.status_code == 200
+    assert got.headers["content-type"].startswith("text/plain")
+    families = _families(got.text)
+    assert families["journalq_messages_in"].type == "counter"
+    assert _sample(families, "journalq_messages_in", "journalq_messages_in_total", queue=name) == 5
+    assert _sample(families, "journalq_messages_out", "journalq_messages_out_total", queue=name) == 2
+    assert _sample(families, "journalq_messages_deleted", "journalq_messages_deleted_total", queue=name) == 1
+    assert _sample(families, "journalq_queue_available", "journalq_queue_available", queue=name) == 3
+    assert _sample(families, "journalq_queue_in_flight", "journalq_queue_in_flight", queue=name) == 1
+    assert _sample(families, "journalq_queue_dead", "journalq_queue_dead", queue=name) == 0
+    assert "journalq_queue_delayed" in families
+    # syncs: the server answers only once data is synced (sync=always)
+    assert families["journalq_syncs"].type == "counter"
+    assert _sample(families, "journalq_syncs", "journalq_syncs_total") > 0
+    # latency histograms, by API and operation
+    latency = families["journalq_request_seconds"]
+    assert latency.type == "histogram"
+    operations = {(s.labels["api"], s.labels["operation"]) for s in latency.samples}
+    assert ("rest", "POST /{queue}/messages") in operations
+    assert ("rest", "GET /{queue}/messages") in operations
+    assert ("sqs", "SendMessage") in operations
+    count = _sample(families, "journalq_request_seconds", "journalq_request_seconds_count",
+                    api="rest", operation="POST /{queue}/messages", status="201")
+    assert count is not None and count >= 4
+    buckets = [s for s in latency.samples if s.name == "journalq_request_seconds_bucket"
+               and s.labels["operation"] == "POST /{queue}/messages" and s.labels["status"] == "201"]
+    assert any(s.labels["le"] == "+Inf" and s.value == count for s in buckets)
+
+
+# -- long polls do not hold up the rest ------------------------------------------------------------
+
+
+def test_many_long_polls_do_not_hold_up_writes(server: ServerProcess) -> None:
+    """300 consumers long-polling an empty queue (half REST, half SQS) is an ordinary deployment:
+    the writes of producers meanwhile are answered at once, and one of the pollers gets each."""
+    import asyncio
+    import json
+
+    idle, busy = f"idle-{uuid.uuid4().hex[:8]}", f"busy-{uuid.uuid4().hex[:8]}"
+    for name in (idle, busy):
+        httpx.put(f"{server.url}/{name}").raise_for_status()
+    results: list[int] = []
+
+    async def poll_all() -> None:
+        limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as c:
+            rest = [c.get(f"/{idle}/messages", params={"wait": 4}) for _ in range(150)]
+            headers = {"X-Amz-Target": "AmazonSQS.ReceiveMessage", "Content-Type": "application/x-amz-json-1.0"}
+            payload = json.dumps({"QueueUrl": f"/000000000000/{idle}", "WaitTimeSeconds": 4})
+            sqs = [c.post("/", content=payload, headers=headers) for _ in range(150)]
+            answers = await asyncio.gather(*rest, *sqs)
+            results.extend(a.status_code for a in answers)
+
+    pollers = threading.Thread(target=lambda: asyncio.run(poll_all()))
+    pollers.start()
+    time.sleep(1.5)  # every poll is waiting now
+    sqs = sqs_client(server.url)
+    timings = {}
+    started = time.monotonic()
+    assert httpx.post(f"{server.url}/{busy}/messages", content=b"w", timeout=30).status_code == 201
+    timings["rest post"] = time.monotonic() - started
+    started = time.monotonic()
+    sqs.send_message(QueueUrl=sqs.get_queue_url(QueueName=busy)["QueueUrl"], MessageBody="w")
+    timings["sqs send"] = time.monotonic() - started
+    started = time.monotonic()
+    assert httpx.get(f"{server.url}/{busy}/messages", timeout=30).status_code == 200
+    timings["rest get"] = time.monotonic() - started
+    assert max(timings.values()) < 1.5, timings  # without a pool of their own: until the polls end
+    pollers.join(60)
+    assert len(results) == 300 and set(results) <= {200, 204}, Counter(results)  # 204: REST, 200: SQS
+
+
+def test_clients_cannot_make_metric_labels_without_bound(server: ServerProcess, client: httpx.Client) -> None:
+    """X-Amz-Target comes from the client: made-up actions share one label, not one each."""
+    for i in range(20):
+        answer = client.post("/", headers={"X-Amz-Target": f"AmazonSQS.MadeUp{uuid.uuid4().hex}"}, content=b"{}")
+        assert answer.status_code == 400 and answer.json()["__type"].endswith("InvalidAction")
+    client.get(f"/{uuid.uuid4().hex}/{uuid.uuid4().hex}/deep", headers={"X-Amz-Target": f"Evil.{uuid.uuid4().hex}"})
+    text = client.get("/metrics").text
+    assert "MadeUp" not in text and "Evil" not in text
+    operations = {s.labels["operation"] for s in _families(text)["journalq_request_seconds"].samples}
+    assert "other" in operations
+
+
+def test_every_sqs_action_has_its_metric_label(tmp_path) -> None:
+    from journalq.queue import Broker
+    from journalq.server.metrics import SQS_ACTIONS
+    from journalq.server.sqs import SqsProtocol
+
+    with Broker(tmp_path) as broker:
+        assert set(SqsProtocol(broker).actions) <= SQS_ACTIONS
+
+
+def test_deleting_a_queue_under_long_polls(server: ServerProcess, client: httpx.Client) -> None:
+    """The polls end at once with nothing (or with "no such queue"), in each API's own shape."""
+    sqs = sqs_client(server.url)
+    name = f"doomed-{uuid.uuid4().hex[:8]}"
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    results: dict[str, Any] = {}
+
+    def rest_poll() -> None:
+        answer = httpx.get(f"{server.url}/{name}/messages", params={"wait": 10}, timeout=30)
+        results["rest"] = (answer.status_code, answer.text)
+
+    def sqs_poll() -> None:
+        try:
+            results["sqs"] = sqs_client(server.url).receive_message(QueueUrl=url, WaitTimeSeconds=10)
+        except ClientError as exc:
+            results["sqs"] = exc.response["Error"]["Code"]
+
+    threads = [threading.Thread(target=rest_poll), threading.Thread(target=sqs_poll)]
+    for t in threads:
+        t.start()
+    time.sleep(0.7)
+    started = time.monotonic()
+    assert client.delete(f"/{name}").status_code == 204
+    for t in threads:
+        t.join(30)
+    assert time.monotonic() - started < 5, "the polls waited on after their queue was deleted"
+    assert results["rest"][0] in (204, 404), results
+    assert results["sqs"] in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist") or (
+        isinstance(results["sqs"], dict) and "Messages" not in results["sqs"]
+    ), results
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs.receive_message(QueueUrl=url)
