@@ -14,7 +14,7 @@ import errno
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from journalq import __version__
 from journalq.errors import Error, QueueNotFoundError, StorageError, TaskNotFoundError
 from journalq.queue import Broker
 from journalq.server import metrics
+from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import SqsError, SqsProtocol
@@ -79,6 +80,11 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     def broker() -> Broker:
         return broker_box[0]
+
+    async def store(queue: str, bodies: Sequence[bytes]) -> list[str]:
+        return await blocking(lambda: broker().queue(queue, create=False).send_many(bodies))
+
+    sends = SendBatcher(store)
 
     async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False) -> T:
         """Run a queue operation in a worker thread, mapping storage failures to 503."""
@@ -218,7 +224,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         """Store the body as a message; 201 with ``X-Message-Id`` once it is on stable storage,
         400 when the body cannot be read, 503 with ``Retry-After`` when it cannot be stored."""
         body = await body_of(request, config.max_message_size)
-        message_id = await blocking(lambda: broker().queue(queue_name(queue), create=False).send(body))
+        message_id = await sends.send(queue_name(queue), body)
         app.state.metrics.messages_in.labels(queue).inc()
         return Response(status_code=201, headers={"X-Message-Id": message_id})
 
