@@ -37,11 +37,12 @@ from journalq.errors import (
 )
 from journalq.journal import codec
 from journalq.journal.codec import MAX_KEY_SIZE, Message
-from journalq.journal.inspect import CheckReport, JournalInfo, check, describe, first_offset_since, require_journal
+from journalq.journal.inspect import CheckReport, JournalInfo, check, describe, first_offset_since
 from journalq.journal.offsets import ReaderOffset, end_offset, first_offset, read_offset
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import journal_dir
 from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
+from journalq.shard.layout import journals_at
 from journalq.shard.naming import list_shards
 
 __all__ = ["cli", "main", "message_json", "parse_time"]
@@ -161,15 +162,8 @@ def _timestamp_json(timestamp_ns: int | None) -> int | None:
 
 def _journals_at(path: Path) -> list[tuple[str | None, Path]]:
     """The journals that DIR stands for: DIR itself when it is a journal, else the shards of a
-    root in name order, each with its directory name.
-
-    (To move into ``journalq.shard`` once that layer reads sharded roots itself.)
-    """
-    if path.is_dir() and not journal_dir(path).is_dir():
-        shards = list_shards(path)
-        if shards:
-            return [(str(name), shard_path) for name, shard_path in shards]
-    return [(None, require_journal(path))]
+    root in name order, each with its directory name (``journalq.shard.journals_at``)."""
+    return journals_at(path)
 
 
 def _one_journal(path: Path, what: str) -> Path:
@@ -671,9 +665,11 @@ def demo(data: Path, messages: int) -> None:
         click.echo(line)
 
 
+from journalq.cli.pipeline import pipeline  # noqa: E402
 from journalq.cli.queue import queue  # noqa: E402
 from journalq.cli.serve import serve  # noqa: E402 - last: it imports this module's helpers
 
+cli.add_command(pipeline)
 cli.add_command(queue)
 cli.add_command(serve)
 

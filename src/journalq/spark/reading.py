@@ -1,0 +1,429 @@
+"""Reading journals for Spark: planning offset ranges per shard, splitting them into partitions,
+and reading a partition as Arrow record batches decoded column-wise.
+
+Planning runs on the driver and only looks at segment names, sizes and index entries (and, for a
+timestamp, the timestamps of the messages it passes over). Reading runs on the executors: it seeks
+through the sparse index (``.idx``; a segment without one is walked from its start by the size
+fields), reads large chunks and decodes them with ``columnar.decode_columns``.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
+from journalq.journal import index
+from journalq.journal.codec import INT32, OVERHEAD
+from journalq.journal.offsets import end_offset
+from journalq.journal.segment import Segment, offset_at, segment_at, segment_bases, segment_name
+from journalq.spark import predicates
+from journalq.spark.columnar import Columns, decode_columns
+from journalq.spark.options import EARLIEST, LATEST
+from journalq.spark.targets import Shard
+
+READ_CHUNK = 4 << 20  # bytes per read once going: ~33,000 messages of 100 bytes per Arrow batch
+FIRST_READ = 64 << 10  # the first read after a seek is small (a narrow query may want a few)
+ENVELOPE_TYPE = 0xE0
+
+
+class DataLossError(JournalError):
+    """Messages a query needs were deleted (by retention or by hand) before it read them."""
+
+
+@dataclass(frozen=True)
+class ShardRange:
+    """Offsets ``[start, end)`` of one shard to read."""
+
+    shard: str
+    path: str
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return max(0, self.end - self.start)
+
+
+# -- where shards begin and end -------------------------------------------------------------------
+
+
+def first_offset(path: str) -> int:
+    bases = segment_bases(path)
+    return bases[0] if bases else 0
+
+
+def bounds(shard: Shard) -> tuple[int, int]:
+    """(first offset still stored, end offset) of a shard."""
+    return first_offset(shard.path), end_offset(shard.path)
+
+
+def stored_bytes(path: str) -> int:
+    total = 0
+    directory = os.path.join(path, "jnl")
+    for base in segment_bases(path):
+        try:
+            total += os.stat(os.path.join(directory, segment_name(base))).st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def resolve_offset(
+    spec: str | dict[str, int],
+    shard: str,
+    first: int,
+    end: int,
+    *,
+    default: int,
+) -> int:
+    """An offset from ``earliest``/``latest``/JSON for one shard (``default`` for a shard that
+    the JSON leaves out)."""
+    if spec == "earliest":
+        return first
+    if spec == "latest":
+        return end
+    assert isinstance(spec, dict)
+    value = spec.get(shard, default)
+    if value == EARLIEST:
+        return first
+    if value == LATEST:
+        return end
+    return value
+
+
+def check_known_shards(spec: str | dict[str, int], shards: Sequence[Shard], option: str) -> None:
+    if isinstance(spec, dict):
+        names = {s.name for s in shards}
+        unknown = sorted(set(spec) - names)
+        if unknown:
+            known = ", ".join(repr(n) for n in sorted(names)) or "none"
+            raise JournalError(f"option {option} names shard(s) {', '.join(map(repr, unknown))}; the shards are {known}")
+
+
+# -- splitting ------------------------------------------------------------------------------------
+
+
+def split(
+    ranges: Sequence[ShardRange],
+    *,
+    min_partitions: int | None,
+    max_partition_bytes: int,
+) -> list[ShardRange]:
+    """Cut ranges so that no piece holds (by the shard's average message size) more than
+    ``max_partition_bytes``, and so that there are at least ``min_partitions`` pieces when there
+    are that many messages, shared out in proportion to each shard's messages (as Kafka's
+    ``minPartitions``)."""
+    ranges = [r for r in ranges if r.count > 0]
+    if not ranges:
+        return []
+    pieces_per: list[int] = []
+    for r in ranges:
+        count = r.count
+        stored = stored_bytes(r.path)
+        first, end = first_offset(r.path), end_offset(r.path)
+        average = stored / max(1, end - first) if end > first else OVERHEAD
+        pieces_per.append(max(1, math.ceil(count * average / max_partition_bytes)))
+    total = sum(r.count for r in ranges)
+    if min_partitions and sum(pieces_per) < min_partitions:
+        for i, r in enumerate(ranges):
+            share = max(1, round(min_partitions * r.count / total))
+            pieces_per[i] = max(pieces_per[i], min(share, r.count))
+    out = []
+    for r, pieces in zip(ranges, pieces_per):
+        step = r.count / pieces
+        cuts = [r.start + round(step * i) for i in range(pieces)] + [r.end]
+        out.extend(ShardRange(r.shard, r.path, a, b) for a, b in zip(cuts, cuts[1:]) if b > a)
+    return out
+
+
+# -- seeking --------------------------------------------------------------------------------------
+
+
+def _walk(fd: int, position: int, offset: int, target: int) -> tuple[int, int]:
+    """From the message ``offset`` at ``position``, follow the length fields forward to the
+    message ``target`` (or the end of the segment's whole messages): (position, offset)."""
+    while offset < target:
+        chunk = os.pread(fd, READ_CHUNK, position)
+        pos, end = 0, len(chunk)
+        while offset < target and pos + OVERHEAD <= end:
+            key_len = chunk[pos + 17]
+            key_end = pos + 18 + key_len
+            if key_len > 127 or key_end + 4 > end:
+                break
+            (value_len,) = INT32.unpack_from(chunk, key_end)
+            size = OVERHEAD + key_len + value_len
+            if value_len < 0 or pos + size > end:
+                break
+            pos += size
+            offset += 1
+        if pos == 0:
+            break  # a message bigger than the chunk, or damage: decoding from here will tell
+        position += pos
+    return position, offset
+
+
+def seek(fd: int, segment: Segment, target: int) -> tuple[int, int]:
+    """A position at or before message ``target`` of an open segment, as (position, offset): an
+    index entry checked against the segment, then a walk over the length fields."""
+    if target == segment.base:
+        return 0, target
+    entry = index.lookup(segment, target)
+    if entry is not None and offset_at(fd, entry[1]) == entry[0]:
+        position, offset = entry[1], entry[0]
+    else:
+        position, offset = 0, segment.base
+    return _walk(fd, position, offset, target)
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+def iter_columns(
+    path: str,
+    start: int,
+    end: int,
+    *,
+    keys: bool = True,
+    values: bool = True,
+    fail_on_data_loss: bool = True,
+) -> Iterator[Columns]:
+    """The messages ``[start, end)`` of the journal at ``path``, a chunk of columns at a time.
+
+    When messages from ``start`` on are no longer stored, raises ``DataLossError``, or with
+    ``fail_on_data_loss=False`` goes on from the first message still there. Raises
+    ``JournalError`` when the journal ends before ``end``.
+    """
+    next_offset = start
+    fd = -1
+    if not os.path.isdir(path):
+        raise JournalError(
+            f"no journal directory at {path} on {os.uname().nodename}: every executor must see the "
+            "journals at the same paths as the driver",
+            file=path,
+        )
+    try:
+        while next_offset < end:
+            bases = segment_bases(path)
+            if not bases or next_offset < bases[0]:
+                first = bases[0] if bases else None
+                if fail_on_data_loss:
+                    raise _lost(path, next_offset, first)
+                if first is None or first >= end:
+                    return  # everything left to read was deleted
+                next_offset = first
+            which = bisect_right(bases, next_offset) - 1
+            segment = segment_at(path, bases[which])
+            try:
+                fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # deleted between listing and opening: look again
+            position, offset = seek(fd, segment, next_offset)
+            skip = next_offset - offset  # messages before next_offset still to pass over
+            chunk = FIRST_READ
+            pending = b""
+            while next_offset < end:
+                data = os.pread(fd, max(chunk, 2 * len(pending)), position + len(pending))
+                chunk = READ_CHUNK
+                if not data:
+                    if pending and os.path.exists(os.path.join(path, "jnl", segment_name(offset))):
+                        raise CorruptionError(
+                            f"incomplete message ({len(pending)} bytes) at the end of a finished segment",
+                            file=segment.path, position=position, offset=offset,
+                        )
+                    break  # on to the next segment
+                buf = pending + data if pending else data
+                try:
+                    cols, used = decode_columns(buf, 0, len(buf), offset, end - offset, keys=keys, values=values)
+                except CorruptionError as exc:
+                    raise exc.located(segment.path, position) from None
+                position += used
+                pending = buf[used:]
+                n = len(cols)
+                if not n:
+                    continue
+                offset += n
+                if skip:
+                    drop = min(skip, n)
+                    skip -= drop
+                    if drop == n:
+                        continue
+                    cols = cols.select(slice(drop, None))
+                next_offset = offset
+                yield cols
+            os.close(fd)
+            fd = -1
+            if next_offset < end and not os.path.exists(os.path.join(path, "jnl", segment_name(next_offset))):
+                if first_offset(path) > next_offset:
+                    continue  # deleted meanwhile: the top of the loop decides
+                raise JournalError(
+                    f"the journal ends at offset {next_offset}, before offset {end} that was planned "
+                    "(it was cut short since the query was planned)",
+                    file=path,
+                )
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _lost(path: str, wanted: int, first: int | None) -> JournalError:
+    where = "no segment is left" if first is None else f"the journal now starts at offset {first}"
+    return DataLossError(
+        f"offset {wanted} is no longer stored ({where}): retention deleted messages this query "
+        "needed; set the option failOnDataLoss=false to skip what was deleted",
+        file=path, offset=wanted,
+    )
+
+
+def first_offset_at(path: str, timestamp_ns: int, start: int, end: int) -> int:
+    """The first offset in ``[start, end)`` whose timestamp is ``timestamp_ns`` or later; ``end``
+    when there is none. A scan of the timestamps (sej does not require them to rise)."""
+    for cols in iter_columns(path, start, end, keys=False, values=False):
+        hits = np.flatnonzero(cols.timestamp_ns >= timestamp_ns)
+        if len(hits):
+            return int(cols.offset[hits[0]])
+    return end
+
+
+# -- Arrow ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReadSpec:
+    """What a partition's reader makes of the messages: the columns (Spark's schema, in its
+    order), the conditions it applies itself, and whether lost messages fail the read."""
+
+    schema: object  # pyspark StructType
+    conditions: list = field(default_factory=list)
+    prune: bool = True
+    fail_on_data_loss: bool = True
+
+
+class BatchBuilder:
+    """Turns decoded columns into Arrow record batches of exactly Spark's schema."""
+
+    def __init__(self, spec: ReadSpec, shard: str) -> None:
+        import pyarrow as pa
+
+        from journalq.spark.schema import arrow_schema
+
+        self.pa = pa
+        self.schema = arrow_schema(spec.schema)
+        self.names = self.schema.names
+        self.shard = shard
+        self.keys = "key" in self.names
+        self.values = bool({"value", "body", "attributes"} & set(self.names))
+
+    def empty(self):
+        return self.schema.empty_table().to_batches() or [self.pa.RecordBatch.from_pylist([], schema=self.schema)]
+
+    def batch(self, cols: Columns):
+        pa = self.pa
+        n = len(cols)
+        arrays = []
+        envelopes = None
+        value_array = None
+        for name in self.names:
+            target = self.schema.field(name).type
+            if name == "offset":
+                arrays.append(pa.Array.from_buffers(target, n, [None, pa.py_buffer(cols.offset)]))
+            elif name == "timestamp_ns":
+                arrays.append(pa.Array.from_buffers(target, n, [None, pa.py_buffer(cols.timestamp_ns)]))
+            elif name == "timestamp":
+                zero = cols.timestamp_ns == ZERO_TIMESTAMP
+                us = np.floor_divide(cols.timestamp_ns, 1000)
+                nulls = int(zero.sum())
+                validity = pa.py_buffer(np.packbits(~zero, bitorder="little")) if nulls else None
+                arrays.append(pa.Array.from_buffers(target, n, [validity, pa.py_buffer(us)], null_count=nulls))
+            elif name == "type":
+                arrays.append(pa.Array.from_buffers(target, n, [None, pa.py_buffer(cols.type.astype(np.int16))]))
+            elif name == "key":
+                arrays.append(_binary(pa, target, n, cols.key_offsets, cols.key_data))
+            elif name == "value":
+                if value_array is None:
+                    value_array = _binary(pa, target, n, cols.value_offsets, cols.value_data)
+                arrays.append(value_array)
+            elif name == "shard":
+                encoded = self.shard.encode()
+                offsets = np.arange(0, (n + 1) * len(encoded), max(1, len(encoded)), dtype=np.int32)[: n + 1]
+                if not encoded:
+                    offsets = np.zeros(n + 1, np.int32)
+                data = np.frombuffer(encoded * n, np.uint8) if encoded else np.zeros(0, np.uint8)
+                arrays.append(pa.Array.from_buffers(target, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]))
+            elif name in ("body", "attributes"):
+                if envelopes is None:
+                    envelopes = np.flatnonzero(cols.type == ENVELOPE_TYPE)
+                if not len(envelopes):
+                    if name == "body":
+                        if value_array is None:
+                            value_array = _binary(pa, target, n, cols.value_offsets, cols.value_data)
+                        arrays.append(value_array)
+                    else:
+                        arrays.append(pa.nulls(n, target))
+                else:
+                    arrays.append(_envelope_column(pa, name, target, cols, envelopes))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def _binary(pa, target, n: int, offsets, data):
+    return pa.Array.from_buffers(target, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _envelope_column(pa, name: str, target, cols: Columns, envelopes: np.ndarray):
+    """``body`` or ``attributes`` for a chunk that holds type 0xE0 messages (the slow path). A
+    value without a readable envelope (no ``JQ1`` magic, damaged metadata) is a plain message:
+    its body is the value and it has no attributes (NULL), as the queue layer reads it."""
+    from journalq.queue import envelope as env
+
+    n = len(cols)
+    is_envelope = np.zeros(n, np.bool_)
+    is_envelope[envelopes] = True
+    out: list = []
+    for i in range(n):
+        value = cols.value(i)
+        decoded = env.decode(ENVELOPE_TYPE, value) if is_envelope[i] else None
+        if decoded is None or decoded.body is value or len(decoded.body) == len(value):
+            out.append(value if name == "body" else None)
+        elif name == "body":
+            out.append(decoded.body)
+        else:
+            out.append(
+                [
+                    (key, base64.b64encode(a.value).decode() if isinstance(a.value, bytes) else a.value)
+                    for key, a in decoded.attributes.items()
+                ]
+            )
+    return pa.array(out, type=target)
+
+
+def read_range(r: ShardRange, spec: ReadSpec) -> Iterator:
+    """The Arrow record batches of one partition."""
+    conditions = spec.conditions if spec.prune else []
+    start, end = r.start, r.end
+    if conditions:
+        if not predicates.shard_allowed(conditions, r.shard):
+            return
+        low, high = predicates.offset_bounds(conditions)
+        start, end = max(start, low), end if high is None else min(end, high)
+    if start >= end:
+        return
+    builder = BatchBuilder(spec, r.shard)
+    rows = predicates.needs_rows(conditions)
+    for cols in iter_columns(
+        r.path, start, end, keys=builder.keys, values=builder.values, fail_on_data_loss=spec.fail_on_data_loss
+    ):
+        if rows:
+            mask = predicates.row_mask(conditions, cols.offset, cols.timestamp_ns, cols.type)
+            if mask is not None:
+                if not mask.any():
+                    continue
+                if not mask.all():
+                    cols = cols.select(mask)
+        yield builder.batch(cols)
+

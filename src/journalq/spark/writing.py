@@ -1,0 +1,446 @@
+"""Appending Spark's rows to journals, and doing it exactly once when asked.
+
+Rows arrive as Arrow record batches. ``value`` is required (BINARY, or STRING stored as UTF-8);
+``key`` (BINARY or STRING), ``type`` (an integer type, 0..255), ``timestamp`` (TIMESTAMP) and
+``timestamp_ns`` (BIGINT, exact, wins over ``timestamp``) are optional; NULL means "none": an
+empty key, type 0, the time of the append. The columns the data source itself reads (``offset``,
+``shard``, ``attributes``, ``body``) are ignored, so a DataFrame read from one journal can be
+appended to another; any other column is refused. In a sharded root a row goes to the shard
+``crc32(key) & (2**bit - 1)``, sej's default, through a shared writer per shard directory.
+
+Exactly once (the streaming sink, and batch writes given a ``writeId``): each task records, in a
+small sej journal beside the target (``_spark_commits/<query>/``), an *intent* before it appends:
+its (batch, partition, shard), the offset the append starts at, how many messages and a digest
+of them, all under the shard's writer lock. The driver then records the batch as *committed*. A
+task that Spark runs again for the same batch (after a crash, a retry, a restart from the
+checkpoint) finds the batch committed, or finds its intent and checks the messages at that offset
+against the digest, and skips what is already there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from journalq.errors import Error, InvalidMessageError, OffsetOutOfRangeError
+from journalq.journal import Message, Scanner, Writer
+from journalq.journal.offsets import end_offset
+from journalq.journal.segment import segment_bases
+from journalq.shard.naming import shard_name, shard_of
+from journalq.spark.targets import COMMITS_DIR, Target
+
+WRITABLE = ("value", "key", "type", "timestamp", "timestamp_ns")
+IGNORED = ("offset", "shard", "attributes", "body")
+INTENT, COMMIT = 1, 2  # record types in the commit journal
+CRASH_ENV = "JOURNALQ_SPARK_TEST_CRASH"  # test hook, see crash_point()
+
+
+class WriteError(Error, ValueError):
+    """A DataFrame that cannot be appended to a journal (a missing or mistyped column, a bad row)."""
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """Which of the writable columns the DataFrame has, and whether strings need encoding."""
+
+    columns: tuple[str, ...]
+    string_key: bool = False
+    string_value: bool = False
+
+
+def check_schema(schema) -> WriteSpec:
+    """The columns of a DataFrame to append, checked (``WriteError`` says what is wrong)."""
+    from pyspark.sql.types import (
+        BinaryType,
+        ByteType,
+        IntegerType,
+        LongType,
+        ShortType,
+        StringType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "value" not in fields:
+        raise WriteError(
+            "a DataFrame appended to a journal needs a value column (BINARY or STRING); "
+            f"it has {', '.join(fields) or 'no columns'}"
+        )
+    unknown = [name for name in fields if name not in WRITABLE and name not in IGNORED]
+    if unknown:
+        raise WriteError(
+            f"column(s) {', '.join(unknown)} cannot be written to a journal; the columns are "
+            f"value, key, type, timestamp, timestamp_ns ({', '.join(IGNORED)} are ignored)"
+        )
+    expected = {
+        "value": (BinaryType, StringType),
+        "key": (BinaryType, StringType),
+        "type": (ByteType, ShortType, IntegerType, LongType),
+        "timestamp": (TimestampType, TimestampNTZType),
+        "timestamp_ns": (LongType,),
+    }
+    for name, kinds in expected.items():
+        if name in fields and not isinstance(fields[name], kinds):
+            raise WriteError(
+                f"column {name} is {fields[name].simpleString()}; it must be "
+                + " or ".join(k().simpleString() for k in kinds)
+            )
+    return WriteSpec(
+        tuple(n for n in WRITABLE if n in fields),
+        string_key=isinstance(fields.get("key"), StringType),
+        string_value=isinstance(fields["value"], StringType),
+    )
+
+
+# -- rows to messages -------------------------------------------------------------------------------
+
+
+def batch_messages(batch, spec: WriteSpec) -> tuple[list[Message], list[bytes]]:
+    """The messages of an Arrow record batch, and their keys (for sharding)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = batch.num_rows
+    names = batch.schema.names
+
+    def column(name: str):
+        return batch.column(names.index(name))
+
+    values = column("value")
+    if values.null_count:
+        raise WriteError(f"value is NULL in {values.null_count} of {n} rows; every message needs a value")
+    if spec.string_value:
+        values = values.cast(pa.binary())
+    values = values.to_pylist()
+    keys: list[bytes]
+    if "key" in spec.columns:
+        key_column = column("key")
+        if spec.string_key:
+            key_column = key_column.cast(pa.binary())
+        keys = [k or b"" for k in key_column.to_pylist()]
+        too_long = [k for k in keys if len(k) > 127]
+        if too_long:
+            raise WriteError(f"a key of {len(too_long[0])} bytes: sej keys hold at most 127 bytes")
+    else:
+        keys = [b""] * n
+    if "type" in spec.columns:
+        types_column = column("type")
+        if types_column.null_count:
+            types_column = types_column.fill_null(0)
+        low, high = pc.min(types_column).as_py(), pc.max(types_column).as_py()
+        if n and (low < 0 or high > 255):
+            raise WriteError(f"type must be from 0 to 255; the data has {low if low < 0 else high}")
+        types = types_column.to_pylist()
+    else:
+        types = [0] * n
+    stamps: list[int | None] = [None] * n
+    if "timestamp" in spec.columns:
+        ts = column("timestamp").cast(pa.int64())  # microseconds
+        stamps = [None if v is None else v * 1000 for v in ts.to_pylist()]
+    if "timestamp_ns" in spec.columns:
+        exact = column("timestamp_ns").to_pylist()
+        stamps = [e if e is not None else s for e, s in zip(exact, stamps)]
+    new = tuple.__new__
+    messages = [new(Message, (0, t, ty, k, v)) for t, ty, k, v in zip(stamps, types, keys, values)]
+    return messages, keys
+
+
+def group_by_shard(target: Target, messages: list[Message], keys: list[bytes]) -> dict[str, tuple[Path, list[Message]]]:
+    """Messages per shard directory: all to the journal, or by sej's key hash in a sharded root."""
+    if not messages:
+        return {}
+    if not target.sharded:
+        return {"": (target.path, messages)}
+    assert target.bit is not None and target.prefix is not None
+    bit = target.bit
+    known: dict[bytes, int] = {}  # keys repeat: hash each once
+    groups: dict[int, list[Message]] = {}
+    for message, key in zip(messages, keys):
+        index = known.get(key)
+        if index is None:
+            index = known[key] = shard_of(key, bit)
+        groups.setdefault(index, []).append(message)
+    out = {}
+    for idx in sorted(groups):
+        name = shard_name(target.prefix, target.bit, idx)
+        out[name] = (target.path / name, groups[idx])
+    return out
+
+
+class Appender:
+    """Shared writers for the shard directories of one target, opened as rows reach them."""
+
+    def __init__(self, target: Target, *, sync: str, segment_size: int) -> None:
+        self.target = target
+        self.sync = sync
+        self.segment_size = segment_size
+        self.writers: dict[str, Writer] = {}
+
+    def writer(self, shard: str, path: Path) -> Writer:
+        writer = self.writers.get(shard)
+        if writer is None:
+            writer = self.writers[shard] = Writer(
+                path, shared=True, sync=self.sync, segment_size=self.segment_size
+            )
+        return writer
+
+    def append(self, messages: list[Message], keys: list[bytes]) -> dict[str, list[int]]:
+        """Append; returns {shard: [first offset, count]} for what was appended."""
+        out: dict[str, list[int]] = {}
+        for shard, (path, group) in group_by_shard(self.target, messages, keys).items():
+            last = _append(self.writer(shard, path), group)
+            out[shard] = [last - len(group) + 1, len(group)]
+        return out
+
+    def close(self) -> None:
+        errors = []
+        for writer in self.writers.values():
+            try:
+                writer.close()
+            except Exception as exc:  # close every writer, then report
+                errors.append(exc)
+        self.writers.clear()
+        if errors:
+            raise errors[0]
+
+
+def _append(writer: Writer, messages: list[Message]) -> int:
+    try:
+        last = writer.append_many(messages)
+    except InvalidMessageError as exc:
+        raise WriteError(f"a row cannot be stored as a sej message: {exc}") from None
+    assert last is not None
+    return last
+
+
+# -- exactly once ---------------------------------------------------------------------------------
+
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
+
+
+def log_name(query_id: str) -> str:
+    """A directory name for a query id or write id (hashed when it is not a plain name)."""
+    if _SAFE_ID.match(query_id) and ".." not in query_id:
+        return query_id
+    return "h-" + hashlib.sha256(query_id.encode()).hexdigest()[:32]
+
+
+def digest(messages: Iterable[Message]) -> str:
+    """An order-insensitive digest of messages' type, key and value (not their timestamps, which
+    a replay may change)."""
+    total, count = 0, 0
+    blake = hashlib.blake2b
+    for m in messages:
+        h = blake(bytes((m.type, len(m.key))), digest_size=8)
+        h.update(m.key)
+        h.update(m.value)
+        total = (total + int.from_bytes(h.digest(), "big")) & 0xFFFFFFFFFFFFFFFF
+        count += 1
+    return f"{count}:{total:016x}"
+
+
+class CommitLog:
+    """The commit journal of one query (or write id) on one target."""
+
+    SEGMENT_SIZE = 1 << 20
+    KEEP_SEGMENTS = 4  # older segments go: a replay only ever needs the last batch's records
+
+    def __init__(self, target: Target, query_id: str, *, sync: str = "none") -> None:
+        self.path = target.path / COMMITS_DIR / log_name(query_id)
+        self.query_id = query_id
+        self.sync = sync
+
+    def records(self, since_batch: int) -> list[dict]:
+        """The records of batches ``since_batch`` and later, read backward from the end until an
+        older batch's record (a replay concerns the newest batches only)."""
+        if not (self.path / "jnl").is_dir():
+            return []
+        out: list[dict] = []
+        high = end_offset(self.path)
+        bases = segment_bases(self.path)
+        first = bases[0] if bases else 0
+        window = 256
+        while high > first:
+            low = max(first, high - window)
+            try:
+                with Scanner(self.path, low) as scanner:
+                    batch = []
+                    while scanner.offset < high and (chunk := scanner.read_batch(high - scanner.offset)):
+                        batch.extend(chunk)
+            except OffsetOutOfRangeError:
+                break
+            done = False
+            for message in reversed(batch[: high - low]):
+                record = json.loads(message.value)
+                if record.get("b", -1) < since_batch:
+                    done = True
+                    break
+                out.append(record)
+            if done:
+                break
+            high, window = low, min(window * 4, 65536)
+        out.reverse()
+        return out
+
+    def append(self, kind: int, record: dict) -> None:
+        with Writer(self.path, shared=True, sync=self.sync, segment_size=self.SEGMENT_SIZE) as writer:
+            writer.append(json.dumps(record, separators=(",", ":")).encode(), type=kind)
+        if kind == COMMIT:
+            self._trim()
+
+    def _trim(self) -> None:
+        bases = segment_bases(self.path)
+        for base in bases[: -self.KEEP_SEGMENTS]:
+            for suffix in (".jnl", ".idx"):
+                try:
+                    os.unlink(self.path / "jnl" / f"{base:016x}{suffix}")
+                except FileNotFoundError:
+                    pass
+
+    def committed(self, batch: int, records: list[dict] | None = None) -> bool:
+        records = self.records(batch) if records is None else records
+        return any(r.get("k") == "commit" and r.get("b") == batch for r in records)
+
+
+def _already_there(path: Path, start: int, messages: list[Message], expected: str) -> bool:
+    """Whether the messages an intent announced at ``start`` are in the journal."""
+    n = len(messages)
+    try:
+        if end_offset(path) < start + n:
+            return False
+        found = []
+        with Scanner(path, start) as scanner:
+            while len(found) < n and (chunk := scanner.read_batch(n - len(found))):
+                found.extend(chunk)
+    except OffsetOutOfRangeError:
+        # Retention deleted them since: they were written (an intent is recorded under the lock,
+        # right before its append, and nothing at that offset can be older than it).
+        return True
+    return len(found) == n and digest(found) == expected
+
+
+@dataclass
+class TaskResult:
+    """What a task appended: its ids, and {shard: [first offset, count]} (or skipped)."""
+
+    query_id: str | None
+    batch_id: int | None
+    partition: int
+    appended: dict = field(default_factory=dict)
+    skipped: bool = False
+    rows: int = 0
+
+
+def append_exactly_once(
+    appender: Appender,
+    log: CommitLog,
+    batch_id: int,
+    partition: int,
+    messages: list[Message],
+    keys: list[bytes],
+) -> TaskResult:
+    """Append a task's rows once for (query, batch, partition), whatever Spark replays."""
+    result = TaskResult(log.query_id, batch_id, partition, rows=len(messages))
+    if log.committed(batch_id):
+        result.skipped = True
+        return result
+    for shard, (path, group) in group_by_shard(appender.target, messages, keys).items():
+        expected = digest(group)
+        writer = appender.writer(shard, path)
+        with writer.hold():  # no other writer appends to this shard until the intent is kept
+            records = log.records(batch_id)
+            if log.committed(batch_id, records):
+                result.skipped = True
+                return result
+            if any(
+                r.get("k") == "intent" and r.get("b") == batch_id and r.get("p") == partition
+                and r.get("s") == shard and r.get("d") == expected
+                and _already_there(path, r["e"], group, expected)
+                for r in records
+            ):
+                continue
+            start = writer.next_offset
+            log.append(INTENT, {"k": "intent", "b": batch_id, "p": partition, "s": shard, "e": start,
+                                "n": len(group), "d": expected})
+            crash_point("after-intent", batch_id)
+            _append(writer, group)
+        result.appended[shard] = [start, len(group)]
+        crash_point("task-after-write", batch_id)
+    return result
+
+
+def commit_batch(log: CommitLog, batch_id: int, results: list[TaskResult]) -> None:
+    """Record that a batch is complete (the driver, once every task succeeded)."""
+    if not log.committed(batch_id):
+        shards: dict[str, int] = {}
+        for r in results:
+            for shard, (_, count) in r.appended.items():
+                shards[shard] = shards.get(shard, 0) + count
+        log.append(COMMIT, {"k": "commit", "b": batch_id, "rows": sum(r.rows for r in results),
+                            "shards": shards, "t": time.time()})
+    crash_point("sink-commit", batch_id)
+
+
+# -- test hook ------------------------------------------------------------------------------------
+
+
+def crash_point(name: str, batch_id: int | None) -> None:
+    """Tests set ``JOURNALQ_SPARK_TEST_CRASH=NAME:BATCH`` (e.g. ``sink-commit:1``) to kill the Spark
+    driver (the JVM this Python worker descends from) with SIGKILL at that point, once: the
+    marker file ``$JOURNALQ_SPARK_TEST_CRASH_ONCE`` keeps a restarted query from crashing again."""
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted or wanted != f"{name}:{batch_id}":
+        return
+    once = os.environ.get(CRASH_ENV + "_ONCE")
+    if once:
+        try:
+            fd = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.close(fd)
+        except FileExistsError:
+            return
+    pid = _driver_jvm()
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+        os._exit(137)  # this worker goes down with its driver (and lets go of inherited pipes)
+
+
+def _driver_jvm() -> int | None:
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return None
+        if b"java" in cmdline.split(b"\0")[0] and b"SparkSubmit" in cmdline:
+            return pid
+        pid = parent
+    return None
+
+
+def iter_batches(iterator: Iterator) -> Iterator:
+    """Arrow record batches from what Spark hands a writer (batches, or rows on old versions)."""
+    import pyarrow as pa
+
+    rows = []
+    for item in iterator:
+        if isinstance(item, pa.RecordBatch):
+            yield item
+        else:
+            rows.append(item.asDict() if hasattr(item, "asDict") else dict(item))
+            if len(rows) >= 10_000:
+                yield pa.RecordBatch.from_pylist(rows)
+                rows = []
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows)

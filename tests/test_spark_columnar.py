@@ -1,0 +1,357 @@
+"""The column-wise decoder and the pure parts of the Spark data source (no Spark session):
+``columnar.decode_columns`` against the codec and the Go vectors, predicates, option parsing,
+splitting, admission control, and the writer's digest and commit log."""
+
+from __future__ import annotations
+
+import glob
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("pyspark")
+
+from journalq.errors import ZERO_TIMESTAMP, CorruptionError  # noqa: E402
+from journalq.journal import Message, Writer  # noqa: E402
+from journalq.journal.codec import decode, encode  # noqa: E402
+from journalq.spark import options as opts  # noqa: E402
+from journalq.spark import predicates, reading  # noqa: E402
+from journalq.spark.columnar import decode_columns  # noqa: E402
+from journalq.spark.source import JournalStreamReader, allocate  # noqa: E402
+from journalq.spark.targets import Target, for_writing, resolve  # noqa: E402
+from journalq.spark.writing import COMMIT, INTENT, CommitLog, digest, log_name  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("vectors_untouched")
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def as_tuples(cols) -> list[tuple]:
+    return [
+        (int(cols.offset[i]), int(cols.timestamp_ns[i]), int(cols.type[i]), cols.key(i), cols.value(i))
+        for i in range(len(cols))
+    ]
+
+
+def same_as_codec(buf: bytes, expected_offset: int | None = None) -> int:
+    messages, used = decode(buf, expected_offset=expected_offset)
+    cols, used2 = decode_columns(buf, expected_offset=expected_offset)
+    assert used2 == used
+    assert as_tuples(cols) == [tuple(m) for m in messages]
+    return len(messages)
+
+
+# -- the decoder ------------------------------------------------------------------------------
+
+
+def test_every_vector_segment_decodes_as_the_codec_does(sej_vectors: Path):
+    total = 0
+    for segment in sorted(glob.glob(str(sej_vectors / "**" / "*.jnl"), recursive=True)):
+        total += same_as_codec(Path(segment).read_bytes())
+    assert total == 3000 + 1000 + 50
+
+
+def test_torn_vector_leaves_the_partial_message(sej_vectors: Path):
+    buf = (sej_vectors / "torn" / "jnl" / "0000000000000000.jnl").read_bytes()
+    cols, used = decode_columns(buf)
+    assert len(cols) == 50 and used == len(buf) - 30
+
+
+@st.composite
+def segments(draw):
+    first = draw(st.integers(min_value=0, max_value=2**62))
+    uniform = draw(st.booleans())
+    n = draw(st.integers(min_value=0, max_value=80))
+    parts = []
+    for i in range(n):
+        if uniform:
+            key, value = b"k", bytes([i % 251]) * 20
+        else:
+            key = draw(st.binary(max_size=127))
+            value = draw(st.binary(max_size=300))
+        ts = draw(st.one_of(st.just(ZERO_TIMESTAMP), st.integers(min_value=ZERO_TIMESTAMP, max_value=2**63 - 1)))
+        parts.append(encode(first + i, ts, draw(st.integers(0, 255)), key, value))
+    buf = b"".join(parts)
+    cut = draw(st.integers(min_value=0, max_value=len(buf)))
+    return first, buf[:cut] if draw(st.booleans()) else buf
+
+
+@FAST
+@given(segments())
+def test_random_segments_decode_as_the_codec_does(data):
+    first, buf = data
+    same_as_codec(buf, first)
+    same_as_codec(buf)
+
+
+@FAST
+@given(st.data())
+def test_damage_is_found_where_the_codec_finds_it(data):
+    uniform = data.draw(st.booleans())
+    parts = [encode(i, 5, 1, b"" if uniform else bytes(i % 4), b"x" * (20 if uniform else i % 30)) for i in range(40)]
+    buf = bytearray(b"".join(parts))
+    for _ in range(data.draw(st.integers(1, 3))):
+        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.integers(0, 255))
+    buf = bytes(buf)
+
+    def outcome(fn):
+        try:
+            result, used = fn(buf, expected_offset=0)
+            return ("ok", len(result), used)
+        except CorruptionError as exc:
+            return ("corrupt", exc.position)
+
+    assert outcome(decode_columns) == outcome(decode)
+
+
+def test_max_messages_and_keys_values_left_out():
+    buf = b"".join(encode(i, i, 0, b"key", b"value-%d" % i) for i in range(100))
+    cols, used = decode_columns(buf, max_messages=30, keys=False, values=False)
+    assert len(cols) == 30 and cols.key_data is None and cols.value_data is None
+    assert used == sum(len(encode(i, i, 0, b"key", b"value-%d" % i)) for i in range(30))
+    assert list(cols.timestamp_ns[:3]) == [0, 1, 2]
+
+
+def test_offsets_beyond_bigint_are_refused():
+    buf = encode(2**63, 0, 0, b"", b"v")
+    with pytest.raises(CorruptionError, match="signed 64-bit"):
+        decode_columns(buf)
+
+
+def test_select_rows():
+    buf = b"".join(encode(i, i, i % 3, bytes([i]), b"v" * i) for i in range(20))
+    cols, _ = decode_columns(buf)
+    picked = cols.select(cols.type == 1)
+    assert [int(o) for o in picked.offset] == [i for i in range(20) if i % 3 == 1]
+    assert [picked.value(j) for j in range(len(picked))] == [b"v" * i for i in range(20) if i % 3 == 1]
+    tail = cols.select(slice(15, None))
+    assert tail.key(0) == bytes([15]) and tail.value(4) == b"v" * 19
+
+
+def test_uniform_decoding_is_fast():
+    values = [random.Random(1).randbytes(100) for _ in range(1000)] * 100
+    buf = b"".join(encode(i, 1, 0, b"", v) for i, v in enumerate(values))
+    started = time.perf_counter()
+    cols, _ = decode_columns(buf)
+    seconds = time.perf_counter() - started
+    assert len(cols) == 100_000
+    assert seconds < 0.5  # ~0.01 s here: whole runs, vectorized
+
+
+# -- reading a journal ------------------------------------------------------------------------
+
+
+def test_iter_columns_seeks_and_crosses_segments(tmp_path):
+    path = tmp_path / "j"
+    with Writer(path, segment_size=4096) as w:
+        w.append_many([Message(value=b"m%d" % i, key=b"k" * (i % 5), type=i % 7) for i in range(2000)])
+    got = []
+    for cols in reading.iter_columns(str(path), 123, 1789):
+        got.extend(as_tuples(cols))
+    assert [t[0] for t in got] == list(range(123, 1789))
+    assert got[0][4] == b"m123" and got[-1][3] == b"k" * (1788 % 5)
+
+
+def test_messages_bigger_than_a_read(tmp_path):
+    path = tmp_path / "j"
+    sizes = [10, 10 << 20, 5, 9 << 20, 1]
+    with Writer(path) as w:
+        w.append_many([bytes([i]) * n for i, n in enumerate(sizes)])
+    for start in range(5):
+        got = [(int(c.offset[i]), len(c.value(i))) for c in reading.iter_columns(str(path), start, 5) for i in range(len(c))]
+        assert got == [(o, sizes[o]) for o in range(start, 5)]
+
+
+def test_iter_columns_reports_data_loss(tmp_path):
+    path = tmp_path / "j"
+    with Writer(path, segment_size=1024) as w:
+        w.append_many([b"x" * 50] * 200)
+    bases = reading.segment_bases(str(path))
+    (path / "jnl" / f"{bases[0]:016x}.jnl").unlink()
+    with pytest.raises(reading.DataLossError, match="failOnDataLoss"):
+        list(reading.iter_columns(str(path), 0, 200))
+    rest = [int(o) for cols in reading.iter_columns(str(path), 0, 200, fail_on_data_loss=False) for o in cols.offset]
+    assert rest == list(range(bases[1], 200))
+
+
+def test_first_offset_at_scans_unordered_timestamps(tmp_path):
+    path = tmp_path / "j"
+    stamps = [100, 300, 200, 400, 50, 500]
+    with Writer(path) as w:
+        w.append_many([Message(timestamp_ns=t, value=b"v") for t in stamps])
+    assert reading.first_offset_at(str(path), 250, 0, 6) == 1
+    assert reading.first_offset_at(str(path), 450, 0, 6) == 5
+    assert reading.first_offset_at(str(path), 600, 0, 6) == 6
+    assert reading.first_offset_at(str(path), 250, 2, 6) == 3
+
+
+def test_split_by_size_and_min_partitions(tmp_path):
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x" * 100] * 10_000)
+    r = reading.ShardRange("", str(path), 0, 10_000)
+    assert len(reading.split([r], min_partitions=None, max_partition_bytes=1 << 30)) == 1
+    pieces = reading.split([r], min_partitions=None, max_partition_bytes=126 * 1000)
+    assert len(pieces) == 10 and pieces[0].start == 0 and pieces[-1].end == 10_000
+    assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+    assert len(reading.split([r], min_partitions=7, max_partition_bytes=1 << 30)) == 7
+
+
+# -- predicates -------------------------------------------------------------------------------
+
+
+def test_offset_bounds_and_shards():
+    conds = [("offset", ">=", 10), ("offset", "<", 20), ("shard", "in", ("a", "b")), ("not", ("shard", "=", "b"))]
+    assert predicates.offset_bounds(conds) == (10, 20)
+    assert predicates.offset_bounds([("offset", "in", (5, 9, 7))]) == (5, 10)
+    assert predicates.offset_bounds([("offset", "=", 3), ("offset", ">", 1)]) == (3, 4)
+    assert [s for s in "abc" if predicates.shard_allowed(conds, s)] == ["a"]
+    assert not predicates.needs_rows([("offset", ">", 1), ("shard", "=", "a")])
+    assert predicates.needs_rows([("offset", "in", (1, 2))])
+
+
+def test_row_masks_keep_sql_null_logic():
+    offset = np.arange(6, dtype=np.int64)
+    ts = np.array([ZERO_TIMESTAMP, 1_000, 2_000, 3_000, ZERO_TIMESTAMP, 5_000], np.int64)
+    types = np.array([0, 1, 2, 1, 0, 1], np.uint8)
+
+    def rows(*conds):
+        mask = predicates.row_mask(list(conds), offset, ts, types)
+        return list(np.flatnonzero(mask)) if mask is not None else list(range(6))
+
+    assert rows(("type", "=", 1)) == [1, 3, 5]
+    assert rows(("not", ("type", "in", (0, 1)))) == [2]
+    assert rows(("timestamp", ">", 1)) == [2, 3, 5]  # microseconds: 1 us = 1000 ns
+    assert rows(("not", ("timestamp", ">", 1))) == [1]  # NULL stays out, negated or not
+    assert rows(("timestamp", "isnull", None)) == [0, 4]
+    assert rows(("timestamp_ns", "<=", 2_000), ("offset", ">", 0)) == [1, 2, 4]  # the zero time is -2**63
+    assert rows(("offset", "in", (1, 4, 99))) == [1, 4]
+
+
+def test_translate_spark_filters():
+    import datetime as dt
+
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, LessThan, Not, StringStartsWith
+
+    moment = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    assert predicates.translate(EqualTo(("type",), 3)) == ("type", "=", 3)
+    assert predicates.translate(GreaterThan(("timestamp",), moment)) == ("timestamp", ">", 1_704_067_200_000_000)
+    assert predicates.translate(In(("shard",), ["a", "b"])) == ("shard", "in", ("a", "b"))
+    assert predicates.translate(Not(LessThan(("offset",), 5))) == ("not", ("offset", "<", 5))
+    assert predicates.translate(IsNull(("timestamp",))) == ("timestamp", "isnull", None)
+    assert predicates.translate(EqualTo(("value",), b"x")) is None
+    assert predicates.translate(StringStartsWith(("shard",), "ev")) is None
+    assert predicates.translate(EqualTo(("type",), 1.5)) is None
+    assert predicates.translate(In(("type",), [1, None])) is None
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def test_option_parsing():
+    o = {"startingOffsets": '{"events.2.000": 10, "": -2}', "MaxTriggerDelay": "2m", "size": "32m",
+         "when": "2024-01-01T00:00:01Z", "ms": "1000", "flag": "false"}
+    assert opts.offsets(o, "startingoffsets", "latest", ("earliest", "latest")) == {"events.2.000": 10, "": -2}
+    assert opts.offsets({}, "startingOffsets", "latest", ("earliest", "latest")) == "latest"
+    assert opts.duration(o, "maxTriggerDelay", 1) == 120
+    assert opts.size(o, "size", 1) == 32 << 20
+    assert opts.timestamp_ns(o, "when") == 1_704_067_201_000_000_000
+    assert opts.timestamp_ns(o, "ms") == 1_000_000_000
+    assert opts.boolean(o, "flag", True) is False
+    for bad in ('{"a": "x"}', "[1]", "soon"):
+        with pytest.raises(opts.OptionError):
+            opts.offsets({"startingOffsets": bad}, "startingOffsets", "latest", ("earliest", "latest"))
+    with pytest.raises(opts.OptionError, match="earliest"):
+        opts.offsets({"endingOffsets": '{"": -2}'}, "endingOffsets", "latest", ("latest",))
+    with pytest.raises(opts.OptionError):
+        opts.integer({"minPartitions": "0"}, "minPartitions", None, minimum=1)
+
+
+# -- targets ----------------------------------------------------------------------------------
+
+
+def test_targets(tmp_path, sej_vectors):
+    assert resolve(str(sej_vectors / "plain")).kind == "journal"
+    sharded = resolve(str(sej_vectors / "sharded"))
+    assert sharded.kind == "sharded" and [s.name for s in sharded.shards] == [f"events.2.00{i}" for i in range(4)]
+    assert (sharded.prefix, sharded.bit) == ("events", 2)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "file.txt").write_text("x")
+    with pytest.raises(Exception, match="not a journal"):
+        resolve(str(tmp_path / "other"))
+    with pytest.raises(Exception, match="refusing"):
+        for_writing(str(tmp_path / "other"))
+    new = for_writing(str(tmp_path / "new"), shard_bit=3, shard_prefix="p")
+    assert new.sharded and new.shard_path(5).name == "p.3.005"
+    topic = for_writing(str(tmp_path / "data"), "events")
+    assert topic.kind == "topic" and (tmp_path / "data" / "events" / "queue.json").is_file()
+
+
+# -- admission control (the stream reader's offsets, without Spark) ---------------------------
+
+
+def test_allocate_shares_in_proportion():
+    assert allocate({"a": 10, "b": 30}, 100) == {"a": 10, "b": 30}
+    shares = allocate({"a": 10, "b": 30}, 8)
+    assert shares == {"a": 2, "b": 6}
+    assert sum(allocate({"a": 1, "b": 1, "c": 1}, 2).values()) == 2
+    assert allocate({"a": 5, "b": 0}, 1) == {"a": 1, "b": 0}
+
+
+def test_stream_offsets_limits_and_trigger_delay(tmp_path, monkeypatch):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+    from journalq.spark.schema import SCHEMA
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 10)
+    reader = JournalStreamReader({"path": str(path), "maxOffsetsPerTrigger": "4",
+                                  "minOffsetsPerTrigger": "20", "maxTriggerDelay": "60s"}, SCHEMA)
+    assert reader.initialOffset() == {"": 10}  # streams start at the latest offset by default
+    assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
+    start = {"": 0}
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    reader._last_trigger = clock[0]
+    # fewer than minOffsetsPerTrigger: wait, until maxTriggerDelay passes
+    assert reader.latestOffset(start, ReadMaxRows(4)) == start
+    clock[0] += 61
+    assert reader.latestOffset(start, ReadMaxRows(4)) == {"": 4}
+    assert reader.latestOffset({"": 4}, ReadMaxRows(4)) == {"": 4}  # the clock restarted
+    # ReadAllAvailable (Trigger.Once, or Spark's own choice) ignores the options' limits
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"": 10}
+    assert reader.latestOffset(start, ReadMinRows(5)) == {"": 4}
+    # Trigger.AvailableNow: a fixed target, no waiting for minOffsetsPerTrigger
+    reader.prepareForTriggerAvailableNow()
+    with Writer(path) as w:
+        w.append_many([b"y"] * 5)
+    assert reader.latestOffset({"": 8}, ReadMaxRows(4)) == {"": 10}
+    assert reader.latestOffset({"": 10}, ReadMaxRows(4)) == {"": 10}
+
+
+# -- the writer's bookkeeping -----------------------------------------------------------------
+
+
+def test_digest_ignores_order_and_timestamps():
+    a = [Message(1, 5, 0, b"k", b"v1"), Message(2, 6, 1, b"", b"v2")]
+    b = [Message(9, 0, 1, b"", b"v2"), Message(8, None, 0, b"k", b"v1")]
+    assert digest(a) == digest(b)
+    assert digest(a) != digest([Message(1, 5, 0, b"", b"kv1"), a[1]])
+
+
+def test_commit_log_reads_back_from_the_end(tmp_path):
+    target = Target(tmp_path, "journal")
+    log = CommitLog(target, "query-1")
+    for batch in range(300):
+        log.append(INTENT, {"k": "intent", "b": batch, "p": 0})
+        log.append(COMMIT, {"k": "commit", "b": batch})
+    assert log.committed(299) and log.committed(250)
+    assert not log.committed(300)
+    assert [r["b"] for r in log.records(298)] == [298, 298, 299, 299]
+    assert log_name("a/b") != "a/b" and log_name("3c49c2f2-e993") == "3c49c2f2-e993"
