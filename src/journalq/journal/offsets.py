@@ -12,8 +12,8 @@ import os
 import re
 import struct
 from pathlib import Path
-from types import TracebackType
 
+from journalq.closing import Closing
 from journalq.errors import Error, JournalError
 from journalq.journal.index import last_confirmed
 from journalq.journal.lock import FileLock
@@ -84,7 +84,7 @@ def write_offset(file: Path, offset: int, *, sync: bool = True) -> None:
         fsync_dir(file.parent)
 
 
-class ReaderOffset:
+class ReaderOffset(Closing):
     """A named, persistent reader offset; one process holds a name at a time.
 
     ``sync`` (default True, as sej) makes each commit durable before it returns.
@@ -115,11 +115,3 @@ class ReaderOffset:
 
     def close(self) -> None:
         self._lock.close()
-
-    def __enter__(self) -> ReaderOffset:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

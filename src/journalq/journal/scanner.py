@@ -13,8 +13,8 @@ import time
 from bisect import bisect_right
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 
+from journalq.closing import Closing
 from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError, TruncatedError
 from journalq.journal import index
 from journalq.journal.codec import Message, decode
@@ -36,7 +36,7 @@ from journalq.journal.watch import DirectoryWatch
 FIRST_READ = 2 * index.DEFAULT_INTERVAL
 
 
-class Scanner:
+class Scanner(Closing):
     """Iterates the messages of the journal at ``path`` from ``offset`` (by default, from the
     oldest message still stored).
 
@@ -114,13 +114,6 @@ class Scanner:
             self._watch.close()
             self._watch = None
 
-    def __enter__(self) -> Scanner:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # -- seeking ----------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+from journalq.closing import Closing
+
 try:
     from inotify_simple import INotify, flags
 except ImportError:  # not Linux
@@ -19,7 +21,7 @@ except ImportError:  # not Linux
 _POLL_MIN, _POLL_MAX = 0.001, 0.05
 
 
-class DirectoryWatch:
+class DirectoryWatch(Closing):
     """Wakes up when a file in ``directory`` (or in any of ``more``) changes."""
 
     def __init__(self, directory: str | os.PathLike[str], *more: str | os.PathLike[str]) -> None:
@@ -68,9 +70,3 @@ class DirectoryWatch:
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
-
-    def __enter__(self) -> DirectoryWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

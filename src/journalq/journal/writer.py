@@ -22,8 +22,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
-from types import TracebackType
 
+from journalq.closing import Closing
 from journalq.errors import Error, JournalError, LockedError, StorageError, TruncatedError
 from journalq.journal.codec import OVERHEAD, Message, encode, encode_batch
 from journalq.journal.index import (
@@ -50,7 +50,7 @@ DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
 _EXCLUSIVE_NOTE = "exclusive writer"
 
 
-class Writer:
+class Writer(Closing):
     """Appends to the journal at ``path`` (created when missing).
 
     ``segment_size``: a segment is closed once it reaches this many bytes (like sej, after the
@@ -231,13 +231,6 @@ class Writer:
         if self._flusher is not None:
             self._flusher.join()
 
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Writer({str(self.path)!r}, next_offset={self._next_offset}, sync={str(self.sync_policy)!r})"

@@ -10,9 +10,9 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from journalq.closing import Closing
 from journalq.errors import QueueNotFoundError
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
@@ -79,7 +79,7 @@ class Queue(Channel):
         return moved
 
 
-class Broker:
+class Broker(Closing):
     """Topics and queues under ``root``.
 
     ``sync``: the sync policy of every journal the broker writes (``"always"`` by default: each
@@ -194,11 +194,3 @@ class Broker:
             topic.close()
         self._topics.clear()
         self._queues.clear()
-
-    def __enter__(self) -> Broker:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

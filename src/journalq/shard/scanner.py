@@ -18,8 +18,8 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
 
+from journalq.closing import Closing
 from journalq.errors import Error, OffsetOutOfRangeError
 from journalq.journal.codec import Message
 from journalq.journal.scanner import Scanner
@@ -35,7 +35,7 @@ DEFAULT_BATCH = 65536
 _RESCAN_BUSY = 0.1
 
 
-class ShardedScanner:
+class ShardedScanner(Closing):
     """Iterates ``(shard_name, Message)`` over the shards of the root ``root``.
 
     ``offsets`` maps shard directory names to the offset of the next message to read in that
@@ -155,13 +155,6 @@ class ShardedScanner:
             self._watch.close()
             self._watch = None
 
-    def __enter__(self) -> ShardedScanner:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"ShardedScanner({str(self.root)!r}, shards={self._order}, follow={self.follow})"

@@ -20,8 +20,8 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from itertools import count, repeat
 from pathlib import Path
-from types import TracebackType
 
+from journalq.closing import Closing
 from journalq.errors import Error, InvalidMessageError, JournalError
 from journalq.journal.codec import MAX_KEY_SIZE, Message
 from journalq.journal.sync import SyncPolicy
@@ -35,7 +35,7 @@ HashFunc = Callable[[bytes, int], int]
 """``hash(key, bit)``: the index of the shard (``0 <= index < 2**bit``) that a key goes to."""
 
 
-class ShardedWriter:
+class ShardedWriter(Closing):
     """Appends messages to the shards of the root ``root``, each to the shard of its key.
 
     ``prefix`` and ``bit`` name the shards (``[prefix].[bit].[index]``; 0 to 10 bits, 0 for one
@@ -252,13 +252,6 @@ class ShardedWriter:
         if self._closed:
             raise Error(f"sharded writer of {self.root} is closed")
 
-    def __enter__(self) -> ShardedWriter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (
