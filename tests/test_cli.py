@@ -291,9 +291,32 @@ def test_follow_sees_appends_and_stops_after_the_timeout(tmp_path: Path) -> None
     assert stdout == b"before\nafter-1\nafter-2\n"
 
 
-def test_follow_needs_one_journal(vectors: Path) -> None:
-    result = run("scan", vectors / "sharded", "--follow")
+def test_from_needs_one_journal(vectors: Path) -> None:
+    result = run("scan", vectors / "sharded", "--from", "3")
     assert result.exit_code == 2 and "one shard directory" in result.stderr
+
+
+def test_follow_a_root_of_shards(tmp_path: Path) -> None:
+    """Following a root reads every shard, and one created while following."""
+    from journalq.shard import ShardedWriter
+
+    root = tmp_path / "root"
+    with ShardedWriter(root, prefix="ev", bit=2) as writer:
+        writer.append(b"before", key=b"a")
+    follower = subprocess.Popen(
+        [*COMMAND, "scan", root, "--timeout", "1.5", "--format", "jsonl"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(0.5)
+    with ShardedWriter(root, prefix="ev", bit=2) as writer:
+        placed = [writer.append(b"key %d" % i, key=b"k%d" % i) for i in range(8)]
+    stdout, stderr = follower.communicate(timeout=20)
+    assert follower.returncode == 0, stderr
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert sorted((line["dir"], line["offset"]) for line in lines) == sorted(
+        [("ev.2.%03d" % shard_of(b"a", 2), 0)] + placed
+    )
 
 
 def test_a_closed_pipe_ends_scan_quietly(vectors: Path) -> None:

@@ -42,6 +42,7 @@ from journalq.journal.offsets import ReaderOffset, end_offset, first_offset, rea
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import journal_dir
 from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
+from journalq.shard import ShardedScanner
 from journalq.shard.layout import journals_at
 from journalq.shard.naming import list_shards
 
@@ -427,6 +428,21 @@ def _batches(path: Path, start: int | None, follow: bool, timeout: float | None)
             yield batch
 
 
+def _named_batches(
+    directory: Path, journals: list[tuple[str | None, Path]], start: int | None, follow: bool, timeout: float | None
+) -> Iterator[tuple[str | None, list[Message]]]:
+    """(shard name or None, messages): a journal, or each shard of a root in name order; a root
+    followed is read by a ``ShardedScanner``, which also takes in shards created meanwhile."""
+    if follow and journals[0][0] is not None:
+        with ShardedScanner(directory, follow=True, timeout=timeout) as scanner:
+            while (got := scanner.read_batch()) is not None:
+                yield got
+        return
+    for name, path in journals:
+        for batch in _batches(path, start, follow, timeout):
+            yield name, batch
+
+
 @cli.command()
 @click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--from", "start", type=click.IntRange(min=0), metavar="OFFSET",
@@ -435,7 +451,7 @@ def _batches(path: Path, start: int | None, follow: bool, timeout: float | None)
 @click.option("--until", type=TIME, help="Only messages with timestamp < TIME.")
 @click.option("--type", "type_", type=click.IntRange(0, 255), help="Only messages of this type.")
 @click.option("--count", is_flag=True, help="Print only the number of matching messages.")
-@click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (one journal only).")
+@click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (in every shard of a root).")
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Follow, and stop after SECONDS with no new message.")
 @click.option("--format", "fmt", type=click.Choice(list(_RENDERERS)), default="jsonl", show_default=True,
@@ -452,21 +468,19 @@ def scan(
     """
     journals = _journals_at(directory)
     follow = follow or timeout is not None
-    if journals[0][0] is not None and (follow or start is not None):
-        # Offsets count per shard and a root has no single end to wait at.
-        raise click.UsageError("--from, --follow and --timeout read one journal: give one shard directory")
+    if journals[0][0] is not None and start is not None:
+        raise click.UsageError("--from names an offset of one journal, and offsets count per shard: give one shard directory")
     keep = _message_filter(since, until, type_)
     render = _RENDERERS[fmt]
     out = sys.stdout.buffer
     matched = 0
-    for name, path in journals:
-        for batch in _batches(path, start, follow, timeout):
-            selected = batch if keep is None else [m for m in batch if keep(m)]
-            matched += len(selected)
-            if selected and not count:
-                out.write(render(selected, name))
-                if follow:
-                    out.flush()
+    for name, batch in _named_batches(directory, journals, start, follow, timeout):
+        selected = batch if keep is None else [m for m in batch if keep(m)]
+        matched += len(selected)
+        if selected and not count:
+            out.write(render(selected, name))
+            if follow:
+                out.flush()
     if count:
         out.write(f"{matched}\n".encode())
     out.flush()
