@@ -18,7 +18,7 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue.channel import Channel
 from journalq.queue.settings import QueueSettings, check_name
-from journalq.queue.topic import Topic
+from journalq.queue.topic import Topic, resend
 
 DEFAULT_CHANNEL = "default"
 
@@ -65,13 +65,7 @@ class Queue(Channel):
                         self.release(message.receipt, delay=60)
                     del by_target[target]
                     continue
-                queue.send_many(
-                    [
-                        {"body": m.body, "attributes": m.attributes, "filters": m.filters or None,
-                         "group_id": m.group_id, "metadata": m.metadata}
-                        for m in messages
-                    ]
-                )
+                queue.send_many([resend(m) for m in messages])
                 self.delete_many([m.receipt for m in messages])
                 moved += len(messages)
             if not by_target:

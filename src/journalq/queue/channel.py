@@ -46,7 +46,7 @@ from journalq.queue import filters as filtering
 from journalq.queue.envelope import Attribute, Envelope
 from journalq.queue.settings import check_number
 from journalq.queue.state import ChannelState, Event, EventKind, StaleReceipt
-from journalq.queue.topic import held, message_id, parse_message_id
+from journalq.queue.topic import held, message_id, parse_message_id, resend
 
 if TYPE_CHECKING:
     from journalq.queue.topic import Topic
@@ -458,14 +458,11 @@ class Channel:
         target = self.topic.broker.queue(queue_name)
         target.send_many(
             [
-                {
-                    "body": env.body,
-                    "attributes": env.attributes,
-                    "filters": env.filters or None,
-                    "group_id": env.group_id,
-                    "metadata": self.state.metadata.get(m.offset, env.metadata),
-                    "source": {"queue": self.topic.name, "channel": self.name, "id": message_id(m.offset), "count": count},
-                }
+                resend(
+                    env,
+                    metadata=self.state.metadata.get(m.offset, env.metadata),
+                    source={"queue": self.topic.name, "channel": self.name, "id": message_id(m.offset), "count": count},
+                )
                 for m, env, count in dead
             ]
         )

@@ -36,6 +36,19 @@ OutgoingMessage = bytes | Mapping[str, Any]
 of ``Topic.send``."""
 
 
+def resend(message: Any, **changes: Any) -> dict[str, Any]:
+    """What sending ``message`` again takes (an ``Envelope`` or a ``ReceivedMessage``: both have
+    these fields): its body, attributes, filters, group and metadata, with ``changes``."""
+    return {
+        "body": message.body,
+        "attributes": message.attributes,
+        "filters": message.filters or None,
+        "group_id": message.group_id,
+        "metadata": message.metadata,
+        **changes,
+    }
+
+
 def message_id(offset: int) -> str:
     return str(offset)
 
