@@ -451,22 +451,6 @@ class JournalCommit(WriterCommitMessage):
     result: writing.TaskResult
 
 
-def _write_settings(options) -> dict:
-    bit = opts.integer(options, "shardBit", None, minimum=1)
-    target = for_writing(
-        _path(options),
-        opts.get(options, "topic"),
-        shard_bit=bit,
-        shard_prefix=opts.get(options, "shardPrefix") or "",
-    )
-    default_size = opts.size(options, "segmentSize", DEFAULT_SEGMENT_SIZE)
-    return {
-        "target": target,
-        "sync": opts.get(options, "sync") or "none",
-        "segment_size": segment_size_for(target, default_size) if opts.get(options, "segmentSize") is None else default_size,
-    }
-
-
 def _refuse_overwrite(overwrite: bool) -> None:
     if overwrite:
         raise writing.WriteError(
@@ -475,20 +459,33 @@ def _refuse_overwrite(overwrite: bool) -> None:
         )
 
 
+def _write_setup(options, schema, overwrite: bool) -> tuple[writing.WriteSpec, Target, str, int]:
+    """What both sinks check and settle on the driver before any task runs: append mode, the
+    columns, the target, the sync policy and the segment size."""
+    from journalq.journal.sync import SyncPolicy
+
+    _refuse_overwrite(overwrite)
+    spec = writing.check_schema(schema)
+    bit = opts.integer(options, "shardBit", None, minimum=1)
+    target = for_writing(
+        _path(options),
+        opts.get(options, "topic"),
+        shard_bit=bit,
+        shard_prefix=opts.get(options, "shardPrefix") or "",
+    )
+    sync = opts.get(options, "sync") or "none"
+    SyncPolicy.parse(sync)  # refuse a bad policy now, not in every task
+    default_size = opts.size(options, "segmentSize", DEFAULT_SEGMENT_SIZE)
+    explicit = opts.get(options, "segmentSize") is not None
+    return spec, target, sync, default_size if explicit else segment_size_for(target, default_size)
+
+
 class JournalWriter(DataSourceArrowWriter):
     """A batch append. With the option ``writeId``, the append happens once per id: a second
     write with the same id (a retried job, a rerun) finds it committed and appends nothing."""
 
     def __init__(self, options, schema, overwrite: bool) -> None:
-        _refuse_overwrite(overwrite)
-        self.spec = writing.check_schema(schema)
-        settings = _write_settings(options)
-        self.target: Target = settings["target"]
-        self.sync = settings["sync"]
-        from journalq.journal.sync import SyncPolicy
-
-        SyncPolicy.parse(self.sync)  # refuse a bad policy now, not in every task
-        self.segment_size = settings["segment_size"]
+        self.spec, self.target, self.sync, self.segment_size = _write_setup(options, schema, overwrite)
         self.write_id = opts.get(options, "writeId")
 
     def write(self, iterator) -> JournalCommit:
@@ -531,12 +528,7 @@ class JournalStreamWriter(_StreamWriterBase):
     """The streaming sink, exactly once: see ``journalq.spark.writing``."""
 
     def __init__(self, options, schema, overwrite: bool) -> None:
-        _refuse_overwrite(overwrite)
-        self.spec = writing.check_schema(schema)
-        settings = _write_settings(options)
-        self.target: Target = settings["target"]
-        self.sync = settings["sync"]
-        self.segment_size = settings["segment_size"]
+        self.spec, self.target, self.sync, self.segment_size = _write_setup(options, schema, overwrite)
 
     def write(self, iterator) -> JournalCommit:
         from pyspark import TaskContext
