@@ -90,12 +90,17 @@ class Broker(Closing):
         self._lock = threading.RLock()  # one Topic and one Queue object per name, across threads
 
     def topic(self, name: str, *, create: bool = True, **settings: Any) -> Topic:
-        """The topic ``name``; created (with ``settings``) when missing and ``create`` is true."""
-        check_name(name)
+        """The topic ``name``; created (with ``settings``) when missing and ``create`` is true.
+        A topic made with ``shards`` > 1 is a ``journalq.queue.sharded.ShardedTopic``."""
+        from journalq.queue import sharded
+
+        sharded.check_topic_name(check_name(name))
         with self._lock:
             return self._topic(name, create, settings)
 
     def _topic(self, name: str, create: bool, settings: dict[str, Any]) -> Topic:
+        from journalq.queue import sharded
+
         topic = self._topics.get(name)
         if topic is not None and not settings:
             return topic
@@ -105,15 +110,17 @@ class Broker(Closing):
             if not create:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
             current = QueueSettings().replace(**settings)
+            sharded.check_new(self.root, name, current)
             path.mkdir(parents=True, exist_ok=True)
             settings_file.save(path, current)
         elif settings:
             updated = current.replace(**settings)
             if updated != current:
+                sharded.check_change(name, current, updated)
                 settings_file.save(path, updated)
                 current = updated
         if topic is None:
-            topic = self._topics[name] = Topic(self, name, current)
+            topic = self._topics[name] = sharded.open_topic(self, name, current)
             topic._get_writer()  # the journal exists from creation on, so followers can watch it
         topic.settings = current
         return topic
@@ -124,7 +131,12 @@ class Broker(Closing):
             topic = self.topic(name, create=create, **settings)
             queue = self._queues.get(name)
             if queue is None:
-                queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
+                if isinstance(topic, Topic):
+                    queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
+                else:
+                    from journalq.queue.sharded import ShardedQueue
+
+                    queue = self._queues[name] = ShardedQueue(topic, DEFAULT_CHANNEL)
                 topic._channels[DEFAULT_CHANNEL] = queue
             return queue
 
@@ -174,6 +186,9 @@ class Broker(Closing):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
         self.forget(name)
         path = self.root / name
+        from journalq.queue import sharded
+
+        sharded.delete_shards(self.root, name, settings_file.load(path))
         # Rename first, so that the queue disappears at once even if the removal is slow.
         doomed = self.root / f".deleted-{name}-{os.getpid()}"
         os.replace(path, doomed)

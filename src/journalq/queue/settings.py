@@ -18,6 +18,7 @@ from journalq.errors import InvalidNameError, InvalidSettingError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,79}$")
 MAX_NAME_LENGTH = 80
+MAX_SHARDS = 1024  # 2**10: sej's largest shard bit
 
 
 def check_name(name: str, what: str = "queue") -> str:
@@ -68,6 +69,9 @@ class QueueSettings:
     task_gc_interval: float = 60.0
     """Seconds between garbage collections of finished tasks and consumed segments."""
     segment_size: int = 64 * 1024 * 1024
+    shards: int = 1
+    """How many shards the topic is spread over, set at creation: 1 (not sharded) or a power of
+    two up to 1024 (sej's shard bits 1 to 10). See ``journalq.queue.sharded``."""
 
     def __post_init__(self) -> None:
         def number(name: str, low: float, high: float | None = None, optional: bool = False) -> None:
@@ -85,6 +89,12 @@ class QueueSettings:
         number("task_gc_lifetime", 0)
         number("task_gc_interval", 0.001)
         number("segment_size", 4096)
+        if isinstance(self.shards, bool) or not isinstance(self.shards, int) or not (
+            1 <= self.shards <= MAX_SHARDS and self.shards & (self.shards - 1) == 0
+        ):
+            raise InvalidSettingError(
+                f"setting shards is {self.shards!r}; it must be a power of two from 1 (not sharded) to {MAX_SHARDS}"
+            )
         if self.dead_letter_queue is not None:
             check_name(self.dead_letter_queue, "dead-letter queue")
         if self.max_receive_count is not None and self.dead_letter_queue is None:

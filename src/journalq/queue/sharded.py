@@ -1,0 +1,500 @@
+"""Sharded topics and queues: one topic spread over ``2**bit`` journals, to cut lock contention.
+
+A topic created with ``shards=N`` (a power of two from 2 to 1024; the setting is fixed at
+creation) keeps its settings in ``ROOT/NAME/queue.json`` as any topic does, and its messages in
+``N`` shards beside it, ``ROOT/NAME.[bit].[index]/``, named as sej names shards (``NAME`` is the
+shard prefix, so it may only hold letters, digits, ``_`` and ``-``). Each shard is an ordinary
+``Topic`` underneath, a plain sej journal that ``journalq.shard.ShardedScanner`` reads, with its
+own channels; a channel of the sharded topic is one channel per shard, so no code of the channel
+is repeated here. What a sharded topic adds is routing:
+
+* Sending: a message goes to the shard of its routing key, sej's ``crc32_ieee(key) & mask``. The
+  key is the message's ``group_id`` when it has one (a FIFO group stays in one shard, so its order
+  holds), else the ``key`` given to ``send`` (bytes or str; used for routing only, not stored),
+  else its deduplication id (so that a retry meets the first send in the same shard, where the
+  duplicate is caught), else none: keyless messages are spread round robin, each process starting
+  at a shard picked from its pid.
+* Receiving: each consumer (a ``ShardedChannel`` object) starts at a shard picked from its pid and
+  takes what that shard has; when its shard is empty it moves on to the next one that has
+  something, and stays there (mq's peers: consumers mostly work different shards, so they seldom
+  wait for one another's locks). Order holds within a shard, not across shards. A receive returns
+  nothing only once every shard had nothing.
+* Ids and receipts name the shard: ``"INDEX.ID"`` and ``"INDEX.RECEIPT"`` (the shard's index in
+  decimal, then the id or receipt that the shard's channel gave), so that ``delete``,
+  ``change_visibility``, ``release``, ``task`` and ``set_metadata`` go to the right shard.
+
+Long polling wakes on any append to any shard; a message that comes back by the end of its
+visibility timeout (which writes nothing) is seen within ``RECHECK`` seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from itertools import count
+from pathlib import Path
+from typing import Any, TypeVar
+
+from journalq.errors import (
+    InvalidMessageError,
+    InvalidNameError,
+    InvalidSettingError,
+    QueueNotFoundError,
+    ReceiptError,
+)
+from journalq.journal.segment import journal_dir
+from journalq.journal.watch import DirectoryWatch
+from journalq.queue import filters as filtering
+from journalq.queue.broker import Broker, Queue  # the broker imports this module only when it needs it
+from journalq.queue.channel import Channel, ChannelStats, ReceivedMessage, Task
+from journalq.queue.settings import QueueSettings, check_number
+from journalq.queue.topic import OutgoingMessage, Topic
+from journalq.shard.naming import list_shards, parse_shard_name, shard_name
+
+RECHECK = 0.25  # seconds between looks at every shard while a long poll sees no file change
+_PREFIX = re.compile(r"[A-Za-z0-9_-]+")
+_SHARDED_ID = re.compile(r"([0-9]{1,4})\.(.+)", re.DOTALL)
+_instances = count()  # consumers made in this process: each starts at another shard
+
+
+# -- names ------------------------------------------------------------------------------------
+
+
+def shard_bit(shards: int) -> int:
+    """sej's shard bit of a shard count (a power of two, as the settings check)."""
+    return shards.bit_length() - 1
+
+
+def shard_dirs(name: str, shards: int) -> list[str]:
+    """The directory names of the shards of topic ``name``, in index order."""
+    bit = shard_bit(shards)
+    return [shard_name(name, bit, index) for index in range(shards)]
+
+
+def check_topic_name(name: str) -> str:
+    """Refuse a topic name that names a shard (``orders.2.001``): such names are kept for the
+    shards of sharded topics, so that a plain topic can never take a shard's directory."""
+    parsed = parse_shard_name(name)
+    if parsed is not None:
+        raise InvalidNameError(
+            f"{name!r} names shard {parsed.index} of {parsed.count} of a sharded topic {parsed.prefix!r}: "
+            "names of the form [prefix].[bit].[index] are kept for shards"
+        )
+    return name
+
+
+def check_new(root: Path, name: str, settings: QueueSettings) -> None:
+    """Before creating topic ``name`` with ``settings``: a sharded topic's name must be a shard
+    prefix, and shards of that prefix left with another shard count are refused."""
+    if settings.shards == 1:
+        return
+    if not _PREFIX.fullmatch(name):
+        raise InvalidNameError(
+            f"sharded topic name {name!r} must be letters, digits, '_' or '-' only: it is the prefix of "
+            f"its shard directories ({name}.{shard_bit(settings.shards):x}.000, ...)"
+        )
+    wanted = set(shard_dirs(name, settings.shards))
+    others = sorted(str(n) for n, _ in list_shards(root) if n.prefix == name and str(n) not in wanted)
+    if others:
+        raise InvalidSettingError(
+            f"cannot create topic {name!r} with {settings.shards} shards: {root} holds shard directories "
+            f"of another shard count ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})"
+        )
+
+
+def check_change(name: str, current: QueueSettings, updated: QueueSettings) -> None:
+    if updated.shards != current.shards:
+        raise InvalidSettingError(
+            f"topic {name!r} has {current.shards} shard(s): the shards setting is fixed when a topic is created"
+        )
+
+
+def open_topic(broker: Broker, name: str, settings: QueueSettings) -> Topic | ShardedTopic:
+    """The topic object for ``settings``: a plain ``Topic``, or a ``ShardedTopic``."""
+    if settings.shards == 1:
+        return Topic(broker, name, settings)
+    return ShardedTopic(broker, name, settings)
+
+
+def delete_shards(root: Path, name: str, settings: QueueSettings | None) -> None:
+    """Remove the shards of topic ``name`` (before its settings, so that a delete cut short leaves
+    the topic listed, to be deleted again)."""
+    if settings is None or settings.shards == 1:
+        return
+    for directory in shard_dirs(name, settings.shards):
+        path = root / directory
+        doomed = root / f".deleted-{directory}-{os.getpid()}"
+        try:
+            os.replace(path, doomed)
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _route_key(value: bytes | str, what: str) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidMessageError(f"{what} must be bytes or a string, not {type(value).__name__}")
+
+
+def _split(text: object, shards: int, what: str, error: type[Exception]) -> tuple[int, str]:
+    """``"INDEX.REST"`` -> (index, rest), or ``error`` naming what ``text`` should have been."""
+    match = _SHARDED_ID.fullmatch(text) if isinstance(text, str) else None
+    if match is None or int(match[1]) >= shards:
+        raise error(
+            f"{what} {text!r} is not one of this sharded queue's: they are 'SHARD.{what.split()[-1].upper()}' "
+            f"with SHARD from 0 to {shards - 1}"
+        )
+    return int(match[1]), match[2]
+
+
+# -- the topic ----------------------------------------------------------------------------------
+
+
+class _ShardTopic(Topic):
+    """One shard of a sharded topic: a ``Topic`` in ``ROOT/NAME.[bit].[index]`` whose messages and
+    errors name the sharded topic (dead letters record it as their source queue, so a redrive sends
+    them back to the sharded queue)."""
+
+    def __init__(self, broker: Broker, name: str, directory: str, settings: QueueSettings) -> None:
+        super().__init__(broker, directory, settings)
+        self.name = name
+
+
+class ShardedTopic:
+    """The sharded topic ``name`` of a broker; ``Broker.topic`` and ``Broker.queue`` give one for a
+    topic created with ``shards`` > 1. It offers what ``Topic`` offers."""
+
+    def __init__(self, broker: Broker, name: str, settings: QueueSettings) -> None:
+        self.broker = broker
+        self.name = name
+        self.path: Path = broker.root / name  # holds queue.json; the shards are beside it
+        self.shard_names = shard_dirs(name, settings.shards)
+        self.shards = [_ShardTopic(broker, name, directory, settings) for directory in self.shard_names]
+        self._settings = settings
+        self._channels: dict[str, ShardedChannel] = {}
+        self._turn = os.getpid()  # round robin of keyless messages, from a shard of this process
+
+    @property
+    def settings(self) -> QueueSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: QueueSettings) -> None:
+        self._settings = settings
+        for shard in self.shards:
+            shard.settings = settings
+
+    @property
+    def shard_paths(self) -> list[Path]:
+        return [shard.path for shard in self.shards]
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, body: bytes, *, key: bytes | str | None = None, **options: Any) -> str:
+        """Append one message to the shard of its routing key (see the module's docstring);
+        returns its id, ``"SHARD.OFFSET"``. The options are ``Topic.send``'s."""
+        return self.send_many([{"body": body, "key": key, **options}])[0]
+
+    def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
+        """Append a batch: each shard's part in one write, in the order given. Every message is
+        checked before anything is written; returns the ids in the order given."""
+        routed: list[tuple[int, Mapping[str, Any]]] = []
+        first = self.shards[0]
+        mask = len(self.shards) - 1
+        for item in items:
+            key = None
+            if isinstance(item, Mapping) and "key" in item:
+                item = dict(item)
+                key = item.pop("key")
+            envelope = first._envelope(item)  # checks the message (and computes a content-based id)
+            if envelope.group_id is not None:
+                route = envelope.group_id.encode("utf-8")
+            elif key is not None:
+                route = _route_key(key, "message key")
+            elif envelope.dedup_id is not None:
+                route = envelope.dedup_id.encode("utf-8")
+            else:
+                route = None
+            if route is None:
+                index = self._turn & mask
+                self._turn += 1
+            else:
+                index = zlib.crc32(route) & mask
+            routed.append((index, item))
+        groups: dict[int, list[int]] = {}
+        for position, (index, _) in enumerate(routed):
+            groups.setdefault(index, []).append(position)
+        ids: list[str] = [""] * len(routed)
+        for index, positions in groups.items():
+            sent = self.shards[index].send_many([routed[p][1] for p in positions])
+            for position, inner in zip(positions, sent):
+                ids[position] = f"{index}.{inner}"
+        return ids
+
+    def _get_writer(self) -> None:
+        """Make every shard's journal that is missing (at creation), so that readers of the
+        sharded root see all of its shards; writers open as messages come."""
+        for shard in self.shards:
+            if not journal_dir(shard.path).is_dir():
+                shard._get_writer()
+
+    # -- channels and garbage collection ------------------------------------------------------
+
+    def channel(self, name: str) -> ShardedChannel:
+        """The channel ``name`` of every shard, as one (created when missing)."""
+        channel = self._channels.get(name)
+        if channel is None:
+            channel = self._channels[name] = ShardedChannel(self, name)
+        return channel
+
+    def channel_names(self) -> list[str]:
+        return sorted({name for shard in self.shards for name in shard.channel_names()})
+
+    def gc(self, now: float | None = None) -> list[Path]:
+        """Each shard's ``Topic.gc``; returns the files deleted."""
+        return [path for shard in self.shards for path in shard.gc(now)]
+
+    def first_offset(self) -> dict[str, int]:
+        return {name: shard.first_offset() for name, shard in zip(self.shard_names, self.shards)}
+
+    @property
+    def failed(self) -> bool:
+        return any(shard.failed for shard in self.shards)
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel._closed = True  # the shards close the channels of each shard
+        self._channels.clear()
+        for shard in self.shards:
+            shard.close()
+
+
+# -- channels and queues --------------------------------------------------------------------------
+
+_T = TypeVar("_T")
+
+
+class ShardedChannel:
+    """The channel ``name`` of a sharded topic: one ``Channel`` per shard, opened as used, and a
+    consumer that spreads over them (see the module's docstring). It offers what ``Channel``
+    offers; ids and receipts carry the shard."""
+
+    def __init__(self, topic: ShardedTopic, name: str) -> None:
+        self.topic = topic
+        self.name = name
+        self._shard_channels: list[Channel | None] = [None] * len(topic.shards)
+        self._closed = False
+        self._current = (os.getpid() + next(_instances)) % len(topic.shards)
+        first = self._shard_channels[self._current] = topic.shards[self._current].channel(name)
+        # One consumer id over every shard, so that ``consumers()`` shows each consumer once.
+        self.consumer_id = first.consumer_id
+
+    @property
+    def settings(self) -> QueueSettings:
+        return self.topic.settings
+
+    @property
+    def shard(self) -> int:
+        """The shard that this consumer receives from first."""
+        return self._current
+
+    def _channel(self, index: int) -> Channel:
+        channel = self._shard_channels[index]
+        if channel is None:
+            channel = self._shard_channels[index] = self.topic.shards[index].channel(self.name)
+            channel.consumer_id = self.consumer_id
+        return channel
+
+    def _all(self) -> list[Channel]:
+        return [self._channel(index) for index in range(len(self._shard_channels))]
+
+    # -- receiving --------------------------------------------------------------------------
+
+    def receive(
+        self,
+        max_messages: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        filters: filtering.ConsumerFilters | None = None,
+    ) -> list[ReceivedMessage]:
+        """``Channel.receive`` over the shards: from this consumer's shard, then the next ones
+        until one has something. With ``wait``, sleeps until any shard changes."""
+        wait = check_number("wait", self.settings.receive_wait if wait is None else wait, 0, 3600)
+        deadline = time.monotonic() + wait
+        watch: DirectoryWatch | None = None
+        try:
+            while True:
+                try:
+                    got = self._sweep(max_messages, visibility_timeout, filters)
+                except Exception:
+                    if self._closed:
+                        return self._closed_under_receive()
+                    raise
+                remaining = deadline - time.monotonic()
+                if got or remaining <= 0:
+                    return got
+                if watch is None:
+                    watch = DirectoryWatch(
+                        *(path for channel in self._all() for path in (channel.topic.path / "jnl", channel.path / "jnl"))
+                    )
+                    continue  # look again: something may have come before the watch began
+                watch.wait(min(remaining, RECHECK))
+                if self._closed:
+                    return self._closed_under_receive()
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _sweep(
+        self, max_messages: int, visibility_timeout: float | None, filters: filtering.ConsumerFilters | None
+    ) -> list[ReceivedMessage]:
+        shards = len(self._shard_channels)
+        for step in range(shards):
+            index = (self._current + step) % shards
+            got = self._channel(index).receive(
+                max_messages, visibility_timeout=visibility_timeout, wait=0, filters=filters
+            )
+            if got:
+                self._current = index  # stay where there is work
+                return [
+                    dataclasses.replace(m, id=f"{index}.{m.id}", receipt=f"{index}.{m.receipt}") for m in got
+                ]
+        return []
+
+    def _closed_under_receive(self) -> list[ReceivedMessage]:
+        if not self.topic.path.is_dir():
+            raise QueueNotFoundError(f"queue or topic {self.topic.name!r} was deleted")
+        return []
+
+    # -- acting on receipts -----------------------------------------------------------------
+
+    def delete(self, receipt: str) -> None:
+        """Finish the message of this delivery: it will not be delivered again."""
+        _raise(self.delete_many([receipt])[0])
+
+    def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
+        """Delete several; for each receipt, None or the error that kept it from being deleted."""
+        return self._act(receipts, lambda channel, inner, positions: channel.delete_many(inner))
+
+    def change_visibility(self, receipt: str, seconds: float) -> None:
+        """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
+        _raise(self.change_visibility_many([(receipt, seconds)])[0])
+
+    def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
+        seconds = [s for _, s in changes]
+        return self._act(
+            [receipt for receipt, _ in changes],
+            lambda channel, inner, positions: channel.change_visibility_many(
+                [(receipt, seconds[p]) for receipt, p in zip(inner, positions)]
+            ),
+        )
+
+    def release(self, receipt: str, delay: float = 0.0) -> None:
+        """Give the message back: available again after ``delay`` seconds (mq's redelivery)."""
+        self.change_visibility(receipt, delay)
+
+    def _act(
+        self, receipts: list[str], act: Callable[[Channel, list[str], list[int]], list[ReceiptError | None]]
+    ) -> list[ReceiptError | None]:
+        """Send each receipt to its shard's channel, one ``act`` per shard (with the receipts
+        without their shard, and their positions in ``receipts``); the outcomes in order."""
+        outcomes: list[ReceiptError | None] = [None] * len(receipts)
+        by_shard: dict[int, list[tuple[int, str]]] = {}
+        for position, receipt in enumerate(receipts):
+            try:
+                index, inner = _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
+            except ReceiptError as exc:
+                outcomes[position] = exc
+                continue
+            by_shard.setdefault(index, []).append((position, inner))
+        for index, items in by_shard.items():
+            positions = [position for position, _ in items]
+            inner = [receipt for _, receipt in items]
+            for position, receipt, error in zip(positions, inner, act(self._channel(index), inner, positions)):
+                if error is not None:  # name the receipt as the caller gave it
+                    error = ReceiptError(str(error).replace(repr(receipt), repr(receipts[position]), 1))
+                outcomes[position] = error
+        return outcomes
+
+    # -- tasks, consumers, stats ----------------------------------------------------------------
+
+    def _by_id(self, id: str, call: Callable[[Channel, str], _T]) -> _T:
+        index, inner = _split(id, len(self._shard_channels), "message id", InvalidMessageError)
+        return call(self._channel(index), inner)
+
+    def task(self, id: str) -> Task:
+        """The task state and metadata of message ``id``."""
+        return dataclasses.replace(self._by_id(id, Channel.task), id=id)
+
+    def delete_id(self, id: str) -> None:
+        """Finish message ``id`` whatever its state (mq deletes by id)."""
+        self._by_id(id, Channel.delete_id)
+
+    def set_metadata(self, id: str, metadata: Any) -> None:
+        """Replace the JSON metadata of task ``id``."""
+        self._by_id(id, lambda channel, inner: channel.set_metadata(inner, metadata))
+
+    def consumers(self) -> dict[str, list[str]]:
+        """Active consumers and the ids of the messages each holds hidden now, over every shard."""
+        held: dict[str, list[str]] = {}
+        for index, channel in enumerate(self._all()):
+            for consumer, ids in channel.consumers().items():
+                held.setdefault(consumer, []).extend(f"{index}.{i}" for i in ids)
+        return held
+
+    def stats(self) -> ChannelStats:
+        """The sums of every shard's counts; the oldest age over all shards."""
+        every = [channel.stats() for channel in self._all()]
+        ages = [s.oldest_age for s in every if s.oldest_age is not None]
+        return ChannelStats(
+            available=sum(s.available for s in every),
+            in_flight=sum(s.in_flight for s in every),
+            delayed=sum(s.delayed for s in every),
+            dead=sum(s.dead for s in every),
+            oldest_age=max(ages) if ages else None,
+        )
+
+    def shard_stats(self) -> dict[str, ChannelStats]:
+        """Each shard's counts, by shard directory name."""
+        return {name: channel.stats() for name, channel in zip(self.topic.shard_names, self._all())}
+
+    def purge(self) -> None:
+        """Finish every message sent so far to every shard."""
+        for channel in self._all():
+            channel.purge()
+
+    def commit_cursor(self) -> None:
+        for channel in self._shard_channels:
+            if channel is not None:
+                channel.commit_cursor()
+
+    def close(self) -> None:
+        self._closed = True
+        for channel in self._shard_channels:
+            if channel is not None:
+                channel.close()
+
+
+def _raise(error: ReceiptError | None) -> None:
+    if error is not None:
+        raise error
+
+
+class ShardedQueue(ShardedChannel):
+    """A sharded topic with one channel (``Broker.queue`` of a topic made with ``shards`` > 1):
+    ``Queue``'s interface, through ``Queue``'s own methods. ``send`` also takes ``key``, which
+    picks the shard."""
+
+    send = Queue.send
+    send_many = Queue.send_many
+    configure = Queue.configure
+    redrive = Queue.redrive
