@@ -289,11 +289,13 @@ def queue() -> None:
 @click.option("--dedup-id", help="Deduplication id: a second send within the queue's window is dropped.")
 @click.option("--group-id", help="Group id: one message of a group in flight at a time, in order.")
 @click.option("--metadata", metavar="JSON", help="Task metadata, any JSON value.")
+@click.option("--key", help="Sharded queues: the key that picks the message's shard (a group id wins).")
 @click.option("--no-create", is_flag=True, help="Fail when the queue does not exist (default: create it).")
 @_broker_options
 def send(
     name: str, body: str | None, attributes: tuple[str, ...], delay: float | None, filters: tuple[str, ...],
-    dedup_id: str | None, group_id: str | None, metadata: str | None, no_create: bool, data: Path, sync: str,
+    dedup_id: str | None, group_id: str | None, metadata: str | None, key: str | None, no_create: bool,
+    data: Path, sync: str,
 ) -> None:
     """Send BODY to QUEUE, or one message per line of standard input (without its newline) when
     BODY is omitted. Prints {"id": ...} per message, in order."""
@@ -311,6 +313,10 @@ def send(
                 raise QueueNotFoundError(f"no queue {name!r} in {broker.root} (and --no-create)")
             broker.queue(name)
         topic = broker.topic(name, create=False)
+        if key is not None:
+            if topic.settings.shards == 1:
+                raise CommandError(f"--key picks a shard: queue {name!r} is not sharded")
+            options["key"] = key
         if body is not None:
             ids = topic.send_many([{"body": os.fsencode(body), **options}])
             _echo_jsonl([{"id": i} for i in ids])
@@ -476,11 +482,14 @@ def list_command(fmt: str, data: Path, sync: str) -> None:
               help="Deduplicate by the SHA-256 of the body when no --dedup-id is given.")
 @click.option("--enum", "enums", multiple=True, metavar="NAME=v1,v2,v3",
               help="Ordered values of filter NAME, lowest first, for receive's at_least (repeatable).")
+@click.option("--shards", type=int, metavar="N",
+              help="Spread the queue over N shards (a power of two up to 1024; default 1: not sharded). "
+              "Fixed at creation; the name may then hold only letters, digits, '_' and '-'.")
 @_broker_options
 def create(
     name: str, visibility_timeout: float | None, delay: float | None, max_receive_count: int | None,
     dead_letter_queue: str | None, retention_seconds: Any, fifo: bool | None, content_based_dedup: bool | None,
-    enums: tuple[str, ...], data: Path, sync: str,
+    enums: tuple[str, ...], shards: int | None, data: Path, sync: str,
 ) -> None:
     """Create QUEUE with these settings; prints {"name", "created", "settings"}.
 
@@ -491,7 +500,7 @@ def create(
         key: value for key, value in (
             ("visibility_timeout", visibility_timeout), ("delay", delay),
             ("max_receive_count", max_receive_count), ("dead_letter_queue", dead_letter_queue),
-            ("fifo", fifo), ("content_based_dedup", content_based_dedup),
+            ("fifo", fifo), ("content_based_dedup", content_based_dedup), ("shards", shards),
         ) if value is not None
     }
     if retention_seconds != "unset":

@@ -175,12 +175,14 @@ def create_app(config: ServerConfig) -> FastAPI:
         return {"name": queue, **stats.__dict__}
 
     @app.put("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=201)
-    async def put_queue(queue: str, response: Response) -> dict[str, Any]:
-        """Create the queue (201), or find it there already (200). The body is ignored."""
+    async def put_queue(queue: str, response: Response, shards: int | None = None) -> dict[str, Any]:
+        """Create the queue (201), or find it there already (200). The body is ignored.
+        ``?shards=N``: spread a new queue over N shards (a power of two up to 1024)."""
         name = queue_name(queue)
+        settings = {} if shards is None else {"shards": shards}
         def create() -> bool:
             existed = broker().exists(name)
-            broker().queue(name)
+            broker().queue(name, **settings)
             return existed
 
         existed = await blocking(create)

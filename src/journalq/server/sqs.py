@@ -543,6 +543,10 @@ class SqsProtocol:
                 stored[name] = integer(name, value, 1024, self.max_message_size)
             elif name == "RedrivePolicy":
                 changes.update(self._parse_redrive_policy(value, fifo))
+            elif name == "Shards":  # journalq's own: spread the queue over 2..1024 shards
+                if not creating:
+                    raise SqsError("InvalidAttributeName", "Shards can only be set when the queue is created.")
+                changes["shards"] = integer(name, value, 1, 1024)
             elif name == "FifoQueue":
                 if not creating:
                     raise SqsError(
@@ -660,6 +664,8 @@ class SqsProtocol:
                 },
                 separators=(",", ":"),
             )
+        if settings.shards != 1:
+            out["Shards"] = str(settings.shards)
         if settings.fifo:
             out["FifoQueue"] = "true"
             out["ContentBasedDeduplication"] = "true" if settings.content_based_dedup else "false"
@@ -744,6 +750,8 @@ class SqsProtocol:
         after = self._static_attributes(wanted, {**current_stored, **stored})
         before.setdefault("FifoQueue", "false")
         after.setdefault("FifoQueue", "false")
+        before.setdefault("Shards", "1")
+        after.setdefault("Shards", "1")
         for attribute in given:
             if before.get(attribute) != after.get(attribute):
                 raise SqsError(

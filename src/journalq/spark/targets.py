@@ -3,7 +3,9 @@
 * a journal directory (``DIR/jnl/``) is one shard, named ``""``;
 * a root of shards holds sej shard directories (``[prefix].[bit].[index]``), one shard each;
 * a topic is a journal directory with the broker's ``queue.json`` beside it: give its own path,
-  or the broker's data directory as ``path`` and the topic's name as the ``topic`` option.
+  or the broker's data directory as ``path`` and the topic's name as the ``topic`` option. A
+  sharded topic (``shards`` > 1) keeps only ``queue.json`` there and its shards beside it in the
+  data directory (``NAME.[bit].[index]``): it is read, and written by key, as a root of shards.
 
 For writing, a path that does not exist yet becomes a plain journal, or a root of ``2**shardBit``
 shards named with ``shardPrefix`` when the option ``shardBit`` is given; a missing topic is
@@ -37,6 +39,13 @@ class Target:
     shards: list[Shard] = field(default_factory=list)
     prefix: str | None = None  # for writing into a sharded root
     bit: int | None = None
+    topic: Path | None = None  # a sharded topic's own directory (its queue.json), beside its shards
+
+    @property
+    def commits_dir(self) -> Path:
+        """Where the exactly-once bookkeeping of writes goes: in the topic's own directory for a
+        sharded topic (its data directory holds other topics)."""
+        return (self.topic or self.path) / COMMITS_DIR
 
     @property
     def sharded(self) -> bool:
@@ -66,6 +75,9 @@ def resolve(path: str, topic: str | None = None) -> Target:
         raise QueueNotFoundError(f"no topic {topic!r} in {where.parent}")
     if not where.is_dir():
         raise Error(f"{where} does not exist (a journal directory, a root of shards or a topic was expected)")
+    sharded_topic = _sharded_topic(where)
+    if sharded_topic is not None:
+        return sharded_topic
     if journal_dir(where).is_dir() or (where / SETTINGS_FILE).is_file():
         kind = "topic" if (where / SETTINGS_FILE).is_file() else "journal"
         return Target(where, kind, [Shard("", str(where))])
@@ -76,6 +88,21 @@ def resolve(path: str, topic: str | None = None) -> Target:
         f"{where} is not a journal directory (no jnl/), a root of shards ([prefix].[bit].[index] "
         "directories) or a topic (no queue.json)"
     )
+
+
+def _sharded_topic(where: Path) -> Target | None:
+    """The shards of the broker topic at ``where`` when it is a sharded one, else None."""
+    if journal_dir(where).is_dir() or not (where / SETTINGS_FILE).is_file():
+        return None
+    from journalq.queue import settings
+    from journalq.queue.sharded import shard_bit, shard_dirs
+
+    loaded = settings.load(where)
+    if loaded is None or loaded.shards == 1:
+        return None
+    root = where.parent
+    shards = [Shard(name, str(root / name)) for name in shard_dirs(where.name, loaded.shards) if (root / name).is_dir()]
+    return Target(root, "sharded", shards, where.name, shard_bit(loaded.shards), topic=where)
 
 
 def _sharded(root: Path, shards: list[tuple[ShardName, Path]]) -> Target:
@@ -99,10 +126,15 @@ def for_writing(
 
             with Broker(where.parent, sync="none") as broker:
                 broker.topic(topic)
-        return Target(where, "topic", [Shard("", str(where))])
+        return _sharded_topic(where) or Target(where, "topic", [Shard("", str(where))])
     if where.exists() and not where.is_dir():
         raise Error(f"{where} is a file, not a journal directory")
     if where.is_dir():
+        sharded_topic = _sharded_topic(where)
+        if sharded_topic is not None:
+            if shard_bit is not None:
+                raise Error(f"{where} is a sharded topic: its shards are set; leave out the option shardBit")
+            return sharded_topic
         if journal_dir(where).is_dir() or (where / SETTINGS_FILE).is_file():
             if shard_bit is not None:
                 raise Error(f"{where} is a journal, not a root of shards: leave out the option shardBit")
@@ -138,9 +170,9 @@ def for_writing(
 
 def segment_size_for(target: Target, default: int) -> int:
     """A topic's ``segment_size`` setting; ``default`` for other journals."""
-    if target.kind != "topic":
+    if target.kind != "topic" and target.topic is None:
         return default
     from journalq.queue import settings
 
-    loaded = settings.load(target.path)
+    loaded = settings.load(target.topic or target.path)
     return loaded.segment_size if loaded is not None else default

@@ -34,7 +34,7 @@ from journalq.journal import Message, Scanner, Writer
 from journalq.journal.offsets import end_offset
 from journalq.journal.segment import segment_bases
 from journalq.shard.naming import shard_name, shard_of
-from journalq.spark.targets import COMMITS_DIR, Target
+from journalq.spark.targets import Target
 
 WRITABLE = ("value", "key", "type", "timestamp", "timestamp_ns")
 IGNORED = ("offset", "shard", "attributes", "body")
@@ -255,7 +255,7 @@ class CommitLog:
     KEEP_SEGMENTS = 4  # older segments go: a replay only ever needs the last batch's records
 
     def __init__(self, target: Target, query_id: str, *, sync: str = "none") -> None:
-        self.path = target.path / COMMITS_DIR / log_name(query_id)
+        self.path = target.commits_dir / log_name(query_id)
         self.query_id = query_id
         self.sync = sync
 

@@ -1,0 +1,550 @@
+"""Sharded topics and queues of the broker (``shards`` at creation): routing by group, key, dedup
+id or round robin; consumers spread over shards (separate processes, SIGKILL included); ids and
+receipts that name their shard; the shards as plain sej journals; reopening; bad input refused;
+the command line, the server's create paths and the Spark source."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import InvalidMessageError, InvalidNameError, InvalidSettingError, ReceiptError
+from journalq.journal import Scanner
+from journalq.queue import Broker, Queue, QueueSettings, settings as settings_file
+from journalq.queue.envelope import decode
+from journalq.queue.sharded import ShardedQueue, ShardedTopic
+from journalq.shard import ShardedScanner, read_layout
+
+
+def shard_of(id_or_receipt: str) -> int:
+    return int(id_or_receipt.split(".", 1)[0])
+
+
+def drain(queue, batch: int = 10) -> list:
+    received = []
+    while got := queue.receive(batch):
+        received.extend(got)
+        assert queue.delete_many([m.receipt for m in got]) == [None] * len(got)
+    return received
+
+
+# -- sending, receiving, deleting ----------------------------------------------------------------
+
+
+def test_send_receive_delete_across_shards(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        assert isinstance(queue, ShardedQueue) and isinstance(broker.topic("orders"), ShardedTopic)
+        ids = queue.send_many([b"m%d" % i for i in range(100)])
+        # keyless messages go round robin: 25 to each shard
+        assert collections.Counter(map(shard_of, ids)) == {0: 25, 1: 25, 2: 25, 3: 25}
+        assert len(set(ids)) == 100
+        assert queue.stats().available == 100
+        received = drain(queue, 7)
+        assert sorted(m.body for m in received) == sorted(b"m%d" % i for i in range(100))
+        assert {m.id for m in received} == set(ids)
+        assert all(shard_of(m.receipt) == shard_of(m.id) for m in received)
+        stats = queue.stats()
+        assert (stats.available, stats.in_flight, stats.delayed, stats.dead) == (0, 0, 0, 0)
+        assert queue.receive(10) == []
+
+
+def test_routing_by_group_key_and_dedup_id(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=8)
+
+        def expected(route: str) -> int:
+            return zlib.crc32(route.encode()) & 7  # sej's hash
+
+        for key in ("alpha", "beta", "gamma", "delta"):
+            assert shard_of(queue.send(b"k", key=key)) == expected(key)
+            assert shard_of(queue.send(b"k", key=key.encode())) == expected(key)
+        # a group id wins over a key: a group stays in one shard
+        assert shard_of(queue.send(b"g", group_id="g-1", key="alpha")) == expected("g-1")
+        first = queue.send(b"d", dedup_id="once")
+        assert shard_of(first) == expected("once")
+        assert queue.send(b"d again", dedup_id="once") == first  # the duplicate is caught
+        assert queue.send_many([{"body": b"x", "dedup_id": "once"}, {"body": b"y", "dedup_id": "twice"}])[0] == first
+        with pytest.raises(InvalidMessageError, match="key must be bytes or a string"):
+            queue.send(b"bad", key=12)
+
+
+def test_content_based_dedup_routes_by_the_body_digest(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4, content_based_dedup=True)
+        ids = [queue.send(b"same body") for _ in range(5)]
+        assert len(set(ids)) == 1
+        assert queue.stats().available == 1
+
+
+def test_a_bad_message_in_a_batch_stores_nothing(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        with pytest.raises(InvalidMessageError, match="body must be bytes"):
+            queue.send_many([b"a", b"b", b"c", {"body": "not bytes"}])
+        assert queue.stats().available == 0
+
+
+def test_order_holds_within_a_shard(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        for i in range(200):
+            queue.send(b"%s:%d" % (b"abcdefgh"[i % 8 : i % 8 + 1], i), key=f"customer-{i % 8}")
+        received = drain(queue, 3)
+        by_key: dict[bytes, list[int]] = collections.defaultdict(list)
+        by_shard: dict[int, list[int]] = collections.defaultdict(list)
+        for m in received:
+            key, number = m.body.split(b":")
+            by_key[key].append(int(number))
+            by_shard[shard_of(m.id)].append(m.offset)
+        assert len(received) == 200
+        assert all(numbers == sorted(numbers) for numbers in by_key.values())
+        assert all(offsets == sorted(offsets) for offsets in by_shard.values())
+
+
+def test_fifo_groups_keep_their_order(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4, fifo=True)
+        for i in range(30):
+            queue.send(b"%d" % i, group_id=f"g{i % 3}")
+        seen: dict[str, list[int]] = collections.defaultdict(list)
+        while got := queue.receive(10):
+            # one message of a group in flight at a time
+            assert len({m.group_id for m in got}) == len(got)
+            for m in got:
+                seen[m.group_id].append(int(m.body))
+            queue.delete_many([m.receipt for m in got])
+        assert seen == {f"g{g}": list(range(g, 30, 3)) for g in range(3)}
+
+
+def test_consumers_spread_over_shards_and_stay_where_there_is_work(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("orders", shards=4)
+        for i in range(40):
+            topic.send(b"%d" % i)
+        consumers = [topic.channel("work")] + [Broker(tmp_path, sync="none").topic("orders").channel("work") for _ in range(3)]
+        try:
+            starts = [c.shard for c in consumers]
+            assert len(set(starts)) == 4  # made one after another in one process: four shards
+            for consumer in consumers:
+                got = consumer.receive(5)
+                assert {shard_of(m.id) for m in got} == {consumer.shard}
+        finally:
+            for consumer in consumers[1:]:
+                consumer.topic.broker.close()
+        # a consumer whose shard runs dry moves on, and a receive is empty only when all are
+        lone = consumers[0]
+        received = []
+        while got := lone.receive(10):
+            received.extend(got)
+            lone.delete_many([m.receipt for m in got])
+        assert len(received) == 40 - 4 * 5  # the first five of each consumer are in flight
+
+
+def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        start = queue.shard
+        other = next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 3 != start)
+        timer = threading.Timer(0.3, lambda: Broker(tmp_path, sync="none").queue("orders").send(b"late", key=other))
+        timer.start()
+        started = time.monotonic()
+        got = queue.receive(1, wait=10)
+        timer.join()
+        assert [m.body for m in got] == [b"late"] and shard_of(got[0].id) != start
+        assert queue.shard == shard_of(got[0].id)  # it stays where the work was
+        assert time.monotonic() - started < 10
+
+
+def test_visibility_release_and_change_go_to_the_right_shard(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4, visibility_timeout=60)
+        queue.send_many([b"%d" % i for i in range(8)])
+        first = []
+        while len(first) < 8:
+            first.extend(queue.receive(8))
+        assert queue.receive(8) == []
+        queue.release(first[0].receipt)
+        queue.change_visibility(first[1].receipt, 0)
+        assert queue.change_visibility_many([(first[2].receipt, 0), (first[3].receipt, 30)]) == [None, None]
+        again = []
+        while got := queue.receive(8):
+            again.extend(got)
+        assert sorted(m.body for m in again) == sorted(m.body for m in first[:3])
+        assert all(m.receive_count == 2 for m in again)
+        with pytest.raises(ReceiptError, match=repr(first[0].receipt)):
+            queue.delete(first[0].receipt)  # delivered again since: the old receipt is over
+
+
+# -- bad settings, names and receipts ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [0, 3, 6, 2048, -4, True, "4", 2.0])
+def test_bad_shard_counts_are_refused(tmp_path: Path, shards: object) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        with pytest.raises(InvalidSettingError, match="shards .* power of two from 1 .* to 1024"):
+            broker.queue("orders", shards=shards)
+        assert not broker.exists("orders") and os.listdir(tmp_path) == []
+
+
+def test_names_that_could_collide_are_refused(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        with pytest.raises(InvalidNameError, match="prefix of its shard directories"):
+            broker.queue("my.orders", shards=4)
+        broker.queue("orders", shards=4)
+        for name in ("orders.2.001", "orders.1.000", "x.a.3ff", "2.001"):
+            with pytest.raises(InvalidNameError, match="kept for shards"):
+                broker.queue(name)
+        assert broker.names() == ["orders"]
+        assert not broker.exists("orders.2.001")
+        # shards left by another shard count are not taken over
+        (tmp_path / "stale.1.000" / "jnl").mkdir(parents=True)
+        with pytest.raises(InvalidSettingError, match="stale.1.000"):
+            broker.queue("stale", shards=4)
+        assert not broker.exists("stale")
+
+
+def test_the_shard_count_is_fixed_at_creation(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        sharded = broker.queue("orders", shards=4)
+        plain = broker.queue("plain")
+        with pytest.raises(InvalidSettingError, match="fixed when a topic is created"):
+            sharded.configure(shards=8)
+        with pytest.raises(InvalidSettingError, match="fixed when a topic is created"):
+            broker.queue("plain", shards=2)
+        assert isinstance(plain, Queue) and broker.queue("orders", shards=4) is sharded
+        sharded.configure(visibility_timeout=5)  # other settings change as ever, on every shard
+        assert all(shard.settings.visibility_timeout == 5 for shard in sharded.topic.shards)
+
+
+def test_bad_receipts_and_ids_get_clear_errors(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        other = broker.queue("others", shards=4)
+        plain = broker.queue("plain")
+        for q in (queue, other, plain):
+            q.send_many([b"a", b"b", b"c", b"d"])
+        mine = queue.receive(1)[0]
+        theirs = other.receive(1)[0]
+        unsharded = plain.receive(1)[0]
+        index, inner = mine.receipt.split(".", 1)
+        wrong_shard = f"{(int(index) + 1) % 4}.{inner}"
+        cases = {
+            "garbage": "not one of this sharded queue's",
+            "9.1.1.abcdef12": "SHARD from 0 to 3",
+            unsharded.receipt: "not a receipt of this queue",
+            theirs.receipt: "belongs to another queue",
+            wrong_shard: "belongs to another queue",
+        }
+        outcomes = queue.delete_many(list(cases))
+        for (receipt, needle), error in zip(cases.items(), outcomes):
+            assert isinstance(error, ReceiptError) and needle in str(error), (receipt, error)
+            assert repr(receipt) in str(error)
+        for call in (lambda r: queue.delete(r), lambda r: queue.release(r), lambda r: queue.change_visibility(r, 1)):
+            with pytest.raises(ReceiptError, match="not one of this sharded queue's"):
+                call(12)
+        assert queue.delete_many([mine.receipt, mine.receipt])[1] is not None  # given twice
+        with pytest.raises(ReceiptError):
+            queue.delete(mine.receipt)  # finished already
+        with pytest.raises(ReceiptError):
+            plain.delete(mine.receipt)  # a sharded receipt on a plain queue
+        for bad in ("12", "7.0", "x.1", ""):
+            with pytest.raises(InvalidMessageError, match="message id"):
+                queue.task(bad)
+
+
+# -- tasks, filters, metadata, dead letters, purge ---------------------------------------------------
+
+
+def test_tasks_filters_metadata_and_purge(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4, enums={"size": ["small", "large"]})
+        small = queue.send(b"s", filters={"size": "small"}, metadata={"step": 1}, key="a")
+        large = queue.send(b"l", filters={"size": "large"}, key="b")
+        assert queue.task(small).state == "inserted" and queue.task(small).id == small
+        queue.set_metadata(small, {"step": 2})
+        got = queue.receive(10, filters={"size": "large"})
+        assert [m.id for m in got] == [large]
+        assert queue.task(large).state == "claimed" and queue.task(large).consumer == queue.consumer_id
+        assert queue.consumers() == {queue.consumer_id: [large]}
+        got = queue.receive(10)
+        assert [(m.id, m.metadata) for m in got] == [(small, {"step": 2})]
+        queue.delete(got[0].receipt)
+        assert queue.task(small).state == "finished"
+        queue.delete_id(large)
+        assert queue.task(large).state == "finished"
+        queue.send_many([b"%d" % i for i in range(20)])
+        queue.purge()
+        assert queue.stats().available == 0 and queue.receive(10) == []
+
+
+def test_dead_letters_and_redrive(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("dead", shards=2)
+        queue = broker.queue("orders", shards=4, max_receive_count=1, dead_letter_queue="dead")
+        ids = queue.send_many([b"%d" % i for i in range(8)])
+        first = []
+        while got := queue.receive(10, visibility_timeout=0):
+            first.extend(got)
+            if len(first) >= 8:
+                break
+        assert queue.receive(10) == []  # each went out once: the next receive moves it
+        assert queue.stats().dead == 8
+        dead = broker.queue("dead", create=False)
+        letters = drain_without_delete(dead)
+        assert sorted(m.body for m in letters) == sorted(b"%d" % i for i in range(8))
+        assert {m.source["queue"] for m in letters} == {"orders"}
+        for m in letters:
+            dead.release(m.receipt)
+        assert dead.redrive() == 8
+        assert sorted(m.body for m in drain(queue)) == sorted(b"%d" % i for i in range(8))
+        assert len(ids) == 8
+
+
+def drain_without_delete(queue) -> list:
+    out = []
+    while got := queue.receive(10, visibility_timeout=30):
+        out.extend(got)
+    return out
+
+
+# -- the directory: plain sej shards, listing, deleting, reopening ------------------------------------
+
+
+def test_each_shard_is_a_plain_sej_journal(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        sent = queue.send_many([b"plain %d" % i for i in range(20)] + [{"body": b"wrapped", "attributes": {"a": "1"}}])
+        queue.receive(3)
+    entries = sorted(os.listdir(tmp_path))
+    assert entries == ["orders", "orders.2.000", "orders.2.001", "orders.2.002", "orders.2.003"]
+    assert os.listdir(tmp_path / "orders") == ["queue.json"]  # the settings: no journal there
+    layout = read_layout(tmp_path, "orders")
+    assert (layout.prefix, layout.bit, list(layout.shards)) == ("orders", 2, entries[1:])
+    with ShardedScanner(tmp_path, prefix="orders") as scanner:
+        read = {f"{int(name.rsplit('.', 1)[1], 16)}.{m.offset}": m for name, m in scanner}
+    assert set(read) == set(sent)
+    assert read[sent[0]].type == 0 and read[sent[0]].value == b"plain 0"  # no envelope: plain sej
+    assert decode(read[sent[-1]].type, read[sent[-1]].value).body == b"wrapped"
+    for shard in entries[1:]:
+        with Scanner(tmp_path / shard) as scanner:
+            assert [m.offset for m in scanner] == list(range(len(list(Scanner(tmp_path / shard)))))
+
+
+def test_list_exists_delete_and_create_again(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("orders", shards=4).send_many([b"x"] * 10)
+        broker.queue("plain")
+        assert broker.names() == ["orders", "plain"] and broker.exists("orders")
+        assert set(broker.gc()) == {"orders", "plain"}
+        broker.delete("orders")
+        assert broker.names() == ["plain"] and not broker.exists("orders")
+        assert sorted(os.listdir(tmp_path)) == ["plain"]
+        again = broker.queue("orders", shards=2)
+        assert again.stats().available == 0
+        assert sorted(os.listdir(tmp_path)) == ["orders", "orders.1.000", "orders.1.001", "plain"]
+
+
+def test_reopen_finds_the_shards_and_the_deliveries(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4, visibility_timeout=60)
+        queue.send_many([b"%d" % i for i in range(12)])
+        held = []
+        while len(held) < 5:
+            held += queue.receive(5 - len(held))
+    assert settings_file.load(tmp_path / "orders") == QueueSettings(visibility_timeout=60, shards=4)
+    assert json.loads((tmp_path / "orders" / "queue.json").read_text())["shards"] == 4
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", create=False)
+        assert isinstance(queue, ShardedQueue) and queue.settings.shards == 4
+        stats = queue.stats()
+        assert (stats.available, stats.in_flight) == (7, 5)
+        assert queue.delete_many([m.receipt for m in held]) == [None] * 5  # receipts outlive the process
+        assert len(drain(queue)) == 7
+
+
+# -- many processes ---------------------------------------------------------------------------------
+
+CONSUMER = textwrap.dedent(
+    """
+    import os, sys
+    from journalq.queue import Broker
+
+    root, out, done = sys.argv[1], sys.argv[2], sys.argv[3]
+    with Broker(root, sync="none") as broker, open(out, "w") as log:
+        q = broker.queue("jobs", create=False)
+        log.write(f"start {q.shard}\\n")
+        idle = 0
+        while True:
+            got = q.receive(10, wait=0.2)
+            if got:
+                idle = 0
+                log.write("".join(m.id + " " + m.body.decode() + "\\n" for m in got))
+                errors = q.delete_many([m.receipt for m in got])
+                if any(errors):
+                    log.write(f"error {errors}\\n")
+                log.flush()
+            elif os.path.exists(done):
+                idle += 1
+                if idle >= 3:
+                    break
+    """
+)
+
+
+def spawn(code: str, *args: object, env: dict, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=env, **kwargs)
+
+
+def test_four_consumer_processes_drain_a_sharded_queue_exactly_once(tmp_path: Path, child_env: dict) -> None:
+    root, done = tmp_path / "data", tmp_path / "done"
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs", shards=4)
+        queue.send_many([b"%d" % i for i in range(1000)])
+        logs = [tmp_path / f"consumer{i}.log" for i in range(4)]
+        consumers = [spawn(CONSUMER, root, log, done, env=child_env) for log in logs]
+        for start in range(1000, 3000, 100):  # more arrive while they consume
+            queue.send_many([b"%d" % i for i in range(start, start + 100)])
+        done.touch()
+        for process in consumers:
+            assert process.wait(timeout=120) == 0
+        bodies: collections.Counter[str] = collections.Counter()
+        for log in logs:
+            lines = log.read_text().splitlines()
+            assert lines[0].startswith("start ")
+            assert not [line for line in lines if line.startswith("error")]
+            bodies.update(line.split()[1] for line in lines[1:])
+        assert bodies == collections.Counter(str(i) for i in range(3000))
+        assert queue.stats().available == 0 and queue.stats().in_flight == 0
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from journalq.queue import Broker
+
+    broker = Broker(sys.argv[1], sync="none")
+    q = broker.queue("jobs", create=False)
+    got = []
+    while len(got) < 6:
+        got += q.receive(6 - len(got), visibility_timeout=1.5)
+    print(" ".join(m.id for m in got), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_consumer_killed_with_sigkill_loses_nothing(tmp_path: Path, child_env: dict) -> None:
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs", shards=4)
+        ids = queue.send_many([b"%d" % i for i in range(12)])
+        holder = spawn(HOLDER, root, env=child_env, stdout=subprocess.PIPE, text=True)
+        try:
+            held = holder.stdout.readline().split()
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+        assert len(held) == 6 and set(held) <= set(ids)
+        rest = drain(queue)
+        assert {m.id for m in rest} == set(ids) - set(held)
+        time.sleep(1.6)  # the killed consumer's visibility timeout ends
+        again = drain(queue)
+        assert {m.id for m in again} == set(held)
+        assert all(m.receive_count == 2 for m in again)
+
+
+# -- the command line, the server, Spark ------------------------------------------------------------
+
+
+def test_cli_create_with_shards_send_with_key(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from journalq.cli.main import cli
+
+    def run(*args: str, input: str | None = None):
+        return CliRunner().invoke(cli, ["queue", *args, "--data", str(tmp_path), "--sync", "none"], input=input)
+
+    made = run("create", "orders", "--shards", "4")
+    assert made.exit_code == 0, made.stderr
+    assert json.loads(made.stdout)["settings"]["shards"] == 4
+    sent = run("send", "orders", "hello", "--key", "alpha")
+    assert sent.exit_code == 0 and shard_of(json.loads(sent.stdout)["id"]) == zlib.crc32(b"alpha") & 3
+    got = run("receive", "orders", "-n", "5", "--delete")
+    assert got.exit_code == 0 and [json.loads(line)["body"] for line in got.stdout.splitlines()] == ["hello"]
+    assert json.loads(run("list").stdout) == {"name": "orders"}
+    bad = run("create", "other", "--shards", "3")
+    assert bad.exit_code != 0 and "power of two" in bad.stderr
+    again = run("create", "orders", "--shards", "8")
+    assert again.exit_code != 0 and "shards is 4, not 8" in again.stderr
+    run("create", "plain")
+    keyed = run("send", "plain", "x", "--key", "k")
+    assert keyed.exit_code != 0 and "not sharded" in keyed.stderr
+
+
+def test_server_creates_sharded_queues_over_rest_and_sqs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import httpx
+    from botocore.exceptions import ClientError
+    from test_server_harness import module_server, sqs_client
+
+    servers = module_server(tmp_path_factory)
+    server = next(servers)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.put("/rest-orders?shards=4").status_code == 201
+            assert client.put("/rest-bad?shards=3").status_code == 400
+            ids = [client.post("/rest-orders/messages", content=b"%d" % i).headers["x-message-id"] for i in range(8)]
+            assert {shard_of(i) for i in ids} == {0, 1, 2, 3}
+            fetched = client.get("/rest-orders/messages")
+            assert fetched.status_code == 200 and fetched.headers["x-message-id"] in ids
+            assert client.delete(f"/rest-orders/messages/{fetched.headers['x-message-id']}").status_code == 204
+            counts = client.get("/rest-orders").json()
+            assert (counts["available"], counts["in_flight"]) == (7, 0)
+        sqs = sqs_client(server.url)
+        url = sqs.create_queue(QueueName="sqs-orders", Attributes={"Shards": "8"})["QueueUrl"]
+        assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]["Shards"] == "8"
+        with pytest.raises(ClientError, match="different value for attribute Shards"):
+            sqs.create_queue(QueueName="sqs-orders", Attributes={"Shards": "4"})
+        with pytest.raises(ClientError, match="power of two"):
+            sqs.create_queue(QueueName="sqs-bad", Attributes={"Shards": "6"})
+        for i in range(10):
+            sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")
+        bodies = []
+        while got := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+            bodies += [m["Body"] for m in got]
+            sqs.delete_message_batch(
+                QueueUrl=url, Entries=[{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(got)]
+            )
+        assert sorted(bodies) == sorted(f"m{i}" for i in range(10))
+    finally:
+        next(servers, None)
+
+
+def test_spark_reads_a_sharded_broker_topic(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    from journalq.spark.targets import for_writing, resolve
+    from journalq.spark.testing import local_session
+
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        sent = queue.send_many([b"%d" % i for i in range(40)])
+        broker.queue("plain").send(b"not in it")
+    target = resolve(str(tmp_path), "orders")
+    assert target.sharded and [s.name for s in target.shards] == [f"orders.2.00{i}" for i in range(4)]
+    assert resolve(str(tmp_path / "orders")).shards == target.shards
+    assert for_writing(str(tmp_path), "orders").commits_dir == tmp_path / "orders" / "_spark_commits"
+    spark = local_session()
+    rows = spark.read.format("journalq").option("topic", "orders").load(str(tmp_path)).collect()
+    read = {f"{int(r.shard.rsplit('.', 1)[1], 16)}.{r.offset}": bytes(r.value) for r in rows}
+    assert read == {i: b"%d" % n for n, i in enumerate(sent)}
