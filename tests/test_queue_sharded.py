@@ -548,3 +548,15 @@ def test_spark_reads_a_sharded_broker_topic(tmp_path: Path) -> None:
     rows = spark.read.format("journalq").option("topic", "orders").load(str(tmp_path)).collect()
     read = {f"{int(r.shard.rsplit('.', 1)[1], 16)}.{r.offset}": bytes(r.value) for r in rows}
     assert read == {i: b"%d" % n for n, i in enumerate(sent)}
+    # written by key, as the queue routes a message sent with that key; the queue receives them
+    df = spark.createDataFrame([(f"k{i}", f"w{i}") for i in range(20)], "key string, value string")
+    df.write.format("journalq").mode("append").option("topic", "orders").option("writeId", "w1").save(str(tmp_path))
+    df.write.format("journalq").mode("append").option("topic", "orders").option("writeId", "w1").save(str(tmp_path))
+    assert (tmp_path / "orders" / "_spark_commits").is_dir() and not (tmp_path / "_spark_commits").exists()
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", create=False)
+        for i in range(20):
+            assert shard_of(queue.send(b"probe", key=f"k{i}")) == zlib.crc32(b"k%d" % i) & 3
+        written = [m for m in drain(queue) if m.body != b"probe"]
+        assert sorted(m.body for m in written) == sorted([b"w%d" % i for i in range(20)] + [b"%d" % i for i in range(40)])
+        assert broker.names() == ["orders", "plain"]

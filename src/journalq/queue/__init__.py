@@ -13,6 +13,7 @@ from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
 from journalq.queue.channel import Channel, ChannelStats, ReceivedMessage, Task
 from journalq.queue.envelope import ENVELOPE_TYPE, Attribute, Envelope
 from journalq.queue.settings import QueueSettings
+from journalq.queue.sharded import ShardedChannel, ShardedQueue, ShardedTopic
 from journalq.queue.topic import Topic
 
 __all__ = [
@@ -26,6 +27,9 @@ __all__ = [
     "QueueSettings",
     "Queue",
     "ReceivedMessage",
+    "ShardedChannel",
+    "ShardedQueue",
+    "ShardedTopic",
     "Task",
     "Topic",
 ]

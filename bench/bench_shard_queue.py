@@ -1,0 +1,78 @@
+"""shard-queue: receive + delete by four consumer processes on a sharded queue (4 shards) against
+the same queue unsharded, in the same run.
+
+The same N messages (100-byte bodies, keyless, so spread round robin over the shards) are put in
+``Broker(root).queue("q", shards=4)`` and in ``Broker(root).queue("q")``, then four consumer
+processes (``bench/queue_child.py``, as the receive benchmark's) receive and delete until the queue
+is empty: ``receive(1)`` + ``delete`` and ``receive(10)`` + ``delete_many``, ``sync="none"`` and
+``"always"``. Each consumer of the sharded queue starts at a shard picked from its pid and stays on
+a shard while it has messages (mq's peers), so the four mostly take different locks; on the
+unsharded queue all four take the one channel lock. Timed: from the first consumer's start to the
+last one's end; filling (and ``os.sync()`` after it) is not timed. Every run checks that each
+message was received exactly once. The figure is the best of ``repeat`` runs, sharded and
+unsharded interleaved. Aim: the sharded queue faster than the unsharded one (ratio > 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench_queue import _consume, _receive_bodies
+from harness import Context, Result, rate
+from journalq.queue import Broker
+
+PROCESSES = 4
+SHARDS = 4
+CASES = (("none", 1), ("none", 10), ("always", 10))  # (sync, batch)
+
+
+def _fill(path: Path, bodies: list[bytes], shards: int) -> None:
+    import os
+
+    with Broker(path, sync="none") as broker:
+        queue = broker.queue("q", shards=shards)
+        for i in range(0, len(bodies), 1000):
+            queue.send_many(bodies[i : i + 1000])
+    os.sync()
+
+
+def run(ctx: Context) -> list[Result]:
+    count = 2000 if ctx.quick else 20_000
+    bodies = _receive_bodies(count)
+    results = []
+    for sync, batch in CASES:
+        how = "receive(1)+delete" if batch == 1 else f"receive({batch})+delete_many"
+        case = f"{PROCESSES} processes, {SHARDS} shards, sync={sync}, {how}"
+        ctx.log(f"  {case}: {count:,} messages, best of {ctx.repeat}")
+        runs: dict[int, list[float]] = {SHARDS: [], 1: []}
+        for _ in range(ctx.repeat):
+            for shards in runs:
+                path = ctx.scratch(f"shard-queue-{shards}")
+                _fill(path, bodies, shards)
+                seconds, _ = _consume("journalq", path, sync, batch, PROCESSES, count)
+                runs[shards].append(count / seconds)
+        best = {shards: max(r) for shards, r in runs.items()}
+        ctx.log(f"    sharded {rate(best[SHARDS])}, unsharded {rate(best[1])}")
+        results.append(
+            Result(
+                "shard-queue",
+                case,
+                best[SHARDS],
+                "msg/s",
+                f"best of {ctx.repeat}",
+                "the same queue unsharded",
+                best[1],
+                aim="> 1x unsharded",
+                aim_met=best[SHARDS] > best[1],
+                extra={
+                    "messages": count,
+                    "processes": PROCESSES,
+                    "shards": SHARDS,
+                    "sync": sync,
+                    "batch": batch,
+                    "sharded_runs": [round(r) for r in runs[SHARDS]],
+                    "unsharded_runs": [round(r) for r in runs[1]],
+                },
+            )
+        )
+    return results
