@@ -285,7 +285,10 @@ def _consume(impl: str, path: Path, sync: str, batch: int, processes: int, count
             f"{impl} ({processes} process(es), sync={sync}, batch {batch}): {len(ids)} received, "
             f"{distinct} distinct, of {count} sent; {failed} failed deletes: the run is invalid"
         )
-    return max(r["end"] for r in reports) - min(r["start"] for r in reports), reports[0]["settings"]
+    settings = dict(reports[0]["settings"])
+    if "first_shard" in settings:  # a sharded queue: where each consumer started
+        settings["first_shard"] = [r["settings"]["first_shard"] for r in reports]
+    return max(r["end"] for r in reports) - min(r["start"] for r in reports), settings
 
 
 def run_receive(ctx: Context) -> list[Result]:

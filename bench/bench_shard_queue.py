@@ -45,12 +45,15 @@ def run(ctx: Context) -> list[Result]:
         case = f"{PROCESSES} processes, {SHARDS} shards, sync={sync}, {how}"
         ctx.log(f"  {case}: {count:,} messages, best of {ctx.repeat}")
         runs: dict[int, list[float]] = {SHARDS: [], 1: []}
+        first_shards = []  # per sharded run: the shard each consumer started at
         for _ in range(ctx.repeat):
             for shards in runs:
                 path = ctx.scratch(f"shard-queue-{shards}")
                 _fill(path, bodies, shards)
-                seconds, _ = _consume("journalq", path, sync, batch, PROCESSES, count)
+                seconds, settings = _consume("journalq", path, sync, batch, PROCESSES, count)
                 runs[shards].append(count / seconds)
+                if shards > 1:
+                    first_shards.append(settings["first_shard"])
         best = {shards: max(r) for shards, r in runs.items()}
         ctx.log(f"    sharded {rate(best[SHARDS])}, unsharded {rate(best[1])}")
         results.append(
@@ -72,6 +75,7 @@ def run(ctx: Context) -> list[Result]:
                     "batch": batch,
                     "sharded_runs": [round(r) for r in runs[SHARDS]],
                     "unsharded_runs": [round(r) for r in runs[1]],
+                    "first_shards": first_shards,
                 },
             )
         )

@@ -44,6 +44,8 @@ def run_journalq(path: str, sync: str, batch: int, processes: int) -> tuple[list
     broker = Broker(path, sync=sync)
     queue = broker.queue("q", create=False)
     settings = {"sync": broker.sync, "visibility_timeout": queue.settings.visibility_timeout}
+    if queue.settings.shards > 1:
+        settings["first_shard"] = queue.home  # the shard this consumer claimed
     ids: list[int] = []
     failed = 0
     ready()

@@ -135,14 +135,18 @@ def test_consumers_spread_over_shards_and_stay_where_there_is_work(tmp_path: Pat
             topic.send(b"%d" % i)
         consumers = [topic.channel("work")] + [Broker(tmp_path, sync="none").topic("orders").channel("work") for _ in range(3)]
         try:
-            starts = [c.shard for c in consumers]
-            assert len(set(starts)) == 4  # made one after another in one process: four shards
+            assert sorted(c.home for c in consumers) == [0, 1, 2, 3]  # each claims a shard of its own
             for consumer in consumers:
                 got = consumer.receive(5)
-                assert {shard_of(m.id) for m in got} == {consumer.shard}
+                assert {shard_of(m.id) for m in got} == {consumer.home}
         finally:
             for consumer in consumers[1:]:
                 consumer.topic.broker.close()
+        # a consumer that closes lets its home shard go
+        gone = consumers[1].home
+        consumers[1].topic.broker.close()
+        with Broker(tmp_path, sync="none") as later:
+            assert later.topic("orders").channel("work").home == gone
         # a consumer whose shard runs dry moves on, and a receive is empty only when all are
         lone = consumers[0]
         received = []
@@ -155,7 +159,7 @@ def test_consumers_spread_over_shards_and_stay_where_there_is_work(tmp_path: Pat
 def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4)
-        start = queue.shard
+        start = queue.home
         other = next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 3 != start)
         timer = threading.Timer(0.3, lambda: Broker(tmp_path, sync="none").queue("orders").send(b"late", key=other))
         timer.start()
@@ -163,7 +167,7 @@ def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:
         got = queue.receive(1, wait=10)
         timer.join()
         assert [m.body for m in got] == [b"late"] and shard_of(got[0].id) != start
-        assert queue.shard == shard_of(got[0].id)  # it stays where the work was
+        assert queue.shard == shard_of(got[0].id) and queue.home == start
         assert time.monotonic() - started < 10
 
 
@@ -329,7 +333,7 @@ def test_each_shard_is_a_plain_sej_journal(tmp_path: Path) -> None:
         queue.receive(3)
     entries = sorted(os.listdir(tmp_path))
     assert entries == ["orders", "orders.2.000", "orders.2.001", "orders.2.002", "orders.2.003"]
-    assert os.listdir(tmp_path / "orders") == ["queue.json"]  # the settings: no journal there
+    assert sorted(os.listdir(tmp_path / "orders")) == ["consumers", "queue.json"]  # no journal there
     layout = read_layout(tmp_path, "orders")
     assert (layout.prefix, layout.bit, list(layout.shards)) == ("orders", 2, entries[1:])
     with ShardedScanner(tmp_path, prefix="orders") as scanner:
@@ -384,7 +388,7 @@ CONSUMER = textwrap.dedent(
     root, out, done = sys.argv[1], sys.argv[2], sys.argv[3]
     with Broker(root, sync="none") as broker, open(out, "w") as log:
         q = broker.queue("jobs", create=False)
-        log.write(f"start {q.shard}\\n")
+        log.write(f"start {q.home}\\n")
         idle = 0
         while True:
             got = q.receive(10, wait=0.2)
@@ -420,12 +424,15 @@ def test_four_consumer_processes_drain_a_sharded_queue_exactly_once(tmp_path: Pa
         for process in consumers:
             assert process.wait(timeout=120) == 0
         bodies: collections.Counter[str] = collections.Counter()
+        homes = []
         for log in logs:
             lines = log.read_text().splitlines()
             assert lines[0].startswith("start ")
+            homes.append(int(lines[0].split()[1]))
             assert not [line for line in lines if line.startswith("error")]
             bodies.update(line.split()[1] for line in lines[1:])
         assert bodies == collections.Counter(str(i) for i in range(3000))
+        assert sorted(homes) == [0, 1, 2, 3]  # four consumers at once: one home shard each
         assert queue.stats().available == 0 and queue.stats().in_flight == 0
 
 
@@ -457,6 +464,14 @@ def test_a_consumer_killed_with_sigkill_loses_nothing(tmp_path: Path, child_env:
             holder.send_signal(signal.SIGKILL)
             holder.wait()
         assert len(held) == 6 and set(held) <= set(ids)
+        # the dead consumer's home shard is free again: four new consumers take all four
+        others = [Broker(root, sync="none") for _ in range(3)]
+        try:
+            homes = [queue.home] + [b.queue("jobs", create=False).home for b in others]
+            assert sorted(homes) == [0, 1, 2, 3]
+        finally:
+            for b in others:
+                b.close()
         rest = drain(queue)
         assert {m.id for m in rest} == set(ids) - set(held)
         time.sleep(1.6)  # the killed consumer's visibility timeout ends

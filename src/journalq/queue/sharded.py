@@ -14,11 +14,12 @@ is repeated here. What a sharded topic adds is routing:
   else its deduplication id (so that a retry meets the first send in the same shard, where the
   duplicate is caught), else none: keyless messages are spread round robin, each process starting
   at a shard picked from its pid.
-* Receiving: each consumer (a ``ShardedChannel`` object) starts at a shard picked from its pid and
-  takes what that shard has; when its shard is empty it moves on to the next one that has
-  something, and stays there (mq's peers: consumers mostly work different shards, so they seldom
-  wait for one another's locks). Order holds within a shard, not across shards. A receive returns
-  nothing only once every shard had nothing.
+* Receiving: each consumer (a ``ShardedChannel`` object) claims a home shard, from one picked by
+  its pid on the first that no other live consumer of the channel holds (a lock file in
+  ``ROOT/NAME/consumers/``), and takes what its home has; when home is empty it tries the shard
+  that had work last, then the others in turn (mq's peers: consumers mostly work different
+  shards, so they seldom wait for one another's locks). Order holds within a shard, not across
+  shards. A receive returns nothing only once every shard had nothing.
 * Ids and receipts name the shard: ``"INDEX.ID"`` and ``"INDEX.RECEIPT"`` (the shard's index in
   decimal, then the id or receipt that the shard's channel gave), so that ``delete``,
   ``change_visibility``, ``release``, ``task`` and ``set_metadata`` go to the right shard.
@@ -44,9 +45,11 @@ from journalq.errors import (
     InvalidMessageError,
     InvalidNameError,
     InvalidSettingError,
+    LockedError,
     QueueNotFoundError,
     ReceiptError,
 )
+from journalq.journal.lock import FileLock
 from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
@@ -272,6 +275,7 @@ class ShardedTopic:
     def close(self) -> None:
         for channel in self._channels.values():
             channel._closed = True  # the shards close the channels of each shard
+            channel._let_go()
         self._channels.clear()
         for shard in self.shards:
             shard.close()
@@ -292,10 +296,45 @@ class ShardedChannel:
         self.name = name
         self._shard_channels: list[Channel | None] = [None] * len(topic.shards)
         self._closed = False
+        self._claim: FileLock | None = None
+        self._home: int | None = None  # claimed at the first receive: a producer claims nothing
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
         first = self._shard_channels[self._current] = topic.shards[self._current].channel(name)
         # One consumer id over every shard, so that ``consumers()`` shows each consumer once.
         self.consumer_id = first.consumer_id
+
+    @property
+    def home(self) -> int:
+        """This consumer's home shard (claimed when first asked for: see ``_claim_home``)."""
+        if self._home is None:
+            self._home = self._current = self._claim_home()
+        return self._home
+
+    def _claim_home(self) -> int:
+        """From the shard picked by the pid on, the first that no other consumer of the channel
+        holds (a lock in ``ROOT/NAME/consumers/``, let go when the consumer closes or dies); the
+        pid's own when every shard has its consumer already."""
+        shards = len(self.topic.shards)
+        start = self._current
+        directory = self.topic.path / "consumers"
+        try:
+            directory.mkdir(exist_ok=True)
+        except OSError:
+            return start  # the topic is being deleted: its receives will say so
+        for step in range(shards):
+            index = (start + step) % shards
+            claim = FileLock(directory / f"{self.name}.{index}.lck")
+            try:
+                claim.acquire(wait=False)
+            except LockedError:
+                claim.close()
+                continue
+            except OSError:
+                claim.close()
+                return start
+            self._claim = claim
+            return index
+        return start
 
     @property
     def settings(self) -> QueueSettings:
@@ -303,7 +342,7 @@ class ShardedChannel:
 
     @property
     def shard(self) -> int:
-        """The shard that this consumer receives from first."""
+        """The shard that this consumer last received from (its home shard at first)."""
         return self._current
 
     def _channel(self, index: int) -> Channel:
@@ -357,18 +396,25 @@ class ShardedChannel:
     def _sweep(
         self, max_messages: int, visibility_timeout: float | None, filters: filtering.ConsumerFilters | None
     ) -> list[ReceivedMessage]:
-        shards = len(self._shard_channels)
-        for step in range(shards):
-            index = (self._current + step) % shards
+        for index in self._order():
             got = self._channel(index).receive(
                 max_messages, visibility_timeout=visibility_timeout, wait=0, filters=filters
             )
             if got:
                 self._current = index  # stay where there is work
-                return [
-                    dataclasses.replace(m, id=f"{index}.{m.id}", receipt=f"{index}.{m.receipt}") for m in got
-                ]
+                for m in got:  # made for this call alone: name the shard in place (replace() is slow)
+                    object.__setattr__(m, "id", f"{index}.{m.id}")
+                    object.__setattr__(m, "receipt", f"{index}.{m.receipt}")
+                return got
         return []
+
+    def _order(self) -> list[int]:
+        """Home first (so that consumers stay spread), then the shard that had work last, then
+        the ones after it."""
+        home = self.home  # claims it at the first receive, which also moves ``_current`` there
+        shards, current = len(self._shard_channels), self._current
+        rest = [(current + step) % shards for step in range(1, shards)]
+        return [home] + ([current] if current != home else []) + [i for i in rest if i != home]
 
     def _closed_under_receive(self) -> list[ReceivedMessage]:
         if not self.topic.path.is_dir():
@@ -482,6 +528,12 @@ class ShardedChannel:
         for channel in self._shard_channels:
             if channel is not None:
                 channel.close()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        if self._claim is not None:
+            self._claim.close()
+            self._claim = None
 
 
 def _raise(error: ReceiptError | None) -> None:
