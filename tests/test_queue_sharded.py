@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -25,10 +24,19 @@ from journalq.queue import Broker, Queue, QueueSettings, settings as settings_fi
 from journalq.queue.envelope import decode
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.shard import ShardedScanner, read_layout
+from test_queue_processes import spawn
 
 
 def shard_of(id_or_receipt: str) -> int:
     return int(id_or_receipt.split(".", 1)[0])
+
+
+def receive_n(queue, count: int) -> list:
+    """Exactly ``count`` messages (a receive may give fewer: it stops at the first shard with any)."""
+    got: list = []
+    while len(got) < count:
+        got += queue.receive(count - len(got))
+    return got
 
 
 def drain(queue, batch: int = 10) -> list:
@@ -175,9 +183,7 @@ def test_visibility_release_and_change_go_to_the_right_shard(tmp_path: Path) -> 
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4, visibility_timeout=60)
         queue.send_many([b"%d" % i for i in range(8)])
-        first = []
-        while len(first) < 8:
-            first.extend(queue.receive(8))
+        first = receive_n(queue, 8)
         assert queue.receive(8) == []
         queue.release(first[0].receipt)
         queue.change_visibility(first[1].receipt, 0)
@@ -364,9 +370,7 @@ def test_reopen_finds_the_shards_and_the_deliveries(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4, visibility_timeout=60)
         queue.send_many([b"%d" % i for i in range(12)])
-        held = []
-        while len(held) < 5:
-            held += queue.receive(5 - len(held))
+        held = receive_n(queue, 5)
     assert settings_file.load(tmp_path / "orders") == QueueSettings(visibility_timeout=60, shards=4)
     assert json.loads((tmp_path / "orders" / "queue.json").read_text())["shards"] == 4
     with Broker(tmp_path, sync="none") as broker:
@@ -405,10 +409,6 @@ CONSUMER = textwrap.dedent(
                     break
     """
 )
-
-
-def spawn(code: str, *args: object, env: dict, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=env, **kwargs)
 
 
 def test_four_consumer_processes_drain_a_sharded_queue_exactly_once(tmp_path: Path, child_env: dict) -> None:
