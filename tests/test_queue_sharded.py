@@ -164,6 +164,17 @@ def test_consumers_spread_over_shards_and_stay_where_there_is_work(tmp_path: Pat
         assert len(received) == 40 - 4 * 5  # the first five of each consumer are in flight
 
 
+def test_every_channel_of_a_sharded_topic_gets_every_message(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", shards=2)
+        billing, audit = topic.channel("billing"), topic.channel("audit")
+        sent = topic.send_many([b"%d" % i for i in range(10)])
+        assert topic.channel_names() == ["audit", "billing"]
+        for channel in (billing, audit):
+            assert sorted(m.id for m in drain(channel)) == sorted(sent)
+        assert topic.gc() == [] and broker.names() == ["events"]
+
+
 def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4)
@@ -223,6 +234,9 @@ def test_names_that_could_collide_are_refused(tmp_path: Path) -> None:
         with pytest.raises(InvalidSettingError, match="stale.1.000"):
             broker.queue("stale", shards=4)
         assert not broker.exists("stale")
+        (tmp_path / "raw" / "jnl").mkdir(parents=True)  # a plain journal cannot become a sharded topic
+        with pytest.raises(InvalidSettingError, match="is a journal already"):
+            broker.queue("raw", shards=2)
 
 
 def test_the_shard_count_is_fixed_at_creation(tmp_path: Path) -> None:
@@ -269,7 +283,7 @@ def test_bad_receipts_and_ids_get_clear_errors(tmp_path: Path) -> None:
             queue.delete(mine.receipt)  # finished already
         with pytest.raises(ReceiptError):
             plain.delete(mine.receipt)  # a sharded receipt on a plain queue
-        for bad in ("12", "7.0", "x.1", ""):
+        for bad in ("12", "7.0", "x.1", "", "01.0"):
             with pytest.raises(InvalidMessageError, match="message id"):
                 queue.task(bad)
 

@@ -34,6 +34,7 @@ import dataclasses
 import os
 import re
 import shutil
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -61,7 +62,7 @@ from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
 RECHECK = 0.25  # seconds between looks at every shard while a long poll sees no file change
 _PREFIX = re.compile(r"[A-Za-z0-9_-]+")
-_SHARDED_ID = re.compile(r"([0-9]{1,4})\.(.+)", re.DOTALL)
+_SHARDED_ID = re.compile(r"(0|[1-9][0-9]{0,3})\.(.+)", re.DOTALL)  # one spelling per shard
 _instances = count()  # consumers made in this process: each starts at another shard
 
 
@@ -100,6 +101,10 @@ def check_new(root: Path, name: str, settings: QueueSettings) -> None:
         raise InvalidNameError(
             f"sharded topic name {name!r} must be letters, digits, '_' or '-' only: it is the prefix of "
             f"its shard directories ({name}.{shard_bit(settings.shards):x}.000, ...)"
+        )
+    if journal_dir(root / name).is_dir():
+        raise InvalidSettingError(
+            f"cannot create topic {name!r} with {settings.shards} shards: {root / name} is a journal already"
         )
     wanted = set(shard_dirs(name, settings.shards))
     others = sorted(str(n) for n, _ in list_shards(root) if n.prefix == name and str(n) not in wanted)
@@ -296,6 +301,7 @@ class ShardedChannel:
         self.name = name
         self._shard_channels: list[Channel | None] = [None] * len(topic.shards)
         self._closed = False
+        self._opening = threading.Lock()
         self._claim: FileLock | None = None
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
@@ -307,7 +313,9 @@ class ShardedChannel:
     def home(self) -> int:
         """This consumer's home shard (claimed when first asked for: see ``_claim_home``)."""
         if self._home is None:
-            self._home = self._current = self._claim_home()
+            with self._opening:
+                if self._home is None:
+                    self._home = self._current = self._claim_home()
         return self._home
 
     def _claim_home(self) -> int:
@@ -348,8 +356,12 @@ class ShardedChannel:
     def _channel(self, index: int) -> Channel:
         channel = self._shard_channels[index]
         if channel is None:
-            channel = self._shard_channels[index] = self.topic.shards[index].channel(self.name)
-            channel.consumer_id = self.consumer_id
+            with self._opening:  # threads of a server share one queue object
+                channel = self._shard_channels[index]
+                if channel is None:
+                    channel = self.topic.shards[index].channel(self.name)
+                    channel.consumer_id = self.consumer_id
+                    self._shard_channels[index] = channel
         return channel
 
     def _all(self) -> list[Channel]:
