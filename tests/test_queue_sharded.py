@@ -18,25 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidMessageError, InvalidNameError, InvalidSettingError, ReceiptError
+from journalq.errors import InvalidMessageError, InvalidNameError, InvalidSettingError, LockedError, ReceiptError
+from journalq.journal.lock import FileLock
 from journalq.journal import Scanner
 from journalq.queue import Broker, Queue, QueueSettings, settings as settings_file
 from journalq.queue.envelope import decode
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.shard import ShardedScanner, read_layout
-from test_queue_processes import spawn
+from test_queue_processes import CONSUMER, spawn
 
 
 def shard_of(id_or_receipt: str) -> int:
     return int(id_or_receipt.split(".", 1)[0])
-
-
-def receive_n(queue, count: int) -> list:
-    """Exactly ``count`` messages (a receive may give fewer: it stops at the first shard with any)."""
-    got: list = []
-    while len(got) < count:
-        got += queue.receive(count - len(got))
-    return got
 
 
 def drain(queue, batch: int = 10) -> list:
@@ -194,7 +187,8 @@ def test_visibility_release_and_change_go_to_the_right_shard(tmp_path: Path) -> 
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4, visibility_timeout=60)
         queue.send_many([b"%d" % i for i in range(8)])
-        first = receive_n(queue, 8)
+        first = queue.receive(8)
+        assert len(first) == 8  # a receive fills up from the other shards
         assert queue.receive(8) == []
         queue.release(first[0].receipt)
         queue.change_visibility(first[1].receipt, 0)
@@ -384,7 +378,8 @@ def test_reopen_finds_the_shards_and_the_deliveries(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4, visibility_timeout=60)
         queue.send_many([b"%d" % i for i in range(12)])
-        held = receive_n(queue, 5)
+        held = queue.receive(5)
+        assert len(held) == 5
     assert settings_file.load(tmp_path / "orders") == QueueSettings(visibility_timeout=60, shards=4)
     assert json.loads((tmp_path / "orders" / "queue.json").read_text())["shards"] == 4
     with Broker(tmp_path, sync="none") as broker:
@@ -398,31 +393,20 @@ def test_reopen_finds_the_shards_and_the_deliveries(tmp_path: Path) -> None:
 
 # -- many processes ---------------------------------------------------------------------------------
 
-CONSUMER = textwrap.dedent(
-    """
-    import os, sys
-    from journalq.queue import Broker
-
-    root, out, done = sys.argv[1], sys.argv[2], sys.argv[3]
-    with Broker(root, sync="none") as broker, open(out, "w") as log:
-        q = broker.queue("jobs", create=False)
-        log.write(f"start {q.home}\\n")
-        idle = 0
-        while True:
-            got = q.receive(10, wait=0.2)
-            if got:
-                idle = 0
-                log.write("".join(m.id + " " + m.body.decode() + "\\n" for m in got))
-                errors = q.delete_many([m.receipt for m in got])
-                if any(errors):
-                    log.write(f"error {errors}\\n")
-                log.flush()
-            elif os.path.exists(done):
-                idle += 1
-                if idle >= 3:
-                    break
-    """
-)
+def claimed_homes(root: Path, name: str, shards: int) -> list[int]:
+    """The home shards that live consumers of queue ``name`` hold now."""
+    held: list[int] = []
+    if not (root / name / "consumers").is_dir():
+        return held  # no consumer has received yet
+    for index in range(shards):
+        lock = FileLock(root / name / "consumers" / f"default.{index}.lck")
+        try:
+            lock.acquire(wait=False)
+        except LockedError:
+            held.append(index)
+        finally:
+            lock.close()
+    return held
 
 
 def test_four_consumer_processes_drain_a_sharded_queue_exactly_once(tmp_path: Path, child_env: dict) -> None:
@@ -434,19 +418,22 @@ def test_four_consumer_processes_drain_a_sharded_queue_exactly_once(tmp_path: Pa
         consumers = [spawn(CONSUMER, root, log, done, env=child_env) for log in logs]
         for start in range(1000, 3000, 100):  # more arrive while they consume
             queue.send_many([b"%d" % i for i in range(start, start + 100)])
+        deadline = time.monotonic() + 60
+        while claimed_homes(root, "jobs", 4) != [0, 1, 2, 3] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # four consumers at once: one home shard each (they keep polling until ``done``)
+        assert claimed_homes(root, "jobs", 4) == [0, 1, 2, 3]
         done.touch()
         for process in consumers:
             assert process.wait(timeout=120) == 0
         bodies: collections.Counter[str] = collections.Counter()
-        homes = []
         for log in logs:
             lines = log.read_text().splitlines()
-            assert lines[0].startswith("start ")
-            homes.append(int(lines[0].split()[1]))
+            assert lines[0].startswith("consumer ")
             assert not [line for line in lines if line.startswith("error")]
-            bodies.update(line.split()[1] for line in lines[1:])
+            bodies.update(lines[1:])
         assert bodies == collections.Counter(str(i) for i in range(3000))
-        assert sorted(homes) == [0, 1, 2, 3]  # four consumers at once: one home shard each
+        assert claimed_homes(root, "jobs", 4) == []  # let go as the consumers ended
         assert queue.stats().available == 0 and queue.stats().in_flight == 0
 
 

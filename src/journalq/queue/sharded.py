@@ -16,10 +16,10 @@ is repeated here. What a sharded topic adds is routing:
   at a shard picked from its pid.
 * Receiving: each consumer (a ``ShardedChannel`` object) claims a home shard, from one picked by
   its pid on the first that no other live consumer of the channel holds (a lock file in
-  ``ROOT/NAME/consumers/``), and takes what its home has; when home is empty it tries the shard
-  that had work last, then the others in turn (mq's peers: consumers mostly work different
-  shards, so they seldom wait for one another's locks). Order holds within a shard, not across
-  shards. A receive returns nothing only once every shard had nothing.
+  ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
+  tries the shard that had work last, then the others in turn (mq's peers: consumers mostly work
+  different shards, so they seldom wait for one another's locks). Order holds within a shard, not
+  across shards. A receive returns nothing only once every shard had nothing.
 * Ids and receipts name the shard: ``"INDEX.ID"`` and ``"INDEX.RECEIPT"`` (the shard's index in
   decimal, then the id or receipt that the shard's channel gave), so that ``delete``,
   ``change_visibility``, ``release``, ``task`` and ``set_metadata`` go to the right shard.
@@ -377,8 +377,9 @@ class ShardedChannel:
         wait: float | None = None,
         filters: filtering.ConsumerFilters | None = None,
     ) -> list[ReceivedMessage]:
-        """``Channel.receive`` over the shards: from this consumer's shard, then the next ones
-        until one has something. With ``wait``, sleeps until any shard changes."""
+        """``Channel.receive`` over the shards: from this consumer's home shard, then the others
+        (see ``_order``) until ``max_messages`` are taken. With ``wait``, and nothing in any shard,
+        sleeps until any shard changes."""
         wait = check_number("wait", self.settings.receive_wait if wait is None else wait, 0, 3600)
         deadline = time.monotonic() + wait
         watch: DirectoryWatch | None = None
@@ -408,17 +409,21 @@ class ShardedChannel:
     def _sweep(
         self, max_messages: int, visibility_timeout: float | None, filters: filtering.ConsumerFilters | None
     ) -> list[ReceivedMessage]:
+        """Take from the shards in ``_order`` until ``max_messages`` are taken or all were tried."""
+        received: list[ReceivedMessage] = []
         for index in self._order():
             got = self._channel(index).receive(
-                max_messages, visibility_timeout=visibility_timeout, wait=0, filters=filters
+                max_messages - len(received), visibility_timeout=visibility_timeout, wait=0, filters=filters
             )
             if got:
                 self._current = index  # stay where there is work
                 for m in got:  # made for this call alone: name the shard in place (replace() is slow)
                     object.__setattr__(m, "id", f"{index}.{m.id}")
                     object.__setattr__(m, "receipt", f"{index}.{m.receipt}")
-                return got
-        return []
+                received += got
+                if len(received) >= max_messages:
+                    break
+        return received
 
     def _order(self) -> list[int]:
         """Home first (so that consumers stay spread), then the shard that had work last, then
