@@ -253,6 +253,7 @@ class ShardedTopic:
         for shard in self.shards:
             if not journal_dir(shard.path).is_dir():
                 shard._get_writer()
+                shard.close()  # made: its writer opens again with its first message (1024 shards, 1024 writers)
 
     # -- channels and garbage collection ------------------------------------------------------
 
