@@ -183,6 +183,15 @@ def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:
         assert time.monotonic() - started < 10
 
 
+def test_long_poll_wakes_when_a_hidden_message_comes_back(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        sent = queue.send(b"again", key="somewhere")
+        assert [m.id for m in queue.receive(1, visibility_timeout=0.5)] == [sent]
+        got = queue.receive(1, wait=10)  # no file changes when the visibility ends
+        assert [(m.id, m.receive_count) for m in got] == [(sent, 2)]
+
+
 def test_visibility_release_and_change_go_to_the_right_shard(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4, visibility_timeout=60)
@@ -193,6 +202,8 @@ def test_visibility_release_and_change_go_to_the_right_shard(tmp_path: Path) -> 
         queue.release(first[0].receipt)
         queue.change_visibility(first[1].receipt, 0)
         assert queue.change_visibility_many([(first[2].receipt, 0), (first[3].receipt, 30)]) == [None, None]
+        with pytest.raises(InvalidSettingError, match="visibility timeout"):  # checked before any change
+            queue.change_visibility_many([(first[4].receipt, 0), (first[5].receipt, -1)])
         again = []
         while got := queue.receive(8):
             again.extend(got)

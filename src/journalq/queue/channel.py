@@ -311,7 +311,7 @@ class Channel:
                 if got or remaining <= 0:
                     return got
                 if watch is None:
-                    watch = DirectoryWatch(self.topic.path / "jnl", self.path / "jnl")
+                    watch = self._watch()
                     continue  # look again: something may have come before the watch began
                 if wake_at is not None:
                     remaining = min(remaining, max(0.0, (wake_at - time.time_ns()) / 1e9))
@@ -321,6 +321,10 @@ class Channel:
         finally:
             if watch is not None:
                 watch.close()
+
+    def _watch(self) -> DirectoryWatch:
+        """What a long poll sleeps on: the topic's segments and the channel's state journal."""
+        return DirectoryWatch(self.topic.path / "jnl", self.path / "jnl")
 
     def _closed_under_receive(self) -> list[ReceivedMessage]:
         """A receive whose channel was closed while it waited: the queue was deleted, or the broker

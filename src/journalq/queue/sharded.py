@@ -24,8 +24,9 @@ is repeated here. What a sharded topic adds is routing:
   decimal, then the id or receipt that the shard's channel gave), so that ``delete``,
   ``change_visibility``, ``release``, ``task`` and ``set_metadata`` go to the right shard.
 
-Long polling wakes on any append to any shard; a message that comes back by the end of its
-visibility timeout (which writes nothing) is seen within ``RECHECK`` seconds.
+Receiving is ``Channel.receive`` itself (its checks and long polling) over a ``_receive_now``
+that asks the shards' channels in turn; a long poll wakes on an append to any shard, and when a
+hidden message of any shard comes back.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import os
 import re
 import shutil
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from itertools import count
@@ -47,7 +47,6 @@ from journalq.errors import (
     InvalidNameError,
     InvalidSettingError,
     LockedError,
-    QueueNotFoundError,
     ReceiptError,
 )
 from journalq.journal.lock import FileLock
@@ -55,12 +54,11 @@ from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
 from journalq.queue.broker import Broker, Queue  # the broker imports this module only when it needs it
-from journalq.queue.channel import Channel, ChannelStats, ReceivedMessage, Task
+from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
-RECHECK = 0.25  # seconds between looks at every shard while a long poll sees no file change
 _PREFIX = re.compile(r"[A-Za-z0-9_-]+")
 _SHARDED_ID = re.compile(r"(0|[1-9][0-9]{0,3})\.(.+)", re.DOTALL)  # one spelling per shard
 _instances = count()  # consumers made in this process: each starts at another shard
@@ -370,52 +368,21 @@ class ShardedChannel:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def receive(
-        self,
-        max_messages: int = 1,
-        *,
-        visibility_timeout: float | None = None,
-        wait: float | None = None,
-        filters: filtering.ConsumerFilters | None = None,
-    ) -> list[ReceivedMessage]:
-        """``Channel.receive`` over the shards: from this consumer's home shard, then the others
-        (see ``_order``) until ``max_messages`` are taken. With ``wait``, and nothing in any shard,
-        sleeps until any shard changes."""
-        wait = check_number("wait", self.settings.receive_wait if wait is None else wait, 0, 3600)
-        deadline = time.monotonic() + wait
-        watch: DirectoryWatch | None = None
-        try:
-            while True:
-                try:
-                    got = self._sweep(max_messages, visibility_timeout, filters)
-                except Exception:
-                    if self._closed:
-                        return self._closed_under_receive()
-                    raise
-                remaining = deadline - time.monotonic()
-                if got or remaining <= 0:
-                    return got
-                if watch is None:
-                    watch = DirectoryWatch(
-                        *(path for channel in self._all() for path in (channel.topic.path / "jnl", channel.path / "jnl"))
-                    )
-                    continue  # look again: something may have come before the watch began
-                watch.wait(min(remaining, RECHECK))
-                if self._closed:
-                    return self._closed_under_receive()
-        finally:
-            if watch is not None:
-                watch.close()
+    # ``Channel.receive``'s checks and long polling, over the two methods below.
+    receive = Channel.receive
+    _closed_under_receive = Channel._closed_under_receive
 
-    def _sweep(
-        self, max_messages: int, visibility_timeout: float | None, filters: filtering.ConsumerFilters | None
-    ) -> list[ReceivedMessage]:
-        """Take from the shards in ``_order`` until ``max_messages`` are taken or all were tried."""
+    def _receive_now(
+        self, max_messages: int, hide: float, wanted: dict[str, tuple[str, filtering.Method]] | None
+    ) -> tuple[list[ReceivedMessage], int | None]:
+        """Take from the shards in ``_order`` until ``max_messages`` are taken or all were tried;
+        also returns when something hidden in any shard looked at comes back."""
         received: list[ReceivedMessage] = []
+        wake_at: int | None = None
         for index in self._order():
-            got = self._channel(index).receive(
-                max_messages - len(received), visibility_timeout=visibility_timeout, wait=0, filters=filters
-            )
+            got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted)
+            if wake is not None:
+                wake_at = wake if wake_at is None else min(wake_at, wake)
             if got:
                 self._current = index  # stay where there is work
                 for m in got:  # made for this call alone: name the shard in place (replace() is slow)
@@ -424,7 +391,11 @@ class ShardedChannel:
                 received += got
                 if len(received) >= max_messages:
                     break
-        return received
+        return received, wake_at
+
+    def _watch(self) -> DirectoryWatch:
+        """A long poll wakes on an append to any shard or to any shard's channel state."""
+        return DirectoryWatch(*(path for c in self._all() for path in (c.topic.path / "jnl", c.path / "jnl")))
 
     def _order(self) -> list[int]:
         """Home first (so that consumers stay spread), then the shard that had work last, then
@@ -433,11 +404,6 @@ class ShardedChannel:
         shards, current = len(self._shard_channels), self._current
         rest = [(current + step) % shards for step in range(1, shards)]
         return [home] + ([current] if current != home else []) + [i for i in rest if i != home]
-
-    def _closed_under_receive(self) -> list[ReceivedMessage]:
-        if not self.topic.path.is_dir():
-            raise QueueNotFoundError(f"queue or topic {self.topic.name!r} was deleted")
-        return []
 
     # -- acting on receipts -----------------------------------------------------------------
 
@@ -454,7 +420,7 @@ class ShardedChannel:
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
     def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
-        seconds = [s for _, s in changes]
+        seconds = [check_number("visibility timeout", s, 0, MAX_VISIBILITY) for _, s in changes]  # all first
         return self._act(
             [receipt for receipt, _ in changes],
             lambda channel, inner, positions: channel.change_visibility_many(
