@@ -397,6 +397,7 @@ class ZooKeeperTopic:
     # -- channels ---------------------------------------------------------------------------
 
     def channel(self, name: str) -> ZooKeeperQueue:
+        check_name(name, "channel")
         if name != DEFAULT_CHANNEL:
             raise QueueError(
                 f"the ZooKeeper store has one channel per queue ({DEFAULT_CHANNEL!r}), not {name!r}"
