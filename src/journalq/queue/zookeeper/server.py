@@ -55,6 +55,7 @@ class ZooKeeperServer(Closing):
             raise StoreUnavailableError(reason)
         self._own_dir = data_dir is None
         self.data_dir = Path(tempfile.mkdtemp(prefix="journalq-zk-") if data_dir is None else data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.tick = tick
         self.process: subprocess.Popen[bytes] | None = None
