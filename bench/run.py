@@ -1,6 +1,6 @@
 """Run journalq's benchmarks: ``bench/run.py [--quick] [--repeat N] [NAME ...]``.
 
-Names: append, scan, seek, follow, channels, receive, server, shard, spark (all by default). Prints a table
+Names: append, scan, seek, follow, channels, receive, server, shard, spark, zookeeper (all by default). Prints a table
 (figure, baseline measured in the same run, ratio, aim), then one JSON object per result, one per
 line, for machines. Progress goes to stderr. See bench/README.md for what each benchmark measures and why.
 """
@@ -27,6 +27,7 @@ import bench_seek  # noqa: E402
 import bench_spark  # noqa: E402
 import bench_server  # noqa: E402
 import bench_shard  # noqa: E402
+import bench_zookeeper  # noqa: E402
 from harness import Context, Result, cpu_note, remove, table  # noqa: E402
 
 BENCHMARKS = {
@@ -39,6 +40,7 @@ BENCHMARKS = {
     "server": bench_server.run,
     "shard": bench_shard.run,
     "spark": bench_spark.run,
+    "zookeeper": bench_zookeeper.run,
 }
 
 GO_CONTEXT = (

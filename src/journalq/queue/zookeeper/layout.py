@@ -27,6 +27,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,11 +159,11 @@ class Entry:
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls(0)  # a damaged entry is delivered rather than stuck: at least once
 
-    def held(self, now_ms: int, live: set[str]) -> bool:
+    def held(self, now_ms: int, live: Container[str]) -> bool:
         """Hidden by a live consumer's claim."""
         return self.by is not None and self.at > now_ms and self.by in live
 
-    def available(self, now_ms: int, live: set[str]) -> bool:
+    def available(self, now_ms: int, live: Container[str]) -> bool:
         """Receivable now: its time came, or the consumer that held it is gone (session over)."""
         return self.at <= now_ms or (self.by is not None and self.by not in live)
 

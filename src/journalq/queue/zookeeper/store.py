@@ -119,6 +119,22 @@ def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
         yield items[i : i + size]
 
 
+class _Live:
+    """The consumers whose session is alive (their ``current`` exists): asked at once, known at
+    the first question, so that the asking overlaps other reads."""
+
+    def __init__(self, zk: KazooClient, paths: Paths, consumers: list[str], me: str) -> None:
+        self._checks = [(c, zk.exists_async(paths.consumer(c, "current"))) for c in consumers]
+        self._me = me
+        self._known: set[str] | None = None
+
+    def __contains__(self, consumer: object) -> bool:
+        if self._known is None:
+            self._known = {c for c, check in self._checks if check.get() is not None}
+            self._known.add(self._me)
+        return consumer in self._known
+
+
 @dataclass
 class _Outgoing:
     task: str
@@ -539,6 +555,7 @@ class ZooKeeperQueue:
         self.paths = topic.paths
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._session: int | None = None
+        self._known: dict[str, tuple[Entry, int]] = {}  # task -> (entry, version) this handle wrote
         self._changed = threading.Event()
         self._closed = False
 
@@ -585,11 +602,11 @@ class ZooKeeperQueue:
                 pass
         self._session = session
 
-    def _live(self) -> set[str]:
-        """The consumers whose session is alive."""
-        zk, paths = self._zk, self.paths
-        checks = [(c, zk.exists_async(paths.consumer(c, "current"))) for c in zk.get_children(paths.consumers)]
-        return {c for c, check in checks if check.get() is not None}
+    def _live(self, consumers: list[str] | None = None) -> _Live:
+        """The consumers whose session is alive (this one among them)."""
+        if consumers is None:
+            consumers = self._zk.get_children(self.paths.consumers)
+        return _Live(self._zk, self.paths, consumers, self.consumer_id)
 
     def consumers(self) -> dict[str, list[str]]:
         """Live consumers and the ids of the tasks each holds hidden now."""
@@ -667,9 +684,10 @@ class ZooKeeperQueue:
     ) -> tuple[list[ReceivedMessage], int | None, bool]:
         zk, paths, settings = self._zk, self.paths, self.settings
         max_count = settings.max_receive_count
+        consumers = zk.get_children_async(paths.consumers)
         names = sorted(zk.get_children(paths.queue, watch=self._on_change if watch else None))
         now = _now_ms()
-        live = self._live() | {self.consumer_id}
+        live = self._live(consumers.get())
         picks: list[tuple[str, Entry, int]] = []
         dead: list[tuple[str, Entry, int]] = []
         blocked: set[str] = set()  # groups whose head is held, delayed or not for this consumer
@@ -706,37 +724,66 @@ class ZooKeeperQueue:
             zk.set_async(paths.consumer(self.consumer_id, "current"), json.dumps([m.id for m in received]).encode())
         return received, wake_at, bool(picks) and not received
 
+    def _commit_each(self, changes: list[Callable[[Any], Any]]) -> list[list[Any]]:
+        """Commit changes (each adds its operations to a transaction): together, in one
+        transaction per hundred (one write for the server: the common case), and when one of
+        them fails, each in its own; returns the results of each change's operations."""
+        zk = self._zk
+        out: list[list[Any]] = []
+        for chunk in _chunks(changes, 100):
+            if len(chunk) > 1:
+                t = zk.transaction()
+                spans = []
+                for add in chunk:
+                    start = len(t.operations)
+                    add(t)
+                    spans.append((start, len(t.operations)))
+                results = t.commit()
+                if _failure(results) is None:
+                    out += [results[a:b] for a, b in spans]
+                    continue
+            pending = []
+            for add in chunk:
+                t = zk.transaction()
+                add(t)
+                pending.append(t.commit_async())
+            out += [result.get() for result in pending]
+        return out
+
     def _claim(
-        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: set[str]
+        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live
     ) -> list[tuple[str, Entry, int, bytes, bytes]]:
-        """Claim (task, entry, version, count, hide_ms) each in one transaction, with the task's
-        data and metadata read meanwhile; returns (task, new entry, count, data, metadata) of
-        those won. A claim of a live consumer whose visibility ran out is replaced."""
+        """Claim (task, entry, version, count, hide_ms) each, with the task's data and metadata
+        read meanwhile; returns (task, new entry, count, data, metadata) of those won. A claim of
+        a live consumer whose visibility ran out is replaced."""
         zk, paths = self._zk, self.paths
 
-        def attempt(task: str, new: Entry, version: int, replace: bool) -> Any:
-            t = zk.transaction()
-            t.set_data(paths.entry(task), new.encode(), version)
-            if replace:
-                t.delete(paths.task(task, "claim"))
-            t.create(paths.task(task, "claim"), self.consumer_id.encode(), ephemeral=True)
-            t.set_data(paths.task(task, "state"), CLAIMED.encode())
-            return t.commit_async()
+        def claim(task: str, new: Entry, version: int, replace: bool) -> Callable[[Any], None]:
+            def add(t: Any) -> None:
+                t.set_data(paths.entry(task), new.encode(), version)
+                if replace:
+                    t.delete(paths.task(task, "claim"))
+                t.create(paths.task(task, "claim"), self.consumer_id.encode(), ephemeral=True)
+                t.set_data(paths.task(task, "state"), CLAIMED.encode())
+            return add
 
-        pending = []
+        planned = []
         for task, entry, version, count, hide_ms in wanted:
             new = Entry(now + hide_ms, count, self.consumer_id, entry.group, entry.filters)
             replace = entry.by is not None and entry.by in live
-            pending.append((task, new, version, replace, attempt(task, new, version, replace),
+            planned.append((task, new, version, replace,
                             zk.get_async(paths.task(task, "data")), zk.get_async(paths.task(task, "metadata"))))
+        outcomes = self._commit_each([claim(task, new, version, replace) for task, new, version, replace, _, _ in planned])
         won = []
-        for task, new, version, replace, result, data, meta in pending:
-            failed = _failure(result.get())
+        for (task, new, version, replace, data, meta), results in zip(planned, outcomes):
+            failed = _failure(results)
             if failed is not None and failed[0] > 0 and isinstance(failed[1], (NoNodeError, NodeExistsError)):
                 # the lock was not as the liveness of its consumer said (it ended meanwhile)
-                failed = _failure(attempt(task, new, version, not replace).get())
+                (results,) = self._commit_each([claim(task, new, version, not replace)])
+                failed = _failure(results)
             if failed is not None:
                 continue  # another consumer won it, or it was deleted
+            self._remember(task, new, results[0].version)
             try:
                 won.append((task, new, new.count, data.get()[0], meta.get()[0]))
             except NoNodeError:
@@ -804,17 +851,25 @@ class ZooKeeperQueue:
                 continue
             seen.add(task)
             todo[i] = (task, count)
-        for _ in range(10):  # again for those whose entry changed between read and write
-            reads = {i: zk.get_async(paths.entry(task)) for i, (task, _) in todo.items()}
-            commits = {}
+        for attempt in range(10):  # again for those whose entry changed between read and write
+            reads = {}
+            for i, (task, count) in todo.items():
+                known = self._known.get(task) if attempt == 0 else None
+                # what this handle wrote last is most likely still there: write on it unread
+                reads[i] = known if known is not None and known[0].count == count else zk.get_async(paths.entry(task))
+            commits: dict[int, tuple[str, Entry, int, str | None, int | None]] = {}
             for i, read in reads.items():
                 task, count = todo[i]
-                try:
-                    raw, stat = read.get()
-                except NoNodeError:
-                    outcomes[i] = ReceiptError(f"receipt {receipts[i]!r}: task {task} is no longer in flight (finished or gone)")
-                    continue
-                entry = Entry.decode(raw)
+                if isinstance(read, tuple):
+                    entry, version = read
+                else:
+                    try:
+                        raw, stat = read.get()
+                    except NoNodeError:
+                        self._known.pop(task, None)
+                        outcomes[i] = ReceiptError(f"receipt {receipts[i]!r}: task {task} is no longer in flight (finished or gone)")
+                        continue
+                    entry, version = Entry.decode(raw), stat.version
                 if entry.count != count:
                     outcomes[i] = ReceiptError(
                         f"receipt {receipts[i]!r}: task {task} was delivered again (delivery {entry.count}) after the "
@@ -822,57 +877,80 @@ class ZooKeeperQueue:
                     )
                     continue
                 end, hide = change(i, entry)
-                commits[i] = self._change(task, entry, stat.version, end, hide)
+                commits[i] = (task, entry, version, end, hide)
             retry = {}
-            for i, (task, entry, version, end, hide, result) in commits.items():
-                failed = _failure(result.get())
-                if failed is not None and failed[0] > 0 and isinstance(failed[1], NoNodeError):
-                    # no claim to delete (its session ended): the same change without it
-                    failed = _failure(self._change(task, entry, version, end, hide, claim=False)[-1].get())
+            for i, (failed, new) in zip(commits, self._apply(list(commits.values()))):
+                task = commits[i][0]
                 if failed is None:
-                    continue
-                if isinstance(failed[1], (BadVersionError, NoNodeError)) and failed[0] == 0:
+                    if new is None:
+                        self._known.pop(task, None)
+                    else:
+                        self._remember(task, new[0], new[1])
+                elif isinstance(failed, (BadVersionError, NoNodeError)):
                     retry[i] = todo[i]
                 else:
-                    raise failed[1]
+                    raise failed
             todo = retry
             if not todo:
                 break
         return outcomes
 
-    def _change(
-        self, task: str, entry: Entry, version: int, end: str | None, hide: int | None, *, claim: bool = True
-    ) -> tuple[str, Entry, int, str | None, int | None, Any]:
-        """Start the transaction that ends the task (``end``) or hides it for ``hide`` ms."""
+    def _apply(
+        self, changes: list[tuple[str, Entry, int, str | None, int | None]]
+    ) -> list[tuple[Exception | None, tuple[Entry, int] | None]]:
+        """Apply (task, entry read, its version, end, hide) each: end the task (``end``:
+        finished or dead) or hide it for ``hide`` ms (0: release it). Returns for each the error
+        of its entry (the entry changed or went: read it again) or None, and the entry written
+        with its version (None when ended)."""
         paths = self.paths
-        t = self._zk.transaction()
-        drop_claim = claim and entry.by is not None
-        if end is not None:
-            t.delete(paths.entry(task), version)
-            if drop_claim:
-                t.delete(paths.task(task, "claim"))
-            t.set_data(paths.task(task, "state"), end.encode())
-        elif hide:
-            t.set_data(paths.entry(task), Entry(_now_ms() + hide, entry.count, entry.by, entry.group, entry.filters).encode(), version)
-        else:
-            t.set_data(paths.entry(task), Entry(_now_ms(), entry.count, None, entry.group, entry.filters).encode(), version)
-            if drop_claim:
-                t.delete(paths.task(task, "claim"))
-            t.set_data(paths.task(task, "state"), INSERTED.encode())
-        return task, entry, version, end, hide, t.commit_async()
+
+        def change(task: str, entry: Entry, version: int, end: str | None, hide: int | None, claim: bool) -> Any:
+            # the lock goes with the claim; a claim whose session ended has none to delete
+            drop_claim = claim and entry.by is not None
+            written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group, entry.filters)
+
+            def add(t: Any) -> None:
+                if end is not None:
+                    t.delete(paths.entry(task), version)
+                else:
+                    t.set_data(paths.entry(task), written.encode(), version)
+                if drop_claim and not hide:
+                    t.delete(paths.task(task, "claim"))
+                if end is not None or not hide:
+                    t.set_data(paths.task(task, "state"), (end or INSERTED).encode())
+            return add, (None if end is not None else written)
+
+        planned = [change(*c, claim=True) for c in changes]
+        outcomes = []
+        for c, (add, written), results in zip(changes, planned, self._commit_each([a for a, _ in planned])):
+            failed = _failure(results)
+            if failed is not None and failed[0] > 0 and isinstance(failed[1], NoNodeError):
+                add, written = change(*c, claim=False)
+                (results,) = self._commit_each([add])
+                failed = _failure(results)
+            if failed is not None and failed[0] > 0:
+                raise failed[1]
+            outcomes.append((
+                failed[1] if failed is not None else None,
+                (written, results[0].version) if failed is None and written is not None else None,
+            ))
+        return outcomes
+
+    def _remember(self, task: str, entry: Entry, version: int) -> None:
+        """Keep the entry this handle wrote, and its version, for the receipt's next use."""
+        if len(self._known) >= 100_000:
+            self._known.clear()  # receipts never used again: forget them all, reads work as well
+        self._known[task] = (entry, version)
 
     # -- by id ------------------------------------------------------------------------------
 
     def finish_ids(self, tasks: list[str], end: str) -> list[str]:
         """End pending tasks whatever their state; returns those that were pending."""
+        entries = list(self._entries(tasks))
         done = []
-        for task, entry, version in self._entries(tasks):
-            *_, result = self._change(task, entry, version, end, None)
-            failed = _failure(result.get())
-            if failed is not None and failed[0] > 0 and isinstance(failed[1], NoNodeError):
-                *_, result = self._change(task, entry, version, end, None, claim=False)
-                failed = _failure(result.get())
+        for (task, _, _), (failed, _) in zip(entries, self._apply([(t, e, v, end, None) for t, e, v in entries])):
             if failed is None:
+                self._known.pop(task, None)
                 done.append(task)
         return done
 
