@@ -503,7 +503,7 @@ def create(
     check_name(name)
     if dead_letter_queue == name:
         raise CommandError(f"queue {name!r} cannot be its own dead-letter queue")
-    if not data.is_dir():
+    if not isinstance(data, Path) or not data.is_dir():
         QueueSettings().replace(**given)  # a bad setting fails before the data directory is made
     with _broker(data, sync, create=True) as broker:
         if broker.exists(name):

@@ -133,13 +133,16 @@ def sent_at_ns(task: str) -> int:
 @dataclass(frozen=True)
 class Entry:
     """A pending task's queue entry: visible from ``at`` (ms since the epoch); received ``count``
-    times; held by consumer ``by`` (None when nobody claimed it since it was sent or released)."""
+    times; held by consumer ``by`` (None when nobody claimed it since it was sent or released).
+    ``kept``: its consumer left cleanly (closed), so the visibility timeout still holds; a
+    consumer that died (its session ended) gives its tasks back at once instead."""
 
     at: int
     count: int = 0
     by: str | None = None
     group: str | None = None
     filters: dict[str, str] = field(default_factory=dict)
+    kept: bool = False
 
     def encode(self) -> bytes:
         data: dict[str, Any] = {"at": self.at, "n": self.count}
@@ -149,23 +152,26 @@ class Entry:
             data["g"] = self.group
         if self.filters:
             data["f"] = self.filters
+        if self.kept:
+            data["k"] = 1
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Entry:
         try:
             data = json.loads(raw)
-            return cls(int(data["at"]), int(data.get("n", 0)), data.get("by"), data.get("g"), dict(data.get("f", {})))
+            return cls(int(data["at"]), int(data.get("n", 0)), data.get("by"), data.get("g"), dict(data.get("f", {})),
+                       bool(data.get("k")))
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls(0)  # a damaged entry is delivered rather than stuck: at least once
 
     def held(self, now_ms: int, live: Container[str]) -> bool:
-        """Hidden by a live consumer's claim."""
-        return self.by is not None and self.at > now_ms and self.by in live
+        """Hidden by a consumer's claim: a live consumer's, or one that left cleanly."""
+        return self.by is not None and self.at > now_ms and (self.kept or self.by in live)
 
     def available(self, now_ms: int, live: Container[str]) -> bool:
-        """Receivable now: its time came, or the consumer that held it is gone (session over)."""
-        return self.at <= now_ms or (self.by is not None and self.by not in live)
+        """Receivable now: its time came, or the consumer that held it died (session over)."""
+        return self.at <= now_ms or (self.by is not None and not self.kept and self.by not in live)
 
 
 _RECEIPT = re.compile(r"([0-9]{1,40})\.([1-9][0-9]{0,9})")

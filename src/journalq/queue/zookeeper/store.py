@@ -20,6 +20,7 @@ How it keeps its promises:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket
@@ -92,6 +93,9 @@ _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, Oper
 
 T = TypeVar("T")
 
+log = logging.getLogger("journalq.queue.zookeeper")
+log.addHandler(logging.NullHandler())  # kazoo's reconnection notes: for the application's logging only
+
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -156,7 +160,7 @@ class ZooKeeperBroker(Closing):
         self.sync = str(SyncPolicy.parse(sync))
         self.hosts, self.path = parse_url(root)
         check_number("session_timeout", session_timeout, 0.2, 600)
-        self.client = KazooClient(hosts=self.hosts, timeout=session_timeout)
+        self.client = KazooClient(hosts=self.hosts, timeout=session_timeout, logger=log)
         self.participant = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.ids = TaskIds()
         self._topics: dict[str, ZooKeeperTopic] = {}
@@ -770,7 +774,7 @@ class ZooKeeperQueue:
         planned = []
         for task, entry, version, count, hide_ms in wanted:
             new = Entry(now + hide_ms, count, self.consumer_id, entry.group, entry.filters)
-            replace = entry.by is not None and entry.by in live
+            replace = entry.by is not None and not entry.kept and entry.by in live
             planned.append((task, new, version, replace,
                             zk.get_async(paths.task(task, "data")), zk.get_async(paths.task(task, "metadata"))))
         outcomes = self._commit_each([claim(task, new, version, replace) for task, new, version, replace, _, _ in planned])
@@ -906,8 +910,9 @@ class ZooKeeperQueue:
 
         def change(task: str, entry: Entry, version: int, end: str | None, hide: int | None, claim: bool) -> Any:
             # the lock goes with the claim; a claim whose session ended has none to delete
-            drop_claim = claim and entry.by is not None
-            written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group, entry.filters)
+            drop_claim = claim and entry.by is not None and not entry.kept
+            written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group, entry.filters,
+                            entry.kept and bool(hide))
 
             def add(t: Any) -> None:
                 if end is not None:
@@ -1061,7 +1066,9 @@ class ZooKeeperQueue:
         """Nothing to commit: the store has no cursor (the file store's channels do)."""
 
     def close(self) -> None:
-        """Leave: this consumer's node goes, and the tasks it held come back at once."""
+        """Leave cleanly: the tasks this handle holds stay hidden for the rest of their
+        visibility timeout (marked ``kept``: its locks end with its session), and its consumer
+        node goes. (A consumer that dies gives its tasks back as soon as its session ends.)"""
         if self._closed:
             return
         self._closed = True
@@ -1070,12 +1077,21 @@ class ZooKeeperQueue:
         if self._session is None or not zk.connected:
             return
         try:
+            now = _now_ms()
+            mine = [(task, entry, version) for task, (entry, version) in self._known.items()
+                    if entry.by == self.consumer_id and entry.at > now]
+            writes = [zk.transaction() for _ in mine]
+            for t, (task, entry, version) in zip(writes, mine):
+                kept = Entry(entry.at, entry.count, entry.by, entry.group, entry.filters, kept=True)
+                t.set_data(paths.entry(task), kept.encode(), version)
+            for result in [t.commit_async() for t in writes]:
+                result.get()  # one that changed meanwhile (deleted, taken over) is left as it is
             t = zk.transaction()
             t.delete(paths.consumer(self.consumer_id, "current"))
             t.delete(paths.consumer(self.consumer_id))
             t.commit()
         except KazooException:
-            pass  # its session ends with the client anyway
+            pass  # its session ends with the client anyway: its tasks come back then
 
 
 def _raise(error: ReceiptError | None) -> None:
