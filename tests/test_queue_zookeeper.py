@@ -402,3 +402,65 @@ def test_a_sender_dying_between_steps_leaves_nothing_visible_and_gc_cleans_up(
         assert sorted(q.topic.collect(force=True, orphan_grace=0) or []) == orphans
         assert sorted(zk.get_children(tasks)) == [kept]
         q.delete(m.receipt)
+
+
+# -- the command line and the server -----------------------------------------------------------
+
+
+def test_the_command_line_on_a_zk_url(url: str) -> None:
+    from click.testing import CliRunner
+
+    from journalq.cli.main import cli
+
+    def run(*args: str) -> list[dict]:
+        result = CliRunner().invoke(cli, ["queue", *args, "--data", url], catch_exceptions=False)
+        assert result.exit_code == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    [sent] = run("send", "jobs", "hello", "--metadata", '{"step": 1}')
+    [got] = run("receive", "jobs", "--visibility-timeout", "60")
+    assert got["id"] == sent["id"] and got["body"] == "hello"
+    [task] = run("task", "jobs", sent["id"])
+    assert task["state"] == "claimed" and task["metadata"] == {"step": 1}  # the receive's process is gone
+    run("delete", "jobs", got["receipt"])
+    assert run("list") == [{"name": "jobs"}]
+    result = CliRunner().invoke(cli, ["queue", "list", "--data", "zk://127.0.0.1:1"])
+    assert result.exit_code != 0 and "needs a path" in result.stderr
+
+
+def test_serve_on_a_zk_url(url: str, child_env: dict) -> None:
+    import httpx
+
+    from journalq.queue.zookeeper.server import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "journalq.cli.main", "serve", "--data", url, "--port", str(port), "--sync", "none"],
+        env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and server.poll() is None, "the server did not start"
+                time.sleep(0.1)
+            assert client.put("/jobs").status_code == 201
+            added = client.post("/jobs/messages", content=b"hello")
+            assert added.status_code == 201
+            fetched = client.get("/jobs/messages", params={"visibility_timeout": 60})
+            assert fetched.content == b"hello" and fetched.headers["X-Message-Id"] == added.headers["X-Message-Id"]
+            assert client.get("/jobs").json()["in_flight"] == 1
+            assert client.get("/jobs/messages").status_code == 204
+            assert client.delete(f"/jobs/messages/{added.headers['X-Message-Id']}").status_code == 204
+            assert 'journalq_queue_available{queue="jobs"} 0.0' in client.get("/metrics").text
+            sqs = client.post("/", json={}, headers={"X-Amz-Target": "AmazonSQS.ListQueues",
+                                                     "Content-Type": "application/x-amz-json-1.0"})
+            assert sqs.status_code == 400 and "ZooKeeper" in sqs.text
+    finally:
+        server.terminate()
+        server.wait(30)
