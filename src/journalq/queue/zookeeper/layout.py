@@ -14,7 +14,8 @@ One queue is one zkmq directory under the broker's path::
             /claim                 ephemeral: the lock of the consumer that holds the task
         /consumers/<id>
             /current               ephemeral while the consumer lives: the ids it last received
-        /conf                      data: who collected last (its mtime is when)
+        /conf                      data (JSON): when the last collection began and by whom, and
+                                   how many tasks went to the dead-letter queue
             /task_gc_lifetime      seconds, as text
             /task_gc_interval      seconds, as text
             /lock                  ephemeral, held by whoever collects now

@@ -458,10 +458,10 @@ class ZooKeeperTopic:
             return None  # the queue was deleted
         try:
             now = lock_stat.ctime
-            _, conf_stat = zk.get(paths.conf)
-            if not force and conf_stat.version > 0 and conf_stat.mtime > now - settings.task_gc_interval * 1000:
+            last = self.conf().get("collected_at")
+            if not force and isinstance(last, int) and last > now - settings.task_gc_interval * 1000:
                 return None
-            zk.set(paths.conf, json.dumps({"collected_by": self.broker.participant}).encode())
+            self._update_conf(collected_at=now, collected_by=self.broker.participant)
             deleted = self._collect_tasks(now, int(settings.task_gc_lifetime * 1000), int(orphan_grace * 1000))
             self._expire_retention(now)
             self._collect_consumers()
@@ -471,6 +471,35 @@ class ZooKeeperTopic:
                 zk.delete(lock)
             except NoNodeError:
                 pass
+
+    def conf(self) -> dict[str, Any]:
+        """``conf``'s record: when the last collection began (``collected_at``, ms by the
+        server's clock) and by whom, and how many tasks went to the dead-letter queue (``dead``)."""
+        try:
+            data = json.loads(self._zk.get(self.paths.conf)[0] or b"{}")
+        except ValueError:
+            return {}  # damaged: the next collection writes it anew
+        return data if isinstance(data, dict) else {}
+
+    def _update_conf(self, *, add_dead: int = 0, **fields: Any) -> None:
+        """Change ``conf``'s record at the version read (again when another changed it)."""
+        zk = self._zk
+        while True:
+            raw, stat = zk.get(self.paths.conf)
+            try:
+                data = json.loads(raw or b"{}")
+            except ValueError:
+                data = {}
+            if not isinstance(data, dict):
+                data = {}
+            data.update(fields)
+            if add_dead:
+                data["dead"] = int(data.get("dead", 0)) + add_dead
+            try:
+                zk.set(self.paths.conf, json.dumps(data, sort_keys=True).encode(), stat.version)
+                return
+            except BadVersionError:
+                continue
 
     def _collect_tasks(self, now: int, lifetime: int, grace: int) -> list[str]:
         zk, paths = self._zk, self.paths
@@ -809,7 +838,8 @@ class ZooKeeperQueue:
             )
             for task, entry, count, body, meta in claimed
         ])
-        self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None))
+        errors = self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None))
+        self.topic._update_conf(add_dead=sum(error is None for error in errors))
 
     # -- acting on receipts -----------------------------------------------------------------
 
@@ -1039,7 +1069,7 @@ class ZooKeeperQueue:
     # -- stats ------------------------------------------------------------------------------
 
     def stats(self) -> ChannelStats:
-        """Counts as SQS gives them; ``dead`` counts dead tasks not yet collected."""
+        """Counts as SQS gives them (``dead``: every task moved to the dead-letter queue)."""
         zk, paths = self._zk, self.paths
         with self._translated():
             names = sorted(zk.get_children(paths.queue))
@@ -1052,13 +1082,7 @@ class ZooKeeperQueue:
                     delayed += 1
                 else:
                     in_flight += 1
-            dead = 0
-            for chunk in _chunks(zk.get_children(paths.tasks), 512):
-                for result in [zk.get_async(paths.task(task, "state")) for task in chunk]:
-                    try:
-                        dead += result.get()[0] == DEAD.encode()
-                    except NoNodeError:
-                        pass
+            dead = int(self.topic.conf().get("dead", 0))
             oldest = max(0.0, (time.time_ns() - sent_at_ns(names[0])) / 1e9) if names else None
             return ChannelStats(available, in_flight, delayed, dead, oldest)
 
