@@ -464,3 +464,16 @@ def test_serve_on_a_zk_url(url: str, child_env: dict) -> None:
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_a_queue_deleted_under_its_consumer(url: str) -> None:
+    from journalq.errors import QueueNotFoundError
+
+    with Broker(url) as a, Broker(url) as b:
+        q = a.queue("jobs")
+        q.send(b"x")
+        b.delete("jobs")
+        for act in (q.receive, lambda: q.send(b"y"), q.stats, q.purge):
+            with pytest.raises(QueueNotFoundError):
+                act()
+        assert a.names() == [] and not a.exists("jobs")

@@ -102,12 +102,18 @@ def _now_ms() -> int:
 
 
 @contextmanager
-def _translated(where: str) -> Iterator[None]:
-    """kazoo's connection errors as journalq's: the caller cannot know whether a write was done."""
+def _translated(where: str, queue: str | None = None) -> Iterator[None]:
+    """kazoo's connection errors as journalq's (the caller cannot know whether a write was
+    done); within ``queue``'s operations, a node missing where one was expected means that the
+    queue was deleted meanwhile."""
     try:
         yield
     except _UNAVAILABLE as exc:
         raise StoreUnavailableError(f"ZooKeeper at {where}: {type(exc).__name__} {exc}".rstrip()) from exc
+    except NoNodeError as exc:
+        if queue is None:
+            raise
+        raise QueueNotFoundError(f"queue {queue!r} was deleted (ZooKeeper at {where})") from exc
 
 
 def _failure(results: list[Any]) -> tuple[int, Exception] | None:
@@ -253,7 +259,8 @@ class ZooKeeperBroker(Closing):
                     raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
                 self._create(name, self._check(QueueSettings().replace(**settings)))
                 current = self._load(name)
-                assert current is not None
+                if current is None:  # made by another meanwhile, but not whole: being deleted
+                    raise QueueError(f"queue {name!r} in {self.root} is being deleted (or was left half made)")
             elif settings:
                 updated = self._check(current.replace(**settings))
                 if updated != current:
@@ -375,7 +382,7 @@ class ZooKeeperTopic:
                 size = 0
             chunks[-1].append(item)
             size += len(item.envelope.body)
-        with _translated(self.broker.hosts):
+        with _translated(self.broker.hosts, self.name):
             for step in (self._write_data, self._write_metadata, self._write_entries):
                 self._commit_all([step(chunk) for chunk in chunks])
             self.maybe_collect()
@@ -441,7 +448,7 @@ class ZooKeeperTopic:
 
     def gc(self) -> list[str]:
         """Collect now, whenever the last collection was; returns the tasks deleted."""
-        with _translated(self.broker.hosts):
+        with _translated(self.broker.hosts, self.name):
             return self.collect(force=True) or []
 
     def collect(self, *, force: bool = False, orphan_grace: float = ORPHAN_GRACE) -> list[str] | None:
@@ -601,7 +608,7 @@ class ZooKeeperQueue:
         return self.topic.broker.client
 
     def _translated(self) -> Any:
-        return _translated(self.topic.broker.hosts)
+        return _translated(self.topic.broker.hosts, self.topic.name)
 
     # -- what the file store's Queue has -----------------------------------------------------
 
