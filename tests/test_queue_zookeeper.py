@@ -102,6 +102,8 @@ def test_what_the_store_cannot_do_is_refused(broker) -> None:
         q.topic.channel("other")
     with pytest.raises(Exception, match="over the ZooKeeper store"):
         q.send(b"x" * 1_000_001)
+    with pytest.raises(Exception, match="filter name 'zone/eu'"):
+        q.send_many([b"fine", {"body": b"x", "filters": {"zone/eu": "1"}}])
     assert q.stats().available == 0
 
 

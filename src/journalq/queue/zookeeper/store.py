@@ -89,6 +89,7 @@ ORPHAN_GRACE = 60.0
 """Seconds after which a task with no queue entry (its sender died mid-send) is collected."""
 _GC_SETTINGS = ("task_gc_lifetime", "task_gc_interval")
 _POLL = 1.0  # a long poll looks again at least this often (releases, sessions that end)
+_RELIST = 1.0  # seconds a receive may reuse the listing of pending tasks (new ones sort after it)
 _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError, KazooTimeoutError)
 
 T = TypeVar("T")
@@ -373,6 +374,8 @@ class ZooKeeperTopic:
                 raise InvalidMessageError("the ZooKeeper store does not deduplicate: send without dedup_id")
             if len(env.body) > MAX_BODY:
                 raise InvalidMessageError(f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}")
+            for name in env.filters:
+                check_name(name, "filter")  # it names a node: checked before anything is written
         outgoing = [_Outgoing(task, ns, env) for (task, ns), env in zip(self.broker.ids.make(len(envelopes)), envelopes)]
         chunks: list[list[_Outgoing]] = []
         size = 0
@@ -408,7 +411,6 @@ class ZooKeeperTopic:
             t.create(self.paths.task(item.task, "metadata"), envelope.encode_meta(item.envelope, filters=False))
             t.create(self.paths.task(item.task, "filters"), b"")
             for name, value in item.envelope.filters.items():
-                check_name(name, "filter")  # a node's name
                 t.create(self.paths.task(item.task, f"filters/{name}"), value.encode())
             t.create(self.paths.task(item.task, "state"), INSERTED.encode())
         return t
@@ -596,6 +598,9 @@ class ZooKeeperQueue:
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._session: int | None = None
         self._known: dict[str, tuple[Entry, int]] = {}  # task -> (entry, version) this handle wrote
+        self._listing: list[str] = []  # the pending tasks, sorted, as last listed
+        self._listed_at: float | None = None
+        self._gone: set[str] = set()  # tasks of the listing known to be no longer pending
         self._changed = threading.Event()
         self._closed = False
 
@@ -659,6 +664,22 @@ class ZooKeeperQueue:
                     held.setdefault(entry.by, []).append(task)
             return held
 
+    def _pending(self, relist: bool, watch: bool) -> tuple[list[str], bool]:
+        """The pending tasks, oldest first, and whether they were listed just now. Listing a
+        queue of thousands costs more than the rest of a receive, so a listing serves for
+        ``_RELIST`` seconds (new tasks sort after it) unless ``relist``; ``watch`` also sets a
+        watch that wakes a long poll when tasks come or go."""
+        now = time.monotonic()
+        if relist or watch or self._listed_at is None or now - self._listed_at > _RELIST:
+            self._gone.clear()
+            self._listing = sorted(self._zk.get_children(self.paths.queue, watch=self._on_change if watch else None))
+            self._listed_at = now
+            return self._listing, True
+        if self._gone:
+            gone, self._gone = self._gone, set()
+            self._listing = [task for task in self._listing if task not in gone]
+        return self._listing, False
+
     def _entries(self, tasks: list[str], first: int = 512) -> Iterator[tuple[str, Entry, int]]:
         """(task, entry, version) of each task still pending, read together: ``first`` at first,
         then twice as many each time (a receive of a few reads a few)."""
@@ -671,6 +692,7 @@ class ZooKeeperQueue:
                 try:
                     raw, stat = result.get()
                 except NoNodeError:
+                    self._gone.add(task)
                     continue
                 yield task, Entry.decode(raw), stat.version
 
@@ -713,19 +735,29 @@ class ZooKeeperQueue:
     ) -> tuple[list[ReceivedMessage], int | None]:
         self.topic.maybe_collect()
         self._register()
-        for _ in range(5):  # look again when other consumers won every race
-            got, wake_at, raced = self._claim_some(max_messages, hide_ms, wanted, watch)
-            if got or not raced:
-                return got, wake_at
-        return [], wake_at
+        received: list[ReceivedMessage] = []
+        relist = False
+        for _ in range(5):
+            got, wake_at, raced, fresh = self._claim_some(
+                max_messages - len(received), hide_ms, wanted, watch, relist, {m.id for m in received}
+            )
+            received += got
+            if len(received) == max_messages or (fresh and (got or not raced)):
+                break
+            relist = True  # too few in an older listing, or others won every race: look again
+        return received, wake_at
 
     def _claim_some(
-        self, max_messages: int, hide_ms: int, wanted: dict[str, tuple[str, filtering.Method]] | None, watch: bool
-    ) -> tuple[list[ReceivedMessage], int | None, bool]:
+        self, max_messages: int, hide_ms: int, wanted: dict[str, tuple[str, filtering.Method]] | None,
+        watch: bool, relist: bool, taken: set[str],
+    ) -> tuple[list[ReceivedMessage], int | None, bool, bool]:
+        """One look (past the tasks this receive has ``taken``): returns what was received, when
+        something hidden comes back, whether other consumers won every claim tried, and whether
+        the listing was fresh."""
         zk, paths, settings = self._zk, self.paths, self.settings
         max_count = settings.max_receive_count
         consumers = zk.get_children_async(paths.consumers)
-        names = sorted(zk.get_children(paths.queue, watch=self._on_change if watch else None))
+        names, fresh = self._pending(relist, watch)
         now = _now_ms()
         live = self._live(consumers.get())
         picks: list[tuple[str, Entry, int]] = []
@@ -736,7 +768,9 @@ class ZooKeeperQueue:
             group = entry.group
             if group is not None and group in blocked:
                 continue
-            if not entry.available(now, live):
+            if task in taken:
+                pass  # received by this call already (a visibility of 0 makes it available again)
+            elif not entry.available(now, live):
                 wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
             elif not filtering.matches(entry.filters, wanted, settings.enums):
                 pass
@@ -762,7 +796,7 @@ class ZooKeeperQueue:
             ))
         if received:
             zk.set_async(paths.consumer(self.consumer_id, "current"), json.dumps([m.id for m in received]).encode())
-        return received, wake_at, bool(picks) and not received
+        return received, wake_at, bool(picks) and not received, fresh
 
     def _commit_each(self, changes: list[Callable[[Any], Any]]) -> list[list[Any]]:
         """Commit changes (each adds its operations to a transaction): together, in one
@@ -925,6 +959,7 @@ class ZooKeeperQueue:
                 if failed is None:
                     if new is None:
                         self._known.pop(task, None)
+                        self._gone.add(task)
                     else:
                         self._remember(task, new[0], new[1])
                 elif isinstance(failed, (BadVersionError, NoNodeError)):
@@ -993,6 +1028,7 @@ class ZooKeeperQueue:
         for (task, _, _), (failed, _) in zip(entries, self._apply([(t, e, v, end, None) for t, e, v in entries])):
             if failed is None:
                 self._known.pop(task, None)
+                self._gone.add(task)
                 done.append(task)
         return done
 
@@ -1109,7 +1145,7 @@ class ZooKeeperQueue:
             return
         try:
             now = _now_ms()
-            mine = [(task, entry, version) for task, (entry, version) in self._known.items()
+            mine = [(task, entry, version) for task, (entry, version) in dict(self._known).items()
                     if entry.by == self.consumer_id and entry.at > now]
             writes = [zk.transaction() for _ in mine]
             for t, (task, entry, version) in zip(writes, mine):
