@@ -375,6 +375,7 @@ CRASHING_SENDER = """
 
     root, step = sys.argv[1], sys.argv[2]
     def die(self, chunk):
+        self._zk.sync(self.paths.tasks)  # answered after the steps sent before: they are applied
         os._exit(9)  # killed before this step
     setattr(ZooKeeperTopic, step, die)
     with Broker(root) as broker:

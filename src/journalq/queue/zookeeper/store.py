@@ -386,17 +386,18 @@ class ZooKeeperTopic:
             chunks[-1].append(item)
             size += len(item.envelope.body)
         with _translated(self.broker.hosts, self.name):
+            # The steps go out one after another without waiting: ZooKeeper applies a session's
+            # requests in order, and each step fails unless the one before it was applied
+            # (metadata needs the task's node; the entry checks the state node).
+            pending = []
             for step in (self._write_data, self._write_metadata, self._write_entries):
-                self._commit_all([step(chunk) for chunk in chunks])
+                pending += [step(chunk).commit_async() for chunk in chunks]
+            for result in pending:
+                failed = _failure(result.get())
+                if failed is not None:
+                    raise failed[1]
             self.maybe_collect()
         return [item.task for item in outgoing]
-
-    def _commit_all(self, transactions: list[Any]) -> None:
-        """Commit transactions together (pipelined); raise the first failure."""
-        for result in [t.commit_async() for t in transactions]:
-            failed = _failure(result.get())
-            if failed is not None:
-                raise failed[1]
 
     def _write_data(self, chunk: list[_Outgoing]) -> Any:
         t = self._zk.transaction()
@@ -420,6 +421,7 @@ class ZooKeeperTopic:
         for item in chunk:
             env = item.envelope
             at = (item.sent_ns + int(env.delay * 1e9)) // 1_000_000
+            t.check(self.paths.task(item.task, "state"), 0)  # the metadata step was applied
             t.create(self.paths.entry(item.task), Entry(at, 0, None, env.group_id, env.filters).encode())
         return t
 
@@ -785,7 +787,7 @@ class ZooKeeperQueue:
                 break
         won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
         if dead:
-            self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live))
+            self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False))
         received = []
         for task, entry, count, body, meta in won:
             env = envelope.decode_meta(body, meta) or Envelope(body)
@@ -794,8 +796,6 @@ class ZooKeeperQueue:
                 receive_count=count, sent_at_ns=sent_at_ns(task), offset=-1, group_id=entry.group,
                 dedup_id=None, filters=entry.filters, metadata=env.metadata, source=env.source,
             ))
-        if received:
-            zk.set_async(paths.consumer(self.consumer_id, "current"), json.dumps([m.id for m in received]).encode())
         return received, wake_at, bool(picks) and not received, fresh
 
     def _commit_each(self, changes: list[Callable[[Any], Any]]) -> list[list[Any]]:
@@ -825,11 +825,12 @@ class ZooKeeperQueue:
         return out
 
     def _claim(
-        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live
+        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live, *, record: bool = True
     ) -> list[tuple[str, Entry, int, bytes, bytes]]:
         """Claim (task, entry, version, count, hide_ms) each, with the task's data and metadata
         read meanwhile; returns (task, new entry, count, data, metadata) of those won. A claim of
-        a live consumer whose visibility ran out is replaced."""
+        a live consumer whose visibility ran out is replaced. ``record``: write the tasks won in
+        this consumer's ``current``."""
         zk, paths = self._zk, self.paths
 
         def claim(task: str, new: Entry, version: int, replace: bool) -> Callable[[Any], None]:
@@ -847,7 +848,13 @@ class ZooKeeperQueue:
             replace = entry.by is not None and not entry.kept and entry.by in live
             planned.append((task, new, version, replace,
                             zk.get_async(paths.task(task, "data")), zk.get_async(paths.task(task, "metadata"))))
-        outcomes = self._commit_each([claim(task, new, version, replace) for task, new, version, replace, _, _ in planned])
+        changes = [claim(task, new, version, replace) for task, new, version, replace, _, _ in planned]
+        current = paths.consumer(self.consumer_id, "current")
+        if record and planned:
+            # this consumer's current tasks, in the claims' transaction (one write, not two)
+            changes.append(lambda t: t.set_data(current, json.dumps([p[0] for p in planned]).encode()))
+        outcomes = self._commit_each(changes)
+        all_won = all(_failure(results) is None for results in outcomes)
         won = []
         for (task, new, version, replace, data, meta), results in zip(planned, outcomes):
             failed = _failure(results)
@@ -862,6 +869,8 @@ class ZooKeeperQueue:
                 won.append((task, new, new.count, data.get()[0], meta.get()[0]))
             except NoNodeError:
                 continue
+        if record and planned and not all_won:
+            zk.set_async(current, json.dumps([w[0] for w in won]).encode())
         return won
 
     def _send_dead(self, claimed: list[tuple[str, Entry, int, bytes, bytes]]) -> None:
