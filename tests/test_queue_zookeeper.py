@@ -480,3 +480,13 @@ def test_a_queue_deleted_under_its_consumer(url: str) -> None:
             with pytest.raises(QueueNotFoundError):
                 act()
         assert a.names() == [] and not a.exists("jobs")
+
+
+def test_without_kazoo_a_zk_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from journalq.errors import QueueError
+
+    monkeypatch.setitem(sys.modules, "kazoo", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "kazoo.client", None)
+    monkeypatch.delitem(sys.modules, "journalq.queue.zookeeper.store", raising=False)
+    with pytest.raises(QueueError, match=r"needs kazoo.*journalq\[zookeeper\]"):
+        Broker("zk://127.0.0.1:2181/x")

@@ -19,7 +19,7 @@ from journalq.queue import settings as settings_file
 from journalq.queue.channel import Channel
 from journalq.queue.settings import QueueSettings, check_name
 from journalq.queue.topic import Topic, resend
-from journalq.queue.zookeeper.layout import is_zookeeper_url
+from journalq.queue.zookeeper import is_zookeeper_url, open_broker
 
 DEFAULT_CHANNEL = "default"
 
@@ -86,9 +86,7 @@ class Broker(Closing):
         """``Broker("zk://host:port[,host:port]/path")`` is the ZooKeeper store (kazoo is
         imported only then); anything else is a data directory."""
         if cls is Broker and is_zookeeper_url(root):
-            from journalq.queue.zookeeper.store import ZooKeeperBroker
-
-            return ZooKeeperBroker(root, *args, **kwargs)  # type: ignore[arg-type]
+            return open_broker(root, *args, **kwargs)  # type: ignore[arg-type]
         return super().__new__(cls)
 
     def __init__(self, root: str | os.PathLike[str], *, sync: str | SyncPolicy = "always") -> None:
