@@ -328,7 +328,7 @@ def test_gc_removes_finished_tasks_and_nothing_else(url: str) -> None:
 
 def test_gc_runs_every_interval_by_whoever_comes_and_never_twice_at_once(url: str) -> None:
     with Broker(url) as a, Broker(url) as b:
-        qa = a.queue("jobs", task_gc_lifetime=0, task_gc_interval=1.0)
+        qa = a.queue("jobs", task_gc_lifetime=0, task_gc_interval=2.0)
         qb = b.queue("jobs")
         lock = f"{a.path}/jobs/conf/lock"
         b.client.create(lock, b"b collects", ephemeral=True)  # b holds the lock
@@ -342,13 +342,13 @@ def test_gc_runs_every_interval_by_whoever_comes_and_never_twice_at_once(url: st
         (y,) = qa.receive()
         qa.delete(y.receipt)
         assert qb.topic.collect() is None  # another participant, but the interval is not over
-        time.sleep(1.05)
+        time.sleep(2.05)
         assert qb.topic.collect() == [y.id]  # now b collects, in turn
         assert json.loads(a.client.get(f"{a.path}/jobs/conf")[0])["collected_by"] == b.participant
         qb.send(b"z")  # producers collect too, as they send
         (z,) = qa.receive()
         qa.delete(z.receipt)
-        time.sleep(1.05)
+        time.sleep(2.05)
         qa.send(b"w")  # a's send, the interval over: it collects z
         with pytest.raises(TaskNotFoundError):
             qa.task(z.id)
