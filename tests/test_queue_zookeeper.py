@@ -238,6 +238,11 @@ def test_a_consumer_killed_gives_its_tasks_back_when_its_session_expires(url: st
         assert sorted(m.id for m in back) == held and all(m.receive_count == 2 for m in back)
         assert waited < 8  # its session (1 s) ended; the 600 s visibility timeout did not matter
         assert all(q.task(i).state == "claimed" and q.task(i).consumer == q.consumer_id for i in held)
+        consumers = f"{broker.path}/jobs/consumers"
+        assert len(broker.client.get_children(consumers)) == 2  # the dead one's node is left...
+        q.topic.collect(force=True)
+        assert broker.client.get_children(consumers) == [q.consumer_id]  # ...until a collection
+        assert list(q.consumers()) == [q.consumer_id]
 
 
 PRODUCER = """
@@ -262,13 +267,38 @@ PRODUCER = """
 """
 
 
+RETRYING_CONSUMER = """
+    import os, sys, time
+    from journalq.errors import StoreUnavailableError
+    from journalq.queue import Broker
+
+    root, out, done = sys.argv[1], sys.argv[2], sys.argv[3]
+    with Broker(root, session_timeout=5.0) as broker, open(out, "w") as log:
+        q = broker.queue("jobs")
+        while True:
+            try:
+                got = q.receive(10, wait=0.2, visibility_timeout=30)
+                if not got:
+                    if os.path.exists(done):
+                        break
+                    continue
+                errors = q.delete_many([m.receipt for m in got])
+            except StoreUnavailableError:
+                time.sleep(0.05)  # what it held comes back to it (or another) later: at least once
+                continue
+            log.write("".join(m.body.decode() + "\\n" for m, e in zip(got, errors) if e is None))
+            log.flush()
+"""
+
+
 def test_server_killed_and_restarted_mid_load_loses_no_acknowledged_message(tmp_path: Path, child_env: dict) -> None:
     from journalq.queue.zookeeper.server import ZooKeeperServer
 
     with ZooKeeperServer(tmp_path / "zk") as server:
         url = server.url("/jobs")
-        acked = tmp_path / "acked.log"
+        acked, consumed, done = tmp_path / "acked.log", tmp_path / "consumed.log", tmp_path / "done"
         producer = spawn(PRODUCER, url, acked, 600, env=child_env, stdout=subprocess.PIPE, text=True)
+        consumer = spawn(RETRYING_CONSUMER, url, consumed, done, env=child_env)
         try:
             deadline = time.monotonic() + 60
             while len(read_lines(acked)) < 150 and time.monotonic() < deadline:
@@ -278,14 +308,18 @@ def test_server_killed_and_restarted_mid_load_loses_no_acknowledged_message(tmp_
             server.start()  # same port, same data
             retries = producer.communicate(timeout=120)[0].split()
             assert producer.returncode == 0
+            done.touch()
+            assert consumer.wait(120) == 0
         finally:
             producer.kill()
+            consumer.kill()
         assert retries  # the producer met the outage (and sent again what was not acknowledged)
         sent = [int(line) for line in read_lines(acked)]
         assert sent == list(range(600))
+        got = [int(line) for line in read_lines(consumed)]
+        assert got  # the consumer worked through the outage too
         with Broker(url) as broker:
             q = broker.queue("jobs")
-            got = []
             while batch := q.receive(100, visibility_timeout=60):
                 got += [int(m.body) for m in batch]
                 q.delete_many([m.receipt for m in batch])
@@ -366,6 +400,32 @@ def test_gc_decisions_are_pure() -> None:
     assert collectable(TaskFacts(0, None, 0, False), now, life, grace)
     assert Entry.decode(Entry(5, 2, "c", "g", {"f": "v"}).encode()) == Entry(5, 2, "c", "g", {"f": "v"})
     assert Entry.decode(b"{damaged").at == 0  # delivered rather than stuck
+
+
+def test_task_ids_and_receipts_are_pure() -> None:
+    from journalq.errors import InvalidMessageError, ReceiptError
+    from journalq.queue.zookeeper.layout import TaskIds, check_task_id, parse_receipt, receipt, sent_at_ns
+
+    ids = TaskIds()
+    made = [task for task, _ in ids.make(1000)] + [task for task, _ in ids.make(3)]
+    assert made == sorted(made) and len(set(made)) == len(made)  # in sending order, unique
+    assert all(len(task) == 24 and task.isdigit() for task in made)
+    assert abs(sent_at_ns(made[0]) - time.time_ns()) < 10**9
+    assert parse_receipt(receipt(made[0], 3)) == (made[0], 3)
+    for bad in ("", "1", "1.0", "a.1", "1.1.1", " 1.1", "1.-1", None, 5, "\u0661.1"):
+        with pytest.raises(ReceiptError):
+            parse_receipt(bad)
+    assert check_task_id("99") == "99"
+    for bad in ("not-an-id", "", "1/2", "-1", "\u0661", None, 5, "9" * 41):
+        with pytest.raises(InvalidMessageError):
+            check_task_id(bad)
+    live = {"a"}
+    held = Entry(at=2_000, count=1, by="a")
+    assert held.held(1_000, live) and not held.available(1_000, live)
+    assert Entry(at=2_000, count=1, by="gone").available(1_000, live)  # its session ended
+    kept = Entry(at=2_000, count=1, by="gone", kept=True)  # it closed cleanly
+    assert kept.held(1_000, live) and not kept.available(1_000, live) and kept.available(2_000, live)
+    assert not Entry(at=2_000).available(1_000, live) and not Entry(at=2_000).held(1_000, live)  # delayed
 
 
 CRASHING_SENDER = """
