@@ -513,27 +513,30 @@ class ZooKeeperTopic:
                 continue
 
     def _collect_tasks(self, now: int, lifetime: int, grace: int) -> list[str]:
+        """Delete the tasks that ``layout.collectable`` lets go, a thousand at a time."""
         zk, paths = self._zk, self.paths
-        tasks = zk.get_children(paths.tasks)
-        reads = [
-            (task, zk.exists_async(paths.task(task)), zk.get_async(paths.task(task, "state")),
-             zk.exists_async(paths.entry(task)))
-            for task in tasks
-        ]
-        doomed = []
-        for task, node, state, entry in reads:
-            task_stat = node.get()
-            if task_stat is None:
-                continue
-            try:
-                raw, state_stat = state.get()
-                value, changed = raw.decode(errors="replace"), state_stat.mtime
-            except NoNodeError:
-                value, changed = None, task_stat.ctime
-            facts = TaskFacts(task_stat.ctime, value, changed, entry.get() is not None)
-            if collectable(facts, now, lifetime, grace):
-                doomed.append(task)
-        return self._delete_tasks(doomed)
+        deleted = []
+        for chunk in _chunks(zk.get_children(paths.tasks), 1000):
+            reads = [
+                (task, zk.exists_async(paths.task(task)), zk.get_async(paths.task(task, "state")),
+                 zk.exists_async(paths.entry(task)))
+                for task in chunk
+            ]
+            doomed = []
+            for task, node, state, entry in reads:
+                task_stat = node.get()
+                if task_stat is None:
+                    continue
+                try:
+                    raw, state_stat = state.get()
+                    value, changed = raw.decode(errors="replace"), state_stat.mtime
+                except NoNodeError:
+                    value, changed = None, task_stat.ctime
+                facts = TaskFacts(task_stat.ctime, value, changed, entry.get() is not None)
+                if collectable(facts, now, lifetime, grace):
+                    doomed.append(task)
+            deleted += self._delete_tasks(doomed)
+        return deleted
 
     def _delete_tasks(self, tasks: list[str]) -> list[str]:
         """Delete tasks with everything under them, each in one transaction (so that a task is
