@@ -1,6 +1,7 @@
 """Run journalq's benchmarks: ``bench/run.py [--quick] [--repeat N] [NAME ...]``.
 
-Names: append, scan, seek, follow, channels, receive, server, shard, shard-queue, spark (all by default). Prints a table
+Names: append, scan, seek, follow, channels, receive, server, shard, shard-queue, spark, zookeeper, hub (all by
+default). Prints a table
 (figure, baseline measured in the same run, ratio, aim), then one JSON object per result, one per
 line, for machines. Progress goes to stderr. See bench/README.md for what each benchmark measures and why.
 """
@@ -28,6 +29,7 @@ import bench_spark  # noqa: E402
 import bench_server  # noqa: E402
 import bench_shard  # noqa: E402
 import bench_shard_queue  # noqa: E402
+import bench_zookeeper  # noqa: E402
 from harness import Context, Result, cpu_note, remove, table  # noqa: E402
 
 BENCHMARKS = {
@@ -41,6 +43,7 @@ BENCHMARKS = {
     "shard": bench_shard.run,
     "shard-queue": bench_shard_queue.run,
     "spark": bench_spark.run,
+    "zookeeper": bench_zookeeper.run,
 }
 
 GO_CONTEXT = (

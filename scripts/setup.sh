@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv/ in the project root and installs journalq (editable) with its test and benchmark tools
-# and Spark (and a Java runtime for it when missing).
+# Creates .venv/ in the project root and installs journalq (editable) with its test and benchmark tools,
+# Spark (and a Java runtime for it when missing) and the ZooKeeper store's kazoo (and Debian's ZooKeeper
+# server for its tests when missing).
 # Idempotent and quick when nothing changed: the install is redone only when pyproject.toml changes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,16 +11,26 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "journalq needs Python 3.11 or newer; $python is $("$python" --version 2>&1)" >&2
     exit 1
 fi
+# apt_install WHY PACKAGE...: install Debian packages with apt-get, or say WHY they are needed.
+apt_install() {
+    local why="$1"; shift
+    if command -v apt-get >/dev/null 2>&1; then
+        local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
+    else
+        echo "warning: $why; install $* (no apt-get here)" >&2
+    fi
+}
 # Spark (journalq.spark) needs a Java 17+ runtime: install one with apt-get only when missing or older.
 java_major="$( (java -version 2>&1 || true) | sed -n 's/.*version "\(1\.\)\{0,1\}\([0-9]*\).*/\2/p' | head -n1)"
 if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then
-    if command -v apt-get >/dev/null 2>&1; then
-        sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        $sudo apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openjdk-17-jre-headless
-    else
-        echo "warning: Spark needs Java 17 or newer; install it (no apt-get here)" >&2
-    fi
+    apt_install "Spark needs Java 17 or newer" openjdk-17-jre-headless
+fi
+# The ZooKeeper store's tests start a real ZooKeeper server (journalq.queue.zookeeper.server): install
+# Debian's zookeeper package only when its jar is missing (without it, those tests skip).
+if [ ! -f /usr/share/java/zookeeper.jar ]; then
+    apt_install "the ZooKeeper store's tests need a ZooKeeper server" zookeeper
 fi
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
@@ -28,6 +39,6 @@ stamp=.venv/.journalq-installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e '.[test,bench,spark]'
+    .venv/bin/python -m pip install --quiet -e '.[test,bench,spark,zookeeper]'
     echo "$want" > "$stamp"
 fi

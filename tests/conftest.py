@@ -8,10 +8,12 @@ rebuilds an index, a reader offset) work on a copy made by ``copy_vector``.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,44 @@ def child_env() -> dict[str, str]:
     env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+# -- the two stores of the queue layer ---------------------------------------------------------
+
+STORES = ["files", "zookeeper"]
+_zk_paths = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "files_only(reason): a queue test that only makes sense on the file-system store"
+    )
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[object]:
+    """A real ZooKeeper server on loopback for the whole session (skips when none can run)."""
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        pytest.skip("kazoo is not installed (pip install -e '.[zookeeper]')")
+    from journalq.queue.zookeeper.server import ZooKeeperServer
+
+    reason = ZooKeeperServer.available()
+    if reason is not None:
+        pytest.skip(f"no ZooKeeper server can run here: {reason}")
+    with ZooKeeperServer() as server:
+        yield server
+
+
+@pytest.fixture(params=STORES)
+def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a ``Broker`` keeps its queues: a fresh data directory, or a fresh path on the
+    session's ZooKeeper server (``zk://127.0.0.1:PORT/tNNN``)."""
+    if request.param == "files":
+        return tmp_path / "data"
+    marker = request.node.get_closest_marker("files_only")
+    if marker is not None:
+        pytest.skip(f"file-system store only: {marker.args[0] if marker.args else marker.kwargs['reason']}")
+    server = request.getfixturevalue("zookeeper_server")
+    return server.url(f"/t{os.getpid()}x{next(_zk_paths)}")

@@ -20,8 +20,8 @@ from journalq.queue import ENVELOPE_TYPE, Attribute, Broker, ReceivedMessage
 
 
 @pytest.fixture
-def broker(tmp_path: Path):
-    with Broker(tmp_path / "data", sync="none") as b:
+def broker(store_root: Path | str):
+    with Broker(store_root, sync="none") as b:
         yield b
 
 
@@ -37,6 +37,7 @@ def bodies(messages: list[ReceivedMessage]) -> list[bytes]:
 # -- sending and what is stored ------------------------------------------------------------
 
 
+@pytest.mark.files_only("sej messages in a journal")
 def test_plain_send_is_a_plain_sej_message(broker: Broker) -> None:
     q = broker.queue("jobs")
     assert q.send(b"hello") == "0"
@@ -45,6 +46,7 @@ def test_plain_send_is_a_plain_sej_message(broker: Broker) -> None:
     assert [(m.offset, m.type, m.key, m.value) for m in raw] == [(0, 0, b"", b"hello"), (1, 0, b"", b"")]
 
 
+@pytest.mark.files_only("the envelope in a journal")
 def test_send_with_metadata_stores_the_documented_envelope(broker: Broker) -> None:
     q = broker.queue("jobs")
     mid = q.send(
@@ -80,11 +82,10 @@ def test_send_many_and_received_fields(broker: Broker) -> None:
     q = broker.queue("jobs")
     before = dt.datetime.now(dt.timezone.utc)
     ids = q.send_many([b"a", {"body": b"b", "attributes": {"k": "v"}}, bytearray(b"c")])
-    assert ids == ["0", "1", "2"]
     got = q.receive(10)
-    assert bodies(got) == [b"a", b"b", b"c"]
+    assert bodies(got) == [b"a", b"b", b"c"] and [g.id for g in got] == ids
     m = got[1]
-    assert m.id == "1" and m.receive_count == 1 and isinstance(m.receipt, str)
+    assert m.id == ids[1] and m.receive_count == 1 and isinstance(m.receipt, str)
     assert m.attributes == {"k": Attribute("String", "v")}
     assert before - dt.timedelta(seconds=1) <= m.sent_at <= dt.datetime.now(dt.timezone.utc)
     assert len({g.receipt for g in got}) == 3
@@ -257,6 +258,7 @@ def test_groups_batch_takes_one_per_group_and_keeps_order_after_expiry(broker: B
     assert bodies(q.receive(10)) == [b"x1", b"y1"]
 
 
+@pytest.mark.files_only("the ZooKeeper store does not deduplicate")
 def test_dedup_drops_second_send_within_window(broker: Broker) -> None:
     q = broker.queue("jobs")
     first = q.send(b"one", dedup_id="k")
@@ -268,6 +270,7 @@ def test_dedup_drops_second_send_within_window(broker: Broker) -> None:
     assert bodies(q.receive(10)) == [b"one", b"two", b"plain"]
 
 
+@pytest.mark.files_only("the ZooKeeper store does not deduplicate")
 def test_dedup_is_shared_by_brokers_and_ends_with_the_window(broker: Broker) -> None:
     q = broker.queue("jobs", dedup_window=1.0)
     first = q.send(b"x", dedup_id="same")
@@ -279,6 +282,7 @@ def test_dedup_is_shared_by_brokers_and_ends_with_the_window(broker: Broker) -> 
     assert end_offset(q.topic.path) == 2
 
 
+@pytest.mark.files_only("the ZooKeeper store does not deduplicate")
 def test_content_based_dedup(broker: Broker) -> None:
     q = broker.queue("jobs", content_based_dedup=True)
     a = q.send(b"same body")
@@ -382,6 +386,7 @@ def test_long_poll_wakes_when_a_hidden_message_comes_back(broker: Broker) -> Non
 # -- topics, channels, stats ----------------------------------------------------------------
 
 
+@pytest.mark.files_only("the ZooKeeper store has one channel per queue")
 def test_every_channel_gets_every_message_without_copies(broker: Broker) -> None:
     topic = broker.topic("events")
     a, b = topic.channel("a"), topic.channel("b")

@@ -129,3 +129,8 @@ class ReceiptError(QueueError):
 
 class TaskNotFoundError(QueueError, LookupError):
     """A message id that names no task: never sent, or garbage-collected after it finished."""
+
+
+class StoreUnavailableError(QueueError, ConnectionError):
+    """The queue's store (a ZooKeeper ensemble) could not be reached, or the connection broke
+    while a call was in flight: what that call was changing may or may not have been done."""

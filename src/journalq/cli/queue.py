@@ -26,6 +26,7 @@ from typing import Any
 
 import click
 
+from journalq.cli.data import DATA
 from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _line_batches, _tabular
 from journalq.errors import InvalidMessageError, InvalidNameError, QueueError, QueueNotFoundError, format_timestamp
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
@@ -70,15 +71,16 @@ def _broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         help="none, always, or group[:Nms][,N] (e.g. group:10ms): when writes reach stable storage.",
     )(command)
     return click.option(
-        "--data", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
-        envvar="JOURNALQ_DATA", show_envvar=True, metavar="DIR", help="The broker's data directory.",
+        "--data", type=DATA, default=Path("data"), show_default=True,
+        envvar="JOURNALQ_DATA", show_envvar=True, metavar="DIR",
+        help="The broker's data directory, or a ZooKeeper store: zk://host:port[,host:port]/path.",
     )(command)
 
 
 @contextmanager
-def _broker(data: Path, sync: str, *, create: bool = False) -> Iterator[Broker]:
+def _broker(data: Path | str, sync: str, *, create: bool = False) -> Iterator[Broker]:
     """The broker of ``data``; the directory is made only when ``create``."""
-    if not create and not data.is_dir():
+    if not create and isinstance(data, Path) and not data.is_dir():
         raise CommandError(f"no data directory {data} (give --data DIR or set JOURNALQ_DATA)")
     with Broker(data, sync=sync) as broker:
         yield broker
@@ -510,7 +512,7 @@ def create(
     check_name(name)
     if dead_letter_queue == name:
         raise CommandError(f"queue {name!r} cannot be its own dead-letter queue")
-    if not data.is_dir():
+    if not isinstance(data, Path) or not data.is_dir():
         QueueSettings().replace(**given)  # a bad setting fails before the data directory is made
     with _broker(data, sync, create=True) as broker:
         if broker.exists(name):

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from journalq.cli.data import DATA
 from journalq.cli.main import CommandError
 from journalq.journal.sync import SyncPolicy
 
@@ -25,8 +26,8 @@ def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 @click.command()
-@click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True,
-              envvar="JOURNALQ_DATA", help="The data directory (created when missing).")
+@click.option("--data", type=DATA, default=Path("data"), show_default=True, envvar="JOURNALQ_DATA",
+              help="The data directory (created when missing), or zk://host:port[,host:port]/path.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -39,7 +40,7 @@ def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
               help="ACCESS_KEY_ID:SECRET that SigV4 signatures of the SQS API must match (repeatable).")
 @click.option("--max-message-size", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024, show_default=True,
               help="Largest message body of the REST API, in bytes.")
-def serve(data: Path, host: str, port: int, workers: int, sync: str, token: str | None,
+def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token: str | None,
           aws_keys: tuple[str, ...], max_message_size: int) -> None:
     """Serve mq's REST API and the Amazon SQS JSON protocol (POST /) over DIR's queues.
 
@@ -57,7 +58,8 @@ def serve(data: Path, host: str, port: int, workers: int, sync: str, token: str 
         aws_credentials=_credentials(aws_keys), max_message_size=max_message_size,
         max_request_size=max(2 * 1024 * 1024, 2 * max_message_size),
     )
-    data.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, Path):
+        data.mkdir(parents=True, exist_ok=True)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     server_log = logging.getLogger("journalq.server")

@@ -19,6 +19,7 @@ from journalq.queue import settings as settings_file
 from journalq.queue.channel import Channel
 from journalq.queue.settings import QueueSettings, check_name
 from journalq.queue.topic import Topic, resend
+from journalq.queue.zookeeper import is_zookeeper_url, open_broker
 
 DEFAULT_CHANNEL = "default"
 
@@ -80,6 +81,13 @@ class Broker(Closing):
     send and each change of a message's state is on stable storage before the call returns;
     ``"none"`` is much faster and still survives the death of the process).
     """
+
+    def __new__(cls, root: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
+        """``Broker("zk://host:port[,host:port]/path")`` is the ZooKeeper store (kazoo is
+        imported only then); anything else is a data directory."""
+        if cls is Broker and is_zookeeper_url(root):
+            return open_broker(root, *args, **kwargs)  # type: ignore[arg-type]
+        return super().__new__(cls)
 
     def __init__(self, root: str | os.PathLike[str], *, sync: str | SyncPolicy = "always") -> None:
         self.root = Path(root)

@@ -98,6 +98,13 @@ def encode(envelope: Envelope) -> tuple[int, bytes]:
     """The sej (type, value) that carries ``envelope``."""
     if envelope.plain:
         return 0, envelope.body
+    raw = encode_meta(envelope)
+    return ENVELOPE_TYPE, b"".join((_MAGIC, _META_LEN.pack(len(raw)), raw, envelope.body))
+
+
+def encode_meta(envelope: Envelope, *, filters: bool = True) -> bytes:
+    """The envelope's metadata alone, as the UTF-8 JSON object described above (without the
+    filters when ``filters`` is false: a store that keeps them elsewhere)."""
     meta: dict[str, Any] = {}
     if envelope.attributes:
         meta["a"] = {
@@ -106,7 +113,7 @@ def encode(envelope: Envelope) -> tuple[int, bytes]:
         }
     if envelope.delay:
         meta["d"] = envelope.delay
-    if envelope.filters:
+    if envelope.filters and filters:
         meta["f"] = envelope.filters
     if envelope.dedup_id is not None:
         meta["i"] = envelope.dedup_id
@@ -117,10 +124,9 @@ def encode(envelope: Envelope) -> tuple[int, bytes]:
     if envelope.source is not None:
         meta["s"] = envelope.source
     try:
-        raw = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
     except (TypeError, ValueError) as exc:
         raise InvalidMessageError(f"message metadata cannot be stored as JSON: {exc}") from None
-    return ENVELOPE_TYPE, b"".join((_MAGIC, _META_LEN.pack(len(raw)), raw, envelope.body))
 
 
 def decode(type_: int, value: bytes) -> Envelope:
@@ -129,16 +135,23 @@ def decode(type_: int, value: bytes) -> Envelope:
         return Envelope(value)
     (meta_len,) = _META_LEN.unpack_from(value, len(_MAGIC))
     end = _PREFIX + meta_len
+    decoded = decode_meta(value[end:], value[_PREFIX:end])
+    return Envelope(value) if decoded is None else decoded  # damaged: the bytes as they are
+
+
+def decode_meta(body: bytes, raw: bytes) -> Envelope | None:
+    """The envelope of ``body`` with the JSON metadata ``raw`` (``encode_meta``'s); None when
+    the metadata is damaged."""
     try:
-        meta = json.loads(value[_PREFIX:end])
+        meta = json.loads(raw)
         if not isinstance(meta, dict):
             raise ValueError("not an object")
         attributes = {
-            name: Attribute(kind, base64.b64decode(raw) if kind.startswith("Binary") else raw)
-            for name, (kind, raw) in meta.get("a", {}).items()
+            name: Attribute(kind, base64.b64decode(data) if kind.startswith("Binary") else data)
+            for name, (kind, data) in meta.get("a", {}).items()
         }
         return Envelope(
-            value[end:],
+            body,
             attributes,
             float(meta.get("d", 0.0)),
             dict(meta.get("f", {})),
@@ -148,4 +161,4 @@ def decode(type_: int, value: bytes) -> Envelope:
             meta.get("s"),
         )
     except (ValueError, TypeError, InvalidMessageError):
-        return Envelope(value)  # damaged metadata: deliver the bytes as they are
+        return None

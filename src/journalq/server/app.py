@@ -23,8 +23,9 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from journalq import __version__
-from journalq.errors import Error, QueueNotFoundError, StorageError, TaskNotFoundError
+from journalq.errors import Error, QueueNotFoundError, StorageError, StoreUnavailableError, TaskNotFoundError
 from journalq.queue import Broker
+from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
 from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
@@ -96,6 +97,9 @@ def create_app(config: ServerConfig) -> FastAPI:
             reopened = broker().reopen_failed()
             log.error("storage failure: %s%s", exc, f" (reopening {', '.join(reopened)})" if reopened else "")
             raise HTTPProblem(503, f"not stored: {exc.reason}", {"Retry-After": str(config.retry_after)}) from exc
+        except StoreUnavailableError as exc:  # ZooKeeper out of reach: kazoo reconnects meanwhile
+            log.error("store unavailable: %s", exc)
+            raise HTTPProblem(503, f"not done: {exc}", {"Retry-After": str(config.retry_after)}) from exc
         except OSError as exc:
             # The same failures met outside a journal (a queue's settings file, its channel's
             # token, an offset file): still the storage's, not a bug of the server's.
@@ -276,6 +280,10 @@ def create_app(config: ServerConfig) -> FastAPI:
                 raise ValueError("not a JSON object")
         except ValueError as exc:
             return _sqs_error(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}"))
+        if is_zookeeper_url(broker().root):
+            return _sqs_error(SqsError(
+                "UnsupportedOperation", "the SQS protocol needs a data directory: this server's queues are in "
+                "ZooKeeper (use mq's REST API)", status=400))
         if not sqs_box:
             sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region))
         base_url = f"{request.url.scheme}://{request.headers.get('host', f'{config.host}:{config.port}')}"

@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journalq.queue.zookeeper import is_zookeeper_url
+
 ENVIRONMENT_VARIABLE = "JOURNALQ_SERVER"
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    data: Path = Path("data")
+    data: Path | str = Path("data")
+    """A data directory, or a ZooKeeper store's ``zk://`` URL."""
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
@@ -49,5 +52,5 @@ class ServerConfig:
         if not raw:
             return cls()
         data: dict[str, Any] = json.loads(raw)
-        data["data"] = Path(data["data"])
+        data["data"] = data["data"] if is_zookeeper_url(data["data"]) else Path(data["data"])
         return cls(**data)

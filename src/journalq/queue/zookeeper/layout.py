@@ -1,0 +1,215 @@
+"""The ZooKeeper store's tree and records, free of I/O: URLs, paths, task ids, queue entries,
+receipts and the garbage collector's decisions.
+
+One queue is one zkmq directory under the broker's path::
+
+    /path/<queue>                  the queue's settings (JSON), but the two below
+        /queue/<task>              pending tasks: the entry (JSON) says when the task is visible,
+                                   how often it was received, by whom, its group and filters
+        /tasks/<task>
+            /filters/<name>        the message's zkmq filters
+            /state                 inserted, claimed, finished or dead
+            /metadata              JSON: attributes, delay, group, source and the task metadata
+            /data                  the body, as sent
+            /claim                 ephemeral: the lock of the consumer that holds the task
+        /consumers/<id>
+            /current               ephemeral while the consumer lives: the ids it last received
+        /conf                      data (JSON): when the last collection began and by whom, and
+                                   how many tasks went to the dead-letter queue
+            /task_gc_lifetime      seconds, as text
+            /task_gc_interval      seconds, as text
+            /lock                  ephemeral, held by whoever collects now
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import threading
+import time
+from collections.abc import Container
+from dataclasses import dataclass, field
+from typing import Any
+
+from journalq.errors import InvalidMessageError, InvalidSettingError, ReceiptError
+
+SCHEME = "zk://"
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
+_PATH = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
+
+INSERTED, CLAIMED, FINISHED, DEAD = "inserted", "claimed", "finished", "dead"
+STATES = (INSERTED, CLAIMED, FINISHED, DEAD)
+
+
+def is_zookeeper_url(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(SCHEME)
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``zk://host:port[,host:port]/path`` as (kazoo's hosts string, the path)."""
+    if not is_zookeeper_url(url):
+        raise InvalidSettingError(f"a ZooKeeper store is given as zk://host:port[,host:port]/path, not {url!r}")
+    rest = url[len(SCHEME):]
+    hosts, slash, path = rest.partition("/")
+    path = (slash + path).rstrip("/")
+    for host in hosts.split(","):
+        match = _HOST.fullmatch(host)
+        if match is None or (match[2] is not None and not 0 < int(match[2][1:]) < 65536):
+            raise InvalidSettingError(f"ZooKeeper URL {url!r}: {host!r} is not host or host:port")
+    parts = path.split("/")
+    if not _PATH.fullmatch(path) or "." in parts or ".." in parts or parts[1] == "zookeeper":
+        raise InvalidSettingError(
+            f"ZooKeeper URL {url!r} needs a path of one or more /names (letters, digits, '-', '_', '.'), "
+            "not the root, '.', '..' or /zookeeper"
+        )
+    return hosts, path
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The nodes of the queue ``name`` under the broker's ``root`` path."""
+
+    root: str
+    name: str
+
+    @property
+    def dir(self) -> str:
+        return f"{self.root}/{self.name}"
+
+    @property
+    def queue(self) -> str:
+        return f"{self.dir}/queue"
+
+    @property
+    def tasks(self) -> str:
+        return f"{self.dir}/tasks"
+
+    @property
+    def consumers(self) -> str:
+        return f"{self.dir}/consumers"
+
+    @property
+    def conf(self) -> str:
+        return f"{self.dir}/conf"
+
+    def entry(self, task: str) -> str:
+        return f"{self.dir}/queue/{task}"
+
+    def task(self, task: str, part: str | None = None) -> str:
+        return f"{self.dir}/tasks/{task}" + (f"/{part}" if part else "")
+
+    def consumer(self, consumer: str, part: str | None = None) -> str:
+        return f"{self.dir}/consumers/{consumer}" + (f"/{part}" if part else "")
+
+
+class TaskIds:
+    """Task ids that sort in the order of sending: the sender's clock in nanoseconds (19 digits,
+    rising strictly within a process) and 5 random digits, so two senders never make the same."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def make(self, count: int) -> list[tuple[str, int]]:
+        """``count`` new ids, each with its time in nanoseconds."""
+        with self._lock:
+            start = max(time.time_ns(), self._last + 1)
+            self._last = start + count - 1
+        return [(f"{start + i:019d}{secrets.randbelow(100_000):05d}", start + i) for i in range(count)]
+
+
+def check_task_id(task: object) -> str:
+    """A task id as given: digits only (anything else cannot name a task, nor a node)."""
+    if not isinstance(task, str) or not task.isascii() or not task.isdigit() or len(task) > 40:
+        raise InvalidMessageError(f"message id {task!r} is not one of this queue's ids")
+    return task
+
+
+def sent_at_ns(task: str) -> int:
+    """When the task was sent, by its sender's clock (the id's first 19 digits)."""
+    return int(task[:19]) if len(task) >= 19 else 0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A pending task's queue entry: visible from ``at`` (ms since the epoch); received ``count``
+    times; held by consumer ``by`` (None when nobody claimed it since it was sent or released).
+    ``kept``: its consumer left cleanly (closed), so the visibility timeout still holds; a
+    consumer that died (its session ended) gives its tasks back at once instead."""
+
+    at: int
+    count: int = 0
+    by: str | None = None
+    group: str | None = None
+    filters: dict[str, str] = field(default_factory=dict)
+    kept: bool = False
+
+    def encode(self) -> bytes:
+        data: dict[str, Any] = {"at": self.at, "n": self.count}
+        if self.by is not None:
+            data["by"] = self.by
+        if self.group is not None:
+            data["g"] = self.group
+        if self.filters:
+            data["f"] = self.filters
+        if self.kept:
+            data["k"] = 1
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Entry:
+        try:
+            data = json.loads(raw)
+            return cls(int(data["at"]), int(data.get("n", 0)), data.get("by"), data.get("g"), dict(data.get("f", {})),
+                       bool(data.get("k")))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return cls(0)  # a damaged entry is delivered rather than stuck: at least once
+
+    def held(self, now_ms: int, live: Container[str]) -> bool:
+        """Hidden by a consumer's claim: a live consumer's, or one that left cleanly."""
+        return self.by is not None and self.at > now_ms and (self.kept or self.by in live)
+
+    def available(self, now_ms: int, live: Container[str]) -> bool:
+        """Receivable now: its time came, or the consumer that held it died (session over)."""
+        return self.at <= now_ms or (self.by is not None and not self.kept and self.by not in live)
+
+
+_RECEIPT = re.compile(r"([0-9]{1,40})\.([1-9][0-9]{0,9})")
+
+
+def receipt(task: str, count: int) -> str:
+    return f"{task}.{count}"
+
+
+def parse_receipt(value: object) -> tuple[str, int]:
+    match = _RECEIPT.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ReceiptError(f"receipt {value!r} is not a receipt of this queue")
+    return match[1], int(match[2])
+
+
+@dataclass(frozen=True)
+class TaskFacts:
+    """What the garbage collector reads of one task (times in ms by the server's clock)."""
+
+    created: int
+    state: str | None
+    state_changed: int
+    pending: bool
+    """Has a queue entry."""
+
+
+def collectable(facts: TaskFacts, now_ms: int, lifetime_ms: int, orphan_grace_ms: int) -> bool:
+    """Whether the collector deletes this task now.
+
+    A finished or dead task goes ``lifetime`` after it finished. A task with no queue entry that
+    is neither is what a sender left when it died between the steps of a send (data, metadata and
+    filters, entry): nobody can see it; it goes once it is older than any send in progress could
+    be (``orphan_grace``). A pending task is never collected.
+    """
+    if facts.state in (FINISHED, DEAD):
+        return facts.state_changed <= now_ms - lifetime_ms
+    if facts.pending:
+        return False
+    return facts.created <= now_ms - orphan_grace_ms

@@ -1,0 +1,1179 @@
+"""The ZooKeeper store: zkmq's tree (see ``layout``) through kazoo, with the file-system store's
+interface (``Broker``, ``Topic``, ``Queue``).
+
+How it keeps its promises:
+
+- A send writes in zkmq's order, one ZooKeeper transaction per step for a whole batch: the data,
+  then the metadata, filters and state, then the queue entry. Consumers only look at queue
+  entries, so a sender that dies between steps leaves nothing visible; the collector deletes what
+  it left (``layout.collectable``).
+- A claim is one transaction: the queue entry is rewritten at the version that was read (so two
+  consumers can never both win it), the ephemeral ``claim`` lock is created (replacing the lock of
+  a live consumer whose visibility timeout ran out), and the state becomes ``claimed``.
+- A consumer's ``/consumers/<id>/current`` is ephemeral: when its session ends, the tasks that it
+  held are available at once, whatever their visibility timeout said. A live consumer's claim
+  whose visibility ran out is taken over by the next receive.
+- Delivery is at least once: a task leaves the queue only when a receipt of its latest delivery
+  deletes it (or it goes to the dead-letter queue).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+
+from journalq.closing import Closing
+from journalq.errors import (
+    InvalidMessageError,
+    InvalidSettingError,
+    QueueError,
+    QueueNotFoundError,
+    ReceiptError,
+    StoreUnavailableError,
+    TaskNotFoundError,
+)
+from journalq.journal.sync import SyncPolicy
+from journalq.queue import envelope
+from journalq.queue import filters as filtering
+from journalq.queue.broker import DEFAULT_CHANNEL, Queue
+from journalq.queue.channel import MAX_RECEIVE, MAX_VISIBILITY, ChannelStats, ReceivedMessage, Task
+from journalq.queue.envelope import Envelope
+from journalq.queue.settings import QueueSettings, check_name, check_number
+from journalq.queue.topic import OutgoingMessage, Topic, resend
+from journalq.queue.zookeeper.layout import (
+    CLAIMED,
+    DEAD,
+    FINISHED,
+    INSERTED,
+    Entry,
+    Paths,
+    TaskFacts,
+    TaskIds,
+    check_task_id,
+    collectable,
+    parse_receipt,
+    parse_url,
+    receipt,
+    sent_at_ns,
+)
+
+MAX_BODY = 1_000_000
+"""Bytes of one message body: ZooKeeper refuses packets over ``jute.maxbuffer`` (1 MiB)."""
+_BATCH_BYTES = 256 * 1024  # bodies per send transaction
+_BATCH_TASKS = 200  # tasks per transaction
+ORPHAN_GRACE = 60.0
+"""Seconds after which a task with no queue entry (its sender died mid-send) is collected."""
+_GC_SETTINGS = ("task_gc_lifetime", "task_gc_interval")
+_POLL = 1.0  # a long poll looks again at least this often (releases, sessions that end)
+_RELIST = 1.0  # seconds a receive may reuse the listing of pending tasks (new ones sort after it)
+_UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError, KazooTimeoutError)
+
+T = TypeVar("T")
+
+log = logging.getLogger("journalq.queue.zookeeper")
+log.addHandler(logging.NullHandler())  # kazoo's reconnection notes: for the application's logging only
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@contextmanager
+def _translated(where: str, queue: str | None = None) -> Iterator[None]:
+    """kazoo's connection errors as journalq's (the caller cannot know whether a write was
+    done); within ``queue``'s operations, a node missing where one was expected means that the
+    queue was deleted meanwhile."""
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailableError(f"ZooKeeper at {where}: {type(exc).__name__} {exc}".rstrip()) from exc
+    except NoNodeError as exc:
+        if queue is None:
+            raise
+        raise QueueNotFoundError(f"queue {queue!r} was deleted (ZooKeeper at {where})") from exc
+
+
+def _failure(results: list[Any]) -> tuple[int, Exception] | None:
+    """The operation of a transaction that failed (index, error), or None when it was done."""
+    for i, result in enumerate(results):
+        if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+            return i, result
+    return None
+
+
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class _Live:
+    """The consumers whose session is alive (their ``current`` exists): asked at once, known at
+    the first question, so that the asking overlaps other reads."""
+
+    def __init__(self, zk: KazooClient, paths: Paths, consumers: list[str], me: str) -> None:
+        self._checks = [(c, zk.exists_async(paths.consumer(c, "current"))) for c in consumers]
+        self._me = me
+        self._known: set[str] | None = None
+
+    def __contains__(self, consumer: object) -> bool:
+        if self._known is None:
+            self._known = {c for c, check in self._checks if check.get() is not None}
+            self._known.add(self._me)
+        return consumer in self._known
+
+
+@dataclass
+class _Outgoing:
+    task: str
+    sent_ns: int
+    envelope: Envelope
+
+
+class ZooKeeperBroker(Closing):
+    """Queues in a ZooKeeper ensemble: ``Broker("zk://host:port[,host:port]/path")``.
+
+    ``session_timeout`` (seconds) is how soon the tasks of a consumer that died come back. ``sync``
+    is accepted for the file store's signature; ZooKeeper acknowledges a write once a quorum has
+    it on disk.
+    """
+
+    def __init__(self, root: str, *, sync: str = "always", session_timeout: float = 10.0,
+                 connect_timeout: float = 15.0) -> None:
+        self.root = root
+        self.sync = str(SyncPolicy.parse(sync))
+        self.hosts, self.path = parse_url(root)
+        check_number("session_timeout", session_timeout, 0.2, 600)
+        self.client = KazooClient(hosts=self.hosts, timeout=session_timeout, logger=log)
+        self.participant = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.ids = TaskIds()
+        self._topics: dict[str, ZooKeeperTopic] = {}
+        self._queues: dict[str, ZooKeeperQueue] = {}
+        self._lock = threading.RLock()
+        with _translated(self.hosts):
+            try:
+                self.client.start(timeout=connect_timeout)
+            except KazooTimeoutError:
+                self.client.close()
+                raise StoreUnavailableError(
+                    f"no ZooKeeper answered at {self.hosts} within {connect_timeout:g}s"
+                ) from None
+            self.client.ensure_path(self.path)
+
+    def paths(self, name: str) -> Paths:
+        return Paths(self.path, check_name(name))
+
+    # -- settings ---------------------------------------------------------------------------
+
+    def _load(self, name: str) -> QueueSettings | None:
+        paths = self.paths(name)
+        zk = self.client
+        with _translated(self.hosts):
+            results = [zk.get_async(p) for p in (paths.dir, *(f"{paths.conf}/{s}" for s in _GC_SETTINGS))]
+            try:
+                raw, *gc = [r.get()[0] for r in results]
+            except NoNodeError:
+                return None
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            for setting, value in zip(_GC_SETTINGS, gc):
+                data[setting] = float(value)
+            return QueueSettings.from_json(data)
+        except (ValueError, TypeError) as exc:
+            raise InvalidSettingError(f"cannot read the settings of {paths.dir} on {self.hosts}: {exc}") from None
+
+    @staticmethod
+    def _check(settings: QueueSettings) -> QueueSettings:
+        """Settings this store can keep (see README: the ZooKeeper store's limits)."""
+        if settings.content_based_dedup:
+            raise InvalidSettingError("the ZooKeeper store does not deduplicate: content_based_dedup cannot be set")
+        if settings.retention_bytes is not None:
+            raise InvalidSettingError("the ZooKeeper store has no retention by size: retention_bytes cannot be set")
+        return settings
+
+    @staticmethod
+    def _settings_data(settings: QueueSettings) -> bytes:
+        data = {k: v for k, v in settings.to_json().items() if k not in _GC_SETTINGS}
+        return json.dumps(data, sort_keys=True).encode()
+
+    def _create(self, name: str, settings: QueueSettings) -> None:
+        paths = self.paths(name)
+        t = self.client.transaction()
+        t.create(paths.dir, self._settings_data(settings))
+        for node in (paths.queue, paths.tasks, paths.consumers, paths.conf):
+            t.create(node, b"")
+        for setting in _GC_SETTINGS:
+            t.create(f"{paths.conf}/{setting}", repr(float(getattr(settings, setting))).encode())
+        failed = _failure(t.commit())
+        if failed is not None and not isinstance(failed[1], NodeExistsError):
+            raise failed[1]
+
+    def _save(self, name: str, settings: QueueSettings) -> None:
+        paths = self.paths(name)
+        t = self.client.transaction()
+        t.set_data(paths.dir, self._settings_data(settings))
+        for setting in _GC_SETTINGS:
+            t.set_data(f"{paths.conf}/{setting}", repr(float(getattr(settings, setting))).encode())
+        failed = _failure(t.commit())
+        if failed is not None:
+            if isinstance(failed[1], NoNodeError):
+                raise QueueNotFoundError(f"no queue {name!r} in {self.root}")
+            raise failed[1]
+
+    # -- the Broker interface -----------------------------------------------------------------
+
+    def topic(self, name: str, *, create: bool = True, **settings: Any) -> ZooKeeperTopic:
+        """The queue ``name`` seen as a topic (this store has one channel per topic: ``default``)."""
+        check_name(name)
+        with self._lock, _translated(self.hosts):
+            topic = self._topics.get(name)
+            if topic is not None and not settings:
+                return topic
+            current = self._load(name)
+            if current is None:
+                if not create:
+                    raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+                self._create(name, self._check(QueueSettings().replace(**settings)))
+                current = self._load(name)
+                if current is None:  # made by another meanwhile, but not whole: being deleted
+                    raise QueueError(f"queue {name!r} in {self.root} is being deleted (or was left half made)")
+            elif settings:
+                updated = self._check(current.replace(**settings))
+                if updated != current:
+                    self._save(name, updated)
+                    current = updated
+            if topic is None:
+                topic = self._topics[name] = ZooKeeperTopic(self, name, current)
+            topic.settings = current
+            return topic
+
+    def queue(self, name: str, *, create: bool = True, **settings: Any) -> ZooKeeperQueue:
+        with self._lock:
+            topic = self.topic(name, create=create, **settings)
+            return topic.channel(DEFAULT_CHANNEL)
+
+    def configure(self, name: str, **changes: Any) -> QueueSettings:
+        return self.topic(name, create=False, **changes).settings
+
+    def names(self) -> list[str]:
+        zk = self.client
+        with _translated(self.hosts):
+            children = sorted(zk.get_children(self.path))
+            results = [(name, zk.get_async(f"{self.path}/{name}")) for name in children]
+            names = []
+            for name, result in results:
+                try:
+                    if result.get()[0]:
+                        names.append(name)
+                except NoNodeError:
+                    continue
+        return names
+
+    def exists(self, name: str) -> bool:
+        paths = self.paths(name)
+        with _translated(self.hosts):
+            try:
+                return bool(self.client.get(paths.dir)[0])
+            except NoNodeError:
+                return False
+
+    def delete(self, name: str) -> None:
+        """Delete a queue and all its tasks."""
+        if not self.exists(name):
+            raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        self.forget(name)
+        paths = self.paths(name)
+        with _translated(self.hosts):
+            try:
+                self.client.set(paths.dir, b"")  # no longer a queue, at once
+                self.client.delete(paths.dir, recursive=True)
+            except NoNodeError:
+                pass
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            topic = self._topics.pop(name, None)
+            self._queues.pop(name, None)
+        if topic is not None:
+            topic.close()
+
+    def reopen_failed(self) -> list[str]:
+        """Nothing to reopen: kazoo reconnects by itself (the file store's writers may fail)."""
+        return []
+
+    def gc(self) -> dict[str, int]:
+        """Collect every queue's finished tasks now; returns how many were deleted per queue."""
+        return {name: len(self.topic(name).gc()) for name in self.names()}
+
+    def close(self) -> None:
+        with self._lock:
+            topics = list(self._topics.values())
+            self._topics.clear()
+            self._queues.clear()
+        try:
+            for topic in topics:
+                topic.close()
+        finally:
+            self.client.stop()
+            self.client.close()
+
+
+class ZooKeeperTopic:
+    """One zkmq directory: what producers send to. Its one channel is its ``ZooKeeperQueue``."""
+
+    def __init__(self, broker: ZooKeeperBroker, name: str, settings: QueueSettings) -> None:
+        self.broker = broker
+        self.name = name
+        self.settings = settings
+        self.paths = broker.paths(name)
+        self.failed = False
+        self._queue: ZooKeeperQueue | None = None
+        self._last_gc_try = time.monotonic()
+
+    @property
+    def _zk(self) -> KazooClient:
+        return self.broker.client
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, body: bytes, **options: Any) -> str:
+        return self.send_many([{"body": body, **options}])[0]
+
+    def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
+        """Write the batch in zkmq's order (data; metadata, filters and state; queue entries),
+        one transaction per step and chunk; returns the task ids in the order given."""
+        # The file store's checks and defaults (a bound method needs only ``self.settings``).
+        envelopes = [Topic._envelope(self, item) for item in items]  # type: ignore[arg-type]
+        for env in envelopes:
+            if env.dedup_id is not None:
+                raise InvalidMessageError("the ZooKeeper store does not deduplicate: send without dedup_id")
+            if len(env.body) > MAX_BODY:
+                raise InvalidMessageError(f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}")
+            for name in env.filters:
+                check_name(name, "filter")  # it names a node: checked before anything is written
+        outgoing = [_Outgoing(task, ns, env) for (task, ns), env in zip(self.broker.ids.make(len(envelopes)), envelopes)]
+        chunks: list[list[_Outgoing]] = []
+        size = 0
+        for item in outgoing:
+            if not chunks or size + len(item.envelope.body) > _BATCH_BYTES or len(chunks[-1]) >= _BATCH_TASKS:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(item)
+            size += len(item.envelope.body)
+        with _translated(self.broker.hosts, self.name):
+            # The steps go out one after another without waiting: ZooKeeper applies a session's
+            # requests in order, and each step fails unless the one before it was applied
+            # (metadata needs the task's node; the entry checks the state node).
+            pending = []
+            for step in (self._write_data, self._write_metadata, self._write_entries):
+                pending += [step(chunk).commit_async() for chunk in chunks]
+            for result in pending:
+                failed = _failure(result.get())
+                if failed is not None:
+                    raise failed[1]
+            self.maybe_collect()
+        return [item.task for item in outgoing]
+
+    def _write_data(self, chunk: list[_Outgoing]) -> Any:
+        t = self._zk.transaction()
+        for item in chunk:
+            t.create(self.paths.task(item.task), b"")
+            t.create(self.paths.task(item.task, "data"), item.envelope.body)
+        return t
+
+    def _write_metadata(self, chunk: list[_Outgoing]) -> Any:
+        t = self._zk.transaction()
+        for item in chunk:
+            t.create(self.paths.task(item.task, "metadata"), envelope.encode_meta(item.envelope, filters=False))
+            t.create(self.paths.task(item.task, "filters"), b"")
+            for name, value in item.envelope.filters.items():
+                t.create(self.paths.task(item.task, f"filters/{name}"), value.encode())
+            t.create(self.paths.task(item.task, "state"), INSERTED.encode())
+        return t
+
+    def _write_entries(self, chunk: list[_Outgoing]) -> Any:
+        t = self._zk.transaction()
+        for item in chunk:
+            env = item.envelope
+            at = (item.sent_ns + int(env.delay * 1e9)) // 1_000_000
+            t.check(self.paths.task(item.task, "state"), 0)  # the metadata step was applied
+            t.create(self.paths.entry(item.task), Entry(at, 0, None, env.group_id, env.filters).encode())
+        return t
+
+    # -- channels ---------------------------------------------------------------------------
+
+    def channel(self, name: str) -> ZooKeeperQueue:
+        check_name(name, "channel")
+        if name != DEFAULT_CHANNEL:
+            raise QueueError(
+                f"the ZooKeeper store has one channel per queue ({DEFAULT_CHANNEL!r}), not {name!r}"
+            )
+        if self._queue is None:
+            self._queue = ZooKeeperQueue(self)
+            self.broker._queues[self.name] = self._queue
+        return self._queue
+
+    def channel_names(self) -> list[str]:
+        return [DEFAULT_CHANNEL]
+
+    # -- garbage collection -----------------------------------------------------------------
+
+    def maybe_collect(self) -> None:
+        """Every ``task_gc_interval``, try to collect (producers and consumers both call this)."""
+        now = time.monotonic()
+        if now - self._last_gc_try >= self.settings.task_gc_interval:
+            self._last_gc_try = now
+            self.collect()
+
+    def gc(self) -> list[str]:
+        """Collect now, whenever the last collection was; returns the tasks deleted."""
+        with _translated(self.broker.hosts, self.name):
+            return self.collect(force=True) or []
+
+    def collect(self, *, force: bool = False, orphan_grace: float = ORPHAN_GRACE) -> list[str] | None:
+        """One collection under ``conf/lock``, if nobody else holds it and (unless ``force``) the
+        last one, by anybody, is ``task_gc_interval`` ago; returns the tasks deleted, or None
+        when it did not run. Times are the server's: the lock's creation is now."""
+        zk, paths, settings = self._zk, self.paths, self.settings
+        lock = f"{paths.conf}/lock"
+        try:
+            _, lock_stat = zk.create(lock, self.broker.participant.encode(), ephemeral=True, include_data=True)
+        except NodeExistsError:
+            return None  # somebody collects now
+        except NoNodeError:
+            return None  # the queue was deleted
+        try:
+            now = lock_stat.ctime
+            last = self.conf().get("collected_at")
+            if not force and isinstance(last, int) and last > now - settings.task_gc_interval * 1000:
+                return None
+            self._update_conf(collected_at=now, collected_by=self.broker.participant)
+            deleted = self._collect_tasks(now, int(settings.task_gc_lifetime * 1000), int(orphan_grace * 1000))
+            self._expire_retention(now)
+            self._collect_consumers()
+            return deleted
+        finally:
+            try:
+                zk.delete(lock)
+            except NoNodeError:
+                pass
+
+    def conf(self) -> dict[str, Any]:
+        """``conf``'s record: when the last collection began (``collected_at``, ms by the
+        server's clock) and by whom, and how many tasks went to the dead-letter queue (``dead``)."""
+        try:
+            data = json.loads(self._zk.get(self.paths.conf)[0] or b"{}")
+        except ValueError:
+            return {}  # damaged: the next collection writes it anew
+        return data if isinstance(data, dict) else {}
+
+    def _update_conf(self, *, add_dead: int = 0, **fields: Any) -> None:
+        """Change ``conf``'s record at the version read (again when another changed it)."""
+        zk = self._zk
+        while True:
+            raw, stat = zk.get(self.paths.conf)
+            try:
+                data = json.loads(raw or b"{}")
+            except ValueError:
+                data = {}
+            if not isinstance(data, dict):
+                data = {}
+            data.update(fields)
+            if add_dead:
+                data["dead"] = int(data.get("dead", 0)) + add_dead
+            try:
+                zk.set(self.paths.conf, json.dumps(data, sort_keys=True).encode(), stat.version)
+                return
+            except BadVersionError:
+                continue
+
+    def _collect_tasks(self, now: int, lifetime: int, grace: int) -> list[str]:
+        """Delete the tasks that ``layout.collectable`` lets go, a thousand at a time."""
+        zk, paths = self._zk, self.paths
+        deleted = []
+        for chunk in _chunks(zk.get_children(paths.tasks), 1000):
+            reads = [
+                (task, zk.exists_async(paths.task(task)), zk.get_async(paths.task(task, "state")),
+                 zk.exists_async(paths.entry(task)))
+                for task in chunk
+            ]
+            doomed = []
+            for task, node, state, entry in reads:
+                task_stat = node.get()
+                if task_stat is None:
+                    continue
+                try:
+                    raw, state_stat = state.get()
+                    value, changed = raw.decode(errors="replace"), state_stat.mtime
+                except NoNodeError:
+                    value, changed = None, task_stat.ctime
+                facts = TaskFacts(task_stat.ctime, value, changed, entry.get() is not None)
+                if collectable(facts, now, lifetime, grace):
+                    doomed.append(task)
+            deleted += self._delete_tasks(doomed)
+        return deleted
+
+    def _delete_tasks(self, tasks: list[str]) -> list[str]:
+        """Delete tasks with everything under them, each in one transaction (so that a task is
+        either whole or gone); returns those deleted."""
+        zk, paths = self._zk, self.paths
+        children = [(task, zk.get_children_async(paths.task(task))) for task in tasks]
+        listed = []
+        for task, result in children:
+            try:
+                names = result.get()
+            except NoNodeError:
+                continue
+            filters = zk.get_children_async(paths.task(task, "filters")) if "filters" in names else None
+            listed.append((task, names, filters))
+        commits = []
+        for task, names, filters in listed:
+            t = zk.transaction()
+            try:
+                for name in filters.get() if filters is not None else []:
+                    t.delete(paths.task(task, f"filters/{name}"))
+            except NoNodeError:
+                pass
+            for name in names:
+                t.delete(paths.task(task, name))
+            t.delete(paths.task(task))
+            commits.append((task, t.commit_async()))
+        return [task for task, result in commits if _failure(result.get()) is None]
+
+    def _expire_retention(self, now: int) -> None:
+        """Finish pending tasks older than ``retention_seconds`` (then collected as finished)."""
+        retention = self.settings.retention_seconds
+        if retention is None:
+            return
+        horizon_ns = (now - int(retention * 1000)) * 1_000_000
+        old = [task for task in self._zk.get_children(self.paths.queue) if sent_at_ns(task) < horizon_ns]
+        if old:
+            self.channel(DEFAULT_CHANNEL).finish_ids(old, FINISHED)
+
+    def _collect_consumers(self) -> None:
+        """Delete the nodes of consumers whose session is over (no ``current``)."""
+        zk, paths = self._zk, self.paths
+        checks = [(c, zk.exists_async(paths.consumer(c, "current"))) for c in zk.get_children(paths.consumers)]
+        for consumer, check in checks:
+            if check.get() is None:
+                try:
+                    zk.delete(paths.consumer(consumer))
+                except (NoNodeError, NotEmptyError):
+                    pass  # gone already, or it came back meanwhile
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
+
+
+class ZooKeeperQueue:
+    """A zkmq queue with the file store's ``Queue`` interface (receive, delete, visibility,
+    release, task states, consumers, stats, purge, dead letters, redrive)."""
+
+    def __init__(self, topic: ZooKeeperTopic) -> None:
+        self.topic = topic
+        self.name = DEFAULT_CHANNEL
+        self.paths = topic.paths
+        self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._session: int | None = None
+        self._known: dict[str, tuple[Entry, int]] = {}  # task -> (entry, version) this handle wrote
+        self._listing: list[str] = []  # the pending tasks, sorted, as last listed
+        self._listed_at: float | None = None
+        self._gone: set[str] = set()  # tasks of the listing known to be no longer pending
+        self._changed = threading.Event()
+        self._closed = False
+
+    @property
+    def settings(self) -> QueueSettings:
+        return self.topic.settings
+
+    @property
+    def _zk(self) -> KazooClient:
+        return self.topic.broker.client
+
+    def _translated(self) -> Any:
+        return _translated(self.topic.broker.hosts, self.topic.name)
+
+    # -- what the file store's Queue has -----------------------------------------------------
+
+    def send(self, body: bytes, **options: Any) -> str:
+        return self.topic.send(body, **options)
+
+    def send_many(self, items: Any) -> list[str]:
+        return self.topic.send_many(items)
+
+    configure = Queue.configure
+    redrive = Queue.redrive
+
+    # -- consumers --------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        """Make ``/consumers/<id>/current`` (ephemeral) for this session, once per session."""
+        session = self._zk.client_id[0] if self._zk.client_id else None
+        if session is not None and session == self._session:
+            return
+        zk, paths = self._zk, self.paths
+        t = zk.transaction()
+        t.create(paths.consumer(self.consumer_id), b"")
+        t.create(paths.consumer(self.consumer_id, "current"), b"[]", ephemeral=True)
+        failed = _failure(t.commit())
+        if failed is not None:
+            if failed[0] != 0 or not isinstance(failed[1], NodeExistsError):
+                raise failed[1]
+            try:  # the consumer's node outlived an earlier session of ours
+                zk.create(paths.consumer(self.consumer_id, "current"), b"[]", ephemeral=True)
+            except NodeExistsError:
+                pass
+        self._session = session
+
+    def _live(self, consumers: list[str] | None = None) -> _Live:
+        """The consumers whose session is alive (this one among them)."""
+        if consumers is None:
+            consumers = self._zk.get_children(self.paths.consumers)
+        return _Live(self._zk, self.paths, consumers, self.consumer_id)
+
+    def consumers(self) -> dict[str, list[str]]:
+        """Live consumers and the ids of the tasks each holds hidden now."""
+        with self._translated():
+            now, live = _now_ms(), self._live()
+            held: dict[str, list[str]] = {}
+            for task, entry, _ in self._entries(sorted(self._zk.get_children(self.paths.queue))):
+                if entry.held(now, live):
+                    assert entry.by is not None
+                    held.setdefault(entry.by, []).append(task)
+            return held
+
+    def _pending(self, relist: bool, watch: bool) -> tuple[list[str], bool]:
+        """The pending tasks, oldest first, and whether they were listed just now. Listing a
+        queue of thousands costs more than the rest of a receive, so a listing serves for
+        ``_RELIST`` seconds (new tasks sort after it) unless ``relist``; ``watch`` also sets a
+        watch that wakes a long poll when tasks come or go."""
+        now = time.monotonic()
+        if relist or watch or self._listed_at is None or now - self._listed_at > _RELIST:
+            self._gone.clear()
+            self._listing = sorted(self._zk.get_children(self.paths.queue, watch=self._on_change if watch else None))
+            self._listed_at = now
+            return self._listing, True
+        if self._gone:
+            gone, self._gone = self._gone, set()
+            self._listing = [task for task in self._listing if task not in gone]
+        return self._listing, False
+
+    def _entries(self, tasks: list[str], first: int = 512) -> Iterator[tuple[str, Entry, int]]:
+        """(task, entry, version) of each task still pending, read together: ``first`` at first,
+        then twice as many each time (a receive of a few reads a few)."""
+        zk, size, start = self._zk, first, 0
+        while start < len(tasks):
+            chunk = tasks[start : start + size]
+            start += size
+            size = min(size * 2, 1024)
+            for task, result in [(task, zk.get_async(self.paths.entry(task))) for task in chunk]:
+                try:
+                    raw, stat = result.get()
+                except NoNodeError:
+                    self._gone.add(task)
+                    continue
+                yield task, Entry.decode(raw), stat.version
+
+    def _on_change(self, event: Any) -> None:
+        self._changed.set()
+
+    # -- receiving --------------------------------------------------------------------------
+
+    def receive(
+        self,
+        max_messages: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        filters: filtering.ConsumerFilters | None = None,
+    ) -> list[ReceivedMessage]:
+        """As ``Channel.receive``: oldest first (by the senders' clocks), each hidden for
+        ``visibility_timeout`` seconds; ``wait`` is long polling (woken by new tasks)."""
+        if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= MAX_RECEIVE:
+            raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
+        settings = self.settings
+        hide = settings.visibility_timeout if visibility_timeout is None else visibility_timeout
+        check_number("visibility_timeout", hide, 0, MAX_VISIBILITY)
+        wait = check_number("wait", settings.receive_wait if wait is None else wait, 0, 3600)
+        wanted = filtering.normalize(filters, settings.enums)
+        deadline = time.monotonic() + wait
+        with self._translated():
+            while True:
+                self._changed.clear()
+                got, wake_at = self._receive_now(max_messages, int(hide * 1000), wanted, watch=wait > 0)
+                remaining = deadline - time.monotonic()
+                if got or remaining <= 0 or self._closed:
+                    return got
+                if wake_at is not None:
+                    remaining = min(remaining, max(0.0, (wake_at - _now_ms()) / 1000))
+                self._changed.wait(min(remaining, _POLL))
+
+    def _receive_now(
+        self, max_messages: int, hide_ms: int, wanted: dict[str, tuple[str, filtering.Method]] | None, *, watch: bool
+    ) -> tuple[list[ReceivedMessage], int | None]:
+        self.topic.maybe_collect()
+        self._register()
+        received: list[ReceivedMessage] = []
+        relist = False
+        for _ in range(5):
+            got, wake_at, raced, fresh = self._claim_some(
+                max_messages - len(received), hide_ms, wanted, watch, relist, {m.id for m in received}
+            )
+            received += got
+            if len(received) == max_messages or (fresh and (got or not raced)):
+                break
+            relist = True  # too few in an older listing, or others won every race: look again
+        return received, wake_at
+
+    def _claim_some(
+        self, max_messages: int, hide_ms: int, wanted: dict[str, tuple[str, filtering.Method]] | None,
+        watch: bool, relist: bool, taken: set[str],
+    ) -> tuple[list[ReceivedMessage], int | None, bool, bool]:
+        """One look (past the tasks this receive has ``taken``): returns what was received, when
+        something hidden comes back, whether other consumers won every claim tried, and whether
+        the listing was fresh."""
+        zk, paths, settings = self._zk, self.paths, self.settings
+        max_count = settings.max_receive_count
+        consumers = zk.get_children_async(paths.consumers)
+        names, fresh = self._pending(relist, watch)
+        now = _now_ms()
+        live = self._live(consumers.get())
+        picks: list[tuple[str, Entry, int]] = []
+        dead: list[tuple[str, Entry, int]] = []
+        blocked: set[str] = set()  # groups whose head is held, delayed or not for this consumer
+        wake_at: int | None = None
+        for task, entry, version in self._entries(names, first=max(8, 2 * max_messages)):
+            group = entry.group
+            if group is not None and group in blocked:
+                continue
+            if task in taken:
+                pass  # received by this call already (a visibility of 0 makes it available again)
+            elif not entry.available(now, live):
+                wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
+            elif not filtering.matches(entry.filters, wanted, settings.enums):
+                pass
+            elif max_count is not None and entry.count >= max_count:
+                dead.append((task, entry, version))
+                continue
+            else:
+                picks.append((task, entry, version))
+            if group is not None:
+                blocked.add(group)
+            if len(picks) >= max_messages:
+                break
+        won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
+        if dead:
+            self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False))
+        received = []
+        for task, entry, count, body, meta in won:
+            env = envelope.decode_meta(body, meta) or Envelope(body)
+            received.append(ReceivedMessage(
+                id=task, receipt=receipt(task, count), body=body, attributes=env.attributes,
+                receive_count=count, sent_at_ns=sent_at_ns(task), offset=-1, group_id=entry.group,
+                dedup_id=None, filters=entry.filters, metadata=env.metadata, source=env.source,
+            ))
+        return received, wake_at, bool(picks) and not received, fresh
+
+    def _commit_each(self, changes: list[Callable[[Any], Any]]) -> list[list[Any]]:
+        """Commit changes (each adds its operations to a transaction): together, in one
+        transaction per hundred (one write for the server: the common case), and when one of
+        them fails, each in its own; returns the results of each change's operations."""
+        zk = self._zk
+        out: list[list[Any]] = []
+        for chunk in _chunks(changes, 100):
+            if len(chunk) > 1:
+                t = zk.transaction()
+                spans = []
+                for add in chunk:
+                    start = len(t.operations)
+                    add(t)
+                    spans.append((start, len(t.operations)))
+                results = t.commit()
+                if _failure(results) is None:
+                    out += [results[a:b] for a, b in spans]
+                    continue
+            pending = []
+            for add in chunk:
+                t = zk.transaction()
+                add(t)
+                pending.append(t.commit_async())
+            out += [result.get() for result in pending]
+        return out
+
+    def _claim(
+        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live, *, record: bool = True
+    ) -> list[tuple[str, Entry, int, bytes, bytes]]:
+        """Claim (task, entry, version, count, hide_ms) each, with the task's data and metadata
+        read meanwhile; returns (task, new entry, count, data, metadata) of those won. A claim of
+        a live consumer whose visibility ran out is replaced. ``record``: write the tasks won in
+        this consumer's ``current``."""
+        zk, paths = self._zk, self.paths
+
+        def claim(task: str, new: Entry, version: int, replace: bool) -> Callable[[Any], None]:
+            def add(t: Any) -> None:
+                t.set_data(paths.entry(task), new.encode(), version)
+                if replace:
+                    t.delete(paths.task(task, "claim"))
+                t.create(paths.task(task, "claim"), self.consumer_id.encode(), ephemeral=True)
+                t.set_data(paths.task(task, "state"), CLAIMED.encode())
+            return add
+
+        planned = []
+        for task, entry, version, count, hide_ms in wanted:
+            new = Entry(now + hide_ms, count, self.consumer_id, entry.group, entry.filters)
+            replace = entry.by is not None and not entry.kept and entry.by in live
+            planned.append((task, new, version, replace,
+                            zk.get_async(paths.task(task, "data")), zk.get_async(paths.task(task, "metadata"))))
+        changes = [claim(task, new, version, replace) for task, new, version, replace, _, _ in planned]
+        current = paths.consumer(self.consumer_id, "current")
+        if record and planned:
+            # this consumer's current tasks, in the claims' transaction (one write, not two)
+            changes.append(lambda t: t.set_data(current, json.dumps([p[0] for p in planned]).encode()))
+        outcomes = self._commit_each(changes)
+        all_won = all(_failure(results) is None for results in outcomes)
+        won = []
+        for (task, new, version, replace, data, meta), results in zip(planned, outcomes):
+            failed = _failure(results)
+            if failed is not None and failed[0] > 0 and isinstance(failed[1], (NoNodeError, NodeExistsError)):
+                # the lock was not as the liveness of its consumer said (it ended meanwhile)
+                (results,) = self._commit_each([claim(task, new, version, not replace)])
+                failed = _failure(results)
+            if failed is not None:
+                continue  # another consumer won it, or it was deleted
+            self._remember(task, new, results[0].version)
+            try:
+                won.append((task, new, new.count, data.get()[0], meta.get()[0]))
+            except NoNodeError:
+                continue
+        if record and planned and not all_won:
+            zk.set_async(current, json.dumps([w[0] for w in won]).encode())
+        return won
+
+    def _send_dead(self, claimed: list[tuple[str, Entry, int, bytes, bytes]]) -> None:
+        """Move claimed tasks to the dead-letter queue, then finish them as ``dead``: a crash
+        between the two sends a dead letter twice, never none."""
+        if not claimed:
+            return
+        target = self.topic.broker.queue(self.settings.dead_letter_queue or "")
+        target.send_many([
+            resend(
+                envelope.decode_meta(body, meta) or Envelope(body),
+                filters=entry.filters or None,
+                group_id=entry.group,
+                source={"queue": self.topic.name, "channel": self.name, "id": task, "count": count},
+            )
+            for task, entry, count, body, meta in claimed
+        ])
+        errors = self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None))
+        self.topic._update_conf(add_dead=sum(error is None for error in errors))
+
+    # -- acting on receipts -----------------------------------------------------------------
+
+    def delete(self, receipt: str) -> None:
+        """Finish the task of this delivery: it will not be delivered again."""
+        _raise(self.delete_many([receipt])[0])
+
+    def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
+        with self._translated():
+            return self._act(receipts, lambda i, entry: (FINISHED, None))
+
+    def change_visibility(self, receipt: str, seconds: float) -> None:
+        """Hide the task of this delivery for ``seconds`` from now (0: give it back at once)."""
+        _raise(self.change_visibility_many([(receipt, seconds)])[0])
+
+    def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
+        for _, seconds in changes:
+            check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
+        with self._translated():
+            return self._act([r for r, _ in changes], lambda i, entry: (None, int(changes[i][1] * 1000)))
+
+    def release(self, receipt: str, delay: float = 0.0) -> None:
+        """Give the task back: available again after ``delay`` seconds (mq's redelivery)."""
+        self.change_visibility(receipt, delay)
+
+    def _act(
+        self, receipts: list[str], change: Callable[[int, Entry], tuple[str | None, int | None]]
+    ) -> list[ReceiptError | None]:
+        """Apply ``change`` to the delivery of each receipt that is its task's latest. ``change``
+        gives (``finished`` or ``dead``, None) to end the task, or (None, ms) to hide it for that
+        long (0: release it)."""
+        zk, paths = self._zk, self.paths
+        outcomes: list[ReceiptError | None] = [None] * len(receipts)
+        todo: dict[int, tuple[str, int]] = {}
+        seen: set[str] = set()
+        for i, value in enumerate(receipts):
+            try:
+                task, count = parse_receipt(value)
+                if task in seen:
+                    raise ReceiptError(f"receipt {value!r} was given twice in one call")
+            except ReceiptError as exc:
+                outcomes[i] = exc
+                continue
+            seen.add(task)
+            todo[i] = (task, count)
+        for attempt in range(10):  # again for those whose entry changed between read and write
+            reads = {}
+            for i, (task, count) in todo.items():
+                known = self._known.get(task) if attempt == 0 else None
+                # what this handle wrote last is most likely still there: write on it unread
+                reads[i] = known if known is not None and known[0].count == count else zk.get_async(paths.entry(task))
+            commits: dict[int, tuple[str, Entry, int, str | None, int | None]] = {}
+            for i, read in reads.items():
+                task, count = todo[i]
+                if isinstance(read, tuple):
+                    entry, version = read
+                else:
+                    try:
+                        raw, stat = read.get()
+                    except NoNodeError:
+                        self._known.pop(task, None)
+                        outcomes[i] = ReceiptError(f"receipt {receipts[i]!r}: task {task} is no longer in flight (finished or gone)")
+                        continue
+                    entry, version = Entry.decode(raw), stat.version
+                if entry.count != count:
+                    outcomes[i] = ReceiptError(
+                        f"receipt {receipts[i]!r}: task {task} was delivered again (delivery {entry.count}) after the "
+                        f"delivery {count} that this receipt belongs to"
+                    )
+                    continue
+                end, hide = change(i, entry)
+                commits[i] = (task, entry, version, end, hide)
+            retry = {}
+            for i, (failed, new) in zip(commits, self._apply(list(commits.values()))):
+                task = commits[i][0]
+                if failed is None:
+                    if new is None:
+                        self._known.pop(task, None)
+                        self._gone.add(task)
+                    else:
+                        self._remember(task, new[0], new[1])
+                elif isinstance(failed, (BadVersionError, NoNodeError)):
+                    retry[i] = todo[i]
+                else:
+                    raise failed
+            todo = retry
+            if not todo:
+                break
+        return outcomes
+
+    def _apply(
+        self, changes: list[tuple[str, Entry, int, str | None, int | None]]
+    ) -> list[tuple[Exception | None, tuple[Entry, int] | None]]:
+        """Apply (task, entry read, its version, end, hide) each: end the task (``end``:
+        finished or dead) or hide it for ``hide`` ms (0: release it). Returns for each the error
+        of its entry (the entry changed or went: read it again) or None, and the entry written
+        with its version (None when ended)."""
+        paths = self.paths
+
+        def change(task: str, entry: Entry, version: int, end: str | None, hide: int | None, claim: bool) -> Any:
+            # the lock goes with the claim; a claim whose session ended has none to delete
+            drop_claim = claim and entry.by is not None and not entry.kept
+            written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group, entry.filters,
+                            entry.kept and bool(hide))
+
+            def add(t: Any) -> None:
+                if end is not None:
+                    t.delete(paths.entry(task), version)
+                else:
+                    t.set_data(paths.entry(task), written.encode(), version)
+                if drop_claim and not hide:
+                    t.delete(paths.task(task, "claim"))
+                if end is not None or not hide:
+                    t.set_data(paths.task(task, "state"), (end or INSERTED).encode())
+            return add, (None if end is not None else written)
+
+        planned = [change(*c, claim=True) for c in changes]
+        outcomes = []
+        for c, (add, written), results in zip(changes, planned, self._commit_each([a for a, _ in planned])):
+            failed = _failure(results)
+            if failed is not None and failed[0] > 0 and isinstance(failed[1], NoNodeError):
+                add, written = change(*c, claim=False)
+                (results,) = self._commit_each([add])
+                failed = _failure(results)
+            if failed is not None and failed[0] > 0:
+                raise failed[1]
+            outcomes.append((
+                failed[1] if failed is not None else None,
+                (written, results[0].version) if failed is None and written is not None else None,
+            ))
+        return outcomes
+
+    def _remember(self, task: str, entry: Entry, version: int) -> None:
+        """Keep the entry this handle wrote, and its version, for the receipt's next use."""
+        if len(self._known) >= 100_000:
+            self._known.clear()  # receipts never used again: forget them all, reads work as well
+        self._known[task] = (entry, version)
+
+    # -- by id ------------------------------------------------------------------------------
+
+    def finish_ids(self, tasks: list[str], end: str) -> list[str]:
+        """End pending tasks whatever their state; returns those that were pending."""
+        entries = list(self._entries(tasks))
+        done = []
+        for (task, _, _), (failed, _) in zip(entries, self._apply([(t, e, v, end, None) for t, e, v in entries])):
+            if failed is None:
+                self._known.pop(task, None)
+                self._gone.add(task)
+                done.append(task)
+        return done
+
+    def delete_id(self, id: str) -> None:
+        """Finish task ``id`` whatever its state: delivered or not (mq deletes by id)."""
+        task = check_task_id(id)
+        with self._translated():
+            if not self.finish_ids([task], FINISHED):
+                raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}")
+
+    def purge(self) -> None:
+        """Finish every task sent so far (SQS's PurgeQueue)."""
+        with self._translated():
+            self.finish_ids(sorted(self._zk.get_children(self.paths.queue)), FINISHED)
+
+    def task(self, id: str) -> Task:
+        """zkmq's state of task ``id`` (inserted, claimed, finished, dead) and its metadata."""
+        task = check_task_id(id)
+        zk, paths = self._zk, self.paths
+        with self._translated():
+            state, meta = zk.get_async(paths.task(task, "state")), zk.get_async(paths.task(task, "metadata"))
+            pending = zk.get_async(paths.entry(task))
+            names = zk.get_children_async(paths.task(task, "filters"))
+            try:
+                value = state.get()[0].decode(errors="replace")
+                raw_meta = meta.get()[0]
+                filter_names = names.get()
+            except NoNodeError:
+                raise TaskNotFoundError(f"no task {id!r} in {self.topic.name} (never sent, or collected)") from None
+            values = [(name, zk.get_async(paths.task(task, f"filters/{name}"))) for name in filter_names]
+            try:
+                current: Entry | None = Entry.decode(pending.get()[0])
+            except NoNodeError:
+                current = None
+            if current is None and value in (INSERTED, CLAIMED):
+                # a send that died before its queue entry: nobody can see it
+                raise TaskNotFoundError(f"no task {id!r} in {self.topic.name} (its send did not finish)")
+            holder = None
+            if value == CLAIMED:
+                assert current is not None
+                if current.held(_now_ms(), self._live()):
+                    holder = current.by
+                else:
+                    value = INSERTED
+            filters = {}
+            for name, result in values:
+                try:
+                    filters[name] = result.get()[0].decode()
+                except NoNodeError:
+                    pass
+            env = envelope.decode_meta(b"", raw_meta) or Envelope(b"")
+            return Task(task, value, env.metadata, current.count if current else 0, holder, filters)
+
+    def set_metadata(self, id: str, metadata: Any) -> None:
+        """Replace the JSON metadata of task ``id``."""
+        task = check_task_id(id)
+        try:
+            json.dumps(metadata)
+        except (TypeError, ValueError) as exc:
+            raise ReceiptError(f"task metadata must be JSON: {exc}") from None
+        zk, path = self._zk, self.paths.task(task, "metadata")
+        with self._translated():
+            while True:
+                try:
+                    raw, stat = zk.get(path)
+                except NoNodeError:
+                    raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}") from None
+                try:
+                    meta = json.loads(raw)
+                    if not isinstance(meta, dict):
+                        meta = {}
+                except ValueError:
+                    meta = {}
+                meta["m"] = metadata
+                try:
+                    zk.set(path, json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode(), stat.version)
+                    return
+                except BadVersionError:
+                    continue  # changed meanwhile: read it again
+
+    # -- stats ------------------------------------------------------------------------------
+
+    def stats(self) -> ChannelStats:
+        """Counts as SQS gives them (``dead``: every task moved to the dead-letter queue)."""
+        zk, paths = self._zk, self.paths
+        with self._translated():
+            names = sorted(zk.get_children(paths.queue))
+            now, live = _now_ms(), self._live()
+            available = in_flight = delayed = 0
+            for _, entry, _ in self._entries(names):
+                if entry.available(now, live):
+                    available += 1
+                elif entry.by is None:
+                    delayed += 1
+                else:
+                    in_flight += 1
+            dead = int(self.topic.conf().get("dead", 0))
+            oldest = max(0.0, (time.time_ns() - sent_at_ns(names[0])) / 1e9) if names else None
+            return ChannelStats(available, in_flight, delayed, dead, oldest)
+
+    def commit_cursor(self) -> None:
+        """Nothing to commit: the store has no cursor (the file store's channels do)."""
+
+    def close(self) -> None:
+        """Leave cleanly: the tasks this handle holds stay hidden for the rest of their
+        visibility timeout (marked ``kept``: its locks end with its session), and its consumer
+        node goes. (A consumer that dies gives its tasks back as soon as its session ends.)"""
+        if self._closed:
+            return
+        self._closed = True
+        self._changed.set()
+        zk, paths = self._zk, self.paths
+        if self._session is None or not zk.connected:
+            return
+        try:
+            now = _now_ms()
+            mine = [(task, entry, version) for task, (entry, version) in dict(self._known).items()
+                    if entry.by == self.consumer_id and entry.at > now]
+            writes = [zk.transaction() for _ in mine]
+            for t, (task, entry, version) in zip(writes, mine):
+                kept = Entry(entry.at, entry.count, entry.by, entry.group, entry.filters, kept=True)
+                t.set_data(paths.entry(task), kept.encode(), version)
+            for result in [t.commit_async() for t in writes]:
+                result.get()  # one that changed meanwhile (deleted, taken over) is left as it is
+            t = zk.transaction()
+            t.delete(paths.consumer(self.consumer_id, "current"))
+            t.delete(paths.consumer(self.consumer_id))
+            t.commit()
+        except KazooException:
+            pass  # its session ends with the client anyway: its tasks come back then
+
+
+def _raise(error: ReceiptError | None) -> None:
+    if error is not None:
+        raise error
+

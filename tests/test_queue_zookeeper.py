@@ -1,0 +1,552 @@
+"""The ZooKeeper store on a real server: zkmq's tree, claims that cannot be taken twice, consumers
+in other processes (and killed with SIGKILL), the server itself killed mid-load, garbage
+collection under its lock, and a sender that dies between the steps of a send. (The shared
+queue tests also run on this store: see the ``store_root`` fixture.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import InvalidSettingError, StoreUnavailableError, TaskNotFoundError
+from journalq.queue import Broker
+from journalq.queue.zookeeper import parse_url
+from journalq.queue.zookeeper.layout import Entry, TaskFacts, collectable
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
+
+_paths = iter(range(10**6))
+
+
+@pytest.fixture
+def url(zookeeper_server) -> str:
+    """A fresh path on the session's server."""
+    return zookeeper_server.url(f"/zk{os.getpid()}x{next(_paths)}")
+
+
+@pytest.fixture
+def broker(url: str):
+    with Broker(url, sync="none") as b:
+        yield b
+
+
+def spawn(code: str, *args: object, env: dict, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env, **kwargs)
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+# -- the tree --------------------------------------------------------------------------------
+
+
+def test_tree_is_zkmq_s(broker) -> None:
+    zk, root = broker.client, broker.path
+    q = broker.queue("jobs", enums={"performance_class": ["low", "standard"]}, task_gc_lifetime=7, task_gc_interval=3)
+    task = q.send(b"\x00body", filters={"performance_class": "standard"}, metadata={"step": 1}, attributes={"k": "v"})
+    d = f"{root}/jobs"
+    assert sorted(zk.get_children(d)) == ["conf", "consumers", "queue", "tasks"]
+    assert sorted(zk.get_children(f"{d}/conf")) == ["task_gc_interval", "task_gc_lifetime"]
+    assert zk.get(f"{d}/conf/task_gc_lifetime")[0] == b"7.0" and zk.get(f"{d}/conf/task_gc_interval")[0] == b"3.0"
+    assert zk.get_children(f"{d}/queue") == [task]
+    assert sorted(zk.get_children(f"{d}/tasks/{task}")) == ["data", "filters", "metadata", "state"]
+    assert zk.get(f"{d}/tasks/{task}/data")[0] == b"\x00body"
+    assert zk.get(f"{d}/tasks/{task}/state")[0] == b"inserted"
+    assert zk.get(f"{d}/tasks/{task}/filters/performance_class")[0] == b"standard"
+    assert json.loads(zk.get(f"{d}/tasks/{task}/metadata")[0]) == {"a": {"k": ["String", "v"]}, "m": {"step": 1}}
+    (m,) = q.receive()
+    claim, stat = zk.get(f"{d}/tasks/{task}/claim")
+    assert claim == q.consumer_id.encode() and stat.ephemeralOwner == zk.client_id[0]
+    assert zk.get(f"{d}/tasks/{task}/state")[0] == b"claimed"
+    assert zk.exists(f"{d}/consumers/{q.consumer_id}/current").ephemeralOwner == zk.client_id[0]
+    assert json.loads(zk.get(f"{d}/consumers/{q.consumer_id}/current")[0]) == [task]
+    q.delete(m.receipt)
+    assert zk.get_children(f"{d}/queue") == [] and zk.exists(f"{d}/tasks/{task}/claim") is None
+    assert zk.get(f"{d}/tasks/{task}/state")[0] == b"finished"
+
+
+def test_urls() -> None:
+    assert parse_url("zk://a:1,b:2/x/y") == ("a:1,b:2", "/x/y")
+    assert parse_url("zk://127.0.0.1:2181/jq/") == ("127.0.0.1:2181", "/jq")
+    for bad in ("zk://a:1", "zk://a:1/", "zk://a:99999/x", "zk://a/zookeeper", "zk://a/../x", "zk://a b/x", "zk:///x"):
+        with pytest.raises(InvalidSettingError):
+            parse_url(bad)
+        with pytest.raises(InvalidSettingError):
+            Broker(bad)
+
+
+def test_unreachable_ensemble_is_a_clear_error() -> None:
+    from journalq.queue.zookeeper.server import free_port
+
+    with pytest.raises(StoreUnavailableError, match="no ZooKeeper answered"):
+        Broker(f"zk://127.0.0.1:{free_port()}/x", connect_timeout=1)
+
+
+def test_what_the_store_cannot_do_is_refused(broker) -> None:
+    with pytest.raises(InvalidSettingError, match="deduplicate"):
+        broker.queue("jobs", content_based_dedup=True)
+    q = broker.queue("jobs")
+    with pytest.raises(Exception, match="deduplicate"):
+        q.send(b"x", dedup_id="d")
+    with pytest.raises(Exception, match="one channel per queue"):
+        q.topic.channel("other")
+    with pytest.raises(Exception, match="over the ZooKeeper store"):
+        q.send(b"x" * 1_000_001)
+    with pytest.raises(Exception, match="filter name 'zone/eu'"):
+        q.send_many([b"fine", {"body": b"x", "filters": {"zone/eu": "1"}}])
+    assert q.stats().available == 0
+
+
+# -- claims ----------------------------------------------------------------------------------
+
+
+def test_threads_of_many_brokers_never_claim_one_task_twice(url: str) -> None:
+    with Broker(url) as b:
+        ids = set(b.queue("jobs").send_many([b"%d" % i for i in range(300)]))
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def drain() -> None:
+        with Broker(url) as b:
+            q = b.queue("jobs")
+            while batch := q.receive(7, visibility_timeout=60):
+                with lock:
+                    got.extend(m.id for m in batch)
+                assert not any(q.delete_many([m.receipt for m in batch]))
+
+    threads = [threading.Thread(target=drain) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(got) == sorted(ids)  # each once
+
+
+def test_a_live_consumer_s_expired_claim_is_taken_over(url: str) -> None:
+    with Broker(url) as a, Broker(url) as b:
+        qa, qb = a.queue("jobs"), b.queue("jobs")
+        task = qa.send(b"x")
+        (first,) = qa.receive(visibility_timeout=0.2)
+        assert qb.receive() == []
+        time.sleep(0.25)
+        (second,) = qb.receive(visibility_timeout=30)
+        assert second.id == task and second.receive_count == 2
+        claim = b.client.exists(f"{b.path}/jobs/tasks/{task}/claim")
+        assert claim.ephemeralOwner == b.client.client_id[0]  # b's lock now, a's is gone
+        assert qa.task(task).consumer == qb.consumer_id
+        with pytest.raises(Exception, match=r"delivered again \(delivery 2\)"):
+            qa.delete(first.receipt)
+        qb.delete(second.receipt)
+
+
+def test_a_consumer_that_closes_keeps_its_tasks_hidden_for_their_visibility(url: str) -> None:
+    with Broker(url) as b:
+        q = b.queue("jobs")
+        q.send(b"x")
+        a = Broker(url)
+        (held,) = a.queue("jobs").receive(visibility_timeout=0.5)
+        a.close()  # its session (and its lock) ends, but it left cleanly: not a crash
+        assert q.receive() == [] and q.stats().in_flight == 1
+        assert q.task(held.id).state == "claimed"
+        time.sleep(0.55)
+        (again,) = q.receive()
+        assert again.id == held.id and again.receive_count == 2
+
+
+# -- processes -------------------------------------------------------------------------------
+
+CONSUMER = """
+    import os, sys
+    from journalq.queue import Broker
+
+    root, out, done = sys.argv[1], sys.argv[2], sys.argv[3]
+    with Broker(root, session_timeout=1.0) as broker, open(out, "w") as log:
+        q = broker.queue("jobs")
+        idle = 0
+        while True:
+            got = q.receive(10, wait=0.2, visibility_timeout=60)
+            if got:
+                idle = 0
+                errors = q.delete_many([m.receipt for m in got])
+                log.write("".join(m.body.decode() + ("\\n" if e is None else f" error {e}\\n") for m, e in zip(got, errors)))
+                log.flush()
+            elif os.path.exists(done):
+                idle += 1
+                if idle >= 3:
+                    break
+"""
+
+
+def test_two_consumer_processes_drain_a_queue_each_task_once(url: str, tmp_path: Path, child_env: dict) -> None:
+    done = tmp_path / "done"
+    with Broker(url) as broker:
+        q = broker.queue("jobs")
+        outs = [tmp_path / f"c{i}.log" for i in range(2)]
+        consumers = [spawn(CONSUMER, url, out, done, env=child_env) for out in outs]
+        for start in range(0, 1000, 100):
+            q.send_many([b"%d" % i for i in range(start, start + 100)])
+        done.touch()
+        for c in consumers:
+            assert c.wait(120) == 0
+        lines = [line for out in outs for line in read_lines(out)]
+        assert not [line for line in lines if "error" in line]
+        assert sorted(map(int, lines)) == list(range(1000))  # every task, each once
+        assert all(read_lines(out) for out in outs)  # both took part
+        assert q.stats().available == 0
+
+
+HOLDER = """
+    import sys, time
+    from journalq.queue import Broker
+
+    with Broker(sys.argv[1], session_timeout=1.0) as broker:
+        q = broker.queue("jobs")
+        got = q.receive(5, visibility_timeout=600)
+        print(" ".join(m.id for m in got), flush=True)
+        time.sleep(600)
+"""
+
+
+def test_a_consumer_killed_gives_its_tasks_back_when_its_session_expires(url: str, child_env: dict) -> None:
+    with Broker(url) as broker:
+        q = broker.queue("jobs")
+        ids = q.send_many([b"%d" % i for i in range(8)])
+        holder = spawn(HOLDER, url, env=child_env, stdout=subprocess.PIPE, text=True)
+        try:
+            held = holder.stdout.readline().split()
+            assert held == ids[:5]
+            assert [m.id for m in q.receive(10, visibility_timeout=600)] == ids[5:]
+            assert q.receive() == []  # the live holder's tasks stay hidden
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+            killed_at = time.monotonic()
+            back = q.receive(10, wait=10, visibility_timeout=600)
+            waited = time.monotonic() - killed_at
+        finally:
+            holder.kill()
+            holder.wait()
+        assert sorted(m.id for m in back) == held and all(m.receive_count == 2 for m in back)
+        assert waited < 8  # its session (1 s) ended; the 600 s visibility timeout did not matter
+        assert all(q.task(i).state == "claimed" and q.task(i).consumer == q.consumer_id for i in held)
+        consumers = f"{broker.path}/jobs/consumers"
+        assert len(broker.client.get_children(consumers)) == 2  # the dead one's node is left...
+        q.topic.collect(force=True)
+        assert broker.client.get_children(consumers) == [q.consumer_id]  # ...until a collection
+        assert list(q.consumers()) == [q.consumer_id]
+
+
+PRODUCER = """
+    import sys, time
+    from journalq.errors import StoreUnavailableError
+    from journalq.queue import Broker
+
+    root, out, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with Broker(root, session_timeout=5.0) as broker, open(out, "w") as log:
+        q = broker.queue("jobs")
+        i = 0
+        while i < count:
+            try:
+                q.send(b"%d" % i)
+            except StoreUnavailableError:
+                time.sleep(0.05)
+                print("retry", flush=True)
+                continue  # not acknowledged: send it again (perhaps twice: at least once)
+            log.write(f"{i}\\n")  # acknowledged
+            log.flush()
+            i += 1
+"""
+
+
+RETRYING_CONSUMER = """
+    import os, sys, time
+    from journalq.errors import StoreUnavailableError
+    from journalq.queue import Broker
+
+    root, out, done = sys.argv[1], sys.argv[2], sys.argv[3]
+    with Broker(root, session_timeout=5.0) as broker, open(out, "w") as log:
+        q = broker.queue("jobs")
+        while True:
+            try:
+                got = q.receive(10, wait=0.2, visibility_timeout=30)
+                if not got:
+                    if os.path.exists(done):
+                        break
+                    continue
+                errors = q.delete_many([m.receipt for m in got])
+            except StoreUnavailableError:
+                time.sleep(0.05)  # what it held comes back to it (or another) later: at least once
+                continue
+            log.write("".join(m.body.decode() + "\\n" for m, e in zip(got, errors) if e is None))
+            log.flush()
+"""
+
+
+def test_server_killed_and_restarted_mid_load_loses_no_acknowledged_message(tmp_path: Path, child_env: dict) -> None:
+    from journalq.queue.zookeeper.server import ZooKeeperServer
+
+    with ZooKeeperServer(tmp_path / "zk") as server:
+        url = server.url("/jobs")
+        acked, consumed, done = tmp_path / "acked.log", tmp_path / "consumed.log", tmp_path / "done"
+        producer = spawn(PRODUCER, url, acked, 600, env=child_env, stdout=subprocess.PIPE, text=True)
+        consumer = spawn(RETRYING_CONSUMER, url, consumed, done, env=child_env)
+        try:
+            deadline = time.monotonic() + 60
+            while len(read_lines(acked)) < 150 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            server.kill()  # mid-load: SIGKILL, as a crash
+            time.sleep(0.5)
+            server.start()  # same port, same data
+            retries = producer.communicate(timeout=120)[0].split()
+            assert producer.returncode == 0
+            done.touch()
+            assert consumer.wait(120) == 0
+        finally:
+            producer.kill()
+            consumer.kill()
+        assert retries  # the producer met the outage (and sent again what was not acknowledged)
+        sent = [int(line) for line in read_lines(acked)]
+        assert sent == list(range(600))
+        got = [int(line) for line in read_lines(consumed)]
+        assert got  # the consumer worked through the outage too
+        with Broker(url) as broker:
+            q = broker.queue("jobs")
+            while batch := q.receive(100, visibility_timeout=60):
+                got += [int(m.body) for m in batch]
+                q.delete_many([m.receipt for m in batch])
+        assert set(got) == set(sent)  # duplicates allowed (a send retried), nothing lost
+
+
+# -- garbage collection ------------------------------------------------------------------------
+
+
+def test_gc_removes_finished_tasks_and_nothing_else(url: str) -> None:
+    with Broker(url) as broker:
+        zk = broker.client
+        q = broker.queue("jobs", task_gc_lifetime=0.5, task_gc_interval=3600, max_receive_count=1,
+                         dead_letter_queue="dlq")
+        old_dead = q.send(b"dead")
+        q.receive(visibility_timeout=0)
+        assert q.receive() == []  # its second receive sends it to the dead-letter queue
+        old_done = q.send(b"done")
+        (m,) = q.receive()
+        q.delete(m.receipt)
+        assert q.task(old_dead).state == "dead" and q.task(old_done).state == "finished"
+        time.sleep(0.6)
+        held, waiting, delayed, fresh = q.send(b"held"), q.send(b"waiting"), q.send(b"later", delay=600), q.send(b"f")
+        (m_held,) = q.receive(visibility_timeout=600)
+        q.delete_id(fresh)  # finished, but not long ago
+        tasks = f"{broker.path}/jobs/tasks"
+        before = set(zk.get_children(tasks))
+        assert set(q.topic.gc()) == {old_done, old_dead}
+        assert set(zk.get_children(tasks)) == before - {old_done, old_dead}
+        for gone in (old_done, old_dead):
+            with pytest.raises(TaskNotFoundError):
+                q.task(gone)
+        states = {i: q.task(i).state for i in (held, waiting, delayed, fresh)}
+        assert states == {held: "claimed", waiting: "inserted", delayed: "inserted", fresh: "finished"}
+        assert q.topic.gc() == []  # nothing else is due
+        q.delete(m_held.receipt)
+        (dl,) = broker.queue("dlq").receive()
+        assert dl.body == b"dead" and dl.source["id"] == old_dead
+
+
+def test_gc_runs_every_interval_by_whoever_comes_and_never_twice_at_once(url: str) -> None:
+    with Broker(url) as a, Broker(url) as b:
+        qa = a.queue("jobs", task_gc_lifetime=0, task_gc_interval=2.0)
+        qb = b.queue("jobs")
+        lock = f"{a.path}/jobs/conf/lock"
+        b.client.create(lock, b"b collects", ephemeral=True)  # b holds the lock
+        assert qa.topic.collect(force=True) is None  # so a does not collect meanwhile
+        b.client.delete(lock)
+        qa.send(b"x")
+        (x,) = qa.receive()
+        qa.delete(x.receipt)
+        assert qa.topic.collect(force=True) == [x.id]
+        qa.send(b"y")
+        (y,) = qa.receive()
+        qa.delete(y.receipt)
+        assert qb.topic.collect() is None  # another participant, but the interval is not over
+        time.sleep(2.05)
+        assert qb.topic.collect() == [y.id]  # now b collects, in turn
+        assert json.loads(a.client.get(f"{a.path}/jobs/conf")[0])["collected_by"] == b.participant
+        qb.send(b"z")  # producers collect too, as they send
+        (z,) = qa.receive()
+        qa.delete(z.receipt)
+        time.sleep(2.05)
+        qa.send(b"w")  # a's send, the interval over: it collects z
+        with pytest.raises(TaskNotFoundError):
+            qa.task(z.id)
+
+
+def test_gc_decisions_are_pure() -> None:
+    now, life, grace = 100_000, 1_000, 60_000
+    assert collectable(TaskFacts(0, "finished", now - life, False), now, life, grace)
+    assert not collectable(TaskFacts(0, "finished", now - life + 1, False), now, life, grace)
+    assert collectable(TaskFacts(0, "dead", 0, False), now, life, grace)
+    for state in ("inserted", "claimed"):
+        assert not collectable(TaskFacts(0, state, 0, True), now, life, grace)  # pending: never
+        assert collectable(TaskFacts(now - grace, state, 0, False), now, life, grace)  # an orphan
+        assert not collectable(TaskFacts(now - grace + 1, state, 0, False), now, life, grace)  # a send under way
+    assert collectable(TaskFacts(0, None, 0, False), now, life, grace)
+    assert Entry.decode(Entry(5, 2, "c", "g", {"f": "v"}).encode()) == Entry(5, 2, "c", "g", {"f": "v"})
+    assert Entry.decode(b"{damaged").at == 0  # delivered rather than stuck
+
+
+def test_task_ids_and_receipts_are_pure() -> None:
+    from journalq.errors import InvalidMessageError, ReceiptError
+    from journalq.queue.zookeeper.layout import TaskIds, check_task_id, parse_receipt, receipt, sent_at_ns
+
+    ids = TaskIds()
+    made = [task for task, _ in ids.make(1000)] + [task for task, _ in ids.make(3)]
+    assert made == sorted(made) and len(set(made)) == len(made)  # in sending order, unique
+    assert all(len(task) == 24 and task.isdigit() for task in made)
+    assert abs(sent_at_ns(made[0]) - time.time_ns()) < 10**9
+    assert parse_receipt(receipt(made[0], 3)) == (made[0], 3)
+    for bad in ("", "1", "1.0", "a.1", "1.1.1", " 1.1", "1.-1", None, 5, "\u0661.1"):
+        with pytest.raises(ReceiptError):
+            parse_receipt(bad)
+    assert check_task_id("99") == "99"
+    for bad in ("not-an-id", "", "1/2", "-1", "\u0661", None, 5, "9" * 41):
+        with pytest.raises(InvalidMessageError):
+            check_task_id(bad)
+    live = {"a"}
+    held = Entry(at=2_000, count=1, by="a")
+    assert held.held(1_000, live) and not held.available(1_000, live)
+    assert Entry(at=2_000, count=1, by="gone").available(1_000, live)  # its session ended
+    kept = Entry(at=2_000, count=1, by="gone", kept=True)  # it closed cleanly
+    assert kept.held(1_000, live) and not kept.available(1_000, live) and kept.available(2_000, live)
+    assert not Entry(at=2_000).available(1_000, live) and not Entry(at=2_000).held(1_000, live)  # delayed
+
+
+CRASHING_SENDER = """
+    import os, sys
+    from journalq.queue import Broker
+    from journalq.queue.zookeeper.store import ZooKeeperTopic
+
+    root, step = sys.argv[1], sys.argv[2]
+    def die(self, chunk):
+        self._zk.sync(self.paths.tasks)  # answered after the steps sent before: they are applied
+        os._exit(9)  # killed before this step
+    setattr(ZooKeeperTopic, step, die)
+    with Broker(root) as broker:
+        broker.queue("jobs").send_many([{"body": b"lost", "metadata": {"m": 1}, "filters": {"f": "v"}}] * 3)
+"""
+
+
+@pytest.mark.parametrize("step", ["_write_metadata", "_write_entries"])
+def test_a_sender_dying_between_steps_leaves_nothing_visible_and_gc_cleans_up(
+    url: str, step: str, child_env: dict
+) -> None:
+    with Broker(url) as broker:
+        q = broker.queue("jobs", task_gc_lifetime=0)
+        kept = q.send(b"kept")
+        assert spawn(CRASHING_SENDER, url, step, env=child_env).wait(60) == 9
+        zk, tasks = broker.client, f"{broker.path}/jobs/tasks"
+        orphans = sorted(set(zk.get_children(tasks)) - {kept})
+        assert len(orphans) == 3  # what the sender had written before it died
+        for orphan in orphans:
+            with pytest.raises(TaskNotFoundError):
+                q.task(orphan)
+        stats = q.stats()
+        assert (stats.available, stats.in_flight, stats.delayed) == (1, 0, 0)
+        (m,) = q.receive(10)
+        assert m.id == kept
+        assert q.topic.collect(force=True) == []  # a send may still be under way: kept for now
+        assert sorted(q.topic.collect(force=True, orphan_grace=0) or []) == orphans
+        assert sorted(zk.get_children(tasks)) == [kept]
+        q.delete(m.receipt)
+
+
+# -- the command line and the server -----------------------------------------------------------
+
+
+def test_the_command_line_on_a_zk_url(url: str) -> None:
+    from click.testing import CliRunner
+
+    from journalq.cli.main import cli
+
+    def run(*args: str) -> list[dict]:
+        result = CliRunner().invoke(cli, ["queue", *args, "--data", url], catch_exceptions=False)
+        assert result.exit_code == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    [sent] = run("send", "jobs", "hello", "--metadata", '{"step": 1}')
+    [got] = run("receive", "jobs", "--visibility-timeout", "60")
+    assert got["id"] == sent["id"] and got["body"] == "hello"
+    [task] = run("task", "jobs", sent["id"])
+    assert task["state"] == "claimed" and task["metadata"] == {"step": 1}  # the receive's process is gone
+    run("delete", "jobs", got["receipt"])
+    assert run("list") == [{"name": "jobs"}]
+    result = CliRunner().invoke(cli, ["queue", "list", "--data", "zk://127.0.0.1:1"])
+    assert result.exit_code != 0 and "needs a path" in result.stderr
+
+
+def test_serve_on_a_zk_url(url: str, child_env: dict) -> None:
+    import httpx
+
+    from journalq.queue.zookeeper.server import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "journalq.cli.main", "serve", "--data", url, "--port", str(port), "--sync", "none"],
+        env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and server.poll() is None, "the server did not start"
+                time.sleep(0.1)
+            assert client.put("/jobs").status_code == 201
+            added = client.post("/jobs/messages", content=b"hello")
+            assert added.status_code == 201
+            fetched = client.get("/jobs/messages", params={"visibility_timeout": 60})
+            assert fetched.content == b"hello" and fetched.headers["X-Message-Id"] == added.headers["X-Message-Id"]
+            assert client.get("/jobs").json()["in_flight"] == 1
+            assert client.get("/jobs/messages").status_code == 204
+            assert client.delete(f"/jobs/messages/{added.headers['X-Message-Id']}").status_code == 204
+            assert 'journalq_queue_available{queue="jobs"} 0.0' in client.get("/metrics").text
+            sqs = client.post("/", json={}, headers={"X-Amz-Target": "AmazonSQS.ListQueues",
+                                                     "Content-Type": "application/x-amz-json-1.0"})
+            assert sqs.status_code == 400 and "ZooKeeper" in sqs.text
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_a_queue_deleted_under_its_consumer(url: str) -> None:
+    from journalq.errors import QueueNotFoundError
+
+    with Broker(url) as a, Broker(url) as b:
+        q = a.queue("jobs")
+        q.send(b"x")
+        b.delete("jobs")
+        for act in (q.receive, lambda: q.send(b"y"), q.stats, q.purge):
+            with pytest.raises(QueueNotFoundError):
+                act()
+        assert a.names() == [] and not a.exists("jobs")
+
+
+def test_without_kazoo_a_zk_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from journalq.errors import QueueError
+
+    monkeypatch.setitem(sys.modules, "kazoo", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "kazoo.client", None)
+    monkeypatch.delitem(sys.modules, "journalq.queue.zookeeper.store", raising=False)
+    with pytest.raises(QueueError, match=r"needs kazoo.*journalq\[zookeeper\]"):
+        Broker("zk://127.0.0.1:2181/x")
