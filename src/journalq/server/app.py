@@ -263,6 +263,16 @@ def create_app(config: ServerConfig) -> App:
 
     sqs_box: list[SqsProtocol] = []
 
+    def sqs_protocol() -> SqsProtocol:
+        if not sqs_box:
+            sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region))
+        return sqs_box[0]
+
+    async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | SqsError]:
+        return await blocking(sqs_protocol().send_together, name, requests)
+
+    sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
+
     async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> None:
         """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
         clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
@@ -304,11 +314,12 @@ def create_app(config: ServerConfig) -> App:
         except ValueError as exc:
             await _sqs_error(send, SqsError("InvalidRequest", f"the body is not a JSON object: {exc}"))
             return
-        if not sqs_box:
-            sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region))
         base_url = f"{scope['scheme']}://{headers.get('host') or f'{config.host}:{config.port}'}"
         try:
-            answer = await blocking(sqs_box[0].handle, action, payload, base_url, receiving=action == "ReceiveMessage")
+            if action in SqsProtocol.SEND_ACTIONS:
+                answer = await sqs_sends.send(sqs_protocol().queue_of(payload), (action, payload))
+            else:
+                answer = await blocking(sqs_protocol().handle, action, payload, base_url, receiving=action == "ReceiveMessage")
         except SqsError as exc:
             await _sqs_error(send, exc)
             return
