@@ -29,6 +29,7 @@ from journalq.queue import Broker
 from journalq.server import metrics
 from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
+from journalq.server.deadlines import Deadlines
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import SqsError, SqsProtocol
 
@@ -56,6 +57,7 @@ def create_app(config: ServerConfig) -> App:
     # Receives may long-poll (up to 20 s for SQS, ``wait`` for REST): with one pool for all, a few
     # hundred waiting consumers would hold up every write, and the messages they wait for.
     receive_limiter = anyio.CapacityLimiter(1024)
+    body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
 
     @asynccontextmanager
     async def lifespan(app: App) -> AsyncIterator[None]:
@@ -63,9 +65,11 @@ def create_app(config: ServerConfig) -> App:
         broker_box.append(broker)
         app.state.metrics.watch(broker)
         log.info("journalq %s serving %s on http://%s:%d (sync=%s)", __version__, config.data, config.host, config.port, config.sync)
+        watchdog = asyncio.get_running_loop().create_task(body_deadlines.run())
         try:
             yield
         finally:
+            watchdog.cancel()
             await anyio.to_thread.run_sync(broker.close)  # syncs and closes every journal
 
     app = App(
@@ -112,21 +116,25 @@ def create_app(config: ServerConfig) -> App:
             raise HTTPProblem(413, f"the body is {declared.decode()} bytes; at most {limit} are taken")
         chunks: list[bytes] = []
         size = 0
+        task = body_deadlines.start()
         try:
-            async with asyncio.timeout(config.body_timeout):  # a timer, not a task: cheap
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        raise HTTPProblem(400, "the request body could not be read: the client went away")
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise HTTPProblem(413, f"the body is over {limit} bytes")
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
-            raise HTTPProblem(408, f"the body did not arrive within {config.body_timeout:g} s") from None
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise HTTPProblem(400, "the request body could not be read: the client went away")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPProblem(413, f"the body is over {limit} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        except asyncio.CancelledError:
+            if body_deadlines.expired(task):
+                raise HTTPProblem(408, f"the body did not arrive within {config.body_timeout:g} s") from None
+            raise
+        finally:
+            body_deadlines.stop(task)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def check_token(authorization: bytes | str) -> None:
