@@ -14,6 +14,7 @@ import errno
 import hmac
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -255,19 +256,17 @@ def create_app(config: ServerConfig) -> App:
     # cost several times what the work itself does: the busiest requests skip them, with the same
     # checks in the same order (token, size, name) and the same answers.
 
-    async def hot_add(scope: Scope, receive: Receive, send: Send) -> None:
+    async def hot_add(scope: Scope, receive: Receive, send: Send) -> int:
         headers = dict(scope["headers"])
         try:
             check_token(headers.get(b"authorization", b""))
             body = await body_of(receive, headers.get(b"content-length"), config.max_message_size)
             message_id = await add_message(scope["path"][1:-_MESSAGES_SUFFIX], body)
         except HTTPProblem as exc:
-            await _problem_response(exc)(scope, receive, send)
-            return
+            return await _respond(_problem_response(exc), scope, receive, send)
         except Error as exc:
-            await _error_response(exc)(scope, receive, send)
-            return
-        await _answer(send, 201, b"", [(b"x-message-id", message_id.encode())])
+            return await _respond(_error_response(exc), scope, receive, send)
+        return await _answer(send, 201, b"", [(b"x-message-id", message_id.encode())])
 
     sqs_box: list[SqsProtocol] = []
 
@@ -281,7 +280,7 @@ def create_app(config: ServerConfig) -> App:
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
 
-    async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> None:
+    async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
         """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
         clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
@@ -289,23 +288,20 @@ def create_app(config: ServerConfig) -> App:
         service, _, action = target.partition(".")
         if service != "AmazonSQS" or not action:
             error = SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action")
-            await _sqs_error(send, error)
-            return
+            return await _sqs_error(send, error)
         try:
             declared = headers.get("content-length")
             body = await body_of(receive, None if declared is None else declared.encode(), config.max_request_size)
         except HTTPProblem as exc:
             code = "RequestEntityTooLarge" if exc.status == 413 else "InvalidRequest"
-            await _sqs_error(send, SqsError(code, exc.message, status=exc.status))
-            return
+            return await _sqs_error(send, SqsError(code, exc.message, status=exc.status))
         if config.aws_credentials:
             try:
                 # The signature covers the path the client posted to.
                 verify("POST", scope["path"], scope["query_string"].decode("latin-1"), headers, body,
                        config.aws_credentials)
             except AuthError as exc:
-                await _sqs_error(send, SqsError(exc.code, exc.message, status=exc.status))
-                return
+                return await _sqs_error(send, SqsError(exc.code, exc.message, status=exc.status))
         elif config.rest_token is not None:
             # A server guarded by a token is not left open through its other API: without AWS
             # keys configured, SQS requests need the same bearer token.
@@ -313,15 +309,13 @@ def create_app(config: ServerConfig) -> App:
                 check_token(headers.get("authorization", ""))
             except HTTPProblem as exc:
                 error = SqsError("MissingAuthenticationToken", exc.message, status=exc.status)
-                await _sqs_error(send, error, exc.headers)
-                return
+                return await _sqs_error(send, error, exc.headers)
         try:
             payload = json.loads(body or b"{}")
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
-            await _sqs_error(send, SqsError("InvalidRequest", f"the body is not a JSON object: {exc}"))
-            return
+            return await _sqs_error(send, SqsError("InvalidRequest", f"the body is not a JSON object: {exc}"))
         base_url = f"{scope['scheme']}://{headers.get('host') or f'{config.host}:{config.port}'}"
         try:
             if action in SqsProtocol.SEND_ACTIONS:
@@ -329,19 +323,16 @@ def create_app(config: ServerConfig) -> App:
             else:
                 answer = await blocking(sqs_protocol().handle, action, payload, base_url, receiving=action == "ReceiveMessage")
         except SqsError as exc:
-            await _sqs_error(send, exc)
-            return
+            return await _sqs_error(send, exc)
         except HTTPProblem as exc:
             error = SqsError("ServiceUnavailable", exc.message, status=exc.status, sender=False)
-            await _sqs_error(send, error, exc.headers)
-            return
+            return await _sqs_error(send, error, exc.headers)
         except Error as exc:  # none that SQS has a code for: still answered in SQS's shape
-            await _sqs_error(send, SqsError("InternalFailure", str(exc), status=500, sender=False))
-            return
+            return await _sqs_error(send, SqsError("InternalFailure", str(exc), status=500, sender=False))
         app.state.metrics.count_sqs(action, payload, answer)
-        await _answer(send, 200, json.dumps(answer).encode(), [_AMZ_JSON])
+        return await _answer(send, 200, json.dumps(answer).encode(), [_AMZ_JSON])
 
-    def hot_route(scope: Scope) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
+    def hot_route(scope: Scope) -> Handler | None:
         if scope["method"] != "POST":
             return None
         path: str = scope["path"]
@@ -371,20 +362,28 @@ def _error_response(exc: Error) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=status)
 
 
-async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    """A whole answer in two ASGI messages (what Starlette's ``Response`` sends, without it)."""
+async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """A whole answer in two ASGI messages (what Starlette's ``Response`` sends, without it);
+    returns its status."""
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+    return status
 
 
-async def _sqs_error(send: Send, exc: SqsError, headers: dict[str, str] | None = None) -> None:
+async def _respond(response: Response, scope: Scope, receive: Receive, send: Send) -> int:
+    await response(scope, receive, send)
+    return response.status_code
+
+
+async def _sqs_error(send: Send, exc: SqsError, headers: dict[str, str] | None = None) -> int:
     extra = [(b"x-amzn-query-error", exc.query_error.encode()), _AMZ_JSON]
     extra += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
-    await _answer(send, exc.status, json.dumps({"__type": exc.type, "message": exc.message}).encode(), extra)
+    return await _answer(send, exc.status, json.dumps({"__type": exc.type, "message": exc.message}).encode(), extra)
 
 
-Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
+"""A hot-path handler: answers a request whole and returns the status it answered with."""
 
 
 class App(FastAPI):
@@ -395,7 +394,6 @@ class App(FastAPI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state.metrics = metrics.Metrics()
-        self.timer = metrics.RequestTimer(super().__call__, self.state.metrics)
         self.add_middleware(metrics.RequestTimer, metrics=self.state.metrics)
         self.hot_route: Callable[[Scope], Handler | None] = lambda scope: None
 
@@ -403,7 +401,11 @@ class App(FastAPI):
         if scope["type"] == "http":
             handler = self.hot_route(scope)
             if handler is not None:
-                await self.timer.timed(handler, scope, receive, send)
+                started, status = time.perf_counter(), 500
+                try:
+                    status = await handler(scope, receive, send)
+                finally:
+                    self.state.metrics.note_request(scope, status, started)
                 return
         await super().__call__(scope, receive, send)
 

@@ -52,6 +52,26 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_Gauges(self))
+        self._children: dict[tuple[str, str, int], Any] = {}  # bounded: operations x statuses
+
+    def note_request(self, scope: dict[str, Any], status: int, started: float) -> None:
+        """Note the latency of a request answered with ``status``, begun at ``started``
+        (``time.perf_counter()``)."""
+        target = next((value for name, value in scope["headers"] if name == b"x-amz-target"), b"")
+        if target:
+            action = target.decode("latin-1").partition(".")[2]
+            api, operation = "sqs", action if action in SQS_ACTIONS else "other"
+        else:
+            operation = scope.get("journalq.operation")  # set by the app's hot path
+            if operation is None:
+                path = getattr(scope.get("route"), "path", None) or "unrouted"
+                operation = f"{scope['method']} {path}"
+            api = "rest" if "{queue}" in operation else "service"
+        key = (api, operation, status)
+        child = self._children.get(key)
+        if child is None:  # labels() takes a lock and checks its values: once per key
+            child = self._children[key] = self.request_seconds.labels(api, operation, str(status))
+        child.observe(time.perf_counter() - started)
 
     def watch(self, broker: Broker) -> None:
         self.broker = broker
@@ -115,7 +135,6 @@ class RequestTimer:
     def __init__(self, app: Callable[..., Any], metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        self._children: dict[tuple[str, str, int], Any] = {}  # bounded: operations x statuses
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] != "http":
@@ -139,18 +158,4 @@ class RequestTimer:
         try:
             await app(scope, receive, send_and_note)
         finally:
-            target = next((value for name, value in scope["headers"] if name == b"x-amz-target"), b"")
-            if target:
-                action = target.decode("latin-1").partition(".")[2]
-                api, operation = "sqs", action if action in SQS_ACTIONS else "other"
-            else:
-                operation = scope.get("journalq.operation")  # set by the app's hot path
-                if operation is None:
-                    path = getattr(scope.get("route"), "path", None) or "unrouted"
-                    operation = f"{scope['method']} {path}"
-                api = "rest" if "{queue}" in operation else "service"
-            key = (api, operation, status)
-            child = self._children.get(key)
-            if child is None:  # labels() takes a lock and checks its values: once per key
-                child = self._children[key] = self.metrics.request_seconds.labels(api, operation, str(status))
-            child.observe(time.perf_counter() - started)
+            self.metrics.note_request(scope, status, started)
