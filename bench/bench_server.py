@@ -58,6 +58,7 @@ CLIENTS = (1, 16, 64)
 GROUP_COMMIT_AIM = 5.0  # durable msg/s with 64 clients >= this x the fdatasync loop's syncs/s
 MOTO_AIM = 1.0  # sync none, boto3: journalq / moto above this
 VALUE = 100
+BARE = "bare-asgi"  # the ceiling: bench/bare_asgi.py
 GENERATORS = 2  # load generator processes: boto3 clients are spread over them, REST uses one
 
 SERVER_CONTEXT = (
@@ -263,16 +264,21 @@ def _measure(
         gen.send(cmd="go", seconds=seconds)
     answers = [gen.receive() for gen, _ in parts]
     cpu1, syncs1 = server.cpu(), server.syncs()
-    stored = parts[0][0].ask(cmd="finish")["stored"]  # counts, then deletes the queue
-    for gen, _ in parts[1:]:
-        gen.ask(cmd="forget")
+    if server.name == BARE:  # it stores nothing: there is nothing to count
+        stored = None
+        for gen, _ in parts:
+            gen.ask(cmd="forget")
+    else:
+        stored = parts[0][0].ask(cmd="finish")["stored"]  # counts, then deletes the queue
+        for gen, _ in parts[1:]:
+            gen.ask(cmd="forget")
     count = sum(got["count"] for got in answers)
     errors = sum(got["errors"] for got in answers)
     if errors:
         raise RuntimeError(
             f"{server.name} {api} x{clients}: {errors} failed requests: {[g['error_statuses'] for g in answers]}"
         )
-    if not count + extra_min <= stored <= count + extra_max:  # see server_load.py's "prepare"
+    if stored is not None and not count + extra_min <= stored <= count + extra_max:  # see server_load.py's "prepare"
         raise RuntimeError(
             f"{server.name} {api} x{clients}: {count} messages answered (+{extra_min} to {extra_max} not timed), "
             f"{stored} stored"
@@ -290,6 +296,7 @@ def _measure(
         "gen_processes": len(parts),
         "gen_cores": round(sum(got["cpu"] for got in answers) / wall, 3),
         "server_cores": round((cpu1 - cpu0) / wall, 3),
+        "server_us_per_request": round((cpu1 - cpu0) / count * 1e6, 2),
     }
     if syncs0 is not None and syncs1 is not None:
         run["syncs"] = int(syncs1 - syncs0)
@@ -330,7 +337,8 @@ def _figure(cell: Cell, lat: dict[str, float]) -> str:
     text = f"{rate(cell.rate)}, p50 {ms(lat['median'])}, p99 {ms(lat['p99'])}"
     if "syncs_per_msg" in best:
         text += f", {best['syncs_per_msg']:.3f} syncs/msg"
-    return text + f"; CPU gen {best['gen_cores']:.2f} srv {best['server_cores']:.2f}"
+    return text + (f"; CPU gen {best['gen_cores']:.2f} srv {best['server_cores']:.2f}"
+                   f" ({best['server_us_per_request']:.0f} µs/req)")
 
 
 _API = {"rest": "REST POST /{q}/messages", "sqs-json": "SQS JSON SendMessage", "sqs": "boto3 send_message"}
@@ -340,6 +348,8 @@ def _case(cell: Cell, client: str) -> str:
     what = _API[cell.api] + (f" ({client})" if cell.api != "sqs" else "")
     if cell.server == "moto":
         return f"moto_server (in memory), {what}, {cell.clients} clients"
+    if cell.server == BARE:
+        return f"ceiling: ASGI app answering at once, same uvicorn, {what}, {cell.clients} clients"
     sync, _, workers = cell.server.removeprefix("journalq-").partition("-w")
     return f"sync {sync}{f', {workers} workers' if workers else ''}, {what}, {cell.clients} clients"
 
@@ -352,6 +362,7 @@ def _extra(cell: Cell, lat: dict[str, float], seconds: float) -> dict[str, Any]:
         "median_ms": round(lat["median"], 4), "p90_ms": round(lat["p90"], 4), "p99_ms": round(lat["p99"], 4),
         "max_ms": round(lat["max"], 4),
         "gen_cores": best["gen_cores"], "server_cores": best["server_cores"],
+        "server_us_per_request": best["server_us_per_request"],
         "runs": cell.runs,
     }
     if "syncs_per_msg" in best:
@@ -377,11 +388,14 @@ def run(ctx: Context) -> list[Result]:
         )
     port = _free_port()
     servers["moto"] = Server("moto", [moto, "-H", "127.0.0.1", "-p", str(port)], root / "moto.log", port)
+    port = _free_port()
+    servers[BARE] = Server(BARE, [sys.executable, str(HERE / "bare_asgi.py"), str(port)], root / "bare.log", port)
     plan = [
         ("journalq-always", "rest"), ("journalq-always", "sqs-json"), ("journalq-always", "sqs"),
         ("journalq-always-w2", "rest"),
         ("journalq-none", "rest"), ("journalq-none", "sqs"),
         ("moto", "sqs"),
+        (BARE, "rest"),
     ]
     cells = {(s, a, n): Cell(s, a, n) for n in CLIENTS for s, a in plan}
     loop_rates: list[float] = []
@@ -409,6 +423,7 @@ def run(ctx: Context) -> list[Result]:
                         f"p99 {ms(run_['p99_ms']):>9}"
                         + (f", {run_['syncs_per_msg']:.3f} syncs/msg" if "syncs_per_msg" in run_ else "")
                         + f", CPU gen {run_['gen_cores']:.2f} srv {run_['server_cores']:.2f}"
+                        + f" ({run_['server_us_per_request']:.0f} µs/req)"
                     )
     finally:
         for gen in gens:
@@ -446,6 +461,10 @@ def run(ctx: Context) -> list[Result]:
                 result.aim, result.aim_met = "> moto", cell.rate > MOTO_AIM * moto_rate
             if s == "journalq-always" and ("journalq-none", a, n) in cells:  # what durability costs
                 result.extra["ratio_to_sync_none"] = round(cell.rate / cells[("journalq-none", a, n)].rate, 4)
+            if s == BARE:  # how far above the disk's syncs any app under this uvicorn could go
+                result.baseline_name, result.baseline_value = loop_name, loop_best
+            elif a == "rest":
+                result.extra["ratio_to_ceiling"] = round(cell.rate / cells[(BARE, "rest", n)].rate, 4)
             if s.startswith("journalq") and a == "sqs":
                 result.extra["ratio_to_moto"] = round(cell.rate / cells[("moto", "sqs", n)].rate, 4)
             results.append(result)
