@@ -488,11 +488,13 @@ class SqsProtocol:
         """Several SendMessage and SendMessageBatch requests (action, request) to queue ``name``,
         stored in one write (and so one sync): one answer per request, or the ``SqsError`` that
         refused it. A failure of the store itself (a full disk) raises, for all of them."""
+        with _sqs_errors():  # the queue and its limit: looked up once for all of them
+            queue, limit = self._queue(name), self._limit(name)
         checked: list[_Sending | SqsError] = []
         for action, request in requests:
             try:
                 with _sqs_errors():
-                    checked.append(self._check_send(action, request, name))
+                    checked.append(self._check_send(action, request, queue, limit))
             except SqsError as exc:
                 checked.append(exc)
         sendings = [c for c in checked if isinstance(c, _Sending)]
@@ -1113,20 +1115,25 @@ class SqsProtocol:
         return answer
 
     def send_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        return self._store([self._check_send("SendMessage", request, self._name_of_url(request))])[0]
+        return self._send_one("SendMessage", request)
 
     def send_message_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        return self._store([self._check_send("SendMessageBatch", request, self._name_of_url(request))])[0]
+        return self._send_one("SendMessageBatch", request)
 
-    def _check_send(self, action: str, request: dict[str, Any], name: str) -> _Sending:
-        """A SendMessage or SendMessageBatch request to queue ``name``, checked, ready to store."""
-        queue = self._queue(name)
+    def _send_one(self, action: str, request: dict[str, Any]) -> dict[str, Any]:
+        answer = self.send_together(self._name_of_url(request), [(action, request)])[0]
+        if isinstance(answer, SqsError):
+            raise answer
+        return answer
+
+    def _check_send(self, action: str, request: dict[str, Any], queue: Queue, limit: int) -> _Sending:
+        """A SendMessage or SendMessageBatch request to ``queue`` (whose messages may have up
+        to ``limit`` bytes), checked, ready to store."""
         settings = queue.settings
         if action == "SendMessage":
-            outgoing = self._outgoing(request, settings, self._limit(name))
+            outgoing = self._outgoing(request, settings, limit)
             return _Sending(queue, settings.fifo, [(None, outgoing)], None)
         entries = _entries(request, send=True)
-        limit = self._limit(name)
         total = sum(
             len(e["MessageBody"].encode("utf-8", "surrogatepass"))
             for e in entries
