@@ -1,37 +1,47 @@
 """server: the HTTP server (``journalq serve``) under concurrent senders, against the disk's sync
-rate and moto's in-memory SQS.
+rate, moto's in-memory SQS and the most uvicorn serves with an app that does nothing.
 
-The real server runs as a subprocess (``journalq serve --data DIR --port P``), once with
-``--sync always`` (a message is answered only once synced) and once with ``--sync none``. A load
-generator, a separate process (``bench/server_load.py``), drives it with 1, 16 and 64 concurrent
-clients, each sending its next message as soon as the previous one is answered, for a fixed time
-(5 s; 1.5 s with ``--quick``), with
+The real server runs as a subprocess (``journalq serve --data DIR --port P``), with ``--sync
+always`` (a message is answered only once synced; one worker, and ``--workers 2``) and with
+``--sync none``. A load generator, a separate process (``bench/server_load.py``), drives it with
+1, 16 and 64 concurrent clients, each sending its next message as soon as the previous one is
+answered, for a fixed time (5 s; 1.5 s with ``--quick``, which wrk rounds to whole seconds), with
 
-* ``rest``: mq's REST API, ``POST /{queue}/messages`` with a 100-byte body, from a minimal
-  HTTP/1.1 keep-alive client on asyncio (one connection per client, a few tens of µs per request);
+* ``rest``: mq's REST API, ``POST /{queue}/messages`` with a 100-byte body, and ``sqs-json``:
+  SQS's JSON ``SendMessage`` (``POST /`` with ``X-Amz-Target``), prebuilt requests sent by a lean
+  client: ``wrk`` when it is on PATH (a few µs of CPU per request), else a minimal HTTP/1.1
+  keep-alive client on asyncio (a few tens of µs); one connection per client;
 * ``sqs``: boto3 ``send_message`` (the Amazon SQS JSON protocol, ``POST /``), one boto3 client per
   thread, the threads spread over two generator processes (in one, the GIL holds boto3 to one
   core: 15-20 % fewer requests). boto3 costs about as much CPU per request as the server: on a
   2-core machine the load generator takes a large part of the machine, which the table shows.
 
 Each run sends to a fresh queue, checks afterwards that the queue holds every message answered
-2xx (and the warm-up ones: one per client, untimed), and deletes it. Beside them, in the same run:
+2xx (plus the untimed warm-up ones, one per client; with wrk, plus up to one per client that was
+under way when wrk stopped, which wrk does not count), and deletes it. Beside them, in the same
+run:
 
 * the physical limit: ``write`` of 100 bytes + ``fdatasync`` of one file, one after another, for
   2 s (1 s with ``--quick``), on the file system of the servers' data: syncs per second;
 * moto's in-memory SQS server (``moto_server``), driven by the same boto3 load. moto's
   ``send_message`` counts the queue's messages (``Queue.attributes``) at every send, so its rate
-  falls as the run fills the queue: each run starts from an empty queue, as journalq's do.
+  falls as the run fills the queue: each run starts from an empty queue, as journalq's do;
+* the ceiling: ``bench/bare_asgi.py``, an ASGI app that answers 201 at once under uvicorn with
+  journalq's settings, driven by the same ``rest`` load: what uvicorn alone costs per request,
+  and so the most any app under it can serve on this machine.
 
 Aims (from the issue): with ``--sync always`` and 64 clients, throughput at least 5 times the
 syncs per second of the loop (group commit: concurrent requests share syncs), and with
 ``--sync none``, journalq ahead of moto under the boto3 load (journalq / moto > 1). The server's
 ``journalq_syncs_total`` (``GET /metrics``) is read before and after each run: syncs per request
-show the group commit. Throughputs (requests per second; one message per request) are the best of
-``repeat`` runs; latencies (seen by the client, from writing the request to reading the whole
-answer) the median over the runs of each run's median and p99. All configurations are interleaved
-in each round. CPU: the load generator's and the server's CPU time over the timed window, in cores
-(1.00 = one core busy for the whole run; the machine has ``os.cpu_count()``).
+show the group commit (not with 2 workers: each counts its own). Throughputs (requests per
+second; one message per request) are the best of ``repeat`` runs; latencies (seen by the client,
+from writing the request to reading the whole answer) the median over the runs of each run's
+median and p99 (with boto3 over two processes, the higher of the two processes' figures). All
+configurations are interleaved in each round. CPU: the load generator's and the server's CPU time
+over the timed window, in cores (1.00 = one core busy for the whole run; the machine has
+``os.cpu_count()``), and the server's CPU per request (µs/req): unlike the throughput, it hardly
+depends on how much of the machine the other processes on it leave.
 """
 
 from __future__ import annotations
@@ -63,12 +73,15 @@ GENERATORS = 2  # load generator processes: boto3 clients are spread over them, 
 
 SERVER_CONTEXT = (
     "server: one message per request (msg/s = requests/s); latencies seen by the client. CPU in cores\n"
-    "over the timed window (gen = load generator processes, srv = server process), out of "
+    "over the timed window (gen = load generator processes, srv = server processes; µs/req: server CPU\n"
+    "per request), out of "
     f"{os.cpu_count()}: boto3 costs about\nas much CPU per request as the server, so the boto3 rows share "
     "the machine with a heavy client (the\nsame for journalq and moto). syncs/msg: journalq_syncs_total "
     "(GET /metrics) over the run / requests.\nmoto's send_message counts the queue's messages at every send "
     "(O(queue depth)): its rate falls as a\nrun fills its queue, so the journalq/moto ratio grows with the "
-    "run's length (each run starts empty)."
+    "run's length (each run starts empty).\nceiling: an ASGI app answering at once under the same uvicorn "
+    "and load; no app under this uvicorn\nserves more on this machine (ratio: to the fdatasync loop). "
+    "ratio_to_ceiling in the JSON."
 )
 
 
