@@ -32,6 +32,16 @@ fi
 if [ ! -f /usr/share/java/zookeeper.jar ]; then
     apt_install "the ZooKeeper store's tests need a ZooKeeper server" zookeeper
 fi
+# The server benchmark's lean HTTP client (bench/server_load.py falls back to a Python one without it).
+if ! command -v wrk >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk || echo "warning: wrk not installed; the server benchmark uses its Python client" >&2
+    else
+        echo "warning: no wrk (no apt-get here); the server benchmark uses its Python client" >&2
+    fi
+fi
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi

@@ -319,3 +319,33 @@ def test_workers(start_server) -> None:
         assert sorted(bodies) == sorted(b"m%d" % i for i in range(20))
     server.check_clean_stop(signal.SIGTERM)
 
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_port_zero_start_line_names_the_port_bound(tmp_path: Path, workers: str) -> None:
+    """``--port 0``: the system picks a port, and the start line names it (not 0)."""
+    log_file = tmp_path / "server.log"
+    with open(log_file, "wb") as out:
+        process = subprocess.Popen(
+            [str(JOURNALQ), "serve", "--data", str(tmp_path / "data"), "--port", "0", "--workers", workers],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        deadline = time.monotonic() + 30
+        match = None
+        while match is None and time.monotonic() < deadline and process.poll() is None:
+            match = START_LINE.search(log_file.read_text(errors="replace"))
+            time.sleep(0.05)
+        assert match is not None, log_file.read_text(errors="replace")
+        port = int(match["port"])
+        assert port != 0
+        while True:  # the workers may start after the line
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, log_file.read_text(errors="replace")
+                time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(40) == 0, log_file.read_text(errors="replace")

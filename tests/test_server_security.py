@@ -386,3 +386,36 @@ def test_a_token_guards_the_sqs_api_too_without_aws_keys(tmp_path: Path) -> None
         assert client.post("/sneaky/messages", content=body, headers=headers).status_code == 401
         allowed = client.post("/", content=body, headers={**headers, "Authorization": "Bearer s3cret"})
         assert allowed.status_code == 200 and allowed.json()["QueueUrl"].endswith("/sneaky")
+
+
+# -- request heads ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["header", "url"])
+def test_a_request_head_over_the_limit_is_431_and_the_server_goes_on(
+    server: ServerProcess, client: httpx.Client, where: str
+) -> None:
+    """A header line (or URL) that never ends is not kept in memory however long it grows: past
+    the limit (64 KiB) the answer is 431 and the connection is closed."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as s:
+        s.sendall(b"GET /" + (b"u" if where == "url" else b" HTTP/1.1\r\nHost: x\r\nX-Big: "))
+        answer = b""
+        for _ in range(13 * 16):  # up to 13 MB, 64 KiB at a time, until the server answers
+            try:
+                s.sendall(b"a" * 65536)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            s.settimeout(0.01)
+            try:
+                answer = s.recv(65536)
+            except TimeoutError:
+                continue
+            finally:
+                s.settimeout(20)
+            if answer:
+                break
+        answer += read_all(s)
+    assert status_of(answer) == 431, answer[:200]
+    assert b"over 65536 bytes" in answer
+    # Heads under the limit are taken, and the server serves on.
+    assert client.get("/healthz", headers={"X-Large": "b" * 30000}).status_code == 200

@@ -1186,3 +1186,68 @@ def test_storage_errors_propagate(client: Client, broker: Broker, monkeypatch: p
     with pytest.raises(StorageError) as caught:
         client("SendMessage", QueueUrl=url, MessageBody="x")
     assert caught.value.errno == 28
+
+
+# -- sends stored together (the server's group commit for SQS) ---------------------------------------
+
+
+def test_send_together_stores_requests_in_one_write_and_refuses_bad_ones_alone(
+    client: Client, sqs: SqsProtocol, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = client.create("together")
+    queue = sqs.broker.queue("together", create=False)
+    writes: list[int] = []
+    real_send_many = type(queue.topic).send_many
+
+    def counting_send_many(topic: Any, items: Any) -> list[str]:
+        items = list(items)
+        writes.append(len(items))
+        return real_send_many(topic, items)
+
+    monkeypatch.setattr(type(queue.topic), "send_many", counting_send_many)
+    attribute = {"k": {"DataType": "String", "StringValue": "v"}}
+    requests = [
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "one", "MessageAttributes": attribute}),
+        ("SendMessage", {"QueueUrl": url}),  # no body: refused, alone
+        ("SendMessageBatch", {"QueueUrl": url, "Entries": [
+            {"Id": "a", "MessageBody": "two"}, {"Id": "b", "MessageBody": ""}]}),
+        ("SendMessageBatch", {"QueueUrl": url, "Entries": []}),  # refused as a whole, alone
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "three"}),
+    ]
+    assert sqs.queue_of(requests[0][1]) == "together"
+    one, missing, batch, empty, three = sqs.send_together("together", requests)
+    assert writes == [3]  # the three good messages of four requests: one write
+    assert isinstance(missing, SqsError) and missing.code == "MissingParameter"
+    assert isinstance(empty, SqsError) and empty.code == "EmptyBatchRequest"
+    assert isinstance(one, dict) and one["MD5OfMessageBody"] == md5_of_body("one")
+    assert one["MD5OfMessageAttributes"] == md5_of_message_attributes({"k": Attribute("String", "v")})
+    assert isinstance(batch, dict) and [e["Id"] for e in batch["Successful"]] == ["a"]
+    assert [(e["Id"], e["Code"]) for e in batch["Failed"]] == [("b", "MissingParameter")]
+    assert isinstance(three, dict)
+    ids = [one["MessageId"], batch["Successful"][0]["MessageId"], three["MessageId"]]
+    assert [int(i) for i in ids] == list(range(int(ids[0]), int(ids[0]) + 3))  # in order, one batch
+    assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["one", "two", "three"]
+
+
+def test_send_together_deduplicates_across_requests(client: Client, sqs: SqsProtocol) -> None:
+    url = client.create("together.fifo", FifoQueue="true")
+    send = {"QueueUrl": url, "MessageGroupId": "g", "MessageDeduplicationId": "same"}
+    first, again = sqs.send_together("together.fifo", [
+        ("SendMessage", {**send, "MessageBody": "first"}), ("SendMessage", {**send, "MessageBody": "again"})])
+    assert isinstance(first, dict) and isinstance(again, dict)
+    assert first["MessageId"] == again["MessageId"]  # as if sent one after the other
+    assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["first"]
+
+
+def test_send_together_fails_as_a_whole_when_the_store_fails(
+    client: Client, sqs: SqsProtocol, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = client.create("full")
+    queue = sqs.broker.queue("full", create=False)
+
+    def full(topic: Any, items: Any) -> list[str]:
+        raise StorageError("disk full")
+
+    monkeypatch.setattr(type(queue.topic), "send_many", full)
+    with pytest.raises(StorageError):
+        sqs.send_together("full", [("SendMessage", {"QueueUrl": url, "MessageBody": "x"})] * 3)

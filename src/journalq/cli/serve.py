@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -48,6 +50,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     closed.
     """
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     from journalq.server.app import create_app
     from journalq.server.config import ENVIRONMENT_VARIABLE, ServerConfig
@@ -66,30 +69,55 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     server_log.addHandler(handler)
     server_log.setLevel(logging.INFO)
     server_log.propagate = False
-    options = dict(
-        host=host,
-        port=port,
+    options: dict[str, Any] = dict(
         log_level="warning",
+        access_log=False,
         timeout_keep_alive=5,  # idle connections do not hold the server
         limit_concurrency=4096,
-        h11_max_incomplete_event_size=64 * 1024,  # headers that never end are cut off
+        # Request heads (request line and headers) that never end are cut off: h11 takes this
+        # limit itself, journalq's httptools protocol takes it from here too (431).
+        h11_max_incomplete_event_size=64 * 1024,
         timeout_graceful_shutdown=30,
+        http=_http_protocol(),
     )
     # Uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler it
     # found: with the default one the process would die of it (exit status 143) after a clean
     # shutdown. Exit 0 instead, as on SIGINT.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    # Bound here, before anything starts: the start line names the port bound (with --port 0,
+    # the one the system chose), and the worker processes all accept on this one socket.
+    uvicorn_config = uvicorn.Config(
+        "journalq.server.app:app_from_environment", factory=True, host=host, port=port, workers=workers, **options
+    )
+    sock = uvicorn_config.bind_socket()
+    config = dataclasses.replace(config, port=sock.getsockname()[1])
+    # As uvicorn.run does: the server stops cleanly on SIGINT, then raises it again, with the
+    # handler it found (KeyboardInterrupt), once it is done.
     if workers == 1:
-        uvicorn.run(create_app(config), **options)
+        server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=config.port, **options))
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[sock])
+        if not server.started:
+            raise SystemExit(3)  # uvicorn's startup failure status; it logged why
     else:
         # The worker processes log nothing at INFO (this handler is not theirs): the start line
         # comes from here, once.
         from journalq import __version__
 
         server_log.info("journalq %s serving %s on http://%s:%d (sync=%s, workers=%d)",
-                        __version__, data, host, port, sync, workers)
+                        __version__, data, host, config.port, sync, workers)
         os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
-        uvicorn.run("journalq.server.app:app_from_environment", factory=True, workers=workers, **options)
+        with contextlib.suppress(KeyboardInterrupt):
+            Multiprocess(uvicorn_config, sockets=[sock]).run()
+
+
+def _http_protocol() -> Any:
+    """httptools (fast) with a limit on request heads, or h11 when httptools is missing."""
+    try:
+        from journalq.server.protocol import HeadLimitedHttpToolsProtocol
+    except ImportError:
+        return "h11"
+    return HeadLimitedHttpToolsProtocol
 
 
 def _exit_cleanly(signum: int, frame: Any) -> None:

@@ -14,13 +14,15 @@ import errno
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from journalq import __version__
 from journalq.errors import Error, QueueNotFoundError, StorageError, StoreUnavailableError, TaskNotFoundError
@@ -29,6 +31,7 @@ from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
 from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
+from journalq.server.deadlines import Deadlines
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import SqsError, SqsProtocol
 
@@ -50,40 +53,42 @@ class HTTPProblem(Exception):
         self.status, self.message, self.headers = status, message, headers or {}
 
 
-def create_app(config: ServerConfig) -> FastAPI:
+def create_app(config: ServerConfig) -> App:
     broker_box: list[Broker] = []
     limiter = anyio.CapacityLimiter(256)  # blocking operations but receives
     # Receives may long-poll (up to 20 s for SQS, ``wait`` for REST): with one pool for all, a few
     # hundred waiting consumers would hold up every write, and the messages they wait for.
     receive_limiter = anyio.CapacityLimiter(1024)
+    body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: App) -> AsyncIterator[None]:
         broker = Broker(config.data, sync=config.sync)
         broker_box.append(broker)
         app.state.metrics.watch(broker)
         log.info("journalq %s serving %s on http://%s:%d (sync=%s)", __version__, config.data, config.host, config.port, config.sync)
+        watchdog = asyncio.get_running_loop().create_task(body_deadlines.run())
         try:
             yield
         finally:
+            watchdog.cancel()
             await anyio.to_thread.run_sync(broker.close)  # syncs and closes every journal
 
-    app = FastAPI(
+    app = App(
         title="journalq",
         version=__version__,
         description="mq's REST API over journalq queues. The Amazon SQS JSON protocol is served at "
         "`POST /` (see the SQS API reference); Prometheus metrics at `/metrics`.",
         lifespan=lifespan,
     )
-    app.state.metrics = metrics.Metrics()
-    app.add_middleware(metrics.RequestTimer, metrics=app.state.metrics)
-    app.add_middleware(_SqsPaths)
 
     def broker() -> Broker:
         return broker_box[0]
 
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str]:
-        return await blocking(lambda: broker().queue(queue, create=False).send_many(bodies))
+        ids = await blocking(lambda: broker().queue(queue, create=False).send_many(bodies))
+        app.state.metrics.messages_in.labels(queue).inc(len(ids))  # once a batch, not a request
+        return ids
 
     sends = SendBatcher(store)
 
@@ -109,38 +114,43 @@ def create_app(config: ServerConfig) -> FastAPI:
             retry = {"Retry-After": str(config.retry_after)}
             raise HTTPProblem(503, f"not stored: {exc.strerror or exc}", retry) from exc
 
-    async def body_of(request: Request, limit: int) -> bytes:
-        """The request body, refused when too large (413) or too slow to arrive (408)."""
-        declared = request.headers.get("content-length")
+    async def body_of(receive: Receive, declared: bytes | None, limit: int) -> bytes:
+        """The request body (``declared``: its Content-Length), refused when too large (413), too
+        slow to arrive (408) or broken (400)."""
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HTTPProblem(413, f"the body is {declared} bytes; at most {limit} are taken")
+            raise HTTPProblem(413, f"the body is {declared.decode()} bytes; at most {limit} are taken")
         chunks: list[bytes] = []
         size = 0
-
-        async def read() -> None:
-            nonlocal size
-            async for chunk in request.stream():
+        task = body_deadlines.start()
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise HTTPProblem(400, "the request body could not be read: the client went away")
+                chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
                     raise HTTPProblem(413, f"the body is over {limit} bytes")
                 chunks.append(chunk)
-
-        try:
-            await asyncio.wait_for(read(), config.body_timeout)
-        except TimeoutError:
-            raise HTTPProblem(408, f"the body did not arrive within {config.body_timeout:g} s") from None
-        except HTTPProblem:
+                if not message.get("more_body", False):
+                    break
+        except asyncio.CancelledError:
+            if body_deadlines.expired(task):
+                raise HTTPProblem(408, f"the body did not arrive within {config.body_timeout:g} s") from None
             raise
-        except Exception as exc:  # the client went away or sent a broken body
-            raise HTTPProblem(400, f"the request body could not be read: {exc}") from None
-        return b"".join(chunks)
+        finally:
+            body_deadlines.stop(task)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def rest_auth(request: Request) -> None:  # async: no thread hop per request
+    def check_token(authorization: bytes | str) -> None:
         if config.rest_token is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {config.rest_token}".encode()):
+        given = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
+        if not hmac.compare_digest(given, f"Bearer {config.rest_token}".encode()):
             raise HTTPProblem(401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="journalq"'})
+
+    async def rest_auth(request: Request) -> None:  # async: no thread hop per request
+        check_token(request.headers.get("authorization", ""))
 
     def queue_name(queue: str) -> str:
         if queue in RESERVED:
@@ -149,12 +159,11 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(HTTPProblem)
     async def problem(request: Request, exc: HTTPProblem) -> Response:
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+        return _problem_response(exc)
 
     @app.exception_handler(Error)
     async def journalq_error(request: Request, exc: Error) -> Response:
-        status = 404 if isinstance(exc, (QueueNotFoundError, TaskNotFoundError)) else 400
-        return JSONResponse({"error": str(exc)}, status_code=status)
+        return _error_response(exc)
 
     # -- service endpoints ---------------------------------------------------------------------
 
@@ -229,9 +238,11 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def add(queue: str, request: Request) -> Response:
         """Store the body as a message; 201 with ``X-Message-Id`` once it is on stable storage,
         400 when the body cannot be read, 503 with ``Retry-After`` when it cannot be stored."""
-        body = await body_of(request, config.max_message_size)
-        message_id = await sends.send(queue_name(queue), body)
-        app.state.metrics.messages_in.labels(queue).inc()
+        # Served by the hot path below (``hot_add``) before FastAPI sees it: this route documents
+        # the endpoint in the OpenAPI document, and answers the same when reached.
+        declared = request.headers.get("content-length")
+        body = await body_of(request.receive, None if declared is None else declared.encode(), config.max_message_size)
+        message_id = await add_message(queue, body)
         return Response(status_code=201, headers={"X-Message-Id": message_id})
 
     @app.delete("/{queue}/messages/{message_id}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=204)
@@ -241,93 +252,177 @@ def create_app(config: ServerConfig) -> FastAPI:
         app.state.metrics.messages_deleted.labels(queue).inc()
         return Response(status_code=204)
 
-    # -- the Amazon SQS JSON protocol -----------------------------------------------------------
+    async def add_message(queue: str, body: bytes) -> str:
+        return await sends.send(queue_name(queue), body)
+
+    # -- the hot path: POST /{queue}/messages and the SQS protocol, as plain ASGI -----------------
+    #
+    # With durable writes, concurrent requests share their syncs, so what limits throughput is
+    # the CPU each request costs. FastAPI's routing, request objects and dependency injection
+    # cost several times what the work itself does: the busiest requests skip them, with the same
+    # checks in the same order (token, size, name) and the same answers.
+
+    async def hot_add(scope: Scope, receive: Receive, send: Send) -> int:
+        headers = dict(scope["headers"])
+        try:
+            check_token(headers.get(b"authorization", b""))
+            body = await body_of(receive, headers.get(b"content-length"), config.max_message_size)
+            message_id = await add_message(scope["path"][1:-_MESSAGES_SUFFIX], body)
+        except HTTPProblem as exc:
+            return await _respond(_problem_response(exc), scope, receive, send)
+        except Error as exc:
+            return await _respond(_error_response(exc), scope, receive, send)
+        return await _answer(send, 201, b"", [(b"x-message-id", message_id.encode())])
 
     sqs_box: list[SqsProtocol] = []
 
-    @app.post("/", tags=["sqs"], include_in_schema=False)
-    async def sqs(request: Request) -> Response:
-        target = request.headers.get("x-amz-target", "")
+    def sqs_protocol() -> SqsProtocol:
+        if not sqs_box:
+            sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region))
+        return sqs_box[0]
+
+    async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | SqsError]:
+        return await blocking(sqs_protocol().send_together, name, requests)
+
+    sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
+
+    async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
+        """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
+        clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        target = headers.get("x-amz-target", "")
         service, _, action = target.partition(".")
         if service != "AmazonSQS" or not action:
-            return _sqs_error(SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action"))
+            error = SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action")
+            return await _sqs_error(send, error)
         try:
-            body = await body_of(request, config.max_request_size)
+            declared = headers.get("content-length")
+            body = await body_of(receive, None if declared is None else declared.encode(), config.max_request_size)
         except HTTPProblem as exc:
-            return _sqs_error(SqsError("RequestEntityTooLarge" if exc.status == 413 else "InvalidRequest", exc.message, status=exc.status))
+            code = "RequestEntityTooLarge" if exc.status == 413 else "InvalidRequest"
+            return await _sqs_error(send, SqsError(code, exc.message, status=exc.status))
         if config.aws_credentials:
             try:
-                verify(
-                    request.method,
-                    request.scope.get("journalq.signed_path", request.url.path),
-                    request.url.query,
-                    dict(request.headers),
-                    body,
-                    config.aws_credentials,
-                )
+                # The signature covers the path the client posted to.
+                verify("POST", scope["path"], scope["query_string"].decode("latin-1"), headers, body,
+                       config.aws_credentials)
             except AuthError as exc:
-                return _sqs_error(SqsError(exc.code, exc.message, status=exc.status))
+                return await _sqs_error(send, SqsError(exc.code, exc.message, status=exc.status))
         elif config.rest_token is not None:
             # A server guarded by a token is not left open through its other API: without AWS
             # keys configured, SQS requests need the same bearer token.
             try:
-                await rest_auth(request)
+                check_token(headers.get("authorization", ""))
             except HTTPProblem as exc:
-                return _sqs_error(SqsError("MissingAuthenticationToken", exc.message, status=exc.status), exc.headers)
+                error = SqsError("MissingAuthenticationToken", exc.message, status=exc.status)
+                return await _sqs_error(send, error, exc.headers)
         try:
             payload = json.loads(body or b"{}")
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
-            return _sqs_error(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}"))
+            return await _sqs_error(send, SqsError("InvalidRequest", f"the body is not a JSON object: {exc}"))
         if is_zookeeper_url(broker().root):
-            return _sqs_error(SqsError(
+            return await _sqs_error(send, SqsError(
                 "UnsupportedOperation", "the SQS protocol needs a data directory: this server's queues are in "
                 "ZooKeeper (use mq's REST API)", status=400))
-        if not sqs_box:
-            sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region))
-        base_url = f"{request.url.scheme}://{request.headers.get('host', f'{config.host}:{config.port}')}"
+        base_url = f"{scope['scheme']}://{headers.get('host') or f'{config.host}:{config.port}'}"
         try:
-            answer = await blocking(sqs_box[0].handle, action, payload, base_url, receiving=action == "ReceiveMessage")
+            if action in SqsProtocol.SEND_ACTIONS:
+                answer = await sqs_sends.send(sqs_protocol().queue_of(payload), (action, payload))
+            else:
+                answer = await blocking(sqs_protocol().handle, action, payload, base_url, receiving=action == "ReceiveMessage")
         except SqsError as exc:
-            return _sqs_error(exc)
+            return await _sqs_error(send, exc)
         except HTTPProblem as exc:
-            return _sqs_error(SqsError("ServiceUnavailable", exc.message, status=exc.status, sender=False), exc.headers)
+            error = SqsError("ServiceUnavailable", exc.message, status=exc.status, sender=False)
+            return await _sqs_error(send, error, exc.headers)
         except Error as exc:  # none that SQS has a code for: still answered in SQS's shape
-            return _sqs_error(SqsError("InternalFailure", str(exc), status=500, sender=False))
+            return await _sqs_error(send, SqsError("InternalFailure", str(exc), status=500, sender=False))
         app.state.metrics.count_sqs(action, payload, answer)
-        return Response(json.dumps(answer).encode(), media_type="application/x-amz-json-1.0")
+        return await _answer(send, 200, json.dumps(answer).encode(), [_AMZ_JSON])
 
+    def hot_route(scope: Scope) -> Handler | None:
+        if scope["method"] != "POST":
+            return None
+        path: str = scope["path"]
+        if path == "/" or any(name == b"x-amz-target" for name, _ in scope["headers"]):
+            scope["journalq.operation"] = "POST /"  # the latency label when no action is named
+            return hot_sqs
+        if path.endswith(_MESSAGES) and path.count("/") == 2 and len(path) > len(_MESSAGES) + 1:
+            scope["journalq.operation"] = "POST /{queue}/messages"  # the latency label
+            return hot_add
+        return None
+
+    app.hot_route = hot_route
     return app
 
 
-def _sqs_error(exc: SqsError, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        json.dumps({"__type": exc.type, "message": exc.message}).encode(),
-        status_code=exc.status,
-        media_type="application/x-amz-json-1.0",
-        headers={"x-amzn-query-error": exc.query_error, **(headers or {})},
-    )
+_MESSAGES = "/messages"
+_MESSAGES_SUFFIX = len(_MESSAGES)
+_AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
 
 
-class _SqsPaths:
-    """SQS clients may post to the queue's URL instead of ``/``: any POST naming an SQS action
-    in ``X-Amz-Target`` goes to the SQS endpoint. (ASGI middleware.)"""
-
-    def __init__(self, app: Callable[..., Any]) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] != "/":
-            if any(name == b"x-amz-target" for name, _ in scope["headers"]):
-                # The signature covers the path the client posted to: keep it for verify().
-                scope = {**scope, "path": "/", "raw_path": b"/", "journalq.signed_path": scope["path"]}
-        await self.app(scope, receive, send)
+def _problem_response(exc: HTTPProblem) -> Response:
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
 
-def app_from_environment() -> FastAPI:
+def _error_response(exc: Error) -> Response:
+    status = 404 if isinstance(exc, (QueueNotFoundError, TaskNotFoundError)) else 400
+    return JSONResponse({"error": str(exc)}, status_code=status)
+
+
+async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """A whole answer in two ASGI messages (what Starlette's ``Response`` sends, without it);
+    returns its status."""
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+async def _respond(response: Response, scope: Scope, receive: Receive, send: Send) -> int:
+    await response(scope, receive, send)
+    return response.status_code
+
+
+async def _sqs_error(send: Send, exc: SqsError, headers: dict[str, str] | None = None) -> int:
+    extra = [(b"x-amzn-query-error", exc.query_error.encode()), _AMZ_JSON]
+    extra += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    return await _answer(send, exc.status, json.dumps({"__type": exc.type, "message": exc.message}).encode(), extra)
+
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
+"""A hot-path handler: answers a request whole and returns the status it answered with."""
+
+
+class App(FastAPI):
+    """FastAPI with a hot path in front: requests that ``hot_route(scope)`` gives a handler for
+    are answered by it (timed, as every request is), without FastAPI's and Starlette's layers
+    (telemetry, body limits, middleware stack); the others go through FastAPI."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state.metrics = metrics.Metrics()
+        self.add_middleware(metrics.RequestTimer, metrics=self.state.metrics)
+        self.hot_route: Callable[[Scope], Handler | None] = lambda scope: None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            handler = self.hot_route(scope)
+            if handler is not None:
+                started, status = time.perf_counter(), 500
+                try:
+                    status = await handler(scope, receive, send)
+                finally:
+                    self.state.metrics.note_request(scope, status, started)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def app_from_environment() -> App:
     """The app of a uvicorn worker process: settings from ``JOURNALQ_SERVER``."""
     return create_app(ServerConfig.from_environment())
 
 
-__all__ = ["RESERVED", "app_from_environment", "create_app"]
+__all__ = ["RESERVED", "App", "app_from_environment", "create_app"]

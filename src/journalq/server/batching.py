@@ -1,4 +1,4 @@
-"""Group commit at the request level: concurrent sends to one queue become one ``send_many``.
+"""Group commit at the request level: concurrent sends to one queue become one store call.
 
 Each queue has at most one batch being stored at a time (in a worker thread: one write, one sync).
 Sends that arrive meanwhile wait on the event loop, not in threads, and go together as the next
@@ -10,24 +10,35 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
-class SendBatcher:
-    """``send(queue, body)`` resolves to the message id once the batch holding it is stored.
+class SendBatcher(Generic[Item, Result]):
+    """``send(queue, item)`` resolves to the item's result once the batch holding it is stored.
 
-    ``store(queue, bodies)`` runs the blocking ``send_many`` (in a thread) and returns the ids; if
-    it raises, every send of that batch raises the same error (nothing of a failed batch is kept).
+    ``store(queue, items)`` runs the blocking store (in a thread) and returns one result per item,
+    in order: a value, or an exception that only that item's send raises (an item refused by
+    itself, as a bad SQS request). If ``store`` raises, every send of that batch raises the same
+    error (a failed batch keeps nothing). REST sends are bodies and get message ids; SQS sends are
+    whole SendMessage requests and get their answers.
     """
 
-    def __init__(self, store: Callable[[str, Sequence[bytes]], Awaitable[list[str]]], max_batch: int = 1000) -> None:
+    def __init__(
+        self,
+        store: Callable[[str, Sequence[Item]], Awaitable[Sequence[Result | Exception]]],
+        max_batch: int = 1000,
+    ) -> None:
         self._store = store
         self._max_batch = max_batch
-        self._waiting: dict[str, list[tuple[bytes, asyncio.Future[str]]]] = {}
+        self._waiting: dict[str, list[tuple[Item, asyncio.Future[Result]]]] = {}
         self._storing: set[str] = set()
 
-    async def send(self, queue: str, body: bytes) -> str:
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(queue, []).append((body, future))
+    async def send(self, queue: str, item: Item) -> Result:
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(queue, []).append((item, future))
         if queue not in self._storing:
             self._storing.add(queue)
             asyncio.get_running_loop().create_task(self._drain(queue))
@@ -40,7 +51,9 @@ class SendBatcher:
                 if rest:
                     self._waiting[queue] = rest + self._waiting.get(queue, [])
                 try:
-                    ids = await self._store(queue, [body for body, _ in batch])
+                    results = await self._store(queue, [item for item, _ in batch])
+                    if len(results) != len(batch):
+                        raise RuntimeError(f"storing {len(batch)} sends to {queue!r} gave {len(results)} results")
                 except BaseException as exc:  # the batch failed as a whole: so does each send
                     for _, future in batch:
                         if not future.done():
@@ -48,8 +61,12 @@ class SendBatcher:
                     if not isinstance(exc, Exception):
                         raise
                 else:
-                    for (_, future), message_id in zip(batch, ids):
-                        if not future.done():
-                            future.set_result(message_id)
+                    for (_, future), result in zip(batch, results):
+                        if future.done():
+                            continue
+                        if isinstance(result, Exception):
+                            future.set_exception(result)
+                        else:
+                            future.set_result(result)
         finally:
             self._storing.discard(queue)

@@ -52,6 +52,26 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_Gauges(self))
+        self._children: dict[tuple[str, str, int], Any] = {}  # bounded: operations x statuses
+
+    def note_request(self, scope: dict[str, Any], status: int, started: float) -> None:
+        """Note the latency of a request answered with ``status``, begun at ``started``
+        (``time.perf_counter()``)."""
+        target = next((value for name, value in scope["headers"] if name == b"x-amz-target"), b"")
+        if target:
+            action = target.decode("latin-1").partition(".")[2]
+            api, operation = "sqs", action if action in SQS_ACTIONS else "other"
+        else:
+            operation = scope.get("journalq.operation")  # set by the app's hot path
+            if operation is None:
+                path = getattr(scope.get("route"), "path", None) or "unrouted"
+                operation = f"{scope['method']} {path}"
+            api = "rest" if "{queue}" in operation else "service"
+        key = (api, operation, status)
+        child = self._children.get(key)
+        if child is None:  # labels() takes a lock and checks its values: once per key
+            child = self._children[key] = self.request_seconds.labels(api, operation, str(status))
+        child.observe(time.perf_counter() - started)
 
     def watch(self, broker: Broker) -> None:
         self.broker = broker
@@ -119,7 +139,13 @@ class RequestTimer:
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
-            return
+        else:
+            await self.timed(self.app, scope, receive, send)
+
+    async def timed(
+        self, app: Callable[..., Any], scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
+    ) -> None:
+        """Run the ASGI ``app`` on one HTTP request, noting its latency."""
         started = time.perf_counter()
         status = 500
 
@@ -130,16 +156,6 @@ class RequestTimer:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_note)
+            await app(scope, receive, send_and_note)
         finally:
-            headers = dict(scope["headers"])
-            target = headers.get(b"x-amz-target", b"").decode("latin-1")
-            if target:
-                action = target.partition(".")[2]
-                api, operation = "sqs", action if action in SQS_ACTIONS else "other"
-            else:
-                route = scope.get("route")
-                path = getattr(route, "path", None) or "unrouted"
-                api = "rest" if "{queue}" in path else "service"
-                operation = f"{scope['method']} {path}"
-            self.metrics.request_seconds.labels(api, operation, str(status)).observe(time.perf_counter() - started)
+            self.metrics.note_request(scope, status, started)

@@ -52,7 +52,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -383,6 +383,21 @@ class _Sidecar:
 # -- the protocol -------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _sqs_errors() -> Iterator[None]:
+    """Errors of the layers below, as SQS's."""
+    try:
+        yield
+    except SqsError:
+        raise
+    except QueueNotFoundError:
+        raise _no_queue() from None
+    except ReceiptError as exc:
+        raise SqsError("ReceiptHandleIsInvalid", str(exc)) from None
+    except (InvalidNameError, InvalidSettingError, InvalidMessageError) as exc:
+        raise _invalid(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class _Outgoing:
     """A message to send, checked: what ``send_many`` takes and what the answer needs."""
@@ -390,6 +405,17 @@ class _Outgoing:
     item: dict[str, Any]
     answer: dict[str, Any]
     size: int
+
+
+@dataclass(frozen=True)
+class _Sending:
+    """A SendMessage (``failed`` None, one entry) or SendMessageBatch, checked: the messages to
+    store, each with its entry id, and the batch entries refused already."""
+
+    queue: Queue
+    fifo: bool
+    entries: list[tuple[str | None, _Outgoing]]
+    failed: list[dict[str, Any]] | None
 
 
 class SqsProtocol:
@@ -449,16 +475,44 @@ class SqsProtocol:
             raise SqsError("InvalidAction", f"The action {action} is not valid for this endpoint.")
         if not isinstance(request, dict):
             raise SqsError("InvalidParameterValue", "The request body must be a JSON object.")
-        try:
+        with _sqs_errors():
             return method(request, base_url.rstrip("/"))
-        except SqsError:
-            raise
-        except QueueNotFoundError:
-            raise _no_queue() from None
-        except ReceiptError as exc:
-            raise SqsError("ReceiptHandleIsInvalid", str(exc)) from None
-        except (InvalidNameError, InvalidSettingError, InvalidMessageError) as exc:
-            raise _invalid(str(exc)) from None
+
+    SEND_ACTIONS = frozenset(("SendMessage", "SendMessageBatch"))
+
+    def queue_of(self, request: Mapping[str, Any]) -> str:
+        """The queue name a request's ``QueueUrl`` names (``SqsError`` when it names none)."""
+        return self._name_of_url(request)
+
+    def send_together(self, name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | SqsError]:
+        """Several SendMessage and SendMessageBatch requests (action, request) to queue ``name``,
+        stored in one write (and so one sync): one answer per request, or the ``SqsError`` that
+        refused it. A failure of the store itself (a full disk) raises, for all of them."""
+        with _sqs_errors():  # the queue and its limit: looked up once for all of them
+            queue, limit = self._queue(name), self._limit(name)
+        checked: list[_Sending | SqsError] = []
+        for action, request in requests:
+            try:
+                with _sqs_errors():
+                    checked.append(self._check_send(action, request, queue, limit))
+            except SqsError as exc:
+                checked.append(exc)
+        sendings = [c for c in checked if isinstance(c, _Sending)]
+        with _sqs_errors():
+            try:
+                answers = iter(self._store(sendings))
+            except (InvalidMessageError, InvalidSettingError):
+                # Refused by the queue, not the checks above: find which request it was by
+                # storing each alone, so that one bad request does not fail the others.
+                answers = iter([self._store_alone(s) for s in sendings])
+        return [c if isinstance(c, SqsError) else next(answers) for c in checked]
+
+    def _store_alone(self, sending: _Sending) -> dict[str, Any] | SqsError:
+        try:
+            with _sqs_errors():
+                return self._store([sending])[0]
+        except SqsError as exc:
+            return exc
 
     # -- names, URLs, ARNs ------------------------------------------------------------------------
 
@@ -1069,19 +1123,25 @@ class SqsProtocol:
         return answer
 
     def send_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        name = self._name_of_url(request)
-        queue = self._queue(name)
-        settings = queue.settings
-        outgoing = self._outgoing(request, settings, self._limit(name))
-        (message_id,) = queue.send_many([outgoing.item])
-        return self._answer(message_id, outgoing, settings.fifo)
+        return self._send_one("SendMessage", request)
 
     def send_message_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        name = self._name_of_url(request)
-        queue = self._queue(name)
-        entries = _entries(request, send=True)
+        return self._send_one("SendMessageBatch", request)
+
+    def _send_one(self, action: str, request: dict[str, Any]) -> dict[str, Any]:
+        answer = self.send_together(self._name_of_url(request), [(action, request)])[0]
+        if isinstance(answer, SqsError):
+            raise answer
+        return answer
+
+    def _check_send(self, action: str, request: dict[str, Any], queue: Queue, limit: int) -> _Sending:
+        """A SendMessage or SendMessageBatch request to ``queue`` (whose messages may have up
+        to ``limit`` bytes), checked, ready to store."""
         settings = queue.settings
-        limit = self._limit(name)
+        if action == "SendMessage":
+            outgoing = self._outgoing(request, settings, limit)
+            return _Sending(queue, settings.fifo, [(None, outgoing)], None)
+        entries = _entries(request, send=True)
         total = sum(
             len(e["MessageBody"].encode("utf-8", "surrogatepass"))
             for e in entries
@@ -1103,14 +1163,21 @@ class SqsProtocol:
             raise SqsError(
                 "BatchRequestTooLong", f"Batch requests cannot be longer than {self.max_message_size} bytes."
             )
-        successful = []
-        if checked:
-            ids = queue.send_many([o.item for _, o in checked])
-            successful = [
-                {"Id": entry_id, **self._answer(mid, o, settings.fifo)}
-                for (entry_id, o), mid in zip(checked, ids)
-            ]
-        return {"Successful": successful, "Failed": failed}
+        return _Sending(queue, settings.fifo, checked, failed)
+
+    def _store(self, sendings: Sequence[_Sending]) -> list[dict[str, Any]]:
+        """Store the messages of checked sends (all to one queue) in one write; their answers."""
+        items = [o.item for sending in sendings for _, o in sending.entries]
+        ids = iter(sendings[0].queue.send_many(items) if items else [])
+        answers = []
+        for sending in sendings:
+            stored = [(entry_id, self._answer(next(ids), o, sending.fifo)) for entry_id, o in sending.entries]
+            if sending.failed is None:  # SendMessage
+                answers.append(stored[0][1])
+            else:
+                successful = [{"Id": entry_id, **answer} for entry_id, answer in stored]
+                answers.append({"Successful": successful, "Failed": sending.failed})
+        return answers
 
     # -- actions: receiving ------------------------------------------------------------------------------
 
