@@ -28,6 +28,7 @@ from journalq.queue import Broker
 from journalq.server import metrics
 from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
+from journalq.server.hub import HUB_DIR, hub_router
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import SqsError, SqsProtocol
 
@@ -77,6 +78,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.state.metrics = metrics.Metrics()
     app.add_middleware(metrics.RequestTimer, metrics=app.state.metrics)
     app.add_middleware(_SqsPaths)
+    app.include_router(hub_router(config.data / HUB_DIR, sync=config.sync))  # before mq's /{queue} paths
 
     def broker() -> Broker:
         return broker_box[0]
