@@ -74,9 +74,13 @@ class Backoff:
 class HubClient(Closing):
     """The hub at ``base_url`` (``http://host:port``), one attempt per call."""
 
-    def __init__(self, base_url: str, *, timeout: float = 30.0, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = 30.0, connect_timeout: float = 5.0, http: httpx.Client | None = None
+    ) -> None:
+        """``http``: an ``httpx.Client`` to send with (one bound to an app in tests, say); it is
+        closed with this client."""
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(
+        self._http = http or httpx.Client(
             base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=connect_timeout), follow_redirects=False
         )
 
@@ -320,13 +324,19 @@ class Pusher(Closing):
         """Send the next chunk of ``copy``; False when the hub has everything there is now."""
         if copy.reader is None:
             copy.reader = RawReader(copy.path)
-        if copy.hub_next is None:
+        start = copy.hub_next
+        if start is None:
             held = self.hub.held(self.client_id, copy.name)
             copy.hub_next, copy.hub_empty = held.next, held.empty
+            # Resuming: send the last message the hub holds again, for the hub to compare with
+            # its own (and refuse a journal that is not the one it copied).
+            start = held.next - 1 if held.next > held.first else held.next
         try:
-            run = copy.reader.read(copy.hub_next, self.chunk)
+            run = copy.reader.read(start, self.chunk)
+            if not run.count and start < copy.hub_next:
+                raise OffsetOutOfRangeError("the journal ends before what the hub holds")
         except OffsetOutOfRangeError:
-            run = self._read_from_the_start(copy)
+            run = self._read_elsewhere(copy)
         if not run.count:
             copy.local_end = max(copy.local_end, run.next)
             if not copy.caught_up:
@@ -350,9 +360,9 @@ class Pusher(Closing):
         self._rate.add(result.appended, len(run.data), self._clock())
         return True
 
-    def _read_from_the_start(self, copy: JournalCopy) -> RawRun:
-        """The hub holds an offset the local journal does not have: older than its oldest segment
-        (deleted before it was copied), or past its end (a journal recreated since)."""
+    def _read_elsewhere(self, copy: JournalCopy) -> RawRun:
+        """The journal does not hold the offset asked for: it is older than its oldest segment
+        (deleted, copied or not), or past its end (a journal recreated since it was copied)."""
         assert copy.reader is not None and copy.hub_next is not None
         first, end = first_offset(copy.path), end_offset(copy.path)
         if copy.hub_next > end:
@@ -360,6 +370,8 @@ class Pusher(Closing):
                 f"the hub holds {self.client_id}.{copy.name} up to offset {copy.hub_next}, past the end of "
                 f"{copy.path} ({end}): the journal is not the one the hub copied"
             )
+        if first <= copy.hub_next:
+            return copy.reader.read(copy.hub_next, self.chunk)  # only the message to compare is gone
         if not copy.hub_empty:
             raise HubGapError(
                 f"{copy.path} starts at offset {first} but the hub holds {self.client_id}.{copy.name} only up to "

@@ -143,14 +143,15 @@ def hub_router(root: str | Path, *, sync: str = "always", max_push: int = DEFAUL
 
     @router.get("/journals/{client_id}/{journal}/messages")
     async def messages(
-        client_id: str, journal: str, offset: int = Query(ge=0, lt=2**64), max_bytes: int = Query(1 << 20, ge=1, le=max_push)
+        client_id: str, journal: str, offset: int = Query(ge=0, lt=2**64), max_bytes: int = Query(1 << 20, ge=1)
     ) -> Response:
-        """The copy's bytes from ``offset``: whole messages within ``max_bytes`` (at least one),
+        """The copy's bytes from ``offset``: whole messages within ``max_bytes`` (at least one;
+        at most the push limit),
         from one segment; headers ``X-Journalq-First``, ``X-Journalq-Count`` and
         ``X-Journalq-Segment``. An empty body at the end of the copy."""
         hub = await store()
         try:
-            run = await blocking(hub.read_raw, client_id, journal, offset, max_bytes)
+            run = await blocking(hub.read_raw, client_id, journal, offset, min(max_bytes, max_push))
         except _Refused as refused:
             return answer(refused)
         headers = {"X-Journalq-First": str(run.first), "X-Journalq-Count": str(run.count), "X-Journalq-Segment": str(run.segment)}
