@@ -1,6 +1,6 @@
 """Run journalq's benchmarks: ``bench/run.py [--quick] [--repeat N] [NAME ...]``.
 
-Names: append, scan, seek, follow, channels, receive, server, shard, spark (all by default). Prints a table
+Names: append, scan, seek, follow, channels, receive, server, shard, hub, spark (all by default). Prints a table
 (figure, baseline measured in the same run, ratio, aim), then one JSON object per result, one per
 line, for machines. Progress goes to stderr. See bench/README.md for what each benchmark measures and why.
 """
@@ -21,6 +21,7 @@ except ImportError:  # not installed: use the source tree
 
 import bench_append  # noqa: E402
 import bench_follow  # noqa: E402
+import bench_hub  # noqa: E402
 import bench_queue  # noqa: E402
 import bench_scan  # noqa: E402
 import bench_seek  # noqa: E402
@@ -38,6 +39,7 @@ BENCHMARKS = {
     "receive": bench_queue.run_receive,
     "server": bench_server.run,
     "shard": bench_shard.run,
+    "hub": bench_hub.run,
     "spark": bench_spark.run,
 }
 

@@ -28,7 +28,7 @@ from journalq.errors import (
     InvalidClientIdError,
     InvalidJournalPathError,
 )
-from journalq.journal.codec import OVERHEAD, decode
+from journalq.journal.codec import frame_sizes
 
 __all__ = [
     "API_PREFIX",
@@ -209,18 +209,18 @@ def _messages(push: Push) -> list[int]:
     """The size in bytes of each pushed message, after checking that they are whole, well formed
     and at dense offsets from ``push.first``."""
     try:
-        messages, used = decode(push.data, 0, len(push.data), push.first)
+        sizes, used = frame_sizes(push.data, push.first)
     except CorruptionError as exc:
         raise DamagedPushError(f"pushed message is damaged: {exc.reason}", position=exc.position, offset=exc.offset) from None
     if used != len(push.data):
         raise DamagedPushError(
             f"the push ends with {len(push.data) - used} bytes that are not a whole message",
             position=used,
-            offset=push.first + len(messages),
+            offset=push.first + len(sizes),
         )
-    if messages and push.first + len(messages) > 2**64:
+    if sizes and push.first + len(sizes) > 2**64:
         raise DamagedPushError("offsets run past 2**64")
-    return [OVERHEAD + len(m.key) + len(m.value) for m in messages]
+    return sizes
 
 
 def plan_push(push: Push, held: Held) -> Plan:

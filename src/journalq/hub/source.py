@@ -17,7 +17,7 @@ from pathlib import Path
 from journalq.closing import Closing
 from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError
 from journalq.journal import index
-from journalq.journal.codec import OVERHEAD, decode
+from journalq.journal.codec import OVERHEAD, decode, frame_sizes
 from journalq.journal.segment import READ_CHUNK, Segment, offset_at, segment_at, segment_bases, segment_name
 
 __all__ = ["RawReader", "RawRun"]
@@ -92,15 +92,15 @@ class RawReader(Closing):
         while True:
             buf = os.pread(self._fd, want, self._pos)
             try:
-                messages, used = decode(buf, 0, len(buf), self._next)
+                sizes, used = frame_sizes(buf, self._next)
             except CorruptionError as exc:
                 if not exc.position:
                     raise exc.located(self._segment.path, self._pos) from None
-                messages, used = decode(buf, 0, exc.position, self._next)
-            if messages:
-                run = RawRun(self._next, self._segment.base, buf[:used], len(messages))
+                sizes, used = frame_sizes(buf[: exc.position], self._next)
+            if sizes:
+                run = RawRun(self._next, self._segment.base, buf[:used] if used < len(buf) else buf, len(sizes))
                 self._pos += used
-                self._next += len(messages)
+                self._next += len(sizes)
                 return run
             if len(buf) < want or self._pos + want >= size:
                 return None  # the message is still being written (or torn, for recovery to cut)

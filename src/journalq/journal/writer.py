@@ -25,7 +25,7 @@ from pathlib import Path
 
 from journalq.closing import Closing
 from journalq.errors import CorruptionError, Error, JournalError, LockedError, StorageError, TruncatedError
-from journalq.journal.codec import OVERHEAD, Message, decode, encode, encode_batch
+from journalq.journal.codec import OVERHEAD, Message, encode, encode_batch, frame_sizes
 from journalq.journal.index import (
     DEFAULT_INTERVAL,
     IndexAppender,
@@ -193,23 +193,23 @@ class Writer(Closing):
             self._begin()
             try:
                 first = self._next_offset + len(self._pending_lengths)
-                messages, used = decode(data, 0, len(data), first)
+                sizes, used = frame_sizes(data, first)
                 if used != len(data):
                     raise CorruptionError(
                         f"incomplete message: {len(data) - used} bytes after the last whole one",
                         position=used,
-                        offset=first + len(messages),
+                        offset=first + len(sizes),
                     )
-                if messages:
+                if sizes:
                     self._write_pending()
                     if new_segment and self._seg_len:
                         self._roll()
-                    self._add(data, [len(m.key) + len(m.value) for m in messages])
+                    self._add(data, [size - OVERHEAD for size in sizes])
             finally:
                 durable_to = self._end()
         if durable_to is not None:
             self._make_durable(durable_to)
-        return first + len(messages) - 1 if messages else None
+        return first + len(sizes) - 1 if sizes else None
 
     @contextmanager
     def hold(self) -> Iterator[None]:
