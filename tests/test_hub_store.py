@@ -220,3 +220,25 @@ def test_append_encoded_writes_the_bytes_as_they_are_and_starts_segments_when_as
         assert writer.append_encoded(second, new_segment=True) == 2
         assert writer.next_offset == 3
     assert segments(tmp_path / "j") == {"0000000000000000.jnl": first, "0000000000000002.jnl": second}
+
+
+def test_two_stores_on_one_root_share_each_copy(tmp_path: Path) -> None:
+    """As hub processes serving one root do (``journalq serve --workers N``): each push takes
+    the copy's lock and catches up with what the other appended."""
+    write(tmp_path / "j", 600, segment_size=2500)
+    errors: list[BaseException] = []
+    with HubStore(tmp_path / "hub") as one, HubStore(tmp_path / "hub") as two:
+
+        def pusher(store: HubStore) -> None:
+            try:
+                push_all(store, "c1", "j", tmp_path / "j", chunk=400)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=pusher, args=(s,)) for s in (one, two, one, two)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert segments(tmp_path / "hub" / "c1.j") == segments(tmp_path / "j")
