@@ -86,6 +86,7 @@ class CuttingProxy:
         self.chaos = chaos
         self.rng = random.Random(seed)
         self.cuts = 0
+        self.mid_transfer_cuts = 0  # by chaos, after some bytes of a request or an answer
         self._server = socket.create_server(listen, reuse_port=False)
         self.address = self._server.getsockname()[:2]
         self._lock = threading.Lock()
@@ -123,6 +124,7 @@ class CuttingProxy:
                 if pair.spend(len(data)):
                     with self._lock:
                         self.cuts += 1
+                        self.mid_transfer_cuts += 1
                     sink.sendall(data[: len(data) // 2])
                     break
                 sink.sendall(data)

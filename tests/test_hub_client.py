@@ -66,7 +66,7 @@ def test_a_push_through_failures_before_and_after_storing_copies_every_journal_e
         for i in range(800):
             sharded.append(b"e%d" % i, key=b"k%d" % (i % 37))
     flaky = FlakyHub(store, failure_rate=0.3)
-    with Pusher(flaky, "c1", [tmp_path / "orders", tmp_path / "events"], chunk=500, backoff=no_wait()) as pusher:  # type: ignore[arg-type]
+    with Pusher(flaky, "c1", [tmp_path / "orders", tmp_path / "events"], chunk=500, backoff=no_wait()) as pusher:
         copies = pusher.run()
     assert flaky.failures > 20 and not any(c.failed for c in copies)
     names = sorted(c.name for c in copies)
@@ -78,7 +78,7 @@ def test_a_push_through_failures_before_and_after_storing_copies_every_journal_e
 
 def test_a_pusher_copies_what_is_appended_between_runs(tmp_path: Path, store: HubStore) -> None:
     write(tmp_path / "j", 100)
-    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:  # type: ignore[arg-type]
+    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
         pusher.run()
         write(tmp_path / "j", 100, start=100)
         (copy,) = pusher.run()
@@ -89,19 +89,19 @@ def test_a_source_past_zero_starts_its_copy_at_its_oldest_segment(tmp_path: Path
     write(tmp_path / "j", 300)
     for path in sorted((tmp_path / "j" / "jnl").glob("*"))[:4]:
         path.unlink()
-    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:  # type: ignore[arg-type]
+    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
         (copy,) = pusher.run()
     assert copy.failed is None and segments(store.root / "c1.j") == segments(tmp_path / "j")
 
 
 def test_messages_deleted_before_they_were_copied_are_reported(tmp_path: Path, store: HubStore) -> None:
     write(tmp_path / "j", 300)
-    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:  # type: ignore[arg-type]
+    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
         pusher.run()
     write(tmp_path / "j", 300, start=300)
     for path in sorted((tmp_path / "j" / "jnl").glob("*"))[:-4]:
         path.unlink()
-    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:  # type: ignore[arg-type]
+    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
         (copy,) = pusher.run()
     assert isinstance(copy.failed, HubGapError) and "deleted before they were copied" in str(copy.failed)
 
@@ -110,7 +110,7 @@ def test_a_journal_that_is_not_the_copied_one_is_refused_and_the_others_go_on(tm
     store.push(Push("c1", "a", 0, 0, encode_batch(0, 0, [b"other", b"journal", b"entirely"])[0]))
     write(tmp_path / "a", 50)
     write(tmp_path / "b", 50)
-    with Pusher(store, "c1", [tmp_path / "a", tmp_path / "b"], backoff=no_wait()) as pusher:  # type: ignore[arg-type]
+    with Pusher(store, "c1", [tmp_path / "a", tmp_path / "b"], backoff=no_wait()) as pusher:
         copies = {c.name: c for c in pusher.run()}
     assert isinstance(copies["a"].failed, HubConflictError) and copies["b"].failed is None
     assert store.held("c1", "a").next == 3 and store.held("c1", "b").next == 50
@@ -118,12 +118,12 @@ def test_a_journal_that_is_not_the_copied_one_is_refused_and_the_others_go_on(tm
 
 def test_a_hub_that_holds_more_than_the_journal_is_a_conflict(tmp_path: Path, store: HubStore) -> None:
     write(tmp_path / "a", 50)
-    with Pusher(store, "c1", [tmp_path / "a"], backoff=no_wait()) as pusher:  # type: ignore[arg-type]
+    with Pusher(store, "c1", [tmp_path / "a"], backoff=no_wait()) as pusher:
         pusher.run()
     for path in (tmp_path / "a" / "jnl").iterdir():
         path.unlink()
     write(tmp_path / "a", 10)  # recreated
-    with Pusher(store, "c1", [tmp_path / "a"], backoff=no_wait()) as pusher:  # type: ignore[arg-type]
+    with Pusher(store, "c1", [tmp_path / "a"], backoff=no_wait()) as pusher:
         (copy,) = pusher.run()
     assert isinstance(copy.failed, HubConflictError) and "past the end" in str(copy.failed)
 
@@ -136,7 +136,7 @@ def test_an_unreachable_hub_is_given_up_on_only_when_asked(tmp_path: Path, store
         now[0] += 1.0
         return now[0]
 
-    with Pusher(FlakyHub(store, 1.0), "c1", [tmp_path / "a"], backoff=no_wait(), give_up_after=10, clock=clock) as pusher:  # type: ignore[arg-type]
+    with Pusher(FlakyHub(store, 1.0), "c1", [tmp_path / "a"], backoff=no_wait(), give_up_after=10, clock=clock) as pusher:
         with pytest.raises(HubUnavailableError, match="gave up after 10 s"):
             pusher.run()
 

@@ -75,7 +75,7 @@ def test_kills_and_cuts_while_writers_append_leave_every_copy_byte_identical(tmp
     finally:
         proxy.close()
     assert done["hub killed"] >= 3 and done["client killed"] >= 3 and done["connections cut"] >= 3
-    assert proxy.cuts > done["connections cut"], "the proxy never cut a connection mid-transfer"
+    assert proxy.mid_transfer_cuts >= 1, "the proxy never cut a connection mid-transfer"
     pairs = journal_pairs(hub_root, clients)
     assert len(pairs) == 10
     for source, copy in pairs:
@@ -83,7 +83,7 @@ def test_kills_and_cuts_while_writers_append_leave_every_copy_byte_identical(tmp
         assert len(files) > 1, f"{source} did not grow past one segment: the test would prove little"
         assert segment_files(copy) == files, f"{copy} differs from {source}"
     pushed = sum(len(segment_files(s)) for s, _ in pairs)
-    print(f"{done}, {proxy.cuts} connections cut in all, {pushed} segments compared")
+    print(f"{done}, {proxy.cuts} connections cut in all ({proxy.mid_transfer_cuts} mid-transfer), {pushed} segments compared")
 
 
 @pytest.mark.usefixtures("vectors_untouched")

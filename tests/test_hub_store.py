@@ -242,3 +242,15 @@ def test_two_stores_on_one_root_share_each_copy(tmp_path: Path) -> None:
             t.join()
     assert not errors
     assert segments(tmp_path / "hub" / "c1.j") == segments(tmp_path / "j")
+
+
+def test_writers_beyond_max_open_are_closed_and_reopened_when_pushed_again(tmp_path: Path) -> None:
+    with HubStore(tmp_path / "hub", max_open=2) as store:
+        for name in ("a", "b", "c", "d"):
+            write(tmp_path / name, 30)
+            push_all(store, "c1", name, tmp_path / name, chunk=300)
+        assert len(store._writers) == 2
+        write(tmp_path / "a", 30, start=30)
+        assert push_all(store, "c1", "a", tmp_path / "a", start=25).next == 60
+    for name in ("a", "b", "c", "d"):
+        assert segments(tmp_path / "hub" / f"c1.{name}") == segments(tmp_path / name)

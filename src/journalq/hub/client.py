@@ -43,7 +43,7 @@ from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.watch import DirectoryWatch
 from journalq.shard.layout import journals_at
 
-__all__ = ["DEFAULT_CHUNK", "Backoff", "HubClient", "JournalCopy", "Pusher", "Reporter", "sources_at"]
+__all__ = ["DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "sources_at"]
 
 DEFAULT_CHUNK = 1 << 20
 _ERRORS: dict[str, type[HubError]] = {
@@ -69,6 +69,14 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempts = 0
+
+
+class Hub(Protocol):
+    """What a pusher needs of a hub: ``HubClient`` over HTTP, or a ``HubStore`` in the process."""
+
+    def held(self, client_id: str, journal: str) -> Held: ...
+
+    def push(self, push: Push) -> PushResult: ...
 
 
 class HubClient(Closing):
@@ -239,7 +247,7 @@ class Pusher(Closing):
 
     def __init__(
         self,
-        hub: HubClient,
+        hub: Hub,
         client_id: str,
         directories: Iterable[str | os.PathLike[str]],
         *,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from journalq.closing import Closing
@@ -42,15 +43,17 @@ _NO_ROLL = 2**62
 
 class HubStore(Closing):
     """The copies under ``root`` (created when missing). ``sync``: the writers' sync policy;
-    ``"always"`` (the default) makes every acknowledged push survive power loss."""
+    ``"always"`` (the default) makes every acknowledged push survive power loss. ``max_open``:
+    writers kept open (three files each); the least recently pushed are closed beyond it."""
 
-    def __init__(self, root: str | os.PathLike[str], *, sync: str = "always") -> None:
+    def __init__(self, root: str | os.PathLike[str], *, sync: str = "always", max_open: int = 128) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._real_root = self.root.resolve()
         self.sync = sync
+        self.max_open = max_open
         self._mutex = threading.Lock()
-        self._writers: dict[str, Writer] = {}
+        self._writers: OrderedDict[str, Writer] = OrderedDict()
         self._copy_locks: dict[str, threading.Lock] = {}
         self._closed = False
 
@@ -108,7 +111,10 @@ class HubStore(Closing):
             return result
 
     def _push(self, push: Push, path: Path, key: str) -> PushResult | None:
-        writer = self._writers.get(key)
+        with self._mutex:
+            writer = self._writers.get(key)
+            if writer is not None:
+                self._writers.move_to_end(key)
         if writer is None:
             held = _held(path)
             if not push.data:
@@ -173,6 +179,14 @@ class HubStore(Closing):
         writer = Writer(path, shared=True, sync=self.sync, segment_size=_NO_ROLL)
         with self._mutex:
             self._writers[key] = writer
+            idle = [k for k in self._writers if k != key][: max(0, len(self._writers) - self.max_open)]
+        for old in idle:
+            lock = self._copy_locks[old]
+            if lock.acquire(blocking=False):  # a writer in use is left for a later push to close
+                try:
+                    self._close_writer(old)
+                finally:
+                    lock.release()
         return writer
 
     def _close_writer(self, key: str) -> None:
