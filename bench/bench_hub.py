@@ -55,8 +55,8 @@ class _TimedClient(HubClient):
 def _hub(ctx: Context, name: str) -> Server:
     root = ctx.scratch(f"hub-{name}")
     port = _free_port()
-    command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {SRC!r}); from journalq.cli.main import main; main()",
-               "hub", "serve", "--root", str(root), "--port", str(port)]
+    code = f"import sys; sys.path.insert(0, {SRC!r}); from journalq.cli.main import main; main()"
+    command = [sys.executable, "-c", code, "hub", "serve", "--root", str(root), "--port", str(port)]
     return Server("journalq-hub", command, ctx.scratch_dir / f"hub-{name}.log", port)
 
 
@@ -96,7 +96,8 @@ def run(ctx: Context) -> list[Result]:
             seconds = time.perf_counter() - started
         return total, seconds
 
-    ctx.log(f"  replication of {total:,} messages in pushes of {BATCH:,} vs local append_many (sync always), best of {ctx.repeat}")
+    ctx.log(f"  replication of {total:,} messages in pushes of {BATCH:,} vs local append_many "
+            f"(sync always), best of {ctx.repeat}")
     best, runs = best_rate(ctx.repeat, replicate)
     base, base_runs = best_rate(ctx.repeat, append_locally)
     results = [
@@ -120,10 +121,12 @@ def run(ctx: Context) -> list[Result]:
         local_rounds.append(local)
     lag, local = summarize(lag_rounds), summarize(local_rounds)
     steady_rate = STEADY_BATCH / STEADY_EVERY
-    ctx.log(f"  lag: median {ms(lag['median'])}, p99 {ms(lag['p99'])}; local durable append: median {ms(local['median'])}")
+    ctx.log(f"  lag: median {ms(lag['median'])}, p99 {ms(lag['p99'])}; "
+            f"local durable append: median {ms(local['median'])}")
     results.append(
         Result(
-            "hub", f"lag of a steady writer ({steady_rate:,.0f} msg/s in batches of {STEADY_BATCH}), append to hub answer",
+            "hub",
+            f"lag of a steady writer ({steady_rate:,.0f} msg/s in batches of {STEADY_BATCH}), append to hub answer",
             lag["median"], "ms", f"median of {ctx.repeat} rounds", "the batch appended locally, sync always",
             local["median"], aim=f"median < {LAG_AIM_MS:g} ms", aim_met=lag["median"] < LAG_AIM_MS,
             figure=f"{ms(lag['median'])} (p90 {ms(lag['p90'])}, p99 {ms(lag['p99'])})",

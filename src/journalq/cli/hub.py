@@ -126,7 +126,8 @@ class BarReport:
             self._task,
             completed=held,
             total=total or None,
-            description=f"{self.client_id} -> {self.hub_url} ({len(copies)} journals{f', {failed} failed' if failed else ''})",
+            description=f"{self.client_id} -> {self.hub_url} "
+            f"({len(copies)} journals{f', {failed} failed' if failed else ''})",
             rate=f"{messages_per_s:,.0f} msg/s {bytes_per_s / 1e6:,.2f} MB/s",
             lag=f"{lag:,}",
         )
@@ -173,7 +174,8 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
             report.close()
     failed = [c for c in copies if c.failed is not None]
     if failed:
-        raise CommandError(f"{len(failed)} journal(s) not copied: " + "; ".join(f"{c.name}: {c.failed}" for c in failed))
+        reasons = "; ".join(f"{c.name}: {c.failed}" for c in failed)
+        raise CommandError(f"{len(failed)} journal(s) not copied: {reasons}")
 
 
 # -- status and get -------------------------------------------------------------------------------

@@ -59,7 +59,9 @@ def check_client_id(client_id: object) -> str:
             f"client id {client_id!r} must be one or more letters, digits, '_' or '-'"
         )
     if len(client_id) > MAX_CLIENT_ID:
-        raise InvalidClientIdError(f"client id {client_id[:20]!r}... is {len(client_id)} characters; at most {MAX_CLIENT_ID}")
+        raise InvalidClientIdError(
+            f"client id {client_id[:20]!r}... is {len(client_id)} characters; at most {MAX_CLIENT_ID}"
+        )
     return client_id
 
 
@@ -108,7 +110,8 @@ def parse_copy_dir_name(name: str) -> tuple[str, str] | None:
 
 def journal_url(client_id: str, journal: str) -> str:
     """The path of a journal's copy in the hub's HTTP API."""
-    return f"{API_PREFIX}/journals/{quote(check_client_id(client_id), safe='')}/{quote(check_journal_name(journal), safe='')}"
+    client_part = quote(check_client_id(client_id), safe="")
+    return f"{API_PREFIX}/journals/{client_part}/{quote(check_journal_name(journal), safe='')}"
 
 
 def _offset(name: str, value: object) -> int:
@@ -211,7 +214,9 @@ def _messages(push: Push) -> list[int]:
     try:
         sizes, used = frame_sizes(push.data, push.first)
     except CorruptionError as exc:
-        raise DamagedPushError(f"pushed message is damaged: {exc.reason}", position=exc.position, offset=exc.offset) from None
+        raise DamagedPushError(
+            f"pushed message is damaged: {exc.reason}", position=exc.position, offset=exc.offset
+        ) from None
     if used != len(push.data):
         raise DamagedPushError(
             f"the push ends with {len(push.data) - used} bytes that are not a whole message",

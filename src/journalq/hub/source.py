@@ -124,7 +124,9 @@ class RawReader(Closing):
         bases = segment_bases(self.path)
         first = bases[0] if bases else 0
         if offset < first:
-            raise OffsetOutOfRangeError(f"offset {offset} is no longer stored: the journal starts at {first}", file=self.path)
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is no longer stored: the journal starts at {first}", file=self.path
+            )
         self._open(segment_at(self.path, bases[bisect_right(bases, offset) - 1] if bases else 0))
         if offset == self._segment.base:
             return

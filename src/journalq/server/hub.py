@@ -128,7 +128,11 @@ def hub_router(root: str | Path, *, sync: str = "always", max_push: int = DEFAUL
 
     @router.post("/journals/{client_id}/{journal}")
     async def push(
-        client_id: str, journal: str, request: Request, first: int = Query(ge=0, lt=2**64), segment: int = Query(ge=0, lt=2**64)
+        client_id: str,
+        journal: str,
+        request: Request,
+        first: int = Query(ge=0, lt=2**64),
+        segment: int = Query(ge=0, lt=2**64),
     ) -> Response:
         """Append the body, the journal's own bytes for whole messages from offset ``first`` (all
         from the source segment starting at ``segment``); answered once synced, with the offsets
@@ -154,7 +158,11 @@ def hub_router(root: str | Path, *, sync: str = "always", max_push: int = DEFAUL
             run = await blocking(hub.read_raw, client_id, journal, offset, min(max_bytes, max_push))
         except _Refused as refused:
             return answer(refused)
-        headers = {"X-Journalq-First": str(run.first), "X-Journalq-Count": str(run.count), "X-Journalq-Segment": str(run.segment)}
+        headers = {
+            "X-Journalq-First": str(run.first),
+            "X-Journalq-Count": str(run.count),
+            "X-Journalq-Segment": str(run.segment),
+        }
         return Response(run.data, media_type=BYTES_TYPE, headers=headers)
 
     return router
@@ -182,7 +190,9 @@ async def _body(request: Request, limit: int) -> bytes:
 
 def create_hub_app(root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH) -> FastAPI:
     """An app serving only the hub's endpoints over ``root``."""
-    app = FastAPI(title="journalq hub", version=__version__, description="The journalq hub: copies of clients' journals.")
+    app = FastAPI(
+        title="journalq hub", version=__version__, description="The journalq hub: copies of clients' journals."
+    )
     app.include_router(hub_router(root, sync=sync, max_push=max_push))
 
     @app.get("/healthz", tags=["service"])
