@@ -32,8 +32,8 @@ def _unavailable() -> str | None:
         return "network namespaces are Linux's"
     if os.geteuid() != 0:
         return "creating network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is not installed"
+    if shutil.which("ip") is None or shutil.which("ss") is None:
+        return "the ip and ss commands (iproute2) are not installed"
     probe = f"jqprobe{os.getpid()}"
     made = ip("netns", "add", probe, check=False)
     if made.returncode != 0:
