@@ -135,3 +135,18 @@ def test_journalq_serve_mounts_the_hub_beside_its_queues(tmp_path: Path) -> None
         assert http.get("/hub/v1/status").json()["clients"] == {"c1": {"j": {"first": 0, "next": 1, "segment": 0}}}
         assert http.get("/healthz").json()["queues"] == 1  # the hub's directory is not a queue
     assert (data / ".hub" / "c1.j" / "jnl").is_dir()
+
+
+def test_a_token_guards_every_hub_endpoint(tmp_path: Path) -> None:
+    with TestClient(create_hub_app(tmp_path / "hub", token="s3cret")) as http:
+        refused = http.get("/hub/v1/status")
+        assert refused.status_code == 401 and refused.json()["kind"] == "auth"
+        assert push_run(http, "c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0]).status_code == 401
+        assert not (tmp_path / "hub" / "c1.j").exists()
+        client = HubClient("http://testserver", token="s3cret", http=http)
+        assert client.push(Push("c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0])).held.next == 1
+        assert http.get("/healthz").status_code == 200
+    # journalq serve's token guards its hub endpoints as it guards the REST API.
+    with TestClient(create_app(ServerConfig(data=tmp_path / "data", rest_token="t"))) as http:
+        assert http.get("/hub/v1/status").status_code == 401
+        assert http.get("/hub/v1/status", headers={"authorization": "Bearer t"}).status_code == 200

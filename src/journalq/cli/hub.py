@@ -46,7 +46,9 @@ def hub() -> None:
               help="Sync policy of the copies: 'always' acknowledges a push only once it is on stable storage.")
 @click.option("--max-push", type=click.IntRange(1, 1 << 31), default=64 << 20, show_default=True,
               help="Largest push body taken, in bytes.")
-def serve(root: Path, host: str, port: int, sync: str, max_push: int) -> None:
+@click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
+              help="Bearer token every request must carry (env JOURNALQ_TOKEN).")
+def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str | None) -> None:
     """Serve only the hub's endpoints (/hub/v1/...) over the copies in ROOT."""
     import uvicorn
 
@@ -57,7 +59,7 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int) -> None:
     click.echo(f"journalq hub serving {root} on http://{host}:{port} (sync={sync})", err=True)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
-        create_hub_app(root, sync=sync, max_push=max_push),
+        create_hub_app(root, sync=sync, max_push=max_push, token=token),
         host=host,
         port=port,
         log_level="warning",
@@ -67,6 +69,9 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int) -> None:
 
 
 # -- push -------------------------------------------------------------------------------------
+
+_token = click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
+                      help="The hub's bearer token, when it requires one (env JOURNALQ_TOKEN).")
 
 
 class JsonLinesReport:
@@ -149,8 +154,9 @@ class BarReport:
               help="How long to wait for an answer of the hub before retrying.")
 @click.option("--progress", "shown", type=click.Choice(["auto", "bar", "jsonl"]), default="auto", show_default=True,
               help="bar for people, jsonl for programs; auto: bar on a terminal.")
+@_token
 def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, chunk: int,
-         give_up_after: float | None, timeout: float, shown: str) -> None:
+         give_up_after: float | None, timeout: float, shown: str, token: str | None) -> None:
     """Copy the journals at DIR... to the hub and keep copying what is appended.
 
     DIR is a journal (copied as [client-id].[its directory name]) or a root of shards (each shard
@@ -162,7 +168,7 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
     bar = shown == "bar" or (shown == "auto" and sys.stdout.isatty())
     report: JsonLinesReport | BarReport = BarReport(client_id, url) if bar else JsonLinesReport(client_id)
     try:
-        with HubClient(url, timeout=timeout) as client, Pusher(
+        with HubClient(url, token=token, timeout=timeout) as client, Pusher(
             client, client_id, directories, chunk=chunk, reporter=report, give_up_after=give_up_after
         ) as pusher:
             try:
@@ -187,11 +193,12 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
 @click.option("--client-id", metavar="ID", help="Only this client's journals.")
 @click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
               help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
-def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: str) -> None:
+@_token
+def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: str, token: str | None) -> None:
     """Print, per client and journal, the offsets the hub holds and, for the journals at DIR...,
     the local end and the lag (messages not copied yet)."""
     local = {name: end_offset(path) for name, path in sources_at(directories)} if directories else {}
-    with HubClient(url) as client:
+    with HubClient(url, token=token) as client:
         copies = client.status()
     rows: list[dict[str, Any]] = []
     for cid, journals in copies.items():
@@ -220,10 +227,11 @@ def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: 
 @click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
 @click.option("--client-id", required=True, metavar="ID")
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many messages.")
-def get(journal: str, offset: int, url: str, client_id: str, count: int) -> None:
+@_token
+def get(journal: str, offset: int, url: str, client_id: str, count: int, token: str | None) -> None:
     """Print the messages of a client's JOURNAL on the hub from OFFSET, as JSON lines (as
     ``journalq scan`` prints them)."""
-    with HubClient(url) as client:
+    with HubClient(url, token=token) as client:
         for message in client.get(client_id, journal, offset, count):
             click.echo(message_json(message))
 

@@ -83,14 +83,22 @@ class HubClient(Closing):
     """The hub at ``base_url`` (``http://host:port``), one attempt per call."""
 
     def __init__(
-        self, base_url: str, *, timeout: float = 30.0, connect_timeout: float = 5.0, http: httpx.Client | None = None
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        http: httpx.Client | None = None,
     ) -> None:
-        """``http``: an ``httpx.Client`` to send with (one bound to an app in tests, say); it is
-        closed with this client."""
+        """``token``: the hub's bearer token, when it requires one. ``http``: an ``httpx.Client``
+        to send with (one bound to an app in tests, say); it is closed with this client."""
         self.base_url = base_url.rstrip("/")
         self._http = http or httpx.Client(
             base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=connect_timeout), follow_redirects=False
         )
+        if token is not None:
+            self._http.headers["authorization"] = f"Bearer {token}"
 
     def held(self, client_id: str, journal: str) -> Held:
         """What the hub holds of the journal."""

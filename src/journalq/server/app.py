@@ -78,7 +78,6 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.state.metrics = metrics.Metrics()
     app.add_middleware(metrics.RequestTimer, metrics=app.state.metrics)
     app.add_middleware(_SqsPaths)
-    app.include_router(hub_router(config.data / HUB_DIR, sync=config.sync))  # before mq's /{queue} paths
 
     def broker() -> Broker:
         return broker_box[0]
@@ -144,6 +143,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         if queue in RESERVED:
             raise HTTPProblem(400, f"{queue!r} is reserved for the server's own use")
         return queue
+
+    app.include_router(hub_router(config.data / HUB_DIR, sync=config.sync), dependencies=[Depends(rest_auth)])
 
     @app.exception_handler(HTTPProblem)
     async def problem(request: Request, exc: HTTPProblem) -> Response:

@@ -16,6 +16,7 @@ up to) or messages that differ from the ones held, 503 with ``Retry-After`` when
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from journalq import __version__
@@ -70,8 +71,11 @@ def _refusal(exc: Exception) -> _Refused:
     return _Refused(400, {"error": str(exc), "kind": "journal"})
 
 
-def hub_router(root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH) -> APIRouter:
-    """The hub's endpoints over the copies in ``root`` (opened at the first request)."""
+def hub_router(
+    root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH, token: str | None = None
+) -> APIRouter:
+    """The hub's endpoints over the copies in ``root`` (opened at the first request). ``token``:
+    a bearer token every request must carry (401 otherwise)."""
     box: list[HubStore] = []
     opening = anyio.Lock()
 
@@ -83,7 +87,15 @@ def hub_router(root: str | Path, *, sync: str = "always", max_push: int = DEFAUL
             if box:
                 await anyio.to_thread.run_sync(box.pop().close)
 
-    router = APIRouter(prefix=API_PREFIX, tags=["hub"], lifespan=lifespan)
+    async def authorized(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise _Refused(401, {"error": "a valid bearer token is required", "kind": "auth"},
+                           {"WWW-Authenticate": 'Bearer realm="journalq hub"'})
+
+    router = APIRouter(prefix=API_PREFIX, tags=["hub"], lifespan=lifespan, dependencies=[Depends(authorized)])
 
     async def store() -> HubStore:
         if not box:
@@ -188,12 +200,18 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_hub_app(root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH) -> FastAPI:
+def create_hub_app(
+    root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH, token: str | None = None
+) -> FastAPI:
     """An app serving only the hub's endpoints over ``root``."""
     app = FastAPI(
         title="journalq hub", version=__version__, description="The journalq hub: copies of clients' journals."
     )
-    app.include_router(hub_router(root, sync=sync, max_push=max_push))
+    app.include_router(hub_router(root, sync=sync, max_push=max_push, token=token))
+
+    @app.exception_handler(_Refused)
+    async def refused(request: Request, exc: _Refused) -> Response:  # from the token check
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:
