@@ -140,6 +140,8 @@ def test_paths_that_leave_the_root_are_refused_and_change_nothing(tmp_path: Path
     (store.root / "c1.inner").mkdir()
     (store.root / "c1.inner" / "jnl").symlink_to(outside)
     _refused(store, tmp_path, InvalidJournalPathError, "symbolic link", Push("c1", "inner", 0, 0, data))
+    (store.root / "c1.file").write_bytes(b"not a journal")
+    _refused(store, tmp_path, InvalidJournalPathError, "not a directory", Push("c1", "file", 0, 0, data))
     assert list(outside.iterdir()) == []
     assert store.status() == {"c1": {"j": Held(0, 50, 0)}}  # the links are not copies
 

@@ -72,6 +72,8 @@ class HubStore(Closing):
                 )
         if path.exists() and path.resolve().parent != self._real_root:
             raise InvalidJournalPathError(f"journal path {journal!r} of client {client_id!r} leaves the hub's root")
+        if path.exists() and not path.is_dir():
+            raise InvalidJournalPathError(f"{path.name} in the hub's root is not a directory; it cannot hold a copy")
         return path
 
     def held(self, client_id: str, journal: str) -> Held:
