@@ -150,13 +150,15 @@ class BarReport:
               help="Bytes per push (a larger message goes alone).")
 @click.option("--give-up-after", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Fail once the hub has been unreachable this long (default: keep retrying).")
+@click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Journals pushed at a time (a root of shards has many).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
               help="How long to wait for an answer of the hub before retrying.")
 @click.option("--progress", "shown", type=click.Choice(["auto", "bar", "jsonl"]), default="auto", show_default=True,
               help="bar for people, jsonl for programs; auto: bar on a terminal.")
 @_token
 def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, chunk: int,
-         give_up_after: float | None, timeout: float, shown: str, token: str | None) -> None:
+         give_up_after: float | None, parallel: int, timeout: float, shown: str, token: str | None) -> None:
     """Copy the journals at DIR... to the hub and keep copying what is appended.
 
     DIR is a journal (copied as [client-id].[its directory name]) or a root of shards (each shard
@@ -169,7 +171,8 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
     report: JsonLinesReport | BarReport = BarReport(client_id, url) if bar else JsonLinesReport(client_id)
     try:
         with HubClient(url, token=token, timeout=timeout) as client, Pusher(
-            client, client_id, directories, chunk=chunk, reporter=report, give_up_after=give_up_after
+            client, client_id, directories, chunk=chunk, reporter=report, give_up_after=give_up_after,
+            parallel=parallel,
         ) as pusher:
             try:
                 copies = pusher.run(follow=not once)

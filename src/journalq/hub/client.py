@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,6 +253,7 @@ class Pusher(Closing):
     ``give_up_after`` seconds of failing in a row end the run with ``HubUnavailableError``. A
     journal the hub refuses (its messages differ from the ones held, say) is reported and left;
     ``run()`` returns the copies, whose ``failed`` says which.
+    ``parallel`` journals are pushed at a time (each by one thread, never one journal by two).
     """
 
     def __init__(
@@ -264,6 +267,7 @@ class Pusher(Closing):
         report_interval: float = 1.0,
         backoff: Backoff | None = None,
         give_up_after: float | None = None,
+        parallel: int = 4,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hub = hub
@@ -278,6 +282,9 @@ class Pusher(Closing):
         self._rate = _Rate()
         self._last_report = float("-inf")
         self._failing_since: float | None = None
+        self._events = threading.Lock()  # reports come from the pool's threads
+        # Journals are pushed side by side: the hub syncs each push, and copies sync apart.
+        self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="journalq-push") if parallel > 1 else None
         self.copies: dict[str, JournalCopy] = {}
         self._refresh(strict=True)
 
@@ -305,30 +312,43 @@ class Pusher(Closing):
         return list(self.copies.values())
 
     def round(self) -> bool:
-        """Push up to a few chunks of every journal; True when something was sent. Waits out an
-        unreachable hub before returning."""
-        progressed = False
-        for copy in list(self.copies.values()):
-            if copy.failed is not None:
-                continue
-            try:
-                for _ in range(8):  # then the next journal: one busy journal does not starve the rest
-                    if not self._step(copy):
-                        break
-                    progressed = True
-            except HubUnavailableError as exc:
-                self._wait_out(exc)
-                self._report()
-                return progressed
-            except (HubError, JournalError) as exc:
-                copy.failed = exc
-                self._event("error", copy, error=str(exc))
-        self._failing_since = None
-        self.backoff.reset()
+        """Push up to a few chunks of every journal (``parallel`` journals at a time); True when
+        something was sent. Waits out an unreachable hub before returning."""
+        active = [c for c in self.copies.values() if c.failed is None]
+        if self._pool is None or len(active) < 2:
+            outcomes = [self._drive(c) for c in active]
+        else:
+            outcomes = list(self._pool.map(self._drive, active))
+        progressed = any(sent for sent, _ in outcomes)
+        unavailable = next((exc for _, exc in outcomes if exc is not None), None)
+        if unavailable is not None:
+            self._wait_out(unavailable)
+        else:
+            self._failing_since = None
+            self.backoff.reset()
         self._report()
         return progressed
 
+    def _drive(self, copy: JournalCopy) -> tuple[bool, HubUnavailableError | None]:
+        """A few chunks of one journal (then the next: one busy journal does not starve the
+        rest): whether something was sent, and the hub's unavailability if met."""
+        sent = False
+        try:
+            for _ in range(8):
+                if not self._step(copy):
+                    break
+                sent = True
+        except HubUnavailableError as exc:
+            return sent, exc
+        except (HubError, JournalError) as exc:
+            copy.failed = exc
+            self._event("error", copy, error=str(exc))
+        return sent, None
+
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         for copy in self.copies.values():
             if copy.reader is not None:
                 copy.reader.close()
@@ -373,7 +393,8 @@ class Pusher(Closing):
         copy.local_end = max(copy.local_end, run.next)
         copy.sent_messages += result.appended
         copy.sent_bytes += len(run.data)
-        self._rate.add(result.appended, len(run.data), self._clock())
+        with self._events:
+            self._rate.add(result.appended, len(run.data), self._clock())
         return True
 
     def _read_elsewhere(self, copy: JournalCopy) -> RawRun:
@@ -430,7 +451,8 @@ class Pusher(Closing):
 
     def _event(self, kind: str, copy: JournalCopy | None, **fields: Any) -> None:
         if self.reporter is not None:
-            self.reporter.event(kind, copy, **fields)
+            with self._events:
+                self.reporter.event(kind, copy, **fields)
 
     def _report(self, force: bool = False) -> None:
         now = self._clock()
