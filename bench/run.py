@@ -22,6 +22,7 @@ except ImportError:  # not installed: use the source tree
 
 import bench_append  # noqa: E402
 import bench_follow  # noqa: E402
+import bench_hub  # noqa: E402
 import bench_queue  # noqa: E402
 import bench_scan  # noqa: E402
 import bench_seek  # noqa: E402
@@ -42,6 +43,7 @@ BENCHMARKS = {
     "server": bench_server.run,
     "shard": bench_shard.run,
     "shard-queue": bench_shard_queue.run,
+    "hub": bench_hub.run,
     "spark": bench_spark.run,
     "zookeeper": bench_zookeeper.run,
 }

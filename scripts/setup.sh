@@ -42,6 +42,12 @@ if ! command -v wrk >/dev/null 2>&1; then
         echo "warning: no wrk (no apt-get here); the server benchmark uses its Python client" >&2
     fi
 fi
+# The hub's test on separate hosts (tests/test_hub_netns.py) makes network namespaces with `ip`
+# (iproute2) and checks listening ports with `ss`; it is skipped where they are missing.
+if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 \
+        || echo "warning: could not install iproute2; the hub's namespace test will be skipped" >&2
+fi
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi

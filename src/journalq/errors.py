@@ -134,3 +134,60 @@ class TaskNotFoundError(QueueError, LookupError):
 class StoreUnavailableError(QueueError, ConnectionError):
     """The queue's store (a ZooKeeper ensemble) could not be reached, or the connection broke
     while a call was in flight: what that call was changing may or may not have been done."""
+
+
+class HubError(Error):
+    """A problem with copying journals to a hub (``journalq.hub``): a push the hub refuses, or a
+    hub that cannot be reached. ``kind`` names the problem in the hub's answers."""
+
+    kind = "hub"
+
+
+class InvalidClientIdError(HubError, ValueError):
+    """A client id that is not ``[a-zA-Z0-9_-]+``."""
+
+    kind = "client-id"
+
+
+class InvalidJournalPathError(HubError, ValueError):
+    """A journal name that could leave the hub's root: absolute, ``..``, more than one directory,
+    or a symbolic link out of the root."""
+
+    kind = "journal-path"
+
+
+class DamagedPushError(HubError, ValueError):
+    """Pushed bytes that are not a run of whole, well-formed messages at dense offsets from the
+    first offset the push names. ``position`` is the byte of the push where the problem is."""
+
+    kind = "damaged"
+
+    def __init__(self, reason: str, *, position: int | None = None, offset: int | None = None) -> None:
+        self.position, self.offset = position, offset
+        where = [f"byte {position} of the push"] if position is not None else []
+        where += [f"offset {offset}"] if offset is not None else []
+        super().__init__(f"{reason} ({', '.join(where)})" if where else reason)
+
+
+class HubGapError(HubError):
+    """A push that starts past what the hub holds: the messages between would be missing.
+    ``held`` is the offset the hub's copy holds up to (the next one it takes)."""
+
+    kind = "gap"
+
+    def __init__(self, reason: str, *, held: int) -> None:
+        self.held = held
+        super().__init__(reason)
+
+
+class HubConflictError(HubError):
+    """Pushed messages that differ from the ones the hub holds at the same offsets: the client's
+    journal is not the one the hub copied (recreated, or a different journal of the same name)."""
+
+    kind = "conflict"
+
+
+class HubUnavailableError(HubError):
+    """The hub could not be reached, or answered with something that is not the hub protocol."""
+
+    kind = "unavailable"

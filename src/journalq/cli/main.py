@@ -679,10 +679,12 @@ def demo(data: Path, messages: int) -> None:
         click.echo(line)
 
 
+from journalq.cli.hub import hub  # noqa: E402
 from journalq.cli.pipeline import pipeline  # noqa: E402
 from journalq.cli.queue import queue  # noqa: E402
 from journalq.cli.serve import serve  # noqa: E402 - last: it imports this module's helpers
 
+cli.add_command(hub)
 cli.add_command(pipeline)
 cli.add_command(queue)
 cli.add_command(serve)

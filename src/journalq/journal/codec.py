@@ -42,6 +42,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_batch",
+    "frame_sizes",
     "message_size",
 ]
 
@@ -229,6 +230,38 @@ def decode(
         pos = value_end + 4
         remaining -= 1
     return out, pos
+
+
+def frame_sizes(buf: bytes, expected_offset: int) -> tuple[list[int], int]:
+    """The size of each whole message in ``buf`` and the position past the last one, checked as
+    ``decode`` checks them (lengths, size fields, offsets dense from ``expected_offset``) but
+    without building the messages: for code that moves a journal's bytes as they are."""
+    unpack_head, unpack_int = HEADER.unpack_from, INT32.unpack_from
+    sizes: list[int] = []
+    append = sizes.append
+    pos, end, next_offset = 0, len(buf), expected_offset
+    while pos + OVERHEAD <= end:
+        offset, timestamp_ns, _, key_len = unpack_head(buf, pos)
+        if key_len < 0:
+            raise _corrupt(f"negative key length {key_len}", pos, offset, timestamp_ns)
+        key_end = pos + 18 + key_len
+        if key_end + 8 > end:
+            break
+        (value_len,) = unpack_int(buf, key_end)
+        if value_len < 0:
+            raise _corrupt(f"negative value length {value_len}", pos, offset, timestamp_ns)
+        message_end = key_end + 8 + value_len
+        if message_end > end:
+            break
+        (size,) = unpack_int(buf, message_end - 4)
+        if size != message_end - pos:
+            raise _corrupt(f"size field says {size} bytes, the message has {message_end - pos}", pos, offset, timestamp_ns)
+        if offset != next_offset:
+            raise _corrupt(f"offset {offset} where {next_offset} was due", pos, offset, timestamp_ns)
+        next_offset += 1
+        append(size)
+        pos = message_end
+    return sizes, pos
 
 
 def _corrupt(reason: str, position: int, offset: int, timestamp_ns: int) -> CorruptionError:

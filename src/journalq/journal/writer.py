@@ -24,8 +24,8 @@ from itertools import accumulate
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import Error, JournalError, LockedError, StorageError, TruncatedError
-from journalq.journal.codec import OVERHEAD, Message, encode, encode_batch
+from journalq.errors import CorruptionError, Error, JournalError, LockedError, StorageError, TruncatedError
+from journalq.journal.codec import OVERHEAD, Message, encode, encode_batch, frame_sizes
 from journalq.journal.index import (
     DEFAULT_INTERVAL,
     IndexAppender,
@@ -181,6 +181,35 @@ class Writer(Closing):
         if durable_to is not None:
             self._make_durable(durable_to)
         return first + count - 1 if count else None
+
+    def append_encoded(self, data: bytes, *, new_segment: bool = False) -> int | None:
+        """Append messages already encoded, as another journal holds them: ``data`` must be whole
+        messages at dense offsets from ``next_offset`` (``CorruptionError`` otherwise, and
+        nothing is stored). The bytes are written as they are, so a copy is byte-identical to its
+        source. ``new_segment``: start a new segment with them (where the source journal started
+        one), unless the current segment is still empty. Returns the last offset, or ``None``
+        for no bytes."""
+        with self._mutex:
+            self._begin()
+            try:
+                first = self._next_offset + len(self._pending_lengths)
+                sizes, used = frame_sizes(data, first)
+                if used != len(data):
+                    raise CorruptionError(
+                        f"incomplete message: {len(data) - used} bytes after the last whole one",
+                        position=used,
+                        offset=first + len(sizes),
+                    )
+                if sizes:
+                    self._write_pending()
+                    if new_segment and self._seg_len:
+                        self._roll()
+                    self._add(data, [size - OVERHEAD for size in sizes])
+            finally:
+                durable_to = self._end()
+        if durable_to is not None:
+            self._make_durable(durable_to)
+        return first + len(sizes) - 1 if sizes else None
 
     @contextmanager
     def hold(self) -> Iterator[None]:

@@ -15,6 +15,7 @@ import hmac
 import json
 import logging
 import time
+from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from journalq.server import metrics
 from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
+from journalq.server.hub import HUB_DIR, hub_router
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import SqsError, SqsProtocol
 
@@ -156,6 +158,9 @@ def create_app(config: ServerConfig) -> App:
         if queue in RESERVED:
             raise HTTPProblem(400, f"{queue!r} is reserved for the server's own use")
         return queue
+
+    if isinstance(config.data, Path):  # a ZooKeeper store has no directory to keep copies in
+        app.include_router(hub_router(config.data / HUB_DIR, sync=config.sync), dependencies=[Depends(rest_auth)])
 
     @app.exception_handler(HTTPProblem)
     async def problem(request: Request, exc: HTTPProblem) -> Response:

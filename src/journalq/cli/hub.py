@@ -1,0 +1,241 @@
+"""``journalq hub ...``: copy journals of many machines into one place (sej's hub).
+
+``hub serve`` keeps the copies; ``hub push`` follows local journals (plain, or every shard of a
+root) and copies them, showing a progress bar with rate and lag on a terminal and JSON lines
+otherwise; ``hub status`` prints, per client and journal, the offsets on both sides; ``hub get``
+reads messages back from the hub.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
+from journalq.cli.queue import _table
+from journalq.cli.serve import _exit_cleanly
+from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, sources_at
+from journalq.journal.offsets import end_offset
+from journalq.journal.sync import SyncPolicy
+
+__all__ = ["hub"]
+
+
+@click.group(cls=_Group)
+def hub() -> None:
+    """Copy journals of many machines into one place, each under [client-id].[journal-dir]/.
+
+    The copies are byte-identical to their sources; pushing resumes from what the hub holds, so
+    either side may be stopped (or killed) at any moment.
+    """
+
+
+# -- serve ------------------------------------------------------------------------------------
+
+
+@hub.command()
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Where the copies are kept (created when missing).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8090, show_default=True)
+@click.option("--sync", default="always", show_default=True,
+              help="Sync policy of the copies: 'always' acknowledges a push only once it is on stable storage.")
+@click.option("--max-push", type=click.IntRange(1, 1 << 31), default=64 << 20, show_default=True,
+              help="Largest push body taken, in bytes.")
+@click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
+              help="Bearer token every request must carry (env JOURNALQ_TOKEN).")
+def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str | None) -> None:
+    """Serve only the hub's endpoints (/hub/v1/...) over the copies in ROOT."""
+    import uvicorn
+
+    from journalq.server.hub import create_hub_app
+
+    SyncPolicy.parse(sync)
+    root.mkdir(parents=True, exist_ok=True)
+    click.echo(f"journalq hub serving {root} on http://{host}:{port} (sync={sync})", err=True)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    uvicorn.run(
+        create_hub_app(root, sync=sync, max_push=max_push, token=token),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=10,
+    )
+
+
+# -- push -------------------------------------------------------------------------------------
+
+_token = click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
+                      help="The hub's bearer token, when it requires one (env JOURNALQ_TOKEN).")
+
+
+class JsonLinesReport:
+    """Events, and per journal its offsets whenever they changed, as JSON lines on stdout."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self._shown: dict[str, tuple[int | None, int]] = {}
+
+    def event(self, kind: str, copy: JournalCopy | None, **fields: Any) -> None:
+        where = {"client_id": self.client_id, "journal": copy.name} if copy is not None else {}
+        click.echo(_json({"event": kind, **where, **fields}))
+
+    def progress(self, copies: list[JournalCopy], messages_per_s: float, bytes_per_s: float) -> None:
+        for copy in copies:
+            state = (copy.hub_next, copy.local_end)
+            if self._shown.get(copy.name) == state:
+                continue
+            self._shown[copy.name] = state
+            click.echo(_json({
+                "event": "progress", "client_id": self.client_id, "journal": copy.name,
+                "hub": copy.hub_next, "local": copy.local_end, "lag": copy.lag,
+                "messages_per_s": round(messages_per_s, 1), "mb_per_s": round(bytes_per_s / 1e6, 3),
+            }))
+
+
+class BarReport:
+    """A progress bar over all journals: messages the hub holds of those there are, the rate,
+    and the lag (messages not copied yet). Events are printed above it."""
+
+    def __init__(self, client_id: str, hub_url: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.client_id = client_id
+        self.hub_url = hub_url
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("lag {task.fields[lag]}"),
+        )
+        self._task = self._progress.add_task(f"{client_id} -> {hub_url}", total=None, rate="", lag="-")
+        self._progress.start()
+
+    def event(self, kind: str, copy: JournalCopy | None, **fields: Any) -> None:
+        if kind in ("error", "retry"):
+            where = f"{copy.name}: " if copy is not None else ""
+            self._progress.console.print(f"[{kind}] {where}{fields.get('error', '')}", markup=False)
+
+    def progress(self, copies: list[JournalCopy], messages_per_s: float, bytes_per_s: float) -> None:
+        held = sum(c.hub_next or 0 for c in copies)
+        total = sum(max(c.local_end, c.hub_next or 0) for c in copies)
+        lag = sum(c.lag for c in copies)
+        failed = sum(1 for c in copies if c.failed is not None)
+        self._progress.update(
+            self._task,
+            completed=held,
+            total=total or None,
+            description=f"{self.client_id} -> {self.hub_url} "
+            f"({len(copies)} journals{f', {failed} failed' if failed else ''})",
+            rate=f"{messages_per_s:,.0f} msg/s {bytes_per_s / 1e6:,.2f} MB/s",
+            lag=f"{lag:,}",
+        )
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+@hub.command()
+@click.argument("directories", metavar="DIR...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--to", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
+@click.option("--client-id", required=True, metavar="ID", help="This client's id ([a-zA-Z0-9_-]+).")
+@click.option("--once", is_flag=True, help="Stop once the hub holds everything (default: keep following).")
+@click.option("--chunk", type=click.IntRange(64, 64 << 20), default=DEFAULT_CHUNK, show_default=True,
+              help="Bytes per push (a larger message goes alone).")
+@click.option("--give-up-after", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Fail once the hub has been unreachable this long (default: keep retrying).")
+@click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Journals pushed at a time (a root of shards has many).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
+              help="How long to wait for an answer of the hub before retrying.")
+@click.option("--progress", "shown", type=click.Choice(["auto", "bar", "jsonl"]), default="auto", show_default=True,
+              help="bar for people, jsonl for programs; auto: bar on a terminal.")
+@_token
+def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, chunk: int,
+         give_up_after: float | None, parallel: int, timeout: float, shown: str, token: str | None) -> None:
+    """Copy the journals at DIR... to the hub and keep copying what is appended.
+
+    DIR is a journal (copied as [client-id].[its directory name]) or a root of shards (each shard
+    copied as [client-id].[shard directory name], new shards included). Connection errors and
+    5xx answers are retried with backoff, resuming from what the hub holds. Exit status 1 when a
+    journal was refused (its messages differ from the ones the hub holds, say).
+    """
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    bar = shown == "bar" or (shown == "auto" and sys.stdout.isatty())
+    report: JsonLinesReport | BarReport = BarReport(client_id, url) if bar else JsonLinesReport(client_id)
+    try:
+        with HubClient(url, token=token, timeout=timeout) as client, Pusher(
+            client, client_id, directories, chunk=chunk, reporter=report, give_up_after=give_up_after,
+            parallel=parallel,
+        ) as pusher:
+            try:
+                copies = pusher.run(follow=not once)
+            except KeyboardInterrupt:
+                copies = list(pusher.copies.values())
+    finally:
+        if isinstance(report, BarReport):
+            report.close()
+    failed = [c for c in copies if c.failed is not None]
+    if failed:
+        reasons = "; ".join(f"{c.name}: {c.failed}" for c in failed)
+        raise CommandError(f"{len(failed)} journal(s) not copied: {reasons}")
+
+
+# -- status and get -------------------------------------------------------------------------------
+
+
+@hub.command()
+@click.argument("directories", metavar="[DIR...]", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
+@click.option("--client-id", metavar="ID", help="Only this client's journals.")
+@click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
+              help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
+@_token
+def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: str, token: str | None) -> None:
+    """Print, per client and journal, the offsets the hub holds and, for the journals at DIR...,
+    the local end and the lag (messages not copied yet)."""
+    local = {name: end_offset(path) for name, path in sources_at(directories)} if directories else {}
+    with HubClient(url, token=token) as client:
+        copies = client.status()
+    rows: list[dict[str, Any]] = []
+    for cid, journals in copies.items():
+        if client_id is not None and cid != client_id:
+            continue
+        for name, held in journals.items():
+            end = local.get(name) if directories else None
+            rows.append({"client_id": cid, "journal": name, "hub_first": held.first, "hub_next": held.next,
+                         "local_next": end, "lag": None if end is None else max(0, end - held.next)})
+    seen = {r["journal"] for r in rows}
+    for name, end in local.items():  # local journals the hub holds nothing of yet
+        if name not in seen:
+            rows.append({"client_id": client_id, "journal": name, "hub_first": None, "hub_next": None,
+                         "local_next": end, "lag": end})
+    if _tabular(fmt):
+        for line in _table(rows, ["client_id", "journal", "hub_first", "hub_next", "local_next", "lag"]):
+            click.echo(line)
+    else:
+        for row in rows:
+            click.echo(_json(row))
+
+
+@hub.command()
+@click.argument("journal")
+@click.argument("offset", type=click.IntRange(min=0))
+@click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
+@click.option("--client-id", required=True, metavar="ID")
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many messages.")
+@_token
+def get(journal: str, offset: int, url: str, client_id: str, count: int, token: str | None) -> None:
+    """Print the messages of a client's JOURNAL on the hub from OFFSET, as JSON lines (as
+    ``journalq scan`` prints them)."""
+    with HubClient(url, token=token) as client:
+        for message in client.get(client_id, journal, offset, count):
+            click.echo(message_json(message))
+
+

@@ -1,0 +1,153 @@
+"""Reading a journal's own bytes: runs of whole messages, as its segment files hold them.
+
+The hub protocol carries a journal's bytes, never re-encoded, so a copy is byte-identical to its
+source. ``RawReader`` finds where an offset lies (a segment, then its sparse index, then at most
+one index interval of decoding), and then reads on from there without seeking again; each run
+checks its messages with the codec and stays within one segment. It only reads: a journal being
+written by another process, or a read-only one, is fine.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+
+from journalq.closing import Closing
+from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError
+from journalq.journal import index
+from journalq.journal.codec import OVERHEAD, decode, frame_sizes
+from journalq.journal.segment import READ_CHUNK, Segment, offset_at, segment_at, segment_bases, segment_name
+
+__all__ = ["RawReader", "RawRun"]
+
+
+@dataclass(frozen=True)
+class RawRun:
+    """``count`` whole messages from offset ``first``, as ``data``, all from the segment that
+    starts at offset ``segment``."""
+
+    first: int
+    segment: int
+    data: bytes
+    count: int
+
+    @property
+    def next(self) -> int:
+        return self.first + self.count
+
+
+class RawReader(Closing):
+    """Reads runs of whole messages from the journal at ``path``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._jnl = self.path / "jnl"
+        self._fd = -1
+        self._segment: Segment = segment_at(self.path, 0)
+        self._pos = 0  # where message ``_next`` starts in ``_segment``
+        self._next = -1  # -1: not positioned
+
+    def read(self, offset: int, max_bytes: int = READ_CHUNK) -> RawRun:
+        """The whole messages from ``offset`` within ``max_bytes`` (at least one message when
+        there is one, however large), from one segment; an empty run at the journal's end.
+
+        ``OffsetOutOfRangeError`` for an offset older than the oldest stored or past the end;
+        ``CorruptionError`` (naming the file and byte) for damage in the journal.
+        """
+        if offset != self._next:
+            self._seek(offset)
+        while True:
+            size = os.fstat(self._fd).st_size if self._fd >= 0 else 0
+            if size > self._pos:
+                run = self._read_run(max_bytes, size)
+                if run is not None:
+                    return run
+            # At the end of a segment: the writer starts the next one named by the offset due.
+            if self._next == self._segment.base or not (self._jnl / segment_name(self._next)).exists():
+                return RawRun(self._next, self._segment.base, b"", 0)
+            if self._fd >= 0 and os.fstat(self._fd).st_size != size:
+                continue  # the writer finished this segment meanwhile
+            if size != self._pos:
+                raise CorruptionError(
+                    f"incomplete message ({size - self._pos} bytes) at the end of a finished segment",
+                    file=self._segment.path,
+                    position=self._pos,
+                    offset=self._next,
+                )
+            self._open(segment_at(self.path, self._next))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._next = -1
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _read_run(self, max_bytes: int, size: int) -> RawRun | None:
+        """The whole messages from ``_pos`` within ``max_bytes``; None when none is whole yet."""
+        want = max(1, max_bytes)
+        while True:
+            buf = os.pread(self._fd, want, self._pos)
+            try:
+                sizes, used = frame_sizes(buf, self._next)
+            except CorruptionError as exc:
+                if not exc.position:
+                    raise exc.located(self._segment.path, self._pos) from None
+                sizes, used = frame_sizes(buf[: exc.position], self._next)
+            if sizes:
+                run = RawRun(self._next, self._segment.base, buf[:used] if used < len(buf) else buf, len(sizes))
+                self._pos += used
+                self._next += len(sizes)
+                return run
+            if len(buf) < want or self._pos + want >= size:
+                return None  # the message is still being written (or torn, for recovery to cut)
+            want *= 2  # one message larger than max_bytes: read it whole
+
+    # -- seeking ------------------------------------------------------------------------------
+
+    def _open(self, segment: Segment) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._segment, self._pos, self._next = segment, 0, segment.base
+        try:
+            self._fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._fd = -1  # an empty journal: its first segment is not there yet
+
+    def _seek(self, offset: int) -> None:
+        if not self.path.is_dir():
+            raise JournalError("no journal directory here", file=self.path)
+        bases = segment_bases(self.path)
+        first = bases[0] if bases else 0
+        if offset < first:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is no longer stored: the journal starts at {first}", file=self.path
+            )
+        self._open(segment_at(self.path, bases[bisect_right(bases, offset) - 1] if bases else 0))
+        if offset == self._segment.base:
+            return
+        if self._fd >= 0:
+            entry = index.lookup(self._segment, offset)
+            if entry is not None and entry[0] >= self._next and offset_at(self._fd, entry[1]) == entry[0]:
+                self._next, self._pos = entry
+            # Decode from there to the message asked for.
+            while self._next < offset:
+                buf = os.pread(self._fd, READ_CHUNK, self._pos)
+                try:
+                    messages, _ = decode(buf, 0, len(buf), self._next, max_messages=offset - self._next)
+                except CorruptionError as exc:
+                    raise exc.located(self._segment.path, self._pos) from None
+                if not messages:
+                    break
+                self._pos += sum(OVERHEAD + len(m.key) + len(m.value) for m in messages)
+                self._next += len(messages)
+        if self._next != offset:
+            at_end = self._next
+            self.close()
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is past the end of the journal (the next offset is {at_end})", file=self.path
+            )

@@ -1,0 +1,252 @@
+"""The hub's store: the copies of many clients' journals under one root.
+
+Each copy is a sej journal in ``ROOT/[client-id].[journal-dir]/``, written with journalq's
+``Writer``: a push is checked (``protocol.plan_push``), what the hub holds already is compared and
+skipped, the rest is appended as the bytes it came as, and synced before the push is answered
+(``sync="always"``), so that an acknowledged offset survives the hub's death. Writers are shared
+(the journal's lock is taken per push), so several hub processes may serve one root.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from journalq.closing import Closing
+from journalq.errors import HubError, InvalidJournalPathError
+from journalq.hub.protocol import (
+    Held,
+    Push,
+    PushResult,
+    check_overlap,
+    copy_dir_name,
+    parse_copy_dir_name,
+    plan_push,
+)
+from journalq.hub.source import RawReader, RawRun
+from journalq.journal.codec import Message
+from journalq.journal.lock import FileLock
+from journalq.journal.offsets import end_offset, first_offset
+from journalq.journal.recovery import fsync_dir
+from journalq.journal.scanner import Scanner
+from journalq.journal.segment import journal_dir, list_segments, lock_path, segment_at
+from journalq.journal.writer import Writer
+
+__all__ = ["HubStore"]
+
+# A copy starts a new segment only where its source did (the push says where): its own writer
+# never rolls by size.
+_NO_ROLL = 2**62
+
+
+class HubStore(Closing):
+    """The copies under ``root`` (created when missing). ``sync``: the writers' sync policy;
+    ``"always"`` (the default) makes every acknowledged push survive power loss. ``max_open``:
+    writers kept open (three files each); the least recently pushed are closed beyond it."""
+
+    def __init__(self, root: str | os.PathLike[str], *, sync: str = "always", max_open: int = 128) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._real_root = self.root.resolve()
+        self.sync = sync
+        self.max_open = max_open
+        self._mutex = threading.Lock()
+        self._writers: OrderedDict[str, Writer] = OrderedDict()
+        self._copy_locks: dict[str, threading.Lock] = {}
+        self._closed = False
+
+    # -- where the copies are -------------------------------------------------------------------
+
+    def copy_path(self, client_id: str, journal: str) -> Path:
+        """``ROOT/[client-id].[journal-dir]``, refused when a symbolic link would lead it (or its
+        segments) out of the root."""
+        name = copy_dir_name(client_id, journal)
+        path = self.root / name
+        for part in (path, journal_dir(path)):
+            if part.is_symlink():
+                raise InvalidJournalPathError(
+                    f"journal path {journal!r} of client {client_id!r} is a symbolic link in the hub's root "
+                    f"({part.name} -> {os.readlink(part)}); the hub writes only inside its root"
+                )
+        if path.exists() and path.resolve().parent != self._real_root:
+            raise InvalidJournalPathError(f"journal path {journal!r} of client {client_id!r} leaves the hub's root")
+        if path.exists() and not path.is_dir():
+            raise InvalidJournalPathError(f"{path.name} in the hub's root is not a directory; it cannot hold a copy")
+        return path
+
+    def held(self, client_id: str, journal: str) -> Held:
+        """What the hub holds of the journal (nothing, at offset 0, for one it never saw)."""
+        return _held(self.copy_path(client_id, journal))
+
+    def status(self) -> dict[str, dict[str, Held]]:
+        """Every copy: client id -> journal -> what the hub holds, in name order."""
+        out: dict[str, dict[str, Held]] = {}
+        for name in sorted(os.listdir(self.root)):
+            parsed = parse_copy_dir_name(name)
+            path = self.root / name
+            if parsed is None or path.is_symlink() or journal_dir(path).is_symlink() or not journal_dir(path).is_dir():
+                continue  # not a copy (a link is never one: the hub writes only inside its root)
+            out.setdefault(parsed[0], {})[parsed[1]] = _held(path)
+        return out
+
+    # -- pushing --------------------------------------------------------------------------------
+
+    def push(self, push: Push) -> PushResult:
+        """Store what the hub does not hold yet of ``push``, synced; answer with what it holds.
+
+        Refusals (``HubError``: a damaged message, a gap, messages that differ from the ones
+        held) change nothing.
+        """
+        path = self.copy_path(push.client_id, push.journal)
+        key = path.name
+        with self._copy_lock(key):
+            result = self._push(push, path, key)
+            if result is None:
+                # The copy is empty at another offset than the push starts (its first segment was
+                # created by a push whose append then failed): start it again where asked.
+                self._close_writer(key)
+                _start_copy(path, push.first)
+                result = self._push(push, path, key)
+            assert result is not None
+            return result
+
+    def _push(self, push: Push, path: Path, key: str) -> PushResult | None:
+        with self._mutex:
+            writer = self._writers.get(key)
+            if writer is not None:
+                self._writers.move_to_end(key)
+        if writer is None:
+            held = _held(path)
+            if not push.data:
+                return PushResult(held)
+            plan = plan_push(push, held)  # refusals before anything is created
+            if held.empty:
+                _start_copy(path, held.next if plan.start_at is None else plan.start_at)
+            writer = self._open_writer(key, path)
+        try:
+            with writer.hold():
+                held = Held(first_offset(path), writer.next_offset, writer.segment.base)
+                plan = plan_push(push, held)
+                if plan.start_at is not None:
+                    return None
+                if plan.overlap:
+                    check_overlap(push, plan, _read_exactly(path, plan.overlap_first, len(plan.overlap)))
+                writer.append_encoded(plan.append, new_segment=plan.new_segment)
+                held = Held(held.first, writer.next_offset, writer.segment.base)
+        except BaseException:
+            if writer.failed:
+                self._close_writer(key)  # the next push reopens (and recovers) the copy
+            raise
+        return PushResult(held, appended=plan.count, skipped=plan.skipped)
+
+    # -- reading back ---------------------------------------------------------------------------
+
+    def get(self, client_id: str, journal: str, offset: int, max_messages: int = 1) -> list[Message]:
+        """Up to ``max_messages`` messages of the copy from ``offset`` (sej's ``Get``); empty at
+        the end. ``OffsetOutOfRangeError`` for an offset not held."""
+        path = self._existing(client_id, journal)
+        with Scanner(path, offset) as scanner:
+            return scanner.read_batch(max_messages) if max_messages > 0 else []
+
+    def read_raw(self, client_id: str, journal: str, offset: int, max_bytes: int) -> RawRun:
+        """The copy's own bytes from ``offset``: whole messages, within ``max_bytes`` (at least
+        one), from one segment."""
+        with RawReader(self._existing(client_id, journal)) as reader:
+            return reader.read(offset, max_bytes)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            writers, self._writers = list(self._writers.values()), {}
+        for writer in writers:
+            writer.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _existing(self, client_id: str, journal: str) -> Path:
+        path = self.copy_path(client_id, journal)
+        if not journal_dir(path).is_dir():
+            raise HubError(f"the hub holds no journal {journal!r} of client {client_id!r}")
+        return path
+
+    def _copy_lock(self, key: str) -> threading.Lock:
+        with self._mutex:
+            if self._closed:
+                raise HubError("the hub's store is closed")
+            return self._copy_locks.setdefault(key, threading.Lock())
+
+    def _open_writer(self, key: str, path: Path) -> Writer:
+        writer = Writer(path, shared=True, sync=self.sync, segment_size=_NO_ROLL)
+        with self._mutex:
+            self._writers[key] = writer
+            idle = [k for k in self._writers if k != key][: max(0, len(self._writers) - self.max_open)]
+        for old in idle:
+            lock = self._copy_locks[old]
+            if lock.acquire(blocking=False):  # a writer in use is left for a later push to close
+                try:
+                    self._close_writer(old)
+                finally:
+                    lock.release()
+        return writer
+
+    def _close_writer(self, key: str) -> None:
+        with self._mutex:
+            writer = self._writers.pop(key, None)
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError:
+                pass  # a failed writer's sync fails again; a new writer recovers
+
+
+def _held(path: Path) -> Held:
+    segments = list_segments(path)
+    if not segments:
+        return Held()
+    return Held(segments[0].base, end_offset(path), segments[-1].base)
+
+
+def _start_copy(path: Path, offset: int) -> None:
+    """Make the empty copy at ``path`` start at ``offset``: its only segment, empty, is named by
+    it (a writer then appends from there). Under the journal's lock, against other hub processes."""
+    created = not path.exists()
+    journal_dir(path).mkdir(parents=True, exist_ok=True)
+    if created:
+        fsync_dir(path.parent)
+        fsync_dir(path)
+    lock = FileLock(lock_path(path))
+    try:
+        lock.acquire(wait=True)
+        segments = list_segments(path)
+        if any(s.path.stat().st_size for s in segments):
+            return  # another process started it meanwhile: the push is planned again
+        wanted = segment_at(path, offset)
+        for segment in segments:
+            if segment != wanted:
+                for leftover in (segment.path, segment.index_path):
+                    leftover.unlink(missing_ok=True)
+        fd = os.open(wanted.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.close(fd)
+        fsync_dir(journal_dir(path))
+    finally:
+        lock.close()
+
+
+def _read_exactly(path: Path, offset: int, size: int) -> bytes:
+    """``size`` bytes of the journal at ``path`` from ``offset`` (across segments), or fewer when
+    it ends first."""
+    parts: list[bytes] = []
+    got = 0
+    with RawReader(path) as reader:
+        while got < size:
+            run = reader.read(offset, size - got)
+            if not run.count:
+                break
+            parts.append(run.data)
+            got += len(run.data)
+            offset = run.next
+    return b"".join(parts)
+
+

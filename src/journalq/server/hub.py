@@ -1,0 +1,220 @@
+"""The hub's HTTP endpoints: an ``APIRouter`` over a ``journalq.hub.HubStore``.
+
+``journalq hub serve`` serves only these (``create_hub_app``); ``journalq serve`` includes them
+too, with its copies under ``DATA/.hub`` (a name no queue can take).
+
+    GET  /hub/v1/status                                      every copy: client -> journal -> offsets
+    GET  /hub/v1/journals/{client}/{journal}                 what the hub holds of one journal
+    POST /hub/v1/journals/{client}/{journal}?first=&segment= a push: the journal's own bytes
+    GET  /hub/v1/journals/{client}/{journal}/messages?offset=&max_bytes=
+                                                             the copy's bytes from an offset (sej's Get)
+
+A push is answered only once it is synced. Refusals are JSON ``{"error", "kind"}``: 400 for a bad
+client id, journal path or damaged message, 409 for a gap (with ``next``, the offset the hub holds
+up to) or messages that differ from the ones held, 503 with ``Retry-After`` when the storage fails.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from journalq import __version__
+from journalq.errors import (
+    Error,
+    HubConflictError,
+    HubError,
+    HubGapError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
+from journalq.hub.protocol import API_PREFIX, Push
+from journalq.hub.store import HubStore
+
+__all__ = ["DEFAULT_MAX_PUSH", "HUB_DIR", "create_hub_app", "hub_router"]
+
+log = logging.getLogger("journalq.server")
+T = TypeVar("T")
+
+HUB_DIR = ".hub"
+"""Where ``journalq serve`` keeps the hub's copies in its data directory."""
+DEFAULT_MAX_PUSH = 64 * 1024 * 1024
+"""The largest push body taken (a client sends smaller ones; one message may need more)."""
+BYTES_TYPE = "application/octet-stream"
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        self.status, self.body, self.headers = status, body, headers or {}
+
+
+def _refusal(exc: Exception) -> _Refused:
+    """The answer to an error of the store."""
+    if isinstance(exc, StorageError):
+        return _Refused(503, {"error": f"not stored: {exc.reason}", "kind": "storage"}, {"Retry-After": "1"})
+    if isinstance(exc, HubGapError):
+        return _Refused(409, {"error": str(exc), "kind": exc.kind, "next": exc.held})
+    if isinstance(exc, HubConflictError):
+        return _Refused(409, {"error": str(exc), "kind": exc.kind})
+    if isinstance(exc, OffsetOutOfRangeError):
+        return _Refused(416, {"error": str(exc), "kind": "offset"})
+    if isinstance(exc, HubError):
+        return _Refused(404 if type(exc) is HubError else 400, {"error": str(exc), "kind": exc.kind})
+    return _Refused(400, {"error": str(exc), "kind": "journal"})
+
+
+def hub_router(
+    root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH, token: str | None = None
+) -> APIRouter:
+    """The hub's endpoints over the copies in ``root`` (opened at the first request). ``token``:
+    a bearer token every request must carry (401 otherwise)."""
+    box: list[HubStore] = []
+    opening = anyio.Lock()
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if box:
+                await anyio.to_thread.run_sync(box.pop().close)
+
+    async def authorized(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise _Refused(401, {"error": "a valid bearer token is required", "kind": "auth"},
+                           {"WWW-Authenticate": 'Bearer realm="journalq hub"'})
+
+    router = APIRouter(prefix=API_PREFIX, tags=["hub"], lifespan=lifespan, dependencies=[Depends(authorized)])
+
+    async def store() -> HubStore:
+        if not box:
+            async with opening:
+                if not box:
+                    box.append(await anyio.to_thread.run_sync(lambda: HubStore(root, sync=sync)))
+        return box[0]
+
+    async def blocking(fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await anyio.to_thread.run_sync(fn, *args)
+        except Error as exc:
+            if isinstance(exc, StorageError):
+                log.error("hub storage failure: %s", exc)
+            refused = _refusal(exc)
+            raise refused from exc
+
+    def answer(refused: _Refused) -> Response:
+        return JSONResponse(refused.body, status_code=refused.status, headers=refused.headers)
+
+    @router.get("/status")
+    async def status() -> Response:
+        """Every copy the hub holds: client id -> journal -> first, next (the offset it holds up
+        to) and segment (where its last segment starts)."""
+        hub = await store()
+        try:
+            copies = await blocking(hub.status)
+        except _Refused as refused:
+            return answer(refused)
+        clients = {c: {j: held.to_json() for j, held in journals.items()} for c, journals in copies.items()}
+        return JSONResponse({"version": __version__, "clients": clients})
+
+    @router.get("/journals/{client_id}/{journal}")
+    async def held(client_id: str, journal: str) -> Response:
+        """What the hub holds of one journal of a client (first == next == 0: nothing)."""
+        hub = await store()
+        try:
+            got = await blocking(hub.held, client_id, journal)
+        except _Refused as refused:
+            return answer(refused)
+        return JSONResponse({"client_id": client_id, "journal": journal, **got.to_json()})
+
+    @router.post("/journals/{client_id}/{journal}")
+    async def push(
+        client_id: str,
+        journal: str,
+        request: Request,
+        first: int = Query(ge=0, lt=2**64),
+        segment: int = Query(ge=0, lt=2**64),
+    ) -> Response:
+        """Append the body, the journal's own bytes for whole messages from offset ``first`` (all
+        from the source segment starting at ``segment``); answered once synced, with the offsets
+        the hub now holds and how many messages it appended and skipped."""
+        try:
+            body = await _body(request, max_push)
+            hub = await store()
+            result = await blocking(lambda: hub.push(Push(client_id, journal, first, segment, body)))
+        except _Refused as refused:
+            return answer(refused)
+        return JSONResponse({"client_id": client_id, "journal": journal, **result.to_json()})
+
+    @router.get("/journals/{client_id}/{journal}/messages")
+    async def messages(
+        client_id: str, journal: str, offset: int = Query(ge=0, lt=2**64), max_bytes: int = Query(1 << 20, ge=1)
+    ) -> Response:
+        """The copy's bytes from ``offset``: whole messages within ``max_bytes`` (at least one;
+        at most the push limit),
+        from one segment; headers ``X-Journalq-First``, ``X-Journalq-Count`` and
+        ``X-Journalq-Segment``. An empty body at the end of the copy."""
+        hub = await store()
+        try:
+            run = await blocking(hub.read_raw, client_id, journal, offset, min(max_bytes, max_push))
+        except _Refused as refused:
+            return answer(refused)
+        headers = {
+            "X-Journalq-First": str(run.first),
+            "X-Journalq-Count": str(run.count),
+            "X-Journalq-Segment": str(run.segment),
+        }
+        return Response(run.data, media_type=BYTES_TYPE, headers=headers)
+
+    return router
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused past ``limit`` bytes (413) or when it breaks off (400)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _Refused(413, {"error": f"the push is {declared} bytes; at most {limit} are taken", "kind": "size"})
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _Refused(413, {"error": f"the push is over {limit} bytes", "kind": "size"})
+            chunks.append(chunk)
+    except _Refused:
+        raise
+    except Exception as exc:  # the client went away mid-body
+        raise _Refused(400, {"error": f"the push could not be read: {exc}", "kind": "body"}) from None
+    return b"".join(chunks)
+
+
+def create_hub_app(
+    root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH, token: str | None = None
+) -> FastAPI:
+    """An app serving only the hub's endpoints over ``root``."""
+    app = FastAPI(
+        title="journalq hub", version=__version__, description="The journalq hub: copies of clients' journals."
+    )
+    app.include_router(hub_router(root, sync=sync, max_push=max_push, token=token))
+
+    @app.exception_handler(_Refused)
+    async def refused(request: Request, exc: _Refused) -> Response:  # from the token check
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
+
+    @app.get("/healthz", tags=["service"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,152 @@
+"""The hub's HTTP endpoints (``journalq hub serve``'s app, and ``journalq serve``'s, which mounts
+them at DATA/.hub), and the client over them."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from journalq.errors import DamagedPushError, HubConflictError, HubGapError, InvalidClientIdError, InvalidJournalPathError
+from journalq.hub import Push, RawReader
+from journalq.hub.client import HubClient, Pusher
+from journalq.journal import Writer
+from journalq.journal.codec import encode_batch
+from journalq.server.app import create_app
+from journalq.server.config import ServerConfig
+from journalq.server.hub import create_hub_app
+
+URL = "/hub/v1/journals"
+
+
+def write(path: Path, count: int) -> None:
+    with Writer(path, segment_size=2500) as writer:
+        writer.append_many([b"value-%d" % i for i in range(count)])
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def http(tmp_path: Path):
+    with TestClient(create_hub_app(tmp_path / "hub", max_push=100_000)) as client:
+        yield client
+
+
+def push_run(http: TestClient, client_id: str, journal: str, first: int, segment: int, data: bytes):
+    return http.post(f"{URL}/{client_id}/{journal}", params={"first": first, "segment": segment}, content=data)
+
+
+def test_push_status_held_and_read_back(tmp_path: Path, http: TestClient) -> None:
+    write(tmp_path / "j", 200)
+    with RawReader(tmp_path / "j") as reader:
+        run = reader.read(0, 1500)
+    answer = push_run(http, "c1", "j", 0, 0, run.data)
+    assert answer.status_code == 200
+    assert answer.json() == {"client_id": "c1", "journal": "j", "first": 0, "next": run.count, "segment": 0,
+                             "appended": run.count, "skipped": 0}
+    assert http.get(f"{URL}/c1/j").json()["next"] == run.count
+    assert http.get(f"{URL}/c1/unknown").json() == {"client_id": "c1", "journal": "unknown", "first": 0, "next": 0, "segment": 0}
+    assert http.get("/hub/v1/status").json()["clients"] == {"c1": {"j": {"first": 0, "next": run.count, "segment": 0}}}
+    got = http.get(f"{URL}/c1/j/messages", params={"offset": 3, "max_bytes": 1})
+    assert got.headers["x-journalq-first"] == "3" and got.headers["x-journalq-count"] == "1"
+    assert got.content == RawReader(tmp_path / "j").read(3, 1).data
+    assert http.get(f"{URL}/c1/j/messages", params={"offset": 10_000}).status_code == 416
+    assert http.get(f"{URL}/c1/nothing/messages", params={"offset": 0}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "client_id, journal, first, data, status, kind",
+    [
+        ("c.1", "j", 5, None, 400, "client-id"),
+        ("c1", "..", 5, None, 400, "journal-path"),  # quoted, so the URL is not normalised
+        ("c1", ".hidden", 5, None, 400, "journal-path"),
+        ("c1", "j", 5, b"\x00" * 40, 400, "damaged"),
+        ("c1", "j", 7, "gap", 409, "gap"),
+        ("c1", "j", 3, "conflict", 409, "conflict"),
+    ],
+)
+def test_bad_pushes_are_refused_with_a_clear_answer_and_change_nothing(
+    tmp_path: Path, http: TestClient, client_id: str, journal: str, first: int, data: object, status: int, kind: str
+) -> None:
+    held = encode_batch(0, 1, [b"a", b"b", b"c", b"d", b"e"])[0]
+    assert push_run(http, "c1", "j", 0, 0, held).status_code == 200
+    if data is None:
+        data = encode_batch(first, 1, [b"f"])[0]
+    elif data == "gap":
+        data = encode_batch(first, 1, [b"h"])[0]
+    elif data == "conflict":
+        data = encode_batch(first, 1, [b"D", b"E", b"f"])[0]
+    before = snapshot(tmp_path / "hub")
+    quoted = journal.replace(".", "%2E") if journal.startswith(".") else journal
+    answer = push_run(http, client_id, quoted, first, 0, data)  # type: ignore[arg-type]
+    assert (answer.status_code, answer.json()["kind"]) == (status, kind), answer.text
+    assert answer.json()["error"]
+    if kind == "gap":
+        assert answer.json()["next"] == 5
+    assert snapshot(tmp_path / "hub") == before
+
+
+def test_a_push_over_the_size_limit_is_413(http: TestClient) -> None:
+    answer = push_run(http, "c1", "j", 0, 0, encode_batch(0, 1, [b"x" * 200_000])[0])
+    assert answer.status_code == 413 and answer.json()["kind"] == "size"
+
+
+def test_the_client_maps_refusals_to_errors(tmp_path: Path, http: TestClient) -> None:
+    client = HubClient("http://testserver", http=http)
+    client.push(Push("c1", "j", 0, 0, encode_batch(0, 1, [b"a", b"b"])[0]))
+    with pytest.raises(HubGapError) as gap:
+        client.push(Push("c1", "j", 5, 5, encode_batch(5, 1, [b"x"])[0]))
+    assert gap.value.held == 2
+    with pytest.raises(HubConflictError):
+        client.push(Push("c1", "j", 1, 0, encode_batch(1, 1, [b"B"])[0]))
+    with pytest.raises(DamagedPushError):
+        client.push(Push("c1", "j", 2, 0, b"\x00" * 30))
+    assert [m.value for m in client.get("c1", "j", 0, 5)] == [b"a", b"b"]
+    assert client.status()["c1"]["j"].next == 2
+    with pytest.raises(InvalidClientIdError):
+        client.held("c.1", "j")
+    with pytest.raises(InvalidJournalPathError):
+        client.held("c1", "../j")
+
+
+def test_a_pusher_over_http_copies_byte_for_byte(tmp_path: Path, http: TestClient) -> None:
+    write(tmp_path / "j", 500)
+    with Pusher(HubClient("http://testserver", http=http), "c1", [tmp_path / "j"], chunk=700) as pusher:
+        (copy,) = pusher.run()
+    assert copy.failed is None and copy.hub_next == 500
+    source = sorted((tmp_path / "j" / "jnl").glob("*.jnl"))
+    assert len(source) > 3
+    assert all(p.read_bytes() == (tmp_path / "hub" / "c1.j" / "jnl" / p.name).read_bytes() for p in source)
+
+
+def test_journalq_serve_mounts_the_hub_beside_its_queues(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with TestClient(create_app(ServerConfig(data=data))) as http:
+        assert push_run(http, "c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0]).status_code == 200
+        assert http.put("/orders").status_code == 201
+        assert http.post("/orders/messages", content=b"hello").status_code == 201
+        assert http.get("/hub/v1/status").json()["clients"] == {"c1": {"j": {"first": 0, "next": 1, "segment": 0}}}
+        assert http.get("/healthz").json()["queues"] == 1  # the hub's directory is not a queue
+    assert (data / ".hub" / "c1.j" / "jnl").is_dir()
+
+
+def test_a_token_guards_every_hub_endpoint(tmp_path: Path) -> None:
+    with TestClient(create_hub_app(tmp_path / "hub", token="s3cret")) as http:
+        refused = http.get("/hub/v1/status")
+        assert refused.status_code == 401 and refused.json()["kind"] == "auth"
+        assert push_run(http, "c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0]).status_code == 401
+        assert not (tmp_path / "hub" / "c1.j").exists()
+        client = HubClient("http://testserver", token="s3cret", http=http)
+        assert client.push(Push("c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0])).held.next == 1
+        assert http.get("/healthz").status_code == 200
+    # journalq serve's token guards its hub endpoints as it guards the REST API.
+    with TestClient(create_app(ServerConfig(data=tmp_path / "data", rest_token="t"))) as http:
+        assert http.get("/hub/v1/status").status_code == 401
+        assert http.get("/hub/v1/status", headers={"authorization": "Bearer t"}).status_code == 200

@@ -1,0 +1,258 @@
+"""The hub's store: copies byte-identical to their sources, read back by offset, and bad pushes
+refused with nothing changed."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import (
+    DamagedPushError,
+    HubConflictError,
+    HubError,
+    HubGapError,
+    InvalidClientIdError,
+    InvalidJournalPathError,
+    OffsetOutOfRangeError,
+)
+from journalq.hub import HubStore, Push, RawReader
+from journalq.hub.protocol import Held
+from journalq.journal import Writer
+from journalq.journal.codec import encode_batch
+
+
+def write(path: Path, count: int, segment_size: int = 4000, start: int = 0) -> None:
+    with Writer(path, segment_size=segment_size) as writer:
+        for i in range(start, start + count):
+            writer.append(b"v" * (i % 40), key=b"key-%d" % i, type=i % 4)
+
+
+def segments(path: Path) -> dict[str, bytes]:
+    """A journal's segment files by name (journalq's sparse .idx files left out)."""
+    return {p.name: p.read_bytes() for p in sorted((path / "jnl").glob("*.jnl"))}
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def push_all(store: HubStore, client: str, name: str, source: Path, chunk: int = 1000, start: int = 0) -> Held:
+    with RawReader(source) as reader:
+        offset = start
+        while True:
+            run = reader.read(offset, chunk)
+            if not run.count:
+                return store.held(client, name)
+            offset = store.push(Push(client, name, run.first, run.segment, run.data)).held.next
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with HubStore(tmp_path / "hub") as hub:
+        yield hub
+
+
+def test_a_copy_is_byte_identical_segment_by_segment(tmp_path: Path, store: HubStore) -> None:
+    write(tmp_path / "orders", 700)
+    held = push_all(store, "c1", "orders", tmp_path / "orders", chunk=777)
+    assert held.next == 700 and held.first == 0
+    source = segments(tmp_path / "orders")
+    assert len(source) > 5 and segments(store.root / "c1.orders") == source
+    assert store.status() == {"c1": {"orders": held}}
+
+
+def test_pushing_again_skips_what_is_held_and_a_copy_follows_appends(tmp_path: Path, store: HubStore) -> None:
+    write(tmp_path / "j", 100)
+    push_all(store, "c1", "j", tmp_path / "j")
+    with RawReader(tmp_path / "j") as reader:
+        run = reader.read(40, 10_000)
+    result = store.push(Push("c1", "j", run.first, run.segment, run.data))
+    assert (result.appended, result.skipped, result.held.next) == (0, run.count, 100)
+    write(tmp_path / "j", 150, start=100)
+    assert push_all(store, "c1", "j", tmp_path / "j", start=90).next == 250
+    assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+
+
+def test_reading_back_by_client_journal_and_offset(tmp_path: Path, store: HubStore) -> None:
+    write(tmp_path / "j", 300)
+    push_all(store, "c1", "j", tmp_path / "j")
+    (got,) = store.get("c1", "j", 123)
+    assert (got.offset, got.key, got.type) == (123, b"key-123", 3)
+    assert [m.offset for m in store.get("c1", "j", 298, 10)] == [298, 299]
+    assert store.get("c1", "j", 300) == []
+    with pytest.raises(OffsetOutOfRangeError):
+        store.get("c1", "j", 301)
+    with pytest.raises(HubError, match="holds no journal 'other'"):
+        store.get("c1", "other", 0)
+    raw = store.read_raw("c1", "j", 10, 1)
+    assert raw.first == 10 and raw.count == 1
+
+
+def test_a_source_that_starts_past_zero_is_copied_from_its_first_segment(tmp_path: Path, store: HubStore) -> None:
+    write(tmp_path / "j", 400)
+    oldest = sorted((tmp_path / "j" / "jnl").glob("*"))
+    for path in oldest[:4]:  # as retention deletes old segments
+        path.unlink()
+    first = int(sorted((tmp_path / "j" / "jnl").glob("*.jnl"))[0].stem, 16)
+    held = push_all(store, "c1", "j", tmp_path / "j", start=first)
+    assert held == Held(first, 400, held.segment) and first > 0
+    assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+
+
+def test_shards_keep_their_directory_names(tmp_path: Path, store: HubStore) -> None:
+    for name in ("events.1.000", "events.1.001"):
+        write(tmp_path / "root" / name, 20)
+        push_all(store, "web-1", name, tmp_path / "root" / name)
+    assert sorted(p.name for p in store.root.iterdir()) == ["web-1.events.1.000", "web-1.events.1.001"]
+
+
+def _refused(store: HubStore, tmp_path: Path, error: type[Exception], match: str, push: object) -> None:
+    before = snapshot(store.root)
+    with pytest.raises(error, match=match):
+        store.push(push() if callable(push) else push)  # type: ignore[arg-type]
+    assert snapshot(store.root) == before, "a refused push changed the hub's files"
+
+
+@pytest.fixture
+def held_copy(tmp_path: Path, store: HubStore) -> Path:
+    write(tmp_path / "j", 50)
+    push_all(store, "c1", "j", tmp_path / "j")
+    return tmp_path / "j"
+
+
+def test_a_wrong_client_id_is_refused_and_changes_nothing(tmp_path: Path, store: HubStore, held_copy: Path) -> None:
+    data = encode_batch(50, 0, [b"x"])[0]
+    for bad in ["", "a.b", "../c1", "c1/j"]:
+        _refused(store, tmp_path, InvalidClientIdError, "client id", lambda: Push(bad, "j", 50, 0, data))
+
+
+def test_paths_that_leave_the_root_are_refused_and_change_nothing(tmp_path: Path, store: HubStore, held_copy: Path) -> None:
+    data = encode_batch(0, 0, [b"x"])[0]
+    for bad in ["/etc", "..", "../../tmp", "x/../../y", "a/b"]:
+        _refused(store, tmp_path, InvalidJournalPathError, "journal path", lambda: Push("c1", bad, 0, 0, data))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (store.root / "c1.escape").symlink_to(outside)
+    _refused(store, tmp_path, InvalidJournalPathError, "symbolic link", Push("c1", "escape", 0, 0, data))
+    (store.root / "c1.inner").mkdir()
+    (store.root / "c1.inner" / "jnl").symlink_to(outside)
+    _refused(store, tmp_path, InvalidJournalPathError, "symbolic link", Push("c1", "inner", 0, 0, data))
+    (store.root / "c1.file").write_bytes(b"not a journal")
+    _refused(store, tmp_path, InvalidJournalPathError, "not a directory", Push("c1", "file", 0, 0, data))
+    assert list(outside.iterdir()) == []
+    assert store.status() == {"c1": {"j": Held(0, 50, 0)}}  # the links are not copies
+
+
+def test_a_damaged_message_is_refused_and_changes_nothing(tmp_path: Path, store: HubStore, held_copy: Path) -> None:
+    good = encode_batch(50, 0, [b"abc", b"def", b"ghi"])[0]
+    damaged = good[: len(good) // 2 + 3] + b"\xff" + good[len(good) // 2 + 4 :]
+    _refused(store, tmp_path, DamagedPushError, "damaged|whole message", Push("c1", "j", 50, 0, damaged))
+    _refused(store, tmp_path, DamagedPushError, "not a whole message", Push("c1", "j", 50, 0, good[:-2]))
+    # Right bytes, wrong first offset: the offsets in the bytes are checked against it.
+    _refused(store, tmp_path, DamagedPushError, "offset 50 where 49 was due", Push("c1", "j", 49, 0, good))
+    # A new journal is not created by a refused push either.
+    _refused(store, tmp_path, DamagedPushError, "damaged", Push("c1", "new", 0, 0, b"\x00" * 30))
+    assert not (store.root / "c1.new").exists()
+
+
+def test_a_gap_is_refused_and_changes_nothing(tmp_path: Path, store: HubStore, held_copy: Path) -> None:
+    data = encode_batch(52, 0, [b"x", b"y"])[0]
+    _refused(store, tmp_path, HubGapError, "offsets 50 to 51 would be missing", Push("c1", "j", 52, 0, data))
+    _refused(store, tmp_path, HubGapError, "segment start", Push("c1", "new", 52, 40, data))
+
+
+def test_messages_that_differ_from_the_held_ones_are_refused(tmp_path: Path, store: HubStore, held_copy: Path) -> None:
+    with RawReader(held_copy) as reader:
+        run = reader.read(45, 100_000)
+    other = bytearray(run.data)
+    other[-5] ^= 0x01  # a value byte of the last held message, plus nothing new
+    more = encode_batch(50, 0, [b"new"])[0]
+    _refused(store, tmp_path, HubConflictError, "differ", Push("c1", "j", 45, 0, bytes(other) + more))
+
+
+def test_concurrent_pushes_of_one_journal_store_each_message_once(tmp_path: Path, store: HubStore) -> None:
+    write(tmp_path / "j", 500, segment_size=3000)
+    errors: list[BaseException] = []
+
+    def pusher() -> None:
+        try:
+            push_all(store, "c1", "j", tmp_path / "j", chunk=300)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pusher) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+
+
+def test_a_copy_left_empty_restarts_where_the_next_push_starts(tmp_path: Path, store: HubStore) -> None:
+    write(tmp_path / "j", 200)
+    (store.root / "c1.j" / "jnl").mkdir(parents=True)
+    (store.root / "c1.j" / "jnl" / "0000000000000000.jnl").touch()  # left by a hub that died
+    for path in sorted((tmp_path / "j" / "jnl").glob("*"))[:2]:
+        path.unlink()
+    first = int(sorted((tmp_path / "j" / "jnl").glob("*.jnl"))[0].stem, 16)
+    assert push_all(store, "c1", "j", tmp_path / "j", start=first).first == first
+    assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+    assert not os.path.exists(store.root / "c1.j" / "jnl" / "0000000000000000.jnl")
+
+
+# -- the journal writer's append_encoded, which the store appends with -----------------------------
+
+
+def test_append_encoded_writes_the_bytes_as_they_are_and_starts_segments_when_asked(tmp_path: Path) -> None:
+    from journalq.errors import CorruptionError
+
+    first = encode_batch(0, 5, [b"a", b"b"])[0]
+    second = encode_batch(2, 6, [b"c"])[0]
+    with Writer(tmp_path / "j", segment_size=2**40) as writer:
+        assert writer.append_encoded(first) == 1
+        with pytest.raises(CorruptionError, match="offset 0 where 2 was due"):
+            writer.append_encoded(first)
+        with pytest.raises(CorruptionError, match="incomplete message"):
+            writer.append_encoded(second[:-1])
+        assert writer.append_encoded(b"") is None
+        assert writer.append_encoded(second, new_segment=True) == 2
+        assert writer.next_offset == 3
+    assert segments(tmp_path / "j") == {"0000000000000000.jnl": first, "0000000000000002.jnl": second}
+
+
+def test_two_stores_on_one_root_share_each_copy(tmp_path: Path) -> None:
+    """As hub processes serving one root do (``journalq serve --workers N``): each push takes
+    the copy's lock and catches up with what the other appended."""
+    write(tmp_path / "j", 600, segment_size=2500)
+    errors: list[BaseException] = []
+    with HubStore(tmp_path / "hub") as one, HubStore(tmp_path / "hub") as two:
+
+        def pusher(store: HubStore) -> None:
+            try:
+                push_all(store, "c1", "j", tmp_path / "j", chunk=400)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=pusher, args=(s,)) for s in (one, two, one, two)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert segments(tmp_path / "hub" / "c1.j") == segments(tmp_path / "j")
+
+
+def test_writers_beyond_max_open_are_closed_and_reopened_when_pushed_again(tmp_path: Path) -> None:
+    with HubStore(tmp_path / "hub", max_open=2) as store:
+        for name in ("a", "b", "c", "d"):
+            write(tmp_path / name, 30)
+            push_all(store, "c1", name, tmp_path / name, chunk=300)
+        assert len(store._writers) == 2
+        write(tmp_path / "a", 30, start=30)
+        assert push_all(store, "c1", "a", tmp_path / "a", start=25).next == 60
+    for name in ("a", "b", "c", "d"):
+        assert segments(tmp_path / "hub" / f"c1.{name}") == segments(tmp_path / name)
