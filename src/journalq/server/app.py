@@ -15,9 +15,9 @@ import hmac
 import json
 import logging
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
