@@ -18,8 +18,7 @@ import os
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from itertools import accumulate
 from pathlib import Path
 
@@ -96,6 +95,7 @@ class Writer(Closing):
         self._index: IndexAppender | None = None
         self._segment: Segment = segment_at(self.path, 0)
         self._seg_len = 0
+        self._seen_roll_check = False  # looked for a newer segment since opening this one
         self._next_offset = 0
         self._pending: list[bytes] = []
         self._pending_lengths: list[int] = []
@@ -103,6 +103,7 @@ class Writer(Closing):
         self._unsynced = 0
         self._unsynced_since = 0.0
         self._durable_offset = 0  # under sync="always", every offset below is on stable storage
+        self._must_sync = 0  # under sync="always", the outermost operation syncs up to here
         self._syncing = False
         self._sync_done = threading.Condition(threading.Lock())
         self._flusher: threading.Thread | None = None
@@ -158,15 +159,22 @@ class Writer(Closing):
                 offset = self._next_offset + len(self._pending_lengths)
                 data = encode(offset, ts, type, key, value)
                 self._add(data, [len(data) - OVERHEAD])
+                self._must_sync = self._next_offset
             finally:
                 durable_to = self._end()
         if durable_to is not None:
             self._make_durable(durable_to)
         return offset
 
-    def append_many(self, items: Iterable[bytes | Message]) -> int | None:
+    def append_many(self, items: Iterable[bytes | Message], *, durable: bool = True) -> int | None:
         """Append a batch (values, or ``Message``s) in one write; returns the last offset, or
-        ``None`` for an empty batch. A batch that fails is not stored at all."""
+        ``None`` for an empty batch. A batch that fails is not stored at all.
+
+        ``durable=False`` (for records whose loss in a crash is harmless, such as a queue's
+        deliveries): under ``sync="always"`` the call returns without syncing, and the batch
+        reaches stable storage with the next durable append's sync (one file, written in order,
+        so a sync covers everything before it), a segment roll or ``close``. It is still handed
+        to the operating system before the call returns: it survives the death of the process."""
         items = items if isinstance(items, (list, tuple)) else list(items)
         ts = time.time_ns()
         with self._mutex:
@@ -176,27 +184,19 @@ class Writer(Closing):
                 data, lengths, count = encode_batch(first, ts, items)
                 if count:
                     self._add(data, lengths)
+                    if durable:
+                        self._must_sync = self._next_offset
             finally:
                 durable_to = self._end()
         if durable_to is not None:
             self._make_durable(durable_to)
         return first + count - 1 if count else None
 
-    @contextmanager
-    def hold(self) -> Iterator[None]:
+    def hold(self) -> _Hold:
         """Keep the journal to this writer for several appends (and whatever the caller reads in
         between): a shared writer takes the lock and catches up once, and no other process
         appends until the block ends. Other threads of this process wait too."""
-        with self._mutex:
-            self._begin()
-            self._held += 1
-            try:
-                yield
-            finally:
-                self._held -= 1
-                durable_to = self._end()
-        if durable_to is not None:
-            self._make_durable(durable_to)
+        return _Hold(self)
 
     def flush(self) -> None:
         """Hand buffered appends to the operating system (only ``buffer_size`` buffers)."""
@@ -258,6 +258,7 @@ class Writer(Closing):
         self._fd = fd
         self._segment = segment
         self._seg_len = scan.end
+        self._seen_roll_check = False
         self._next_offset = scan.next_offset
 
     def _take_shared_lock(self) -> None:
@@ -280,6 +281,12 @@ class Writer(Closing):
                 f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",
                 file=self._segment.path,
             )
+        if size == self._seg_len and self._seen_roll_check:
+            # Nothing appended since we last looked. A writer starts a segment only in the same
+            # hold as the append that filled the one before (``_write``, then ``_roll``), so
+            # with this segment unchanged no new one can have begun: skip the ``stat``.
+            return
+        self._seen_roll_check = True
         if size > self._seg_len:
             scan = scan_segment(self._segment, self._seg_len, self._next_offset, interval=self.index_interval)
             if not scan.clean:
@@ -322,7 +329,7 @@ class Writer(Closing):
             return None
         if self.shared:
             self._lock.release()
-        if self.sync_policy.mode == "always" and self._next_offset > self._durable_offset:
+        if self.sync_policy.mode == "always" and self._must_sync > self._durable_offset:
             return self._next_offset
         return None
 
@@ -509,6 +516,36 @@ class Writer(Closing):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class _Hold:
+    """``Writer.hold()``'s context manager (a class: a queue takes it for every operation, and a
+    generator-based one costs several times as much)."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
+
+    def __enter__(self) -> None:
+        writer = self._writer
+        writer._mutex.acquire()
+        try:
+            writer._begin()
+        except BaseException:
+            writer._mutex.release()
+            raise
+        writer._held += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        writer = self._writer
+        try:
+            writer._held -= 1
+            durable_to = writer._end()
+        finally:
+            writer._mutex.release()
+        if durable_to is not None:
+            writer._make_durable(durable_to)
 
 
 def _make_dirs(directory: Path, durable: bool) -> None:

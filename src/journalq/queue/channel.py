@@ -23,7 +23,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +45,7 @@ from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.envelope import Attribute, Envelope
 from journalq.queue.settings import check_number
-from journalq.queue.state import ChannelState, Event, EventKind, StaleReceipt
+from journalq.queue.state import ChannelState, Event, EventKind, StaleReceipt, deliver_record, finish_record
 from journalq.queue.topic import held, message_id, parse_message_id, resend
 
 if TYPE_CHECKING:
@@ -104,7 +104,10 @@ class ChannelStats:
     """Seconds since the oldest message not yet finished was sent (None when there is none)."""
 
 
-_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})")  # what ``_receipt`` makes
+# What ``_receipt`` makes: offset, delivery number, channel token, delivery stamp (hex). Receipts
+# made before deliveries had stamps lack the last part; they are checked without it.
+_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})(?:\.([0-9a-f]{1,16}))?")
+Record = tuple[int, bytes, bytes]  # (type, key, value) of a state-journal message
 
 
 def _channel_token(path: Path) -> str:
@@ -135,6 +138,7 @@ class Channel:
         self.path = topic.path / "channels" / name
         self._closed = False
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._consumer_key = self.consumer_id.encode()[:127]  # the key of its DELIVER events
         self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
         self._token = _channel_token(self.path)
         self.state = ChannelState()
@@ -151,10 +155,11 @@ class Channel:
     def settings(self):  # noqa: ANN201 - the topic's QueueSettings
         return self.topic.settings
 
-    def _receipt(self, offset: int, seq: int) -> str:
-        return f"{offset}.{seq}.{self._token}"
+    def _receipt(self, offset: int, seq: int, stamp: int) -> str:
+        return f"{offset}.{seq}.{self._token}.{stamp:x}"
 
-    def _parse_receipt(self, receipt: str) -> tuple[int, int]:
+    def _parse_receipt(self, receipt: str) -> tuple[int, int, int | None]:
+        """(offset, delivery number, delivery stamp or None) of one of this channel's receipts."""
         match = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
         if match is None:
             raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue")
@@ -162,7 +167,7 @@ class Channel:
             raise ReceiptError(
                 f"receipt {receipt!r} belongs to another queue or channel (or to an earlier one of this name)"
             )
-        return int(match[1]), int(match[2])
+        return int(match[1]), int(match[2]), None if match[4] is None else int(match[4], 16)
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""
@@ -202,12 +207,13 @@ class Channel:
         try:
             if self._applied - self._events.offset > 1000:
                 self._seek_events(self._applied)  # skip our own events rather than read them back
+            apply, applied = state.apply_record, self._applied
             while batch := self._events.read_batch():
-                for message in batch:
-                    if message.offset >= self._applied:
-                        state.apply(Event.decode(message.type, message.key, message.value), message.timestamp_ns)
+                for offset, timestamp_ns, type_, key, value in batch:
+                    if offset >= applied:
+                        apply(type_, key, value, timestamp_ns)
                         self._since_snapshot += 1
-                self._applied = max(self._applied, batch[-1].offset + 1)
+                self._applied = applied = max(applied, batch[-1].offset + 1)
         except (OffsetOutOfRangeError, TruncatedError):
             pass
         if self._applied < self._writer.next_offset:
@@ -217,19 +223,21 @@ class Channel:
                 raise JournalError("events missing from the state journal", file=self.path, offset=self._applied)
             self._load()
 
-    def _record(self, events: list[Event]) -> None:
-        """Append events (under the hold) and apply them, exactly as every other process will."""
+    def _record(self, records: list[Record], *, durable: bool = True) -> int:
+        """Append events (under the hold) and apply them, exactly as every other process will.
+
+        ``durable=False`` for deliveries alone: under ``sync="always"`` they are not synced before
+        the call returns, but with the next durable change (see ``receive``). Returns the events'
+        time: deliveries' stamps."""
         self._apply_new()
         now = time.time_ns()
-        messages = []
-        for event in events:
-            type_, key, value = event.encode()
-            messages.append(Message(timestamp_ns=now, type=type_, key=key, value=value))
-        self._writer.append_many(messages)
-        for event in events:
-            self.state.apply(event, now)
-        self._applied += len(events)
-        self._since_snapshot += len(events)
+        self._writer.append_many([Message(0, now, type_, key, value) for type_, key, value in records], durable=durable)
+        apply = self.state.apply_record
+        for type_, key, value in records:
+            apply(type_, key, value, now)
+        self._applied += len(records)
+        self._since_snapshot += len(records)
+        return now
 
     def _maintain(self, now: int) -> None:
         """Under the hold, every ``task_gc_interval``: catch up with retention, collect finished
@@ -237,7 +245,7 @@ class Channel:
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
             self._skip_deleted()
-            self._record([Event(EventKind.COLLECT, 0, visible_at=now - int(self.settings.task_gc_lifetime * 1e9))])
+            self._record([Event(EventKind.COLLECT, 0, visible_at=now - int(self.settings.task_gc_lifetime * 1e9)).encode()])
             self.commit_cursor()
             if self.topic.gc_due():
                 self.topic.gc()
@@ -248,11 +256,11 @@ class Channel:
         """Forget messages that retention deleted from the topic before this channel took them."""
         first = self.topic.first_offset()
         if self.state.cursor < first:
-            self._record([Event(EventKind.SKIP_TO, first)])
+            self._record([Event(EventKind.SKIP_TO, first).encode()])
 
     def _compact(self) -> None:
         snapshot_at = self._writer.next_offset
-        self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot())])
+        self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot()).encode()])
         write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=self.topic.broker.sync != "none")
         self._since_snapshot = 0
         segments = list_segments(self.path)
@@ -281,6 +289,7 @@ class Channel:
         visibility_timeout: float | None = None,
         wait: float | None = None,
         filters: filtering.ConsumerFilters | None = None,
+        delete: Sequence[str] = (),
     ) -> list[ReceivedMessage]:
         """Receive up to ``max_messages``, oldest available first, each hidden from every other
         consumer for ``visibility_timeout`` seconds (the queue's by default) unless deleted.
@@ -289,6 +298,19 @@ class Channel:
         available, wait up to that many seconds and return as soon as something arrives.
         ``filters``: this consumer's zkmq filters, ``{name: value}`` or ``{name: (value,
         method)}`` with method ``absolute`` or ``at_least``; None takes every message.
+
+        ``delete``: receipts to delete first, in the same step (a consumer loop's "done with
+        these, give me more": one lock, one append and, under ``sync="always"``, one sync for
+        both). All or nothing: if one of them no longer names its delivery (or is not a receipt
+        of this channel), ``ReceiptError`` is raised, nothing is deleted and nothing received;
+        ``delete_many`` then tells which. The deletes are durable when the call returns, as with
+        ``delete``.
+
+        Under ``sync="always"``, deliveries alone are not synced: losing one in a crash only
+        means the message is delivered again, which at-least-once delivery allows, and its
+        receipt can never act on that later delivery (see ``Delivery.stamp``). They reach
+        stable storage with the next synced change of the channel (any delete, change of
+        visibility, ...), which syncs everything appended before it.
         """
         if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
             raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
@@ -297,16 +319,21 @@ class Channel:
         check_number("visibility_timeout", hide, 0, MAX_VISIBILITY)
         wait = check_number("wait", settings.receive_wait if wait is None else wait, 0, 3600)
         wanted = filtering.normalize(filters, settings.enums)
+        if isinstance(delete, str):
+            raise InvalidSettingError("delete must be a list of receipts, not one receipt")
         deadline = time.monotonic() + wait
         watch: DirectoryWatch | None = None
         try:
             while True:
                 try:
-                    got, wake_at = self._receive_now(max_messages, hide, wanted)
+                    got, wake_at = self._receive_now(max_messages, hide, wanted, delete)
+                except ReceiptError:
+                    raise
                 except Exception:
                     if self._closed:  # closed under this receive (a long poll, most likely)
                         return self._closed_under_receive()
                     raise
+                delete = ()  # done in the first attempt
                 remaining = deadline - time.monotonic()
                 if got or remaining <= 0:
                     return got
@@ -330,7 +357,11 @@ class Channel:
         return []
 
     def _receive_now(
-        self, max_messages: int, hide: float, wanted: dict[str, tuple[str, filtering.Method]] | None
+        self,
+        max_messages: int,
+        hide: float,
+        wanted: dict[str, tuple[str, filtering.Method]] | None,
+        delete: Sequence[str] = (),
     ) -> tuple[list[ReceivedMessage], int | None]:
         """One attempt under the lock; also returns when something hidden comes back."""
         settings = self.settings
@@ -339,8 +370,15 @@ class Channel:
         with self._hold():
             self._apply_new()
             now = time.time_ns()
-            self._maintain(now)
             state = self.state
+            if delete:
+                outcomes, current = self._current(delete)
+                for error in outcomes:
+                    if error is not None:
+                        raise ReceiptError(f"nothing deleted, nothing received: {error}")
+                # Its own append, in the same hold: the hold's end syncs once for everything.
+                self._record([finish_record(offset, seq) for _, offset, seq in current])
+            self._maintain(now)
             state.expire(now)
             blocked = set(state.group_holds)
             picks: list[tuple[Message, Envelope, int]] = []
@@ -354,12 +392,16 @@ class Channel:
                 group = env.group_id
                 if group is not None and group in blocked:
                     return False
-                visible_at = message.timestamp_ns + int(env.delay * 1e9)
-                if visible_at > now or not filtering.matches(env.filters, wanted, enums):
+                if env.delay:
+                    visible_at = message.timestamp_ns + int(env.delay * 1e9)
                     if visible_at > now:
                         wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
+                        if group is not None:
+                            blocked.add(group)  # keep the group's order: nothing after it goes first
+                        return False
+                if wanted is not None and not filtering.matches(env.filters, wanted, enums):
                     if group is not None:
-                        blocked.add(group)  # keep the group's order: nothing after it goes first
+                        blocked.add(group)
                     return False
                 if max_count is not None and count >= max_count:
                     dead.append((message, env, count))
@@ -370,31 +412,33 @@ class Channel:
                 return len(picks) >= max_messages
 
             full = False
-            for offset in list(state.candidates()):
-                message = self.topic.message(offset)
-                if message is None:
-                    self._skip_deleted()  # retention deleted it
-                    continue
-                if consider(message, state.receive_count(offset)):
-                    full = True
-                    break
+            if state.ready or state.skipped:
+                for offset in list(state.candidates()):
+                    message = self.topic.message(offset)
+                    if message is None:
+                        self._skip_deleted()  # retention deleted it
+                        continue
+                    if consider(message, state.receive_count(offset)):
+                        full = True
+                        break
             if not full:
                 for message in self._new_messages(state.frontier):
                     if consider(message, 0):
                         break
-            events = [
-                Event(EventKind.DELIVER, m.offset, count, now + int(hide * 1e9), self.consumer_id, group=e.group_id)
-                for m, e, count in picks
-            ]
+            visible_at = now + int(hide * 1e9)
+            consumer = self._consumer_key
+            records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
             if dead:
                 self._send_dead(dead)
-                events += [Event(EventKind.DEAD, m.offset, count) for m, _, count in dead]
-            if events:
-                self._record(events)
+                records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
+            stamp = 0
+            if records:
+                # Deliveries alone need no sync (see ``receive``); dead letters do.
+                stamp = self._record(records, durable=bool(dead))
         received = [
             ReceivedMessage(
                 id=message_id(m.offset),
-                receipt=self._receipt(m.offset, count),
+                receipt=self._receipt(m.offset, count, stamp),
                 body=e.body,
                 attributes=e.attributes,
                 receive_count=count,
@@ -475,7 +519,7 @@ class Channel:
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
-        return self._act(receipts, lambda i, offset, seq, now: Event(EventKind.FINISH, offset, seq))
+        return self._act(receipts, lambda i, offset, seq, now: finish_record(offset, seq))
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
         """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
@@ -486,40 +530,47 @@ class Channel:
             check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
         return self._act(
             [receipt for receipt, _ in changes],
-            lambda i, offset, seq, now: Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)),
+            lambda i, offset, seq, now: Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)).encode(),
         )
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
         """Give the message back: available again after ``delay`` seconds (mq's redelivery)."""
         self.change_visibility(receipt, delay)
 
-    def _act(self, receipts: list[str], make: Callable[[int, int, int, int], Event]) -> list[ReceiptError | None]:
+    def _act(self, receipts: list[str], make: Callable[[int, int, int, int], Record]) -> list[ReceiptError | None]:
         """Under the lock, turn each receipt that names a current delivery into ``make``'s event."""
-        outcomes: list[ReceiptError | None] = []
         with self._hold():
             self._apply_new()
             now = time.time_ns()
             self.state.expire(now)
-            events = []
-            acted: set[int] = set()
-            for i, receipt in enumerate(receipts):
-                try:
-                    offset, seq = self._parse_receipt(receipt)
-                    self.state.check_receipt(offset, seq)
-                    if offset in acted:
-                        raise ReceiptError(f"receipt {receipt!r} was given twice in one call")
-                    acted.add(offset)
-                except StaleReceipt as exc:
-                    outcomes.append(ReceiptError(f"receipt {receipt!r}: {exc}"))
-                    continue
-                except ReceiptError as exc:
-                    outcomes.append(exc)
-                    continue
-                events.append(make(i, offset, seq, now))
-                outcomes.append(None)
-            if events:
-                self._record(events)
+            outcomes, current = self._current(receipts)
+            if current:
+                self._record([make(i, offset, seq, now) for i, offset, seq in current])
         return outcomes
+
+    def _current(self, receipts: Sequence[str]) -> tuple[list[ReceiptError | None], list[tuple[int, int, int]]]:
+        """Under the hold: for each receipt, None or why it names no current delivery; and
+        (index, offset, delivery number) of those that do."""
+        outcomes: list[ReceiptError | None] = []
+        current: list[tuple[int, int, int]] = []
+        acted: set[int] = set()
+        check = self.state.check_receipt
+        for i, receipt in enumerate(receipts):
+            try:
+                offset, seq, stamp = self._parse_receipt(receipt)
+                check(offset, seq, stamp)
+                if offset in acted:
+                    raise ReceiptError(f"receipt {receipt!r} was given twice in one call")
+                acted.add(offset)
+            except StaleReceipt as exc:
+                outcomes.append(ReceiptError(f"receipt {receipt!r}: {exc}"))
+                continue
+            except ReceiptError as exc:
+                outcomes.append(exc)
+                continue
+            current.append((i, offset, seq))
+            outcomes.append(None)
+        return outcomes, current
 
     # -- tasks, consumers, stats ----------------------------------------------------------------
 
@@ -554,7 +605,7 @@ class Channel:
             state = self.state
             if state.task_state(offset, time.time_ns()) in (None, "finished", "dead") or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}/{self.name}")
-            self._record([Event(EventKind.FINISH, offset, state.receive_count(offset))])
+            self._record([finish_record(offset, state.receive_count(offset))])
 
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
@@ -569,7 +620,7 @@ class Channel:
             self._apply_new()
             if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name}")
-            self._record([Event(EventKind.METADATA, offset, payload=payload)])
+            self._record([Event(EventKind.METADATA, offset, payload=payload).encode()])
 
     def consumers(self) -> dict[str, list[str]]:
         """Active consumers and the ids of the messages each holds hidden now."""
@@ -637,7 +688,7 @@ class Channel:
         """Finish every message sent so far (SQS's PurgeQueue)."""
         with self._hold():
             self._apply_new()
-            self._record([Event(EventKind.SKIP_TO, self._end_offset())])
+            self._record([Event(EventKind.SKIP_TO, self._end_offset()).encode()])
 
     def close(self) -> None:
         self._closed = True
