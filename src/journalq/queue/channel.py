@@ -105,8 +105,9 @@ class ChannelStats:
 
 
 # What ``_receipt`` makes: offset, delivery number, channel token, delivery stamp (hex). Receipts
-# made before deliveries had stamps lack the last part; they are checked without it.
-_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})(?:\.([0-9a-f]{1,16}))?")
+# made before deliveries had stamps lack the last part: they are refused (their messages come back
+# when their visibility ends), since without a stamp a receipt could match a later delivery.
+_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})\.([0-9a-f]{1,16})")
 Record = tuple[int, bytes, bytes]  # (type, key, value) of a state-journal message
 
 
@@ -158,8 +159,8 @@ class Channel:
     def _receipt(self, offset: int, seq: int, stamp: int) -> str:
         return f"{offset}.{seq}.{self._token}.{stamp:x}"
 
-    def _parse_receipt(self, receipt: str) -> tuple[int, int, int | None]:
-        """(offset, delivery number, delivery stamp or None) of one of this channel's receipts."""
+    def _parse_receipt(self, receipt: str) -> tuple[int, int, int]:
+        """(offset, delivery number, delivery stamp) of one of this channel's receipts."""
         match = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
         if match is None:
             raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue")
@@ -167,7 +168,7 @@ class Channel:
             raise ReceiptError(
                 f"receipt {receipt!r} belongs to another queue or channel (or to an earlier one of this name)"
             )
-        return int(match[1]), int(match[2]), None if match[4] is None else int(match[4], 16)
+        return int(match[1]), int(match[2]), int(match[4], 16)
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""

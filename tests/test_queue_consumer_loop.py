@@ -1,0 +1,182 @@
+"""The consumer loop (``receive(n, delete=receipts)``), deliveries left unsynced under
+``sync="always"``, and the rule that keeps that safe: a receipt of a delivery lost in a crash never
+acts on a later delivery of the same message."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import InvalidSettingError, ReceiptError
+from journalq.journal import Writer
+from journalq.journal import writer as writer_module
+from journalq.journal.segment import list_segments
+from journalq.queue import Broker
+
+
+def _fill(queue, count: int) -> None:
+    queue.send_many([b"m%d" % i for i in range(count)])
+
+
+def test_receive_with_delete_deletes_then_receives_the_next(tmp_path: Path) -> None:
+    with Broker(tmp_path) as broker:
+        queue = broker.queue("q", visibility_timeout=0.2)
+        _fill(queue, 5)
+        first = queue.receive(2)
+        second = queue.receive(2, delete=[m.receipt for m in first])
+        assert [m.body for m in second] == [b"m2", b"m3"]
+        third = queue.receive(5, delete=[m.receipt for m in second])
+        assert [m.body for m in third] == [b"m4"]
+        assert queue.receive(5, delete=[m.receipt for m in third]) == []
+        stats = queue.stats()
+        assert (stats.available, stats.in_flight) == (0, 0)
+        # Deleted messages never come back, even after their visibility would have ended.
+        assert queue.receive(5, wait=0.4) == []
+
+
+def test_receive_with_a_stale_receipt_changes_nothing(tmp_path: Path) -> None:
+    with Broker(tmp_path) as broker:
+        queue = broker.queue("q")
+        _fill(queue, 4)
+        got = queue.receive(2)
+        queue.delete(got[1].receipt)
+        with pytest.raises(ReceiptError, match="nothing deleted, nothing received"):
+            queue.receive(2, delete=[got[0].receipt, got[1].receipt])
+        # Nothing was deleted (the good receipt still works) and nothing was delivered.
+        assert queue.stats().in_flight == 1
+        assert queue.stats().available == 2
+        assert queue.delete_many([got[0].receipt, got[1].receipt])[0] is None
+        with pytest.raises(ReceiptError, match="not a receipt"):
+            queue.receive(1, delete=["nonsense"])
+        with pytest.raises(ReceiptError, match="twice"):
+            again = queue.receive(1)
+            queue.receive(1, delete=[again[0].receipt, again[0].receipt])
+        with pytest.raises(InvalidSettingError, match="list of receipts"):
+            queue.receive(1, delete=again[0].receipt)
+
+
+def test_receive_with_delete_waits_after_deleting(tmp_path: Path) -> None:
+    with Broker(tmp_path) as broker:
+        queue = broker.queue("q")
+        _fill(queue, 1)
+        (message,) = queue.receive(1)
+        assert queue.receive(1, delete=[message.receipt], wait=0.2) == []
+        assert queue.stats().in_flight == 0
+        with pytest.raises(ReceiptError):
+            queue.delete(message.receipt)  # deleted by the receive
+
+
+def test_under_sync_always_deliveries_are_not_synced_but_deletes_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real = writer_module.fdatasync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(writer_module, "fdatasync", counting)
+    with Broker(tmp_path, sync="always") as broker:
+        queue = broker.queue("q")
+        _fill(queue, 30)
+        queue.receive(1)  # the channel's first maintenance may sync; count from here
+        synced.clear()
+        got = queue.receive(10)
+        assert len(got) == 10 and synced == []
+        queue.delete_many([m.receipt for m in got])
+        assert len(synced) == 1
+        synced.clear()
+        more = queue.receive(10)
+        assert synced == []
+        queue.receive(5, delete=[m.receipt for m in more])
+        assert len(synced) == 1  # the deletes and the deliveries after them: one sync
+
+
+def test_writer_durable_false_is_synced_by_the_next_durable_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real = writer_module.fdatasync
+    monkeypatch.setattr(writer_module, "fdatasync", lambda fd: (synced.append(fd), real(fd)))
+    with Writer(tmp_path / "j", sync="always") as writer:
+        writer.append_many([b"a", b"b"], durable=False)
+        assert synced == []
+        writer.append_many([b"c"])
+        assert len(synced) == 1
+        with writer.hold():
+            writer.append_many([b"d"], durable=False)
+            writer.append_many([b"e"])
+            writer.append_many([b"f"], durable=False)
+        assert len(synced) == 2  # one sync at the end of the hold, covering all three
+        with Writer(tmp_path / "k", sync="none") as other:
+            other.append_many([b"x"])
+        assert len(synced) == 3  # "none" syncs only on close
+
+
+def _state_segment(root: Path) -> Path:
+    (segment,) = list_segments(root / "q" / "channels" / "default")
+    return segment.path
+
+
+def test_a_receipt_of_a_delivery_lost_in_a_crash_never_matches_a_later_delivery(tmp_path: Path) -> None:
+    """A power cut loses what was not synced: under sync="always", deliveries. Emulated by cutting
+    the channel's state journal back to its size before the delivery (what the disk kept). The
+    message is delivered again with the same delivery number; the lost delivery's receipt must
+    not delete (or hide, or release) it."""
+    with Broker(tmp_path, sync="always") as broker:
+        queue = broker.queue("q", visibility_timeout=60)
+        _fill(queue, 2)
+        queue.receive(1, visibility_timeout=0)  # m0, back at once: the state journal exists
+        queue.delete(queue.receive(1)[0].receipt)  # m0 done, synced
+    synced_size = _state_segment(tmp_path).stat().st_size
+    with Broker(tmp_path, sync="always") as broker:
+        queue = broker.queue("q")
+        (lost,) = queue.receive(1)  # m1, delivery 1: appended, not synced
+        assert lost.body == b"m1" and lost.receive_count == 1
+        broker.close()  # (close syncs; the cut below undoes what a crash would have lost)
+    os.truncate(_state_segment(tmp_path), synced_size)
+    with Broker(tmp_path, sync="always") as broker:
+        queue = broker.queue("q")
+        (again,) = queue.receive(1)
+        assert again.body == b"m1" and again.receive_count == 1  # same message, same number
+        assert again.receipt != lost.receipt
+        for act in (
+            lambda: queue.delete(lost.receipt),
+            lambda: queue.change_visibility(lost.receipt, 0),
+            lambda: queue.release(lost.receipt),
+            lambda: queue.receive(1, delete=[lost.receipt]),
+        ):
+            with pytest.raises(ReceiptError, match="lost in a crash"):
+                act()
+        assert queue.stats().in_flight == 1
+        queue.delete(again.receipt)
+        assert queue.stats().in_flight == 0
+
+
+def test_receipts_without_a_stamp_are_refused(tmp_path: Path) -> None:
+    with Broker(tmp_path) as broker:
+        queue = broker.queue("q")
+        _fill(queue, 1)
+        (message,) = queue.receive(1)
+        stripped = message.receipt.rsplit(".", 1)[0]
+        with pytest.raises(ReceiptError, match="not a receipt"):
+            queue.delete(stripped)
+        queue.delete(message.receipt)
+
+
+def test_stamps_survive_a_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from journalq.queue import channel as channel_module
+
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 5)
+    with Broker(tmp_path) as broker:
+        queue = broker.queue("q")
+        _fill(queue, 20)
+        held = queue.receive(3)
+        for _ in range(4):  # enough events for snapshots
+            queue.delete_many([m.receipt for m in queue.receive(2)])
+    with Broker(tmp_path) as broker:  # rebuilt from the snapshot
+        queue = broker.queue("q")
+        assert queue.delete_many([m.receipt for m in held]) == [None, None, None]
