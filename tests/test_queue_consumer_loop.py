@@ -180,3 +180,32 @@ def test_stamps_survive_a_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with Broker(tmp_path) as broker:  # rebuilt from the snapshot
         queue = broker.queue("q")
         assert queue.delete_many([m.receipt for m in held]) == [None, None, None]
+
+
+def test_many_events_do_what_single_events_do() -> None:
+    from journalq.queue.state import ChannelState, Event, EventKind, deliver_many_record, deliver_record, finish_records
+
+    S = 1_000_000_000
+    one, many = ChannelState(), ChannelState()
+    for offset in (0, 1, 2, 4):
+        one.apply_record(*deliver_record(offset, 1, 30 * S, b"c", None), 5)
+    many.apply_record(*deliver_many_record([0, 1, 2, 4], [1, 1, 1, 1], 30 * S, b"c"), 5)
+    assert one.snapshot() == many.snapshot()
+    assert many.check_receipt(4, 1, 5).consumer == "c"
+    for offset in (0, 2, 4):
+        one.apply_record(*finish_records([offset], [1])[0], 6)
+    (record,) = finish_records([0, 2, 4], [1, 1, 1])
+    assert record[0] == EventKind.FINISH_MANY
+    assert many.apply_record(*record, 6) == 3
+    assert one.snapshot() == many.snapshot()
+    assert (many.cursor, sorted(many.inflight), list(many.skipped)) == (1, [1], [3])
+    assert one.events_applied == many.events_applied == 7
+    assert finish_records([], []) == []
+    # Through Event, as tools that decode the state journal see them.
+    for type_, key, value in (deliver_many_record([7, 9], [2, 1], 4 * S, b"host:1"), record):
+        event = Event.decode(type_, key, value)
+        assert event.encode() == (type_, key, value)
+        via_event, direct = ChannelState(), ChannelState()
+        via_event.apply(event, 1)
+        direct.apply_record(type_, key, value, 1)
+        assert via_event.snapshot() == direct.snapshot()

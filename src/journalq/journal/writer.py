@@ -262,15 +262,13 @@ class Writer(Closing):
         self._next_offset = scan.next_offset
 
     def _take_shared_lock(self) -> None:
-        try:
-            self._lock.acquire(wait=False)
-        except LockedError as exc:
-            if self._lock.read_note().startswith(_EXCLUSIVE_NOTE):
+        if not self._lock.try_acquire(wait=False):
+            note = self._lock.read_note()
+            if note.startswith(_EXCLUSIVE_NOTE):
                 raise LockedError(
-                    f"an exclusive writer holds the journal; shared writers cannot join it "
-                    f"({self._lock.read_note()})",
-                    file=exc.file,
-                ) from None
+                    f"an exclusive writer holds the journal; shared writers cannot join it ({note})",
+                    file=self._lock.path,
+                )
             self._lock.acquire(wait=True)
 
     def _catch_up(self) -> None:

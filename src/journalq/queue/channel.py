@@ -45,7 +45,15 @@ from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.envelope import Attribute, Envelope
 from journalq.queue.settings import check_number
-from journalq.queue.state import ChannelState, Event, EventKind, StaleReceipt, deliver_record, finish_record
+from journalq.queue.state import (
+    ChannelState,
+    Event,
+    EventKind,
+    StaleReceipt,
+    deliver_many_record,
+    deliver_record,
+    finish_records,
+)
 from journalq.queue.topic import held, message_id, parse_message_id, resend
 
 if TYPE_CHECKING:
@@ -212,8 +220,7 @@ class Channel:
             while batch := self._events.read_batch():
                 for offset, timestamp_ns, type_, key, value in batch:
                     if offset >= applied:
-                        apply(type_, key, value, timestamp_ns)
-                        self._since_snapshot += 1
+                        self._since_snapshot += apply(type_, key, value, timestamp_ns)
                 self._applied = applied = max(applied, batch[-1].offset + 1)
         except (OffsetOutOfRangeError, TruncatedError):
             pass
@@ -235,9 +242,8 @@ class Channel:
         self._writer.append_many([Message(0, now, type_, key, value) for type_, key, value in records], durable=durable)
         apply = self.state.apply_record
         for type_, key, value in records:
-            apply(type_, key, value, now)
+            self._since_snapshot += apply(type_, key, value, now)
         self._applied += len(records)
-        self._since_snapshot += len(records)
         return now
 
     def _maintain(self, now: int) -> None:
@@ -378,7 +384,7 @@ class Channel:
                     if error is not None:
                         raise ReceiptError(f"nothing deleted, nothing received: {error}")
                 # Its own append, in the same hold: the hold's end syncs once for everything.
-                self._record([finish_record(offset, seq) for _, offset, seq in current])
+                self._record(finish_records([offset for _, offset, _ in current], [seq for _, _, seq in current]))
             self._maintain(now)
             state.expire(now)
             blocked = set(state.group_holds)
@@ -428,7 +434,16 @@ class Channel:
                         break
             visible_at = now + int(hide * 1e9)
             consumer = self._consumer_key
-            records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
+            plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
+            if len(plain) > 1:
+                records = [deliver_many_record([o for o, _ in plain], [c for _, c in plain], visible_at, consumer)]
+                records += [
+                    deliver_record(m.offset, count, visible_at, consumer, e.group_id)
+                    for m, e, count in picks
+                    if e.group_id is not None
+                ]
+            else:
+                records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
             if dead:
                 self._send_dead(dead)
                 records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
@@ -520,7 +535,9 @@ class Channel:
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
-        return self._act(receipts, lambda i, offset, seq, now: finish_record(offset, seq))
+        return self._act(
+            receipts, lambda current, now: finish_records([o for _, o, _ in current], [s for _, _, s in current])
+        )
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
         """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
@@ -531,22 +548,28 @@ class Channel:
             check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
         return self._act(
             [receipt for receipt, _ in changes],
-            lambda i, offset, seq, now: Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)).encode(),
+            lambda current, now: [
+                Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)).encode()
+                for i, offset, seq in current
+            ],
         )
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
         """Give the message back: available again after ``delay`` seconds (mq's redelivery)."""
         self.change_visibility(receipt, delay)
 
-    def _act(self, receipts: list[str], make: Callable[[int, int, int, int], Record]) -> list[ReceiptError | None]:
-        """Under the lock, turn each receipt that names a current delivery into ``make``'s event."""
+    def _act(
+        self, receipts: list[str], make: Callable[[list[tuple[int, int, int]], int], list[Record]]
+    ) -> list[ReceiptError | None]:
+        """Under the lock, turn the receipts that name current deliveries, as (index, offset,
+        delivery number), into ``make``'s events."""
         with self._hold():
             self._apply_new()
             now = time.time_ns()
             self.state.expire(now)
             outcomes, current = self._current(receipts)
             if current:
-                self._record([make(i, offset, seq, now) for i, offset, seq in current])
+                self._record(make(current, now))
         return outcomes
 
     def _current(self, receipts: Sequence[str]) -> tuple[list[ReceiptError | None], list[tuple[int, int, int]]]:
@@ -606,7 +629,7 @@ class Channel:
             state = self.state
             if state.task_state(offset, time.time_ns()) in (None, "finished", "dead") or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}/{self.name}")
-            self._record([finish_record(offset, state.receive_count(offset))])
+            self._record(finish_records([offset], [state.receive_count(offset)]))
 
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""

@@ -42,6 +42,10 @@ class EventKind(IntEnum):
     SKIP_TO = 6  # value: offset (purge, or retention removed what is below it)
     SNAPSHOT = 7  # value: the whole state, see ``snapshot``
     COLLECT = 8  # value: time; forget finished tasks finished before it (task garbage collection)
+    # One event for many messages (a receive or delete of several): what DELIVER and FINISH
+    # record for each, packed, so that a batch costs one journal message to write and to read.
+    DELIVER_MANY = 9  # key: consumer id; value: visible-again time, then (offset, delivery number) each; no groups
+    FINISH_MANY = 10  # value: (offset, delivery number) each
 
 
 _OFFSET_SEQ = struct.Struct(">QI")
@@ -51,6 +55,8 @@ _TIME = struct.Struct(">q")
 _pack_offset_seq, _unpack_offset_seq = _OFFSET_SEQ.pack, _OFFSET_SEQ.unpack_from
 _pack_offset_seq_time, _unpack_offset_seq_time = _OFFSET_SEQ_TIME.pack, _OFFSET_SEQ_TIME.unpack_from
 _DELIVER, _FINISH = int(EventKind.DELIVER), int(EventKind.FINISH)
+_DELIVER_MANY, _FINISH_MANY = int(EventKind.DELIVER_MANY), int(EventKind.FINISH_MANY)
+_iter_offset_seq = _OFFSET_SEQ.iter_unpack
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,8 @@ class Event:
             value = _OFFSET_SEQ_TIME.pack(self.offset, self.seq, self.visible_at)
         elif kind is EventKind.COLLECT:
             value = _TIME.pack(self.visible_at)
+        elif kind is EventKind.DELIVER_MANY:
+            value = _TIME.pack(self.visible_at) + self.payload
         elif kind in (EventKind.FINISH, EventKind.DEAD):
             value = _OFFSET_SEQ.pack(self.offset, self.seq)
         elif kind in (EventKind.METADATA, EventKind.SKIP_TO):
@@ -91,6 +99,9 @@ class Event:
             return cls(kind, offset, seq, visible_at, key.decode("utf-8", "replace"), group=group)
         if kind is EventKind.COLLECT:
             return cls(kind, 0, visible_at=_TIME.unpack_from(value)[0])
+        if kind is EventKind.DELIVER_MANY:
+            visible_at = _TIME.unpack_from(value)[0]
+            return cls(kind, 0, visible_at=visible_at, consumer=key.decode("utf-8", "replace"), payload=value[_TIME.size :])
         if kind in (EventKind.FINISH, EventKind.DEAD):
             offset, seq = _OFFSET_SEQ.unpack_from(value)
             return cls(kind, offset, seq)
@@ -106,9 +117,18 @@ def deliver_record(offset: int, seq: int, visible_at: int, consumer: bytes, grou
     return _DELIVER, consumer, value if group is None else value + group.encode()
 
 
-def finish_record(offset: int, seq: int) -> tuple[int, bytes, bytes]:
-    """(type, key, value) of a FINISH event, as ``Event.encode`` makes it."""
-    return _FINISH, b"", _pack_offset_seq(offset, seq)
+def deliver_many_record(
+    offsets: list[int], seqs: list[int], visible_at: int, consumer: bytes
+) -> tuple[int, bytes, bytes]:
+    """(type, key, value) of a DELIVER_MANY event: deliveries with no group, one visibility."""
+    return _DELIVER_MANY, consumer, _TIME.pack(visible_at) + b"".join(map(_pack_offset_seq, offsets, seqs))
+
+
+def finish_records(offsets: list[int], seqs: list[int]) -> list[tuple[int, bytes, bytes]]:
+    """The records that finish these deliveries: one FINISH, or one FINISH_MANY for several."""
+    if len(offsets) == 1:
+        return [(_FINISH, b"", _pack_offset_seq(offsets[0], seqs[0]))]
+    return [(_FINISH_MANY, b"", b"".join(map(_pack_offset_seq, offsets, seqs)))] if offsets else []
 
 
 @dataclass(slots=True)
@@ -158,6 +178,10 @@ class ChannelState:
         kind = event.kind
         if kind is EventKind.DELIVER:
             self._deliver(event.offset, event.seq, event.visible_at, event.consumer, event.group, now)
+        elif kind is EventKind.DELIVER_MANY or kind is EventKind.FINISH_MANY:
+            value = event.payload if kind is EventKind.FINISH_MANY else _TIME.pack(event.visible_at) + event.payload
+            self.events_applied -= 1  # counted per message below
+            self.apply_record(int(kind), event.consumer.encode(), value, now)
         elif kind is EventKind.FINISH or kind is EventKind.DEAD:
             self._finish(event.offset, now, "dead" if kind is EventKind.DEAD else "finished")
         elif kind is EventKind.VISIBILITY:
@@ -173,9 +197,28 @@ class ChannelState:
         elif kind is EventKind.COLLECT:
             self.collect(event.visible_at, now)
 
-    def apply_record(self, type_: int, key: bytes, value: bytes, now: int) -> None:
+    def apply_record(self, type_: int, key: bytes, value: bytes, now: int) -> int:
         """Apply the event of a state-journal message: ``apply(Event.decode(...), now)``, with
-        deliveries and deletes (nearly every event) decoded in place, without an ``Event``."""
+        deliveries and deletes (nearly every event) decoded in place, without an ``Event``.
+        Returns how many changes it made (messages delivered or finished; 1 for other events)."""
+        if type_ == _DELIVER_MANY:
+            (visible_at,) = _TIME.unpack_from(value)
+            consumer = key.decode("utf-8", "replace")
+            deliver = self._deliver
+            count = 0
+            for offset, seq in _iter_offset_seq(value[_TIME.size :]):
+                deliver(offset, seq, visible_at, consumer, None, now)
+                count += 1
+            self.events_applied += count
+            return count
+        if type_ == _FINISH_MANY:
+            finish = self._finish
+            count = 0
+            for offset, _ in _iter_offset_seq(value):
+                finish(offset, now, "finished")
+                count += 1
+            self.events_applied += count
+            return count
         if type_ == _DELIVER:
             self.events_applied += 1
             offset, seq, visible_at = _unpack_offset_seq_time(value)
@@ -186,6 +229,7 @@ class ChannelState:
             self._finish(_unpack_offset_seq(value)[0], now, "finished")
         else:
             self.apply(Event.decode(type_, key, value), now)
+        return 1
 
     def _deliver(self, offset: int, seq: int, visible_at: int, consumer: str, group: str | None, now: int) -> None:
         if offset < self.cursor or offset in self.finished:
