@@ -209,3 +209,24 @@ def test_many_events_do_what_single_events_do() -> None:
         via_event.apply(event, 1)
         direct.apply_record(type_, key, value, 1)
         assert via_event.snapshot() == direct.snapshot()
+
+
+def test_received_messages_are_whole_frozen_dataclasses(tmp_path: Path) -> None:
+    import dataclasses
+
+    from journalq.queue.channel import ReceivedMessage
+
+    with Broker(tmp_path) as broker:
+        queue = broker.queue("q")
+        queue.send(b"plain")
+        queue.send(b"rich", attributes={"a": "1"}, filters={"f": "x"})
+        plain, rich = queue.receive(2)
+    for message in (plain, rich):
+        fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(ReceivedMessage)}
+        assert set(vars(message)) == set(fields)  # ``_make`` set every field, and nothing else
+        assert ReceivedMessage(**fields) == message
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            message.body = b"changed"  # type: ignore[misc]
+    assert (plain.body, plain.attributes, plain.filters) == (b"plain", {}, {})
+    assert rich.body == b"rich" and rich.filters == {"f": "x"} and "a" in rich.attributes
+    assert plain.attributes is not rich.attributes

@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -89,6 +90,15 @@ class ReceivedMessage:
     def sent_at(self) -> datetime:
         return datetime.fromtimestamp(self.sent_at_ns / 1e9, timezone.utc)
 
+    @classmethod
+    def _make(cls, **fields: Any) -> ReceivedMessage:
+        """The instance ``cls(**fields)`` makes (every field given), built without the frozen
+        ``__init__``'s ``object.__setattr__`` per field: five times cheaper, and a receive makes
+        one per message."""
+        message = object.__new__(cls)
+        message.__dict__.update(fields)
+        return message
+
 
 @dataclass(frozen=True)
 class Task:
@@ -115,6 +125,7 @@ class ChannelStats:
 # What ``_receipt`` makes: offset, delivery number, channel token, delivery stamp (hex). Receipts
 # made before deliveries had stamps lack the last part: they are refused (their messages come back
 # when their visibility ends), since without a stamp a receipt could match a later delivery.
+_PLAIN = Envelope(b"")  # what ``consider`` checks of a plain message: no group, delay or filters
 _RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})\.([0-9a-f]{1,16})")
 Record = tuple[int, bytes, bytes]  # (type, key, value) of a state-journal message
 
@@ -155,6 +166,7 @@ class Channel:
         self._since_snapshot = 0
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
+        self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
         with self._hold():
@@ -374,6 +386,13 @@ class Channel:
         settings = self.settings
         enums = settings.enums
         max_count = settings.max_receive_count
+        # Read new topic messages before taking the lock (the topic's messages never change):
+        # other processes wait for this channel's lock, not for this read.
+        if self._ahead_lock.acquire(blocking=False):
+            try:
+                self._read_ahead(self.state.frontier)
+            finally:
+                self._ahead_lock.release()
         with self._hold():
             self._apply_new()
             now = time.time_ns()
@@ -395,7 +414,7 @@ class Channel:
             def consider(message: Message, count: int) -> bool:
                 """Take ``message`` if it may go to this consumer now; True when full."""
                 nonlocal wake_at
-                env = self._envelope(message)
+                env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
                 group = env.group_id
                 if group is not None and group in blocked:
                     return False
@@ -411,7 +430,7 @@ class Channel:
                         blocked.add(group)
                     return False
                 if max_count is not None and count >= max_count:
-                    dead.append((message, env, count))
+                    dead.append((message, self._envelope(message) if env is _PLAIN else env, count))
                     return False
                 picks.append((message, env, count + 1))
                 if group is not None:
@@ -429,9 +448,8 @@ class Channel:
                         full = True
                         break
             if not full:
-                for message in self._new_messages(state.frontier):
-                    if consider(message, 0):
-                        break
+                with self._ahead_lock:
+                    self._take_new(state.frontier, consider)
             visible_at = now + int(hide * 1e9)
             consumer = self._consumer_key
             plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
@@ -451,27 +469,42 @@ class Channel:
             if records:
                 # Deliveries alone need no sync (see ``receive``); dead letters do.
                 stamp = self._record(records, durable=bool(dead))
+        metadata = self.state.metadata
         received = [
-            ReceivedMessage(
+            ReceivedMessage._make(
                 id=message_id(m.offset),
                 receipt=self._receipt(m.offset, count, stamp),
-                body=e.body,
-                attributes=e.attributes,
+                body=m.value if e is _PLAIN else e.body,
+                attributes={} if e is _PLAIN else e.attributes,
                 receive_count=count,
                 sent_at_ns=m.timestamp_ns,
                 offset=m.offset,
                 group_id=e.group_id,
                 dedup_id=e.dedup_id,
-                filters=e.filters,
-                metadata=self.state.metadata.get(m.offset, e.metadata),
+                filters={} if e is _PLAIN else e.filters,
+                metadata=metadata.get(m.offset, e.metadata),
                 source=e.source,
             )
             for m, e, count in picks
         ]
         return received, wake_at
 
-    def _new_messages(self, frontier: int) -> list[Message]:
-        """Messages from the frontier on, at most a look-ahead's worth.
+    def _take_new(self, frontier: int, consider: Callable[[Message, int], bool]) -> None:
+        """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
+        until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
+        then what came since."""
+        for message in self._read_ahead(frontier, 0):
+            if consider(message, 0):
+                return
+        while more := self._read_ahead(frontier):
+            for message in more:
+                if consider(message, 0):
+                    return
+
+    def _read_ahead(self, frontier: int, most: int = _LOOK_AHEAD) -> list[Message]:
+        """Drop from ``_ahead`` what is below ``frontier``, then read on until it holds ``most``
+        messages (or the topic ends). Returns the messages it read, or with ``most=0`` all of
+        ``_ahead``. (Under ``_ahead_lock``.)
 
         What was read but not taken stays in ``_ahead`` for the next receive, so a consumer
         reads the topic once, in order; it seeks only when other processes moved the frontier
@@ -481,7 +514,10 @@ class Channel:
         if ahead and ahead[0].offset < frontier:
             # Drop what was taken since: in place, so a receive of one costs no copy of the rest.
             del ahead[: frontier - ahead[0].offset]
-        if len(ahead) < _LOOK_AHEAD:
+        if most == 0:
+            return ahead
+        start = len(ahead)
+        if start < most:
             tail = self._tail
             position = ahead[-1].offset + 1 if ahead else frontier
             try:
@@ -491,7 +527,7 @@ class Channel:
                         self._tail = None
                     tail = self._tail = Scanner(self.topic.path, position)
                 # read_batch gives one decoded chunk at a time: read on up to the look-ahead
-                while len(ahead) < _LOOK_AHEAD and (more := tail.read_batch(_LOOK_AHEAD - len(ahead))):
+                while len(ahead) < most and (more := tail.read_batch(most - len(ahead))):
                     self.topic.remember(more)
                     ahead.extend(more)
             except (OffsetOutOfRangeError, TruncatedError):
@@ -500,7 +536,7 @@ class Channel:
                 if self._tail is not None:
                     self._tail.close()
                     self._tail = None
-        return ahead
+        return ahead[start:]
 
     def _envelope(self, message: Message) -> Envelope:
         if message.type != envelope.ENVELOPE_TYPE:
