@@ -230,3 +230,33 @@ def test_received_messages_are_whole_frozen_dataclasses(tmp_path: Path) -> None:
     assert (plain.body, plain.attributes, plain.filters) == (b"plain", {}, {})
     assert rich.body == b"rich" and rich.filters == {"f": "x"} and "a" in rich.attributes
     assert plain.attributes is not rich.attributes
+
+
+def test_a_receive_that_fails_after_applying_its_deletes_leaves_them_undone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deletes of ``receive(delete=...)`` are applied before the step decides and appended
+    with what it records; if the step fails in between, the channel's state is rebuilt from its
+    journal, which never got them: nothing was deleted, in this process or any other."""
+    from journalq.errors import StorageError
+    from journalq.queue.channel import Channel
+
+    with Broker(tmp_path) as broker:
+        queue = broker.queue("q", max_receive_count=1, dead_letter_queue="dlq")
+        _fill(queue, 2)
+        (first,) = queue.receive(1)
+        (late,) = queue.receive(1, visibility_timeout=0)  # back at once, due for the dead letters
+
+        def failing(self, dead) -> None:
+            raise StorageError("disk full (test)")
+
+        monkeypatch.setattr(Channel, "_send_dead", failing)
+        with pytest.raises(StorageError):
+            queue.receive(1, delete=[first.receipt])
+        monkeypatch.undo()
+        assert queue.stats().in_flight == 1  # ``first`` still in flight in this process...
+        with Broker(tmp_path) as other:
+            assert other.queue("q").stats().in_flight == 1  # ... and as the journal says
+        assert queue.receive(1, delete=[first.receipt]) == []  # now deleted; ``late`` went to dlq
+        assert [m.body for m in broker.queue("dlq").receive(5)] == [late.body]
+        assert queue.stats().in_flight == 0

@@ -356,10 +356,24 @@ class Writer(Closing):
         first_offset = self._next_offset
         start_segment, start_len = self._segment, self._seg_len
         created: list[Segment] = []
+        count = len(lengths)
+        end_len = start_len + len(data)
+        assert self._index is not None
+        if end_len < self.segment_size and end_len <= self._index.last_position + self.index_interval:
+            # The common case, small appends (a queue's events): no roll, and no message starts
+            # where an index entry is due (see ``choose_entries``), so one write is all.
+            try:
+                _write_all(self._fd, memoryview(data))
+                self._seg_len = end_len
+                self._next_offset = first_offset + count
+                self._synced_after(count)
+                return
+            except OSError as exc:
+                self._take_back(start_segment, start_len, first_offset, created)
+                raise _append_failed(exc, count, self._segment.path, first_offset) from exc
         # starts[i] is where message i begins, counted from the current segment's start;
         # after a roll, ``shift`` is where the new segment began in the same count.
         starts = list(accumulate(map(OVERHEAD.__add__, lengths), initial=self._seg_len))
-        count = len(lengths)
         view = memoryview(data)
         shift = 0
         done = 0  # messages written
@@ -388,12 +402,7 @@ class Writer(Closing):
             self._synced_after(count)
         except OSError as exc:
             self._take_back(start_segment, start_len, first_offset, created)
-            raise StorageError(
-                f"could not append {count} message(s): {exc.strerror or exc}; nothing of them was stored",
-                errno=exc.errno,
-                file=self._segment.path,
-                offset=first_offset,
-            ) from exc
+            raise _append_failed(exc, count, self._segment.path, first_offset) from exc
 
     def _roll(self) -> None:
         """Close the full segment (synced, as sej does) and start the next one."""
@@ -556,6 +565,15 @@ def _make_dirs(directory: Path, durable: bool) -> None:
         new.mkdir(exist_ok=True)
         if durable:
             fsync_dir(new.parent)
+
+
+def _append_failed(exc: OSError, count: int, file: Path, offset: int) -> StorageError:
+    return StorageError(
+        f"could not append {count} message(s): {exc.strerror or exc}; nothing of them was stored",
+        errno=exc.errno,
+        file=file,
+        offset=offset,
+    )
 
 
 def _write_all(fd: int, data: memoryview) -> None:

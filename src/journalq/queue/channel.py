@@ -167,6 +167,7 @@ class Channel:
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
+        self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
         with self._hold():
@@ -246,17 +247,43 @@ class Channel:
     def _record(self, records: list[Record], *, durable: bool = True) -> int:
         """Append events (under the hold) and apply them, exactly as every other process will.
 
-        ``durable=False`` for deliveries alone: under ``sync="always"`` they are not synced before
-        the call returns, but with the next durable change (see ``receive``). Returns the events'
-        time: deliveries' stamps."""
+        Events applied already by ``_apply_unwritten`` go first, in the same write. ``durable=
+        False`` for deliveries alone: under ``sync="always"`` they are not synced before the call
+        returns, but with the next durable change (see ``receive``). Returns the events' time:
+        deliveries' stamps."""
         self._apply_new()
         now = time.time_ns()
-        self._writer.append_many([Message(0, now, type_, key, value) for type_, key, value in records], durable=durable)
+        messages = [Message(0, now, type_, key, value) for type_, key, value in records]
+        unwritten = self._unwritten
+        if unwritten:
+            messages[:0] = unwritten
+            durable = True  # deletes
+        try:
+            self._writer.append_many(messages, durable=durable)
+        except BaseException:
+            self._forget_unwritten()
+            raise
+        self._unwritten = []
         apply = self.state.apply_record
         for type_, key, value in records:
             self._since_snapshot += apply(type_, key, value, now)
-        self._applied += len(records)
+        self._applied += len(messages)
         return now
+
+    def _apply_unwritten(self, records: list[Record], now: int) -> None:
+        """Under the hold: apply durable events now and append them with the next ``_record``
+        (which must come before the hold ends; ``_forget_unwritten`` if it cannot)."""
+        apply = self.state.apply_record
+        for type_, key, value in records:
+            self._since_snapshot += apply(type_, key, value, now)
+            self._unwritten.append(Message(0, now, type_, key, value))
+
+    def _forget_unwritten(self) -> None:
+        """Events applied but never appended (the step failed): the state is rebuilt from the
+        journal, which does not have them."""
+        if self._unwritten:
+            self._unwritten = []
+            self._load()
 
     def _maintain(self, now: int) -> None:
         """Under the hold, every ``task_gc_interval``: catch up with retention, collect finished
@@ -383,9 +410,6 @@ class Channel:
         delete: Sequence[str] = (),
     ) -> tuple[list[ReceivedMessage], int | None]:
         """One attempt under the lock; also returns when something hidden comes back."""
-        settings = self.settings
-        enums = settings.enums
-        max_count = settings.max_receive_count
         # Read new topic messages before taking the lock (the topic's messages never change):
         # other processes wait for this channel's lock, not for this read.
         if self._ahead_lock.acquire(blocking=False):
@@ -394,81 +418,11 @@ class Channel:
             finally:
                 self._ahead_lock.release()
         with self._hold():
-            self._apply_new()
-            now = time.time_ns()
-            state = self.state
-            if delete:
-                outcomes, current = self._current(delete)
-                for error in outcomes:
-                    if error is not None:
-                        raise ReceiptError(f"nothing deleted, nothing received: {error}")
-                # Its own append, in the same hold: the hold's end syncs once for everything.
-                self._record(finish_records([offset for _, offset, _ in current], [seq for _, _, seq in current]))
-            self._maintain(now)
-            state.expire(now)
-            blocked = set(state.group_holds)
-            picks: list[tuple[Message, Envelope, int]] = []
-            dead: list[tuple[Message, Envelope, int]] = []
-            wake_at = state.next_expiry()
-
-            def consider(message: Message, count: int) -> bool:
-                """Take ``message`` if it may go to this consumer now; True when full."""
-                nonlocal wake_at
-                env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
-                group = env.group_id
-                if group is not None and group in blocked:
-                    return False
-                if env.delay:
-                    visible_at = message.timestamp_ns + int(env.delay * 1e9)
-                    if visible_at > now:
-                        wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
-                        if group is not None:
-                            blocked.add(group)  # keep the group's order: nothing after it goes first
-                        return False
-                if wanted is not None and not filtering.matches(env.filters, wanted, enums):
-                    if group is not None:
-                        blocked.add(group)
-                    return False
-                if max_count is not None and count >= max_count:
-                    dead.append((message, self._envelope(message) if env is _PLAIN else env, count))
-                    return False
-                picks.append((message, env, count + 1))
-                if group is not None:
-                    blocked.add(group)
-                return len(picks) >= max_messages
-
-            full = False
-            if state.ready or state.skipped:
-                for offset in list(state.candidates()):
-                    message = self.topic.message(offset)
-                    if message is None:
-                        self._skip_deleted()  # retention deleted it
-                        continue
-                    if consider(message, state.receive_count(offset)):
-                        full = True
-                        break
-            if not full:
-                with self._ahead_lock:
-                    self._take_new(state.frontier, consider)
-            visible_at = now + int(hide * 1e9)
-            consumer = self._consumer_key
-            plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
-            if len(plain) > 1:
-                records = [deliver_many_record([o for o, _ in plain], [c for _, c in plain], visible_at, consumer)]
-                records += [
-                    deliver_record(m.offset, count, visible_at, consumer, e.group_id)
-                    for m, e, count in picks
-                    if e.group_id is not None
-                ]
-            else:
-                records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
-            if dead:
-                self._send_dead(dead)
-                records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
-            stamp = 0
-            if records:
-                # Deliveries alone need no sync (see ``receive``); dead letters do.
-                stamp = self._record(records, durable=bool(dead))
+            try:
+                picks, wake_at, stamp = self._receive_held(max_messages, hide, wanted, delete)
+            except BaseException:
+                self._forget_unwritten()
+                raise
         metadata = self.state.metadata
         received = [
             ReceivedMessage._make(
@@ -488,6 +442,96 @@ class Channel:
             for m, e, count in picks
         ]
         return received, wake_at
+
+    def _receive_held(
+        self,
+        max_messages: int,
+        hide: float,
+        wanted: dict[str, tuple[str, filtering.Method]] | None,
+        delete: Sequence[str],
+    ) -> tuple[list[tuple[Message, Envelope, int]], int | None, int]:
+        """``_receive_now``'s work under the hold: (message, envelope, delivery number) of each
+        message delivered, when to look again, and the deliveries' stamp."""
+        settings = self.settings
+        enums = settings.enums
+        max_count = settings.max_receive_count
+        self._apply_new()
+        now = time.time_ns()
+        state = self.state
+        if delete:
+            outcomes, current = self._current(delete)
+            for error in outcomes:
+                if error is not None:
+                    raise ReceiptError(f"nothing deleted, nothing received: {error}")
+            # Applied now, so that nothing they finish goes out again; appended with what this
+            # receive records next (one write; the hold's end syncs once for everything).
+            self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
+        self._maintain(now)
+        state.expire(now)
+        blocked = set(state.group_holds)
+        picks: list[tuple[Message, Envelope, int]] = []
+        dead: list[tuple[Message, Envelope, int]] = []
+        wake_at = state.next_expiry()
+
+        def consider(message: Message, count: int) -> bool:
+            """Take ``message`` if it may go to this consumer now; True when full."""
+            nonlocal wake_at
+            env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
+            group = env.group_id
+            if group is not None and group in blocked:
+                return False
+            if env.delay:
+                visible_at = message.timestamp_ns + int(env.delay * 1e9)
+                if visible_at > now:
+                    wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
+                    if group is not None:
+                        blocked.add(group)  # keep the group's order: nothing after it goes first
+                    return False
+            if wanted is not None and not filtering.matches(env.filters, wanted, enums):
+                if group is not None:
+                    blocked.add(group)
+                return False
+            if max_count is not None and count >= max_count:
+                dead.append((message, self._envelope(message) if env is _PLAIN else env, count))
+                return False
+            picks.append((message, env, count + 1))
+            if group is not None:
+                blocked.add(group)
+            return len(picks) >= max_messages
+
+        full = False
+        if state.ready or state.skipped:
+            for offset in list(state.candidates()):
+                message = self.topic.message(offset)
+                if message is None:
+                    self._skip_deleted()  # retention deleted it
+                    continue
+                if consider(message, state.receive_count(offset)):
+                    full = True
+                    break
+        if not full:
+            with self._ahead_lock:
+                self._take_new(state.frontier, consider)
+        visible_at = now + int(hide * 1e9)
+        consumer = self._consumer_key
+        plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
+        if len(plain) > 1:
+            records = [deliver_many_record([o for o, _ in plain], [c for _, c in plain], visible_at, consumer)]
+            records += [
+                deliver_record(m.offset, count, visible_at, consumer, e.group_id)
+                for m, e, count in picks
+                if e.group_id is not None
+            ]
+        else:
+            records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
+        if dead:
+            self._send_dead(dead)
+            records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
+        stamp = 0
+        if records or self._unwritten:
+            # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
+            stamp = self._record(records, durable=bool(dead))
+        return picks, wake_at, stamp
 
     def _take_new(self, frontier: int, consider: Callable[[Message, int], bool]) -> None:
         """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
