@@ -27,6 +27,12 @@ one append per kind, one sync), against
 * the vsqs design (``bench/vsqs.py``): one file per message, renamed between states; with sync
   the file and the directory are fsynced at each change.
 
+Beside each configuration, the ceiling: the most messages/s that the design's system calls allow
+at that moment, with no Python work (``ceiling``): locked appends/s (``flock``, ``fstat``,
+``write``, unlock; one lock for all processes) under sync="none", synced appends/s (a write under
+the lock, then ``fdatasync``, by 1 or 4 processes) under sync="always", measured after each round
+of runs (best kept). Ceiling / best baseline is the most that the ratio could be.
+
 Each consumer is a separate process (``bench/queue_child.py``) that opens the queue, says ready,
 then on a signal receives and deletes until the queue is empty. Timed: from the first consumer's
 start to the last one's end. Filling the queue (and ``os.sync()`` after it) is not timed. Every run

@@ -8,6 +8,11 @@ channel with no daemon, a consumer killed with SIGKILL loses nothing (its messag
 their visibility ends, with no event at all), and a process killed while appending leaves a torn
 tail that the next one cuts.
 
+Under ``sync="always"`` every change is synced before its call returns except deliveries, which
+reach the disk with the next synced change (one file written in order: a sync covers all before
+it). A delivery lost in a power cut only means the message goes out again; its receipt carries the
+delivery's stamp (``Delivery.stamp``) and so can never act on that later delivery.
+
 The state journal is compacted: every ``SNAPSHOT_EVERY`` events a snapshot of the whole state is
 appended, ``ofs/snapshot.ofs`` is pointed at it, and the state segments before it are deleted.
 The channel's cursor is committed as a plain sej reader offset, ``TOPIC/ofs/NAME.ofs``, which the
@@ -291,7 +296,8 @@ class Channel:
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
             self._skip_deleted()
-            self._record([Event(EventKind.COLLECT, 0, visible_at=now - int(self.settings.task_gc_lifetime * 1e9)).encode()])
+            older = now - int(self.settings.task_gc_lifetime * 1e9)
+            self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
             self.commit_cursor()
             if self.topic.gc_due():
                 self.topic.gc()

@@ -101,7 +101,8 @@ class Event:
             return cls(kind, 0, visible_at=_TIME.unpack_from(value)[0])
         if kind is EventKind.DELIVER_MANY:
             visible_at = _TIME.unpack_from(value)[0]
-            return cls(kind, 0, visible_at=visible_at, consumer=key.decode("utf-8", "replace"), payload=value[_TIME.size :])
+            consumer = key.decode("utf-8", "replace")
+            return cls(kind, 0, visible_at=visible_at, consumer=consumer, payload=value[_TIME.size :])
         if kind in (EventKind.FINISH, EventKind.DEAD):
             offset, seq = _OFFSET_SEQ.unpack_from(value)
             return cls(kind, offset, seq)
@@ -110,7 +111,9 @@ class Event:
         return cls(kind, 0, payload=value)
 
 
-def deliver_record(offset: int, seq: int, visible_at: int, consumer: bytes, group: str | None) -> tuple[int, bytes, bytes]:
+def deliver_record(
+    offset: int, seq: int, visible_at: int, consumer: bytes, group: str | None
+) -> tuple[int, bytes, bytes]:
     """(type, key, value) of a DELIVER event, as ``Event.encode`` makes it, without the ``Event``
     (a queue records one per message received). ``consumer``: the key, already encoded."""
     value = _pack_offset_seq_time(offset, seq, visible_at)
