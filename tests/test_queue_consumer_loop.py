@@ -260,3 +260,46 @@ def test_a_receive_that_fails_after_applying_its_deletes_leaves_them_undone(
         assert queue.receive(1, delete=[first.receipt]) == []  # now deleted; ``late`` went to dlq
         assert [m.body for m in broker.queue("dlq").receive(5)] == [late.body]
         assert queue.stats().in_flight == 0
+
+
+LOOP_CONSUMER = """
+import sys
+from journalq.queue import Broker
+
+root, out, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with Broker(root, sync="none") as broker, open(out, "w") as log:
+    q = broker.queue("jobs")
+    done = []
+    while got := q.receive(batch, delete=done):
+        log.write("".join(m.body.decode() + "\\n" for m in got))
+        done = [m.receipt for m in got]
+"""
+
+
+def test_consumer_loops_in_three_processes_take_each_message_once(tmp_path: Path, child_env: dict) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs", visibility_timeout=600)  # no timeout expires during the test
+        for start in range(0, 6000, 1000):
+            queue.send_many([b"%d" % i for i in range(start, start + 1000)])
+    logs = [tmp_path / f"loop-{n}.log" for n in range(3)]
+    children = [
+        subprocess.Popen([sys.executable, "-c", LOOP_CONSUMER, str(root), str(log), str(batch)], env=child_env)
+        for log, batch in zip(logs, (1, 7, 10))
+    ]
+    try:
+        for child in children:
+            assert child.wait(120) == 0
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    received = [int(line) for log in logs for line in log.read_text().splitlines()]
+    assert sorted(received) == list(range(6000))  # each once
+    with Broker(root, sync="none") as broker:
+        stats = broker.queue("jobs").stats()
+        assert (stats.available, stats.in_flight, stats.dead) == (0, 0, 0)

@@ -418,7 +418,9 @@ class Channel:
         """One attempt under the lock; also returns when something hidden comes back."""
         # Read new topic messages before taking the lock (the topic's messages never change):
         # other processes wait for this channel's lock, not for this read.
-        if self._ahead_lock.acquire(blocking=False):
+        # Topped up by half a look-ahead at a time, not by each receive's few messages: one read
+        # per ~500 messages (what came meanwhile is read under the hold only when needed).
+        if len(self._ahead) < _LOOK_AHEAD // 2 and self._ahead_lock.acquire(blocking=False):
             try:
                 self._read_ahead(self.state.frontier)
             finally:
