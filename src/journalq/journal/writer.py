@@ -544,14 +544,14 @@ class _Hold:
             raise
         writer._held += 1
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         writer = self._writer
         try:
             writer._held -= 1
             durable_to = writer._end()
         finally:
             writer._mutex.release()
-        if durable_to is not None:
+        if durable_to is not None and exc_type is None:  # a failed block: the error, not a sync
             writer._make_durable(durable_to)
 
 

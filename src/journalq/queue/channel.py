@@ -280,8 +280,8 @@ class Channel:
         (which must come before the hold ends; ``_forget_unwritten`` if it cannot)."""
         apply = self.state.apply_record
         for type_, key, value in records:
+            self._unwritten.append(Message(0, now, type_, key, value))  # first: a failed apply reloads
             self._since_snapshot += apply(type_, key, value, now)
-            self._unwritten.append(Message(0, now, type_, key, value))
 
     def _forget_unwritten(self) -> None:
         """Events applied but never appended (the step failed): the state is rebuilt from the
