@@ -182,9 +182,8 @@ class ChannelState:
         if kind is EventKind.DELIVER:
             self._deliver(event.offset, event.seq, event.visible_at, event.consumer, event.group, now)
         elif kind is EventKind.DELIVER_MANY or kind is EventKind.FINISH_MANY:
-            value = event.payload if kind is EventKind.FINISH_MANY else _TIME.pack(event.visible_at) + event.payload
-            self.events_applied -= 1  # counted per message below
-            self.apply_record(int(kind), event.consumer.encode(), value, now)
+            self.events_applied -= 1  # counted per message by apply_record
+            self.apply_record(*event.encode(), now)
         elif kind is EventKind.FINISH or kind is EventKind.DEAD:
             self._finish(event.offset, now, "dead" if kind is EventKind.DEAD else "finished")
         elif kind is EventKind.VISIBILITY:
