@@ -15,8 +15,8 @@ receive: receive + delete of the same N messages (100-byte bodies) by one proces
 processes sharing them, with every change synced (``Broker(root, sync="always")``) and not
 (``sync="none"``), one message at a time (``receive(1)`` + ``delete``) and in batches
 (``receive(10)`` + ``delete_many``), and beside each the consumer loop (``receive(1 or 10,
-delete=receipts of the last round)``: the deletes of one round go with the next receive, one lock,
-one append per kind, one sync), against
+delete=receipts of the last round)``: the deletes of one round go with the next receive: one lock,
+one write, one sync), against
 
 * persist-queue's ``SQLiteAckQueue`` (``get()`` + ``ack()``): with sync its durable defaults (WAL,
   synchronous=FULL, auto_commit); without, ``PRAGMA synchronous=OFF`` on its connection. It has no
