@@ -14,7 +14,9 @@ Timed: the sends only. Each figure is the best (least) time of ``repeat`` runs, 
 receive: receive + delete of the same N messages (100-byte bodies) by one process and by four
 processes sharing them, with every change synced (``Broker(root, sync="always")``) and not
 (``sync="none"``), one message at a time (``receive(1)`` + ``delete``) and in batches
-(``receive(10)`` + ``delete_many``), against
+(``receive(10)`` + ``delete_many``), and beside each the consumer loop (``receive(1 or 10,
+delete=receipts of the last round)``: the deletes of one round go with the next receive: one lock,
+one write, one sync), against
 
 * persist-queue's ``SQLiteAckQueue`` (``get()`` + ``ack()``): with sync its durable defaults (WAL,
   synchronous=FULL, auto_commit); without, ``PRAGMA synchronous=OFF`` on its connection. It has no
@@ -24,6 +26,12 @@ processes sharing them, with every change synced (``Broker(root, sync="always")`
   statements, and four processes without the lock received messages twice.
 * the vsqs design (``bench/vsqs.py``): one file per message, renamed between states; with sync
   the file and the directory are fsynced at each change.
+
+Beside each configuration, the ceiling: the most messages/s that the design's system calls allow
+at that moment, with no Python work (``ceiling``): locked appends/s (``flock``, ``fstat``,
+``write``, unlock; one lock for all processes) under sync="none", synced appends/s (a write under
+the lock, then ``fdatasync``, by 1 or 4 processes) under sync="always", measured after each round
+of runs (best kept). Ceiling / best baseline is the most that the ratio could be.
 
 Each consumer is a separate process (``bench/queue_child.py``) that opens the queue, says ready,
 then on a signal receives and deletes until the queue is empty. Timed: from the first consumer's
@@ -36,8 +44,10 @@ best baseline of each configuration.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -205,7 +215,8 @@ def run_channels(ctx: Context) -> list[Result]:
 
 # -- receive ------------------------------------------------------------------------------------
 
-IMPLEMENTATIONS = ("journalq", "persist-queue", "vsqs")
+IMPLEMENTATIONS = ("journalq", "journalq-loop", "persist-queue", "vsqs")
+JOURNALQ = ("journalq", "journalq-loop")
 BASELINES = ("persist-queue", "vsqs")
 RECEIVE_BODY = 100
 ID_DIGITS = 10
@@ -219,7 +230,7 @@ def _receive_bodies(count: int) -> list[bytes]:
 
 def _fill(impl: str, path: Path, bodies: list[bytes], template: Path) -> None:
     """Put the messages in (not timed), then sync everything, so every run starts alike."""
-    if impl == "journalq":
+    if impl in JOURNALQ:
         with Broker(path, sync="none") as broker:
             queue = broker.queue("q")
             for i in range(0, len(bodies), 1000):
@@ -291,6 +302,86 @@ def _consume(impl: str, path: Path, sync: str, batch: int, processes: int, count
     return max(r["end"] for r in reports) - min(r["start"] for r in reports), settings
 
 
+# -- the floors under receive: what the system calls alone allow -----------------------------------
+
+FLOOR_SECONDS = 0.5  # each floor is measured this long (x repeat, best kept)
+FLOOR_SYNCS = 300  # synced appends per process in the synced floors
+
+
+def _locked_appends(path: Path, seconds: float) -> float:
+    """Appends per second of a shared-journal step with no Python work around it: take the lock
+    (``flock``), look at the file's size (``fstat``), write 40 bytes, let the lock go."""
+    fd = os.open(path / "floor.jnl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    lock = os.open(path / "floor.lck", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    data = bytes(40)
+    done = 0
+    start = time.perf_counter()
+    end = start + seconds
+    try:
+        while time.perf_counter() < end:
+            for _ in range(1000):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                os.fstat(fd)
+                os.write(fd, data)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            done += 1000
+        return done / (time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        os.close(lock)
+
+
+def _synced_appender(path: str, count: int, go, results) -> None:  # noqa: ANN001 - mp primitives
+    fd = os.open(os.path.join(path, "floor.jnl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    lock = os.open(os.path.join(path, "floor.lck"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    data = bytes(40)
+    go.wait()
+    start = time.monotonic()
+    for _ in range(count):
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.write(fd, data)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.fdatasync(fd)  # out of the lock, as journalq syncs: concurrent syncs share commits
+    results.put((start, time.monotonic()))
+
+
+def _synced_appends(path: Path, processes: int, count: int) -> float:
+    """Synced appends per second, all processes together: each appends 40 bytes under the lock
+    and ``fdatasync``s, ``count`` times (the least a change durable before its call returns costs)."""
+    context = multiprocessing.get_context("fork")
+    go, results = context.Event(), context.Queue()
+    workers = [context.Process(target=_synced_appender, args=(str(path), count, go, results)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    go.set()
+    spans = [results.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return processes * count / (max(end for _, end in spans) - min(start for start, _ in spans))
+
+
+def receive_floor(ctx: Context, processes: int, sync: str) -> float:
+    """The floor of a configuration, once: synced appends/s with ``processes`` processes under
+    sync="always", locked appends/s (one process; the lock serializes every process) under "none"."""
+    path = ctx.scratch("receive-floor")
+    path.mkdir(parents=True, exist_ok=True)
+    if sync == "always":
+        return _synced_appends(path, processes, 100 if ctx.quick else FLOOR_SYNCS)
+    return _locked_appends(path, FLOOR_SECONDS)
+
+
+def ceiling(floor: float, processes: int, sync: str, batch: int, loop: bool) -> tuple[float, str]:
+    """The most messages/s that journalq's design allows on this machine with no Python work at
+    all, from the configuration's floor, and how it is reckoned. Every change is a locked append;
+    under sync="always" each call that deletes returns only once synced (deliveries are not)."""
+    if sync == "always":
+        return batch * floor, f"{batch} message(s) per synced append ({processes} process(es): {floor:,.0f}/s)"
+    appends = 1 if loop else 2  # the loop's deletes go with its next receive
+    return batch * floor / appends, (
+        f"{batch} message(s) per {appends} locked append(s) ({floor:,.0f}/s, one lock for all processes)"
+    )
+
+
 def run_receive(ctx: Context) -> list[Result]:
     if importlib.util.find_spec("persistqueue") is None:
         raise RuntimeError("the receive benchmark needs persist-queue: pip install -e '.[bench]'")
@@ -306,13 +397,16 @@ def run_receive(ctx: Context) -> list[Result]:
                 ctx.log(f"  {case}: {count:,} messages, best of {ctx.repeat}")
                 runs: dict[str, list[float]] = {impl: [] for impl in IMPLEMENTATIONS}
                 settings: dict[str, dict] = {}
+                floors: list[float] = []
                 for _ in range(ctx.repeat):
                     for impl in IMPLEMENTATIONS:
                         path = ctx.scratch(f"receive-{impl}")
                         _fill(impl, path, bodies, template)
                         seconds, settings[impl] = _consume(impl, path, sync, batch, processes, count)
                         runs[impl].append(count / seconds)
+                    floors.append(receive_floor(ctx, processes, sync))  # the disk's pace changes
                 best = {impl: max(r) for impl, r in runs.items()}
+                floor = max(floors)
                 ctx.log("    " + ", ".join(f"{impl} {rate(best[impl])}" for impl in IMPLEMENTATIONS))
                 top = max(BASELINES, key=best.__getitem__)
                 other = next(b for b in BASELINES if b != top)
@@ -323,24 +417,41 @@ def run_receive(ctx: Context) -> list[Result]:
                     **{f"{impl}_runs": [round(r) for r in runs[impl]] for impl in IMPLEMENTATIONS},
                     "settings": settings,
                 }
-                results.append(
-                    Result(
-                        "receive",
-                        case,
-                        best["journalq"],
-                        "msg/s",
-                        f"best of {ctx.repeat}",
-                        f"best baseline, {top}",
-                        best[top],
-                        aim=f">= {AIM_TIMES}x best baseline",
-                        aim_met=best["journalq"] >= AIM_TIMES * best[top],
-                        extra=extra,
+                loop = f"  same, consumer loop: receive({batch}, delete=last round's receipts)"
+                for impl, label in (("journalq", case), ("journalq-loop", loop)):
+                    results.append(
+                        Result(
+                            "receive",
+                            label,
+                            best[impl],
+                            "msg/s",
+                            f"best of {ctx.repeat}",
+                            f"best baseline, {top}",
+                            best[top],
+                            aim=f">= {AIM_TIMES}x best baseline",
+                            aim_met=best[impl] >= AIM_TIMES * best[top],
+                            extra={**extra, "journalq_api": "loop" if impl == "journalq-loop" else "plain"},
+                        )
                     )
-                )
+                for loop_row in (False, True) if sync == "none" else (None,):
+                    most, how_reckoned = ceiling(floor, processes, sync, batch, bool(loop_row))
+                    which = {False: "the calls", True: "the loop", None: "both"}[loop_row]
+                    results.append(
+                        Result(
+                            "receive",
+                            f"  ceiling of {which}: {how_reckoned}",
+                            most,
+                            "msg/s",
+                            "system calls alone",
+                            f"best baseline, {top}",
+                            best[top],
+                            extra={**config, "floor_runs_per_s": [round(f) for f in floors]},
+                        )
+                    )
                 results.append(
                     Result(
                         "receive",
-                        f"  same, against {other}",
+                        f"  same (receive+delete), against {other}",
                         best["journalq"],
                         "msg/s",
                         f"best of {ctx.repeat}",

@@ -1,10 +1,11 @@
 """Profile journalq's single-process receive(1) + delete with cProfile (not part of run.py).
 
-    .venv/bin/python bench/profile_receive.py [--messages N] [--sync none|always] [--batch B] [--top K]
+    .venv/bin/python bench/profile_receive.py [--messages N] [--sync none|always] [--batch B] [--loop] [--top K]
 
 Fills a queue in a scratch directory with N 100-byte messages (not profiled), then profiles one
 process receiving and deleting them all, and prints the functions by own time and by cumulative
-time. The scratch directory is deleted afterwards.
+time. ``--loop``: the consumer loop, ``receive(B, delete=receipts of the last round)``. The scratch
+directory is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--sync", default="none", choices=("none", "always"))
     parser.add_argument("--batch", type=int, default=1, help="receive(B) + delete_many (default 1: delete)")
+    parser.add_argument("--loop", action="store_true", help="receive(B, delete=last round's receipts)")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     (HERE / ".data").mkdir(exist_ok=True)
@@ -47,7 +49,12 @@ def main() -> int:
         received = 0
         started = time.perf_counter()
         profiler.enable()
-        if args.batch == 1:
+        if args.loop:
+            done: list[str] = []
+            while got := queue.receive(args.batch, delete=done):
+                done = [m.receipt for m in got]
+                received += len(got)
+        elif args.batch == 1:
             while got := queue.receive(1):
                 queue.delete(got[0].receipt)
                 received += 1
@@ -61,7 +68,7 @@ def main() -> int:
         if received != args.messages:
             raise AssertionError(f"received {received} of {args.messages}")
         print(
-            f"{received:,} messages, receive({args.batch}) + delete, sync={args.sync}: "
+            f"{received:,} messages, receive({args.batch}) + {'delete= (loop)' if args.loop else 'delete'}, sync={args.sync}: "
             f"{seconds:.2f} s under the profiler ({received / seconds:,.0f} msg/s)\n"
         )
         stats = pstats.Stats(profiler).strip_dirs()

@@ -2,7 +2,8 @@
 
     queue_child.py IMPL PATH SYNC BATCH PROCESSES
 
-IMPL is ``journalq``, ``persist-queue`` or ``vsqs``; PATH the queue (a broker's root, a
+IMPL is ``journalq``, ``journalq-loop`` (the consumer loop: ``receive(BATCH, delete=the last
+round's receipts)``), ``persist-queue`` or ``vsqs``; PATH the queue (a broker's root, a
 persist-queue directory or a vsqs directory) already filled; SYNC ``always`` or ``none``; BATCH 1
 (receive one, delete it) or more (receive up to BATCH, delete them in one call); PROCESSES how many
 consumers share the queue.
@@ -38,7 +39,11 @@ def ready() -> None:
         sys.exit(1)
 
 
-def run_journalq(path: str, sync: str, batch: int, processes: int) -> tuple[list[int], int, float, float, dict]:
+def run_journalq(
+    path: str, sync: str, batch: int, processes: int, loop: bool = False
+) -> tuple[list[int], int, float, float, dict]:
+    """receive + delete (or delete_many); with ``loop``, ``receive(batch, delete=last round's)``."""
+    from journalq.errors import ReceiptError
     from journalq.queue import Broker
 
     broker = Broker(path, sync=sync)
@@ -50,7 +55,20 @@ def run_journalq(path: str, sync: str, batch: int, processes: int) -> tuple[list
     failed = 0
     ready()
     start = time.monotonic()
-    if batch == 1:
+    if loop:
+        receive = queue.receive
+        done: list[str] = []
+        while True:
+            try:
+                got = receive(batch, delete=done)
+            except ReceiptError:  # one of them is stale: delete the rest one by one, then go on
+                failed += sum(1 for o in queue.delete_many(done) if o is not None)
+                got = receive(batch)
+            if not got:
+                break
+            done = [m.receipt for m in got]
+            ids.extend(int(m.body[:ID_DIGITS]) for m in got)
+    elif batch == 1:
         receive, delete = queue.receive, queue.delete
         while got := receive(1):
             message = got[0]
@@ -148,7 +166,12 @@ def run_vsqs(path: str, sync: str, batch: int, processes: int) -> tuple[list[int
     return ids, failed, start, end, settings
 
 
-IMPLEMENTATIONS = {"journalq": run_journalq, "persist-queue": run_persist_queue, "vsqs": run_vsqs}
+IMPLEMENTATIONS = {
+    "journalq": run_journalq,
+    "journalq-loop": lambda *args: run_journalq(*args, loop=True),
+    "persist-queue": run_persist_queue,
+    "vsqs": run_vsqs,
+}
 
 
 def main() -> int:

@@ -14,6 +14,7 @@ import pytest
 from journalq.errors import ZERO_TIMESTAMP, Error, InvalidMessageError, JournalError, TruncatedError
 from journalq.journal import Message, Scanner, SyncPolicy, Writer, end_offset
 from journalq.journal import writer as writer_mod
+from journalq.journal.codec import encode_batch
 from journalq.journal.sync import DEFAULT_GROUP_INTERVAL_MS
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
@@ -269,8 +270,10 @@ def test_sync_always_syncs_every_append(tmp_path, syncs):
     assert len(syncs) == 2
     w.append_many([b"c", b"d", b"e"])
     assert len(syncs) == 3
+    w.append_encoded(encode_batch(5, 7, [b"f", b"g"])[0])  # a hub's copy: as durable as the rest
+    assert len(syncs) == 4
     w.close()
-    assert len(syncs) == 4  # close syncs
+    assert len(syncs) == 5  # close syncs
 
 
 def test_sync_none_syncs_only_on_close_and_roll(tmp_path, syncs):

@@ -33,22 +33,28 @@ class FileLock:
         return self._fd
 
     def acquire(self, wait: bool = False) -> None:
+        if not self.try_acquire(wait):
+            holder = self.read_note()
+            raise LockedError(
+                "another writer holds the lock" + (f" ({holder})" if holder else ""),
+                file=self.path,
+            )
+
+    def try_acquire(self, wait: bool = False) -> bool:
+        """``acquire``, returning False instead of raising when another process holds the lock
+        (``wait=False``): the cheap way for a caller that will wait for it anyway."""
         while True:
             fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = self.read_note()
-                raise LockedError(
-                    "another writer holds the lock" + (f" ({holder})" if holder else ""),
-                    file=self.path,
-                ) from None
+                return False
             # The file may have been deleted (sej's writer deletes it on close) or replaced: a
             # lock on an unlinked file guards nothing, so take the lock again on the file the
             # path names now. (One fstat: cheaper than comparing with a stat of the path.)
             if os.fstat(fd).st_nlink > 0:
                 self.held = True
-                return
+                return True
             self._close_fd()
 
     def release(self) -> None:
@@ -64,6 +70,8 @@ class FileLock:
 
     def read_note(self) -> str:
         try:
+            if self._fd is not None:  # one system call, not three: shared writers read it often
+                return os.pread(self._fd, 200, 0).decode("utf-8", "replace").strip()
             with open(self.path, "rb") as f:
                 return f.read(200).decode("utf-8", "replace").strip()
         except OSError:

@@ -18,8 +18,7 @@ import os
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from itertools import accumulate
 from pathlib import Path
 
@@ -96,6 +95,7 @@ class Writer(Closing):
         self._index: IndexAppender | None = None
         self._segment: Segment = segment_at(self.path, 0)
         self._seg_len = 0
+        self._seen_roll_check = False  # looked for a newer segment since opening this one
         self._next_offset = 0
         self._pending: list[bytes] = []
         self._pending_lengths: list[int] = []
@@ -103,6 +103,7 @@ class Writer(Closing):
         self._unsynced = 0
         self._unsynced_since = 0.0
         self._durable_offset = 0  # under sync="always", every offset below is on stable storage
+        self._must_sync = 0  # under sync="always", the outermost operation syncs up to here
         self._syncing = False
         self._sync_done = threading.Condition(threading.Lock())
         self._flusher: threading.Thread | None = None
@@ -158,15 +159,22 @@ class Writer(Closing):
                 offset = self._next_offset + len(self._pending_lengths)
                 data = encode(offset, ts, type, key, value)
                 self._add(data, [len(data) - OVERHEAD])
+                self._must_sync = self._next_offset
             finally:
                 durable_to = self._end()
         if durable_to is not None:
             self._make_durable(durable_to)
         return offset
 
-    def append_many(self, items: Iterable[bytes | Message]) -> int | None:
+    def append_many(self, items: Iterable[bytes | Message], *, durable: bool = True) -> int | None:
         """Append a batch (values, or ``Message``s) in one write; returns the last offset, or
-        ``None`` for an empty batch. A batch that fails is not stored at all."""
+        ``None`` for an empty batch. A batch that fails is not stored at all.
+
+        ``durable=False`` (for records whose loss in a crash is harmless, such as a queue's
+        deliveries): under ``sync="always"`` the call returns without syncing, and the batch
+        reaches stable storage with the next durable append's sync (one file, written in order,
+        so a sync covers everything before it), a segment roll or ``close``. It is still handed
+        to the operating system before the call returns: it survives the death of the process."""
         items = items if isinstance(items, (list, tuple)) else list(items)
         ts = time.time_ns()
         with self._mutex:
@@ -176,6 +184,8 @@ class Writer(Closing):
                 data, lengths, count = encode_batch(first, ts, items)
                 if count:
                     self._add(data, lengths)
+                    if durable:
+                        self._must_sync = self._next_offset
             finally:
                 durable_to = self._end()
         if durable_to is not None:
@@ -205,27 +215,18 @@ class Writer(Closing):
                     if new_segment and self._seg_len:
                         self._roll()
                     self._add(data, [size - OVERHEAD for size in sizes])
+                    self._must_sync = self._next_offset
             finally:
                 durable_to = self._end()
         if durable_to is not None:
             self._make_durable(durable_to)
         return first + len(sizes) - 1 if sizes else None
 
-    @contextmanager
-    def hold(self) -> Iterator[None]:
+    def hold(self) -> _Hold:
         """Keep the journal to this writer for several appends (and whatever the caller reads in
         between): a shared writer takes the lock and catches up once, and no other process
         appends until the block ends. Other threads of this process wait too."""
-        with self._mutex:
-            self._begin()
-            self._held += 1
-            try:
-                yield
-            finally:
-                self._held -= 1
-                durable_to = self._end()
-        if durable_to is not None:
-            self._make_durable(durable_to)
+        return _Hold(self)
 
     def flush(self) -> None:
         """Hand buffered appends to the operating system (only ``buffer_size`` buffers)."""
@@ -287,18 +288,17 @@ class Writer(Closing):
         self._fd = fd
         self._segment = segment
         self._seg_len = scan.end
+        self._seen_roll_check = False
         self._next_offset = scan.next_offset
 
     def _take_shared_lock(self) -> None:
-        try:
-            self._lock.acquire(wait=False)
-        except LockedError as exc:
-            if self._lock.read_note().startswith(_EXCLUSIVE_NOTE):
+        if not self._lock.try_acquire(wait=False):
+            note = self._lock.read_note()
+            if note.startswith(_EXCLUSIVE_NOTE):
                 raise LockedError(
-                    f"an exclusive writer holds the journal; shared writers cannot join it "
-                    f"({self._lock.read_note()})",
-                    file=exc.file,
-                ) from None
+                    f"an exclusive writer holds the journal; shared writers cannot join it ({note})",
+                    file=self._lock.path,
+                )
             self._lock.acquire(wait=True)
 
     def _catch_up(self) -> None:
@@ -309,6 +309,12 @@ class Writer(Closing):
                 f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",
                 file=self._segment.path,
             )
+        if size == self._seg_len and self._seen_roll_check:
+            # Nothing appended since we last looked. A writer starts a segment only in the same
+            # hold as the append that filled the one before (``_write``, then ``_roll``), so
+            # with this segment unchanged no new one can have begun: skip the ``stat``.
+            return
+        self._seen_roll_check = True
         if size > self._seg_len:
             scan = scan_segment(self._segment, self._seg_len, self._next_offset, interval=self.index_interval)
             if not scan.clean:
@@ -351,7 +357,7 @@ class Writer(Closing):
             return None
         if self.shared:
             self._lock.release()
-        if self.sync_policy.mode == "always" and self._next_offset > self._durable_offset:
+        if self.sync_policy.mode == "always" and self._must_sync > self._durable_offset:
             return self._next_offset
         return None
 
@@ -380,10 +386,24 @@ class Writer(Closing):
         first_offset = self._next_offset
         start_segment, start_len = self._segment, self._seg_len
         created: list[Segment] = []
+        count = len(lengths)
+        end_len = start_len + len(data)
+        assert self._index is not None
+        if end_len < self.segment_size and end_len <= self._index.last_position + self.index_interval:
+            # The common case, small appends (a queue's events): no roll, and no message starts
+            # where an index entry is due (see ``choose_entries``), so one write is all.
+            try:
+                _write_all(self._fd, memoryview(data))
+                self._seg_len = end_len
+                self._next_offset = first_offset + count
+                self._synced_after(count)
+                return
+            except OSError as exc:
+                self._take_back(start_segment, start_len, first_offset, created)
+                raise _append_failed(exc, count, self._segment.path, first_offset) from exc
         # starts[i] is where message i begins, counted from the current segment's start;
         # after a roll, ``shift`` is where the new segment began in the same count.
         starts = list(accumulate(map(OVERHEAD.__add__, lengths), initial=self._seg_len))
-        count = len(lengths)
         view = memoryview(data)
         shift = 0
         done = 0  # messages written
@@ -412,12 +432,7 @@ class Writer(Closing):
             self._synced_after(count)
         except OSError as exc:
             self._take_back(start_segment, start_len, first_offset, created)
-            raise StorageError(
-                f"could not append {count} message(s): {exc.strerror or exc}; nothing of them was stored",
-                errno=exc.errno,
-                file=self._segment.path,
-                offset=first_offset,
-            ) from exc
+            raise _append_failed(exc, count, self._segment.path, first_offset) from exc
 
     def _roll(self) -> None:
         """Close the full segment (synced, as sej does) and start the next one."""
@@ -540,6 +555,36 @@ class Writer(Closing):
             self._fd = -1
 
 
+class _Hold:
+    """``Writer.hold()``'s context manager (a class: a queue takes it for every operation, and a
+    generator-based one costs several times as much)."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
+
+    def __enter__(self) -> None:
+        writer = self._writer
+        writer._mutex.acquire()
+        try:
+            writer._begin()
+        except BaseException:
+            writer._mutex.release()
+            raise
+        writer._held += 1
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        writer = self._writer
+        try:
+            writer._held -= 1
+            durable_to = writer._end()
+        finally:
+            writer._mutex.release()
+        if durable_to is not None and exc_type is None:  # a failed block: the error, not a sync
+            writer._make_durable(durable_to)
+
+
 def _make_dirs(directory: Path, durable: bool) -> None:
     """Create ``directory`` and its missing parents; when ``durable``, sync each new entry."""
     missing = []
@@ -550,6 +595,15 @@ def _make_dirs(directory: Path, durable: bool) -> None:
         new.mkdir(exist_ok=True)
         if durable:
             fsync_dir(new.parent)
+
+
+def _append_failed(exc: OSError, count: int, file: Path, offset: int) -> StorageError:
+    return StorageError(
+        f"could not append {count} message(s): {exc.strerror or exc}; nothing of them was stored",
+        errno=exc.errno,
+        file=file,
+        offset=offset,
+    )
 
 
 def _write_all(fd: int, data: memoryview) -> None:

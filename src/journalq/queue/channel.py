@@ -8,6 +8,11 @@ channel with no daemon, a consumer killed with SIGKILL loses nothing (its messag
 their visibility ends, with no event at all), and a process killed while appending leaves a torn
 tail that the next one cuts.
 
+Under ``sync="always"`` every change is synced before its call returns except deliveries, which
+reach the disk with the next synced change (one file written in order: a sync covers all before
+it). A delivery lost in a power cut only means the message goes out again; its receipt carries the
+delivery's stamp (``Delivery.stamp``) and so can never act on that later delivery.
+
 The state journal is compacted: every ``SNAPSHOT_EVERY`` events a snapshot of the whole state is
 appended, ``ofs/snapshot.ofs`` is pointed at it, and the state segments before it are deleted.
 The channel's cursor is committed as a plain sej reader offset, ``TOPIC/ofs/NAME.ofs``, which the
@@ -20,10 +25,11 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +51,15 @@ from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.envelope import Attribute, Envelope
 from journalq.queue.settings import check_number
-from journalq.queue.state import ChannelState, Event, EventKind, StaleReceipt
+from journalq.queue.state import (
+    ChannelState,
+    Event,
+    EventKind,
+    StaleReceipt,
+    deliver_many_record,
+    deliver_record,
+    finish_records,
+)
 from journalq.queue.topic import held, message_id, parse_message_id, resend
 
 if TYPE_CHECKING:
@@ -81,6 +95,15 @@ class ReceivedMessage:
     def sent_at(self) -> datetime:
         return datetime.fromtimestamp(self.sent_at_ns / 1e9, timezone.utc)
 
+    @classmethod
+    def _make(cls, **fields: Any) -> ReceivedMessage:
+        """The instance ``cls(**fields)`` makes (every field given), built without the frozen
+        ``__init__``'s ``object.__setattr__`` per field: five times cheaper, and a receive makes
+        one per message."""
+        message = object.__new__(cls)
+        message.__dict__.update(fields)
+        return message
+
 
 @dataclass(frozen=True)
 class Task:
@@ -104,7 +127,12 @@ class ChannelStats:
     """Seconds since the oldest message not yet finished was sent (None when there is none)."""
 
 
-_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})")  # what ``_receipt`` makes
+# What ``_receipt`` makes: offset, delivery number, channel token, delivery stamp (hex). Receipts
+# made before deliveries had stamps lack the last part: they are refused (their messages come back
+# when their visibility ends), since without a stamp a receipt could match a later delivery.
+_PLAIN = Envelope(b"")  # what ``consider`` checks of a plain message: no group, delay or filters
+_RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})\.([0-9a-f]{1,16})")
+Record = tuple[int, bytes, bytes]  # (type, key, value) of a state-journal message
 
 
 def _channel_token(path: Path) -> str:
@@ -135,6 +163,7 @@ class Channel:
         self.path = topic.path / "channels" / name
         self._closed = False
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._consumer_key = self.consumer_id.encode()[:127]  # the key of its DELIVER events
         self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
         self._token = _channel_token(self.path)
         self.state = ChannelState()
@@ -142,6 +171,8 @@ class Channel:
         self._since_snapshot = 0
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
+        self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
+        self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
         with self._hold():
@@ -151,10 +182,11 @@ class Channel:
     def settings(self):  # noqa: ANN201 - the topic's QueueSettings
         return self.topic.settings
 
-    def _receipt(self, offset: int, seq: int) -> str:
-        return f"{offset}.{seq}.{self._token}"
+    def _receipt(self, offset: int, seq: int, stamp: int) -> str:
+        return f"{offset}.{seq}.{self._token}.{stamp:x}"
 
-    def _parse_receipt(self, receipt: str) -> tuple[int, int]:
+    def _parse_receipt(self, receipt: str) -> tuple[int, int, int]:
+        """(offset, delivery number, delivery stamp) of one of this channel's receipts."""
         match = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
         if match is None:
             raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue")
@@ -162,7 +194,7 @@ class Channel:
             raise ReceiptError(
                 f"receipt {receipt!r} belongs to another queue or channel (or to an earlier one of this name)"
             )
-        return int(match[1]), int(match[2])
+        return int(match[1]), int(match[2]), int(match[4], 16)
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""
@@ -202,12 +234,12 @@ class Channel:
         try:
             if self._applied - self._events.offset > 1000:
                 self._seek_events(self._applied)  # skip our own events rather than read them back
+            apply, applied = state.apply_record, self._applied
             while batch := self._events.read_batch():
-                for message in batch:
-                    if message.offset >= self._applied:
-                        state.apply(Event.decode(message.type, message.key, message.value), message.timestamp_ns)
-                        self._since_snapshot += 1
-                self._applied = max(self._applied, batch[-1].offset + 1)
+                for offset, timestamp_ns, type_, key, value in batch:
+                    if offset >= applied:
+                        self._since_snapshot += apply(type_, key, value, timestamp_ns)
+                self._applied = applied = max(applied, batch[-1].offset + 1)
         except (OffsetOutOfRangeError, TruncatedError):
             pass
         if self._applied < self._writer.next_offset:
@@ -217,19 +249,46 @@ class Channel:
                 raise JournalError("events missing from the state journal", file=self.path, offset=self._applied)
             self._load()
 
-    def _record(self, events: list[Event]) -> None:
-        """Append events (under the hold) and apply them, exactly as every other process will."""
+    def _record(self, records: list[Record], *, durable: bool = True) -> int:
+        """Append events (under the hold) and apply them, exactly as every other process will.
+
+        Events applied already by ``_apply_unwritten`` go first, in the same write. ``durable=
+        False`` for deliveries alone: under ``sync="always"`` they are not synced before the call
+        returns, but with the next durable change (see ``receive``). Returns the events' time:
+        deliveries' stamps."""
         self._apply_new()
         now = time.time_ns()
-        messages = []
-        for event in events:
-            type_, key, value = event.encode()
-            messages.append(Message(timestamp_ns=now, type=type_, key=key, value=value))
-        self._writer.append_many(messages)
-        for event in events:
-            self.state.apply(event, now)
-        self._applied += len(events)
-        self._since_snapshot += len(events)
+        messages = [Message(0, now, type_, key, value) for type_, key, value in records]
+        unwritten = self._unwritten
+        if unwritten:
+            messages[:0] = unwritten
+            durable = True  # deletes
+        try:
+            self._writer.append_many(messages, durable=durable)
+        except BaseException:
+            self._forget_unwritten()
+            raise
+        self._unwritten = []
+        apply = self.state.apply_record
+        for type_, key, value in records:
+            self._since_snapshot += apply(type_, key, value, now)
+        self._applied += len(messages)
+        return now
+
+    def _apply_unwritten(self, records: list[Record], now: int) -> None:
+        """Under the hold: apply durable events now and append them with the next ``_record``
+        (which must come before the hold ends; ``_forget_unwritten`` if it cannot)."""
+        apply = self.state.apply_record
+        for type_, key, value in records:
+            self._unwritten.append(Message(0, now, type_, key, value))  # first: a failed apply reloads
+            self._since_snapshot += apply(type_, key, value, now)
+
+    def _forget_unwritten(self) -> None:
+        """Events applied but never appended (the step failed): the state is rebuilt from the
+        journal, which does not have them."""
+        if self._unwritten:
+            self._unwritten = []
+            self._load()
 
     def _maintain(self, now: int) -> None:
         """Under the hold, every ``task_gc_interval``: catch up with retention, collect finished
@@ -237,7 +296,8 @@ class Channel:
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
             self._skip_deleted()
-            self._record([Event(EventKind.COLLECT, 0, visible_at=now - int(self.settings.task_gc_lifetime * 1e9))])
+            older = now - int(self.settings.task_gc_lifetime * 1e9)
+            self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
             self.commit_cursor()
             if self.topic.gc_due():
                 self.topic.gc()
@@ -248,11 +308,11 @@ class Channel:
         """Forget messages that retention deleted from the topic before this channel took them."""
         first = self.topic.first_offset()
         if self.state.cursor < first:
-            self._record([Event(EventKind.SKIP_TO, first)])
+            self._record([Event(EventKind.SKIP_TO, first).encode()])
 
     def _compact(self) -> None:
         snapshot_at = self._writer.next_offset
-        self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot())])
+        self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot()).encode()])
         write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=self.topic.broker.sync != "none")
         self._since_snapshot = 0
         segments = list_segments(self.path)
@@ -281,6 +341,7 @@ class Channel:
         visibility_timeout: float | None = None,
         wait: float | None = None,
         filters: filtering.ConsumerFilters | None = None,
+        delete: Sequence[str] = (),
     ) -> list[ReceivedMessage]:
         """Receive up to ``max_messages``, oldest available first, each hidden from every other
         consumer for ``visibility_timeout`` seconds (the queue's by default) unless deleted.
@@ -289,6 +350,19 @@ class Channel:
         available, wait up to that many seconds and return as soon as something arrives.
         ``filters``: this consumer's zkmq filters, ``{name: value}`` or ``{name: (value,
         method)}`` with method ``absolute`` or ``at_least``; None takes every message.
+
+        ``delete``: receipts to delete first, in the same step (a consumer loop's "done with
+        these, give me more": one lock, one append and, under ``sync="always"``, one sync for
+        both). All or nothing: if one of them no longer names its delivery (or is not a receipt
+        of this channel), ``ReceiptError`` is raised, nothing is deleted and nothing received;
+        ``delete_many`` then tells which. The deletes are durable when the call returns, as with
+        ``delete``.
+
+        Under ``sync="always"``, deliveries alone are not synced: losing one in a crash only
+        means the message is delivered again, which at-least-once delivery allows, and its
+        receipt can never act on that later delivery (see ``Delivery.stamp``). They reach
+        stable storage with the next synced change of the channel (any delete, change of
+        visibility, ...), which syncs everything appended before it.
         """
         if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
             raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
@@ -297,16 +371,21 @@ class Channel:
         check_number("visibility_timeout", hide, 0, MAX_VISIBILITY)
         wait = check_number("wait", settings.receive_wait if wait is None else wait, 0, 3600)
         wanted = filtering.normalize(filters, settings.enums)
+        if isinstance(delete, str):
+            raise InvalidSettingError("delete must be a list of receipts, not one receipt")
         deadline = time.monotonic() + wait
         watch: DirectoryWatch | None = None
         try:
             while True:
                 try:
-                    got, wake_at = self._receive_now(max_messages, hide, wanted)
+                    got, wake_at = self._receive_now(max_messages, hide, wanted, delete)
+                except ReceiptError:
+                    raise
                 except Exception:
                     if self._closed:  # closed under this receive (a long poll, most likely)
                         return self._closed_under_receive()
                     raise
+                delete = ()  # done in the first attempt
                 remaining = deadline - time.monotonic()
                 if got or remaining <= 0:
                     return got
@@ -334,46 +413,106 @@ class Channel:
         return []
 
     def _receive_now(
-        self, max_messages: int, hide: float, wanted: dict[str, tuple[str, filtering.Method]] | None
+        self,
+        max_messages: int,
+        hide: float,
+        wanted: dict[str, tuple[str, filtering.Method]] | None,
+        delete: Sequence[str] = (),
     ) -> tuple[list[ReceivedMessage], int | None]:
         """One attempt under the lock; also returns when something hidden comes back."""
+        # Read new topic messages before taking the lock (the topic's messages never change):
+        # other processes wait for this channel's lock, not for this read.
+        # Topped up by half a look-ahead at a time, not by each receive's few messages: one read
+        # per ~500 messages (what came meanwhile is read under the hold only when needed).
+        if len(self._ahead) < _LOOK_AHEAD // 2 and self._ahead_lock.acquire(blocking=False):
+            try:
+                self._read_ahead(self.state.frontier)
+            finally:
+                self._ahead_lock.release()
+        with self._hold():
+            try:
+                picks, wake_at, stamp = self._receive_held(max_messages, hide, wanted, delete)
+            except BaseException:
+                self._forget_unwritten()
+                raise
+        metadata = self.state.metadata
+        received = [
+            ReceivedMessage._make(
+                id=message_id(m.offset),
+                receipt=self._receipt(m.offset, count, stamp),
+                body=m.value if e is _PLAIN else e.body,
+                attributes={} if e is _PLAIN else e.attributes,
+                receive_count=count,
+                sent_at_ns=m.timestamp_ns,
+                offset=m.offset,
+                group_id=e.group_id,
+                dedup_id=e.dedup_id,
+                filters={} if e is _PLAIN else e.filters,
+                metadata=metadata.get(m.offset, e.metadata),
+                source=e.source,
+            )
+            for m, e, count in picks
+        ]
+        return received, wake_at
+
+    def _receive_held(
+        self,
+        max_messages: int,
+        hide: float,
+        wanted: dict[str, tuple[str, filtering.Method]] | None,
+        delete: Sequence[str],
+    ) -> tuple[list[tuple[Message, Envelope, int]], int | None, int]:
+        """``_receive_now``'s work under the hold: (message, envelope, delivery number) of each
+        message delivered, when to look again, and the deliveries' stamp."""
         settings = self.settings
         enums = settings.enums
         max_count = settings.max_receive_count
-        with self._hold():
-            self._apply_new()
-            now = time.time_ns()
-            self._maintain(now)
-            state = self.state
-            state.expire(now)
-            blocked = set(state.group_holds)
-            picks: list[tuple[Message, Envelope, int]] = []
-            dead: list[tuple[Message, Envelope, int]] = []
-            wake_at = state.next_expiry()
+        self._apply_new()
+        now = time.time_ns()
+        state = self.state
+        if delete:
+            outcomes, current = self._current(delete)
+            for error in outcomes:
+                if error is not None:
+                    raise ReceiptError(f"nothing deleted, nothing received: {error}")
+            # Applied now, so that nothing they finish goes out again; appended with what this
+            # receive records next (one write; the hold's end syncs once for everything).
+            self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
+        self._maintain(now)
+        state.expire(now)
+        blocked = set(state.group_holds)
+        picks: list[tuple[Message, Envelope, int]] = []
+        dead: list[tuple[Message, Envelope, int]] = []
+        wake_at = state.next_expiry()
 
-            def consider(message: Message, count: int) -> bool:
-                """Take ``message`` if it may go to this consumer now; True when full."""
-                nonlocal wake_at
-                env = self._envelope(message)
-                group = env.group_id
-                if group is not None and group in blocked:
-                    return False
+        def consider(message: Message, count: int) -> bool:
+            """Take ``message`` if it may go to this consumer now; True when full."""
+            nonlocal wake_at
+            env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
+            group = env.group_id
+            if group is not None and group in blocked:
+                return False
+            if env.delay:
                 visible_at = message.timestamp_ns + int(env.delay * 1e9)
-                if visible_at > now or not filtering.matches(env.filters, wanted, enums):
-                    if visible_at > now:
-                        wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
+                if visible_at > now:
+                    wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
                     if group is not None:
                         blocked.add(group)  # keep the group's order: nothing after it goes first
                     return False
-                if max_count is not None and count >= max_count:
-                    dead.append((message, env, count))
-                    return False
-                picks.append((message, env, count + 1))
+            if wanted is not None and not filtering.matches(env.filters, wanted, enums):
                 if group is not None:
                     blocked.add(group)
-                return len(picks) >= max_messages
+                return False
+            if max_count is not None and count >= max_count:
+                dead.append((message, self._envelope(message) if env is _PLAIN else env, count))
+                return False
+            picks.append((message, env, count + 1))
+            if group is not None:
+                blocked.add(group)
+            return len(picks) >= max_messages
 
-            full = False
+        full = False
+        if state.ready or state.skipped:
             for offset in list(state.candidates()):
                 message = self.topic.message(offset)
                 if message is None:
@@ -382,40 +521,46 @@ class Channel:
                 if consider(message, state.receive_count(offset)):
                     full = True
                     break
-            if not full:
-                for message in self._new_messages(state.frontier):
-                    if consider(message, 0):
-                        break
-            events = [
-                Event(EventKind.DELIVER, m.offset, count, now + int(hide * 1e9), self.consumer_id, group=e.group_id)
+        if not full:
+            with self._ahead_lock:
+                self._take_new(state.frontier, consider)
+        visible_at = now + int(hide * 1e9)
+        consumer = self._consumer_key
+        plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
+        if len(plain) > 1:
+            records = [deliver_many_record([o for o, _ in plain], [c for _, c in plain], visible_at, consumer)]
+            records += [
+                deliver_record(m.offset, count, visible_at, consumer, e.group_id)
                 for m, e, count in picks
+                if e.group_id is not None
             ]
-            if dead:
-                self._send_dead(dead)
-                events += [Event(EventKind.DEAD, m.offset, count) for m, _, count in dead]
-            if events:
-                self._record(events)
-        received = [
-            ReceivedMessage(
-                id=message_id(m.offset),
-                receipt=self._receipt(m.offset, count),
-                body=e.body,
-                attributes=e.attributes,
-                receive_count=count,
-                sent_at_ns=m.timestamp_ns,
-                offset=m.offset,
-                group_id=e.group_id,
-                dedup_id=e.dedup_id,
-                filters=e.filters,
-                metadata=self.state.metadata.get(m.offset, e.metadata),
-                source=e.source,
-            )
-            for m, e, count in picks
-        ]
-        return received, wake_at
+        else:
+            records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
+        if dead:
+            self._send_dead(dead)
+            records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
+        stamp = 0
+        if records or self._unwritten:
+            # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
+            stamp = self._record(records, durable=bool(dead))
+        return picks, wake_at, stamp
 
-    def _new_messages(self, frontier: int) -> list[Message]:
-        """Messages from the frontier on, at most a look-ahead's worth.
+    def _take_new(self, frontier: int, consider: Callable[[Message, int], bool]) -> None:
+        """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
+        until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
+        then what came since."""
+        for message in self._read_ahead(frontier, 0):
+            if consider(message, 0):
+                return
+        while more := self._read_ahead(frontier):
+            for message in more:
+                if consider(message, 0):
+                    return
+
+    def _read_ahead(self, frontier: int, most: int = _LOOK_AHEAD) -> list[Message]:
+        """Drop from ``_ahead`` what is below ``frontier``, then read on until it holds ``most``
+        messages (or the topic ends). Returns the messages it read, or with ``most=0`` all of
+        ``_ahead``. (Under ``_ahead_lock``.)
 
         What was read but not taken stays in ``_ahead`` for the next receive, so a consumer
         reads the topic once, in order; it seeks only when other processes moved the frontier
@@ -425,7 +570,10 @@ class Channel:
         if ahead and ahead[0].offset < frontier:
             # Drop what was taken since: in place, so a receive of one costs no copy of the rest.
             del ahead[: frontier - ahead[0].offset]
-        if len(ahead) < _LOOK_AHEAD:
+        if most == 0:
+            return ahead
+        start = len(ahead)
+        if start < most:
             tail = self._tail
             position = ahead[-1].offset + 1 if ahead else frontier
             try:
@@ -435,7 +583,7 @@ class Channel:
                         self._tail = None
                     tail = self._tail = Scanner(self.topic.path, position)
                 # read_batch gives one decoded chunk at a time: read on up to the look-ahead
-                while len(ahead) < _LOOK_AHEAD and (more := tail.read_batch(_LOOK_AHEAD - len(ahead))):
+                while len(ahead) < most and (more := tail.read_batch(most - len(ahead))):
                     self.topic.remember(more)
                     ahead.extend(more)
             except (OffsetOutOfRangeError, TruncatedError):
@@ -444,7 +592,7 @@ class Channel:
                 if self._tail is not None:
                     self._tail.close()
                     self._tail = None
-        return ahead
+        return ahead[start:]
 
     def _envelope(self, message: Message) -> Envelope:
         if message.type != envelope.ENVELOPE_TYPE:
@@ -479,7 +627,9 @@ class Channel:
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
-        return self._act(receipts, lambda i, offset, seq, now: Event(EventKind.FINISH, offset, seq))
+        return self._act(
+            receipts, lambda current, now: finish_records([o for _, o, _ in current], [s for _, _, s in current])
+        )
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
         """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
@@ -490,40 +640,53 @@ class Channel:
             check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
         return self._act(
             [receipt for receipt, _ in changes],
-            lambda i, offset, seq, now: Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)),
+            lambda current, now: [
+                Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)).encode()
+                for i, offset, seq in current
+            ],
         )
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
         """Give the message back: available again after ``delay`` seconds (mq's redelivery)."""
         self.change_visibility(receipt, delay)
 
-    def _act(self, receipts: list[str], make: Callable[[int, int, int, int], Event]) -> list[ReceiptError | None]:
-        """Under the lock, turn each receipt that names a current delivery into ``make``'s event."""
-        outcomes: list[ReceiptError | None] = []
+    def _act(
+        self, receipts: list[str], make: Callable[[list[tuple[int, int, int]], int], list[Record]]
+    ) -> list[ReceiptError | None]:
+        """Under the lock, turn the receipts that name current deliveries, as (index, offset,
+        delivery number), into ``make``'s events."""
         with self._hold():
             self._apply_new()
             now = time.time_ns()
             self.state.expire(now)
-            events = []
-            acted: set[int] = set()
-            for i, receipt in enumerate(receipts):
-                try:
-                    offset, seq = self._parse_receipt(receipt)
-                    self.state.check_receipt(offset, seq)
-                    if offset in acted:
-                        raise ReceiptError(f"receipt {receipt!r} was given twice in one call")
-                    acted.add(offset)
-                except StaleReceipt as exc:
-                    outcomes.append(ReceiptError(f"receipt {receipt!r}: {exc}"))
-                    continue
-                except ReceiptError as exc:
-                    outcomes.append(exc)
-                    continue
-                events.append(make(i, offset, seq, now))
-                outcomes.append(None)
-            if events:
-                self._record(events)
+            outcomes, current = self._current(receipts)
+            if current:
+                self._record(make(current, now))
         return outcomes
+
+    def _current(self, receipts: Sequence[str]) -> tuple[list[ReceiptError | None], list[tuple[int, int, int]]]:
+        """Under the hold: for each receipt, None or why it names no current delivery; and
+        (index, offset, delivery number) of those that do."""
+        outcomes: list[ReceiptError | None] = []
+        current: list[tuple[int, int, int]] = []
+        acted: set[int] = set()
+        check = self.state.check_receipt
+        for i, receipt in enumerate(receipts):
+            try:
+                offset, seq, stamp = self._parse_receipt(receipt)
+                check(offset, seq, stamp)
+                if offset in acted:
+                    raise ReceiptError(f"receipt {receipt!r} was given twice in one call")
+                acted.add(offset)
+            except StaleReceipt as exc:
+                outcomes.append(ReceiptError(f"receipt {receipt!r}: {exc}"))
+                continue
+            except ReceiptError as exc:
+                outcomes.append(exc)
+                continue
+            current.append((i, offset, seq))
+            outcomes.append(None)
+        return outcomes, current
 
     # -- tasks, consumers, stats ----------------------------------------------------------------
 
@@ -558,7 +721,7 @@ class Channel:
             state = self.state
             if state.task_state(offset, time.time_ns()) in (None, "finished", "dead") or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}/{self.name}")
-            self._record([Event(EventKind.FINISH, offset, state.receive_count(offset))])
+            self._record(finish_records([offset], [state.receive_count(offset)]))
 
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
@@ -573,7 +736,7 @@ class Channel:
             self._apply_new()
             if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name}")
-            self._record([Event(EventKind.METADATA, offset, payload=payload)])
+            self._record([Event(EventKind.METADATA, offset, payload=payload).encode()])
 
     def consumers(self) -> dict[str, list[str]]:
         """Active consumers and the ids of the messages each holds hidden now."""
@@ -641,7 +804,7 @@ class Channel:
         """Finish every message sent so far (SQS's PurgeQueue)."""
         with self._hold():
             self._apply_new()
-            self._record([Event(EventKind.SKIP_TO, self._end_offset())])
+            self._record([Event(EventKind.SKIP_TO, self._end_offset()).encode()])
 
     def close(self) -> None:
         self._closed = True

@@ -42,12 +42,21 @@ class EventKind(IntEnum):
     SKIP_TO = 6  # value: offset (purge, or retention removed what is below it)
     SNAPSHOT = 7  # value: the whole state, see ``snapshot``
     COLLECT = 8  # value: time; forget finished tasks finished before it (task garbage collection)
+    # One event for many messages (a receive or delete of several): what DELIVER and FINISH
+    # record for each, packed, so that a batch costs one journal message to write and to read.
+    DELIVER_MANY = 9  # key: consumer id; value: visible-again time, then (offset, delivery number) each; no groups
+    FINISH_MANY = 10  # value: (offset, delivery number) each
 
 
 _OFFSET_SEQ = struct.Struct(">QI")
 _OFFSET_SEQ_TIME = struct.Struct(">QIq")
 _OFFSET = struct.Struct(">Q")
 _TIME = struct.Struct(">q")
+_pack_offset_seq, _unpack_offset_seq = _OFFSET_SEQ.pack, _OFFSET_SEQ.unpack_from
+_pack_offset_seq_time, _unpack_offset_seq_time = _OFFSET_SEQ_TIME.pack, _OFFSET_SEQ_TIME.unpack_from
+_DELIVER, _FINISH = int(EventKind.DELIVER), int(EventKind.FINISH)
+_DELIVER_MANY, _FINISH_MANY = int(EventKind.DELIVER_MANY), int(EventKind.FINISH_MANY)
+_iter_offset_seq = _OFFSET_SEQ.iter_unpack
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,8 @@ class Event:
             value = _OFFSET_SEQ_TIME.pack(self.offset, self.seq, self.visible_at)
         elif kind is EventKind.COLLECT:
             value = _TIME.pack(self.visible_at)
+        elif kind is EventKind.DELIVER_MANY:
+            value = _TIME.pack(self.visible_at) + self.payload
         elif kind in (EventKind.FINISH, EventKind.DEAD):
             value = _OFFSET_SEQ.pack(self.offset, self.seq)
         elif kind in (EventKind.METADATA, EventKind.SKIP_TO):
@@ -88,6 +99,10 @@ class Event:
             return cls(kind, offset, seq, visible_at, key.decode("utf-8", "replace"), group=group)
         if kind is EventKind.COLLECT:
             return cls(kind, 0, visible_at=_TIME.unpack_from(value)[0])
+        if kind is EventKind.DELIVER_MANY:
+            visible_at = _TIME.unpack_from(value)[0]
+            consumer = key.decode("utf-8", "replace")
+            return cls(kind, 0, visible_at=visible_at, consumer=consumer, payload=value[_TIME.size :])
         if kind in (EventKind.FINISH, EventKind.DEAD):
             offset, seq = _OFFSET_SEQ.unpack_from(value)
             return cls(kind, offset, seq)
@@ -96,7 +111,30 @@ class Event:
         return cls(kind, 0, payload=value)
 
 
-@dataclass
+def deliver_record(
+    offset: int, seq: int, visible_at: int, consumer: bytes, group: str | None
+) -> tuple[int, bytes, bytes]:
+    """(type, key, value) of a DELIVER event, as ``Event.encode`` makes it, without the ``Event``
+    (a queue records one per message received). ``consumer``: the key, already encoded."""
+    value = _pack_offset_seq_time(offset, seq, visible_at)
+    return _DELIVER, consumer, value if group is None else value + group.encode()
+
+
+def deliver_many_record(
+    offsets: list[int], seqs: list[int], visible_at: int, consumer: bytes
+) -> tuple[int, bytes, bytes]:
+    """(type, key, value) of a DELIVER_MANY event: deliveries with no group, one visibility."""
+    return _DELIVER_MANY, consumer, _TIME.pack(visible_at) + b"".join(map(_pack_offset_seq, offsets, seqs))
+
+
+def finish_records(offsets: list[int], seqs: list[int]) -> list[tuple[int, bytes, bytes]]:
+    """The records that finish these deliveries: one FINISH, or one FINISH_MANY for several."""
+    if len(offsets) == 1:
+        return [(_FINISH, b"", _pack_offset_seq(offsets[0], seqs[0]))]
+    return [(_FINISH_MANY, b"", b"".join(map(_pack_offset_seq, offsets, seqs)))] if offsets else []
+
+
+@dataclass(slots=True)
 class Delivery:
     """The current delivery of a message in flight."""
 
@@ -105,6 +143,10 @@ class Delivery:
     visible_at: int  # when it is ready to go out again
     consumer: str
     group: str | None = None
+    stamp: int = 0
+    """The time of the DELIVER event (ns). Receipts carry it: after a crash that lost a delivery
+    never synced (``sync="always"`` does not sync deliveries), the next delivery of the message
+    has the same ``seq`` but another stamp, so the lost delivery's receipt matches nothing."""
 
 
 class StaleReceipt(Exception):
@@ -138,7 +180,10 @@ class ChannelState:
         self.events_applied += 1
         kind = event.kind
         if kind is EventKind.DELIVER:
-            self._deliver(event)
+            self._deliver(event.offset, event.seq, event.visible_at, event.consumer, event.group, now)
+        elif kind is EventKind.DELIVER_MANY or kind is EventKind.FINISH_MANY:
+            self.events_applied -= 1  # counted per message by apply_record
+            self.apply_record(*event.encode(), now)
         elif kind is EventKind.FINISH or kind is EventKind.DEAD:
             self._finish(event.offset, now, "dead" if kind is EventKind.DEAD else "finished")
         elif kind is EventKind.VISIBILITY:
@@ -154,23 +199,59 @@ class ChannelState:
         elif kind is EventKind.COLLECT:
             self.collect(event.visible_at, now)
 
-    def _deliver(self, event: Event) -> None:
-        offset = event.offset
+    def apply_record(self, type_: int, key: bytes, value: bytes, now: int) -> int:
+        """Apply the event of a state-journal message: ``apply(Event.decode(...), now)``, with
+        deliveries and deletes (nearly every event) decoded in place, without an ``Event``.
+        Returns how many changes it made (messages delivered or finished; 1 for other events)."""
+        if type_ == _DELIVER_MANY:
+            (visible_at,) = _TIME.unpack_from(value)
+            consumer = key.decode("utf-8", "replace")
+            deliver = self._deliver
+            count = 0
+            for offset, seq in _iter_offset_seq(value[_TIME.size :]):
+                deliver(offset, seq, visible_at, consumer, None, now)
+                count += 1
+            self.events_applied += count
+            return count
+        if type_ == _FINISH_MANY:
+            finish = self._finish
+            count = 0
+            for offset, _ in _iter_offset_seq(value):
+                finish(offset, now, "finished")
+                count += 1
+            self.events_applied += count
+            return count
+        if type_ == _DELIVER:
+            self.events_applied += 1
+            offset, seq, visible_at = _unpack_offset_seq_time(value)
+            group = value[_OFFSET_SEQ_TIME.size :].decode() if len(value) > _OFFSET_SEQ_TIME.size else None
+            self._deliver(offset, seq, visible_at, key.decode("utf-8", "replace"), group, now)
+        elif type_ == _FINISH:
+            self.events_applied += 1
+            self._finish(_unpack_offset_seq(value)[0], now, "finished")
+        else:
+            self.apply(Event.decode(type_, key, value), now)
+        return 1
+
+    def _deliver(self, offset: int, seq: int, visible_at: int, consumer: str, group: str | None, now: int) -> None:
         if offset < self.cursor or offset in self.finished:
             return
-        if offset >= self.frontier:
-            self.skipped.update(range(self.frontier, offset))
+        frontier = self.frontier
+        if offset >= frontier:
+            if offset > frontier:
+                self.skipped.update(range(frontier, offset))
             self.frontier = offset + 1
-        else:
+        elif self.skipped:
             self.skipped.discard(offset)
         old = self.inflight.pop(offset, None)
         if old is not None:
             self._unhold(old)
             self.ready.discard(offset)
-        delivery = Delivery(offset, event.seq, event.visible_at, event.consumer, event.group)
+        delivery = Delivery(offset, seq, visible_at, consumer, group, now)
         self.inflight[offset] = delivery
-        self._hold(delivery)
-        heapq.heappush(self._expiry, (event.visible_at, offset, event.seq))
+        if group is not None:
+            self._hold(delivery)
+        heapq.heappush(self._expiry, (visible_at, offset, seq))
 
     def _hide_until(self, delivery: Delivery, visible_at: int) -> None:
         """A new visibility for a delivery in flight (hidden again if it was ready)."""
@@ -198,24 +279,35 @@ class ChannelState:
             return
         delivery = self.inflight.pop(offset, None)
         if delivery is not None:
-            self._unhold(delivery)
-            self.ready.discard(offset)
-        self.skipped.discard(offset)
+            if delivery.group is not None:
+                self._unhold(delivery)
+            if self.ready:
+                self.ready.discard(offset)
         if offset >= self.frontier:
-            self.skipped.update(range(self.frontier, offset))
+            if offset > self.frontier:
+                self.skipped.update(range(self.frontier, offset))
             self.frontier = offset + 1
-        self.finished.add(offset)
+        elif self.skipped:
+            self.skipped.discard(offset)
         if how == "dead":
             self.dead += 1
         if how == "dead" or offset in self.metadata:
             # Plain finished tasks are told apart by the cursor; only these need a record.
             self.finished_at[offset] = (now, how)
-        self._advance_cursor()
+        if offset == self.cursor:
+            self._advance_cursor(offset + 1)
+        else:
+            self.finished.add(offset)
 
-    def _advance_cursor(self) -> None:
-        while self.cursor in self.finished:
-            self.finished.discard(self.cursor)
-            self.cursor += 1
+    def _advance_cursor(self, cursor: int | None = None) -> None:
+        """Move the cursor to ``cursor`` (if given), then past every finished offset."""
+        if cursor is not None:
+            self.cursor = cursor
+        finished = self.finished
+        if finished:
+            while self.cursor in finished:
+                finished.discard(self.cursor)
+                self.cursor += 1
 
     def skip_to(self, offset: int, now: int) -> None:
         """Forget every message below ``offset`` (a purge, or retention deleted them)."""
@@ -272,8 +364,10 @@ class ChannelState:
             return iter(skipped)
         return heapq.merge(ready, skipped)
 
-    def check_receipt(self, offset: int, seq: int) -> Delivery:
-        """The current delivery that a receipt names; ``StaleReceipt`` when it is over."""
+    def check_receipt(self, offset: int, seq: int, stamp: int | None = None) -> Delivery:
+        """The current delivery that a receipt names; ``StaleReceipt`` when it is over.
+
+        ``stamp``, when given, must be the delivery's too (see ``Delivery.stamp``)."""
         delivery = self.inflight.get(offset)
         if delivery is None:
             raise StaleReceipt(f"message {offset} is no longer in flight (finished or gone)")
@@ -281,6 +375,11 @@ class ChannelState:
             raise StaleReceipt(
                 f"message {offset} was delivered again (delivery {delivery.seq}) after the "
                 f"delivery {seq} that this receipt belongs to"
+            )
+        if stamp is not None and delivery.stamp != stamp:
+            raise StaleReceipt(
+                f"message {offset}: the delivery this receipt belongs to was lost in a crash (it "
+                f"was never synced) and the message was delivered again since"
             )
         return delivery
 
@@ -330,7 +429,9 @@ class ChannelState:
             {
                 "cursor": self.cursor,
                 "frontier": self.frontier,
-                "inflight": [[d.offset, d.seq, d.visible_at, d.consumer, d.group] for d in self.inflight.values()],
+                "inflight": [
+                    [d.offset, d.seq, d.visible_at, d.consumer, d.group, d.stamp] for d in self.inflight.values()
+                ],
                 "skipped": list(self.skipped),
                 "finished": sorted(self.finished),
                 "metadata": [[o, m] for o, m in self.metadata.items()],
@@ -358,8 +459,9 @@ class ChannelState:
         self.collected_below = data["collected_below"]
         self.cursor_marks = [tuple(m) for m in data["cursor_marks"]]
         self.last_collect = data["last_collect"]
-        for offset, seq, visible_at, consumer, group in data["inflight"]:
-            delivery = Delivery(offset, seq, visible_at, consumer, group)
+        for offset, seq, visible_at, consumer, group, *stamp in data["inflight"]:
+            # Snapshots made before deliveries had stamps have none: 0, as their receipts had.
+            delivery = Delivery(offset, seq, visible_at, consumer, group, stamp[0] if stamp else 0)
             self.inflight[offset] = delivery
             self._hold(delivery)
             heapq.heappush(self._expiry, (visible_at, offset, seq))

@@ -13,8 +13,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -306,22 +305,35 @@ class Topic:
             self._writer = None
 
 
-@contextmanager
-def held(writer: Writer, reopen: Callable[[], Writer]) -> Iterator[Writer]:
-    """``writer.hold()``, yielding the writer held. A shared writer cannot catch up once another
-    process's gc (or compaction) deleted the segment it was on: then the writer is closed and
-    ``reopen()`` gives one at the journal's end to hold instead."""
-    with ExitStack() as stack:
+class held:
+    """``with held(writer, reopen) as w``: ``writer.hold()``, giving the writer held. A shared
+    writer cannot catch up once another process's gc (or compaction) deleted the segment it was
+    on: then the writer is closed and ``reopen()`` gives one at the journal's end to hold instead.
+    (A class, not a generator: a channel takes it for every operation.)"""
+
+    __slots__ = ("_writer", "_reopen", "_hold")
+
+    def __init__(self, writer: Writer, reopen: Callable[[], Writer]) -> None:
+        self._writer = writer
+        self._reopen = reopen
+
+    def __enter__(self) -> Writer:
+        writer = self._writer
         try:
-            stack.enter_context(writer.hold())
+            self._hold = writer.hold()
+            self._hold.__enter__()
         except FileNotFoundError:
             segments = list_segments(writer.path)
             if not segments or writer.segment in segments:
                 raise  # not a collected segment: the journal itself is gone, or something else
             writer.close()
-            writer = reopen()
-            stack.enter_context(writer.hold())
-        yield writer
+            writer = self._writer = self._reopen()
+            self._hold = writer.hold()
+            self._hold.__enter__()
+        return writer
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._hold.__exit__(*exc_info)
 
 
 def _last_timestamp(segment: Segment) -> int:
