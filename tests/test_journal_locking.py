@@ -149,6 +149,20 @@ def test_exclusive_writer_between_shared_appends(tmp_path):
     assert [m.value for m in scan_all(tmp_path)] == [b"s0", b"e1", b"e2", b"s3"]
 
 
+def test_a_shared_writer_follows_a_segment_another_started_early(tmp_path):
+    """A hub's copy starts a segment where its source did, before the current one is full: the
+    other shared writers must append there, not to the segment they last saw unchanged."""
+    one, two = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    one.append(b"a")
+    two.append(b"b")  # two has seen segment 0 too
+    one.append_encoded(encode(2, 5, 0, b"", b"c"), new_segment=True)  # segment 2, segment 0 unchanged
+    assert two.append(b"d") == 3
+    one.close()
+    two.close()
+    assert sorted(p.name for p in (tmp_path / "jnl").glob("*.jnl")) == ["0000000000000000.jnl", "0000000000000002.jnl"]
+    assert [m.value for m in scan_all(tmp_path)] == [b"a", b"b", b"c", b"d"]
+
+
 def _append_in_thread(writer: Writer, value: bytes):
     result: dict = {}
 

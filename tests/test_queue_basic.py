@@ -195,6 +195,23 @@ def test_delete_twice_is_an_error(broker: Broker) -> None:
     assert all(isinstance(e, ReceiptError) for e in errors)
 
 
+def test_the_consumer_loop_deletes_with_its_next_receive(broker: Broker) -> None:
+    """``receive(n, delete=last_receipts)`` on either store: what was deleted is gone, and a
+    refused receipt receives nothing."""
+    q = broker.queue("q", visibility_timeout=60)
+    q.send_many([b"%d" % i for i in range(7)])
+    got, receipts = [], []
+    while batch := q.receive(3, delete=receipts):
+        got += [m.body for m in batch]
+        receipts = [m.receipt for m in batch]
+    assert sorted(got) == sorted(b"%d" % i for i in range(7))
+    assert q.stats().in_flight == 0 and q.stats().available == 0
+    with pytest.raises(ReceiptError):
+        q.receive(1, delete=receipts[:1] or ["0.1.x"])  # deleted already (or never a receipt)
+    q.send(b"late")
+    assert bodies(q.receive(1)) == [b"late"]
+
+
 # -- FIFO ---------------------------------------------------------------------------------
 
 

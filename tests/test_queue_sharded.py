@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import textwrap
@@ -211,6 +212,34 @@ def test_visibility_release_and_change_go_to_the_right_shard(tmp_path: Path) -> 
         assert all(m.receive_count == 2 for m in again)
         with pytest.raises(ReceiptError, match=repr(first[0].receipt)):
             queue.delete(first[0].receipt)  # delivered again since: the old receipt is over
+
+
+def test_the_consumer_loop_deletes_in_every_shard_with_its_next_receive(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4, visibility_timeout=60)
+        queue.send_many([b"%d" % i for i in range(40)])
+        first = queue.receive(10)
+        assert len({shard_of(m.receipt) for m in first}) >= 1
+        with pytest.raises(ReceiptError, match="is not one of this sharded queue's"):
+            queue.receive(10, delete=[first[0].receipt, "9." + first[1].receipt])  # no shard 9: nothing done
+        bodies = [m.body for m in first]
+        receipts = [m.receipt for m in first]
+        while got := queue.receive(10, delete=receipts):
+            bodies += [m.body for m in got]
+            receipts = [m.receipt for m in got]
+        queue.delete_many(receipts)  # the last round's (none: the loop ended on an empty receive)
+        assert sorted(bodies) == sorted(b"%d" % i for i in range(40))
+        assert queue.stats().available == 0 and queue.stats().in_flight == 0
+        spread = queue.receive(1, delete=[])  # nothing left
+        assert spread == []
+        # Receipts from several shards at once, one of them stale: refused at its shard, by the
+        # receipt the caller gave.
+        queue.send_many([b"x%d" % i for i in range(8)])
+        batch = queue.receive(8)
+        assert len({shard_of(m.receipt) for m in batch}) > 1
+        queue.delete(batch[-1].receipt)
+        with pytest.raises(ReceiptError, match=re.escape(repr(batch[-1].receipt))):
+            queue.receive(1, delete=[m.receipt for m in batch])
 
 
 # -- bad settings, names and receipts ----------------------------------------------------------------

@@ -95,7 +95,6 @@ class Writer(Closing):
         self._index: IndexAppender | None = None
         self._segment: Segment = segment_at(self.path, 0)
         self._seg_len = 0
-        self._seen_roll_check = False  # looked for a newer segment since opening this one
         self._next_offset = 0
         self._pending: list[bytes] = []
         self._pending_lengths: list[int] = []
@@ -288,7 +287,6 @@ class Writer(Closing):
         self._fd = fd
         self._segment = segment
         self._seg_len = scan.end
-        self._seen_roll_check = False
         self._next_offset = scan.next_offset
 
     def _take_shared_lock(self) -> None:
@@ -309,12 +307,6 @@ class Writer(Closing):
                 f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",
                 file=self._segment.path,
             )
-        if size == self._seg_len and self._seen_roll_check:
-            # Nothing appended since we last looked. A writer starts a segment only in the same
-            # hold as the append that filled the one before (``_write``, then ``_roll``), so
-            # with this segment unchanged no new one can have begun: skip the ``stat``.
-            return
-        self._seen_roll_check = True
         if size > self._seg_len:
             scan = scan_segment(self._segment, self._seg_len, self._next_offset, interval=self.index_interval)
             if not scan.clean:
@@ -323,7 +315,8 @@ class Writer(Closing):
             self._next_offset = scan.next_offset
             assert self._index is not None
             self._index.last_position = max(self._index.last_position, last_position(self._segment))
-        # Another writer may have started a new segment: it is named by the offset now due.
+        # Another writer may have started a new segment, even with this one unchanged (a hub's
+        # copy starts one where its source did): it is named by the offset now due.
         # (A string path: this runs on every shared append, and pathlib is slow.)
         while self._next_offset != self._segment.base and os.path.exists(
             os.path.join(self._jnl, segment_name(self._next_offset))

@@ -163,7 +163,6 @@ class Channel:
         self.path = topic.path / "channels" / name
         self._closed = False
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self._consumer_key = self.consumer_id.encode()[:127]  # the key of its DELIVER events
         self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
         self._token = _channel_token(self.path)
         self.state = ChannelState()
@@ -177,6 +176,17 @@ class Channel:
         self._committed_cursor = -1
         with self._hold():
             self._load()
+
+    @property
+    def consumer_id(self) -> str:
+        """Who receives through this object: host, pid and a random part (a sharded queue gives
+        its shards' channels its own)."""
+        return self._consumer_id
+
+    @consumer_id.setter
+    def consumer_id(self, consumer_id: str) -> None:
+        self._consumer_id = consumer_id
+        self._consumer_key = consumer_id.encode()[:127]  # the key of its DELIVER events
 
     @property
     def settings(self):  # noqa: ANN201 - the topic's QueueSettings

@@ -37,7 +37,7 @@ import re
 import shutil
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import count
 from pathlib import Path
 from typing import Any, TypeVar
@@ -373,14 +373,32 @@ class ShardedChannel:
     _closed_under_receive = Channel._closed_under_receive
 
     def _receive_now(
-        self, max_messages: int, hide: float, wanted: dict[str, tuple[str, filtering.Method]] | None
+        self,
+        max_messages: int,
+        hide: float,
+        wanted: dict[str, tuple[str, filtering.Method]] | None,
+        delete: Sequence[str] = (),
     ) -> tuple[list[ReceivedMessage], int | None]:
         """Take from the shards in ``_order`` until ``max_messages`` are taken or all were tried;
-        also returns when something hidden in any shard looked at comes back."""
+        also returns when something hidden in any shard looked at comes back.
+
+        ``delete`` (``receive(delete=...)``): the shards holding those receipts are asked first,
+        each deleting its own with its receive (one step per shard), so all or nothing holds per
+        shard: a malformed receipt changes nothing, a stale one stops the receive at its shard."""
+        deletes = self._deletes_by_shard(delete)
         received: list[ReceivedMessage] = []
         wake_at: int | None = None
-        for index in self._order():
-            got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted)
+        for index in [*deletes, *(i for i in self._order() if i not in deletes)]:
+            mine = deletes.get(index, ())
+            if len(received) >= max_messages:
+                if not mine:
+                    break
+                _raise(next((e for e in self._named(self._channel(index).delete_many(mine), index) if e), None))
+                continue
+            try:
+                got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
+            except ReceiptError as exc:
+                raise self._named([exc], index)[0] from None
             if wake is not None:
                 wake_at = wake if wake_at is None else min(wake_at, wake)
             if got:
@@ -389,9 +407,23 @@ class ShardedChannel:
                     object.__setattr__(m, "id", f"{index}.{m.id}")
                     object.__setattr__(m, "receipt", f"{index}.{m.receipt}")
                 received += got
-                if len(received) >= max_messages:
-                    break
         return received, wake_at
+
+    def _deletes_by_shard(self, receipts: Sequence[str]) -> dict[int, list[str]]:
+        """``receipts`` by shard, without their shard; ``ReceiptError`` for one that names none."""
+        by_shard: dict[int, list[str]] = {}
+        for receipt in receipts:
+            index, inner = _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
+            by_shard.setdefault(index, []).append(inner)
+        return by_shard
+
+    @staticmethod
+    def _named(errors: list[ReceiptError | None], index: int) -> list[ReceiptError | None]:
+        """A shard channel's receipt errors, naming the receipts as the caller gave them."""
+        return [
+            None if error is None else ReceiptError(re.sub(r"receipt '", f"receipt '{index}.", str(error), count=1))
+            for error in errors
+        ]
 
     def _watch(self) -> DirectoryWatch:
         """A long poll wakes on an append to any shard or to any shard's channel state."""

@@ -26,7 +26,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -713,11 +713,21 @@ class ZooKeeperQueue:
         visibility_timeout: float | None = None,
         wait: float | None = None,
         filters: filtering.ConsumerFilters | None = None,
+        delete: Sequence[str] = (),
     ) -> list[ReceivedMessage]:
         """As ``Channel.receive``: oldest first (by the senders' clocks), each hidden for
-        ``visibility_timeout`` seconds; ``wait`` is long polling (woken by new tasks)."""
+        ``visibility_timeout`` seconds; ``wait`` is long polling (woken by new tasks).
+        ``delete``: receipts deleted first, as ``delete_many`` does; if one of them is refused,
+        ``ReceiptError`` and nothing is received, but unlike on files the others stay deleted
+        (each is its own change in ZooKeeper)."""
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= MAX_RECEIVE:
             raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
+        if isinstance(delete, str):
+            raise InvalidSettingError("delete must be a list of receipts, not one receipt")
+        if delete:
+            refused = next((error for error in self.delete_many(list(delete)) if error is not None), None)
+            if refused is not None:
+                raise ReceiptError(f"nothing received: {refused}")
         settings = self.settings
         hide = settings.visibility_timeout if visibility_timeout is None else visibility_timeout
         check_number("visibility_timeout", hide, 0, MAX_VISIBILITY)
