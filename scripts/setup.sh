@@ -34,18 +34,13 @@ if [ ! -f /usr/share/java/zookeeper.jar ]; then
 fi
 # The server benchmark's lean HTTP client (bench/server_load.py falls back to a Python one without it).
 if ! command -v wrk >/dev/null 2>&1; then
-    if command -v apt-get >/dev/null 2>&1; then
-        sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        $sudo apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk || echo "warning: wrk not installed; the server benchmark uses its Python client" >&2
-    else
-        echo "warning: no wrk (no apt-get here); the server benchmark uses its Python client" >&2
-    fi
+    apt_install "the server benchmark prefers wrk" wrk \
+        || echo "warning: wrk not installed; the server benchmark uses its Python client" >&2
 fi
 # The hub's test on separate hosts (tests/test_hub_netns.py) makes network namespaces with `ip`
 # (iproute2) and checks listening ports with `ss`; it is skipped where they are missing.
-if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 \
+if ! command -v ip >/dev/null 2>&1; then
+    apt_install "the hub's test on separate hosts needs ip" iproute2 \
         || echo "warning: could not install iproute2; the hub's namespace test will be skipped" >&2
 fi
 if [ ! -x .venv/bin/python ]; then
