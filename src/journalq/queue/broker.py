@@ -16,63 +16,14 @@ from journalq.closing import Closing
 from journalq.errors import QueueNotFoundError
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
-from journalq.queue.channel import Channel
+from journalq.queue import sharded
 from journalq.queue.settings import QueueSettings, check_name
-from journalq.queue.topic import Topic, resend
+from journalq.queue.sharded import ShardedQueue
+from journalq.queue.topic import Topic
+from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper import is_zookeeper_url, open_broker
 
-DEFAULT_CHANNEL = "default"
-
-
-class Queue(Channel):
-    """A topic with one channel, the common case (SQS's queue): send, receive, delete."""
-
-    def send(self, body: bytes, **options: Any) -> str:
-        """Send one message; see ``Topic.send`` for the options."""
-        return self.topic.send(body, **options)
-
-    def send_many(self, items: Any) -> list[str]:
-        return self.topic.send_many(items)
-
-    def configure(self, **changes: Any) -> QueueSettings:
-        """Change settings (visibility_timeout, delay, max_receive_count, ...); returns them all."""
-        return self.topic.broker.configure(self.topic.name, **changes)
-
-    def redrive(self, destination: str | None = None, max_messages: int | None = None) -> int:
-        """Move dead letters back to the queue each came from (or to ``destination``), oldest
-        first (SQS's StartMessageMoveTask); returns how many were moved."""
-        broker = self.topic.broker
-        if destination is not None:
-            broker.queue(destination, create=False)  # refuse a destination that does not exist
-        moved = 0
-        while max_messages is None or moved < max_messages:
-            size = 100 if max_messages is None else min(100, max_messages - moved)
-            batch = self.receive(size, visibility_timeout=60)
-            if not batch:
-                return moved
-            by_target: dict[str, list[Any]] = {}
-            for message in batch:
-                target = destination or (message.source or {}).get("queue")
-                if target is None:
-                    self.release(message.receipt)
-                    continue
-                by_target.setdefault(target, []).append(message)
-            for target, messages in list(by_target.items()):
-                try:
-                    # Never make a queue that was deleted since: its dead letters stay here.
-                    queue = broker.queue(target, create=False)
-                except QueueNotFoundError:
-                    for message in messages:
-                        self.release(message.receipt, delay=60)
-                    del by_target[target]
-                    continue
-                queue.send_many([resend(m) for m in messages])
-                self.delete_many([m.receipt for m in messages])
-                moved += len(messages)
-            if not by_target:
-                return moved
-        return moved
-
+__all__ = ["DEFAULT_CHANNEL", "Broker", "Queue"]
 
 class Broker(Closing):
     """Topics and queues under ``root``.
@@ -100,15 +51,11 @@ class Broker(Closing):
     def topic(self, name: str, *, create: bool = True, **settings: Any) -> Topic:
         """The topic ``name``; created (with ``settings``) when missing and ``create`` is true.
         A topic made with ``shards`` > 1 is a ``journalq.queue.sharded.ShardedTopic``."""
-        from journalq.queue import sharded
-
         sharded.check_topic_name(check_name(name))
         with self._lock:
             return self._topic(name, create, settings)
 
     def _topic(self, name: str, create: bool, settings: dict[str, Any]) -> Topic:
-        from journalq.queue import sharded
-
         topic = self._topics.get(name)
         if topic is not None and not settings:
             return topic
@@ -142,8 +89,6 @@ class Broker(Closing):
                 if isinstance(topic, Topic):
                     queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
                 else:
-                    from journalq.queue.sharded import ShardedQueue
-
                     queue = self._queues[name] = ShardedQueue(topic, DEFAULT_CHANNEL)
                 topic._channels[DEFAULT_CHANNEL] = queue
             return queue
@@ -194,8 +139,6 @@ class Broker(Closing):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
         self.forget(name)
         path = self.root / name
-        from journalq.queue import sharded
-
         sharded.delete_shards(self.root, name, settings_file.load(path))
         # Rename first, so that the queue disappears at once even if the removal is slow.
         doomed = self.root / f".deleted-{name}-{os.getpid()}"

@@ -40,7 +40,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import count
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from journalq.errors import (
     InvalidMessageError,
@@ -53,11 +53,14 @@ from journalq.journal.lock import FileLock
 from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
-from journalq.queue.broker import Broker, Queue  # the broker imports this module only when it needs it
 from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
+from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
+
+if TYPE_CHECKING:
+    from journalq.queue.broker import Broker  # which imports this module
 
 _PREFIX = re.compile(r"[A-Za-z0-9_-]+")
 _SHARDED_ID = re.compile(r"(0|[1-9][0-9]{0,3})\.(.+)", re.DOTALL)  # one spelling per shard
