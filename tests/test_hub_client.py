@@ -158,3 +158,16 @@ def test_backoff_doubles_up_to_its_maximum_with_jitter() -> None:
     assert all(0.75 <= d <= 1.0 for d in delays[4:])
     backoff.reset()
     assert backoff.next_delay() <= 0.1
+
+
+def test_a_journal_without_its_first_segment_yet_is_copied_once_it_has_one(tmp_path: Path, store: HubStore) -> None:
+    # A writer makes jnl/ before its first segment: a pusher (following a root, say) may look in
+    # between, and must not stay stuck on the segment it did not find.
+    (tmp_path / "j" / "jnl").mkdir(parents=True)
+    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
+        (copy,) = pusher.run()
+        assert copy.hub_next == 0
+        write(tmp_path / "j", 50)
+        (copy,) = pusher.run()
+    assert copy.failed is None and copy.hub_next == 50
+    assert segments(store.root / "c1.j") == segments(tmp_path / "j")

@@ -256,3 +256,21 @@ def test_writers_beyond_max_open_are_closed_and_reopened_when_pushed_again(tmp_p
         assert push_all(store, "c1", "a", tmp_path / "a", start=25).next == 60
     for name in ("a", "b", "c", "d"):
         assert segments(tmp_path / "hub" / f"c1.{name}") == segments(tmp_path / name)
+
+
+def test_a_raw_reader_finds_the_first_segment_made_after_it_looked(tmp_path: Path) -> None:
+    (tmp_path / "j" / "jnl").mkdir(parents=True)
+    with RawReader(tmp_path / "j") as reader:
+        assert reader.read(0).count == 0
+        write(tmp_path / "j", 3)
+        run = reader.read(0)
+        assert (run.first, run.count) == (0, 3)
+    (tmp_path / "k" / "jnl").mkdir(parents=True)
+    with RawReader(tmp_path / "k") as reader:
+        assert reader.read(0).count == 0
+        (tmp_path / "k" / "jnl" / "000000000000000a.jnl").touch()  # a journal that starts at 10
+        with Writer(tmp_path / "k") as writer:
+            writer.append(b"ten")
+        with pytest.raises(OffsetOutOfRangeError, match="starts at 10"):
+            reader.read(0)
+        assert reader.read(10).count == 1

@@ -56,7 +56,9 @@ class RawReader(Closing):
         ``OffsetOutOfRangeError`` for an offset older than the oldest stored or past the end;
         ``CorruptionError`` (naming the file and byte) for damage in the journal.
         """
-        if offset != self._next:
+        if offset != self._next or self._fd < 0:
+            # Not positioned, or positioned in a journal that had no segment yet: look again (a
+            # writer makes jnl/ before its first segment, which need not start at 0).
             self._seek(offset)
         while True:
             size = os.fstat(self._fd).st_size if self._fd >= 0 else 0
