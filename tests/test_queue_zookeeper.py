@@ -92,6 +92,28 @@ def test_unreachable_ensemble_is_a_clear_error() -> None:
         Broker(f"zk://127.0.0.1:{free_port()}/x", connect_timeout=1)
 
 
+def test_a_broker_that_fails_to_open_closes_its_session(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import ConnectionLoss
+
+    started: list[KazooClient] = []
+    start = KazooClient.start
+
+    def record_start(self: KazooClient, *args, **kwargs) -> None:
+        started.append(self)
+        start(self, *args, **kwargs)
+
+    def lose(self: KazooClient, path: str, *args, **kwargs) -> None:
+        raise ConnectionLoss()
+
+    monkeypatch.setattr(KazooClient, "start", record_start)
+    monkeypatch.setattr(KazooClient, "ensure_path", lose)
+    with pytest.raises(StoreUnavailableError, match="ConnectionLoss"):
+        Broker(url)
+    (client,) = started
+    assert not client.connected and not client.handler.running  # no session, no threads left
+
+
 def test_what_the_store_cannot_do_is_refused(broker) -> None:
     with pytest.raises(InvalidSettingError, match="deduplicate"):
         broker.queue("jobs", content_based_dedup=True)

@@ -181,7 +181,12 @@ class ZooKeeperBroker(Closing):
                 raise StoreUnavailableError(
                     f"no ZooKeeper answered at {self.hosts} within {connect_timeout:g}s"
                 ) from None
-            self.client.ensure_path(self.path)
+            try:
+                self.client.ensure_path(self.path)
+            except BaseException:
+                self.client.stop()  # not left with a session and kazoo's threads running
+                self.client.close()
+                raise
 
     def paths(self, name: str) -> Paths:
         return Paths(self.path, check_name(name))
