@@ -129,6 +129,23 @@ def test_what_the_store_cannot_do_is_refused(broker) -> None:
     assert q.stats().available == 0
 
 
+def test_a_send_that_fails_in_its_garbage_collection_stored_nothing(broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kazoo.exceptions import ConnectionLoss
+
+    q = broker.queue("jobs", task_gc_interval=0.001)
+
+    def lose(*args, **kwargs) -> None:
+        raise ConnectionLoss()
+
+    monkeypatch.setattr(q.topic, "collect", lose)
+    time.sleep(0.01)
+    # A send that says it failed is sent again by its caller: it must not have stored anything.
+    with pytest.raises(StoreUnavailableError):
+        q.send(b"x")
+    monkeypatch.undo()
+    assert q.receive(wait=0) == []
+
+
 # -- claims ----------------------------------------------------------------------------------
 
 

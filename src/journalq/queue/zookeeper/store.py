@@ -391,6 +391,9 @@ class ZooKeeperTopic:
             chunks[-1].append(item)
             size += len(item.envelope.body)
         with _translated(self.broker.hosts, self.name):
+            # Collect first: a collection that fails then fails the send before anything is
+            # stored (after the writes, it would make a stored send look failed: sent twice).
+            self.maybe_collect()
             # The steps go out one after another without waiting: ZooKeeper applies a session's
             # requests in order, and each step fails unless the one before it was applied
             # (metadata needs the task's node; the entry checks the state node).
@@ -401,7 +404,6 @@ class ZooKeeperTopic:
                 failed = _failure(result.get())
                 if failed is not None:
                     raise failed[1]
-            self.maybe_collect()
         return [item.task for item in outgoing]
 
     def _write_data(self, chunk: list[_Outgoing]) -> Any:
