@@ -214,6 +214,23 @@ def test_visibility_release_and_change_go_to_the_right_shard(tmp_path: Path) -> 
             queue.delete(first[0].receipt)  # delivered again since: the old receipt is over
 
 
+def test_a_receive_refused_for_a_stale_receipt_takes_no_message(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=2, visibility_timeout=60, dead_letter_queue="dlq", max_receive_count=1)
+        queue.send_many([{"body": b"a%d" % i, "key": "a"} for i in range(3)] + [{"body": b"d%d" % i, "key": "d"} for i in range(3)])
+        batch = queue.receive(6)
+        by_shard = {shard_of(m.receipt): m for m in batch}
+        assert len(by_shard) == 2
+        queue.send_many([{"body": b"later-a", "key": "a"}, {"body": b"later-d", "key": "d"}])
+        stale = by_shard[1].receipt
+        queue.delete(stale)
+        # Shard 0's receipt is good, shard 1's is stale: whichever shard is asked first, the
+        # refused receive must not take (and hide, and count) messages it never returns.
+        with pytest.raises(ReceiptError, match=re.escape(repr(stale))):
+            queue.receive(10, delete=[by_shard[0].receipt, stale])
+        assert sorted(m.body for m in queue.receive(10)) == [b"later-a", b"later-d"]
+
+
 def test_the_consumer_loop_deletes_in_every_shard_with_its_next_receive(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4, visibility_timeout=60)

@@ -385,19 +385,25 @@ class ShardedChannel:
         """Take from the shards in ``_order`` until ``max_messages`` are taken or all were tried;
         also returns when something hidden in any shard looked at comes back.
 
-        ``delete`` (``receive(delete=...)``): the shards holding those receipts are asked first,
-        each deleting its own with its receive (one step per shard), so all or nothing holds per
-        shard: a malformed receipt changes nothing, a stale one stops the receive at its shard."""
+        ``delete`` (``receive(delete=...)``): a malformed receipt changes nothing. The receipts
+        are deleted before anything is received, so that a stale one refuses the receive before
+        it took (hid and counted) messages it would not return: those of every shard but the
+        last are deleted first (a stale one stops there, with the earlier shards' deletes done),
+        and the last shard's with its receive (one step; all or nothing in that shard)."""
         deletes = self._deletes_by_shard(delete)
+        *first, last = deletes or [None]
+        for index in first:
+            errors = self._named(self._channel(index).delete_many(deletes[index]), index)
+            refused = next((error for error in errors if error is not None), None)
+            if refused is not None:
+                raise ReceiptError(f"nothing received: {refused}")
         received: list[ReceivedMessage] = []
         wake_at: int | None = None
-        for index in [*deletes, *(i for i in self._order() if i not in deletes)]:
-            mine = deletes.get(index, ())
+        order = self._order()
+        for index in ([last, *(i for i in order if i != last)] if last is not None else order):
+            mine = deletes.get(index, ()) if index == last else ()
             if len(received) >= max_messages:
-                if not mine:
-                    break
-                _raise(next((e for e in self._named(self._channel(index).delete_many(mine), index) if e), None))
-                continue
+                break
             try:
                 got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
             except ReceiptError as exc:
