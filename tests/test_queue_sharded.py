@@ -231,6 +231,30 @@ def test_a_receive_refused_for_a_stale_receipt_takes_no_message(tmp_path: Path) 
         assert sorted(m.body for m in queue.receive(10)) == [b"later-a", b"later-d"]
 
 
+def test_two_processes_creating_one_topic_with_other_shard_counts_cannot_split_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from journalq.queue import sharded
+
+    check_new = sharded.check_new
+    sent: list[str] = []
+
+    def meanwhile(root: Path, name: str, settings: QueueSettings) -> None:
+        check_new(root, name, settings)
+        if settings.shards == 4 and not sent:  # another process creates it with 2 shards and sends
+            with Broker(tmp_path, sync="none") as other:
+                sent.append(other.queue("orders", shards=2).send(b"first"))
+
+    monkeypatch.setattr(sharded, "check_new", meanwhile)
+    with Broker(tmp_path, sync="none") as broker:
+        # Both found no topic; the first to store its settings made it: the other's count is refused.
+        with pytest.raises(InvalidSettingError, match="fixed when a topic is created"):
+            broker.queue("orders", shards=4)
+        assert settings_file.load(tmp_path / "orders").shards == 2
+        assert not list(tmp_path.glob("orders.2.*"))
+        assert [m.body for m in broker.queue("orders").receive(10)] == [b"first"]
+
+
 def test_the_consumer_loop_deletes_in_every_shard_with_its_next_receive(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4, visibility_timeout=60)

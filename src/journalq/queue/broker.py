@@ -64,11 +64,16 @@ class Broker(Closing):
         if current is None:
             if not create:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-            current = QueueSettings().replace(**settings)
-            sharded.check_new(self.root, name, current)
+            wanted = QueueSettings().replace(**settings)
+            sharded.check_new(self.root, name, wanted)
             path.mkdir(parents=True, exist_ok=True)
-            settings_file.save(path, current)
-        elif settings:
+            if settings_file.create(path, wanted):
+                current, settings = wanted, {}
+            else:  # another process made it meanwhile: its settings stand, ours are a change
+                current = settings_file.load(path)
+                if current is None:
+                    raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted as it was made")
+        if settings:
             updated = current.replace(**settings)
             if updated != current:
                 sharded.check_change(name, current, updated)

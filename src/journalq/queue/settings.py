@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,18 @@ def save(topic_path: Path, settings: QueueSettings) -> None:
     tmp = file.with_name(f"{SETTINGS_FILE}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, file)
+
+
+def create(topic_path: Path, settings: QueueSettings) -> bool:
+    """Write the settings of a new topic, unless another process wrote some first: False then
+    (theirs stay, whole). Processes that create one topic at once thus agree on its settings."""
+    file = topic_path / SETTINGS_FILE
+    tmp = file.with_name(f"{SETTINGS_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n")
+    try:
+        os.link(tmp, file)  # atomic, and refused when the file exists
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+    return True
