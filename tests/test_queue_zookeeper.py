@@ -586,6 +586,25 @@ def test_a_queue_deleted_under_its_consumer(url: str) -> None:
         assert a.names() == [] and not a.exists("jobs")
 
 
+def test_a_queue_deleted_while_a_sender_adds_a_task_is_deleted(broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    zk = broker.client
+    listing = zk.get_children
+    added: list[str] = []
+
+    def list_then_send(path: str, *args, **kwargs):
+        children = listing(path, *args, **kwargs)
+        if path.endswith("/jobs/tasks") and not added:  # a sender's node comes right after the listing
+            added.append(zk.create(f"{path}/0", b""))
+        return children
+
+    monkeypatch.setattr(zk, "get_children", list_then_send)
+    broker.delete("jobs")
+    monkeypatch.undo()
+    assert added and not broker.exists("jobs") and zk.exists(f"{broker.path}/jobs") is None
+
+
 def test_without_kazoo_a_zk_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from journalq.errors import QueueError
 

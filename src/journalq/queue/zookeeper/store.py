@@ -316,9 +316,15 @@ class ZooKeeperBroker(Closing):
         with _translated(self.hosts):
             try:
                 self.client.set(paths.dir, b"")  # no longer a queue, at once
-                self.client.delete(paths.dir, recursive=True)
+                for _ in range(10):
+                    try:
+                        self.client.delete(paths.dir, recursive=True)  # node by node: not atomic
+                        return
+                    except NotEmptyError:
+                        continue  # a sender or consumer added a node meanwhile: delete it too
             except NoNodeError:
-                pass
+                return
+        raise QueueError(f"queue {name!r} in {self.root} could not be deleted: nodes kept coming under it")
 
     def forget(self, name: str) -> None:
         with self._lock:
