@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidSettingError, StoreUnavailableError, TaskNotFoundError
+from journalq.errors import InvalidMessageError, InvalidSettingError, StoreUnavailableError, TaskNotFoundError
 from journalq.queue import Broker
 from journalq.queue.zookeeper import parse_url
 from journalq.queue.zookeeper.layout import Entry, TaskFacts, collectable
@@ -144,6 +144,16 @@ def test_a_send_that_fails_in_its_garbage_collection_stored_nothing(broker, monk
         q.send(b"x")
     monkeypatch.undo()
     assert q.receive(wait=0) == []
+
+
+def test_messages_too_large_for_zookeeper_are_refused_before_anything_is_written(broker) -> None:
+    q = broker.queue("jobs")
+    with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):
+        q.send(b"x", metadata={"blob": "m" * 1_100_000})
+    # Many messages whose metadata is large only together go out in several transactions.
+    q.send_many([{"body": b"%d" % i, "metadata": {"blob": "m" * 30_000}} for i in range(60)])
+    assert q.stats().available == 60
+    assert broker.client.get_children(f"{broker.path}/jobs/tasks") == broker.client.get_children(f"{broker.path}/jobs/queue")
 
 
 # -- claims ----------------------------------------------------------------------------------

@@ -151,6 +151,7 @@ class _Outgoing:
     task: str
     sent_ns: int
     envelope: Envelope
+    metadata: bytes  # the ``metadata`` node's data
 
 
 class ZooKeeperBroker(Closing):
@@ -387,15 +388,23 @@ class ZooKeeperTopic:
                 raise InvalidMessageError(f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}")
             for name in env.filters:
                 check_name(name, "filter")  # it names a node: checked before anything is written
-        outgoing = [_Outgoing(task, ns, env) for (task, ns), env in zip(self.broker.ids.make(len(envelopes)), envelopes)]
+        # Metadata has a node of its own, under the same limit (a larger packet makes ZooKeeper
+        # drop the connection: a refusal that would look like an outage, and be retried forever).
+        metas = [envelope.encode_meta(env, filters=False) for env in envelopes]
+        for meta in metas:
+            if len(meta) > MAX_BODY:
+                raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
+        ids = self.broker.ids.make(len(envelopes))
+        outgoing = [_Outgoing(task, ns, env, meta) for (task, ns), env, meta in zip(ids, envelopes, metas)]
         chunks: list[list[_Outgoing]] = []
         size = 0
         for item in outgoing:
-            if not chunks or size + len(item.envelope.body) > _BATCH_BYTES or len(chunks[-1]) >= _BATCH_TASKS:
+            weight = len(item.envelope.body) + len(item.metadata) + sum(map(len, item.envelope.filters.values()))
+            if not chunks or size + weight > _BATCH_BYTES or len(chunks[-1]) >= _BATCH_TASKS:
                 chunks.append([])
                 size = 0
             chunks[-1].append(item)
-            size += len(item.envelope.body)
+            size += weight
         with _translated(self.broker.hosts, self.name):
             # Collect first: a collection that fails then fails the send before anything is
             # stored (after the writes, it would make a stored send look failed: sent twice).
@@ -422,7 +431,7 @@ class ZooKeeperTopic:
     def _write_metadata(self, chunk: list[_Outgoing]) -> Any:
         t = self._zk.transaction()
         for item in chunk:
-            t.create(self.paths.task(item.task, "metadata"), envelope.encode_meta(item.envelope, filters=False))
+            t.create(self.paths.task(item.task, "metadata"), item.metadata)
             t.create(self.paths.task(item.task, "filters"), b"")
             for name, value in item.envelope.filters.items():
                 t.create(self.paths.task(item.task, f"filters/{name}"), value.encode())
