@@ -154,6 +154,10 @@ def test_messages_too_large_for_zookeeper_are_refused_before_anything_is_written
     q.send_many([{"body": b"%d" % i, "metadata": {"blob": "m" * 30_000}} for i in range(60)])
     assert q.stats().available == 60
     assert broker.client.get_children(f"{broker.path}/jobs/tasks") == broker.client.get_children(f"{broker.path}/jobs/queue")
+    task = q.receive()[0].id
+    with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):
+        q.set_metadata(task, {"blob": "m" * 1_100_000})
+    assert q.task(task).metadata == {"blob": "m" * 30_000}
 
 
 # -- claims ----------------------------------------------------------------------------------

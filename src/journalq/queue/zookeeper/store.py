@@ -1147,8 +1147,11 @@ class ZooKeeperQueue:
                 except ValueError:
                     meta = {}
                 meta["m"] = metadata
+                data = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
+                if len(data) > MAX_BODY:
+                    raise InvalidMessageError(f"task metadata of {len(data)} bytes is over the ZooKeeper store's {MAX_BODY}")
                 try:
-                    zk.set(path, json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode(), stat.version)
+                    zk.set(path, data, stat.version)
                     return
                 except BadVersionError:
                     continue  # changed meanwhile: read it again
