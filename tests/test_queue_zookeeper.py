@@ -619,6 +619,27 @@ def test_a_queue_deleted_while_a_sender_adds_a_task_is_deleted(broker, monkeypat
     assert added and not broker.exists("jobs") and zk.exists(f"{broker.path}/jobs") is None
 
 
+def test_a_consumer_node_collected_as_its_consumer_comes_back_is_made_again(
+    broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    zk = broker.client
+    node = q.paths.consumer(q.consumer_id)
+    zk.create(node, b"")  # left by an earlier session of this consumer: no "current" under it
+    create = zk.create
+
+    def collected_first(path: str, *args, **kwargs):
+        if path == f"{node}/current":
+            zk.delete(node)  # the collector finds no "current" and deletes the node just now
+        return create(path, *args, **kwargs)
+
+    monkeypatch.setattr(zk, "create", collected_first)
+    (m,) = q.receive()
+    monkeypatch.undo()
+    assert m.body == b"x" and zk.exists(f"{node}/current").ephemeralOwner == zk.client_id[0]
+
+
 def test_without_kazoo_a_zk_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from journalq.errors import QueueError
 

@@ -661,17 +661,25 @@ class ZooKeeperQueue:
         if session is not None and session == self._session:
             return
         zk, paths = self._zk, self.paths
-        t = zk.transaction()
-        t.create(paths.consumer(self.consumer_id), b"")
-        t.create(paths.consumer(self.consumer_id, "current"), b"[]", ephemeral=True)
-        failed = _failure(t.commit())
-        if failed is not None:
+        node, current = paths.consumer(self.consumer_id), paths.consumer(self.consumer_id, "current")
+        for _ in range(3):
+            t = zk.transaction()
+            t.create(node, b"")
+            t.create(current, b"[]", ephemeral=True)
+            failed = _failure(t.commit())
+            if failed is None:
+                break
             if failed[0] != 0 or not isinstance(failed[1], NodeExistsError):
                 raise failed[1]
             try:  # the consumer's node outlived an earlier session of ours
-                zk.create(paths.consumer(self.consumer_id, "current"), b"[]", ephemeral=True)
+                zk.create(current, b"[]", ephemeral=True)
+                break
             except NodeExistsError:
-                pass
+                break
+            except NoNodeError:
+                continue  # the collector deleted that node just now (it had no "current"): again
+        else:
+            raise QueueError(f"consumer {self.consumer_id} of {self.topic.name!r} could not register: its node kept going")
         self._session = session
 
     def _live(self, consumers: list[str] | None = None) -> _Live:
