@@ -6,13 +6,21 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import httpx
 import pytest
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from journalq.errors import DamagedPushError, HubConflictError, HubGapError, InvalidClientIdError, InvalidJournalPathError
+from journalq.errors import (
+    DamagedPushError,
+    HubConflictError,
+    HubGapError,
+    HubUnavailableError,
+    InvalidClientIdError,
+    InvalidJournalPathError,
+)
 from journalq.hub import Push, RawReader
 from journalq.hub.client import HubClient, Pusher
 from journalq.journal import Writer
@@ -150,3 +158,16 @@ def test_a_token_guards_every_hub_endpoint(tmp_path: Path) -> None:
     with TestClient(create_app(ServerConfig(data=tmp_path / "data", rest_token="t"))) as http:
         assert http.get("/hub/v1/status").status_code == 401
         assert http.get("/hub/v1/status", headers={"authorization": "Bearer t"}).status_code == 200
+
+
+def test_an_answer_that_is_not_the_hub_s_is_an_unavailable_hub() -> None:
+    # A proxy or another service answering 200 with a page: the pusher waits it out and asks
+    # the hub again, as for any failure, instead of crashing on the body.
+    page = httpx.MockTransport(lambda request: httpx.Response(200, text="<html>maintenance</html>"))
+    with HubClient("http://hub", http=httpx.Client(base_url="http://hub", transport=page)) as client:
+        with pytest.raises(HubUnavailableError, match="maintenance"):
+            client.push(Push("c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0]))
+        with pytest.raises(HubUnavailableError, match="maintenance"):
+            client.status()
+        with pytest.raises(HubUnavailableError, match="maintenance"):
+            client.held("c1", "j")

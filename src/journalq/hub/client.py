@@ -115,19 +115,20 @@ class HubClient(Closing):
             content=push.data,
             headers={"content-type": "application/octet-stream"},
         )
-        body = answer.json()
         try:
+            body = answer.json()
             return PushResult(Held.from_json(body), int(body["appended"]), int(body["skipped"]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise HubUnavailableError(f"{self.base_url} answered a push with {body!r}: {exc}") from None
+            raise HubUnavailableError(f"{self.base_url} answered a push with {answer.text[:200]!r}: {exc}") from None
 
     def status(self) -> dict[str, dict[str, Held]]:
         """Every copy the hub holds: client id -> journal -> offsets."""
-        body = self._call("GET", f"{API_PREFIX}/status").json()
+        answer = self._call("GET", f"{API_PREFIX}/status")
         try:
+            body = answer.json()
             return {c: {j: Held.from_json(h) for j, h in js.items()} for c, js in body["clients"].items()}
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise HubUnavailableError(f"{self.base_url} answered the status with {body!r}: {exc}") from None
+            raise HubUnavailableError(f"{self.base_url} answered the status with {answer.text[:200]!r}: {exc}") from None
 
     def read(self, client_id: str, journal: str, offset: int, max_bytes: int = DEFAULT_CHUNK) -> RawRun:
         """The copy's own bytes from ``offset`` (whole messages, from one segment)."""
