@@ -74,7 +74,7 @@ _LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
 
 
-_new, _set_attribute = object.__new__, object.__setattr__
+_new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,8 @@ class Channel:
         deliveries' stamps."""
         self._apply_new()
         now = time.time_ns()
-        messages = [Message(0, now, type_, key, value) for type_, key, value in records]
+        # ``Message(0, now, *record)`` without the NamedTuple's Python-level ``__new__``.
+        messages = [_new_tuple(Message, (0, now, *record)) for record in records]
         unwritten = self._unwritten
         if unwritten:
             messages[:0] = unwritten
@@ -288,7 +289,7 @@ class Channel:
         (which must come before the hold ends; ``_forget_unwritten`` if it cannot)."""
         apply = self.state.apply_record
         for type_, key, value in records:
-            self._unwritten.append(Message(0, now, type_, key, value))  # first: a failed apply reloads
+            self._unwritten.append(_new_tuple(Message, (0, now, type_, key, value)))  # first: a failed apply reloads
             self._since_snapshot += apply(type_, key, value, now)
 
     def _forget_unwritten(self) -> None:
