@@ -75,7 +75,7 @@ class Writer(Closing):
         if buffer_size < 0:
             raise Error(f"buffer_size must be 0 or more, not {buffer_size}")
         self.path = Path(path)
-        self._jnl = str(journal_dir(self.path))
+        self._jnl_prefix = os.path.join(journal_dir(self.path), "")  # the directory, with a separator
         self.segment_size = segment_size
         self.sync_policy = SyncPolicy.parse(sync)
         if buffer_size and (shared or self.sync_policy.mode == "always"):
@@ -317,9 +317,10 @@ class Writer(Closing):
             self._index.last_position = max(self._index.last_position, last_position(self._segment))
         # Another writer may have started a new segment, even with this one unchanged (a hub's
         # copy starts one where its source did): it is named by the offset now due.
-        # (A string path: this runs on every shared append, and pathlib is slow.)
-        while self._next_offset != self._segment.base and os.path.exists(
-            os.path.join(self._jnl, segment_name(self._next_offset))
+        # (A string path and ``access``: this runs on every shared append, and pathlib, and
+        # ``stat`` raising FileNotFoundError, cost several times as much.)
+        while self._next_offset != self._segment.base and os.access(
+            self._jnl_prefix + segment_name(self._next_offset), os.F_OK
         ):
             self._open_segment(segment_at(self.path, self._next_offset))
 

@@ -69,8 +69,12 @@ SNAPSHOT_EVERY = 20_000
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
 MAX_RECEIVE = 10_000
 MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
+_ISSUED_MAX = 16_384  # receipts remembered by ``Channel._issued``
 _LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
+
+
+_new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -94,15 +98,6 @@ class ReceivedMessage:
     @property
     def sent_at(self) -> datetime:
         return datetime.fromtimestamp(self.sent_at_ns / 1e9, timezone.utc)
-
-    @classmethod
-    def _make(cls, **fields: Any) -> ReceivedMessage:
-        """The instance ``cls(**fields)`` makes (every field given), built without the frozen
-        ``__init__``'s ``object.__setattr__`` per field: five times cheaper, and a receive makes
-        one per message."""
-        message = object.__new__(cls)
-        message.__dict__.update(fields)
-        return message
 
 
 @dataclass(frozen=True)
@@ -174,6 +169,9 @@ class Channel:
         self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
+        # What ``_parse_receipt`` gives for the receipts this object made lately (so a consumer's
+        # own receipts are not parsed again); forgotten when finished, all of it when it grows.
+        self._issued: dict[str, tuple[int, int, int]] = {}
         with self._hold():
             self._load()
 
@@ -268,7 +266,8 @@ class Channel:
         deliveries' stamps."""
         self._apply_new()
         now = time.time_ns()
-        messages = [Message(0, now, type_, key, value) for type_, key, value in records]
+        # ``Message(0, now, *record)`` without the NamedTuple's Python-level ``__new__``.
+        messages = [_new_tuple(Message, (0, now, *record)) for record in records]
         unwritten = self._unwritten
         if unwritten:
             messages[:0] = unwritten
@@ -290,7 +289,7 @@ class Channel:
         (which must come before the hold ends; ``_forget_unwritten`` if it cannot)."""
         apply = self.state.apply_record
         for type_, key, value in records:
-            self._unwritten.append(Message(0, now, type_, key, value))  # first: a failed apply reloads
+            self._unwritten.append(_new_tuple(Message, (0, now, type_, key, value)))  # first: a failed apply reloads
             self._since_snapshot += apply(type_, key, value, now)
 
     def _forget_unwritten(self) -> None:
@@ -445,24 +444,42 @@ class Channel:
             except BaseException:
                 self._forget_unwritten()
                 raise
+        if not picks:
+            return [], wake_at
         metadata = self.state.metadata
-        received = [
-            ReceivedMessage._make(
-                id=message_id(m.offset),
-                receipt=self._receipt(m.offset, count, stamp),
-                body=m.value if e is _PLAIN else e.body,
-                attributes={} if e is _PLAIN else e.attributes,
-                receive_count=count,
-                sent_at_ns=m.timestamp_ns,
-                offset=m.offset,
-                group_id=e.group_id,
-                dedup_id=e.dedup_id,
-                filters={} if e is _PLAIN else e.filters,
-                metadata=metadata.get(m.offset, e.metadata),
-                source=e.source,
+        # Every receipt of this receive ends alike: the part after offset and delivery number,
+        # made once (``_receipt`` makes the same strings).
+        tail = self._receipt(0, 0, stamp)[3:]
+        issued = self._issued
+        if len(issued) > _ISSUED_MAX:
+            issued.clear()  # receipts given out long ago are parsed again, that is all
+        received = []
+        for m, e, count in picks:
+            offset = m.offset
+            receipt = f"{offset}.{count}{tail}"
+            issued[receipt] = (offset, count, stamp)
+            # What ``ReceivedMessage(...)`` makes, without its frozen ``__init__``'s
+            # ``object.__setattr__`` per field (several times cheaper; one per message).
+            message = _new(ReceivedMessage)
+            _set_attribute(
+                message,
+                "__dict__",
+                {
+                    "id": str(offset),  # message_id(offset)
+                    "receipt": receipt,
+                    "body": m.value if e is _PLAIN else e.body,
+                    "attributes": {} if e is _PLAIN else e.attributes,
+                    "receive_count": count,
+                    "sent_at_ns": m.timestamp_ns,
+                    "offset": offset,
+                    "group_id": e.group_id,
+                    "dedup_id": e.dedup_id,
+                    "filters": {} if e is _PLAIN else e.filters,
+                    "metadata": metadata.get(offset, e.metadata),
+                    "source": e.source,
+                },
             )
-            for m, e, count in picks
-        ]
+            received.append(message)
         return received, wake_at
 
     def _receive_held(
@@ -481,7 +498,7 @@ class Channel:
         now = time.time_ns()
         state = self.state
         if delete:
-            outcomes, current = self._current(delete)
+            outcomes, current = self._current(delete, finishing=True)
             for error in outcomes:
                 if error is not None:
                     raise ReceiptError(f"nothing deleted, nothing received: {error}")
@@ -638,7 +655,9 @@ class Channel:
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
         return self._act(
-            receipts, lambda current, now: finish_records([o for _, o, _ in current], [s for _, _, s in current])
+            receipts,
+            lambda current, now: finish_records([o for _, o, _ in current], [s for _, _, s in current]),
+            finishing=True,
         )
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
@@ -661,29 +680,41 @@ class Channel:
         self.change_visibility(receipt, delay)
 
     def _act(
-        self, receipts: list[str], make: Callable[[list[tuple[int, int, int]], int], list[Record]]
+        self,
+        receipts: list[str],
+        make: Callable[[list[tuple[int, int, int]], int], list[Record]],
+        *,
+        finishing: bool = False,
     ) -> list[ReceiptError | None]:
         """Under the lock, turn the receipts that name current deliveries, as (index, offset,
-        delivery number), into ``make``'s events."""
+        delivery number), into ``make``'s events (``finishing``: see ``_current``)."""
         with self._hold():
             self._apply_new()
             now = time.time_ns()
             self.state.expire(now)
-            outcomes, current = self._current(receipts)
+            outcomes, current = self._current(receipts, finishing=finishing)
             if current:
                 self._record(make(current, now))
         return outcomes
 
-    def _current(self, receipts: Sequence[str]) -> tuple[list[ReceiptError | None], list[tuple[int, int, int]]]:
+    def _current(
+        self, receipts: Sequence[str], *, finishing: bool = False
+    ) -> tuple[list[ReceiptError | None], list[tuple[int, int, int]]]:
         """Under the hold: for each receipt, None or why it names no current delivery; and
-        (index, offset, delivery number) of those that do."""
+        (index, offset, delivery number) of those that do. ``finishing``: the receipts are for
+        deletes, so ``_issued`` can forget them (a receipt whose delete then fails is merely
+        parsed again if it comes back)."""
         outcomes: list[ReceiptError | None] = []
         current: list[tuple[int, int, int]] = []
         acted: set[int] = set()
         check = self.state.check_receipt
+        issued = self._issued
+        recall = issued.pop if finishing else issued.get
         for i, receipt in enumerate(receipts):
             try:
-                offset, seq, stamp = self._parse_receipt(receipt)
+                # A receipt this object made is well formed and has this channel's token.
+                known = recall(receipt, None) if type(receipt) is str else None
+                offset, seq, stamp = self._parse_receipt(receipt) if known is None else known
                 check(offset, seq, stamp)
                 if offset in acted:
                     raise ReceiptError(f"receipt {receipt!r} was given twice in one call")

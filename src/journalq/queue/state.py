@@ -205,20 +205,13 @@ class ChannelState:
         Returns how many changes it made (messages delivered or finished; 1 for other events)."""
         if type_ == _DELIVER_MANY:
             (visible_at,) = _TIME.unpack_from(value)
-            consumer = key.decode("utf-8", "replace")
-            deliver = self._deliver
-            count = 0
-            for offset, seq in _iter_offset_seq(value[_TIME.size :]):
-                deliver(offset, seq, visible_at, consumer, None, now)
-                count += 1
+            count = self._deliver_all(
+                _iter_offset_seq(value[_TIME.size :]), visible_at, key.decode("utf-8", "replace"), None, now
+            )
             self.events_applied += count
             return count
         if type_ == _FINISH_MANY:
-            finish = self._finish
-            count = 0
-            for offset, _ in _iter_offset_seq(value):
-                finish(offset, now, "finished")
-                count += 1
+            count = self._finish_all(_iter_offset_seq(value), now, "finished")
             self.events_applied += count
             return count
         if type_ == _DELIVER:
@@ -234,24 +227,38 @@ class ChannelState:
         return 1
 
     def _deliver(self, offset: int, seq: int, visible_at: int, consumer: str, group: str | None, now: int) -> None:
-        if offset < self.cursor or offset in self.finished:
-            return
+        self._deliver_all(((offset, seq),), visible_at, consumer, group, now)
+
+    def _deliver_all(
+        self, deliveries: Iterable[tuple[int, int]], visible_at: int, consumer: str, group: str | None, now: int
+    ) -> int:
+        """Deliver each (offset, delivery number), all with one visibility, consumer and group;
+        returns how many were given (those finished already are ignored). One loop with its
+        lookups made once: a receive of many delivers them together."""
+        cursor, finished, inflight, skipped = self.cursor, self.finished, self.inflight, self.skipped
+        expiry, push = self._expiry, heapq.heappush
         frontier = self.frontier
-        if offset >= frontier:
-            if offset > frontier:
-                self.skipped.update(range(frontier, offset))
-            self.frontier = offset + 1
-        elif self.skipped:
-            self.skipped.discard(offset)
-        old = self.inflight.pop(offset, None)
-        if old is not None:
-            self._unhold(old)
-            self.ready.discard(offset)
-        delivery = Delivery(offset, seq, visible_at, consumer, group, now)
-        self.inflight[offset] = delivery
-        if group is not None:
-            self._hold(delivery)
-        heapq.heappush(self._expiry, (visible_at, offset, seq))
+        count = 0
+        for offset, seq in deliveries:
+            count += 1
+            if offset < cursor or offset in finished:
+                continue
+            if offset >= frontier:
+                if offset > frontier:
+                    skipped.update(range(frontier, offset))
+                self.frontier = frontier = offset + 1
+            elif skipped:
+                skipped.discard(offset)
+            old = inflight.pop(offset, None)
+            if old is not None:
+                self._unhold(old)
+                self.ready.discard(offset)
+            delivery = Delivery(offset, seq, visible_at, consumer, group, now)
+            inflight[offset] = delivery
+            if group is not None:
+                self._hold(delivery)
+            push(expiry, (visible_at, offset, seq))
+        return count
 
     def _hide_until(self, delivery: Delivery, visible_at: int) -> None:
         """A new visibility for a delivery in flight (hidden again if it was ready)."""
@@ -275,29 +282,47 @@ class ChannelState:
                 self.group_holds.pop(delivery.group, None)
 
     def _finish(self, offset: int, now: int, how: str) -> None:
-        if offset < self.cursor or offset in self.finished:
-            return
-        delivery = self.inflight.pop(offset, None)
-        if delivery is not None:
-            if delivery.group is not None:
-                self._unhold(delivery)
-            if self.ready:
-                self.ready.discard(offset)
-        if offset >= self.frontier:
-            if offset > self.frontier:
-                self.skipped.update(range(self.frontier, offset))
-            self.frontier = offset + 1
-        elif self.skipped:
-            self.skipped.discard(offset)
-        if how == "dead":
-            self.dead += 1
-        if how == "dead" or offset in self.metadata:
-            # Plain finished tasks are told apart by the cursor; only these need a record.
-            self.finished_at[offset] = (now, how)
-        if offset == self.cursor:
-            self._advance_cursor(offset + 1)
-        else:
-            self.finished.add(offset)
+        self._finish_all(((offset, 0),), now, how)
+
+    def _finish_all(self, deliveries: Iterable[tuple[int, int]], now: int, how: str) -> int:
+        """Finish the offset of each (offset, delivery number) ``how`` ("finished" or "dead");
+        returns how many were given (those finished already are ignored). One loop with its
+        lookups made once, as ``_deliver_all``."""
+        finished, inflight, metadata = self.finished, self.inflight, self.metadata
+        ready, skipped = self.ready, self.skipped
+        # Finishing never makes a delivery ready: a ready set empty now stays empty (and its
+        # length is a Python call). Skipped offsets may come, below.
+        any_ready, any_skipped = bool(ready), bool(skipped)
+        dead = how == "dead"
+        count = 0
+        for offset, _ in deliveries:
+            count += 1
+            if offset < self.cursor or offset in finished:
+                continue
+            delivery = inflight.pop(offset, None)
+            if delivery is not None:
+                if delivery.group is not None:
+                    self._unhold(delivery)
+                if any_ready:
+                    ready.discard(offset)
+            frontier = self.frontier
+            if offset >= frontier:
+                if offset > frontier:
+                    skipped.update(range(frontier, offset))
+                    any_skipped = True
+                self.frontier = offset + 1
+            elif any_skipped:
+                skipped.discard(offset)
+            if dead:
+                self.dead += 1
+            if dead or offset in metadata:
+                # Plain finished tasks are told apart by the cursor; only these need a record.
+                self.finished_at[offset] = (now, how)
+            if offset == self.cursor:
+                self._advance_cursor(offset + 1)
+            else:
+                finished.add(offset)
+        return count
 
     def _advance_cursor(self, cursor: int | None = None) -> None:
         """Move the cursor to ``cursor`` (if given), then past every finished offset."""

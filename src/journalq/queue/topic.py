@@ -9,6 +9,7 @@ segments once every channel is done with them, or once retention says they have 
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import threading
 import time
@@ -46,6 +47,10 @@ def resend(message: Any, **changes: Any) -> dict[str, Any]:
         "metadata": message.metadata,
         **changes,
     }
+
+
+_CACHED_MESSAGES = 8192  # a topic keeps this many recently read messages for redelivery
+_offset_of = operator.attrgetter("offset")
 
 
 def message_id(offset: int) -> str:
@@ -224,10 +229,10 @@ class Topic:
         """Keep recently read messages for redelivery without a seek."""
         cache = self._messages
         with self._cache_lock:
-            for message in messages:
-                cache[message.offset] = message
-            while len(cache) > 8192:
-                cache.popitem(last=False)
+            cache.update(zip(map(_offset_of, messages), messages))  # in C: a read ahead brings ~500
+            evict = cache.popitem
+            for _ in range(len(cache) - _CACHED_MESSAGES):
+                evict(last=False)
 
     def first_offset(self) -> int:
         segments = list_segments(self.path)
