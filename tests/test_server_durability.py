@@ -406,14 +406,14 @@ async def app_client(data: Path) -> AsyncIterator[httpx.AsyncClient]:
 def test_injected_enospc_is_503_and_nothing_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FaultyOs()
     monkeypatch.setattr(writer_mod, "os", fake)
-    real_save = settings_mod.save
+    real_write = settings_mod.write_temporary
 
-    def save(path: Path, settings: Any) -> None:  # a queue's settings file: outside any journal
+    def write_temporary(file: Path, settings: Any) -> Path:  # a queue's settings file: outside any journal
         if fake.full:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_save(path, settings)
+        return real_write(file, settings)
 
-    monkeypatch.setattr(settings_mod, "save", save)
+    monkeypatch.setattr(settings_mod, "write_temporary", write_temporary)
 
     async def scenario() -> None:
         async with app_client(tmp_path) as client:

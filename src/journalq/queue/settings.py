@@ -146,17 +146,19 @@ def load(topic_path: Path) -> QueueSettings | None:
 def save(topic_path: Path, settings: QueueSettings) -> None:
     """Write the settings atomically (temporary file, then rename)."""
     file = topic_path / SETTINGS_FILE
-    tmp = file.with_name(f"{SETTINGS_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, file)
+    tmp = write_temporary(file, settings)
+    try:
+        os.replace(tmp, file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def create(topic_path: Path, settings: QueueSettings) -> bool:
     """Write the settings of a new topic, unless another process wrote some first: False then
     (theirs stay, whole). Processes that create one topic at once thus agree on its settings."""
     file = topic_path / SETTINGS_FILE
-    tmp = file.with_name(f"{SETTINGS_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n")
+    tmp = write_temporary(file, settings)
     try:
         os.link(tmp, file)  # atomic, and refused when the file exists
     except FileExistsError:
@@ -164,3 +166,15 @@ def create(topic_path: Path, settings: QueueSettings) -> bool:
     finally:
         tmp.unlink()
     return True
+
+
+def write_temporary(file: Path, settings: QueueSettings) -> Path:
+    """The settings in a temporary file beside ``file``, of this process and thread (nothing is
+    left behind when writing it fails, on a full disk say)."""
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
