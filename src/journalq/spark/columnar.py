@@ -16,6 +16,7 @@ an incomplete message at the end is left for the caller to complete with more by
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -269,13 +270,7 @@ def decode_columns(
             if run:
                 block = block[:run]
                 pieces.uniform(block, key_len, value_len)
-                got = pieces.offset[-1]
-                want = np.arange(due, due + run, dtype=np.uint64)
-                if not np.array_equal(got, want):
-                    i = int(np.flatnonzero(got != want)[0])
-                    p = pos + i * size
-                    offset, ts = _header(buf, p)
-                    raise _corrupt(f"offset {offset} where {due + i} was due", p, offset, ts)
+                _check_dense(buf, pieces.offset[-1], due, lambda i: pos + i * size)
                 pos += run * size
                 due += run
                 remaining -= run
@@ -325,12 +320,18 @@ def decode_columns(
         if not starts:
             break
         pieces.general(a, starts, key_lens, value_lens)
-        got = pieces.offset[-1]
-        want = np.arange(due, due + len(starts), dtype=np.uint64)
-        if not np.array_equal(got, want):
-            i = int(np.flatnonzero(got != want)[0])
-            offset, ts = _header(buf, starts[i])
-            raise _corrupt(f"offset {offset} where {due + i} was due", starts[i], offset, ts)
+        _check_dense(buf, pieces.offset[-1], due, starts.__getitem__)
         due += len(starts)
         remaining -= len(starts)
     return pieces.columns(), pos
+
+
+def _check_dense(buf: bytes, offsets: np.ndarray, due: int, position_of: Callable[[int], int]) -> None:
+    """``CorruptionError`` at the first of ``offsets`` (a run just decoded) that is not ``due`` + its
+    index; ``position_of(i)``: where message ``i`` of the run starts in ``buf``."""
+    want = np.arange(due, due + len(offsets), dtype=np.uint64)
+    if not np.array_equal(offsets, want):
+        i = int(np.flatnonzero(offsets != want)[0])
+        position = position_of(i)
+        offset, ts = _header(buf, position)
+        raise _corrupt(f"offset {offset} where {due + i} was due", position, offset, ts)
