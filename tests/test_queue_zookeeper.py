@@ -357,6 +357,11 @@ def test_server_killed_and_restarted_mid_load_loses_no_acknowledged_message(tmp_
             deadline = time.monotonic() + 60
             while len(read_lines(acked)) < 150 and time.monotonic() < deadline:
                 time.sleep(0.02)
+            # Freeze the server first, so that the producer's next request is surely in flight
+            # (sent, unanswered) when the crash comes: requests made while kazoo is reconnecting
+            # wait for it and meet no failure at all.
+            server.process.send_signal(signal.SIGSTOP)
+            time.sleep(0.3)
             server.kill()  # mid-load: SIGKILL, as a crash
             time.sleep(0.5)
             server.start()  # same port, same data
