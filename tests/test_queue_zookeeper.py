@@ -653,3 +653,50 @@ def test_without_kazoo_a_zk_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delitem(sys.modules, "journalq.queue.zookeeper.store", raising=False)
     with pytest.raises(QueueError, match=r"needs kazoo.*journalq\[zookeeper\]"):
         Broker("zk://127.0.0.1:2181/x")
+
+
+# -- the test server itself --------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where ``ZooKeeperServer`` makes its temporary data directory (``tempfile``'s default)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_a_server_that_cannot_start_leaves_no_directory(own_tmp: Path) -> None:
+    import socket
+
+    from journalq.queue.zookeeper.server import ZooKeeperServer
+
+    if ZooKeeperServer.available() is not None:
+        pytest.skip(ZooKeeperServer.available())
+    with socket.socket() as taken:  # the port is someone else's: the server exits at start
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(StoreUnavailableError, match=r"ZooKeeper exited with status \d+ at start.*\n.*") as failed:
+            ZooKeeperServer(port=taken.getsockname()[1])
+    assert "see " not in str(failed.value)  # the log it pointed to is gone: its end is in the error
+    assert list(own_tmp.iterdir()) == []
+
+
+def test_a_server_whose_java_cannot_run_leaves_no_directory(own_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from journalq.queue.zookeeper import server
+
+    if server.ZooKeeperServer.available() is not None:
+        pytest.skip(server.ZooKeeperServer.available())
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", "java")
+
+    monkeypatch.setattr(server.subprocess, "Popen", broken)
+    with pytest.raises(PermissionError):
+        server.ZooKeeperServer()
+    assert list(own_tmp.iterdir()) == []
+    kept = own_tmp / "mine"  # a directory the caller gave is the caller's: kept
+    with pytest.raises(PermissionError):
+        server.ZooKeeperServer(kept)
+    assert kept.is_dir()

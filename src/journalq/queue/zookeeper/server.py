@@ -55,11 +55,15 @@ class ZooKeeperServer(Closing):
             raise StoreUnavailableError(reason)
         self._own_dir = data_dir is None
         self.data_dir = Path(tempfile.mkdtemp(prefix="journalq-zk-") if data_dir is None else data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.tick = tick
         self.process: subprocess.Popen[bytes] | None = None
-        self.start()
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.start()
+        except BaseException:
+            self.close()  # whatever failed (even an interrupt): no process, no temporary directory
+            raise
 
     @staticmethod
     def available() -> str | None:
@@ -108,12 +112,23 @@ class ZooKeeperServer(Closing):
         while not ruok(self.port):
             if self.process.poll() is not None:
                 raise StoreUnavailableError(
-                    f"ZooKeeper exited with status {self.process.returncode} at start; see {self.data_dir / 'server.log'}"
+                    f"ZooKeeper exited with status {self.process.returncode} at start; {self._log_end()}"
                 )
             if time.monotonic() > deadline:
                 self.stop()
                 raise StoreUnavailableError(f"ZooKeeper did not answer on port {self.port} within {timeout:g}s")
             time.sleep(0.1)
+
+    def _log_end(self, lines: int = 5) -> str:
+        """Where the server's log is and how it ends; a directory of the server's own is removed
+        when its start fails, so then the end of the log is all there is to read."""
+        log = self.data_dir / "server.log"
+        try:
+            text = log.read_text(errors="replace").rstrip().splitlines()[-lines:]
+        except OSError:
+            text = []
+        where = "its log ends" if self._own_dir else f"{log} ends"
+        return f"{where}:\n" + "\n".join(text) if text else f"{log} is empty"
 
     def kill(self) -> None:
         """SIGKILL the server, as a crash would: what it acknowledged is in its data directory."""
