@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,46 @@ def test_a_raw_reader_finds_the_first_segment_made_after_it_looked(tmp_path: Pat
         with pytest.raises(OffsetOutOfRangeError, match="starts at 10"):
             reader.read(0)
         assert reader.read(10).count == 1
+
+
+def test_the_locks_of_copies_go_once_nobody_holds_or_waits_for_them(tmp_path: Path) -> None:
+    write(tmp_path / "j", 5)
+    with HubStore(tmp_path / "hub", max_open=4) as store:
+        for n in range(300):  # a hub that serves many journals keeps no lock per journal it ever saw
+            push_all(store, "c1", f"j{n}", tmp_path / "j")
+        assert len(store._copy_locks) == 0
+        assert len(store._writers) == 4
+
+
+def test_keyed_locks_let_one_holder_in_per_key_and_keep_no_idle_lock() -> None:
+    from journalq.hub.store import KeyedLocks
+
+    locks = KeyedLocks()
+    inside: dict[str, int] = {"a": 0, "b": 0}
+    most: dict[str, int] = {"a": 0, "b": 0}
+    counting = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker(key: str) -> None:
+        try:
+            for _ in range(300):
+                with locks.hold(key):
+                    with counting:
+                        inside[key] += 1
+                        most[key] = max(most[key], inside[key])
+                    time.sleep(0.0001)  # another thread of the key would come in now, were it let in
+                    with counting:
+                        inside[key] -= 1
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(key,)) for key in "abababab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and most == {"a": 1, "b": 1} and len(locks) == 0
+    assert locks.acquire("a") and not locks.acquire("a", blocking=False)  # held: refused, not waited for
+    assert len(locks) == 1
+    locks.release("a")
+    assert len(locks) == 0

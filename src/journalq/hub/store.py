@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from journalq.closing import Closing
@@ -34,11 +36,62 @@ from journalq.journal.scanner import Scanner
 from journalq.journal.segment import journal_dir, list_segments, lock_path, segment_at
 from journalq.journal.writer import Writer
 
-__all__ = ["HubStore"]
+__all__ = ["HubStore", "KeyedLocks"]
 
 # A copy starts a new segment only where its source did (the push says where): its own writer
 # never rolls by size.
 _NO_ROLL = 2**62
+
+
+class KeyedLocks:
+    """A ``threading.Lock`` per key, kept only while a thread holds or waits for it: a hub that
+    serves many journals keeps no lock for each journal it ever saw.
+
+    Each key's entry counts its users (the holder and the waiters). A thread counts itself in
+    under the mutex before it waits, and out after it let go (or gave up), so an entry is dropped
+    only when no thread holds its lock or is about to wait on it: a later thread makes a new lock,
+    and it can never happen that two threads hold two different locks of one key at once.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._entries: dict[str, tuple[threading.Lock, list[int]]] = {}  # key -> (lock, [users])
+
+    def acquire(self, key: str, blocking: bool = True) -> bool:
+        """Take the lock of ``key`` (waiting unless ``blocking`` is false); whether it was taken."""
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = (threading.Lock(), [0])
+            entry[1][0] += 1
+        if entry[0].acquire(blocking):
+            return True
+        self._leave(key, entry)
+        return False
+
+    def release(self, key: str) -> None:
+        entry = self._entries[key]  # held by this thread: its entry stays until _leave
+        entry[0].release()
+        self._leave(key, entry)
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        self.acquire(key)
+        try:
+            yield
+        finally:
+            self.release(key)
+
+    def _leave(self, key: str, entry: tuple[threading.Lock, list[int]]) -> None:
+        with self._mutex:
+            entry[1][0] -= 1
+            if not entry[1][0]:
+                del self._entries[key]
+
+    def __len__(self) -> int:
+        """The keys whose lock is held or waited for now."""
+        with self._mutex:
+            return len(self._entries)
 
 
 class HubStore(Closing):
@@ -54,7 +107,7 @@ class HubStore(Closing):
         self.max_open = max_open
         self._mutex = threading.Lock()
         self._writers: OrderedDict[str, Writer] = OrderedDict()
-        self._copy_locks: dict[str, threading.Lock] = {}
+        self._copy_locks = KeyedLocks()  # one push at a time per copy, in this process
         self._closed = False
 
     # -- where the copies are -------------------------------------------------------------------
@@ -101,7 +154,10 @@ class HubStore(Closing):
         """
         path = self.copy_path(push.client_id, push.journal)
         key = path.name
-        with self._copy_lock(key):
+        with self._mutex:
+            if self._closed:
+                raise HubError("the hub's store is closed")
+        with self._copy_locks.hold(key):
             result = self._push(push, path, key)
             if result is None:
                 # The copy is empty at another offset than the push starts (its first segment was
@@ -171,24 +227,17 @@ class HubStore(Closing):
             raise HubError(f"the hub holds no journal {journal!r} of client {client_id!r}")
         return path
 
-    def _copy_lock(self, key: str) -> threading.Lock:
-        with self._mutex:
-            if self._closed:
-                raise HubError("the hub's store is closed")
-            return self._copy_locks.setdefault(key, threading.Lock())
-
     def _open_writer(self, key: str, path: Path) -> Writer:
         writer = Writer(path, shared=True, sync=self.sync, segment_size=_NO_ROLL)
         with self._mutex:
             self._writers[key] = writer
             idle = [k for k in self._writers if k != key][: max(0, len(self._writers) - self.max_open)]
         for old in idle:
-            lock = self._copy_locks[old]
-            if lock.acquire(blocking=False):  # a writer in use is left for a later push to close
+            if self._copy_locks.acquire(old, blocking=False):  # a writer in use is left for a later push to close
                 try:
                     self._close_writer(old)
                 finally:
-                    lock.release()
+                    self._copy_locks.release(old)
         return writer
 
     def _close_writer(self, key: str) -> None:
