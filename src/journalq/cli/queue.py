@@ -119,7 +119,7 @@ def _queue_names(broker: Broker) -> list[str]:
         try:
             check_name(name)
         except InvalidNameError:
-            continue  # a queue being deleted (.deleted-...): not one to show
+            continue  # a directory made by hand under a name no queue can have: not one to show
         if _is_queue(broker, name):
             names.append(name)
     return names

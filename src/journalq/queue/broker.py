@@ -7,7 +7,6 @@ have one over the same directory at once.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from journalq.errors import QueueNotFoundError
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
+from journalq.queue.removal import remove_directory, remove_leftovers
 from journalq.queue.settings import QueueSettings, check_name
 from journalq.queue.sharded import ShardedQueue
 from journalq.queue.topic import Topic
@@ -44,6 +44,7 @@ class Broker(Closing):
         self.root = Path(root)
         self.sync = str(SyncPolicy.parse(sync))
         self.root.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(self.root)  # of deletes that a crash cut short (see ``removal``)
         self._topics: dict[str, Topic] = {}
         self._queues: dict[str, Queue] = {}
         self._lock = threading.RLock()  # one Topic and one Queue object per name, across threads
@@ -145,10 +146,9 @@ class Broker(Closing):
         self.forget(name)
         path = self.root / name
         sharded.delete_shards(self.root, name, settings_file.load(path))
-        # Rename first, so that the queue disappears at once even if the removal is slow.
-        doomed = self.root / f".deleted-{name}-{os.getpid()}"
-        os.replace(path, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        if not remove_directory(self.root, name):
+            raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted meanwhile")
+        remove_leftovers(self.root)
 
     def gc(self) -> dict[str, int]:
         """Garbage-collect every topic now; returns files deleted per topic."""

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +53,7 @@ from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
 from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task
+from journalq.queue.removal import remove_directory
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
 from journalq.queue.workqueue import Queue
@@ -136,13 +136,7 @@ def delete_shards(root: Path, name: str, settings: QueueSettings | None) -> None
     if settings is None or settings.shards == 1:
         return
     for directory in shard_dirs(name, settings.shards):
-        path = root / directory
-        doomed = root / f".deleted-{directory}-{os.getpid()}"
-        try:
-            os.replace(path, doomed)
-        except FileNotFoundError:
-            continue
-        shutil.rmtree(doomed, ignore_errors=True)
+        remove_directory(root, directory)  # one missing (a delete cut short) is skipped
 
 
 def _route_key(value: bytes | str, what: str) -> bytes:

@@ -1,0 +1,127 @@
+"""Deleting queues and topics: what a deleter that was SIGKILLed between renaming a directory and
+removing it left behind is removed by the next broker that opens (or the next delete), never under
+a deleter that is still at work; a queue made again with the name of a half-deleted one works."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import QueueNotFoundError
+from journalq.queue import Broker
+
+# Deletes queue ARGV[2] of ARGV[1]; stops once the first directory is renamed, before anything in
+# it is removed: "crash" SIGKILLs itself there, "wait" waits for its stdin to close, then goes on.
+DELETER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from journalq.queue import Broker
+
+    root, name, how = sys.argv[1:]
+    replace = os.replace
+
+    def stopped(source, target):
+        replace(source, target)
+        if os.path.basename(target).startswith(".deleted-"):
+            print(os.path.basename(target), flush=True)
+            if how == "crash":
+                os.kill(os.getpid(), signal.SIGKILL)
+            sys.stdin.read()
+
+    os.replace = stopped
+    Broker(root, sync="none").delete(name)
+    """
+)
+
+
+def deleter(root: Path, name: str, how: str, env: dict) -> tuple[subprocess.Popen, str]:
+    """A process deleting ``name``, stopped (or dead) after its first rename; and the doomed name."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", DELETER, str(root), name, how],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert child.stdout is not None
+    doomed = child.stdout.readline().strip()
+    assert doomed.startswith(f".deleted-{name}"), doomed
+    return child, doomed
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(n for n in os.listdir(root) if n.startswith(".deleted-"))
+
+
+def test_a_delete_cut_short_by_sigkill_is_finished_by_the_next_broker(tmp_path: Path, child_env: dict) -> None:
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        broker.queue("jobs").send_many([b"x" * 1000] * 50)
+    child, doomed = deleter(root, "jobs", "crash", child_env)
+    assert child.wait(30) == -signal.SIGKILL
+    assert leftovers(root) == [doomed] and os.listdir(root / doomed)  # the crash left it whole
+    with Broker(root, sync="none") as broker:
+        assert leftovers(root) == []
+        assert broker.names() == []
+        # A new queue with the name of the half-deleted one starts empty and works.
+        q = broker.queue("jobs")
+        q.send(b"new")
+        assert [m.body for m in q.receive(10)] == [b"new"]
+
+
+def test_a_directory_that_a_live_process_is_deleting_is_left_to_it(tmp_path: Path, child_env: dict) -> None:
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        broker.queue("jobs").send(b"x")
+        broker.queue("other")
+    child, doomed = deleter(root, "jobs", "wait", child_env)
+    try:
+        with Broker(root, sync="none") as broker:
+            assert leftovers(root) == [doomed]  # its deleter is alive: not removed under it
+            broker.delete("other")  # a delete cleans up too, but not what is still being deleted
+            assert leftovers(root) == [doomed] and broker.names() == []
+            broker.queue("jobs").send(b"again")  # made again while the old one is being removed
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(30) == 0
+    assert leftovers(root) == []  # its deleter finished it
+    with Broker(root, sync="none") as broker:
+        assert [m.body for m in broker.queue("jobs").receive(10)] == [b"again"]
+
+
+def test_leftovers_of_earlier_versions_and_of_reused_pids_are_removed(tmp_path: Path) -> None:
+    """Leftovers named ``.deleted-NAME-PID`` without a lock (before deletes took one), even one
+    that names this very process's pid, have no deleter: they are removed."""
+    root = tmp_path / "data"
+    for pid in (os.getpid(), 999_999_999):
+        (root / f".deleted-jobs-{pid}" / "jnl").mkdir(parents=True)
+        (root / f".deleted-jobs-{pid}" / "jnl" / "0000000000000000.jnl").write_bytes(b"old")
+    (root / ".deleted-a-file").write_bytes(b"not a directory: not ours")
+    with Broker(root, sync="none") as broker:
+        assert leftovers(root) == [".deleted-a-file"]
+        broker.queue("jobs").send(b"x")
+        broker.delete("jobs")  # its own rename cannot meet a leftover's name
+        assert leftovers(root) == [".deleted-a-file"] and broker.names() == []
+        with pytest.raises(QueueNotFoundError):
+            broker.delete("jobs")
+
+
+def test_a_sharded_delete_cut_short_can_be_done_again(tmp_path: Path, child_env: dict) -> None:
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        broker.queue("orders", shards=4).send_many([{"body": b"%d" % i, "key": str(i)} for i in range(40)])
+    child, doomed = deleter(root, "orders", "crash", child_env)
+    assert child.wait(30) == -signal.SIGKILL
+    assert doomed.startswith(".deleted-orders.2.000-")  # the shards go first
+    with Broker(root, sync="none") as broker:
+        assert leftovers(root) == []
+        assert broker.names() == ["orders"]  # still listed, to be deleted again
+        broker.delete("orders")
+        assert sorted(os.listdir(root)) == []
+        q = broker.queue("orders", shards=4)
+        q.send(b"new", key="k")
+        assert [m.body for m in q.receive(10)] == [b"new"]
