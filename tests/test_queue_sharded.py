@@ -98,6 +98,39 @@ def test_a_bad_message_in_a_batch_stores_nothing(tmp_path: Path) -> None:
         assert queue.stats().available == 0
 
 
+def test_a_batch_cut_short_in_its_second_shard_says_which_messages_are_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from journalq.errors import PartialSendError, PartialStorageError, StorageError
+
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("orders", shards=4)
+        items = [{"body": b"%d" % i, "key": f"k{i}"} for i in range(12)]
+        shards = [zlib.crc32(item["key"].encode()) & 3 for item in items]
+        first, second = list(dict.fromkeys(shards))[:2]  # the order the shards' parts are written
+
+        def full(batch: list) -> list:
+            raise StorageError("disk full", errno=28, file=q.topic.shards[second].path)
+
+        monkeypatch.setattr(q.topic.shards[second], "send_many", full)
+        with pytest.raises(PartialSendError, match=r"of the 12 messages of the batch stored, not those at positions .*: disk full") as failed:
+            q.send_many(items)
+        error = failed.value
+        assert isinstance(error, PartialStorageError) and isinstance(error, StorageError) and error.errno == 28
+        assert error.unsent == [i for i, shard in enumerate(shards) if shard != first]
+        assert all(error.ids[i] is not None and shard_of(error.ids[i]) == first for i in range(12) if shards[i] == first)
+        got = drain(q)
+        assert sorted((m.id, m.body) for m in got) == sorted((error.ids[i], items[i]["body"]) for i in range(12) if shards[i] == first)
+        # The first shard's part failing stores nothing: its own error, not a partial one.
+        monkeypatch.setattr(q.topic.shards[first], "send_many", full)
+        with pytest.raises(StorageError) as failed:
+            q.send_many(items)
+        assert not isinstance(failed.value, PartialSendError)
+        monkeypatch.undo()
+        q.send_many([items[i] for i in error.unsent])  # the retry that the error makes possible
+        assert sorted(m.body for m in got + drain(q)) == sorted(item["body"] for item in items)
+
+
 def test_order_holds_within_a_shard(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4)

@@ -146,6 +146,59 @@ def test_a_send_that_fails_in_its_garbage_collection_stored_nothing(broker, monk
     assert q.receive(wait=0) == []
 
 
+def _lose_entries_of_chunks(q, monkeypatch: pytest.MonkeyPatch, lost: set[int]) -> None:
+    """Batches of 2 messages per chunk; the queue entries of the chunks numbered in ``lost`` (from
+    0) are never written, and their answer is a broken connection."""
+    from kazoo.exceptions import ConnectionLoss
+
+    from journalq.queue.zookeeper import store
+
+    class Lost:
+        def commit_async(self) -> Lost:
+            return self
+
+        def get(self) -> None:
+            raise ConnectionLoss()
+
+    write_entries = q.topic._write_entries
+    chunks = iter(range(10**6))
+
+    def write_some(chunk):
+        return Lost() if next(chunks) in lost else write_entries(chunk)
+
+    monkeypatch.setattr(store, "_BATCH_TASKS", 2)
+    monkeypatch.setattr(q.topic, "_write_entries", write_some)
+
+
+def test_a_batch_of_chunks_cut_short_says_which_messages_are_stored(broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from journalq.errors import PartialSendError
+
+    q = broker.queue("jobs")
+    bodies = [b"m%d" % i for i in range(6)]
+    _lose_entries_of_chunks(q, monkeypatch, {1})  # the second chunk of three
+    with pytest.raises(PartialSendError, match=r"4 of the 6 messages of the batch stored, not those at positions 2-3: ") as failed:
+        q.send_many(bodies)
+    monkeypatch.undo()
+    error = failed.value
+    assert isinstance(error, StoreUnavailableError) and isinstance(error.__cause__, StoreUnavailableError)
+    assert error.unsent == [2, 3] and error.ids[2:4] == [None, None] and None not in error.ids[:2] + error.ids[4:]
+    got = q.receive(10, wait=0)
+    assert sorted((m.id, m.body) for m in got) == sorted((error.ids[i], bodies[i]) for i in (0, 1, 4, 5))
+    q.send_many([bodies[i] for i in error.unsent])  # the retry that the error makes possible
+    assert sorted(m.body for m in got + q.receive(10, wait=0)) == bodies
+
+
+def test_a_batch_that_stored_nothing_raises_its_own_error(broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from journalq.errors import PartialSendError
+
+    q = broker.queue("jobs")
+    _lose_entries_of_chunks(q, monkeypatch, {0, 1})
+    with pytest.raises(StoreUnavailableError) as failed:
+        q.send_many([b"a", b"b", b"c"])
+    monkeypatch.undo()
+    assert not isinstance(failed.value, PartialSendError) and q.receive(10, wait=0) == []
+
+
 def test_messages_too_large_for_zookeeper_are_refused_before_anything_is_written(broker) -> None:
     q = broker.queue("jobs")
     with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):

@@ -191,3 +191,68 @@ class HubUnavailableError(HubError):
     """The hub could not be reached, or answered with something that is not the hub protocol."""
 
     kind = "unavailable"
+
+
+class PartialSendError(QueueError):
+    """A batch send that stored some of its messages and not the others. A sharded queue writes
+    each shard's part of a batch on its own, and the ZooKeeper store writes a large batch in chunks
+    (200 messages or 256 KiB), so a failure part-way leaves the parts written before it stored.
+    (The file store's unsharded ``send_many`` is all or nothing; so is a send whose failure stored
+    nothing: it raises the error that stopped it, never this one.)
+
+    ``ids``: for each message of the batch, in the order given, its id when it is stored, None when
+    it is not; ``unsent``: the positions of those not stored, the ones to send again. ``cause``:
+    the error that stopped the send (also ``__cause__``). The error is also of the cause's kind
+    when that is a ``StorageError`` (``PartialStorageError``) or a ``StoreUnavailableError``
+    (``PartialStoreUnavailableError``), so that handlers of those go on working. After a
+    ``StoreUnavailableError`` a message counted unsent may have been stored all the same (the
+    connection broke while its write was in flight), as after any ``StoreUnavailableError``.
+    """
+
+    def __init__(self, ids: list[str | None], cause: Exception) -> None:
+        self.ids = list(ids)
+        self.cause = cause
+        stored = len(self.ids) - len(self.unsent)
+        super().__init__(
+            f"{stored} of the {len(self.ids)} messages of the batch stored, not those at positions "
+            f"{_ranges(self.unsent)}: {cause}"
+        )
+
+    @property
+    def unsent(self) -> list[int]:
+        return [position for position, id in enumerate(self.ids) if id is None]
+
+    @staticmethod
+    def after(ids: list[str | None], cause: Exception) -> PartialSendError | None:
+        """The error for a send stopped by ``cause`` with ``ids`` stored so far (None where not):
+        of the cause's kind (see the class), or None when nothing is stored (raise ``cause``)."""
+        if all(id is None for id in ids):
+            return None
+        if isinstance(cause, StorageError):
+            return PartialStorageError(ids, cause)
+        if isinstance(cause, StoreUnavailableError):
+            return PartialStoreUnavailableError(ids, cause)
+        return PartialSendError(ids, cause)
+
+
+class PartialStorageError(PartialSendError, StorageError):
+    """A ``PartialSendError`` whose cause is a ``StorageError`` (a full disk, an I/O error)."""
+
+    def __init__(self, ids: list[str | None], cause: StorageError) -> None:
+        super().__init__(ids, cause)  # StorageError's reason: this error's whole message
+        self.errno = cause.errno
+
+
+class PartialStoreUnavailableError(PartialSendError, StoreUnavailableError):
+    """A ``PartialSendError`` whose cause is a ``StoreUnavailableError`` (ZooKeeper out of reach)."""
+
+
+def _ranges(positions: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for position in positions:
+        if runs and runs[-1][1] == position - 1:
+            runs[-1][1] = position
+        else:
+            runs.append([position, position])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -46,6 +46,7 @@ from journalq.errors import (
     InvalidNameError,
     InvalidSettingError,
     LockedError,
+    PartialSendError,
     ReceiptError,
 )
 from journalq.journal.lock import FileLock
@@ -208,7 +209,13 @@ class ShardedTopic:
 
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Append a batch: each shard's part in one write, in the order given. Every message is
-        checked before anything is written; returns the ids in the order given."""
+        checked before anything is written; returns the ids in the order given.
+
+        Not all or nothing across shards: when the write of one shard's part fails after another
+        shard's part was written, ``PartialSendError`` (of the cause's kind: ``StorageError`` for a
+        full disk) says which messages are stored (``ids``, None for the others) and which to
+        send again (``unsent``). Each shard's part is all or nothing, and a failure before any
+        part was written raises its own error, with nothing stored."""
         routed: list[tuple[int, Mapping[str, Any]]] = []
         first = self.shards[0]
         mask = len(self.shards) - 1
@@ -235,12 +242,18 @@ class ShardedTopic:
         groups: dict[int, list[int]] = {}
         for position, (index, _) in enumerate(routed):
             groups.setdefault(index, []).append(position)
-        ids: list[str] = [""] * len(routed)
+        ids: list[str | None] = [None] * len(routed)
         for index, positions in groups.items():
-            sent = self.shards[index].send_many([routed[p][1] for p in positions])
+            try:
+                sent = self.shards[index].send_many([routed[p][1] for p in positions])
+            except Exception as exc:
+                partial = PartialSendError.after(ids, exc)
+                if partial is None:
+                    raise
+                raise partial from exc
             for position, inner in zip(positions, sent):
                 ids[position] = f"{index}.{inner}"
-        return ids
+        return ids  # type: ignore[return-value]  # every one is set by now
 
     def _get_writer(self) -> None:
         """Make every shard's journal that is missing (at creation), so that readers of the

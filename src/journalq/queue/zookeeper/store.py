@@ -50,6 +50,7 @@ from journalq.closing import Closing
 from journalq.errors import (
     InvalidMessageError,
     InvalidSettingError,
+    PartialSendError,
     QueueError,
     QueueNotFoundError,
     ReceiptError,
@@ -123,6 +124,26 @@ def _failure(results: list[Any]) -> tuple[int, Exception] | None:
         if isinstance(result, Exception) and not isinstance(result, RolledBackError):
             return i, result
     return None
+
+
+def _outcome(result: Any) -> Exception | None:
+    """The error of a transaction sent with ``commit_async`` (the connection's, or that of the
+    operation that failed), or None when it was done."""
+    try:
+        failed = _failure(result.get())
+    except Exception as exc:  # kazoo raises the connection's errors from ``get``
+        return exc
+    return None if failed is None else failed[1]
+
+
+def _as_translated(error: Exception, where: str, queue: str) -> Exception:
+    """``error`` as ``_translated`` raises it."""
+    try:
+        with _translated(where, queue):
+            raise error
+    except Exception as translated:
+        return translated
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
@@ -378,7 +399,13 @@ class ZooKeeperTopic:
 
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Write the batch in zkmq's order (data; metadata, filters and state; queue entries),
-        one transaction per step and chunk; returns the task ids in the order given."""
+        one transaction per step and chunk; returns the task ids in the order given.
+
+        A message is stored once its chunk's queue entries are: each chunk is all or nothing, a
+        batch of several chunks is not. When some chunks are stored and others not,
+        ``PartialSendError`` (a ``StoreUnavailableError`` too when the connection broke) says
+        which messages are stored (``ids``, None for the others) and which to send again
+        (``unsent``); a failure that stored nothing raises its own error."""
         # The file store's checks and defaults (a bound method needs only ``self.settings``).
         envelopes = [Topic._envelope(self, item) for item in items]  # type: ignore[arg-type]
         for env in envelopes:
@@ -415,10 +442,19 @@ class ZooKeeperTopic:
             pending = []
             for step in (self._write_data, self._write_metadata, self._write_entries):
                 pending += [step(chunk).commit_async() for chunk in chunks]
-            for result in pending:
-                failed = _failure(result.get())
-                if failed is not None:
-                    raise failed[1]
+            failures = [_outcome(result) for result in pending]  # every answer, even after a failure
+            failure = next((error for error in failures if error is not None), None)
+            if failure is not None:
+                # A chunk's entries transaction succeeds only if its earlier steps did (it checks
+                # the state node that the metadata step makes): its success is the chunk's.
+                stored = failures[-len(chunks):]
+                ids = [item.task if done is None else None for chunk, done in zip(chunks, stored) for item in chunk]
+                if None in ids:
+                    cause = _as_translated(failure, self.broker.hosts, self.name)
+                    partial = PartialSendError.after(ids, cause)
+                    if partial is None:
+                        raise cause
+                    raise partial from cause
         return [item.task for item in outgoing]
 
     def _write_data(self, chunk: list[_Outgoing]) -> Any:
