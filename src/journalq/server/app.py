@@ -279,6 +279,36 @@ def create_app(config: ServerConfig) -> App:
             return await _respond(_error_response(exc), scope, receive, send)
         return await _answer(send, 201, b"", [(b"x-message-id", message_id.encode())])
 
+    def direct_add(scope: Scope, body: bytes, respond: Respond) -> bool:
+        """``POST /{queue}/messages`` taken straight from the HTTP protocol (see
+        ``journalq.server.protocol``) once its whole body is there, without an ASGI task: the body
+        joins the next batch, and ``respond(status, headers, body)`` answers once it is stored (or
+        with the same failure answers as ``hot_add``). Returns False, having done nothing, for a
+        request that is to be refused (token, size, name): ``hot_add`` answers those."""
+        headers = dict(scope["headers"])
+        try:
+            check_token(headers.get(b"authorization", b""))
+        except HTTPProblem:
+            return False
+        queue = scope["path"][1:-_MESSAGES_SUFFIX]
+        if len(body) > config.max_message_size or queue in RESERVED:
+            return False
+        started = time.perf_counter()
+        note = app.state.metrics.note
+
+        def done(outcome: str | BaseException) -> None:
+            if isinstance(outcome, str):
+                status, answer_headers, content = 201, [(b"x-message-id", outcome.encode()), _EMPTY], b""
+            else:
+                status, answer_headers, content = _failure_answer(outcome)
+            try:
+                respond(status, answer_headers, content)
+            finally:
+                note("rest", _REST_ADD, status, time.perf_counter() - started)
+
+        sends.submit(queue, body, done)
+        return True
+
     sqs_box: list[SqsProtocol] = []
 
     def sqs_protocol() -> SqsProtocol:
@@ -355,17 +385,30 @@ def create_app(config: ServerConfig) -> App:
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
         if path.endswith(_MESSAGES) and path.count("/") == 2 and len(path) > len(_MESSAGES) + 1:
-            scope["journalq.operation"] = "POST /{queue}/messages"  # the latency label
+            scope["journalq.operation"] = _REST_ADD  # the latency label
             return hot_add
         return None
 
+    def direct_route(scope: Scope) -> DirectHandler | None:
+        return direct_add if hot_route(scope) is hot_add else None
+
     app.hot_route = hot_route
+    app.direct_route = direct_route
     return app
 
 
 _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
+_REST_ADD = "POST /{queue}/messages"
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
+_EMPTY = (b"content-length", b"0")
+_INTERNAL_ERROR = (
+    500,
+    [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"), (b"connection", b"close")],
+    b"Internal Server Error",
+)
+"""What uvicorn answers when an ASGI app fails (and closes the connection): the direct path's
+answer to a failure that is not the storage's nor the request's."""
 
 
 def _problem_response(exc: HTTPProblem) -> Response:
@@ -375,6 +418,18 @@ def _problem_response(exc: HTTPProblem) -> Response:
 def _error_response(exc: Error) -> Response:
     status = 404 if isinstance(exc, (QueueNotFoundError, TaskNotFoundError)) else 400
     return JSONResponse({"error": str(exc)}, status_code=status)
+
+
+def _failure_answer(exc: BaseException) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The direct path's answer to a send that failed: what ``hot_add`` answers to the same."""
+    if isinstance(exc, HTTPProblem):
+        response = _problem_response(exc)
+    elif isinstance(exc, Error):
+        response = _error_response(exc)
+    else:
+        log.error("storing a message failed", exc_info=exc)
+        return _INTERNAL_ERROR
+    return response.status_code, response.raw_headers, bytes(response.body)
 
 
 async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> int:
@@ -400,6 +455,13 @@ async def _sqs_error(send: Send, exc: SqsError, headers: dict[str, str] | None =
 Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
 """A hot-path handler: answers a request whole and returns the status it answered with."""
 
+Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
+"""Writes a whole answer: status, headers (with content-length), body."""
+
+DirectHandler = Callable[[Scope, bytes, Respond], bool]
+"""Takes a request whose whole body is there, answering it later through ``respond``; or returns
+False, having done nothing, and the request goes through ASGI."""
+
 
 class App(FastAPI):
     """FastAPI with a hot path in front: requests that ``hot_route(scope)`` gives a handler for
@@ -411,6 +473,7 @@ class App(FastAPI):
         self.state.metrics = metrics.Metrics()
         self.add_middleware(metrics.RequestTimer, metrics=self.state.metrics)
         self.hot_route: Callable[[Scope], Handler | None] = lambda scope: None
+        self.direct_route: Callable[[Scope], DirectHandler | None] = lambda scope: None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

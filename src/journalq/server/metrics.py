@@ -67,11 +67,15 @@ class Metrics:
                 path = getattr(scope.get("route"), "path", None) or "unrouted"
                 operation = f"{scope['method']} {path}"
             api = "rest" if "{queue}" in operation else "service"
+        self.note(api, operation, status, time.perf_counter() - started)
+
+    def note(self, api: str, operation: str, status: int, seconds: float) -> None:
+        """Note the latency of a request whose labels are known (the server's direct path)."""
         key = (api, operation, status)
         child = self._children.get(key)
         if child is None:  # labels() takes a lock and checks its values: once per key
             child = self._children[key] = self.request_seconds.labels(api, operation, str(status))
-        child.observe(time.perf_counter() - started)
+        child.observe(seconds)
 
     def watch(self, broker: Broker) -> None:
         self.broker = broker
