@@ -7,6 +7,7 @@ injected and the protocol's choices counted."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import socket
@@ -109,9 +110,16 @@ def exchange(port: int, *requests: bytes) -> list[bytes]:
 
 
 def normalized(answer: bytes) -> bytes:
-    """The answer without what differs from one server to another: the date, the message id."""
+    """The answer without what differs from one server to another: dates, message ids."""
     answer = re.sub(rb"date: [^\r]*\r\n", b"", answer)
+    answer = re.sub(rb'"MessageId": "[^"]*"', b'"MessageId": "ID"', answer)
+    answer = re.sub(rb'Timestamp": "\d+"', b'Timestamp": "T"', answer)
     return re.sub(rb"x-message-id: \w+", b"x-message-id: ID", answer)
+
+
+def sqs(action: str, payload: dict[str, Any] | bytes, *headers: str) -> bytes:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return post("/", body, f"X-Amz-Target: AmazonSQS.{action}", "Content-Type: application/x-amz-json-1.0", *headers)
 
 
 REQUESTS = [
@@ -122,7 +130,16 @@ REQUESTS = [
     post("/q/messages", b"x" * 101),  # over the size limit
     post("/q/messages", b"kept", "Authorization: Bearer wrong"),
     post("/q/messages", b"one-zero", version="1.0"),  # answered, then the connection is closed
+    sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "by sqs"}),
+    sqs("SendMessageBatch", {"QueueUrl": "http://test/000000000000/q", "Entries": [
+        {"Id": "a", "MessageBody": "batch a"}, {"Id": "b", "MessageBody": "batch b", "DelaySeconds": 901}]}),
+    sqs("SendMessage", {"QueueUrl": "http://test/000000000000/nope", "MessageBody": "nowhere"}),
+    sqs("SendMessage", {"MessageBody": "no queue url"}),
+    sqs("SendMessage", b"not json"),
+    sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "x"}, "Authorization: Bearer wrong"),
+    sqs("GetQueueAttributes", {"QueueUrl": "http://test/000000000000/q", "AttributeNames": ["All"]}),
 ]
+STATUSES = [201, 201, 404, 400, 413, 401, 201, 200, 200, 400, 400, 400, 401, 200]
 
 
 def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[bytes]) -> None:
@@ -137,18 +154,20 @@ def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[by
                         for r in REQUESTS]
             answers[protocol] = [normalized(exchange(port, request)[0]) for request in requests]
             metrics = exchange(port, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")[0]
-            counts = sorted(re.findall(rb'journalq_request_seconds_count\{api="rest",operation="POST[^}]*\} \S+',
+            counts = sorted(re.findall(rb'journalq_request_seconds_count\{api="(?:rest|sqs)",[^}]*\} \S+',
                                        metrics))
             answers[protocol].append(b"\n".join(counts))
         with Broker(data) as broker:
-            assert broker.queue("q", create=False).stats().available == 3
+            assert broker.queue("q", create=False).stats().available == 5
         data.rename(tmp_path / protocol.__name__)
     assert answers[DirectHttpToolsProtocol] == answers[HeadLimitedHttpToolsProtocol]
     statuses = [status_of(a) for a in answers[DirectHttpToolsProtocol][:-1]]
-    assert statuses == [201, 201, 404, 400, 413, 401, 201]
+    assert statuses == STATUSES
     assert b"connection: close" in answers[DirectHttpToolsProtocol][6]
-    # The ones stored or refused by the queue went the direct way; the refused ones went to ASGI.
-    assert taken == [b"hello", b"", b"nowhere", b"one-zero"]
+    assert b"QueueDoesNotExist" in answers[DirectHttpToolsProtocol][9]
+    # Sends that reached a queue went the direct way; the refused ones, and other actions, to ASGI.
+    assert [body[:30] for body in taken] == [b"hello", b"", b"nowhere", b"one-zero", b'{"QueueUrl": "http://test/0000',
+                                             b'{"QueueUrl": "http://test/0000', b'{"QueueUrl": "http://test/0000']
 
 
 def test_pipelined_requests_are_answered_in_order(tmp_path: Path, taken: list[bytes]) -> None:

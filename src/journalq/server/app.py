@@ -321,61 +321,123 @@ def create_app(config: ServerConfig) -> App:
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
 
-    async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
-        """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
-        clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+    class SqsRefusal(Exception):
+        """An SQS request refused before it reaches a queue, with the answer's extra headers."""
+
+        def __init__(self, error: SqsError, headers: dict[str, str] | None = None) -> None:
+            super().__init__(error.message)
+            self.error, self.headers = error, headers
+
+    def sqs_action(headers: dict[str, str]) -> str:
+        """The action an SQS request names (checked before its body is read), or ``SqsRefusal``."""
         target = headers.get("x-amz-target", "")
         service, _, action = target.partition(".")
         if service != "AmazonSQS" or not action:
-            error = SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action")
-            return await _sqs_error(send, error)
-        try:
-            declared = headers.get("content-length")
-            body = await body_of(receive, None if declared is None else declared.encode(), config.max_request_size)
-        except HTTPProblem as exc:
-            code = "RequestEntityTooLarge" if exc.status == 413 else "InvalidRequest"
-            return await _sqs_error(send, SqsError(code, exc.message, status=exc.status))
+            raise SqsRefusal(SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action"))
+        return action
+
+    def sqs_request(scope: Scope, headers: dict[str, str], body: bytes) -> tuple[str, dict[str, Any]]:
+        """The checks of an SQS request whose body is read: its action and payload, or
+        ``SqsRefusal``. No side effects: the direct path may check a request the ASGI path then
+        answers."""
+        action = sqs_action(headers)
         if config.aws_credentials:
             try:
                 # The signature covers the path the client posted to.
                 verify("POST", scope["path"], scope["query_string"].decode("latin-1"), headers, body,
                        config.aws_credentials)
             except AuthError as exc:
-                return await _sqs_error(send, SqsError(exc.code, exc.message, status=exc.status))
+                raise SqsRefusal(SqsError(exc.code, exc.message, status=exc.status)) from None
         elif config.rest_token is not None:
             # A server guarded by a token is not left open through its other API: without AWS
             # keys configured, SQS requests need the same bearer token.
             try:
                 check_token(headers.get("authorization", ""))
             except HTTPProblem as exc:
-                error = SqsError("MissingAuthenticationToken", exc.message, status=exc.status)
-                return await _sqs_error(send, error, exc.headers)
+                raise SqsRefusal(SqsError("MissingAuthenticationToken", exc.message, status=exc.status),
+                                 exc.headers) from None
         try:
             payload = json.loads(body or b"{}")
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
-            return await _sqs_error(send, SqsError("InvalidRequest", f"the body is not a JSON object: {exc}"))
+            raise SqsRefusal(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}")) from None
         if is_zookeeper_url(broker().root):
-            return await _sqs_error(send, SqsError(
+            raise SqsRefusal(SqsError(
                 "UnsupportedOperation", "the SQS protocol needs a data directory: this server's queues are in "
                 "ZooKeeper (use mq's REST API)", status=400))
+        return action, payload
+
+    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | BaseException) -> Answer:
+        """The answer to an SQS request that reached its queue: its result, or the error that
+        refused it (other exceptions propagate)."""
+        if isinstance(outcome, SqsError):
+            return _sqs_error_answer(outcome)
+        if isinstance(outcome, HTTPProblem):
+            return _sqs_error_answer(SqsError("ServiceUnavailable", outcome.message, status=outcome.status,
+                                              sender=False), outcome.headers)
+        if isinstance(outcome, Error):  # none that SQS has a code for: still answered in SQS's shape
+            return _sqs_error_answer(SqsError("InternalFailure", str(outcome), status=500, sender=False))
+        if isinstance(outcome, BaseException):
+            raise outcome
+        app.state.metrics.count_sqs(action, payload, outcome)
+        return _whole(200, json.dumps(outcome).encode(), [_AMZ_JSON])
+
+    async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
+        """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
+        clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        try:
+            sqs_action(headers)
+            try:
+                declared = headers.get("content-length")
+                body = await body_of(receive, None if declared is None else declared.encode(), config.max_request_size)
+            except HTTPProblem as exc:
+                code = "RequestEntityTooLarge" if exc.status == 413 else "InvalidRequest"
+                raise SqsRefusal(SqsError(code, exc.message, status=exc.status)) from None
+            action, payload = sqs_request(scope, headers, body)
+        except SqsRefusal as refusal:
+            return await _send_answer(send, _sqs_error_answer(refusal.error, refusal.headers))
         base_url = f"{scope['scheme']}://{headers.get('host') or f'{config.host}:{config.port}'}"
+        outcome: dict[str, Any] | BaseException
         try:
             if action in SqsProtocol.SEND_ACTIONS:
-                answer = await sqs_sends.send(sqs_protocol().queue_of(payload), (action, payload))
+                outcome = await sqs_sends.send(sqs_protocol().queue_of(payload), (action, payload))
             else:
-                answer = await blocking(sqs_protocol().handle, action, payload, base_url, receiving=action == "ReceiveMessage")
-        except SqsError as exc:
-            return await _sqs_error(send, exc)
-        except HTTPProblem as exc:
-            error = SqsError("ServiceUnavailable", exc.message, status=exc.status, sender=False)
-            return await _sqs_error(send, error, exc.headers)
-        except Error as exc:  # none that SQS has a code for: still answered in SQS's shape
-            return await _sqs_error(send, SqsError("InternalFailure", str(exc), status=500, sender=False))
-        app.state.metrics.count_sqs(action, payload, answer)
-        return await _answer(send, 200, json.dumps(answer).encode(), [_AMZ_JSON])
+                outcome = await blocking(sqs_protocol().handle, action, payload, base_url,
+                                         receiving=action == "ReceiveMessage")
+        except (SqsError, HTTPProblem, Error) as exc:
+            outcome = exc
+        return await _send_answer(send, sqs_answer(action, payload, outcome))
+
+    def direct_sqs(scope: Scope, body: bytes, respond: Respond) -> bool:
+        """SendMessage and SendMessageBatch taken straight from the HTTP protocol, as
+        ``direct_add``; every other request, and any refused one, goes to ``hot_sqs``."""
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        if len(body) > config.max_request_size:
+            return False
+        try:
+            action, payload = sqs_request(scope, headers, body)
+            if action not in SqsProtocol.SEND_ACTIONS:
+                return False
+            queue = sqs_protocol().queue_of(payload)
+        except (SqsRefusal, SqsError):
+            return False
+        started = time.perf_counter()
+        note = app.state.metrics.note
+
+        def done(outcome: dict[str, Any] | BaseException) -> None:
+            try:
+                status, answer_headers, content = sqs_answer(action, payload, outcome)
+            except BaseException as exc:  # noqa: BLE001 - answered as uvicorn answers an app's failure
+                status, answer_headers, content = _failure_answer(exc)
+            try:
+                respond(status, answer_headers, content)
+            finally:
+                note("sqs", action, status, time.perf_counter() - started)
+
+        sqs_sends.submit(queue, (action, payload), done)
+        return True
 
     def hot_route(scope: Scope) -> Handler | None:
         if scope["method"] != "POST":
@@ -390,7 +452,8 @@ def create_app(config: ServerConfig) -> App:
         return None
 
     def direct_route(scope: Scope) -> DirectHandler | None:
-        return direct_add if hot_route(scope) is hot_add else None
+        handler = hot_route(scope)
+        return direct_add if handler is hot_add else direct_sqs if handler is hot_sqs else None
 
     app.hot_route = hot_route
     app.direct_route = direct_route
@@ -420,7 +483,7 @@ def _error_response(exc: Error) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=status)
 
 
-def _failure_answer(exc: BaseException) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+def _failure_answer(exc: BaseException) -> Answer:
     """The direct path's answer to a send that failed: what ``hot_add`` answers to the same."""
     if isinstance(exc, HTTPProblem):
         response = _problem_response(exc)
@@ -432,10 +495,20 @@ def _failure_answer(exc: BaseException) -> tuple[int, list[tuple[bytes, bytes]],
     return response.status_code, response.raw_headers, bytes(response.body)
 
 
+def _whole(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> Answer:
+    """An answer with its content-length."""
+    headers.append((b"content-length", str(len(body)).encode()))
+    return status, headers, body
+
+
 async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    return await _send_answer(send, _whole(status, body, headers))
+
+
+async def _send_answer(send: Send, answer: Answer) -> int:
     """A whole answer in two ASGI messages (what Starlette's ``Response`` sends, without it);
     returns its status."""
-    headers.append((b"content-length", str(len(body)).encode()))
+    status, headers, body = answer
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
     return status
@@ -446,14 +519,17 @@ async def _respond(response: Response, scope: Scope, receive: Receive, send: Sen
     return response.status_code
 
 
-async def _sqs_error(send: Send, exc: SqsError, headers: dict[str, str] | None = None) -> int:
+def _sqs_error_answer(exc: SqsError, headers: dict[str, str] | None = None) -> Answer:
     extra = [(b"x-amzn-query-error", exc.query_error.encode()), _AMZ_JSON]
     extra += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
-    return await _answer(send, exc.status, json.dumps({"__type": exc.type, "message": exc.message}).encode(), extra)
+    return _whole(exc.status, json.dumps({"__type": exc.type, "message": exc.message}).encode(), extra)
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
 """A hot-path handler: answers a request whole and returns the status it answered with."""
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+"""A whole answer: status, headers (with content-length), body."""
 
 Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
 """Writes a whole answer: status, headers (with content-length), body."""
