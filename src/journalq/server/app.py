@@ -89,7 +89,8 @@ def create_app(config: ServerConfig) -> App:
 
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str]:
         ids = await blocking(lambda: broker().queue(queue, create=False).send_many(bodies))
-        app.state.metrics.messages_in.labels(queue).inc(len(ids))  # once a batch, not a request
+        counts = app.state.metrics
+        counts.counted(counts.messages_in, queue).inc(len(ids))  # once a batch, not a request
         return ids
 
     sends = SendBatcher(store)
@@ -228,7 +229,7 @@ def create_app(config: ServerConfig) -> App:
         if not got:
             return Response(status_code=204)
         message = got[0]
-        app.state.metrics.messages_out.labels(queue).inc()
+        app.state.metrics.counted(app.state.metrics.messages_out, queue).inc()
         return Response(
             message.body,
             media_type="application/octet-stream",
@@ -254,7 +255,7 @@ def create_app(config: ServerConfig) -> App:
     async def remove(queue: str, message_id: str) -> Response:
         """Delete a message by the id that adding or fetching it gave, whatever its state."""
         await blocking(lambda: broker().queue(queue_name(queue), create=False).delete_id(message_id))
-        app.state.metrics.messages_deleted.labels(queue).inc()
+        app.state.metrics.counted(app.state.metrics.messages_deleted, queue).inc()
         return Response(status_code=204)
 
     async def add_message(queue: str, body: bytes) -> str:
