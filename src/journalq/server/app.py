@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hmac
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,6 +63,11 @@ def create_app(config: ServerConfig) -> App:
     # Receives may long-poll (up to 20 s for SQS, ``wait`` for REST): with one pool for all, a few
     # hundred waiting consumers would hold up every write, and the messages they wait for.
     receive_limiter = anyio.CapacityLimiter(1024)
+    # The batches' stores (one at a time per queue) go straight to threads of their own:
+    # anyio's run_sync first yields to the event loop for a whole iteration, which under load
+    # (the loop reading and answering dozens of requests) held each batch back ~0.3 ms, and the
+    # requests of the next batch with it; the loop then idled ~20 % of the time waiting.
+    store_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="journalq-store")
     body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
 
     @asynccontextmanager
@@ -74,6 +81,7 @@ def create_app(config: ServerConfig) -> App:
             yield
         finally:
             watchdog.cancel()
+            await anyio.to_thread.run_sync(store_pool.shutdown)  # no store may outlive the broker
             await anyio.to_thread.run_sync(broker.close)  # syncs and closes every journal
 
     app = App(
@@ -88,16 +96,24 @@ def create_app(config: ServerConfig) -> App:
         return broker_box[0]
 
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str]:
-        ids = await blocking(lambda: broker().queue(queue, create=False).send_many(bodies))
+        ids = await blocking(lambda: broker().queue(queue, create=False).send_many(bodies), storing=True)
         counts = app.state.metrics
         counts.counted(counts.messages_in, queue).inc(len(ids))  # once a batch, not a request
         return ids
 
     sends = SendBatcher(store)
 
-    async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False) -> T:
-        """Run a queue operation in a worker thread, mapping storage failures to 503."""
+    async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False, storing: bool = False) -> T:
+        """Run a queue operation in a worker thread, mapping storage failures to 503.
+        ``storing``: a batch's store, run in ``store_pool``."""
         try:
+            if storing:
+                stored = asyncio.get_running_loop().run_in_executor(store_pool, functools.partial(fn, *args))
+                try:
+                    return await asyncio.shield(stored)
+                except asyncio.CancelledError:  # as anyio's run_sync: the store finishes first
+                    await asyncio.wait([stored])
+                    raise
             return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
         except StorageError as exc:
             # A failed sync leaves a writer unusable by design: close it, and the next request
@@ -318,7 +334,7 @@ def create_app(config: ServerConfig) -> App:
         return sqs_box[0]
 
     async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | SqsError]:
-        return await blocking(sqs_protocol().send_together, name, requests)
+        return await blocking(sqs_protocol().send_together, name, requests, storing=True)
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
 
@@ -430,7 +446,7 @@ def create_app(config: ServerConfig) -> App:
         def done(outcome: dict[str, Any] | BaseException) -> None:
             try:
                 status, answer_headers, content = sqs_answer(action, payload, outcome)
-            except BaseException as exc:  # noqa: BLE001 - answered as uvicorn answers an app's failure
+            except BaseException as exc:  # answered as uvicorn answers an ASGI app's failure
                 status, answer_headers, content = _failure_answer(exc)
             try:
                 respond(status, answer_headers, content)

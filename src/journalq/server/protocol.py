@@ -121,7 +121,7 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
             handler = self._direct_route(cycle.scope)
             if handler is not None:
                 if cycle.more_body:
-                    if self._reading:  # the rest of the body may be in this read: see on_message_complete
+                    if self._reading:  # the rest may be in this read: see on_message_complete
                         self._pending = (cycle, app, handler)
                         return
                 elif self._direct(cycle, handler):
@@ -141,7 +141,9 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         taken: bool = handler(cycle.scope, bytes(cycle.body), partial(self._answer, cycle))
         return taken
 
-    def _answer(self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def _answer(
+        self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
         if cycle.disconnected or cycle.response_complete:  # the client went away meanwhile
             return
         cycle.response_started = True
