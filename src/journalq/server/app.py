@@ -57,6 +57,15 @@ class HTTPProblem(Exception):
         self.status, self.message, self.headers = status, message, headers or {}
 
 
+class SqsRefusal(Exception):
+    """An SQS request refused before it reaches a queue: its error, and the answer's extra headers
+    (as ``HTTPProblem``, a way out of the checks, not an error of journalq's)."""
+
+    def __init__(self, error: SqsError, headers: dict[str, str] | None = None) -> None:
+        super().__init__(error.message)
+        self.error, self.headers = error, headers
+
+
 def create_app(config: ServerConfig) -> App:
     broker_box: list[Broker] = []
     limiter = anyio.CapacityLimiter(256)  # blocking operations but receives
@@ -113,6 +122,8 @@ def create_app(config: ServerConfig) -> App:
                     return await asyncio.shield(stored)
                 except asyncio.CancelledError:  # as anyio's run_sync: the store finishes first
                     await asyncio.wait([stored])
+                    if not stored.cancelled():
+                        stored.exception()  # its failure, if any, goes with the cancellation
                     raise
             return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
         except StorageError as exc:
@@ -315,7 +326,7 @@ def create_app(config: ServerConfig) -> App:
 
         def done(outcome: str | BaseException) -> None:
             if isinstance(outcome, str):
-                status, answer_headers, content = 201, [(b"x-message-id", outcome.encode()), _EMPTY], b""
+                status, answer_headers, content = 201, [(b"x-message-id", outcome.encode()), _NO_BODY], b""
             else:
                 status, answer_headers, content = _failure_answer(outcome)
             try:
@@ -337,13 +348,6 @@ def create_app(config: ServerConfig) -> App:
         return await blocking(sqs_protocol().send_together, name, requests, storing=True)
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
-
-    class SqsRefusal(Exception):
-        """An SQS request refused before it reaches a queue, with the answer's extra headers."""
-
-        def __init__(self, error: SqsError, headers: dict[str, str] | None = None) -> None:
-            super().__init__(error.message)
-            self.error, self.headers = error, headers
 
     def sqs_action(headers: dict[str, str]) -> str:
         """The action an SQS request names (checked before its body is read), or ``SqsRefusal``."""
@@ -481,7 +485,7 @@ _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
 _REST_ADD = "POST /{queue}/messages"
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
-_EMPTY = (b"content-length", b"0")
+_NO_BODY = (b"content-length", b"0")
 _INTERNAL_ERROR = (
     500,
     [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"), (b"connection", b"close")],
