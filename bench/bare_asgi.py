@@ -1,7 +1,8 @@
 """The ceiling of the server benchmark: an ASGI app that answers every request at once (201,
 no body, nothing read or stored), under uvicorn with the settings ``journalq serve`` uses
 (httptools with journalq's head limit, uvloop, no access log). What it serves per second under
-the benchmark's load is the most any app under this uvicorn can serve on this machine.
+the benchmark's load is the most any ASGI app under this uvicorn can serve on this machine
+(journalq's direct path for sends skips the ASGI layer, so it is not bound by it).
 
     python bench/bare_asgi.py PORT
 """

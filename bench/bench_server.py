@@ -27,8 +27,9 @@ run:
   ``send_message`` counts the queue's messages (``Queue.attributes``) at every send, so its rate
   falls as the run fills the queue: each run starts from an empty queue, as journalq's do;
 * the ceiling: ``bench/bare_asgi.py``, an ASGI app that answers 201 at once under uvicorn with
-  journalq's settings, driven by the same ``rest`` load: what uvicorn alone costs per request,
-  and so the most any app under it can serve on this machine.
+  journalq's settings, driven by the same ``rest`` load: what uvicorn and its ASGI layer alone
+  cost per request, and so the most any ASGI app under it can serve on this machine (journalq
+  takes its sends from the HTTP parser without that layer: see bench/README.md).
 
 Aims (from the issue): with ``--sync always`` and 64 clients, throughput at least 5 times the
 syncs per second of the loop (group commit: concurrent requests share syncs), and with
@@ -80,8 +81,8 @@ SERVER_CONTEXT = (
     "(GET /metrics) over the run / requests.\nmoto's send_message counts the queue's messages at every send "
     "(O(queue depth)): its rate falls as a\nrun fills its queue, so the journalq/moto ratio grows with the "
     "run's length (each run starts empty).\nceiling: an ASGI app answering at once under the same uvicorn "
-    "and load; no app under this uvicorn\nserves more on this machine (ratio: to the fdatasync loop). "
-    "ratio_to_ceiling in the JSON."
+    "and load; no ASGI app under this\nuvicorn serves more on this machine (journalq's sends skip the ASGI "
+    "layer; ratio: to the fdatasync\nloop). ratio_to_ceiling in the JSON."
 )
 
 

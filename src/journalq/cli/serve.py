@@ -112,12 +112,13 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
 
 
 def _http_protocol() -> Any:
-    """httptools (fast) with a limit on request heads, or h11 when httptools is missing."""
+    """httptools (fast) with a limit on request heads and the direct path for
+    ``POST /{queue}/messages``, or h11 when httptools is missing."""
     try:
-        from journalq.server.protocol import HeadLimitedHttpToolsProtocol
+        from journalq.server.protocol import DirectHttpToolsProtocol
     except ImportError:
         return "h11"
-    return HeadLimitedHttpToolsProtocol
+    return DirectHttpToolsProtocol
 
 
 def _exit_cleanly(signum: int, frame: Any) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hmac
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,12 +57,26 @@ class HTTPProblem(Exception):
         self.status, self.message, self.headers = status, message, headers or {}
 
 
+class SqsRefusal(Exception):
+    """An SQS request refused before it reaches a queue: its error, and the answer's extra headers
+    (as ``HTTPProblem``, a way out of the checks, not an error of journalq's)."""
+
+    def __init__(self, error: SqsError, headers: dict[str, str] | None = None) -> None:
+        super().__init__(error.message)
+        self.error, self.headers = error, headers
+
+
 def create_app(config: ServerConfig) -> App:
     broker_box: list[Broker] = []
     limiter = anyio.CapacityLimiter(256)  # blocking operations but receives
     # Receives may long-poll (up to 20 s for SQS, ``wait`` for REST): with one pool for all, a few
     # hundred waiting consumers would hold up every write, and the messages they wait for.
     receive_limiter = anyio.CapacityLimiter(1024)
+    # The batches' stores (one at a time per queue) go straight to threads of their own:
+    # anyio's run_sync first yields to the event loop for a whole iteration, which under load
+    # (the loop reading and answering dozens of requests) held each batch back ~0.3 ms, and the
+    # requests of the next batch with it; the loop then idled ~20 % of the time waiting.
+    store_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="journalq-store")
     body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
 
     @asynccontextmanager
@@ -74,6 +90,7 @@ def create_app(config: ServerConfig) -> App:
             yield
         finally:
             watchdog.cancel()
+            await anyio.to_thread.run_sync(store_pool.shutdown)  # no store may outlive the broker
             await anyio.to_thread.run_sync(broker.close)  # syncs and closes every journal
 
     app = App(
@@ -88,15 +105,26 @@ def create_app(config: ServerConfig) -> App:
         return broker_box[0]
 
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str]:
-        ids = await blocking(lambda: broker().queue(queue, create=False).send_many(bodies))
-        app.state.metrics.messages_in.labels(queue).inc(len(ids))  # once a batch, not a request
+        ids = await blocking(lambda: broker().queue(queue, create=False).send_many(bodies), storing=True)
+        counts = app.state.metrics
+        counts.counted(counts.messages_in, queue).inc(len(ids))  # once a batch, not a request
         return ids
 
     sends = SendBatcher(store)
 
-    async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False) -> T:
-        """Run a queue operation in a worker thread, mapping storage failures to 503."""
+    async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False, storing: bool = False) -> T:
+        """Run a queue operation in a worker thread, mapping storage failures to 503.
+        ``storing``: a batch's store, run in ``store_pool``."""
         try:
+            if storing:
+                stored = asyncio.get_running_loop().run_in_executor(store_pool, functools.partial(fn, *args))
+                try:
+                    return await asyncio.shield(stored)
+                except asyncio.CancelledError:  # as anyio's run_sync: the store finishes first
+                    await asyncio.wait([stored])
+                    if not stored.cancelled():
+                        stored.exception()  # its failure, if any, goes with the cancellation
+                    raise
             return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
         except StorageError as exc:
             # A failed sync leaves a writer unusable by design: close it, and the next request
@@ -228,7 +256,7 @@ def create_app(config: ServerConfig) -> App:
         if not got:
             return Response(status_code=204)
         message = got[0]
-        app.state.metrics.messages_out.labels(queue).inc()
+        app.state.metrics.counted(app.state.metrics.messages_out, queue).inc()
         return Response(
             message.body,
             media_type="application/octet-stream",
@@ -254,7 +282,7 @@ def create_app(config: ServerConfig) -> App:
     async def remove(queue: str, message_id: str) -> Response:
         """Delete a message by the id that adding or fetching it gave, whatever its state."""
         await blocking(lambda: broker().queue(queue_name(queue), create=False).delete_id(message_id))
-        app.state.metrics.messages_deleted.labels(queue).inc()
+        app.state.metrics.counted(app.state.metrics.messages_deleted, queue).inc()
         return Response(status_code=204)
 
     async def add_message(queue: str, body: bytes) -> str:
@@ -279,6 +307,36 @@ def create_app(config: ServerConfig) -> App:
             return await _respond(_error_response(exc), scope, receive, send)
         return await _answer(send, 201, b"", [(b"x-message-id", message_id.encode())])
 
+    def direct_add(scope: Scope, body: bytes, respond: Respond) -> bool:
+        """``POST /{queue}/messages`` taken straight from the HTTP protocol (see
+        ``journalq.server.protocol``) once its whole body is there, without an ASGI task: the body
+        joins the next batch, and ``respond(status, headers, body)`` answers once it is stored (or
+        with the same failure answers as ``hot_add``). Returns False, having done nothing, for a
+        request that is to be refused (token, size, name): ``hot_add`` answers those."""
+        headers = dict(scope["headers"])
+        try:
+            check_token(headers.get(b"authorization", b""))
+        except HTTPProblem:
+            return False
+        queue = scope["path"][1:-_MESSAGES_SUFFIX]
+        if len(body) > config.max_message_size or queue in RESERVED:
+            return False
+        started = time.perf_counter()
+        note = app.state.metrics.note
+
+        def done(outcome: str | BaseException) -> None:
+            if isinstance(outcome, str):
+                status, answer_headers, content = 201, [(b"x-message-id", outcome.encode()), _NO_BODY], b""
+            else:
+                status, answer_headers, content = _failure_answer(outcome)
+            try:
+                respond(status, answer_headers, content)
+            finally:
+                note("rest", _REST_ADD, status, time.perf_counter() - started)
+
+        sends.submit(queue, body, done)
+        return True
+
     sqs_box: list[SqsProtocol] = []
 
     def sqs_protocol() -> SqsProtocol:
@@ -287,65 +345,120 @@ def create_app(config: ServerConfig) -> App:
         return sqs_box[0]
 
     async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | SqsError]:
-        return await blocking(sqs_protocol().send_together, name, requests)
+        return await blocking(sqs_protocol().send_together, name, requests, storing=True)
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
 
-    async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
-        """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
-        clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+    def sqs_action(headers: dict[str, str]) -> str:
+        """The action an SQS request names (checked before its body is read), or ``SqsRefusal``."""
         target = headers.get("x-amz-target", "")
         service, _, action = target.partition(".")
         if service != "AmazonSQS" or not action:
-            error = SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action")
-            return await _sqs_error(send, error)
-        try:
-            declared = headers.get("content-length")
-            body = await body_of(receive, None if declared is None else declared.encode(), config.max_request_size)
-        except HTTPProblem as exc:
-            code = "RequestEntityTooLarge" if exc.status == 413 else "InvalidRequest"
-            return await _sqs_error(send, SqsError(code, exc.message, status=exc.status))
+            raise SqsRefusal(SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action"))
+        return action
+
+    def sqs_request(scope: Scope, headers: dict[str, str], body: bytes) -> tuple[str, dict[str, Any]]:
+        """The checks of an SQS request whose body is read: its action and payload, or
+        ``SqsRefusal``. No side effects: the direct path may check a request the ASGI path then
+        answers."""
+        action = sqs_action(headers)
         if config.aws_credentials:
             try:
                 # The signature covers the path the client posted to.
                 verify("POST", scope["path"], scope["query_string"].decode("latin-1"), headers, body,
                        config.aws_credentials)
             except AuthError as exc:
-                return await _sqs_error(send, SqsError(exc.code, exc.message, status=exc.status))
+                raise SqsRefusal(SqsError(exc.code, exc.message, status=exc.status)) from None
         elif config.rest_token is not None:
             # A server guarded by a token is not left open through its other API: without AWS
             # keys configured, SQS requests need the same bearer token.
             try:
                 check_token(headers.get("authorization", ""))
             except HTTPProblem as exc:
-                error = SqsError("MissingAuthenticationToken", exc.message, status=exc.status)
-                return await _sqs_error(send, error, exc.headers)
+                raise SqsRefusal(SqsError("MissingAuthenticationToken", exc.message, status=exc.status),
+                                 exc.headers) from None
         try:
             payload = json.loads(body or b"{}")
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
-            return await _sqs_error(send, SqsError("InvalidRequest", f"the body is not a JSON object: {exc}"))
+            raise SqsRefusal(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}")) from None
         if is_zookeeper_url(broker().root):
-            return await _sqs_error(send, SqsError(
+            raise SqsRefusal(SqsError(
                 "UnsupportedOperation", "the SQS protocol needs a data directory: this server's queues are in "
                 "ZooKeeper (use mq's REST API)", status=400))
+        return action, payload
+
+    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | BaseException) -> Answer:
+        """The answer to an SQS request that reached its queue: its result, or the error that
+        refused it (other exceptions propagate)."""
+        if isinstance(outcome, SqsError):
+            return _sqs_error_answer(outcome)
+        if isinstance(outcome, HTTPProblem):
+            return _sqs_error_answer(SqsError("ServiceUnavailable", outcome.message, status=outcome.status,
+                                              sender=False), outcome.headers)
+        if isinstance(outcome, Error):  # none that SQS has a code for: still answered in SQS's shape
+            return _sqs_error_answer(SqsError("InternalFailure", str(outcome), status=500, sender=False))
+        if isinstance(outcome, BaseException):
+            raise outcome
+        app.state.metrics.count_sqs(action, payload, outcome)
+        return _whole(200, json.dumps(outcome).encode(), [_AMZ_JSON])
+
+    async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
+        """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
+        clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        try:
+            sqs_action(headers)
+            try:
+                declared = headers.get("content-length")
+                body = await body_of(receive, None if declared is None else declared.encode(), config.max_request_size)
+            except HTTPProblem as exc:
+                code = "RequestEntityTooLarge" if exc.status == 413 else "InvalidRequest"
+                raise SqsRefusal(SqsError(code, exc.message, status=exc.status)) from None
+            action, payload = sqs_request(scope, headers, body)
+        except SqsRefusal as refusal:
+            return await _send_answer(send, _sqs_error_answer(refusal.error, refusal.headers))
         base_url = f"{scope['scheme']}://{headers.get('host') or f'{config.host}:{config.port}'}"
+        outcome: dict[str, Any] | BaseException
         try:
             if action in SqsProtocol.SEND_ACTIONS:
-                answer = await sqs_sends.send(sqs_protocol().queue_of(payload), (action, payload))
+                outcome = await sqs_sends.send(sqs_protocol().queue_of(payload), (action, payload))
             else:
-                answer = await blocking(sqs_protocol().handle, action, payload, base_url, receiving=action == "ReceiveMessage")
-        except SqsError as exc:
-            return await _sqs_error(send, exc)
-        except HTTPProblem as exc:
-            error = SqsError("ServiceUnavailable", exc.message, status=exc.status, sender=False)
-            return await _sqs_error(send, error, exc.headers)
-        except Error as exc:  # none that SQS has a code for: still answered in SQS's shape
-            return await _sqs_error(send, SqsError("InternalFailure", str(exc), status=500, sender=False))
-        app.state.metrics.count_sqs(action, payload, answer)
-        return await _answer(send, 200, json.dumps(answer).encode(), [_AMZ_JSON])
+                outcome = await blocking(sqs_protocol().handle, action, payload, base_url,
+                                         receiving=action == "ReceiveMessage")
+        except (SqsError, HTTPProblem, Error) as exc:
+            outcome = exc
+        return await _send_answer(send, sqs_answer(action, payload, outcome))
+
+    def direct_sqs(scope: Scope, body: bytes, respond: Respond) -> bool:
+        """SendMessage and SendMessageBatch taken straight from the HTTP protocol, as
+        ``direct_add``; every other request, and any refused one, goes to ``hot_sqs``."""
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        if len(body) > config.max_request_size:
+            return False
+        try:
+            action, payload = sqs_request(scope, headers, body)
+            if action not in SqsProtocol.SEND_ACTIONS:
+                return False
+            queue = sqs_protocol().queue_of(payload)
+        except (SqsRefusal, SqsError):
+            return False
+        started = time.perf_counter()
+        note = app.state.metrics.note
+
+        def done(outcome: dict[str, Any] | BaseException) -> None:
+            try:
+                status, answer_headers, content = sqs_answer(action, payload, outcome)
+            except BaseException as exc:  # answered as uvicorn answers an ASGI app's failure
+                status, answer_headers, content = _failure_answer(exc)
+            try:
+                respond(status, answer_headers, content)
+            finally:
+                note("sqs", action, status, time.perf_counter() - started)
+
+        sqs_sends.submit(queue, (action, payload), done)
+        return True
 
     def hot_route(scope: Scope) -> Handler | None:
         if scope["method"] != "POST":
@@ -355,17 +468,31 @@ def create_app(config: ServerConfig) -> App:
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
         if path.endswith(_MESSAGES) and path.count("/") == 2 and len(path) > len(_MESSAGES) + 1:
-            scope["journalq.operation"] = "POST /{queue}/messages"  # the latency label
+            scope["journalq.operation"] = _REST_ADD  # the latency label
             return hot_add
         return None
 
+    def direct_route(scope: Scope) -> DirectHandler | None:
+        handler = hot_route(scope)
+        return direct_add if handler is hot_add else direct_sqs if handler is hot_sqs else None
+
     app.hot_route = hot_route
+    app.direct_route = direct_route
     return app
 
 
 _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
+_REST_ADD = "POST /{queue}/messages"
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
+_NO_BODY = (b"content-length", b"0")
+_INTERNAL_ERROR = (
+    500,
+    [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"), (b"connection", b"close")],
+    b"Internal Server Error",
+)
+"""What uvicorn answers when an ASGI app fails (and closes the connection): the direct path's
+answer to a failure that is not the storage's nor the request's."""
 
 
 def _problem_response(exc: HTTPProblem) -> Response:
@@ -377,10 +504,32 @@ def _error_response(exc: Error) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=status)
 
 
+def _failure_answer(exc: BaseException) -> Answer:
+    """The direct path's answer to a send that failed: what ``hot_add`` answers to the same."""
+    if isinstance(exc, HTTPProblem):
+        response = _problem_response(exc)
+    elif isinstance(exc, Error):
+        response = _error_response(exc)
+    else:
+        log.error("storing a message failed", exc_info=exc)
+        return _INTERNAL_ERROR
+    return response.status_code, response.raw_headers, bytes(response.body)
+
+
+def _whole(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> Answer:
+    """An answer with its content-length."""
+    headers.append((b"content-length", str(len(body)).encode()))
+    return status, headers, body
+
+
 async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    return await _send_answer(send, _whole(status, body, headers))
+
+
+async def _send_answer(send: Send, answer: Answer) -> int:
     """A whole answer in two ASGI messages (what Starlette's ``Response`` sends, without it);
     returns its status."""
-    headers.append((b"content-length", str(len(body)).encode()))
+    status, headers, body = answer
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
     return status
@@ -391,14 +540,24 @@ async def _respond(response: Response, scope: Scope, receive: Receive, send: Sen
     return response.status_code
 
 
-async def _sqs_error(send: Send, exc: SqsError, headers: dict[str, str] | None = None) -> int:
+def _sqs_error_answer(exc: SqsError, headers: dict[str, str] | None = None) -> Answer:
     extra = [(b"x-amzn-query-error", exc.query_error.encode()), _AMZ_JSON]
     extra += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
-    return await _answer(send, exc.status, json.dumps({"__type": exc.type, "message": exc.message}).encode(), extra)
+    return _whole(exc.status, json.dumps({"__type": exc.type, "message": exc.message}).encode(), extra)
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
 """A hot-path handler: answers a request whole and returns the status it answered with."""
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+"""A whole answer: status, headers (with content-length), body."""
+
+Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
+"""Writes a whole answer: status, headers (with content-length), body."""
+
+DirectHandler = Callable[[Scope, bytes, Respond], bool]
+"""Takes a request whose whole body is there, answering it later through ``respond``; or returns
+False, having done nothing, and the request goes through ASGI."""
 
 
 class App(FastAPI):
@@ -411,6 +570,7 @@ class App(FastAPI):
         self.state.metrics = metrics.Metrics()
         self.add_middleware(metrics.RequestTimer, metrics=self.state.metrics)
         self.hot_route: Callable[[Scope], Handler | None] = lambda scope: None
+        self.direct_route: Callable[[Scope], DirectHandler | None] = lambda scope: None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

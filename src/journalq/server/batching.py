@@ -9,6 +9,7 @@ batch, and each request is still answered only once its message is stored.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -33,16 +34,23 @@ class SendBatcher(Generic[Item, Result]):
     ) -> None:
         self._store = store
         self._max_batch = max_batch
-        self._waiting: dict[str, list[tuple[Item, asyncio.Future[Result]]]] = {}
+        self._waiting: dict[str, list[tuple[Item, Callable[[Result | BaseException], None]]]] = {}
         self._storing: set[str] = set()
 
     async def send(self, queue: str, item: Item) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(queue, []).append((item, future))
+        self.submit(queue, item, functools.partial(_settle, future))
+        return await future
+
+    def submit(self, queue: str, item: Item, done: Callable[[Result | BaseException], None]) -> None:
+        """``send`` without a future: ``done(outcome)`` is called on the event loop once the batch
+        holding ``item`` is stored, with its result or the exception that refused it (for the
+        server's direct path, which answers from a callback instead of a task). ``done`` must not
+        raise."""
+        self._waiting.setdefault(queue, []).append((item, done))
         if queue not in self._storing:
             self._storing.add(queue)
             asyncio.get_running_loop().create_task(self._drain(queue))
-        return await future
 
     async def _drain(self, queue: str) -> None:
         try:
@@ -55,18 +63,21 @@ class SendBatcher(Generic[Item, Result]):
                     if len(results) != len(batch):
                         raise RuntimeError(f"storing {len(batch)} sends to {queue!r} gave {len(results)} results")
                 except BaseException as exc:  # the batch failed as a whole: so does each send
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
+                    for _, done in batch:
+                        done(exc)
                     if not isinstance(exc, Exception):
                         raise
                 else:
-                    for (_, future), result in zip(batch, results):
-                        if future.done():
-                            continue
-                        if isinstance(result, Exception):
-                            future.set_exception(result)
-                        else:
-                            future.set_result(result)
+                    for (_, done), result in zip(batch, results):
+                        done(result)
         finally:
             self._storing.discard(queue)
+
+
+def _settle(future: asyncio.Future[Result], outcome: Result | BaseException) -> None:
+    if future.done():  # its send was cancelled meanwhile
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -53,6 +53,7 @@ class Metrics:
         )
         self.registry.register(_Gauges(self))
         self._children: dict[tuple[str, str, int], Any] = {}  # bounded: operations x statuses
+        self._counted: dict[tuple[int, str], Any] = {}
 
     def note_request(self, scope: dict[str, Any], status: int, started: float) -> None:
         """Note the latency of a request answered with ``status``, begun at ``started``
@@ -67,11 +68,15 @@ class Metrics:
                 path = getattr(scope.get("route"), "path", None) or "unrouted"
                 operation = f"{scope['method']} {path}"
             api = "rest" if "{queue}" in operation else "service"
+        self.note(api, operation, status, time.perf_counter() - started)
+
+    def note(self, api: str, operation: str, status: int, seconds: float) -> None:
+        """Note the latency of a request whose labels are known (the server's direct path)."""
         key = (api, operation, status)
         child = self._children.get(key)
         if child is None:  # labels() takes a lock and checks its values: once per key
             child = self._children[key] = self.request_seconds.labels(api, operation, str(status))
-        child.observe(time.perf_counter() - started)
+        child.observe(seconds)
 
     def watch(self, broker: Broker) -> None:
         self.broker = broker
@@ -83,15 +88,25 @@ class Metrics:
         """Count the messages an SQS action moved."""
         queue = str(request.get("QueueUrl", "")).rstrip("/").rsplit("/", 1)[-1] or "?"
         if action == "SendMessage":
-            self.messages_in.labels(queue).inc()
+            self.counted(self.messages_in, queue).inc()
         elif action == "SendMessageBatch":
-            self.messages_in.labels(queue).inc(len(answer.get("Successful", ())))
+            self.counted(self.messages_in, queue).inc(len(answer.get("Successful", ())))
         elif action == "ReceiveMessage":
-            self.messages_out.labels(queue).inc(len(answer.get("Messages", ())))
+            self.counted(self.messages_out, queue).inc(len(answer.get("Messages", ())))
         elif action == "DeleteMessage":
-            self.messages_deleted.labels(queue).inc()
+            self.counted(self.messages_deleted, queue).inc()
         elif action == "DeleteMessageBatch":
-            self.messages_deleted.labels(queue).inc(len(answer.get("Successful", ())))
+            self.counted(self.messages_deleted, queue).inc(len(answer.get("Successful", ())))
+
+    def counted(self, counter: Counter, queue: str) -> Any:
+        """``counter.labels(queue)``, looked up once per queue (``labels`` takes a lock and checks
+        its values: about a µs). The names come from requests that reached a queue (or its
+        checks), as the counters' labels do themselves."""
+        key = (id(counter), queue)
+        child = self._counted.get(key)
+        if child is None:
+            child = self._counted[key] = counter.labels(queue)
+        return child
 
 
 class _Gauges:

@@ -1,17 +1,26 @@
-"""Uvicorn's httptools protocol with a limit on the request head.
+"""Uvicorn's httptools protocol with a limit on the request head, and a direct path for the
+busiest request.
 
 httptools keeps a header line that has not ended in memory however long it grows (a 13 MB header
 line was taken whole), and uvicorn sets no limit on it (only its h11 protocol has one,
-``h11_max_incomplete_event_size``). This protocol answers 431 and closes the connection once a
-request's head (request line and headers) passes the limit that uvicorn gives its h11 protocol
-(``h11_max_incomplete_event_size``), so that both protocols take the same heads.
+``h11_max_incomplete_event_size``). ``HeadLimitedHttpToolsProtocol`` answers 431 and closes the
+connection once a request's head (request line and headers) passes the limit that uvicorn gives
+its h11 protocol (``h11_max_incomplete_event_size``), so that both protocols take the same heads.
+
+``DirectHttpToolsProtocol`` (what ``journalq serve`` runs) also hands ``POST /{queue}/messages``
+to the application without ASGI when its whole body came with its head: uvicorn's ASGI layer
+(a task, a request cycle's coroutines, two ``send`` calls) costs more CPU per request than
+journalq's own work on it, and with durable writes sharing their syncs, CPU per request is what
+bounds throughput. Everything else goes through ASGI as before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 DEFAULT_MAX_HEAD = 16 * 1024
 """The limit when uvicorn's configuration gives none (h11's default)."""
@@ -68,4 +77,103 @@ class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-__all__ = ["DEFAULT_MAX_HEAD", "HeadLimitedHttpToolsProtocol"]
+DirectRoute = Callable[[dict[str, Any]], Any]
+"""``route(scope)``: the application's direct handler for the request, or None. A handler is
+called as ``handler(scope, body, respond)`` and returns whether it took the request; it answers
+later with ``respond(status, headers, body)`` (headers with content-length)."""
+
+_CLOSE = (b"connection", b"close")
+
+
+class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
+    """Requests that the application's ``direct_route(scope)`` has a handler for, and whose whole
+    body arrived in the same read as the rest of them (nearly all small bodies), are given to
+    that handler instead of an ASGI task; it answers through ``_answer``, which writes what
+    uvicorn's ``send`` would (its default headers, ``connection: close`` when the connection is
+    not kept alive) and then lets the connection go on as uvicorn does (pipelined requests,
+    keep-alive timer, graceful shutdown, which waits for the answer as for any other).
+
+    The rest goes through ASGI unchanged: a body still on its way (read by the application, with
+    its timeout), ``Expect: 100-continue``, requests refused for the concurrency limit, and those
+    that the handler declines (it answers nothing then).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._direct_route = _direct_route_of(self.app)
+        self._reading = False
+        self._pending: tuple[RequestResponseCycle, Any, Any] | None = None  # cycle, app, handler
+
+    def data_received(self, data: bytes) -> None:
+        self._reading = True
+        try:
+            super().data_received(data)
+        finally:
+            self._reading = False
+        if self._pending is not None:  # its body is not all there: the application reads it
+            cycle, app, _ = self._pending
+            self._pending = None
+            super()._start_asgi_task(cycle, app)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # Called once a request's turn comes: at once, or after the answer before it (pipelining).
+        if self._direct_route is not None and app is self.app and not cycle.waiting_for_100_continue:
+            handler = self._direct_route(cycle.scope)
+            if handler is not None:
+                if cycle.more_body:
+                    if self._reading:  # the rest may be in this read: see on_message_complete
+                        self._pending = (cycle, app, handler)
+                        return
+                elif self._direct(cycle, handler):
+                    return
+        super()._start_asgi_task(cycle, app)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        pending = self._pending
+        if pending is not None and pending[0] is self.cycle:
+            self._pending = None
+            cycle, app, handler = pending
+            if not self._direct(cycle, handler):
+                super()._start_asgi_task(cycle, app)
+
+    def _direct(self, cycle: RequestResponseCycle, handler: Any) -> bool:
+        taken: bool = handler(cycle.scope, bytes(cycle.body), partial(self._answer, cycle))
+        return taken
+
+    def _answer(
+        self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        if cycle.disconnected or cycle.response_complete:  # the client went away meanwhile
+            return
+        cycle.response_started = True
+        closing = _CLOSE in headers
+        if closing:
+            cycle.keep_alive = False
+        content = [STATUS_LINE[status]]
+        for name, value in cycle.default_headers:
+            content += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            content += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive and not closing:  # HTTP/1.0, Connection: close, or shutting down
+            content.append(b"connection: close\r\n")
+        content += (b"\r\n", body)
+        self.transport.write(b"".join(content))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
+
+
+def _direct_route_of(app: Any) -> DirectRoute | None:
+    """The ``direct_route`` of the application under uvicorn's middleware (``.app`` of each)."""
+    while app is not None:
+        route = getattr(app, "direct_route", None)
+        if route is not None:
+            return route  # type: ignore[no-any-return]
+        app = getattr(app, "app", None)
+    return None
+
+
+__all__ = ["DEFAULT_MAX_HEAD", "DirectHttpToolsProtocol", "HeadLimitedHttpToolsProtocol"]

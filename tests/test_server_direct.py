@@ -1,0 +1,240 @@
+"""The direct path of ``POST /{queue}/messages`` (``DirectHttpToolsProtocol``): answered without
+ASGI, it must answer exactly what the ASGI path answers, keep pipelined answers in order, leave
+bodies still on their way (and their 408) to the ASGI path, and answer 503 with nothing visible
+when the sync fails. The server runs in this process (uvicorn in a thread), so that faults can be
+injected and the protocol's choices counted."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from test_server_harness import status_of
+
+import journalq.journal.writer as writer_mod
+from journalq.journal.inspect import check
+from journalq.queue import Broker
+from journalq.server.app import create_app
+from journalq.server.config import ServerConfig
+from journalq.server.protocol import DirectHttpToolsProtocol, HeadLimitedHttpToolsProtocol
+
+
+@contextmanager
+def serving(data: Path, protocol: type, **settings: Any) -> Iterator[int]:
+    """A journalq app under uvicorn with ``protocol``, in a thread; yields its port."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(ServerConfig(data=data, port=port, **settings))
+    server = uvicorn.Server(uvicorn.Config(app, http=protocol, log_level="warning", access_log=False,
+                                           timeout_keep_alive=5, timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The bodies that the direct path took (so a test can tell that it was used)."""
+    bodies: list[bytes] = []
+    real = DirectHttpToolsProtocol._direct
+
+    def direct(self: DirectHttpToolsProtocol, cycle: Any, handler: Any) -> bool:
+        took = real(self, cycle, handler)
+        if took:
+            bodies.append(bytes(cycle.body))
+        return took
+
+    monkeypatch.setattr(DirectHttpToolsProtocol, "_direct", direct)
+    return bodies
+
+
+def post(path: str, body: bytes, *headers: str, version: str = "1.1") -> bytes:
+    head = [f"POST {path} HTTP/{version}", "Host: test", f"Content-Length: {len(body)}", *headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class Answers:
+    """Reads answers one at a time from a connection that may carry several (pipelining);
+    interim answers (``100 Continue``) are skipped."""
+
+    def __init__(self, s: socket.socket) -> None:
+        self.s = s
+        self.data = b""
+
+    def next(self) -> bytes:
+        while True:
+            head, sep, rest = self.data.partition(b"\r\n\r\n")
+            if sep and head.startswith(b"HTTP/1.1 1"):
+                self.data = rest
+                continue
+            if sep:
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                size = int(length[1]) if length else 0
+                if len(rest) >= size:
+                    self.data = rest[size:]
+                    return head + sep + rest[:size]
+            chunk = self.s.recv(65536)
+            if not chunk:
+                answer, self.data = self.data, b""
+                return answer
+            self.data += chunk
+
+
+def exchange(port: int, *requests: bytes) -> list[bytes]:
+    """Writes the requests in one write on one connection and reads one answer each."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"".join(requests))
+        answers = Answers(s)
+        return [answers.next() for _ in requests]
+
+
+def normalized(answer: bytes) -> bytes:
+    """The answer without what differs from one server to another: dates, message ids."""
+    answer = re.sub(rb"date: [^\r]*\r\n", b"", answer)
+    answer = re.sub(rb'"MessageId": "[^"]*"', b'"MessageId": "ID"', answer)
+    answer = re.sub(rb'Timestamp": "\d+"', b'Timestamp": "T"', answer)
+    return re.sub(rb"x-message-id: \w+", b"x-message-id: ID", answer)
+
+
+def sqs(action: str, payload: dict[str, Any] | bytes, *headers: str) -> bytes:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return post("/", body, f"X-Amz-Target: AmazonSQS.{action}", "Content-Type: application/x-amz-json-1.0", *headers)
+
+
+REQUESTS = [
+    post("/q/messages", b"hello"),
+    post("/q/messages", b""),
+    post("/nope/messages", b"nowhere"),
+    post("/metrics/messages", b"reserved"),
+    post("/q/messages", b"x" * 101),  # over the size limit
+    post("/q/messages", b"kept", "Authorization: Bearer wrong"),
+    post("/q/messages", b"one-zero", version="1.0"),  # answered, then the connection is closed
+    sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "by sqs"}),
+    sqs("SendMessageBatch", {"QueueUrl": "http://test/000000000000/q", "Entries": [
+        {"Id": "a", "MessageBody": "batch a"}, {"Id": "b", "MessageBody": "batch b", "DelaySeconds": 901}]}),
+    sqs("SendMessage", {"QueueUrl": "http://test/000000000000/nope", "MessageBody": "nowhere"}),
+    sqs("SendMessage", {"MessageBody": "no queue url"}),
+    sqs("SendMessage", b"not json"),
+    sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "x"}, "Authorization: Bearer wrong"),
+    sqs("GetQueueAttributes", {"QueueUrl": "http://test/000000000000/q", "AttributeNames": ["All"]}),
+]
+STATUSES = [201, 201, 404, 400, 413, 401, 201, 200, 200, 400, 400, 400, 401, 200]
+
+
+def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[bytes]) -> None:
+    answers = {}
+    for protocol in (HeadLimitedHttpToolsProtocol, DirectHttpToolsProtocol):
+        data = tmp_path / "data"  # the same path for both: 404's message names it
+        with serving(data, protocol, max_message_size=100, rest_token="secret") as port:
+            auth = "Authorization: Bearer secret"
+            assert status_of(exchange(port, b"PUT /q HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n" + auth.encode()
+                                      + b"\r\n\r\n")[0]) == 201
+            requests = [re.sub(rb"Host: test", b"Host: test\r\n" + auth.encode(), r) if b"Bearer" not in r else r
+                        for r in REQUESTS]
+            answers[protocol] = [normalized(exchange(port, request)[0]) for request in requests]
+            metrics = exchange(port, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")[0]
+            counts = sorted(re.findall(rb'journalq_request_seconds_count\{api="(?:rest|sqs)",[^}]*\} \S+',
+                                       metrics))
+            answers[protocol].append(b"\n".join(counts))
+        with Broker(data) as broker:
+            assert broker.queue("q", create=False).stats().available == 5
+        data.rename(tmp_path / protocol.__name__)
+    assert answers[DirectHttpToolsProtocol] == answers[HeadLimitedHttpToolsProtocol]
+    statuses = [status_of(a) for a in answers[DirectHttpToolsProtocol][:-1]]
+    assert statuses == STATUSES
+    assert b"connection: close" in answers[DirectHttpToolsProtocol][6]
+    assert b"QueueDoesNotExist" in answers[DirectHttpToolsProtocol][9]
+    # Sends that reached a queue went the direct way; the refused ones, and other actions, to ASGI.
+    assert [body[:30] for body in taken] == [b"hello", b"", b"nowhere", b"one-zero", b'{"QueueUrl": "http://test/0000',
+                                             b'{"QueueUrl": "http://test/0000', b'{"QueueUrl": "http://test/0000']
+
+
+def test_pipelined_requests_are_answered_in_order(tmp_path: Path, taken: list[bytes]) -> None:
+    with serving(tmp_path, DirectHttpToolsProtocol) as port:
+        exchange(port, b"PUT /p HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        requests = [post("/p/messages", b"m%d" % i) for i in range(5)]
+        requests.insert(3, b"GET /p HTTP/1.1\r\nHost: t\r\n\r\n")
+        requests.append(post("/p/messages", b"x" * 10, "Expect: 100-continue"))  # ASGI's
+        requests.append(post("/p/messages", b"last"))
+        answers = exchange(port, *requests)
+    statuses = [status_of(a) for a in answers]
+    assert statuses == [201, 201, 201, 200, 201, 201, 201, 201], statuses
+    ids = [int(re.search(rb"x-message-id: (\d+)", a).group(1)) for a in answers if b"x-message-id" in a]
+    assert ids == sorted(ids) and len(set(ids)) == 7
+    assert b'"available":3' in answers[3]  # the GET came after the first three were stored
+    assert taken == [b"m0", b"m1", b"m2", b"m3", b"m4", b"last"]
+    with Broker(tmp_path) as broker:
+        got = broker.queue("p", create=False).receive(10)
+    assert [m.body for m in got] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"x" * 10, b"last"]
+
+
+def test_a_body_still_on_its_way_goes_through_asgi_and_its_timeout(tmp_path: Path, taken: list[bytes]) -> None:
+    with serving(tmp_path, DirectHttpToolsProtocol, body_timeout=1.0) as port:
+        exchange(port, b"PUT /s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        request = post("/s/messages", b"split body")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(request[:-4])
+            time.sleep(0.2)
+            s.sendall(request[-4:])
+            answers = Answers(s)
+            assert status_of(answers.next()) == 201
+            s.sendall(request[:-4])  # and never the rest: 408 from the ASGI path's watchdog
+            started = time.monotonic()
+            answer = answers.next()
+        assert status_of(answer) == 408 and time.monotonic() - started < 5
+    assert taken == []
+    with Broker(tmp_path) as broker:
+        assert [m.body for m in broker.queue("s", create=False).receive(10)] == [b"split body"]
+
+
+def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[bytes],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    real_fdatasync = writer_mod.fdatasync
+    failing = {"on": False, "count": 0}
+
+    def fdatasync(fd: int) -> None:
+        if failing["on"]:
+            failing["on"] = False
+            failing["count"] += 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
+    with serving(tmp_path, DirectHttpToolsProtocol, retry_after=3) as port:
+        exchange(port, b"PUT /f HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        assert status_of(exchange(port, post("/f/messages", b"kept"))[0]) == 201
+        failing["on"] = True
+        refused, after = exchange(port, post("/f/messages", b"unsure"), post("/f/messages", b"after"))
+        assert failing["count"] == 1, "the fault did not happen"
+        assert status_of(refused) == 503 and b"retry-after: 3\r\n" in refused
+        assert b"Input/output error" in refused
+        assert status_of(after) == 201  # the queue was reopened
+    assert taken == [b"kept", b"unsure", b"after"]
+    report = check(tmp_path / "f")
+    assert report.ok, report.remaining
+    with Broker(tmp_path) as broker:
+        got = [m.body for m in broker.queue("f", create=False).receive(10)]
+    # As on the ASGI path: what was answered 201 is there, in order; the message whose sync
+    # failed may be there too (a 503 after an EIO means "maybe not stored").
+    assert [b for b in got if b != b"unsure"] == [b"kept", b"after"]
