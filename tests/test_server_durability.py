@@ -525,3 +525,62 @@ def test_a_sigterm_stop_syncs_and_closes(tmp_path: Path) -> None:
         queue = broker.queue("closed", create=False)
         queue.send(b"from another process")
         assert queue.stats().available == 51
+
+
+def test_a_batch_partly_stored_in_a_sharded_queue_answers_each_send_as_it_fared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sharded queue writes each shard's part of a group commit on its own: when a later part
+    fails, the sends already stored are answered as stored (201, or SQS's Successful), and only
+    the others get the 503 (or SQS's Failed), so that clients send again just those."""
+    from journalq.queue import sharded
+
+    real_batch, real_part = sharded.ShardedTopic.send_many, sharded._ShardTopic.send_many
+    failing = {"on": False, "parts": 0, "failures": 0}
+
+    def batch(self: Any, items: Any) -> list[str]:
+        failing["parts"] = 0
+        return real_batch(self, items)
+
+    def part(self: Any, items: Any) -> list[str]:
+        failing["parts"] += 1
+        if failing["on"] and failing["parts"] == 2:  # a batch's second part: the first is stored
+            failing["failures"] += 1
+            raise writer_mod.StorageError("no space left", errno=errno.ENOSPC, file=self.path)
+        return real_part(self, items)
+
+    monkeypatch.setattr(sharded.ShardedTopic, "send_many", batch)
+    monkeypatch.setattr(sharded._ShardTopic, "send_many", part)
+
+    async def scenario() -> None:
+        async with app_client(tmp_path) as client:
+            assert (await client.put("/s", params={"shards": 4})).status_code == 201
+            failing["on"] = True
+            bodies = [b"rest %d" % i for i in range(12)]
+            answers = await asyncio.gather(*(client.post("/s/messages", content=b) for b in bodies))
+            assert failing["failures"] == 1, "the fault did not happen"
+            statuses = Counter(a.status_code for a in answers)
+            assert set(statuses) == {201, 503} and statuses[201] >= 1, statuses
+            assert all(a.headers["Retry-After"] == "3" for a in answers if a.status_code == 503)
+            stored = {a.headers["X-Message-Id"]: b for a, b in zip(answers, bodies) if a.status_code == 201}
+
+            failing["failures"] = 0
+            entries = [{"Id": f"e{i}", "MessageBody": f"sqs {i}"} for i in range(8)]
+            batch = await client.post("/", headers={**SQS_HEADERS, "X-Amz-Target": "AmazonSQS.SendMessageBatch"},
+                                      content=json.dumps({"QueueUrl": "/000000000000/s", "Entries": entries}))
+            assert failing["failures"] == 1, "the fault did not happen"
+            assert batch.status_code == 200
+            result = batch.json()
+            assert result["Successful"] and result["Failed"]
+            assert len(result["Successful"]) + len(result["Failed"]) == 8
+            assert all(f["Code"] == "ServiceUnavailable" and f["SenderFault"] is False for f in result["Failed"])
+            by_entry = {e["Id"]: e["MessageBody"].encode() for e in entries}
+            stored.update({s["MessageId"]: by_entry[s["Id"]] for s in result["Successful"]})
+
+            failing["on"] = False
+            got = {}
+            while (answer := await client.get("/s/messages")).status_code == 200:
+                got[answer.headers["X-Message-Id"]] = answer.content
+            assert got == stored  # every send answered as stored is there, and no other
+
+    asyncio.run(scenario())

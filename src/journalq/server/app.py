@@ -28,7 +28,14 @@ from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from journalq import __version__
-from journalq.errors import Error, QueueNotFoundError, StorageError, StoreUnavailableError, TaskNotFoundError
+from journalq.errors import (
+    Error,
+    PartialSendError,
+    QueueNotFoundError,
+    StorageError,
+    StoreUnavailableError,
+    TaskNotFoundError,
+)
 from journalq.queue import Broker
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
@@ -104,10 +111,19 @@ def create_app(config: ServerConfig) -> App:
     def broker() -> Broker:
         return broker_box[0]
 
-    async def store(queue: str, bodies: Sequence[bytes]) -> list[str]:
-        ids = await blocking(lambda: broker().queue(queue, create=False).send_many(bodies), storing=True)
+    async def store(queue: str, bodies: Sequence[bytes]) -> list[str | HTTPProblem]:
+        try:
+            ids: list[str | HTTPProblem] = await blocking(
+                lambda: broker().queue(queue, create=False).send_many(bodies), storing=True)
+        except HTTPProblem as problem:
+            partial = problem.__cause__
+            if not isinstance(partial, PartialSendError):
+                raise
+            # A sharded queue stored part of the batch: those are answered as stored (a client
+            # that got 503 would send them again), the others get the 503.
+            ids = [problem if message_id is None else message_id for message_id in partial.ids]
         counts = app.state.metrics
-        counts.counted(counts.messages_in, queue).inc(len(ids))  # once a batch, not a request
+        counts.counted(counts.messages_in, queue).inc(sum(isinstance(i, str) for i in ids))  # once a batch
         return ids
 
     sends = SendBatcher(store)
@@ -126,23 +142,29 @@ def create_app(config: ServerConfig) -> App:
                         stored.exception()  # its failure, if any, goes with the cancellation
                     raise
             return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
-        except StorageError as exc:
-            # A failed sync leaves a writer unusable by design: close it, and the next request
-            # reopens (and recovers) the journal. A failed write was taken back already.
-            reopened = broker().reopen_failed()
-            log.error("storage failure: %s%s", exc, f" (reopening {', '.join(reopened)})" if reopened else "")
-            raise HTTPProblem(503, f"not stored: {exc.reason}", {"Retry-After": str(config.retry_after)}) from exc
-        except StoreUnavailableError as exc:  # ZooKeeper out of reach: kazoo reconnects meanwhile
-            log.error("store unavailable: %s", exc)
-            raise HTTPProblem(503, f"not done: {exc}", {"Retry-After": str(config.retry_after)}) from exc
+        except (StorageError, StoreUnavailableError) as exc:
+            raise storage_problem(exc) from exc
         except OSError as exc:
             # The same failures met outside a journal (a queue's settings file, its channel's
             # token, an offset file): still the storage's, not a bug of the server's.
             if exc.errno not in _STORAGE_ERRNOS:
                 raise
-            log.error("storage failure: %s", exc)
-            retry = {"Retry-After": str(config.retry_after)}
-            raise HTTPProblem(503, f"not stored: {exc.strerror or exc}", retry) from exc
+            raise storage_problem(exc) from exc
+
+    def storage_problem(exc: StorageError | StoreUnavailableError | OSError) -> HTTPProblem:
+        """The 503 for a failure of the storage, once logged (and the failed writers let go)."""
+        retry = {"Retry-After": str(config.retry_after)}
+        if isinstance(exc, StorageError):
+            # A failed sync leaves a writer unusable by design: close it, and the next request
+            # reopens (and recovers) the journal. A failed write was taken back already.
+            reopened = broker().reopen_failed()
+            log.error("storage failure: %s%s", exc, f" (reopening {', '.join(reopened)})" if reopened else "")
+            return HTTPProblem(503, f"not stored: {exc.reason}", retry)
+        if isinstance(exc, StoreUnavailableError):  # ZooKeeper out of reach: kazoo reconnects meanwhile
+            log.error("store unavailable: %s", exc)
+            return HTTPProblem(503, f"not done: {exc}", retry)
+        log.error("storage failure: %s", exc)
+        return HTTPProblem(503, f"not stored: {exc.strerror or exc}", retry)
 
     async def body_of(receive: Receive, declared: bytes | None, limit: int) -> bytes:
         """The request body (``declared``: its Content-Length), refused when too large (413), too
@@ -344,8 +366,17 @@ def create_app(config: ServerConfig) -> App:
             sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region))
         return sqs_box[0]
 
-    async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | SqsError]:
-        return await blocking(sqs_protocol().send_together, name, requests, storing=True)
+    async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | Exception]:
+        def partly_stored(exc: PartialSendError) -> Exception:
+            if not isinstance(exc, (StorageError, StoreUnavailableError)):
+                return exc  # answered as any other unexpected error of the queue's
+            problem = storage_problem(exc)
+            problem.__cause__ = exc
+            return problem
+
+        return await blocking(
+            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored), name, requests,
+            storing=True)
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
 

@@ -63,6 +63,7 @@ from journalq.errors import (
     InvalidMessageError,
     InvalidNameError,
     InvalidSettingError,
+    PartialSendError,
     QueueNotFoundError,
     ReceiptError,
 )
@@ -484,10 +485,23 @@ class SqsProtocol:
         """The queue name a request's ``QueueUrl`` names (``SqsError`` when it names none)."""
         return self._name_of_url(request)
 
-    def send_together(self, name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | SqsError]:
+    def send_together(
+        self,
+        name: str,
+        requests: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        partly_stored: Callable[[PartialSendError], Exception] | None = None,
+    ) -> list[dict[str, Any] | Exception]:
         """Several SendMessage and SendMessageBatch requests (action, request) to queue ``name``,
         stored in one write (and so one sync): one answer per request, or the ``SqsError`` that
-        refused it. A failure of the store itself (a full disk) raises, for all of them."""
+        refused it. A failure of the store itself (a full disk) raises, for all of them.
+
+        A sharded queue stores each shard's part on its own, so a failure may leave part of the
+        messages stored (``PartialSendError``). With ``partly_stored``, the stored ones are then
+        answered as sent, so that clients do not send them again: a SendMessageBatch lists the
+        others under ``Failed`` (``ServiceUnavailable``, not the sender's fault), and a
+        SendMessage not stored gets the exception that ``partly_stored(error)`` returns (called
+        once). Without it, the ``PartialSendError`` raises, for all of them."""
         with _sqs_errors():  # the queue and its limit: looked up once for all of them
             queue, limit = self._queue(name), self._limit(name)
         checked: list[_Sending | SqsError] = []
@@ -505,6 +519,10 @@ class SqsProtocol:
                 # Refused by the queue, not the checks above: find which request it was by
                 # storing each alone, so that one bad request does not fail the others.
                 answers = iter([self._store_alone(s) for s in sendings])
+            except PartialSendError as exc:
+                if partly_stored is None:
+                    raise
+                answers = iter(self._answers(sendings, exc.ids, exc, partly_stored(exc)))
         return [c if isinstance(c, SqsError) else next(answers) for c in checked]
 
     def _store_alone(self, sending: _Sending) -> dict[str, Any] | SqsError:
@@ -1168,15 +1186,36 @@ class SqsProtocol:
     def _store(self, sendings: Sequence[_Sending]) -> list[dict[str, Any]]:
         """Store the messages of checked sends (all to one queue) in one write; their answers."""
         items = [o.item for sending in sendings for _, o in sending.entries]
-        ids = iter(sendings[0].queue.send_many(items) if items else [])
-        answers = []
+        return self._answers(sendings, sendings[0].queue.send_many(items) if items else [])  # type: ignore[return-value]
+
+    def _answers(
+        self,
+        sendings: Sequence[_Sending],
+        message_ids: Sequence[str | None],
+        failure: Exception | None = None,
+        unsent: Exception | None = None,
+    ) -> list[dict[str, Any] | Exception]:
+        """The answers to stored sends, given each message's id in order: None for one that
+        ``failure`` kept from being stored (a SendMessage's answer is then ``unsent``)."""
+        ids = iter(message_ids)
+        answers: list[dict[str, Any] | Exception] = []
         for sending in sendings:
-            stored = [(entry_id, self._answer(next(ids), o, sending.fifo)) for entry_id, o in sending.entries]
-            if sending.failed is None:  # SendMessage
-                answers.append(stored[0][1])
+            stored, failed = [], list(sending.failed or [])
+            for entry_id, outgoing in sending.entries:
+                message_id = next(ids)
+                if message_id is not None:
+                    stored.append({"Id": entry_id, **self._answer(message_id, outgoing, sending.fifo)})
+                else:
+                    failed.append({"Id": entry_id, "SenderFault": False, "Code": "ServiceUnavailable",
+                                   "Message": f"not stored: {failure}"})
+            if sending.failed is not None:  # SendMessageBatch
+                answers.append({"Successful": stored, "Failed": failed})
+            elif stored:  # SendMessage
+                stored[0].pop("Id")
+                answers.append(stored[0])
             else:
-                successful = [{"Id": entry_id, **answer} for entry_id, answer in stored]
-                answers.append({"Successful": successful, "Failed": sending.failed})
+                assert unsent is not None
+                answers.append(unsent)
         return answers
 
     # -- actions: receiving ------------------------------------------------------------------------------
