@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from sortedcontainers import SortedSet
 
@@ -57,6 +57,7 @@ _pack_offset_seq_time, _unpack_offset_seq_time = _OFFSET_SEQ_TIME.pack, _OFFSET_
 _DELIVER, _FINISH = int(EventKind.DELIVER), int(EventKind.FINISH)
 _DELIVER_MANY, _FINISH_MANY = int(EventKind.DELIVER_MANY), int(EventKind.FINISH_MANY)
 _iter_offset_seq = _OFFSET_SEQ.iter_unpack
+_new_tuple = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,9 @@ def finish_records(offsets: list[int], seqs: list[int]) -> list[tuple[int, bytes
     return [(_FINISH_MANY, b"", b"".join(map(_pack_offset_seq, offsets, seqs)))] if offsets else []
 
 
-@dataclass(slots=True)
-class Delivery:
-    """The current delivery of a message in flight."""
+class Delivery(NamedTuple):
+    """The current delivery of a message in flight. (A tuple: one is made for every message
+    delivered, by every process that applies the event; a change of visibility replaces it.)"""
 
     offset: int
     seq: int  # 1 for the first delivery: also the message's receive count
@@ -253,8 +254,8 @@ class ChannelState:
             if old is not None:
                 self._unhold(old)
                 self.ready.discard(offset)
-            delivery = Delivery(offset, seq, visible_at, consumer, group, now)
-            inflight[offset] = delivery
+            # ``Delivery(...)`` without the NamedTuple's Python-level ``__new__``.
+            delivery = inflight[offset] = _new_tuple(Delivery, (offset, seq, visible_at, consumer, group, now))
             if group is not None:
                 self._hold(delivery)
             push(expiry, (visible_at, offset, seq))
@@ -265,7 +266,7 @@ class ChannelState:
         if delivery.offset in self.ready:
             self.ready.discard(delivery.offset)
             self._hold(delivery)
-        delivery.visible_at = visible_at
+        self.inflight[delivery.offset] = delivery._replace(visible_at=visible_at)
         heapq.heappush(self._expiry, (visible_at, delivery.offset, delivery.seq))
 
     def _hold(self, delivery: Delivery) -> None:
@@ -294,10 +295,11 @@ class ChannelState:
         # length is a Python call). Skipped offsets may come, below.
         any_ready, any_skipped = bool(ready), bool(skipped)
         dead = how == "dead"
+        cursor, frontier = self.cursor, self.frontier
         count = 0
         for offset, _ in deliveries:
             count += 1
-            if offset < self.cursor or offset in finished:
+            if offset < cursor or offset in finished:
                 continue
             delivery = inflight.pop(offset, None)
             if delivery is not None:
@@ -305,12 +307,11 @@ class ChannelState:
                     self._unhold(delivery)
                 if any_ready:
                     ready.discard(offset)
-            frontier = self.frontier
             if offset >= frontier:
                 if offset > frontier:
                     skipped.update(range(frontier, offset))
                     any_skipped = True
-                self.frontier = offset + 1
+                self.frontier = frontier = offset + 1
             elif any_skipped:
                 skipped.discard(offset)
             if dead:
@@ -318,8 +319,14 @@ class ChannelState:
             if dead or offset in metadata:
                 # Plain finished tasks are told apart by the cursor; only these need a record.
                 self.finished_at[offset] = (now, how)
-            if offset == self.cursor:
-                self._advance_cursor(offset + 1)
+            if offset == cursor:
+                # The cursor moves past it, and past what was finished out of order after it.
+                cursor += 1
+                if finished:
+                    while cursor in finished:
+                        finished.discard(cursor)
+                        cursor += 1
+                self.cursor = cursor
             else:
                 finished.add(offset)
         return count
