@@ -21,6 +21,7 @@ topic's garbage collection reads.
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import secrets
@@ -29,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import repeat
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -75,6 +77,8 @@ _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; be
 
 
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
+_type_of = operator.itemgetter(2)  # a ``Message``'s type
+_ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
 
 
 @dataclass(frozen=True)
@@ -376,10 +380,13 @@ class Channel:
         if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
             raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
         settings = self.settings
-        hide = settings.visibility_timeout if visibility_timeout is None else visibility_timeout
-        check_number("visibility_timeout", hide, 0, MAX_VISIBILITY)
-        wait = check_number("wait", settings.receive_wait if wait is None else wait, 0, 3600)
-        wanted = filtering.normalize(filters, settings.enums)
+        # The queue's own settings were checked when they were made (``QueueSettings``).
+        if visibility_timeout is None:
+            hide = settings.visibility_timeout
+        else:
+            hide = check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
+        wait = settings.receive_wait if wait is None else check_number("wait", wait, 0, 3600)
+        wanted = None if filters is None else filtering.normalize(filters, settings.enums)
         if isinstance(delete, str):
             raise InvalidSettingError("delete must be a list of receipts, not one receipt")
         deadline = time.monotonic() + wait
@@ -505,12 +512,13 @@ class Channel:
             # Applied now, so that nothing they finish goes out again; appended with what this
             # receive records next (one write; the hold's end syncs once for everything).
             self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
-        self._maintain(now)
+        if now - state.last_collect >= int(settings.task_gc_interval * 1e9) or self._since_snapshot >= SNAPSHOT_EVERY:
+            self._maintain(now)
         state.expire(now)
         blocked = set(state.group_holds)
         picks: list[tuple[Message, Envelope, int]] = []
         dead: list[tuple[Message, Envelope, int]] = []
-        wake_at = state.next_expiry()
+        wake_at: int | None = None  # the earliest delayed message's time (hidden ones: below)
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
@@ -550,7 +558,12 @@ class Channel:
                     break
         if not full:
             with self._ahead_lock:
-                self._take_new(state.frontier, consider)
+                self._take_new(state.frontier, consider, picks, max_messages if wanted is None else 0)
+        if not picks:
+            # Nothing to give now: look again when the first hidden delivery comes back.
+            hidden_at = state.next_expiry()
+            if hidden_at is not None:
+                wake_at = hidden_at if wake_at is None else min(wake_at, hidden_at)
         visible_at = now + int(hide * 1e9)
         consumer = self._consumer_key
         plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
@@ -572,11 +585,32 @@ class Channel:
             stamp = self._record(records, durable=bool(dead))
         return picks, wake_at, stamp
 
-    def _take_new(self, frontier: int, consider: Callable[[Message, int], bool]) -> None:
+    def _take_new(
+        self,
+        frontier: int,
+        consider: Callable[[Message, int], bool],
+        picks: list[tuple[Message, Envelope, int]],
+        plain_up_to: int,
+    ) -> None:
         """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
         until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
-        then what came since."""
-        for message in self._read_ahead(frontier, 0):
+        then what came since.
+
+        ``plain_up_to`` (``max_messages`` for a consumer without filters, else 0): plain
+        messages never seen go out as they are (no delay, group, filters, and a first delivery
+        cannot be a dead letter), so a run of them is taken whole, without ``consider``, until
+        ``picks`` holds that many."""
+        ahead = self._read_ahead(frontier, 0)
+        start = 0
+        if plain_up_to:
+            want = plain_up_to - len(picks)
+            run = ahead[:want]
+            if _ENVELOPE_TYPE not in map(_type_of, run):
+                picks += zip(run, repeat(_PLAIN), repeat(1))
+                if len(run) == want:
+                    return
+                start = len(run)
+        for message in ahead[start:] if start else ahead:
             if consider(message, 0):
                 return
         while more := self._read_ahead(frontier):
