@@ -518,7 +518,7 @@ class Channel:
         blocked = set(state.group_holds)
         picks: list[tuple[Message, Envelope, int]] = []
         dead: list[tuple[Message, Envelope, int]] = []
-        wake_at: int | None = None  # the earliest delayed message's time (hidden ones: below)
+        wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
@@ -559,11 +559,6 @@ class Channel:
         if not full:
             with self._ahead_lock:
                 self._take_new(state.frontier, consider, picks, max_messages if wanted is None else 0)
-        if not picks:
-            # Nothing to give now: look again when the first hidden delivery comes back.
-            hidden_at = state.next_expiry()
-            if hidden_at is not None:
-                wake_at = hidden_at if wake_at is None else min(wake_at, hidden_at)
         visible_at = now + int(hide * 1e9)
         consumer = self._consumer_key
         plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]

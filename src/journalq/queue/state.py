@@ -164,7 +164,11 @@ class ChannelState:
         self.skipped: SortedSet = SortedSet()
         self.finished: set[int] = set()  # finished offsets >= cursor
         self.ready: SortedSet = SortedSet()  # inflight offsets whose visibility has ended
-        self._expiry: list[tuple[int, int, int]] = []  # (visible_at, offset, seq), lazily pruned
+        # (visible_at, number, deliveries): one entry per delivery event (a receive of many
+        # makes one), lazily pruned. A delivery in it is still hidden while ``inflight`` holds
+        # that very tuple: finishing, delivering again or a new visibility replace it.
+        self._expiry: list[tuple[int, int, tuple[Delivery, ...]]] = []
+        self._expiry_pushed = 0  # entries made so far: orders entries of one time
         self.group_holds: dict[str, int] = {}  # group -> deliveries of it still hidden
         self.metadata: dict[int, Any] = {}  # task metadata set by events
         self.finished_at: dict[int, tuple[int, str]] = {}  # offset -> (time, "finished"|"dead")
@@ -237,8 +241,8 @@ class ChannelState:
         returns how many were given (those finished already are ignored). One loop with its
         lookups made once: a receive of many delivers them together."""
         cursor, finished, inflight, skipped = self.cursor, self.finished, self.inflight, self.skipped
-        expiry, push = self._expiry, heapq.heappush
         frontier = self.frontier
+        given: list[Delivery] = []
         count = 0
         for offset, seq in deliveries:
             count += 1
@@ -256,18 +260,25 @@ class ChannelState:
                 self.ready.discard(offset)
             # ``Delivery(...)`` without the NamedTuple's Python-level ``__new__``.
             delivery = inflight[offset] = _new_tuple(Delivery, (offset, seq, visible_at, consumer, group, now))
+            given.append(delivery)
             if group is not None:
                 self._hold(delivery)
-            push(expiry, (visible_at, offset, seq))
+        if given:
+            self._hide(visible_at, tuple(given))
         return count
+
+    def _hide(self, visible_at: int, deliveries: tuple[Delivery, ...]) -> None:
+        """Note when these deliveries (made or changed now) come back."""
+        self._expiry_pushed = pushed = self._expiry_pushed + 1
+        heapq.heappush(self._expiry, (visible_at, pushed, deliveries))
 
     def _hide_until(self, delivery: Delivery, visible_at: int) -> None:
         """A new visibility for a delivery in flight (hidden again if it was ready)."""
         if delivery.offset in self.ready:
             self.ready.discard(delivery.offset)
             self._hold(delivery)
-        self.inflight[delivery.offset] = delivery._replace(visible_at=visible_at)
-        heapq.heappush(self._expiry, (visible_at, delivery.offset, delivery.seq))
+        delivery = self.inflight[delivery.offset] = delivery._replace(visible_at=visible_at)
+        self._hide(visible_at, (delivery,))
 
     def _hold(self, delivery: Delivery) -> None:
         """Count a hidden delivery against its group (FIFO: one of a group in flight at a time)."""
@@ -360,25 +371,25 @@ class ChannelState:
 
     def expire(self, now: int) -> None:
         """Make ready every delivery whose visibility ended by ``now``."""
-        expiry = self._expiry
+        expiry, inflight = self._expiry, self.inflight
         while expiry and expiry[0][0] <= now:
-            visible_at, offset, seq = heapq.heappop(expiry)
-            delivery = self.inflight.get(offset)
-            if delivery is None or delivery.seq != seq or delivery.visible_at != visible_at:
-                continue  # finished, delivered again or hidden longer since
-            if offset not in self.ready:
-                self._unhold(delivery)
-                self.ready.add(offset)
+            for delivery in heapq.heappop(expiry)[2]:
+                offset = delivery.offset
+                if inflight.get(offset) is not delivery:
+                    continue  # finished, delivered again or hidden longer since
+                if offset not in self.ready:
+                    self._unhold(delivery)
+                    self.ready.add(offset)
 
     def next_expiry(self) -> int | None:
         """The earliest time a hidden delivery becomes ready (None when there is none)."""
-        expiry = self._expiry
+        expiry, current = self._expiry, self.inflight.get
         while expiry:
-            visible_at, offset, seq = expiry[0]
-            delivery = self.inflight.get(offset)
-            if delivery is not None and delivery.seq == seq and delivery.visible_at == visible_at:
-                return visible_at
-            heapq.heappop(expiry)
+            visible_at, _, deliveries = expiry[0]
+            for delivery in deliveries:
+                if current(delivery.offset) is delivery:
+                    return visible_at
+            heapq.heappop(expiry)  # all of them over: pruned here
         return None
 
     # -- deciding ---------------------------------------------------------------------------
@@ -496,4 +507,4 @@ class ChannelState:
             delivery = Delivery(offset, seq, visible_at, consumer, group, stamp[0] if stamp else 0)
             self.inflight[offset] = delivery
             self._hold(delivery)
-            heapq.heappush(self._expiry, (visible_at, offset, seq))
+            self._hide(visible_at, (delivery,))
