@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import accumulate
 from pathlib import Path
 
@@ -577,6 +577,37 @@ class _Hold:
             writer._mutex.release()
         if durable_to is not None and exc_type is None:  # a failed block: the error, not a sync
             writer._make_durable(durable_to)
+
+
+class held:
+    """``with held(writer, reopen) as w``: ``writer.hold()``, giving the writer held. A shared
+    writer cannot catch up once another process's gc (or compaction) deleted the segment it was
+    on: then the writer is closed and ``reopen()`` gives one at the journal's end to hold instead.
+    (A class, not a generator: a channel takes it for every operation.)"""
+
+    __slots__ = ("_writer", "_reopen", "_hold")
+
+    def __init__(self, writer: Writer, reopen: Callable[[], Writer]) -> None:
+        self._writer = writer
+        self._reopen = reopen
+
+    def __enter__(self) -> Writer:
+        writer = self._writer
+        try:
+            self._hold = writer.hold()
+            self._hold.__enter__()
+        except FileNotFoundError:
+            segments = list_segments(writer.path)
+            if not segments or writer.segment in segments:
+                raise  # not a collected segment: the journal itself is gone, or something else
+            writer.close()
+            writer = self._writer = self._reopen()
+            self._hold = writer.hold()
+            self._hold.__enter__()
+        return writer
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._hold.__exit__(*exc_info)
 
 
 def _make_dirs(directory: Path, durable: bool) -> None:

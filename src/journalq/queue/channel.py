@@ -21,6 +21,7 @@ topic's garbage collection reads.
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import re
@@ -45,13 +46,14 @@ from journalq.errors import (
     TaskNotFoundError,
     TruncatedError,
 )
-from journalq.journal import Message, Scanner, Writer
+from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.offsets import read_offset, write_offset
 from journalq.journal.segment import list_segments
 from journalq.journal.watch import DirectoryWatch
+from journalq.journal.writer import held
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
-from journalq.queue.envelope import Attribute, Envelope
+from journalq.queue.envelope import Attribute, Envelope, message_id, parse_message_id, resend
 from journalq.queue.settings import check_number
 from journalq.queue.state import (
     ChannelState,
@@ -62,7 +64,6 @@ from journalq.queue.state import (
     deliver_record,
     finish_records,
 )
-from journalq.queue.topic import held, message_id, parse_message_id, resend
 
 if TYPE_CHECKING:
     from journalq.queue.topic import Topic
@@ -795,8 +796,6 @@ class Channel:
 
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
-        import json
-
         offset = parse_message_id(id)
         try:
             payload = json.dumps(metadata, separators=(",", ":")).encode()
@@ -866,8 +865,6 @@ class Channel:
         return ChannelStats(available, in_flight, delayed, dead, oldest)
 
     def _end_offset(self) -> int:
-        from journalq.journal import end_offset
-
         return end_offset(self.topic.path)
 
     def purge(self) -> None:
