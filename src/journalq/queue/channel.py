@@ -507,9 +507,9 @@ class Channel:
         state = self.state
         if delete:
             outcomes, current = self._current(delete, finishing=True)
-            for error in outcomes:
-                if error is not None:
-                    raise ReceiptError(f"nothing deleted, nothing received: {error}")
+            if len(current) < len(outcomes):
+                error = next(error for error in outcomes if error is not None)
+                raise ReceiptError(f"nothing deleted, nothing received: {error}")
             # Applied now, so that nothing they finish goes out again; appended with what this
             # receive records next (one write; the hold's end syncs once for everything).
             self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
@@ -734,29 +734,42 @@ class Channel:
         (index, offset, delivery number) of those that do. ``finishing``: the receipts are for
         deletes, so ``_issued`` can forget them (a receipt whose delete then fails is merely
         parsed again if it comes back)."""
-        outcomes: list[ReceiptError | None] = []
+        outcomes: list[ReceiptError | None] = [None] * len(receipts)
         current: list[tuple[int, int, int]] = []
         acted: set[int] = set()
+        inflight = self.state.inflight
         check = self.state.check_receipt
         issued = self._issued
         recall = issued.pop if finishing else issued.get
         for i, receipt in enumerate(receipts):
+            # A receipt this object made is well formed and has this channel's token: when its
+            # delivery is current (the same tuple: not changed since), nothing more to check.
+            known = recall(receipt, None) if type(receipt) is str else None
+            if known is not None:
+                offset = known[0]
+                delivery = inflight.get(offset)
+                if (
+                    delivery is not None
+                    and delivery.seq == known[1]
+                    and delivery.stamp == known[2]
+                    and offset not in acted
+                ):
+                    acted.add(offset)
+                    current.append((i, offset, known[1]))
+                    continue
             try:
-                # A receipt this object made is well formed and has this channel's token.
-                known = recall(receipt, None) if type(receipt) is str else None
                 offset, seq, stamp = self._parse_receipt(receipt) if known is None else known
                 check(offset, seq, stamp)
                 if offset in acted:
                     raise ReceiptError(f"receipt {receipt!r} was given twice in one call")
                 acted.add(offset)
             except StaleReceipt as exc:
-                outcomes.append(ReceiptError(f"receipt {receipt!r}: {exc}"))
+                outcomes[i] = ReceiptError(f"receipt {receipt!r}: {exc}")
                 continue
             except ReceiptError as exc:
-                outcomes.append(exc)
+                outcomes[i] = exc
                 continue
             current.append((i, offset, seq))
-            outcomes.append(None)
         return outcomes, current
 
     # -- tasks, consumers, stats ----------------------------------------------------------------
