@@ -258,18 +258,25 @@ def decode(
     next_offset = expected_offset
     # A uniform run is looked for at the start, and after _RUN_MIN messages in a row with the
     # same lengths (cheaper than guessing: sizes that vary cost one comparison per message).
-    same, last_lengths = _RUN_MIN, None
+    # Each look unpacks up to ``reach`` messages: few at first (a short run wastes little of
+    # what is unpacked past its end), four times more after a look that found only good ones.
+    same, last_lengths, reach = _RUN_MIN, None, _RUN_MIN * 2
     while pos <= limit and remaining != 0:
         if same >= _RUN_MIN:
             same = 0
-            run = _uniform_run(buf, pos, end, remaining if remaining > 0 else _RUN_MAX, next_offset)
+            run = _uniform_run(buf, pos, end, reach if remaining < 0 else min(reach, remaining), next_offset)
             if run is not None and run[0]:
-                messages, pos = run
+                messages, after = run
                 out += messages
                 remaining -= len(messages)
                 if next_offset is not None:
                     next_offset += len(messages)
-                same = _RUN_MIN  # the run may go on past what one look unpacks
+                if len(messages) == reach:
+                    reach = min(reach * 4, _RUN_MAX)
+                    same = _RUN_MIN  # the run may go on past what one look unpacks
+                else:
+                    reach = _RUN_MIN * 2
+                pos = after
                 continue
         offset, timestamp_ns, type_, key_len = unpack_head(buf, pos)
         key_start = pos + 18

@@ -117,20 +117,25 @@ def scan_segment(
     *,
     last_indexed: int = 0,
     interval: int = 4096,
+    fd: int | None = None,
 ) -> SegmentScan:
     """Read ``segment`` from byte ``start`` (where message ``start_offset`` begins) to its end,
-    checking every message and collecting the index entries due after ``last_indexed``."""
+    checking every message and collecting the index entries due after ``last_indexed``.
+    ``fd``: the segment already open for reading (a shared writer catching up: no open)."""
     from journalq.journal.index import choose_entries  # index imports this module
 
     entries: list[tuple[int, int]] = []
     last_ts: int | None = None
     pos, next_offset = start, start_offset
-    with open(segment.path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+    own = fd is None
+    if own:
+        fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
         pending = b""
         problem = None
         while pos < size:
-            chunk = os.pread(f.fileno(), READ_CHUNK, pos + len(pending))
+            chunk = os.pread(fd, READ_CHUNK, pos + len(pending))
             if not chunk:
                 break
             buf = pending + chunk
@@ -149,6 +154,9 @@ def scan_segment(
             pending = buf[used:]
             if problem is not None or (not messages and len(chunk) < READ_CHUNK):
                 break
+    finally:
+        if own:
+            os.close(fd)
     if problem is None and pos < size:
         problem = CorruptionError(
             f"incomplete message: {size - pos} bytes at the end", file=segment.path, position=pos, offset=next_offset

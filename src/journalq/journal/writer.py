@@ -270,7 +270,8 @@ class Writer(Closing):
         """Make ``segment`` the one appended to, after checking and recovering its tail."""
         self._close_files()
         created = not segment.path.exists()
-        fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # Read too: a shared writer reads what the others appended through it (``_catch_up``).
+        fd = os.open(segment.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             if created and self.sync_policy.mode == "always":
                 fsync_dir(segment.path.parent)
@@ -308,13 +309,24 @@ class Writer(Closing):
                 file=self._segment.path,
             )
         if size > self._seg_len:
-            scan = scan_segment(self._segment, self._seg_len, self._next_offset, interval=self.index_interval)
+            assert self._index is not None
+            scan = scan_segment(
+                self._segment,
+                self._seg_len,
+                self._next_offset,
+                last_indexed=self._index.last_position,
+                interval=self.index_interval,
+                fd=self._fd,
+            )
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, self._segment, scan))
             self._seg_len = scan.end
             self._next_offset = scan.next_offset
-            assert self._index is not None
-            self._index.last_position = max(self._index.last_position, last_position(self._segment))
+            if scan.entries:
+                # The others added index entries, where this writer would have (read them: they
+                # may index otherwise). With none due, they added none that matter: an entry
+                # of ours a little early only makes the index a little denser.
+                self._index.last_position = max(self._index.last_position, last_position(self._segment))
         # Another writer may have started a new segment, even with this one unchanged (a hub's
         # copy starts one where its source did): it is named by the offset now due.
         # (A string path and ``access``: this runs on every shared append, and pathlib, and
