@@ -14,7 +14,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from journalq.errors import CorruptionError
-from journalq.journal.codec import HEADER, OVERHEAD, decode
+from journalq.journal.codec import HEADER, OVERHEAD, Message, decode
 
 SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
@@ -104,6 +104,8 @@ class SegmentScan:
     file_size: int
     entries: list[tuple[int, int]]
     problem: CorruptionError | None = None
+    messages: list[Message] | None = None
+    """The messages read, with ``keep=True``."""
 
     @property
     def clean(self) -> bool:
@@ -118,15 +120,18 @@ def scan_segment(
     last_indexed: int = 0,
     interval: int = 4096,
     fd: int | None = None,
+    keep: bool = False,
 ) -> SegmentScan:
     """Read ``segment`` from byte ``start`` (where message ``start_offset`` begins) to its end,
     checking every message and collecting the index entries due after ``last_indexed``.
-    ``fd``: the segment already open for reading (a shared writer catching up: no open)."""
+    ``fd``: the segment already open for reading (a shared writer catching up: no open).
+    ``keep``: return the messages read too (few: what other writers appended lately)."""
     from journalq.journal.index import choose_entries  # index imports this module
 
     entries: list[tuple[int, int]] = []
     last_ts: int | None = None
     pos, next_offset = start, start_offset
+    kept: list[Message] | None = [] if keep else None
     own = fd is None
     if own:
         fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -150,6 +155,8 @@ def scan_segment(
                 entries.extend(found)
                 next_offset = messages[-1].offset + 1
                 last_ts = messages[-1].timestamp_ns
+                if kept is not None:
+                    kept += messages
             pos += used
             pending = buf[used:]
             if problem is not None or (not messages and len(chunk) < READ_CHUNK):
@@ -161,4 +168,4 @@ def scan_segment(
         problem = CorruptionError(
             f"incomplete message: {size - pos} bytes at the end", file=segment.path, position=pos, offset=next_offset
         )
-    return SegmentScan(pos, next_offset, last_ts, size, entries, problem)
+    return SegmentScan(pos, next_offset, last_ts, size, entries, problem, kept)

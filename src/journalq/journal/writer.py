@@ -14,6 +14,7 @@ appends and lets go.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -85,6 +86,11 @@ class Writer(Closing):
         self.index_interval = index_interval
         self.recoveries: list[Recovery] = []
         """Every tail that this writer cut while opening or catching up, oldest first."""
+        self.caught_up: list[Message] = []
+        """A shared writer: the messages other writers appended that the last catch-up (the
+        last ``hold()`` or append) read, in order. A caller keeping up with the journal can take
+        them instead of reading them again, when they run up to ``next_offset`` (a catch-up
+        that went on to a new segment gives only what it read of the old one)."""
 
         self._mutex = threading.RLock()  # reentrant: appends inside ``hold()``
         self._held = 0
@@ -302,7 +308,13 @@ class Writer(Closing):
 
     def _catch_up(self) -> None:
         """Under the shared lock: take in what other writers appended since we last held it."""
-        size = os.fstat(self._fd).st_size
+        stat = os.fstat(self._fd)
+        size = stat.st_size
+        self.caught_up = []
+        if stat.st_nlink == 0:
+            # Another process's gc (or compaction) deleted the segment: what it holds says nothing
+            # of the journal's end. (``held`` opens a writer at the end instead.)
+            raise FileNotFoundError(errno.ENOENT, "segment deleted under a shared writer", str(self._segment.path))
         if size < self._seg_len:
             raise TruncatedError(
                 f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",
@@ -317,7 +329,9 @@ class Writer(Closing):
                 last_indexed=self._index.last_position,
                 interval=self.index_interval,
                 fd=self._fd,
+                keep=True,
             )
+            self.caught_up = scan.messages or []
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, self._segment, scan))
             self._seg_len = scan.end

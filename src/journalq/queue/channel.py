@@ -240,10 +240,21 @@ class Channel:
 
     def _apply_new(self, reload: bool = True) -> None:
         """Under the hold: apply the events other processes appended since we last looked."""
-        if self._writer.next_offset == self._applied:
+        writer = self._writer
+        end = writer.next_offset
+        if end == self._applied:
             return  # nothing new (the hold has caught the writer up)
-        assert self._events is not None
         state = self.state
+        caught = writer.caught_up
+        if caught and caught[0].offset <= self._applied and caught[-1].offset + 1 == end:
+            # What the others appended, as the writer's catch-up read it: not read again.
+            apply, applied = state.apply_record, self._applied
+            for offset, timestamp_ns, type_, key, value in caught:
+                if offset >= applied:
+                    self._since_snapshot += apply(type_, key, value, timestamp_ns)
+            self._applied = end
+            return
+        assert self._events is not None
         try:
             if self._applied - self._events.offset > 1000:
                 self._seek_events(self._applied)  # skip our own events rather than read them back
