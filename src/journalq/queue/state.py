@@ -241,7 +241,8 @@ class ChannelState:
         returns how many were given (those finished already are ignored). One loop with its
         lookups made once: a receive of many delivers them together."""
         cursor, finished, inflight, skipped = self.cursor, self.finished, self.inflight, self.skipped
-        frontier = self.frontier
+        frontier = start = self.frontier
+        any_skipped = bool(skipped)  # (a SortedSet's length is a Python call)
         given: list[Delivery] = []
         count = 0
         for offset, seq in deliveries:
@@ -251,8 +252,9 @@ class ChannelState:
             if offset >= frontier:
                 if offset > frontier:
                     skipped.update(range(frontier, offset))
-                self.frontier = frontier = offset + 1
-            elif skipped:
+                    any_skipped = True
+                frontier = offset + 1
+            elif any_skipped:
                 skipped.discard(offset)
             old = inflight.pop(offset, None)
             if old is not None:
@@ -263,6 +265,8 @@ class ChannelState:
             given.append(delivery)
             if group is not None:
                 self._hold(delivery)
+        if frontier != start:
+            self.frontier = frontier
         if given:
             self._hide(visible_at, tuple(given))
         return count
