@@ -140,7 +140,8 @@ def scan_segment(
         pending = b""
         problem = None
         while pos < size:
-            chunk = os.pread(fd, READ_CHUNK, pos + len(pending))
+            # No more than the file holds: a 1 MiB buffer for a few bytes costs more than reading them.
+            chunk = os.pread(fd, min(READ_CHUNK, size - pos - len(pending)), pos + len(pending))
             if not chunk:
                 break
             buf = pending + chunk
@@ -159,7 +160,7 @@ def scan_segment(
                     kept += messages
             pos += used
             pending = buf[used:]
-            if problem is not None or (not messages and len(chunk) < READ_CHUNK):
+            if problem is not None or (not messages and pos + len(pending) >= size):
                 break
     finally:
         if own:
