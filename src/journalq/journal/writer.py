@@ -605,35 +605,30 @@ class _Hold:
             writer._make_durable(durable_to)
 
 
-class held:
+class held(_Hold):
     """``with held(writer, reopen) as w``: ``writer.hold()``, giving the writer held. A shared
     writer cannot catch up once another process's gc (or compaction) deleted the segment it was
     on: then the writer is closed and ``reopen()`` gives one at the journal's end to hold instead.
-    (A class, not a generator: a channel takes it for every operation.)"""
+    (``_Hold`` itself: a channel takes it for every operation.)"""
 
-    __slots__ = ("_writer", "_reopen", "_hold")
+    __slots__ = ("_reopen",)
 
     def __init__(self, writer: Writer, reopen: Callable[[], Writer]) -> None:
         self._writer = writer
         self._reopen = reopen
 
-    def __enter__(self) -> Writer:
-        writer = self._writer
+    def __enter__(self) -> Writer:  # type: ignore[override]
         try:
-            self._hold = writer.hold()
-            self._hold.__enter__()
+            _Hold.__enter__(self)
         except FileNotFoundError:
+            writer = self._writer
             segments = list_segments(writer.path)
             if not segments or writer.segment in segments:
                 raise  # not a collected segment: the journal itself is gone, or something else
             writer.close()
-            writer = self._writer = self._reopen()
-            self._hold = writer.hold()
-            self._hold.__enter__()
-        return writer
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._hold.__exit__(*exc_info)
+            self._writer = self._reopen()
+            _Hold.__enter__(self)
+        return self._writer
 
 
 def _make_dirs(directory: Path, durable: bool) -> None:

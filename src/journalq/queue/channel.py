@@ -256,8 +256,11 @@ class Channel:
             return
         assert self._events is not None
         try:
-            if self._applied - self._events.offset > 1000:
-                self._seek_events(self._applied)  # skip our own events rather than read them back
+            if self._events.offset != self._applied:
+                # Skip what was applied already (our own events, and the others' taken from
+                # the writer's catch-up) rather than read it back: the scanner may even be in
+                # a segment that compaction deleted since.
+                self._seek_events(self._applied)
             apply, applied = state.apply_record, self._applied
             while batch := self._events.read_batch():
                 for offset, timestamp_ns, type_, key, value in batch:
