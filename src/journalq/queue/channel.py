@@ -417,8 +417,10 @@ class Channel:
                         return self._closed_under_receive()
                     raise
                 delete = ()  # done in the first attempt
+                if got or not wait:
+                    return got
                 remaining = deadline - time.monotonic()
-                if got or remaining <= 0:
+                if remaining <= 0:
                     return got
                 if watch is None:
                     watch = self._watch()
