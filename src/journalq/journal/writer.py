@@ -311,9 +311,10 @@ class Writer(Closing):
         stat = os.fstat(self._fd)
         size = stat.st_size
         self.caught_up = []
-        if stat.st_nlink == 0:
-            # Another process's gc (or compaction) deleted the segment: what it holds says nothing
-            # of the journal's end. (``held`` opens a writer at the end instead.)
+        if stat.st_nlink == 0 and size != self._seg_len:
+            # Others appended to a segment that gc (or compaction) has deleted since: what it
+            # holds says nothing of the journal's end (as when this was read by path: ``held``
+            # opens a writer at the end instead).
             raise FileNotFoundError(errno.ENOENT, "segment deleted under a shared writer", str(self._segment.path))
         if size < self._seg_len:
             raise TruncatedError(
