@@ -16,6 +16,7 @@ import cProfile
 import multiprocessing
 import os
 import pstats
+import resource
 import shutil
 import sys
 import tempfile
@@ -40,9 +41,13 @@ def main() -> int:
     parser.add_argument("--loop", action="store_true", help="receive(B, delete=last round's receipts)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument(
-        "--cpu", action="store_true", help="no profiler: print the CPU time per message and per call (best of --repeat)"
+        "--cpu",
+        action="store_true",
+        help="no profiler: print the CPU time per message and per call (best of --repeat)",
     )
-    parser.add_argument("--repeat", type=int, default=3, help="runs with --cpu (the least CPU time is printed)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs with --cpu (the least CPU time is printed)"
+    )
     parser.add_argument(
         "--processes",
         type=int,
@@ -70,7 +75,8 @@ def main() -> int:
     seconds = time.perf_counter() - started
     received = args.messages
     print(
-        f"{received:,} messages, receive({args.batch}) + {'delete= (loop)' if args.loop else 'delete'}, sync={args.sync}: "
+        f"{received:,} messages, receive({args.batch}) + {'delete= (loop)' if args.loop else 'delete'}, "
+        f"sync={args.sync}: "
         f"{seconds:.2f} s under the profiler ({received / seconds:,.0f} msg/s)\n"
     )
     stats = pstats.Stats(profiler).strip_dirs()
@@ -153,12 +159,12 @@ def run_processes(args: argparse.Namespace) -> str:
                 broker = Broker(root, sync=args.sync)
                 queue = broker.queue("q", create=False)
                 start.wait()
-                times, wall = os.times(), time.perf_counter()
+                usage, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
                 received = consume(queue, args)
-                after, wall = os.times(), time.perf_counter() - wall
+                after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall
                 broker.close()
-                system = after.system - times.system
-                cpu = after.user - times.user + system
+                system = after.ru_stime - usage.ru_stime
+                cpu = after.ru_utime - usage.ru_utime + system
                 results.put((received, cpu, wall, waited, held, calls, system))
                 os._exit(0)
             children.append(pid)
@@ -176,7 +182,8 @@ def run_processes(args: argparse.Namespace) -> str:
     return (
         f"{args.processes} processes, receive({args.batch}) + {'delete= (loop)' if args.loop else 'delete'}, "
         f"sync={args.sync}: {received / wall:,.0f} msg/s, CPU {cpu * 1e6 / received:.2f} µs/message "
-        f"(all processes; system {sum(r[6] for r in done) * 1e6 / received:.2f}); per locked call: waited {sum(r[3] for r in done) * 1e6 / calls:.0f} µs, "
+        f"(all processes; system {sum(r[6] for r in done) * 1e6 / received:.2f}); per locked call: "
+        f"waited {sum(r[3] for r in done) * 1e6 / calls:.0f} µs, "
         f"held {sum(r[4] for r in done) * 1e6 / calls:.0f} µs ({calls:,} calls)"
     )
 

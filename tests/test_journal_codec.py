@@ -287,7 +287,9 @@ def _one_by_one(buf: bytes, expected: int | None):
     st.one_of(st.none(), st.integers(0, 60)),
     st.booleans(),
 )
-def test_uniform_runs_decode_and_fail_as_one_by_one(first, key_len, value_len, count, changes, odd_at, check_offsets):
+def test_uniform_runs_decode_and_fail_as_one_by_one(
+    first, key_len, value_len, count, changes, odd_at, check_offsets
+):
     """Messages of one size are decoded as a run: the same messages, the same end, the same
     error at the same place as decoding them one by one, whatever is damaged or differs."""
     messages = [

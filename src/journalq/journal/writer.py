@@ -315,7 +315,9 @@ class Writer(Closing):
             # Others appended to a segment that gc (or compaction) has deleted since: what it
             # holds says nothing of the journal's end (as when this was read by path: ``held``
             # opens a writer at the end instead).
-            raise FileNotFoundError(errno.ENOENT, "segment deleted under a shared writer", str(self._segment.path))
+            raise FileNotFoundError(
+                errno.ENOENT, "segment deleted under a shared writer", str(self._segment.path)
+            )
         if size < self._seg_len:
             raise TruncatedError(
                 f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",

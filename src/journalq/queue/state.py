@@ -261,7 +261,8 @@ class ChannelState:
                 self._unhold(old)
                 self.ready.discard(offset)
             # ``Delivery(...)`` without the NamedTuple's Python-level ``__new__``.
-            delivery = inflight[offset] = _new_tuple(Delivery, (offset, seq, visible_at, consumer, group, now))
+            delivery = _new_tuple(Delivery, (offset, seq, visible_at, consumer, group, now))
+            inflight[offset] = delivery
             given.append(delivery)
             if group is not None:
                 self._hold(delivery)

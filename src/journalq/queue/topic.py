@@ -25,7 +25,8 @@ from journalq.journal.offsets import read_offset
 from journalq.journal.segment import Segment, list_segments
 from journalq.queue import envelope, filters
 from journalq.queue.channel import Channel
-from journalq.queue.envelope import Attribute, Envelope, message_id, resend  # noqa: F401 - resend: used from here too
+# ``resend`` is imported from here too (by the ZooKeeper store and the work queue).
+from journalq.queue.envelope import Attribute, Envelope, message_id, resend  # noqa: F401
 from journalq.queue.settings import QueueSettings, check_name
 
 if TYPE_CHECKING:
