@@ -1,6 +1,7 @@
 """Profile journalq's single-process receive(1) + delete with cProfile (not part of run.py).
 
     .venv/bin/python bench/profile_receive.py [--messages N] [--sync none|always] [--batch B] [--loop] [--top K]
+    .venv/bin/python bench/profile_receive.py --cpu [--repeat R] ...   # CPU time per message, no profiler
 
 Fills a queue in a scratch directory with N 100-byte messages (not profiled), then profiles one
 process receiving and deleting them all, and prints the functions by own time and by cumulative
@@ -12,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import multiprocessing
+import os
 import pstats
+import resource
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 try:
@@ -35,48 +40,174 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1, help="receive(B) + delete_many (default 1: delete)")
     parser.add_argument("--loop", action="store_true", help="receive(B, delete=last round's receipts)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="no profiler: print the CPU time per message and per call (best of --repeat)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs with --cpu (the least CPU time is printed)"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="with --cpu: this many consumer processes share the queue; prints their CPU, and the "
+        "time each call waited for the channel's lock and held it",
+    )
     args = parser.parse_args()
+    if args.cpu and args.processes > 1:
+        for _ in range(args.repeat):
+            print(run_processes(args))
+        return 0
+    if args.cpu:
+        best = min(run_once(args, None) for _ in range(args.repeat))
+        calls = -(-args.messages // args.batch)
+        print(
+            f"receive({args.batch}) + {'delete= (loop)' if args.loop else 'delete'}, sync={args.sync}, "
+            f"{args.messages:,} messages: CPU {best * 1e6 / args.messages:.2f} µs/message, "
+            f"{best * 1e6 / calls:.1f} µs per round (best of {args.repeat})"
+        )
+        return 0
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    run_once(args, profiler)
+    seconds = time.perf_counter() - started
+    received = args.messages
+    print(
+        f"{received:,} messages, receive({args.batch}) + {'delete= (loop)' if args.loop else 'delete'}, "
+        f"sync={args.sync}: "
+        f"{seconds:.2f} s under the profiler ({received / seconds:,.0f} msg/s)\n"
+    )
+    stats = pstats.Stats(profiler).strip_dirs()
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats(args.top)
+    return 0
+
+
+def consume(queue: Any, args: argparse.Namespace) -> int:
+    """Receive and delete until the queue is empty, as ``args`` says; returns how many."""
+    received = 0
+    if args.loop:
+        done: list[str] = []
+        while got := queue.receive(args.batch, delete=done):
+            done = [m.receipt for m in got]
+            received += len(got)
+    elif args.batch == 1:
+        while got := queue.receive(1):
+            queue.delete(got[0].receipt)
+            received += 1
+    else:
+        while got := queue.receive(args.batch):
+            queue.delete_many([m.receipt for m in got])
+            received += len(got)
+    return received
+
+
+def fill(args: argparse.Namespace) -> Path:
+    """A scratch broker root holding a queue ``q`` of ``args.messages`` 100-byte messages."""
     (HERE / ".data").mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="profile-receive-", dir=HERE / ".data"))
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("q")
+        for i in range(0, args.messages, 1000):
+            queue.send_many([b"%010d" % n + bytes(90) for n in range(i, min(i + 1000, args.messages))])
+    return root
+
+
+def run_processes(args: argparse.Namespace) -> str:
+    """``args.processes`` consumers (forked) share a scratch queue; a line of what they cost."""
+    from journalq.journal import writer as writer_module
+
+    root = fill(args)
     try:
-        with Broker(root, sync="none") as broker:
-            queue = broker.queue("q")
-            for i in range(0, args.messages, 1000):
-                queue.send_many([b"%010d" % n + bytes(90) for n in range(i, min(i + 1000, args.messages))])
+        start = multiprocessing.get_context("fork").Barrier(args.processes + 1)
+        results = multiprocessing.get_context("fork").SimpleQueue()
+        children = []
+        for _ in range(args.processes):
+            pid = os.fork()
+            if pid == 0:  # a consumer: time its lock waits and holds, then drain the queue
+                waited = held = 0.0
+                calls = 0
+                take, enter, leave = (
+                    writer_module.Writer._take_shared_lock,
+                    writer_module._Hold.__enter__,
+                    writer_module._Hold.__exit__,
+                )
+                hold_started = [0.0]
+
+                def timed_take(self: Any) -> None:
+                    nonlocal waited
+                    t = time.perf_counter()
+                    take(self)
+                    waited += time.perf_counter() - t
+
+                def timed_enter(self: Any) -> None:
+                    nonlocal calls
+                    calls += 1
+                    enter(self)
+                    hold_started[0] = time.perf_counter()
+
+                def timed_leave(self: Any, *exc: Any) -> None:
+                    nonlocal held
+                    held += time.perf_counter() - hold_started[0]
+                    leave(self, *exc)
+
+                writer_module.Writer._take_shared_lock = timed_take
+                writer_module._Hold.__enter__ = timed_enter
+                writer_module._Hold.__exit__ = timed_leave
+                broker = Broker(root, sync=args.sync)
+                queue = broker.queue("q", create=False)
+                start.wait()
+                usage, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+                received = consume(queue, args)
+                after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall
+                broker.close()
+                system = after.ru_stime - usage.ru_stime
+                cpu = after.ru_utime - usage.ru_utime + system
+                results.put((received, cpu, wall, waited, held, calls, system))
+                os._exit(0)
+            children.append(pid)
+        start.wait()
+        done = [results.get() for _ in children]
+        for pid in children:
+            os.waitpid(pid, 0)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    received = sum(r[0] for r in done)
+    if received != args.messages:
+        raise AssertionError(f"received {received} of {args.messages}")
+    cpu, wall = sum(r[1] for r in done), max(r[2] for r in done)
+    calls = sum(r[5] for r in done)
+    return (
+        f"{args.processes} processes, receive({args.batch}) + {'delete= (loop)' if args.loop else 'delete'}, "
+        f"sync={args.sync}: {received / wall:,.0f} msg/s, CPU {cpu * 1e6 / received:.2f} µs/message "
+        f"(all processes; system {sum(r[6] for r in done) * 1e6 / received:.2f}); per locked call: "
+        f"waited {sum(r[3] for r in done) * 1e6 / calls:.0f} µs, "
+        f"held {sum(r[4] for r in done) * 1e6 / calls:.0f} µs ({calls:,} calls)"
+    )
+
+
+def run_once(args: argparse.Namespace, profiler: cProfile.Profile | None) -> float:
+    """Fill a scratch queue, then receive and delete it all (under ``profiler`` when given);
+    returns the CPU time (user + system) of the receiving and deleting."""
+    root = fill(args)
+    try:
         broker = Broker(root, sync=args.sync)
         queue = broker.queue("q", create=False)
-        profiler = cProfile.Profile()
-        received = 0
-        started = time.perf_counter()
-        profiler.enable()
-        if args.loop:
-            done: list[str] = []
-            while got := queue.receive(args.batch, delete=done):
-                done = [m.receipt for m in got]
-                received += len(got)
-        elif args.batch == 1:
-            while got := queue.receive(1):
-                queue.delete(got[0].receipt)
-                received += 1
-        else:
-            while got := queue.receive(args.batch):
-                queue.delete_many([m.receipt for m in got])
-                received += len(got)
-        profiler.disable()
-        seconds = time.perf_counter() - started
+        cpu = time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        received = consume(queue, args)
+        if profiler is not None:
+            profiler.disable()
+        cpu = time.process_time() - cpu
         broker.close()
         if received != args.messages:
             raise AssertionError(f"received {received} of {args.messages}")
-        print(
-            f"{received:,} messages, receive({args.batch}) + {'delete= (loop)' if args.loop else 'delete'}, sync={args.sync}: "
-            f"{seconds:.2f} s under the profiler ({received / seconds:,.0f} msg/s)\n"
-        )
-        stats = pstats.Stats(profiler).strip_dirs()
-        stats.sort_stats("tottime").print_stats(args.top)
-        stats.sort_stats("cumulative").print_stats(args.top)
+        return cpu
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -262,3 +262,54 @@ def _damage(buf: bytes, changes) -> bytes:
     for position, value in changes:
         out[position % len(out)] = value
     return bytes(out)
+
+
+def _one_by_one(buf: bytes, expected: int | None):
+    """Decode one message per call (``max_messages=1`` never takes the uniform-run path): what
+    ``decode`` must return, or the error it must raise."""
+    out, pos = [], 0
+    while True:
+        got, pos_after = decode(buf, pos, None, expected, max_messages=1)
+        if not got:
+            return out, pos
+        out += got
+        pos = pos_after
+        expected = None if expected is None else expected + 1
+
+
+@FAST
+@given(
+    st.integers(min_value=0, max_value=2**40),
+    st.integers(min_value=0, max_value=4),
+    st.integers(min_value=0, max_value=40),
+    st.integers(min_value=8, max_value=60),
+    st.lists(st.tuples(st.integers(0, 10**5), st.integers(0, 255)), max_size=3),
+    st.one_of(st.none(), st.integers(0, 60)),
+    st.booleans(),
+)
+def test_uniform_runs_decode_and_fail_as_one_by_one(
+    first, key_len, value_len, count, changes, odd_at, check_offsets
+):
+    """Messages of one size are decoded as a run: the same messages, the same end, the same
+    error at the same place as decoding them one by one, whatever is damaged or differs."""
+    messages = [
+        Message(first + i, 10 + i, i % 3, bytes([i % 251]) * key_len, bytes([i % 7]) * value_len)
+        for i in range(count)
+    ]
+    if odd_at is not None and odd_at < count:  # one message of another size in the run
+        messages[odd_at] = messages[odd_at]._replace(value=messages[odd_at].value + b"x")
+    buf = _damage(b"".join(encode(*m) for m in messages), changes)
+    expected = first if check_offsets else None
+    try:
+        want = _one_by_one(buf, expected)
+    except CorruptionError as exc:
+        with pytest.raises(CorruptionError) as info:
+            decode(buf, expected_offset=expected)
+        assert (str(info.value), info.value.position) == (str(exc), exc.position)
+        return
+    assert decode(buf, expected_offset=expected) == want
+    if not changes:
+        assert want == (messages, len(buf))
+    for most in (1, 9, count - 1):
+        got, end = decode(buf, expected_offset=expected, max_messages=most)
+        assert got == want[0][:most]

@@ -17,6 +17,9 @@ writer and the scanner wrap it with file I/O.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 import struct
 from collections.abc import Iterable, Sequence
 from itertools import count
@@ -174,6 +177,59 @@ def encode_batch(
     return b"".join(parts), lengths, len(items)
 
 
+_RUN_MIN = 8  # messages of one size in a row before ``decode`` reads on as a uniform run
+_RUN_MAX = 1024  # rows unpacked per uniform attempt (what a wrong guess can waste)
+_run_fields = operator.itemgetter(3, 5, 7)  # key length, value length, size of an unpacked row
+_message_fields = operator.itemgetter(0, 1, 2, 4, 6)  # offset, timestamp, type, key, value
+_first = operator.itemgetter(0)
+_new_message = functools.partial(tuple.__new__, Message)
+
+
+def _first_false(flags: Iterable[bool], default: int) -> int:
+    """The index of the first false flag, or ``default`` when all are true (in C: no Python
+    loop over the flags)."""
+    return next(itertools.compress(itertools.count(), map(operator.not_, flags)), default)
+
+
+@functools.lru_cache(maxsize=64)
+def _run_struct(key_len: int, value_len: int) -> struct.Struct:
+    """The layout of one message with a key and value of these lengths."""
+    return struct.Struct(f">QqBb{key_len}si{value_len}si")
+
+
+def _uniform_run(
+    buf: bytes, pos: int, end: int, most: int, next_offset: int | None
+) -> tuple[list[Message], int] | None:
+    """Decode the messages from ``pos`` that have the same key and value lengths as the one
+    there, all at once with ``Struct.iter_unpack`` (a queue's or a log's messages are often of
+    one size): the messages and the position past them, or None when fewer than ``_RUN_MIN``
+    whole messages of that size could follow. Each message unpacked is checked as ``decode``
+    checks it (its lengths, its size field, its offset); the run ends before the first that
+    fails, which ``decode``'s general loop then takes (and reports, when it is damaged)."""
+    key_len = buf[pos + 17]
+    if key_len > MAX_KEY_SIZE or pos + 18 + key_len + 4 > end:
+        return None
+    (value_len,) = INT32.unpack_from(buf, pos + 18 + key_len)
+    size = OVERHEAD + key_len + value_len
+    count = min((end - pos) // size, most, _RUN_MAX)
+    if value_len < 0 or count < _RUN_MIN:
+        return None
+    # Cheaply first: the next message has the same lengths (else this is no run).
+    if buf[pos + size + 17] != key_len or INT32.unpack_from(buf, pos + size + 18 + key_len)[0] != value_len:
+        return None
+    layout = _run_struct(key_len, value_len)
+    rows = list(layout.iter_unpack(memoryview(buf)[pos : pos + count * size]))
+    expected = (key_len, value_len, size)
+    good = _first_false(map(operator.eq, map(_run_fields, rows), itertools.repeat(expected)), count)
+    if next_offset is not None:
+        offsets = list(map(_first, rows[:good] if good < count else rows))
+        if offsets != list(range(next_offset, next_offset + good)):
+            good = _first_false(map(operator.eq, offsets, itertools.count(next_offset)), good)
+    if good < count:
+        del rows[good:]
+    return list(map(_new_message, map(_message_fields, rows))), pos + good * size
+
+
 def decode(
     buf: bytes | bytearray | memoryview,
     start: int = 0,
@@ -200,7 +256,28 @@ def decode(
     limit = end - OVERHEAD
     remaining = -1 if max_messages is None else max_messages
     next_offset = expected_offset
+    # A uniform run is looked for at the start, and after _RUN_MIN messages in a row with the
+    # same lengths (cheaper than guessing: sizes that vary cost one comparison per message).
+    # Each look unpacks up to ``reach`` messages: few at first (a short run wastes little of
+    # what is unpacked past its end), four times more after a look that found only good ones.
+    same, last_lengths, reach = _RUN_MIN, None, _RUN_MIN * 2
     while pos <= limit and remaining != 0:
+        if same >= _RUN_MIN:
+            same = 0
+            run = _uniform_run(buf, pos, end, reach if remaining < 0 else min(reach, remaining), next_offset)
+            if run is not None and run[0]:
+                messages, after = run
+                out += messages
+                remaining -= len(messages)
+                if next_offset is not None:
+                    next_offset += len(messages)
+                if len(messages) == reach:
+                    reach = min(reach * 4, _RUN_MAX)
+                    same = _RUN_MIN  # the run may go on past what one look unpacks
+                else:
+                    reach = _RUN_MIN * 2
+                pos = after
+                continue
         offset, timestamp_ns, type_, key_len = unpack_head(buf, pos)
         key_start = pos + 18
         key_end = key_start + key_len
@@ -229,6 +306,10 @@ def decode(
         append(new(Message, (offset, timestamp_ns, type_, buf[key_start:key_end], buf[key_end + 4 : value_end])))
         pos = value_end + 4
         remaining -= 1
+        if size == last_lengths:
+            same += 1
+        else:
+            same, last_lengths = 0, size
     return out, pos
 
 

@@ -195,7 +195,8 @@ class Scanner(Closing):
                 have = size
             if size > have:
                 # Twice the pending bytes at least, so that a huge message takes few reads.
-                chunk = os.pread(self._fd, max(self._chunk, len(self._pending)), have)
+                # (No more than the file holds: a large buffer for a few bytes costs more.)
+                chunk = os.pread(self._fd, min(max(self._chunk, len(self._pending)), size - have), have)
                 self._chunk = min(2 * self._chunk, READ_CHUNK)
                 buf = self._pending + chunk if self._pending else chunk
                 try:

@@ -14,7 +14,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from journalq.errors import CorruptionError
-from journalq.journal.codec import HEADER, OVERHEAD, decode
+from journalq.journal.codec import HEADER, OVERHEAD, Message, decode
 
 SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
@@ -104,6 +104,8 @@ class SegmentScan:
     file_size: int
     entries: list[tuple[int, int]]
     problem: CorruptionError | None = None
+    messages: list[Message] | None = None
+    """The messages read, with ``keep=True``."""
 
     @property
     def clean(self) -> bool:
@@ -117,20 +119,29 @@ def scan_segment(
     *,
     last_indexed: int = 0,
     interval: int = 4096,
+    fd: int | None = None,
+    keep: bool = False,
 ) -> SegmentScan:
     """Read ``segment`` from byte ``start`` (where message ``start_offset`` begins) to its end,
-    checking every message and collecting the index entries due after ``last_indexed``."""
+    checking every message and collecting the index entries due after ``last_indexed``.
+    ``fd``: the segment already open for reading (a shared writer catching up: no open).
+    ``keep``: return the messages read too (few: what other writers appended lately)."""
     from journalq.journal.index import choose_entries  # index imports this module
 
     entries: list[tuple[int, int]] = []
     last_ts: int | None = None
     pos, next_offset = start, start_offset
-    with open(segment.path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+    kept: list[Message] | None = [] if keep else None
+    own = fd is None
+    if own:
+        fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
         pending = b""
         problem = None
         while pos < size:
-            chunk = os.pread(f.fileno(), READ_CHUNK, pos + len(pending))
+            # No more than the file holds: a 1 MiB buffer for a few bytes costs more than reading them.
+            chunk = os.pread(fd, min(READ_CHUNK, size - pos - len(pending)), pos + len(pending))
             if not chunk:
                 break
             buf = pending + chunk
@@ -145,12 +156,17 @@ def scan_segment(
                 entries.extend(found)
                 next_offset = messages[-1].offset + 1
                 last_ts = messages[-1].timestamp_ns
+                if kept is not None:
+                    kept += messages
             pos += used
             pending = buf[used:]
-            if problem is not None or (not messages and len(chunk) < READ_CHUNK):
+            if problem is not None or (not messages and pos + len(pending) >= size):
                 break
+    finally:
+        if own:
+            os.close(fd)
     if problem is None and pos < size:
         problem = CorruptionError(
             f"incomplete message: {size - pos} bytes at the end", file=segment.path, position=pos, offset=next_offset
         )
-    return SegmentScan(pos, next_offset, last_ts, size, entries, problem)
+    return SegmentScan(pos, next_offset, last_ts, size, entries, problem, kept)

@@ -14,11 +14,12 @@ appends and lets go.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import accumulate
 from pathlib import Path
 
@@ -85,6 +86,11 @@ class Writer(Closing):
         self.index_interval = index_interval
         self.recoveries: list[Recovery] = []
         """Every tail that this writer cut while opening or catching up, oldest first."""
+        self.caught_up: list[Message] = []
+        """A shared writer: the messages other writers appended that the last catch-up (the
+        last ``hold()`` or append) read, in order. A caller keeping up with the journal can take
+        them instead of reading them again, when they run up to ``next_offset`` (a catch-up
+        that went on to a new segment gives only what it read of the old one)."""
 
         self._mutex = threading.RLock()  # reentrant: appends inside ``hold()``
         self._held = 0
@@ -270,7 +276,8 @@ class Writer(Closing):
         """Make ``segment`` the one appended to, after checking and recovering its tail."""
         self._close_files()
         created = not segment.path.exists()
-        fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # Read too: a shared writer reads what the others appended through it (``_catch_up``).
+        fd = os.open(segment.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             if created and self.sync_policy.mode == "always":
                 fsync_dir(segment.path.parent)
@@ -301,20 +308,42 @@ class Writer(Closing):
 
     def _catch_up(self) -> None:
         """Under the shared lock: take in what other writers appended since we last held it."""
-        size = os.fstat(self._fd).st_size
+        stat = os.fstat(self._fd)
+        size = stat.st_size
+        self.caught_up = []
+        if stat.st_nlink == 0 and size != self._seg_len:
+            # Others appended to a segment that gc (or compaction) has deleted since: what it
+            # holds says nothing of the journal's end (as when this was read by path: ``held``
+            # opens a writer at the end instead).
+            raise FileNotFoundError(
+                errno.ENOENT, "segment deleted under a shared writer", str(self._segment.path)
+            )
         if size < self._seg_len:
             raise TruncatedError(
                 f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",
                 file=self._segment.path,
             )
         if size > self._seg_len:
-            scan = scan_segment(self._segment, self._seg_len, self._next_offset, interval=self.index_interval)
+            assert self._index is not None
+            scan = scan_segment(
+                self._segment,
+                self._seg_len,
+                self._next_offset,
+                last_indexed=self._index.last_position,
+                interval=self.index_interval,
+                fd=self._fd,
+                keep=True,
+            )
+            self.caught_up = scan.messages or []
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, self._segment, scan))
             self._seg_len = scan.end
             self._next_offset = scan.next_offset
-            assert self._index is not None
-            self._index.last_position = max(self._index.last_position, last_position(self._segment))
+            if scan.entries:
+                # The others added index entries, where this writer would have (read them: they
+                # may index otherwise). With none due, they added none that matter: an entry
+                # of ours a little early only makes the index a little denser.
+                self._index.last_position = max(self._index.last_position, last_position(self._segment))
         # Another writer may have started a new segment, even with this one unchanged (a hub's
         # copy starts one where its source did): it is named by the offset now due.
         # (A string path and ``access``: this runs on every shared append, and pathlib, and
@@ -577,6 +606,32 @@ class _Hold:
             writer._mutex.release()
         if durable_to is not None and exc_type is None:  # a failed block: the error, not a sync
             writer._make_durable(durable_to)
+
+
+class held(_Hold):
+    """``with held(writer, reopen) as w``: ``writer.hold()``, giving the writer held. A shared
+    writer cannot catch up once another process's gc (or compaction) deleted the segment it was
+    on: then the writer is closed and ``reopen()`` gives one at the journal's end to hold instead.
+    (``_Hold`` itself: a channel takes it for every operation.)"""
+
+    __slots__ = ("_reopen",)
+
+    def __init__(self, writer: Writer, reopen: Callable[[], Writer]) -> None:
+        self._writer = writer
+        self._reopen = reopen
+
+    def __enter__(self) -> Writer:  # type: ignore[override]
+        try:
+            _Hold.__enter__(self)
+        except FileNotFoundError:
+            writer = self._writer
+            segments = list_segments(writer.path)
+            if not segments or writer.segment in segments:
+                raise  # not a collected segment: the journal itself is gone, or something else
+            writer.close()
+            self._writer = self._reopen()
+            _Hold.__enter__(self)
+        return self._writer
 
 
 def _make_dirs(directory: Path, durable: bool) -> None:

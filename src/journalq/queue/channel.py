@@ -21,6 +21,8 @@ topic's garbage collection reads.
 
 from __future__ import annotations
 
+import json
+import operator
 import os
 import re
 import secrets
@@ -29,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import repeat
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -43,13 +46,14 @@ from journalq.errors import (
     TaskNotFoundError,
     TruncatedError,
 )
-from journalq.journal import Message, Scanner, Writer
+from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.offsets import read_offset, write_offset
 from journalq.journal.segment import list_segments
 from journalq.journal.watch import DirectoryWatch
+from journalq.journal.writer import held
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
-from journalq.queue.envelope import Attribute, Envelope
+from journalq.queue.envelope import Attribute, Envelope, message_id, parse_message_id, resend
 from journalq.queue.settings import check_number
 from journalq.queue.state import (
     ChannelState,
@@ -60,7 +64,6 @@ from journalq.queue.state import (
     deliver_record,
     finish_records,
 )
-from journalq.queue.topic import held, message_id, parse_message_id, resend
 
 if TYPE_CHECKING:
     from journalq.queue.topic import Topic
@@ -75,6 +78,8 @@ _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; be
 
 
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
+_type_of = operator.itemgetter(2)  # a ``Message``'s type
+_ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
 
 
 @dataclass(frozen=True)
@@ -235,13 +240,27 @@ class Channel:
 
     def _apply_new(self, reload: bool = True) -> None:
         """Under the hold: apply the events other processes appended since we last looked."""
-        if self._writer.next_offset == self._applied:
+        writer = self._writer
+        end = writer.next_offset
+        if end == self._applied:
             return  # nothing new (the hold has caught the writer up)
-        assert self._events is not None
         state = self.state
+        caught = writer.caught_up
+        if caught and caught[0].offset <= self._applied and caught[-1].offset + 1 == end:
+            # What the others appended, as the writer's catch-up read it: not read again.
+            apply, applied = state.apply_record, self._applied
+            for offset, timestamp_ns, type_, key, value in caught:
+                if offset >= applied:
+                    self._since_snapshot += apply(type_, key, value, timestamp_ns)
+            self._applied = end
+            return
+        assert self._events is not None
         try:
-            if self._applied - self._events.offset > 1000:
-                self._seek_events(self._applied)  # skip our own events rather than read them back
+            if self._events.offset != self._applied:
+                # Skip what was applied already (our own events, and the others' taken from
+                # the writer's catch-up) rather than read it back: the scanner may even be in
+                # a segment that compaction deleted since.
+                self._seek_events(self._applied)
             apply, applied = state.apply_record, self._applied
             while batch := self._events.read_batch():
                 for offset, timestamp_ns, type_, key, value in batch:
@@ -376,10 +395,13 @@ class Channel:
         if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
             raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
         settings = self.settings
-        hide = settings.visibility_timeout if visibility_timeout is None else visibility_timeout
-        check_number("visibility_timeout", hide, 0, MAX_VISIBILITY)
-        wait = check_number("wait", settings.receive_wait if wait is None else wait, 0, 3600)
-        wanted = filtering.normalize(filters, settings.enums)
+        # The queue's own settings were checked when they were made (``QueueSettings``).
+        if visibility_timeout is None:
+            hide = settings.visibility_timeout
+        else:
+            hide = check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
+        wait = settings.receive_wait if wait is None else check_number("wait", wait, 0, 3600)
+        wanted = None if filters is None else filtering.normalize(filters, settings.enums)
         if isinstance(delete, str):
             raise InvalidSettingError("delete must be a list of receipts, not one receipt")
         deadline = time.monotonic() + wait
@@ -395,8 +417,10 @@ class Channel:
                         return self._closed_under_receive()
                     raise
                 delete = ()  # done in the first attempt
+                if got or not wait:
+                    return got
                 remaining = deadline - time.monotonic()
-                if got or remaining <= 0:
+                if remaining <= 0:
                     return got
                 if watch is None:
                     watch = self._watch()
@@ -499,18 +523,20 @@ class Channel:
         state = self.state
         if delete:
             outcomes, current = self._current(delete, finishing=True)
-            for error in outcomes:
-                if error is not None:
-                    raise ReceiptError(f"nothing deleted, nothing received: {error}")
+            if len(current) < len(outcomes):
+                error = next(error for error in outcomes if error is not None)
+                raise ReceiptError(f"nothing deleted, nothing received: {error}")
             # Applied now, so that nothing they finish goes out again; appended with what this
             # receive records next (one write; the hold's end syncs once for everything).
             self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
-        self._maintain(now)
+        collect_due = now - state.last_collect >= int(settings.task_gc_interval * 1e9)
+        if collect_due or self._since_snapshot >= SNAPSHOT_EVERY:  # (tested here: a call costs)
+            self._maintain(now)
         state.expire(now)
         blocked = set(state.group_holds)
         picks: list[tuple[Message, Envelope, int]] = []
         dead: list[tuple[Message, Envelope, int]] = []
-        wake_at = state.next_expiry()
+        wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
@@ -550,7 +576,7 @@ class Channel:
                     break
         if not full:
             with self._ahead_lock:
-                self._take_new(state.frontier, consider)
+                self._take_new(state.frontier, consider, picks, max_messages if wanted is None else 0)
         visible_at = now + int(hide * 1e9)
         consumer = self._consumer_key
         plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
@@ -572,11 +598,32 @@ class Channel:
             stamp = self._record(records, durable=bool(dead))
         return picks, wake_at, stamp
 
-    def _take_new(self, frontier: int, consider: Callable[[Message, int], bool]) -> None:
+    def _take_new(
+        self,
+        frontier: int,
+        consider: Callable[[Message, int], bool],
+        picks: list[tuple[Message, Envelope, int]],
+        plain_up_to: int,
+    ) -> None:
         """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
         until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
-        then what came since."""
-        for message in self._read_ahead(frontier, 0):
+        then what came since.
+
+        ``plain_up_to`` (``max_messages`` for a consumer without filters, else 0): plain
+        messages never seen go out as they are (no delay, group, filters, and a first delivery
+        cannot be a dead letter), so a run of them is taken whole, without ``consider``, until
+        ``picks`` holds that many."""
+        ahead = self._read_ahead(frontier, 0)
+        start = 0
+        if plain_up_to:
+            want = plain_up_to - len(picks)
+            run = ahead[:want]
+            if _ENVELOPE_TYPE not in map(_type_of, run):
+                picks += zip(run, repeat(_PLAIN), repeat(1))
+                if len(run) == want:
+                    return
+                start = len(run)
+        for message in ahead[start:] if start else ahead:
             if consider(message, 0):
                 return
         while more := self._read_ahead(frontier):
@@ -704,29 +751,42 @@ class Channel:
         (index, offset, delivery number) of those that do. ``finishing``: the receipts are for
         deletes, so ``_issued`` can forget them (a receipt whose delete then fails is merely
         parsed again if it comes back)."""
-        outcomes: list[ReceiptError | None] = []
+        outcomes: list[ReceiptError | None] = [None] * len(receipts)
         current: list[tuple[int, int, int]] = []
         acted: set[int] = set()
+        inflight = self.state.inflight
         check = self.state.check_receipt
         issued = self._issued
         recall = issued.pop if finishing else issued.get
         for i, receipt in enumerate(receipts):
+            # A receipt this object made is well formed and has this channel's token: when its
+            # delivery is current (the same tuple: not changed since), nothing more to check.
+            known = recall(receipt, None) if type(receipt) is str else None
+            if known is not None:
+                offset = known[0]
+                delivery = inflight.get(offset)
+                if (
+                    delivery is not None
+                    and delivery.seq == known[1]
+                    and delivery.stamp == known[2]
+                    and offset not in acted
+                ):
+                    acted.add(offset)
+                    current.append((i, offset, known[1]))
+                    continue
             try:
-                # A receipt this object made is well formed and has this channel's token.
-                known = recall(receipt, None) if type(receipt) is str else None
                 offset, seq, stamp = self._parse_receipt(receipt) if known is None else known
                 check(offset, seq, stamp)
                 if offset in acted:
                     raise ReceiptError(f"receipt {receipt!r} was given twice in one call")
                 acted.add(offset)
             except StaleReceipt as exc:
-                outcomes.append(ReceiptError(f"receipt {receipt!r}: {exc}"))
+                outcomes[i] = ReceiptError(f"receipt {receipt!r}: {exc}")
                 continue
             except ReceiptError as exc:
-                outcomes.append(exc)
+                outcomes[i] = exc
                 continue
             current.append((i, offset, seq))
-            outcomes.append(None)
         return outcomes, current
 
     # -- tasks, consumers, stats ----------------------------------------------------------------
@@ -766,8 +826,6 @@ class Channel:
 
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
-        import json
-
         offset = parse_message_id(id)
         try:
             payload = json.dumps(metadata, separators=(",", ":")).encode()
@@ -837,8 +895,6 @@ class Channel:
         return ChannelStats(available, in_flight, delayed, dead, oldest)
 
     def _end_offset(self) -> int:
-        from journalq.journal import end_offset
-
         return end_offset(self.topic.path)
 
     def purge(self) -> None:

@@ -162,3 +162,31 @@ def decode_meta(body: bytes, raw: bytes) -> Envelope | None:
         )
     except (ValueError, TypeError, InvalidMessageError):
         return None
+
+
+def resend(message: Any, **changes: Any) -> dict[str, Any]:
+    """What sending ``message`` again takes (an ``Envelope`` or a ``ReceivedMessage``: both have
+    these fields): its body, attributes, filters, group and metadata, with ``changes``."""
+    return {
+        "body": message.body,
+        "attributes": message.attributes,
+        "filters": message.filters or None,
+        "group_id": message.group_id,
+        "metadata": message.metadata,
+        **changes,
+    }
+
+
+def message_id(offset: int) -> str:
+    """A message's id: its offset in the topic, as a string."""
+    return str(offset)
+
+
+def parse_message_id(message_id: str) -> int:
+    try:
+        offset = int(message_id)
+    except (TypeError, ValueError):
+        offset = -1
+    if offset < 0:
+        raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids")
+    return offset

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from sortedcontainers import SortedSet
 
@@ -57,6 +57,7 @@ _pack_offset_seq_time, _unpack_offset_seq_time = _OFFSET_SEQ_TIME.pack, _OFFSET_
 _DELIVER, _FINISH = int(EventKind.DELIVER), int(EventKind.FINISH)
 _DELIVER_MANY, _FINISH_MANY = int(EventKind.DELIVER_MANY), int(EventKind.FINISH_MANY)
 _iter_offset_seq = _OFFSET_SEQ.iter_unpack
+_new_tuple = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,9 @@ def finish_records(offsets: list[int], seqs: list[int]) -> list[tuple[int, bytes
     return [(_FINISH_MANY, b"", b"".join(map(_pack_offset_seq, offsets, seqs)))] if offsets else []
 
 
-@dataclass(slots=True)
-class Delivery:
-    """The current delivery of a message in flight."""
+class Delivery(NamedTuple):
+    """The current delivery of a message in flight. (A tuple: one is made for every message
+    delivered, by every process that applies the event; a change of visibility replaces it.)"""
 
     offset: int
     seq: int  # 1 for the first delivery: also the message's receive count
@@ -163,7 +164,11 @@ class ChannelState:
         self.skipped: SortedSet = SortedSet()
         self.finished: set[int] = set()  # finished offsets >= cursor
         self.ready: SortedSet = SortedSet()  # inflight offsets whose visibility has ended
-        self._expiry: list[tuple[int, int, int]] = []  # (visible_at, offset, seq), lazily pruned
+        # (visible_at, number, deliveries): one entry per delivery event (a receive of many
+        # makes one), lazily pruned. A delivery in it is still hidden while ``inflight`` holds
+        # that very tuple: finishing, delivering again or a new visibility replace it.
+        self._expiry: list[tuple[int, int, tuple[Delivery, ...]]] = []
+        self._expiry_pushed = 0  # entries made so far: orders entries of one time
         self.group_holds: dict[str, int] = {}  # group -> deliveries of it still hidden
         self.metadata: dict[int, Any] = {}  # task metadata set by events
         self.finished_at: dict[int, tuple[int, str]] = {}  # offset -> (time, "finished"|"dead")
@@ -236,8 +241,9 @@ class ChannelState:
         returns how many were given (those finished already are ignored). One loop with its
         lookups made once: a receive of many delivers them together."""
         cursor, finished, inflight, skipped = self.cursor, self.finished, self.inflight, self.skipped
-        expiry, push = self._expiry, heapq.heappush
-        frontier = self.frontier
+        frontier = start = self.frontier
+        any_skipped = bool(skipped)  # (a SortedSet's length is a Python call)
+        given: list[Delivery] = []
         count = 0
         for offset, seq in deliveries:
             count += 1
@@ -246,27 +252,38 @@ class ChannelState:
             if offset >= frontier:
                 if offset > frontier:
                     skipped.update(range(frontier, offset))
-                self.frontier = frontier = offset + 1
-            elif skipped:
+                    any_skipped = True
+                frontier = offset + 1
+            elif any_skipped:
                 skipped.discard(offset)
             old = inflight.pop(offset, None)
             if old is not None:
                 self._unhold(old)
                 self.ready.discard(offset)
-            delivery = Delivery(offset, seq, visible_at, consumer, group, now)
+            # ``Delivery(...)`` without the NamedTuple's Python-level ``__new__``.
+            delivery = _new_tuple(Delivery, (offset, seq, visible_at, consumer, group, now))
             inflight[offset] = delivery
+            given.append(delivery)
             if group is not None:
                 self._hold(delivery)
-            push(expiry, (visible_at, offset, seq))
+        if frontier != start:
+            self.frontier = frontier
+        if given:
+            self._hide(visible_at, tuple(given))
         return count
+
+    def _hide(self, visible_at: int, deliveries: tuple[Delivery, ...]) -> None:
+        """Note when these deliveries (made or changed now) come back."""
+        self._expiry_pushed = pushed = self._expiry_pushed + 1
+        heapq.heappush(self._expiry, (visible_at, pushed, deliveries))
 
     def _hide_until(self, delivery: Delivery, visible_at: int) -> None:
         """A new visibility for a delivery in flight (hidden again if it was ready)."""
         if delivery.offset in self.ready:
             self.ready.discard(delivery.offset)
             self._hold(delivery)
-        delivery.visible_at = visible_at
-        heapq.heappush(self._expiry, (visible_at, delivery.offset, delivery.seq))
+        delivery = self.inflight[delivery.offset] = delivery._replace(visible_at=visible_at)
+        self._hide(visible_at, (delivery,))
 
     def _hold(self, delivery: Delivery) -> None:
         """Count a hidden delivery against its group (FIFO: one of a group in flight at a time)."""
@@ -294,10 +311,11 @@ class ChannelState:
         # length is a Python call). Skipped offsets may come, below.
         any_ready, any_skipped = bool(ready), bool(skipped)
         dead = how == "dead"
+        cursor, frontier = self.cursor, self.frontier
         count = 0
         for offset, _ in deliveries:
             count += 1
-            if offset < self.cursor or offset in finished:
+            if offset < cursor or offset in finished:
                 continue
             delivery = inflight.pop(offset, None)
             if delivery is not None:
@@ -305,12 +323,11 @@ class ChannelState:
                     self._unhold(delivery)
                 if any_ready:
                     ready.discard(offset)
-            frontier = self.frontier
             if offset >= frontier:
                 if offset > frontier:
                     skipped.update(range(frontier, offset))
                     any_skipped = True
-                self.frontier = offset + 1
+                self.frontier = frontier = offset + 1
             elif any_skipped:
                 skipped.discard(offset)
             if dead:
@@ -318,8 +335,14 @@ class ChannelState:
             if dead or offset in metadata:
                 # Plain finished tasks are told apart by the cursor; only these need a record.
                 self.finished_at[offset] = (now, how)
-            if offset == self.cursor:
-                self._advance_cursor(offset + 1)
+            if offset == cursor:
+                # The cursor moves past it, and past what was finished out of order after it.
+                cursor += 1
+                if finished:
+                    while cursor in finished:
+                        finished.discard(cursor)
+                        cursor += 1
+                self.cursor = cursor
             else:
                 finished.add(offset)
         return count
@@ -353,25 +376,25 @@ class ChannelState:
 
     def expire(self, now: int) -> None:
         """Make ready every delivery whose visibility ended by ``now``."""
-        expiry = self._expiry
+        expiry, inflight = self._expiry, self.inflight
         while expiry and expiry[0][0] <= now:
-            visible_at, offset, seq = heapq.heappop(expiry)
-            delivery = self.inflight.get(offset)
-            if delivery is None or delivery.seq != seq or delivery.visible_at != visible_at:
-                continue  # finished, delivered again or hidden longer since
-            if offset not in self.ready:
-                self._unhold(delivery)
-                self.ready.add(offset)
+            for delivery in heapq.heappop(expiry)[2]:
+                offset = delivery.offset
+                if inflight.get(offset) is not delivery:
+                    continue  # finished, delivered again or hidden longer since
+                if offset not in self.ready:
+                    self._unhold(delivery)
+                    self.ready.add(offset)
 
     def next_expiry(self) -> int | None:
         """The earliest time a hidden delivery becomes ready (None when there is none)."""
-        expiry = self._expiry
+        expiry, current = self._expiry, self.inflight.get
         while expiry:
-            visible_at, offset, seq = expiry[0]
-            delivery = self.inflight.get(offset)
-            if delivery is not None and delivery.seq == seq and delivery.visible_at == visible_at:
-                return visible_at
-            heapq.heappop(expiry)
+            visible_at, _, deliveries = expiry[0]
+            for delivery in deliveries:
+                if current(delivery.offset) is delivery:
+                    return visible_at
+            heapq.heappop(expiry)  # all of them over: pruned here
         return None
 
     # -- deciding ---------------------------------------------------------------------------
@@ -489,4 +512,4 @@ class ChannelState:
             delivery = Delivery(offset, seq, visible_at, consumer, group, stamp[0] if stamp else 0)
             self.inflight[offset] = delivery
             self._hold(delivery)
-            heapq.heappush(self._expiry, (visible_at, offset, seq))
+            self._hide(visible_at, (delivery,))

@@ -9,62 +9,35 @@ segments once every channel is done with them, or once retention says they have 
 from __future__ import annotations
 
 import hashlib
-import operator
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journalq.errors import InvalidMessageError, JournalError, OffsetOutOfRangeError, TruncatedError
 from journalq.journal import Message, Scanner, Writer
+from journalq.journal.writer import held
 from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
 from journalq.journal.segment import Segment, list_segments
 from journalq.queue import envelope, filters
-from journalq.queue.envelope import Attribute, Envelope
+from journalq.queue.channel import Channel
+# ``resend`` is imported from here too (by the ZooKeeper store and the work queue).
+from journalq.queue.envelope import Attribute, Envelope, message_id, resend  # noqa: F401
 from journalq.queue.settings import QueueSettings, check_name
 
 if TYPE_CHECKING:
     from journalq.queue.broker import Broker
-    from journalq.queue.channel import Channel
 
 OutgoingMessage = bytes | Mapping[str, Any]
 """What ``send_many`` takes: a body, or a mapping with ``body`` and any of the keyword arguments
 of ``Topic.send``."""
 
 
-def resend(message: Any, **changes: Any) -> dict[str, Any]:
-    """What sending ``message`` again takes (an ``Envelope`` or a ``ReceivedMessage``: both have
-    these fields): its body, attributes, filters, group and metadata, with ``changes``."""
-    return {
-        "body": message.body,
-        "attributes": message.attributes,
-        "filters": message.filters or None,
-        "group_id": message.group_id,
-        "metadata": message.metadata,
-        **changes,
-    }
-
-
 _CACHED_MESSAGES = 8192  # a topic keeps this many recently read messages for redelivery
-_offset_of = operator.attrgetter("offset")
-
-
-def message_id(offset: int) -> str:
-    return str(offset)
-
-
-def parse_message_id(message_id: str) -> int:
-    try:
-        offset = int(message_id)
-    except (TypeError, ValueError):
-        offset = -1
-    if offset < 0:
-        raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids")
-    return offset
 
 
 class Topic:
@@ -78,7 +51,11 @@ class Topic:
         self._writer: Writer | None = None
         self._channels: dict[str, Channel] = {}
         self._dedup: _DedupIndex | None = None
-        self._messages: OrderedDict[int, Message] = OrderedDict()
+        # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
+        # entry per read of ~500, not one per message), up to ``_CACHED_MESSAGES`` in all.
+        self._runs: dict[int, list[Message]] = {}
+        self._cached = 0
+        self._last_run: list[Message] = []  # where the last lookup found its message
         self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
         self._last_gc = 0.0
 
@@ -213,10 +190,19 @@ class Topic:
     def message(self, offset: int) -> Message | None:
         """The stored message at ``offset`` (None once deleted), through a small cache."""
         with self._cache_lock:
-            cached = self._messages.get(offset)
-            if cached is not None:
-                self._messages.move_to_end(offset)
-                return cached
+            run = self._last_run
+            i = offset - run[0].offset if run else -1
+            if not 0 <= i < len(run):
+                # Newest first; a receive looking at several offsets mostly finds them in one run.
+                for run in reversed(self._runs.values()):
+                    i = offset - run[0].offset
+                    if 0 <= i < len(run):
+                        self._last_run = run
+                        break
+                else:
+                    run = []
+            if run:
+                return run[i]
         try:
             with Scanner(self.path, offset) as scanner:
                 batch = scanner.read_batch(64)
@@ -226,13 +212,20 @@ class Topic:
         return batch[0] if batch else None
 
     def remember(self, messages: list[Message]) -> None:
-        """Keep recently read messages for redelivery without a seek."""
-        cache = self._messages
+        """Keep recently read messages for redelivery without a seek: ``messages``, a run at dense
+        offsets as a scanner gives them (kept as it is: the caller must not change it)."""
+        if not messages:
+            return
+        runs = self._runs
         with self._cache_lock:
-            cache.update(zip(map(_offset_of, messages), messages))  # in C: a read ahead brings ~500
-            evict = cache.popitem
-            for _ in range(len(cache) - _CACHED_MESSAGES):
-                evict(last=False)
+            first = messages[0].offset
+            replaced = runs.pop(first, None)
+            if replaced is not None:
+                self._cached -= len(replaced)
+            runs[first] = messages
+            self._cached += len(messages)
+            while self._cached > _CACHED_MESSAGES and len(runs) > 1:
+                self._cached -= len(runs.pop(next(iter(runs))))
 
     def first_offset(self) -> int:
         segments = list_segments(self.path)
@@ -242,8 +235,6 @@ class Topic:
 
     def channel(self, name: str) -> Channel:
         """The channel ``name`` (created when missing): it gets every message of the topic."""
-        from journalq.queue.channel import Channel
-
         check_name(name, "channel")
         channel = self._channels.get(name)
         if channel is None:
@@ -308,37 +299,6 @@ class Topic:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-
-class held:
-    """``with held(writer, reopen) as w``: ``writer.hold()``, giving the writer held. A shared
-    writer cannot catch up once another process's gc (or compaction) deleted the segment it was
-    on: then the writer is closed and ``reopen()`` gives one at the journal's end to hold instead.
-    (A class, not a generator: a channel takes it for every operation.)"""
-
-    __slots__ = ("_writer", "_reopen", "_hold")
-
-    def __init__(self, writer: Writer, reopen: Callable[[], Writer]) -> None:
-        self._writer = writer
-        self._reopen = reopen
-
-    def __enter__(self) -> Writer:
-        writer = self._writer
-        try:
-            self._hold = writer.hold()
-            self._hold.__enter__()
-        except FileNotFoundError:
-            segments = list_segments(writer.path)
-            if not segments or writer.segment in segments:
-                raise  # not a collected segment: the journal itself is gone, or something else
-            writer.close()
-            writer = self._writer = self._reopen()
-            self._hold = writer.hold()
-            self._hold.__enter__()
-        return writer
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._hold.__exit__(*exc_info)
 
 
 def _last_timestamp(segment: Segment) -> int:
