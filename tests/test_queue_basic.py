@@ -46,6 +46,32 @@ def test_plain_send_is_a_plain_sej_message(broker: Broker) -> None:
     assert [(m.offset, m.type, m.key, m.value) for m in raw] == [(0, 0, b"", b"hello"), (1, 0, b"", b"")]
 
 
+@pytest.mark.files_only("sej messages in a journal")
+def test_a_batch_of_bodies_stores_what_single_sends_store(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    assert q.send_many([b"a", b"", b"c"]) == ["0", "1", "2"]
+    assert q.send_many((b for b in [b"d"])) == ["3"]  # any iterable
+    q.send_many([b"e", {"body": b"f"}])  # bodies and mappings mixed
+    raw = stored(q.topic.path)
+    assert [(m.offset, m.type, m.key, m.value) for m in raw] == [
+        (n, 0, b"", body) for n, body in enumerate([b"a", b"", b"c", b"d", b"e", b"f"])]
+    assert bodies(q.receive(10)) == [b"a", b"", b"c", b"d", b"e", b"f"]
+
+
+def test_a_batch_of_bodies_takes_the_queue_default_delay(broker: Broker) -> None:
+    q = broker.queue("jobs", delay=0.6)
+    q.send_many([b"a", b"b"])
+    assert q.receive(10) == [] and q.stats().delayed == 2
+
+
+@pytest.mark.files_only("the ZooKeeper store does not deduplicate")
+def test_a_batch_of_bodies_takes_the_queue_content_based_dedup(broker: Broker) -> None:
+    q = broker.queue("jobs", content_based_dedup=True)
+    first = q.send_many([b"x", b"y"])
+    assert q.send_many([b"x", b"y", b"z"])[:2] == first
+    assert sorted(bodies(q.receive(10))) == [b"x", b"y", b"z"]
+
+
 @pytest.mark.files_only("the envelope in a journal")
 def test_send_with_metadata_stores_the_documented_envelope(broker: Broker) -> None:
     q = broker.queue("jobs")

@@ -90,6 +90,10 @@ class Topic:
 
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Append a batch in one write; returns the ids in the order given."""
+        items = items if isinstance(items, list) else list(items)
+        settings = self.settings
+        if not settings.delay and not settings.content_based_dedup and all(type(i) is bytes for i in items):
+            return self._send_plain(items)
         envelopes = [self._envelope(item) for item in items]
         if not envelopes:
             return []
@@ -129,6 +133,19 @@ class Topic:
         for i, j in first_in_batch.items():
             offsets[i] = offsets[j]
         return [message_id(offsets[i]) for i in range(len(envelopes))]
+
+    def _send_plain(self, bodies: list[bytes]) -> list[str]:
+        """``send_many`` of bodies alone to a topic whose settings add nothing to them (no default
+        delay, no content-based dedup): plain sej messages, what ``_envelope`` and
+        ``envelope.encode`` would make of them, without building an envelope for each (the
+        server's busiest path: the CPU per message bounds its durable throughput)."""
+        if not bodies:
+            return []
+        now = time.time_ns()
+        with held(self._get_writer(), self._reopen_writer) as writer:
+            first = writer.next_offset
+            writer.append_many([Message(0, now, 0, b"", body) for body in bodies])
+        return [message_id(offset) for offset in range(first, first + len(bodies))]
 
     def _envelope(self, item: OutgoingMessage) -> Envelope:
         if isinstance(item, (bytes, bytearray, memoryview)):
