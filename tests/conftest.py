@@ -8,6 +8,7 @@ rebuilds an index, a reader offset) work on a copy made by ``copy_vector``.
 from __future__ import annotations
 
 import base64
+import errno
 import itertools
 import json
 import os
@@ -175,3 +176,30 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
         pytest.skip(f"file-system store only: {marker.args[0] if marker.args else marker.kwargs['reason']}")
     server = request.getfixturevalue("zookeeper_server")
     return server.url(f"/t{os.getpid()}x{next(_zk_paths)}")
+
+
+class SyncFault:
+    """The journal writer's next ``fdatasync`` fails with EIO once ``armed`` is set (then it is
+    unset again); ``count``: the failures made so far."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.count = 0
+
+
+@pytest.fixture
+def sync_fault(monkeypatch: pytest.MonkeyPatch) -> SyncFault:
+    import journalq.journal.writer as writer_mod
+
+    fault = SyncFault()
+    real_fdatasync = writer_mod.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if fault.armed:
+            fault.armed = False
+            fault.count += 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
+    return fault

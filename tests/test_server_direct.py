@@ -6,9 +6,7 @@ injected and the protocol's choices counted."""
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import re
 import socket
 import threading
@@ -19,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SyncFault
 import uvicorn
 from test_server_harness import status_of
 
-import journalq.journal.writer as writer_mod
 from journalq.journal.inspect import check
 from journalq.queue import Broker
 from journalq.server.app import create_app
@@ -208,25 +206,13 @@ def test_a_body_still_on_its_way_goes_through_asgi_and_its_timeout(tmp_path: Pat
         assert [m.body for m in broker.queue("s", create=False).receive(10)] == [b"split body"]
 
 
-def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[bytes],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    real_fdatasync = writer_mod.fdatasync
-    failing = {"on": False, "count": 0}
-
-    def fdatasync(fd: int) -> None:
-        if failing["on"]:
-            failing["on"] = False
-            failing["count"] += 1
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
+def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[bytes], sync_fault: SyncFault) -> None:
     with serving(tmp_path, DirectHttpToolsProtocol, retry_after=3) as port:
         exchange(port, b"PUT /f HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
         assert status_of(exchange(port, post("/f/messages", b"kept"))[0]) == 201
-        failing["on"] = True
+        sync_fault.armed = True
         refused, after = exchange(port, post("/f/messages", b"unsure"), post("/f/messages", b"after"))
-        assert failing["count"] == 1, "the fault did not happen"
+        assert sync_fault.count == 1, "the fault did not happen"
         assert status_of(refused) == 503 and b"retry-after: 3\r\n" in refused
         assert b"Input/output error" in refused
         assert status_of(after) == 201  # the queue was reopened

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import SyncFault
 from test_server_harness import ServerProcess, sqs_client
 
 import journalq.journal.writer as writer_mod
@@ -460,29 +461,18 @@ def test_injected_enospc_is_503_and_nothing_half_written(tmp_path: Path, monkeyp
         assert broker.queue("q", create=False).stats().in_flight == 6
 
 
-def test_injected_eio_on_sync_is_503_and_the_queue_is_reopened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_injected_eio_on_sync_is_503_and_the_queue_is_reopened(tmp_path: Path, sync_fault: SyncFault) -> None:
     """A failed fdatasync leaves the writer unusable by design; the server answers 503, closes
     it, and the next request reopens (and recovers) the journal."""
-    real_fdatasync = writer_mod.fdatasync
-    failing = {"on": False, "count": 0}
-
-    def fdatasync(fd: int) -> None:
-        if failing["on"]:
-            failing["on"] = False
-            failing["count"] += 1
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
 
     async def scenario() -> None:
         async with app_client(tmp_path) as client:
             assert (await client.put("/q")).status_code == 201
             for i in range(3):
                 assert (await client.post("/q/messages", content=b"kept %d" % i)).status_code == 201
-            failing["on"] = True
+            sync_fault.armed = True
             answer = await client.post("/q/messages", content=b"unsure")
-            assert failing["count"] == 1, "the fault did not happen"
+            assert sync_fault.count == 1, "the fault did not happen"
             assert answer.status_code == 503
             assert answer.headers["Retry-After"] == "3"
             assert "Input/output error" in answer.json()["error"]
@@ -492,9 +482,9 @@ def test_injected_eio_on_sync_is_503_and_the_queue_is_reopened(tmp_path: Path, m
             # syncs nothing under sync="always": a lost delivery is only delivered again.)
             fetched = await client.get("/q/messages", params={"visibility_timeout": 0.5})
             assert fetched.status_code == 200 and fetched.content == b"kept 0"
-            failing["on"] = True
+            sync_fault.armed = True
             assert (await client.delete(f"/q/messages/{fetched.headers['X-Message-Id']}")).status_code == 503
-            assert failing["count"] == 2
+            assert sync_fault.count == 2
             await asyncio.sleep(0.6)
             got = []
             while (answer := await client.get("/q/messages")).status_code == 200:
