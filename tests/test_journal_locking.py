@@ -163,6 +163,25 @@ def test_a_shared_writer_follows_a_segment_another_started_early(tmp_path):
     assert [m.value for m in scan_all(tmp_path)] == [b"a", b"b", b"c", b"d"]
 
 
+def test_a_shared_writer_whose_directory_was_moved_away_never_joins_the_new_one(tmp_path):
+    """A queue deleted (its directory renamed away) and made again under the same name: a shared
+    writer of the old one, still open in some process, must not take a segment of the new journal
+    for one started in its own (it looks for them in its own directory first)."""
+    old = Writer(tmp_path / "q", shared=True)
+    old.append(b"a")
+    old.append(b"b")  # next offset 2
+    (tmp_path / "q").rename(tmp_path / "gone")
+    new = Writer(tmp_path / "q", shared=True)
+    new.append(b"A")
+    new.append(b"B")
+    new.append_encoded(encode(2, 5, 0, b"", b"C"), new_segment=True)  # the new journal's segment 2
+    assert old.append(b"c") == 2
+    old.close()
+    new.close()
+    assert [m.value for m in scan_all(tmp_path / "q")] == [b"A", b"B", b"C"]
+    assert [m.value for m in scan_all(tmp_path / "gone")] == [b"a", b"b", b"c"]
+
+
 def _append_in_thread(writer: Writer, value: bytes):
     result: dict = {}
 

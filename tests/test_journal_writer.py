@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import sys
 import threading
 import time
 from pathlib import Path
@@ -558,3 +559,43 @@ def test_always_is_group_commit_across_threads(tmp_path, monkeypatch):
     appends = 8 * 25
     assert [m.offset for m in scan_all(tmp_path)] == list(range(appends))
     assert len(synced_sizes) < appends / 2  # shared: far fewer syncs than appends
+
+
+def test_a_roll_during_a_sync_leaves_the_synced_descriptor_open_then_closes_it(tmp_path, monkeypatch):
+    """``sync="always"`` syncs the segment's own descriptor out of the mutex: a roll by another
+    thread meanwhile must not close it under the sync (nor let its number name another file), and
+    it is closed once the sync is done."""
+    problems: list[str] = []
+
+    def slow_fdatasync(fd: int) -> None:
+        if sys._getframe(1).f_code.co_name != "_make_durable":
+            os.fdatasync(fd)  # a roll's sync, under the mutex: quick, so rolls happen meanwhile
+            return
+        before = os.fstat(fd)
+        time.sleep(0.002)  # other threads append and roll meanwhile
+        after = os.fstat(fd)  # EBADF if the roll closed it
+        if (before.st_ino, before.st_dev) != (after.st_ino, after.st_dev):
+            problems.append(f"descriptor {fd} named another file during its sync")
+        os.fdatasync(fd)
+
+    monkeypatch.setattr(writer_mod, "fdatasync", slow_fdatasync)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    w = Writer(tmp_path, sync="always", segment_size=200)  # a roll every few appends
+
+    def work() -> None:
+        try:
+            for _ in range(20):
+                w.append(b"0123456789" * 3)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            problems.append(repr(exc))
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    w.close()
+    assert not problems
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(120))
+    assert len(jnl_files(tmp_path)) > 5  # it did roll, many times
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # every descriptor closed

@@ -110,10 +110,21 @@ class Writer(Closing):
         self._durable_offset = 0  # under sync="always", every offset below is on stable storage
         self._must_sync = 0  # under sync="always", the outermost operation syncs up to here
         self._syncing = False
-        self._sync_done = threading.Condition(threading.Lock())
+        self._sync_lock = threading.Lock()
+        self._sync_done = threading.Condition(self._sync_lock)
+        self._sync_waiters = 0  # threads in ``_sync_done.wait()``: none, no ``notify_all`` to call
+        # The descriptor a sync out of the mutex is using: closing the segment (a roll) leaves
+        # it open for that sync to close (``_sync_fd_closed``), so its number is not reused.
+        self._sync_fd = -1
+        self._sync_fd_closed = False
         self._flusher: threading.Thread | None = None
 
         _make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
+        # A shared writer looks for a segment another writer started at every catch-up: in this
+        # directory, without resolving its path each time (see ``_catch_up``).
+        self._dir_fd = (
+            os.open(journal_dir(self.path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if shared else -1
+        )
         self._lock = FileLock(lock_path(self.path))
         try:
             if shared:
@@ -131,6 +142,7 @@ class Writer(Closing):
                     self._lock.release()
         except BaseException:
             self._close_files()
+            self._close_dir()
             self._lock.close()
             raise
         if self.sync_policy.mode == "group" and self.sync_policy.interval_ms is not None:
@@ -259,6 +271,7 @@ class Writer(Closing):
                     self._sync_now()
             finally:
                 self._close_files()
+                self._close_dir()
                 if not self.shared:
                     # Or shared writers waiting for each other would take this writer for alive.
                     self._lock.write_note("")
@@ -346,11 +359,18 @@ class Writer(Closing):
                 self._index.last_position = max(self._index.last_position, last_position(self._segment))
         # Another writer may have started a new segment, even with this one unchanged (a hub's
         # copy starts one where its source did): it is named by the offset now due.
-        # (A string path and ``access``: this runs on every shared append, and pathlib, and
-        # ``stat`` raising FileNotFoundError, cost several times as much.)
-        while self._next_offset != self._segment.base and os.access(
-            self._jnl_prefix + segment_name(self._next_offset), os.F_OK
-        ):
+        # This runs on every shared append: ``access`` relative to the directory's descriptor
+        # (pathlib, ``stat`` raising FileNotFoundError, or even resolving the whole path cost
+        # several times as much). Only a segment found there is looked for at the path too,
+        # which is where it is opened: if the directory was moved away (a queue deleted) or
+        # another put in its place, a segment of that other directory is never taken for ours.
+        while self._next_offset != self._segment.base:
+            name = segment_name(self._next_offset)
+            if not (
+                os.access(name, os.F_OK, dir_fd=self._dir_fd)
+                and os.access(self._jnl_prefix + name, os.F_OK)
+            ):
+                break
             self._open_segment(segment_at(self.path, self._next_offset))
 
     # -- appending --------------------------------------------------------------------------
@@ -515,35 +535,50 @@ class Writer(Closing):
         first thread to find no sync under way syncs everything written so far, and the others
         wait for it instead of syncing themselves. A failed sync fails the writer for good: after
         a failed fsync, the kernel may have dropped the data and a second fsync may not say so.
+
+        (Runs once per durable operation under ``sync="always"``: the condition's lock is taken
+        directly and ``notify_all`` called only for waiters, and the segment's descriptor is
+        synced as it is, kept open by ``_close_files`` while the sync uses it, not duplicated.)
         """
-        with self._sync_done:
+        with self._sync_lock:
             while self._durable_offset < target:
                 if self._failed is not None:
                     raise StorageError(f"sync failed earlier: {self._failed}", file=self._segment.path)
                 if not self._syncing:
                     self._syncing = True
                     break
-                self._sync_done.wait()
+                self._sync_waiters += 1
+                try:
+                    self._sync_done.wait()
+                finally:
+                    self._sync_waiters -= 1
             else:
                 return
         error: OSError | None = None
+        upto = 0
         try:
             with self._mutex:
                 upto = self._next_offset
-                fd = os.dup(self._fd)  # a roll may close the segment while this syncs it
+                fd = self._sync_fd = self._fd
             try:
                 fdatasync(fd)
             finally:
-                os.close(fd)
+                with self._mutex:
+                    self._sync_fd = -1
+                    if self._sync_fd_closed:  # the segment was closed (a roll) while this synced it
+                        self._sync_fd_closed = False
+                        os.close(fd)
         except OSError as exc:
             error = exc
-        with self._sync_done:
+        with self._sync_lock:
             self._syncing = False
             if error is None:
-                self._durable_offset = max(self._durable_offset, upto)
+                if upto > self._durable_offset:
+                    self._durable_offset = upto
             else:
                 self._failed = error
-            self._sync_done.notify_all()
+            if self._sync_waiters:
+                self._sync_done.notify_all()
         if error is not None:
             raise StorageError(
                 f"could not sync: {error.strerror or error}; the last appends may not be stored",
@@ -569,12 +604,20 @@ class Writer(Closing):
                     self._failed = exc
                     return
 
+    def _close_dir(self) -> None:
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+
     def _close_files(self) -> None:
         if self._index is not None:
             self._index.close()
             self._index = None
         if self._fd >= 0:
-            os.close(self._fd)
+            if self._fd == self._sync_fd:
+                self._sync_fd_closed = True  # ``_make_durable`` is syncing it: it closes it after
+            else:
+                os.close(self._fd)
             self._fd = -1
 
 
