@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -53,64 +53,25 @@ class SendBatcher(Generic[Item, Result]):
             asyncio.get_running_loop().create_task(self._drain(queue))
 
     async def _drain(self, queue: str) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            batch = self._take(queue)
-            storing = loop.create_task(self._stored(queue, batch))
-            while batch:
+            while waiting := self._waiting.pop(queue, None):
+                batch, rest = waiting[: self._max_batch], waiting[self._max_batch :]
+                if rest:
+                    self._waiting[queue] = rest + self._waiting.get(queue, [])
                 try:
-                    outcome = await storing
-                except BaseException as exc:  # this task cancelled (at shutdown): so is each send
-                    _settle_all(batch, exc)
-                    raise
-                finished, batch = batch, self._take(queue)
-                if batch:
-                    # The sends that came meanwhile are stored while this batch's answers go out
-                    # (call_soon runs after the task's first step, which hands the batch to its
-                    # thread): under load, answering a batch takes about as long as a sync, and
-                    # the sync would otherwise wait for it.
-                    storing = loop.create_task(self._stored(queue, batch))
-                if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
-                    _settle_all(finished, outcome)
-                    raise outcome
-                loop.call_soon(_settle_all, finished, outcome)
+                    results = await self._store(queue, [item for item, _ in batch])
+                    if len(results) != len(batch):
+                        raise RuntimeError(f"storing {len(batch)} sends to {queue!r} gave {len(results)} results")
+                except BaseException as exc:  # the batch failed as a whole: so does each send
+                    for _, done in batch:
+                        done(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                else:
+                    for (_, done), result in zip(batch, results):
+                        done(result)
         finally:
             self._storing.discard(queue)
-
-    def _take(self, queue: str) -> list[tuple[Item, Callable[[Result | BaseException], None]]]:
-        """The next batch of ``queue``'s waiting sends (at most ``max_batch``)."""
-        waiting = self._waiting.pop(queue, None) or []
-        batch, rest = waiting[: self._max_batch], waiting[self._max_batch :]
-        if rest:
-            self._waiting[queue] = rest
-        return batch
-
-    async def _stored(
-        self, queue: str, batch: list[tuple[Item, Callable[[Result | BaseException], None]]]
-    ) -> Sequence[Result | Exception] | BaseException:
-        """The results of storing ``batch``, or the exception that failed it as a whole."""
-        if not batch:
-            return []
-        try:
-            results = await self._store(queue, [item for item, _ in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(f"storing {len(batch)} sends to {queue!r} gave {len(results)} results")
-            return results
-        except BaseException as exc:
-            return exc
-
-
-def _settle_all(
-    batch: list[tuple[Any, Callable[[Any], None]]], outcome: Sequence[Any] | BaseException
-) -> None:
-    """Tell each send of a stored batch its result, or the error that failed the batch as a whole
-    (a failed batch keeps nothing: so does each send)."""
-    if isinstance(outcome, BaseException):
-        for _, done in batch:
-            done(outcome)
-    else:
-        for (_, done), result in zip(batch, outcome):
-            done(result)
 
 
 def _settle(future: asyncio.Future[Result], outcome: Result | BaseException) -> None:
