@@ -8,6 +8,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,15 @@ pytestmark = pytest.mark.usefixtures("vectors_untouched")
 def scan_all(path: Path, offset: int = 0) -> list[Message]:
     with Scanner(path, offset) as scanner:
         return list(scanner)
+
+
+def run_in_threads(work: Callable[[], None], count: int) -> None:
+    """``work`` in ``count`` threads at once; returns once all are done."""
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def jnl_files(path: Path) -> list[tuple[str, int]]:
@@ -549,11 +559,7 @@ def test_always_is_group_commit_across_threads(tmp_path, monkeypatch):
             if covered < end:
                 problems.append(f"offset {offset} returned before a sync covered byte {end}")
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(work, 8)
     w.close()
     assert not problems
     appends = 8 * 25
@@ -589,11 +595,7 @@ def test_a_roll_during_a_sync_leaves_the_synced_descriptor_open_then_closes_it(t
         except Exception as exc:  # noqa: BLE001 - reported below
             problems.append(repr(exc))
 
-    threads = [threading.Thread(target=work) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(work, 6)
     w.close()
     assert not problems
     assert [m.offset for m in scan_all(tmp_path)] == list(range(120))
