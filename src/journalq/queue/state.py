@@ -150,6 +150,15 @@ class Delivery(NamedTuple):
     has the same ``seq`` but another stamp, so the lost delivery's receipt matches nothing."""
 
 
+def _past_finished(cursor: int, finished: set[int]) -> int:
+    """The first offset from ``cursor`` on that is not in ``finished``, taking out of it the
+    offsets passed (the cursor now says they are finished)."""
+    while cursor in finished:
+        finished.discard(cursor)
+        cursor += 1
+    return cursor
+
+
 class StaleReceipt(Exception):
     """A receipt of a delivery that is over: finished, or delivered again since."""
 
@@ -337,25 +346,15 @@ class ChannelState:
                 self.finished_at[offset] = (now, how)
             if offset == cursor:
                 # The cursor moves past it, and past what was finished out of order after it.
-                cursor += 1
-                if finished:
-                    while cursor in finished:
-                        finished.discard(cursor)
-                        cursor += 1
-                self.cursor = cursor
+                self.cursor = cursor = _past_finished(cursor + 1, finished) if finished else cursor + 1
             else:
                 finished.add(offset)
         return count
 
-    def _advance_cursor(self, cursor: int | None = None) -> None:
-        """Move the cursor to ``cursor`` (if given), then past every finished offset."""
-        if cursor is not None:
-            self.cursor = cursor
-        finished = self.finished
-        if finished:
-            while self.cursor in finished:
-                finished.discard(self.cursor)
-                self.cursor += 1
+    def _advance_cursor(self) -> None:
+        """Move the cursor past every finished offset."""
+        if self.finished:
+            self.cursor = _past_finished(self.cursor, self.finished)
 
     def skip_to(self, offset: int, now: int) -> None:
         """Forget every message below ``offset`` (a purge, or retention deleted them)."""
