@@ -25,8 +25,7 @@ from journalq.journal.offsets import read_offset
 from journalq.journal.segment import Segment, list_segments
 from journalq.queue import envelope, filters
 from journalq.queue.channel import Channel
-# ``resend`` is imported from here too (by the ZooKeeper store and the work queue).
-from journalq.queue.envelope import Attribute, Envelope, message_id, resend  # noqa: F401
+from journalq.queue.envelope import Attribute, Envelope, message_id
 from journalq.queue.settings import QueueSettings, check_name
 
 if TYPE_CHECKING:

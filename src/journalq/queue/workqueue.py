@@ -11,7 +11,7 @@ from typing import Any
 from journalq.errors import QueueNotFoundError
 from journalq.queue.channel import Channel
 from journalq.queue.settings import QueueSettings
-from journalq.queue.topic import resend
+from journalq.queue.envelope import resend
 
 __all__ = ["DEFAULT_CHANNEL", "Queue"]
 

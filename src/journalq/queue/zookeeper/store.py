@@ -61,9 +61,9 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.channel import MAX_RECEIVE, MAX_VISIBILITY, ChannelStats, ReceivedMessage, Task
-from journalq.queue.envelope import Envelope
+from journalq.queue.envelope import Envelope, resend
 from journalq.queue.settings import QueueSettings, check_name, check_number
-from journalq.queue.topic import OutgoingMessage, Topic, resend
+from journalq.queue.topic import OutgoingMessage, Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper.layout import (
     CLAIMED,
