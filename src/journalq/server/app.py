@@ -343,21 +343,34 @@ def create_app(config: ServerConfig) -> App:
         queue = scope["path"][1:-_MESSAGES_SUFFIX]
         if len(body) > config.max_message_size or queue in RESERVED:
             return False
+        sends.submit(queue, body, answering(respond, "rest", _REST_ADD, rest_answer))
+        return True
+
+    def rest_answer(outcome: str | BaseException) -> Answer:
+        if isinstance(outcome, str):
+            return 201, [(b"x-message-id", outcome.encode()), _NO_BODY], b""
+        return _failure_answer(outcome)
+
+    def answering(
+        respond: Respond, api: str, operation: str, answer: Callable[[Any], Answer]
+    ) -> Callable[[Any], None]:
+        """The batcher's callback for a request of the direct path: answers it with
+        ``answer(outcome)`` (a failure there as uvicorn answers an ASGI app's), and notes its
+        latency from now."""
         started = time.perf_counter()
         note = app.state.metrics.note
 
-        def done(outcome: str | BaseException) -> None:
-            if isinstance(outcome, str):
-                status, answer_headers, content = 201, [(b"x-message-id", outcome.encode()), _NO_BODY], b""
-            else:
-                status, answer_headers, content = _failure_answer(outcome)
+        def done(outcome: Any) -> None:
             try:
-                respond(status, answer_headers, content)
+                status, headers, content = answer(outcome)
+            except BaseException as exc:
+                status, headers, content = _failure_answer(exc)
+            try:
+                respond(status, headers, content)
             finally:
-                note("rest", _REST_ADD, status, time.perf_counter() - started)
+                note(api, operation, status, time.perf_counter() - started)
 
-        sends.submit(queue, body, done)
-        return True
+        return done
 
     sqs_box: list[SqsProtocol] = []
 
@@ -475,20 +488,8 @@ def create_app(config: ServerConfig) -> App:
             queue = sqs_protocol().queue_of(payload)
         except (SqsRefusal, SqsError):
             return False
-        started = time.perf_counter()
-        note = app.state.metrics.note
-
-        def done(outcome: dict[str, Any] | BaseException) -> None:
-            try:
-                status, answer_headers, content = sqs_answer(action, payload, outcome)
-            except BaseException as exc:  # answered as uvicorn answers an ASGI app's failure
-                status, answer_headers, content = _failure_answer(exc)
-            try:
-                respond(status, answer_headers, content)
-            finally:
-                note("sqs", action, status, time.perf_counter() - started)
-
-        sqs_sends.submit(queue, (action, payload), done)
+        answer = functools.partial(sqs_answer, action, payload)
+        sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, answer))
         return True
 
     def hot_route(scope: Scope) -> Handler | None:

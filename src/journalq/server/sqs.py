@@ -1208,15 +1208,15 @@ class SqsProtocol:
             for entry_id, outgoing in sending.entries:
                 message_id = next(ids)
                 if message_id is not None:
-                    stored.append({"Id": entry_id, **self._answer(message_id, outgoing, sending.fifo)})
+                    stored.append((entry_id, self._answer(message_id, outgoing, sending.fifo)))
                 else:
                     failed.append({"Id": entry_id, "SenderFault": False, "Code": "ServiceUnavailable",
                                    "Message": f"not stored: {failure}"})
             if sending.failed is not None:  # SendMessageBatch
-                answers.append({"Successful": stored, "Failed": failed})
+                answers.append({"Successful": [{"Id": entry_id, **answer} for entry_id, answer in stored],
+                                "Failed": failed})
             elif stored:  # SendMessage
-                stored[0].pop("Id")
-                answers.append(stored[0])
+                answers.append(stored[0][1])
             else:
                 assert unsent is not None
                 answers.append(unsent)
