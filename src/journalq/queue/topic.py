@@ -158,6 +158,8 @@ class Topic:
         if not isinstance(body, (bytes, bytearray, memoryview)):
             raise InvalidMessageError(f"message body must be bytes, not {type(body).__name__}")
         body = bytes(body)
+        # What the settings add to a message (a default delay, content-based dedup): ``send_many``
+        # sends bare bodies through ``_send_plain`` only when they add nothing; keep both in step.
         settings = self.settings
         delay = settings.delay if item.get("delay") is None else item["delay"]
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 900:
