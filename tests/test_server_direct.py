@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import selectors
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,14 +32,15 @@ from journalq.server.protocol import DirectHttpToolsProtocol, HeadLimitedHttpToo
 
 
 @contextmanager
-def serving(data: Path, protocol: type, **settings: Any) -> Iterator[int]:
-    """A journalq app under uvicorn with ``protocol``, in a thread; yields its port."""
+def serving(data: Path, protocol: type, keep_alive: float = 5, **settings: Any) -> Iterator[int]:
+    """A journalq app under uvicorn with ``protocol`` (idle connections closed after
+    ``keep_alive`` seconds), in a thread; yields its port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(ServerConfig(data=data, port=port, **settings))
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, log_level="warning", access_log=False,
-                                           timeout_keep_alive=5, timeout_graceful_shutdown=5))
+                                           timeout_keep_alive=keep_alive, timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -224,3 +228,66 @@ def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[byt
     # As on the ASGI path: what was answered 201 is there, in order; the message whose sync
     # failed may be there too (a 503 after an EIO means "maybe not stored").
     assert [b for b in got if b != b"unsure"] == [b"kept", b"after"]
+
+
+def closed_at(sockets: dict[str, socket.socket], limit: float) -> dict[str, float]:
+    """When (``time.monotonic()``) the server closed each socket; all must be closed within
+    ``limit`` seconds. What they still had to read is dropped."""
+    closed: dict[str, float] = {}
+    deadline = time.monotonic() + limit
+    with selectors.DefaultSelector() as selector:
+        for name, s in sockets.items():
+            selector.register(s, selectors.EVENT_READ, name)
+        while len(closed) < len(sockets):
+            ready = selector.select(deadline - time.monotonic())
+            assert ready, f"still open after {limit} s: {sorted(set(sockets) - set(closed))}"
+            for key, _ in ready:
+                if not key.fileobj.recv(65536):  # type: ignore[union-attr]
+                    closed[key.data] = time.monotonic()
+                    selector.unregister(key.fileobj)
+    return closed
+
+
+def test_idle_connections_are_closed_after_the_keep_alive_timeout(tmp_path: Path, taken: list[bytes]) -> None:
+    """One sweep for all connections (not uvicorn's timer per answer) closes a connection once
+    it has waited ``timeout_keep_alive`` for a request: after an answer, and also when it never
+    sent one. A connection that keeps asking is not closed, however long it lives, nor is one
+    whose request is being answered."""
+    with serving(tmp_path, DirectHttpToolsProtocol, keep_alive=0.5) as port:
+        for name in (b"k", b"empty"):
+            exchange(port, b"PUT /%s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n" % name)
+        silent = socket.create_connection(("127.0.0.1", port))
+        idle_from = {"silent": time.monotonic()}
+        answered = socket.create_connection(("127.0.0.1", port), timeout=5)
+        answered.sendall(post("/k/messages", b"once"))
+        assert status_of(Answers(answered).next()) == 201
+        idle_from["answered"] = time.monotonic()
+        long_poll = socket.create_connection(("127.0.0.1", port), timeout=5)
+        long_poll.sendall(b"GET /empty/messages?wait=1.5 HTTP/1.1\r\nHost: t\r\n\r\n")
+        closed = closed_at({"silent": silent, "answered": answered}, 2)
+        waited = {name: closed[name] - idle_from[name] for name in closed}
+        # Each closed between the timeout and the timeout plus one sweep (a fifth of it).
+        assert all(0.45 <= took <= 0.85 for took in waited.values()), waited
+        busy = socket.create_connection(("127.0.0.1", port), timeout=5)
+        busy_answers = Answers(busy)
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:  # three timeouts, asking every 0.1 s
+            busy.sendall(post("/k/messages", b"again"))
+            assert status_of(busy_answers.next()) == 201
+            time.sleep(0.1)
+        # The long poll waited its 1.5 s for a message (none came) and was answered.
+        assert status_of(Answers(long_poll).next()) == 204
+        done = time.monotonic()
+        assert closed_at({"busy": busy}, 2)["busy"] - done < 0.85
+    assert taken[0] == b"once" and taken.count(b"again") >= 10
+
+
+def test_a_server_process_settles_its_heap() -> None:
+    """``journalq serve`` freezes what it loaded out of the garbage collector's reach and lets
+    the young generation grow (see ``settle_heap``): checked in a process of its own, since the
+    settings are the process's."""
+    code = ("import gc; from journalq.server.app import YOUNG_OBJECTS, settle_heap; settle_heap(); "
+            "assert gc.get_freeze_count() > 1000, gc.get_freeze_count(); "
+            "assert gc.get_threshold()[0] == YOUNG_OBJECTS; print('settled')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "settled", done.stderr

@@ -52,7 +52,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from journalq.server.app import create_app
+    from journalq.server.app import create_app, settle_heap
     from journalq.server.config import ENVIRONMENT_VARIABLE, ServerConfig
 
     SyncPolicy.parse(sync)  # a bad policy fails here, in one line
@@ -95,6 +95,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     # handler it found (KeyboardInterrupt), once it is done.
     if workers == 1:
         server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=config.port, **options))
+        settle_heap()
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[sock])
         if not server.started:
