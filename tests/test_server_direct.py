@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import selectors
 import socket
 import subprocess
@@ -291,3 +292,33 @@ def test_a_server_process_settles_its_heap() -> None:
             "assert gc.get_threshold()[0] == YOUNG_OBJECTS; print('settled')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "settled", done.stderr
+
+
+def test_a_request_head_that_does_not_end_in_time_is_answered_408(tmp_path: Path, taken: list[bytes]) -> None:
+    """A head must be whole within the head timeout (the server's ``body_timeout``) of when the
+    connection began to wait for it: one that stops half-way, and one dribbled a byte at a time
+    (which uvicorn alone would hold for ever), get 408 and are closed. A head that comes whole,
+    late in the connection's keep-alive time, is answered."""
+    with serving(tmp_path, DirectHttpToolsProtocol, keep_alive=0.5, body_timeout=1.0) as port:
+        exchange(port, b"PUT /h HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        stalled = socket.create_connection(("127.0.0.1", port), timeout=5)
+        began = time.monotonic()
+        stalled.sendall(b"POST /h/messages HTTP/1.1\r\nHost: t\r\n")
+        dribbled = socket.create_connection(("127.0.0.1", port), timeout=5)
+        late = socket.create_connection(("127.0.0.1", port), timeout=5)
+        head = b"POST /h/messages HTTP/1.1\r\nHost: t\r\nX-Padding: " + b"p" * 100
+        for i in range(len(head)):  # a byte every 0.1 s, until the server answers
+            if i == 3:
+                late.sendall(post("/h/messages", b"late"))  # 0.3 s after it connected: in time
+            dribbled.send(head[i:i + 1])
+            if select.select([dribbled], [], [], 0.1)[0] or time.monotonic() - began > 3:
+                break
+        for s in (stalled, dribbled):
+            answer = Answers(s).next()
+            assert status_of(answer) == 408 and answer.endswith(b"took over 1 s"), answer
+            assert b"connection: close" in answer
+            assert s.recv(10) == b""  # closed
+        took = time.monotonic() - began
+        assert 1.0 <= took <= 2.0, took
+        assert status_of(Answers(late).next()) == 201
+    assert taken == [b"late"]

@@ -511,6 +511,7 @@ def create_app(config: ServerConfig) -> App:
 
     app.hot_route = hot_route
     app.direct_route = direct_route
+    app.head_timeout = config.body_timeout  # for journalq's HTTP protocol: a slow head is answered 408 too
     return app
 
 
@@ -604,6 +605,7 @@ class App(FastAPI):
         self.add_middleware(metrics.RequestTimer, metrics=self.state.metrics)
         self.hot_route: Callable[[Scope], Handler | None] = lambda scope: None
         self.direct_route: Callable[[Scope], DirectHandler | None] = lambda scope: None
+        self.head_timeout: float | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -28,6 +28,10 @@ from uvicorn.server import ServerState
 DEFAULT_MAX_HEAD = 16 * 1024
 """The limit when uvicorn's configuration gives none (h11's default)."""
 
+DEFAULT_HEAD_TIMEOUT = 10.0
+"""Seconds a request head may take, from when the connection began to wait for it, when the
+application gives no ``head_timeout`` (journalq's gives its ``body_timeout``)."""
+
 
 class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
     """Counts the bytes of each request's head as they arrive and refuses it past the limit.
@@ -65,16 +69,21 @@ class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse_head()
 
     def _refuse_head(self) -> None:
-        message = f"the request head (request line and headers) is over {self.max_head} bytes".encode()
         self.logger.warning("request refused: its head is over %d bytes", self.max_head)
-        parts = [b"HTTP/1.1 431 Request Header Fields Too Large\r\n"]
+        self._refuse(b"431 Request Header Fields Too Large",
+                     f"the request head (request line and headers) is over {self.max_head} bytes")
+
+    def _refuse(self, status: bytes, message: str) -> None:
+        """Answer ``status`` with ``message`` (plain text) and close the connection."""
+        text = message.encode()
+        parts = [b"HTTP/1.1 ", status, b"\r\n"]
         for name, value in self.server_state.default_headers:
             parts += [name, b": ", value, b"\r\n"]
         parts += [
             b"content-type: text/plain; charset=utf-8\r\n",
-            b"content-length: " + str(len(message)).encode() + b"\r\n",
+            b"content-length: " + str(len(text)).encode() + b"\r\n",
             b"connection: close\r\n\r\n",
-            message,
+            text,
         ]
         self.transport.write(b"".join(parts))
         self.transport.close()
@@ -94,7 +103,11 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
     that handler instead of an ASGI task; it answers through ``_answer``, which writes what
     uvicorn's ``send`` would (its default headers, ``connection: close`` when the connection is
     not kept alive) and then lets the connection go on as uvicorn does (pipelined requests,
-    keep-alive timer, graceful shutdown, which waits for the answer as for any other).
+    graceful shutdown, which waits for the answer as for any other).
+
+    Connections waiting for a request are closed by one sweep per server (``_IdleSweep``), not
+    by uvicorn's timer per answer: after the keep-alive timeout when nothing came (also when
+    nothing ever did), with a 408 when a request head is not whole after ``head_timeout``.
 
     The rest goes through ASGI unchanged: a body still on its way (read by the application, with
     its timeout), ``Expect: 100-continue``, requests refused for the concurrency limit, and those
@@ -103,12 +116,15 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._direct_route = _direct_route_of(self.app)
+        self._direct_route: DirectRoute | None = _app_attribute(self.app, "direct_route")
         self._reading = False
         self._pending: tuple[RequestResponseCycle, Any, Any] | None = None  # cycle, app, handler
-        self.idle_since: float | None = None  # loop time since when the connection waits for a request
+        # Loop time since when the connection waits for a request head: since it was made, or its
+        # last answer went out; None while a request is read or answered.
+        self.idle_since: float | None = None
+        self.head_timeout: float = _app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
 
-    # -- keep-alive: idle connections are closed by the server's sweep, not a timer each ---------
+    # -- waiting for requests: the server's sweep closes connections, not a timer each ---------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -117,8 +133,29 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         _IdleSweep.of(self.server_state, self.loop, self.timeout_keep_alive).watch()
 
     def _unset_keepalive_if_required(self) -> None:
-        # uvicorn calls this when bytes come in and when the connection is lost.
+        # uvicorn calls this when bytes come in and when the connection is lost: the wait for a
+        # head ends when the head is whole (``on_headers_complete``), not at its first bytes.
+        pass
+
+    def on_headers_complete(self) -> None:
         self.idle_since = None
+        super().on_headers_complete()
+
+    def timed_out(self, now: float) -> None:
+        """Called by the sweep: close the connection if it has waited too long for a request, with
+        a 408 if one had begun to come (its head unfinished), silently if none had."""
+        since = self.idle_since
+        if since is None or self.transport.is_closing():
+            return
+        if self._in_head:
+            if now - since >= self.head_timeout:
+                self.idle_since = None
+                self.logger.warning("request refused: its head took over %g s", self.head_timeout)
+                self._refuse(b"408 Request Timeout",
+                             f"the request head (request line and headers) took over {self.head_timeout:g} s")
+        elif now - since >= self.timeout_keep_alive:
+            self.idle_since = None
+            self.timeout_keep_alive_handler()  # closes the transport
 
     def on_response_complete(self) -> None:
         # uvicorn's, but for the keep-alive timer: a loop timer set and cancelled for every request
@@ -196,10 +233,11 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
 
 
 class _IdleSweep:
-    """Closes the connections of one server (its ``ServerState``) that have been idle (waiting
-    for a request) for ``timeout`` seconds or more: one timer for all of them, firing every
-    ``timeout / 5`` seconds at most every second, while the server has connections. So an idle
-    connection is closed between ``timeout`` and ``timeout`` plus a fifth of it (at most 1 s)."""
+    """Offers every connection of one server (its ``ServerState``) to close itself if it has
+    waited too long for a request (``DirectHttpToolsProtocol.timed_out``): one timer for all of
+    them, firing every ``timeout / 5`` seconds (the keep-alive timeout), at most every second,
+    while the server has connections. So a connection is closed between its timeout and that
+    plus a fifth of the keep-alive timeout (at most 1 s)."""
 
     def __init__(self, state: ServerState, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         self._state = state
@@ -225,22 +263,21 @@ class _IdleSweep:
         self._timer = None
         now = self._loop.time()
         for connection in list(self._state.connections):
-            since = getattr(connection, "idle_since", None)
-            if since is not None and now - since >= self._timeout:
-                connection.idle_since = None
-                connection.timeout_keep_alive_handler()  # closes the transport
+            if isinstance(connection, DirectHttpToolsProtocol):
+                connection.timed_out(now)
         if self._state.connections:
             self.watch()
 
 
-def _direct_route_of(app: Any) -> DirectRoute | None:
-    """The ``direct_route`` of the application under uvicorn's middleware (``.app`` of each)."""
+def _app_attribute(app: Any, name: str) -> Any:
+    """The attribute ``name`` of the application under uvicorn's middleware (``.app`` of each),
+    or None."""
     while app is not None:
-        route = getattr(app, "direct_route", None)
-        if route is not None:
-            return route  # type: ignore[no-any-return]
+        value = getattr(app, name, None)
+        if value is not None:
+            return value
         app = getattr(app, "app", None)
     return None
 
 
-__all__ = ["DEFAULT_MAX_HEAD", "DirectHttpToolsProtocol", "HeadLimitedHttpToolsProtocol"]
+__all__ = ["DEFAULT_HEAD_TIMEOUT", "DEFAULT_MAX_HEAD", "DirectHttpToolsProtocol", "HeadLimitedHttpToolsProtocol"]
