@@ -3,6 +3,9 @@ them at DATA/.hub), and the client over them."""
 
 from __future__ import annotations
 
+import select
+import socket
+import time
 import warnings
 from pathlib import Path
 
@@ -28,6 +31,8 @@ from journalq.journal.codec import encode_batch
 from journalq.server.app import create_app
 from journalq.server.config import ServerConfig
 from journalq.server.hub import create_hub_app
+
+from hub_processes import free_port, kill, start_hub, wait_until
 
 URL = "/hub/v1/journals"
 
@@ -171,3 +176,46 @@ def test_an_answer_that_is_not_the_hub_s_is_an_unavailable_hub() -> None:
             client.status()
         with pytest.raises(HubUnavailableError, match="maintenance"):
             client.held("c1", "j")
+
+
+def test_the_hub_server_refuses_heads_too_large_or_too_slow(tmp_path: Path) -> None:
+    """``journalq hub serve`` runs journalq's HTTP protocol, as ``journalq serve`` does: a request
+    head over 64 KiB is answered 431, and one that stops half-way 408 (after 10 s), each with the
+    connection closed; the hub goes on serving."""
+    port = free_port()
+    hub = start_hub(tmp_path / "hub", "127.0.0.1", port, tmp_path)
+    try:
+        wait_until("the hub", lambda: _answers(port), 20)
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as huge, \
+                socket.create_connection(("127.0.0.1", port), timeout=20) as stalled:
+            stalled.sendall(b"GET /hub/v1/status HTTP/1.1\r\nHost: hub\r\n")
+            began = time.monotonic()
+            huge.sendall(b"GET /hub/v1/status HTTP/1.1\r\nX-Big: ")
+            try:
+                for _ in range(40):  # a header line that never ends, sent in parts, until answered
+                    if select.select([huge], [], [], 0.01)[0]:
+                        break
+                    huge.sendall(b"b" * 4096)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused already
+            assert _read_all(huge).startswith(b"HTTP/1.1 431 ")
+            assert _read_all(stalled).startswith(b"HTTP/1.1 408 ")
+            assert 9.5 <= time.monotonic() - began <= 13
+        assert httpx.get(f"http://127.0.0.1:{port}/hub/v1/status").status_code == 200
+    finally:
+        kill(hub)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _read_all(s: socket.socket) -> bytes:
+    """What the server sends until it closes the connection."""
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data

@@ -17,7 +17,7 @@ import click
 
 from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
 from journalq.cli.queue import _table
-from journalq.cli.serve import _exit_cleanly
+from journalq.cli.serve import _exit_cleanly, http_protocol
 from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, sources_at
 from journalq.journal.offsets import end_offset
 from journalq.journal.sync import SyncPolicy
@@ -65,6 +65,10 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str
         log_level="warning",
         timeout_keep_alive=5,
         timeout_graceful_shutdown=10,
+        # As journalq serve: heads over 64 KiB are refused (431), slow ones too (408, after the
+        # hub app's default head timeout), and idle connections are closed.
+        h11_max_incomplete_event_size=64 * 1024,
+        http=http_protocol(),
     )
 
 

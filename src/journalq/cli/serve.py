@@ -78,7 +78,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
         # limit itself, journalq's httptools protocol takes it from here too (431).
         h11_max_incomplete_event_size=64 * 1024,
         timeout_graceful_shutdown=30,
-        http=_http_protocol(),
+        http=http_protocol(),
     )
     # Uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler it
     # found: with the default one the process would die of it (exit status 143) after a clean
@@ -112,9 +112,10 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
             Multiprocess(uvicorn_config, sockets=[sock]).run()
 
 
-def _http_protocol() -> Any:
-    """httptools (fast) with a limit on request heads and the direct path for
-    ``POST /{queue}/messages``, or h11 when httptools is missing."""
+def http_protocol() -> Any:
+    """httptools (fast) with a limit on request heads, a deadline for them, idle connections
+    closed, and the direct path for ``POST /{queue}/messages`` (for journalq's app); or h11 when
+    httptools is missing."""
     try:
         from journalq.server.protocol import DirectHttpToolsProtocol
     except ImportError:
