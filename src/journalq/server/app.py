@@ -511,7 +511,7 @@ def create_app(config: ServerConfig) -> App:
 
     app.hot_route = hot_route
     app.direct_route = direct_route
-    app.head_timeout = config.body_timeout  # for journalq's HTTP protocol: a slow head is answered 408 too
+    app.head_timeout = config.body_timeout  # journalq's HTTP protocol answers a slow head 408 too
     return app
 
 
@@ -637,9 +637,10 @@ def settle_heap() -> None:
     Under load a full collection walked every object of the process (the modules of FastAPI,
     pydantic, uvicorn...) and stopped the server for 25-45 ms: up to three times a second when
     64 clients kept ~1,000 request objects alive at once, over the 700 that start a young
-    collection (each tenth of those starts an older one, and so on). The objects loaded so far live as long as the process: they are frozen out of
-    every collection (``gc.freeze``), and the young generation is allowed ``YOUNG_OBJECTS``.
-    Requests' objects are freed by reference counting; the collector is still there for cycles.
+    collection (each tenth of those starts an older one, and so on). The objects loaded so far
+    live as long as the process: they are frozen out of every collection (``gc.freeze``), and
+    the young generation is allowed ``YOUNG_OBJECTS``. Requests' objects are freed by reference
+    counting; the collector is still there for cycles.
     """
     gc.collect()
     gc.freeze()

@@ -11,8 +11,9 @@ its h11 protocol (``h11_max_incomplete_event_size``), so that both protocols tak
 to the application without ASGI when its whole body came with its head: uvicorn's ASGI layer
 (a task, a request cycle's coroutines, two ``send`` calls) costs more CPU per request than
 journalq's own work on it, and with durable writes sharing their syncs, CPU per request is what
-bounds throughput. Everything else goes through ASGI as before. It also closes idle keep-alive
-connections with one timer for all of them (``_IdleSweep``) instead of uvicorn's timer per answer.
+bounds throughput. Everything else goes through ASGI as before. It also closes connections that
+wait too long for a request (idle ones, and heads that do not end: 408) with one timer for all
+of them (``_IdleSweep``) instead of uvicorn's timer per answer.
 """
 
 from __future__ import annotations
@@ -151,8 +152,10 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
             if now - since >= self.head_timeout:
                 self.idle_since = None
                 self.logger.warning("request refused: its head took over %g s", self.head_timeout)
-                self._refuse(b"408 Request Timeout",
-                             f"the request head (request line and headers) took over {self.head_timeout:g} s")
+                self._refuse(
+                    b"408 Request Timeout",
+                    f"the request head (request line and headers) took over {self.head_timeout:g} s",
+                )
         elif now - since >= self.timeout_keep_alive:
             self.idle_since = None
             self.timeout_keep_alive_handler()  # closes the transport
@@ -242,7 +245,6 @@ class _IdleSweep:
     def __init__(self, state: ServerState, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         self._state = state
         self._loop = loop
-        self._timeout = timeout
         self._every = min(1.0, timeout / 5)
         self._timer: asyncio.TimerHandle | None = None
 
@@ -280,4 +282,9 @@ def _app_attribute(app: Any, name: str) -> Any:
     return None
 
 
-__all__ = ["DEFAULT_HEAD_TIMEOUT", "DEFAULT_MAX_HEAD", "DirectHttpToolsProtocol", "HeadLimitedHttpToolsProtocol"]
+__all__ = [
+    "DEFAULT_HEAD_TIMEOUT",
+    "DEFAULT_MAX_HEAD",
+    "DirectHttpToolsProtocol",
+    "HeadLimitedHttpToolsProtocol",
+]
