@@ -33,6 +33,7 @@ from journalq.server.config import ServerConfig
 from journalq.server.hub import create_hub_app
 
 from hub_processes import free_port, kill, start_hub, wait_until
+from test_server_harness import read_all
 
 URL = "/hub/v1/journals"
 
@@ -198,8 +199,8 @@ def test_the_hub_server_refuses_heads_too_large_or_too_slow(tmp_path: Path) -> N
                     huge.sendall(b"b" * 4096)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # refused already
-            assert _read_all(huge).startswith(b"HTTP/1.1 431 ")
-            assert _read_all(stalled).startswith(b"HTTP/1.1 408 ")
+            assert read_all(huge).startswith(b"HTTP/1.1 431 ")
+            assert read_all(stalled).startswith(b"HTTP/1.1 408 ")
             assert 9.5 <= time.monotonic() - began <= 13
         assert httpx.get(f"http://127.0.0.1:{port}/hub/v1/status").status_code == 200
     finally:
@@ -212,10 +213,3 @@ def _answers(port: int) -> bool:
     except httpx.HTTPError:
         return False
 
-
-def _read_all(s: socket.socket) -> bytes:
-    """What the server sends until it closes the connection."""
-    data = b""
-    while chunk := s.recv(65536):
-        data += chunk
-    return data

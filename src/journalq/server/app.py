@@ -452,7 +452,7 @@ def create_app(config: ServerConfig) -> App:
     async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
         """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
         clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        headers = _text_headers(scope)
         try:
             sqs_action(headers)
             try:
@@ -479,7 +479,7 @@ def create_app(config: ServerConfig) -> App:
     def direct_sqs(scope: Scope, body: bytes, respond: Respond) -> bool:
         """SendMessage and SendMessageBatch taken straight from the HTTP protocol, as
         ``direct_add``; every other request, and any refused one, goes to ``hot_sqs``."""
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        headers = _text_headers(scope)
         if len(body) > config.max_request_size:
             return False
         try:
@@ -548,6 +548,11 @@ def _failure_answer(exc: BaseException) -> Answer:
         log.error("storing a message failed", exc_info=exc)
         return _INTERNAL_ERROR
     return response.status_code, response.raw_headers, bytes(response.body)
+
+
+def _text_headers(scope: Scope) -> dict[str, str]:
+    """A request's headers by lowercase name, as text (what the SQS checks and SigV4 read)."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
 
 
 def _whole(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> Answer:

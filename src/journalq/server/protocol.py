@@ -71,22 +71,14 @@ class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse_head(self) -> None:
         self.logger.warning("request refused: its head is over %d bytes", self.max_head)
-        self._refuse(b"431 Request Header Fields Too Large",
-                     f"the request head (request line and headers) is over {self.max_head} bytes")
+        self._refuse(431, f"the request head (request line and headers) is over {self.max_head} bytes")
 
-    def _refuse(self, status: bytes, message: str) -> None:
+    def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` with ``message`` (plain text) and close the connection."""
         text = message.encode()
-        parts = [b"HTTP/1.1 ", status, b"\r\n"]
-        for name, value in self.server_state.default_headers:
-            parts += [name, b": ", value, b"\r\n"]
-        parts += [
-            b"content-type: text/plain; charset=utf-8\r\n",
-            b"content-length: " + str(len(text)).encode() + b"\r\n",
-            b"connection: close\r\n\r\n",
-            text,
-        ]
-        self.transport.write(b"".join(parts))
+        headers = [(b"content-type", b"text/plain; charset=utf-8"),
+                   (b"content-length", str(len(text)).encode()), _CLOSE]
+        self.transport.write(_encoded(status, self.server_state.default_headers, headers, text))
         self.transport.close()
 
 
@@ -153,8 +145,7 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
                 self.idle_since = None
                 self.logger.warning("request refused: its head took over %g s", self.head_timeout)
                 self._refuse(
-                    b"408 Request Timeout",
-                    f"the request head (request line and headers) took over {self.head_timeout:g} s",
+                    408, f"the request head (request line and headers) took over {self.head_timeout:g} s"
                 )
         elif now - since >= self.timeout_keep_alive:
             self.idle_since = None
@@ -216,18 +207,11 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         if cycle.disconnected or cycle.response_complete:  # the client went away meanwhile
             return
         cycle.response_started = True
-        closing = _CLOSE in headers
-        if closing:
+        if _CLOSE in headers:
             cycle.keep_alive = False
-        content = [STATUS_LINE[status]]
-        for name, value in cycle.default_headers:
-            content += (name, b": ", value, b"\r\n")
-        for name, value in headers:
-            content += (name, b": ", value, b"\r\n")
-        if not cycle.keep_alive and not closing:  # HTTP/1.0, Connection: close, or shutting down
-            content.append(b"connection: close\r\n")
-        content += (b"\r\n", body)
-        self.transport.write(b"".join(content))
+        elif not cycle.keep_alive:  # HTTP/1.0, Connection: close, or shutting down
+            headers = [*headers, _CLOSE]
+        self.transport.write(_encoded(status, cycle.default_headers, headers, body))
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
@@ -269,6 +253,20 @@ class _IdleSweep:
                 connection.timed_out(now)
         if self._state.connections:
             self.watch()
+
+
+def _encoded(
+    status: int, default_headers: list[tuple[bytes, bytes]], headers: list[tuple[bytes, bytes]], body: bytes
+) -> bytes:
+    """A whole HTTP/1.1 answer as uvicorn writes it: status line, its default headers (server,
+    date), the answer's own, and the body."""
+    content = [STATUS_LINE[status]]
+    for name, value in default_headers:
+        content += (name, b": ", value, b"\r\n")
+    for name, value in headers:
+        content += (name, b": ", value, b"\r\n")
+    content += (b"\r\n", body)
+    return b"".join(content)
 
 
 def _app_attribute(app: Any, name: str) -> Any:
