@@ -210,6 +210,7 @@ def test_unknown_message_field(filled) -> None:
         {"max_messages": 0},
         {"max_messages": 10_001},
         {"max_messages": "1"},
+        {"max_messages": True},
         {"visibility_timeout": -1},
         {"visibility_timeout": 12 * 3600 + 1},
         {"visibility_timeout": "5"},
@@ -220,9 +221,13 @@ def test_unknown_message_field(filled) -> None:
     ids=repr,
 )
 def test_bad_receive_arguments(filled, kwargs: dict) -> None:
-    _, q, _ = filled
+    _, q, m1 = filled
     with pytest.raises(Error, match="must be"):
         q.receive(**kwargs)
+    # With receipts to delete too: refused before anything is done (on every store).
+    with pytest.raises(Error, match="must be"):
+        q.receive(**kwargs, delete=[m1.receipt])
+    assert q.consumers() == {q.consumer_id: [m1.id]}  # still in flight, not deleted
 
 
 def test_bad_visibility_change(filled) -> None:

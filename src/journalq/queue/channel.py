@@ -54,7 +54,7 @@ from journalq.journal.writer import held
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.envelope import Attribute, Envelope, message_id, parse_message_id, resend
-from journalq.queue.settings import check_number
+from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.state import (
     ChannelState,
     Event,
@@ -133,6 +133,29 @@ class ChannelStats:
 _PLAIN = Envelope(b"")  # what ``consider`` checks of a plain message: no group, delay or filters
 _RECEIPT = re.compile(r"([0-9]+)\.([1-9][0-9]*)\.([0-9a-f]{8})\.([0-9a-f]{1,16})")
 Record = tuple[int, bytes, bytes]  # (type, key, value) of a state-journal message
+
+
+def receive_arguments(
+    settings: QueueSettings,
+    max_messages: object,
+    visibility_timeout: float | None,
+    wait: float | None,
+    filters: filtering.ConsumerFilters | None,
+    delete: object,
+) -> tuple[float, float, dict[str, tuple[str, filtering.Method]] | None]:
+    """``receive``'s arguments checked, by every store before it does anything: the visibility
+    timeout and the wait in seconds (the queue's unless given), and the consumer's filters."""
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
+        raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
+    if isinstance(delete, str):
+        raise InvalidSettingError("delete must be a list of receipts, not one receipt")
+    # The queue's own settings were checked when they were made (``QueueSettings``).
+    if visibility_timeout is None:
+        hide = settings.visibility_timeout
+    else:
+        hide = check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
+    wait = settings.receive_wait if wait is None else check_number("wait", wait, 0, 3600)
+    return hide, wait, None if filters is None else filtering.normalize(filters, settings.enums)
 
 
 def _channel_token(path: Path) -> str:
@@ -392,18 +415,7 @@ class Channel:
         stable storage with the next synced change of the channel (any delete, change of
         visibility, ...), which syncs everything appended before it.
         """
-        if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
-            raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
-        settings = self.settings
-        # The queue's own settings were checked when they were made (``QueueSettings``).
-        if visibility_timeout is None:
-            hide = settings.visibility_timeout
-        else:
-            hide = check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
-        wait = settings.receive_wait if wait is None else check_number("wait", wait, 0, 3600)
-        wanted = None if filters is None else filtering.normalize(filters, settings.enums)
-        if isinstance(delete, str):
-            raise InvalidSettingError("delete must be a list of receipts, not one receipt")
+        hide, wait, wanted = receive_arguments(self.settings, max_messages, visibility_timeout, wait, filters, delete)
         deadline = time.monotonic() + wait
         watch: DirectoryWatch | None = None
         try:

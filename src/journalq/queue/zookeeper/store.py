@@ -60,7 +60,7 @@ from journalq.errors import (
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
-from journalq.queue.channel import MAX_RECEIVE, MAX_VISIBILITY, ChannelStats, ReceivedMessage, Task
+from journalq.queue.channel import MAX_VISIBILITY, ChannelStats, ReceivedMessage, Task, receive_arguments
 from journalq.queue.envelope import Envelope, resend
 from journalq.queue.settings import QueueSettings, check_name, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
@@ -103,19 +103,27 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _translation(error: BaseException, where: str, queue: str | None = None) -> Exception | None:
+    """journalq's error for a kazoo error, or None when it is not one of those translated:
+    connection errors (the caller cannot know whether a write was done) and, within ``queue``'s
+    operations, a node missing where one was expected (the queue was deleted meanwhile)."""
+    if isinstance(error, _UNAVAILABLE):
+        return StoreUnavailableError(f"ZooKeeper at {where}: {type(error).__name__} {error}".rstrip())
+    if isinstance(error, NoNodeError) and queue is not None:
+        return QueueNotFoundError(f"queue {queue!r} was deleted (ZooKeeper at {where})")
+    return None
+
+
 @contextmanager
 def _translated(where: str, queue: str | None = None) -> Iterator[None]:
-    """kazoo's connection errors as journalq's (the caller cannot know whether a write was
-    done); within ``queue``'s operations, a node missing where one was expected means that the
-    queue was deleted meanwhile."""
+    """kazoo's errors raised in the block as journalq's (``_translation``)."""
     try:
         yield
-    except _UNAVAILABLE as exc:
-        raise StoreUnavailableError(f"ZooKeeper at {where}: {type(exc).__name__} {exc}".rstrip()) from exc
-    except NoNodeError as exc:
-        if queue is None:
+    except Exception as exc:
+        translated = _translation(exc, where, queue)
+        if translated is None:
             raise
-        raise QueueNotFoundError(f"queue {queue!r} was deleted (ZooKeeper at {where})") from exc
+        raise translated from exc
 
 
 def _failure(results: list[Any]) -> tuple[int, Exception] | None:
@@ -138,12 +146,11 @@ def _outcome(result: Any) -> Exception | None:
 
 def _as_translated(error: Exception, where: str, queue: str) -> Exception:
     """``error`` as ``_translated`` raises it."""
-    try:
-        with _translated(where, queue):
-            raise error
-    except Exception as translated:
-        return translated
-    raise AssertionError("unreachable")  # pragma: no cover
+    translated = _translation(error, where, queue)
+    if translated is None:
+        return error
+    translated.__cause__ = error
+    return translated
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
@@ -786,19 +793,11 @@ class ZooKeeperQueue:
         ``delete``: receipts deleted first, as ``delete_many`` does; if one of them is refused,
         ``ReceiptError`` and nothing is received, but unlike on files the others stay deleted
         (each is its own change in ZooKeeper)."""
-        if not isinstance(max_messages, int) or isinstance(max_messages, bool) or not 1 <= max_messages <= MAX_RECEIVE:
-            raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
-        if isinstance(delete, str):
-            raise InvalidSettingError("delete must be a list of receipts, not one receipt")
+        hide, wait, wanted = receive_arguments(self.settings, max_messages, visibility_timeout, wait, filters, delete)
         if delete:
             refused = next((error for error in self.delete_many(list(delete)) if error is not None), None)
             if refused is not None:
                 raise ReceiptError(f"nothing received: {refused}")
-        settings = self.settings
-        hide = settings.visibility_timeout if visibility_timeout is None else visibility_timeout
-        check_number("visibility_timeout", hide, 0, MAX_VISIBILITY)
-        wait = check_number("wait", settings.receive_wait if wait is None else wait, 0, 3600)
-        wanted = filtering.normalize(filters, settings.enums)
         deadline = time.monotonic() + wait
         with self._translated():
             while True:
