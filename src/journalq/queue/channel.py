@@ -186,6 +186,9 @@ class Channel:
         self.path = topic.path / "channels" / name
         self._closed = False
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.receipt_prefix = ""
+        """What the caller's receipts have before this channel's own: errors name a receipt as the
+        caller gave it (a sharded queue's shard channels: the shard's index and a dot)."""
         self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
         self._token = _channel_token(self.path)
         self.state = ChannelState()
@@ -225,12 +228,17 @@ class Channel:
         """(offset, delivery number, delivery stamp) of one of this channel's receipts."""
         match = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
         if match is None:
-            raise ReceiptError(f"receipt {receipt!r} is not a receipt of this queue")
+            raise ReceiptError(f"receipt {self._shown(receipt)} is not a receipt of this queue")
         if match[3] != self._token:
             raise ReceiptError(
-                f"receipt {receipt!r} belongs to another queue or channel (or to an earlier one of this name)"
+                f"receipt {self._shown(receipt)} belongs to another queue or channel (or to an earlier one of "
+                "this name)"
             )
         return int(match[1]), int(match[2]), int(match[4], 16)
+
+    def _shown(self, receipt: object) -> str:
+        """A receipt in an error: as the caller gave it (``receipt_prefix``), quoted."""
+        return repr(self.receipt_prefix + receipt if isinstance(receipt, str) else receipt)
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""
@@ -790,10 +798,10 @@ class Channel:
                 offset, seq, stamp = self._parse_receipt(receipt) if known is None else known
                 check(offset, seq, stamp)
                 if offset in acted:
-                    raise ReceiptError(f"receipt {receipt!r} was given twice in one call")
+                    raise ReceiptError(f"receipt {self._shown(receipt)} was given twice in one call")
                 acted.add(offset)
             except StaleReceipt as exc:
-                outcomes[i] = ReceiptError(f"receipt {receipt!r}: {exc}")
+                outcomes[i] = ReceiptError(f"receipt {self._shown(receipt)}: {exc}")
                 continue
             except ReceiptError as exc:
                 outcomes[i] = exc

@@ -314,7 +314,7 @@ class ShardedChannel:
         self._claim: FileLock | None = None
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
-        first = self._shard_channels[self._current] = topic.shards[self._current].channel(name)
+        first = self._shard_channels[self._current] = self._shard_channel(self._current)
         # One consumer id over every shard, so that ``consumers()`` shows each consumer once.
         self.consumer_id = first.consumer_id
 
@@ -368,9 +368,14 @@ class ShardedChannel:
             with self._opening:  # threads of a server share one queue object
                 channel = self._shard_channels[index]
                 if channel is None:
-                    channel = self.topic.shards[index].channel(self.name)
+                    channel = self._shard_channel(index)
                     channel.consumer_id = self.consumer_id
                     self._shard_channels[index] = channel
+        return channel
+
+    def _shard_channel(self, index: int) -> Channel:
+        channel = self.topic.shards[index].channel(self.name)
+        channel.receipt_prefix = f"{index}."  # its errors name receipts as this queue's
         return channel
 
     def _all(self) -> list[Channel]:
@@ -400,7 +405,7 @@ class ShardedChannel:
         deletes = self._deletes_by_shard(delete)
         *first, last = deletes or [None]
         for index in first:
-            errors = self._named(self._channel(index).delete_many(deletes[index]), index)
+            errors = self._channel(index).delete_many(deletes[index])
             refused = next((error for error in errors if error is not None), None)
             if refused is not None:
                 raise ReceiptError(f"nothing received: {refused}")
@@ -411,10 +416,7 @@ class ShardedChannel:
             mine = deletes.get(index, ()) if index == last else ()
             if len(received) >= max_messages:
                 break
-            try:
-                got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
-            except ReceiptError as exc:
-                raise self._named([exc], index)[0] from None
+            got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
             if wake is not None:
                 wake_at = wake if wake_at is None else min(wake_at, wake)
             if got:
@@ -432,14 +434,6 @@ class ShardedChannel:
             index, inner = _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
             by_shard.setdefault(index, []).append(inner)
         return by_shard
-
-    @staticmethod
-    def _named(errors: list[ReceiptError | None], index: int) -> list[ReceiptError | None]:
-        """A shard channel's receipt errors, naming the receipts as the caller gave them."""
-        return [
-            None if error is None else ReceiptError(re.sub(r"receipt '", f"receipt '{index}.", str(error), count=1))
-            for error in errors
-        ]
 
     def _watch(self) -> DirectoryWatch:
         """A long poll wakes on an append to any shard or to any shard's channel state."""
@@ -497,9 +491,7 @@ class ShardedChannel:
         for index, items in by_shard.items():
             positions = [position for position, _ in items]
             inner = [receipt for _, receipt in items]
-            for position, receipt, error in zip(positions, inner, act(self._channel(index), inner, positions)):
-                if error is not None:  # name the receipt as the caller gave it
-                    error = ReceiptError(str(error).replace(repr(receipt), repr(receipts[position]), 1))
+            for position, error in zip(positions, act(self._channel(index), inner, positions)):
                 outcomes[position] = error
         return outcomes
 
