@@ -418,6 +418,31 @@ def test_fifo_groups_and_deduplication(sqs: Any) -> None:
     assert error_code(info) == "InvalidParameterValue"
 
 
+def test_a_retried_fifo_receive_gets_the_same_messages(sqs: Any) -> None:
+    """ReceiveRequestAttemptId: a receive whose answer was lost (a network error) is retried with
+    the same id and gets the same messages and receipts, not the next ones (nor nothing, while
+    the group waits for messages that no one holds)."""
+    url = sqs.create_queue(
+        QueueName=new_name("retry") + ".fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}
+    )["QueueUrl"]
+    for body, group in (("m1", "a"), ("m2", "b"), ("m3", "a")):
+        sqs.send_message(QueueUrl=url, MessageBody=body, MessageGroupId=group)
+    first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, ReceiveRequestAttemptId="try-1")["Messages"]
+    again = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, ReceiveRequestAttemptId="try-1")["Messages"]
+    assert sorted(m["Body"] for m in first) == ["m1", "m2"]
+    assert [(m["MessageId"], m["ReceiptHandle"]) for m in again] == [(m["MessageId"], m["ReceiptHandle"]) for m in first]
+    # Another attempt id is another receive: the group is held by the first one's messages.
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="try-2")
+    for m in again:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    # Its messages deleted, the same id receives anew.
+    (m3,) = sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="try-1")["Messages"]
+    assert m3["Body"] == "m3"
+    with pytest.raises(ClientError) as info:
+        sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="x" * 129)
+    assert error_code(info) == "InvalidParameterValue"
+
+
 def test_content_based_deduplication(sqs: Any) -> None:
     url = sqs.create_queue(
         QueueName=new_name("cbd") + ".fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}

@@ -27,7 +27,7 @@ from journalq.queue.envelope import Attribute
 from journalq.server import digests
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
 from journalq.server.sigv4 import AuthError, verify
-from journalq.server.sqs import TRACE_ATTRIBUTE, SqsError, SqsProtocol
+from journalq.server.sqs import ATTEMPT_SECONDS, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
 
 BASE = "http://127.0.0.1:8080"
 
@@ -1251,3 +1251,49 @@ def test_send_together_fails_as_a_whole_when_the_store_fails(
     monkeypatch.setattr(type(queue.topic), "send_many", full)
     with pytest.raises(StorageError):
         sqs.send_together("full", [("SendMessage", {"QueueUrl": url, "MessageBody": "x"})] * 3)
+
+
+def test_receive_attempts_are_kept_five_minutes_and_bounded() -> None:
+    attempts = _ReceiveAttempts(limit=2)
+    one, two = [object()], [object()]  # the memo keeps what it is given, whatever it is
+    attempts.remember("q.fifo", "a", one, now=100.0)  # type: ignore[arg-type]
+    attempts.remember("other.fifo", "a", two, now=110.0)  # type: ignore[arg-type]
+    assert attempts.recall("q.fifo", "a", now=100.0 + ATTEMPT_SECONDS) == one
+    assert attempts.recall("q.fifo", "b", now=100.0) is None
+    assert attempts.recall("q.fifo", "a", now=100.5 + ATTEMPT_SECONDS) is None  # expired
+    assert attempts.recall("other.fifo", "a", now=100.5 + ATTEMPT_SECONDS) == two
+    attempts.remember("q.fifo", "c", one, now=120.0)  # type: ignore[arg-type]
+    attempts.remember("q.fifo", "d", one, now=121.0)  # type: ignore[arg-type]
+    assert attempts.recall("other.fifo", "a", now=130.0) is None  # over the limit: the oldest goes
+    attempts.forget("q.fifo")
+    assert attempts.recall("q.fifo", "d", now=130.0) is None
+
+
+def test_receive_request_attempt_id(client: Client, broker: Broker) -> None:
+    fifo = client.create("retry.fifo", FifoQueue="true", ContentBasedDeduplication="true")
+    for body in ("m1", "m2"):
+        client("SendMessage", QueueUrl=fifo, MessageBody=body, MessageGroupId="g")
+    (first,) = client.receive(fifo, ReceiveRequestAttemptId="t", VisibilityTimeout=5)
+    # The retry hides the message anew, for its own visibility timeout (here: none at all).
+    (again,) = client.receive(fifo, ReceiveRequestAttemptId="t", VisibilityTimeout=0)
+    assert again["ReceiptHandle"] == first["ReceiptHandle"]
+    (later,) = client.receive(fifo)  # available at once: the retry's timeout of 0 took effect
+    assert later["Body"] == "m1" and later["ReceiptHandle"] != first["ReceiptHandle"]
+    # Delivered again since: the attempt's receipt is over, so the same id receives anew.
+    assert client.receive(fifo, ReceiveRequestAttemptId="t") == []
+    # A deleted queue forgets its attempts (a new queue of the name has other messages).
+    client("DeleteQueue", QueueUrl=fifo)
+    fifo = client.create("retry.fifo", FifoQueue="true", ContentBasedDeduplication="true")
+    client("SendMessage", QueueUrl=fifo, MessageBody="new", MessageGroupId="g")
+    assert [m["Body"] for m in client.receive(fifo, ReceiveRequestAttemptId="t")] == ["new"]
+    # The id applies only to FIFO queues: a standard queue ignores it, as SQS does.
+    standard = client.create("retry-standard")
+    for body in ("s1", "s2"):
+        client("SendMessage", QueueUrl=standard, MessageBody=body)
+    bodies = [m["Body"] for m in client.receive(standard, ReceiveRequestAttemptId="t")]
+    bodies += [m["Body"] for m in client.receive(standard, ReceiveRequestAttemptId="t")]
+    assert sorted(bodies) == ["s1", "s2"]
+    for bad in ("", "x" * 129, "with space", 5):
+        assert client.error("ReceiveMessage", QueueUrl=fifo, ReceiveRequestAttemptId=bad).code == (
+            "InvalidParameterValue"
+        )

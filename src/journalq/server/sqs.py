@@ -314,6 +314,47 @@ def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str
     return entries
 
 
+# -- ReceiveRequestAttemptId: the answers of recent FIFO receives, to give again on a retry ------
+
+ATTEMPT_SECONDS = 300
+"""How long a FIFO receive's ``ReceiveRequestAttemptId`` can be retried (SQS's 5 minutes)."""
+
+
+class _ReceiveAttempts:
+    """The messages each recent FIFO receive (queue, ``ReceiveRequestAttemptId``) delivered, for
+    ``ATTEMPT_SECONDS``, in this process's memory: at most ``limit`` of them, the oldest
+    forgotten first. Sans-I/O: the caller gives the time."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._mutex = threading.Lock()
+        self._attempts: OrderedDict[tuple[str, str], tuple[float, list[ReceivedMessage]]] = OrderedDict()
+
+    def remember(self, queue: str, attempt: str, messages: list[ReceivedMessage], now: float) -> None:
+        with self._mutex:
+            self._attempts.pop((queue, attempt), None)
+            self._attempts[(queue, attempt)] = (now, list(messages))
+            while len(self._attempts) > self.limit:
+                self._attempts.popitem(last=False)
+
+    def recall(self, queue: str, attempt: str, now: float) -> list[ReceivedMessage] | None:
+        """The messages of the receive ``attempt`` made at most ``ATTEMPT_SECONDS`` ago, or None."""
+        with self._mutex:
+            while self._attempts:  # in the order they were made: expired ones are at the front
+                made, _ = next(iter(self._attempts.values()))
+                if now - made <= ATTEMPT_SECONDS:
+                    break
+                self._attempts.popitem(last=False)
+            found = self._attempts.get((queue, attempt))
+        return None if found is None else found[1]
+
+    def forget(self, queue: str) -> None:
+        """Drop the queue's attempts (it is deleted: a new queue of that name has none)."""
+        with self._mutex:
+            for key in [k for k in self._attempts if k[0] == queue]:
+                del self._attempts[key]
+
+
 # -- the state SQS has that journalq does not: sqs.json beside the queue -----------------------
 
 SIDECAR = "sqs.json"
@@ -439,6 +480,7 @@ class SqsProtocol:
         self._sidecar = _Sidecar(broker.root)
         self._first_receive: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._first_receive_lock = threading.Lock()
+        self._attempts = _ReceiveAttempts()
         self._actions: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
             "CreateQueue": self.create_queue,
             "GetQueueUrl": self.get_queue_url,
@@ -918,6 +960,7 @@ class SqsProtocol:
         with self._first_receive_lock:
             for key in [k for k in self._first_receive if k[0] == name]:
                 del self._first_receive[key]
+        self._attempts.forget(name)
         return {}
 
     def list_dead_letter_source_queues(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -1241,12 +1284,38 @@ class SqsProtocol:
         selectors = request.get("MessageAttributeNames") or []
         if not isinstance(selectors, list):
             raise _invalid("MessageAttributeNames must be a list.")
-        received = queue.receive(count or 1, visibility_timeout=hide, wait=wait)
+        fifo = queue.settings.fifo
+        attempt = _string(request, "ReceiveRequestAttemptId")
+        if attempt is not None and not _GROUP_OR_DEDUP_ID.fullmatch(attempt):
+            raise _invalid(
+                f"Value {attempt} for parameter ReceiveRequestAttemptId is invalid. Reason: 1 to 128 alphanumeric "
+                "or punctuation characters."
+            )
+        received = self._again(name, queue, attempt, hide) if fifo and attempt is not None else None
+        if received is None:
+            received = queue.receive(count or 1, visibility_timeout=hide, wait=wait)
+            if fifo and attempt is not None and received:
+                self._attempts.remember(name, attempt, received, time.monotonic())
         if not received:
             return {}
-        fifo = queue.settings.fifo
         now_ms = time.time_ns() // 1_000_000
         return {"Messages": [self._message(name, m, system, selectors, fifo, now_ms) for m in received]}
+
+    def _again(self, name: str, queue: Queue, attempt: str, hide: int | None) -> list[ReceivedMessage] | None:
+        """A retried FIFO receive (the same ``ReceiveRequestAttemptId`` within 5 minutes): the
+        messages and receipts the first try delivered, hidden for the visibility timeout anew,
+        as SQS does. None (receive anew) when there was no such try or when one of its messages
+        is no longer in flight under its receipt (deleted, or delivered again since)."""
+        messages = self._attempts.recall(name, attempt, time.monotonic())
+        if not messages:
+            return None
+        seconds = queue.settings.visibility_timeout if hide is None else hide
+        errors = queue.change_visibility_many([(m.receipt, seconds) for m in messages])
+        if any(error is not None for error in errors):
+            # The first try's deliveries are partly over: those still held stay with their
+            # receipts (the first try's caller may yet delete them), and this is a new receive.
+            return None
+        return messages
 
     def _first_receive_ms(self, name: str, message: ReceivedMessage, now_ms: int) -> int:
         key = (name, message.id)
