@@ -508,6 +508,51 @@ def test_redrive_policy_with_a_missing_target_is_refused(sqs: Any) -> None:
     assert error_code(info) == "InvalidParameterValue"
 
 
+def test_redrive_allow_policy_is_checked_and_enforced(sqs: Any) -> None:
+    """A dead-letter queue's RedriveAllowPolicy says which queues may name it in their
+    RedrivePolicy: a malformed one is refused, and a source it does not allow is refused."""
+    def arn(url: str) -> str:
+        return sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+
+    def redrive(target: str) -> dict[str, str]:
+        return {"RedrivePolicy": json.dumps({"deadLetterTargetArn": target, "maxReceiveCount": 3})}
+
+    dlq = sqs.create_queue(QueueName=new_name("dlq"))["QueueUrl"]
+    allowed, other = new_name("allowed"), new_name("other")
+    allowed_arn = arn(dlq).rsplit(":", 1)[0] + ":" + allowed  # named before the queue exists, as IaC tools do
+    for bad in (
+        "not json",
+        json.dumps({"redrivePermission": "maybe"}),
+        json.dumps({"redrivePermission": "byQueue"}),
+        json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": ["not-an-arn"]}),
+        json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [allowed_arn] * 11}),
+        json.dumps({"redrivePermission": "allowAll", "sourceQueueArns": [allowed_arn]}),
+    ):
+        with pytest.raises(ClientError) as info:
+            sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": bad})
+        assert error_code(info) == "InvalidParameterValue", bad
+    by_queue = json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [allowed_arn]})
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": by_queue})
+    assert sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["RedriveAllowPolicy"])["Attributes"] == {
+        "RedriveAllowPolicy": by_queue
+    }
+    sqs.create_queue(QueueName=allowed, Attributes=redrive(arn(dlq)))
+    with pytest.raises(ClientError) as info:
+        sqs.create_queue(QueueName=other, Attributes=redrive(arn(dlq)))
+    assert error_code(info) == "InvalidParameterValue" and "RedriveAllowPolicy" in str(info.value)
+    other_url = sqs.create_queue(QueueName=other)["QueueUrl"]
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": json.dumps({"redrivePermission": "denyAll"})})
+    with pytest.raises(ClientError) as info:
+        sqs.set_queue_attributes(QueueUrl=other_url, Attributes=redrive(arn(dlq)))
+    assert error_code(info) == "InvalidParameterValue"
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": ""})  # removed: all allowed
+    sqs.set_queue_attributes(QueueUrl=other_url, Attributes=redrive(arn(dlq)))
+    # A malformed RedrivePolicy names what it lacks, as SQS does.
+    with pytest.raises(ClientError) as info:
+        sqs.set_queue_attributes(QueueUrl=other_url, Attributes={"RedrivePolicy": json.dumps({"maxReceiveCount": 2})})
+    assert error_code(info) == "InvalidParameterValue" and "mandatory attribute: deadLetterTargetArn" in str(info.value)
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 

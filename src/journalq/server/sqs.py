@@ -19,7 +19,12 @@ How SQS maps onto journalq:
   RedriveAllowPolicy, the KMS/SSE attributes, FifoThroughputLimit, the creation time, the message
   move tasks run) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
   process and deleted with the queue. Policy and the KMS/SSE attributes are stored and echoed,
-  never enforced.
+  never enforced; a RedriveAllowPolicy is checked and enforced when a queue names its queue in a
+  RedrivePolicy (set before, it does not undo a RedrivePolicy that names it already).
+* ``ReceiveRequestAttemptId`` (FIFO queues): a receive retried with the same id within 5 minutes
+  gets the same messages and receipts again, hidden anew, while they are all still in flight
+  under those receipts (otherwise it receives anew). The attempts are kept in the memory of the
+  process that answered: with ``--workers N``, a retry that reaches another worker receives anew.
 * Message ids are journalq's (the offset, in decimal); FIFO sequence numbers are the offset,
   zero-padded to 20 digits. Receipt handles are journalq's receipts.
 * Bodies travel as UTF-8. A body that is not valid UTF-8 (sent through the REST API, which takes
@@ -139,6 +144,11 @@ def _invalid(message: str) -> SqsError:
     return SqsError("InvalidParameterValue", message)
 
 
+def _invalid_value(parameter: str, value: Any, reason: str) -> SqsError:
+    """SQS's ``InvalidParameterValue`` for a parameter: ``reason`` says what the value must be."""
+    return _invalid(f"Value {value} for parameter {parameter} is invalid. Reason: {reason}")
+
+
 def _missing(name: str) -> SqsError:
     return SqsError("MissingParameter", f"The request must contain the parameter {name}.")
 
@@ -152,6 +162,7 @@ def _no_queue() -> SqsError:
 MAX_BATCH = 10
 MAX_ATTRIBUTES = 10
 MAX_TAGS = 50
+MAX_REDRIVE_SOURCES = 10
 MAX_VISIBILITY = 12 * 3600
 TRACE_ATTRIBUTE = "AWS.TraceHeader"
 """The message attribute that carries ``AWSTraceHeader`` (a name SQS reserves for itself)."""
@@ -235,10 +246,18 @@ def _integer(
     elif isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,12}", value.strip()):
         number = int(value)
     if number is None or not low <= number <= high:
-        raise _invalid(
-            f"Value {value} for parameter {name} is invalid. Reason: {reason or f'Must be between {low} and {high}'}."
-        )
+        raise _invalid_value(name, value, f"{reason or f'Must be between {low} and {high}'}.")
     return number
+
+
+_NOT_FOR_THIS_QUEUE_TYPE = "The request include parameter that is not valid for this queue type."
+
+
+def _check_token(parameter: str, value: str | None) -> str | None:
+    """A MessageGroupId, MessageDeduplicationId or ReceiveRequestAttemptId (None when absent)."""
+    if value is not None and not _GROUP_OR_DEDUP_ID.fullmatch(value):
+        raise _invalid_value(parameter, value, "1 to 128 alphanumeric or punctuation characters.")
+    return value
 
 
 def _string(request: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
@@ -587,9 +606,7 @@ class SqsProtocol:
         """The queue name of ``arn:aws:sqs:REGION:ACCOUNT:NAME`` (any region and account)."""
         parts = arn.split(":", 5) if isinstance(arn, str) else []
         if len(parts) != 6 or parts[0] != "arn" or parts[2] != "sqs" or not parts[5]:
-            raise _invalid(
-                f"Value {arn} for parameter {parameter} is invalid. Reason: it is not an Amazon SQS queue ARN."
-            )
+            raise _invalid_value(parameter, arn, "it is not an Amazon SQS queue ARN.")
         return parts[5]
 
     def _name_of_url(self, request: Mapping[str, Any]) -> str:
@@ -625,9 +642,9 @@ class SqsProtocol:
     # -- queue attributes ---------------------------------------------------------------------------
 
     def _parse_attributes(
-        self, attributes: Any, *, fifo: bool, creating: bool
+        self, attributes: Any, queue: str, *, fifo: bool, creating: bool
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """SQS queue attributes -> (QueueSettings changes, attributes kept in sqs.json)."""
+        """Queue ``queue``'s SQS attributes -> (QueueSettings changes, attributes kept in sqs.json)."""
         if attributes is None:
             return {}, {}
         if not isinstance(attributes, dict):
@@ -656,7 +673,7 @@ class SqsProtocol:
             elif name == "MaximumMessageSize":
                 stored[name] = integer(name, value, 1024, self.max_message_size)
             elif name == "RedrivePolicy":
-                changes.update(self._parse_redrive_policy(value, fifo))
+                changes.update(self._parse_redrive_policy(value, queue, fifo))
             elif name == "Shards":  # journalq's own: spread the queue over 2..1024 shards
                 if not creating:
                     raise SqsError("InvalidAttributeName", "Shards can only be set when the queue is created.")
@@ -692,7 +709,9 @@ class SqsProtocol:
                         f"Invalid value for the parameter FifoThroughputLimit: {value!r}.",
                     )
                 stored[name] = value
-            elif name in ("Policy", "RedriveAllowPolicy"):
+            elif name == "RedriveAllowPolicy":
+                stored[name] = self._parse_redrive_allow_policy(value)
+            elif name == "Policy":
                 if not isinstance(value, str):
                     raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
                 if value:
@@ -715,31 +734,31 @@ class SqsProtocol:
                 raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
         return changes, stored
 
-    def _parse_redrive_policy(self, value: Any, fifo: bool) -> dict[str, Any]:
+    def _parse_redrive_policy(self, value: Any, source: str, fifo: bool) -> dict[str, Any]:
+        """The RedrivePolicy of queue ``source``: its target must exist, be of the same kind and
+        allow ``source`` (its RedriveAllowPolicy), as on SQS."""
         if value in ("", None, {}):
             return {"dead_letter_queue": None, "max_receive_count": None}
+
+        def refused(reason: str) -> SqsError:
+            return _invalid_value("RedrivePolicy", value, reason)
+
         try:
             policy = json.loads(value) if isinstance(value, str) else value
         except ValueError:
             policy = None
-        if (
-            not isinstance(policy, dict)
-            or "deadLetterTargetArn" not in policy
-            or "maxReceiveCount" not in policy
-        ):
-            raise SqsError(
-                "InvalidAttributeValue",
-                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Redrive policy is not a JSON "
-                "object with deadLetterTargetArn and maxReceiveCount.",
-            )
+        if not isinstance(policy, dict):
+            raise refused("Redrive policy is not a JSON object.")
+        for mandatory in ("deadLetterTargetArn", "maxReceiveCount"):
+            if mandatory not in policy:
+                raise refused(f"Redrive policy does not contain mandatory attribute: {mandatory}.")
         count = policy["maxReceiveCount"]
         if isinstance(count, str) and count.strip().isdigit():
             count = int(count)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
-            raise SqsError(
-                "InvalidAttributeValue",
-                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Invalid value for maxReceiveCount: "
-                f"{policy['maxReceiveCount']}, valid values are from 1 to 1000 both inclusive.",
+            raise refused(
+                f"Invalid value for maxReceiveCount: {policy['maxReceiveCount']}, valid values are from 1 to 1000 "
+                "both inclusive."
             )
         target = self.name_of_arn(policy["deadLetterTargetArn"], "RedrivePolicy")
         try:
@@ -747,17 +766,66 @@ class SqsProtocol:
         except InvalidNameError:
             target_settings = None
         if target_settings is None:
-            raise SqsError(
-                "InvalidParameterValue",
-                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Dead letter target does not exist.",
-            )
+            raise refused("Dead letter target does not exist.")
         if target_settings.fifo != fifo:
-            raise SqsError(
-                "InvalidParameterValue",
-                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Dead-letter target owner queue "
-                "and the dead-letter queue must both be FIFO queues or both be standard queues.",
+            raise refused(
+                "Dead-letter target owner queue and the dead-letter queue must both be FIFO queues or both be "
+                "standard queues."
+            )
+        allowed = self._sidecar.read(target).get("attributes", {}).get("RedriveAllowPolicy")
+        if allowed and not self._allows(allowed, source):
+            raise refused(
+                f"Queue {self.queue_arn(source)} is not allowed to use {self.queue_arn(target)} as its dead-letter "
+                "queue: the target's RedriveAllowPolicy does not permit it."
             )
         return {"dead_letter_queue": target, "max_receive_count": count}
+
+    def _parse_redrive_allow_policy(self, value: Any) -> str:
+        """A RedriveAllowPolicy, checked: ``redrivePermission`` allowAll, denyAll or byQueue, and
+        with byQueue (only), ``sourceQueueArns``: 1 to 10 queue ARNs. "" removes it."""
+        if value == "":
+            return value
+
+        def refused(reason: str) -> SqsError:
+            return _invalid_value("RedriveAllowPolicy", value, reason)
+
+        try:
+            policy = json.loads(value) if isinstance(value, str) else None
+        except ValueError:
+            policy = None
+        if not isinstance(policy, dict):
+            raise refused("Redrive allow policy is not a JSON object.")
+        unknown = set(policy) - {"redrivePermission", "sourceQueueArns"}
+        if unknown:
+            raise refused(f"Unknown attribute {sorted(unknown)[0]}: only redrivePermission and sourceQueueArns.")
+        permission = policy.get("redrivePermission")
+        if permission not in ("allowAll", "denyAll", "byQueue"):
+            raise refused(f"Invalid value for redrivePermission: {permission} (allowAll, denyAll or byQueue).")
+        sources = policy.get("sourceQueueArns")
+        if permission != "byQueue":
+            if sources is not None:
+                raise refused("sourceQueueArns can be given only when redrivePermission is byQueue.")
+            return value
+        if not isinstance(sources, list) or not 1 <= len(sources) <= MAX_REDRIVE_SOURCES:
+            raise refused(
+                f"With redrivePermission byQueue, sourceQueueArns must list 1 to {MAX_REDRIVE_SOURCES} queue ARNs."
+            )
+        for arn in sources:
+            self.name_of_arn(arn, "RedriveAllowPolicy")
+        return value
+
+    def _allows(self, allow_policy: str, source: str) -> bool:
+        """Whether a RedriveAllowPolicy lets queue ``source`` use its queue as dead-letter queue.
+        ARNs name queues by their name, whatever their region and account, as URLs do. (A policy
+        stored before policies were checked, and not valid, allows all, as it did then.)"""
+        with contextlib.suppress(SqsError):
+            self._parse_redrive_allow_policy(allow_policy)
+            policy = json.loads(allow_policy)
+            if policy["redrivePermission"] == "denyAll":
+                return False
+            if policy["redrivePermission"] == "byQueue":
+                return source in {self.name_of_arn(arn, "RedriveAllowPolicy") for arn in policy["sourceQueueArns"]}
+        return True
 
     def _static_attributes(self, settings: QueueSettings, stored: Mapping[str, Any]) -> dict[str, str]:
         """The attributes that settings and sqs.json give (all but counts, times and the ARN)."""
@@ -827,7 +895,7 @@ class SqsProtocol:
             )
         tags = request.get("tags", request.get("Tags")) or {}
         self._check_tags(tags)
-        changes, stored = self._parse_attributes(attributes, fifo=fifo, creating=True)
+        changes, stored = self._parse_attributes(attributes, name, fifo=fifo, creating=True)
         path = self.broker.root / name
         current = settings_file.load(path)
         if current is not None:
@@ -938,7 +1006,7 @@ class SqsProtocol:
         if attributes is None:
             raise _missing("Attributes")
         current = self._settings(name)
-        changes, stored = self._parse_attributes(attributes, fifo=current.fifo, creating=False)
+        changes, stored = self._parse_attributes(attributes, name, fifo=current.fifo, creating=False)
         if changes:
             try:
                 self.broker.configure(name, **changes)
@@ -1040,10 +1108,7 @@ class SqsProtocol:
 
         delay = _integer(entry, "DelaySeconds", 0, 900)
         if settings.fifo and delay:
-            raise _invalid(
-                f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request include parameter "
-                "that is not valid for this queue type."
-            )
+            raise _invalid_value("DelaySeconds", delay, _NOT_FOR_THIS_QUEUE_TYPE)
 
         attributes: dict[str, Attribute] = {}
         raw_attributes = entry.get("MessageAttributes") or {}
@@ -1091,16 +1156,9 @@ class SqsProtocol:
         else:
             for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
                 if value is not None:
-                    raise _invalid(
-                        f"Value {value} for parameter {parameter} is invalid. Reason: The request include "
-                        "parameter that is not valid for this queue type."
-                    )
+                    raise _invalid_value(parameter, value, _NOT_FOR_THIS_QUEUE_TYPE)
         for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
-            if value is not None and not _GROUP_OR_DEDUP_ID.fullmatch(value):
-                raise _invalid(
-                    f"Value {value} for parameter {parameter} is invalid. Reason: 1 to 128 alphanumeric or "
-                    "punctuation characters."
-                )
+            _check_token(parameter, value)
 
         if size > limit:
             raise _invalid(
@@ -1285,12 +1343,7 @@ class SqsProtocol:
         if not isinstance(selectors, list):
             raise _invalid("MessageAttributeNames must be a list.")
         fifo = queue.settings.fifo
-        attempt = _string(request, "ReceiveRequestAttemptId")
-        if attempt is not None and not _GROUP_OR_DEDUP_ID.fullmatch(attempt):
-            raise _invalid(
-                f"Value {attempt} for parameter ReceiveRequestAttemptId is invalid. Reason: 1 to 128 alphanumeric "
-                "or punctuation characters."
-            )
+        attempt = _check_token("ReceiveRequestAttemptId", _string(request, "ReceiveRequestAttemptId"))
         received = self._again(name, queue, attempt, hide) if fifo and attempt is not None else None
         if received is None:
             received = queue.receive(count or 1, visibility_timeout=hide, wait=wait)
@@ -1425,9 +1478,8 @@ class SqsProtocol:
             )
         if deleting:
             return None  # a delivery that is over: SQS answers success (the message may come again)
-        return _invalid(
-            f"Value {receipt} for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not "
-            "available for visibility timeout change."
+        return _invalid_value(
+            "ReceiptHandle", receipt, "Message does not exist or is not available for visibility timeout change."
         )
 
     def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
