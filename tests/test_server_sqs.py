@@ -455,9 +455,16 @@ def test_content_based_deduplication(sqs: Any) -> None:
     assert sorted(m["Body"] for m in got) == ["other", "same"]
 
 
-def test_group_and_dedup_ids_are_refused_on_a_standard_queue(sqs: Any, queue_url: str) -> None:
+def test_a_standard_queue_takes_message_group_ids_but_not_deduplication_ids(sqs: Any, queue_url: str) -> None:
+    """Fair queues: a standard queue takes MessageGroupId (a tenant; its messages still go out in
+    parallel) and gives it back as a system attribute; MessageDeduplicationId is FIFO's alone."""
+    for body in ("t1", "t2"):
+        sqs.send_message(QueueUrl=queue_url, MessageBody=body, MessageGroupId="tenant-a")
+    got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["MessageGroupId"])
+    assert sorted(m["Body"] for m in got["Messages"]) == ["t1", "t2"]
+    assert {m["Attributes"]["MessageGroupId"] for m in got["Messages"]} == {"tenant-a"}
     with pytest.raises(ClientError) as info:
-        sqs.send_message(QueueUrl=queue_url, MessageBody="x", MessageGroupId="g")
+        sqs.send_message(QueueUrl=queue_url, MessageBody="x", MessageDeduplicationId="d")
     assert error_code(info) == "InvalidParameterValue"
 
 

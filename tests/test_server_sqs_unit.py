@@ -674,8 +674,8 @@ def test_message_validation(client: Client) -> None:
         "MessageId"
     ]
     assert send(MessageBody="x", DelaySeconds=901).code == "InvalidParameterValue"
-    assert send(MessageBody="x", MessageGroupId="g").code == "InvalidParameterValue"  # not a FIFO queue
-    assert send(MessageBody="x", MessageDeduplicationId="d").code == "InvalidParameterValue"
+    assert send(MessageBody="x", MessageGroupId="g" * 129).code == "InvalidParameterValue"
+    assert send(MessageBody="x", MessageDeduplicationId="d").code == "InvalidParameterValue"  # not a FIFO queue
     for attributes in (
         {"AWS.x": {"DataType": "String", "StringValue": "v"}},
         {"amazon.x": {"DataType": "String", "StringValue": "v"}},
@@ -1297,3 +1297,26 @@ def test_receive_request_attempt_id(client: Client, broker: Broker) -> None:
         assert client.error("ReceiveMessage", QueueUrl=fifo, ReceiveRequestAttemptId=bad).code == (
             "InvalidParameterValue"
         )
+
+
+def test_a_standard_queue_message_group_id_names_a_tenant(client: Client, broker: Broker) -> None:
+    """SQS's fair queues: MessageGroupId on a standard queue is taken and delivered back, but its
+    messages go out in parallel (no group order), and it is never among MessageAttributes."""
+    url = client.create("tenants")
+    attributes = {"a": {"DataType": "String", "StringValue": "v"}}
+    sent = client("SendMessage", QueueUrl=url, MessageBody="one", MessageGroupId="tenant-1", MessageAttributes=attributes)
+    client("SendMessage", QueueUrl=url, MessageBody="two", MessageGroupId="tenant-1")
+    assert "SequenceNumber" not in sent
+    assert sent["MD5OfMessageAttributes"] == md5_of_message_attributes({"a": Attribute("String", "v")})
+    got = client.receive(url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"])
+    assert [m["Body"] for m in got] == ["one", "two"]  # both at once: a tenant is no FIFO group
+    assert [m["Attributes"]["MessageGroupId"] for m in got] == ["tenant-1", "tenant-1"]
+    assert got[0]["MessageAttributes"] == {"a": {"DataType": "String", "StringValue": "v"}}
+    assert got[0]["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    assert "MessageAttributes" not in got[1]
+    batch = client(
+        "SendMessageBatch", QueueUrl=url, Entries=[{"Id": "1", "MessageBody": "three", "MessageGroupId": "t2"}]
+    )
+    assert [e["Id"] for e in batch["Successful"]] == ["1"] and batch["Failed"] == []
+    (three,) = client.receive(url, AttributeNames=["MessageGroupId"])
+    assert (three["Body"], three["Attributes"]) == ("three", {"MessageGroupId": "t2"})

@@ -32,7 +32,11 @@ How SQS maps onto journalq:
   ``MD5OfBody`` is that of the text delivered, so that SDKs that check it accept it.
 * ``AWSTraceHeader`` (the one message system attribute) is stored as the message attribute
   ``AWS.TraceHeader``, a name SQS reserves (no SQS client can send it), and is delivered as the
-  system attribute, never among ``MessageAttributes``.
+  system attribute, never among ``MessageAttributes``. So is the ``MessageGroupId`` of a message
+  sent to a standard queue (SQS's fair queues), as ``AWS.MessageGroupId``: on a standard queue it
+  names a tenant and its messages go out in parallel, while a FIFO queue's is journalq's group
+  (one message of a group in flight at a time). journalq does not reorder for fairness: every
+  tenant's messages go out oldest first.
 * ``DeleteMessage`` with the receipt of a delivery that is over (the message was deleted, or
   received again since) succeeds without deleting anything, as on SQS (``ChangeMessageVisibility``
   with one is ``InvalidParameterValue``, as on SQS); a receipt that is not one of the queue's is
@@ -166,6 +170,10 @@ MAX_REDRIVE_SOURCES = 10
 MAX_VISIBILITY = 12 * 3600
 TRACE_ATTRIBUTE = "AWS.TraceHeader"
 """The message attribute that carries ``AWSTraceHeader`` (a name SQS reserves for itself)."""
+TENANT_ATTRIBUTE = "AWS.MessageGroupId"
+"""The message attribute that carries the ``MessageGroupId`` of a message sent to a standard
+queue (SQS's fair queues: a tenant, not an ordered group), delivered as the system attribute."""
+_RESERVED_ATTRIBUTES = frozenset((TRACE_ATTRIBUTE, TENANT_ATTRIBUTE))
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _FIFO_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
@@ -1153,10 +1161,8 @@ class SqsProtocol:
                     "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId "
                     "provided explicitly"
                 )
-        else:
-            for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
-                if value is not None:
-                    raise _invalid_value(parameter, value, _NOT_FOR_THIS_QUEUE_TYPE)
+        elif dedup is not None:
+            raise _invalid_value("MessageDeduplicationId", dedup, _NOT_FOR_THIS_QUEUE_TYPE)
         for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
             _check_token(parameter, value)
 
@@ -1168,6 +1174,11 @@ class SqsProtocol:
         stored = dict(attributes)
         if system:
             stored[TRACE_ATTRIBUTE] = system["AWSTraceHeader"]
+        if group is not None and not settings.fifo:
+            # A standard queue's MessageGroupId (SQS's fair queues) names a tenant: its messages
+            # still go out in parallel, so it is no journalq group (which delivers one at a time).
+            stored[TENANT_ATTRIBUTE] = Attribute("String", group)
+            group = None
         item: dict[str, Any] | bytes
         if stored or delay is not None or group is not None or dedup is not None:
             item = {"body": encoded, "attributes": stored or None, "delay": delay}
@@ -1425,8 +1436,10 @@ class SqsProtocol:
             attributes["SequenceNumber"] = f"{message.offset:020d}"
         if fifo and wanted("MessageDeduplicationId") and message.dedup_id is not None:
             attributes["MessageDeduplicationId"] = message.dedup_id
-        if wanted("MessageGroupId") and message.group_id is not None:
-            attributes["MessageGroupId"] = message.group_id
+        tenant = message.attributes.get(TENANT_ATTRIBUTE)
+        group = message.group_id if message.group_id is not None or tenant is None else tenant.value
+        if wanted("MessageGroupId") and isinstance(group, str):
+            attributes["MessageGroupId"] = group
         if wanted("AWSTraceHeader") and trace is not None and isinstance(trace.value, str):
             attributes["AWSTraceHeader"] = trace.value
         source = (message.source or {}).get("queue")
@@ -1437,7 +1450,7 @@ class SqsProtocol:
         chosen = {
             n: a
             for n, a in message.attributes.items()
-            if n != TRACE_ATTRIBUTE and self._selected(n, selectors)
+            if n not in _RESERVED_ATTRIBUTES and self._selected(n, selectors)
         }
         if chosen:
             out["MD5OfMessageAttributes"] = md5_of_message_attributes(chosen)
@@ -1637,4 +1650,4 @@ class SqsProtocol:
         )
 
 
-__all__ = ["SqsError", "SqsProtocol", "TRACE_ATTRIBUTE"]
+__all__ = ["SqsError", "SqsProtocol", "TENANT_ATTRIBUTE", "TRACE_ATTRIBUTE"]
