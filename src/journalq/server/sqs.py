@@ -212,6 +212,7 @@ _QUEUE_ATTRIBUTES = frozenset(
         "ContentBasedDeduplication",
         "DeduplicationScope",
         "MaximumMessageSize",
+        "Shards",  # journalq's own (CreateQueue's Shards), which "All" lists too
         *_STORED_ATTRIBUTES,
         *_DYNAMIC_ATTRIBUTES,
     )
