@@ -443,6 +443,21 @@ def test_a_retried_fifo_receive_gets_the_same_messages(sqs: Any) -> None:
     assert error_code(info) == "InvalidParameterValue"
 
 
+def test_high_throughput_fifo_deduplicates_per_message_group(sqs: Any) -> None:
+    """A high-throughput FIFO queue (DeduplicationScope messageGroup, FifoThroughputLimit
+    perMessageGroupId, as CloudFormation, CDK and Terraform create it): a deduplication id is
+    per group, so the same id in two groups sends two messages."""
+    url = sqs.create_queue(QueueName=new_name("high") + ".fifo", Attributes={
+        "FifoQueue": "true", "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"})["QueueUrl"]
+    one = sqs.send_message(QueueUrl=url, MessageBody="1", MessageGroupId="a", MessageDeduplicationId="order-7")
+    two = sqs.send_message(QueueUrl=url, MessageBody="2", MessageGroupId="b", MessageDeduplicationId="order-7")
+    again = sqs.send_message(QueueUrl=url, MessageBody="1", MessageGroupId="a", MessageDeduplicationId="order-7")
+    assert one["MessageId"] != two["MessageId"] and again["MessageId"] == one["MessageId"]
+    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"])["Messages"]
+    assert sorted(m["Body"] for m in got) == ["1", "2"]
+    assert {m["Attributes"]["MessageDeduplicationId"] for m in got} == {"order-7"}
+
+
 def test_content_based_deduplication(sqs: Any) -> None:
     url = sqs.create_queue(
         QueueName=new_name("cbd") + ".fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}

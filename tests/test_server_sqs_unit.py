@@ -1007,7 +1007,7 @@ def test_fifo_queues(client: Client) -> None:
     assert [e["Id"] for e in batch["Successful"]] == ["a"] and batch["Successful"][0]["SequenceNumber"]
     assert batch["Failed"][0]["Code"] == "MissingParameter"
     assert client.error(
-        "SetQueueAttributes", QueueUrl=cbd, Attributes={"DeduplicationScope": "messageGroup"}
+        "SetQueueAttributes", QueueUrl=cbd, Attributes={"DeduplicationScope": "perGroup"}
     ).code == ("InvalidAttributeValue")
     assert (
         client(
@@ -1320,3 +1320,37 @@ def test_a_standard_queue_message_group_id_names_a_tenant(client: Client, broker
     assert [e["Id"] for e in batch["Successful"]] == ["1"] and batch["Failed"] == []
     (three,) = client.receive(url, AttributeNames=["MessageGroupId"])
     assert (three["Body"], three["Attributes"]) == ("three", {"MessageGroupId": "t2"})
+
+
+def test_deduplication_per_message_group(client: Client) -> None:
+    """DeduplicationScope messageGroup (SQS's high-throughput FIFO): one deduplication id in two
+    groups is two messages; in one group, one. The id is delivered as the client gave it."""
+    url = client.create(
+        "scoped.fifo", FifoQueue="true", DeduplicationScope="messageGroup", FifoThroughputLimit="perMessageGroupId"
+    )
+    attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (attributes["DeduplicationScope"], attributes["FifoThroughputLimit"]) == ("messageGroup", "perMessageGroupId")
+
+    def send(body: str, group: str, dedup: str | None = None) -> str:
+        extra = {} if dedup is None else {"MessageDeduplicationId": dedup}
+        return client("SendMessage", QueueUrl=url, MessageBody=body, MessageGroupId=group, **extra)["MessageId"]
+
+    a = send("a", "g1", "same")
+    b = send("b", "g2", "same")
+    assert a != b and send("a again", "g1", "same") == a
+    got = client.receive(url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"])
+    assert sorted(m["Body"] for m in got) == ["a", "b"]
+    assert {m["Attributes"]["MessageDeduplicationId"] for m in got} == {"same"}
+    assert all("MessageAttributes" not in m for m in got)
+    # Content-based: the body's hash, per group too.
+    client("SetQueueAttributes", QueueUrl=url, Attributes={"ContentBasedDeduplication": "true"})
+    c = send("body", "g3")
+    assert send("body", "g4") != c and send("body", "g3") == c
+    (m,) = [m for m in client.receive(url, MaxNumberOfMessages=10, AttributeNames=["MessageDeduplicationId"]) if m["MessageId"] == c]
+    assert m["Attributes"]["MessageDeduplicationId"] == hashlib.sha256(b"body").hexdigest()
+    # Back to one scope for the queue: the same id in another group is a duplicate again.
+    client("SetQueueAttributes", QueueUrl=url, Attributes={"DeduplicationScope": "queue"})
+    assert send("x", "g5", "q") == send("y", "g6", "q")
+    # What the existing queue is, CreateQueue compares with.
+    assert client.error("CreateQueue", QueueName="scoped.fifo", Attributes={
+        "FifoQueue": "true", "DeduplicationScope": "messageGroup"}).code == "QueueNameExists"

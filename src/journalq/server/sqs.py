@@ -16,8 +16,8 @@ How SQS maps onto journalq:
 * Queue attributes are ``QueueSettings`` where journalq has the setting (VisibilityTimeout,
   DelaySeconds, MessageRetentionPeriod, ReceiveMessageWaitTimeSeconds, RedrivePolicy, FifoQueue,
   ContentBasedDeduplication). What journalq has no setting for (MaximumMessageSize, tags, Policy,
-  RedriveAllowPolicy, the KMS/SSE attributes, FifoThroughputLimit, the creation time, the message
-  move tasks run) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
+  RedriveAllowPolicy, the KMS/SSE attributes, DeduplicationScope, FifoThroughputLimit, the
+  creation time, the message move tasks run) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
   process and deleted with the queue. Policy and the KMS/SSE attributes are stored and echoed,
   never enforced; a RedriveAllowPolicy is checked and enforced when a queue names its queue in a
   RedrivePolicy (set before, it does not undo a RedrivePolicy that names it already).
@@ -36,7 +36,9 @@ How SQS maps onto journalq:
   sent to a standard queue (SQS's fair queues), as ``AWS.MessageGroupId``: on a standard queue it
   names a tenant and its messages go out in parallel, while a FIFO queue's is journalq's group
   (one message of a group in flight at a time). journalq does not reorder for fairness: every
-  tenant's messages go out oldest first.
+  tenant's messages go out oldest first. A FIFO queue whose DeduplicationScope is messageGroup
+  deduplicates by a hash of the group and the deduplication id, and keeps the client's id as
+  ``AWS.MessageDeduplicationId`` to deliver it. FifoThroughputLimit is stored and echoed.
 * ``DeleteMessage`` with the receipt of a delivery that is over (the message was deleted, or
   received again since) succeeds without deleting anything, as on SQS (``ChangeMessageVisibility``
   with one is ``InvalidParameterValue``, as on SQS); a receipt that is not one of the queue's is
@@ -54,6 +56,7 @@ import base64
 import binascii
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -173,7 +176,11 @@ TRACE_ATTRIBUTE = "AWS.TraceHeader"
 TENANT_ATTRIBUTE = "AWS.MessageGroupId"
 """The message attribute that carries the ``MessageGroupId`` of a message sent to a standard
 queue (SQS's fair queues: a tenant, not an ordered group), delivered as the system attribute."""
-_RESERVED_ATTRIBUTES = frozenset((TRACE_ATTRIBUTE, TENANT_ATTRIBUTE))
+DEDUP_ATTRIBUTE = "AWS.MessageDeduplicationId"
+"""The message attribute that carries the ``MessageDeduplicationId`` of a message sent to a FIFO
+queue whose DeduplicationScope is messageGroup (the queue deduplicates by a hash of the group
+and that id), delivered as the system attribute."""
+_RESERVED_ATTRIBUTES = frozenset((TRACE_ATTRIBUTE, TENANT_ATTRIBUTE, DEDUP_ATTRIBUTE))
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _FIFO_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
@@ -193,6 +200,11 @@ _DYNAMIC_ATTRIBUTES = (
     "LastModifiedTimestamp",
     "QueueArn",
 )
+_CHOICES = {
+    # the FIFO attributes kept in sqs.json whose values are one of a few words
+    "DeduplicationScope": ("queue", "messageGroup"),
+    "FifoThroughputLimit": ("perQueue", "perMessageGroupId"),
+}
 _STORED_ATTRIBUTES = (
     "Policy",
     "RedriveAllowPolicy",
@@ -478,6 +490,15 @@ class _Outgoing:
 
 
 @dataclass(frozen=True)
+class _SendRules:
+    """What a queue's SQS attributes (in sqs.json) say about the messages sent to it: their
+    largest size, and whether a FIFO queue deduplicates per message group."""
+
+    limit: int
+    dedup_per_group: bool
+
+
+@dataclass(frozen=True)
 class _Sending:
     """A SendMessage (``failed`` None, one entry) or SendMessageBatch, checked: the messages to
     store, each with its entry id, and the batch entries refused already."""
@@ -573,12 +594,12 @@ class SqsProtocol:
         SendMessage not stored gets the exception that ``partly_stored(error)`` returns (called
         once). Without it, the ``PartialSendError`` raises, for all of them."""
         with _sqs_errors():  # the queue and its limit: looked up once for all of them
-            queue, limit = self._queue(name), self._limit(name)
+            queue, rules = self._queue(name), self._send_rules(name)
         checked: list[_Sending | SqsError] = []
         for action, request in requests:
             try:
                 with _sqs_errors():
-                    checked.append(self._check_send(action, request, queue, limit))
+                    checked.append(self._check_send(action, request, queue, rules))
             except SqsError as exc:
                 checked.append(exc)
         sendings = [c for c in checked if isinstance(c, _Sending)]
@@ -700,22 +721,11 @@ class SqsProtocol:
                 raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
             elif name == "ContentBasedDeduplication":
                 changes["content_based_dedup"] = _boolean(name, value)
-            elif name == "DeduplicationScope":
-                if value == "messageGroup":
+            elif name in _CHOICES:
+                if value not in _CHOICES[name]:
                     raise SqsError(
                         "InvalidAttributeValue",
-                        "DeduplicationScope messageGroup is not supported: deduplication is per queue.",
-                    )
-                if value != "queue":
-                    raise SqsError(
-                        "InvalidAttributeValue",
-                        f"Invalid value for the parameter DeduplicationScope: {value!r}.",
-                    )
-            elif name == "FifoThroughputLimit":
-                if value not in ("perQueue", "perMessageGroupId"):
-                    raise SqsError(
-                        "InvalidAttributeValue",
-                        f"Invalid value for the parameter FifoThroughputLimit: {value!r}.",
+                        f"Invalid value for the parameter {name}: {value!r} ({' or '.join(_CHOICES[name])}).",
                     )
                 stored[name] = value
             elif name == "RedriveAllowPolicy":
@@ -860,7 +870,7 @@ class SqsProtocol:
         if settings.fifo:
             out["FifoQueue"] = "true"
             out["ContentBasedDeduplication"] = "true" if settings.content_based_dedup else "false"
-            out["DeduplicationScope"] = "queue"
+            out["DeduplicationScope"] = str(stored.get("DeduplicationScope", "queue"))
             out["FifoThroughputLimit"] = str(stored.get("FifoThroughputLimit", "perQueue"))
         for name in ("Policy", "RedriveAllowPolicy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds"):
             if name in stored:
@@ -1104,7 +1114,7 @@ class SqsProtocol:
 
     # -- actions: sending ---------------------------------------------------------------------------------
 
-    def _outgoing(self, entry: Mapping[str, Any], settings: QueueSettings, limit: int) -> _Outgoing:
+    def _outgoing(self, entry: Mapping[str, Any], settings: QueueSettings, rules: _SendRules) -> _Outgoing:
         """Check one message to send (SendMessage's parameters, or a batch entry)."""
         body = entry.get("MessageBody")
         if body is None or body == "":
@@ -1167,14 +1177,22 @@ class SqsProtocol:
         for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
             _check_token(parameter, value)
 
-        if size > limit:
+        if size > rules.limit:
             raise _invalid(
-                f"One or more parameters are invalid. Reason: Message must be shorter than {limit} bytes."
+                f"One or more parameters are invalid. Reason: Message must be shorter than {rules.limit} bytes."
             )
 
         stored = dict(attributes)
         if system:
             stored[TRACE_ATTRIBUTE] = system["AWSTraceHeader"]
+        if settings.fifo and rules.dedup_per_group:
+            # DeduplicationScope messageGroup: the queue deduplicates by an id made of the group
+            # and the message's id (the client's, or the body's hash as the queue would make it),
+            # and the client's id travels beside, to be delivered as it was given.
+            if dedup is None:
+                dedup = hashlib.sha256(encoded).hexdigest()
+            stored[DEDUP_ATTRIBUTE] = Attribute("String", dedup)
+            dedup = hashlib.sha256(f"{group}\n{dedup}".encode()).hexdigest()
         if group is not None and not settings.fifo:
             # A standard queue's MessageGroupId (SQS's fair queues) names a tenant: its messages
             # still go out in parallel, so it is no journalq group (which delivers one at a time).
@@ -1247,9 +1265,12 @@ class SqsProtocol:
             _check_number_value(name, text)
         return Attribute(data_type, text)
 
-    def _limit(self, name: str) -> int:
+    def _send_rules(self, name: str) -> _SendRules:
         stored = self._sidecar.read(name).get("attributes", {})
-        return min(int(stored.get("MaximumMessageSize", self.max_message_size)), self.max_message_size)
+        return _SendRules(
+            min(int(stored.get("MaximumMessageSize", self.max_message_size)), self.max_message_size),
+            stored.get("DeduplicationScope") == "messageGroup",
+        )
 
     def _answer(self, message_id: str, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
         answer = {"MessageId": message_id, **outgoing.answer}
@@ -1269,12 +1290,12 @@ class SqsProtocol:
             raise answer
         return answer
 
-    def _check_send(self, action: str, request: dict[str, Any], queue: Queue, limit: int) -> _Sending:
-        """A SendMessage or SendMessageBatch request to ``queue`` (whose messages may have up
-        to ``limit`` bytes), checked, ready to store."""
+    def _check_send(self, action: str, request: dict[str, Any], queue: Queue, rules: _SendRules) -> _Sending:
+        """A SendMessage or SendMessageBatch request to ``queue`` (whose messages follow
+        ``rules``), checked, ready to store."""
         settings = queue.settings
         if action == "SendMessage":
-            outgoing = self._outgoing(request, settings, limit)
+            outgoing = self._outgoing(request, settings, rules)
             return _Sending(queue, settings.fifo, [(None, outgoing)], None)
         entries = _entries(request, send=True)
         total = sum(
@@ -1291,7 +1312,7 @@ class SqsProtocol:
         failed: list[dict[str, Any]] = []
         for entry in entries:
             try:
-                checked.append((entry["Id"], self._outgoing(entry, settings, limit)))
+                checked.append((entry["Id"], self._outgoing(entry, settings, rules)))
             except SqsError as exc:
                 failed.append(exc.entry(entry["Id"]))
         if sum(o.size for _, o in checked) > self.max_message_size:
@@ -1435,8 +1456,10 @@ class SqsProtocol:
             self._first_receive_ms(queue, message, now_ms)
         if fifo and wanted("SequenceNumber"):
             attributes["SequenceNumber"] = f"{message.offset:020d}"
-        if fifo and wanted("MessageDeduplicationId") and message.dedup_id is not None:
-            attributes["MessageDeduplicationId"] = message.dedup_id
+        scoped = message.attributes.get(DEDUP_ATTRIBUTE)
+        dedup = message.dedup_id if scoped is None else scoped.value
+        if fifo and wanted("MessageDeduplicationId") and isinstance(dedup, str):
+            attributes["MessageDeduplicationId"] = dedup
         tenant = message.attributes.get(TENANT_ATTRIBUTE)
         group = message.group_id if message.group_id is not None or tenant is None else tenant.value
         if wanted("MessageGroupId") and isinstance(group, str):
@@ -1651,4 +1674,4 @@ class SqsProtocol:
         )
 
 
-__all__ = ["SqsError", "SqsProtocol", "TENANT_ATTRIBUTE", "TRACE_ATTRIBUTE"]
+__all__ = ["DEDUP_ATTRIBUTE", "SqsError", "SqsProtocol", "TENANT_ATTRIBUTE", "TRACE_ATTRIBUTE"]
