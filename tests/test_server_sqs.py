@@ -278,6 +278,22 @@ def test_send_message_batch(sqs: Any, queue_url: str) -> None:
         sqs.send_message_batch(QueueUrl=queue_url, Entries=[])
 
 
+def test_messages_up_to_one_mebibyte(sqs: Any) -> None:
+    """SQS's limit is 1 MiB (since August 2025): a message over the old 256 KiB is taken, a queue's
+    MaximumMessageSize goes up to 1 MiB and is 1 MiB by default, and a larger message is refused."""
+    url = sqs.create_queue(QueueName=new_name("big"), Attributes={"MaximumMessageSize": "1048576"})["QueueUrl"]
+    assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"] == {
+        "MaximumMessageSize": "1048576"
+    }
+    body = "b" * (600 * 1024)
+    sent = sqs.send_message(QueueUrl=url, MessageBody=body)
+    (got,) = sqs.receive_message(QueueUrl=url)["Messages"]
+    assert got["MessageId"] == sent["MessageId"] and got["Body"] == body
+    with pytest.raises(ClientError) as info:
+        sqs.send_message(QueueUrl=url, MessageBody="b" * (1024 * 1024 + 1))
+    assert error_code(info) == "InvalidParameterValue"
+
+
 def test_delay_seconds_of_message_and_queue(sqs: Any) -> None:
     url = sqs.create_queue(QueueName=new_name("delay"), Attributes={"DelaySeconds": "1"})["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="queue delay")
@@ -594,7 +610,7 @@ def test_errors_carry_sqs_codes(sqs: Any, server: ServerProcess) -> None:
     assert error_code(info) == "InvalidParameterValue"
     url = sqs.create_queue(QueueName=new_name())["QueueUrl"]
     with pytest.raises(ClientError) as info:
-        sqs.send_message(QueueUrl=url, MessageBody="x" * (256 * 1024 + 1))
+        sqs.send_message(QueueUrl=url, MessageBody="x" * (1024 * 1024 + 1))
     assert error_code(info) == "InvalidParameterValue"
     with pytest.raises(ClientError) as info:
         sqs.send_message(QueueUrl=url, MessageBody="bad \u0000 character")

@@ -548,7 +548,7 @@ def test_queue_attributes(client: Client, broker: Broker) -> None:
         ({"MessageRetentionPeriod": "59"}, "InvalidAttributeValue"),
         ({"ReceiveMessageWaitTimeSeconds": "21"}, "InvalidAttributeValue"),
         ({"MaximumMessageSize": "1023"}, "InvalidAttributeValue"),
-        ({"MaximumMessageSize": "262145"}, "InvalidAttributeValue"),
+        ({"MaximumMessageSize": "1048577"}, "InvalidAttributeValue"),
         ({"Policy": "{not json"}, "InvalidAttributeValue"),
         ({"ContentBasedDeduplication": "true"}, "InvalidAttributeName"),  # not a FIFO queue
         ({"FifoQueue": "true"}, "InvalidAttributeName"),  # only at creation
@@ -574,8 +574,9 @@ def test_maximum_message_size(client: Client) -> None:
         "MessageId"
     ]
     big = client.create("big")
-    error = client.error("SendMessage", QueueUrl=big, MessageBody="\u00e9" * 131073)  # 262146 bytes of UTF-8
-    assert error.code == "InvalidParameterValue" and "262144" in error.message
+    error = client.error("SendMessage", QueueUrl=big, MessageBody="\u00e9" * 524289)  # 1048578 bytes of UTF-8
+    assert error.code == "InvalidParameterValue" and "1048576" in error.message  # SQS's limit by default
+    assert client("SendMessage", QueueUrl=big, MessageBody="\u00e9" * 524288)["MessageId"]
 
 
 def test_send_and_receive_with_digests(client: Client) -> None:
@@ -881,7 +882,7 @@ def test_send_message_batch(client: Client) -> None:
     for bad_id in ("has space", "", "x" * 81, None):
         error = client.error("SendMessageBatch", QueueUrl=url, Entries=[{"Id": bad_id, "MessageBody": "1"}])
         assert error.code == "InvalidBatchEntryId", bad_id
-    large = [{"Id": f"m{i}", "MessageBody": "x" * 30000} for i in range(9)]
+    large = [{"Id": f"m{i}", "MessageBody": "x" * 120000} for i in range(9)]  # over 1 MiB together
     error = client.error("SendMessageBatch", QueueUrl=url, Entries=large)
     assert (error.code, error.query_error) == (
         "BatchRequestTooLong",

@@ -167,6 +167,8 @@ def _no_queue() -> SqsError:
 # -- limits and formats -------------------------------------------------------------------------
 
 MAX_BATCH = 10
+SQS_MAX_MESSAGE_SIZE = 1024 * 1024
+"""SQS's largest message, and largest batch (1 MiB since August 2025; 256 KiB before)."""
 MAX_ATTRIBUTES = 10
 MAX_TAGS = 50
 MAX_REDRIVE_SOURCES = 10
@@ -512,7 +514,7 @@ class _Sending:
 class SqsProtocol:
     """Amazon SQS actions over ``broker``. ``max_message_size``: the largest message (body and
     attributes) and the largest batch this endpoint takes, and the highest MaximumMessageSize a
-    queue may have (SQS's limit is 262144 bytes)."""
+    queue may have (SQS's, 1 MiB, by default; the server gives its ``--max-message-size``)."""
 
     def __init__(
         self,
@@ -520,7 +522,7 @@ class SqsProtocol:
         *,
         account_id: str = "000000000000",
         region: str = "us-east-1",
-        max_message_size: int = 262144,
+        max_message_size: int = SQS_MAX_MESSAGE_SIZE,
     ) -> None:
         self.broker = broker
         self.account_id = account_id
