@@ -324,6 +324,17 @@ def _check_number_value(name: str, value: str) -> None:
         )
 
 
+def _json_object(parameter: str, value: Any, what: str) -> dict[str, Any]:
+    """The JSON object of a policy attribute (given as a string of JSON, or as the object)."""
+    try:
+        policy = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        policy = None
+    if not isinstance(policy, dict):
+        raise _invalid_value(parameter, value, f"{what} is not a JSON object.")
+    return policy
+
+
 def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str, Any]]:
     """The ``Entries`` of a batch action, with its request-wide rules checked."""
     entries = request.get("Entries")
@@ -764,12 +775,7 @@ class SqsProtocol:
         def refused(reason: str) -> SqsError:
             return _invalid_value("RedrivePolicy", value, reason)
 
-        try:
-            policy = json.loads(value) if isinstance(value, str) else value
-        except ValueError:
-            policy = None
-        if not isinstance(policy, dict):
-            raise refused("Redrive policy is not a JSON object.")
+        policy = _json_object("RedrivePolicy", value, "Redrive policy")
         for mandatory in ("deadLetterTargetArn", "maxReceiveCount"):
             if mandatory not in policy:
                 raise refused(f"Redrive policy does not contain mandatory attribute: {mandatory}.")
@@ -810,12 +816,9 @@ class SqsProtocol:
         def refused(reason: str) -> SqsError:
             return _invalid_value("RedriveAllowPolicy", value, reason)
 
-        try:
-            policy = json.loads(value) if isinstance(value, str) else None
-        except ValueError:
-            policy = None
-        if not isinstance(policy, dict):
-            raise refused("Redrive allow policy is not a JSON object.")
+        if not isinstance(value, str):
+            raise refused("Redrive allow policy is not a string of JSON.")
+        policy = _json_object("RedriveAllowPolicy", value, "Redrive allow policy")
         unknown = set(policy) - {"redrivePermission", "sourceQueueArns"}
         if unknown:
             raise refused(f"Unknown attribute {sorted(unknown)[0]}: only redrivePermission and sourceQueueArns.")
