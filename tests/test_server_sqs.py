@@ -446,7 +446,9 @@ def test_a_retried_fifo_receive_gets_the_same_messages(sqs: Any) -> None:
     first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, ReceiveRequestAttemptId="try-1")["Messages"]
     again = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, ReceiveRequestAttemptId="try-1")["Messages"]
     assert sorted(m["Body"] for m in first) == ["m1", "m2"]
-    assert [(m["MessageId"], m["ReceiptHandle"]) for m in again] == [(m["MessageId"], m["ReceiptHandle"]) for m in first]
+    assert [(m["MessageId"], m["ReceiptHandle"]) for m in again] == [
+        (m["MessageId"], m["ReceiptHandle"]) for m in first
+    ]
     # Another attempt id is another receive: the group is held by the first one's messages.
     assert "Messages" not in sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="try-2")
     for m in again:
@@ -463,8 +465,8 @@ def test_high_throughput_fifo_deduplicates_per_message_group(sqs: Any) -> None:
     """A high-throughput FIFO queue (DeduplicationScope messageGroup, FifoThroughputLimit
     perMessageGroupId, as CloudFormation, CDK and Terraform create it): a deduplication id is
     per group, so the same id in two groups sends two messages."""
-    url = sqs.create_queue(QueueName=new_name("high") + ".fifo", Attributes={
-        "FifoQueue": "true", "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"})["QueueUrl"]
+    attributes = {"FifoQueue": "true", "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"}
+    url = sqs.create_queue(QueueName=new_name("high") + ".fifo", Attributes=attributes)["QueueUrl"]
     one = sqs.send_message(QueueUrl=url, MessageBody="1", MessageGroupId="a", MessageDeduplicationId="order-7")
     two = sqs.send_message(QueueUrl=url, MessageBody="2", MessageGroupId="b", MessageDeduplicationId="order-7")
     again = sqs.send_message(QueueUrl=url, MessageBody="1", MessageGroupId="a", MessageDeduplicationId="order-7")
@@ -491,7 +493,9 @@ def test_a_standard_queue_takes_message_group_ids_but_not_deduplication_ids(sqs:
     parallel) and gives it back as a system attribute; MessageDeduplicationId is FIFO's alone."""
     for body in ("t1", "t2"):
         sqs.send_message(QueueUrl=queue_url, MessageBody=body, MessageGroupId="tenant-a")
-    got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["MessageGroupId"])
+    got = sqs.receive_message(
+        QueueUrl=queue_url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["MessageGroupId"]
+    )
     assert sorted(m["Body"] for m in got["Messages"]) == ["t1", "t2"]
     assert {m["Attributes"]["MessageGroupId"] for m in got["Messages"]} == {"tenant-a"}
     with pytest.raises(ClientError) as info:
@@ -579,7 +583,8 @@ def test_redrive_allow_policy_is_checked_and_enforced(sqs: Any) -> None:
         sqs.create_queue(QueueName=other, Attributes=redrive(arn(dlq)))
     assert error_code(info) == "InvalidParameterValue" and "RedriveAllowPolicy" in str(info.value)
     other_url = sqs.create_queue(QueueName=other)["QueueUrl"]
-    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": json.dumps({"redrivePermission": "denyAll"})})
+    deny = json.dumps({"redrivePermission": "denyAll"})
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": deny})
     with pytest.raises(ClientError) as info:
         sqs.set_queue_attributes(QueueUrl=other_url, Attributes=redrive(arn(dlq)))
     assert error_code(info) == "InvalidParameterValue"

@@ -1305,11 +1305,15 @@ def test_a_standard_queue_message_group_id_names_a_tenant(client: Client, broker
     messages go out in parallel (no group order), and it is never among MessageAttributes."""
     url = client.create("tenants")
     attributes = {"a": {"DataType": "String", "StringValue": "v"}}
-    sent = client("SendMessage", QueueUrl=url, MessageBody="one", MessageGroupId="tenant-1", MessageAttributes=attributes)
+    sent = client(
+        "SendMessage", QueueUrl=url, MessageBody="one", MessageGroupId="tenant-1", MessageAttributes=attributes
+    )
     client("SendMessage", QueueUrl=url, MessageBody="two", MessageGroupId="tenant-1")
     assert "SequenceNumber" not in sent
     assert sent["MD5OfMessageAttributes"] == md5_of_message_attributes({"a": Attribute("String", "v")})
-    got = client.receive(url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"])
+    got = client.receive(
+        url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"]
+    )
     assert [m["Body"] for m in got] == ["one", "two"]  # both at once: a tenant is no FIFO group
     assert [m["Attributes"]["MessageGroupId"] for m in got] == ["tenant-1", "tenant-1"]
     assert got[0]["MessageAttributes"] == {"a": {"DataType": "String", "StringValue": "v"}}
@@ -1330,7 +1334,8 @@ def test_deduplication_per_message_group(client: Client) -> None:
         "scoped.fifo", FifoQueue="true", DeduplicationScope="messageGroup", FifoThroughputLimit="perMessageGroupId"
     )
     attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
-    assert (attributes["DeduplicationScope"], attributes["FifoThroughputLimit"]) == ("messageGroup", "perMessageGroupId")
+    assert attributes["DeduplicationScope"] == "messageGroup"
+    assert attributes["FifoThroughputLimit"] == "perMessageGroupId"
 
     def send(body: str, group: str, dedup: str | None = None) -> str:
         extra = {} if dedup is None else {"MessageDeduplicationId": dedup}
@@ -1339,7 +1344,9 @@ def test_deduplication_per_message_group(client: Client) -> None:
     a = send("a", "g1", "same")
     b = send("b", "g2", "same")
     assert a != b and send("a again", "g1", "same") == a
-    got = client.receive(url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"])
+    got = client.receive(
+        url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"]
+    )
     assert sorted(m["Body"] for m in got) == ["a", "b"]
     assert {m["Attributes"]["MessageDeduplicationId"] for m in got} == {"same"}
     assert all("MessageAttributes" not in m for m in got)
@@ -1347,7 +1354,8 @@ def test_deduplication_per_message_group(client: Client) -> None:
     client("SetQueueAttributes", QueueUrl=url, Attributes={"ContentBasedDeduplication": "true"})
     c = send("body", "g3")
     assert send("body", "g4") != c and send("body", "g3") == c
-    (m,) = [m for m in client.receive(url, MaxNumberOfMessages=10, AttributeNames=["MessageDeduplicationId"]) if m["MessageId"] == c]
+    received = client.receive(url, MaxNumberOfMessages=10, AttributeNames=["MessageDeduplicationId"])
+    (m,) = [m for m in received if m["MessageId"] == c]
     assert m["Attributes"]["MessageDeduplicationId"] == hashlib.sha256(b"body").hexdigest()
     # Back to one scope for the queue: the same id in another group is a duplicate again.
     client("SetQueueAttributes", QueueUrl=url, Attributes={"DeduplicationScope": "queue"})
