@@ -644,6 +644,7 @@ def test_server_creates_sharded_queues_over_rest_and_sqs(tmp_path_factory: pytes
         sqs = sqs_client(server.url)
         url = sqs.create_queue(QueueName="sqs-orders", Attributes={"Shards": "8"})["QueueUrl"]
         assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]["Shards"] == "8"
+        assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["Shards"])["Attributes"] == {"Shards": "8"}
         with pytest.raises(ClientError, match="different value for attribute Shards"):
             sqs.create_queue(QueueName="sqs-orders", Attributes={"Shards": "4"})
         with pytest.raises(ClientError, match="power of two"):

@@ -149,8 +149,10 @@ def test_message_size_limit_is_413(client: httpx.Client, queue: str) -> None:
 def test_sqs_request_size_limit(server: ServerProcess) -> None:
     sqs = sqs_client(server.url, KEY, SECRET)
     url = sqs.create_queue(QueueName="sized")["QueueUrl"]
+    # --max-message-size is the SQS protocol's limit too.
+    sqs.send_message(QueueUrl=url, MessageBody="z" * MAX_MESSAGE)
     with pytest.raises(ClientError) as info:
-        sqs.send_message(QueueUrl=url, MessageBody="z" * (256 * 1024 + 1))
+        sqs.send_message(QueueUrl=url, MessageBody="z" * (MAX_MESSAGE + 1))
     assert info.value.response["Error"]["Code"] == "InvalidParameterValue"
     # A request body over the server's request limit (2 MiB) is 413 before anything else.
     body = json.dumps({"QueueUrl": url, "MessageBody": "z" * (3 * 1024 * 1024)}).encode()

@@ -278,6 +278,22 @@ def test_send_message_batch(sqs: Any, queue_url: str) -> None:
         sqs.send_message_batch(QueueUrl=queue_url, Entries=[])
 
 
+def test_messages_up_to_one_mebibyte(sqs: Any) -> None:
+    """SQS's limit is 1 MiB (since August 2025): a message over the old 256 KiB is taken, a queue's
+    MaximumMessageSize goes up to 1 MiB and is 1 MiB by default, and a larger message is refused."""
+    url = sqs.create_queue(QueueName=new_name("big"), Attributes={"MaximumMessageSize": "1048576"})["QueueUrl"]
+    assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"] == {
+        "MaximumMessageSize": "1048576"
+    }
+    body = "b" * (600 * 1024)
+    sent = sqs.send_message(QueueUrl=url, MessageBody=body)
+    (got,) = sqs.receive_message(QueueUrl=url)["Messages"]
+    assert got["MessageId"] == sent["MessageId"] and got["Body"] == body
+    with pytest.raises(ClientError) as info:
+        sqs.send_message(QueueUrl=url, MessageBody="b" * (1024 * 1024 + 1))
+    assert error_code(info) == "InvalidParameterValue"
+
+
 def test_delay_seconds_of_message_and_queue(sqs: Any) -> None:
     url = sqs.create_queue(QueueName=new_name("delay"), Attributes={"DelaySeconds": "1"})["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="queue delay")
@@ -418,6 +434,48 @@ def test_fifo_groups_and_deduplication(sqs: Any) -> None:
     assert error_code(info) == "InvalidParameterValue"
 
 
+def test_a_retried_fifo_receive_gets_the_same_messages(sqs: Any) -> None:
+    """ReceiveRequestAttemptId: a receive whose answer was lost (a network error) is retried with
+    the same id and gets the same messages and receipts, not the next ones (nor nothing, while
+    the group waits for messages that no one holds)."""
+    url = sqs.create_queue(
+        QueueName=new_name("retry") + ".fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}
+    )["QueueUrl"]
+    for body, group in (("m1", "a"), ("m2", "b"), ("m3", "a")):
+        sqs.send_message(QueueUrl=url, MessageBody=body, MessageGroupId=group)
+    first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, ReceiveRequestAttemptId="try-1")["Messages"]
+    again = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, ReceiveRequestAttemptId="try-1")["Messages"]
+    assert sorted(m["Body"] for m in first) == ["m1", "m2"]
+    assert [(m["MessageId"], m["ReceiptHandle"]) for m in again] == [
+        (m["MessageId"], m["ReceiptHandle"]) for m in first
+    ]
+    # Another attempt id is another receive: the group is held by the first one's messages.
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="try-2")
+    for m in again:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    # Its messages deleted, the same id receives anew.
+    (m3,) = sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="try-1")["Messages"]
+    assert m3["Body"] == "m3"
+    with pytest.raises(ClientError) as info:
+        sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="x" * 129)
+    assert error_code(info) == "InvalidParameterValue"
+
+
+def test_high_throughput_fifo_deduplicates_per_message_group(sqs: Any) -> None:
+    """A high-throughput FIFO queue (DeduplicationScope messageGroup, FifoThroughputLimit
+    perMessageGroupId, as CloudFormation, CDK and Terraform create it): a deduplication id is
+    per group, so the same id in two groups sends two messages."""
+    attributes = {"FifoQueue": "true", "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"}
+    url = sqs.create_queue(QueueName=new_name("high") + ".fifo", Attributes=attributes)["QueueUrl"]
+    one = sqs.send_message(QueueUrl=url, MessageBody="1", MessageGroupId="a", MessageDeduplicationId="order-7")
+    two = sqs.send_message(QueueUrl=url, MessageBody="2", MessageGroupId="b", MessageDeduplicationId="order-7")
+    again = sqs.send_message(QueueUrl=url, MessageBody="1", MessageGroupId="a", MessageDeduplicationId="order-7")
+    assert one["MessageId"] != two["MessageId"] and again["MessageId"] == one["MessageId"]
+    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"])["Messages"]
+    assert sorted(m["Body"] for m in got) == ["1", "2"]
+    assert {m["Attributes"]["MessageDeduplicationId"] for m in got} == {"order-7"}
+
+
 def test_content_based_deduplication(sqs: Any) -> None:
     url = sqs.create_queue(
         QueueName=new_name("cbd") + ".fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}
@@ -430,9 +488,18 @@ def test_content_based_deduplication(sqs: Any) -> None:
     assert sorted(m["Body"] for m in got) == ["other", "same"]
 
 
-def test_group_and_dedup_ids_are_refused_on_a_standard_queue(sqs: Any, queue_url: str) -> None:
+def test_a_standard_queue_takes_message_group_ids_but_not_deduplication_ids(sqs: Any, queue_url: str) -> None:
+    """Fair queues: a standard queue takes MessageGroupId (a tenant; its messages still go out in
+    parallel) and gives it back as a system attribute; MessageDeduplicationId is FIFO's alone."""
+    for body in ("t1", "t2"):
+        sqs.send_message(QueueUrl=queue_url, MessageBody=body, MessageGroupId="tenant-a")
+    got = sqs.receive_message(
+        QueueUrl=queue_url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["MessageGroupId"]
+    )
+    assert sorted(m["Body"] for m in got["Messages"]) == ["t1", "t2"]
+    assert {m["Attributes"]["MessageGroupId"] for m in got["Messages"]} == {"tenant-a"}
     with pytest.raises(ClientError) as info:
-        sqs.send_message(QueueUrl=queue_url, MessageBody="x", MessageGroupId="g")
+        sqs.send_message(QueueUrl=queue_url, MessageBody="x", MessageDeduplicationId="d")
     assert error_code(info) == "InvalidParameterValue"
 
 
@@ -483,6 +550,52 @@ def test_redrive_policy_with_a_missing_target_is_refused(sqs: Any) -> None:
     assert error_code(info) == "InvalidParameterValue"
 
 
+def test_redrive_allow_policy_is_checked_and_enforced(sqs: Any) -> None:
+    """A dead-letter queue's RedriveAllowPolicy says which queues may name it in their
+    RedrivePolicy: a malformed one is refused, and a source it does not allow is refused."""
+    def arn(url: str) -> str:
+        return sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+
+    def redrive(target: str) -> dict[str, str]:
+        return {"RedrivePolicy": json.dumps({"deadLetterTargetArn": target, "maxReceiveCount": 3})}
+
+    dlq = sqs.create_queue(QueueName=new_name("dlq"))["QueueUrl"]
+    allowed, other = new_name("allowed"), new_name("other")
+    allowed_arn = arn(dlq).rsplit(":", 1)[0] + ":" + allowed  # named before the queue exists, as IaC tools do
+    for bad in (
+        "not json",
+        json.dumps({"redrivePermission": "maybe"}),
+        json.dumps({"redrivePermission": "byQueue"}),
+        json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": ["not-an-arn"]}),
+        json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [allowed_arn] * 11}),
+        json.dumps({"redrivePermission": "allowAll", "sourceQueueArns": [allowed_arn]}),
+    ):
+        with pytest.raises(ClientError) as info:
+            sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": bad})
+        assert error_code(info) == "InvalidParameterValue", bad
+    by_queue = json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [allowed_arn]})
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": by_queue})
+    assert sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["RedriveAllowPolicy"])["Attributes"] == {
+        "RedriveAllowPolicy": by_queue
+    }
+    sqs.create_queue(QueueName=allowed, Attributes=redrive(arn(dlq)))
+    with pytest.raises(ClientError) as info:
+        sqs.create_queue(QueueName=other, Attributes=redrive(arn(dlq)))
+    assert error_code(info) == "InvalidParameterValue" and "RedriveAllowPolicy" in str(info.value)
+    other_url = sqs.create_queue(QueueName=other)["QueueUrl"]
+    deny = json.dumps({"redrivePermission": "denyAll"})
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": deny})
+    with pytest.raises(ClientError) as info:
+        sqs.set_queue_attributes(QueueUrl=other_url, Attributes=redrive(arn(dlq)))
+    assert error_code(info) == "InvalidParameterValue"
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": ""})  # removed: all allowed
+    sqs.set_queue_attributes(QueueUrl=other_url, Attributes=redrive(arn(dlq)))
+    # A malformed RedrivePolicy names what it lacks, as SQS does.
+    with pytest.raises(ClientError) as info:
+        sqs.set_queue_attributes(QueueUrl=other_url, Attributes={"RedrivePolicy": json.dumps({"maxReceiveCount": 2})})
+    assert error_code(info) == "InvalidParameterValue" and "mandatory attribute: deadLetterTargetArn" in str(info.value)
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 
@@ -502,7 +615,7 @@ def test_errors_carry_sqs_codes(sqs: Any, server: ServerProcess) -> None:
     assert error_code(info) == "InvalidParameterValue"
     url = sqs.create_queue(QueueName=new_name())["QueueUrl"]
     with pytest.raises(ClientError) as info:
-        sqs.send_message(QueueUrl=url, MessageBody="x" * (256 * 1024 + 1))
+        sqs.send_message(QueueUrl=url, MessageBody="x" * (1024 * 1024 + 1))
     assert error_code(info) == "InvalidParameterValue"
     with pytest.raises(ClientError) as info:
         sqs.send_message(QueueUrl=url, MessageBody="bad \u0000 character")

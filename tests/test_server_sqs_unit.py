@@ -27,7 +27,7 @@ from journalq.queue.envelope import Attribute
 from journalq.server import digests
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
 from journalq.server.sigv4 import AuthError, verify
-from journalq.server.sqs import TRACE_ATTRIBUTE, SqsError, SqsProtocol
+from journalq.server.sqs import ATTEMPT_SECONDS, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
 
 BASE = "http://127.0.0.1:8080"
 
@@ -548,7 +548,7 @@ def test_queue_attributes(client: Client, broker: Broker) -> None:
         ({"MessageRetentionPeriod": "59"}, "InvalidAttributeValue"),
         ({"ReceiveMessageWaitTimeSeconds": "21"}, "InvalidAttributeValue"),
         ({"MaximumMessageSize": "1023"}, "InvalidAttributeValue"),
-        ({"MaximumMessageSize": "262145"}, "InvalidAttributeValue"),
+        ({"MaximumMessageSize": "1048577"}, "InvalidAttributeValue"),
         ({"Policy": "{not json"}, "InvalidAttributeValue"),
         ({"ContentBasedDeduplication": "true"}, "InvalidAttributeName"),  # not a FIFO queue
         ({"FifoQueue": "true"}, "InvalidAttributeName"),  # only at creation
@@ -574,8 +574,9 @@ def test_maximum_message_size(client: Client) -> None:
         "MessageId"
     ]
     big = client.create("big")
-    error = client.error("SendMessage", QueueUrl=big, MessageBody="\u00e9" * 131073)  # 262146 bytes of UTF-8
-    assert error.code == "InvalidParameterValue" and "262144" in error.message
+    error = client.error("SendMessage", QueueUrl=big, MessageBody="\u00e9" * 524289)  # 1048578 bytes of UTF-8
+    assert error.code == "InvalidParameterValue" and "1048576" in error.message  # SQS's limit by default
+    assert client("SendMessage", QueueUrl=big, MessageBody="\u00e9" * 524288)["MessageId"]
 
 
 def test_send_and_receive_with_digests(client: Client) -> None:
@@ -674,8 +675,8 @@ def test_message_validation(client: Client) -> None:
         "MessageId"
     ]
     assert send(MessageBody="x", DelaySeconds=901).code == "InvalidParameterValue"
-    assert send(MessageBody="x", MessageGroupId="g").code == "InvalidParameterValue"  # not a FIFO queue
-    assert send(MessageBody="x", MessageDeduplicationId="d").code == "InvalidParameterValue"
+    assert send(MessageBody="x", MessageGroupId="g" * 129).code == "InvalidParameterValue"
+    assert send(MessageBody="x", MessageDeduplicationId="d").code == "InvalidParameterValue"  # not a FIFO queue
     for attributes in (
         {"AWS.x": {"DataType": "String", "StringValue": "v"}},
         {"amazon.x": {"DataType": "String", "StringValue": "v"}},
@@ -881,7 +882,7 @@ def test_send_message_batch(client: Client) -> None:
     for bad_id in ("has space", "", "x" * 81, None):
         error = client.error("SendMessageBatch", QueueUrl=url, Entries=[{"Id": bad_id, "MessageBody": "1"}])
         assert error.code == "InvalidBatchEntryId", bad_id
-    large = [{"Id": f"m{i}", "MessageBody": "x" * 30000} for i in range(9)]
+    large = [{"Id": f"m{i}", "MessageBody": "x" * 120000} for i in range(9)]  # over 1 MiB together
     error = client.error("SendMessageBatch", QueueUrl=url, Entries=large)
     assert (error.code, error.query_error) == (
         "BatchRequestTooLong",
@@ -1007,7 +1008,7 @@ def test_fifo_queues(client: Client) -> None:
     assert [e["Id"] for e in batch["Successful"]] == ["a"] and batch["Successful"][0]["SequenceNumber"]
     assert batch["Failed"][0]["Code"] == "MissingParameter"
     assert client.error(
-        "SetQueueAttributes", QueueUrl=cbd, Attributes={"DeduplicationScope": "messageGroup"}
+        "SetQueueAttributes", QueueUrl=cbd, Attributes={"DeduplicationScope": "perGroup"}
     ).code == ("InvalidAttributeValue")
     assert (
         client(
@@ -1251,3 +1252,114 @@ def test_send_together_fails_as_a_whole_when_the_store_fails(
     monkeypatch.setattr(type(queue.topic), "send_many", full)
     with pytest.raises(StorageError):
         sqs.send_together("full", [("SendMessage", {"QueueUrl": url, "MessageBody": "x"})] * 3)
+
+
+def test_receive_attempts_are_kept_five_minutes_and_bounded() -> None:
+    attempts = _ReceiveAttempts(limit=2)
+    one, two = [object()], [object()]  # the memo keeps what it is given, whatever it is
+    attempts.remember("q.fifo", "a", one, now=100.0)  # type: ignore[arg-type]
+    attempts.remember("other.fifo", "a", two, now=110.0)  # type: ignore[arg-type]
+    assert attempts.recall("q.fifo", "a", now=100.0 + ATTEMPT_SECONDS) == one
+    assert attempts.recall("q.fifo", "b", now=100.0) is None
+    assert attempts.recall("q.fifo", "a", now=100.5 + ATTEMPT_SECONDS) is None  # expired
+    assert attempts.recall("other.fifo", "a", now=100.5 + ATTEMPT_SECONDS) == two
+    attempts.remember("q.fifo", "c", one, now=120.0)  # type: ignore[arg-type]
+    attempts.remember("q.fifo", "d", one, now=121.0)  # type: ignore[arg-type]
+    assert attempts.recall("other.fifo", "a", now=130.0) is None  # over the limit: the oldest goes
+    attempts.forget("q.fifo")
+    assert attempts.recall("q.fifo", "d", now=130.0) is None
+
+
+def test_receive_request_attempt_id(client: Client, broker: Broker) -> None:
+    fifo = client.create("retry.fifo", FifoQueue="true", ContentBasedDeduplication="true")
+    for body in ("m1", "m2"):
+        client("SendMessage", QueueUrl=fifo, MessageBody=body, MessageGroupId="g")
+    (first,) = client.receive(fifo, ReceiveRequestAttemptId="t", VisibilityTimeout=5)
+    # The retry hides the message anew, for its own visibility timeout (here: none at all).
+    (again,) = client.receive(fifo, ReceiveRequestAttemptId="t", VisibilityTimeout=0)
+    assert again["ReceiptHandle"] == first["ReceiptHandle"]
+    (later,) = client.receive(fifo)  # available at once: the retry's timeout of 0 took effect
+    assert later["Body"] == "m1" and later["ReceiptHandle"] != first["ReceiptHandle"]
+    # Delivered again since: the attempt's receipt is over, so the same id receives anew.
+    assert client.receive(fifo, ReceiveRequestAttemptId="t") == []
+    # A deleted queue forgets its attempts (a new queue of the name has other messages).
+    client("DeleteQueue", QueueUrl=fifo)
+    fifo = client.create("retry.fifo", FifoQueue="true", ContentBasedDeduplication="true")
+    client("SendMessage", QueueUrl=fifo, MessageBody="new", MessageGroupId="g")
+    assert [m["Body"] for m in client.receive(fifo, ReceiveRequestAttemptId="t")] == ["new"]
+    # The id applies only to FIFO queues: a standard queue ignores it, as SQS does.
+    standard = client.create("retry-standard")
+    for body in ("s1", "s2"):
+        client("SendMessage", QueueUrl=standard, MessageBody=body)
+    bodies = [m["Body"] for m in client.receive(standard, ReceiveRequestAttemptId="t")]
+    bodies += [m["Body"] for m in client.receive(standard, ReceiveRequestAttemptId="t")]
+    assert sorted(bodies) == ["s1", "s2"]
+    for bad in ("", "x" * 129, "with space", 5):
+        assert client.error("ReceiveMessage", QueueUrl=fifo, ReceiveRequestAttemptId=bad).code == (
+            "InvalidParameterValue"
+        )
+
+
+def test_a_standard_queue_message_group_id_names_a_tenant(client: Client, broker: Broker) -> None:
+    """SQS's fair queues: MessageGroupId on a standard queue is taken and delivered back, but its
+    messages go out in parallel (no group order), and it is never among MessageAttributes."""
+    url = client.create("tenants")
+    attributes = {"a": {"DataType": "String", "StringValue": "v"}}
+    sent = client(
+        "SendMessage", QueueUrl=url, MessageBody="one", MessageGroupId="tenant-1", MessageAttributes=attributes
+    )
+    client("SendMessage", QueueUrl=url, MessageBody="two", MessageGroupId="tenant-1")
+    assert "SequenceNumber" not in sent
+    assert sent["MD5OfMessageAttributes"] == md5_of_message_attributes({"a": Attribute("String", "v")})
+    got = client.receive(
+        url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"]
+    )
+    assert [m["Body"] for m in got] == ["one", "two"]  # both at once: a tenant is no FIFO group
+    assert [m["Attributes"]["MessageGroupId"] for m in got] == ["tenant-1", "tenant-1"]
+    assert got[0]["MessageAttributes"] == {"a": {"DataType": "String", "StringValue": "v"}}
+    assert got[0]["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    assert "MessageAttributes" not in got[1]
+    batch = client(
+        "SendMessageBatch", QueueUrl=url, Entries=[{"Id": "1", "MessageBody": "three", "MessageGroupId": "t2"}]
+    )
+    assert [e["Id"] for e in batch["Successful"]] == ["1"] and batch["Failed"] == []
+    (three,) = client.receive(url, AttributeNames=["MessageGroupId"])
+    assert (three["Body"], three["Attributes"]) == ("three", {"MessageGroupId": "t2"})
+
+
+def test_deduplication_per_message_group(client: Client) -> None:
+    """DeduplicationScope messageGroup (SQS's high-throughput FIFO): one deduplication id in two
+    groups is two messages; in one group, one. The id is delivered as the client gave it."""
+    url = client.create(
+        "scoped.fifo", FifoQueue="true", DeduplicationScope="messageGroup", FifoThroughputLimit="perMessageGroupId"
+    )
+    attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["DeduplicationScope"] == "messageGroup"
+    assert attributes["FifoThroughputLimit"] == "perMessageGroupId"
+
+    def send(body: str, group: str, dedup: str | None = None) -> str:
+        extra = {} if dedup is None else {"MessageDeduplicationId": dedup}
+        return client("SendMessage", QueueUrl=url, MessageBody=body, MessageGroupId=group, **extra)["MessageId"]
+
+    a = send("a", "g1", "same")
+    b = send("b", "g2", "same")
+    assert a != b and send("a again", "g1", "same") == a
+    got = client.receive(
+        url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], MessageAttributeNames=["All"]
+    )
+    assert sorted(m["Body"] for m in got) == ["a", "b"]
+    assert {m["Attributes"]["MessageDeduplicationId"] for m in got} == {"same"}
+    assert all("MessageAttributes" not in m for m in got)
+    # Content-based: the body's hash, per group too.
+    client("SetQueueAttributes", QueueUrl=url, Attributes={"ContentBasedDeduplication": "true"})
+    c = send("body", "g3")
+    assert send("body", "g4") != c and send("body", "g3") == c
+    received = client.receive(url, MaxNumberOfMessages=10, AttributeNames=["MessageDeduplicationId"])
+    (m,) = [m for m in received if m["MessageId"] == c]
+    assert m["Attributes"]["MessageDeduplicationId"] == hashlib.sha256(b"body").hexdigest()
+    # Back to one scope for the queue: the same id in another group is a duplicate again.
+    client("SetQueueAttributes", QueueUrl=url, Attributes={"DeduplicationScope": "queue"})
+    assert send("x", "g5", "q") == send("y", "g6", "q")
+    # What the existing queue is, CreateQueue compares with.
+    assert client.error("CreateQueue", QueueName="scoped.fifo", Attributes={
+        "FifoQueue": "true", "DeduplicationScope": "messageGroup"}).code == "QueueNameExists"

@@ -41,7 +41,7 @@ def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--aws-key", "aws_keys", multiple=True, envvar="JOURNALQ_AWS_KEYS",
               help="ACCESS_KEY_ID:SECRET that SigV4 signatures of the SQS API must match (repeatable).")
 @click.option("--max-message-size", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024, show_default=True,
-              help="Largest message body of the REST API, in bytes.")
+              help="Largest message of the REST API and of the SQS protocol (its body and attributes), in bytes.")
 def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token: str | None,
           aws_keys: tuple[str, ...], max_message_size: int) -> None:
     """Serve mq's REST API and the Amazon SQS JSON protocol (POST /) over DIR's queues.

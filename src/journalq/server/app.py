@@ -377,7 +377,8 @@ def create_app(config: ServerConfig) -> App:
 
     def sqs_protocol() -> SqsProtocol:
         if not sqs_box:
-            sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region))
+            sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region,
+                                       max_message_size=config.max_message_size))
         return sqs_box[0]
 
     async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | Exception]:

@@ -16,10 +16,15 @@ How SQS maps onto journalq:
 * Queue attributes are ``QueueSettings`` where journalq has the setting (VisibilityTimeout,
   DelaySeconds, MessageRetentionPeriod, ReceiveMessageWaitTimeSeconds, RedrivePolicy, FifoQueue,
   ContentBasedDeduplication). What journalq has no setting for (MaximumMessageSize, tags, Policy,
-  RedriveAllowPolicy, the KMS/SSE attributes, FifoThroughputLimit, the creation time, the message
-  move tasks run) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
+  RedriveAllowPolicy, the KMS/SSE attributes, DeduplicationScope, FifoThroughputLimit, the
+  creation time, the message move tasks run) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
   process and deleted with the queue. Policy and the KMS/SSE attributes are stored and echoed,
-  never enforced.
+  never enforced; a RedriveAllowPolicy is checked and enforced when a queue names its queue in a
+  RedrivePolicy (set before, it does not undo a RedrivePolicy that names it already).
+* ``ReceiveRequestAttemptId`` (FIFO queues): a receive retried with the same id within 5 minutes
+  gets the same messages and receipts again, hidden anew, while they are all still in flight
+  under those receipts (otherwise it receives anew). The attempts are kept in the memory of the
+  process that answered: with ``--workers N``, a retry that reaches another worker receives anew.
 * Message ids are journalq's (the offset, in decimal); FIFO sequence numbers are the offset,
   zero-padded to 20 digits. Receipt handles are journalq's receipts.
 * Bodies travel as UTF-8. A body that is not valid UTF-8 (sent through the REST API, which takes
@@ -27,7 +32,13 @@ How SQS maps onto journalq:
   ``MD5OfBody`` is that of the text delivered, so that SDKs that check it accept it.
 * ``AWSTraceHeader`` (the one message system attribute) is stored as the message attribute
   ``AWS.TraceHeader``, a name SQS reserves (no SQS client can send it), and is delivered as the
-  system attribute, never among ``MessageAttributes``.
+  system attribute, never among ``MessageAttributes``. So is the ``MessageGroupId`` of a message
+  sent to a standard queue (SQS's fair queues), as ``AWS.MessageGroupId``: on a standard queue it
+  names a tenant and its messages go out in parallel, while a FIFO queue's is journalq's group
+  (one message of a group in flight at a time). journalq does not reorder for fairness: every
+  tenant's messages go out oldest first. A FIFO queue whose DeduplicationScope is messageGroup
+  deduplicates by a hash of the group and the deduplication id, and keeps the client's id as
+  ``AWS.MessageDeduplicationId`` to deliver it. FifoThroughputLimit is stored and echoed.
 * ``DeleteMessage`` with the receipt of a delivery that is over (the message was deleted, or
   received again since) succeeds without deleting anything, as on SQS (``ChangeMessageVisibility``
   with one is ``InvalidParameterValue``, as on SQS); a receipt that is not one of the queue's is
@@ -45,6 +56,7 @@ import base64
 import binascii
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -139,6 +151,11 @@ def _invalid(message: str) -> SqsError:
     return SqsError("InvalidParameterValue", message)
 
 
+def _invalid_value(parameter: str, value: Any, reason: str) -> SqsError:
+    """SQS's ``InvalidParameterValue`` for a parameter: ``reason`` says what the value must be."""
+    return _invalid(f"Value {value} for parameter {parameter} is invalid. Reason: {reason}")
+
+
 def _missing(name: str) -> SqsError:
     return SqsError("MissingParameter", f"The request must contain the parameter {name}.")
 
@@ -150,11 +167,22 @@ def _no_queue() -> SqsError:
 # -- limits and formats -------------------------------------------------------------------------
 
 MAX_BATCH = 10
+SQS_MAX_MESSAGE_SIZE = 1024 * 1024
+"""SQS's largest message, and largest batch (1 MiB since August 2025; 256 KiB before)."""
 MAX_ATTRIBUTES = 10
 MAX_TAGS = 50
+MAX_REDRIVE_SOURCES = 10
 MAX_VISIBILITY = 12 * 3600
 TRACE_ATTRIBUTE = "AWS.TraceHeader"
 """The message attribute that carries ``AWSTraceHeader`` (a name SQS reserves for itself)."""
+TENANT_ATTRIBUTE = "AWS.MessageGroupId"
+"""The message attribute that carries the ``MessageGroupId`` of a message sent to a standard
+queue (SQS's fair queues: a tenant, not an ordered group), delivered as the system attribute."""
+DEDUP_ATTRIBUTE = "AWS.MessageDeduplicationId"
+"""The message attribute that carries the ``MessageDeduplicationId`` of a message sent to a FIFO
+queue whose DeduplicationScope is messageGroup (the queue deduplicates by a hash of the group
+and that id), delivered as the system attribute."""
+_RESERVED_ATTRIBUTES = frozenset((TRACE_ATTRIBUTE, TENANT_ATTRIBUTE, DEDUP_ATTRIBUTE))
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _FIFO_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
@@ -174,6 +202,11 @@ _DYNAMIC_ATTRIBUTES = (
     "LastModifiedTimestamp",
     "QueueArn",
 )
+_CHOICES = {
+    # the FIFO attributes kept in sqs.json whose values are one of a few words
+    "DeduplicationScope": ("queue", "messageGroup"),
+    "FifoThroughputLimit": ("perQueue", "perMessageGroupId"),
+}
 _STORED_ATTRIBUTES = (
     "Policy",
     "RedriveAllowPolicy",
@@ -193,6 +226,7 @@ _QUEUE_ATTRIBUTES = frozenset(
         "ContentBasedDeduplication",
         "DeduplicationScope",
         "MaximumMessageSize",
+        "Shards",  # journalq's own (CreateQueue's Shards), which "All" lists too
         *_STORED_ATTRIBUTES,
         *_DYNAMIC_ATTRIBUTES,
     )
@@ -235,10 +269,18 @@ def _integer(
     elif isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,12}", value.strip()):
         number = int(value)
     if number is None or not low <= number <= high:
-        raise _invalid(
-            f"Value {value} for parameter {name} is invalid. Reason: {reason or f'Must be between {low} and {high}'}."
-        )
+        raise _invalid_value(name, value, f"{reason or f'Must be between {low} and {high}'}.")
     return number
+
+
+_NOT_FOR_THIS_QUEUE_TYPE = "The request include parameter that is not valid for this queue type."
+
+
+def _check_token(parameter: str, value: str | None) -> str | None:
+    """A MessageGroupId, MessageDeduplicationId or ReceiveRequestAttemptId (None when absent)."""
+    if value is not None and not _GROUP_OR_DEDUP_ID.fullmatch(value):
+        raise _invalid_value(parameter, value, "1 to 128 alphanumeric or punctuation characters.")
+    return value
 
 
 def _string(request: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
@@ -282,6 +324,17 @@ def _check_number_value(name: str, value: str) -> None:
         )
 
 
+def _json_object(parameter: str, value: Any, what: str) -> dict[str, Any]:
+    """The JSON object of a policy attribute (given as a string of JSON, or as the object)."""
+    try:
+        policy = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        policy = None
+    if not isinstance(policy, dict):
+        raise _invalid_value(parameter, value, f"{what} is not a JSON object.")
+    return policy
+
+
 def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str, Any]]:
     """The ``Entries`` of a batch action, with its request-wide rules checked."""
     entries = request.get("Entries")
@@ -312,6 +365,47 @@ def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str
             raise SqsError("BatchEntryIdsNotDistinct", f"Id {entry_id} repeated.")
         seen.add(entry_id)
     return entries
+
+
+# -- ReceiveRequestAttemptId: the answers of recent FIFO receives, to give again on a retry ------
+
+ATTEMPT_SECONDS = 300
+"""How long a FIFO receive's ``ReceiveRequestAttemptId`` can be retried (SQS's 5 minutes)."""
+
+
+class _ReceiveAttempts:
+    """The messages each recent FIFO receive (queue, ``ReceiveRequestAttemptId``) delivered, for
+    ``ATTEMPT_SECONDS``, in this process's memory: at most ``limit`` of them, the oldest
+    forgotten first. Sans-I/O: the caller gives the time."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._mutex = threading.Lock()
+        self._attempts: OrderedDict[tuple[str, str], tuple[float, list[ReceivedMessage]]] = OrderedDict()
+
+    def remember(self, queue: str, attempt: str, messages: list[ReceivedMessage], now: float) -> None:
+        with self._mutex:
+            self._attempts.pop((queue, attempt), None)
+            self._attempts[(queue, attempt)] = (now, list(messages))
+            while len(self._attempts) > self.limit:
+                self._attempts.popitem(last=False)
+
+    def recall(self, queue: str, attempt: str, now: float) -> list[ReceivedMessage] | None:
+        """The messages of the receive ``attempt`` made at most ``ATTEMPT_SECONDS`` ago, or None."""
+        with self._mutex:
+            while self._attempts:  # in the order they were made: expired ones are at the front
+                made, _ = next(iter(self._attempts.values()))
+                if now - made <= ATTEMPT_SECONDS:
+                    break
+                self._attempts.popitem(last=False)
+            found = self._attempts.get((queue, attempt))
+        return None if found is None else found[1]
+
+    def forget(self, queue: str) -> None:
+        """Drop the queue's attempts (it is deleted: a new queue of that name has none)."""
+        with self._mutex:
+            for key in [k for k in self._attempts if k[0] == queue]:
+                del self._attempts[key]
 
 
 # -- the state SQS has that journalq does not: sqs.json beside the queue -----------------------
@@ -409,6 +503,15 @@ class _Outgoing:
 
 
 @dataclass(frozen=True)
+class _SendRules:
+    """What a queue's SQS attributes (in sqs.json) say about the messages sent to it: their
+    largest size, and whether a FIFO queue deduplicates per message group."""
+
+    limit: int
+    dedup_per_group: bool
+
+
+@dataclass(frozen=True)
 class _Sending:
     """A SendMessage (``failed`` None, one entry) or SendMessageBatch, checked: the messages to
     store, each with its entry id, and the batch entries refused already."""
@@ -422,7 +525,7 @@ class _Sending:
 class SqsProtocol:
     """Amazon SQS actions over ``broker``. ``max_message_size``: the largest message (body and
     attributes) and the largest batch this endpoint takes, and the highest MaximumMessageSize a
-    queue may have (SQS's limit is 262144 bytes)."""
+    queue may have (SQS's, 1 MiB, by default; the server gives its ``--max-message-size``)."""
 
     def __init__(
         self,
@@ -430,7 +533,7 @@ class SqsProtocol:
         *,
         account_id: str = "000000000000",
         region: str = "us-east-1",
-        max_message_size: int = 262144,
+        max_message_size: int = SQS_MAX_MESSAGE_SIZE,
     ) -> None:
         self.broker = broker
         self.account_id = account_id
@@ -439,6 +542,7 @@ class SqsProtocol:
         self._sidecar = _Sidecar(broker.root)
         self._first_receive: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._first_receive_lock = threading.Lock()
+        self._attempts = _ReceiveAttempts()
         self._actions: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
             "CreateQueue": self.create_queue,
             "GetQueueUrl": self.get_queue_url,
@@ -503,12 +607,12 @@ class SqsProtocol:
         SendMessage not stored gets the exception that ``partly_stored(error)`` returns (called
         once). Without it, the ``PartialSendError`` raises, for all of them."""
         with _sqs_errors():  # the queue and its limit: looked up once for all of them
-            queue, limit = self._queue(name), self._limit(name)
+            queue, rules = self._queue(name), self._send_rules(name)
         checked: list[_Sending | SqsError] = []
         for action, request in requests:
             try:
                 with _sqs_errors():
-                    checked.append(self._check_send(action, request, queue, limit))
+                    checked.append(self._check_send(action, request, queue, rules))
             except SqsError as exc:
                 checked.append(exc)
         sendings = [c for c in checked if isinstance(c, _Sending)]
@@ -545,9 +649,7 @@ class SqsProtocol:
         """The queue name of ``arn:aws:sqs:REGION:ACCOUNT:NAME`` (any region and account)."""
         parts = arn.split(":", 5) if isinstance(arn, str) else []
         if len(parts) != 6 or parts[0] != "arn" or parts[2] != "sqs" or not parts[5]:
-            raise _invalid(
-                f"Value {arn} for parameter {parameter} is invalid. Reason: it is not an Amazon SQS queue ARN."
-            )
+            raise _invalid_value(parameter, arn, "it is not an Amazon SQS queue ARN.")
         return parts[5]
 
     def _name_of_url(self, request: Mapping[str, Any]) -> str:
@@ -583,9 +685,9 @@ class SqsProtocol:
     # -- queue attributes ---------------------------------------------------------------------------
 
     def _parse_attributes(
-        self, attributes: Any, *, fifo: bool, creating: bool
+        self, attributes: Any, queue: str, *, fifo: bool, creating: bool
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """SQS queue attributes -> (QueueSettings changes, attributes kept in sqs.json)."""
+        """Queue ``queue``'s SQS attributes -> (QueueSettings changes, attributes kept in sqs.json)."""
         if attributes is None:
             return {}, {}
         if not isinstance(attributes, dict):
@@ -614,7 +716,7 @@ class SqsProtocol:
             elif name == "MaximumMessageSize":
                 stored[name] = integer(name, value, 1024, self.max_message_size)
             elif name == "RedrivePolicy":
-                changes.update(self._parse_redrive_policy(value, fifo))
+                changes.update(self._parse_redrive_policy(value, queue, fifo))
             elif name == "Shards":  # journalq's own: spread the queue over 2..1024 shards
                 if not creating:
                     raise SqsError("InvalidAttributeName", "Shards can only be set when the queue is created.")
@@ -632,25 +734,16 @@ class SqsProtocol:
                 raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
             elif name == "ContentBasedDeduplication":
                 changes["content_based_dedup"] = _boolean(name, value)
-            elif name == "DeduplicationScope":
-                if value == "messageGroup":
+            elif name in _CHOICES:
+                if value not in _CHOICES[name]:
                     raise SqsError(
                         "InvalidAttributeValue",
-                        "DeduplicationScope messageGroup is not supported: deduplication is per queue.",
-                    )
-                if value != "queue":
-                    raise SqsError(
-                        "InvalidAttributeValue",
-                        f"Invalid value for the parameter DeduplicationScope: {value!r}.",
-                    )
-            elif name == "FifoThroughputLimit":
-                if value not in ("perQueue", "perMessageGroupId"):
-                    raise SqsError(
-                        "InvalidAttributeValue",
-                        f"Invalid value for the parameter FifoThroughputLimit: {value!r}.",
+                        f"Invalid value for the parameter {name}: {value!r} ({' or '.join(_CHOICES[name])}).",
                     )
                 stored[name] = value
-            elif name in ("Policy", "RedriveAllowPolicy"):
+            elif name == "RedriveAllowPolicy":
+                stored[name] = self._parse_redrive_allow_policy(value)
+            elif name == "Policy":
                 if not isinstance(value, str):
                     raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
                 if value:
@@ -673,31 +766,26 @@ class SqsProtocol:
                 raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
         return changes, stored
 
-    def _parse_redrive_policy(self, value: Any, fifo: bool) -> dict[str, Any]:
+    def _parse_redrive_policy(self, value: Any, source: str, fifo: bool) -> dict[str, Any]:
+        """The RedrivePolicy of queue ``source``: its target must exist, be of the same kind and
+        allow ``source`` (its RedriveAllowPolicy), as on SQS."""
         if value in ("", None, {}):
             return {"dead_letter_queue": None, "max_receive_count": None}
-        try:
-            policy = json.loads(value) if isinstance(value, str) else value
-        except ValueError:
-            policy = None
-        if (
-            not isinstance(policy, dict)
-            or "deadLetterTargetArn" not in policy
-            or "maxReceiveCount" not in policy
-        ):
-            raise SqsError(
-                "InvalidAttributeValue",
-                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Redrive policy is not a JSON "
-                "object with deadLetterTargetArn and maxReceiveCount.",
-            )
+
+        def refused(reason: str) -> SqsError:
+            return _invalid_value("RedrivePolicy", value, reason)
+
+        policy = _json_object("RedrivePolicy", value, "Redrive policy")
+        for mandatory in ("deadLetterTargetArn", "maxReceiveCount"):
+            if mandatory not in policy:
+                raise refused(f"Redrive policy does not contain mandatory attribute: {mandatory}.")
         count = policy["maxReceiveCount"]
         if isinstance(count, str) and count.strip().isdigit():
             count = int(count)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
-            raise SqsError(
-                "InvalidAttributeValue",
-                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Invalid value for maxReceiveCount: "
-                f"{policy['maxReceiveCount']}, valid values are from 1 to 1000 both inclusive.",
+            raise refused(
+                f"Invalid value for maxReceiveCount: {policy['maxReceiveCount']}, valid values are from 1 to 1000 "
+                "both inclusive."
             )
         target = self.name_of_arn(policy["deadLetterTargetArn"], "RedrivePolicy")
         try:
@@ -705,17 +793,63 @@ class SqsProtocol:
         except InvalidNameError:
             target_settings = None
         if target_settings is None:
-            raise SqsError(
-                "InvalidParameterValue",
-                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Dead letter target does not exist.",
-            )
+            raise refused("Dead letter target does not exist.")
         if target_settings.fifo != fifo:
-            raise SqsError(
-                "InvalidParameterValue",
-                f"Value {value} for parameter RedrivePolicy is invalid. Reason: Dead-letter target owner queue "
-                "and the dead-letter queue must both be FIFO queues or both be standard queues.",
+            raise refused(
+                "Dead-letter target owner queue and the dead-letter queue must both be FIFO queues or both be "
+                "standard queues."
+            )
+        allowed = self._sidecar.read(target).get("attributes", {}).get("RedriveAllowPolicy")
+        if allowed and not self._allows(allowed, source):
+            raise refused(
+                f"Queue {self.queue_arn(source)} is not allowed to use {self.queue_arn(target)} as its dead-letter "
+                "queue: the target's RedriveAllowPolicy does not permit it."
             )
         return {"dead_letter_queue": target, "max_receive_count": count}
+
+    def _parse_redrive_allow_policy(self, value: Any) -> str:
+        """A RedriveAllowPolicy, checked: ``redrivePermission`` allowAll, denyAll or byQueue, and
+        with byQueue (only), ``sourceQueueArns``: 1 to 10 queue ARNs. "" removes it."""
+        if value == "":
+            return value
+
+        def refused(reason: str) -> SqsError:
+            return _invalid_value("RedriveAllowPolicy", value, reason)
+
+        if not isinstance(value, str):
+            raise refused("Redrive allow policy is not a string of JSON.")
+        policy = _json_object("RedriveAllowPolicy", value, "Redrive allow policy")
+        unknown = set(policy) - {"redrivePermission", "sourceQueueArns"}
+        if unknown:
+            raise refused(f"Unknown attribute {sorted(unknown)[0]}: only redrivePermission and sourceQueueArns.")
+        permission = policy.get("redrivePermission")
+        if permission not in ("allowAll", "denyAll", "byQueue"):
+            raise refused(f"Invalid value for redrivePermission: {permission} (allowAll, denyAll or byQueue).")
+        sources = policy.get("sourceQueueArns")
+        if permission != "byQueue":
+            if sources is not None:
+                raise refused("sourceQueueArns can be given only when redrivePermission is byQueue.")
+            return value
+        if not isinstance(sources, list) or not 1 <= len(sources) <= MAX_REDRIVE_SOURCES:
+            raise refused(
+                f"With redrivePermission byQueue, sourceQueueArns must list 1 to {MAX_REDRIVE_SOURCES} queue ARNs."
+            )
+        for arn in sources:
+            self.name_of_arn(arn, "RedriveAllowPolicy")
+        return value
+
+    def _allows(self, allow_policy: str, source: str) -> bool:
+        """Whether a RedriveAllowPolicy lets queue ``source`` use its queue as dead-letter queue.
+        ARNs name queues by their name, whatever their region and account, as URLs do. (A policy
+        stored before policies were checked, and not valid, allows all, as it did then.)"""
+        with contextlib.suppress(SqsError):
+            self._parse_redrive_allow_policy(allow_policy)
+            policy = json.loads(allow_policy)
+            if policy["redrivePermission"] == "denyAll":
+                return False
+            if policy["redrivePermission"] == "byQueue":
+                return source in {self.name_of_arn(arn, "RedriveAllowPolicy") for arn in policy["sourceQueueArns"]}
+        return True
 
     def _static_attributes(self, settings: QueueSettings, stored: Mapping[str, Any]) -> dict[str, str]:
         """The attributes that settings and sqs.json give (all but counts, times and the ARN)."""
@@ -741,7 +875,7 @@ class SqsProtocol:
         if settings.fifo:
             out["FifoQueue"] = "true"
             out["ContentBasedDeduplication"] = "true" if settings.content_based_dedup else "false"
-            out["DeduplicationScope"] = "queue"
+            out["DeduplicationScope"] = str(stored.get("DeduplicationScope", "queue"))
             out["FifoThroughputLimit"] = str(stored.get("FifoThroughputLimit", "perQueue"))
         for name in ("Policy", "RedriveAllowPolicy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds"):
             if name in stored:
@@ -785,7 +919,7 @@ class SqsProtocol:
             )
         tags = request.get("tags", request.get("Tags")) or {}
         self._check_tags(tags)
-        changes, stored = self._parse_attributes(attributes, fifo=fifo, creating=True)
+        changes, stored = self._parse_attributes(attributes, name, fifo=fifo, creating=True)
         path = self.broker.root / name
         current = settings_file.load(path)
         if current is not None:
@@ -896,7 +1030,7 @@ class SqsProtocol:
         if attributes is None:
             raise _missing("Attributes")
         current = self._settings(name)
-        changes, stored = self._parse_attributes(attributes, fifo=current.fifo, creating=False)
+        changes, stored = self._parse_attributes(attributes, name, fifo=current.fifo, creating=False)
         if changes:
             try:
                 self.broker.configure(name, **changes)
@@ -918,6 +1052,7 @@ class SqsProtocol:
         with self._first_receive_lock:
             for key in [k for k in self._first_receive if k[0] == name]:
                 del self._first_receive[key]
+        self._attempts.forget(name)
         return {}
 
     def list_dead_letter_source_queues(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -984,7 +1119,7 @@ class SqsProtocol:
 
     # -- actions: sending ---------------------------------------------------------------------------------
 
-    def _outgoing(self, entry: Mapping[str, Any], settings: QueueSettings, limit: int) -> _Outgoing:
+    def _outgoing(self, entry: Mapping[str, Any], settings: QueueSettings, rules: _SendRules) -> _Outgoing:
         """Check one message to send (SendMessage's parameters, or a batch entry)."""
         body = entry.get("MessageBody")
         if body is None or body == "":
@@ -997,10 +1132,7 @@ class SqsProtocol:
 
         delay = _integer(entry, "DelaySeconds", 0, 900)
         if settings.fifo and delay:
-            raise _invalid(
-                f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request include parameter "
-                "that is not valid for this queue type."
-            )
+            raise _invalid_value("DelaySeconds", delay, _NOT_FOR_THIS_QUEUE_TYPE)
 
         attributes: dict[str, Attribute] = {}
         raw_attributes = entry.get("MessageAttributes") or {}
@@ -1045,28 +1177,32 @@ class SqsProtocol:
                     "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId "
                     "provided explicitly"
                 )
-        else:
-            for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
-                if value is not None:
-                    raise _invalid(
-                        f"Value {value} for parameter {parameter} is invalid. Reason: The request include "
-                        "parameter that is not valid for this queue type."
-                    )
+        elif dedup is not None:
+            raise _invalid_value("MessageDeduplicationId", dedup, _NOT_FOR_THIS_QUEUE_TYPE)
         for parameter, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
-            if value is not None and not _GROUP_OR_DEDUP_ID.fullmatch(value):
-                raise _invalid(
-                    f"Value {value} for parameter {parameter} is invalid. Reason: 1 to 128 alphanumeric or "
-                    "punctuation characters."
-                )
+            _check_token(parameter, value)
 
-        if size > limit:
+        if size > rules.limit:
             raise _invalid(
-                f"One or more parameters are invalid. Reason: Message must be shorter than {limit} bytes."
+                f"One or more parameters are invalid. Reason: Message must be shorter than {rules.limit} bytes."
             )
 
         stored = dict(attributes)
         if system:
             stored[TRACE_ATTRIBUTE] = system["AWSTraceHeader"]
+        if settings.fifo and rules.dedup_per_group:
+            # DeduplicationScope messageGroup: the queue deduplicates by an id made of the group
+            # and the message's id (the client's, or the body's hash as the queue would make it),
+            # and the client's id travels beside, to be delivered as it was given.
+            if dedup is None:
+                dedup = hashlib.sha256(encoded).hexdigest()
+            stored[DEDUP_ATTRIBUTE] = Attribute("String", dedup)
+            dedup = hashlib.sha256(f"{group}\n{dedup}".encode()).hexdigest()
+        if group is not None and not settings.fifo:
+            # A standard queue's MessageGroupId (SQS's fair queues) names a tenant: its messages
+            # still go out in parallel, so it is no journalq group (which delivers one at a time).
+            stored[TENANT_ATTRIBUTE] = Attribute("String", group)
+            group = None
         item: dict[str, Any] | bytes
         if stored or delay is not None or group is not None or dedup is not None:
             item = {"body": encoded, "attributes": stored or None, "delay": delay}
@@ -1134,9 +1270,12 @@ class SqsProtocol:
             _check_number_value(name, text)
         return Attribute(data_type, text)
 
-    def _limit(self, name: str) -> int:
+    def _send_rules(self, name: str) -> _SendRules:
         stored = self._sidecar.read(name).get("attributes", {})
-        return min(int(stored.get("MaximumMessageSize", self.max_message_size)), self.max_message_size)
+        return _SendRules(
+            min(int(stored.get("MaximumMessageSize", self.max_message_size)), self.max_message_size),
+            stored.get("DeduplicationScope") == "messageGroup",
+        )
 
     def _answer(self, message_id: str, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
         answer = {"MessageId": message_id, **outgoing.answer}
@@ -1156,12 +1295,12 @@ class SqsProtocol:
             raise answer
         return answer
 
-    def _check_send(self, action: str, request: dict[str, Any], queue: Queue, limit: int) -> _Sending:
-        """A SendMessage or SendMessageBatch request to ``queue`` (whose messages may have up
-        to ``limit`` bytes), checked, ready to store."""
+    def _check_send(self, action: str, request: dict[str, Any], queue: Queue, rules: _SendRules) -> _Sending:
+        """A SendMessage or SendMessageBatch request to ``queue`` (whose messages follow
+        ``rules``), checked, ready to store."""
         settings = queue.settings
         if action == "SendMessage":
-            outgoing = self._outgoing(request, settings, limit)
+            outgoing = self._outgoing(request, settings, rules)
             return _Sending(queue, settings.fifo, [(None, outgoing)], None)
         entries = _entries(request, send=True)
         total = sum(
@@ -1178,7 +1317,7 @@ class SqsProtocol:
         failed: list[dict[str, Any]] = []
         for entry in entries:
             try:
-                checked.append((entry["Id"], self._outgoing(entry, settings, limit)))
+                checked.append((entry["Id"], self._outgoing(entry, settings, rules)))
             except SqsError as exc:
                 failed.append(exc.entry(entry["Id"]))
         if sum(o.size for _, o in checked) > self.max_message_size:
@@ -1241,12 +1380,33 @@ class SqsProtocol:
         selectors = request.get("MessageAttributeNames") or []
         if not isinstance(selectors, list):
             raise _invalid("MessageAttributeNames must be a list.")
-        received = queue.receive(count or 1, visibility_timeout=hide, wait=wait)
+        fifo = queue.settings.fifo
+        attempt = _check_token("ReceiveRequestAttemptId", _string(request, "ReceiveRequestAttemptId"))
+        received = self._again(name, queue, attempt, hide) if fifo and attempt is not None else None
+        if received is None:
+            received = queue.receive(count or 1, visibility_timeout=hide, wait=wait)
+            if fifo and attempt is not None and received:
+                self._attempts.remember(name, attempt, received, time.monotonic())
         if not received:
             return {}
-        fifo = queue.settings.fifo
         now_ms = time.time_ns() // 1_000_000
         return {"Messages": [self._message(name, m, system, selectors, fifo, now_ms) for m in received]}
+
+    def _again(self, name: str, queue: Queue, attempt: str, hide: int | None) -> list[ReceivedMessage] | None:
+        """A retried FIFO receive (the same ``ReceiveRequestAttemptId`` within 5 minutes): the
+        messages and receipts the first try delivered, hidden for the visibility timeout anew,
+        as SQS does. None (receive anew) when there was no such try or when one of its messages
+        is no longer in flight under its receipt (deleted, or delivered again since)."""
+        messages = self._attempts.recall(name, attempt, time.monotonic())
+        if not messages:
+            return None
+        seconds = queue.settings.visibility_timeout if hide is None else hide
+        errors = queue.change_visibility_many([(m.receipt, seconds) for m in messages])
+        if any(error is not None for error in errors):
+            # The first try's deliveries are partly over: those still held stay with their
+            # receipts (the first try's caller may yet delete them), and this is a new receive.
+            return None
+        return messages
 
     def _first_receive_ms(self, name: str, message: ReceivedMessage, now_ms: int) -> int:
         key = (name, message.id)
@@ -1301,10 +1461,14 @@ class SqsProtocol:
             self._first_receive_ms(queue, message, now_ms)
         if fifo and wanted("SequenceNumber"):
             attributes["SequenceNumber"] = f"{message.offset:020d}"
-        if fifo and wanted("MessageDeduplicationId") and message.dedup_id is not None:
-            attributes["MessageDeduplicationId"] = message.dedup_id
-        if wanted("MessageGroupId") and message.group_id is not None:
-            attributes["MessageGroupId"] = message.group_id
+        scoped = message.attributes.get(DEDUP_ATTRIBUTE)
+        dedup = message.dedup_id if scoped is None else scoped.value
+        if fifo and wanted("MessageDeduplicationId") and isinstance(dedup, str):
+            attributes["MessageDeduplicationId"] = dedup
+        tenant = message.attributes.get(TENANT_ATTRIBUTE)
+        group = message.group_id if message.group_id is not None or tenant is None else tenant.value
+        if wanted("MessageGroupId") and isinstance(group, str):
+            attributes["MessageGroupId"] = group
         if wanted("AWSTraceHeader") and trace is not None and isinstance(trace.value, str):
             attributes["AWSTraceHeader"] = trace.value
         source = (message.source or {}).get("queue")
@@ -1315,7 +1479,7 @@ class SqsProtocol:
         chosen = {
             n: a
             for n, a in message.attributes.items()
-            if n != TRACE_ATTRIBUTE and self._selected(n, selectors)
+            if n not in _RESERVED_ATTRIBUTES and self._selected(n, selectors)
         }
         if chosen:
             out["MD5OfMessageAttributes"] = md5_of_message_attributes(chosen)
@@ -1356,9 +1520,8 @@ class SqsProtocol:
             )
         if deleting:
             return None  # a delivery that is over: SQS answers success (the message may come again)
-        return _invalid(
-            f"Value {receipt} for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not "
-            "available for visibility timeout change."
+        return _invalid_value(
+            "ReceiptHandle", receipt, "Message does not exist or is not available for visibility timeout change."
         )
 
     def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -1516,4 +1679,4 @@ class SqsProtocol:
         )
 
 
-__all__ = ["SqsError", "SqsProtocol", "TRACE_ATTRIBUTE"]
+__all__ = ["DEDUP_ATTRIBUTE", "SqsError", "SqsProtocol", "TENANT_ATTRIBUTE", "TRACE_ATTRIBUTE"]
