@@ -166,8 +166,9 @@ def stress(root: Path, tmp_path: Path, env: dict, *, sync: str, seconds: float, 
         run.read(log, err)
         return run.consumers[-1] if len(run.consumers) > consumers else None
 
-    channel = root / "jobs" / "channels" / "default"
-    lock = FileLock(lock_path(channel))
+    topic = root / "jobs"
+    channel = topic / "channels" / "default"
+    locks = {path: FileLock(lock_path(path)) for path in (topic, channel)}
     operator = Broker(root, sync=sync)
     try:
         for slot in range(len(roles)):
@@ -187,10 +188,13 @@ def stress(root: Path, tmp_path: Path, env: dict, *, sync: str, seconds: float, 
                     q.delete_id(i)
                     run.acked.add(i)
             if rng.random() < 0.2:
-                # Under the lock, as a process killed in the middle of its append holds it.
+                # Under the lock, as a process killed in the middle of its append holds it: the
+                # channel's state journal mostly, else the topic's (a producer's send).
+                torn = rng.choice([channel, channel, channel, topic])
+                lock = locks[torn]
                 lock.acquire(wait=True)
                 try:
-                    tear_state_tail(channel, rng)
+                    tear_state_tail(torn, rng)
                 finally:
                     lock.release()
                 run.events["tear"] += 1
@@ -199,7 +203,8 @@ def stress(root: Path, tmp_path: Path, env: dict, *, sync: str, seconds: float, 
             kill(slot)
     finally:
         operator.close()
-        lock.close()
+        for lock in locks.values():
+            lock.close()
         for child, _, _ in filter(None, children):
             if child.poll() is None:
                 child.kill()
