@@ -260,5 +260,7 @@ def test_random_kills_of_many_producers_and_consumers(
         broker.queue("jobs", **SETTINGS)
     run = stress(root, tmp_path, child_env, sync=sync, seconds=seconds, seed=seed)
     print(f"seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {dict(run.events)}")
-    assert run.events["compact"] >= 5 and run.events["roll"] >= 5 and run.events["gc"] >= 5
+    # (Hundreds of compactions and rolls and tens of topic collections in a run here: the bounds
+    # only make sure the paths were taken, on a slower machine too.)
+    assert run.events["compact"] >= 5 and run.events["roll"] >= 5 and run.events["gc"] >= 1
     check(root, run)
