@@ -18,6 +18,7 @@ from journalq.errors import LockedError
 from journalq.journal import Scanner, Writer
 from journalq.journal.codec import encode
 from journalq.journal.lock import FileLock
+from journalq.journal.writer import held
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -161,6 +162,41 @@ def test_a_shared_writer_follows_a_segment_another_started_early(tmp_path):
     two.close()
     assert sorted(p.name for p in (tmp_path / "jnl").glob("*.jnl")) == ["0000000000000000.jnl", "0000000000000002.jnl"]
     assert [m.value for m in scan_all(tmp_path)] == [b"a", b"b", b"c", b"d"]
+
+
+def test_held_reopens_again_when_the_reopened_segment_is_collected_too(tmp_path):
+    """``held``: the writer ``reopen`` gives for one whose segment was collected takes the lock
+    again only when held; another process's compaction may collect its segment too in between
+    (found by tests/test_queue_crash_stress.py). The hold reopens until it holds."""
+
+    def grow_roll_and_collect(writer):
+        # Another process appends to ``writer``'s segment until it rolls, then deletes it.
+        gone = writer.segment
+        while writer.segment == gone:
+            writer.append(b"y" * 40)
+        gone.path.unlink()
+        gone.index_path.unlink(missing_ok=True)
+
+    with Writer(tmp_path, shared=True, segment_size=200) as mine, Writer(tmp_path, shared=True, segment_size=200) as other:
+        mine.append(b"x")
+        grow_roll_and_collect(other)
+        reopened = []
+
+        def reopen():
+            reopened.append(Writer(tmp_path, shared=True, segment_size=200))
+            if len(reopened) == 1:
+                reopened[0].append(b"z")  # it has read its segment: the other's appends are new
+                grow_roll_and_collect(other)  # before the hold takes the lock again
+            return reopened[-1]
+
+        with held(mine, reopen) as writer:
+            assert writer is reopened[-1] and len(reopened) == 2
+            assert writer.next_offset == other.next_offset
+            last = writer.append(b"last")
+        for w in reopened:
+            w.close()
+    with Scanner(tmp_path, last) as scanner:
+        assert [m.value for m in scanner] == [b"last"]
 
 
 def test_a_shared_writer_whose_directory_was_moved_away_never_joins_the_new_one(tmp_path):

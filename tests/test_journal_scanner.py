@@ -208,6 +208,41 @@ def test_truncation_not_past_what_was_read_is_not_an_error(tmp_path):
         assert [m.value for m in scanner.read_batch()] == [b"next"]
 
 
+def test_a_torn_tail_cut_and_written_over_between_two_reads(tmp_path):
+    """The scanner read a torn tail; before it looks again, recovery cuts it and another writer
+    appends over it: the bytes read before are not the message's (found by
+    tests/test_queue_crash_stress.py: a consumer died of a CorruptionError, "size field says
+    808648704 bytes")."""
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"x" * 20] * 3)  # 46-byte messages, to byte 138
+    segment = tmp_path / "jnl" / SEG0
+    with Scanner(tmp_path, 0) as scanner:
+        assert len(list(scanner)) == 3
+        with open(segment, "ab") as f:
+            f.write(encode(3, 0, 9, b"key", b"torn" * 10)[:20])
+        assert scanner.read_batch() == []  # it holds the 20 torn bytes
+        with Writer(tmp_path) as writer:
+            assert writer.recoveries[0].cut_bytes == 20
+            writer.append(b"the message that took its place", type=1, timestamp_ns=42)
+        assert scanner.read_batch() == [Message(3, 42, 1, b"", b"the message that took its place")]
+
+
+def test_a_torn_tail_written_over_with_as_many_bytes_before_a_roll(tmp_path):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"x" * 20] * 3)
+    segment = tmp_path / "jnl" / SEG0
+    new = encode(3, 0, 0, b"", b"new")
+    with Scanner(tmp_path, 0) as scanner:
+        assert len(list(scanner)) == 3
+        with open(segment, "ab") as f:
+            f.write(encode(3, 0, 0, b"", b"torn" * 10)[: len(new)])
+        assert scanner.read_batch() == []
+        with Writer(tmp_path, segment_size=138 + len(new)) as writer:
+            writer.append_many([b"new", b"in the next segment"])  # the same size again, then a roll
+        assert [m.value for m in scanner.read_batch()] == [b"new"]
+        assert [m.value for m in scanner.read_batch()] == [b"in the next segment"]
+
+
 def hand_segment(path: Path, base: int, offsets: list[int]) -> tuple[Path, list[int]]:
     (path / "jnl").mkdir(parents=True, exist_ok=True)
     segment = path / "jnl" / f"{base:016x}.jnl"

@@ -183,22 +183,24 @@ class Scanner(Closing):
         while True:
             stat = os.fstat(self._fd)
             size = stat.st_size
-            have = self._pos + len(self._pending)
-            if size < have:
-                if size < self._pos:
-                    raise TruncatedError(
-                        f"segment shrank to {size} bytes after {self._pos} bytes were read",
-                        file=self._segment.path,
-                        offset=self._next,
-                    )
-                self._pending = self._pending[: size - self._pos]  # recovery cut a torn tail
-                have = size
+            if size < self._pos:
+                raise TruncatedError(
+                    f"segment shrank to {size} bytes after {self._pos} bytes were read",
+                    file=self._segment.path,
+                    offset=self._next,
+                )
+            pending = self._pending
+            have = self._pos + len(pending)
+            if pending and size != have:
+                # The incomplete message read may be a torn tail that recovery has cut since,
+                # and others appended over: read it again with what follows, never trust it.
+                self._pending, have = b"", self._pos
             if size > have:
                 # Twice the pending bytes at least, so that a huge message takes few reads.
                 # (No more than the file holds: a large buffer for a few bytes costs more.)
-                chunk = os.pread(self._fd, min(max(self._chunk, len(self._pending)), size - have), have)
+                chunk = os.pread(self._fd, min(max(self._chunk, 2 * len(pending)), size - have), have)
                 self._chunk = min(2 * self._chunk, READ_CHUNK)
-                buf = self._pending + chunk if self._pending else chunk
+                buf = chunk
                 try:
                     messages, used = decode(buf, 0, len(buf), self._next)
                 except CorruptionError as exc:
@@ -214,6 +216,10 @@ class Scanner(Closing):
                     self._batch, self._i = messages, 0
                     self._next = messages[-1].offset + 1
                     return True
+                continue
+            pending = self._pending
+            if pending and os.pread(self._fd, len(pending), self._pos) != pending:
+                self._pending = b""  # cut and written over with as many bytes: read them again
                 continue
             # At the end of the segment: go on to the next one once it exists (a string path:
             # this runs on every poll, and pathlib is slow).

@@ -664,17 +664,19 @@ class held(_Hold):
         self._reopen = reopen
 
     def __enter__(self) -> Writer:  # type: ignore[override]
-        try:
-            _Hold.__enter__(self)
-        except FileNotFoundError:
-            writer = self._writer
-            segments = list_segments(writer.path)
-            if not segments or writer.segment in segments:
-                raise  # not a collected segment: the journal itself is gone, or something else
-            writer.close()
-            self._writer = self._reopen()
-            _Hold.__enter__(self)
-        return self._writer
+        # Until a hold succeeds: the writer ``reopen()`` gives takes the lock again only here,
+        # and another process may have collected its segment too in between.
+        while True:
+            try:
+                _Hold.__enter__(self)
+                return self._writer
+            except FileNotFoundError:
+                writer = self._writer
+                segments = list_segments(writer.path)
+                if not segments or writer.segment in segments:
+                    raise  # not a collected segment: the journal itself is gone, or something else
+                writer.close()
+                self._writer = self._reopen()
 
 
 def _make_dirs(directory: Path, durable: bool) -> None:
