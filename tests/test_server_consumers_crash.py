@@ -77,6 +77,23 @@ class Record:
     deliveries: list[Delivery] = field(default_factory=list)
     deletes: list[Delete] = field(default_factory=list)
     failed_requests: int = 0
+    kills: list[float] = field(default_factory=list)  # time.time() of each SIGKILL
+    # When every delivery made so far is visible again: the server counts a visibility timeout
+    # from when it recorded the delivery, before its answer came (or did not: unanswered receives).
+    hidden_until: float = 0.0
+
+    def received(self, deliveries: list[Delivery]) -> None:
+        with self.lock:
+            self.deliveries.extend(deliveries)
+
+    def hidden(self, seconds: float) -> None:
+        """Note a receive just answered, or one that had no answer."""
+        with self.lock:
+            self.hidden_until = max(self.hidden_until, time.time() + seconds)
+
+    def across_a_kill(self, deletes: list[Delete]) -> list[Delete]:
+        """Those of ``deletes`` whose receipt was had before a kill and used after it."""
+        return [d for d in deletes if any(d.delivery.end < k < d.start for k in self.kills)]
 
 
 class Clients:
@@ -190,11 +207,14 @@ class Clients:
                     self._rest_delete(client, delivery)
             start = time.time()
             try:
-                answer = client.get(f"{self.url}/{QUEUE}/messages", params={"visibility_timeout": HIDDEN})
+                answer = client.get(f"{self.url}/{QUEUE}/messages",
+                                    params={"visibility_timeout": HIDDEN, "wait": rng.choice([0, 0, 0.5])})
             except NO_ANSWER:
+                self.record.hidden(HIDDEN)
                 self._failed()
                 continue
             end = time.time()
+            self.record.hidden(HIDDEN)
             if answer.status_code == 204:
                 time.sleep(0.05)
                 continue
@@ -203,8 +223,7 @@ class Clients:
                 continue
             delivery = Delivery(answer.headers["x-message-id"], answer.content.decode(), answer.headers["x-receipt"],
                                 int(answer.headers["x-receive-count"]), HIDDEN, start, end, "rest")
-            with self.record.lock:
-                self.record.deliveries.append(delivery)
+            self.record.received([delivery])
             fate = rng.random()
             if fate < 0.65:
                 self._rest_delete(client, delivery)
@@ -240,9 +259,11 @@ class Clients:
                     "MaxNumberOfMessages": rng.randint(1, 10), "VisibilityTimeout": hidden,
                     "WaitTimeSeconds": rng.choice([0, 0, 1]), "AttributeNames": ["ApproximateReceiveCount"]})
             except NO_ANSWER:
+                self.record.hidden(hidden)
                 self._failed()
                 continue
             end = time.time()
+            self.record.hidden(hidden)
             if answer.status_code != 200:
                 assert answer.status_code == 503, answer.text
                 continue
@@ -252,8 +273,7 @@ class Clients:
                 continue
             got = [Delivery(m["MessageId"], m["Body"], m["ReceiptHandle"], int(m["Attributes"]["ApproximateReceiveCount"]),
                             hidden, start, end, "sqs") for m in messages]
-            with self.record.lock:
-                self.record.deliveries.extend(got)
+            self.record.received(got)
             now_delete = []
             for delivery in got:
                 fate = rng.random()
@@ -374,7 +394,7 @@ def check(record: Record, drained: Counter[str], drained_at: float) -> Verdict:
     return verdict
 
 
-def run(tmp_path: Path, workers: int, seed: int, rounds: int) -> None:
+def run(tmp_path: Path, workers: int, seed: int, rounds: int, shards: int | None = None) -> None:
     rng = random.Random(seed)
     args = ("--workers", str(workers)) if workers > 1 else ()
     server = ServerProcess(tmp_path / "data", *args, log_dir=tmp_path)
@@ -382,19 +402,21 @@ def run(tmp_path: Path, workers: int, seed: int, rounds: int) -> None:
     kills = worker_kills = 0
     try:
         server.start()
-        httpx.put(f"{server.url}/{QUEUE}").raise_for_status()
+        httpx.put(f"{server.url}/{QUEUE}", params={} if shards is None else {"shards": shards}).raise_for_status()
         clients = Clients(server.url, record, seed)
         clients.start()
         try:
             for _round in range(rounds):
-                time.sleep(rng.uniform(0.8, 2.5))
+                time.sleep(rng.uniform(0.1, 2.5))  # early on: just after a recovery
                 workers_now = server.worker_pids() if workers > 1 else []
                 if workers_now and rng.random() < 0.5:
                     # One worker dies; uvicorn starts another; the other one goes on serving.
                     os.kill(rng.choice(workers_now), signal.SIGKILL)
+                    record.kills.append(time.time())
                     worker_kills += 1
                     continue
                 server.kill()
+                record.kills.append(time.time())
                 kills += 1
                 time.sleep(rng.uniform(0, 0.3))  # clients fail meanwhile
                 server.start()  # on the same data directory: recovery
@@ -403,18 +425,21 @@ def run(tmp_path: Path, workers: int, seed: int, rounds: int) -> None:
         finally:
             clients.finish()
         # Everything received is visible again, unless deleted: drain it.
-        last = max((d.start + d.hidden for d in record.deliveries), default=0.0)
-        time.sleep(max(0.0, last - time.time()) + 0.1)
+        time.sleep(max(0.0, record.hidden_until - time.time()) + 0.1)
         drained_at = time.time()
         drained = drain(server.url, QUEUE)
         verdict = check(record, drained, drained_at)
-        print(f"seed {seed}, workers {workers}: {kills} kills, {worker_kills} worker kills; "
+        done = [d for deletes in verdict.done.values() for d in deletes]
+        print(f"seed {seed}, workers {workers}, shards {shards}: {kills} kills, {worker_kills} worker kills; "
               f"{len(record.sent)} sends acknowledged of {len(record.attempted)}; "
               f"{len(record.deliveries)} deliveries; {len(record.deletes)} deletes "
-              f"({sum(len(v) for v in verdict.done.values())} done, {len(verdict.stale)} stale, "
-              f"{len(verdict.maybe)} unknown); {len(drained)} drained; {record.failed_requests} requests unanswered")
+              f"({len(done)} done, {len(verdict.stale)} stale, "
+              f"{len(verdict.maybe)} unknown; {len(record.across_a_kill(record.deletes))} across a kill: "
+              f"{len(record.across_a_kill(done))} done, {len(record.across_a_kill(verdict.stale))} stale); "
+              f"{len(drained)} drained; {record.failed_requests} requests unanswered")
         assert kills + worker_kills == rounds
-        assert len(verdict.stale) > 0 and len(verdict.done) > 100, "too little was tested"
+        assert len(done) > 100 and verdict.stale, "too little was tested"
+        assert record.across_a_kill(done) and record.across_a_kill(verdict.stale), "no receipt used across a kill"
         server.check_clean_stop()
     finally:
         if server.process is not None and server.process.poll() is None:
@@ -424,4 +449,5 @@ def run(tmp_path: Path, workers: int, seed: int, rounds: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigkill_under_sends_receives_and_deletes(tmp_path: Path, workers: int) -> None:
-    run(tmp_path, workers, seed=20261122 + workers, rounds=5)
+    seed = int(os.environ.get("JOURNALQ_STRESS_SEED", "20261122")) + workers
+    run(tmp_path, workers, seed, rounds=int(os.environ.get("JOURNALQ_STRESS_ROUNDS", "5")))
