@@ -4,8 +4,8 @@ SendMessageBatch) while consumers receive and delete through both APIs (mq's ``G
 on one data directory with ``--sync always``, is SIGKILLed at random moments and started again.
 Consumers hold some messages across a kill and delete them after it, let others go, and keep the
 receipts of short deliveries to delete with them once the message went out again (stale receipts:
-SQS answers success and deletes nothing). With ``--workers 2`` some kills take one worker only
-(uvicorn starts another), the others the whole server.
+SQS answers success and deletes nothing). With ``--workers 2`` (on a queue of two shards) some
+kills take one worker only (uvicorn starts another), the others the whole server.
 
 What the README promises, and what is checked at the end (after the last visibility timeout ran
 out, a drain of the queue hidden for 10 minutes):
@@ -447,7 +447,8 @@ def run(tmp_path: Path, workers: int, seed: int, rounds: int, shards: int | None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
-def test_sigkill_under_sends_receives_and_deletes(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "shards"), [(1, None), (2, 2)])
+def test_sigkill_under_sends_receives_and_deletes(tmp_path: Path, workers: int, shards: int | None) -> None:
+    """One server on a plain queue; two workers (killed alone or together) on a sharded one."""
     seed = int(os.environ.get("JOURNALQ_STRESS_SEED", "20261122")) + workers
-    run(tmp_path, workers, seed, rounds=int(os.environ.get("JOURNALQ_STRESS_ROUNDS", "5")))
+    run(tmp_path, workers, seed, int(os.environ.get("JOURNALQ_STRESS_ROUNDS", "5")), shards)
