@@ -196,6 +196,22 @@ class Clients:
 
     # -- consumers ------------------------------------------------------------------------------
 
+    def _receive(
+        self, request: Callable[[], httpx.Response], hidden: float
+    ) -> tuple[httpx.Response | None, float, float]:
+        """A receive's answer (None for none, or a 503), and when it was sent and answered."""
+        start = time.time()
+        try:
+            answer: httpx.Response | None = request()
+        except NO_ANSWER:
+            answer = None
+            self._failed()
+        end = time.time()
+        self.record.hidden(hidden)  # whether it delivered anything or not: it may have
+        if answer is not None and answer.status_code == 503:
+            return None, start, end
+        return answer, start, end
+
     def rest_consumer(self, client: httpx.Client, rng: random.Random, n: int) -> None:
         held: list[tuple[float, Delivery]] = []  # (when to delete, delivery)
         while not self.stop.is_set():
@@ -205,22 +221,15 @@ class Clients:
                 # mq deletes by id, whatever the message's state: only while this delivery holds it
                 if time.time() < delivery.start + delivery.hidden - REST_MARGIN:
                     self._rest_delete(client, delivery)
-            start = time.time()
-            try:
-                answer = client.get(f"{self.url}/{QUEUE}/messages",
-                                    params={"visibility_timeout": HIDDEN, "wait": rng.choice([0, 0, 0.5])})
-            except NO_ANSWER:
-                self.record.hidden(HIDDEN)
-                self._failed()
+            answer, start, end = self._receive(lambda: client.get(
+                f"{self.url}/{QUEUE}/messages", params={"visibility_timeout": HIDDEN, "wait": rng.choice([0, 0, 0.5])}),
+                HIDDEN)
+            if answer is None:
                 continue
-            end = time.time()
-            self.record.hidden(HIDDEN)
             if answer.status_code == 204:
                 time.sleep(0.05)
                 continue
-            if answer.status_code != 200:
-                assert answer.status_code == 503, answer.text
-                continue
+            assert answer.status_code == 200, answer.text
             delivery = Delivery(answer.headers["x-message-id"], answer.content.decode(), answer.headers["x-receipt"],
                                 int(answer.headers["x-receive-count"]), HIDDEN, start, end, "rest")
             self.record.received([delivery])
@@ -253,26 +262,19 @@ class Clients:
                 self._sqs_delete(client, rng, [d for _, d in due])
             short = rng.random() < 0.15
             hidden = SHORT if short else HIDDEN
-            start = time.time()
-            try:
-                answer = self._sqs(client, "ReceiveMessage", {
-                    "MaxNumberOfMessages": rng.randint(1, 10), "VisibilityTimeout": hidden,
-                    "WaitTimeSeconds": rng.choice([0, 0, 1]), "AttributeNames": ["ApproximateReceiveCount"]})
-            except NO_ANSWER:
-                self.record.hidden(hidden)
-                self._failed()
+            answer, start, end = self._receive(lambda: self._sqs(client, "ReceiveMessage", {
+                "MaxNumberOfMessages": rng.randint(1, 10), "VisibilityTimeout": hidden,
+                "WaitTimeSeconds": rng.choice([0, 0, 1]), "AttributeNames": ["ApproximateReceiveCount"]}), hidden)
+            if answer is None:
                 continue
-            end = time.time()
-            self.record.hidden(hidden)
-            if answer.status_code != 200:
-                assert answer.status_code == 503, answer.text
-                continue
+            assert answer.status_code == 200, answer.text
             messages = answer.json().get("Messages", [])
             if not messages:
                 time.sleep(0.05)
                 continue
-            got = [Delivery(m["MessageId"], m["Body"], m["ReceiptHandle"], int(m["Attributes"]["ApproximateReceiveCount"]),
-                            hidden, start, end, "sqs") for m in messages]
+            got = [Delivery(m["MessageId"], m["Body"], m["ReceiptHandle"],
+                            int(m["Attributes"]["ApproximateReceiveCount"]), hidden, start, end, "sqs")
+                   for m in messages]
             self.record.received(got)
             now_delete = []
             for delivery in got:

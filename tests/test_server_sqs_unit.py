@@ -846,7 +846,8 @@ def test_a_stale_receipt_of_a_sharded_queue_is_still_one_of_its_receipts(client:
     (third,) = client.receive(url)
     assert third["MessageId"] == first["MessageId"]
     for receipt in ("garbage", "7." + stale.partition(".")[2], stale.partition(".")[0] + ".1.2.ffff"):
-        assert client.error("DeleteMessage", QueueUrl=url, ReceiptHandle=receipt).code == "ReceiptHandleIsInvalid"
+        error = client.error("DeleteMessage", QueueUrl=url, ReceiptHandle=receipt)
+        assert error.code == "ReceiptHandleIsInvalid", receipt
 
 
 def test_send_message_batch(client: Client) -> None:
