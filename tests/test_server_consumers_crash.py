@@ -259,7 +259,8 @@ class Clients:
             if due:
                 for h in due:
                     held.remove(h)
-                self._sqs_delete(client, rng, [d for _, d in due])
+                for first in range(0, len(due), 10):  # at most 10 entries to a batch
+                    self._sqs_delete(client, rng, [d for _, d in due[first : first + 10]])
             short = rng.random() < 0.15
             hidden = SHORT if short else HIDDEN
             answer, start, end = self._receive(lambda: self._sqs(client, "ReceiveMessage", {
