@@ -170,3 +170,16 @@ def test_killed_after_moving_a_dead_letter_moves_it_once(tmp_path: Path, child_e
         assert q.stats().dead == 1 and q.task(poison).state == "dead"
         dead = broker.queue("jobs-dlq").receive(10)
         assert [(m.body, m.source["id"]) for m in dead] == [(b"poison", poison)], "moved twice"
+
+
+def test_dead_letters_of_one_body_are_kept_by_a_content_deduplicating_queue(tmp_path: Path) -> None:
+    # Each move has a deduplication id of its own: two messages with one body are two dead
+    # letters (the dead-letter queue's content_based_dedup once dropped the second).
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("jobs-dlq", content_based_dedup=True)
+        q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        ids = [q.send(b"same"), q.send(b"same")]
+        assert len(q.receive(10, visibility_timeout=0)) == 2
+        assert q.receive(10) == []
+        assert q.stats().dead == 2
+        assert sorted(m.source["id"] for m in broker.queue("jobs-dlq").receive(10)) == ids
