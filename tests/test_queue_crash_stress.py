@@ -7,7 +7,12 @@ state and topic segments, collect tasks and collect topic segments many times in
 At the end, a fresh broker finds: no message delivered twice (the visibility timeout is long:
 one held by a killed consumer stays hidden), no acknowledged delete lost, every message a
 producer was told was sent either deleted, held by a dead consumer or drained now exactly once,
-the topic journal still readable, and ``stats()`` agreeing."""
+the topic journal still readable, and ``stats()`` agreeing.
+
+The other scenarios run the same machinery (a ``scenario`` argument of the children) with FIFO
+groups, dead letters, delays and filters, and on a sharded queue; each checks its own promises
+from the children's logs, where each delivery is known by its stamp (the time of its event, the
+last part of its receipt) and each delete or release by the times before and after its call."""
 
 from __future__ import annotations
 
