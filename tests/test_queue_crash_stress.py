@@ -379,26 +379,6 @@ def check_journals(root: Path) -> None:
         assert offsets == list(range(start, end)), f"the topic journal {topic} does not read whole"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("sync", "seconds"), [("none", 20.0), ("always", 6.0)])
-def test_random_kills_of_many_producers_and_consumers(
-    tmp_path: Path, child_env: dict, monkeypatch: pytest.MonkeyPatch, sync: str, seconds: float
-) -> None:
-    seed = int(os.environ.get("JOURNALQ_STRESS_SEED", "20261122"))
-    seconds = float(os.environ.get("JOURNALQ_STRESS_SECONDS", seconds))
-    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", SNAPSHOT_EVERY)
-    monkeypatch.setattr(channel_module, "STATE_SEGMENT_SIZE", STATE_SEGMENT_SIZE)
-    root = tmp_path / "data"
-    with Broker(root, sync="none") as broker:
-        broker.queue("jobs", **SETTINGS)
-    run = stress(root, tmp_path, child_env, sync=sync, seconds=seconds, seed=seed)
-    print(f"seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {dict(run.events)}")
-    # (Hundreds of compactions and rolls and tens of topic collections in a run here: the bounds
-    # only make sure the paths were taken, on a slower machine too.)
-    assert run.events["compact"] >= 5 and run.events["roll"] >= 5 and run.events["gc"] >= 1
-    check(root, run)
-
-
 def prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: object) -> Path:
     """The data directory with the queue "jobs" made with ``settings`` (beyond ``SETTINGS``)."""
     monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", SNAPSHOT_EVERY)
@@ -407,6 +387,22 @@ def prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: object)
     with Broker(root, sync="none") as broker:
         broker.queue("jobs", **{**SETTINGS, **settings})
     return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sync", "seconds"), [("none", 20.0), ("always", 6.0)])
+def test_random_kills_of_many_producers_and_consumers(
+    tmp_path: Path, child_env: dict, monkeypatch: pytest.MonkeyPatch, sync: str, seconds: float
+) -> None:
+    seed = int(os.environ.get("JOURNALQ_STRESS_SEED", "20261122"))
+    seconds = float(os.environ.get("JOURNALQ_STRESS_SECONDS", seconds))
+    root = prepare(tmp_path, monkeypatch)
+    run = stress(root, tmp_path, child_env, sync=sync, seconds=seconds, seed=seed)
+    print(f"seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {dict(run.events)}")
+    # (Hundreds of compactions and rolls and tens of topic collections in a run here: the bounds
+    # only make sure the paths were taken, on a slower machine too.)
+    assert run.events["compact"] >= 5 and run.events["roll"] >= 5 and run.events["gc"] >= 1
+    check(root, run)
 
 
 def scenario_run(tmp_path: Path, child_env: dict, root: Path, scenario: str, seconds: float, seed: int) -> Run:
