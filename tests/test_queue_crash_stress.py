@@ -62,6 +62,7 @@ CHILD = f"FILTERS = {FILTERS!r}\nPROFILES = {PROFILES!r}\nGROUPS = {GROUPS}\n" +
     import journalq.queue.channel as channel_module
     import journalq.journal.writer as writer_module
     import journalq.queue.topic as topic_module
+    from journalq.errors import ReceiptError
     from journalq.queue import Broker
 
     role, root, out, seed, sync = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
@@ -105,12 +106,23 @@ CHILD = f"FILTERS = {FILTERS!r}\nPROFILES = {PROFILES!r}\nGROUPS = {GROUPS}\n" +
 
     def consume(q, keep, filters=None):
         # keep(m): "fin" (delete), "rel" (release: back at once) or "" (let its visibility end)
+        later = []  # deleted by the next receive, in the same step
         while True:
-            ms = q.receive(rng.randint(1, 5), filters=filters)
+            start = time.time_ns()
+            try:
+                ms = q.receive(rng.randint(1, 5), filters=filters, delete=[m.receipt for m in later])
+                if later:
+                    note(f"fin {start} {time.time_ns()} " + " ".join(f"{m.id},{stamp(m)}" for m in later))
+            except ReceiptError:  # one came back meanwhile: nothing done; the others, then
+                act("fin", q.delete_many, later)
+                ms = q.receive(rng.randint(1, 5), filters=filters)
+            later = []
             got(ms)
             for kind in ("fin", "rel"):
                 chosen = [m for m in ms if keep(m) == kind]
-                if chosen:
+                if kind == "fin" and rng.random() < 0.5:
+                    later = chosen
+                elif chosen:
                     act(kind, q.delete_many if kind == "fin" else (
                         lambda rs: q.change_visibility_many([(r, 0) for r in rs])), chosen)
             time.sleep(rng.uniform(0, 0.01) if ms else 0.005)
@@ -415,7 +427,10 @@ def scenario_run(tmp_path: Path, child_env: dict, root: Path, scenario: str, sec
         finish_dead=not short, snapshot_every=20 if scenario == "fifo" else SNAPSHOT_EVERY,
     )
     redelivered = sum(1 for d in run.deliveries if d.count > 1)
-    print(f"{scenario} seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {redelivered} redelivered, {dict(run.events)}")
+    print(
+        f"{scenario} seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {len(run.ended['rel'])} released, "
+        f"{redelivered} redelivered, {dict(run.events)}"
+    )
     assert run.sent and run.acked, "the children did no work"
     if short:
         time.sleep(SHORT_VISIBILITY + 0.1)  # what the last consumers held comes back
