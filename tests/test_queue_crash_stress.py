@@ -113,7 +113,10 @@ CHILD = f"FILTERS = {FILTERS!r}\nPROFILES = {PROFILES!r}\nGROUPS = {GROUPS}\n" +
                 ms = q.receive(rng.randint(1, 5), filters=filters, delete=[m.receipt for m in later])
                 if later:
                     note(f"fin {start} {time.time_ns()} " + " ".join(f"{m.id},{stamp(m)}" for m in later))
-            except ReceiptError:  # one came back meanwhile: nothing done; the others, then
+            except ReceiptError:  # one came back meanwhile: the others, then
+                # (A sharded queue's deletes in the shards before the stale one's stay done:
+                # these deliveries may have ended from ``start`` on, deleted or not.)
+                note(f"end {start} {time.time_ns()} " + " ".join(f"{m.id},{stamp(m)}" for m in later))
                 act("fin", q.delete_many, later)
                 ms = q.receive(rng.randint(1, 5), filters=filters)
             later = []
@@ -216,9 +219,9 @@ class Run:
     deliveries: list[Delivery] = field(default_factory=list)
     settled: set[Delivery] = field(default_factory=set)  # a later "got" in its log: its end is logged
     # (id, delivery stamp) -> (time before, time after) of the delete ("fin") or release ("rel")
-    # that ended that delivery.
+    # that ended that delivery, or of a call that may have deleted it ("end").
     ended: dict[str, dict[tuple[str, int], tuple[int, int]]] = field(
-        default_factory=lambda: {"fin": {}, "rel": {}}
+        default_factory=lambda: {"fin": {}, "rel": {}, "end": {}}
     )
 
     def read(self, log: Path, stderr: Path) -> None:
@@ -240,7 +243,7 @@ class Run:
                     id, count, stamp, sent_at, group, body = token.split(",")
                     self.deliveries.append(Delivery(id, int(count), int(stamp), int(sent_at), group, body, offered))
                     self.received[id] += 1
-            elif kind in ("fin", "rel"):
+            elif kind in ("fin", "rel", "end"):
                 start, end, *done = ids
                 for token in done:
                     id, stamp = token.split(",")
@@ -448,6 +451,11 @@ def drain(q: Queue, finish: Callable[[ReceivedMessage], bool] = lambda m: True) 
     return drained
 
 
+def offset(id: str) -> int:
+    """A message's offset in its journal: its id, or the part after the shard's ("3.17")."""
+    return int(id.rpartition(".")[2])
+
+
 def check_ended(run: Run) -> None:
     """No message comes back after a delete that returned; a message's deliveries count up."""
     by_id: dict[str, list[Delivery]] = collections.defaultdict(list)
@@ -462,13 +470,15 @@ def check_ended(run: Run) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("shards", "seconds"), [(1, 10.0), (4, 6.0)])
 def test_random_kills_with_fifo_groups_and_redeliveries(
-    tmp_path: Path, child_env: dict, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, child_env: dict, monkeypatch: pytest.MonkeyPatch, shards: int, seconds: float
 ) -> None:
     """FIFO groups; consumers delete most messages, release some and let some time out
-    (visibility 1.5 s). Within a group: deliveries in send order, one in flight at a time."""
-    root = prepare(tmp_path, monkeypatch, visibility_timeout=SHORT_VISIBILITY)
-    run = scenario_run(tmp_path, child_env, root, "fifo", 10.0, 20261123)
+    (visibility 1.5 s). Within a group: deliveries in send order, one in flight at a time (a
+    group stays in one shard of a sharded queue)."""
+    root = prepare(tmp_path, monkeypatch, visibility_timeout=SHORT_VISIBILITY, shards=shards)
+    run = scenario_run(tmp_path, child_env, root, "fifo", seconds, 20261123)
     check_ended(run)
     # The end of a delivery is known when its consumer logged what it did with it (deleted,
     # released or kept): else it may have been deleted unlogged, at an unknown time.
@@ -479,24 +489,24 @@ def test_random_kills_with_fifo_groups_and_redeliveries(
     assert set(by_group) <= {f"g{n}" for n in range(GROUPS)}
     for group, deliveries in by_group.items():
         deliveries.sort(key=lambda d: d.stamp)
-        offsets = [int(d.id) for d in deliveries]
+        offsets = [offset(d.id) for d in deliveries]
         assert offsets == sorted(offsets), f"group {group} delivered out of order"
         for first, then in zip(deliveries, deliveries[1:]):
             if first not in run.settled:
                 continue
-            ended = run.ended["fin"].get((first.id, first.stamp)) or run.ended["rel"].get((first.id, first.stamp))
+            ended = [run.ended[kind][first.id, first.stamp] for kind in run.ended if (first.id, first.stamp) in run.ended[kind]]
             hidden_until = first.stamp + SHORT_VISIBILITY * 1e9 - margin
-            if ended is not None:
-                hidden_until = min(hidden_until, ended[0])
+            if ended:
+                hidden_until = min(hidden_until, *(start for start, _ in ended))
             assert then.stamp >= hidden_until, f"group {group}: {then} delivered while {first} was in flight"
     with Broker(root, sync="none") as broker:
         q = broker.queue("jobs")
         drained = drain(q)
         assert not {m.id for m in drained} & run.acked, "a deleted message came back"
         for group in by_group:
-            offsets = [m.offset for m in drained if m.group_id == group]
+            offsets = [offset(m.id) for m in drained if m.group_id == group]
             assert offsets == sorted(offsets), f"group {group} drained out of order"
-            assert not offsets or offsets[0] > max((int(d.id) for d in by_group[group] if d.id in run.acked), default=-1)
+            assert not offsets or offsets[0] > max((offset(d.id) for d in by_group[group] if d.id in run.acked), default=-1)
         left = run.sent - run.acked - {m.id for m in drained}
         assert_finished(q, left)  # deleted by a consumer killed before it logged it
         stats = q.stats()
