@@ -3,6 +3,8 @@ with where it came from; ``Queue.redrive()`` moves dead letters back."""
 
 from __future__ import annotations
 
+import signal
+import textwrap
 import time
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 from journalq.errors import QueueNotFoundError
 from journalq.queue import Broker
+from test_queue_processes import spawn
 
 
 @pytest.fixture
@@ -134,3 +137,49 @@ def test_redrive_leaves_dead_letters_of_a_deleted_queue(broker: Broker) -> None:
     assert dlq.redrive() == 0
     assert not broker.exists("jobs")  # not made again by the redrive
     assert dlq.stats().in_flight == 1  # put back, to be redriven elsewhere or looked at
+
+
+# Killed right after it moved a dead letter, before it recorded the move in the channel.
+KILLED_MOVING = textwrap.dedent(
+    """
+    import os, signal, sys
+    import journalq.queue.channel as channel_module
+    from journalq.queue import Broker
+
+    move = channel_module.Channel._send_dead
+    def move_and_die(self, dead):
+        move(self, dead)
+        os.kill(os.getpid(), signal.SIGKILL)
+    channel_module.Channel._send_dead = move_and_die
+    with Broker(sys.argv[1], sync="always") as broker:
+        broker.queue("jobs").receive(10)
+    """
+)
+
+
+def test_killed_after_moving_a_dead_letter_moves_it_once(tmp_path: Path, child_env: dict) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        poison = q.send(b"poison")
+        assert [m.id for m in q.receive(visibility_timeout=0)] == [poison]
+    mover = spawn(KILLED_MOVING, tmp_path, env=child_env)
+    assert mover.wait(60) == -signal.SIGKILL
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs")
+        assert q.receive(10) == []  # moves it again: the move before was never recorded
+        assert q.stats().dead == 1 and q.task(poison).state == "dead"
+        dead = broker.queue("jobs-dlq").receive(10)
+        assert [(m.body, m.source["id"]) for m in dead] == [(b"poison", poison)], "moved twice"
+
+
+def test_dead_letters_of_one_body_are_kept_by_a_content_deduplicating_queue(tmp_path: Path) -> None:
+    # Each move has a deduplication id of its own: two messages with one body are two dead
+    # letters (the dead-letter queue's content_based_dedup once dropped the second).
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("jobs-dlq", content_based_dedup=True)
+        q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        ids = [q.send(b"same"), q.send(b"same")]
+        assert len(q.receive(10, visibility_timeout=0)) == 2
+        assert q.receive(10) == []
+        assert q.stats().dead == 2
+        assert sorted(m.source["id"] for m in broker.queue("jobs-dlq").receive(10)) == ids

@@ -21,6 +21,7 @@ topic's garbage collection reads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import operator
 import os
@@ -708,10 +709,18 @@ class Channel:
                     env,
                     metadata=self.state.metadata.get(m.offset, env.metadata),
                     source={"queue": self.topic.name, "channel": self.name, "id": message_id(m.offset), "count": count},
+                    dedup_id=self._dead_letter_id(m.offset),
                 )
                 for m, env, count in dead
             ]
         )
+
+    def _dead_letter_id(self, offset: int) -> str:
+        """The deduplication id of the dead letter of message ``offset``: a process killed after
+        it moved the message but before it recorded the move (the DEAD event, appended next)
+        leaves it to move again; the dead-letter queue drops that copy (within its dedup_window)."""
+        identity = f"{self.topic.name}/{self.name}/{self._token}/{offset}"
+        return "dead-letter:" + hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     # -- acting on receipts -----------------------------------------------------------------
 
