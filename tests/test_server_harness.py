@@ -73,6 +73,7 @@ class ServerProcess:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=env,
+                    start_new_session=True,  # a group of its own: ``kill`` takes its workers too
                 )
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -105,9 +106,31 @@ class ServerProcess:
             raise AssertionError(f"the server did not exit within {timeout} s of signal {sig}:\n{self.log()}") from None
 
     def kill(self) -> None:
+        """SIGKILL the server and, with ``--workers``, its worker processes: all at once, as a
+        crash of the machine's processes would (the workers outlive a parent killed alone)."""
         assert self.process is not None
-        self.process.kill()
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.process.wait()
+
+    def worker_pids(self) -> list[int]:
+        """The worker processes of ``--workers N`` now (uvicorn replaces one that dies)."""
+        assert self.process is not None
+        pid = self.process.pid
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except FileNotFoundError:
+            return []
+        workers = []
+        for child in map(int, children):
+            try:
+                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    workers.append(child)
+            except FileNotFoundError:
+                pass  # gone meanwhile
+        return workers
 
     def check_clean_stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop with ``sig``: exit code 0, and one start line naming the address in this run's log."""

@@ -824,6 +824,32 @@ def test_delete_and_change_visibility(client: Client) -> None:
     )
 
 
+def test_a_stale_receipt_of_a_sharded_queue_is_still_one_of_its_receipts(client: Client) -> None:
+    """A sharded queue's receipt whose delivery is over (the message went out again) is still
+    one of the queue's: DeleteMessage succeeds and deletes nothing, as on any queue (it was
+    ``ReceiptHandleIsInvalid``: the check that tells a stale receipt from a foreign one knew
+    unsharded queues only); ChangeMessageVisibility is InvalidParameterValue."""
+    url = client.create("spread", Shards=2)
+    client("SendMessage", QueueUrl=url, MessageBody="a")
+    (first,) = client.receive(url, VisibilityTimeout=0)
+    (again,) = client.receive(url, VisibilityTimeout=60)
+    assert again["MessageId"] == first["MessageId"] and again["ReceiptHandle"] != first["ReceiptHandle"]
+    stale = first["ReceiptHandle"]
+    assert client("DeleteMessage", QueueUrl=url, ReceiptHandle=stale) == {}
+    batch = client("DeleteMessageBatch", QueueUrl=url, Entries=[{"Id": "old", "ReceiptHandle": stale}])
+    assert batch == {"Successful": [{"Id": "old"}], "Failed": []}
+    error = client.error("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=stale, VisibilityTimeout=5)
+    assert error.code == "InvalidParameterValue"
+    # Nothing was deleted: the current delivery's receipt acts, and the message comes back.
+    assert client("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"],
+                  VisibilityTimeout=0) == {}
+    (third,) = client.receive(url)
+    assert third["MessageId"] == first["MessageId"]
+    for receipt in ("garbage", "7." + stale.partition(".")[2], stale.partition(".")[0] + ".1.2.ffff"):
+        error = client.error("DeleteMessage", QueueUrl=url, ReceiptHandle=receipt)
+        assert error.code == "ReceiptHandleIsInvalid", receipt
+
+
 def test_send_message_batch(client: Client) -> None:
     url = client.create("jobs")
     entries = [
