@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import ReceiptError
+from journalq.errors import ReceiptError, StaleReceiptError
 from journalq.journal import Scanner, end_offset
 from journalq.queue import ENVELOPE_TYPE, Attribute, Broker, ReceivedMessage
 
@@ -182,8 +182,9 @@ def test_malformed_receipt_is_a_receipt_error(broker: Broker, bad: object) -> No
     q.send(b"x")
     (m,) = q.receive()
     for act in (q.delete, q.release, lambda r: q.change_visibility(r, 5)):
-        with pytest.raises(ReceiptError):
+        with pytest.raises(ReceiptError) as refused:
             act(bad)  # type: ignore[arg-type]
+        assert not isinstance(refused.value, StaleReceiptError)  # not one of the queue's at all
     q.delete(m.receipt)  # the real delivery is untouched
 
 
@@ -194,7 +195,8 @@ def test_stale_receipt_after_redelivery_names_the_newer_delivery(broker: Broker)
     time.sleep(0.15)
     (new,) = q.receive(visibility_timeout=30)
     for act in (q.delete, q.release, lambda r: q.change_visibility(r, 0)):
-        with pytest.raises(ReceiptError, match=r"delivered again \(delivery 2\)"):
+        # One of the queue's receipts, whose delivery is over (SQS then deletes nothing, no error).
+        with pytest.raises(StaleReceiptError, match=r"delivered again \(delivery 2\)"):
             act(old.receipt)
     assert q.consumers() == {q.consumer_id: [new.id]}  # still hidden: the stale receipts did nothing
     assert q.receive() == []
@@ -215,10 +217,11 @@ def test_delete_twice_is_an_error(broker: Broker) -> None:
     q.send(b"x")
     (m,) = q.receive()
     q.delete(m.receipt)
-    with pytest.raises(ReceiptError, match="no longer in flight"):
+    with pytest.raises(StaleReceiptError, match="no longer in flight"):
         q.delete(m.receipt)
-    errors = q.delete_many([m.receipt, "bad"])
-    assert all(isinstance(e, ReceiptError) for e in errors)
+    stale, bad = q.delete_many([m.receipt, "bad"])
+    assert isinstance(stale, StaleReceiptError)
+    assert isinstance(bad, ReceiptError) and not isinstance(bad, StaleReceiptError)
 
 
 def test_the_consumer_loop_deletes_with_its_next_receive(broker: Broker) -> None:

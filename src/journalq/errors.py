@@ -127,6 +127,12 @@ class ReceiptError(QueueError):
     """A receipt that is malformed, or whose delivery is over (finished, or delivered again)."""
 
 
+class StaleReceiptError(ReceiptError):
+    """A receipt of the queue whose delivery is over: the message was finished, or delivered again
+    since (the receipt was well formed and the queue's; SQS, for one, deletes nothing and answers
+    success)."""
+
+
 class TaskNotFoundError(QueueError, LookupError):
     """A message id that names no task: never sent, or garbage-collected after it finished."""
 

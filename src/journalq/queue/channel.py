@@ -44,6 +44,7 @@ from journalq.errors import (
     OffsetOutOfRangeError,
     QueueNotFoundError,
     ReceiptError,
+    StaleReceiptError,
     TaskNotFoundError,
     TruncatedError,
 )
@@ -807,10 +808,10 @@ class Channel:
                 offset, seq, stamp = self._parse_receipt(receipt) if known is None else known
                 check(offset, seq, stamp)
                 if offset in acted:
-                    raise ReceiptError(f"receipt {self._shown(receipt)} was given twice in one call")
+                    raise StaleReceiptError(f"receipt {self._shown(receipt)} was given twice in one call")
                 acted.add(offset)
             except StaleReceipt as exc:
-                outcomes[i] = ReceiptError(f"receipt {self._shown(receipt)}: {exc}")
+                outcomes[i] = StaleReceiptError(f"receipt {self._shown(receipt)}: {exc}")
                 continue
             except ReceiptError as exc:
                 outcomes[i] = exc

@@ -474,13 +474,6 @@ class ShardedChannel:
         """Give the message back: available again after ``delay`` seconds (mq's redelivery)."""
         self.change_visibility(receipt, delay)
 
-    def _parse_receipt(self, receipt: str) -> tuple[int, int, int]:
-        """(offset, delivery number, delivery stamp) in its shard of one of this queue's receipts,
-        whatever its delivery's state; ``ReceiptError`` for any other (the SQS protocol tells a
-        stale receipt from a foreign one by it, as on an unsharded queue)."""
-        index, inner = _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
-        return self._channel(index)._parse_receipt(inner)
-
     def _act(
         self, receipts: list[str], act: Callable[[Channel, list[str], list[int]], list[ReceiptError | None]]
     ) -> list[ReceiptError | None]:

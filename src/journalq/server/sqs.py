@@ -78,6 +78,7 @@ from journalq.errors import (
     PartialSendError,
     QueueNotFoundError,
     ReceiptError,
+    StaleReceiptError,
 )
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import Broker, Queue
@@ -1496,24 +1497,10 @@ class SqsProtocol:
     # -- actions: receipts ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _wellformed(queue: Queue, receipt: str) -> bool:
-        """True when ``receipt`` is one of this queue's receipts, whatever its delivery's state.
-
-        journalq raises ``ReceiptError`` both for a malformed receipt and for one whose delivery is
-        over; telling them apart takes the channel's receipt parser (a private method)."""
-        parse = getattr(queue, "_parse_receipt", None)
-        if parse is None:
-            return False
-        try:
-            parse(receipt)
-        except ReceiptError:
-            return False
-        return True
-
-    def _receipt_error(
-        self, queue: Queue, receipt: str, error: ReceiptError, *, deleting: bool
-    ) -> SqsError | None:
-        if not self._wellformed(queue, receipt):
+    def _receipt_error(receipt: str, error: ReceiptError, *, deleting: bool) -> SqsError | None:
+        """SQS's answer to a receipt that journalq refused: an error, or None (success) for a
+        delete whose delivery is over, as on SQS."""
+        if not isinstance(error, StaleReceiptError):  # malformed, or not one of the queue's
             return SqsError(
                 "ReceiptHandleIsInvalid",
                 f'The input receipt handle "{receipt}" is not a valid receipt handle.',
@@ -1529,7 +1516,7 @@ class SqsProtocol:
         receipt = _string(request, "ReceiptHandle", required=True)
         assert receipt is not None
         (error,) = queue.delete_many([receipt])
-        if error is not None and (problem := self._receipt_error(queue, receipt, error, deleting=True)):
+        if error is not None and (problem := self._receipt_error(receipt, error, deleting=True)):
             raise problem
         return {}
 
@@ -1548,7 +1535,7 @@ class SqsProtocol:
         if todo:
             errors = queue.delete_many([receipt for _, receipt in todo])
             for (entry_id, receipt), error in zip(todo, errors):
-                problem = error and self._receipt_error(queue, receipt, error, deleting=True)
+                problem = error and self._receipt_error(receipt, error, deleting=True)
                 if problem:
                     failed.append(problem.entry(entry_id))
                 else:
@@ -1563,7 +1550,7 @@ class SqsProtocol:
             raise _missing("VisibilityTimeout")
         seconds = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
         (error,) = queue.change_visibility_many([(receipt, seconds)])
-        if error is not None and (problem := self._receipt_error(queue, receipt, error, deleting=False)):
+        if error is not None and (problem := self._receipt_error(receipt, error, deleting=False)):
             raise problem
         return {}
 
@@ -1584,7 +1571,7 @@ class SqsProtocol:
         if todo:
             errors = queue.change_visibility_many([(receipt, seconds) for _, receipt, seconds in todo])
             for (entry_id, receipt, _), error in zip(todo, errors):
-                problem = error and self._receipt_error(queue, receipt, error, deleting=False)
+                problem = error and self._receipt_error(receipt, error, deleting=False)
                 if problem:
                     failed.append(problem.entry(entry_id))
                 else:

@@ -54,6 +54,7 @@ from journalq.errors import (
     QueueError,
     QueueNotFoundError,
     ReceiptError,
+    StaleReceiptError,
     StoreUnavailableError,
     TaskNotFoundError,
 )
@@ -1007,7 +1008,7 @@ class ZooKeeperQueue:
             try:
                 task, count = parse_receipt(value)
                 if task in seen:
-                    raise ReceiptError(f"receipt {value!r} was given twice in one call")
+                    raise StaleReceiptError(f"receipt {value!r} was given twice in one call")
             except ReceiptError as exc:
                 outcomes[i] = exc
                 continue
@@ -1029,11 +1030,13 @@ class ZooKeeperQueue:
                         raw, stat = read.get()
                     except NoNodeError:
                         self._known.pop(task, None)
-                        outcomes[i] = ReceiptError(f"receipt {receipts[i]!r}: task {task} is no longer in flight (finished or gone)")
+                        outcomes[i] = StaleReceiptError(
+                            f"receipt {receipts[i]!r}: task {task} is no longer in flight (finished or gone)"
+                        )
                         continue
                     entry, version = Entry.decode(raw), stat.version
                 if entry.count != count:
-                    outcomes[i] = ReceiptError(
+                    outcomes[i] = StaleReceiptError(
                         f"receipt {receipts[i]!r}: task {task} was delivered again (delivery {entry.count}) after the "
                         f"delivery {count} that this receipt belongs to"
                     )
