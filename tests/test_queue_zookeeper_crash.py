@@ -19,7 +19,6 @@ import collections
 import os
 import random
 import signal
-import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -28,8 +27,7 @@ import pytest
 
 from journalq.errors import TaskNotFoundError
 from journalq.queue import Broker
-from test_queue_crash_stress import Delivery, Run, assert_finished, check_ended
-from test_queue_processes import spawn
+from test_queue_crash_stress import ROLES, Children, Delivery, Run, assert_finished, check_ended
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
 
@@ -173,37 +171,22 @@ def stress(server, tmp_path: Path, env: dict, *, seed: int, seconds: float, scen
     url = server.url("/crash")
     with Broker(url) as broker:
         broker.queue("jobs", **SETTINGS)
-    roles = ["producer", "producer", "consumer", "consumer", "consumer"]
     run = ZooKeeperRun()
-    children: list[tuple[subprocess.Popen, Path, Path]] = [None] * len(roles)  # type: ignore[list-item]
-    spawned = 0
-
-    def start(slot: int) -> None:
-        nonlocal spawned
-        spawned += 1
-        log, err = tmp_path / f"child-{spawned}.log", tmp_path / f"child-{spawned}.err"
-        log.touch()
-        with open(err, "w") as stderr:
-            child = spawn(CHILD, roles[slot], url, log, rng.randrange(1 << 30), scenario, env=env, stderr=stderr)
-        children[slot] = (child, log, err)
+    children = Children(CHILD, tmp_path, env, run, lambda role, log: [role, url, log, rng.randrange(1 << 30), scenario])
 
     def kill(slot: int) -> None:
-        child, log, err = children[slot]
-        assert child.poll() is None, f"a {roles[slot]} exited by itself ({child.returncode}): {err.read_text()}"
-        at = time.time_ns()
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait(30) == -signal.SIGKILL
-        deliveries, consumers = len(run.deliveries), len(run.consumers)
-        run.read(log, err)
-        if len(run.consumers) > consumers:
-            run.killed_at[run.consumers[-1]] = at
+        at, deliveries = time.time_ns(), len(run.deliveries)  # (the session ends after ``at``)
+        log = children.children[slot][1]  # type: ignore[index]
+        consumer = children.kill(slot)
+        if consumer is not None:
+            run.killed_at[consumer] = at
             if "lost" in log.read_text().split("\n"):
-                run.lost.add(run.consumers[-1])
-            run.holder.update((d, run.consumers[-1]) for d in run.deliveries[deliveries:])
+                run.lost.add(consumer)
+            run.holder.update((d, consumer) for d in run.deliveries[deliveries:])
 
     try:
-        for slot in range(len(roles)):
-            start(slot)
+        for slot in range(len(ROLES)):
+            children.start(slot)
         began = time.monotonic()
         restart_at = began + seconds / 2 if restart else None
         while time.monotonic() < began + seconds:
@@ -218,17 +201,14 @@ def stress(server, tmp_path: Path, env: dict, *, seed: int, seconds: float, scen
                 server.start()
                 restart_at = None
                 run.events["server restart"] += 1
-            slot = rng.randrange(len(roles))
+            slot = rng.randrange(len(ROLES))
             kill(slot)
             run.events["kill"] += 1
-            start(slot)
-        for slot in range(len(roles)):
+            children.start(slot)
+        for slot in range(len(ROLES)):
             kill(slot)
     finally:
-        for child, _, _ in filter(None, children):
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        children.close()
     return run
 
 
