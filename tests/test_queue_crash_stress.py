@@ -264,50 +264,69 @@ class Run:
                 self.events[kind] += 1
 
 
+ROLES = ["producer", "producer", "consumer", "consumer", "consumer"]
+
+
+class Children:
+    """A stress run's children, one per role of ``ROLES``: each started (again) with a log of its
+    own and the arguments ``arguments(role, log)`` gives; SIGKILLed, its log then read into ``run``."""
+
+    def __init__(self, code: str, tmp_path: Path, env: dict, run: Run,
+                 arguments: Callable[[str, Path], list[object]]) -> None:
+        self.code, self.tmp_path, self.env, self.run, self.arguments = code, tmp_path, env, run, arguments
+        self.children: list[tuple[subprocess.Popen, Path, Path] | None] = [None] * len(ROLES)
+        self.spawned = 0
+
+    def start(self, slot: int) -> None:
+        self.spawned += 1
+        log, err = self.tmp_path / f"child-{self.spawned}.log", self.tmp_path / f"child-{self.spawned}.err"
+        log.touch()
+        with open(err, "w") as stderr:
+            child = spawn(self.code, *self.arguments(ROLES[slot], log), env=self.env, stderr=stderr)
+        self.children[slot] = (child, log, err)
+
+    def kill(self, slot: int) -> str | None:
+        """Kill the child in ``slot``; the consumer id of a consumer that received."""
+        entry = self.children[slot]
+        assert entry is not None
+        child, log, err = entry
+        assert child.poll() is None, f"a {ROLES[slot]} exited by itself ({child.returncode}): {err.read_text()}"
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL
+        consumers = len(self.run.consumers)
+        self.run.read(log, err)
+        return self.run.consumers[-1] if len(self.run.consumers) > consumers else None
+
+    def close(self) -> None:
+        for entry in filter(None, self.children):
+            if entry[0].poll() is None:
+                entry[0].kill()
+                entry[0].wait()
+
+
 def stress(
     root: Path, tmp_path: Path, env: dict, *, sync: str, seconds: float, seed: int, scenario: str = "basic",
     finish_dead: bool = True, snapshot_every: int = SNAPSHOT_EVERY,
 ) -> Run:
     """``finish_dead``: delete by id what a killed consumer held (for a long visibility timeout)."""
     rng = random.Random(seed)
-    roles = ["producer", "producer", "consumer", "consumer", "consumer"]
     run = Run()
-    children: list[tuple[subprocess.Popen, Path, Path]] = [None] * len(roles)  # type: ignore[list-item]
-    spawned = 0
-
-    def start(slot: int) -> None:
-        nonlocal spawned
-        spawned += 1
-        log, err = tmp_path / f"child-{spawned}.log", tmp_path / f"child-{spawned}.err"
-        log.touch()
-        with open(err, "w") as stderr:
-            child = spawn(
-                CHILD, roles[slot], root, log, rng.randrange(1 << 30), sync, snapshot_every,
-                STATE_SEGMENT_SIZE, scenario, env=env, stderr=stderr,
-            )
-        children[slot] = (child, log, err)
-
-    def kill(slot: int) -> str | None:
-        """Kill the child in ``slot``; the consumer id of a consumer that received."""
-        child, log, err = children[slot]
-        assert child.poll() is None, f"a {roles[slot]} exited by itself ({child.returncode}): {err.read_text()}"
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait(30) == -signal.SIGKILL
-        consumers = len(run.consumers)
-        run.read(log, err)
-        return run.consumers[-1] if len(run.consumers) > consumers else None
+    children = Children(CHILD, tmp_path, env, run, lambda role, log: [
+        role, root, log, rng.randrange(1 << 30), sync, snapshot_every, STATE_SEGMENT_SIZE, scenario,
+    ])
+    start, kill = children.start, children.kill
 
     topics = journals(root)
     channels = [topic / "channels" / "default" for topic in topics]
     locks = {path: FileLock(lock_path(path)) for path in topics + channels}
     operator = Broker(root, sync=sync)
     try:
-        for slot in range(len(roles)):
+        for slot in range(len(ROLES)):
             start(slot)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(0.05, 0.3))
-            slot = rng.randrange(len(roles))
+            slot = rng.randrange(len(ROLES))
             dead = kill(slot)
             run.events["kill"] += 1
             if dead is not None and finish_dead:
@@ -334,16 +353,13 @@ def stress(
                     finally:
                         lock.release()
             start(slot)
-        for slot in range(len(roles)):
+        for slot in range(len(ROLES)):
             kill(slot)
     finally:
         operator.close()
         for lock in locks.values():
             lock.close()
-        for child, _, _ in filter(None, children):
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        children.close()
     return run
 
 

@@ -255,6 +255,30 @@ def test_a_live_consumer_s_expired_claim_is_taken_over(url: str) -> None:
         qb.delete(second.receipt)
 
 
+def test_a_consumer_that_registers_while_another_receives_keeps_its_claim(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the crash test: B lists the consumers; then A, new, registers and claims the
+    task; then B reads the task's entry, held by A, whom B's list lacks: B took A for dead and
+    received the task too, while A held it hidden."""
+    with Broker(url) as b, Broker(url) as a:
+        qb, qa = b.queue("jobs", visibility_timeout=600), a.queue("jobs")
+        qb.send(b"x")
+        held = []
+        listing = qb._pending
+
+        def listing_then_a_receives(relist: bool, watch: bool) -> tuple[list[str], bool]:
+            result = listing(relist, watch)  # after B asked for the consumers, before the entries
+            if not held:
+                held.extend(qa.receive())
+            return result
+
+        monkeypatch.setattr(qb, "_pending", listing_then_a_receives)
+        assert qb.receive() == []
+        assert len(held) == 1 and qb.task(held[0].id).state == "claimed"
+        qa.delete(held[0].receipt)  # A's receipt is still the latest
+
+
 def test_a_consumer_that_closes_keeps_its_tasks_hidden_for_their_visibility(url: str) -> None:
     with Broker(url) as b:
         q = b.queue("jobs")

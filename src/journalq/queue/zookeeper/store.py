@@ -161,17 +161,27 @@ def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
 
 class _Live:
     """The consumers whose session is alive (their ``current`` exists): asked at once, known at
-    the first question, so that the asking overlaps other reads."""
+    the first question, so that the asking overlaps other reads. A consumer missing from the
+    list given is asked about when it is named: it may have registered after the list was read,
+    and claimed a task whose entry was read since (a consumer counted dead for that would lose
+    its claim to the reader while it lives)."""
 
     def __init__(self, zk: KazooClient, paths: Paths, consumers: list[str], me: str) -> None:
+        self._zk, self._paths = zk, paths
         self._checks = [(c, zk.exists_async(paths.consumer(c, "current"))) for c in consumers]
         self._me = me
         self._known: set[str] | None = None
+        self._asked = set(consumers)
 
     def __contains__(self, consumer: object) -> bool:
         if self._known is None:
             self._known = {c for c, check in self._checks if check.get() is not None}
             self._known.add(self._me)
+        if isinstance(consumer, str) and consumer not in self._asked:
+            # asked after the read of the entry that names it: ZooKeeper answers in order
+            self._asked.add(consumer)
+            if self._zk.exists(self._paths.consumer(consumer, "current")) is not None:
+                self._known.add(consumer)
         return consumer in self._known
 
 

@@ -1,0 +1,293 @@
+"""The ZooKeeper store's producers and consumers killed at random: the file store's crash test
+(``test_queue_crash_stress``) on a ``zk://`` queue. Two producers (small batches, now and then one
+of several send chunks) and three consumers (``receive(n)`` then ``delete_many``, or the delete in
+the next ``receive(n, delete=...)``; some released at once by ``release`` or
+``change_visibility``; some kept until the consumer dies) run while the parent SIGKILLs a random
+one every 50-300 ms and respawns it; one run also SIGKILLs the ZooKeeper server mid-run and starts
+it again (the children then meet ``StoreUnavailableError`` or ``PartialSendError``, and go on).
+
+The visibility timeout is long (600 s), so a delivery ends only when its consumer deletes or
+releases it, or dies (its session ends: the store's promise is that its tasks come back then).
+At the end, with a fresh broker: no delivery came before the one before it ended (per message,
+and per FIFO group in the FIFO run), no acknowledged send is lost (what a ``PartialSendError``
+said was stored counts), no acknowledged delete is undone, ``stats()`` and ``task(id).state``
+agree, and finished tasks are collected after their lifetime, not before."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import TaskNotFoundError
+from journalq.queue import Broker
+from test_queue_crash_stress import ROLES, Children, Delivery, Run, assert_finished, check_ended
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
+
+SESSION = 1.0  # the children's session timeout: a killed consumer's tasks come back this soon
+LIFETIME = 2.0  # seconds a finished task is kept before the collector may delete it
+SETTINGS = {"visibility_timeout": 600, "task_gc_interval": 0.1, "task_gc_lifetime": LIFETIME}
+GROUPS = 16
+
+CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\n" + textwrap.dedent(
+    """
+    import random, sys, threading, time
+    from journalq.errors import PartialSendError, ReceiptError, StoreUnavailableError
+    from journalq.queue import Broker
+
+    role, url, out, seed, scenario = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    rng = random.Random(seed)
+    log = open(out, "a")  # made by the parent: a child may be killed before it opens it
+    lock = threading.Lock()
+    stamps = {}  # receipt -> the time its receive returned (the delivery's stamp in the logs)
+
+    def note(line):
+        with lock:
+            log.write(line + "\\n")
+            log.flush()
+
+    def tokens(ms):
+        return " ".join(f"{m.id},{stamps[m.receipt]}" for m in ms)
+
+    def got(ms):
+        stamp = time.time_ns()
+        for m in ms:
+            stamps[m.receipt] = stamp
+        note("got " + " ".join(f"{m.id},{m.receive_count},{stamp},{m.sent_at_ns},{m.group_id or '-'},{m.body.decode()}"
+                               for m in ms))
+
+    def act(kind, call, ms):
+        # "fin"/"rel" with the times before and after the call, and only what it did; a call cut
+        # by the outage may have done any of it: "end" (for a delete), "rel" (a release).
+        start = time.time_ns()
+        try:
+            errors = call([m.receipt for m in ms])
+        except StoreUnavailableError:
+            note(f"{'end' if kind == 'fin' else 'rel'} {start} {time.time_ns()} {tokens(ms)}")
+            return
+        note(f"{kind} {start} {time.time_ns()} " + tokens([m for m, e in zip(ms, errors) if e is None]))
+
+    def release(rs):
+        if rng.random() < 0.5:
+            return q.change_visibility_many([(r, 0) for r in rs])
+        return [q.release(r) for r in rs]  # raises on a refused one: a failure of the test
+
+    def consume():
+        later = []  # deleted by the next receive
+        while True:
+            n, start = rng.randint(1, 8), time.time_ns()
+            try:
+                ms = q.receive(n, delete=[m.receipt for m in later])
+                if later:
+                    note(f"fin {start} {time.time_ns()} {tokens(later)}")
+            except (ReceiptError, StoreUnavailableError) as exc:
+                if later:  # some of them may be deleted (each is its own change here)
+                    note(f"end {start} {time.time_ns()} {tokens(later)}")
+                note("unavailable" if isinstance(exc, StoreUnavailableError) else "refused")
+                later = []
+                time.sleep(0.05)
+                continue
+            later = []
+            got(ms)
+            # delete most, release a few at once, keep a few until this consumer dies
+            keep = {m.receipt: rng.choices(["fin", "rel", ""], [16, 2, 1])[0] for m in ms}
+            deleted = [m for m in ms if keep[m.receipt] == "fin"]
+            if deleted and rng.random() < 0.5:
+                later = deleted
+            elif deleted:
+                act("fin", q.delete_many, deleted)
+            released = [m for m in ms if keep[m.receipt] == "rel"]
+            if released:
+                act("rel", release, released)
+            time.sleep(rng.uniform(0, 0.01) if ms else 0.01)
+
+    def produce():
+        n = 0
+        while True:
+            # mostly small batches; now and then one of several send transactions (200 a chunk)
+            size = rng.randint(1, 5) if rng.random() < 0.97 or scenario == "fifo" else rng.randint(150, 300)
+            items = [{"body": b"%d.%d" % (seed, n + i),
+                      "group_id": "g%d" % rng.randrange(GROUPS) if scenario == "fifo" else None}
+                     for i in range(size)]
+            n += size
+            try:
+                ids = q.send_many(items)
+            except PartialSendError as exc:  # (a StoreUnavailableError too: first)
+                ids = [i for i in exc.ids if i is not None]
+                note("partial")
+            except StoreUnavailableError:
+                ids = []
+                note("unavailable")
+            note("sent " + " ".join(ids))
+            # about as fast as the consumers (slower with groups: one message in flight each)
+            time.sleep(rng.uniform(0, 0.1 if scenario == "plain" else 0.6))
+
+    with Broker(url, session_timeout=SESSION) as broker:
+        # A session that expires (the server down too long) gives this consumer's tasks back.
+        broker.client.add_listener(lambda state: note("lost") if state == "LOST" else None)
+        q = broker.queue("jobs")
+        if role == "producer":
+            produce()
+        note("consumer " + q.consumer_id)
+        consume()
+    """
+)
+
+
+class ZooKeeperRun(Run):
+    """``Run`` with who held each delivery and when each consumer was killed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holder: dict[Delivery, str] = {}
+        self.killed_at: dict[str, int] = {}
+        self.lost: set[str] = set()  # consumers whose session expired while they ran
+
+    def end_of(self, d: Delivery) -> int | None:
+        """When delivery ``d`` may have ended at the earliest (None: it never did): a delete or
+        release that began, or its consumer's death. (Only for a delivery in ``settled``: its
+        consumer logged what it did with it.) A consumer whose session expired (the store's
+        promise: its tasks come back then) may have lost it at any time: its stamp then."""
+        if self.holder.get(d) in self.lost:
+            return d.stamp
+        key = (d.id, d.stamp)
+        times = [times[key][0] for times in self.ended.values() if key in times]
+        if d in self.holder and self.holder[d] in self.killed_at:
+            times.append(self.killed_at[self.holder[d]])
+        return min(times, default=None)
+
+
+def stress(server, tmp_path: Path, env: dict, *, seed: int, seconds: float, scenario: str,
+           restart: bool) -> ZooKeeperRun:
+    """Run the children on the queue "jobs" of ``server``'s path /crash for ``seconds``."""
+    rng = random.Random(seed)
+    url = server.url("/crash")
+    with Broker(url) as broker:
+        broker.queue("jobs", **SETTINGS)
+    run = ZooKeeperRun()
+    children = Children(CHILD, tmp_path, env, run, lambda role, log: [role, url, log, rng.randrange(1 << 30), scenario])
+
+    def kill(slot: int) -> None:
+        at, deliveries = time.time_ns(), len(run.deliveries)  # (the session ends after ``at``)
+        log = children.children[slot][1]  # type: ignore[index]
+        consumer = children.kill(slot)
+        if consumer is not None:
+            run.killed_at[consumer] = at
+            if "lost" in log.read_text().split("\n"):
+                run.lost.add(consumer)
+            run.holder.update((d, consumer) for d in run.deliveries[deliveries:])
+
+    try:
+        for slot in range(len(ROLES)):
+            children.start(slot)
+        began = time.monotonic()
+        restart_at = began + seconds / 2 if restart else None
+        while time.monotonic() < began + seconds:
+            time.sleep(rng.uniform(0.05, 0.3))
+            if restart_at is not None and time.monotonic() > restart_at:
+                # Frozen first, so that requests are surely in flight (sent, unanswered) at the
+                # crash: made while kazoo reconnects, they would wait for it and not fail.
+                server.process.send_signal(signal.SIGSTOP)
+                time.sleep(0.3)
+                server.kill()  # SIGKILL, as a crash: what it acknowledged is on its disk
+                time.sleep(rng.uniform(0.1, 0.5))
+                server.start()
+                restart_at = None
+                run.events["server restart"] += 1
+            slot = rng.randrange(len(ROLES))
+            kill(slot)
+            run.events["kill"] += 1
+            children.start(slot)
+        for slot in range(len(ROLES)):
+            kill(slot)
+    finally:
+        children.close()
+    return run
+
+
+def check(url: str, run: ZooKeeperRun, scenario: str) -> None:
+    assert run.sent and run.acked, "the children did no work"
+    check_ended(run)  # receive counts rise; nothing comes back after a delete that returned
+    by_id: dict[str, list[Delivery]] = collections.defaultdict(list)
+    by_group: dict[tuple[str, str], list[Delivery]] = collections.defaultdict(list)
+    for d in run.deliveries:
+        by_id[d.id].append(d)
+        if scenario == "fifo":  # a group's messages of one producer (the ids of two interleave)
+            by_group[d.group, d.body.split(".")[0]].append(d)
+    for deliveries in [*by_id.values(), *by_group.values()]:
+        deliveries.sort(key=lambda d: d.stamp)
+        for first, then in zip(deliveries, deliveries[1:]):
+            if first not in run.settled:
+                continue  # its consumer's last: maybe deleted or released unlogged, at any time
+            end = run.end_of(first)
+            assert end is not None and end <= then.stamp, f"{then} delivered while {first} was hidden"
+    for (group, _), deliveries in by_group.items():
+        offsets = [d.id for d in deliveries]
+        assert offsets == sorted(offsets), f"group {group} delivered out of order"
+    with Broker(url) as broker:
+        q = broker.queue("jobs")
+        # Deleted within the lifetime: still there, finished (collected: only after it).
+        q.topic.gc()
+        now = time.time_ns()
+        recent = {id for (id, _), (start, _) in run.ended["fin"].items() if now - start < (LIFETIME - 0.5) * 1e9}
+        assert recent, "no delete near the end: the lifetime is not checked"
+        assert {q.task(id).state for id in recent} == {"finished"}
+        deadline = time.monotonic() + 10 * SESSION
+        while q.consumers() and time.monotonic() < deadline:  # the killed consumers' sessions end
+            time.sleep(0.1)
+        assert q.consumers() == {}
+        assert_finished(q, run.acked)
+        # What is pending: what stats() counts, and nothing deleted.
+        states = {}
+        for id in run.sent | set(run.received):
+            try:
+                states[id] = q.task(id).state
+            except TaskNotFoundError:
+                states[id] = None  # finished and collected (or an unacknowledged send left half)
+        stats = q.stats()
+        drained: list[str] = []
+        while got := q.receive(100, visibility_timeout=600):
+            drained += [m.id for m in got]
+            assert not any(q.delete_many([m.receipt for m in got]))
+        assert len(drained) == len(set(drained)) == stats.available, "stats() is not what is there"
+        assert (stats.in_flight, stats.delayed, stats.dead) == (0, 0, 0)
+        assert {id for id, state in states.items() if state == "inserted"} <= set(drained)
+        assert {id for id, state in states.items() if state not in ("inserted", "finished", None)} == set()
+        assert not set(drained) & run.acked, "a deleted message came back"
+        # Sent and not there now: a consumer received it (and deleted it, logged or not).
+        assert run.sent - set(drained) <= set(run.received), "acknowledged sends lost"
+        # After their lifetime, the finished tasks go at the next collection.
+        time.sleep(LIFETIME)
+        broker.gc()
+        for id in run.acked:
+            with pytest.raises(TaskNotFoundError):
+                q.task(id)
+        assert q.stats().available == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("scenario", "restart", "seconds"), [("plain", False, 8.0), ("plain", True, 8.0),
+                                                              ("fifo", False, 5.0)])
+def test_random_kills_of_zookeeper_producers_and_consumers(
+    tmp_path: Path, child_env: dict, scenario: str, restart: bool, seconds: float
+) -> None:
+    from journalq.queue.zookeeper.server import ZooKeeperServer
+
+    reason = ZooKeeperServer.available()
+    if reason is not None:
+        pytest.skip(f"no ZooKeeper server can run here: {reason}")
+    seed = int(os.environ.get("JOURNALQ_STRESS_SEED", "20261122"))
+    seconds = float(os.environ.get("JOURNALQ_STRESS_SECONDS", seconds))
+    with ZooKeeperServer(tmp_path / "zk") as server:
+        run = stress(server, tmp_path, child_env, seed=seed, seconds=seconds, scenario=scenario, restart=restart)
+        redelivered = sum(1 for d in run.deliveries if d.count > 1)
+        print(f"{scenario} seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {len(run.ended['rel'])} "
+              f"released, {redelivered} redelivered, {dict(run.events)}")
+        check(server.url("/crash"), run, scenario)
