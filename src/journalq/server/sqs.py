@@ -743,7 +743,9 @@ class SqsProtocol:
                     )
                 stored[name] = value
             elif name == "RedriveAllowPolicy":
-                stored[name] = self._parse_redrive_allow_policy(value)
+                if value != "":  # "" removes it
+                    self._redrive_sources(value)
+                stored[name] = value
             elif name == "Policy":
                 if not isinstance(value, str):
                     raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
@@ -808,11 +810,11 @@ class SqsProtocol:
             )
         return {"dead_letter_queue": target, "max_receive_count": count}
 
-    def _parse_redrive_allow_policy(self, value: Any) -> str:
-        """A RedriveAllowPolicy, checked: ``redrivePermission`` allowAll, denyAll or byQueue, and
-        with byQueue (only), ``sourceQueueArns``: 1 to 10 queue ARNs. "" removes it."""
-        if value == "":
-            return value
+    def _redrive_sources(self, value: Any) -> frozenset[str] | None:
+        """The queues (by name) that a RedriveAllowPolicy lets use its queue as dead-letter queue:
+        None for all of them (allowAll), none for denyAll. Checked: ``redrivePermission``
+        allowAll, denyAll or byQueue, and with byQueue (only), ``sourceQueueArns``: 1 to 10 queue
+        ARNs, which name queues by their name, whatever their region and account, as URLs do."""
 
         def refused(reason: str) -> SqsError:
             return _invalid_value("RedriveAllowPolicy", value, reason)
@@ -830,27 +832,22 @@ class SqsProtocol:
         if permission != "byQueue":
             if sources is not None:
                 raise refused("sourceQueueArns can be given only when redrivePermission is byQueue.")
-            return value
+            return None if permission == "allowAll" else frozenset()
         if not isinstance(sources, list) or not 1 <= len(sources) <= MAX_REDRIVE_SOURCES:
             raise refused(
                 f"With redrivePermission byQueue, sourceQueueArns must list 1 to {MAX_REDRIVE_SOURCES} queue ARNs."
             )
-        for arn in sources:
-            self.name_of_arn(arn, "RedriveAllowPolicy")
-        return value
+        return frozenset(self.name_of_arn(arn, "RedriveAllowPolicy") for arn in sources)
 
     def _allows(self, allow_policy: str, source: str) -> bool:
-        """Whether a RedriveAllowPolicy lets queue ``source`` use its queue as dead-letter queue.
-        ARNs name queues by their name, whatever their region and account, as URLs do. (A policy
-        stored before policies were checked, and not valid, allows all, as it did then.)"""
-        with contextlib.suppress(SqsError):
-            self._parse_redrive_allow_policy(allow_policy)
-            policy = json.loads(allow_policy)
-            if policy["redrivePermission"] == "denyAll":
-                return False
-            if policy["redrivePermission"] == "byQueue":
-                return source in {self.name_of_arn(arn, "RedriveAllowPolicy") for arn in policy["sourceQueueArns"]}
-        return True
+        """Whether a stored RedriveAllowPolicy lets queue ``source`` use its queue as dead-letter
+        queue. (A policy stored before policies were checked, and not valid, allows all, as it
+        did then.)"""
+        try:
+            sources = self._redrive_sources(allow_policy)
+        except SqsError:
+            return True
+        return sources is None or source in sources
 
     def _static_attributes(self, settings: QueueSettings, stored: Mapping[str, Any]) -> dict[str, str]:
         """The attributes that settings and sqs.json give (all but counts, times and the ARN)."""
