@@ -171,7 +171,7 @@ class _Live:
         self._checks = [(c, zk.exists_async(paths.consumer(c, "current"))) for c in consumers]
         self._me = me
         self._known: set[str] | None = None
-        self._asked = set(consumers)
+        self._asked = {*consumers, me}  # (this consumer is alive: it asks)
 
     def __contains__(self, consumer: object) -> bool:
         if self._known is None:
