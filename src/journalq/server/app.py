@@ -92,7 +92,7 @@ def create_app(config: ServerConfig) -> App:
         broker = Broker(config.data, sync=config.sync)
         broker_box.append(broker)
         app.state.metrics.watch(broker)
-        log.info("journalq %s serving %s on http://%s:%d (sync=%s)", __version__, config.data, config.host, config.port, config.sync)
+        log.info("journalq %s serving %s on http://%s (sync=%s)", __version__, config.data, config.address, config.sync)
         watchdog = asyncio.get_running_loop().create_task(body_deadlines.run())
         try:
             yield
