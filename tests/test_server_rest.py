@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+import socket
 import threading
 import time
 import uuid
@@ -428,3 +429,16 @@ def test_deleting_a_queue_under_long_polls(server: ServerProcess, client: httpx.
     ), results
     with pytest.raises(sqs.exceptions.QueueDoesNotExist):
         sqs.receive_message(QueueUrl=url)
+
+
+def test_a_long_poll_whose_client_went_away_takes_nothing(server: ServerProcess, client: httpx.Client, queue: str) -> None:
+    """A client that long-polls and disconnects: its poll stops within about a second, so a
+    message posted later goes to the next consumer, not to nobody for a visibility timeout."""
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(f"GET /{queue}/messages?wait=30 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    time.sleep(0.3)
+    s.close()
+    time.sleep(1.5)
+    client.post(f"/{queue}/messages", content=b"for someone there").raise_for_status()
+    got = client.get(f"/{queue}/messages", params={"wait": 2})
+    assert got.status_code == 200 and got.content == b"for someone there"

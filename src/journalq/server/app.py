@@ -37,7 +37,8 @@ from journalq.errors import (
     StoreUnavailableError,
     TaskNotFoundError,
 )
-from journalq.queue import Broker
+from journalq.queue import Broker, ReceivedMessage
+from journalq.queue.settings import check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
 from journalq.server.batching import SendBatcher
@@ -52,6 +53,13 @@ T = TypeVar("T")
 
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 """Errors of the storage (a full disk, a quota, an I/O error) answered 503 wherever they arise."""
+
+POLL_SLICE = 1.0
+"""Seconds a REST long poll waits at a time, so that it ends within about that once the server
+stops or its client goes away (each slice costs a look at the queue and a thread hop)."""
+
+MAX_WAIT = 3600.0
+"""The longest ``wait`` of a REST fetch: the queue's own limit on a receive's wait."""
 
 RESERVED = {"metrics", "healthz", "docs", "redoc", "openapi.json"}
 """Paths of the server's own that no queue can be reached at through the REST API."""
@@ -86,6 +94,7 @@ def create_app(config: ServerConfig) -> App:
     # requests of the next batch with it; the loop then idled ~20 % of the time waiting.
     store_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="journalq-store")
     body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
+    stopping = asyncio.Event()  # set once the server begins to stop: long polls end
 
     @asynccontextmanager
     async def lifespan(app: App) -> AsyncIterator[None]:
@@ -266,16 +275,26 @@ def create_app(config: ServerConfig) -> App:
         return Response(status_code=204)
 
     @app.get("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_auth)])
-    async def fetch(queue: str, wait: float = 0.0, visibility_timeout: float | None = None) -> Response:
+    async def fetch(
+        queue: str, request: Request, wait: float = 0.0, visibility_timeout: float | None = None
+    ) -> Response:
         """The oldest available message as the body, with ``X-Message-Id`` (and ``X-Receipt``,
         ``X-Receive-Count``); 204 when there is none. The message is hidden for the visibility
         timeout and delivered again unless deleted. ``wait``: long polling, in seconds."""
-        got = await blocking(
-            lambda: broker().queue(queue_name(queue), create=False).receive(
-                1, wait=wait, visibility_timeout=visibility_timeout
-            ),
-            receiving=True,
-        )
+        name = queue_name(queue)
+        check_number("wait", wait, 0, MAX_WAIT)
+
+        def receive(seconds: float) -> list[ReceivedMessage]:
+            return broker().queue(name, create=False).receive(1, wait=seconds, visibility_timeout=visibility_timeout)
+
+        # A long poll waits in slices: between two, it ends when the server is stopping (a
+        # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
+        # its client went away (who would never see the message it took).
+        deadline = time.monotonic() + wait
+        while True:
+            got = await blocking(receive, min(POLL_SLICE, max(0.0, deadline - time.monotonic())), receiving=True)
+            if got or time.monotonic() >= deadline or stopping.is_set() or await request.is_disconnected():
+                break
         if not got:
             return Response(status_code=204)
         message = got[0]
@@ -510,6 +529,7 @@ def create_app(config: ServerConfig) -> App:
         handler = hot_route(scope)
         return direct_add if handler is hot_add else direct_sqs if handler is hot_sqs else None
 
+    app.stop_waiting = stopping.set
     app.hot_route = hot_route
     app.direct_route = direct_route
     app.head_timeout = config.body_timeout  # journalq's HTTP protocol answers a slow head 408 too
@@ -612,6 +632,8 @@ class App(FastAPI):
         self.hot_route: Callable[[Scope], Handler | None] = lambda scope: None
         self.direct_route: Callable[[Scope], DirectHandler | None] = lambda scope: None
         self.head_timeout: float | None = None
+        self.stop_waiting: Callable[[], None] = lambda: None
+        """Called when the server begins to stop (by journalq's HTTP protocol): long polls end."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
