@@ -280,6 +280,97 @@ def test_openapi_lists_the_six_mq_endpoints(client: httpx.Client) -> None:
     assert len(operations) == 6, operations
 
 
+def test_openapi_gives_every_status_each_endpoint_answers(server: ServerProcess, client: httpx.Client, queue: str) -> None:
+    """Each of the six endpoints driven to the answers it can give here (all but 401, 408 and
+    503, checked below and in their own tests): every status met is in the document."""
+    other = f"q-{uuid.uuid4().hex[:12]}"
+    message_id = client.post(f"/{queue}/messages", content=b"m").headers["X-Message-Id"]
+    met: dict[tuple[str, str], set[int]] = {}
+    for path, method, url, kwargs in [
+        ("/{queue}", "get", f"/{queue}", {}), ("/{queue}", "get", "/nothing-here", {}),
+        ("/{queue}", "get", "/a%2Fb", {}),
+        ("/{queue}", "put", f"/{other}", {}), ("/{queue}", "put", f"/{other}", {}),
+        ("/{queue}", "put", "/sharded-badly", {"params": {"shards": "three"}}),
+        ("/{queue}/messages", "get", f"/{queue}/messages", {}), ("/{queue}/messages", "get", f"/{queue}/messages", {}),
+        ("/{queue}/messages", "get", "/nothing-here/messages", {}),
+        ("/{queue}/messages", "get", f"/{queue}/messages", {"params": {"wait": "soon"}}),
+        ("/{queue}/messages", "post", f"/{queue}/messages", {"content": b"x"}),
+        ("/{queue}/messages", "post", "/nothing-here/messages", {"content": b"x"}),
+        ("/{queue}/messages", "post", "/metrics/messages", {"content": b"x"}),
+        ("/{queue}/messages", "post", f"/{queue}/messages", {"content": b"x" * (1024 * 1024 + 1)}),
+        ("/{queue}/messages/{message_id}", "delete", f"/{queue}/messages/{message_id}", {}),
+        ("/{queue}/messages/{message_id}", "delete", f"/{queue}/messages/{message_id}", {}),
+        ("/{queue}/messages/{message_id}", "delete", f"/{queue}/messages/not-an-id", {}),
+        ("/{queue}", "delete", f"/{other}", {}), ("/{queue}", "delete", f"/{other}", {}),
+        ("/{queue}", "delete", "/healthz", {}),
+    ]:
+        met.setdefault((path, method), set()).add(client.request(method.upper(), url, **kwargs).status_code)
+    assert met[("/{queue}/messages", "post")] == {201, 400, 404, 413}, met  # the drive did what it meant to
+    paths = client.get("/openapi.json").json()["paths"]
+    for (path, method), statuses in met.items():
+        documented = paths[path][method]["responses"]
+        assert {str(status) for status in statuses} <= set(documented), (path, method, statuses, sorted(documented))
+        assert "422" not in documented and "503" in documented, (path, method)  # 422 is answered 400
+        assert "Retry-After" in documented["503"]["headers"]
+        assert "401" not in documented  # this server takes no token
+    assert "X-Message-Id" in paths["/{queue}/messages"]["post"]["responses"]["201"]["headers"]
+    assert "X-Message-Id" in paths["/{queue}/messages"]["get"]["responses"]["200"]["headers"]
+    assert "application/octet-stream" in paths["/{queue}/messages"]["get"]["responses"]["200"]["content"]
+    assert "requestBody" in paths["/{queue}/messages"]["post"]
+
+
+def test_openapi_of_a_server_with_a_token_asks_for_it(tmp_path) -> None:
+    from journalq.server.app import create_app
+    from journalq.server.config import ServerConfig
+
+    document = create_app(ServerConfig(data=tmp_path, rest_token="t")).openapi()
+    assert document["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    operations = [op for path, item in document["paths"].items() if "{queue}" in path for op in item.values()]
+    assert len(operations) == 6
+    assert all(op["security"] == [{"bearer": []}] and "401" in op["responses"] for op in operations)
+
+
+def test_a_wrong_method_is_405_allowing_every_method_of_the_path(client: httpx.Client, queue: str) -> None:
+    for method, path, allowed in [
+        ("POST", f"/{queue}", "GET, HEAD, PUT, DELETE"),
+        ("PATCH", f"/{queue}", "GET, HEAD, PUT, DELETE"),
+        ("OPTIONS", f"/{queue}", "GET, HEAD, PUT, DELETE"),
+        ("PUT", f"/{queue}/messages", "GET, POST"),
+        ("DELETE", f"/{queue}/messages", "GET, POST"),
+        ("HEAD", f"/{queue}/messages", "GET, POST"),  # a HEAD would take a message
+        ("GET", f"/{queue}/messages/0", "DELETE"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("POST", "/metrics", "GET, HEAD"),
+    ]:
+        answer = client.request(method, path)
+        assert answer.status_code == 405, (method, path, answer)
+        assert answer.headers["Allow"] == allowed, (method, path, answer.headers)
+        if method != "HEAD":
+            assert answer.json()["error"].startswith(f"{method} {path}: the method is not allowed"), answer.text
+    assert client.get(f"/{queue}").json()["available"] == 0  # the HEAD took nothing
+
+
+def test_head_is_get_without_the_body(client: httpx.Client, queue: str) -> None:
+    for path in (f"/{queue}", "/healthz", "/metrics", "/openapi.json"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == 200, path
+        assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
+    assert client.head("/nothing-here").status_code == 404
+
+
+def test_unknown_endpoints_and_unreadable_parameters_are_named(client: httpx.Client, queue: str) -> None:
+    for path in ("/a/b/c", f"/{queue}/messages/0/more"):
+        answer = client.get(path)
+        assert answer.status_code == 404 and answer.json() == {"error": f"GET {path}: no such endpoint"}
+    answer = client.get(f"/{queue}/messages", params={"wait": "soon"})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("wait: "), answer.text
+    assert "'soon'" in answer.json()["error"]
+    answer = client.get(f"/{queue}/messages", params={"visibility_timeout": "long"})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("visibility_timeout: "), answer.text
+    answer = client.put(f"/q-{uuid.uuid4().hex[:8]}", params={"shards": "many"})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("shards: "), answer.text
+
+
 def _families(text: str) -> dict[str, object]:
     return {family.name: family for family in text_string_to_metric_families(text)}
 

@@ -25,7 +25,11 @@ from typing import Any, TypeVar
 
 import anyio
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
 from journalq import __version__
@@ -117,6 +121,13 @@ def create_app(config: ServerConfig) -> App:
         "`POST /` (see the SQS API reference); Prometheus metrics at `/metrics`.",
         lifespan=lifespan,
     )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _document_rest(FastAPI.openapi(app), token=config.rest_token is not None)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     def broker() -> Broker:
         return broker_box[0]
@@ -230,6 +241,30 @@ def create_app(config: ServerConfig) -> App:
     async def journalq_error(request: Request, exc: Error) -> Response:
         return _error_response(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """No route for the path (404), or none for the method (405): named, in the REST API's
+        shape. Starlette's 405 allows only the methods of the first route of the path it found
+        (``POST /q``: ``Allow: GET``); this one lists every method the path takes."""
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 405:
+            allowed = app.methods_at(request.scope)
+            return JSONResponse({"error": f"{where}: the method is not allowed here; use {', '.join(allowed)}"},
+                                status_code=405, headers={"Allow": ", ".join(allowed)})
+        if exc.status_code == 404:
+            return JSONResponse({"error": f"{where}: no such endpoint"}, status_code=404)
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(request: Request, exc: RequestValidationError) -> Response:
+        """A query parameter that is not a number where one is due: 400 on the REST API, as
+        every other bad parameter is (FastAPI's 422 elsewhere: the hub's endpoints keep it)."""
+        route = request.scope.get("route")
+        if "{queue}" not in getattr(route, "path", ""):
+            return await request_validation_exception_handler(request, exc)
+        problems = [f"{error['loc'][-1]}: {error['msg']} (not {error.get('input')!r})" for error in exc.errors()]
+        return JSONResponse({"error": "; ".join(problems)}, status_code=400)
+
     # -- service endpoints ---------------------------------------------------------------------
 
     @app.get("/healthz", tags=["service"])
@@ -285,7 +320,13 @@ def create_app(config: ServerConfig) -> App:
         check_number("wait", wait, 0, MAX_WAIT)
 
         def receive(seconds: float) -> list[ReceivedMessage]:
-            return broker().queue(name, create=False).receive(1, wait=seconds, visibility_timeout=visibility_timeout)
+            try:
+                return broker().queue(name, create=False).receive(1, wait=seconds, visibility_timeout=visibility_timeout)
+            except FileNotFoundError:
+                if broker().exists(name):
+                    raise
+                # Deleted under the receive (between two slices, say): its directory went away.
+                raise QueueNotFoundError(f"queue or topic {name!r} was deleted") from None
 
         # A long poll waits in slices: between two, it ends when the server is stopping (a
         # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
@@ -520,7 +561,7 @@ def create_app(config: ServerConfig) -> App:
         if path == "/" or any(name == b"x-amz-target" for name, _ in scope["headers"]):
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
-        if path.endswith(_MESSAGES) and path.count("/") == 2 and len(path) > len(_MESSAGES) + 1:
+        if _is_messages(path):
             scope["journalq.operation"] = _REST_ADD  # the latency label
             return hot_add
         return None
@@ -548,6 +589,98 @@ _INTERNAL_ERROR = (
 )
 """What uvicorn answers when an ASGI app fails (and closes the connection): the direct path's
 answer to a failure that is not the storage's nor the request's."""
+
+
+_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+_HEADER = {"schema": {"type": "string"}}
+_FAILED = {
+    "400": "A bad queue name (or one of the server's own), or a bad parameter.",
+    "401": "The server requires a bearer token (``--token``) and the request has none or another.",
+    "404": "The queue does not exist.",
+    "503": "The storage failed (a full disk, an I/O error): nothing was done; try again after "
+           "``Retry-After`` seconds.",
+}
+_REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
+    ("/{queue}", "get"): {"200": "The queue exists: its counts.", "400": ..., "401": ..., "404": ..., "503": ...},
+    ("/{queue}", "put"): {
+        "200": "The queue was there already.", "201": "The queue was made.",
+        "400": "A bad queue name (or one of the server's own), or a bad ``shards``.", "401": ..., "503": ...,
+    },
+    ("/{queue}", "delete"): {"204": "The queue and its messages are deleted.", "400": ..., "401": ..., "404": ...,
+                             "503": ...},
+    ("/{queue}/messages", "get"): {
+        "200": {"description": "The oldest available message, hidden now for the visibility timeout.",
+                "content": _BYTES,
+                "headers": {"X-Message-Id": {**_HEADER, "description": "The message's id."},
+                            "X-Receipt": {**_HEADER, "description": "This delivery's receipt (SQS's)."},
+                            "X-Receive-Count": {"schema": {"type": "integer"},
+                                                "description": "How many times the message was delivered."}}},
+        "204": "No message is available (after ``wait`` seconds; at once when the server stops).",
+        "400": ..., "401": ..., "404": ..., "503": ...,
+    },
+    ("/{queue}/messages", "post"): {
+        "201": {"description": "The body is stored as a message, on stable storage.",
+                "headers": {"X-Message-Id": {**_HEADER, "description": "The new message's id."}}},
+        "400": "The body could not be read (a broken chunked coding, a client gone), or a bad queue name.",
+        "401": ..., "404": ...,
+        "408": "The body did not arrive within 10 s.",
+        "413": "The body is over ``--max-message-size`` bytes.",
+        "503": ...,
+    },
+    ("/{queue}/messages/{message_id}", "delete"): {
+        "204": "The message is deleted, whatever its state.",
+        "400": "Not one of this queue's message ids, or a bad queue name.",
+        "401": ..., "404": "The queue, or a message of that id, does not exist (or is deleted already).",
+        "503": ...,
+    },
+}
+"""What each of mq's six endpoints answers, for the OpenAPI document: a description (``...``:
+the common one of ``_FAILED``) or a whole OpenAPI response object."""
+
+
+def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
+    """FastAPI's OpenAPI document with mq's endpoints as they answer: every status they give
+    (FastAPI's 422 is answered 400 here), their headers (``X-Message-Id``, ``Retry-After``),
+    the message body as bytes both ways, and the bearer token when one is required."""
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = {
+        "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+    if token:
+        schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for (path, method), answers in _REST_ANSWERS.items():
+        operation = schema["paths"][path][method]
+        # The JSON schema FastAPI made of the success's body, if it has one.
+        body = next((r["content"] for code, r in operation["responses"].items() if int(code) < 300 and "content" in r), None)
+        responses = {}
+        for status, answer in answers.items():
+            if answer is ...:
+                answer = _FAILED[status]
+            if isinstance(answer, str):
+                answer = {"description": answer}
+                if int(status) >= 400:
+                    answer["content"] = error
+                elif body is not None and status != "204":
+                    answer["content"] = body
+            if status == "503":
+                answer["headers"] = {"Retry-After": {"schema": {"type": "integer"},
+                                                     "description": "Seconds to wait before trying again."}}
+            if status != "401" or token:
+                responses[status] = answer
+        operation["responses"] = responses
+        if token:
+            operation["security"] = [{"bearer": []}]
+        if (path, method) == ("/{queue}/messages", "post"):
+            operation["requestBody"] = {"required": False, "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+                                        "description": "The message: any bytes (any content type)."}
+    return schema
+
+
+_METHOD_ORDER = {method: i for i, method in enumerate(("GET", "HEAD", "POST", "PUT", "DELETE"))}
+
+
+def _is_messages(path: str) -> bool:
+    """Whether ``path`` is a queue's messages, ``/{queue}/messages``, where GET takes a message."""
+    return path.endswith(_MESSAGES) and path.count("/") == 2 and len(path) > len(_MESSAGES) + 1
 
 
 def _problem_response(exc: HTTPProblem) -> Response:
@@ -645,7 +778,26 @@ class App(FastAPI):
                 finally:
                     self.state.metrics.note_request(scope, status, started)
                 return
+            if scope["method"] == "HEAD" and not _is_messages(scope["path"]):
+                # HEAD is GET without the body (uvicorn leaves the body out, for the request it
+                # has is still HEAD); but for a fetch, which would take a message: 405.
+                scope = {**scope, "method": "GET"}
         await super().__call__(scope, receive, send)
+
+    def methods_at(self, scope: Scope) -> list[str]:
+        """The methods the request's path takes, for the ``Allow`` header of a 405."""
+        probe = {**scope, "method": "GET"}
+        reserved = scope["path"].split("/")[1] in RESERVED  # no queue there: only its own route
+        methods: set[str] = set()
+        for route in self.router.routes:
+            if reserved and "{queue}" in getattr(route, "path", ""):
+                continue
+            match, _ = route.matches(probe)
+            if match is not Match.NONE:
+                methods |= getattr(route, "methods", None) or set()
+        if "GET" in methods and not _is_messages(scope["path"]):
+            methods.add("HEAD")
+        return sorted(methods, key=lambda method: (_METHOD_ORDER.get(method, len(_METHOD_ORDER)), method))
 
 
 def app_from_environment() -> App:
