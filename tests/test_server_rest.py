@@ -533,3 +533,62 @@ def test_a_long_poll_whose_client_went_away_takes_nothing(server: ServerProcess,
     client.post(f"/{queue}/messages", content=b"for someone there").raise_for_status()
     got = client.get(f"/{queue}/messages", params={"wait": 2})
     assert got.status_code == 200 and got.content == b"for someone there"
+
+
+# -- mq's daemons: the mover's delayed redelivery and the reaper, through the server ----------------
+
+
+def test_a_queue_delay_holds_new_messages_then_delivers_them(server: ServerProcess, client: httpx.Client) -> None:
+    """mq-mover's ``--delay``: a queue's delay (SQS's DelaySeconds) holds a posted message back."""
+    name = f"delayed-{uuid.uuid4().hex[:8]}"
+    sqs_client(server.url).create_queue(QueueName=name, Attributes={"DelaySeconds": "1"})
+    client.post(f"/{name}/messages", content=b"later").raise_for_status()
+    assert client.get(f"/{name}/messages").status_code == 204
+    families = _families(client.get("/metrics").text)
+    assert _sample(families, "journalq_queue_delayed", "journalq_queue_delayed", queue=name) == 1
+    got = client.get(f"/{name}/messages", params={"wait": 5})
+    assert got.status_code == 200 and got.content == b"later"
+
+
+def test_the_reaper_removes_what_was_deleted_from_the_disk(server: ServerProcess, client: httpx.Client) -> None:
+    """mq-reaper: messages deleted through the API leave the disk (their segments), some time
+    after (every ``task_gc_interval``), with no daemon of its own."""
+    from journalq.queue import Broker
+
+    name = f"reaped-{uuid.uuid4().hex[:8]}"
+    with Broker(server.data) as broker:  # small segments, collected often
+        broker.queue(name, segment_size=4096, task_gc_interval=0.2)
+    segments = server.data / name / "jnl"
+    for i in range(30):
+        client.post(f"/{name}/messages", content=b"%03d" % i * 300).raise_for_status()
+    written = sorted(segments.glob("*.jnl"))
+    assert len(written) >= 5, written
+    for _ in range(30):
+        got = client.get(f"/{name}/messages")
+        assert client.delete(f"/{name}/messages/{got.headers['X-Message-Id']}").status_code == 204
+    time.sleep(0.3)
+    assert client.get(f"/{name}/messages").status_code == 204  # a step of the queue's, which collects
+    left = sorted(segments.glob("*.jnl"))
+    assert left == written[-1:], left  # all but the segment being written
+
+
+def test_dead_letters_and_syncs_move_the_metrics(server: ServerProcess, client: httpx.Client) -> None:
+    sqs = sqs_client(server.url)
+    source, dead = f"src-{uuid.uuid4().hex[:8]}", f"dlq-{uuid.uuid4().hex[:8]}"
+    sqs.create_queue(QueueName=dead)
+    policy = f'{{"deadLetterTargetArn": "arn:aws:sqs:us-east-1:000000000000:{dead}", "maxReceiveCount": 1}}'
+    sqs.create_queue(QueueName=source, Attributes={"RedrivePolicy": policy})
+
+    def scrape() -> dict[str, object]:
+        return _families(client.get("/metrics").text)
+
+    syncs = _sample(scrape(), "journalq_syncs", "journalq_syncs_total")
+    client.post(f"/{source}/messages", content=b"poison").raise_for_status()
+    after_post = scrape()
+    assert _sample(after_post, "journalq_syncs", "journalq_syncs_total") > syncs  # sync=always
+    assert client.get(f"/{source}/messages", params={"visibility_timeout": 0}).status_code == 200
+    assert client.get(f"/{source}/messages").status_code == 204  # received once: now dead
+    families = scrape()
+    assert _sample(families, "journalq_queue_dead", "journalq_queue_dead", queue=source) == 1
+    assert _sample(families, "journalq_queue_available", "journalq_queue_available", queue=dead) == 1
+    assert _sample(families, "journalq_messages_out", "journalq_messages_out_total", queue=source) == 1
