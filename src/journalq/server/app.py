@@ -105,7 +105,8 @@ def create_app(config: ServerConfig) -> App:
         broker = Broker(config.data, sync=config.sync)
         broker_box.append(broker)
         app.state.metrics.watch(broker)
-        log.info("journalq %s serving %s on http://%s (sync=%s)", __version__, config.data, config.address, config.sync)
+        log.info("journalq %s serving %s on http://%s (sync=%s)",
+                 __version__, config.data, config.address, config.sync)
         watchdog = asyncio.get_running_loop().create_task(body_deadlines.run())
         try:
             yield
@@ -249,8 +250,8 @@ def create_app(config: ServerConfig) -> App:
         where = f"{request.method} {request.url.path}"
         if exc.status_code == 405:
             allowed = app.methods_at(request.scope)
-            return JSONResponse({"error": f"{where}: the method is not allowed here; use {', '.join(allowed)}"},
-                                status_code=405, headers={"Allow": ", ".join(allowed)})
+            message = f"{where}: the method is not allowed here; use {', '.join(allowed)}"
+            return JSONResponse({"error": message}, status_code=405, headers={"Allow": ", ".join(allowed)})
         if exc.status_code == 404:
             return JSONResponse({"error": f"{where}: no such endpoint"}, status_code=404)
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
@@ -262,7 +263,8 @@ def create_app(config: ServerConfig) -> App:
         route = request.scope.get("route")
         if "{queue}" not in getattr(route, "path", ""):
             return await request_validation_exception_handler(request, exc)
-        problems = [f"{error['loc'][-1]}: {error['msg']} (not {error.get('input')!r})" for error in exc.errors()]
+        problems = [f"{error['loc'][-1]}: {error['msg']} (not {error.get('input')!r})"
+                    for error in exc.errors()]
         return JSONResponse({"error": "; ".join(problems)}, status_code=400)
 
     # -- service endpoints ---------------------------------------------------------------------
@@ -321,7 +323,8 @@ def create_app(config: ServerConfig) -> App:
 
         def receive(seconds: float) -> list[ReceivedMessage]:
             try:
-                return broker().queue(name, create=False).receive(1, wait=seconds, visibility_timeout=visibility_timeout)
+                found = broker().queue(name, create=False)
+                return found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
             except FileNotFoundError:
                 if broker().exists(name):
                     raise
@@ -333,7 +336,8 @@ def create_app(config: ServerConfig) -> App:
         # its client went away (who would never see the message it took).
         deadline = time.monotonic() + wait
         while True:
-            got = await blocking(receive, min(POLL_SLICE, max(0.0, deadline - time.monotonic())), receiving=True)
+            seconds = min(POLL_SLICE, max(0.0, deadline - time.monotonic()))
+            got = await blocking(receive, seconds, receiving=True)
             if got or time.monotonic() >= deadline or stopping.is_set() or await request.is_disconnected():
                 break
         if not got:
@@ -601,13 +605,16 @@ _FAILED = {
            "``Retry-After`` seconds.",
 }
 _REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
-    ("/{queue}", "get"): {"200": "The queue exists: its counts.", "400": ..., "401": ..., "404": ..., "503": ...},
+    ("/{queue}", "get"): {
+        "200": "The queue exists: its counts.", "400": ..., "401": ..., "404": ..., "503": ...,
+    },
     ("/{queue}", "put"): {
         "200": "The queue was there already.", "201": "The queue was made.",
         "400": "A bad queue name (or one of the server's own), or a bad ``shards``.", "401": ..., "503": ...,
     },
-    ("/{queue}", "delete"): {"204": "The queue and its messages are deleted.", "400": ..., "401": ..., "404": ...,
-                             "503": ...},
+    ("/{queue}", "delete"): {
+        "204": "The queue and its messages are deleted.", "400": ..., "401": ..., "404": ..., "503": ...,
+    },
     ("/{queue}/messages", "get"): {
         "200": {"description": "The oldest available message, hidden now for the visibility timeout.",
                 "content": _BYTES,
@@ -623,7 +630,7 @@ _REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
                 "headers": {"X-Message-Id": {**_HEADER, "description": "The new message's id."}}},
         "400": "The body could not be read (a broken chunked coding, a client gone), or a bad queue name.",
         "401": ..., "404": ...,
-        "408": "The body did not arrive within 10 s.",
+        "408": "The body did not arrive in time (10 s).",
         "413": "The body is over ``--max-message-size`` bytes.",
         "503": ...,
     },
@@ -650,7 +657,8 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
     for (path, method), answers in _REST_ANSWERS.items():
         operation = schema["paths"][path][method]
         # The JSON schema FastAPI made of the success's body, if it has one.
-        body = next((r["content"] for code, r in operation["responses"].items() if int(code) < 300 and "content" in r), None)
+        body = next((answer["content"] for code, answer in operation["responses"].items()
+                     if int(code) < 300 and "content" in answer), None)
         responses = {}
         for status, answer in answers.items():
             if answer is ...:
@@ -670,8 +678,10 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
         if token:
             operation["security"] = [{"bearer": []}]
         if (path, method) == ("/{queue}/messages", "post"):
-            operation["requestBody"] = {"required": False, "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
-                                        "description": "The message: any bytes (any content type)."}
+            operation["requestBody"] = {
+                "required": False, "description": "The message: any bytes (any content type).",
+                "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+            }
     return schema
 
 
