@@ -341,6 +341,7 @@ def test_a_wrong_method_is_405_allowing_every_method_of_the_path(client: httpx.C
         ("GET", f"/{queue}/messages/0", "DELETE"),
         ("POST", "/healthz", "GET, HEAD"),
         ("POST", "/metrics", "GET, HEAD"),
+        ("GET", "/", "POST"),  # the SQS protocol's
     ]:
         answer = client.request(method, path)
         assert answer.status_code == 405, (method, path, answer)

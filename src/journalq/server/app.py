@@ -248,7 +248,8 @@ def create_app(config: ServerConfig) -> App:
         shape. Starlette's 405 allows only the methods of the first route of the path it found
         (``POST /q``: ``Allow: GET``); this one lists every method the path takes."""
         where = f"{request.method} {request.url.path}"
-        if exc.status_code == 405:
+        # ``/`` has no route of FastAPI's (SQS's POST is the hot path's): its 404 is a 405 too.
+        if exc.status_code == 405 or (exc.status_code == 404 and request.scope["path"] == "/"):
             allowed = app.methods_at(request.scope)
             message = f"{where}: the method is not allowed here; use {', '.join(allowed)}"
             return JSONResponse({"error": message}, status_code=405, headers={"Allow": ", ".join(allowed)})
@@ -807,6 +808,8 @@ class App(FastAPI):
                 methods |= getattr(route, "methods", None) or set()
         if "GET" in methods and not _is_messages(scope["path"]):
             methods.add("HEAD")
+        if scope["path"] == "/":
+            methods.add("POST")  # the SQS protocol, served by the hot path
         return sorted(methods, key=lambda method: (_METHOD_ORDER.get(method, len(_METHOD_ORDER)), method))
 
 
