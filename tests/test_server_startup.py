@@ -111,3 +111,10 @@ def test_bad_option_values_are_named(tmp_path: Path, option: str, value: str, pr
     assert f"Invalid value for '{option}': {problem}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "data").exists()  # refused before anything was made
+
+
+@pytest.mark.parametrize("token", ["", " ", "two words", "line\nbreak"])
+def test_a_token_that_guards_nothing_is_refused(tmp_path: Path, token: str) -> None:
+    """``--token "$TOKEN"`` with TOKEN unset would guard the REST API with ``Bearer `` alone."""
+    line = one_line_error(serve("--data", str(tmp_path / "data"), "--port", "0", "--token", token))
+    assert line.startswith("journalq: error: --token is empty or holds a space or control character"), line

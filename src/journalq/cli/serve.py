@@ -31,6 +31,16 @@ def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
     return credentials
 
 
+def _checked_token(token: str | None) -> str | None:
+    """``--token`` as given, refused when it is empty or holds a space or control character: an
+    empty ``$TOKEN`` would guard the API with the token ``Bearer `` (anyone's), and the others
+    cannot be sent as they are in an ``Authorization`` header."""
+    if token is not None and (not token or any(c.isspace() or not c.isprintable() for c in token)):
+        raise CommandError("--token is empty or holds a space or control character: give a token, "
+                           "or leave --token out for an open REST API")
+    return token
+
+
 @click.command()
 @click.option("--data", type=DATA, default=Path("data"), show_default=True, envvar="JOURNALQ_DATA",
               help="The data directory (created when missing), or zk://host:port[,host:port]/path.")
@@ -61,7 +71,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
 
     SyncPolicy.parse(sync)  # a bad policy fails here, in one line
     config = ServerConfig(
-        data=data, host=host, port=port, workers=workers, sync=sync, rest_token=token,
+        data=data, host=host, port=port, workers=workers, sync=sync, rest_token=_checked_token(token),
         aws_credentials=_credentials(aws_keys), max_message_size=max_message_size,
         max_request_size=max(2 * 1024 * 1024, 2 * max_message_size),
     )
