@@ -220,7 +220,11 @@ def create_app(config: ServerConfig) -> App:
         if config.rest_token is None:
             return
         given = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
-        if not hmac.compare_digest(given, f"Bearer {config.rest_token}".encode()):
+        if hmac.compare_digest(given, f"Bearer {config.rest_token}".encode()):
+            return
+        # The scheme's name is case-insensitive (RFC 9110): "bearer TOKEN" is as good.
+        scheme, _, credentials = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), config.rest_token.encode()):
             raise HTTPProblem(401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="journalq"'})
 
     async def rest_auth(request: Request) -> None:  # async: no thread hop per request
