@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from journalq.server.config import ServerConfig
 
 
+BACKLOG = 2048
+"""Connections the system holds for the server until it accepts them (uvicorn's default)."""
+
+
 def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
     credentials = {}
     for pair in pairs:
@@ -150,6 +154,9 @@ def _bind(config: ServerConfig) -> socket.socket:
     except OSError as exc:  # gaierror (an unknown host name) included
         sock.close()
         raise CommandError(f"cannot listen on {config.address}: {exc.strerror or exc}") from None
+    # Listening from now on: a client that comes as soon as the start line is out waits in the
+    # backlog while the server (or, with --workers, each worker process) starts, not refused.
+    sock.listen(BACKLOG)
     sock.set_inheritable(True)  # the worker processes of --workers accept on it
     return sock
 
