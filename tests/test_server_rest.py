@@ -16,7 +16,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 from prometheus_client.parser import text_string_to_metric_families
-from test_server_harness import ServerProcess, module_server, raw_request, sqs_client, status_of
+from test_server_harness import ServerProcess, module_server, raw_request, read_answer, sqs_client, status_of
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +198,19 @@ def test_a_body_that_cannot_be_read_is_400_and_stores_nothing(
     assert client.get(f"/{queue}/messages").status_code == 204
     # and the server goes on serving
     assert client.post(f"/{queue}/messages", content=b"fine").status_code == 201
+
+
+def test_a_post_expecting_100_continue_to_no_queue_is_404_before_its_body(
+    server: ServerProcess, queue: str
+) -> None:
+    head = "POST /{}/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+    answer = raw_request(server.port, head.format("nothing-here").encode(), timeout=3)
+    assert status_of(answer) == 404 and b"nothing-here" in answer, answer  # no 100 Continue first
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:  # a queue that exists
+        s.sendall(head.format(queue).encode())
+        assert status_of(s.recv(65536)) == 100
+        s.sendall(b"hello")
+        assert status_of(read_answer(s)) == 201
 
 
 def test_reserved_names_are_not_queues(client: httpx.Client) -> None:

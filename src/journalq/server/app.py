@@ -391,8 +391,13 @@ def create_app(config: ServerConfig) -> App:
         headers = dict(scope["headers"])
         try:
             check_token(headers.get(b"authorization", b""))
+            queue = scope["path"][1:-_MESSAGES_SUFFIX]
+            if headers.get(b"expect", b"").lower() == b"100-continue":
+                # The client waits to be asked for its body (reading it asks): a queue that does
+                # not exist is answered 404 first, and the body is never sent.
+                await blocking(lambda: broker().queue(queue_name(queue), create=False))
             body = await body_of(receive, headers.get(b"content-length"), config.max_message_size)
-            message_id = await add_message(scope["path"][1:-_MESSAGES_SUFFIX], body)
+            message_id = await add_message(queue, body)
         except HTTPProblem as exc:
             return await _respond(_problem_response(exc), scope, receive, send)
         except Error as exc:
