@@ -461,6 +461,29 @@ def test_injected_enospc_is_503_and_nothing_half_written(tmp_path: Path, monkeyp
         assert broker.queue("q", create=False).stats().in_flight == 6
 
 
+def test_a_delete_on_a_full_disk_is_503_and_deletes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DELETE /{queue}/messages/{id}`` is a write too (the channel records it): refused with
+    503 and ``Retry-After``, the message is still there, and the delete passes once space is back."""
+    fake = FaultyOs()
+    monkeypatch.setattr(writer_mod, "os", fake)
+
+    async def scenario() -> None:
+        async with app_client(tmp_path) as client:
+            assert (await client.put("/q")).status_code == 201
+            message_id = (await client.post("/q/messages", content=b"kept")).headers["X-Message-Id"]
+            fake.full = True
+            refused = await client.delete(f"/q/messages/{message_id}")
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "3", refused.text
+            assert fake.failures >= 1, "the fault did not happen"
+            fake.full = False
+            got = await client.get("/q/messages")
+            assert got.status_code == 200 and got.content == b"kept"
+            assert (await client.delete(f"/q/messages/{message_id}")).status_code == 204
+            assert (await client.get("/q")).json()["in_flight"] == 0
+
+    asyncio.run(scenario())
+
+
 def test_injected_eio_on_sync_is_503_and_the_queue_is_reopened(tmp_path: Path, sync_fault: SyncFault) -> None:
     """A failed fdatasync leaves the writer unusable by design; the server answers 503, closes
     it, and the next request reopens (and recovers) the journal."""

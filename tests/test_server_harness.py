@@ -1,7 +1,8 @@
 """The real server as a subprocess (``.venv/bin/journalq serve``): the harness the other
 ``test_server_*`` modules import, and the tests of the server's life cycle itself — loopback by
 default, one start line with its address, a clean exit (code 0) on SIGTERM and SIGINT with the
-requests under way finished (a long poll, a POST whose body is still arriving), ``--workers``.
+requests under way finished (a POST whose body is still arriving; a long poll ended at once, 204),
+``--workers``.
 """
 
 from __future__ import annotations
@@ -281,16 +282,19 @@ def test_sigint_stops_cleanly_too(start_server) -> None:
     assert got.status_code == 200 and got.content == b"kept"
 
 
-def test_sigterm_lets_a_long_poll_and_a_slow_post_finish(start_server) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_ends_long_polls_at_once_and_lets_a_slow_post_finish(start_server, sig: int) -> None:
+    """A long poll may have up to an hour to wait: the stop answers it 204 within about a second
+    (before, it held the stop for the 30 s of uvicorn's graceful shutdown, then was answered
+    500). A POST whose body is still arriving is answered 201 and stored."""
     server = start_server()
     httpx.put(f"{server.url}/q").raise_for_status()
     httpx.put(f"{server.url}/idle").raise_for_status()
     results: dict[str, object] = {}
 
     def long_poll() -> None:
-        started = time.monotonic()
-        response = httpx.get(f"{server.url}/idle/messages", params={"wait": 2}, timeout=30)
-        results["poll"] = (response.status_code, time.monotonic() - started)
+        response = httpx.get(f"{server.url}/idle/messages", params={"wait": 600}, timeout=60)
+        results["poll"] = (response.status_code, time.monotonic())
 
     poller = threading.Thread(target=long_poll)
     poller.start()
@@ -303,18 +307,22 @@ def test_sigterm_lets_a_long_poll_and_a_slow_post_finish(start_server) -> None:
     )
     time.sleep(0.5)  # the long poll and the POST are in flight
     assert server.process is not None
-    server.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    server.process.send_signal(sig)
     time.sleep(0.3)
     s.sendall(body[5:])
     answer = read_all(s)
     s.close()
-    poller.join(30)
+    poller.join(60)
     assert status_of(answer) == 201, answer
     assert re.search(rb"(?i)x-message-id: 0", answer), answer
-    status, took = results["poll"]  # type: ignore[misc]
-    assert status == 204 and took >= 1.9, results
+    status, ended = results["poll"]  # type: ignore[misc]
+    assert status == 204, results
+    assert ended - signalled < 3, f"the long poll ended {ended - signalled:.1f} s after the signal"
     assert server.stop() == 0, server.log()
+    assert time.monotonic() - signalled < 10, f"the server took {time.monotonic() - signalled:.1f} s to stop"
     assert len(server.start_lines()) == 1, server.log()
+    assert "Traceback" not in server.log(), server.log()
     # Synced and closed: a new server has the message the POST was answered 201 for.
     again = start_server(data=server.data)
     got = httpx.get(f"{again.url}/q/messages")
@@ -346,7 +354,8 @@ def test_workers(start_server) -> None:
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_port_zero_start_line_names_the_port_bound(tmp_path: Path, workers: str) -> None:
-    """``--port 0``: the system picks a port, and the start line names it (not 0)."""
+    """``--port 0``: the system picks a port, and the start line names it (not 0). The port takes
+    connections once the line is out, before the workers have started (none is refused)."""
     log_file = tmp_path / "server.log"
     with open(log_file, "wb") as out:
         process = subprocess.Popen(
@@ -362,13 +371,7 @@ def test_port_zero_start_line_names_the_port_bound(tmp_path: Path, workers: str)
         assert match is not None, log_file.read_text(errors="replace")
         port = int(match["port"])
         assert port != 0
-        while True:  # the workers may start after the line
-            try:
-                assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, log_file.read_text(errors="replace")
-                time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(40) == 0, log_file.read_text(errors="replace")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+import socket
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 from prometheus_client.parser import text_string_to_metric_families
-from test_server_harness import ServerProcess, module_server, raw_request, sqs_client, status_of
+from test_server_harness import ServerProcess, module_server, raw_request, read_answer, sqs_client, status_of
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +200,19 @@ def test_a_body_that_cannot_be_read_is_400_and_stores_nothing(
     assert client.post(f"/{queue}/messages", content=b"fine").status_code == 201
 
 
+def test_a_post_expecting_100_continue_to_no_queue_is_404_before_its_body(
+    server: ServerProcess, queue: str
+) -> None:
+    head = "POST /{}/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+    answer = raw_request(server.port, head.format("nothing-here").encode(), timeout=3)
+    assert status_of(answer) == 404 and b"nothing-here" in answer, answer  # no 100 Continue first
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:  # a queue that exists
+        s.sendall(head.format(queue).encode())
+        assert status_of(s.recv(65536)) == 100
+        s.sendall(b"hello")
+        assert status_of(read_answer(s)) == 201
+
+
 def test_reserved_names_are_not_queues(client: httpx.Client) -> None:
     for name in ("metrics", "healthz", "openapi.json"):
         assert client.put(f"/{name}").status_code == 400
@@ -277,6 +291,107 @@ def test_openapi_lists_the_six_mq_endpoints(client: httpx.Client) -> None:
         (path, method) for path, item in paths.items() if "{queue}" in path for method in item
     ]
     assert len(operations) == 6, operations
+
+
+def test_openapi_gives_every_status_each_endpoint_answers(server: ServerProcess, client: httpx.Client, queue: str) -> None:
+    """Each of the six endpoints driven to the answers it can give here (all but 401, 408 and
+    503, checked below and in their own tests): every status met is in the document."""
+    other = f"q-{uuid.uuid4().hex[:12]}"
+    message_id = client.post(f"/{queue}/messages", content=b"m").headers["X-Message-Id"]
+    met: dict[tuple[str, str], set[int]] = {}
+    for path, method, url, kwargs in [
+        ("/{queue}", "get", f"/{queue}", {}), ("/{queue}", "get", "/nothing-here", {}),
+        ("/{queue}", "get", "/a%2Fb", {}),
+        ("/{queue}", "put", f"/{other}", {}), ("/{queue}", "put", f"/{other}", {}),
+        ("/{queue}", "put", "/sharded-badly", {"params": {"shards": "three"}}),
+        ("/{queue}/messages", "get", f"/{queue}/messages", {}), ("/{queue}/messages", "get", f"/{queue}/messages", {}),
+        ("/{queue}/messages", "get", "/nothing-here/messages", {}),
+        ("/{queue}/messages", "get", f"/{queue}/messages", {"params": {"wait": "soon"}}),
+        ("/{queue}/messages", "post", f"/{queue}/messages", {"content": b"x"}),
+        ("/{queue}/messages", "post", "/nothing-here/messages", {"content": b"x"}),
+        ("/{queue}/messages", "post", "/metrics/messages", {"content": b"x"}),
+        ("/{queue}/messages", "post", f"/{queue}/messages", {"content": b"x" * (1024 * 1024 + 1)}),
+        ("/{queue}/messages/{message_id}", "delete", f"/{queue}/messages/{message_id}", {}),
+        ("/{queue}/messages/{message_id}", "delete", f"/{queue}/messages/{message_id}", {}),
+        ("/{queue}/messages/{message_id}", "delete", f"/{queue}/messages/not-an-id", {}),
+        ("/{queue}", "delete", f"/{other}", {}), ("/{queue}", "delete", f"/{other}", {}),
+        ("/{queue}", "delete", "/healthz", {}),
+    ]:
+        met.setdefault((path, method), set()).add(client.request(method.upper(), url, **kwargs).status_code)
+    assert met[("/{queue}/messages", "post")] == {201, 400, 404, 413}, met  # the drive did what it meant to
+    paths = client.get("/openapi.json").json()["paths"]
+    for (path, method), statuses in met.items():
+        documented = paths[path][method]["responses"]
+        assert {str(status) for status in statuses} <= set(documented), (path, method, statuses, sorted(documented))
+        assert "422" not in documented and "503" in documented, (path, method)  # 422 is answered 400
+        assert "Retry-After" in documented["503"]["headers"]
+        assert "401" not in documented  # this server takes no token
+    assert "X-Message-Id" in paths["/{queue}/messages"]["post"]["responses"]["201"]["headers"]
+    assert "X-Message-Id" in paths["/{queue}/messages"]["get"]["responses"]["200"]["headers"]
+    assert "application/octet-stream" in paths["/{queue}/messages"]["get"]["responses"]["200"]["content"]
+    assert "requestBody" in paths["/{queue}/messages"]["post"]
+
+
+def test_openapi_of_a_server_with_a_token_asks_for_it(tmp_path) -> None:
+    from journalq.server.app import create_app
+    from journalq.server.config import ServerConfig
+
+    document = create_app(ServerConfig(data=tmp_path, rest_token="t")).openapi()
+    assert document["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    operations = [op for path, item in document["paths"].items() if "{queue}" in path for op in item.values()]
+    assert len(operations) == 6
+    assert all(op["security"] == [{"bearer": []}] and "401" in op["responses"] for op in operations)
+
+
+@pytest.mark.parametrize("token", [None, "t"])
+def test_the_openapi_documents_are_valid_openapi(tmp_path, token: str | None) -> None:
+    validator = pytest.importorskip("openapi_spec_validator")
+    from journalq.server.app import create_app
+    from journalq.server.config import ServerConfig
+
+    validator.validate(create_app(ServerConfig(data=tmp_path, rest_token=token)).openapi())
+
+
+def test_a_wrong_method_is_405_allowing_every_method_of_the_path(client: httpx.Client, queue: str) -> None:
+    for method, path, allowed in [
+        ("POST", f"/{queue}", "GET, HEAD, PUT, DELETE"),
+        ("PATCH", f"/{queue}", "GET, HEAD, PUT, DELETE"),
+        ("OPTIONS", f"/{queue}", "GET, HEAD, PUT, DELETE"),
+        ("PUT", f"/{queue}/messages", "GET, POST"),
+        ("DELETE", f"/{queue}/messages", "GET, POST"),
+        ("HEAD", f"/{queue}/messages", "GET, POST"),  # a HEAD would take a message
+        ("GET", f"/{queue}/messages/0", "DELETE"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("POST", "/metrics", "GET, HEAD"),
+        ("GET", "/", "POST"),  # the SQS protocol's
+    ]:
+        answer = client.request(method, path)
+        assert answer.status_code == 405, (method, path, answer)
+        assert answer.headers["Allow"] == allowed, (method, path, answer.headers)
+        if method != "HEAD":
+            assert answer.json()["error"].startswith(f"{method} {path}: the method is not allowed"), answer.text
+    assert client.get(f"/{queue}").json()["available"] == 0  # the HEAD took nothing
+
+
+def test_head_is_get_without_the_body(client: httpx.Client, queue: str) -> None:
+    for path in (f"/{queue}", "/healthz", "/metrics", "/openapi.json"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == 200, path
+        assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
+    assert client.head("/nothing-here").status_code == 404
+
+
+def test_unknown_endpoints_and_unreadable_parameters_are_named(client: httpx.Client, queue: str) -> None:
+    for path in ("/a/b/c", f"/{queue}/messages/0/more"):
+        answer = client.get(path)
+        assert answer.status_code == 404 and answer.json() == {"error": f"GET {path}: no such endpoint"}
+    answer = client.get(f"/{queue}/messages", params={"wait": "soon"})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("wait: "), answer.text
+    assert "'soon'" in answer.json()["error"]
+    answer = client.get(f"/{queue}/messages", params={"visibility_timeout": "long"})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("visibility_timeout: "), answer.text
+    answer = client.put(f"/q-{uuid.uuid4().hex[:8]}", params={"shards": "many"})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("shards: "), answer.text
 
 
 def _families(text: str) -> dict[str, object]:
@@ -428,3 +543,75 @@ def test_deleting_a_queue_under_long_polls(server: ServerProcess, client: httpx.
     ), results
     with pytest.raises(sqs.exceptions.QueueDoesNotExist):
         sqs.receive_message(QueueUrl=url)
+
+
+def test_a_long_poll_whose_client_went_away_takes_nothing(server: ServerProcess, client: httpx.Client, queue: str) -> None:
+    """A client that long-polls and disconnects: its poll stops within about a second, so a
+    message posted later goes to the next consumer, not to nobody for a visibility timeout."""
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(f"GET /{queue}/messages?wait=30 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    time.sleep(0.3)
+    s.close()
+    time.sleep(1.5)
+    client.post(f"/{queue}/messages", content=b"for someone there").raise_for_status()
+    got = client.get(f"/{queue}/messages", params={"wait": 2})
+    assert got.status_code == 200 and got.content == b"for someone there"
+
+
+# -- mq's daemons: the mover's delayed redelivery and the reaper, through the server ----------------
+
+
+def test_a_queue_delay_holds_new_messages_then_delivers_them(server: ServerProcess, client: httpx.Client) -> None:
+    """mq-mover's ``--delay``: a queue's delay (SQS's DelaySeconds) holds a posted message back."""
+    name = f"delayed-{uuid.uuid4().hex[:8]}"
+    sqs_client(server.url).create_queue(QueueName=name, Attributes={"DelaySeconds": "1"})
+    client.post(f"/{name}/messages", content=b"later").raise_for_status()
+    assert client.get(f"/{name}/messages").status_code == 204
+    families = _families(client.get("/metrics").text)
+    assert _sample(families, "journalq_queue_delayed", "journalq_queue_delayed", queue=name) == 1
+    got = client.get(f"/{name}/messages", params={"wait": 5})
+    assert got.status_code == 200 and got.content == b"later"
+
+
+def test_the_reaper_removes_what_was_deleted_from_the_disk(server: ServerProcess, client: httpx.Client) -> None:
+    """mq-reaper: messages deleted through the API leave the disk (their segments), some time
+    after (every ``task_gc_interval``), with no daemon of its own."""
+    from journalq.queue import Broker
+
+    name = f"reaped-{uuid.uuid4().hex[:8]}"
+    with Broker(server.data) as broker:  # small segments, collected often
+        broker.queue(name, segment_size=4096, task_gc_interval=0.2)
+    segments = server.data / name / "jnl"
+    for i in range(30):
+        client.post(f"/{name}/messages", content=b"%03d" % i * 300).raise_for_status()
+    written = sorted(segments.glob("*.jnl"))
+    assert len(written) >= 5, written
+    for _ in range(30):
+        got = client.get(f"/{name}/messages")
+        assert client.delete(f"/{name}/messages/{got.headers['X-Message-Id']}").status_code == 204
+    time.sleep(0.3)
+    assert client.get(f"/{name}/messages").status_code == 204  # a step of the queue's, which collects
+    left = sorted(segments.glob("*.jnl"))
+    assert left == written[-1:], left  # all but the segment being written
+
+
+def test_dead_letters_and_syncs_move_the_metrics(server: ServerProcess, client: httpx.Client) -> None:
+    sqs = sqs_client(server.url)
+    source, dead = f"src-{uuid.uuid4().hex[:8]}", f"dlq-{uuid.uuid4().hex[:8]}"
+    sqs.create_queue(QueueName=dead)
+    policy = f'{{"deadLetterTargetArn": "arn:aws:sqs:us-east-1:000000000000:{dead}", "maxReceiveCount": 1}}'
+    sqs.create_queue(QueueName=source, Attributes={"RedrivePolicy": policy})
+
+    def scrape() -> dict[str, object]:
+        return _families(client.get("/metrics").text)
+
+    syncs = _sample(scrape(), "journalq_syncs", "journalq_syncs_total")
+    client.post(f"/{source}/messages", content=b"poison").raise_for_status()
+    after_post = scrape()
+    assert _sample(after_post, "journalq_syncs", "journalq_syncs_total") > syncs  # sync=always
+    assert client.get(f"/{source}/messages", params={"visibility_timeout": 0}).status_code == 200
+    assert client.get(f"/{source}/messages").status_code == 204  # received once: now dead
+    families = scrape()
+    assert _sample(families, "journalq_queue_dead", "journalq_queue_dead", queue=source) == 1
+    assert _sample(families, "journalq_queue_available", "journalq_queue_available", queue=dead) == 1
+    assert _sample(families, "journalq_messages_out", "journalq_messages_out_total", queue=source) == 1

@@ -182,6 +182,9 @@ def test_rest_requires_the_bearer_token(server: ServerProcess, queue: str) -> No
                 answer = anonymous.send(request)
                 assert answer.status_code == 401, (request.method, request.url, headers)
                 assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+        # The scheme's name is case-insensitive.
+        for scheme in ("bearer", "BEARER"):
+            assert anonymous.get(f"/{queue}", headers={"Authorization": f"{scheme} {TOKEN}"}).status_code == 200
         # Nothing was done: the queue is there, empty, and not-made was not made.
         authorized = httpx.Client(base_url=server.url, headers=AUTH)
         assert authorized.get(f"/{queue}").status_code == 200

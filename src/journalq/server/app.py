@@ -25,7 +25,11 @@ from typing import Any, TypeVar
 
 import anyio
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
 from journalq import __version__
@@ -37,7 +41,8 @@ from journalq.errors import (
     StoreUnavailableError,
     TaskNotFoundError,
 )
-from journalq.queue import Broker
+from journalq.queue import Broker, ReceivedMessage
+from journalq.queue.settings import check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
 from journalq.server.batching import SendBatcher
@@ -52,6 +57,13 @@ T = TypeVar("T")
 
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 """Errors of the storage (a full disk, a quota, an I/O error) answered 503 wherever they arise."""
+
+POLL_SLICE = 1.0
+"""Seconds a REST long poll waits at a time, so that it ends within about that once the server
+stops or its client goes away (each slice costs a look at the queue and a thread hop)."""
+
+MAX_WAIT = 3600.0
+"""The longest ``wait`` of a REST fetch: the queue's own limit on a receive's wait."""
 
 RESERVED = {"metrics", "healthz", "docs", "redoc", "openapi.json"}
 """Paths of the server's own that no queue can be reached at through the REST API."""
@@ -86,13 +98,15 @@ def create_app(config: ServerConfig) -> App:
     # requests of the next batch with it; the loop then idled ~20 % of the time waiting.
     store_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="journalq-store")
     body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
+    stopping = asyncio.Event()  # set once the server begins to stop: long polls end
 
     @asynccontextmanager
     async def lifespan(app: App) -> AsyncIterator[None]:
         broker = Broker(config.data, sync=config.sync)
         broker_box.append(broker)
         app.state.metrics.watch(broker)
-        log.info("journalq %s serving %s on http://%s:%d (sync=%s)", __version__, config.data, config.host, config.port, config.sync)
+        log.info("journalq %s serving %s on http://%s (sync=%s)",
+                 __version__, config.data, config.address, config.sync)
         watchdog = asyncio.get_running_loop().create_task(body_deadlines.run())
         try:
             yield
@@ -108,6 +122,13 @@ def create_app(config: ServerConfig) -> App:
         "`POST /` (see the SQS API reference); Prometheus metrics at `/metrics`.",
         lifespan=lifespan,
     )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _document_rest(FastAPI.openapi(app), token=config.rest_token is not None)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     def broker() -> Broker:
         return broker_box[0]
@@ -199,7 +220,11 @@ def create_app(config: ServerConfig) -> App:
         if config.rest_token is None:
             return
         given = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
-        if not hmac.compare_digest(given, f"Bearer {config.rest_token}".encode()):
+        if hmac.compare_digest(given, f"Bearer {config.rest_token}".encode()):
+            return
+        # The scheme's name is case-insensitive (RFC 9110): "bearer TOKEN" is as good.
+        scheme, _, credentials = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), config.rest_token.encode()):
             raise HTTPProblem(401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="journalq"'})
 
     async def rest_auth(request: Request) -> None:  # async: no thread hop per request
@@ -220,6 +245,32 @@ def create_app(config: ServerConfig) -> App:
     @app.exception_handler(Error)
     async def journalq_error(request: Request, exc: Error) -> Response:
         return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """No route for the path (404), or none for the method (405): named, in the REST API's
+        shape. Starlette's 405 allows only the methods of the first route of the path it found
+        (``POST /q``: ``Allow: GET``); this one lists every method the path takes."""
+        where = f"{request.method} {request.url.path}"
+        # ``/`` has no route of FastAPI's (SQS's POST is the hot path's): its 404 is a 405 too.
+        if exc.status_code == 405 or (exc.status_code == 404 and request.scope["path"] == "/"):
+            allowed = app.methods_at(request.scope)
+            message = f"{where}: the method is not allowed here; use {', '.join(allowed)}"
+            return JSONResponse({"error": message}, status_code=405, headers={"Allow": ", ".join(allowed)})
+        if exc.status_code == 404:
+            return JSONResponse({"error": f"{where}: no such endpoint"}, status_code=404)
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(request: Request, exc: RequestValidationError) -> Response:
+        """A query parameter that is not a number where one is due: 400 on the REST API, as
+        every other bad parameter is (FastAPI's 422 elsewhere: the hub's endpoints keep it)."""
+        route = request.scope.get("route")
+        if "{queue}" not in getattr(route, "path", ""):
+            return await request_validation_exception_handler(request, exc)
+        problems = [f"{error['loc'][-1]}: {error['msg']} (not {error.get('input')!r})"
+                    for error in exc.errors()]
+        return JSONResponse({"error": "; ".join(problems)}, status_code=400)
 
     # -- service endpoints ---------------------------------------------------------------------
 
@@ -266,16 +317,34 @@ def create_app(config: ServerConfig) -> App:
         return Response(status_code=204)
 
     @app.get("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_auth)])
-    async def fetch(queue: str, wait: float = 0.0, visibility_timeout: float | None = None) -> Response:
+    async def fetch(
+        queue: str, request: Request, wait: float = 0.0, visibility_timeout: float | None = None
+    ) -> Response:
         """The oldest available message as the body, with ``X-Message-Id`` (and ``X-Receipt``,
         ``X-Receive-Count``); 204 when there is none. The message is hidden for the visibility
         timeout and delivered again unless deleted. ``wait``: long polling, in seconds."""
-        got = await blocking(
-            lambda: broker().queue(queue_name(queue), create=False).receive(
-                1, wait=wait, visibility_timeout=visibility_timeout
-            ),
-            receiving=True,
-        )
+        name = queue_name(queue)
+        check_number("wait", wait, 0, MAX_WAIT)
+
+        def receive(seconds: float) -> list[ReceivedMessage]:
+            try:
+                found = broker().queue(name, create=False)
+                return found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
+            except FileNotFoundError:
+                if broker().exists(name):
+                    raise
+                # Deleted under the receive (between two slices, say): its directory went away.
+                raise QueueNotFoundError(f"queue or topic {name!r} was deleted") from None
+
+        # A long poll waits in slices: between two, it ends when the server is stopping (a
+        # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
+        # its client went away (who would never see the message it took).
+        deadline = time.monotonic() + wait
+        while True:
+            seconds = min(POLL_SLICE, max(0.0, deadline - time.monotonic()))
+            got = await blocking(receive, seconds, receiving=True)
+            if got or time.monotonic() >= deadline or stopping.is_set() or await request.is_disconnected():
+                break
         if not got:
             return Response(status_code=204)
         message = got[0]
@@ -322,8 +391,13 @@ def create_app(config: ServerConfig) -> App:
         headers = dict(scope["headers"])
         try:
             check_token(headers.get(b"authorization", b""))
+            queue = scope["path"][1:-_MESSAGES_SUFFIX]
+            if headers.get(b"expect", b"").lower() == b"100-continue":
+                # The client waits to be asked for its body (reading it asks): a queue that does
+                # not exist is answered 404 first, and the body is never sent.
+                await blocking(lambda: broker().queue(queue_name(queue), create=False))
             body = await body_of(receive, headers.get(b"content-length"), config.max_message_size)
-            message_id = await add_message(scope["path"][1:-_MESSAGES_SUFFIX], body)
+            message_id = await add_message(queue, body)
         except HTTPProblem as exc:
             return await _respond(_problem_response(exc), scope, receive, send)
         except Error as exc:
@@ -501,7 +575,7 @@ def create_app(config: ServerConfig) -> App:
         if path == "/" or any(name == b"x-amz-target" for name, _ in scope["headers"]):
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
-        if path.endswith(_MESSAGES) and path.count("/") == 2 and len(path) > len(_MESSAGES) + 1:
+        if _is_messages(path):
             scope["journalq.operation"] = _REST_ADD  # the latency label
             return hot_add
         return None
@@ -510,6 +584,7 @@ def create_app(config: ServerConfig) -> App:
         handler = hot_route(scope)
         return direct_add if handler is hot_add else direct_sqs if handler is hot_sqs else None
 
+    app.stop_waiting = stopping.set
     app.hot_route = hot_route
     app.direct_route = direct_route
     app.head_timeout = config.body_timeout  # journalq's HTTP protocol answers a slow head 408 too
@@ -528,6 +603,104 @@ _INTERNAL_ERROR = (
 )
 """What uvicorn answers when an ASGI app fails (and closes the connection): the direct path's
 answer to a failure that is not the storage's nor the request's."""
+
+
+_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+_HEADER = {"schema": {"type": "string"}}
+_FAILED = {
+    "400": "A bad queue name (or one of the server's own), or a bad parameter.",
+    "401": "The server requires a bearer token (``--token``) and the request has none or another.",
+    "404": "The queue does not exist.",
+    "503": "The storage failed (a full disk, an I/O error): nothing was done; try again after "
+           "``Retry-After`` seconds.",
+}
+_REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
+    ("/{queue}", "get"): {
+        "200": "The queue exists: its counts.", "400": ..., "401": ..., "404": ..., "503": ...,
+    },
+    ("/{queue}", "put"): {
+        "200": "The queue was there already.", "201": "The queue was made.",
+        "400": "A bad queue name (or one of the server's own), or a bad ``shards``.", "401": ..., "503": ...,
+    },
+    ("/{queue}", "delete"): {
+        "204": "The queue and its messages are deleted.", "400": ..., "401": ..., "404": ..., "503": ...,
+    },
+    ("/{queue}/messages", "get"): {
+        "200": {"description": "The oldest available message, hidden now for the visibility timeout.",
+                "content": _BYTES,
+                "headers": {"X-Message-Id": {**_HEADER, "description": "The message's id."},
+                            "X-Receipt": {**_HEADER, "description": "This delivery's receipt (SQS's)."},
+                            "X-Receive-Count": {"schema": {"type": "integer"},
+                                                "description": "How many times the message was delivered."}}},
+        "204": "No message is available (after ``wait`` seconds; at once when the server stops).",
+        "400": ..., "401": ..., "404": ..., "503": ...,
+    },
+    ("/{queue}/messages", "post"): {
+        "201": {"description": "The body is stored as a message, on stable storage.",
+                "headers": {"X-Message-Id": {**_HEADER, "description": "The new message's id."}}},
+        "400": "The body could not be read (a broken chunked coding, a client gone), or a bad queue name.",
+        "401": ..., "404": ...,
+        "408": "The body did not arrive in time (10 s).",
+        "413": "The body is over ``--max-message-size`` bytes.",
+        "503": ...,
+    },
+    ("/{queue}/messages/{message_id}", "delete"): {
+        "204": "The message is deleted, whatever its state.",
+        "400": "Not one of this queue's message ids, or a bad queue name.",
+        "401": ..., "404": "The queue, or a message of that id, does not exist (or is deleted already).",
+        "503": ...,
+    },
+}
+"""What each of mq's six endpoints answers, for the OpenAPI document: a description (``...``:
+the common one of ``_FAILED``) or a whole OpenAPI response object."""
+
+
+def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
+    """FastAPI's OpenAPI document with mq's endpoints as they answer: every status they give
+    (FastAPI's 422 is answered 400 here), their headers (``X-Message-Id``, ``Retry-After``),
+    the message body as bytes both ways, and the bearer token when one is required."""
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = {
+        "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+    if token:
+        schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for (path, method), answers in _REST_ANSWERS.items():
+        operation = schema["paths"][path][method]
+        # The JSON schema FastAPI made of the success's body, if it has one.
+        body = next((answer["content"] for code, answer in operation["responses"].items()
+                     if int(code) < 300 and "content" in answer), None)
+        responses = {}
+        for status, answer in answers.items():
+            if answer is ...:
+                answer = _FAILED[status]
+            if isinstance(answer, str):
+                answer = {"description": answer}
+                if int(status) >= 400:
+                    answer["content"] = error
+                elif body is not None and status != "204":
+                    answer["content"] = body
+            if status == "503":
+                answer["headers"] = {"Retry-After": {"schema": {"type": "integer"},
+                                                     "description": "Seconds to wait before trying again."}}
+            if status != "401" or token:
+                responses[status] = answer
+        operation["responses"] = responses
+        if token:
+            operation["security"] = [{"bearer": []}]
+        if (path, method) == ("/{queue}/messages", "post"):
+            operation["requestBody"] = {
+                "required": False, "description": "The message: any bytes (any content type).",
+                "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+            }
+    return schema
+
+
+_METHOD_ORDER = {method: i for i, method in enumerate(("GET", "HEAD", "POST", "PUT", "DELETE"))}
+
+
+def _is_messages(path: str) -> bool:
+    """Whether ``path`` is a queue's messages, ``/{queue}/messages``, where GET takes a message."""
+    return path.endswith(_MESSAGES) and path.count("/") == 2 and len(path) > len(_MESSAGES) + 1
 
 
 def _problem_response(exc: HTTPProblem) -> Response:
@@ -612,6 +785,8 @@ class App(FastAPI):
         self.hot_route: Callable[[Scope], Handler | None] = lambda scope: None
         self.direct_route: Callable[[Scope], DirectHandler | None] = lambda scope: None
         self.head_timeout: float | None = None
+        self.stop_waiting: Callable[[], None] = lambda: None
+        """Called when the server begins to stop (by journalq's HTTP protocol): long polls end."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -623,7 +798,28 @@ class App(FastAPI):
                 finally:
                     self.state.metrics.note_request(scope, status, started)
                 return
+            if scope["method"] == "HEAD" and not _is_messages(scope["path"]):
+                # HEAD is GET without the body (uvicorn leaves the body out, for the request it
+                # has is still HEAD); but for a fetch, which would take a message: 405.
+                scope = {**scope, "method": "GET"}
         await super().__call__(scope, receive, send)
+
+    def methods_at(self, scope: Scope) -> list[str]:
+        """The methods the request's path takes, for the ``Allow`` header of a 405."""
+        probe = {**scope, "method": "GET"}
+        reserved = scope["path"].split("/")[1] in RESERVED  # no queue there: only its own route
+        methods: set[str] = set()
+        for route in self.router.routes:
+            if reserved and "{queue}" in getattr(route, "path", ""):
+                continue
+            match, _ = route.matches(probe)
+            if match is not Match.NONE:
+                methods |= getattr(route, "methods", None) or set()
+        if "GET" in methods and not _is_messages(scope["path"]):
+            methods.add("HEAD")
+        if scope["path"] == "/":
+            methods.add("POST")  # the SQS protocol, served by the hot path
+        return sorted(methods, key=lambda method: (_METHOD_ORDER.get(method, len(_METHOD_ORDER)), method))
 
 
 def app_from_environment() -> App:

@@ -41,6 +41,11 @@ class ServerConfig:
     retry_after: int = 1
     """Seconds a 503 (storage full or failing) tells clients to wait before trying again."""
 
+    @property
+    def address(self) -> str:
+        """``host:port``, with an IPv6 host in brackets (as in a URL)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
     def to_environment(self) -> str:
         data = dataclasses.asdict(self)
         data["data"] = str(self.data)

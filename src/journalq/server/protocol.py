@@ -117,6 +117,15 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         self.idle_since: float | None = None
         self.head_timeout: float = _app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
 
+    def shutdown(self) -> None:
+        # uvicorn calls this on every connection once the server begins to stop, then waits for
+        # the requests under way: tell the application (once is enough; it may be told again),
+        # so that its long polls end now rather than when their wait is over.
+        stop_waiting = _app_attribute(self.app, "stop_waiting")
+        if stop_waiting is not None:
+            stop_waiting()
+        super().shutdown()
+
     # -- waiting for requests: the server's sweep closes connections, not a timer each ---------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

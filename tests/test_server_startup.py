@@ -1,0 +1,120 @@
+"""``journalq serve`` refusing to start: each bad start is one line that names the problem (the
+address, the directory, the option) and a non-zero exit, never uvicorn's bare ``[Errno 98]`` nor a
+traceback, and nothing is served."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_server_harness import JOURNALQ
+
+
+def serve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run ``journalq serve ARGS``, which is expected to give up at once."""
+    try:
+        return subprocess.run([str(JOURNALQ), "serve", *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"journalq serve {args} started instead of refusing: {exc.stdout!r}") from None
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The single error line of a refused start (after checking the exit status and output)."""
+    assert done.returncode != 0, done
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "serving" not in done.stdout + done.stderr, done  # no start line: nothing was served
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port another socket listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_is_one_line_naming_the_address(tmp_path: Path, taken_port: int, workers: str) -> None:
+    done = serve("--data", str(tmp_path / "data"), "--port", str(taken_port), "--workers", workers)
+    line = one_line_error(done)
+    assert line == f"journalq: error: cannot listen on 127.0.0.1:{taken_port}: Address already in use", line
+    assert done.returncode == 1
+
+
+def test_an_address_that_cannot_be_listened_on_is_named(tmp_path: Path) -> None:
+    line = one_line_error(serve("--data", str(tmp_path / "data"), "--host", "host.invalid", "--port", "8080"))
+    assert line.startswith("journalq: error: cannot listen on host.invalid:8080: "), line
+
+
+def test_data_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    file = tmp_path / "a-file"
+    file.write_bytes(b"not a directory")
+    assert one_line_error(serve("--data", str(file), "--port", "0")) == f"journalq: error: --data {file} is not a directory"
+    under = file / "data"
+    line = one_line_error(serve("--data", str(under), "--port", "0"))
+    assert line == f"journalq: error: --data {under}: cannot make the directory: Not a directory", line
+    assert file.read_bytes() == b"not a directory"
+
+
+@pytest.fixture
+def read_only_directory(tmp_path: Path) -> Iterator[Path]:
+    """A directory this process cannot write to: one without write permission, or (root writes
+    there anyway) a read-only tmpfs."""
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        try:
+            yield directory
+        finally:
+            directory.chmod(0o755)
+        return
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(directory)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"root, and cannot mount a read-only tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
+
+
+def test_data_that_cannot_be_written_is_refused(read_only_directory: Path) -> None:
+    line = one_line_error(serve("--data", str(read_only_directory), "--port", "0"))
+    assert line == f"journalq: error: --data {read_only_directory} is not writable", line
+    missing = read_only_directory / "data"
+    line = one_line_error(serve("--data", str(missing), "--port", "0"))
+    assert line.startswith(f"journalq: error: --data {missing}: cannot make the directory: "), line
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("--port", "65536", "65536 is not in the range 0<=x<=65535"),
+        ("--port", "-1", "-1 is not in the range 0<=x<=65535"),
+        ("--port", "http", "'http' is not a valid integer"),
+        ("--workers", "0", "0 is not in the range 1<=x<=64"),
+        ("--max-message-size", "0", "0 is not in the range"),
+    ],
+)
+def test_bad_option_values_are_named(tmp_path: Path, option: str, value: str, problem: str) -> None:
+    done = serve("--data", str(tmp_path / "data"), option, value)
+    assert done.returncode == 2, done  # click's usage error
+    assert f"Invalid value for '{option}': {problem}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "data").exists()  # refused before anything was made
+
+
+@pytest.mark.parametrize("token", ["", " ", "two words", "line\nbreak"])
+def test_a_token_that_guards_nothing_is_refused(tmp_path: Path, token: str) -> None:
+    """``--token "$TOKEN"`` with TOKEN unset would guard the REST API with ``Bearer `` alone."""
+    line = one_line_error(serve("--data", str(tmp_path / "data"), "--port", "0", "--token", token))
+    assert line.startswith("journalq: error: --token is empty or holds a space or control character"), line
