@@ -329,6 +329,39 @@ def test_a_stop_ends_long_polls_at_once_and_lets_a_slow_post_finish(start_server
     assert got.status_code == 200 and got.content == body
 
 
+def test_a_stop_ends_sqs_long_polls_at_once(start_server) -> None:
+    """An SQS ReceiveMessage waiting (20 s, the longest SQS allows, and a queue's default wait)
+    is answered with no message within about a second of SIGTERM; before, it held the stop for
+    the rest of its wait."""
+    server = start_server()
+    sqs = sqs_client(server.url)
+    urls = [sqs.create_queue(QueueName="idle")["QueueUrl"],
+            sqs.create_queue(QueueName="waits", Attributes={"ReceiveMessageWaitTimeSeconds": "20"})["QueueUrl"]]
+    results: dict[str, object] = {}
+
+    def long_poll(url: str, **wait: int) -> None:
+        answer = sqs_client(server.url, read_timeout=60).receive_message(QueueUrl=url, **wait)
+        results[url] = (answer.get("Messages"), time.monotonic())
+
+    pollers = [threading.Thread(target=long_poll, args=(urls[0],), kwargs={"WaitTimeSeconds": 20}),
+               threading.Thread(target=long_poll, args=(urls[1],))]
+    for poller in pollers:
+        poller.start()
+    time.sleep(1.5)  # both polls are waiting
+    assert not results
+    assert server.process is not None
+    signalled = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    for poller in pollers:
+        poller.join(30)
+    for url in urls:
+        messages, ended = results[url]  # type: ignore[misc]
+        assert messages is None
+        assert ended - signalled < 3, f"{url}: the poll ended {ended - signalled:.1f} s after the signal"
+    assert server.stop() == 0, server.log()
+    assert "Traceback" not in server.log(), server.log()
+
+
 def test_new_connections_are_refused_once_stopping(start_server) -> None:
     server = start_server()
     assert server.stop() == 0

@@ -49,6 +49,7 @@ from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
+from journalq.server.polling import poll_slices
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import SqsError, SqsProtocol
 
@@ -57,10 +58,6 @@ T = TypeVar("T")
 
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 """Errors of the storage (a full disk, a quota, an I/O error) answered 503 wherever they arise."""
-
-POLL_SLICE = 1.0
-"""Seconds a REST long poll waits at a time, so that it ends within about that once the server
-stops or its client goes away (each slice costs a look at the queue and a thread hop)."""
 
 MAX_WAIT = 3600.0
 """The longest ``wait`` of a REST fetch: the queue's own limit on a receive's wait."""
@@ -339,11 +336,9 @@ def create_app(config: ServerConfig) -> App:
         # A long poll waits in slices: between two, it ends when the server is stopping (a
         # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
         # its client went away (who would never see the message it took).
-        deadline = time.monotonic() + wait
-        while True:
-            seconds = min(POLL_SLICE, max(0.0, deadline - time.monotonic()))
+        for seconds in poll_slices(wait):
             got = await blocking(receive, seconds, receiving=True)
-            if got or time.monotonic() >= deadline or stopping.is_set() or await request.is_disconnected():
+            if got or stopping.is_set() or await request.is_disconnected():
                 break
         if not got:
             return Response(status_code=204)
@@ -452,7 +447,7 @@ def create_app(config: ServerConfig) -> App:
     def sqs_protocol() -> SqsProtocol:
         if not sqs_box:
             sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region,
-                                       max_message_size=config.max_message_size))
+                                       max_message_size=config.max_message_size, stopping=stopping.is_set))
         return sqs_box[0]
 
     async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | Exception]:

@@ -86,6 +86,7 @@ from journalq.queue.channel import ReceivedMessage
 from journalq.queue.envelope import Attribute
 from journalq.queue.settings import QueueSettings, check_name
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
+from journalq.server.polling import poll_slices
 
 # -- errors -----------------------------------------------------------------------------------
 
@@ -535,8 +536,10 @@ class SqsProtocol:
         account_id: str = "000000000000",
         region: str = "us-east-1",
         max_message_size: int = SQS_MAX_MESSAGE_SIZE,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.broker = broker
+        self.stopping = stopping  # true once the server stops: long polls end (empty) at once
         self.account_id = account_id
         self.region = region
         self.max_message_size = max_message_size
@@ -1382,7 +1385,11 @@ class SqsProtocol:
         attempt = _check_token("ReceiveRequestAttemptId", _string(request, "ReceiveRequestAttemptId"))
         received = self._again(name, queue, attempt, hide) if fifo and attempt is not None else None
         if received is None:
-            received = queue.receive(count or 1, visibility_timeout=hide, wait=wait)
+            # In slices: a poll ends within one once the server begins to stop.
+            for seconds in poll_slices(queue.settings.receive_wait if wait is None else wait):
+                received = queue.receive(count or 1, visibility_timeout=hide, wait=seconds)
+                if received or self.stopping():
+                    break
             if fifo and attempt is not None and received:
                 self._attempts.remember(name, attempt, received, time.monotonic())
         if not received:

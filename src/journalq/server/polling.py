@@ -1,0 +1,22 @@
+"""Long polls taken in slices, so that a poll ends soon after the server begins to stop (or its
+client goes away) instead of holding the stop for the rest of its wait."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+POLL_SLICE = 1.0
+"""Seconds a long poll waits at a time (each slice costs one more look at the queue)."""
+
+
+def poll_slices(wait: float) -> Iterator[float]:
+    """The waits, of at most ``POLL_SLICE`` each, that make up a long poll of ``wait`` seconds;
+    the caller receives with each and stops when it got something or should end. At least one
+    (0 for no wait)."""
+    deadline = time.monotonic() + wait
+    while True:
+        remaining = max(0.0, deadline - time.monotonic())
+        yield min(POLL_SLICE, remaining)
+        if remaining <= POLL_SLICE:
+            return
