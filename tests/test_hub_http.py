@@ -160,6 +160,10 @@ def test_a_token_guards_every_hub_endpoint(tmp_path: Path) -> None:
         client = HubClient("http://testserver", token="s3cret", http=http)
         assert client.push(Push("c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0])).held.next == 1
         assert http.get("/healthz").status_code == 200
+        # The scheme's name is case-insensitive (RFC 9110); the token is not.
+        assert http.get("/hub/v1/status", headers={"authorization": "bearer s3cret"}).status_code == 200
+        assert http.get("/hub/v1/status", headers={"authorization": "Bearer S3CRET"}).status_code == 401
+        assert http.get("/hub/v1/status", headers={"authorization": "Basic s3cret"}).status_code == 401
     # journalq serve's token guards its hub endpoints as it guards the REST API.
     with TestClient(create_app(ServerConfig(data=tmp_path / "data", rest_token="t"))) as http:
         assert http.get("/hub/v1/status").status_code == 401

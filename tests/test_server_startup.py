@@ -14,12 +14,19 @@ import pytest
 from test_server_harness import JOURNALQ
 
 
-def serve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """Run ``journalq serve ARGS``, which is expected to give up at once."""
+SERVERS = {"serve": ("serve", "--data"), "hub serve": ("hub", "serve", "--root")}
+"""Each server command, with the option that names its directory (both start the same way)."""
+
+
+def serve(*args: str, command: str = "serve", timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run ``journalq serve ARGS`` (or another of ``SERVERS``), which is expected to give up at
+    once; ARGS start with the directory."""
+    *words, directory_option = SERVERS[command]
+    argv = [str(JOURNALQ), *words, directory_option, *args]
     try:
-        return subprocess.run([str(JOURNALQ), "serve", *args], capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"journalq serve {args} started instead of refusing: {exc.stdout!r}") from None
+        raise AssertionError(f"journalq {command} {args} started instead of refusing: {exc.stdout!r}") from None
 
 
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
@@ -41,26 +48,34 @@ def taken_port() -> Iterator[int]:
         yield s.getsockname()[1]
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_a_port_in_use_is_one_line_naming_the_address(tmp_path: Path, taken_port: int, workers: str) -> None:
-    done = serve("--data", str(tmp_path / "data"), "--port", str(taken_port), "--workers", workers)
+@pytest.mark.parametrize(("command", "workers"), [("serve", ["--workers", "1"]), ("serve", ["--workers", "2"]), ("hub serve", [])])
+def test_a_port_in_use_is_one_line_naming_the_address(
+    tmp_path: Path, taken_port: int, command: str, workers: list[str]
+) -> None:
+    done = serve(str(tmp_path / "data"), "--port", str(taken_port), *workers, command=command)
     line = one_line_error(done)
     assert line == f"journalq: error: cannot listen on 127.0.0.1:{taken_port}: Address already in use", line
     assert done.returncode == 1
 
 
 def test_an_address_that_cannot_be_listened_on_is_named(tmp_path: Path) -> None:
-    line = one_line_error(serve("--data", str(tmp_path / "data"), "--host", "host.invalid", "--port", "8080"))
+    line = one_line_error(serve(str(tmp_path / "data"), "--host", "host.invalid", "--port", "8080"))
     assert line.startswith("journalq: error: cannot listen on host.invalid:8080: "), line
 
 
-def test_data_that_is_a_file_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", SERVERS)
+def test_data_that_is_a_file_is_refused(tmp_path: Path, command: str) -> None:
+    option = SERVERS[command][-1]
     file = tmp_path / "a-file"
     file.write_bytes(b"not a directory")
-    assert one_line_error(serve("--data", str(file), "--port", "0")) == f"journalq: error: --data {file} is not a directory"
+    done = serve(str(file), "--port", "0", command=command)
+    if command == "serve":
+        assert one_line_error(done) == f"journalq: error: {option} {file} is not a directory"
+    else:  # click's own check of the option (file_okay=False): a usage error
+        assert done.returncode == 2 and f"Invalid value for '{option}'" in done.stderr, done
     under = file / "data"
-    line = one_line_error(serve("--data", str(under), "--port", "0"))
-    assert line == f"journalq: error: --data {under}: cannot make the directory: Not a directory", line
+    line = one_line_error(serve(str(under), "--port", "0", command=command))
+    assert line == f"journalq: error: {option} {under}: cannot make the directory: Not a directory", line
     assert file.read_bytes() == b"not a directory"
 
 
@@ -88,10 +103,10 @@ def read_only_directory(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_data_that_cannot_be_written_is_refused(read_only_directory: Path) -> None:
-    line = one_line_error(serve("--data", str(read_only_directory), "--port", "0"))
+    line = one_line_error(serve(str(read_only_directory), "--port", "0"))
     assert line == f"journalq: error: --data {read_only_directory} is not writable", line
     missing = read_only_directory / "data"
-    line = one_line_error(serve("--data", str(missing), "--port", "0"))
+    line = one_line_error(serve(str(missing), "--port", "0"))
     assert line.startswith(f"journalq: error: --data {missing}: cannot make the directory: "), line
 
 
@@ -106,15 +121,16 @@ def test_data_that_cannot_be_written_is_refused(read_only_directory: Path) -> No
     ],
 )
 def test_bad_option_values_are_named(tmp_path: Path, option: str, value: str, problem: str) -> None:
-    done = serve("--data", str(tmp_path / "data"), option, value)
+    done = serve(str(tmp_path / "data"), option, value)
     assert done.returncode == 2, done  # click's usage error
     assert f"Invalid value for '{option}': {problem}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "data").exists()  # refused before anything was made
 
 
+@pytest.mark.parametrize("command", SERVERS)
 @pytest.mark.parametrize("token", ["", " ", "two words", "line\nbreak"])
-def test_a_token_that_guards_nothing_is_refused(tmp_path: Path, token: str) -> None:
-    """``--token "$TOKEN"`` with TOKEN unset would guard the REST API with ``Bearer `` alone."""
-    line = one_line_error(serve("--data", str(tmp_path / "data"), "--port", "0", "--token", token))
+def test_a_token_that_guards_nothing_is_refused(tmp_path: Path, token: str, command: str) -> None:
+    """``--token "$TOKEN"`` with TOKEN unset would guard the API with ``Bearer `` alone."""
+    line = one_line_error(serve(str(tmp_path / "data"), "--port", "0", "--token", token, command=command))
     assert line.startswith("journalq: error: --token is empty or holds a space or control character"), line

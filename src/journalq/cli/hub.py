@@ -8,6 +8,7 @@ reads messages back from the hub.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import click
 
 from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
 from journalq.cli.queue import _table
-from journalq.cli.serve import _exit_cleanly, http_protocol
+from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, ready_directory
 from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, sources_at
 from journalq.journal.offsets import end_offset
 from journalq.journal.sync import SyncPolicy
@@ -52,16 +53,17 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str
     """Serve only the hub's endpoints (/hub/v1/...) over the copies in ROOT."""
     import uvicorn
 
+    from journalq.server.config import address
     from journalq.server.hub import create_hub_app
 
     SyncPolicy.parse(sync)
-    root.mkdir(parents=True, exist_ok=True)
-    click.echo(f"journalq hub serving {root} on http://{host}:{port} (sync={sync})", err=True)
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
+    token = checked_token(token)
+    ready_directory(root, "--root")
+    sock = bind(host, port)  # a port in use is one line naming it; --port 0 names the one bound
+    config = uvicorn.Config(
         create_hub_app(root, sync=sync, max_push=max_push, token=token),
         host=host,
-        port=port,
+        port=sock.getsockname()[1],
         log_level="warning",
         timeout_keep_alive=5,
         timeout_graceful_shutdown=10,
@@ -70,6 +72,13 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str
         h11_max_incomplete_event_size=64 * 1024,
         http=http_protocol(),
     )
+    click.echo(f"journalq hub serving {root} on http://{address(host, config.port)} (sync={sync})", err=True)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # SIGINT: a clean stop, as SIGTERM
+        server.run(sockets=[sock])
+    if not server.started:
+        raise SystemExit(3)  # uvicorn's startup failure status; it logged why
 
 
 # -- push -------------------------------------------------------------------------------------

@@ -9,17 +9,13 @@ import os
 import signal
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from journalq.cli.data import DATA
 from journalq.cli.main import CommandError
 from journalq.journal.sync import SyncPolicy
-
-if TYPE_CHECKING:
-    from journalq.server.config import ServerConfig
-
 
 BACKLOG = 2048
 """Connections the system holds for the server until it accepts them (uvicorn's default)."""
@@ -35,7 +31,7 @@ def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
     return credentials
 
 
-def _checked_token(token: str | None) -> str | None:
+def checked_token(token: str | None) -> str | None:
     """``--token`` as given, refused when it is empty or holds a space or control character: an
     empty ``$TOKEN`` would guard the API with the token ``Bearer `` (anyone's), and the others
     cannot be sent as they are in an ``Authorization`` header."""
@@ -75,12 +71,12 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
 
     SyncPolicy.parse(sync)  # a bad policy fails here, in one line
     config = ServerConfig(
-        data=data, host=host, port=port, workers=workers, sync=sync, rest_token=_checked_token(token),
+        data=data, host=host, port=port, workers=workers, sync=sync, rest_token=checked_token(token),
         aws_credentials=_credentials(aws_keys), max_message_size=max_message_size,
         max_request_size=max(2 * 1024 * 1024, 2 * max_message_size),
     )
     if isinstance(data, Path):
-        _ready_data_directory(data)
+        ready_directory(data, "--data")
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     server_log = logging.getLogger("journalq.server")
@@ -107,7 +103,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     uvicorn_config = uvicorn.Config(
         "journalq.server.app:app_from_environment", factory=True, host=host, port=port, workers=workers, **options
     )
-    sock = _bind(config)
+    sock = bind(host, port)
     config = dataclasses.replace(config, port=sock.getsockname()[1])
     # As uvicorn.run does: the server stops cleanly on SIGINT, then raises it again, with the
     # handler it found (KeyboardInterrupt), once it is done.
@@ -130,30 +126,33 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
             Multiprocess(uvicorn_config, sockets=[sock]).run()
 
 
-def _ready_data_directory(data: Path) -> None:
-    """Make the data directory if it is missing, and refuse one the server could not write to:
-    found at the start, in one line, not at the first request that stores something (a 500)."""
+def ready_directory(path: Path, option: str) -> None:
+    """Make the directory a server keeps its data in if it is missing, and refuse one it could
+    not write to: found at the start, in one line, not at the first request that stores
+    something (a 500)."""
     try:
-        data.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:  # what exist_ok raises for a file
-        raise CommandError(f"--data {data} is not a directory") from None
+        raise CommandError(f"{option} {path} is not a directory") from None
     except OSError as exc:
-        raise CommandError(f"--data {data}: cannot make the directory: {exc.strerror or exc}") from None
+        raise CommandError(f"{option} {path}: cannot make the directory: {exc.strerror or exc}") from None
     # access(2) answers for the real user, and with EROFS on a read-only file system (root too).
-    if not os.access(data, os.W_OK | os.X_OK):
-        raise CommandError(f"--data {data} is not writable")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CommandError(f"{option} {path} is not writable")
 
 
-def _bind(config: ServerConfig) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound as uvicorn binds it; a failure is one line naming the address
     (uvicorn logs only the error, ``[Errno 98] Address already in use``, and exits 3)."""
-    sock = socket.socket(family=socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    from journalq.server.config import address
+
+    sock = socket.socket(family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((config.host, config.port))
+        sock.bind((host, port))
     except OSError as exc:  # gaierror (an unknown host name) included
         sock.close()
-        raise CommandError(f"cannot listen on {config.address}: {exc.strerror or exc}") from None
+        raise CommandError(f"cannot listen on {address(host, port)}: {exc.strerror or exc}") from None
     # Listening from now on: a client that comes as soon as the start line is out waits in the
     # backlog while the server (or, with --workers, each worker process) starts, not refused.
     sock.listen(BACKLOG)

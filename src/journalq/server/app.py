@@ -13,7 +13,6 @@ import asyncio
 import errno
 import functools
 import gc
-import hmac
 import json
 import logging
 import time
@@ -52,6 +51,7 @@ from journalq.server.hub import HUB_DIR, hub_router
 from journalq.server.polling import poll_slices
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import SqsError, SqsProtocol
+from journalq.server.tokens import bearer_matches
 
 log = logging.getLogger("journalq.server")
 T = TypeVar("T")
@@ -217,11 +217,7 @@ def create_app(config: ServerConfig) -> App:
         if config.rest_token is None:
             return
         given = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
-        if hmac.compare_digest(given, f"Bearer {config.rest_token}".encode()):
-            return
-        # The scheme's name is case-insensitive (RFC 9110): "bearer TOKEN" is as good.
-        scheme, _, credentials = given.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), config.rest_token.encode()):
+        if not bearer_matches(given, config.rest_token):
             raise HTTPProblem(401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="journalq"'})
 
     async def rest_auth(request: Request) -> None:  # async: no thread hop per request

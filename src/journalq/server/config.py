@@ -43,8 +43,7 @@ class ServerConfig:
 
     @property
     def address(self) -> str:
-        """``host:port``, with an IPv6 host in brackets (as in a URL)."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return address(self.host, self.port)
 
     def to_environment(self) -> str:
         data = dataclasses.asdict(self)
@@ -59,3 +58,8 @@ class ServerConfig:
         data: dict[str, Any] = json.loads(raw)
         data["data"] = data["data"] if is_zookeeper_url(data["data"]) else Path(data["data"])
         return cls(**data)
+
+
+def address(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets (as in a URL)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

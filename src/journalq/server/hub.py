@@ -16,7 +16,6 @@ up to) or messages that differ from the ones held, 503 with ``Retry-After`` when
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -38,6 +37,7 @@ from journalq.errors import (
 )
 from journalq.hub.protocol import API_PREFIX, Push
 from journalq.hub.store import HubStore
+from journalq.server.tokens import bearer_matches
 
 __all__ = ["DEFAULT_MAX_PUSH", "HUB_DIR", "create_hub_app", "hub_router"]
 
@@ -90,8 +90,7 @@ def hub_router(
     async def authorized(request: Request) -> None:
         if token is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        if not bearer_matches(request.headers.get("authorization", "").encode("latin-1"), token):
             raise _Refused(401, {"error": "a valid bearer token is required", "kind": "auth"},
                            {"WWW-Authenticate": 'Bearer realm="journalq hub"'})
 
