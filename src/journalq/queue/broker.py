@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from journalq.closing import Closing
-from journalq.errors import QueueNotFoundError
+from journalq.errors import InvalidSettingError, QueueNotFoundError
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
@@ -65,7 +65,7 @@ class Broker(Closing):
         if current is None:
             if not create:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-            wanted = QueueSettings().replace(**settings)
+            wanted = _own_settings(name, QueueSettings().replace(**settings))
             sharded.check_new(self.root, name, wanted)
             path.mkdir(parents=True, exist_ok=True)
             if settings_file.create(path, wanted):
@@ -75,7 +75,7 @@ class Broker(Closing):
                 if current is None:
                     raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted as it was made")
         if settings:
-            updated = current.replace(**settings)
+            updated = _own_settings(name, current.replace(**settings))
             if updated != current:
                 sharded.check_change(name, current, updated)
                 settings_file.save(path, updated)
@@ -159,3 +159,11 @@ class Broker(Closing):
             topic.close()
         self._topics.clear()
         self._queues.clear()
+
+
+def _own_settings(name: str, settings: QueueSettings) -> QueueSettings:
+    """``settings`` for the topic ``name``, checked for what needs its name: a queue that were its
+    own dead-letter queue would send each dead letter back to itself, and never let it go."""
+    if settings.dead_letter_queue == name:
+        raise InvalidSettingError(f"queue {name!r} cannot be its own dead-letter queue")
+    return settings

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journalq.errors import (
+    InvalidMessageError,
     InvalidSettingError,
     JournalError,
     OffsetOutOfRangeError,
@@ -149,8 +150,7 @@ def receive_arguments(
     timeout and the wait in seconds (the queue's unless given), and the consumer's filters."""
     if isinstance(max_messages, bool) or not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
         raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
-    if isinstance(delete, str):
-        raise InvalidSettingError("delete must be a list of receipts, not one receipt")
+    check_receipt_list("delete", delete)
     # The queue's own settings were checked when they were made (``QueueSettings``).
     if visibility_timeout is None:
         hide = settings.visibility_timeout
@@ -158,6 +158,12 @@ def receive_arguments(
         hide = check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
     wait = settings.receive_wait if wait is None else check_number("wait", wait, 0, 3600)
     return hide, wait, None if filters is None else filtering.normalize(filters, settings.enums)
+
+
+def check_receipt_list(name: str, receipts: object) -> None:
+    """Refuse one receipt where a list of them is due: a string would be taken letter by letter."""
+    if isinstance(receipts, str):
+        raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
 
 
 def _channel_token(path: Path) -> str:
@@ -731,6 +737,7 @@ class Channel:
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
+        check_receipt_list("receipts", receipts)
         return self._act(
             receipts,
             lambda current, now: finish_records([o for _, o, _ in current], [s for _, _, s in current]),
@@ -858,9 +865,9 @@ class Channel:
         """Replace the JSON metadata of task ``id``."""
         offset = parse_message_id(id)
         try:
-            payload = json.dumps(metadata, separators=(",", ":")).encode()
+            payload = json.dumps(metadata, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
-            raise ReceiptError(f"task metadata must be JSON: {exc}") from None
+            raise InvalidMessageError(f"task metadata must be JSON: {exc}") from None
         with self._hold():
             self._apply_new()
             if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():

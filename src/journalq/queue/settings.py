@@ -75,21 +75,28 @@ class QueueSettings:
     two up to 1024 (sej's shard bits 1 to 10). See ``journalq.queue.sharded``."""
 
     def __post_init__(self) -> None:
-        def number(name: str, low: float, high: float | None = None, optional: bool = False) -> None:
+        def number(
+            name: str, low: float, high: float | None = None, optional: bool = False, whole: bool = False
+        ) -> None:
             value = getattr(self, name)
             if not (value is None and optional):
                 check_number(f"setting {name}", value, low, high)
+                if whole and not isinstance(value, int):  # a count of deliveries or bytes
+                    raise InvalidSettingError(f"setting {name} must be a whole number, not {value!r}")
 
         number("visibility_timeout", 0, 12 * 3600)
         number("delay", 0, 15 * 60)
         number("receive_wait", 0, 20)
-        number("max_receive_count", 1, 1000, optional=True)
+        number("max_receive_count", 1, 1000, optional=True, whole=True)
         number("retention_seconds", 1, None, optional=True)
-        number("retention_bytes", 1, None, optional=True)
+        number("retention_bytes", 1, None, optional=True, whole=True)
         number("dedup_window", 0, 24 * 3600)
         number("task_gc_lifetime", 0)
         number("task_gc_interval", 0.001)
-        number("segment_size", 4096)
+        number("segment_size", 4096, whole=True)
+        for flag in ("fifo", "content_based_dedup"):
+            if not isinstance(getattr(self, flag), bool):  # "false" would be true
+                raise InvalidSettingError(f"setting {flag} must be True or False, not {getattr(self, flag)!r}")
         if isinstance(self.shards, bool) or not isinstance(self.shards, int) or not (
             1 <= self.shards <= MAX_SHARDS and self.shards & (self.shards - 1) == 0
         ):

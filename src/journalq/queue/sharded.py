@@ -53,7 +53,7 @@ from journalq.journal.lock import FileLock
 from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
-from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task
+from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task, check_receipt_list
 from journalq.queue.removal import remove_directory
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
@@ -455,6 +455,7 @@ class ShardedChannel:
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
+        check_receipt_list("receipts", receipts)
         return self._act(receipts, lambda channel, inner, positions: channel.delete_many(inner))
 
     def change_visibility(self, receipt: str, seconds: float) -> None:

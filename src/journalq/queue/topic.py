@@ -171,8 +171,11 @@ class Topic:
             value = dedup_id if name == "dedup_id" else item.get(name)
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 128):
                 raise InvalidMessageError(f"{name} must be a string of 1 to 128 characters, not {value!r}")
+        given = item.get("attributes") or {}
+        if not isinstance(given, Mapping):
+            raise InvalidMessageError(f"message attributes map names to values, not {type(given).__name__}")
         attributes = {}
-        for name, value in (item.get("attributes") or {}).items():
+        for name, value in given.items():
             if not isinstance(name, str) or not name:
                 raise InvalidMessageError(f"attribute names are non-empty strings, not {name!r}")
             attributes[name] = Attribute.of(value)
