@@ -482,6 +482,21 @@ def test_stats(broker: Broker) -> None:
     assert broker.queue("jobs-dlq").stats().available == 1
 
 
+@pytest.mark.files_only("the ZooKeeper store reads its settings itself")
+@pytest.mark.parametrize("shards", [1, 2])
+def test_settings_changed_by_another_process_are_taken_up(tmp_path: Path, shards: int) -> None:
+    with Broker(tmp_path, sync="none") as mine, Broker(tmp_path, sync="none") as other:
+        q = mine.queue("jobs", visibility_timeout=60, shards=shards)
+        q.send(b"first", group_id="g")  # one group: one shard
+        other.queue("jobs").configure(visibility_timeout=0.2, delay=30)
+        time.sleep(1.1)  # settings are looked at again once a second
+        (first,) = q.receive()
+        assert q.settings.visibility_timeout == 0.2  # the other's, not the 60 it opened with
+        q.send(b"second", group_id="h")  # delayed by the other's default
+        time.sleep(0.3)
+        assert [(m.id, m.receive_count) for m in q.receive(10)] == [(first.id, 2)]
+
+
 def test_purge_finishes_everything_sent_so_far(broker: Broker) -> None:
     q = broker.queue("jobs")
     q.send_many([b"0", b"1", b"2"])

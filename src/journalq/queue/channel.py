@@ -431,6 +431,7 @@ class Channel:
         stable storage with the next synced change of the channel (any delete, change of
         visibility, ...), which syncs everything appended before it.
         """
+        self.topic.refresh_settings()
         hide, wait, wanted = receive_arguments(self.settings, max_messages, visibility_timeout, wait, filters, delete)
         deadline = time.monotonic() + wait
         watch: DirectoryWatch | None = None

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,34 @@ def load(topic_path: Path) -> QueueSettings | None:
     except (OSError, ValueError) as exc:
         raise InvalidSettingError(f"cannot read queue settings {file}: {exc}") from None
     return QueueSettings.from_json(data)
+
+
+class SettingsFile:
+    """The settings file of one topic, looked at again at most every ``every`` seconds: so that a
+    process takes up the settings another process changed (``configure``) while it runs, at the
+    cost of a ``stat`` a second rather than one per call."""
+
+    def __init__(self, topic_path: Path, every: float = 1.0) -> None:
+        self.topic_path = topic_path
+        self.every = every
+        self._due = time.monotonic() + every
+        self._seen: tuple[int, int, int] | None = None  # (inode, mtime, size): ``save`` renames
+
+    def changed(self) -> QueueSettings | None:
+        """The settings when the file changed since the last look (or at the first); else None."""
+        now = time.monotonic()
+        if now < self._due:
+            return None
+        self._due = now + self.every
+        try:
+            st = os.stat(self.topic_path / SETTINGS_FILE)
+        except FileNotFoundError:
+            return None  # being deleted: what the topic has stays
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        return load(self.topic_path)
 
 
 def save(topic_path: Path, settings: QueueSettings) -> None:

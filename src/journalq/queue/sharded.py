@@ -55,7 +55,7 @@ from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
 from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task, check_receipt_list
 from journalq.queue.removal import remove_directory
-from journalq.queue.settings import QueueSettings, check_number
+from journalq.queue.settings import QueueSettings, SettingsFile, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
@@ -171,6 +171,10 @@ class _ShardTopic(Topic):
         super().__init__(broker, directory, settings)
         self.name = name
 
+    def refresh_settings(self) -> None:
+        """Nothing: the sharded topic takes up changed settings for all its shards (its own
+        directory holds them)."""
+
 
 class ShardedTopic:
     """The sharded topic ``name`` of a broker; ``Broker.topic`` and ``Broker.queue`` give one for a
@@ -183,6 +187,7 @@ class ShardedTopic:
         self.shard_names = shard_dirs(name, settings.shards)
         self.shards = [_ShardTopic(broker, name, directory, settings) for directory in self.shard_names]
         self._settings = settings
+        self._settings_file = SettingsFile(self.path)
         self._channels: dict[str, ShardedChannel] = {}
         self._turn = os.getpid()  # round robin of keyless messages, from a shard of this process
 
@@ -195,6 +200,8 @@ class ShardedTopic:
         self._settings = settings
         for shard in self.shards:
             shard.settings = settings
+
+    refresh_settings = Topic.refresh_settings
 
     @property
     def shard_paths(self) -> list[Path]:
@@ -217,6 +224,7 @@ class ShardedTopic:
         send again (``unsent``). Each shard's part is all or nothing, and a failure before any
         part was written raises its own error, with nothing stored."""
         routed: list[tuple[int, Mapping[str, Any]]] = []
+        self.refresh_settings()
         first = self.shards[0]
         mask = len(self.shards) - 1
         for item in items:

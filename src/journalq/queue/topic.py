@@ -26,7 +26,7 @@ from journalq.journal.segment import Segment, list_segments
 from journalq.queue import envelope, filters
 from journalq.queue.channel import Channel
 from journalq.queue.envelope import Attribute, Envelope, message_id
-from journalq.queue.settings import QueueSettings, check_name
+from journalq.queue.settings import QueueSettings, SettingsFile, check_name
 
 if TYPE_CHECKING:
     from journalq.queue.broker import Broker
@@ -57,6 +57,13 @@ class Topic:
         self._last_run: list[Message] = []  # where the last lookup found its message
         self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
         self._last_gc = 0.0
+        self._settings_file = SettingsFile(self.path)
+
+    def refresh_settings(self) -> None:
+        """Take up the settings that another process changed since (checked once a second)."""
+        changed = self._settings_file.changed()
+        if changed is not None:
+            self.settings = changed
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -90,6 +97,7 @@ class Topic:
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Append a batch in one write; returns the ids in the order given."""
         items = items if isinstance(items, list) else list(items)
+        self.refresh_settings()
         settings = self.settings
         if not settings.delay and not settings.content_based_dedup and all(type(i) is bytes for i in items):
             return self._send_plain(items)
