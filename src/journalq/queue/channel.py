@@ -362,12 +362,12 @@ class Channel:
         tasks, publish the cursor, collect consumed segments; and compact when due."""
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
-            self._skip_deleted()
             older = now - int(self.settings.task_gc_lifetime * 1e9)
             self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
             self.commit_cursor()
             if self.topic.gc_due():
                 self.topic.gc()
+            self._skip_deleted()  # after the gc: what it deleted, and what others' gc did
         if self._since_snapshot >= SNAPSHOT_EVERY:
             self._compact()
 
@@ -561,6 +561,8 @@ class Channel:
         collect_due = now - state.last_collect >= int(settings.task_gc_interval * 1e9)
         if collect_due or self._since_snapshot >= SNAPSHOT_EVERY:  # (tested here: a call costs)
             self._maintain(now)
+        if state.cursor < self.topic.first_kept:  # a gc of this process deleted messages unfinished
+            self._skip_deleted()
         state.expire(now)
         blocked = set(state.group_holds)
         picks: list[tuple[Message, Envelope, int]] = []
@@ -894,6 +896,8 @@ class Channel:
             self._apply_new()
             now = time.time_ns()
             state = self.state
+            if state.cursor < self.topic.first_kept:  # as ``receive`` would
+                self._skip_deleted()
             state.expire(now)
             in_flight = sum(1 for o in state.inflight if o not in state.ready)
             candidates = list(state.candidates())

@@ -57,6 +57,9 @@ class Topic:
         self._last_run: list[Message] = []  # where the last lookup found its message
         self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
         self._last_gc = 0.0
+        self.first_kept = 0
+        """The first offset left after this process's last ``gc``: a channel whose cursor is below
+        it skips what retention deleted before it receives again (see ``Channel._skip_deleted``)."""
         self._settings_file = SettingsFile(self.path)
 
     def refresh_settings(self) -> None:
@@ -294,6 +297,7 @@ class Topic:
         sizes = [s.path.stat().st_size for s in segments]
         total = sum(sizes)
         deleted: list[Path] = []
+        kept_from = 0
         for segment, following, size in zip(segments, segments[1:], sizes):
             consumed = needed_from is not None and following.base <= needed_from
             too_old = settings.retention_seconds is not None and _last_timestamp(segment) < (
@@ -309,6 +313,13 @@ class Topic:
                 except FileNotFoundError:
                     pass
             total -= size
+            kept_from = following.base
+        if deleted:
+            self.first_kept = max(self.first_kept, kept_from)
+            with self._cache_lock:  # deleted: not to be delivered from the cache
+                for first in [first for first, run in self._runs.items() if run[-1].offset < kept_from]:
+                    self._cached -= len(self._runs.pop(first))
+                self._last_run = []
         self._last_gc = time.monotonic()
         return deleted
 
