@@ -58,6 +58,9 @@ class Broker(Closing):
 
     def _topic(self, name: str, create: bool, settings: dict[str, Any]) -> Topic:
         topic = self._topics.get(name)
+        if topic is not None and topic.gone:  # deleted by another process: open what is there now
+            self.forget(name)
+            topic = None
         if topic is not None and not settings:
             return topic
         path = self.root / name
@@ -91,7 +94,7 @@ class Broker(Closing):
         with self._lock:
             topic = self.topic(name, create=create, **settings)
             queue = self._queues.get(name)
-            if queue is None:
+            if queue is None or queue.topic is not topic:  # (reopened: ``_topic``)
                 if isinstance(topic, Topic):
                     queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
                 else:

@@ -250,6 +250,7 @@ class Channel:
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""
+        self.topic.check_present()
         return held(self._writer, self._reopen_writer)
 
     def _reopen_writer(self) -> Writer:

@@ -167,9 +167,16 @@ class _ShardTopic(Topic):
     errors name the sharded topic (dead letters record it as their source queue, so a redrive sends
     them back to the sharded queue)."""
 
-    def __init__(self, broker: Broker, name: str, directory: str, settings: QueueSettings) -> None:
-        super().__init__(broker, directory, settings)
-        self.name = name
+    def __init__(self, sharded: ShardedTopic, directory: str, settings: QueueSettings) -> None:
+        super().__init__(sharded.broker, directory, settings)
+        self.name = sharded.name
+        self.sharded = sharded
+
+    def check_present(self) -> None:
+        """``Topic.check_present`` of the sharded topic's own directory first: a shard opened
+        only after the topic was deleted and made again is there, but not of the topic opened."""
+        self.sharded.check_present()
+        Topic.check_present(self)
 
     def refresh_settings(self) -> None:
         """Nothing: the sharded topic takes up changed settings for all its shards (its own
@@ -185,7 +192,10 @@ class ShardedTopic:
         self.name = name
         self.path: Path = broker.root / name  # holds queue.json; the shards are beside it
         self.shard_names = shard_dirs(name, settings.shards)
-        self.shards = [_ShardTopic(broker, name, directory, settings) for directory in self.shard_names]
+        self._dir_fd = -1
+        self.gone = False
+        self._hold_directory()  # (``Topic``'s: see ``check_present``)
+        self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
         self._settings = settings
         self._settings_file = SettingsFile(self.path)
         self._channels: dict[str, ShardedChannel] = {}
@@ -202,6 +212,8 @@ class ShardedTopic:
             shard.settings = settings
 
     refresh_settings = Topic.refresh_settings
+    check_present = Topic.check_present
+    _hold_directory = Topic._hold_directory
 
     @property
     def shard_paths(self) -> list[Path]:
@@ -301,6 +313,9 @@ class ShardedTopic:
         self._channels.clear()
         for shard in self.shards:
             shard.close()
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
 
 
 # -- channels and queues --------------------------------------------------------------------------

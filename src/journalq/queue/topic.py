@@ -17,7 +17,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from journalq.errors import InvalidMessageError, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import (
+    InvalidMessageError,
+    JournalError,
+    OffsetOutOfRangeError,
+    QueueNotFoundError,
+    TruncatedError,
+)
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.writer import held
 from journalq.journal.codec import HEADER, INT32
@@ -61,6 +67,24 @@ class Topic:
         """The first offset left after this process's last ``gc``: a channel whose cursor is below
         it skips what retention deleted before it receives again (see ``Channel._skip_deleted``)."""
         self._settings_file = SettingsFile(self.path)
+        # The directory as opened: deleted, it has no links left, even when another process has
+        # made the topic again under the same name (whose messages and channel states are not
+        # this object's to act on). Opened with the writer or the first channel.
+        self._dir_fd = -1
+        self.gone = False
+        """True once ``check_present`` found the directory deleted: the broker opens it anew."""
+
+    def _hold_directory(self) -> None:
+        if self._dir_fd < 0:
+            self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def check_present(self) -> None:
+        """Raise ``QueueNotFoundError`` when the topic was deleted since it was opened (by another
+        process, say): a writer or channel of a deleted directory would otherwise go on in files
+        no one reads, or take a new topic of the same name for its own. One ``fstat``."""
+        if self._dir_fd >= 0 and os.fstat(self._dir_fd).st_nlink == 0:
+            self.gone = True
+            raise QueueNotFoundError(f"queue or topic {self.name!r} was deleted after it was opened here")
 
     def refresh_settings(self) -> None:
         """Take up the settings that another process changed since (checked once a second)."""
@@ -110,6 +134,7 @@ class Topic:
         earlier: dict[int, int] = {}  # batch index -> offset already holding its dedup id
         first_in_batch: dict[int, int] = {}  # batch index -> index of the same id earlier in it
         fresh: list[int] = []
+        self.check_present()
         with held(self._get_writer(), self._reopen_writer) as writer:
             if any(e.dedup_id is not None for e in envelopes):
                 dedup = self._dedup_index()
@@ -152,6 +177,7 @@ class Topic:
         if not bodies:
             return []
         now = time.time_ns()
+        self.check_present()
         with held(self._get_writer(), self._reopen_writer) as writer:
             first = writer.next_offset
             writer.append_many([Message(0, now, 0, b"", body) for body in bodies])
@@ -206,6 +232,7 @@ class Topic:
             self._writer = Writer(
                 self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size
             )
+            self._hold_directory()
         return self._writer
 
     def _reopen_writer(self) -> Writer:
@@ -270,7 +297,9 @@ class Topic:
         check_name(name, "channel")
         channel = self._channels.get(name)
         if channel is None:
+            self.check_present()
             channel = self._channels[name] = Channel(self, name)
+            self._hold_directory()
         return channel
 
     def channel_names(self) -> list[str]:
@@ -339,6 +368,9 @@ class Topic:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
 
 
 def _last_timestamp(segment: Segment) -> int:
