@@ -52,10 +52,10 @@ class Topic:
         self.broker = broker
         self.name = check_name(name, "topic")
         self.path: Path = broker.root / name
-        self.settings = settings
         self._writer: Writer | None = None
         self._channels: dict[str, Channel] = {}
         self._dedup: _DedupIndex | None = None
+        self.settings = settings
         # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
         # entry per read of ~500, not one per message), up to ``_CACHED_MESSAGES`` in all.
         self._runs: dict[int, list[Message]] = {}
@@ -91,6 +91,19 @@ class Topic:
         changed = self._settings_file.changed()
         if changed is not None:
             self.settings = changed
+
+    @property
+    def settings(self) -> QueueSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: QueueSettings) -> None:
+        """New settings, for what this object has open too (its writer, its deduplication)."""
+        self._settings = settings
+        if self._writer is not None:
+            self._writer.segment_size = settings.segment_size
+        if self._dedup is not None and int(settings.dedup_window * 1e9) != self._dedup.window_ns:
+            self._dedup = None  # read again with the new window at the next deduplicated send
 
     # -- sending ----------------------------------------------------------------------------
 
