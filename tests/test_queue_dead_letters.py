@@ -154,6 +154,17 @@ def test_redrive_goes_past_what_cannot_move_and_gives_it_back(broker: Broker) ->
     assert [m.body for m in dlq.receive(2)] == [b"stray 0", b"stray 1"]  # in their order
 
 
+def test_redrive_does_not_wait_for_more_dead_letters(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    dlq = broker.queue("dlq", receive_wait=5)  # long polling by default
+    q.send(b"x")
+    q.receive(visibility_timeout=0)
+    assert q.receive() == []
+    started = time.monotonic()
+    assert dlq.redrive() == 1
+    assert time.monotonic() - started < 2
+
+
 def test_bad_redrives(broker: Broker) -> None:
     dlq = broker.queue("dlq")
     dlq.send(b"x")

@@ -54,7 +54,8 @@ class Queue(Channel):
         try:
             while max_messages is None or moved < max_messages:
                 size = 100 if max_messages is None else min(100, max_messages - moved)
-                batch = self.receive(size, visibility_timeout=_REDRIVE_VISIBILITY)
+                # wait=0: the queue's receive_wait would hold the last, empty receive that long.
+                batch = self.receive(size, visibility_timeout=_REDRIVE_VISIBILITY, wait=0)
                 if any(m.id in kept for m in batch):
                     # What was kept came back (this redrive outlasted its hiding): all looked at.
                     kept.update((m.id, m.receipt) for m in batch)
