@@ -152,3 +152,21 @@ def test_a_queue_deleted_and_made_again_by_another_process(tmp_path: Path, shard
         assert [m.body for m in reopened.receive(10)] == [b"new 0"]  # one of the group at a time
         assert again.receive(10) == []
         assert reopened.stats().in_flight == 1
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_what_was_got_of_a_deleted_queue_refuses_to_work(tmp_path: Path, shards: int) -> None:
+    """A queue object of the broker that deleted the queue: a send made the directory again (a
+    journal without settings, which the next queue of that name took in) and said it stored."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", shards=shards)
+        q.send(b"before")
+        broker.delete("jobs")
+        for call in (lambda: q.send(b"after"), q.receive, q.stats):
+            with pytest.raises(QueueNotFoundError, match="deleted"):
+                call()
+        assert not (tmp_path / "jobs").exists()
+        again = broker.queue("jobs", shards=shards)
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            q.receive()
+        assert again.receive(10) == [] and again.stats().available == 0

@@ -146,7 +146,10 @@ class Broker(Closing):
         check_name(name)
         if not self.exists(name):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        opened = self._topics.get(name)
         self.forget(name)
+        if opened is not None:
+            opened.gone = True  # what was got of it refuses to work (a send would make it again)
         path = self.root / name
         sharded.delete_shards(self.root, name, settings_file.load(path))
         if not remove_directory(self.root, name):

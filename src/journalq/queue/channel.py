@@ -471,7 +471,7 @@ class Channel:
     def _closed_under_receive(self) -> list[ReceivedMessage]:
         """A receive whose channel was closed while it waited: the queue was deleted, or the broker
         let it go to open it anew (after a storage failure). Nothing was received."""
-        if not self.topic.path.is_dir():
+        if self.topic.gone or not self.topic.path.is_dir():
             raise QueueNotFoundError(f"queue or topic {self.topic.name!r} was deleted")
         return []
 

@@ -72,7 +72,8 @@ class Topic:
         # this object's to act on). Opened with the writer or the first channel.
         self._dir_fd = -1
         self.gone = False
-        """True once ``check_present`` found the directory deleted: the broker opens it anew."""
+        """True once the topic is known deleted (``check_present`` found its directory gone, or
+        its broker deleted it): it refuses to work, and its broker opens the name anew."""
 
     def _hold_directory(self) -> None:
         if self._dir_fd < 0:
@@ -82,7 +83,7 @@ class Topic:
         """Raise ``QueueNotFoundError`` when the topic was deleted since it was opened (by another
         process, say): a writer or channel of a deleted directory would otherwise go on in files
         no one reads, or take a new topic of the same name for its own. One ``fstat``."""
-        if self._dir_fd >= 0 and os.fstat(self._dir_fd).st_nlink == 0:
+        if self.gone or (self._dir_fd >= 0 and os.fstat(self._dir_fd).st_nlink == 0):
             self.gone = True
             raise QueueNotFoundError(f"queue or topic {self.name!r} was deleted after it was opened here")
 
