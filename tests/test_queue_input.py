@@ -152,10 +152,11 @@ def test_configure_missing_queue(filled) -> None:
     assert no_trace(broker, "missing")
 
 
-def test_damaged_settings_file_is_a_setting_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"retention_bytes": 1.5}', '{"colour": "red"}'])
+def test_damaged_settings_file_is_a_setting_error(tmp_path: Path, content: str) -> None:
     with Broker(tmp_path, sync="none") as broker:
         broker.queue("jobs").send(b"x")
-    (tmp_path / "jobs" / "queue.json").write_text("{not json")
+    (tmp_path / "jobs" / "queue.json").write_text(content)
     with Broker(tmp_path, sync="none") as broker, pytest.raises(InvalidSettingError, match="queue.json"):
         broker.queue("jobs")
 

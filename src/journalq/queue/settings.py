@@ -148,7 +148,12 @@ def load(topic_path: Path) -> QueueSettings | None:
         return None
     except (OSError, ValueError) as exc:
         raise InvalidSettingError(f"cannot read queue settings {file}: {exc}") from None
-    return QueueSettings.from_json(data)
+    if not isinstance(data, dict):
+        raise InvalidSettingError(f"queue settings {file} are not a JSON object")
+    try:
+        return QueueSettings.from_json(data)
+    except InvalidSettingError as exc:  # written by hand, or by a version that checked less
+        raise InvalidSettingError(f"queue settings {file}: {exc}") from None
 
 
 class SettingsFile:
