@@ -497,6 +497,32 @@ def test_settings_changed_by_another_process_are_taken_up(tmp_path: Path, shards
         assert [(m.id, m.receive_count) for m in q.receive(10)] == [(first.id, 2)]
 
 
+def test_stats_after_each_operation(broker: Broker) -> None:
+    q = broker.queue("jobs")
+
+    def counts() -> tuple[int, int, int]:
+        s = q.stats()
+        return s.available, s.in_flight, s.delayed
+
+    q.send_many([b"0", b"1", b"2"])
+    assert counts() == (3, 0, 0)
+    a, b = q.receive(2)
+    assert counts() == (1, 2, 0)
+    q.release(a.receipt, delay=60)  # mq's delayed redelivery: hidden, so in flight (as SQS counts)
+    assert counts() == (1, 2, 0)
+    q.change_visibility(a.receipt, 0)
+    assert counts() == (2, 1, 0)
+    q.delete(b.receipt)
+    assert counts() == (2, 0, 0)
+    q.delete_id(a.id)  # by id, not delivered now
+    assert counts() == (1, 0, 0)
+    q.send(b"later", delay=60)
+    assert counts() == (1, 0, 1)
+    q.purge()
+    s = q.stats()
+    assert (s.available, s.in_flight, s.delayed, s.dead, s.oldest_age) == (0, 0, 0, 0, None)
+
+
 def test_purge_finishes_everything_sent_so_far(broker: Broker) -> None:
     q = broker.queue("jobs")
     q.send_many([b"0", b"1", b"2"])
