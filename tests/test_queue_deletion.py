@@ -147,6 +147,8 @@ def test_a_queue_deleted_and_made_again_by_another_process(tmp_path: Path, shard
         for call in (lambda: q.send(b"lost"), q.receive, q.stats, lambda: q.delete(m.receipt)):
             with pytest.raises(QueueNotFoundError, match="deleted"):
                 call()
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            q.topic.gc()  # (which commits the cursors of its channels)
         reopened = mine.queue("jobs")
         assert reopened is not q
         assert [m.body for m in reopened.receive(10)] == [b"new 0"]  # one of the group at a time
@@ -170,3 +172,16 @@ def test_what_was_got_of_a_deleted_queue_refuses_to_work(tmp_path: Path, shards:
         with pytest.raises(QueueNotFoundError, match="deleted"):
             q.receive()
         assert again.receive(10) == [] and again.stats().available == 0
+
+
+def test_closing_a_broker_after_another_deleted_its_queue_leaves_nothing(tmp_path: Path) -> None:
+    """Its channels' cursors are not written: that made the directory again, and a cursor there
+    would let gc take the segments of a new queue of the name for consumed."""
+    mine = Broker(tmp_path, sync="none")
+    q = mine.queue("jobs")
+    q.send_many([b"x"] * 3)
+    assert not any(q.delete_many([m.receipt for m in q.receive(3)]))
+    with Broker(tmp_path, sync="none") as other:
+        other.delete("jobs")
+    mine.close()
+    assert not (tmp_path / "jobs").exists()

@@ -949,8 +949,9 @@ class Channel:
     def close(self) -> None:
         self._closed = True
         try:
+            self.topic.check_present()  # a cursor written to a deleted topic would make it again
             self.commit_cursor()
-        except OSError:
+        except (OSError, QueueNotFoundError):
             pass
         for scanner in (self._events, self._tail):
             if scanner is not None:

@@ -330,6 +330,7 @@ class Topic:
         written. Returns the files deleted.
         """
         now = time.time() if now is None else now
+        self.check_present()
         for channel in self._channels.values():
             channel.commit_cursor()
         segments = list_segments(self.path)
