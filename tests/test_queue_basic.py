@@ -487,13 +487,13 @@ def test_stats(broker: Broker) -> None:
 def test_settings_changed_by_another_process_are_taken_up(tmp_path: Path, shards: int) -> None:
     with Broker(tmp_path, sync="none") as mine, Broker(tmp_path, sync="none") as other:
         q = mine.queue("jobs", visibility_timeout=60, shards=shards)
-        q.send(b"first", group_id="g")  # one group: one shard
-        other.queue("jobs").configure(visibility_timeout=0.2, delay=30)
+        sent = q.send(b"first", group_id="g", dedup_id="d")  # one group: one shard
+        other.queue("jobs").configure(visibility_timeout=0.2, delay=30, dedup_window=0)
         time.sleep(1.1)  # settings are looked at again once a second
         (first,) = q.receive()
         assert q.settings.visibility_timeout == 0.2  # the other's, not the 60 it opened with
-        q.send(b"second", group_id="h")  # delayed by the other's default
-        time.sleep(0.3)
+        assert q.send(b"second", group_id="g", dedup_id="d") != sent  # no window: not a duplicate
+        time.sleep(0.3)  # (the second is delayed by the other's default)
         assert [(m.id, m.receive_count) for m in q.receive(10)] == [(first.id, 2)]
 
 
