@@ -104,6 +104,18 @@ def test_send_one_message_per_stdin_line_and_bodies_that_are_not_text(data: Path
     assert ok(data, "send", "lines", input=b"") == []
 
 
+def test_send_a_whole_file_or_standard_input_as_one_binary_message(data: Path, tmp_path: Path) -> None:
+    blob = bytes(range(256)) + b"\nsecond line\n"  # newlines and every byte: one message
+    (tmp_path / "blob").write_bytes(blob)
+    [from_file] = ok(data, "send", "blobs", "--file", tmp_path / "blob")
+    [from_stdin] = ok(data, "send", "blobs", "--file", "-", input=blob)
+    got = receive(data, "blobs", "-n", 10)
+    assert [m["id"] for m in got] == [from_file["id"], from_stdin["id"]]
+    assert [base64.b64decode(m["body_b64"]) for m in got] == [blob, blob]
+    fails(data, "send", "blobs", "body", "--file", tmp_path / "blob", needle="not both", code=1)
+    fails(data, "send", "blobs", "--file", tmp_path / "missing", needle="missing", code=2)
+
+
 def test_receive_delete_flag_and_filters_on_send(data: Path) -> None:
     ok(data, "send", "jobs", "a")
     ok(data, "send", "jobs", "b", "--filter", "region=eu")

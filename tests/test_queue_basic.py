@@ -482,6 +482,47 @@ def test_stats(broker: Broker) -> None:
     assert broker.queue("jobs-dlq").stats().available == 1
 
 
+@pytest.mark.files_only("the ZooKeeper store reads its settings itself")
+@pytest.mark.parametrize("shards", [1, 2])
+def test_settings_changed_by_another_process_are_taken_up(tmp_path: Path, shards: int) -> None:
+    with Broker(tmp_path, sync="none") as mine, Broker(tmp_path, sync="none") as other:
+        q = mine.queue("jobs", visibility_timeout=60, shards=shards)
+        sent = q.send(b"first", group_id="g", dedup_id="d")  # one group: one shard
+        other.queue("jobs").configure(visibility_timeout=0.2, delay=30, dedup_window=0)
+        time.sleep(1.1)  # settings are looked at again once a second
+        (first,) = q.receive()
+        assert q.settings.visibility_timeout == 0.2  # the other's, not the 60 it opened with
+        assert q.send(b"second", group_id="g", dedup_id="d") != sent  # no window: not a duplicate
+        time.sleep(0.3)  # (the second is delayed by the other's default)
+        assert [(m.id, m.receive_count) for m in q.receive(10)] == [(first.id, 2)]
+
+
+def test_stats_after_each_operation(broker: Broker) -> None:
+    q = broker.queue("jobs")
+
+    def counts() -> tuple[int, int, int]:
+        s = q.stats()
+        return s.available, s.in_flight, s.delayed
+
+    q.send_many([b"0", b"1", b"2"])
+    assert counts() == (3, 0, 0)
+    a, b = q.receive(2)
+    assert counts() == (1, 2, 0)
+    q.release(a.receipt, delay=60)  # mq's delayed redelivery: hidden, so in flight (as SQS counts)
+    assert counts() == (1, 2, 0)
+    q.change_visibility(a.receipt, 0)
+    assert counts() == (2, 1, 0)
+    q.delete(b.receipt)
+    assert counts() == (2, 0, 0)
+    q.delete_id(a.id)  # by id, not delivered now
+    assert counts() == (1, 0, 0)
+    q.send(b"later", delay=60)
+    assert counts() == (1, 0, 1)
+    q.purge()
+    s = q.stats()
+    assert (s.available, s.in_flight, s.delayed, s.dead, s.oldest_age) == (0, 0, 0, 0, None)
+
+
 def test_purge_finishes_everything_sent_so_far(broker: Broker) -> None:
     q = broker.queue("jobs")
     q.send_many([b"0", b"1", b"2"])

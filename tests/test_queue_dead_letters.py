@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import QueueNotFoundError
+from journalq.errors import InvalidSettingError, QueueNotFoundError
 from journalq.queue import Broker
 from test_queue_processes import spawn
 
@@ -136,7 +136,45 @@ def test_redrive_leaves_dead_letters_of_a_deleted_queue(broker: Broker) -> None:
     dlq = broker.queue("dlq")
     assert dlq.redrive() == 0
     assert not broker.exists("jobs")  # not made again by the redrive
-    assert dlq.stats().in_flight == 1  # put back, to be redriven elsewhere or looked at
+    s = dlq.stats()
+    assert (s.available, s.in_flight) == (1, 0)  # given back, to be redriven elsewhere or looked at
+
+
+def test_redrive_goes_past_what_cannot_move_and_gives_it_back(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    dlq = broker.queue("dlq")
+    dlq.send_many([b"stray %d" % i for i in range(150)])  # sent to it by hand: no source queue
+    q.send(b"dead")
+    q.receive(visibility_timeout=0)
+    assert q.receive() == []  # moved, behind more than a batch of strays
+    assert dlq.redrive() == 1
+    assert [m.body for m in q.receive(10)] == [b"dead"]
+    s = dlq.stats()
+    assert (s.available, s.in_flight) == (150, 0)
+    assert [m.body for m in dlq.receive(2)] == [b"stray 0", b"stray 1"]  # in their order
+
+
+def test_redrive_does_not_wait_for_more_dead_letters(broker: Broker) -> None:
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    dlq = broker.queue("dlq", receive_wait=5)  # long polling by default
+    q.send(b"x")
+    q.receive(visibility_timeout=0)
+    assert q.receive() == []
+    started = time.monotonic()
+    assert dlq.redrive() == 1
+    assert time.monotonic() - started < 2
+
+
+def test_bad_redrives(broker: Broker) -> None:
+    dlq = broker.queue("dlq")
+    dlq.send(b"x")
+    with pytest.raises(InvalidSettingError, match="itself"):
+        dlq.redrive("dlq")  # it would move the same messages round and round
+    for bad in (-1, True, 2.5, "3"):
+        with pytest.raises(InvalidSettingError, match="max_messages"):
+            dlq.redrive(max_messages=bad)  # type: ignore[arg-type]
+    assert dlq.redrive(max_messages=0) == 0
+    assert dlq.stats().available == 1
 
 
 # Killed right after it moved a dead letter, before it recorded the move in the channel.

@@ -125,3 +125,63 @@ def test_a_sharded_delete_cut_short_can_be_done_again(tmp_path: Path, child_env:
         q = broker.queue("orders", shards=4)
         q.send(b"new", key="k")
         assert [m.body for m in q.receive(10)] == [b"new"]
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_queue_deleted_and_made_again_by_another_process(tmp_path: Path, shards: int) -> None:
+    """A process that had the queue open neither sends into the deleted directory (a send that
+    says it stored what no one can read), nor takes the new queue of the same name for the one it
+    opened (its state would skip new messages and give out others twice): QueueNotFoundError, and
+    ``broker.queue`` opens the new queue."""
+    with Broker(tmp_path, sync="none") as mine, Broker(tmp_path, sync="none") as other:
+        q = mine.queue("jobs", shards=shards)
+        q.send_many([{"body": b"old %d" % i, "group_id": "g"} for i in range(2)])  # one shard
+        (m,) = q.receive()
+        q.delete(m.receipt)
+        other.delete("jobs")
+        for call in (lambda: q.send(b"lost"), q.receive, q.stats):
+            with pytest.raises(QueueNotFoundError, match="deleted"):
+                call()
+        again = other.queue("jobs", shards=shards)
+        again.send_many([{"body": b"new %d" % i, "group_id": "g"} for i in range(3)])
+        for call in (lambda: q.send(b"lost"), q.receive, q.stats, lambda: q.delete(m.receipt)):
+            with pytest.raises(QueueNotFoundError, match="deleted"):
+                call()
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            q.topic.gc()  # (which commits the cursors of its channels)
+        reopened = mine.queue("jobs")
+        assert reopened is not q
+        assert [m.body for m in reopened.receive(10)] == [b"new 0"]  # one of the group at a time
+        assert again.receive(10) == []
+        assert reopened.stats().in_flight == 1
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_what_was_got_of_a_deleted_queue_refuses_to_work(tmp_path: Path, shards: int) -> None:
+    """A queue object of the broker that deleted the queue: a send made the directory again (a
+    journal without settings, which the next queue of that name took in) and said it stored."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", shards=shards)
+        q.send(b"before")
+        broker.delete("jobs")
+        for call in (lambda: q.send(b"after"), q.receive, q.stats):
+            with pytest.raises(QueueNotFoundError, match="deleted"):
+                call()
+        assert not (tmp_path / "jobs").exists()
+        again = broker.queue("jobs", shards=shards)
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            q.receive()
+        assert again.receive(10) == [] and again.stats().available == 0
+
+
+def test_closing_a_broker_after_another_deleted_its_queue_leaves_nothing(tmp_path: Path) -> None:
+    """Its channels' cursors are not written: that made the directory again, and a cursor there
+    would let gc take the segments of a new queue of the name for consumed."""
+    mine = Broker(tmp_path, sync="none")
+    q = mine.queue("jobs")
+    q.send_many([b"x"] * 3)
+    assert not any(q.delete_many([m.receipt for m in q.receive(3)]))
+    with Broker(tmp_path, sync="none") as other:
+        other.delete("jobs")
+    mine.close()
+    assert not (tmp_path / "jobs").exists()

@@ -122,6 +122,11 @@ def test_names_that_are_fine(tmp_path: Path) -> None:
         {"enums": {"p": 5}},
         {"enums": {1: ["a"]}},
         {"no_such_setting": 1},
+        {"max_receive_count": 2.5, "dead_letter_queue": "dlq"},  # counts are whole numbers
+        {"retention_bytes": 1000.5},
+        {"segment_size": 8192.5},
+        {"fifo": "false"},  # a string, which would have been true
+        {"content_based_dedup": 1},
     ],
     ids=repr,
 )
@@ -147,10 +152,11 @@ def test_configure_missing_queue(filled) -> None:
     assert no_trace(broker, "missing")
 
 
-def test_damaged_settings_file_is_a_setting_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"retention_bytes": 1.5}', '{"colour": "red"}'])
+def test_damaged_settings_file_is_a_setting_error(tmp_path: Path, content: str) -> None:
     with Broker(tmp_path, sync="none") as broker:
         broker.queue("jobs").send(b"x")
-    (tmp_path / "jobs" / "queue.json").write_text("{not json")
+    (tmp_path / "jobs" / "queue.json").write_text(content)
     with Broker(tmp_path, sync="none") as broker, pytest.raises(InvalidSettingError, match="queue.json"):
         broker.queue("jobs")
 
@@ -185,6 +191,11 @@ def test_body_not_bytes(filled, body: object) -> None:
         {"filters": {"performance_class": 5}},
         {"filters": {"performance_class": "ultra"}},  # not in the declared enum
         {"metadata": {"not json": object()}},
+        {"metadata": {"x": float("nan")}},  # JSON has no NaN: other readers could not parse it
+        {"attributes": {"k": float("nan")}},  # an SQS Number is finite
+        {"attributes": {"k": float("-inf")}},
+        {"attributes": [("k", "v")]},
+        {"filters": ["performance_class"]},
     ],
     ids=repr,
 )
@@ -196,6 +207,42 @@ def test_bad_message_options(filled, options: dict) -> None:
     with pytest.raises(InvalidMessageError):
         q.send_many([b"fine", {"body": b"body", **options}])
     broker.queue("jobs", enums={})
+
+
+@pytest.mark.files_only("the ZooKeeper store checks its settings itself")
+def test_a_queue_cannot_be_its_own_dead_letter_queue(filled) -> None:
+    broker, q, _ = filled
+    with pytest.raises(InvalidSettingError, match="own dead-letter queue"):
+        q.configure(max_receive_count=2, dead_letter_queue="jobs")
+    with pytest.raises(InvalidSettingError, match="own dead-letter queue"):
+        broker.queue("new", max_receive_count=2, dead_letter_queue="new")
+    assert no_trace(broker, "new")
+
+
+@pytest.mark.files_only("the ZooKeeper store has ids and metadata of its own")
+@pytest.mark.parametrize("message_id", [True, 1, " 1", "1 ", "+1", "1_0", "-1", "1.0", "\u0661"], ids=repr)
+def test_ids_that_no_message_has(filled, message_id: object) -> None:
+    _, q, _ = filled
+    for call in (q.task, q.delete_id, lambda i: q.set_metadata(i, {})):
+        with pytest.raises(InvalidMessageError, match="not one of this queue's ids"):
+            call(message_id)
+
+
+@pytest.mark.files_only("the ZooKeeper store has ids and metadata of its own")
+def test_task_metadata_that_is_not_json(filled) -> None:
+    _, q, m1 = filled
+    for metadata in ({"x": float("nan")}, {1, 2}):
+        with pytest.raises(InvalidMessageError, match="must be JSON"):
+            q.set_metadata(m1.id, metadata)
+    assert q.task(m1.id).metadata is None
+
+
+@pytest.mark.files_only("the ZooKeeper store has a delete_many of its own")
+def test_one_receipt_where_a_list_is_due(filled) -> None:
+    _, q, m1 = filled
+    with pytest.raises(InvalidSettingError, match="not one receipt"):
+        q.delete_many(m1.receipt)  # type: ignore[arg-type]
+    assert q.consumers() == {q.consumer_id: [m1.id]}
 
 
 def test_unknown_message_field(filled) -> None:

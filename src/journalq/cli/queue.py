@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 
@@ -293,14 +293,19 @@ def queue() -> None:
 @click.option("--metadata", metavar="JSON", help="Task metadata, any JSON value.")
 @click.option("--key", help="Sharded queues: the key that picks the message's shard (a group id wins).")
 @click.option("--no-create", is_flag=True, help="Fail when the queue does not exist (default: create it).")
+@click.option("--file", "body_file", type=click.File("rb"), metavar="PATH",
+              help="Send the whole of PATH (- for standard input) as one message: any bytes, newlines too.")
 @_broker_options
 def send(
     name: str, body: str | None, attributes: tuple[str, ...], delay: float | None, filters: tuple[str, ...],
     dedup_id: str | None, group_id: str | None, metadata: str | None, key: str | None, no_create: bool,
-    data: Path, sync: str,
+    body_file: BinaryIO | None, data: Path, sync: str,
 ) -> None:
-    """Send BODY to QUEUE, or one message per line of standard input (without its newline) when
-    BODY is omitted. Prints {"id": ...} per message, in order."""
+    """Send BODY to QUEUE; or the whole of a file as one message (--file PATH); or one message
+    per line of standard input (without its newline) when neither is given. Prints {"id": ...}
+    per message, in order."""
+    if body is not None and body_file is not None:
+        raise CommandError("give BODY or --file, not both")
     options = {
         "attributes": _pairs(attributes, "--attribute") or None,
         "delay": delay,
@@ -319,8 +324,9 @@ def send(
             if topic.settings.shards == 1:
                 raise CommandError(f"--key picks a shard: queue {name!r} is not sharded")
             options["key"] = key
-        if body is not None:
-            ids = topic.send_many([{"body": os.fsencode(body), **options}])
+        if body is not None or body_file is not None:
+            whole = os.fsencode(body) if body is not None else body_file.read()  # type: ignore[union-attr]
+            ids = topic.send_many([{"body": whole, **options}])
             _echo_jsonl([{"id": i} for i in ids])
             return
         for first, lines in _line_batches(sys.stdin.buffer):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from journalq.closing import Closing
-from journalq.errors import QueueNotFoundError
+from journalq.errors import InvalidSettingError, QueueNotFoundError
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
@@ -58,6 +58,9 @@ class Broker(Closing):
 
     def _topic(self, name: str, create: bool, settings: dict[str, Any]) -> Topic:
         topic = self._topics.get(name)
+        if topic is not None and topic.gone:  # deleted by another process: open what is there now
+            self.forget(name)
+            topic = None
         if topic is not None and not settings:
             return topic
         path = self.root / name
@@ -65,7 +68,7 @@ class Broker(Closing):
         if current is None:
             if not create:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-            wanted = QueueSettings().replace(**settings)
+            wanted = _own_settings(name, QueueSettings().replace(**settings))
             sharded.check_new(self.root, name, wanted)
             path.mkdir(parents=True, exist_ok=True)
             if settings_file.create(path, wanted):
@@ -75,7 +78,7 @@ class Broker(Closing):
                 if current is None:
                     raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted as it was made")
         if settings:
-            updated = current.replace(**settings)
+            updated = _own_settings(name, current.replace(**settings))
             if updated != current:
                 sharded.check_change(name, current, updated)
                 settings_file.save(path, updated)
@@ -91,7 +94,7 @@ class Broker(Closing):
         with self._lock:
             topic = self.topic(name, create=create, **settings)
             queue = self._queues.get(name)
-            if queue is None:
+            if queue is None or queue.topic is not topic:  # (reopened: ``_topic``)
                 if isinstance(topic, Topic):
                     queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
                 else:
@@ -143,7 +146,10 @@ class Broker(Closing):
         check_name(name)
         if not self.exists(name):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        opened = self._topics.get(name)
         self.forget(name)
+        if opened is not None:
+            opened.gone = True  # what was got of it refuses to work (a send would make it again)
         path = self.root / name
         sharded.delete_shards(self.root, name, settings_file.load(path))
         if not remove_directory(self.root, name):
@@ -159,3 +165,11 @@ class Broker(Closing):
             topic.close()
         self._topics.clear()
         self._queues.clear()
+
+
+def _own_settings(name: str, settings: QueueSettings) -> QueueSettings:
+    """``settings`` for the topic ``name``, checked for what needs its name: a queue that were its
+    own dead-letter queue would send each dead letter back to itself, and never let it go."""
+    if settings.dead_letter_queue == name:
+        raise InvalidSettingError(f"queue {name!r} cannot be its own dead-letter queue")
+    return settings

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journalq.errors import (
+    InvalidMessageError,
     InvalidSettingError,
     JournalError,
     OffsetOutOfRangeError,
@@ -149,8 +150,7 @@ def receive_arguments(
     timeout and the wait in seconds (the queue's unless given), and the consumer's filters."""
     if isinstance(max_messages, bool) or not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_RECEIVE:
         raise InvalidSettingError(f"max_messages must be 1 to {MAX_RECEIVE}, not {max_messages!r}")
-    if isinstance(delete, str):
-        raise InvalidSettingError("delete must be a list of receipts, not one receipt")
+    check_receipt_list("delete", delete)
     # The queue's own settings were checked when they were made (``QueueSettings``).
     if visibility_timeout is None:
         hide = settings.visibility_timeout
@@ -158,6 +158,12 @@ def receive_arguments(
         hide = check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
     wait = settings.receive_wait if wait is None else check_number("wait", wait, 0, 3600)
     return hide, wait, None if filters is None else filtering.normalize(filters, settings.enums)
+
+
+def check_receipt_list(name: str, receipts: object) -> None:
+    """Refuse one receipt where a list of them is due: a string would be taken letter by letter."""
+    if isinstance(receipts, str):
+        raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
 
 
 def _channel_token(path: Path) -> str:
@@ -244,6 +250,7 @@ class Channel:
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""
+        self.topic.check_present()
         return held(self._writer, self._reopen_writer)
 
     def _reopen_writer(self) -> Writer:
@@ -356,12 +363,12 @@ class Channel:
         tasks, publish the cursor, collect consumed segments; and compact when due."""
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
-            self._skip_deleted()
             older = now - int(self.settings.task_gc_lifetime * 1e9)
             self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
             self.commit_cursor()
             if self.topic.gc_due():
                 self.topic.gc()
+            self._skip_deleted()  # after the gc: what it deleted, and what others' gc did
         if self._since_snapshot >= SNAPSHOT_EVERY:
             self._compact()
 
@@ -425,6 +432,7 @@ class Channel:
         stable storage with the next synced change of the channel (any delete, change of
         visibility, ...), which syncs everything appended before it.
         """
+        self.topic.refresh_settings()
         hide, wait, wanted = receive_arguments(self.settings, max_messages, visibility_timeout, wait, filters, delete)
         deadline = time.monotonic() + wait
         watch: DirectoryWatch | None = None
@@ -463,7 +471,7 @@ class Channel:
     def _closed_under_receive(self) -> list[ReceivedMessage]:
         """A receive whose channel was closed while it waited: the queue was deleted, or the broker
         let it go to open it anew (after a storage failure). Nothing was received."""
-        if not self.topic.path.is_dir():
+        if self.topic.gone or not self.topic.path.is_dir():
             raise QueueNotFoundError(f"queue or topic {self.topic.name!r} was deleted")
         return []
 
@@ -554,6 +562,8 @@ class Channel:
         collect_due = now - state.last_collect >= int(settings.task_gc_interval * 1e9)
         if collect_due or self._since_snapshot >= SNAPSHOT_EVERY:  # (tested here: a call costs)
             self._maintain(now)
+        if state.cursor < self.topic.first_kept:  # a gc of this process deleted messages unfinished
+            self._skip_deleted()
         state.expire(now)
         blocked = set(state.group_holds)
         picks: list[tuple[Message, Envelope, int]] = []
@@ -731,6 +741,7 @@ class Channel:
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
+        check_receipt_list("receipts", receipts)
         return self._act(
             receipts,
             lambda current, now: finish_records([o for _, o, _ in current], [s for _, _, s in current]),
@@ -858,9 +869,9 @@ class Channel:
         """Replace the JSON metadata of task ``id``."""
         offset = parse_message_id(id)
         try:
-            payload = json.dumps(metadata, separators=(",", ":")).encode()
+            payload = json.dumps(metadata, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
-            raise ReceiptError(f"task metadata must be JSON: {exc}") from None
+            raise InvalidMessageError(f"task metadata must be JSON: {exc}") from None
         with self._hold():
             self._apply_new()
             if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():
@@ -886,6 +897,8 @@ class Channel:
             self._apply_new()
             now = time.time_ns()
             state = self.state
+            if state.cursor < self.topic.first_kept:  # as ``receive`` would
+                self._skip_deleted()
             state.expire(now)
             in_flight = sum(1 for o in state.inflight if o not in state.ready)
             candidates = list(state.candidates())
@@ -936,8 +949,9 @@ class Channel:
     def close(self) -> None:
         self._closed = True
         try:
+            self.topic.check_present()  # a cursor written to a deleted topic would make it again
             self.commit_cursor()
-        except OSError:
+        except (OSError, QueueNotFoundError):
             pass
         for scanner in (self._events, self._tail):
             if scanner is not None:

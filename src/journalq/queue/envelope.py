@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,8 @@ class Attribute:
         if isinstance(value, (bytes, bytearray, memoryview)):
             return cls("Binary", bytes(value))
         if isinstance(value, (int, float)):
+            if isinstance(value, float) and not math.isfinite(value):  # SQS's Number holds finite decimals only
+                raise InvalidMessageError(f"a Number attribute must be finite, not {value!r}")
             return cls("Number", repr(value))
         raise InvalidMessageError(f"attribute values are str, bytes, int or float, not {type(value).__name__}")
 
@@ -124,7 +127,7 @@ def encode_meta(envelope: Envelope, *, filters: bool = True) -> bytes:
     if envelope.source is not None:
         meta["s"] = envelope.source
     try:
-        return json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
         raise InvalidMessageError(f"message metadata cannot be stored as JSON: {exc}") from None
 
@@ -183,10 +186,8 @@ def message_id(offset: int) -> str:
 
 
 def parse_message_id(message_id: str) -> int:
-    try:
-        offset = int(message_id)
-    except (TypeError, ValueError):
-        offset = -1
-    if offset < 0:
+    """The offset of a message id that ``message_id`` made: decimal digits only (``int()`` alone
+    would take True, " 7" and "1_0" too, ids that no message has)."""
+    if not isinstance(message_id, str) or not message_id.isascii() or not message_id.isdigit():
         raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids")
-    return offset
+    return int(message_id)

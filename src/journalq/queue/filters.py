@@ -58,6 +58,8 @@ def check_message_filters(filters: Mapping[str, str] | None, enums: Mapping[str,
     """A message's filters, checked against the declared enums."""
     if not filters:
         return {}
+    if not isinstance(filters, Mapping):
+        raise InvalidMessageError(f"message filters map names to values, not {type(filters).__name__}")
     out = {}
     for name, value in filters.items():
         if not isinstance(name, str) or not isinstance(value, str):

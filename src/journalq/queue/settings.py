@@ -11,6 +11,7 @@ import math
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,21 +76,28 @@ class QueueSettings:
     two up to 1024 (sej's shard bits 1 to 10). See ``journalq.queue.sharded``."""
 
     def __post_init__(self) -> None:
-        def number(name: str, low: float, high: float | None = None, optional: bool = False) -> None:
+        def number(
+            name: str, low: float, high: float | None = None, optional: bool = False, whole: bool = False
+        ) -> None:
             value = getattr(self, name)
             if not (value is None and optional):
                 check_number(f"setting {name}", value, low, high)
+                if whole and not isinstance(value, int):  # a count of deliveries or bytes
+                    raise InvalidSettingError(f"setting {name} must be a whole number, not {value!r}")
 
         number("visibility_timeout", 0, 12 * 3600)
         number("delay", 0, 15 * 60)
         number("receive_wait", 0, 20)
-        number("max_receive_count", 1, 1000, optional=True)
+        number("max_receive_count", 1, 1000, optional=True, whole=True)
         number("retention_seconds", 1, None, optional=True)
-        number("retention_bytes", 1, None, optional=True)
+        number("retention_bytes", 1, None, optional=True, whole=True)
         number("dedup_window", 0, 24 * 3600)
         number("task_gc_lifetime", 0)
         number("task_gc_interval", 0.001)
-        number("segment_size", 4096)
+        number("segment_size", 4096, whole=True)
+        for flag in ("fifo", "content_based_dedup"):
+            if not isinstance(getattr(self, flag), bool):  # "false" would be true
+                raise InvalidSettingError(f"setting {flag} must be True or False, not {getattr(self, flag)!r}")
         if isinstance(self.shards, bool) or not isinstance(self.shards, int) or not (
             1 <= self.shards <= MAX_SHARDS and self.shards & (self.shards - 1) == 0
         ):
@@ -140,7 +148,40 @@ def load(topic_path: Path) -> QueueSettings | None:
         return None
     except (OSError, ValueError) as exc:
         raise InvalidSettingError(f"cannot read queue settings {file}: {exc}") from None
-    return QueueSettings.from_json(data)
+    if not isinstance(data, dict):
+        raise InvalidSettingError(f"queue settings {file} are not a JSON object")
+    try:
+        return QueueSettings.from_json(data)
+    except InvalidSettingError as exc:  # written by hand, or by a version that checked less
+        raise InvalidSettingError(f"queue settings {file}: {exc}") from None
+
+
+class SettingsFile:
+    """The settings file of one topic, looked at again at most every ``every`` seconds: so that a
+    process takes up the settings another process changed (``configure``) while it runs, at the
+    cost of a ``stat`` a second rather than one per call."""
+
+    def __init__(self, topic_path: Path, every: float = 1.0) -> None:
+        self.topic_path = topic_path
+        self.every = every
+        self._due = time.monotonic() + every
+        self._seen: tuple[int, int, int] | None = None  # (inode, mtime, size): ``save`` renames
+
+    def changed(self) -> QueueSettings | None:
+        """The settings when the file changed since the last look (or at the first); else None."""
+        now = time.monotonic()
+        if now < self._due:
+            return None
+        self._due = now + self.every
+        try:
+            st = os.stat(self.topic_path / SETTINGS_FILE)
+        except FileNotFoundError:
+            return None  # being deleted: what the topic has stays
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        return load(self.topic_path)
 
 
 def save(topic_path: Path, settings: QueueSettings) -> None:

@@ -53,9 +53,9 @@ from journalq.journal.lock import FileLock
 from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
-from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task
+from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task, check_receipt_list
 from journalq.queue.removal import remove_directory
-from journalq.queue.settings import QueueSettings, check_number
+from journalq.queue.settings import QueueSettings, SettingsFile, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
@@ -167,9 +167,20 @@ class _ShardTopic(Topic):
     errors name the sharded topic (dead letters record it as their source queue, so a redrive sends
     them back to the sharded queue)."""
 
-    def __init__(self, broker: Broker, name: str, directory: str, settings: QueueSettings) -> None:
-        super().__init__(broker, directory, settings)
-        self.name = name
+    def __init__(self, sharded: ShardedTopic, directory: str, settings: QueueSettings) -> None:
+        super().__init__(sharded.broker, directory, settings)
+        self.name = sharded.name
+        self.sharded = sharded
+
+    def check_present(self) -> None:
+        """``Topic.check_present`` of the sharded topic's own directory first: a shard opened
+        only after the topic was deleted and made again is there, but not of the topic opened."""
+        self.sharded.check_present()
+        Topic.check_present(self)
+
+    def refresh_settings(self) -> None:
+        """Nothing: the sharded topic takes up changed settings for all its shards (its own
+        directory holds them)."""
 
 
 class ShardedTopic:
@@ -181,8 +192,12 @@ class ShardedTopic:
         self.name = name
         self.path: Path = broker.root / name  # holds queue.json; the shards are beside it
         self.shard_names = shard_dirs(name, settings.shards)
-        self.shards = [_ShardTopic(broker, name, directory, settings) for directory in self.shard_names]
+        self._dir_fd = -1
+        self.gone = False
+        self._hold_directory()  # (``Topic``'s: see ``check_present``)
+        self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
         self._settings = settings
+        self._settings_file = SettingsFile(self.path)
         self._channels: dict[str, ShardedChannel] = {}
         self._turn = os.getpid()  # round robin of keyless messages, from a shard of this process
 
@@ -195,6 +210,10 @@ class ShardedTopic:
         self._settings = settings
         for shard in self.shards:
             shard.settings = settings
+
+    refresh_settings = Topic.refresh_settings
+    check_present = Topic.check_present
+    _hold_directory = Topic._hold_directory
 
     @property
     def shard_paths(self) -> list[Path]:
@@ -217,6 +236,7 @@ class ShardedTopic:
         send again (``unsent``). Each shard's part is all or nothing, and a failure before any
         part was written raises its own error, with nothing stored."""
         routed: list[tuple[int, Mapping[str, Any]]] = []
+        self.refresh_settings()
         first = self.shards[0]
         mask = len(self.shards) - 1
         for item in items:
@@ -293,6 +313,9 @@ class ShardedTopic:
         self._channels.clear()
         for shard in self.shards:
             shard.close()
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
 
 
 # -- channels and queues --------------------------------------------------------------------------
@@ -455,6 +478,7 @@ class ShardedChannel:
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
+        check_receipt_list("receipts", receipts)
         return self._act(receipts, lambda channel, inner, positions: channel.delete_many(inner))
 
     def change_visibility(self, receipt: str, seconds: float) -> None:

@@ -17,7 +17,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from journalq.errors import InvalidMessageError, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import (
+    InvalidMessageError,
+    JournalError,
+    OffsetOutOfRangeError,
+    QueueNotFoundError,
+    TruncatedError,
+)
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.writer import held
 from journalq.journal.codec import HEADER, INT32
@@ -26,7 +32,7 @@ from journalq.journal.segment import Segment, list_segments
 from journalq.queue import envelope, filters
 from journalq.queue.channel import Channel
 from journalq.queue.envelope import Attribute, Envelope, message_id
-from journalq.queue.settings import QueueSettings, check_name
+from journalq.queue.settings import QueueSettings, SettingsFile, check_name
 
 if TYPE_CHECKING:
     from journalq.queue.broker import Broker
@@ -46,10 +52,10 @@ class Topic:
         self.broker = broker
         self.name = check_name(name, "topic")
         self.path: Path = broker.root / name
-        self.settings = settings
         self._writer: Writer | None = None
         self._channels: dict[str, Channel] = {}
         self._dedup: _DedupIndex | None = None
+        self.settings = settings
         # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
         # entry per read of ~500, not one per message), up to ``_CACHED_MESSAGES`` in all.
         self._runs: dict[int, list[Message]] = {}
@@ -57,6 +63,48 @@ class Topic:
         self._last_run: list[Message] = []  # where the last lookup found its message
         self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
         self._last_gc = 0.0
+        self.first_kept = 0
+        """The first offset left after this process's last ``gc``: a channel whose cursor is below
+        it skips what retention deleted before it receives again (see ``Channel._skip_deleted``)."""
+        self._settings_file = SettingsFile(self.path)
+        # The directory as opened: deleted, it has no links left, even when another process has
+        # made the topic again under the same name (whose messages and channel states are not
+        # this object's to act on). Opened with the writer or the first channel.
+        self._dir_fd = -1
+        self.gone = False
+        """True once the topic is known deleted (``check_present`` found its directory gone, or
+        its broker deleted it): it refuses to work, and its broker opens the name anew."""
+
+    def _hold_directory(self) -> None:
+        if self._dir_fd < 0:
+            self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def check_present(self) -> None:
+        """Raise ``QueueNotFoundError`` when the topic was deleted since it was opened (by another
+        process, say): a writer or channel of a deleted directory would otherwise go on in files
+        no one reads, or take a new topic of the same name for its own. One ``fstat``."""
+        if self.gone or (self._dir_fd >= 0 and os.fstat(self._dir_fd).st_nlink == 0):
+            self.gone = True
+            raise QueueNotFoundError(f"queue or topic {self.name!r} was deleted after it was opened here")
+
+    def refresh_settings(self) -> None:
+        """Take up the settings that another process changed since (checked once a second)."""
+        changed = self._settings_file.changed()
+        if changed is not None:
+            self.settings = changed
+
+    @property
+    def settings(self) -> QueueSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: QueueSettings) -> None:
+        """New settings, for what this object has open too (its writer, its deduplication)."""
+        self._settings = settings
+        if self._writer is not None:
+            self._writer.segment_size = settings.segment_size
+        if self._dedup is not None and int(settings.dedup_window * 1e9) != self._dedup.window_ns:
+            self._dedup = None  # read again with the new window at the next deduplicated send
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -90,6 +138,7 @@ class Topic:
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Append a batch in one write; returns the ids in the order given."""
         items = items if isinstance(items, list) else list(items)
+        self.refresh_settings()
         settings = self.settings
         if not settings.delay and not settings.content_based_dedup and all(type(i) is bytes for i in items):
             return self._send_plain(items)
@@ -99,6 +148,7 @@ class Topic:
         earlier: dict[int, int] = {}  # batch index -> offset already holding its dedup id
         first_in_batch: dict[int, int] = {}  # batch index -> index of the same id earlier in it
         fresh: list[int] = []
+        self.check_present()
         with held(self._get_writer(), self._reopen_writer) as writer:
             if any(e.dedup_id is not None for e in envelopes):
                 dedup = self._dedup_index()
@@ -141,6 +191,7 @@ class Topic:
         if not bodies:
             return []
         now = time.time_ns()
+        self.check_present()
         with held(self._get_writer(), self._reopen_writer) as writer:
             first = writer.next_offset
             writer.append_many([Message(0, now, 0, b"", body) for body in bodies])
@@ -171,8 +222,11 @@ class Topic:
             value = dedup_id if name == "dedup_id" else item.get(name)
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 128):
                 raise InvalidMessageError(f"{name} must be a string of 1 to 128 characters, not {value!r}")
+        given = item.get("attributes") or {}
+        if not isinstance(given, Mapping):
+            raise InvalidMessageError(f"message attributes map names to values, not {type(given).__name__}")
         attributes = {}
-        for name, value in (item.get("attributes") or {}).items():
+        for name, value in given.items():
             if not isinstance(name, str) or not name:
                 raise InvalidMessageError(f"attribute names are non-empty strings, not {name!r}")
             attributes[name] = Attribute.of(value)
@@ -192,6 +246,7 @@ class Topic:
             self._writer = Writer(
                 self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size
             )
+            self._hold_directory()
         return self._writer
 
     def _reopen_writer(self) -> Writer:
@@ -256,7 +311,9 @@ class Topic:
         check_name(name, "channel")
         channel = self._channels.get(name)
         if channel is None:
+            self.check_present()
             channel = self._channels[name] = Channel(self, name)
+            self._hold_directory()
         return channel
 
     def channel_names(self) -> list[str]:
@@ -273,6 +330,7 @@ class Topic:
         written. Returns the files deleted.
         """
         now = time.time() if now is None else now
+        self.check_present()
         for channel in self._channels.values():
             channel.commit_cursor()
         segments = list_segments(self.path)
@@ -283,6 +341,7 @@ class Topic:
         sizes = [s.path.stat().st_size for s in segments]
         total = sum(sizes)
         deleted: list[Path] = []
+        kept_from = 0
         for segment, following, size in zip(segments, segments[1:], sizes):
             consumed = needed_from is not None and following.base <= needed_from
             too_old = settings.retention_seconds is not None and _last_timestamp(segment) < (
@@ -298,6 +357,13 @@ class Topic:
                 except FileNotFoundError:
                     pass
             total -= size
+            kept_from = following.base
+        if deleted:
+            self.first_kept = max(self.first_kept, kept_from)
+            with self._cache_lock:  # deleted: not to be delivered from the cache
+                for first in [first for first, run in self._runs.items() if run[-1].offset < kept_from]:
+                    self._cached -= len(self._runs.pop(first))
+                self._last_run = []
         self._last_gc = time.monotonic()
         return deleted
 
@@ -317,6 +383,9 @@ class Topic:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
 
 
 def _last_timestamp(segment: Segment) -> int:

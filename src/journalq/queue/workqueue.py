@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from journalq.errors import QueueNotFoundError
+from journalq.errors import InvalidSettingError, QueueNotFoundError
 from journalq.queue.channel import Channel
 from journalq.queue.settings import QueueSettings
 from journalq.queue.envelope import resend
@@ -16,6 +16,7 @@ from journalq.queue.envelope import resend
 __all__ = ["DEFAULT_CHANNEL", "Queue"]
 
 DEFAULT_CHANNEL = "default"
+_REDRIVE_VISIBILITY = 60.0  # seconds a redrive hides what it moves: back after that if it dies
 
 
 class Queue(Channel):
@@ -34,35 +35,51 @@ class Queue(Channel):
 
     def redrive(self, destination: str | None = None, max_messages: int | None = None) -> int:
         """Move dead letters back to the queue each came from (or to ``destination``), oldest
-        first (SQS's StartMessageMoveTask); returns how many were moved."""
+        first (SQS's StartMessageMoveTask); returns how many were moved.
+
+        What cannot move (a message that names no source queue, or one that was deleted since) is
+        received like the rest, so its receive count grows by one, and it is given back when the
+        redrive ends: it stays hidden until then, so that the redrive goes on past it."""
+        if max_messages is not None and (
+            isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 0
+        ):
+            raise InvalidSettingError(f"max_messages must be a whole number from 0 (or None: all), not {max_messages!r}")
         broker = self.topic.broker
         if destination is not None:
+            if destination == self.topic.name:  # would move each message again, round and round
+                raise InvalidSettingError(f"queue {destination!r} cannot be redriven to itself")
             broker.queue(destination, create=False)  # refuse a destination that does not exist
         moved = 0
-        while max_messages is None or moved < max_messages:
-            size = 100 if max_messages is None else min(100, max_messages - moved)
-            batch = self.receive(size, visibility_timeout=60)
-            if not batch:
-                return moved
-            by_target: dict[str, list[Any]] = {}
-            for message in batch:
-                target = destination or (message.source or {}).get("queue")
-                if target is None:
-                    self.release(message.receipt)
-                    continue
-                by_target.setdefault(target, []).append(message)
-            for target, messages in list(by_target.items()):
-                try:
-                    # Never make a queue that was deleted since: its dead letters stay here.
-                    queue = broker.queue(target, create=False)
-                except QueueNotFoundError:
-                    for message in messages:
-                        self.release(message.receipt, delay=60)
-                    del by_target[target]
-                    continue
-                queue.send_many([resend(m) for m in messages])
-                self.delete_many([m.receipt for m in messages])
-                moved += len(messages)
-            if not by_target:
-                return moved
+        kept: dict[str, str] = {}  # id -> receipt of each message that cannot move
+        try:
+            while max_messages is None or moved < max_messages:
+                size = 100 if max_messages is None else min(100, max_messages - moved)
+                # wait=0: the queue's receive_wait would hold the last, empty receive that long.
+                batch = self.receive(size, visibility_timeout=_REDRIVE_VISIBILITY, wait=0)
+                if any(m.id in kept for m in batch):
+                    # What was kept came back (this redrive outlasted its hiding): all looked at.
+                    kept.update((m.id, m.receipt) for m in batch)
+                    break
+                if not batch:
+                    break
+                by_target: dict[str, list[Any]] = {}
+                for message in batch:
+                    target = destination or (message.source or {}).get("queue")
+                    if target is None or target == self.topic.name:
+                        kept[message.id] = message.receipt
+                    else:
+                        by_target.setdefault(target, []).append(message)
+                for target, messages in by_target.items():
+                    try:
+                        # Never make a queue that was deleted since: its dead letters stay here.
+                        queue = broker.queue(target, create=False)
+                    except QueueNotFoundError:
+                        kept.update((m.id, m.receipt) for m in messages)
+                        continue
+                    queue.send_many([resend(m) for m in messages])
+                    self.delete_many([m.receipt for m in messages])
+                    moved += len(messages)
+        finally:
+            if kept:
+                self.change_visibility_many([(receipt, 0) for receipt in kept.values()])
         return moved
