@@ -185,3 +185,42 @@ def test_closing_a_broker_after_another_deleted_its_queue_leaves_nothing(tmp_pat
         other.delete("jobs")
     mine.close()
     assert not (tmp_path / "jobs").exists()
+
+
+def _synced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``os.fsync`` is called on from now on (read from the file descriptors)."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def noting(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", noting)
+    return synced
+
+
+@pytest.mark.parametrize("sync", ["always", "group:5ms", "none"])
+def test_making_changing_and_deleting_a_queue_reach_stable_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str
+) -> None:
+    """A queue answered as made (or changed, or deleted) survives a power cut unless the broker's
+    policy is ``sync="none"``: its settings file, the directory entries that name it and the
+    rename of a delete are synced before the call returns."""
+    root = (tmp_path / "data").resolve()
+    with Broker(root, sync=sync) as broker:
+        synced = _synced_paths(monkeypatch)
+        broker.queue("q")
+        made = list(synced)
+        broker.configure("q", visibility_timeout=5)
+        changed = synced[len(made):]
+        broker.delete("q")
+        deleted = synced[len(made) + len(changed):]
+    if sync == "none":
+        assert made == changed == deleted == []
+        return
+    assert any(p.startswith(str(root / "q" / "queue.json.")) for p in made), made  # its contents
+    assert str(root / "q") in made and str(root) in made, made  # its entry, and its directory's
+    assert any(p.startswith(str(root / "q" / "queue.json.")) for p in changed), changed
+    assert str(root / "q") in changed, changed  # the rename
+    assert deleted[-1] == str(root), deleted

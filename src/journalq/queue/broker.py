@@ -13,6 +13,7 @@ from typing import Any
 
 from journalq.closing import Closing
 from journalq.errors import InvalidSettingError, QueueNotFoundError
+from journalq.journal.recovery import fsync_dir
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
@@ -43,6 +44,8 @@ class Broker(Closing):
     def __init__(self, root: str | os.PathLike[str], *, sync: str | SyncPolicy = "always") -> None:
         self.root = Path(root)
         self.sync = str(SyncPolicy.parse(sync))
+        self.durable = SyncPolicy.parse(sync).mode != "none"
+        """Whether making, changing and deleting queues is synced too (unless ``sync="none"``)."""
         self.root.mkdir(parents=True, exist_ok=True)
         remove_leftovers(self.root)  # of deletes that a crash cut short (see ``removal``)
         self._topics: dict[str, Topic] = {}
@@ -71,7 +74,7 @@ class Broker(Closing):
             wanted = _own_settings(name, QueueSettings().replace(**settings))
             sharded.check_new(self.root, name, wanted)
             path.mkdir(parents=True, exist_ok=True)
-            if settings_file.create(path, wanted):
+            if settings_file.create(path, wanted, durable=self.durable):
                 current, settings = wanted, {}
             else:  # another process made it meanwhile: its settings stand, ours are a change
                 current = settings_file.load(path)
@@ -81,7 +84,7 @@ class Broker(Closing):
             updated = _own_settings(name, current.replace(**settings))
             if updated != current:
                 sharded.check_change(name, current, updated)
-                settings_file.save(path, updated)
+                settings_file.save(path, updated, durable=self.durable)
                 current = updated
         if topic is None:
             topic = self._topics[name] = sharded.open_topic(self, name, current)
@@ -154,6 +157,8 @@ class Broker(Closing):
         sharded.delete_shards(self.root, name, settings_file.load(path))
         if not remove_directory(self.root, name):
             raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted meanwhile")
+        if self.durable:
+            fsync_dir(self.root)  # gone for good: a power cut does not bring the queue back
         remove_leftovers(self.root)
 
     def gc(self) -> dict[str, int]:

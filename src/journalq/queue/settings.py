@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from journalq.errors import InvalidNameError, InvalidSettingError
+from journalq.journal.recovery import fsync_dir
 
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,79}$")
 MAX_NAME_LENGTH = 80
@@ -184,37 +185,49 @@ class SettingsFile:
         return load(self.topic_path)
 
 
-def save(topic_path: Path, settings: QueueSettings) -> None:
-    """Write the settings atomically (temporary file, then rename)."""
+def save(topic_path: Path, settings: QueueSettings, *, durable: bool = True) -> None:
+    """Write the settings atomically (temporary file, then rename); ``durable``: on stable
+    storage, rename included, when this returns."""
     file = topic_path / SETTINGS_FILE
-    tmp = write_temporary(file, settings)
+    tmp = write_temporary(file, settings, durable)
     try:
         os.replace(tmp, file)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if durable:
+        fsync_dir(topic_path)
 
 
-def create(topic_path: Path, settings: QueueSettings) -> bool:
+def create(topic_path: Path, settings: QueueSettings, *, durable: bool = True) -> bool:
     """Write the settings of a new topic, unless another process wrote some first: False then
-    (theirs stay, whole). Processes that create one topic at once thus agree on its settings."""
+    (theirs stay, whole). Processes that create one topic at once thus agree on its settings.
+    ``durable``: the file, and the topic's directory in its parent, are on stable storage when
+    this returns True (a queue answered as made survives a power cut)."""
     file = topic_path / SETTINGS_FILE
-    tmp = write_temporary(file, settings)
+    tmp = write_temporary(file, settings, durable)
     try:
         os.link(tmp, file)  # atomic, and refused when the file exists
     except FileExistsError:
         return False
     finally:
         tmp.unlink()
+    if durable:
+        fsync_dir(topic_path)
+        fsync_dir(topic_path.parent)
     return True
 
 
-def write_temporary(file: Path, settings: QueueSettings) -> Path:
+def write_temporary(file: Path, settings: QueueSettings, durable: bool) -> Path:
     """The settings in a temporary file beside ``file``, of this process and thread (nothing is
-    left behind when writing it fails, on a full disk say)."""
+    left behind when writing it fails, on a full disk say); synced when ``durable``."""
     tmp = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n")
+        with open(tmp, "wb") as f:
+            f.write((json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n").encode())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
