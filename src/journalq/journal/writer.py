@@ -87,6 +87,10 @@ class Writer(Closing):
         self.recoveries: list[Recovery] = []
         """Every tail that this writer cut while opening or catching up, oldest first."""
         self.caught_up: list[Message] = []
+        self.segment_unlinked = False
+        """Whether the last catch-up (of a shared writer) found its segment deleted: by another
+        process's gc or compaction (the writer then goes on in the next segment), or with the
+        whole journal (see ``held``'s ``check``)."""
         """A shared writer: the messages other writers appended that the last catch-up (the
         last ``hold()`` or append) read, in order. A caller keeping up with the journal can take
         them instead of reading them again, when they run up to ``next_offset`` (a catch-up
@@ -324,7 +328,8 @@ class Writer(Closing):
         stat = os.fstat(self._fd)
         size = stat.st_size
         self.caught_up = []
-        if stat.st_nlink == 0 and size != self._seg_len:
+        self.segment_unlinked = unlinked = stat.st_nlink == 0
+        if unlinked and size != self._seg_len:
             # Others appended to a segment that gc (or compaction) has deleted since: what it
             # holds says nothing of the journal's end (as when this was read by path: ``held``
             # opens a writer at the end instead).
@@ -652,16 +657,20 @@ class _Hold:
 
 
 class held(_Hold):
-    """``with held(writer, reopen) as w``: ``writer.hold()``, giving the writer held. A shared
-    writer cannot catch up once another process's gc (or compaction) deleted the segment it was
-    on: then the writer is closed and ``reopen()`` gives one at the journal's end to hold instead.
-    (``_Hold`` itself: a channel takes it for every operation.)"""
+    """``with held(writer, reopen, check) as w``: ``writer.hold()``, giving the writer held. A
+    shared writer cannot catch up once another process's gc (or compaction) deleted the segment it
+    was on: then the writer is closed and ``reopen()`` gives one at the journal's end to hold
+    instead. When the catch-up found the writer's segment deleted, ``check()`` (if given) is
+    called with the writer held, to refuse the hold by raising: the whole journal may have been
+    deleted, and appends to its files would be lost. (``_Hold`` itself: a channel takes it for
+    every operation, and the check costs nothing while the segment is there.)"""
 
-    __slots__ = ("_reopen",)
+    __slots__ = ("_reopen", "_check")
 
-    def __init__(self, writer: Writer, reopen: Callable[[], Writer]) -> None:
+    def __init__(self, writer: Writer, reopen: Callable[[], Writer], check: Callable[[], None] | None = None) -> None:
         self._writer = writer
         self._reopen = reopen
+        self._check = check
 
     def __enter__(self) -> Writer:  # type: ignore[override]
         # Until a hold succeeds: the writer ``reopen()`` gives takes the lock again only here,
@@ -669,14 +678,24 @@ class held(_Hold):
         while True:
             try:
                 _Hold.__enter__(self)
-                return self._writer
+                break
             except FileNotFoundError:
+                if self._check is not None:
+                    self._check()  # its error, when the whole journal is gone, says why
                 writer = self._writer
                 segments = list_segments(writer.path)
                 if not segments or writer.segment in segments:
                     raise  # not a collected segment: the journal itself is gone, or something else
                 writer.close()
                 self._writer = self._reopen()
+        writer = self._writer
+        if writer.segment_unlinked and self._check is not None:
+            try:
+                self._check()
+            except BaseException as exc:
+                _Hold.__exit__(self, type(exc), exc, exc.__traceback__)  # let go, writing nothing
+                raise
+        return writer
 
 
 def _make_dirs(directory: Path, durable: bool) -> None:

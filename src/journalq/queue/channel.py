@@ -250,11 +250,17 @@ class Channel:
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""
-        self.topic.check_present()
-        return held(self._writer, self._reopen_writer)
+        # The topic's presence is checked only when the catch-up found the segment deleted: an
+        # fstat of its directory on every call would cost a few per cent of a receive.
+        topic = self.topic
+        if topic.gone:  # deleted by its own broker, which closed the writers
+            topic.check_present()
+        return held(self._writer, self._reopen_writer, topic.check_present)
 
     def _reopen_writer(self) -> Writer:
-        """A new writer, for one whose segment another process's compaction deleted."""
+        """A new writer, for one whose segment another process's compaction deleted (not one of
+        a topic deleted and made again: that is not this channel's to act on)."""
+        self.topic.check_present()
         sync = self.topic.broker.sync
         self._writer = Writer(self.path, shared=True, sync=sync, segment_size=STATE_SEGMENT_SIZE)
         return self._writer

@@ -82,7 +82,9 @@ class Topic:
     def check_present(self) -> None:
         """Raise ``QueueNotFoundError`` when the topic was deleted since it was opened (by another
         process, say): a writer or channel of a deleted directory would otherwise go on in files
-        no one reads, or take a new topic of the same name for its own. One ``fstat``."""
+        no one reads, or take a new topic of the same name for its own. One ``fstat``: called
+        when a writer or channel is opened, and by their holds when they find their segment
+        deleted (``held``'s check)."""
         if self.gone or (self._dir_fd >= 0 and os.fstat(self._dir_fd).st_nlink == 0):
             self.gone = True
             raise QueueNotFoundError(f"queue or topic {self.name!r} was deleted after it was opened here")
@@ -148,8 +150,7 @@ class Topic:
         earlier: dict[int, int] = {}  # batch index -> offset already holding its dedup id
         first_in_batch: dict[int, int] = {}  # batch index -> index of the same id earlier in it
         fresh: list[int] = []
-        self.check_present()
-        with held(self._get_writer(), self._reopen_writer) as writer:
+        with held(self._get_writer(), self._reopen_writer, self.check_present) as writer:
             if any(e.dedup_id is not None for e in envelopes):
                 dedup = self._dedup_index()
                 dedup.catch_up()
@@ -191,8 +192,7 @@ class Topic:
         if not bodies:
             return []
         now = time.time_ns()
-        self.check_present()
-        with held(self._get_writer(), self._reopen_writer) as writer:
+        with held(self._get_writer(), self._reopen_writer, self.check_present) as writer:
             first = writer.next_offset
             writer.append_many([Message(0, now, 0, b"", body) for body in bodies])
         return [message_id(offset) for offset in range(first, first + len(bodies))]
@@ -242,7 +242,8 @@ class Topic:
         )
 
     def _get_writer(self) -> Writer:
-        if self._writer is None:
+        if self._writer is None or self.gone:
+            self.check_present()  # a writer of a deleted topic would make its directory again
             self._writer = Writer(
                 self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size
             )
