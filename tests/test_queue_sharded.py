@@ -259,8 +259,10 @@ def test_a_receive_refused_for_a_stale_receipt_takes_no_message(tmp_path: Path) 
         queue.delete(stale)
         # Shard 0's receipt is good, shard 1's is stale: whichever shard is asked first, the
         # refused receive must not take (and hide, and count) messages it never returns.
-        with pytest.raises(ReceiptError, match=re.escape(repr(stale))):
+        with pytest.raises(ReceiptError, match=re.escape(repr(stale))) as refused:
             queue.receive(10, delete=[by_shard[0].receipt, stale])
+        # The message is named by its id as this queue gives it ("1.5"), not its offset in the shard.
+        assert f"message {by_shard[1].id} is no longer in flight" in str(refused.value)
         assert sorted(m.body for m in queue.receive(10)) == [b"later-a", b"later-d"]
 
 

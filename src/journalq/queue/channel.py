@@ -828,7 +828,9 @@ class Channel:
                     raise StaleReceiptError(f"receipt {self._shown(receipt)} was given twice in one call")
                 acted.add(offset)
             except StaleReceipt as exc:
-                outcomes[i] = StaleReceiptError(f"receipt {self._shown(receipt)}: {exc}")
+                outcomes[i] = StaleReceiptError(
+                    f"receipt {self._shown(receipt)}: message {self.receipt_prefix}{exc.offset} {exc.why}"
+                )
                 continue
             except ReceiptError as exc:
                 outcomes[i] = exc

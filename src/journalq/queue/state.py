@@ -160,7 +160,13 @@ def _past_finished(cursor: int, finished: set[int]) -> int:
 
 
 class StaleReceipt(Exception):
-    """A receipt of a delivery that is over: finished, or delivered again since."""
+    """A receipt of a delivery that is over: finished, or delivered again since. ``why`` says
+    which, of the message at ``offset`` (the channel names the message as its caller knows it)."""
+
+    def __init__(self, offset: int, why: str) -> None:
+        super().__init__(f"message {offset} {why}")
+        self.offset = offset
+        self.why = why
 
 
 class ChannelState:
@@ -417,16 +423,15 @@ class ChannelState:
         ``stamp``, when given, must be the delivery's too (see ``Delivery.stamp``)."""
         delivery = self.inflight.get(offset)
         if delivery is None:
-            raise StaleReceipt(f"message {offset} is no longer in flight (finished or gone)")
+            raise StaleReceipt(offset, "is no longer in flight (finished or gone)")
         if delivery.seq != seq:
             raise StaleReceipt(
-                f"message {offset} was delivered again (delivery {delivery.seq}) after the "
-                f"delivery {seq} that this receipt belongs to"
+                offset, f"was delivered again (delivery {delivery.seq}) after the delivery {seq} that this receipt belongs to"
             )
         if stamp is not None and delivery.stamp != stamp:
             raise StaleReceipt(
-                f"message {offset}: the delivery this receipt belongs to was lost in a crash (it "
-                f"was never synced) and the message was delivered again since"
+                offset, "was delivered again after the delivery this receipt belongs to, which was "
+                "lost in a crash (it was never synced)"
             )
         return delivery
 
