@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -291,3 +292,63 @@ def test_random_kills_of_zookeeper_producers_and_consumers(
         print(f"{scenario} seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {len(run.ended['rel'])} "
               f"released, {redelivered} redelivered, {dict(run.events)}")
         check(server.url("/crash"), run, scenario)
+
+
+@pytest.mark.slow
+def test_a_batch_cut_by_a_server_crash_says_what_it_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server SIGKILLed in the middle of a batch of three chunks, after the first chunk's
+    entries were applied and while the others' were in flight: ``PartialSendError`` (a
+    ``StoreUnavailableError`` too) names the first chunk's messages stored and the others unsent;
+    after the restart exactly those are there (the half-written rest is invisible), and sending
+    the unsent again leaves every message once."""
+    from journalq.errors import PartialSendError, StoreUnavailableError
+    from journalq.queue.zookeeper import store
+    from journalq.queue.zookeeper.server import ZooKeeperServer
+
+    reason = ZooKeeperServer.available()
+    if reason is not None:
+        pytest.skip(f"no ZooKeeper server can run here: {reason}")
+    with ZooKeeperServer(tmp_path / "zk") as server, Broker(server.url("/partial"), session_timeout=10) as broker:
+        q = broker.queue("jobs")
+        monkeypatch.setattr(store, "_BATCH_TASKS", 3)  # 8 messages: chunks of 3, 3 and 2
+        write_entries = q.topic._write_entries
+        chunks = iter(range(10**6))
+        killer = threading.Timer(0.3, server.kill)
+
+        def crash_at_the_second(chunk: list) -> object:
+            if next(chunks) == 1:
+                broker.client.sync("/")  # answered after every request sent before: applied
+                # Frozen, then killed once the rest is sent (requests made while kazoo already
+                # reconnects would wait for the server to come back, and not fail).
+                server.process.send_signal(signal.SIGSTOP)
+                killer.start()
+            return write_entries(chunk)
+
+        monkeypatch.setattr(q.topic, "_write_entries", crash_at_the_second)
+        bodies = [b"m%d" % i for i in range(8)]
+        with pytest.raises(PartialSendError, match=r"^3 of the 8 messages of the batch stored, not those at positions "
+                                                   r"3-7: ZooKeeper at ") as failed:
+            q.send_many(bodies)
+        monkeypatch.undo()
+        error = failed.value
+        assert isinstance(error, StoreUnavailableError) and isinstance(error.__cause__, StoreUnavailableError)
+        stored = error.ids[:3]
+        assert None not in stored and error.ids[3:] == [None] * 5 and error.unsent == [3, 4, 5, 6, 7]
+        killer.join()  # (the send fails as the socket closes, maybe before the kill reaped it)
+        server.start()
+        deadline = time.monotonic() + 30
+        while True:  # (kazoo reconnects on its own)
+            try:
+                got = q.receive(10, visibility_timeout=600)
+                break
+            except StoreUnavailableError:
+                assert time.monotonic() < deadline, "no reconnection"
+                time.sleep(0.1)
+        assert sorted((m.id, m.body) for m in got) == sorted(zip(stored, bodies[:3]))
+        resent = q.send_many([bodies[i] for i in error.unsent])
+        got += q.receive(10, visibility_timeout=600)
+        assert sorted(m.body for m in got) == bodies and {m.id for m in got} == set(stored) | set(resent)
+        assert q.receive(10, wait=0) == [] and not any(q.delete_many([m.receipt for m in got]))
+        tasks = broker.client.get_children(f"{broker.path}/jobs/tasks")
+        assert len(tasks) == 8 + 5  # the rest's data and metadata, written before the crash: orphans
+        assert sorted(q.topic.collect(force=True, orphan_grace=0) or []) == sorted(set(tasks) - {m.id for m in got})
