@@ -741,11 +741,9 @@ class ZooKeeperQueue:
         session = self._client_session()
         if session is not None and session == self._session:
             return
-        if self._registrations:
-            self.consumer_id = _participant()
-        self._registrations += 1
+        consumer = _participant() if self._registrations else self.consumer_id
         zk, paths = self._zk, self.paths
-        node, current = paths.consumer(self.consumer_id), paths.consumer(self.consumer_id, "current")
+        node, current = paths.consumer(consumer), paths.consumer(consumer, "current")
         for _ in range(3):
             t = zk.transaction()
             t.create(node, b"")
@@ -755,7 +753,7 @@ class ZooKeeperQueue:
                 break
             if failed[0] != 0 or not isinstance(failed[1], NodeExistsError):
                 raise failed[1]
-            try:  # the consumer's node outlived an earlier session of ours
+            try:  # the node is there already (a registration whose answer was lost, say)
                 zk.create(current, b"[]", ephemeral=True)
                 break
             except NodeExistsError:
@@ -763,8 +761,9 @@ class ZooKeeperQueue:
             except NoNodeError:
                 continue  # the collector deleted that node just now (it had no "current"): again
         else:
-            raise QueueError(f"consumer {self.consumer_id} of {self.topic.name!r} could not register: its node kept going")
-        self._session = session
+            raise QueueError(f"consumer {consumer} of {self.topic.name!r} could not register: its node kept going")
+        self.consumer_id, self._session = consumer, session
+        self._registrations += 1
 
     def _live(self, consumers: list[str] | None = None) -> _Live:
         """The consumers whose session is alive (this one among them once it registered in the
