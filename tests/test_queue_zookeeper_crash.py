@@ -20,7 +20,6 @@ agree, and finished tasks are collected after their lifetime, not before."""
 from __future__ import annotations
 
 import collections
-import json
 import os
 import random
 import signal

@@ -958,14 +958,15 @@ class ZooKeeperQueue:
         is never taken: locks end with their session, so its holder lives (it was taken for dead
         wrongly) and keeps the task."""
         zk, paths = self._zk, self.paths
-        current = paths.consumer(self.consumer_id, "current")
+        me = self.consumer_id  # (one name throughout, should another thread register anew)
+        current = paths.consumer(me, "current")
 
         def claim(task: str, new: Entry, version: int, replace: bool) -> Callable[[Any], None]:
             def add(t: Any) -> None:
                 t.set_data(paths.entry(task), new.encode(), version)
                 if replace:
                     t.delete(paths.task(task, "claim"))
-                t.create(paths.task(task, "claim"), self.consumer_id.encode(), ephemeral=True)
+                t.create(paths.task(task, "claim"), me.encode(), ephemeral=True)
                 t.set_data(paths.task(task, "state"), CLAIMED.encode())
                 # the lock's session is the one this consumer registered in (a lock made in a
                 # later session of the client would name a consumer that others take for dead)
@@ -974,7 +975,7 @@ class ZooKeeperQueue:
 
         planned = []
         for task, entry, version, count, hide_ms in wanted:
-            new = Entry(now + hide_ms, count, self.consumer_id, entry.group, entry.filters)
+            new = Entry(now + hide_ms, count, me, entry.group, entry.filters)
             expired = entry.at <= now
             replace = expired and entry.by is not None and not entry.kept and entry.by in live
             planned.append((task, new, version, expired, replace,
