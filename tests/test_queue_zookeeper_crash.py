@@ -5,7 +5,9 @@ the next ``receive(n, delete=...)``; some released at once by ``release`` or
 ``change_visibility``; some kept until the consumer dies) run while the parent SIGKILLs a random
 one every 50-300 ms and respawns it; one run also SIGKILLs the ZooKeeper server mid-run and starts
 it again (the children then meet ``StoreUnavailableError`` or ``PartialSendError``, and go on).
-Two more scenarios: consumers with zkmq's filters (an ordered enum, ``absolute`` and
+In one run the consumers' sessions expire now and then (the server ends them, as after a
+partition): their tasks come back at once and their receipts are refused, and only then. Two
+more scenarios: consumers with zkmq's filters (an ordered enum, ``absolute`` and
 ``at_least``), none of which may ever get a message its filters exclude; and poison messages
 never deleted, with ``max_receive_count`` 2, each of which must reach the dead-letter queue (at
 least once: twice when a consumer dies between the dead letter's send and the task's end).
@@ -52,6 +54,7 @@ LIFETIME = 2.0  # seconds a finished task is kept before the collector may delet
 SETTINGS = {"visibility_timeout": 600, "task_gc_interval": 0.1, "task_gc_lifetime": LIFETIME}
 SCENARIOS = {  # the queue's settings beyond SETTINGS
     "plain": {},
+    "expire": {},
     "fifo": {},
     "filters": {"enums": {"tier": FILTERS["tier"]}},
     "dead": {"max_receive_count": 2, "dead_letter_queue": "jobs-dead"},
@@ -122,9 +125,38 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\nFILTERS = {FILTERS!r}\nPROFILE
             return rng.choice(["rel", ""])
         return rng.choices(["fin", "rel", ""], [16, 2, 1])[0]
 
+    def expire(kept):
+        # As the server does when the session times out (a partition, a long pause): another
+        # client joins this session and closes it; this one then opens a new session. What it
+        # kept goes back at once, and its receipts are refused from then on.
+        from kazoo.client import KazooClient
+        session = broker.client.client_id
+        if session is None:
+            return
+        lost.set()
+        note("expired")  # (before: this process may be killed before kazoo finds it out)
+        other = KazooClient(hosts=broker.hosts, client_id=session)
+        other.start(timeout=5)
+        other.stop()
+        other.close()
+        deadline = time.monotonic() + 5
+        while (broker.client.client_id or session)[0] == session[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            errors = q.change_visibility_many([(m.receipt, 600) for m in kept])
+        except StoreUnavailableError:
+            return
+        if None in errors:
+            note(f"error a receipt of the expired session was taken: {errors}")
+        note("fenced")
+
     def consume(filters):
         later = []  # deleted by the next receive
+        kept = []  # neither deleted nor released: held until this consumer dies
         while True:
+            if scenario == "expire" and kept and rng.random() < 0.05:
+                expire(kept)
+                kept = []
             n, start = rng.randint(1, 8), time.time_ns()
             try:
                 ms = q.receive(n, filters=filters, delete=[m.receipt for m in later])
@@ -150,6 +182,7 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\nFILTERS = {FILTERS!r}\nPROFILE
             released = [m for m in ms if keep[m.receipt] == "rel"]
             if released:
                 act("rel", release, released)
+            kept += [m for m in ms if keep[m.receipt] == ""]
             time.sleep(rng.uniform(0, 0.01) if ms else 0.01)
 
     def item(n):
@@ -180,7 +213,7 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\nFILTERS = {FILTERS!r}\nPROFILE
                 note("unavailable")
             note("sent " + " ".join(ids))
             # about as fast as the consumers (slower with groups: one message in flight each)
-            time.sleep(rng.uniform(0, 0.1 if scenario == "plain" else 0.6))
+            time.sleep(rng.uniform(0, 0.6 if scenario == "fifo" else 0.1))
 
     with Broker(url, session_timeout=SESSION) as broker:
         # A session that expires (the server down too long) gives this consumer's tasks back.
@@ -239,7 +272,7 @@ def stress(server, tmp_path: Path, env: dict, *, seed: int, seconds: float, scen
         consumer = children.kill(slot)
         if consumer is not None:
             run.killed_at[consumer] = at
-            if "lost" in log.read_text().split("\n"):
+            if {"lost", "expired"} & set(log.read_text().split("\n")):
                 run.lost.add(consumer)
             run.holder.update((d, consumer) for d in run.deliveries[deliveries:])
 
@@ -379,8 +412,8 @@ def check_dead_letters(broker: Broker, run: ZooKeeperRun) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("scenario", "restart", "seconds"), [("plain", False, 8.0), ("plain", True, 8.0),
-                                                              ("fifo", False, 5.0), ("filters", False, 8.0),
-                                                              ("dead", False, 8.0)])
+                                                              ("expire", False, 8.0), ("fifo", False, 5.0),
+                                                              ("filters", False, 8.0), ("dead", False, 8.0)])
 def test_random_kills_of_zookeeper_producers_and_consumers(
     tmp_path: Path, child_env: dict, scenario: str, restart: bool, seconds: float
 ) -> None:
