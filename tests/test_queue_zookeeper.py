@@ -279,6 +279,115 @@ def test_a_consumer_that_registers_while_another_receives_keeps_its_claim(
         qa.delete(held[0].receipt)  # A's receipt is still the latest
 
 
+def expire_session(broker) -> None:
+    """End ``broker``'s ZooKeeper session as the server does when it expires it (ephemeral nodes
+    deleted): another client joins the session (its id and password) and closes it. The broker's
+    client then finds its session expired and opens a new one (kazoo's LOST, then CONNECTED)."""
+    from kazoo.client import KazooClient
+
+    old = broker.client.client_id
+    other = KazooClient(hosts=broker.hosts, client_id=old)
+    other.start(timeout=10)
+    other.stop()
+    other.close()
+    deadline = time.monotonic() + 10
+    while (broker.client.client_id or old)[0] == old[0]:
+        assert time.monotonic() < deadline, "the broker's client did not open a new session"
+        time.sleep(0.01)
+
+
+def test_a_consumer_whose_session_expired_is_a_new_consumer_when_it_reconnects(url: str) -> None:
+    """A claim belongs to a session: the process that reconnects does not hold its old claims
+    again (before, it registered under the same id, and they looked held until their visibility
+    timeout ended)."""
+    with Broker(url) as a, Broker(url) as b:
+        qa, qb = a.queue("jobs"), b.queue("jobs")
+        t, u = qa.send_many([b"t", b"u"])
+        assert [m.id for m in qa.receive(2, visibility_timeout=600)] == [t, u]
+        before = qa.consumer_id
+        expire_session(a)
+        (again,) = qa.receive(visibility_timeout=600)  # free at once, to it as to any other
+        assert (again.id, again.receive_count) == (t, 2) and qa.consumer_id != before
+        (other,) = qb.receive(visibility_timeout=600)
+        assert (other.id, other.receive_count) == (u, 2)
+        assert qb.consumers() == {qa.consumer_id: [t], qb.consumer_id: [u]}
+        assert qb.task(t).consumer == qa.consumer_id
+        qa.delete(again.receipt)
+        qb.delete(other.receipt)
+
+
+def test_receipts_of_a_session_that_expired_are_refused(url: str) -> None:
+    """Its claims ended with the session: their receipts no longer delete or hide (another
+    consumer may be working on the task), from that process or any other; and its close does
+    not keep them hidden."""
+    from journalq.errors import StaleReceiptError
+
+    with Broker(url) as a, Broker(url) as b:
+        qa, qb = a.queue("jobs"), b.queue("jobs")
+        ids = qa.send_many([b"t", b"u", b"v"])
+        t, u, v = qa.receive(3, visibility_timeout=600)
+        expire_session(a)
+        refused = [*qa.delete_many([t.receipt]), *qa.change_visibility_many([(u.receipt, 600), (v.receipt, 0)]),
+                   *qb.delete_many([u.receipt])]
+        assert all(isinstance(e, StaleReceiptError) and "session of consumer" in str(e) for e in refused), refused
+        a.close()  # leaves cleanly, but what it held was not its own any more
+        got = qb.receive(3, visibility_timeout=600)
+        assert sorted(m.id for m in got) == ids and {m.receive_count for m in got} == {2}
+        assert not any(qb.delete_many([m.receipt for m in got]))
+
+
+def test_a_session_that_expires_as_its_consumer_claims_wins_nothing_others_could_take(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session ends between the consumer's registration and its claim: the claim, made in the
+    client's new session, must not name the consumer registered in the old one (whose claims
+    others take for dead): it fails, and the receive registers again and claims anew."""
+    with Broker(url) as a, Broker(url) as b:
+        qa, qb = a.queue("jobs"), b.queue("jobs")
+        qa.receive(wait=0)  # registered
+        task = qa.send(b"x")
+        listing = qa._pending
+        expired: list[str] = []
+
+        def listing_then_expiry(relist: bool, watch: bool) -> tuple[list[str], bool]:
+            result = listing(relist, watch)  # after the registration, before the claim
+            if task in result[0] and not expired:
+                expired.append(qa.consumer_id)
+                expire_session(a)
+            return result
+
+        monkeypatch.setattr(qa, "_pending", listing_then_expiry)
+        (m,) = qa.receive(visibility_timeout=600)
+        assert m.id == task and m.receive_count == 1 and expired != [qa.consumer_id]
+        assert qb.receive() == []  # held by a consumer alive
+        assert qb.task(task).consumer == qa.consumer_id
+        qa.delete(m.receipt)
+
+
+def test_a_claim_never_takes_the_lock_of_a_holder_taken_for_dead(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receive whose liveness read takes a live holder for dead finds the holder's lock: its
+    claim fails and the holder keeps the task (before, the claim was tried again replacing the
+    lock: a takeover of a live consumer's task). Once the holder's visibility timeout ran out,
+    the lock is replaced, whatever the liveness read said."""
+    with Broker(url) as a, Broker(url) as b:
+        qa, qb = a.queue("jobs"), b.queue("jobs")
+        task = qa.send(b"x")
+        (held,) = qa.receive(visibility_timeout=600)
+        monkeypatch.setattr(qb, "_live", lambda consumers=None: {qb.consumer_id})  # a taken for dead
+        lock = f"{b.path}/jobs/tasks/{task}/claim"
+        assert qb.receive() == []
+        assert b.client.get(lock)[1].ephemeralOwner == a.client.client_id[0]
+        qa.change_visibility(held.receipt, 0.2)
+        time.sleep(0.25)
+        (again,) = qb.receive(visibility_timeout=600)
+        assert again.id == task and again.receive_count == 2
+        assert b.client.get(lock)[1].ephemeralOwner == b.client.client_id[0]
+        monkeypatch.undo()
+        with pytest.raises(Exception, match=r"delivered again \(delivery 2\)"):
+            qa.delete(held.receipt)
+        qb.delete(again.receipt)
+
+
 def test_a_consumer_that_closes_keeps_its_tasks_hidden_for_their_visibility(url: str) -> None:
     with Broker(url) as b:
         q = b.queue("jobs")

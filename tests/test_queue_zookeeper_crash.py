@@ -5,6 +5,12 @@ the next ``receive(n, delete=...)``; some released at once by ``release`` or
 ``change_visibility``; some kept until the consumer dies) run while the parent SIGKILLs a random
 one every 50-300 ms and respawns it; one run also SIGKILLs the ZooKeeper server mid-run and starts
 it again (the children then meet ``StoreUnavailableError`` or ``PartialSendError``, and go on).
+In one run the consumers' sessions expire now and then (the server ends them, as after a
+partition): their tasks come back at once and their receipts are refused, and only then. Two
+more scenarios: consumers with zkmq's filters (an ordered enum, ``absolute`` and
+``at_least``), none of which may ever get a message its filters exclude; and poison messages
+never deleted, with ``max_receive_count`` 2, each of which must reach the dead-letter queue (at
+least once: twice when a consumer dies between the dead letter's send and the task's end).
 
 The visibility timeout is long (600 s), so a delivery ends only when its consumer deletes or
 releases it, or dies (its session ends: the store's promise is that its tasks come back then).
@@ -20,6 +26,7 @@ import os
 import random
 import signal
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -27,18 +34,36 @@ import pytest
 
 from journalq.errors import TaskNotFoundError
 from journalq.queue import Broker
-from test_queue_crash_stress import ROLES, Children, Delivery, Run, assert_finished, check_ended
+from test_queue_crash_stress import (
+    FILTERS,
+    PROFILES,
+    ROLES,
+    Children,
+    Delivery,
+    Run,
+    allowed,
+    assert_finished,
+    check_ended,
+    drain,
+)
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
 
 SESSION = 1.0  # the children's session timeout: a killed consumer's tasks come back this soon
 LIFETIME = 2.0  # seconds a finished task is kept before the collector may delete it
 SETTINGS = {"visibility_timeout": 600, "task_gc_interval": 0.1, "task_gc_lifetime": LIFETIME}
+SCENARIOS = {  # the queue's settings beyond SETTINGS
+    "plain": {},
+    "expire": {},
+    "fifo": {},
+    "filters": {"enums": {"tier": FILTERS["tier"]}},
+    "dead": {"max_receive_count": 2, "dead_letter_queue": "jobs-dead"},
+}
 GROUPS = 16
 
-CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\n" + textwrap.dedent(
+CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\nFILTERS = {FILTERS!r}\nPROFILES = {PROFILES!r}\n" + textwrap.dedent(
     """
-    import random, sys, threading, time
+    import json, random, sys, threading, time
     from journalq.errors import PartialSendError, ReceiptError, StoreUnavailableError
     from journalq.queue import Broker
 
@@ -46,6 +71,7 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\n" + textwrap.dedent(
     rng = random.Random(seed)
     log = open(out, "a")  # made by the parent: a child may be killed before it opens it
     lock = threading.Lock()
+    lost = threading.Event()  # this consumer's session expired: its receipts may be refused
     stamps = {}  # receipt -> the time its receive returned (the delivery's stamp in the logs)
 
     def note(line):
@@ -63,6 +89,11 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\n" + textwrap.dedent(
         note("got " + " ".join(f"{m.id},{m.receive_count},{stamp},{m.sent_at_ns},{m.group_id or '-'},{m.body.decode()}"
                                for m in ms))
 
+    def refused(errors):
+        # Deliveries are hidden for 600 s: only a consumer whose session ended loses them.
+        if any(errors) and not lost.is_set():
+            note(f"error refused {errors}")
+
     def act(kind, call, ms):
         # "fin"/"rel" with the times before and after the call, and only what it did; a call cut
         # by the outage may have done any of it: "end" (for a delete), "rel" (a release).
@@ -72,32 +103,77 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\n" + textwrap.dedent(
         except StoreUnavailableError:
             note(f"{'end' if kind == 'fin' else 'rel'} {start} {time.time_ns()} {tokens(ms)}")
             return
+        refused(errors)
         note(f"{kind} {start} {time.time_ns()} " + tokens([m for m, e in zip(ms, errors) if e is None]))
 
     def release(rs):
         if rng.random() < 0.5:
             return q.change_visibility_many([(r, 0) for r in rs])
-        return [q.release(r) for r in rs]  # raises on a refused one: a failure of the test
+        errors = []
+        for r in rs:
+            try:
+                q.release(r)
+                errors.append(None)
+            except ReceiptError as exc:
+                errors.append(exc)
+        return errors
 
-    def consume():
+    def choose(m):
+        # delete most, release a few at once, keep a few until this consumer dies; poison never
+        # deleted
+        if scenario == "dead" and m.body[:1] == b"p":
+            return rng.choice(["rel", ""])
+        return rng.choices(["fin", "rel", ""], [16, 2, 1])[0]
+
+    def expire(kept):
+        # As the server does when the session times out (a partition, a long pause): another
+        # client joins this session and closes it; this one then opens a new session. What it
+        # kept goes back at once, and its receipts are refused from then on.
+        from kazoo.client import KazooClient
+        session = broker.client.client_id
+        if session is None:
+            return
+        lost.set()
+        note("expired")  # (before: this process may be killed before kazoo finds it out)
+        other = KazooClient(hosts=broker.hosts, client_id=session)
+        other.start(timeout=5)
+        other.stop()
+        other.close()
+        deadline = time.monotonic() + 5
+        while (broker.client.client_id or session)[0] == session[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            errors = q.change_visibility_many([(m.receipt, 600) for m in kept])
+        except StoreUnavailableError:
+            return
+        if None in errors:
+            note(f"error a receipt of the expired session was taken: {errors}")
+        note("fenced")
+
+    def consume(filters):
         later = []  # deleted by the next receive
+        kept = []  # neither deleted nor released: held until this consumer dies
         while True:
+            if scenario == "expire" and kept and rng.random() < 0.05:
+                expire(kept)
+                kept = []
             n, start = rng.randint(1, 8), time.time_ns()
             try:
-                ms = q.receive(n, delete=[m.receipt for m in later])
+                ms = q.receive(n, filters=filters, delete=[m.receipt for m in later])
                 if later:
                     note(f"fin {start} {time.time_ns()} {tokens(later)}")
             except (ReceiptError, StoreUnavailableError) as exc:
                 if later:  # some of them may be deleted (each is its own change here)
                     note(f"end {start} {time.time_ns()} {tokens(later)}")
+                if isinstance(exc, ReceiptError):
+                    refused([exc])
                 note("unavailable" if isinstance(exc, StoreUnavailableError) else "refused")
                 later = []
                 time.sleep(0.05)
                 continue
             later = []
             got(ms)
-            # delete most, release a few at once, keep a few until this consumer dies
-            keep = {m.receipt: rng.choices(["fin", "rel", ""], [16, 2, 1])[0] for m in ms}
+            keep = {m.receipt: choose(m) for m in ms}
             deleted = [m for m in ms if keep[m.receipt] == "fin"]
             if deleted and rng.random() < 0.5:
                 later = deleted
@@ -106,16 +182,26 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\n" + textwrap.dedent(
             released = [m for m in ms if keep[m.receipt] == "rel"]
             if released:
                 act("rel", release, released)
+            kept += [m for m in ms if keep[m.receipt] == ""]
             time.sleep(rng.uniform(0, 0.01) if ms else 0.01)
+
+    def item(n):
+        body = "%d.%d" % (seed, n)
+        if scenario == "fifo":
+            return {"body": body.encode(), "group_id": "g%d" % rng.randrange(GROUPS)}
+        if scenario == "filters":
+            found = {k: rng.choice(v) for k, v in FILTERS.items() if rng.random() < 0.5}
+            return {"body": f"{body}/{found.get('tier', '-')}/{found.get('region', '-')}".encode(), "filters": found}
+        if scenario == "dead":  # poison (p) or not (n)
+            return {"body": rng.choice(["p", "n", "n", "n"]).encode() + b"." + body.encode()}
+        return {"body": body.encode()}
 
     def produce():
         n = 0
         while True:
             # mostly small batches; now and then one of several send transactions (200 a chunk)
-            size = rng.randint(1, 5) if rng.random() < 0.97 or scenario == "fifo" else rng.randint(150, 300)
-            items = [{"body": b"%d.%d" % (seed, n + i),
-                      "group_id": "g%d" % rng.randrange(GROUPS) if scenario == "fifo" else None}
-                     for i in range(size)]
+            size = rng.randint(150, 300) if scenario == "plain" and rng.random() >= 0.97 else rng.randint(1, 5)
+            items = [item(n + i) for i in range(size)]
             n += size
             try:
                 ids = q.send_many(items)
@@ -127,16 +213,22 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\n" + textwrap.dedent(
                 note("unavailable")
             note("sent " + " ".join(ids))
             # about as fast as the consumers (slower with groups: one message in flight each)
-            time.sleep(rng.uniform(0, 0.1 if scenario == "plain" else 0.6))
+            time.sleep(rng.uniform(0, 0.6 if scenario == "fifo" else 0.1))
 
     with Broker(url, session_timeout=SESSION) as broker:
         # A session that expires (the server down too long) gives this consumer's tasks back.
-        broker.client.add_listener(lambda state: note("lost") if state == "LOST" else None)
+        def listen(state):
+            if state == "LOST":
+                lost.set()
+                note("lost")
+        broker.client.add_listener(listen)
         q = broker.queue("jobs")
         if role == "producer":
             produce()
         note("consumer " + q.consumer_id)
-        consume()
+        wanted = rng.choice(PROFILES) if scenario == "filters" else None
+        note("filters " + json.dumps(wanted))
+        consume(wanted)
     """
 )
 
@@ -170,7 +262,7 @@ def stress(server, tmp_path: Path, env: dict, *, seed: int, seconds: float, scen
     rng = random.Random(seed)
     url = server.url("/crash")
     with Broker(url) as broker:
-        broker.queue("jobs", **SETTINGS)
+        broker.queue("jobs", **SETTINGS, **SCENARIOS[scenario])
     run = ZooKeeperRun()
     children = Children(CHILD, tmp_path, env, run, lambda role, log: [role, url, log, rng.randrange(1 << 30), scenario])
 
@@ -180,7 +272,7 @@ def stress(server, tmp_path: Path, env: dict, *, seed: int, seconds: float, scen
         consumer = children.kill(slot)
         if consumer is not None:
             run.killed_at[consumer] = at
-            if "lost" in log.read_text().split("\n"):
+            if {"lost", "expired"} & set(log.read_text().split("\n")):
                 run.lost.add(consumer)
             run.holder.update((d, consumer) for d in run.deliveries[deliveries:])
 
@@ -212,7 +304,10 @@ def stress(server, tmp_path: Path, env: dict, *, seed: int, seconds: float, scen
     return run
 
 
-def check(url: str, run: ZooKeeperRun, scenario: str) -> None:
+def check_deliveries(run: ZooKeeperRun, scenario: str) -> None:
+    """What the children's logs say: nothing delivered while an earlier delivery of it (or of
+    its FIFO group) was hidden, groups in order, and nothing to a consumer whose filters exclude
+    it."""
     assert run.sent and run.acked, "the children did no work"
     check_ended(run)  # receive counts rise; nothing comes back after a delete that returned
     by_id: dict[str, list[Delivery]] = collections.defaultdict(list)
@@ -231,6 +326,15 @@ def check(url: str, run: ZooKeeperRun, scenario: str) -> None:
     for (group, _), deliveries in by_group.items():
         offsets = [d.id for d in deliveries]
         assert offsets == sorted(offsets), f"group {group} delivered out of order"
+    if scenario == "filters":
+        for d in run.deliveries:
+            _, tier, region = d.body.split("/")
+            assert allowed(d.filters, tier, region), f"{d} went to a consumer whose filters exclude it"
+        assert any(d.filters for d in run.deliveries), "no consumer with filters received"
+
+
+def check(url: str, run: ZooKeeperRun, scenario: str) -> None:
+    check_deliveries(run, scenario)
     with Broker(url) as broker:
         q = broker.queue("jobs")
         # Deleted within the lifetime: still there, finished (collected: only after it).
@@ -243,6 +347,9 @@ def check(url: str, run: ZooKeeperRun, scenario: str) -> None:
         while q.consumers() and time.monotonic() < deadline:  # the killed consumers' sessions end
             time.sleep(0.1)
         assert q.consumers() == {}
+        if scenario == "dead":
+            check_dead_letters(broker, run)
+            return
         assert_finished(q, run.acked)
         # What is pending: what stats() counts, and nothing deleted.
         states = {}
@@ -272,9 +379,41 @@ def check(url: str, run: ZooKeeperRun, scenario: str) -> None:
         assert q.stats().available == 0
 
 
+def check_dead_letters(broker: Broker, run: ZooKeeperRun) -> None:
+    """Every poison message reached the dead-letter queue: once, or twice when a consumer died
+    between the dead letter's send and the task's end (the store's promise: never none); nothing
+    went out more than ``max_receive_count`` times; nothing deleted is a dead letter."""
+    q = broker.queue("jobs")
+    assert all(d.count <= 2 for d in run.deliveries), "delivered more often than max_receive_count"
+    drained = drain(q, lambda m: m.body[:1] == b"n")  # poison goes round until it is a dead letter
+    assert all(m.receive_count <= 2 for m in drained) and q.receive(10) == []
+    assert not {m.id for m in drained} & run.acked, "a deleted message came back"
+    dead = drain(broker.queue("jobs-dead"))
+    sources = collections.Counter(m.source["id"] for m in dead)
+    assert all(m.source["count"] == 2 and m.source["queue"] == "jobs" for m in dead)
+    assert not set(sources) & run.acked, "a deleted message is a dead letter too"
+    poison = {d.id for d in run.deliveries if d.body[:1] == "p"} | {m.id for m in drained if m.body[:1] == b"p"}
+    assert poison, "no poison message was sent"
+    assert poison <= set(sources), f"poison lost: {sorted(poison - set(sources))}"
+    for id in sources:
+        try:
+            assert q.task(id).state == "dead", f"dead letter {id} is not dead"
+        except TaskNotFoundError:
+            pass  # dead, and collected since
+    # The rest: deleted (by a consumer killed before it logged that, too).
+    assert_finished(q, run.sent - {m.id for m in drained if m.body[:1] == b"n"} - set(sources))
+    stats = q.stats()
+    assert (stats.available, stats.in_flight, stats.delayed) == (0, 0, 0)
+    # (A mover killed after the task's end, before it counted it, counts it not at all.)
+    assert stats.dead <= len(sources)
+    twice = sum(n > 1 for n in sources.values())
+    print(f"{len(sources)} dead letters ({twice} sent twice), {stats.dead} counted by stats()")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("scenario", "restart", "seconds"), [("plain", False, 8.0), ("plain", True, 8.0),
-                                                              ("fifo", False, 5.0)])
+                                                              ("expire", False, 8.0), ("fifo", False, 5.0),
+                                                              ("filters", False, 8.0), ("dead", False, 8.0)])
 def test_random_kills_of_zookeeper_producers_and_consumers(
     tmp_path: Path, child_env: dict, scenario: str, restart: bool, seconds: float
 ) -> None:
@@ -291,3 +430,63 @@ def test_random_kills_of_zookeeper_producers_and_consumers(
         print(f"{scenario} seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {len(run.ended['rel'])} "
               f"released, {redelivered} redelivered, {dict(run.events)}")
         check(server.url("/crash"), run, scenario)
+
+
+@pytest.mark.slow
+def test_a_batch_cut_by_a_server_crash_says_what_it_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server SIGKILLed in the middle of a batch of three chunks, after the first chunk's
+    entries were applied and while the others' were in flight: ``PartialSendError`` (a
+    ``StoreUnavailableError`` too) names the first chunk's messages stored and the others unsent;
+    after the restart exactly those are there (the half-written rest is invisible), and sending
+    the unsent again leaves every message once."""
+    from journalq.errors import PartialSendError, StoreUnavailableError
+    from journalq.queue.zookeeper import store
+    from journalq.queue.zookeeper.server import ZooKeeperServer
+
+    reason = ZooKeeperServer.available()
+    if reason is not None:
+        pytest.skip(f"no ZooKeeper server can run here: {reason}")
+    with ZooKeeperServer(tmp_path / "zk") as server, Broker(server.url("/partial"), session_timeout=10) as broker:
+        q = broker.queue("jobs")
+        monkeypatch.setattr(store, "_BATCH_TASKS", 3)  # 8 messages: chunks of 3, 3 and 2
+        write_entries = q.topic._write_entries
+        chunks = iter(range(10**6))
+        killer = threading.Timer(0.3, server.kill)
+
+        def crash_at_the_second(chunk: list) -> object:
+            if next(chunks) == 1:
+                broker.client.sync("/")  # answered after every request sent before: applied
+                # Frozen, then killed once the rest is sent (requests made while kazoo already
+                # reconnects would wait for the server to come back, and not fail).
+                server.process.send_signal(signal.SIGSTOP)
+                killer.start()
+            return write_entries(chunk)
+
+        monkeypatch.setattr(q.topic, "_write_entries", crash_at_the_second)
+        bodies = [b"m%d" % i for i in range(8)]
+        with pytest.raises(PartialSendError, match=r"^3 of the 8 messages of the batch stored, not those at positions "
+                                                   r"3-7: ZooKeeper at ") as failed:
+            q.send_many(bodies)
+        monkeypatch.undo()
+        error = failed.value
+        assert isinstance(error, StoreUnavailableError) and isinstance(error.__cause__, StoreUnavailableError)
+        stored = error.ids[:3]
+        assert None not in stored and error.ids[3:] == [None] * 5 and error.unsent == [3, 4, 5, 6, 7]
+        killer.join()  # (the send fails as the socket closes, maybe before the kill reaped it)
+        server.start()
+        deadline = time.monotonic() + 30
+        while True:  # (kazoo reconnects on its own)
+            try:
+                got = q.receive(10, visibility_timeout=600)
+                break
+            except StoreUnavailableError:
+                assert time.monotonic() < deadline, "no reconnection"
+                time.sleep(0.1)
+        assert sorted((m.id, m.body) for m in got) == sorted(zip(stored, bodies[:3]))
+        resent = q.send_many([bodies[i] for i in error.unsent])
+        got += q.receive(10, visibility_timeout=600)
+        assert sorted(m.body for m in got) == bodies and {m.id for m in got} == set(stored) | set(resent)
+        assert q.receive(10, wait=0) == [] and not any(q.delete_many([m.receipt for m in got]))
+        tasks = broker.client.get_children(f"{broker.path}/jobs/tasks")
+        assert len(tasks) == 8 + 5  # the rest's data and metadata, written before the crash: orphans
+        assert sorted(q.topic.collect(force=True, orphan_grace=0) or []) == sorted(set(tasks) - {m.id for m in got})

@@ -12,7 +12,7 @@ One queue is one zkmq directory under the broker's path::
             /metadata              JSON: attributes, delay, group, source and the task metadata
             /data                  the body, as sent
             /claim                 ephemeral: the lock of the consumer that holds the task
-        /consumers/<id>
+        /consumers/<id>            a consumer: one session of a queue handle (a new id in each)
             /current               ephemeral while the consumer lives: the ids it last received
         /conf                      data (JSON): when the last collection began and by whom, and
                                    how many tasks went to the dead-letter queue

@@ -8,11 +8,18 @@ How it keeps its promises:
   entries, so a sender that dies between steps leaves nothing visible; the collector deletes what
   it left (``layout.collectable``).
 - A claim is one transaction: the queue entry is rewritten at the version that was read (so two
-  consumers can never both win it), the ephemeral ``claim`` lock is created (replacing the lock of
-  a live consumer whose visibility timeout ran out), and the state becomes ``claimed``.
-- A consumer's ``/consumers/<id>/current`` is ephemeral: when its session ends, the tasks that it
-  held are available at once, whatever their visibility timeout said. A live consumer's claim
-  whose visibility ran out is taken over by the next receive.
+  consumers can never both win it), the ephemeral ``claim`` lock is created, the state becomes
+  ``claimed``, and the claimer's ``current`` node is checked (so that the lock and the
+  registration that names its owner belong to one session). Another consumer's lock is replaced
+  only when the entry, at the version read, says the visibility timeout ran out: a lock found
+  where the liveness read said there was none belongs to a live session, and is never taken.
+- A claim belongs to a session. A queue handle is a new consumer (a new ``consumer_id``) in each
+  ZooKeeper session: its ``/consumers/<id>/current`` and its locks are ephemeral, so when its
+  session ends, the tasks that it held are available at once, whatever their visibility timeout
+  said, even if the same process reconnects; and the receipts of those deliveries are refused
+  from then on (the delete or change checks the delivery's lock in its transaction), as a
+  fenced-off holder's must be: another consumer may be working on the task already. A live
+  consumer's claim whose visibility ran out is taken over by the next receive.
 - Delivery is at least once: a task leaves the queue only when a receipt of its latest delivery
   deletes it (or it goes to the dead-letter queue).
 """
@@ -154,6 +161,11 @@ def _as_translated(error: Exception, where: str, queue: str) -> Exception:
     return translated
 
 
+def _participant() -> str:
+    """A name for a broker or a consumer that no other process takes: host, process, random."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
@@ -164,19 +176,21 @@ class _Live:
     the first question, so that the asking overlaps other reads. A consumer missing from the
     list given is asked about when it is named: it may have registered after the list was read,
     and claimed a task whose entry was read since (a consumer counted dead for that would lose
-    its claim to the reader while it lives)."""
+    its claim to the reader while it lives). ``me``: the asking consumer when it is registered
+    in the client's current session (alive: it asks), else None."""
 
-    def __init__(self, zk: KazooClient, paths: Paths, consumers: list[str], me: str) -> None:
+    def __init__(self, zk: KazooClient, paths: Paths, consumers: list[str], me: str | None) -> None:
         self._zk, self._paths = zk, paths
         self._checks = [(c, zk.exists_async(paths.consumer(c, "current"))) for c in consumers]
         self._me = me
         self._known: set[str] | None = None
-        self._asked = {*consumers, me}  # (this consumer is alive: it asks)
+        self._asked = {*consumers, *([me] if me is not None else [])}
 
     def __contains__(self, consumer: object) -> bool:
         if self._known is None:
             self._known = {c for c, check in self._checks if check.get() is not None}
-            self._known.add(self._me)
+            if self._me is not None:
+                self._known.add(self._me)
         if isinstance(consumer, str) and consumer not in self._asked:
             # asked after the read of the entry that names it: ZooKeeper answers in order
             self._asked.add(consumer)
@@ -208,7 +222,7 @@ class ZooKeeperBroker(Closing):
         self.hosts, self.path = parse_url(root)
         check_number("session_timeout", session_timeout, 0.2, 600)
         self.client = KazooClient(hosts=self.hosts, timeout=session_timeout, logger=log)
-        self.participant = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.participant = _participant()
         self.ids = TaskIds()
         self._topics: dict[str, ZooKeeperTopic] = {}
         self._queues: dict[str, ZooKeeperQueue] = {}
@@ -676,8 +690,10 @@ class ZooKeeperQueue:
         self.topic = topic
         self.name = DEFAULT_CHANNEL
         self.paths = topic.paths
-        self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self._session: int | None = None
+        # The consumer of this handle's current session (a new one in each session: see _register).
+        self.consumer_id = _participant()
+        self._session: int | None = None  # the session consumer_id registered in
+        self._registrations = 0
         self._known: dict[str, tuple[Entry, int]] = {}  # task -> (entry, version) this handle wrote
         self._listing: list[str] = []  # the pending tasks, sorted, as last listed
         self._listed_at: float | None = None
@@ -709,13 +725,25 @@ class ZooKeeperQueue:
 
     # -- consumers --------------------------------------------------------------------------
 
+    def _client_session(self) -> int | None:
+        client_id = self._zk.client_id
+        return client_id[0] if client_id else None
+
+    def _registered(self) -> bool:
+        """Whether ``consumer_id`` is registered in the client's current session."""
+        return self._session is not None and self._session == self._client_session()
+
     def _register(self) -> None:
-        """Make ``/consumers/<id>/current`` (ephemeral) for this session, once per session."""
-        session = self._zk.client_id[0] if self._zk.client_id else None
+        """Make ``/consumers/<id>/current`` (ephemeral) for this session, once per session. In a
+        session after the first, under a new ``consumer_id``: the claims of the one before
+        ended with its session (others may hold those tasks now), and would look held again if
+        their owner's name came back to life."""
+        session = self._client_session()
         if session is not None and session == self._session:
             return
+        consumer = _participant() if self._registrations else self.consumer_id
         zk, paths = self._zk, self.paths
-        node, current = paths.consumer(self.consumer_id), paths.consumer(self.consumer_id, "current")
+        node, current = paths.consumer(consumer), paths.consumer(consumer, "current")
         for _ in range(3):
             t = zk.transaction()
             t.create(node, b"")
@@ -725,7 +753,7 @@ class ZooKeeperQueue:
                 break
             if failed[0] != 0 or not isinstance(failed[1], NodeExistsError):
                 raise failed[1]
-            try:  # the consumer's node outlived an earlier session of ours
+            try:  # the node is there already (a registration whose answer was lost, say)
                 zk.create(current, b"[]", ephemeral=True)
                 break
             except NodeExistsError:
@@ -733,14 +761,16 @@ class ZooKeeperQueue:
             except NoNodeError:
                 continue  # the collector deleted that node just now (it had no "current"): again
         else:
-            raise QueueError(f"consumer {self.consumer_id} of {self.topic.name!r} could not register: its node kept going")
-        self._session = session
+            raise QueueError(f"consumer {consumer} of {self.topic.name!r} could not register: its node kept going")
+        self.consumer_id, self._session = consumer, session
+        self._registrations += 1
 
     def _live(self, consumers: list[str] | None = None) -> _Live:
-        """The consumers whose session is alive (this one among them)."""
+        """The consumers whose session is alive (this one among them once it registered in the
+        client's current session)."""
         if consumers is None:
             consumers = self._zk.get_children(self.paths.consumers)
-        return _Live(self._zk, self.paths, consumers, self.consumer_id)
+        return _Live(self._zk, self.paths, consumers, self.consumer_id if self._registered() else None)
 
     def consumers(self) -> dict[str, list[str]]:
         """Live consumers and the ids of the tasks each holds hidden now."""
@@ -825,7 +855,6 @@ class ZooKeeperQueue:
         self, max_messages: int, hide_ms: int, wanted: dict[str, tuple[str, filtering.Method]] | None, *, watch: bool
     ) -> tuple[list[ReceivedMessage], int | None]:
         self.topic.maybe_collect()
-        self._register()
         received: list[ReceivedMessage] = []
         relist = False
         for _ in range(5):
@@ -847,6 +876,7 @@ class ZooKeeperQueue:
         the listing was fresh."""
         zk, paths, settings = self._zk, self.paths, self.settings
         max_count = settings.max_receive_count
+        self._register()  # (again after a claim found this consumer's session over)
         consumers = zk.get_children_async(paths.consumers)
         names, fresh = self._pending(relist, watch)
         now = _now_ms()
@@ -917,42 +947,62 @@ class ZooKeeperQueue:
         self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live, *, record: bool = True
     ) -> list[tuple[str, Entry, int, bytes, bytes]]:
         """Claim (task, entry, version, count, hide_ms) each, with the task's data and metadata
-        read meanwhile; returns (task, new entry, count, data, metadata) of those won. A claim of
-        a live consumer whose visibility ran out is replaced. ``record``: write the tasks won in
-        this consumer's ``current``."""
+        read meanwhile; returns (task, new entry, count, data, metadata) of those won.
+        ``record``: write the tasks won in this consumer's ``current``.
+
+        The lock of the entry's holder is replaced (deleted in the claim's transaction) only when
+        the entry says that its visibility ran out (``at`` <= ``now``): an entry that the claim's
+        version check proves unchanged, so the holder cannot have been given more time meanwhile.
+        That is planned when the holder looked alive (its lock should be there), and done after
+        a claim found a lock where none was expected. A lock found under an entry still hidden
+        is never taken: locks end with their session, so its holder lives (it was taken for dead
+        wrongly) and keeps the task."""
         zk, paths = self._zk, self.paths
+        me = self.consumer_id  # (one name throughout, should another thread register anew)
+        current = paths.consumer(me, "current")
 
         def claim(task: str, new: Entry, version: int, replace: bool) -> Callable[[Any], None]:
             def add(t: Any) -> None:
                 t.set_data(paths.entry(task), new.encode(), version)
                 if replace:
                     t.delete(paths.task(task, "claim"))
-                t.create(paths.task(task, "claim"), self.consumer_id.encode(), ephemeral=True)
+                t.create(paths.task(task, "claim"), me.encode(), ephemeral=True)
                 t.set_data(paths.task(task, "state"), CLAIMED.encode())
+                # the lock's session is the one this consumer registered in (a lock made in a
+                # later session of the client would name a consumer that others take for dead)
+                t.check(current, -1)
             return add
 
         planned = []
         for task, entry, version, count, hide_ms in wanted:
-            new = Entry(now + hide_ms, count, self.consumer_id, entry.group, entry.filters)
-            replace = entry.by is not None and not entry.kept and entry.by in live
-            planned.append((task, new, version, replace,
+            new = Entry(now + hide_ms, count, me, entry.group, entry.filters)
+            expired = entry.at <= now
+            replace = expired and entry.by is not None and not entry.kept and entry.by in live
+            planned.append((task, new, version, expired, replace,
                             zk.get_async(paths.task(task, "data")), zk.get_async(paths.task(task, "metadata"))))
-        changes = [claim(task, new, version, replace) for task, new, version, replace, _, _ in planned]
-        current = paths.consumer(self.consumer_id, "current")
+        changes = [claim(task, new, version, replace) for task, new, version, _, replace, _, _ in planned]
         if record and planned:
             # this consumer's current tasks, in the claims' transaction (one write, not two)
             changes.append(lambda t: t.set_data(current, json.dumps([p[0] for p in planned]).encode()))
         outcomes = self._commit_each(changes)
         all_won = all(_failure(results) is None for results in outcomes)
         won = []
-        for (task, new, version, replace, data, meta), results in zip(planned, outcomes):
+        for (task, new, version, expired, replace, data, meta), results in zip(planned, outcomes):
             failed = _failure(results)
-            if failed is not None and failed[0] > 0 and isinstance(failed[1], (NoNodeError, NodeExistsError)):
-                # the lock was not as the liveness of its consumer said (it ended meanwhile)
-                (results,) = self._commit_each([claim(task, new, version, not replace)])
-                failed = _failure(results)
+            if failed is not None and failed[0] == 1:  # the lock was not as planned
+                if replace and isinstance(failed[1], NoNodeError):
+                    retry = True  # its holder's session ended since: a claim that only creates one
+                elif not replace and expired and isinstance(failed[1], NodeExistsError):
+                    retry = True  # its holder's visibility ran out (checked again, by the version)
+                else:
+                    retry = False
+                if retry:
+                    (results,) = self._commit_each([claim(task, new, version, not replace)])
+                    failed = _failure(results)
             if failed is not None:
-                continue  # another consumer won it, or it was deleted
+                if failed[0] == len(results) - 1 and isinstance(failed[1], NoNodeError):
+                    self._session = None  # this consumer's session ended: register anew, then claim
+                continue  # another consumer won it, or it was deleted, or its holder lives
             self._remember(task, new, results[0].version)
             try:
                 won.append((task, new, new.count, data.get()[0], meta.get()[0]))
@@ -1054,9 +1104,12 @@ class ZooKeeperQueue:
                 end, hide = change(i, entry)
                 commits[i] = (task, entry, version, end, hide)
             retry = {}
-            for i, (failed, new) in zip(commits, self._apply(list(commits.values()))):
+            for i, (failed, new) in zip(commits, self._apply(list(commits.values()), fenced=True)):
                 task = commits[i][0]
-                if failed is None:
+                if isinstance(failed, StaleReceiptError):
+                    self._known.pop(task, None)
+                    outcomes[i] = StaleReceiptError(f"receipt {receipts[i]!r}: {failed}")
+                elif failed is None:
                     if new is None:
                         self._known.pop(task, None)
                         self._gone.add(task)
@@ -1072,17 +1125,22 @@ class ZooKeeperQueue:
         return outcomes
 
     def _apply(
-        self, changes: list[tuple[str, Entry, int, str | None, int | None]]
+        self, changes: list[tuple[str, Entry, int, str | None, int | None]], *, fenced: bool
     ) -> list[tuple[Exception | None, tuple[Entry, int] | None]]:
         """Apply (task, entry read, its version, end, hide) each: end the task (``end``:
         finished or dead) or hide it for ``hide`` ms (0: release it). Returns for each the error
         of its entry (the entry changed or went: read it again) or None, and the entry written
-        with its version (None when ended)."""
+        with its version (None when ended).
+
+        ``fenced`` (a change by receipt): a delivery whose consumer's session ended (its lock is
+        gone) is not changed, and its error is a ``StaleReceiptError``: its claim ended with the
+        session, and another consumer may have the task now (or soon: it is available). Without
+        it (a change by id), the change is made whoever held the task."""
         paths = self.paths
 
         def change(task: str, entry: Entry, version: int, end: str | None, hide: int | None, claim: bool) -> Any:
-            # the lock goes with the claim; a claim whose session ended has none to delete
-            drop_claim = claim and entry.by is not None and not entry.kept
+            # the lock of a live claim (a claim whose consumer closed cleanly has none left)
+            locked = claim and entry.by is not None and not entry.kept
             written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group, entry.filters,
                             entry.kept and bool(hide))
 
@@ -1091,18 +1149,28 @@ class ZooKeeperQueue:
                     t.delete(paths.entry(task), version)
                 else:
                     t.set_data(paths.entry(task), written.encode(), version)
-                if drop_claim and not hide:
-                    t.delete(paths.task(task, "claim"))
+                if locked and not hide:
+                    t.delete(paths.task(task, "claim"))  # the lock goes with the claim
+                elif locked and fenced:
+                    t.check(paths.task(task, "claim"), -1)  # the claim's session still lives
                 if end is not None or not hide:
                     t.set_data(paths.task(task, "state"), (end or INSERTED).encode())
             return add, (None if end is not None else written)
 
         planned = [change(*c, claim=True) for c in changes]
-        outcomes = []
+        outcomes: list[tuple[Exception | None, tuple[Entry, int] | None]] = []
         for c, (add, written), results in zip(changes, planned, self._commit_each([a for a, _ in planned])):
             failed = _failure(results)
+            lock_gone = failed is not None and failed[0] == 1 and isinstance(failed[1], NoNodeError)
+            if lock_gone and fenced:
+                task, entry = c[0], c[1]
+                outcomes.append((StaleReceiptError(
+                    f"task {task} was given back when the session of consumer {entry.by}, which received this "
+                    "delivery, ended (it may be delivered to another consumer already)"
+                ), None))
+                continue
             if failed is not None and failed[0] > 0 and isinstance(failed[1], NoNodeError):
-                add, written = change(*c, claim=False)
+                add, written = change(*c, claim=False)  # a claim whose session ended has no lock
                 (results,) = self._commit_each([add])
                 failed = _failure(results)
             if failed is not None and failed[0] > 0:
@@ -1125,7 +1193,8 @@ class ZooKeeperQueue:
         """End pending tasks whatever their state; returns those that were pending."""
         entries = list(self._entries(tasks))
         done = []
-        for (task, _, _), (failed, _) in zip(entries, self._apply([(t, e, v, end, None) for t, e, v in entries])):
+        changes = [(task, entry, version, end, None) for task, entry, version in entries]
+        for (task, _, _), (failed, _) in zip(entries, self._apply(changes, fenced=False)):
             if failed is None:
                 self._known.pop(task, None)
                 self._gone.add(task)
@@ -1237,27 +1306,31 @@ class ZooKeeperQueue:
 
     def close(self) -> None:
         """Leave cleanly: the tasks this handle holds stay hidden for the rest of their
-        visibility timeout (marked ``kept``: its locks end with its session), and its consumer
-        node goes. (A consumer that dies gives its tasks back as soon as its session ends.)"""
+        visibility timeout (marked ``kept``: its locks end with its session, and the receipts of
+        those deliveries stay good, as they would on files), and its consumer node goes. (A
+        consumer that dies gives its tasks back as soon as its session ends.)"""
         if self._closed:
             return
         self._closed = True
         self._changed.set()
         zk, paths = self._zk, self.paths
-        if self._session is None or not zk.connected:
-            return
+        if not self._registered() or not zk.connected:
+            return  # (the claims of a session that ended are free: none are kept)
         try:
-            now = _now_ms()
+            # (those whose visibility ran out too: kept, their receipts stay good until another
+            # consumer receives them)
             mine = [(task, entry, version) for task, (entry, version) in dict(self._known).items()
-                    if entry.by == self.consumer_id and entry.at > now]
+                    if entry.by == self.consumer_id]
+            current = paths.consumer(self.consumer_id, "current")
             writes = [zk.transaction() for _ in mine]
             for t, (task, entry, version) in zip(writes, mine):
                 kept = Entry(entry.at, entry.count, entry.by, entry.group, entry.filters, kept=True)
                 t.set_data(paths.entry(task), kept.encode(), version)
+                t.check(current, -1)  # kept only while the session that claimed it lives
             for result in [t.commit_async() for t in writes]:
                 result.get()  # one that changed meanwhile (deleted, taken over) is left as it is
             t = zk.transaction()
-            t.delete(paths.consumer(self.consumer_id, "current"))
+            t.delete(current)
             t.delete(paths.consumer(self.consumer_id))
             t.commit()
         except KazooException:
