@@ -89,7 +89,7 @@ class Broker(Closing):
         if topic is None:
             topic = self._topics[name] = sharded.open_topic(self, name, current)
             topic._get_writer()  # the journal exists from creation on, so followers can watch it
-        topic.settings = current
+        topic.use_settings(current)
         return topic
 
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> Queue:

@@ -196,20 +196,16 @@ class ShardedTopic:
         self.gone = False
         self._hold_directory()  # (``Topic``'s: see ``check_present``)
         self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
-        self._settings = settings
+        self.settings = settings
         self._settings_file = SettingsFile(self.path)
         self._channels: dict[str, ShardedChannel] = {}
         self._turn = os.getpid()  # round robin of keyless messages, from a shard of this process
 
-    @property
-    def settings(self) -> QueueSettings:
-        return self._settings
-
-    @settings.setter
-    def settings(self, settings: QueueSettings) -> None:
-        self._settings = settings
+    def use_settings(self, settings: QueueSettings) -> None:
+        """New settings, for every shard too."""
+        self.settings = settings
         for shard in self.shards:
-            shard.settings = settings
+            shard.use_settings(settings)
 
     refresh_settings = Topic.refresh_settings
     check_present = Topic.check_present

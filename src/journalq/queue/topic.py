@@ -93,16 +93,12 @@ class Topic:
         """Take up the settings that another process changed since (checked once a second)."""
         changed = self._settings_file.changed()
         if changed is not None:
-            self.settings = changed
+            self.use_settings(changed)
 
-    @property
-    def settings(self) -> QueueSettings:
-        return self._settings
-
-    @settings.setter
-    def settings(self, settings: QueueSettings) -> None:
-        """New settings, for what this object has open too (its writer, its deduplication)."""
-        self._settings = settings
+    def use_settings(self, settings: QueueSettings) -> None:
+        """New settings, for what this object has open too (its writer, its deduplication).
+        (``settings`` stays a plain attribute: channels read it on every call.)"""
+        self.settings = settings
         if self._writer is not None:
             self._writer.segment_size = settings.segment_size
         if self._dedup is not None and int(settings.dedup_window * 1e9) != self._dedup.window_ns:
