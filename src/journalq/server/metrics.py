@@ -15,6 +15,7 @@ scrape time by the worker scraped, so they appear once, not once per worker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -61,8 +62,10 @@ def multiprocess_directory() -> str | None:
     its values in memory. The mode is chosen once, when prometheus_client is imported: a variable
     set (or removed) after that would leave every scrape empty or one worker's, so it is refused."""
     directory = os.environ.get(MULTIPROCESS_DIRECTORY) or None
-    # ``_multiprocess`` is how prometheus_client's own metrics tell its two value classes apart.
-    if getattr(values.ValueClass, "_multiprocess", False) != (directory is not None):
+    # ``_multiprocess`` tells prometheus_client's two value classes apart (a release without it
+    # goes unchecked).
+    multiprocess = getattr(values.ValueClass, "_multiprocess", None)
+    if multiprocess is not None and multiprocess != (directory is not None):
         raise Error(f"{MULTIPROCESS_DIRECTORY} must be set (or not) before prometheus_client is imported")
     return directory
 
@@ -100,10 +103,12 @@ class Metrics:
         # The journal counts its syncs in a plain integer (``syncs_done``): what this process did
         # since its last publication is added to a counter of the directory's when a request is
         # noted (a sync comes about once per 30 requests: one comparison per request otherwise),
-        # and before a scrape. The instance's ``note`` shadows the method: one process pays nothing.
+        # before a scrape, and every second (syncs after the last request: group commit's flusher
+        # thread, a queue's collection). The instance's ``note`` shadows the method: one process
+        # pays nothing.
         self.syncs = Counter("journalq_syncs", "Data syncs to stable storage by the server's processes.", registry=None)
         self._syncs_published = 0
-        self._publishing = threading.Lock()  # notes run on the event loop, scrapes in a thread
+        self._publishing = threading.Lock()  # notes and the timer run on the event loop, scrapes in a thread
         self.note = self._note_and_publish_syncs  # type: ignore[method-assign]
 
     def note_request(self, scope: dict[str, Any], status: int, started: float) -> None:
@@ -136,7 +141,10 @@ class Metrics:
             self.publish_syncs()
 
     def publish_syncs(self) -> None:
-        """Add the syncs this process did since the last call to the workers' counter."""
+        """Add the syncs this process did since the last call to the workers' counter (in
+        multiprocess mode; one process reads ``syncs_done`` at the scrape)."""
+        if self.multiprocess_directory is None:
+            return
         with self._publishing:
             done = syncs_done()
             self.syncs.inc(done - self._syncs_published)
@@ -145,9 +153,15 @@ class Metrics:
     def watch(self, broker: Broker) -> None:
         self.broker = broker
 
-    def render(self) -> bytes:
-        if self.multiprocess_directory is not None:
+    async def keep_publishing_syncs(self, interval: float = 1.0) -> None:
+        """``publish_syncs`` every ``interval`` seconds, until cancelled (nothing to do for one
+        process)."""
+        while self.multiprocess_directory is not None:
+            await asyncio.sleep(interval)
             self.publish_syncs()
+
+    def render(self) -> bytes:
+        self.publish_syncs()
         return generate_latest(self.registry)
 
     def count_sqs(self, action: str, request: dict[str, Any], answer: dict[str, Any]) -> None:
