@@ -184,6 +184,28 @@ def test_syncs_after_the_last_request_are_added_within_a_second(start_server: Ca
     assert len(syncs) == 1 and syncs.pop() > 0, syncs
 
 
+def test_the_directory_of_a_killed_server_is_removed_by_the_next(start_server: Callable[..., ServerProcess],
+                                                                  tmp_path: Path) -> None:
+    """A server killed with SIGKILL cannot remove its metrics directory: the next server started
+    does, and leaves alone those of servers still running (and anything not a server's)."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    (temporary / "journalq-metrics-of-someone-else").mkdir()
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    killed = start_server("--workers", "2", data=tmp_path / "killed", env=env)
+    left = multiprocess_directory(killed)
+    assert left.parent == temporary
+    running = start_server("--workers", "2", data=tmp_path / "running", env=env)
+    kept = multiprocess_directory(running)
+    assert left.exists()  # in use when the other started
+    killed.kill()
+    assert left.exists()
+    start_server("--workers", "2", data=tmp_path / "next", env=env)
+    assert not left.exists()
+    assert kept.exists() and (temporary / "journalq-metrics-of-someone-else").exists()
+    assert value(scrape(running), "journalq_workers") == 2
+
+
 def test_one_process_keeps_its_values_in_memory(start_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
     """A PROMETHEUS_MULTIPROC_DIR of the caller's is not used: not by one process (whose metrics
     stay in memory), nor by workers (which get a fresh directory, no older run's files)."""

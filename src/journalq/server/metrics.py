@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -99,6 +100,7 @@ class Metrics:
             self.registry.register(_ScrapeTime(self, syncs=True))
             return
         MultiProcessCollector(self.registry, self.multiprocess_directory)
+        self._in_use = hold(self.multiprocess_directory)  # as long as this process lives
         self.registry.register(_ScrapeTime(self, syncs=False))
         # The journal counts its syncs in a plain integer (``syncs_done``): what this process did
         # since its last publication is added to a counter of the directory's when a request is
@@ -258,19 +260,60 @@ class RequestTimer:
             self.metrics.note_request(scope, status, started)
 
 
+WORKER_DIRECTORY_PREFIX = "journalq-metrics-"
+IN_USE = "in-use.lck"
+"""A file of a workers' metrics directory that the server and its workers hold a shared lock on
+while they run: a directory nobody holds it for was left by a server killed (SIGKILL) before it
+could remove it. A lock, not a pid: right across PID namespaces that share the temporary
+directory, and whatever pids are reused."""
+
+
 @contextlib.contextmanager
 def worker_metrics_directory() -> Iterator[Path]:
     """A fresh directory for the multiprocess mode of the worker processes about to be started,
-    named in this process's environment (which they inherit); removed at exit, with the variable.
-    A temporary directory: never one of an earlier run (its files would be counted again), and
-    never in the data directory (a queue's name there)."""
-    directory = Path(tempfile.mkdtemp(prefix="journalq-metrics-"))
-    os.environ[MULTIPROCESS_DIRECTORY] = str(directory)
+    named in this process's environment (which they inherit); removed at exit, with the variable,
+    and by the next server if this one is killed. A temporary directory: never one of an earlier
+    run (its files would be counted again), and never in the data directory (a queue's name
+    there)."""
+    remove_abandoned_directories(Path(tempfile.gettempdir()))
+    # Made under another name and named once it is held: another server removing abandoned
+    # directories meanwhile cannot take it for one.
+    making = Path(tempfile.mkdtemp(prefix="." + WORKER_DIRECTORY_PREFIX))
+    in_use = hold(making)
+    directory = making.with_name(making.name[1:])
     try:
+        making.rename(directory)
+        os.environ[MULTIPROCESS_DIRECTORY] = str(directory)
         yield directory
     finally:
         os.environ.pop(MULTIPROCESS_DIRECTORY, None)
-        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory if directory.exists() else making, ignore_errors=True)
+        os.close(in_use)
+
+
+def hold(directory: Path | str) -> int:
+    """The descriptor of a shared lock on the directory's ``IN_USE`` file, held until closed
+    (or until the process ends)."""
+    fd = os.open(os.path.join(directory, IN_USE), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def remove_abandoned_directories(parent: Path) -> None:
+    """Remove the workers' metrics directories in ``parent`` whose ``IN_USE`` lock nobody holds."""
+    for directory in parent.glob(WORKER_DIRECTORY_PREFIX + "*"):
+        try:
+            fd = os.open(directory / IN_USE, os.O_RDWR)
+        except OSError:
+            continue  # not one of ours
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # in use
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 class WorkerSupervisor(Multiprocess):
