@@ -47,7 +47,7 @@ def checked_token(token: str | None) -> str | None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Server processes sharing the data directory.")
+              help="Server processes sharing the data directory; /metrics adds up all of theirs.")
 @click.option("--sync", default="always", show_default=True,
               help="none, always or group:Nms: 'always' answers only once data is on stable storage.")
 @click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
@@ -63,11 +63,16 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     Shuts down cleanly on SIGTERM and SIGINT: requests under way finish, journals are synced and
     closed.
     """
+    # prometheus_client picks its mode from the environment once, when it is imported (just
+    # below): a PROMETHEUS_MULTIPROC_DIR of the caller's would turn one process's metrics into
+    # files, or mix another run's files into this one's (--workers makes a directory of its own).
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
+        os.environ.pop(name, None)
     import uvicorn
-    from uvicorn.supervisors import Multiprocess
 
     from journalq.server.app import create_app, settle_heap
     from journalq.server.config import ENVIRONMENT_VARIABLE, ServerConfig
+    from journalq.server.metrics import WorkerSupervisor, worker_metrics_directory
 
     SyncPolicy.parse(sync)  # a bad policy fails here, in one line
     config = ServerConfig(
@@ -115,15 +120,20 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
         if not server.started:
             raise SystemExit(3)  # uvicorn's startup failure status; it logged why
     else:
-        # The worker processes log nothing at INFO (this handler is not theirs): the start line
-        # comes from here, once.
-        from journalq import __version__
+        # The workers' metrics add up in this directory (see journalq.server.metrics).
+        with worker_metrics_directory() as metrics_directory:
+            if isinstance(data, Path) and metrics_directory.resolve().is_relative_to(data.resolve()):
+                raise CommandError(f"the temporary directory {metrics_directory.parent} is inside --data {data}: "
+                                   "set TMPDIR to another one")
+            # The worker processes log nothing at INFO (this handler is not theirs): the start
+            # line comes from here, once.
+            from journalq import __version__
 
-        server_log.info("journalq %s serving %s on http://%s (sync=%s, workers=%d)",
-                        __version__, data, config.address, sync, workers)
-        os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
-        with contextlib.suppress(KeyboardInterrupt):
-            Multiprocess(uvicorn_config, sockets=[sock]).run()
+            server_log.info("journalq %s serving %s on http://%s (sync=%s, workers=%d)",
+                            __version__, data, config.address, sync, workers)
+            os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
+            with contextlib.suppress(KeyboardInterrupt):
+                WorkerSupervisor(uvicorn_config, [sock], metrics_directory).run()
 
 
 def ready_directory(path: Path, option: str) -> None:

@@ -105,12 +105,15 @@ def create_app(config: ServerConfig) -> App:
         log.info("journalq %s serving %s on http://%s (sync=%s)",
                  __version__, config.data, config.address, config.sync)
         watchdog = asyncio.get_running_loop().create_task(body_deadlines.run())
+        syncs = asyncio.get_running_loop().create_task(app.state.metrics.keep_publishing_syncs())
         try:
             yield
         finally:
             watchdog.cancel()
+            syncs.cancel()
             await anyio.to_thread.run_sync(store_pool.shutdown)  # no store may outlive the broker
             await anyio.to_thread.run_sync(broker.close)  # syncs and closes every journal
+            app.state.metrics.publish_syncs()  # a worker retired alone (SIGHUP, SIGTTOU): its last ones count
 
     app = App(
         title="journalq",

@@ -1,20 +1,39 @@
 """Prometheus metrics: messages in and out, queue depths, request latency, syncs.
 
-Each app has a registry of its own (tests start many). With ``--workers N`` every worker process
-counts its own requests; the queue gauges read the data directory, so every worker reports the
-same depths.
+One process (``journalq serve``, and the tests, which start many apps in one process): each app
+has a registry of its own that holds the values in memory.
+
+Worker processes (``journalq serve --workers N``): a scrape reaches one worker, which must answer
+for all of them. prometheus_client's multiprocess mode does that: ``journalq serve`` names a fresh
+directory in ``PROMETHEUS_MULTIPROC_DIR`` before the workers import prometheus_client, each
+worker's counters and histograms write their values into files of that directory named by its
+pid, and a scrape adds up every file (``MultiProcessCollector``). The files of a worker that died
+stay and keep counting (what it counted happened); its live gauges are dropped by the supervisor
+(``WorkerSupervisor``, ``mark_process_dead``). The queue gauges are read from the data directory at
+scrape time by the worker scraped, so they appear once, not once per worker.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from uvicorn.supervisors import Multiprocess
 
+from journalq.errors import Error
 from journalq.journal.sync import syncs_done
 from journalq.queue import Broker
 
@@ -35,25 +54,64 @@ header comes from the client (before any authentication), and label values must 
 without bound."""
 
 
+MULTIPROCESS_DIRECTORY = "PROMETHEUS_MULTIPROC_DIR"
+"""The environment variable that puts prometheus_client in multiprocess mode when it is imported."""
+
+
+def multiprocess_directory() -> str | None:
+    """The directory of prometheus_client's multiprocess mode, or None when this process keeps
+    its values in memory. The mode is chosen once, when prometheus_client is imported: a variable
+    set (or removed) after that would leave every scrape empty or one worker's, so it is refused."""
+    directory = os.environ.get(MULTIPROCESS_DIRECTORY) or None
+    # ``_multiprocess`` tells prometheus_client's two value classes apart (a release without it
+    # goes unchecked).
+    multiprocess = getattr(values.ValueClass, "_multiprocess", None)
+    if multiprocess is not None and multiprocess != (directory is not None):
+        raise Error(f"{MULTIPROCESS_DIRECTORY} must be set (or not) before prometheus_client is imported")
+    return directory
+
+
 class Metrics:
     def __init__(self) -> None:
+        self.multiprocess_directory = multiprocess_directory()
         self.registry = CollectorRegistry()
+        # In multiprocess mode the values live in the directory's files and the registry scraped
+        # reads those: registered as well, this process's own values would count twice.
+        own = None if self.multiprocess_directory else self.registry
         self.broker: Broker | None = None
-        self.messages_in = Counter("journalq_messages_in", "Messages stored.", ["queue"], registry=self.registry)
-        self.messages_out = Counter("journalq_messages_out", "Messages delivered.", ["queue"], registry=self.registry)
+        self.messages_in = Counter("journalq_messages_in", "Messages stored.", ["queue"], registry=own)
+        self.messages_out = Counter("journalq_messages_out", "Messages delivered.", ["queue"], registry=own)
         self.messages_deleted = Counter(
-            "journalq_messages_deleted", "Messages deleted by their consumers.", ["queue"], registry=self.registry
+            "journalq_messages_deleted", "Messages deleted by their consumers.", ["queue"], registry=own
         )
         self.request_seconds = Histogram(
             "journalq_request_seconds",
             "Time to answer a request.",
             ["api", "operation", "status"],
             buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            registry=own,
         )
-        self.registry.register(_Gauges(self))
+        # livesum: a dead worker's 1 leaves the sum once the supervisor marks it dead.
+        workers = Gauge("journalq_workers", "Server processes running.", registry=own, multiprocess_mode="livesum")
+        workers.set(1)
         self._children: dict[tuple[str, str, int], Any] = {}  # bounded: operations x statuses
         self._counted: dict[tuple[int, str], Any] = {}
+        if self.multiprocess_directory is None:
+            self.registry.register(_ScrapeTime(self, syncs=True))
+            return
+        MultiProcessCollector(self.registry, self.multiprocess_directory)
+        self._in_use = hold(self.multiprocess_directory)  # as long as this process lives
+        self.registry.register(_ScrapeTime(self, syncs=False))
+        # The journal counts its syncs in a plain integer (``syncs_done``): what this process did
+        # since its last publication is added to a counter of the directory's when a request is
+        # noted (a sync comes about once per 30 requests: one comparison per request otherwise),
+        # before a scrape, and every second (syncs after the last request: group commit's flusher
+        # thread, a queue's collection). The instance's ``note`` shadows the method: one process
+        # pays nothing.
+        self.syncs = Counter("journalq_syncs", "Data syncs to stable storage by the server's processes.", registry=None)
+        self._syncs_published = 0
+        self._publishing = threading.Lock()  # notes and the timer run on the event loop, scrapes in a thread
+        self.note = self._note_and_publish_syncs  # type: ignore[method-assign]
 
     def note_request(self, scope: dict[str, Any], status: int, started: float) -> None:
         """Note the latency of a request answered with ``status``, begun at ``started``
@@ -78,10 +136,34 @@ class Metrics:
             child = self._children[key] = self.request_seconds.labels(api, operation, str(status))
         child.observe(seconds)
 
+    def _note_and_publish_syncs(self, api: str, operation: str, status: int, seconds: float) -> None:
+        """``note`` in multiprocess mode."""
+        Metrics.note(self, api, operation, status, seconds)
+        if syncs_done() != self._syncs_published:
+            self.publish_syncs()
+
+    def publish_syncs(self) -> None:
+        """Add the syncs this process did since the last call to the workers' counter (in
+        multiprocess mode; one process reads ``syncs_done`` at the scrape)."""
+        if self.multiprocess_directory is None:
+            return
+        with self._publishing:
+            done = syncs_done()
+            self.syncs.inc(done - self._syncs_published)
+            self._syncs_published = done
+
     def watch(self, broker: Broker) -> None:
         self.broker = broker
 
+    async def keep_publishing_syncs(self, interval: float = 1.0) -> None:
+        """``publish_syncs`` every ``interval`` seconds, until cancelled (nothing to do for one
+        process)."""
+        while self.multiprocess_directory is not None:
+            await asyncio.sleep(interval)
+            self.publish_syncs()
+
     def render(self) -> bytes:
+        self.publish_syncs()
         return generate_latest(self.registry)
 
     def count_sqs(self, action: str, request: dict[str, Any], answer: dict[str, Any]) -> None:
@@ -109,16 +191,18 @@ class Metrics:
         return child
 
 
-class _Gauges:
-    """Read at each scrape: the queues' counts and the syncs done."""
+class _ScrapeTime:
+    """Read at each scrape: the queues' counts, and (one process) the syncs done."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, syncs: bool) -> None:
         self.metrics = metrics
+        self.syncs = syncs
 
     def collect(self) -> Iterator[Any]:
-        syncs = CounterMetricFamily("journalq_syncs", "Data syncs to stable storage by this process.")
-        syncs.add_metric([], syncs_done())
-        yield syncs
+        if self.syncs:
+            syncs = CounterMetricFamily("journalq_syncs", "Data syncs to stable storage by this process.")
+            syncs.add_metric([], syncs_done())
+            yield syncs
         broker = self.metrics.broker
         if broker is None:
             return
@@ -174,3 +258,80 @@ class RequestTimer:
             await app(scope, receive, send_and_note)
         finally:
             self.metrics.note_request(scope, status, started)
+
+
+WORKER_DIRECTORY_PREFIX = "journalq-metrics-"
+IN_USE = "in-use.lck"
+"""A file of a workers' metrics directory that the server and its workers hold a shared lock on
+while they run: a directory nobody holds it for was left by a server killed (SIGKILL) before it
+could remove it. A lock, not a pid: right across PID namespaces that share the temporary
+directory, and whatever pids are reused."""
+
+
+@contextlib.contextmanager
+def worker_metrics_directory() -> Iterator[Path]:
+    """A fresh directory for the multiprocess mode of the worker processes about to be started,
+    named in this process's environment (which they inherit); removed at exit, with the variable,
+    and by the next server if this one is killed. A temporary directory: never one of an earlier
+    run (its files would be counted again), and never in the data directory (a queue's name
+    there)."""
+    remove_abandoned_directories(Path(tempfile.gettempdir()))
+    # Made under another name and named once it is held: another server removing abandoned
+    # directories meanwhile cannot take it for one.
+    making = Path(tempfile.mkdtemp(prefix="." + WORKER_DIRECTORY_PREFIX))
+    in_use = hold(making)
+    directory = making.with_name(making.name[1:])
+    try:
+        making.rename(directory)
+        os.environ[MULTIPROCESS_DIRECTORY] = str(directory)
+        yield directory
+    finally:
+        os.environ.pop(MULTIPROCESS_DIRECTORY, None)
+        shutil.rmtree(directory if directory.exists() else making, ignore_errors=True)
+        os.close(in_use)
+
+
+def hold(directory: Path | str) -> int:
+    """The descriptor of a shared lock on the directory's ``IN_USE`` file, held until closed
+    (or until the process ends)."""
+    fd = os.open(os.path.join(directory, IN_USE), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def remove_abandoned_directories(parent: Path) -> None:
+    """Remove the workers' metrics directories in ``parent`` whose ``IN_USE`` lock nobody holds."""
+    for directory in parent.glob(WORKER_DIRECTORY_PREFIX + "*"):
+        try:
+            fd = os.open(directory / IN_USE, os.O_RDWR)
+        except OSError:
+            continue  # not one of ours
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # in use
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+class WorkerSupervisor(Multiprocess):
+    """Uvicorn's supervisor of ``--workers N``, which also tells prometheus_client of each worker
+    gone (died and replaced, or retired by SIGHUP or SIGTTOU): its live gauges leave the sums; its
+    counters and histograms stay. A replacement that got the dead worker's pid is not marked: it
+    took over the files of that pid (prometheus_client reads the values they hold and goes on from
+    them, so nothing counts twice)."""
+
+    def __init__(self, config: Any, sockets: list[Any], metrics_directory: Path) -> None:
+        super().__init__(config, sockets)
+        self.metrics_directory = metrics_directory
+        self.pids: set[int] = set()
+
+    def keep_subprocess_alive(self) -> None:
+        # Called on every round of the supervisor's loop, after the signals' handlers.
+        super().keep_subprocess_alive()
+        pids = {process.pid for process in self.processes if process.pid is not None}
+        for pid in self.pids - pids:
+            mark_process_dead(pid, str(self.metrics_directory))
+        self.pids = pids

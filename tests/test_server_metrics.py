@@ -1,0 +1,238 @@
+"""/metrics of ``journalq serve --workers 2``: every scrape, whichever worker answers it, adds up
+the counters and histograms of both workers (and of a worker that died), shows the queue gauges
+once, and one process keeps its values in memory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
+from test_server_harness import ServerProcess, start_server  # noqa: F401 - a fixture of these tests
+from test_server_rest import _families, _sample
+
+QUEUE = "counted"
+SENDERS = 8
+SENT = 160  # by SENDERS threads, a new connection per request: both workers take some
+RECEIVED = 30
+DELETED = 20
+SCRAPES = 10
+POST = {"api": "rest", "operation": "POST /{queue}/messages", "status": "201"}
+ANSWERED = {("PUT /{queue}", 201): 1, ("POST /{queue}/messages", 201): SENT, ("GET /{queue}/messages", 200): RECEIVED,
+            ("DELETE /{queue}/messages/{message_id}", 204): DELETED}
+
+
+def scrape(server: ServerProcess) -> dict[str, Any]:
+    """The metrics, over a new connection (either worker takes it)."""
+    answer = httpx.get(f"{server.url}/metrics", timeout=30)
+    assert answer.status_code == 200
+    return _families(answer.text)
+
+
+def value(families: dict[str, Any], family: str, sample: str | None = None, **labels: str) -> float | None:
+    return _sample(families, family, sample or family, **labels)
+
+
+def multiprocess_directory(server: ServerProcess) -> Path:
+    """The metrics directory ``journalq serve`` gave its workers (in their environment)."""
+    directories = set()
+    for pid in server.worker_pids():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        directories |= {entry.partition(b"=")[2].decode() for entry in environ
+                        if entry.startswith(b"PROMETHEUS_MULTIPROC_DIR=")}
+    assert len(directories) == 1, f"the workers' metrics directories: {directories}"
+    return Path(directories.pop())
+
+
+def requests_of(directory: Path, pid: int) -> float:
+    """The POSTs one worker answered 201, from its own file alone."""
+    (histogram,) = MultiProcessCollector.merge([str(directory / f"histogram_{pid}.db")])
+    return sum(s.value for s in histogram.samples if s.name.endswith("_count")
+               and all(s.labels.get(k) == v for k, v in POST.items()))
+
+
+def in_threads(count: int, work: Callable[[int], None]) -> None:
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+
+def send(server: ServerProcess, total: int, first: int = 0) -> None:
+    """``total`` POSTs to ``QUEUE`` from ``SENDERS`` threads, each request on a new connection."""
+    def sender(n: int) -> None:
+        for i in range(first + n, first + total, SENDERS):
+            assert httpx.post(f"{server.url}/{QUEUE}/messages", content=b"m%d" % i, timeout=30).status_code == 201
+
+    in_threads(SENDERS, sender)
+
+
+def requests_counted(families: dict[str, Any], operation: str, status: int) -> float | None:
+    return value(families, "journalq_request_seconds", "journalq_request_seconds_count",
+                 operation=operation, status=str(status))
+
+
+def settled(server: ServerProcess, answered: dict[tuple[str, int], int]) -> dict[str, Any]:
+    """A scrape once the requests ``answered`` (operation, status: how many) are all noted: a
+    worker notes a request's latency just after it wrote the answer, so the client may scrape the
+    other worker a moment before."""
+    deadline = time.monotonic() + 10
+    seen: list[dict[tuple[str, int], float | None]] = []
+    while time.monotonic() < deadline:
+        families = scrape(server)
+        counted = {key: requests_counted(families, *key) for key in answered}
+        if counted == answered:
+            return families
+        if counted not in seen:
+            seen.append(counted)
+        time.sleep(0.1)
+    raise AssertionError(f"requests answered: {answered}; the scrapes counted (each different count once): {seen}")
+
+
+def test_every_scrape_adds_up_both_workers(start_server: Callable[..., ServerProcess]) -> None:
+    server = start_server("--workers", "2")
+    assert httpx.put(f"{server.url}/{QUEUE}").status_code == 201
+    send(server, SENT)
+
+    def consumer(n: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as client:  # a connection each
+            for i in range(n, RECEIVED, 3):
+                got = client.get(f"/{QUEUE}/messages", params={"visibility_timeout": 600})
+                assert got.status_code == 200
+                if i < DELETED:
+                    assert client.delete(f"/{QUEUE}/messages/{got.headers['x-message-id']}").status_code == 204
+
+    in_threads(3, consumer)
+    settled(server, ANSWERED)
+    scrapes = [scrape(server) for _ in range(SCRAPES)]
+    for n, families in enumerate(scrapes):
+        assert value(families, "journalq_messages_in", "journalq_messages_in_total", queue=QUEUE) == SENT, n
+        assert value(families, "journalq_messages_out", "journalq_messages_out_total", queue=QUEUE) == RECEIVED
+        assert value(families, "journalq_messages_deleted", "journalq_messages_deleted_total", queue=QUEUE) == DELETED
+        assert {key: requests_counted(families, *key) for key in ANSWERED} == ANSWERED
+        bucket = "journalq_request_seconds_bucket"
+        assert value(families, "journalq_request_seconds", bucket, le="+Inf", **POST) == SENT
+        assert value(families, "journalq_workers") == 2
+        # The queue's gauges, read from the data directory by the worker scraped: once, not summed.
+        depths = {s.name: s.value for name, family in families.items() if name.startswith("journalq_queue_")
+                  for s in family.samples if s.labels["queue"] == QUEUE}
+        assert depths == {"journalq_queue_available": SENT - RECEIVED, "journalq_queue_in_flight": RECEIVED - DELETED,
+                          "journalq_queue_delayed": 0, "journalq_queue_dead": 0,
+                          "journalq_queue_oldest_age_seconds": depths["journalq_queue_oldest_age_seconds"]}
+    # sync=always: each batch of POSTs and each DELETE synced, by one worker or the other; the sum
+    # is the same from either (nothing was written between the scrapes).
+    syncs = {value(families, "journalq_syncs", "journalq_syncs_total") for families in scrapes}
+    assert len(syncs) == 1, syncs
+    (total,) = syncs
+    assert DELETED < total <= SENT + DELETED + 1, total
+    # Both workers took a share (each one's file alone), in a directory outside the data's.
+    directory = multiprocess_directory(server)
+    assert not directory.resolve().is_relative_to(server.data.resolve())
+    per_worker = {pid: requests_of(directory, pid) for pid in server.worker_pids()}
+    assert len(per_worker) == 2 and all(per_worker.values()), f"POSTs each worker answered: {per_worker}"
+    server.check_clean_stop()
+    assert not directory.exists(), "the metrics directory outlived the server"
+
+
+def test_a_dead_workers_counters_still_count_and_its_gauges_do_not(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    server = start_server("--workers", "2")
+    assert httpx.put(f"{server.url}/{QUEUE}").status_code == 201
+    send(server, SENT)
+    settled(server, {("POST /{queue}/messages", 201): SENT})
+    dead = server.worker_pids()[0]
+    os.kill(dead, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (dead in (pids := server.worker_pids()) or len(pids) < 2) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until uvicorn's supervisor has started another
+    assert dead not in pids and len(pids) == 2, f"worker {dead} killed; the workers now: {pids}"
+    for _ in range(SCRAPES):
+        families = scrape(server)
+        assert value(families, "journalq_messages_in", "journalq_messages_in_total", queue=QUEUE) == SENT
+        assert requests_counted(families, "POST /{queue}/messages", 201) == SENT
+    directory = multiprocess_directory(server)
+    live = [directory / f"gauge_livesum_{pid}.db" for pid in pids]
+    while not all(path.exists() for path in live) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the new worker is up
+    for _ in range(SCRAPES):
+        assert value(scrape(server), "journalq_workers") == 2  # not 3: the dead one's 1 left the sum
+    assert not (directory / f"gauge_livesum_{dead}.db").exists()
+    assert requests_of(directory, dead) > 0  # what it counted is still there, and counted above
+    send(server, SENT, first=SENT)  # the new worker counts on top
+    families = settled(server, {("POST /{queue}/messages", 201): 2 * SENT})
+    assert value(families, "journalq_messages_in", "journalq_messages_in_total", queue=QUEUE) == 2 * SENT
+    assert value(families, "journalq_queue_available", queue=QUEUE) == 2 * SENT
+
+
+def test_syncs_after_the_last_request_are_added_within_a_second(start_server: Callable[..., ServerProcess]) -> None:
+    """``--sync group``: the syncs come from the writers' flusher thread after the answers; each
+    worker adds its own to the sum within a second, not only at its next request."""
+    server = start_server("--workers", "2", "--sync", "group:5ms")
+    assert httpx.put(f"{server.url}/{QUEUE}").status_code == 201
+    send(server, SENT)
+    time.sleep(1.5)  # the last flushes, and a second
+    syncs = {value(scrape(server), "journalq_syncs", "journalq_syncs_total") for _ in range(SCRAPES)}
+    assert len(syncs) == 1 and syncs.pop() > 0, syncs
+
+
+def test_the_directory_of_a_killed_server_is_removed_by_the_next(start_server: Callable[..., ServerProcess],
+                                                                  tmp_path: Path) -> None:
+    """A server killed with SIGKILL cannot remove its metrics directory: the next server started
+    does, and leaves alone those of servers still running (and anything not a server's)."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    (temporary / "journalq-metrics-of-someone-else").mkdir()
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    killed = start_server("--workers", "2", data=tmp_path / "killed", env=env)
+    left = multiprocess_directory(killed)
+    assert left.parent == temporary
+    running = start_server("--workers", "2", data=tmp_path / "running", env=env)
+    kept = multiprocess_directory(running)
+    assert left.exists()  # in use when the other started
+    killed.kill()
+    assert left.exists()
+    start_server("--workers", "2", data=tmp_path / "next", env=env)
+    assert not left.exists()
+    assert kept.exists() and (temporary / "journalq-metrics-of-someone-else").exists()
+    assert value(scrape(running), "journalq_workers") == 2
+
+
+def test_one_process_keeps_its_values_in_memory(start_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    """A PROMETHEUS_MULTIPROC_DIR of the caller's is not used: not by one process (whose metrics
+    stay in memory), nor by workers (which get a fresh directory, no older run's files)."""
+    callers = tmp_path / "callers-metrics"
+    callers.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(callers)}
+    for args in ((), ("--workers", "2")):
+        server = start_server(*args, data=tmp_path / f"data{len(args)}", env=env)
+        assert httpx.put(f"{server.url}/{QUEUE}").status_code == 201
+        send(server, SENDERS)
+        families = settled(server, {("POST /{queue}/messages", 201): SENDERS})
+        assert value(families, "journalq_messages_in", "journalq_messages_in_total", queue=QUEUE) == SENDERS
+        assert value(families, "journalq_workers") == (2 if args else 1)
+        assert value(families, "journalq_syncs", "journalq_syncs_total") >= 1
+        if args:
+            assert multiprocess_directory(server) != callers
+        server.check_clean_stop()
+    assert not list(callers.iterdir())
+
+
+def test_the_multiprocess_variable_must_come_before_prometheus_client(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """Set after prometheus_client was imported (as here: this process keeps values in memory),
+    the variable would give scrapes of nothing but the files: refused, not served wrong."""
+    from journalq.errors import Error
+    from journalq.server.metrics import Metrics
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    with pytest.raises(Error, match="PROMETHEUS_MULTIPROC_DIR"):
+        Metrics()
