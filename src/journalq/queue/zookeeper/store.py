@@ -343,14 +343,14 @@ class ZooKeeperBroker(Closing):
     # -- settings ---------------------------------------------------------------------------
 
     def _load(self, name: str) -> QueueSettings | None:
+        """The settings of queue ``name`` (None when there is none), within a ``call``."""
         paths = self.paths(name)
         zk = self.client
-        with self.call(f"reading the settings of queue {name!r}"):
-            results = [zk.get_async(p) for p in (paths.dir, *(f"{paths.conf}/{s}" for s in _GC_SETTINGS))]
-            try:
-                raw, *gc = [r.get()[0] for r in results]
-            except NoNodeError:
-                return None
+        results = [zk.get_async(p) for p in (paths.dir, *(f"{paths.conf}/{s}" for s in _GC_SETTINGS))]
+        try:
+            raw, *gc = [r.get()[0] for r in results]
+        except NoNodeError:
+            return None
         if not raw:
             return None
         try:
