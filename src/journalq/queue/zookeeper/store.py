@@ -116,7 +116,7 @@ def _now_ms() -> int:
 _LOST = {
     ConnectionLoss: "lost the connection",
     SessionExpiredError: "ended the session",
-    ConnectionClosedError: "is closed to this broker (closed)",
+    ConnectionClosedError: "is no longer connected (the broker was closed)",
     OperationTimeoutError: "timed out an operation",
 }
 
@@ -155,6 +155,8 @@ class _BoundedResult(AsyncResult):
 
 
 class _Handler(SequentialThreadingHandler):
+    """kazoo's threading handler, whose results are ``_BoundedResult``."""
+
     def async_result(self) -> AsyncResult:
         return _BoundedResult(self)
 
