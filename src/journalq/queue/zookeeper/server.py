@@ -44,8 +44,8 @@ class ZooKeeperServer(Closing):
     """A standalone ZooKeeper server: ``with ZooKeeperServer() as zk: Broker(zk.url("/jq"))``.
 
     ``tick`` (milliseconds) bounds session timeouts: clients may ask for 2 to 20 ticks, so the
-    default of 100 ms allows sessions of 0.2 to 20 seconds (short ones make tests of a dead
-    consumer quick).
+    default of 100 ms allows sessions of 0.2 to 2 seconds (short ones make tests of a dead
+    consumer quick; a longer one asked for is cut to 2 s).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,

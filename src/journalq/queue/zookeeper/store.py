@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,7 +51,9 @@ from kazoo.exceptions import (
     RolledBackError,
     SessionExpiredError,
 )
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
+from kazoo.protocol.states import KazooState
+from kazoo.retry import KazooRetry
 
 from journalq.closing import Closing
 from journalq.errors import (
@@ -111,27 +113,70 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _translation(error: BaseException, where: str, queue: str | None = None) -> Exception | None:
-    """journalq's error for a kazoo error, or None when it is not one of those translated:
-    connection errors (the caller cannot know whether a write was done) and, within ``queue``'s
-    operations, a node missing where one was expected (the queue was deleted meanwhile)."""
+_LOST = {
+    ConnectionLoss: "lost the connection",
+    SessionExpiredError: "ended the session",
+    ConnectionClosedError: "is no longer connected (the broker was closed)",
+    OperationTimeoutError: "timed out an operation",
+}
+
+
+class _Limits(threading.local):
+    """How long this thread's waits for the ensemble may last: set for the length of a call
+    (``ZooKeeperBroker.call``), unset elsewhere (kazoo's own threads wait as kazoo does)."""
+
+    limit: float | None = None  # seconds one wait (for the connection, for one answer) may last
+    until: float | None = None  # a long poll's end (monotonic): its waits end with it
+
+
+_limits = _Limits()
+_POLL_GRACE = 1.0
+"""Seconds a long poll's last wait may outlast the poll: a healthy ensemble answers in that time."""
+
+
+def _wait_limit() -> float | None:
+    """Seconds the thread's next wait for the ensemble may last (None: no bound)."""
+    limit, until = _limits.limit, _limits.until
+    if limit is None or until is None:
+        return limit
+    return min(limit, max(until - time.monotonic(), min(limit, _POLL_GRACE)))
+
+
+class _BoundedResult(AsyncResult):
+    """kazoo's result of a request, whose wait with no timeout (the one of every synchronous
+    call, ``commit()`` included) lasts at most ``_wait_limit()``: kazoo keeps the requests made
+    while it reconnects, and its synchronous calls wait for their answers without a bound, so
+    a call made during an outage would block until the ensemble came back."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if block and timeout is None:
+            timeout = _wait_limit()
+        return super().get(block, timeout)
+
+
+class _Handler(SequentialThreadingHandler):
+    """kazoo's threading handler, whose results are ``_BoundedResult``."""
+
+    def async_result(self) -> AsyncResult:
+        return _BoundedResult(self)
+
+
+def _translation(error: BaseException, hosts: str, doing: str, queue: str | None = None) -> Exception | None:
+    """journalq's error for a kazoo error met while ``doing``, or None when it is not one of
+    those translated: connection errors and waits that ran out (the caller cannot know whether
+    a write was done) and, within ``queue``'s operations, a node missing where one was expected
+    (the queue was deleted meanwhile)."""
+    if isinstance(error, KazooTimeoutError):
+        within = "" if _limits.limit is None else f" within {_limits.limit:g}s"
+        if _limits.until is not None:
+            within += " or by the end of the long poll"
+        return StoreUnavailableError(f"ZooKeeper at {hosts} did not answer{within} while {doing}")
     if isinstance(error, _UNAVAILABLE):
-        return StoreUnavailableError(f"ZooKeeper at {where}: {type(error).__name__} {error}".rstrip())
+        what = next((text for kind, text in _LOST.items() if isinstance(error, kind)), type(error).__name__)
+        return StoreUnavailableError(f"ZooKeeper at {hosts} {what} while {doing} ({type(error).__name__})")
     if isinstance(error, NoNodeError) and queue is not None:
-        return QueueNotFoundError(f"queue {queue!r} was deleted (ZooKeeper at {where})")
+        return QueueNotFoundError(f"queue {queue!r} was deleted (ZooKeeper at {hosts}, while {doing})")
     return None
-
-
-@contextmanager
-def _translated(where: str, queue: str | None = None) -> Iterator[None]:
-    """kazoo's errors raised in the block as journalq's (``_translation``)."""
-    try:
-        yield
-    except Exception as exc:
-        translated = _translation(exc, where, queue)
-        if translated is None:
-            raise
-        raise translated from exc
 
 
 def _failure(results: list[Any]) -> tuple[int, Exception] | None:
@@ -152,9 +197,9 @@ def _outcome(result: Any) -> Exception | None:
     return None if failed is None else failed[1]
 
 
-def _as_translated(error: Exception, where: str, queue: str) -> Exception:
-    """``error`` as ``_translated`` raises it."""
-    translated = _translation(error, where, queue)
+def _as_translated(error: Exception, hosts: str, doing: str, queue: str) -> Exception:
+    """``error`` as ``ZooKeeperBroker.call`` raises it."""
+    translated = _translation(error, hosts, doing, queue)
     if translated is None:
         return error
     translated.__cause__ = error
@@ -210,9 +255,11 @@ class _Outgoing:
 class ZooKeeperBroker(Closing):
     """Queues in a ZooKeeper ensemble: ``Broker("zk://host:port[,host:port]/path")``.
 
-    ``session_timeout`` (seconds) is how soon the tasks of a consumer that died come back. ``sync``
-    is accepted for the file store's signature; ZooKeeper acknowledges a write once a quorum has
-    it on disk.
+    ``session_timeout`` (seconds) is how soon the tasks of a consumer that died come back, and
+    how long a call waits for the ensemble: for the connection when it is lost (kazoo reconnects
+    meanwhile), and for each answer (a long poll's waits also end with the poll); when a wait runs
+    out, the call raises ``StoreUnavailableError``. ``sync`` is accepted for the file store's
+    signature; ZooKeeper acknowledges a write once a quorum has it on disk.
     """
 
     def __init__(self, root: str, *, sync: str = "always", session_timeout: float = 10.0,
@@ -221,26 +268,76 @@ class ZooKeeperBroker(Closing):
         self.sync = str(SyncPolicy.parse(sync))
         self.hosts, self.path = parse_url(root)
         check_number("session_timeout", session_timeout, 0.2, 600)
-        self.client = KazooClient(hosts=self.hosts, timeout=session_timeout, logger=log)
+        self.limit = session_timeout
+        self._connected = threading.Event()
+        self._closed = False
+        # kazoo's own retry of the connection backs off up to an hour: an ensemble back after a
+        # long outage would wait that long for this broker. At most a second (a quarter of the
+        # session, when shorter), so that the call after the ensemble's return finds it connected.
+        retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=min(1.0, session_timeout / 4))
+        self.client = KazooClient(hosts=self.hosts, timeout=session_timeout, logger=log, handler=_Handler(),
+                                  connection_retry=retry)
+        self.client.add_listener(self._on_state)
         self.participant = _participant()
         self.ids = TaskIds()
         self._topics: dict[str, ZooKeeperTopic] = {}
         self._queues: dict[str, ZooKeeperQueue] = {}
         self._lock = threading.RLock()
-        with _translated(self.hosts):
-            try:
-                self.client.start(timeout=connect_timeout)
-            except KazooTimeoutError:
-                self.client.close()
-                raise StoreUnavailableError(
-                    f"no ZooKeeper answered at {self.hosts} within {connect_timeout:g}s"
-                ) from None
-            try:
+        try:
+            self.client.start(timeout=connect_timeout)
+        except KazooTimeoutError:
+            self.client.close()
+            raise StoreUnavailableError(
+                f"no ZooKeeper answered at {self.hosts} within {connect_timeout:g}s"
+            ) from None
+        try:
+            with self.call(f"making the path {self.path}"):
                 self.client.ensure_path(self.path)
-            except BaseException:
-                self.client.stop()  # not left with a session and kazoo's threads running
-                self.client.close()
+        except BaseException:
+            self.client.stop()  # not left with a session and kazoo's threads running
+            self.client.close()
+            raise
+
+    def _on_state(self, state: str) -> None:
+        """kazoo's listener (in its connection thread): whether calls may go out now."""
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
+
+    def wait_connected(self, doing: str) -> None:
+        """Return once the client is connected; raise ``StoreUnavailableError`` when it is not
+        within the thread's wait limit (requests made meanwhile would wait in kazoo's queue, to
+        be sent, long after their caller gave up, once it reconnects)."""
+        if self._closed or self._connected.is_set():
+            return  # (closed: kazoo refuses at once)
+        limit = _wait_limit()
+        if not self._connected.wait(limit):
+            raise StoreUnavailableError(
+                f"ZooKeeper at {self.hosts} could not be reached within {limit or 0:.3g}s while {doing} "
+                "(the broker goes on reconnecting)"
+            )
+
+    @contextmanager
+    def call(self, doing: str, queue: str | None = None, *, until: float | None = None) -> Iterator[None]:
+        """One call's dealings with the ensemble (``doing`` says what it does): once connected
+        (``wait_connected``), each wait for an answer lasts at most ``limit`` seconds (and ends
+        with a long poll's ``until``, a monotonic time), and kazoo's errors are raised as
+        journalq's (``_translation``). A call within a call keeps the outer one's limits."""
+        outer = _limits.limit is not None
+        if not outer:
+            _limits.limit, _limits.until = self.limit, until
+        try:
+            self.wait_connected(doing)
+            yield
+        except Exception as exc:
+            translated = _translation(exc, self.hosts, doing, queue)
+            if translated is None:
                 raise
+            raise translated from exc
+        finally:
+            if not outer:
+                _limits.limit = _limits.until = None
 
     def paths(self, name: str) -> Paths:
         return Paths(self.path, check_name(name))
@@ -248,14 +345,14 @@ class ZooKeeperBroker(Closing):
     # -- settings ---------------------------------------------------------------------------
 
     def _load(self, name: str) -> QueueSettings | None:
+        """The settings of queue ``name`` (None when there is none), within a ``call``."""
         paths = self.paths(name)
         zk = self.client
-        with _translated(self.hosts):
-            results = [zk.get_async(p) for p in (paths.dir, *(f"{paths.conf}/{s}" for s in _GC_SETTINGS))]
-            try:
-                raw, *gc = [r.get()[0] for r in results]
-            except NoNodeError:
-                return None
+        results = [zk.get_async(p) for p in (paths.dir, *(f"{paths.conf}/{s}" for s in _GC_SETTINGS))]
+        try:
+            raw, *gc = [r.get()[0] for r in results]
+        except NoNodeError:
+            return None
         if not raw:
             return None
         try:
@@ -309,10 +406,14 @@ class ZooKeeperBroker(Closing):
     def topic(self, name: str, *, create: bool = True, **settings: Any) -> ZooKeeperTopic:
         """The queue ``name`` seen as a topic (this store has one channel per topic: ``default``)."""
         check_name(name)
-        with self._lock, _translated(self.hosts):
+        with self._lock:
             topic = self._topics.get(name)
-            if topic is not None and not settings:
-                return topic
+        if topic is not None and not settings:
+            return topic  # known: no round trip, and no wait for the ensemble during an outage
+        # A change of settings reads and writes them under the lock (one change at a time in this
+        # process); a mere opening does not hold it while it waits for the ensemble, so that
+        # openings during an outage fail side by side, each within its wait, not one after another.
+        with self._lock if settings else nullcontext(), self.call(f"opening queue {name!r}"):
             current = self._load(name)
             if current is None:
                 if not create:
@@ -326,14 +427,16 @@ class ZooKeeperBroker(Closing):
                 if updated != current:
                     self._save(name, updated)
                     current = updated
+        with self._lock:
+            topic = self._topics.get(name)
             if topic is None:
                 topic = self._topics[name] = ZooKeeperTopic(self, name, current)
             topic.settings = current
             return topic
 
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> ZooKeeperQueue:
+        topic = self.topic(name, create=create, **settings)
         with self._lock:
-            topic = self.topic(name, create=create, **settings)
             return topic.channel(DEFAULT_CHANNEL)
 
     def configure(self, name: str, **changes: Any) -> QueueSettings:
@@ -341,7 +444,7 @@ class ZooKeeperBroker(Closing):
 
     def names(self) -> list[str]:
         zk = self.client
-        with _translated(self.hosts):
+        with self.call("listing the queues"):
             children = sorted(zk.get_children(self.path))
             results = [(name, zk.get_async(f"{self.path}/{name}")) for name in children]
             names = []
@@ -355,7 +458,7 @@ class ZooKeeperBroker(Closing):
 
     def exists(self, name: str) -> bool:
         paths = self.paths(name)
-        with _translated(self.hosts):
+        with self.call(f"looking for queue {name!r}"):
             try:
                 return bool(self.client.get(paths.dir)[0])
             except NoNodeError:
@@ -367,7 +470,7 @@ class ZooKeeperBroker(Closing):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
         self.forget(name)
         paths = self.paths(name)
-        with _translated(self.hosts):
+        with self.call(f"deleting queue {name!r}"):
             try:
                 self.client.set(paths.dir, b"")  # no longer a queue, at once
                 for _ in range(10):
@@ -397,6 +500,7 @@ class ZooKeeperBroker(Closing):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True  # calls no longer wait for a connection: kazoo refuses them
             topics = list(self._topics.values())
             self._topics.clear()
             self._queues.clear()
@@ -464,7 +568,8 @@ class ZooKeeperTopic:
                 size = 0
             chunks[-1].append(item)
             size += weight
-        with _translated(self.broker.hosts, self.name):
+        doing = f"sending {len(outgoing)} message{'s' * (len(outgoing) != 1)} to {self.name!r}"
+        with self.broker.call(doing, self.name):
             # Collect first: a collection that fails then fails the send before anything is
             # stored (after the writes, it would make a stored send look failed: sent twice).
             self.maybe_collect()
@@ -482,7 +587,7 @@ class ZooKeeperTopic:
                 stored = failures[-len(chunks):]
                 ids = [item.task if done is None else None for chunk, done in zip(chunks, stored) for item in chunk]
                 if None in ids:
-                    cause = _as_translated(failure, self.broker.hosts, self.name)
+                    cause = _as_translated(failure, self.broker.hosts, doing, self.name)
                     partial = PartialSendError.after(ids, cause)
                     if partial is None:
                         raise cause
@@ -542,7 +647,7 @@ class ZooKeeperTopic:
 
     def gc(self) -> list[str]:
         """Collect now, whenever the last collection was; returns the tasks deleted."""
-        with _translated(self.broker.hosts, self.name):
+        with self.broker.call(f"collecting the finished tasks of {self.name!r}", self.name):
             return self.collect(force=True) or []
 
     def collect(self, *, force: bool = False, orphan_grace: float = ORPHAN_GRACE) -> list[str] | None:
@@ -709,8 +814,9 @@ class ZooKeeperQueue:
     def _zk(self) -> KazooClient:
         return self.topic.broker.client
 
-    def _translated(self) -> Any:
-        return _translated(self.topic.broker.hosts, self.topic.name)
+    def _call(self, doing: str) -> Any:
+        """``ZooKeeperBroker.call`` for this queue (``doing`` is followed by its name)."""
+        return self.topic.broker.call(f"{doing} {self.topic.name!r}", self.topic.name)
 
     # -- what the file store's Queue has -----------------------------------------------------
 
@@ -774,7 +880,7 @@ class ZooKeeperQueue:
 
     def consumers(self) -> dict[str, list[str]]:
         """Live consumers and the ids of the tasks each holds hidden now."""
-        with self._translated():
+        with self._call("listing the consumers of"):
             now, live = _now_ms(), self._live()
             held: dict[str, list[str]] = {}
             for task, entry, _ in self._entries(sorted(self._zk.get_children(self.paths.queue))):
@@ -840,8 +946,11 @@ class ZooKeeperQueue:
             if refused is not None:
                 raise ReceiptError(f"nothing received: {refused}")
         deadline = time.monotonic() + wait
-        with self._translated():
+        broker, doing = self.topic.broker, f"receiving from {self.topic.name!r}"
+        # a long poll's waits for the ensemble end with it: an outage ends it with the error
+        with broker.call(doing, self.topic.name, until=deadline if wait > 0 else None):
             while True:
+                broker.wait_connected(doing)  # (the connection may have gone while the poll slept)
                 self._changed.clear()
                 got, wake_at = self._receive_now(max_messages, int(hide * 1000), wanted, watch=wait > 0)
                 remaining = deadline - time.monotonic()
@@ -1037,7 +1146,7 @@ class ZooKeeperQueue:
         _raise(self.delete_many([receipt])[0])
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
-        with self._translated():
+        with self._call(f"deleting {len(receipts)} receipt(s) in"):
             return self._act(receipts, lambda i, entry: (FINISHED, None))
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
@@ -1047,7 +1156,7 @@ class ZooKeeperQueue:
     def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
         for _, seconds in changes:
             check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
-        with self._translated():
+        with self._call(f"changing the visibility of {len(changes)} delivery(ies) in"):
             return self._act([r for r, _ in changes], lambda i, entry: (None, int(changes[i][1] * 1000)))
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
@@ -1204,20 +1313,20 @@ class ZooKeeperQueue:
     def delete_id(self, id: str) -> None:
         """Finish task ``id`` whatever its state: delivered or not (mq deletes by id)."""
         task = check_task_id(id)
-        with self._translated():
+        with self._call(f"deleting message {id} of"):
             if not self.finish_ids([task], FINISHED):
                 raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}")
 
     def purge(self) -> None:
         """Finish every task sent so far (SQS's PurgeQueue)."""
-        with self._translated():
+        with self._call("purging"):
             self.finish_ids(sorted(self._zk.get_children(self.paths.queue)), FINISHED)
 
     def task(self, id: str) -> Task:
         """zkmq's state of task ``id`` (inserted, claimed, finished, dead) and its metadata."""
         task = check_task_id(id)
         zk, paths = self._zk, self.paths
-        with self._translated():
+        with self._call(f"reading task {id} of"):
             state, meta = zk.get_async(paths.task(task, "state")), zk.get_async(paths.task(task, "metadata"))
             pending = zk.get_async(paths.entry(task))
             names = zk.get_children_async(paths.task(task, "filters"))
@@ -1259,7 +1368,7 @@ class ZooKeeperQueue:
         except (TypeError, ValueError) as exc:
             raise ReceiptError(f"task metadata must be JSON: {exc}") from None
         zk, path = self._zk, self.paths.task(task, "metadata")
-        with self._translated():
+        with self._call(f"setting the metadata of task {id} in"):
             while True:
                 try:
                     raw, stat = zk.get(path)
@@ -1286,7 +1395,7 @@ class ZooKeeperQueue:
     def stats(self) -> ChannelStats:
         """Counts as SQS gives them (``dead``: every task moved to the dead-letter queue)."""
         zk, paths = self._zk, self.paths
-        with self._translated():
+        with self._call("counting the messages of"):
             names = sorted(zk.get_children(paths.queue))
             now, live = _now_ms(), self._live()
             available = in_flight = delayed = 0
@@ -1317,27 +1426,27 @@ class ZooKeeperQueue:
         if not self._registered() or not zk.connected:
             return  # (the claims of a session that ended are free: none are kept)
         try:
-            # (those whose visibility ran out too: kept, their receipts stay good until another
-            # consumer receives them)
-            mine = [(task, entry, version) for task, (entry, version) in dict(self._known).items()
-                    if entry.by == self.consumer_id]
-            current = paths.consumer(self.consumer_id, "current")
-            writes = [zk.transaction() for _ in mine]
-            for t, (task, entry, version) in zip(writes, mine):
-                kept = Entry(entry.at, entry.count, entry.by, entry.group, entry.filters, kept=True)
-                t.set_data(paths.entry(task), kept.encode(), version)
-                t.check(current, -1)  # kept only while the session that claimed it lives
-            for result in [t.commit_async() for t in writes]:
-                result.get()  # one that changed meanwhile (deleted, taken over) is left as it is
-            t = zk.transaction()
-            t.delete(current)
-            t.delete(paths.consumer(self.consumer_id))
-            t.commit()
-        except KazooException:
+            with self._call("closing the consumer of"):
+                # (those whose visibility ran out too: kept, their receipts stay good until another
+                # consumer receives them)
+                mine = [(task, entry, version) for task, (entry, version) in dict(self._known).items()
+                        if entry.by == self.consumer_id]
+                current = paths.consumer(self.consumer_id, "current")
+                writes = [zk.transaction() for _ in mine]
+                for t, (task, entry, version) in zip(writes, mine):
+                    kept = Entry(entry.at, entry.count, entry.by, entry.group, entry.filters, kept=True)
+                    t.set_data(paths.entry(task), kept.encode(), version)
+                    t.check(current, -1)  # kept only while the session that claimed it lives
+                for result in [t.commit_async() for t in writes]:
+                    result.get()  # one that changed meanwhile (deleted, taken over) is left as it is
+                t = zk.transaction()
+                t.delete(current)
+                t.delete(paths.consumer(self.consumer_id))
+                t.commit()
+        except (KazooException, StoreUnavailableError):
             pass  # its session ends with the client anyway: its tasks come back then
 
 
 def _raise(error: ReceiptError | None) -> None:
     if error is not None:
         raise error
-
