@@ -8,6 +8,7 @@ rebuilds an index, a reader offset) work on a copy made by ``copy_vector``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import itertools
 import json
@@ -16,6 +17,7 @@ import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,9 +151,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def zookeeper_server() -> Iterator[object]:
-    """A real ZooKeeper server on loopback for the whole session (skips when none can run)."""
+@contextlib.contextmanager
+def own_zookeeper(data: Path | None = None) -> Iterator[Any]:
+    """A real ZooKeeper server on loopback (``ZooKeeperServer``: data in ``data``, or a temporary
+    directory), stopped at the end; the test is skipped when none can run here. For tests that
+    freeze, kill or restart it, and for the session's."""
     try:
         import kazoo  # noqa: F401
     except ImportError:
@@ -161,7 +165,14 @@ def zookeeper_server() -> Iterator[object]:
     reason = ZooKeeperServer.available()
     if reason is not None:
         pytest.skip(f"no ZooKeeper server can run here: {reason}")
-    with ZooKeeperServer() as server:
+    with ZooKeeperServer(data) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[object]:
+    """A real ZooKeeper server on loopback for the whole session (skips when none can run)."""
+    with own_zookeeper() as server:
         yield server
 
 

@@ -34,6 +34,7 @@ import pytest
 
 from journalq.errors import TaskNotFoundError
 from journalq.queue import Broker
+from conftest import own_zookeeper
 from test_queue_crash_stress import (
     FILTERS,
     PROFILES,
@@ -417,14 +418,9 @@ def check_dead_letters(broker: Broker, run: ZooKeeperRun) -> None:
 def test_random_kills_of_zookeeper_producers_and_consumers(
     tmp_path: Path, child_env: dict, scenario: str, restart: bool, seconds: float
 ) -> None:
-    from journalq.queue.zookeeper.server import ZooKeeperServer
-
-    reason = ZooKeeperServer.available()
-    if reason is not None:
-        pytest.skip(f"no ZooKeeper server can run here: {reason}")
     seed = int(os.environ.get("JOURNALQ_STRESS_SEED", "20261122"))
     seconds = float(os.environ.get("JOURNALQ_STRESS_SECONDS", seconds))
-    with ZooKeeperServer(tmp_path / "zk") as server:
+    with own_zookeeper(tmp_path / "zk") as server:
         run = stress(server, tmp_path, child_env, seed=seed, seconds=seconds, scenario=scenario, restart=restart)
         redelivered = sum(1 for d in run.deliveries if d.count > 1)
         print(f"{scenario} seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {len(run.ended['rel'])} "
@@ -441,12 +437,7 @@ def test_a_batch_cut_by_a_server_crash_says_what_it_stored(tmp_path: Path, monke
     the unsent again leaves every message once."""
     from journalq.errors import PartialSendError, StoreUnavailableError
     from journalq.queue.zookeeper import store
-    from journalq.queue.zookeeper.server import ZooKeeperServer
-
-    reason = ZooKeeperServer.available()
-    if reason is not None:
-        pytest.skip(f"no ZooKeeper server can run here: {reason}")
-    with ZooKeeperServer(tmp_path / "zk") as server, Broker(server.url("/partial"), session_timeout=10) as broker:
+    with own_zookeeper(tmp_path / "zk") as server, Broker(server.url("/partial"), session_timeout=10) as broker:
         q = broker.queue("jobs")
         monkeypatch.setattr(store, "_BATCH_TASKS", 3)  # 8 messages: chunks of 3, 3 and 2
         write_entries = q.topic._write_entries

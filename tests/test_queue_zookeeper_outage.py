@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from journalq.errors import StaleReceiptError, StoreUnavailableError
+from conftest import own_zookeeper
 from journalq.queue import Broker
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
@@ -29,12 +30,7 @@ _paths = iter(range(10**6))
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    from journalq.queue.zookeeper.server import ZooKeeperServer
-
-    reason = ZooKeeperServer.available()
-    if reason is not None:
-        pytest.skip(f"no ZooKeeper server can run here: {reason}")
-    with ZooKeeperServer() as zk:
+    with own_zookeeper() as zk:  # of this module's own: its tests freeze and kill it
         yield zk
 
 

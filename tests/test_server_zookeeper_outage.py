@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from conftest import own_zookeeper
 from test_server_harness import ServerProcess
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
@@ -25,12 +26,7 @@ SLACK = 2.0
 @pytest.fixture
 def zookeeper() -> Iterator[Any]:
     """A ZooKeeper server of this test's own: it is frozen (the session's serves other tests)."""
-    from journalq.queue.zookeeper.server import ZooKeeperServer
-
-    reason = ZooKeeperServer.available()
-    if reason is not None:
-        pytest.skip(f"no ZooKeeper server can run here: {reason}")
-    with ZooKeeperServer() as zk:
+    with own_zookeeper() as zk:
         yield zk
 
 
