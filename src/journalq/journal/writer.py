@@ -87,14 +87,14 @@ class Writer(Closing):
         self.recoveries: list[Recovery] = []
         """Every tail that this writer cut while opening or catching up, oldest first."""
         self.caught_up: list[Message] = []
-        self.segment_unlinked = False
-        """Whether the last catch-up (of a shared writer) found its segment deleted: by another
-        process's gc or compaction (the writer then goes on in the next segment), or with the
-        whole journal (see ``held``'s ``check``)."""
         """A shared writer: the messages other writers appended that the last catch-up (the
         last ``hold()`` or append) read, in order. A caller keeping up with the journal can take
         them instead of reading them again, when they run up to ``next_offset`` (a catch-up
         that went on to a new segment gives only what it read of the old one)."""
+        self.segment_unlinked = False
+        """Whether the last catch-up (of a shared writer) found its segment deleted: by another
+        process's gc or compaction (the writer then goes on in the next segment), or with the
+        whole journal (see ``held``'s ``check``)."""
 
         self._mutex = threading.RLock()  # reentrant: appends inside ``hold()``
         self._held = 0
