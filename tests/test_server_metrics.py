@@ -58,6 +58,13 @@ def requests_of(directory: Path, pid: int) -> float:
                and all(s.labels.get(k) == v for k, v in POST.items()))
 
 
+def syncs_of(directory: Path, pid: int) -> float:
+    """The syncs one worker published, from its own file alone."""
+    (counter,) = [m for m in MultiProcessCollector.merge([str(directory / f"counter_{pid}.db")])
+                  if m.name == "journalq_syncs"]
+    return sum(s.value for s in counter.samples if s.name == "journalq_syncs_total")
+
+
 def in_threads(count: int, work: Callable[[int], None]) -> None:
     threads = [threading.Thread(target=work, args=(n,)) for n in range(count)]
     for thread in threads:
@@ -132,12 +139,16 @@ def test_every_scrape_adds_up_both_workers(start_server: Callable[..., ServerPro
     syncs = {value(families, "journalq_syncs", "journalq_syncs_total") for families in scrapes}
     assert len(syncs) == 1, syncs
     (total,) = syncs
-    assert DELETED < total <= SENT + DELETED + 1, total
-    # Both workers took a share (each one's file alone), in a directory outside the data's.
+    # Every DELETE is synced, a POST at most once (group commit), and the channel's own
+    # bookkeeping (its collection, a snapshot) now and then: the exact count depends on the load.
+    assert DELETED < total <= SENT + DELETED + 10, total
+    # Both workers took a share (each one's file alone), in a directory outside the data's, and
+    # the scrapes' sums are the sums of the workers' own values.
     directory = multiprocess_directory(server)
     assert not directory.resolve().is_relative_to(server.data.resolve())
     per_worker = {pid: requests_of(directory, pid) for pid in server.worker_pids()}
     assert len(per_worker) == 2 and all(per_worker.values()), f"POSTs each worker answered: {per_worker}"
+    assert sum(syncs_of(directory, pid) for pid in per_worker) == total
     server.check_clean_stop()
     assert not directory.exists(), "the metrics directory outlived the server"
 
