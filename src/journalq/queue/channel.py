@@ -75,6 +75,7 @@ SNAPSHOT_EVERY = 20_000
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
 MAX_RECEIVE = 10_000
 MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
+MAX_WAIT = 3600  # seconds: the longest long poll of one receive
 _ISSUED_MAX = 16_384  # receipts remembered by ``Channel._issued``
 _LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
@@ -156,7 +157,7 @@ def receive_arguments(
         hide = settings.visibility_timeout
     else:
         hide = check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
-    wait = settings.receive_wait if wait is None else check_number("wait", wait, 0, 3600)
+    wait = settings.receive_wait if wait is None else check_number("wait", wait, 0, MAX_WAIT)
     return hide, wait, None if filters is None else filtering.normalize(filters, settings.enums)
 
 

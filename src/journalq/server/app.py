@@ -41,6 +41,7 @@ from journalq.errors import (
     TaskNotFoundError,
 )
 from journalq.queue import Broker, ReceivedMessage
+from journalq.queue.channel import MAX_WAIT
 from journalq.queue.settings import check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
@@ -58,9 +59,6 @@ T = TypeVar("T")
 
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 """Errors of the storage (a full disk, a quota, an I/O error) answered 503 wherever they arise."""
-
-MAX_WAIT = 3600.0
-"""The longest ``wait`` of a REST fetch: the queue's own limit on a receive's wait."""
 
 RESERVED = {"metrics", "healthz", "docs", "redoc", "openapi.json"}
 """Paths of the server's own that no queue can be reached at through the REST API."""
@@ -320,7 +318,7 @@ def create_app(config: ServerConfig) -> App:
         ``X-Receive-Count``); 204 when there is none. The message is hidden for the visibility
         timeout and delivered again unless deleted. ``wait``: long polling, in seconds."""
         name = queue_name(queue)
-        check_number("wait", wait, 0, MAX_WAIT)
+        check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
 
         def receive(seconds: float) -> list[ReceivedMessage]:
             try:
