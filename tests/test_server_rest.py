@@ -49,6 +49,46 @@ def test_put_creates_201_then_finds_200(client: httpx.Client) -> None:
     assert again.status_code == 200 and again.json() == {"name": name, "created": False}
 
 
+def test_put_of_a_fifo_name_is_refused_and_finds_a_fifo_queue_made_through_sqs(
+    server: ServerProcess, client: httpx.Client
+) -> None:
+    """SQS gives names ending in .fifo to FIFO queues only, and REST makes standard queues (its
+    messages carry no group id): such a PUT is refused, naming the way to make one, and makes
+    nothing that boto3 would see; a FIFO queue made through SQS is found (200), FIFO still."""
+    sqs = sqs_client(server.url)
+    name = f"orders-{uuid.uuid4().hex[:8]}.fifo"
+    refused = client.put(f"/{name}")
+    assert refused.status_code == 400, refused.text
+    assert "CreateQueue" in refused.json()["error"] and "FifoQueue=true" in refused.json()["error"]
+    assert client.get(f"/{name}").status_code == 404
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs.get_queue_url(QueueName=name)
+    url = sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})["QueueUrl"]
+    found = client.put(f"/{name}")
+    assert found.status_code == 200 and found.json() == {"name": name, "created": False}, found.text
+    assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["FifoQueue"])["Attributes"] == {"FifoQueue": "true"}
+
+
+def test_put_with_shards_finds_a_queue_of_as_many_and_refuses_another_number(client: httpx.Client) -> None:
+    name = f"sharded-{uuid.uuid4().hex[:8]}"
+    assert client.put(f"/{name}", params={"shards": 2}).status_code == 201
+    again = client.put(f"/{name}", params={"shards": 2})
+    assert again.status_code == 200 and again.json() == {"name": name, "created": False}, again.text
+    assert client.put(f"/{name}").status_code == 200  # no shards asked: found as it is
+    conflict = client.put(f"/{name}", params={"shards": 4})
+    assert conflict.status_code == 409, conflict.text
+    assert "2 shard(s), not 4" in conflict.json()["error"], conflict.text
+    plain = f"plain-{uuid.uuid4().hex[:8]}"
+    assert client.put(f"/{plain}").status_code == 201
+    assert client.put(f"/{plain}", params={"shards": 1}).status_code == 200
+    assert client.put(f"/{plain}", params={"shards": 2}).status_code == 409
+    # A shards that no queue can have is a bad parameter, whether the queue exists or not.
+    for queue in (name, f"never-{uuid.uuid4().hex[:8]}"):
+        bad = client.put(f"/{queue}", params={"shards": 3})
+        assert bad.status_code == 400 and "power of two" in bad.json()["error"], bad.text
+    assert client.get(f"/{name}").status_code == 200  # nothing changed on the way
+
+
 def test_get_queue_counts_and_404(client: httpx.Client, queue: str) -> None:
     client.post(f"/{queue}/messages", content=b"one").raise_for_status()
     got = client.get(f"/{queue}")
@@ -304,6 +344,7 @@ def test_openapi_gives_every_status_each_endpoint_answers(server: ServerProcess,
         ("/{queue}", "get", "/a%2Fb", {}),
         ("/{queue}", "put", f"/{other}", {}), ("/{queue}", "put", f"/{other}", {}),
         ("/{queue}", "put", "/sharded-badly", {"params": {"shards": "three"}}),
+        ("/{queue}", "put", f"/{queue}", {"params": {"shards": 2}}), ("/{queue}", "put", "/a.fifo", {}),
         ("/{queue}/messages", "get", f"/{queue}/messages", {}), ("/{queue}/messages", "get", f"/{queue}/messages", {}),
         ("/{queue}/messages", "get", "/nothing-here/messages", {}),
         ("/{queue}/messages", "get", f"/{queue}/messages", {"params": {"wait": "soon"}}),
@@ -319,6 +360,7 @@ def test_openapi_gives_every_status_each_endpoint_answers(server: ServerProcess,
     ]:
         met.setdefault((path, method), set()).add(client.request(method.upper(), url, **kwargs).status_code)
     assert met[("/{queue}/messages", "post")] == {201, 400, 404, 413}, met  # the drive did what it meant to
+    assert met[("/{queue}", "put")] == {200, 201, 400, 409}, met
     paths = client.get("/openapi.json").json()["paths"]
     for (path, method), statuses in met.items():
         documented = paths[path][method]["responses"]
