@@ -4,6 +4,8 @@ service endpoints: /metrics (Prometheus text), /healthz, /openapi.json."""
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from collections import Counter
 import socket
 import threading
@@ -586,6 +588,41 @@ def test_deleting_a_queue_under_long_polls(server: ServerProcess, client: httpx.
     ), results
     with pytest.raises(sqs.exceptions.QueueDoesNotExist):
         sqs.receive_message(QueueUrl=url)
+
+
+def test_a_queue_another_process_is_removing_under_long_polls_is_not_found(
+    server: ServerProcess, client: httpx.Client
+) -> None:
+    """Another process's delete renames the queue's directory away, then removes its files: the
+    polls waiting on it end with 404 and QueueDoesNotExist (SQS's answer was a 500)."""
+    sqs = sqs_client(server.url, read_timeout=60)
+    name = f"removed-{uuid.uuid4().hex[:8]}"
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    results: dict[str, Any] = {}
+
+    def rest_poll() -> None:
+        answer = httpx.get(f"{server.url}/{name}/messages", params={"wait": 20}, timeout=60)
+        results["rest"] = (answer.status_code, answer.json() if answer.content else None)
+
+    def sqs_poll() -> None:
+        try:
+            results["sqs"] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=20)
+        except ClientError as exc:
+            results["sqs"] = exc.response["Error"]["Code"]
+
+    threads = [threading.Thread(target=rest_poll), threading.Thread(target=sqs_poll)]
+    for t in threads:
+        t.start()
+    time.sleep(0.7)  # both are waiting
+    doomed = server.data / f".deleted-{name}-1-0badcafe"
+    os.replace(server.data / name, doomed)  # a deleter's first step (journalq.queue.removal)
+    for lock in (doomed / "channels" / "default" / "jnl.lck", doomed / "jnl.lck"):
+        lock.unlink()  # and the first files its removal takes
+    for t in threads:
+        t.join(60)
+    assert results["rest"][0] == 404 and "deleted" in results["rest"][1]["error"], results
+    assert results["sqs"] in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"), results
+    shutil.rmtree(doomed)
 
 
 def test_a_long_poll_whose_client_went_away_takes_nothing(server: ServerProcess, client: httpx.Client, queue: str) -> None:

@@ -347,14 +347,9 @@ def create_app(config: ServerConfig) -> App:
         check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
 
         def receive(seconds: float) -> list[ReceivedMessage]:
-            try:
-                found = broker().queue(name, create=False)
-                return found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
-            except FileNotFoundError:
-                if broker().exists(name):
-                    raise
-                # Deleted under the receive (between two slices, say): its directory went away.
-                raise QueueNotFoundError(f"queue or topic {name!r} was deleted") from None
+            # A queue deleted under the poll (by this server or another process) raises
+            # QueueNotFoundError, answered 404 as anywhere else (SQS's ReceiveMessage: QueueDoesNotExist).
+            return broker().queue(name, create=False).receive(1, wait=seconds, visibility_timeout=visibility_timeout)
 
         # A long poll waits in slices: between two, it ends when the server is stopping (a
         # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
