@@ -1,5 +1,5 @@
 """mq's six REST endpoints against the real server (httpx), the two APIs on one queue, and the
-service endpoints: /metrics (Prometheus text), /healthz, /openapi.json."""
+service endpoints: /metrics (Prometheus text), /healthz, /readyz, /openapi.json."""
 
 from __future__ import annotations
 
@@ -256,7 +256,7 @@ def test_a_post_expecting_100_continue_to_no_queue_is_404_before_its_body(
 
 
 def test_reserved_names_are_not_queues(client: httpx.Client) -> None:
-    for name in ("metrics", "healthz", "openapi.json"):
+    for name in ("metrics", "healthz", "readyz", "openapi.json"):
         assert client.put(f"/{name}").status_code == 400
         assert client.post(f"/{name}/messages", content=b"x").status_code in (400, 404)
 
@@ -314,10 +314,38 @@ def test_sent_with_boto3_fetched_through_rest(server: ServerProcess, client: htt
 # -- metrics, health, OpenAPI ------------------------------------------------------------------
 
 
-def test_healthz(client: httpx.Client) -> None:
-    got = client.get("/healthz")
-    assert got.status_code == 200
-    assert got.json()["status"] == "ok" and isinstance(got.json()["queues"], int)
+def test_healthz_and_readyz(client: httpx.Client, queue: str) -> None:
+    """Liveness (the process serves) and readiness (the store lists its queues)."""
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ok" and ready.json()["queues"] >= 1
+
+
+def test_readyz_is_503_while_the_queues_cannot_be_listed_and_healthz_200(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that fails (here the data directory refuses to be listed) makes the server not
+    ready, with the reason and Retry-After; it is still alive: no probe should restart it for that."""
+    from starlette.testclient import TestClient
+
+    from journalq.queue import Broker
+    from journalq.server.app import create_app
+    from journalq.server.config import ServerConfig
+
+    def refused(self: Broker) -> list[str]:
+        raise PermissionError(13, "Permission denied", str(self.root))
+
+    with TestClient(create_app(ServerConfig(data=tmp_path))) as http:
+        assert http.get("/readyz").json() == {"status": "ok", "queues": 0}
+        monkeypatch.setattr(Broker, "names", refused)
+        ready = http.get("/readyz")
+        assert ready.status_code == 503 and ready.headers["Retry-After"] == "1", ready.text
+        assert ready.json() == {"error": "the queues cannot be listed: Permission denied"}
+        assert http.get("/healthz").json() == {"status": "ok"}
+        document = http.get("/openapi.json").json()["paths"]
+        assert "503" in document["/readyz"]["get"]["responses"]
+        assert "Retry-After" in document["/readyz"]["get"]["responses"]["503"]["headers"]
 
 
 def test_openapi_lists_the_six_mq_endpoints(client: httpx.Client) -> None:
@@ -419,7 +447,7 @@ def test_a_wrong_method_is_405_allowing_every_method_of_the_path(client: httpx.C
 
 
 def test_head_is_get_without_the_body(client: httpx.Client, queue: str) -> None:
-    for path in (f"/{queue}", "/healthz", "/metrics", "/openapi.json"):
+    for path in (f"/{queue}", "/healthz", "/readyz", "/metrics", "/openapi.json"):
         got, head = client.get(path), client.head(path)
         assert head.status_code == got.status_code == 200, path
         assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]

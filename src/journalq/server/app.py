@@ -61,7 +61,7 @@ T = TypeVar("T")
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 """Errors of the storage (a full disk, a quota, an I/O error) answered 503 wherever they arise."""
 
-RESERVED = {"metrics", "healthz", "docs", "redoc", "openapi.json"}
+RESERVED = {"metrics", "healthz", "readyz", "docs", "redoc", "openapi.json"}
 """Paths of the server's own that no queue can be reached at through the REST API."""
 
 
@@ -98,7 +98,7 @@ def create_app(config: ServerConfig) -> App:
 
     @asynccontextmanager
     async def lifespan(app: App) -> AsyncIterator[None]:
-        broker = Broker(config.data, sync=config.sync)
+        broker = Broker(config.data, sync=config.sync, **config.store_options())
         broker_box.append(broker)
         app.state.metrics.watch(broker)
         log.info("journalq %s serving %s on http://%s (sync=%s)",
@@ -271,8 +271,26 @@ def create_app(config: ServerConfig) -> App:
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, Any]:
-        """Answers while the server runs and its data directory can be listed."""
-        names = await blocking(broker().names)
+        """Liveness: answers 200 while the server process serves requests. It does not ask the
+        store: a ZooKeeper ensemble or a disk that fails is no reason to restart the server
+        (``/readyz`` tells that)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["service"], responses={503: {
+        "description": "The store does not answer (a ZooKeeper ensemble out of reach, a failing disk): "
+                       "requests that need it are answered 503 meanwhile.",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before asking again."}},
+    }})
+    async def readyz() -> dict[str, Any]:
+        """Readiness: 200 with the number of queues once the store lists them (the data
+        directory, or the ZooKeeper ensemble), 503 with ``Retry-After`` while it cannot."""
+        try:
+            names = await blocking(broker().names)
+        except OSError as exc:  # whatever keeps the queues from being listed (EACCES too): not ready
+            log.error("the queues cannot be listed: %s", exc)
+            raise HTTPProblem(503, f"the queues cannot be listed: {exc.strerror or exc}",
+                              {"Retry-After": str(config.retry_after)}) from exc
         return {"status": "ok", "queues": len(names)}
 
     @app.get("/metrics", tags=["service"], response_class=Response)
