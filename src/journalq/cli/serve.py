@@ -181,11 +181,13 @@ def bind(host: str, port: int) -> socket.socket:
 def http_protocol() -> Any:
     """httptools (fast) with a limit on request heads, a deadline for them, idle connections
     closed, and the direct path for ``POST /{queue}/messages`` (for journalq's app); or h11 when
-    httptools is missing."""
+    httptools is missing. Either ends long polls as soon as the server begins to stop."""
     try:
         from journalq.server.protocol import DirectHttpToolsProtocol
     except ImportError:
-        return "h11"
+        from journalq.server.h11_protocol import StoppingH11Protocol
+
+        return StoppingH11Protocol
     return DirectHttpToolsProtocol
 
 
