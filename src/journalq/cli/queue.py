@@ -36,31 +36,6 @@ from journalq.queue.settings import check_name
 __all__ = ["queue", "received_json"]
 
 
-# -- errors -----------------------------------------------------------------------------------
-
-
-class _UsageError(click.UsageError):
-    """A usage error shown as the one line ``journalq: error: ...`` (exit status 2)."""
-
-    def show(self, file: Any = None) -> None:
-        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
-        click.echo(f"journalq: error: {self.format_message()}{hint}", err=True)
-
-
-class _QueueGroup(_Group):
-    """main's error handling, and click's usage errors of the subcommands as one line too."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.exceptions.NoArgsIsHelpError:
-            raise
-        except click.UsageError as exc:
-            if isinstance(exc, _UsageError):
-                raise
-            raise _UsageError(exc.format_message(), exc.ctx) from exc
-
-
 # -- the broker and its queues ----------------------------------------------------------------
 
 
@@ -266,7 +241,7 @@ def _outcomes(receipts: list[str], errors: list[Any], done: str) -> None:
 # -- the group --------------------------------------------------------------------------------
 
 
-@click.group(cls=_QueueGroup)
+@click.group(cls=_Group)
 def queue() -> None:
     """Work queues in the data directory (--data DIR, default ./data or $JOURNALQ_DATA).
 
