@@ -522,6 +522,15 @@ def test_a_bad_sync_policy_is_a_one_line_error(tmp_path: Path) -> None:
     assert_one_line_error(run_process("write", tmp_path / "j", "--sync", "sometimes", input=b""), "sync policy")
 
 
+@pytest.mark.parametrize("policy", ["none", "always", "group", "group:10ms", "group:1000", "group:10ms,1000"])
+def test_every_sync_policy_the_help_gives_is_taken(tmp_path: Path, policy: str) -> None:
+    """``--help`` says group[:Nms,N] with either part left out (it once said group[:Nms][,N],
+    and group,1000 is refused)."""
+    result = run("write", tmp_path / "j", "--sync", policy, "-v", input="a\nb\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "1\n"
+
+
 
 @pytest.mark.parametrize(
     ("args", "needles"),

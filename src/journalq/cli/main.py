@@ -166,6 +166,8 @@ class _TimeType(click.ParamType):
 
 
 TIME = _TimeType()
+SYNC_POLICIES = "none, always, or group[:Nms,N] (either part may be left out: group:10ms, group:1000)"
+"""The ``--sync`` values, as ``journalq.journal.sync.SyncPolicy`` parses them (N: messages)."""
 _FORMAT_AUTO = click.Choice(["auto", "table", "jsonl"])
 
 
@@ -371,7 +373,7 @@ def _not_stored(number: int, reason: str, first: int, last: int | None) -> Comma
 @click.option("--type", "type_", type=click.IntRange(0, 255), default=0, show_default=True,
               help="Type byte of every message (jsonl lines may give their own).")
 @click.option("--sync", default="none", show_default=True, metavar="POLICY",
-              help="none, always, or group[:Nms][,N] (e.g. group:10ms).")
+              help=f"{SYNC_POLICIES}.")
 @click.option("--segment-size", type=click.IntRange(min=1), default=DEFAULT_SEGMENT_SIZE, show_default=True,
               metavar="BYTES", help="Start a new segment once one reaches this size.")
 @click.option("--shared", is_flag=True, help="Take the lock per batch, so other processes can append too.")
