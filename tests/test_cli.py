@@ -522,6 +522,41 @@ def test_a_bad_sync_policy_is_a_one_line_error(tmp_path: Path) -> None:
     assert_one_line_error(run_process("write", tmp_path / "j", "--sync", "sometimes", input=b""), "sync policy")
 
 
+@pytest.mark.parametrize("policy", ["none", "always", "group", "group:10ms", "group:1000", "group:10ms,1000"])
+def test_every_sync_policy_the_help_gives_is_taken(tmp_path: Path, policy: str) -> None:
+    """``--help`` says group[:Nms,N] with either part left out (it once said group[:Nms][,N],
+    and group,1000 is refused)."""
+    result = run("write", tmp_path / "j", "--sync", policy, "-v", input="a\nb\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "1\n"
+
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("--bogus",), ("No such option '--bogus'", "see 'journalq --help'")),
+        (("frobnicate",), ("No such command 'frobnicate'",)),
+        (("scan",), ("Missing argument 'DIR'", "see 'journalq scan --help'")),
+        (("scan", "j", "--bogus"), ("No such option '--bogus'", "see 'journalq scan --help'")),
+        (("scan", "j", "--since", "yesterday"), ("'yesterday' is not a time",)),
+        (("offset", "j", "alpha", "--set", "1", "--reset-to", "0"), ("give --set or --reset-to, not both",)),
+        (("hub", "push", "--to", "http://127.0.0.1:1", "--client-id", "c"), ("Missing argument 'DIR...'",)),
+        (("serve", "--port", "65536"), ("Invalid value for '--port'", "see 'journalq serve --help'")),
+        (("pipeline", "archive", "--bogus"), ("No such option '--bogus'", "see 'journalq pipeline archive --help'")),
+    ],
+)
+def test_a_usage_error_is_a_one_line_error(tmp_path: Path, args: tuple[str, ...], needles: tuple[str, ...]) -> None:
+    """As the README says of every command: one line on stderr (exit status 2), not click's
+    usage block, for the top level and every group's subcommands alike."""
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append(b"x")
+    process = run_process(*(journal if arg == "j" else arg for arg in args))
+    assert_one_line_error(process, *needles)
+    assert process.returncode == 2
+    assert process.stdout == b""
+
 # -- demo -------------------------------------------------------------------------------------
 
 

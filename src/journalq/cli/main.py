@@ -84,8 +84,31 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
+class OneLineUsageError(click.UsageError):
+    """A usage error shown as the one line ``journalq: error: ...`` (exit status 2), as every
+    other failure is, rather than click's usage block."""
+
+    def show(self, file: Any = None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"journalq: error: {self.format_message()}{hint}", err=True)
+
+
+def _one_line_usage(exc: click.UsageError) -> click.UsageError:
+    """``exc`` as a ``OneLineUsageError``; a bare group's call, which shows its help, stays."""
+    if isinstance(exc, (OneLineUsageError, click.exceptions.NoArgsIsHelpError)):
+        return exc
+    return OneLineUsageError(exc.format_message(), exc.ctx)
+
+
 class _Group(click.Group):
-    """Turns journalq's errors and the operating system's into click errors at one place."""
+    """Turns journalq's errors, the operating system's and click's usage errors into one-line
+    errors at one place: the command's own options here, every subcommand's in ``invoke``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _one_line_usage(exc) from exc
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -95,6 +118,8 @@ class _Group(click.Group):
             raise click.exceptions.Exit(1) from None
         except (Error, OSError) as exc:
             raise CommandError(_error_message(exc)) from exc
+        except click.UsageError as exc:
+            raise _one_line_usage(exc) from exc
 
 
 # -- parameters -------------------------------------------------------------------------------
@@ -141,6 +166,8 @@ class _TimeType(click.ParamType):
 
 
 TIME = _TimeType()
+SYNC_POLICIES = "none, always, or group[:Nms,N] (either part may be left out: group:10ms, group:1000)"
+"""The ``--sync`` values, as ``journalq.journal.sync.SyncPolicy`` parses them (N: messages)."""
 _FORMAT_AUTO = click.Choice(["auto", "table", "jsonl"])
 
 
@@ -346,7 +373,7 @@ def _not_stored(number: int, reason: str, first: int, last: int | None) -> Comma
 @click.option("--type", "type_", type=click.IntRange(0, 255), default=0, show_default=True,
               help="Type byte of every message (jsonl lines may give their own).")
 @click.option("--sync", default="none", show_default=True, metavar="POLICY",
-              help="none, always, or group[:Nms][,N] (e.g. group:10ms).")
+              help=f"{SYNC_POLICIES}.")
 @click.option("--segment-size", type=click.IntRange(min=1), default=DEFAULT_SEGMENT_SIZE, show_default=True,
               metavar="BYTES", help="Start a new segment once one reaches this size.")
 @click.option("--shared", is_flag=True, help="Take the lock per batch, so other processes can append too.")

@@ -27,38 +27,13 @@ from typing import Any, BinaryIO
 import click
 
 from journalq.cli.data import DATA
-from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _line_batches, _tabular
+from journalq.cli.main import SYNC_POLICIES, _FORMAT_AUTO, CommandError, _Group, _json, _line_batches, _tabular
 from journalq.errors import InvalidMessageError, InvalidNameError, QueueError, QueueNotFoundError, format_timestamp
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_name
 
 __all__ = ["queue", "received_json"]
-
-
-# -- errors -----------------------------------------------------------------------------------
-
-
-class _UsageError(click.UsageError):
-    """A usage error shown as the one line ``journalq: error: ...`` (exit status 2)."""
-
-    def show(self, file: Any = None) -> None:
-        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
-        click.echo(f"journalq: error: {self.format_message()}{hint}", err=True)
-
-
-class _QueueGroup(_Group):
-    """main's error handling, and click's usage errors of the subcommands as one line too."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.exceptions.NoArgsIsHelpError:
-            raise
-        except click.UsageError as exc:
-            if isinstance(exc, _UsageError):
-                raise
-            raise _UsageError(exc.format_message(), exc.ctx) from exc
 
 
 # -- the broker and its queues ----------------------------------------------------------------
@@ -68,7 +43,7 @@ def _broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """``--data`` and ``--sync``, which every subcommand takes."""
     command = click.option(
         "--sync", default="always", show_default=True, metavar="POLICY",
-        help="none, always, or group[:Nms][,N] (e.g. group:10ms): when writes reach stable storage.",
+        help=f"{SYNC_POLICIES}: when writes reach stable storage.",
     )(command)
     return click.option(
         "--data", type=DATA, default=Path("data"), show_default=True,
@@ -266,7 +241,7 @@ def _outcomes(receipts: list[str], errors: list[Any], done: str) -> None:
 # -- the group --------------------------------------------------------------------------------
 
 
-@click.group(cls=_QueueGroup)
+@click.group(cls=_Group)
 def queue() -> None:
     """Work queues in the data directory (--data DIR, default ./data or $JOURNALQ_DATA).
 
