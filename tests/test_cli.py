@@ -519,7 +519,11 @@ def test_a_locked_journal_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_a_bad_sync_policy_is_a_one_line_error(tmp_path: Path) -> None:
-    assert_one_line_error(run_process("write", tmp_path / "j", "--sync", "sometimes", input=b""), "sync policy")
+    """It names the forms taken, as ``--help`` does (it said group[:Nms][,N], and group,1000
+    is refused)."""
+    for policy in ("sometimes", "group,1000"):
+        assert_one_line_error(run_process("write", tmp_path / "j", "--sync", policy, input=b""), "sync policy",
+                              "group[:Nms,N]")
 
 
 @pytest.mark.parametrize("policy", ["none", "always", "group", "group:10ms", "group:1000", "group:10ms,1000"])

@@ -159,3 +159,4 @@ def test_a_token_that_guards_nothing_is_refused(tmp_path: Path, token: str, comm
     """``--token "$TOKEN"`` with TOKEN unset would guard the API with ``Bearer `` alone."""
     line = one_line_error(serve(str(tmp_path / "data"), "--port", "0", "--token", token, command=command))
     assert line.startswith("journalq: error: --token is empty or holds a space or control character"), line
+    assert line.endswith("leave --token out for an open hub" if "hub" in command else "open REST API"), line

@@ -57,7 +57,7 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str
     from journalq.server.hub import create_hub_app
 
     SyncPolicy.parse(sync)
-    token = checked_token(token)
+    token = checked_token(token, "hub")
     ready_directory(root, "--root")
     sock = bind(host, port)  # a port in use is one line naming it; --port 0 names the one bound
     config = uvicorn.Config(

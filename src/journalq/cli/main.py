@@ -41,6 +41,7 @@ from journalq.journal.inspect import CheckReport, JournalInfo, check, describe, 
 from journalq.journal.offsets import ReaderOffset, end_offset, first_offset, read_offset
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import journal_dir
+from journalq.journal.sync import POLICY_FORMS
 from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
 from journalq.shard import ShardedScanner
 from journalq.shard.layout import journals_at
@@ -166,8 +167,6 @@ class _TimeType(click.ParamType):
 
 
 TIME = _TimeType()
-SYNC_POLICIES = "none, always, or group[:Nms,N] (either part may be left out: group:10ms, group:1000)"
-"""The ``--sync`` values, as ``journalq.journal.sync.SyncPolicy`` parses them (N: messages)."""
 _FORMAT_AUTO = click.Choice(["auto", "table", "jsonl"])
 
 
@@ -373,7 +372,7 @@ def _not_stored(number: int, reason: str, first: int, last: int | None) -> Comma
 @click.option("--type", "type_", type=click.IntRange(0, 255), default=0, show_default=True,
               help="Type byte of every message (jsonl lines may give their own).")
 @click.option("--sync", default="none", show_default=True, metavar="POLICY",
-              help=f"{SYNC_POLICIES}.")
+              help=f"{POLICY_FORMS}.")
 @click.option("--segment-size", type=click.IntRange(min=1), default=DEFAULT_SEGMENT_SIZE, show_default=True,
               metavar="BYTES", help="Start a new segment once one reaches this size.")
 @click.option("--shared", is_flag=True, help="Take the lock per batch, so other processes can append too.")

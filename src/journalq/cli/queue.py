@@ -27,8 +27,9 @@ from typing import Any, BinaryIO
 import click
 
 from journalq.cli.data import DATA
-from journalq.cli.main import SYNC_POLICIES, _FORMAT_AUTO, CommandError, _Group, _json, _line_batches, _tabular
+from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _line_batches, _tabular
 from journalq.errors import InvalidMessageError, InvalidNameError, QueueError, QueueNotFoundError, format_timestamp
+from journalq.journal.sync import POLICY_FORMS
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_name
@@ -43,7 +44,7 @@ def _broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """``--data`` and ``--sync``, which every subcommand takes."""
     command = click.option(
         "--sync", default="always", show_default=True, metavar="POLICY",
-        help=f"{SYNC_POLICIES}: when writes reach stable storage.",
+        help=f"{POLICY_FORMS}: when writes reach stable storage.",
     )(command)
     return click.option(
         "--data", type=DATA, default=Path("data"), show_default=True,

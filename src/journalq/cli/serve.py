@@ -32,13 +32,14 @@ def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
     return credentials
 
 
-def checked_token(token: str | None) -> str | None:
+def checked_token(token: str | None, guarded: str = "REST API") -> str | None:
     """``--token`` as given, refused when it is empty or holds a space or control character: an
     empty ``$TOKEN`` would guard the API with the token ``Bearer `` (anyone's), and the others
-    cannot be sent as they are in an ``Authorization`` header."""
+    cannot be sent as they are in an ``Authorization`` header. ``guarded``: what the token guards,
+    for the error."""
     if token is not None and (not token or any(c.isspace() or not c.isprintable() for c in token)):
         raise CommandError("--token is empty or holds a space or control character: give a token, "
-                           "or leave --token out for an open REST API")
+                           f"or leave --token out for an open {guarded}")
     return token
 
 

@@ -39,6 +39,10 @@ def syncs_done() -> int:
     return _syncs
 
 
+POLICY_FORMS = "none, always, or group[:Nms,N] (either part may be left out: group:10ms, group:1000)"
+"""The sync policies' written forms, for errors and help texts."""
+
+
 @dataclass(frozen=True)
 class SyncPolicy:
     mode: Literal["none", "group", "always"] = "none"
@@ -56,7 +60,7 @@ class SyncPolicy:
             return cls(text)  # type: ignore[arg-type]
         name, _, rest = text.partition(":")
         if name != "group":
-            raise Error(f"unknown sync policy {spec!r}: use none, always or group[:Nms][,N]")
+            raise Error(f"unknown sync policy {spec!r}: use {POLICY_FORMS}")
         interval_ms: float | None = None
         max_messages: int | None = None
         for part in filter(None, (p.strip() for p in rest.split(","))):
