@@ -277,6 +277,7 @@ def create_app(config: ServerConfig) -> App:
     @app.get("/metrics", tags=["service"], response_class=Response)
     async def metrics_endpoint() -> Response:
         """Prometheus text format: messages in and out, depth, in flight, dead, latency, syncs."""
+        app.state.metrics.observe_noted()  # the latencies noted in this turn of the loop too
         body = await blocking(app.state.metrics.render)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
@@ -402,11 +403,11 @@ def create_app(config: ServerConfig) -> App:
         joins the next batch, and ``respond(status, headers, body)`` answers once it is stored (or
         with the same failure answers as ``hot_add``). Returns False, having done nothing, for a
         request that is to be refused (token, size, name): ``hot_add`` answers those."""
-        headers = dict(scope["headers"])
-        try:
-            check_token(headers.get(b"authorization", b""))
-        except HTTPProblem:
-            return False
+        if config.rest_token is not None:
+            try:
+                check_token(dict(scope["headers"]).get(b"authorization", b""))
+            except HTTPProblem:
+                return False
         queue = scope["path"][1:-_MESSAGES_SUFFIX]
         if len(body) > config.max_message_size or queue in RESERVED:
             return False
@@ -564,7 +565,7 @@ def create_app(config: ServerConfig) -> App:
         if scope["method"] != "POST":
             return None
         path: str = scope["path"]
-        if path == "/" or any(name == b"x-amz-target" for name, _ in scope["headers"]):
+        if path == "/" or _names(scope, b"x-amz-target"):
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
         if _is_messages(path):
@@ -688,6 +689,14 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
 
 
 _METHOD_ORDER = {method: i for i, method in enumerate(("GET", "HEAD", "POST", "PUT", "DELETE"))}
+
+
+def _names(scope: Scope, header: bytes) -> bool:
+    """Whether the request has the header ``header`` (a lowercase name)."""
+    for name, _ in scope["headers"]:  # a loop: ~0.1 µs less than any() over a generator
+        if name == header:
+            return True
+    return False
 
 
 def _is_messages(path: str) -> bool:
