@@ -147,7 +147,7 @@ def test_journalq_serve_mounts_the_hub_beside_its_queues(tmp_path: Path) -> None
         assert http.put("/orders").status_code == 201
         assert http.post("/orders/messages", content=b"hello").status_code == 201
         assert http.get("/hub/v1/status").json()["clients"] == {"c1": {"j": {"first": 0, "next": 1, "segment": 0}}}
-        assert http.get("/healthz").json()["queues"] == 1  # the hub's directory is not a queue
+        assert http.get("/readyz").json()["queues"] == 1  # the hub's directory is not a queue
     assert (data / ".hub" / "c1.j" / "jnl").is_dir()
 
 

@@ -174,6 +174,24 @@ def test_what_was_got_of_a_deleted_queue_refuses_to_work(tmp_path: Path, shards:
         assert again.receive(10) == [] and again.stats().available == 0
 
 
+def test_a_queue_that_another_process_is_removing_is_not_found(tmp_path: Path) -> None:
+    """Another process's delete renames the directory away, then removes its files one by one:
+    a receive or send of a process that has the queue open, and finds a file gone meanwhile, is
+    told that the queue was deleted (QueueNotFoundError), not of the file (FileNotFoundError,
+    which the server answered 500 to an SQS ReceiveMessage)."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs")
+        q.send(b"before")
+        assert q.receive(visibility_timeout=60)
+        doomed = tmp_path / ".deleted-jobs-1-0badcafe"
+        os.replace(tmp_path / "jobs", doomed)  # the deleter's first step (``removal``)
+        for lock in (doomed / "channels" / "default" / "jnl.lck", doomed / "jnl.lck"):
+            lock.unlink()  # the first files its removal took
+        for call in (q.receive, lambda: q.send(b"lost")):
+            with pytest.raises(QueueNotFoundError, match="deleted"):
+                call()
+
+
 def test_closing_a_broker_after_another_deleted_its_queue_leaves_nothing(tmp_path: Path) -> None:
     """Its channels' cursors are not written: that made the directory again, and a cursor there
     would let gc take the segments of a new queue of the name for consumed."""

@@ -20,15 +20,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import SyncFault
 import uvicorn
-from test_server_harness import status_of
+from test_server_harness import sqs_client, status_of
 
 from journalq.journal.inspect import check
 from journalq.queue import Broker
 from journalq.server.app import create_app
 from journalq.server.config import ServerConfig
+from journalq.server.h11_protocol import StoppingH11Protocol
 from journalq.server.protocol import DirectHttpToolsProtocol, HeadLimitedHttpToolsProtocol
 
 
@@ -54,6 +56,48 @@ def serving(data: Path, protocol: type, keep_alive: float = 5, **settings: Any) 
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@pytest.mark.parametrize("protocol", [StoppingH11Protocol, DirectHttpToolsProtocol], ids=["h11", "httptools"])
+def test_a_stop_ends_long_polls_under_either_protocol(tmp_path: Path, protocol: type) -> None:
+    """uvicorn's h11 protocol (what ``journalq serve`` runs without httptools) tells the app that
+    the server stops, as journalq's httptools protocol does: a REST poll of 600 s and an SQS one
+    of 20 s end with no message (204; no Messages). Before, under h11 they held the stop until
+    uvicorn's graceful-shutdown timeout (5 s here) cut them off, answered with nothing."""
+    results: dict[str, Any] = {}
+
+    def poll(name: str, ask: Any) -> None:
+        try:
+            results[name] = ask()
+        except Exception as exc:  # noqa: BLE001 - what the client met is the test's finding
+            results[name] = repr(exc)
+
+    with serving(tmp_path, protocol) as port:
+        url = f"http://127.0.0.1:{port}"
+        httpx.put(f"{url}/idle").raise_for_status()
+        queue_url = sqs_client(url).get_queue_url(QueueName="idle")["QueueUrl"]
+        polls = [
+            threading.Thread(target=poll, args=("rest", lambda: httpx.get(
+                f"{url}/idle/messages", params={"wait": 600}, timeout=60).status_code)),
+            threading.Thread(target=poll, args=("sqs", lambda: sqs_client(url, read_timeout=60).receive_message(
+                QueueUrl=queue_url, WaitTimeSeconds=20).get("Messages", "none"))),
+        ]
+        for thread in polls:
+            thread.start()
+        time.sleep(0.5)  # both are waiting
+        assert not results
+    # (the server has stopped: ``serving`` waited for it)
+    for thread in polls:
+        thread.join(30)
+    assert results == {"rest": 204, "sqs": "none"}, results
+
+
+def test_serve_runs_h11_that_ends_long_polls_when_httptools_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from journalq.cli.serve import http_protocol
+
+    assert http_protocol() is DirectHttpToolsProtocol
+    monkeypatch.setitem(sys.modules, "journalq.server.protocol", None)  # its import fails, as without httptools
+    assert http_protocol() is StoppingH11Protocol
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
 """mq's six REST endpoints against the real server (httpx), the two APIs on one queue, and the
-service endpoints: /metrics (Prometheus text), /healthz, /openapi.json."""
+service endpoints: /metrics (Prometheus text), /healthz, /readyz, /openapi.json."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from collections import Counter
 import socket
 import threading
@@ -47,6 +49,46 @@ def test_put_creates_201_then_finds_200(client: httpx.Client) -> None:
     assert first.status_code == 201 and first.json() == {"name": name, "created": True}
     again = client.put(f"/{name}", content=b"the body is ignored")
     assert again.status_code == 200 and again.json() == {"name": name, "created": False}
+
+
+def test_put_of_a_fifo_name_is_refused_and_finds_a_fifo_queue_made_through_sqs(
+    server: ServerProcess, client: httpx.Client
+) -> None:
+    """SQS gives names ending in .fifo to FIFO queues only, and REST makes standard queues (its
+    messages carry no group id): such a PUT is refused, naming the way to make one, and makes
+    nothing that boto3 would see; a FIFO queue made through SQS is found (200), FIFO still."""
+    sqs = sqs_client(server.url)
+    name = f"orders-{uuid.uuid4().hex[:8]}.fifo"
+    refused = client.put(f"/{name}")
+    assert refused.status_code == 400, refused.text
+    assert "CreateQueue" in refused.json()["error"] and "FifoQueue=true" in refused.json()["error"]
+    assert client.get(f"/{name}").status_code == 404
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs.get_queue_url(QueueName=name)
+    url = sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})["QueueUrl"]
+    found = client.put(f"/{name}")
+    assert found.status_code == 200 and found.json() == {"name": name, "created": False}, found.text
+    assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["FifoQueue"])["Attributes"] == {"FifoQueue": "true"}
+
+
+def test_put_with_shards_finds_a_queue_of_as_many_and_refuses_another_number(client: httpx.Client) -> None:
+    name = f"sharded-{uuid.uuid4().hex[:8]}"
+    assert client.put(f"/{name}", params={"shards": 2}).status_code == 201
+    again = client.put(f"/{name}", params={"shards": 2})
+    assert again.status_code == 200 and again.json() == {"name": name, "created": False}, again.text
+    assert client.put(f"/{name}").status_code == 200  # no shards asked: found as it is
+    conflict = client.put(f"/{name}", params={"shards": 4})
+    assert conflict.status_code == 409, conflict.text
+    assert "2 shard(s), not 4" in conflict.json()["error"], conflict.text
+    plain = f"plain-{uuid.uuid4().hex[:8]}"
+    assert client.put(f"/{plain}").status_code == 201
+    assert client.put(f"/{plain}", params={"shards": 1}).status_code == 200
+    assert client.put(f"/{plain}", params={"shards": 2}).status_code == 409
+    # A shards that no queue can have is a bad parameter, whether the queue exists or not.
+    for queue in (name, f"never-{uuid.uuid4().hex[:8]}"):
+        bad = client.put(f"/{queue}", params={"shards": 3})
+        assert bad.status_code == 400 and "power of two" in bad.json()["error"], bad.text
+    assert client.get(f"/{name}").status_code == 200  # nothing changed on the way
 
 
 def test_get_queue_counts_and_404(client: httpx.Client, queue: str) -> None:
@@ -214,7 +256,7 @@ def test_a_post_expecting_100_continue_to_no_queue_is_404_before_its_body(
 
 
 def test_reserved_names_are_not_queues(client: httpx.Client) -> None:
-    for name in ("metrics", "healthz", "openapi.json"):
+    for name in ("metrics", "healthz", "readyz", "openapi.json"):
         assert client.put(f"/{name}").status_code == 400
         assert client.post(f"/{name}/messages", content=b"x").status_code in (400, 404)
 
@@ -272,10 +314,38 @@ def test_sent_with_boto3_fetched_through_rest(server: ServerProcess, client: htt
 # -- metrics, health, OpenAPI ------------------------------------------------------------------
 
 
-def test_healthz(client: httpx.Client) -> None:
-    got = client.get("/healthz")
-    assert got.status_code == 200
-    assert got.json()["status"] == "ok" and isinstance(got.json()["queues"], int)
+def test_healthz_and_readyz(client: httpx.Client, queue: str) -> None:
+    """Liveness (the process serves) and readiness (the store lists its queues)."""
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ok" and ready.json()["queues"] >= 1
+
+
+def test_readyz_is_503_while_the_queues_cannot_be_listed_and_healthz_200(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that fails (here the data directory refuses to be listed) makes the server not
+    ready, with the reason and Retry-After; it is still alive: no probe should restart it for that."""
+    from starlette.testclient import TestClient
+
+    from journalq.queue import Broker
+    from journalq.server.app import create_app
+    from journalq.server.config import ServerConfig
+
+    def refused(self: Broker) -> list[str]:
+        raise PermissionError(13, "Permission denied", str(self.root))
+
+    with TestClient(create_app(ServerConfig(data=tmp_path))) as http:
+        assert http.get("/readyz").json() == {"status": "ok", "queues": 0}
+        monkeypatch.setattr(Broker, "names", refused)
+        ready = http.get("/readyz")
+        assert ready.status_code == 503 and ready.headers["Retry-After"] == "1", ready.text
+        assert ready.json() == {"error": "the queues cannot be listed: Permission denied"}
+        assert http.get("/healthz").json() == {"status": "ok"}
+        document = http.get("/openapi.json").json()["paths"]
+        assert "503" in document["/readyz"]["get"]["responses"]
+        assert "Retry-After" in document["/readyz"]["get"]["responses"]["503"]["headers"]
 
 
 def test_openapi_lists_the_six_mq_endpoints(client: httpx.Client) -> None:
@@ -304,6 +374,7 @@ def test_openapi_gives_every_status_each_endpoint_answers(server: ServerProcess,
         ("/{queue}", "get", "/a%2Fb", {}),
         ("/{queue}", "put", f"/{other}", {}), ("/{queue}", "put", f"/{other}", {}),
         ("/{queue}", "put", "/sharded-badly", {"params": {"shards": "three"}}),
+        ("/{queue}", "put", f"/{queue}", {"params": {"shards": 2}}), ("/{queue}", "put", "/a.fifo", {}),
         ("/{queue}/messages", "get", f"/{queue}/messages", {}), ("/{queue}/messages", "get", f"/{queue}/messages", {}),
         ("/{queue}/messages", "get", "/nothing-here/messages", {}),
         ("/{queue}/messages", "get", f"/{queue}/messages", {"params": {"wait": "soon"}}),
@@ -319,6 +390,7 @@ def test_openapi_gives_every_status_each_endpoint_answers(server: ServerProcess,
     ]:
         met.setdefault((path, method), set()).add(client.request(method.upper(), url, **kwargs).status_code)
     assert met[("/{queue}/messages", "post")] == {201, 400, 404, 413}, met  # the drive did what it meant to
+    assert met[("/{queue}", "put")] == {200, 201, 400, 409}, met
     paths = client.get("/openapi.json").json()["paths"]
     for (path, method), statuses in met.items():
         documented = paths[path][method]["responses"]
@@ -375,7 +447,7 @@ def test_a_wrong_method_is_405_allowing_every_method_of_the_path(client: httpx.C
 
 
 def test_head_is_get_without_the_body(client: httpx.Client, queue: str) -> None:
-    for path in (f"/{queue}", "/healthz", "/metrics", "/openapi.json"):
+    for path in (f"/{queue}", "/healthz", "/readyz", "/metrics", "/openapi.json"):
         got, head = client.get(path), client.head(path)
         assert head.status_code == got.status_code == 200, path
         assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
@@ -544,6 +616,41 @@ def test_deleting_a_queue_under_long_polls(server: ServerProcess, client: httpx.
     ), results
     with pytest.raises(sqs.exceptions.QueueDoesNotExist):
         sqs.receive_message(QueueUrl=url)
+
+
+def test_a_queue_another_process_is_removing_under_long_polls_is_not_found(
+    server: ServerProcess, client: httpx.Client
+) -> None:
+    """Another process's delete renames the queue's directory away, then removes its files: the
+    polls waiting on it end with 404 and QueueDoesNotExist (SQS's answer was a 500)."""
+    sqs = sqs_client(server.url, read_timeout=60)
+    name = f"removed-{uuid.uuid4().hex[:8]}"
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    results: dict[str, Any] = {}
+
+    def rest_poll() -> None:
+        answer = httpx.get(f"{server.url}/{name}/messages", params={"wait": 20}, timeout=60)
+        results["rest"] = (answer.status_code, answer.json() if answer.content else None)
+
+    def sqs_poll() -> None:
+        try:
+            results["sqs"] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=20)
+        except ClientError as exc:
+            results["sqs"] = exc.response["Error"]["Code"]
+
+    threads = [threading.Thread(target=rest_poll), threading.Thread(target=sqs_poll)]
+    for t in threads:
+        t.start()
+    time.sleep(0.7)  # both are waiting
+    doomed = server.data / f".deleted-{name}-1-0badcafe"
+    os.replace(server.data / name, doomed)  # a deleter's first step (journalq.queue.removal)
+    for lock in (doomed / "channels" / "default" / "jnl.lck", doomed / "jnl.lck"):
+        lock.unlink()  # and the first files its removal takes
+    for t in threads:
+        t.join(60)
+    assert results["rest"][0] == 404 and "deleted" in results["rest"][1]["error"], results
+    assert results["sqs"] in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"), results
+    shutil.rmtree(doomed)
 
 
 def test_a_long_poll_whose_client_went_away_takes_nothing(server: ServerProcess, client: httpx.Client, queue: str) -> None:

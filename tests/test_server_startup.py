@@ -128,6 +128,31 @@ def test_bad_option_values_are_named(tmp_path: Path, option: str, value: str, pr
     assert not (tmp_path / "data").exists()  # refused before anything was made
 
 
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("0.1", "the session timeout is 0.1; it must be from 0.2 to 600"),
+        ("601", "the session timeout is 601.0; it must be from 0.2 to 600"),
+        ("nan", "the session timeout must be a finite number, not nan"),
+        ("inf", "the session timeout must be a finite number, not inf"),
+    ],
+)
+def test_a_zookeeper_session_timeout_out_of_range_is_named(value: str, problem: str) -> None:
+    """Refused before anything starts (the store would refuse it in the server's start-up:
+    uvicorn's traceback and exit 3). No ZooKeeper needed: nothing connects."""
+    line = one_line_error(serve("zk://127.0.0.1:1/journalq", "--port", "0", "--zk-session-timeout", value))
+    assert line == f"journalq: error: --zk-session-timeout {value}: {problem}", line
+
+
+def test_a_zookeeper_session_timeout_for_a_directory_is_refused(tmp_path: Path) -> None:
+    line = one_line_error(serve(str(tmp_path / "data"), "--port", "0", "--zk-session-timeout", "5"))
+    assert line == f"journalq: error: --zk-session-timeout 5: a session timeout is the ZooKeeper store's, " \
+                   f"and {tmp_path / 'data'} is a directory", line
+    assert not (tmp_path / "data").exists()
+    done = serve(str(tmp_path / "data"), "--zk-session-timeout", "soon")
+    assert done.returncode == 2 and "Invalid value for '--zk-session-timeout': 'soon' is not a valid float" in done.stderr
+
+
 @pytest.mark.parametrize("command", SERVERS)
 @pytest.mark.parametrize("token", ["", " ", "two words", "line\nbreak"])
 def test_a_token_that_guards_nothing_is_refused(tmp_path: Path, token: str, command: str) -> None:

@@ -15,6 +15,7 @@ import click
 
 from journalq.cli.data import DATA
 from journalq.cli.main import CommandError
+from journalq.errors import InvalidSettingError
 from journalq.journal.sync import SyncPolicy
 
 BACKLOG = 2048
@@ -56,8 +57,12 @@ def checked_token(token: str | None) -> str | None:
               help="ACCESS_KEY_ID:SECRET that SigV4 signatures of the SQS API must match (repeatable).")
 @click.option("--max-message-size", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024, show_default=True,
               help="Largest message of the REST API and of the SQS protocol (its body and attributes), in bytes.")
+@click.option("--zk-session-timeout", "session_timeout", type=float, default=None,
+              metavar="SECONDS",
+              help="With --data zk://...: the ZooKeeper session timeout, how long a request waits for an ensemble "
+                   "out of reach before its 503 (and how soon a dead consumer's tasks come back).  [default: 10]")
 def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token: str | None,
-          aws_keys: tuple[str, ...], max_message_size: int) -> None:
+          aws_keys: tuple[str, ...], max_message_size: int, session_timeout: float | None) -> None:
     """Serve mq's REST API and the Amazon SQS JSON protocol (POST /) over DIR's queues.
 
     Shuts down cleanly on SIGTERM and SIGINT: requests under way finish, journals are synced and
@@ -75,11 +80,14 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     from journalq.server.metrics import WorkerSupervisor, worker_metrics_directory
 
     SyncPolicy.parse(sync)  # a bad policy fails here, in one line
-    config = ServerConfig(
-        data=data, host=host, port=port, workers=workers, sync=sync, rest_token=checked_token(token),
-        aws_credentials=_credentials(aws_keys), max_message_size=max_message_size,
-        max_request_size=max(2 * 1024 * 1024, 2 * max_message_size),
-    )
+    try:
+        config = ServerConfig(
+            data=data, host=host, port=port, workers=workers, sync=sync, rest_token=checked_token(token),
+            aws_credentials=_credentials(aws_keys), max_message_size=max_message_size,
+            max_request_size=max(2 * 1024 * 1024, 2 * max_message_size), session_timeout=session_timeout,
+        )
+    except InvalidSettingError as exc:  # (the one setting ServerConfig checks itself)
+        raise CommandError(f"--zk-session-timeout {session_timeout:g}: {exc}") from None
     if isinstance(data, Path):
         ready_directory(data, "--data")
     handler = logging.StreamHandler()
@@ -173,11 +181,13 @@ def bind(host: str, port: int) -> socket.socket:
 def http_protocol() -> Any:
     """httptools (fast) with a limit on request heads, a deadline for them, idle connections
     closed, and the direct path for ``POST /{queue}/messages`` (for journalq's app); or h11 when
-    httptools is missing."""
+    httptools is missing. Either ends long polls as soon as the server begins to stop."""
     try:
         from journalq.server.protocol import DirectHttpToolsProtocol
     except ImportError:
-        return "h11"
+        from journalq.server.h11_protocol import StoppingH11Protocol
+
+        return StoppingH11Protocol
     return DirectHttpToolsProtocol
 
 

@@ -209,6 +209,7 @@ class ShardedTopic:
 
     refresh_settings = Topic.refresh_settings
     check_present = Topic.check_present
+    _still_at_path = Topic._still_at_path
     _hold_directory = Topic._hold_directory
 
     @property

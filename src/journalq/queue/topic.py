@@ -82,12 +82,25 @@ class Topic:
     def check_present(self) -> None:
         """Raise ``QueueNotFoundError`` when the topic was deleted since it was opened (by another
         process, say): a writer or channel of a deleted directory would otherwise go on in files
-        no one reads, or take a new topic of the same name for its own. One ``fstat``: called
-        when a writer or channel is opened, and by their holds when they find their segment
-        deleted (``held``'s check)."""
-        if self.gone or (self._dir_fd >= 0 and os.fstat(self._dir_fd).st_nlink == 0):
+        no one reads, or take a new topic of the same name for its own. An ``fstat`` and a
+        ``stat``: called when a writer or channel is opened, and by their holds when they find
+        their segment deleted (``held``'s check)."""
+        if self.gone or (self._dir_fd >= 0 and not self._still_at_path()):
             self.gone = True
             raise QueueNotFoundError(f"queue or topic {self.name!r} was deleted after it was opened here")
+
+    def _still_at_path(self) -> bool:
+        """Whether the directory held open is still the topic's: a delete renames it away before
+        it removes it (``journalq.queue.removal``), and until then it keeps its links, while its
+        files go one by one under a channel or writer that has it open."""
+        held = os.fstat(self._dir_fd)
+        if held.st_nlink == 0:
+            return False
+        try:
+            there = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
     def refresh_settings(self) -> None:
         """Take up the settings that another process changed since (checked once a second)."""

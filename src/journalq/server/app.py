@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 from journalq import __version__
 from journalq.errors import (
     Error,
+    InvalidSettingError,
     PartialSendError,
     QueueNotFoundError,
     StorageError,
@@ -42,7 +43,7 @@ from journalq.errors import (
 )
 from journalq.queue import Broker, ReceivedMessage
 from journalq.queue.channel import MAX_WAIT
-from journalq.queue.settings import check_number
+from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
 from journalq.server.batching import SendBatcher
@@ -51,7 +52,7 @@ from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
 from journalq.server.polling import poll_slices
 from journalq.server.sigv4 import AuthError, verify
-from journalq.server.sqs import SqsError, SqsProtocol
+from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol
 from journalq.server.tokens import bearer_matches
 
 log = logging.getLogger("journalq.server")
@@ -60,7 +61,7 @@ T = TypeVar("T")
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 """Errors of the storage (a full disk, a quota, an I/O error) answered 503 wherever they arise."""
 
-RESERVED = {"metrics", "healthz", "docs", "redoc", "openapi.json"}
+RESERVED = {"metrics", "healthz", "readyz", "docs", "redoc", "openapi.json"}
 """Paths of the server's own that no queue can be reached at through the REST API."""
 
 
@@ -97,7 +98,7 @@ def create_app(config: ServerConfig) -> App:
 
     @asynccontextmanager
     async def lifespan(app: App) -> AsyncIterator[None]:
-        broker = Broker(config.data, sync=config.sync)
+        broker = Broker(config.data, sync=config.sync, **config.store_options())
         broker_box.append(broker)
         app.state.metrics.watch(broker)
         log.info("journalq %s serving %s on http://%s (sync=%s)",
@@ -284,8 +285,26 @@ def create_app(config: ServerConfig) -> App:
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, Any]:
-        """Answers while the server runs and its data directory can be listed."""
-        names = await blocking(broker().names)
+        """Liveness: answers 200 while the server process serves requests. It does not ask the
+        store: a ZooKeeper ensemble or a disk that fails is no reason to restart the server
+        (``/readyz`` tells that)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["service"], responses={503: {
+        "description": "The store does not answer (a ZooKeeper ensemble out of reach, a failing disk): "
+                       "requests that need it are answered 503 meanwhile.",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before asking again."}},
+    }})
+    async def readyz() -> dict[str, Any]:
+        """Readiness: 200 with the number of queues once the store lists them (the data
+        directory, or the ZooKeeper ensemble), 503 with ``Retry-After`` while it cannot."""
+        try:
+            names = await blocking(broker().names)
+        except OSError as exc:  # whatever keeps the queues from being listed (EACCES too): not ready
+            log.error("the queues cannot be listed: %s", exc)
+            raise HTTPProblem(503, f"the queues cannot be listed: {exc.strerror or exc}",
+                              {"Retry-After": str(config.retry_after)}) from exc
         return {"status": "ok", "queues": len(names)}
 
     @app.get("/metrics", tags=["service"], response_class=Response)
@@ -306,13 +325,38 @@ def create_app(config: ServerConfig) -> App:
     @app.put("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=201)
     async def put_queue(queue: str, response: Response, shards: int | None = None) -> dict[str, Any]:
         """Create the queue (201), or find it there already (200). The body is ignored.
-        ``?shards=N``: spread a new queue over N shards (a power of two up to 1024)."""
+        ``?shards=N``: spread a new queue over N shards (a power of two up to 1024); an existing
+        queue is found (200) when it has N shards, and answered 409 when it has another number
+        (shards are fixed when a queue is made). A new queue named ``*.fifo`` is refused (400):
+        SQS takes such names for FIFO queues only, and REST messages carry no group id."""
         name = queue_name(queue)
         settings = {} if shards is None else {"shards": shards}
+        try:
+            QueueSettings().replace(**settings)  # a bad shards is a bad parameter (400), whatever the queue
+        except InvalidSettingError as exc:
+            raise HTTPProblem(400, str(exc)) from None
+
         def create() -> bool:
-            existed = broker().exists(name)
-            broker().queue(name, **settings)
-            return existed
+            """Whether the queue existed."""
+            try:
+                found = broker().queue(name, create=False)
+            except QueueNotFoundError:
+                if name.endswith(FIFO_SUFFIX):
+                    raise HTTPProblem(400, f"{name!r} would be a FIFO queue (SQS gives names ending in "
+                                      f"{FIFO_SUFFIX} to FIFO queues only), and mq's REST API makes standard "
+                                      "queues: create it with SQS's CreateQueue and the attribute "
+                                      "FifoQueue=true") from None
+                try:
+                    broker().queue(name, **settings)
+                except InvalidSettingError:
+                    if not broker().exists(name):
+                        raise
+                    return create()  # made meanwhile, with other shards: that queue is answered
+                return False
+            if shards is not None and found.settings.shards != shards:
+                raise HTTPProblem(409, f"queue {name!r} exists with {found.settings.shards} shard(s), not "
+                                  f"{shards}: shards are fixed when a queue is made")
+            return True
 
         existed = await blocking(create)
         if existed:
@@ -336,14 +380,9 @@ def create_app(config: ServerConfig) -> App:
         check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
 
         def receive(seconds: float) -> list[ReceivedMessage]:
-            try:
-                found = broker().queue(name, create=False)
-                return found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
-            except FileNotFoundError:
-                if broker().exists(name):
-                    raise
-                # Deleted under the receive (between two slices, say): its directory went away.
-                raise QueueNotFoundError(f"queue or topic {name!r} was deleted") from None
+            # A queue deleted under the poll (by this server or another process) raises
+            # QueueNotFoundError, answered 404 as anywhere else (SQS's ReceiveMessage: QueueDoesNotExist).
+            return broker().queue(name, create=False).receive(1, wait=seconds, visibility_timeout=visibility_timeout)
 
         # A long poll waits in slices: between two, it ends when the server is stopping (a
         # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
@@ -625,7 +664,11 @@ _REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/{queue}", "put"): {
         "200": "The queue was there already.", "201": "The queue was made.",
-        "400": "A bad queue name (or one of the server's own), or a bad ``shards``.", "401": ..., "503": ...,
+        "400": "A bad queue name (or one of the server's own), a bad ``shards``, or a new queue named "
+               "``*.fifo`` (SQS's FIFO queues have such names: make them with SQS's CreateQueue).",
+        "401": ...,
+        "409": "The queue exists with another number of shards than ``shards`` (fixed when it was made).",
+        "503": ...,
     },
     ("/{queue}", "delete"): {
         "204": "The queue and its messages are deleted.", "400": ..., "401": ..., "404": ..., "503": ...,

@@ -13,9 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journalq.errors import InvalidSettingError
+from journalq.queue.settings import check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 
 ENVIRONMENT_VARIABLE = "JOURNALQ_SERVER"
+MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT = 0.2, 600.0
+"""The session timeouts (seconds) that the ZooKeeper store takes."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,18 @@ class ServerConfig:
     """Seconds a client may take to send a request body before it is answered 408."""
     retry_after: int = 1
     """Seconds a 503 (storage full or failing) tells clients to wait before trying again."""
+    session_timeout: float | None = None
+    """The ZooKeeper store's session timeout in seconds (None: the store's default, 10)."""
+
+    def __post_init__(self) -> None:
+        if self.session_timeout is not None:
+            if not is_zookeeper_url(str(self.data)):
+                raise InvalidSettingError(f"a session timeout is the ZooKeeper store's, and {self.data} is a directory")
+            check_number("the session timeout", self.session_timeout, MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT)
+
+    def store_options(self) -> dict[str, Any]:
+        """What ``Broker(data, ...)`` takes besides ``sync``: the session timeout, for a ZooKeeper store."""
+        return {} if self.session_timeout is None else {"session_timeout": self.session_timeout}
 
     @property
     def address(self) -> str:

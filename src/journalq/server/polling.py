@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 POLL_SLICE = 1.0
 """Seconds a long poll waits at a time (each slice costs one more look at the queue)."""
@@ -20,3 +21,15 @@ def poll_slices(wait: float) -> Iterator[float]:
         yield min(POLL_SLICE, remaining)
         if remaining <= POLL_SLICE:
             return
+
+
+def stop_long_polls(app: Any) -> None:
+    """Tell the application under uvicorn's middleware (each one's ``.app``) that the server is
+    stopping: its ``stop_waiting()``, when it has one (journalq's app), ends its long polls within
+    a slice. For the HTTP protocols' ``shutdown``; being told again does no harm."""
+    while app is not None:
+        stop_waiting = getattr(app, "stop_waiting", None)
+        if stop_waiting is not None:
+            stop_waiting()
+            return
+        app = getattr(app, "app", None)

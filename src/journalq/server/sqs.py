@@ -186,6 +186,8 @@ queue whose DeduplicationScope is messageGroup (the queue deduplicates by a hash
 and that id), delivered as the system attribute."""
 _RESERVED_ATTRIBUTES = frozenset((TRACE_ATTRIBUTE, TENANT_ATTRIBUTE, DEDUP_ATTRIBUTE))
 
+FIFO_SUFFIX = ".fifo"
+"""How the names of FIFO queues end, and only theirs."""
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _FIFO_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
 _BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
@@ -908,7 +910,7 @@ class SqsProtocol:
         if not isinstance(attributes, dict):
             raise SqsError("InvalidAttributeValue", "Attributes must be a map of attribute names to values.")
         fifo = _boolean("FifoQueue", attributes["FifoQueue"]) if "FifoQueue" in attributes else False
-        if name.endswith(".fifo") or fifo:
+        if name.endswith(FIFO_SUFFIX) or fifo:
             if not (fifo and _FIFO_QUEUE_NAME.fullmatch(name)):
                 raise _invalid(
                     "The name of a FIFO queue can only include alphanumeric characters, hyphens, or underscores, "
