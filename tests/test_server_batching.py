@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -76,51 +76,6 @@ def test_batches_are_bounded() -> None:
 
     asyncio.run(main())
     assert sum(sizes) == 35 and max(sizes) <= 10
-
-
-def test_the_next_batch_begins_storing_before_the_one_before_is_answered() -> None:
-    """The store's thread works on the next batch while the event loop writes the answers of
-    the one before (a store begins when called, as the server's do)."""
-    events: list[tuple[str, object]] = []
-
-    def store(queue: str, items: Sequence[int]) -> Awaitable[list[int]]:
-        events.append(("store", list(items)))  # begun here, as a thread would be
-
-        async def stored() -> list[int]:
-            await asyncio.sleep(0.01)
-            return list(items)
-
-        return stored()
-
-    async def main() -> None:
-        batcher: SendBatcher[int, int] = SendBatcher(store)
-        done = asyncio.Event()
-
-        def answered(outcome: object) -> None:
-            events.append(("answer", outcome))
-            if outcome == 3:
-                done.set()
-
-        batcher.submit("q", 1, answered)
-        await asyncio.sleep(0.001)  # the first batch is storing
-        batcher.submit("q", 2, answered)
-        batcher.submit("q", 3, answered)
-        await asyncio.wait_for(done.wait(), 5)
-
-    asyncio.run(main())
-    assert events == [("store", [1]), ("store", [2, 3]), ("answer", 1), ("answer", 2), ("answer", 3)]
-
-
-def test_a_store_that_cannot_begin_fails_its_batch_not_hangs() -> None:
-    def store(queue: str, items: Sequence[bytes]) -> Awaitable[list[str]]:
-        raise RuntimeError("cannot schedule new futures after shutdown")
-
-    async def main() -> list[object]:
-        batcher = SendBatcher(store)
-        return await asyncio.wait_for(
-            asyncio.gather(*(batcher.send("q", b"x") for _ in range(3)), return_exceptions=True), 5)
-
-    assert all(isinstance(outcome, RuntimeError) for outcome in asyncio.run(main()))
 
 
 def test_a_send_refused_by_itself_fails_alone() -> None:

@@ -16,9 +16,9 @@ import gc
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -132,13 +132,10 @@ def create_app(config: ServerConfig) -> App:
     def broker() -> Broker:
         return broker_box[0]
 
-    def store(queue: str, bodies: Sequence[bytes]) -> Awaitable[list[str | HTTPProblem]]:
-        # Begun here, not when awaited: the batcher begins the next batch before it answers one.
-        return counted(queue, begin_store(lambda: broker().queue(queue, create=False).send_many(bodies)))
-
-    async def counted(queue: str, stored: Awaitable[list[str]]) -> list[str | HTTPProblem]:
+    async def store(queue: str, bodies: Sequence[bytes]) -> list[str | HTTPProblem]:
         try:
-            ids: list[str | HTTPProblem] = list(await stored)
+            ids: list[str | HTTPProblem] = await blocking(
+                lambda: broker().queue(queue, create=False).send_many(bodies), storing=True)
         except HTTPProblem as problem:
             partial = problem.__cause__
             if not isinstance(partial, PartialSendError):
@@ -152,31 +149,20 @@ def create_app(config: ServerConfig) -> App:
 
     sends = SendBatcher(store)
 
-    async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False) -> T:
-        """Run a queue operation in a worker thread, mapping storage failures to 503."""
-        with storage_failures():
-            return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
-
-    def begin_store(fn: Callable[[], T]) -> Awaitable[T]:
-        """Hand a batch's store to a thread of ``store_pool`` now; awaited, its result, with
-        storage failures mapped as ``blocking`` maps them."""
-        return stored_by(asyncio.get_running_loop().run_in_executor(store_pool, fn))
-
-    async def stored_by(stored: asyncio.Future[T]) -> T:
-        with storage_failures():
-            try:
-                return await asyncio.shield(stored)
-            except asyncio.CancelledError:  # as anyio's run_sync: the store finishes first
-                await asyncio.wait([stored])
-                if not stored.cancelled():
-                    stored.exception()  # its failure, if any, goes with the cancellation
-                raise
-
-    @contextmanager
-    def storage_failures() -> Iterator[None]:
-        """Failures of the storage as 503s (``storage_problem``)."""
+    async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False, storing: bool = False) -> T:
+        """Run a queue operation in a worker thread, mapping storage failures to 503.
+        ``storing``: a batch's store, run in ``store_pool``."""
         try:
-            yield
+            if storing:
+                stored = asyncio.get_running_loop().run_in_executor(store_pool, functools.partial(fn, *args))
+                try:
+                    return await asyncio.shield(stored)
+                except asyncio.CancelledError:  # as anyio's run_sync: the store finishes first
+                    await asyncio.wait([stored])
+                    if not stored.cancelled():
+                        stored.exception()  # its failure, if any, goes with the cancellation
+                    raise
+            return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
         except (StorageError, StoreUnavailableError) as exc:
             raise storage_problem(exc) from exc
         except OSError as exc:
@@ -501,7 +487,7 @@ def create_app(config: ServerConfig) -> App:
                                        max_message_size=config.max_message_size, stopping=stopping.is_set))
         return sqs_box[0]
 
-    def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> Awaitable[list[dict[str, Any] | Exception]]:
+    async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | Exception]:
         def partly_stored(exc: PartialSendError) -> Exception:
             if not isinstance(exc, (StorageError, StoreUnavailableError)):
                 return exc  # answered as any other unexpected error of the queue's
@@ -509,7 +495,9 @@ def create_app(config: ServerConfig) -> App:
             problem.__cause__ = exc
             return problem
 
-        return begin_store(functools.partial(sqs_protocol().send_together, name, requests, partly_stored=partly_stored))
+        return await blocking(
+            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored), name, requests,
+            storing=True)
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
 
