@@ -132,10 +132,19 @@ def create_app(config: ServerConfig) -> App:
     def broker() -> Broker:
         return broker_box[0]
 
+    def send_bodies(queue: str, bodies: Sequence[bytes]) -> list[str | HTTPProblem]:
+        found = broker().queue(queue, create=False)
+        if found.settings.fifo:
+            # SQS's FIFO queues take a message only with its group id, which REST has no place
+            # for: stored without one, boto3 would receive a FIFO message of no group.
+            refusal = HTTPProblem(400, f"queue {queue!r} is a FIFO queue: its messages need a group id, which "
+                                  "mq's REST API does not carry; send them with SQS's SendMessage and MessageGroupId")
+            return [refusal] * len(bodies)
+        return list(found.send_many(bodies))
+
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str | HTTPProblem]:
         try:
-            ids: list[str | HTTPProblem] = await blocking(
-                lambda: broker().queue(queue, create=False).send_many(bodies), storing=True)
+            ids: list[str | HTTPProblem] = await blocking(send_bodies, queue, bodies, storing=True)
         except HTTPProblem as problem:
             partial = problem.__cause__
             if not isinstance(partial, PartialSendError):
@@ -674,7 +683,8 @@ _REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
     ("/{queue}/messages", "post"): {
         "201": {"description": "The body is stored as a message, on stable storage.",
                 "headers": {"X-Message-Id": {**_HEADER, "description": "The new message's id."}}},
-        "400": "The body could not be read (a broken chunked coding, a client gone), or a bad queue name.",
+        "400": "The body could not be read (a broken chunked coding, a client gone), a bad queue name, or a "
+               "FIFO queue (made through SQS: its messages need a group id, which REST does not carry).",
         "401": ..., "404": ...,
         "408": "The body did not arrive in time (10 s).",
         "413": "The body is over ``--max-message-size`` bytes.",
