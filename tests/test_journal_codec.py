@@ -218,6 +218,24 @@ def test_batch_round_trip(messages, batch_ts):
 
 
 @FAST
+@given(
+    st.integers(min_value=0, max_value=2**64 - 100),
+    st.integers(min_value=ZERO_TIMESTAMP, max_value=2**63 - 1),
+    st.lists(st.binary(max_size=40), min_size=1, max_size=30),
+    st.booleans(),
+)
+def test_batches_of_values_of_one_size_and_of_many(first, batch_ts, values, one_size):
+    """Plain values: those of one size take a path of their own (a pack each); both give the
+    format's bytes."""
+    if one_size:
+        values = [v.ljust(len(values[0]), b"-")[: len(values[0])] for v in values]
+    for items in (values, [bytearray(v) for v in values]):
+        data, lengths, count = encode_batch(first, batch_ts, items)
+        assert data == b"".join(hand_encode(first + i, batch_ts, 0, b"", v) for i, v in enumerate(values))
+        assert (lengths, count) == ([len(v) for v in values], len(values))
+
+
+@FAST
 @given(message_lists(max_size=8), st.data())
 def test_truncation_yields_only_whole_messages(messages, data):
     encoded = [encode(*m) for m in messages]

@@ -247,3 +247,54 @@ def test_the_multiprocess_variable_must_come_before_prometheus_client(monkeypatc
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     with pytest.raises(Error, match="PROMETHEUS_MULTIPROC_DIR"):
         Metrics()
+
+
+def test_latencies_taken_together_expose_what_one_by_one_would() -> None:
+    """``LatencyHistogram.observe_all`` adds to prometheus_client's own values: the exposition is
+    the one of as many ``observe`` calls, bounds included (an observation on a bound is in its
+    bucket)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from journalq.server.metrics import LatencyHistogram
+
+    latencies = [0.0, 0.0005, 0.0007, 0.001, 0.0011, 0.3, 7.5, 25.0, 1e9, 0.0001, -1.0]
+    buckets = (0.0005, 0.001, 0.5, 10)
+    texts = []
+    for kind in (Histogram, LatencyHistogram):
+        registry = CollectorRegistry()
+        child = kind("latency", "Latency.", ["op"], buckets=buckets, registry=registry).labels("x")
+        if kind is Histogram:
+            for seconds in latencies:
+                child.observe(seconds)
+        else:
+            child.observe_all(latencies[:4])
+            child.observe_all(latencies[4:])
+        texts.append([line for line in generate_latest(registry).decode().splitlines() if "_created" not in line])
+    assert texts[0] == texts[1]
+    assert 'latency_bucket{le="0.001",op="x"} 6.0' in texts[1]  # cumulative: 4 at or under 0.0005
+
+
+def test_latencies_noted_reach_the_histogram_in_the_next_turn_of_the_loop_or_before_a_scrape() -> None:
+    import asyncio
+
+    from journalq.server.metrics import Metrics
+
+    metrics = Metrics()
+
+    def count() -> float | None:
+        families = _families(metrics.render().decode())
+        return value(families, "journalq_request_seconds", "journalq_request_seconds_count", **POST)
+
+    async def main() -> None:
+        for _ in range(3):
+            metrics.note("rest", POST["operation"], 201, 0.002)
+        assert count() is None  # not yet: taken in the loop's next turn
+        await asyncio.sleep(0)
+        assert count() == 3
+        metrics.note("rest", POST["operation"], 201, 0.002)
+        metrics.observe_noted()  # what the scrape's endpoint does first
+        assert count() == 4
+
+    asyncio.run(main())
+    metrics.note("rest", POST["operation"], 201, 0.002)  # with no event loop: at once
+    assert count() == 5

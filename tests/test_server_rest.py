@@ -71,6 +71,23 @@ def test_put_of_a_fifo_name_is_refused_and_finds_a_fifo_queue_made_through_sqs(
     assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["FifoQueue"])["Attributes"] == {"FifoQueue": "true"}
 
 
+def test_a_post_to_a_fifo_queue_is_refused_and_stores_nothing(server: ServerProcess, client: httpx.Client) -> None:
+    """A FIFO queue takes a message only with its group id, which REST has no place for: the
+    POST is refused (400, naming SQS's way), on the direct path as through ASGI, and boto3 finds
+    nothing to receive."""
+    sqs = sqs_client(server.url)
+    name = f"jobs-{uuid.uuid4().hex[:8]}.fifo"
+    url = sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})["QueueUrl"]
+    for headers in ({}, {"Expect": "100-continue"}):  # the second goes through ASGI
+        refused = client.post(f"/{name}/messages", content=b"no group", headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert "MessageGroupId" in refused.json()["error"] and "x-message-id" not in refused.headers
+    assert sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []) == []
+    sqs.send_message(QueueUrl=url, MessageBody="grouped", MessageGroupId="g", MessageDeduplicationId="d")
+    got = client.get(f"/{name}/messages")  # receiving through REST is as SQS's ReceiveMessage
+    assert got.status_code == 200 and got.content == b"grouped"
+
+
 def test_put_with_shards_finds_a_queue_of_as_many_and_refuses_another_number(client: httpx.Client) -> None:
     name = f"sharded-{uuid.uuid4().hex[:8]}"
     assert client.put(f"/{name}", params={"shards": 2}).status_code == 201

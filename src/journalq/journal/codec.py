@@ -111,6 +111,11 @@ def encode(offset: int, timestamp_ns: int, type: int, key: bytes, value: bytes) 
 def _encode_values(first_offset: int, timestamp_ns: int, values: Sequence[bytes]) -> tuple[bytes, list[int]]:
     """The fast path of ``encode_batch``: plain values, no key, type 0, one timestamp."""
     lengths = list(map(len, values))
+    n = lengths[0]
+    if lengths.count(n) == len(lengths):  # all of one size, as a queue's often are: a pack each
+        pack, size = _run_struct(0, n).pack, OVERHEAD + n
+        data = b"".join([pack(offset, timestamp_ns, 0, 0, b"", n, v, size) for offset, v in zip(count(first_offset), values)])
+        return data, lengths
     pack_head, pack_size = _HEADER_NO_KEY.pack, INT32.pack
     data = b"".join(
         [

@@ -132,10 +132,19 @@ def create_app(config: ServerConfig) -> App:
     def broker() -> Broker:
         return broker_box[0]
 
+    def send_bodies(queue: str, bodies: Sequence[bytes]) -> list[str | HTTPProblem]:
+        found = broker().queue(queue, create=False)
+        if found.settings.fifo:
+            # SQS's FIFO queues take a message only with its group id, which REST has no place
+            # for: stored without one, boto3 would receive a FIFO message of no group.
+            refusal = HTTPProblem(400, f"queue {queue!r} is a FIFO queue: its messages need a group id, which "
+                                  "mq's REST API does not carry; send them with SQS's SendMessage and MessageGroupId")
+            return [refusal] * len(bodies)
+        return list(found.send_many(bodies))
+
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str | HTTPProblem]:
         try:
-            ids: list[str | HTTPProblem] = await blocking(
-                lambda: broker().queue(queue, create=False).send_many(bodies), storing=True)
+            ids: list[str | HTTPProblem] = await blocking(send_bodies, queue, bodies, storing=True)
         except HTTPProblem as problem:
             partial = problem.__cause__
             if not isinstance(partial, PartialSendError):
@@ -296,6 +305,7 @@ def create_app(config: ServerConfig) -> App:
     @app.get("/metrics", tags=["service"], response_class=Response)
     async def metrics_endpoint() -> Response:
         """Prometheus text format: messages in and out, depth, in flight, dead, latency, syncs."""
+        app.state.metrics.observe_noted()  # the latencies noted in this turn of the loop too
         body = await blocking(app.state.metrics.render)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
@@ -441,11 +451,11 @@ def create_app(config: ServerConfig) -> App:
         joins the next batch, and ``respond(status, headers, body)`` answers once it is stored (or
         with the same failure answers as ``hot_add``). Returns False, having done nothing, for a
         request that is to be refused (token, size, name): ``hot_add`` answers those."""
-        headers = dict(scope["headers"])
-        try:
-            check_token(headers.get(b"authorization", b""))
-        except HTTPProblem:
-            return False
+        if config.rest_token is not None:
+            try:
+                check_token(dict(scope["headers"]).get(b"authorization", b""))
+            except HTTPProblem:
+                return False
         queue = scope["path"][1:-_MESSAGES_SUFFIX]
         if len(body) > config.max_message_size or queue in RESERVED:
             return False
@@ -603,7 +613,7 @@ def create_app(config: ServerConfig) -> App:
         if scope["method"] != "POST":
             return None
         path: str = scope["path"]
-        if path == "/" or any(name == b"x-amz-target" for name, _ in scope["headers"]):
+        if path == "/" or _names(scope, b"x-amz-target"):
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
         if _is_messages(path):
@@ -673,7 +683,8 @@ _REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
     ("/{queue}/messages", "post"): {
         "201": {"description": "The body is stored as a message, on stable storage.",
                 "headers": {"X-Message-Id": {**_HEADER, "description": "The new message's id."}}},
-        "400": "The body could not be read (a broken chunked coding, a client gone), or a bad queue name.",
+        "400": "The body could not be read (a broken chunked coding, a client gone), a bad queue name, or a "
+               "FIFO queue (made through SQS: its messages need a group id, which REST does not carry).",
         "401": ..., "404": ...,
         "408": "The body did not arrive in time (10 s).",
         "413": "The body is over ``--max-message-size`` bytes.",
@@ -731,6 +742,14 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
 
 
 _METHOD_ORDER = {method: i for i, method in enumerate(("GET", "HEAD", "POST", "PUT", "DELETE"))}
+
+
+def _names(scope: Scope, header: bytes) -> bool:
+    """Whether the request has the header ``header`` (a lowercase name)."""
+    for name, _ in scope["headers"]:  # a loop: ~0.1 µs less than any() over a generator
+        if name == header:
+            return True
+    return False
 
 
 def _is_messages(path: str) -> bool:

@@ -16,6 +16,7 @@ scrape time by the worker scraped, so they appear once, not once per worker.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import fcntl
 import os
@@ -84,7 +85,7 @@ class Metrics:
         self.messages_deleted = Counter(
             "journalq_messages_deleted", "Messages deleted by their consumers.", ["queue"], registry=own
         )
-        self.request_seconds = Histogram(
+        self.request_seconds = LatencyHistogram(
             "journalq_request_seconds",
             "Time to answer a request.",
             ["api", "operation", "status"],
@@ -95,6 +96,8 @@ class Metrics:
         workers = Gauge("journalq_workers", "Server processes running.", registry=own, multiprocess_mode="livesum")
         workers.set(1)
         self._children: dict[tuple[str, str, int], Any] = {}  # bounded: operations x statuses
+        # Latencies noted and not yet in the histogram, by labels: see ``note``.
+        self._noted: dict[tuple[str, str, int], list[float]] = {}
         self._counted: dict[tuple[int, str], Any] = {}
         if self.multiprocess_directory is None:
             self.registry.register(_ScrapeTime(self, syncs=True))
@@ -129,12 +132,36 @@ class Metrics:
         self.note(api, operation, status, time.perf_counter() - started)
 
     def note(self, api: str, operation: str, status: int, seconds: float) -> None:
-        """Note the latency of a request whose labels are known (the server's direct path)."""
+        """Note the latency of a request whose labels are known (the server's direct path).
+
+        The histogram takes what was noted once per turn of the event loop (``observe_noted``,
+        scheduled by the first note of a turn) and before a scrape: an ``observe`` per request
+        cost ~0.6 µs, 5 % of the direct path's CPU per request, and the requests of a batch are
+        answered in the same turn."""
         key = (api, operation, status)
+        noted = self._noted.get(key)
+        if noted is None:
+            if not self._noted:
+                try:
+                    asyncio.get_running_loop().call_soon(self.observe_noted)
+                except RuntimeError:  # no event loop: observe now
+                    self._observe(key, [seconds])
+                    return
+            noted = self._noted[key] = []
+        noted.append(seconds)
+
+    def observe_noted(self) -> None:
+        """Put the latencies noted so far into the histogram (on the event loop's thread, as
+        ``note``)."""
+        noted, self._noted = self._noted, {}
+        for key, latencies in noted.items():
+            self._observe(key, latencies)
+
+    def _observe(self, key: tuple[str, str, int], latencies: list[float]) -> None:
         child = self._children.get(key)
         if child is None:  # labels() takes a lock and checks its values: once per key
-            child = self._children[key] = self.request_seconds.labels(api, operation, str(status))
-        child.observe(seconds)
+            child = self._children[key] = self.request_seconds.labels(key[0], key[1], str(key[2]))
+        child.observe_all(latencies)
 
     def _note_and_publish_syncs(self, api: str, operation: str, status: int, seconds: float) -> None:
         """``note`` in multiprocess mode."""
@@ -163,6 +190,7 @@ class Metrics:
             self.publish_syncs()
 
     def render(self) -> bytes:
+        """The scrape's text. (Call ``observe_noted`` first, on the event loop's thread.)"""
         self.publish_syncs()
         return generate_latest(self.registry)
 
@@ -189,6 +217,25 @@ class Metrics:
         if child is None:
             child = self._counted[key] = counter.labels(queue)
         return child
+
+
+class LatencyHistogram(Histogram):
+    """A Histogram that also takes many observations at once (``observe_all``): one increment
+    per bucket they fall in and one of the sum, where ``observe`` takes two per observation, each
+    under the value's lock. It adds to the values that ``Histogram`` made and reads (its
+    ``_upper_bounds``, ``_buckets`` and ``_sum``, in memory or in the multiprocess directory's
+    files); a test checks that it exposes what as many ``observe`` calls would."""
+
+    def observe_all(self, amounts: list[float]) -> None:
+        self._raise_if_not_observable()
+        bounds = self._upper_bounds
+        counts = [0] * len(bounds)
+        for amount in amounts:
+            counts[bisect.bisect_left(bounds, amount)] += 1  # the first bucket with amount <= bound
+        for bucket, count in zip(self._buckets, counts):
+            if count:
+                bucket.inc(count)
+        self._sum.inc(sum(amounts))
 
 
 class _ScrapeTime:

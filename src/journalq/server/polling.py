@@ -24,12 +24,20 @@ def poll_slices(wait: float) -> Iterator[float]:
 
 
 def stop_long_polls(app: Any) -> None:
-    """Tell the application under uvicorn's middleware (each one's ``.app``) that the server is
-    stopping: its ``stop_waiting()``, when it has one (journalq's app), ends its long polls within
-    a slice. For the HTTP protocols' ``shutdown``; being told again does no harm."""
+    """Tell the application under uvicorn's middleware that the server is stopping: its
+    ``stop_waiting()``, when it has one (journalq's app), ends its long polls within a slice. For
+    the HTTP protocols' ``shutdown``; being told again does no harm."""
+    stop_waiting = app_attribute(app, "stop_waiting")
+    if stop_waiting is not None:
+        stop_waiting()
+
+
+def app_attribute(app: Any, name: str) -> Any:
+    """The attribute ``name`` of the application under uvicorn's middleware (``.app`` of each),
+    or None."""
     while app is not None:
-        stop_waiting = getattr(app, "stop_waiting", None)
-        if stop_waiting is not None:
-            stop_waiting()
-            return
+        value = getattr(app, name, None)
+        if value is not None:
+            return value
         app = getattr(app, "app", None)
+    return None

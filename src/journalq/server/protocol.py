@@ -26,6 +26,8 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
+from journalq.server.polling import app_attribute, stop_long_polls
+
 DEFAULT_MAX_HEAD = 16 * 1024
 """The limit when uvicorn's configuration gives none (h11's default)."""
 
@@ -109,21 +111,19 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._direct_route: DirectRoute | None = _app_attribute(self.app, "direct_route")
+        self._direct_route: DirectRoute | None = app_attribute(self.app, "direct_route")
         self._reading = False
         self._pending: tuple[RequestResponseCycle, Any, Any] | None = None  # cycle, app, handler
         # Loop time since when the connection waits for a request head: since it was made, or its
         # last answer went out; None while a request is read or answered.
         self.idle_since: float | None = None
-        self.head_timeout: float = _app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
+        self.head_timeout: float = app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
 
     def shutdown(self) -> None:
         # uvicorn calls this on every connection once the server begins to stop, then waits for
         # the requests under way: tell the application (once is enough; it may be told again),
         # so that its long polls end now rather than when their wait is over.
-        stop_waiting = _app_attribute(self.app, "stop_waiting")
-        if stop_waiting is not None:
-            stop_waiting()
+        stop_long_polls(self.app)
         super().shutdown()
 
     # -- waiting for requests: the server's sweep closes connections, not a timer each ---------
@@ -276,17 +276,6 @@ def _encoded(
         content += (name, b": ", value, b"\r\n")
     content += (b"\r\n", body)
     return b"".join(content)
-
-
-def _app_attribute(app: Any, name: str) -> Any:
-    """The attribute ``name`` of the application under uvicorn's middleware (``.app`` of each),
-    or None."""
-    while app is not None:
-        value = getattr(app, name, None)
-        if value is not None:
-            return value
-        app = getattr(app, "app", None)
-    return None
 
 
 __all__ = [
