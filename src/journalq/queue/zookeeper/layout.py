@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from journalq.errors import InvalidMessageError, InvalidSettingError, ReceiptError
+from journalq.queue.envelope import parse_message_id
 
 SCHEME = "zk://"
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
@@ -120,8 +121,11 @@ class TaskIds:
 
 
 def check_task_id(task: object) -> str:
-    """A task id as given: digits only (anything else cannot name a task, nor a node)."""
-    if not isinstance(task, str) or not task.isascii() or not task.isdigit() or len(task) > 40:
+    """A task id as given: digits only, as the file store's ids (anything else cannot name a
+    task, nor a node), and at most 40 of them."""
+    parse_message_id(task)  # type: ignore[arg-type]
+    assert isinstance(task, str)
+    if len(task) > 40:
         raise InvalidMessageError(f"message id {task!r} is not one of this queue's ids")
     return task
 

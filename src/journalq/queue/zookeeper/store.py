@@ -70,9 +70,16 @@ from journalq.errors import (
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
-from journalq.queue.channel import MAX_VISIBILITY, ChannelStats, ReceivedMessage, Task, receive_arguments
+from journalq.queue.channel import (
+    MAX_VISIBILITY,
+    ChannelStats,
+    ReceivedMessage,
+    Task,
+    check_receipt_list,
+    receive_arguments,
+)
 from journalq.queue.envelope import Envelope, resend
-from journalq.queue.settings import QueueSettings, check_name, check_number
+from journalq.queue.settings import QueueSettings, check_for_queue, check_name, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper.layout import (
@@ -364,8 +371,10 @@ class ZooKeeperBroker(Closing):
             raise InvalidSettingError(f"cannot read the settings of {paths.dir} on {self.hosts}: {exc}") from None
 
     @staticmethod
-    def _check(settings: QueueSettings) -> QueueSettings:
-        """Settings this store can keep (see README: the ZooKeeper store's limits)."""
+    def _check(name: str, settings: QueueSettings) -> QueueSettings:
+        """Settings this store can keep for queue ``name`` (the file store's check of what needs
+        the name, and README's limits of the ZooKeeper store)."""
+        check_for_queue(name, settings)
         if settings.content_based_dedup:
             raise InvalidSettingError("the ZooKeeper store does not deduplicate: content_based_dedup cannot be set")
         if settings.retention_bytes is not None:
@@ -418,12 +427,12 @@ class ZooKeeperBroker(Closing):
             if current is None:
                 if not create:
                     raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-                self._create(name, self._check(QueueSettings().replace(**settings)))
+                self._create(name, self._check(name, QueueSettings().replace(**settings)))
                 current = self._load(name)
                 if current is None:  # made by another meanwhile, but not whole: being deleted
                     raise QueueError(f"queue {name!r} in {self.root} is being deleted (or was left half made)")
             elif settings:
-                updated = self._check(current.replace(**settings))
+                updated = self._check(name, current.replace(**settings))
                 if updated != current:
                     self._save(name, updated)
                     current = updated
@@ -1146,6 +1155,8 @@ class ZooKeeperQueue:
         _raise(self.delete_many([receipt])[0])
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
+        """Delete several; for each receipt, None or the error that kept it from being deleted."""
+        check_receipt_list("receipts", receipts)
         with self._call(f"deleting {len(receipts)} receipt(s) in"):
             return self._act(receipts, lambda i, entry: (FINISHED, None))
 
@@ -1363,10 +1374,7 @@ class ZooKeeperQueue:
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
         task = check_task_id(id)
-        try:
-            json.dumps(metadata)
-        except (TypeError, ValueError) as exc:
-            raise ReceiptError(f"task metadata must be JSON: {exc}") from None
+        envelope.encode_task_metadata(metadata)  # the file store's check: JSON, or InvalidMessageError
         zk, path = self._zk, self.paths.task(task, "metadata")
         with self._call(f"setting the metadata of task {id} in"):
             while True:
@@ -1381,7 +1389,7 @@ class ZooKeeperQueue:
                 except ValueError:
                     meta = {}
                 meta["m"] = metadata
-                data = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
+                data = json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
                 if len(data) > MAX_BODY:
                     raise InvalidMessageError(f"task metadata of {len(data)} bytes is over the ZooKeeper store's {MAX_BODY}")
                 try:
