@@ -14,6 +14,9 @@ One queue is one zkmq directory under the broker's path::
             /claim                 ephemeral: the lock of the consumer that holds the task
         /consumers/<id>            a consumer: one session of a queue handle (a new id in each)
             /current               ephemeral while the consumer lives: the ids it last received
+        /dedup/<key>               a deduplication id sent within the window (made with the first
+                                   send's queue entry): JSON, the task it names and when it was sent;
+                                   ``key`` is the id's SHA-256 (an id may hold any character)
         /conf                      data (JSON): when the last collection began and by whom, and
                                    how many tasks went to the dead-letter queue
             /task_gc_lifetime      seconds, as text
@@ -23,6 +26,7 @@ One queue is one zkmq directory under the broker's path::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -93,6 +97,15 @@ class Paths:
     @property
     def conf(self) -> str:
         return f"{self.dir}/conf"
+
+    @property
+    def dedup(self) -> str:
+        return f"{self.dir}/dedup"
+
+    def dedup_record(self, dedup_id: str) -> str:
+        """The node of a deduplication id: named by its SHA-256, as an id may hold any character
+        (a '/', say) and a node name may not."""
+        return f"{self.dir}/dedup/{hashlib.sha256(dedup_id.encode()).hexdigest()}"
 
     def entry(self, task: str) -> str:
         return f"{self.dir}/queue/{task}"
@@ -191,6 +204,37 @@ def parse_receipt(value: object) -> tuple[str, int]:
     if match is None:
         raise ReceiptError(f"receipt {value!r} is not a receipt of this queue")
     return match[1], int(match[2])
+
+
+@dataclass(frozen=True)
+class DedupRecord:
+    """What a deduplication id's node holds: the task that the first send with it made, and when
+    that was sent (ms since the epoch, by the sender's clock, as the queue entry's times)."""
+
+    task: str
+    at: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"id": self.task, "at": self.at}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> DedupRecord | None:
+        """The record, or None when it is damaged (then it deduplicates nothing: replaced)."""
+        try:
+            data = json.loads(raw)
+            return cls(check_task_id(data["id"]), int(data["at"]))
+        except (ValueError, TypeError, KeyError, InvalidMessageError):
+            return None
+
+    def holds(self, now_ms: int, window_ms: int) -> bool:
+        """Whether a send now with the same id is a duplicate: within the window (as on files)."""
+        return self.at >= now_ms - window_ms
+
+
+def dedup_collectable(created_ms: int, now_ms: int, window_ms: int) -> bool:
+    """Whether the collector deletes a deduplication record made at ``created_ms`` (both times
+    the server's): once the window is over, it deduplicates nothing."""
+    return created_ms < now_ms - window_ms
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper.layout import (
     CLAIMED,
     DEAD,
+    DedupRecord,
     FINISHED,
     INSERTED,
     Entry,
@@ -93,6 +94,7 @@ from journalq.queue.zookeeper.layout import (
     TaskIds,
     check_task_id,
     collectable,
+    dedup_collectable,
     parse_receipt,
     parse_url,
     receipt,
@@ -257,6 +259,11 @@ class _Outgoing:
     sent_ns: int
     envelope: Envelope
     metadata: bytes  # the ``metadata`` node's data
+    dedup: tuple[str, int | None] | None = None
+    """Its deduplication id's node, and the version of an expired record there to replace (None:
+    there is none to replace); None without a deduplication id."""
+    duplicate_of: str | None = None
+    """The task of an earlier send with its deduplication id, found as its entry was written."""
 
 
 class ZooKeeperBroker(Closing):
@@ -375,8 +382,6 @@ class ZooKeeperBroker(Closing):
         """Settings this store can keep for queue ``name`` (the file store's check of what needs
         the name, and README's limits of the ZooKeeper store)."""
         check_for_queue(name, settings)
-        if settings.content_based_dedup:
-            raise InvalidSettingError("the ZooKeeper store does not deduplicate: content_based_dedup cannot be set")
         if settings.retention_bytes is not None:
             raise InvalidSettingError("the ZooKeeper store has no retention by size: retention_bytes cannot be set")
         return settings
@@ -532,6 +537,7 @@ class ZooKeeperTopic:
         self.failed = False
         self._queue: ZooKeeperQueue | None = None
         self._last_gc_try = time.monotonic()
+        self._dedup_ready = False  # the queue's ``dedup`` node is known to exist
 
     @property
     def _zk(self) -> KazooClient:
@@ -554,8 +560,6 @@ class ZooKeeperTopic:
         # The file store's checks and defaults (a bound method needs only ``self.settings``).
         envelopes = [Topic._envelope(self, item) for item in items]  # type: ignore[arg-type]
         for env in envelopes:
-            if env.dedup_id is not None:
-                raise InvalidMessageError("the ZooKeeper store does not deduplicate: send without dedup_id")
             if len(env.body) > MAX_BODY:
                 raise InvalidMessageError(f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}")
             for name in env.filters:
@@ -566,8 +570,38 @@ class ZooKeeperTopic:
         for meta in metas:
             if len(meta) > MAX_BODY:
                 raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
-        ids = self.broker.ids.make(len(envelopes))
-        outgoing = [_Outgoing(task, ns, env, meta) for (task, ns), env, meta in zip(ids, envelopes, metas)]
+        if not envelopes:
+            return []
+        doing = f"sending {len(envelopes)} message{'s' * (len(envelopes) != 1)} to {self.name!r}"
+        with self.broker.call(doing, self.name):
+            # Collect first: a collection that fails then fails the send before anything is
+            # stored (after the writes, it would make a stored send look failed: sent twice).
+            self.maybe_collect()
+            earlier, same_as, records = self._deduplicate(envelopes)
+            fresh = [i for i in range(len(envelopes)) if i not in earlier and i not in same_as]
+            ids = dict(zip(fresh, self.broker.ids.make(len(fresh))))
+            outgoing = {i: _Outgoing(ids[i][0], ids[i][1], envelopes[i], metas[i], records.get(i)) for i in fresh}
+            unstored, failure = self._write(self._chunked(list(outgoing.values())))
+        sent: list[str | None] = []
+        for i in range(len(envelopes)):
+            item = outgoing.get(same_as.get(i, i))
+            if item is None:
+                sent.append(earlier[i])
+            else:
+                sent.append(None if item.task in unstored else item.duplicate_of or item.task)
+        if failure is not None and None in sent:
+            # Some chunks may be stored: their messages must not be sent again (nor are the
+            # duplicates of earlier sends), only the others (``unsent``).
+            cause = _as_translated(failure, self.broker.hosts, doing, self.name)
+            partial = PartialSendError.after(sent, cause)
+            if partial is None:
+                raise cause
+            raise partial from cause
+        return [task for task in sent if task is not None]
+
+    @staticmethod
+    def _chunked(outgoing: list[_Outgoing]) -> list[list[_Outgoing]]:
+        """The send's transactions: up to ``_BATCH_TASKS`` tasks or ``_BATCH_BYTES`` bytes each."""
         chunks: list[list[_Outgoing]] = []
         size = 0
         for item in outgoing:
@@ -577,31 +611,118 @@ class ZooKeeperTopic:
                 size = 0
             chunks[-1].append(item)
             size += weight
-        doing = f"sending {len(outgoing)} message{'s' * (len(outgoing) != 1)} to {self.name!r}"
-        with self.broker.call(doing, self.name):
-            # Collect first: a collection that fails then fails the send before anything is
-            # stored (after the writes, it would make a stored send look failed: sent twice).
-            self.maybe_collect()
-            # The steps go out one after another without waiting: ZooKeeper applies a session's
-            # requests in order, and each step fails unless the one before it was applied
-            # (metadata needs the task's node; the entry checks the state node).
-            pending = []
-            for step in (self._write_data, self._write_metadata, self._write_entries):
-                pending += [step(chunk).commit_async() for chunk in chunks]
-            failures = [_outcome(result) for result in pending]  # every answer, even after a failure
-            failure = next((error for error in failures if error is not None), None)
-            if failure is not None:
-                # A chunk's entries transaction succeeds only if its earlier steps did (it checks
-                # the state node that the metadata step makes): its success is the chunk's.
-                stored = failures[-len(chunks):]
-                ids = [item.task if done is None else None for chunk, done in zip(chunks, stored) for item in chunk]
-                if None in ids:
-                    cause = _as_translated(failure, self.broker.hosts, doing, self.name)
-                    partial = PartialSendError.after(ids, cause)
-                    if partial is None:
-                        raise cause
-                    raise partial from cause
-        return [item.task for item in outgoing]
+        return chunks
+
+    def _deduplicate(
+        self, envelopes: list[Envelope]
+    ) -> tuple[dict[int, str], dict[int, int], dict[int, tuple[str, int | None]]]:
+        """The duplicates of a batch, as the file store finds them: (index -> task of an earlier
+        send with its deduplication id within the window), (index -> index of the first in the
+        batch with its id), and for each first of an id, its record's node and the version of an
+        expired record there (None: none). Read from the queue's ``dedup`` records, together."""
+        wanted = {}
+        same_as: dict[int, int] = {}
+        for i, env in enumerate(envelopes):
+            if env.dedup_id is not None:
+                if env.dedup_id in wanted:
+                    same_as[i] = wanted[env.dedup_id]
+                else:
+                    wanted[env.dedup_id] = i
+        if not wanted:
+            return {}, same_as, {}
+        zk, paths = self._zk, self.paths
+        if not self._dedup_ready:
+            try:
+                zk.create(paths.dedup, b"")  # (a queue made before the store deduplicated has none)
+            except NodeExistsError:
+                pass
+            self._dedup_ready = True
+        reads = {i: zk.get_async(paths.dedup_record(dedup_id)) for dedup_id, i in wanted.items()}
+        earlier: dict[int, str] = {}
+        records: dict[int, tuple[str, int | None]] = {}
+        now, window = _now_ms(), int(self.settings.dedup_window * 1000)
+        for i, read in reads.items():
+            path = paths.dedup_record(envelopes[i].dedup_id or "")
+            try:
+                raw, stat = read.get()
+            except NoNodeError:
+                records[i] = (path, None)
+                continue
+            record = DedupRecord.decode(raw)
+            if record is not None and record.holds(now, window):
+                earlier[i] = record.task
+            else:
+                records[i] = (path, stat.version)  # over: the send makes it anew
+        for i, first in same_as.items():
+            if first in earlier:
+                earlier[i] = earlier[first]
+        same_as = {i: first for i, first in same_as.items() if first not in earlier}
+        return earlier, same_as, records
+
+    def _write(self, chunks: list[list[_Outgoing]]) -> tuple[set[str], Exception | None]:
+        """Write the chunks in zkmq's order; returns the tasks not stored and the first error
+        met (None when every chunk is stored).
+
+        The steps go out one after another without waiting: ZooKeeper applies a session's
+        requests in order, and each step fails unless the one before it was applied (metadata
+        needs the task's node; the entry checks the state node)."""
+        pending = [step(chunk).commit_async() for step in (self._write_data, self._write_metadata) for chunk in chunks]
+        entries = [(chunk, t, t.commit_async()) for chunk, t in [(c, self._write_entries(c)) for c in chunks]]
+        failures = [_outcome(result) for result in pending]  # every answer, even after a failure
+        # A chunk's entries transaction succeeds only if its earlier steps did (it checks the
+        # state node that the metadata step makes): its success is the chunk's.
+        outcomes = [self._entries_outcome(chunk, t, result) for chunk, t, result in entries]
+        unstored = {item.task for chunk, outcome in zip(chunks, outcomes) if outcome is not None for item in chunk}
+        return unstored, next((error for error in [*failures, *outcomes] if error is not None), None)
+
+    def _entries_outcome(self, chunk: list[_Outgoing], t: Any, result: Any) -> Exception | None:
+        """The error of a chunk's entries transaction, or None once the chunk is stored: when
+        it failed on a deduplication record that another sender made (or replaced) meanwhile,
+        the records are read again and the entries of those that are no duplicates written."""
+        for _ in range(10):
+            try:
+                failed = _failure(result.get())
+            except Exception as exc:  # kazoo raises the connection's errors from ``get``
+                return exc
+            if failed is None:
+                return None
+            index, error = failed
+            operation = t.operations[index]
+            if not (operation.path.startswith(self.paths.dedup + "/")
+                    and isinstance(error, (NodeExistsError, NoNodeError, BadVersionError))):
+                return error
+            rest = self._settle_duplicates(chunk)
+            if not rest:
+                return None
+            t = self._write_entries(rest)
+            result = t.commit_async()
+        return error
+
+    def _settle_duplicates(self, chunk: list[_Outgoing]) -> list[_Outgoing]:
+        """Read the chunk's deduplication records again (another sender raced it with the same
+        ids): mark as duplicates those whose id another send holds now, delete what they wrote
+        (nobody can see it: it has no entry), and return the others, to write their entries."""
+        zk, now, window = self._zk, _now_ms(), int(self.settings.dedup_window * 1000)
+        reads = [(item, zk.get_async(item.dedup[0])) for item in chunk if item.dedup is not None]
+        for item, read in reads:
+            assert item.dedup is not None
+            try:
+                raw, stat = read.get()
+            except NoNodeError:
+                item.dedup = (item.dedup[0], None)
+                continue
+            record = DedupRecord.decode(raw)
+            if record is not None and record.holds(now, window):
+                item.duplicate_of = record.task
+            else:
+                item.dedup = (item.dedup[0], stat.version)
+        duplicates = [item.task for item in chunk if item.duplicate_of is not None]
+        if duplicates:
+            try:
+                self._delete_tasks(duplicates)
+            except KazooException:
+                pass  # what is left, the collector deletes (a task with no entry: ``collectable``)
+        return [item for item in chunk if item.duplicate_of is None]
 
     def _write_data(self, chunk: list[_Outgoing]) -> Any:
         t = self._zk.transaction()
@@ -627,6 +748,13 @@ class ZooKeeperTopic:
             at = (item.sent_ns + int(env.delay * 1e9)) // 1_000_000
             t.check(self.paths.task(item.task, "state"), 0)  # the metadata step was applied
             t.create(self.paths.entry(item.task), Entry(at, 0, None, env.group_id, env.filters).encode())
+            if item.dedup is not None:
+                # The id's record goes with the entry: of two senders racing with one id, one
+                # stores its message (the other's transaction fails on the record: a duplicate).
+                record, expired = item.dedup
+                if expired is not None:
+                    t.delete(record, expired)
+                t.create(record, DedupRecord(item.task, item.sent_ns // 1_000_000).encode())
         return t
 
     # -- channels ---------------------------------------------------------------------------
@@ -680,6 +808,7 @@ class ZooKeeperTopic:
             deleted = self._collect_tasks(now, int(settings.task_gc_lifetime * 1000), int(orphan_grace * 1000))
             self._expire_retention(now)
             self._collect_consumers()
+            self._collect_dedup(now)
             return deleted
         finally:
             try:
@@ -789,6 +918,25 @@ class ZooKeeperTopic:
                     zk.delete(paths.consumer(consumer))
                 except (NoNodeError, NotEmptyError):
                     pass  # gone already, or it came back meanwhile
+
+    def _collect_dedup(self, now: int) -> None:
+        """Delete the deduplication records whose window is over (``layout.dedup_collectable``),
+        each at the version read: one replaced meanwhile by a new send stays."""
+        zk, paths = self._zk, self.paths
+        try:
+            names = zk.get_children(paths.dedup)
+        except NoNodeError:
+            return  # no deduplicated send yet
+        window = int(self.settings.dedup_window * 1000)
+        for chunk in _chunks(names, 1000):
+            checks = [(f"{paths.dedup}/{name}", zk.exists_async(f"{paths.dedup}/{name}")) for name in chunk]
+            doomed = [zk.delete_async(path, stat.version) for path, stat in ((p, c.get()) for p, c in checks)
+                      if stat is not None and dedup_collectable(stat.ctime, now, window)]
+            for result in doomed:
+                try:
+                    result.get()
+                except (NoNodeError, BadVersionError):
+                    pass  # deleted or made anew meanwhile
 
     def close(self) -> None:
         if self._queue is not None:
@@ -1031,7 +1179,7 @@ class ZooKeeperQueue:
             received.append(ReceivedMessage(
                 id=task, receipt=receipt(task, count), body=body, attributes=env.attributes,
                 receive_count=count, sent_at_ns=sent_at_ns(task), offset=-1, group_id=entry.group,
-                dedup_id=None, filters=entry.filters, metadata=env.metadata, source=env.source,
+                dedup_id=env.dedup_id, filters=entry.filters, metadata=env.metadata, source=env.source,
             ))
         return received, wake_at, bool(picks) and not received, fresh
 
@@ -1131,8 +1279,10 @@ class ZooKeeperQueue:
         return won
 
     def _send_dead(self, claimed: list[tuple[str, Entry, int, bytes, bytes]]) -> None:
-        """Move claimed tasks to the dead-letter queue, then finish them as ``dead``: a crash
-        between the two sends a dead letter twice, never none."""
+        """Move claimed tasks to the dead-letter queue, then finish them as ``dead``. A crash
+        between the two leaves a task to move again: its dead letter has a deduplication id of
+        its own (the task's), so the dead-letter queue drops the second copy within its
+        ``dedup_window``, as on files (later, it is sent twice, never lost)."""
         if not claimed:
             return
         target = self.topic.broker.queue(self.settings.dead_letter_queue or "")
@@ -1142,6 +1292,7 @@ class ZooKeeperQueue:
                 filters=entry.filters or None,
                 group_id=entry.group,
                 source={"queue": self.topic.name, "channel": self.name, "id": task, "count": count},
+                dedup_id=f"dead-letter:{self.topic.name}/{task}",
             )
             for task, entry, count, body, meta in claimed
         ])
