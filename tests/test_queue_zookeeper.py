@@ -117,6 +117,8 @@ def test_a_broker_that_fails_to_open_closes_its_session(url: str, monkeypatch: p
 def test_what_the_store_cannot_do_is_refused(broker) -> None:
     with pytest.raises(InvalidSettingError, match="retention by size"):
         broker.queue("jobs", retention_bytes=10**6)
+    with pytest.raises(InvalidSettingError, match="no shards"):
+        broker.queue("jobs", shards=2)
     q = broker.queue("jobs")
     with pytest.raises(Exception, match="one channel per queue"):
         q.topic.channel("other")

@@ -360,20 +360,27 @@ class ZooKeeperBroker(Closing):
 
     def _load(self, name: str) -> QueueSettings | None:
         """The settings of queue ``name`` (None when there is none), within a ``call``."""
+        loaded = self._load_with_stat(name)
+        return None if loaded is None else loaded[0]
+
+    def _load_with_stat(self, name: str) -> tuple[QueueSettings, Any] | None:
+        """The settings of queue ``name`` and the stat of its node as they were read (which
+        queue of that name it is: ``czxid``; which change of its settings: ``version``), or
+        None when there is no such queue; within a ``call``."""
         paths = self.paths(name)
         zk = self.client
         results = [zk.get_async(p) for p in (paths.dir, *(f"{paths.conf}/{s}" for s in _GC_SETTINGS))]
         try:
-            raw, *gc = [r.get()[0] for r in results]
+            (raw, stat), *gc = [r.get() for r in results]
         except NoNodeError:
             return None
         if not raw:
-            return None
+            return None  # being deleted
         try:
             data = json.loads(raw)
-            for setting, value in zip(_GC_SETTINGS, gc):
+            for setting, (value, _) in zip(_GC_SETTINGS, gc):
                 data[setting] = float(value)
-            return QueueSettings.from_json(data)
+            return QueueSettings.from_json(data), stat
         except (ValueError, TypeError) as exc:
             raise InvalidSettingError(f"cannot read the settings of {paths.dir} on {self.hosts}: {exc}") from None
 
@@ -384,6 +391,8 @@ class ZooKeeperBroker(Closing):
         check_for_queue(name, settings)
         if settings.retention_bytes is not None:
             raise InvalidSettingError("the ZooKeeper store has no retention by size: retention_bytes cannot be set")
+        if settings.shards != 1:  # (it was kept, and meant nothing)
+            raise InvalidSettingError("the ZooKeeper store has no shards: shards cannot be set")
         return settings
 
     @staticmethod
@@ -422,30 +431,39 @@ class ZooKeeperBroker(Closing):
         check_name(name)
         with self._lock:
             topic = self._topics.get(name)
+            if topic is not None and topic.gone:  # deleted since it was opened: open what is there now
+                self._topics.pop(name, None)
+                self._queues.pop(name, None)
+                topic = None
         if topic is not None and not settings:
             return topic  # known: no round trip, and no wait for the ensemble during an outage
         # A change of settings reads and writes them under the lock (one change at a time in this
         # process); a mere opening does not hold it while it waits for the ensemble, so that
         # openings during an outage fail side by side, each within its wait, not one after another.
         with self._lock if settings else nullcontext(), self.call(f"opening queue {name!r}"):
-            current = self._load(name)
-            if current is None:
+            loaded = self._load_with_stat(name)
+            if loaded is None:
                 if not create:
                     raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
                 self._create(name, self._check(name, QueueSettings().replace(**settings)))
-                current = self._load(name)
-                if current is None:  # made by another meanwhile, but not whole: being deleted
+                loaded = self._load_with_stat(name)
+                if loaded is None:  # made by another meanwhile, but not whole: being deleted
                     raise QueueError(f"queue {name!r} in {self.root} is being deleted (or was left half made)")
             elif settings:
-                updated = self._check(name, current.replace(**settings))
-                if updated != current:
+                updated = self._check(name, loaded[0].replace(**settings))
+                if updated != loaded[0]:
                     self._save(name, updated)
-                    current = updated
+                    loaded = self._load_with_stat(name) or loaded
         with self._lock:
             topic = self._topics.get(name)
+            if topic is not None and (topic.gone or topic.created != loaded[1].czxid):
+                self._topics.pop(name, None)  # (another thread found it deleted meanwhile)
+                self._queues.pop(name, None)
+                topic = None
             if topic is None:
-                topic = self._topics[name] = ZooKeeperTopic(self, name, current)
-            topic.settings = current
+                topic = self._topics[name] = ZooKeeperTopic(self, name, *loaded)
+            else:
+                topic.use_settings(*loaded)
             return topic
 
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> ZooKeeperQueue:
@@ -482,7 +500,10 @@ class ZooKeeperBroker(Closing):
         """Delete a queue and all its tasks."""
         if not self.exists(name):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        opened = self._topics.get(name)
         self.forget(name)
+        if opened is not None:
+            opened.gone = True  # what was got of it refuses to work (as it would find anyway)
         paths = self.paths(name)
         with self.call(f"deleting queue {name!r}"):
             try:
@@ -529,10 +550,17 @@ class ZooKeeperBroker(Closing):
 class ZooKeeperTopic:
     """One zkmq directory: what producers send to. Its one channel is its ``ZooKeeperQueue``."""
 
-    def __init__(self, broker: ZooKeeperBroker, name: str, settings: QueueSettings) -> None:
+    def __init__(self, broker: ZooKeeperBroker, name: str, settings: QueueSettings, stat: Any) -> None:
         self.broker = broker
         self.name = name
         self.settings = settings
+        self.created = stat.czxid
+        """Which queue of the name this is: its node's creation (a queue deleted and made again
+        by another process is another queue)."""
+        self._settings_version = stat.version
+        self.gone = False
+        """True once the queue is known deleted since it was opened here (``check_present``): it
+        refuses to work, and its broker opens the name anew."""
         self.paths = broker.paths(name)
         self.failed = False
         self._queue: ZooKeeperQueue | None = None
@@ -542,6 +570,30 @@ class ZooKeeperTopic:
     @property
     def _zk(self) -> KazooClient:
         return self.broker.client
+
+    def use_settings(self, settings: QueueSettings, stat: Any) -> None:
+        """The settings as read with their node's ``stat`` (unless newer ones were taken up)."""
+        if stat.czxid == self.created and stat.version >= self._settings_version:
+            self.settings, self._settings_version = settings, stat.version
+
+    def check_present(self) -> None:
+        """Raise ``QueueNotFoundError`` when the queue was deleted since it was opened here (by
+        any process; and maybe made again: another queue, whose tasks and consumers are not this
+        object's to act on), and take up its settings when another process changed them: one
+        read of the queue's node, at the start of every call (within its ``call``)."""
+        if not self.gone:
+            try:
+                raw, stat = self._zk.get(self.paths.dir)
+            except NoNodeError:
+                raw, stat = b"", None
+            if raw and stat is not None and stat.czxid == self.created:
+                if stat.version != self._settings_version:
+                    loaded = self.broker._load_with_stat(self.name)
+                    if loaded is not None:
+                        self.use_settings(*loaded)
+                return
+            self.gone = True
+        raise QueueNotFoundError(f"queue {self.name!r} in {self.broker.root} was deleted after it was opened here")
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -557,23 +609,16 @@ class ZooKeeperTopic:
         ``PartialSendError`` (a ``StoreUnavailableError`` too when the connection broke) says
         which messages are stored (``ids``, None for the others) and which to send again
         (``unsent``); a failure that stored nothing raises its own error."""
-        # The file store's checks and defaults (a bound method needs only ``self.settings``).
-        envelopes = [Topic._envelope(self, item) for item in items]  # type: ignore[arg-type]
-        for env in envelopes:
-            if len(env.body) > MAX_BODY:
-                raise InvalidMessageError(f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}")
-            for name in env.filters:
-                check_name(name, "filter")  # it names a node: checked before anything is written
-        # Metadata has a node of its own, under the same limit (a larger packet makes ZooKeeper
-        # drop the connection: a refusal that would look like an outage, and be retried forever).
-        metas = [envelope.encode_meta(env, filters=False) for env in envelopes]
-        for meta in metas:
-            if len(meta) > MAX_BODY:
-                raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
+        items = list(items)
+        envelopes, metas = self._prepare(items)  # bad input is refused before any call
         if not envelopes:
             return []
         doing = f"sending {len(envelopes)} message{'s' * (len(envelopes) != 1)} to {self.name!r}"
         with self.broker.call(doing, self.name):
+            settings = self.settings
+            self.check_present()  # (never written into a queue made anew under the name)
+            if self.settings is not settings:  # changed by another process: its defaults hold
+                envelopes, metas = self._prepare(items)
             # Collect first: a collection that fails then fails the send before anything is
             # stored (after the writes, it would make a stored send look failed: sent twice).
             self.maybe_collect()
@@ -598,6 +643,23 @@ class ZooKeeperTopic:
                 raise cause
             raise partial from cause
         return [task for task in sent if task is not None]
+
+    def _prepare(self, items: list[OutgoingMessage]) -> tuple[list[Envelope], list[bytes]]:
+        """The envelopes of ``items`` and their metadata nodes' data, checked: the file store's
+        checks and defaults (a bound method needs only ``self.settings``), and this store's."""
+        envelopes = [Topic._envelope(self, item) for item in items]  # type: ignore[arg-type]
+        for env in envelopes:
+            if len(env.body) > MAX_BODY:
+                raise InvalidMessageError(f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}")
+            for name in env.filters:
+                check_name(name, "filter")  # it names a node: checked before anything is written
+        # Metadata has a node of its own, under the same limit (a larger packet makes ZooKeeper
+        # drop the connection: a refusal that would look like an outage, and be retried forever).
+        metas = [envelope.encode_meta(env, filters=False) for env in envelopes]
+        for meta in metas:
+            if len(meta) > MAX_BODY:
+                raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
+        return envelopes, metas
 
     @staticmethod
     def _chunked(outgoing: list[_Outgoing]) -> list[list[_Outgoing]]:
@@ -667,7 +729,10 @@ class ZooKeeperTopic:
         requests in order, and each step fails unless the one before it was applied (metadata
         needs the task's node; the entry checks the state node)."""
         pending = [step(chunk).commit_async() for step in (self._write_data, self._write_metadata) for chunk in chunks]
-        entries = [(chunk, t, t.commit_async()) for chunk, t in [(c, self._write_entries(c)) for c in chunks]]
+        entries = []
+        for chunk in chunks:  # (each sent as soon as it is made, as the steps before)
+            t = self._write_entries(chunk)
+            entries.append((chunk, t, t.commit_async()))
         failures = [_outcome(result) for result in pending]  # every answer, even after a failure
         # A chunk's entries transaction succeeds only if its earlier steps did (it checks the
         # state node that the metadata step makes): its success is the chunk's.
@@ -785,6 +850,7 @@ class ZooKeeperTopic:
     def gc(self) -> list[str]:
         """Collect now, whenever the last collection was; returns the tasks deleted."""
         with self.broker.call(f"collecting the finished tasks of {self.name!r}", self.name):
+            self.check_present()
             return self.collect(force=True) or []
 
     def collect(self, *, force: bool = False, orphan_grace: float = ORPHAN_GRACE) -> list[str] | None:
@@ -971,9 +1037,15 @@ class ZooKeeperQueue:
     def _zk(self) -> KazooClient:
         return self.topic.broker.client
 
-    def _call(self, doing: str) -> Any:
-        """``ZooKeeperBroker.call`` for this queue (``doing`` is followed by its name)."""
-        return self.topic.broker.call(f"{doing} {self.topic.name!r}", self.topic.name)
+    @contextmanager
+    def _call(self, doing: str, *, check: bool = True) -> Iterator[None]:
+        """``ZooKeeperBroker.call`` for this queue (``doing`` is followed by its name), which
+        first checks that the queue is still the one opened (``check_present``) unless not
+        ``check``."""
+        with self.topic.broker.call(f"{doing} {self.topic.name!r}", self.topic.name):
+            if check:
+                self.topic.check_present()
+            yield
 
     # -- what the file store's Queue has -----------------------------------------------------
 
@@ -1097,17 +1169,26 @@ class ZooKeeperQueue:
         ``delete``: receipts deleted first, as ``delete_many`` does; if one of them is refused,
         ``ReceiptError`` and nothing is received, but unlike on files the others stay deleted
         (each is its own change in ZooKeeper)."""
-        hide, wait, wanted = receive_arguments(self.settings, max_messages, visibility_timeout, wait, filters, delete)
+        arguments = (max_messages, visibility_timeout, wait, filters, delete)
+        hide, wait, wanted = receive_arguments(self.settings, *arguments)
         if delete:
             refused = next((error for error in self.delete_many(list(delete)) if error is not None), None)
             if refused is not None:
                 raise ReceiptError(f"nothing received: {refused}")
-        deadline = time.monotonic() + wait
+        start = time.monotonic()
+        deadline = start + wait
         broker, doing = self.topic.broker, f"receiving from {self.topic.name!r}"
         # a long poll's waits for the ensemble end with it: an outage ends it with the error
         with broker.call(doing, self.topic.name, until=deadline if wait > 0 else None):
+            first = True
             while True:
                 broker.wait_connected(doing)  # (the connection may have gone while the poll slept)
+                settings = self.settings
+                self.topic.check_present()  # (deleted, or its settings changed elsewhere)
+                if first and self.settings is not settings:  # the defaults of the settings of now
+                    hide, wait, wanted = receive_arguments(self.settings, *arguments)
+                    deadline = start + wait
+                first = False
                 self._changed.clear()
                 got, wake_at = self._receive_now(max_messages, int(hide * 1000), wanted, watch=wait > 0)
                 remaining = deadline - time.monotonic()
@@ -1585,7 +1666,7 @@ class ZooKeeperQueue:
         if not self._registered() or not zk.connected:
             return  # (the claims of a session that ended are free: none are kept)
         try:
-            with self._call("closing the consumer of"):
+            with self._call("closing the consumer of", check=False):
                 # (those whose visibility ran out too: kept, their receipts stay good until another
                 # consumer receives them)
                 mine = [(task, entry, version) for task, (entry, version) in dict(self._known).items()
