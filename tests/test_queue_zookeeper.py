@@ -465,6 +465,35 @@ def test_a_consumer_that_closes_keeps_its_tasks_hidden_for_their_visibility(url:
         assert again.id == held.id and again.receive_count == 2
 
 
+def test_a_stale_receipt_cannot_delete_a_task_that_a_dead_letter_mover_claimed(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer's visibility ran out; a mover claims the task for the dead-letter queue (its
+    receive count ran out), and then the consumer deletes with its receipt: refused, else the
+    task were both deleted and dead-lettered (the mover's mark then failed, and stats missed it)."""
+    from journalq.errors import StaleReceiptError
+
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        qa = a.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        task = qa.send(b"x")
+        (m,) = qa.receive(visibility_timeout=0.2)
+        time.sleep(0.3)
+        qb = b.queue("jobs")
+        move = qb._send_dead
+        refused: list[object] = []
+
+        def consumer_deletes_first(claimed: list) -> None:
+            refused.extend(qa.delete_many([m.receipt]))  # between the mover's claim and its move
+            move(claimed)
+
+        monkeypatch.setattr(qb, "_send_dead", consumer_deletes_first)
+        assert qb.receive(10) == []
+        monkeypatch.undo()
+        assert isinstance(refused[0], StaleReceiptError) and "dead-letter queue" in str(refused[0])
+        assert qa.task(task).state == "dead" and qa.stats().dead == 1
+        assert [d.source["id"] for d in a.queue("jobs-dlq").receive(10)] == [task]
+
+
 # -- processes -------------------------------------------------------------------------------
 
 CONSUMER = """
@@ -594,6 +623,35 @@ RETRYING_CONSUMER = """
 """
 
 
+# Killed right after it marked its dead letters dead, as it would have counted them.
+KILLED_AFTER_MARKING = """
+import os, signal, sys
+from journalq.queue import Broker
+from journalq.queue.zookeeper.store import ZooKeeperQueue
+
+act = ZooKeeperQueue._act
+def act_and_die(self, receipts, change, **options):
+    outcomes = act(self, receipts, change, **options)
+    if change(0, None)[0] == "dead":  # (the mover's: it ends the tasks as dead)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return outcomes
+ZooKeeperQueue._act = act_and_die
+with Broker(sys.argv[1], session_timeout=1.0) as broker:
+    broker.queue("jobs").receive(10)
+"""
+
+
+def test_a_dead_letter_mover_killed_after_its_move_counted_it(url: str, child_env: dict) -> None:
+    with Broker(url, sync="none") as broker:
+        q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        poison = q.send(b"poison")
+        assert [m.id for m in q.receive(visibility_timeout=0)] == [poison]
+        mover = spawn(KILLED_AFTER_MARKING, url, env=child_env)
+        assert mover.wait(60) == -signal.SIGKILL
+        assert q.task(poison).state == "dead"
+        assert q.stats().dead == 1  # counted in the transaction that marked it
+
+
 def test_server_killed_and_restarted_mid_load_loses_no_acknowledged_message(tmp_path: Path, child_env: dict) -> None:
     from journalq.queue.zookeeper.server import ZooKeeperServer
 
@@ -712,6 +770,7 @@ def test_gc_decisions_are_pure() -> None:
     assert collectable(TaskFacts(0, None, 0, False), now, life, grace)
     assert Entry.decode(Entry(5, 2, "c", "g", {"f": "v"}).encode()) == Entry(5, 2, "c", "g", {"f": "v"})
     assert Entry.decode(b"{damaged").at == 0  # delivered rather than stuck
+    assert Entry.decode(Entry(5, 1, "m", kept=True, moving=True).encode()) == Entry(5, 1, "m", kept=True, moving=True)
     record = DedupRecord("123", now - 5_000)
     assert DedupRecord.decode(record.encode()) == record and DedupRecord.decode(b'{"id": "x/y", "at": 1}') is None
     assert record.holds(now, 5_000) and not record.holds(now, 4_999)  # the window, as on files

@@ -18,10 +18,14 @@ One queue is one zkmq directory under the broker's path::
                                    send's queue entry): JSON, the task it names and when it was sent;
                                    ``key`` is the id's SHA-256 (an id may hold any character)
         /conf                      data (JSON): when the last collection began and by whom, and
-                                   how many tasks went to the dead-letter queue
+                                   how many tasks went to the dead-letter queue (counted so before
+                                   ``dead_letters``)
             /task_gc_lifetime      seconds, as text
             /task_gc_interval      seconds, as text
             /lock                  ephemeral, held by whoever collects now
+            /dead_letters          counts the tasks moved to the dead-letter queue (with ``conf``'s
+                                   count of before): its child version, which the transaction that
+                                   marks a task dead raises by two (a child made and deleted)
 """
 
 from __future__ import annotations
@@ -99,6 +103,10 @@ class Paths:
         return f"{self.dir}/conf"
 
     @property
+    def dead_letters(self) -> str:
+        return f"{self.dir}/conf/dead_letters"
+
+    @property
     def dedup(self) -> str:
         return f"{self.dir}/dedup"
 
@@ -153,7 +161,9 @@ class Entry:
     """A pending task's queue entry: visible from ``at`` (ms since the epoch); received ``count``
     times; held by consumer ``by`` (None when nobody claimed it since it was sent or released).
     ``kept``: its consumer left cleanly (closed), so the visibility timeout still holds; a
-    consumer that died (its session ended) gives its tasks back at once instead."""
+    consumer that died (its session ended) gives its tasks back at once instead. ``moving``: the
+    claim is a dead-letter mover's (the receive count ran out), which no receipt of an earlier
+    delivery may delete or change: the task would be both deleted and dead-lettered."""
 
     at: int
     count: int = 0
@@ -161,6 +171,7 @@ class Entry:
     group: str | None = None
     filters: dict[str, str] = field(default_factory=dict)
     kept: bool = False
+    moving: bool = False
 
     def encode(self) -> bytes:
         data: dict[str, Any] = {"at": self.at, "n": self.count}
@@ -172,6 +183,8 @@ class Entry:
             data["f"] = self.filters
         if self.kept:
             data["k"] = 1
+        if self.moving:
+            data["mv"] = 1
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -179,7 +192,7 @@ class Entry:
         try:
             data = json.loads(raw)
             return cls(int(data["at"]), int(data.get("n", 0)), data.get("by"), data.get("g"), dict(data.get("f", {})),
-                       bool(data.get("k")))
+                       bool(data.get("k")), bool(data.get("mv")))
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls(0)  # a damaged entry is delivered rather than stuck: at least once
 

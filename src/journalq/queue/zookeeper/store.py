@@ -22,10 +22,16 @@ How it keeps its promises:
   consumer's claim whose visibility ran out is taken over by the next receive.
 - Delivery is at least once: a task leaves the queue only when a receipt of its latest delivery
   deletes it (or it goes to the dead-letter queue).
+- A deduplication id's record is created in the transaction of its first message's queue entry:
+  of senders racing with one id, one stores (``ZooKeeperTopic.send_many``).
+- Every call first reads the queue's node (``ZooKeeperTopic.check_present``): a queue deleted
+  since it was opened, or made anew under its name, is not worked on, and settings changed by
+  another process hold from the next call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -565,11 +571,21 @@ class ZooKeeperTopic:
         self.failed = False
         self._queue: ZooKeeperQueue | None = None
         self._last_gc_try = time.monotonic()
-        self._dedup_ready = False  # the queue's ``dedup`` node is known to exist
+        self._made: set[str] = set()  # nodes made as needed (``ensure_node``), known to exist
 
     @property
     def _zk(self) -> KazooClient:
         return self.broker.client
+
+    def ensure_node(self, path: str) -> None:
+        """Make the node ``path`` of the queue (``dedup``, ``conf/dead_letters``) unless it is
+        known to exist: made with its first use, as queues made by earlier versions have none."""
+        if path not in self._made:
+            try:
+                self._zk.create(path, b"")
+            except NodeExistsError:
+                pass
+            self._made.add(path)
 
     def use_settings(self, settings: QueueSettings, stat: Any) -> None:
         """The settings as read with their node's ``stat`` (unless newer ones were taken up)."""
@@ -693,12 +709,7 @@ class ZooKeeperTopic:
         if not wanted:
             return {}, same_as, {}
         zk, paths = self._zk, self.paths
-        if not self._dedup_ready:
-            try:
-                zk.create(paths.dedup, b"")  # (a queue made before the store deduplicated has none)
-            except NodeExistsError:
-                pass
-            self._dedup_ready = True
+        self.ensure_node(paths.dedup)
         reads = {i: zk.get_async(paths.dedup_record(dedup_id)) for dedup_id, i in wanted.items()}
         earlier: dict[int, str] = {}
         records: dict[int, tuple[str, int | None]] = {}
@@ -884,14 +895,15 @@ class ZooKeeperTopic:
 
     def conf(self) -> dict[str, Any]:
         """``conf``'s record: when the last collection began (``collected_at``, ms by the
-        server's clock) and by whom, and how many tasks went to the dead-letter queue (``dead``)."""
+        server's clock) and by whom, and how many tasks went to the dead-letter queue (``dead``)
+        before ``conf/dead_letters`` counted them."""
         try:
             data = json.loads(self._zk.get(self.paths.conf)[0] or b"{}")
         except ValueError:
             return {}  # damaged: the next collection writes it anew
         return data if isinstance(data, dict) else {}
 
-    def _update_conf(self, *, add_dead: int = 0, **fields: Any) -> None:
+    def _update_conf(self, **fields: Any) -> None:
         """Change ``conf``'s record at the version read (again when another changed it)."""
         zk = self._zk
         while True:
@@ -903,8 +915,6 @@ class ZooKeeperTopic:
             if not isinstance(data, dict):
                 data = {}
             data.update(fields)
-            if add_dead:
-                data["dead"] = int(data.get("dead", 0)) + add_dead
             try:
                 zk.set(self.paths.conf, json.dumps(data, sort_keys=True).encode(), stat.version)
                 return
@@ -1253,7 +1263,8 @@ class ZooKeeperQueue:
                 break
         won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
         if dead:
-            self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False))
+            self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False,
+                                        moving=True))
         received = []
         for task, entry, count, body, meta in won:
             env = envelope.decode_meta(body, meta) or Envelope(body)
@@ -1291,11 +1302,13 @@ class ZooKeeperQueue:
         return out
 
     def _claim(
-        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live, *, record: bool = True
+        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live, *, record: bool = True,
+        moving: bool = False,
     ) -> list[tuple[str, Entry, int, bytes, bytes]]:
         """Claim (task, entry, version, count, hide_ms) each, with the task's data and metadata
         read meanwhile; returns (task, new entry, count, data, metadata) of those won.
-        ``record``: write the tasks won in this consumer's ``current``.
+        ``record``: write the tasks won in this consumer's ``current``. ``moving``: claims of a
+        dead-letter mover (``Entry.moving``).
 
         The lock of the entry's holder is replaced (deleted in the claim's transaction) only when
         the entry says that its visibility ran out (``at`` <= ``now``): an entry that the claim's
@@ -1322,7 +1335,7 @@ class ZooKeeperQueue:
 
         planned = []
         for task, entry, version, count, hide_ms in wanted:
-            new = Entry(now + hide_ms, count, me, entry.group, entry.filters)
+            new = Entry(now + hide_ms, count, me, entry.group, entry.filters, moving=moving)
             expired = entry.at <= now
             replace = expired and entry.by is not None and not entry.kept and entry.by in live
             planned.append((task, new, version, expired, replace,
@@ -1377,8 +1390,9 @@ class ZooKeeperQueue:
             )
             for task, entry, count, body, meta in claimed
         ])
-        errors = self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None))
-        self.topic._update_conf(add_dead=sum(error is None for error in errors))
+        self.topic.ensure_node(self.paths.dead_letters)  # (counted as each is marked dead: ``_apply``)
+        self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None),
+                  moving=True)
 
     # -- acting on receipts -----------------------------------------------------------------
 
@@ -1407,11 +1421,13 @@ class ZooKeeperQueue:
         self.change_visibility(receipt, delay)
 
     def _act(
-        self, receipts: list[str], change: Callable[[int, Entry], tuple[str | None, int | None]]
+        self, receipts: list[str], change: Callable[[int, Entry], tuple[str | None, int | None]], *,
+        moving: bool = False,
     ) -> list[ReceiptError | None]:
         """Apply ``change`` to the delivery of each receipt that is its task's latest. ``change``
         gives (``finished`` or ``dead``, None) to end the task, or (None, ms) to hide it for that
-        long (0: release it)."""
+        long (0: release it). Unless ``moving`` (the dead-letter mover's own receipts), a task
+        that a mover claimed is refused."""
         zk, paths = self._zk, self.paths
         outcomes: list[ReceiptError | None] = [None] * len(receipts)
         todo: dict[int, tuple[str, int]] = {}
@@ -1451,6 +1467,12 @@ class ZooKeeperQueue:
                     outcomes[i] = StaleReceiptError(
                         f"receipt {receipts[i]!r}: task {task} was delivered again (delivery {entry.count}) after the "
                         f"delivery {count} that this receipt belongs to"
+                    )
+                    continue
+                if entry.moving and not moving:
+                    outcomes[i] = StaleReceiptError(
+                        f"receipt {receipts[i]!r}: task {task} is being moved to the dead-letter queue (its "
+                        f"visibility timeout ran out after its last receive of {count})"
                     )
                     continue
                 end, hide = change(i, entry)
@@ -1507,6 +1529,11 @@ class ZooKeeperQueue:
                     t.check(paths.task(task, "claim"), -1)  # the claim's session still lives
                 if end is not None or not hide:
                     t.set_data(paths.task(task, "state"), (end or INSERTED).encode())
+                if end == DEAD:
+                    # Counted in the transaction that marks it dead (a mover killed after it
+                    # could not count it): this raises the counter's child version by two.
+                    t.create(f"{paths.dead_letters}/{task}", b"")
+                    t.delete(f"{paths.dead_letters}/{task}")
             return add, (None if end is not None else written)
 
         planned = [change(*c, claim=True) for c in changes]
@@ -1646,7 +1673,8 @@ class ZooKeeperQueue:
                     delayed += 1
                 else:
                     in_flight += 1
-            dead = int(self.topic.conf().get("dead", 0))
+            counter = zk.exists(paths.dead_letters)
+            dead = int(self.topic.conf().get("dead", 0)) + (counter.cversion // 2 if counter is not None else 0)
             oldest = max(0.0, (time.time_ns() - sent_at_ns(names[0])) / 1e9) if names else None
             return ChannelStats(available, in_flight, delayed, dead, oldest)
 
@@ -1674,7 +1702,7 @@ class ZooKeeperQueue:
                 current = paths.consumer(self.consumer_id, "current")
                 writes = [zk.transaction() for _ in mine]
                 for t, (task, entry, version) in zip(writes, mine):
-                    kept = Entry(entry.at, entry.count, entry.by, entry.group, entry.filters, kept=True)
+                    kept = dataclasses.replace(entry, kept=True)
                     t.set_data(paths.entry(task), kept.encode(), version)
                     t.check(current, -1)  # kept only while the session that claimed it lives
                 for result in [t.commit_async() for t in writes]:
