@@ -204,13 +204,20 @@ KILLED_MOVING = textwrap.dedent(
 )
 
 
-def test_killed_after_moving_a_dead_letter_moves_it_once(store_root: Path | str, child_env: dict) -> None:
-    with Broker(store_root, sync="none") as broker:
+def poison_moved_by_a_killed_mover(root: Path | str, mover: str, child_env: dict) -> str:
+    """A message received once from queue ``jobs`` (whose ``max_receive_count`` is 1, and
+    dead-letter queue ``jobs-dlq``), then the process ``mover`` (code given ``root``), which
+    receives, and kills itself as it moves the message; returns the message's id."""
+    with Broker(root, sync="none") as broker:
         q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
         poison = q.send(b"poison")
         assert [m.id for m in q.receive(visibility_timeout=0)] == [poison]
-    mover = spawn(KILLED_MOVING, store_root, env=child_env)
-    assert mover.wait(60) == -signal.SIGKILL
+    assert spawn(mover, root, env=child_env).wait(60) == -signal.SIGKILL
+    return poison
+
+
+def test_killed_after_moving_a_dead_letter_moves_it_once(store_root: Path | str, child_env: dict) -> None:
+    poison = poison_moved_by_a_killed_mover(store_root, KILLED_MOVING, child_env)
     with Broker(store_root, sync="none") as broker:
         q = broker.queue("jobs")
         # A receive moves it again (the move before was never recorded) once the mover's claim

@@ -642,12 +642,11 @@ with Broker(sys.argv[1], session_timeout=1.0) as broker:
 
 
 def test_a_dead_letter_mover_killed_after_its_move_counted_it(url: str, child_env: dict) -> None:
+    from test_queue_dead_letters import poison_moved_by_a_killed_mover
+
+    poison = poison_moved_by_a_killed_mover(url, KILLED_AFTER_MARKING, child_env)
     with Broker(url, sync="none") as broker:
-        q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
-        poison = q.send(b"poison")
-        assert [m.id for m in q.receive(visibility_timeout=0)] == [poison]
-        mover = spawn(KILLED_AFTER_MARKING, url, env=child_env)
-        assert mover.wait(60) == -signal.SIGKILL
+        q = broker.queue("jobs")
         assert q.task(poison).state == "dead"
         assert q.stats().dead == 1  # counted in the transaction that marked it
 
