@@ -198,7 +198,8 @@ KILLED_MOVING = textwrap.dedent(
             target.send_many = lambda items: (send(items), os.kill(os.getpid(), signal.SIGKILL))
         move(self, dead)
     Mover._send_dead = mover
-    with Broker(sys.argv[1], sync="always", **({"session_timeout": 1.0} if sys.argv[1].startswith("zk://") else {})) as broker:
+    options = {"session_timeout": 1.0} if sys.argv[1].startswith("zk://") else {}  # (its claims end soon)
+    with Broker(sys.argv[1], sync="always", **options) as broker:
         broker.queue("jobs").receive(10)
     """
 )

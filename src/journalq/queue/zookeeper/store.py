@@ -698,7 +698,7 @@ class ZooKeeperTopic:
         send with its deduplication id within the window), (index -> index of the first in the
         batch with its id), and for each first of an id, its record's node and the version of an
         expired record there (None: none). Read from the queue's ``dedup`` records, together."""
-        wanted = {}
+        wanted: dict[str, int] = {}  # id -> index of the first in the batch with it
         same_as: dict[int, int] = {}
         for i, env in enumerate(envelopes):
             if env.dedup_id is not None:
@@ -710,12 +710,13 @@ class ZooKeeperTopic:
             return {}, same_as, {}
         zk, paths = self._zk, self.paths
         self.ensure_node(paths.dedup)
-        reads = {i: zk.get_async(paths.dedup_record(dedup_id)) for dedup_id, i in wanted.items()}
+        nodes = {i: paths.dedup_record(dedup_id) for dedup_id, i in wanted.items()}
+        reads = {i: zk.get_async(path) for i, path in nodes.items()}
         earlier: dict[int, str] = {}
         records: dict[int, tuple[str, int | None]] = {}
         now, window = _now_ms(), int(self.settings.dedup_window * 1000)
         for i, read in reads.items():
-            path = paths.dedup_record(envelopes[i].dedup_id or "")
+            path = nodes[i]
             try:
                 raw, stat = read.get()
             except NoNodeError:
