@@ -127,7 +127,6 @@ def test_receive_delete_flag_and_filters_on_send(data: Path) -> None:
     assert (stats["available"], stats["in_flight"]) == (0, 0)
 
 
-@pytest.mark.files_only("the ZooKeeper store does not deduplicate")
 def test_dedup_id_and_delay(data: Path) -> None:
     first = ok(data, "send", "jobs", "x", "--dedup-id", "d1")
     assert ok(data, "send", "jobs", "x", "--dedup-id", "d1") == first
@@ -200,7 +199,6 @@ def test_stats_counts_and_purge(data: Path) -> None:
     assert receive(data, "a", "-n", 10) == []
 
 
-@pytest.mark.files_only("--content-based-dedup: the ZooKeeper store does not deduplicate")
 def test_create_list_and_delete_queue(data: Path) -> None:
     [created] = ok(data, "create", "jobs", "--visibility-timeout", 5, "--delay", 1, "--retention-seconds", "none",
                    "--fifo", "--content-based-dedup", "--enum", "size=s,m,l")

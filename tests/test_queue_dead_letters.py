@@ -177,47 +177,67 @@ def test_bad_redrives(broker: Broker) -> None:
     assert dlq.stats().available == 1
 
 
-# Killed right after it moved a dead letter, before it recorded the move in the channel.
+# Killed right after it moved a dead letter, before it recorded the move (in the channel, or
+# the task's state in ZooKeeper).
 KILLED_MOVING = textwrap.dedent(
     """
     import os, signal, sys
-    import journalq.queue.channel as channel_module
     from journalq.queue import Broker
 
-    move = channel_module.Channel._send_dead
-    def move_and_die(self, dead):
+    if sys.argv[1].startswith("zk://"):
+        from journalq.queue.zookeeper.store import ZooKeeperQueue as Mover
+    else:
+        from journalq.queue.channel import Channel as Mover
+
+    move, send = Mover._send_dead, None
+    def mover(self, dead):
+        global send
+        if dead and send is None:
+            target = self.topic.broker.queue("jobs-dlq")
+            send = target.send_many
+            target.send_many = lambda items: (send(items), os.kill(os.getpid(), signal.SIGKILL))
         move(self, dead)
-        os.kill(os.getpid(), signal.SIGKILL)
-    channel_module.Channel._send_dead = move_and_die
-    with Broker(sys.argv[1], sync="always") as broker:
+    Mover._send_dead = mover
+    options = {"session_timeout": 1.0} if sys.argv[1].startswith("zk://") else {}  # (its claims end soon)
+    with Broker(sys.argv[1], sync="always", **options) as broker:
         broker.queue("jobs").receive(10)
     """
 )
 
 
-def test_killed_after_moving_a_dead_letter_moves_it_once(tmp_path: Path, child_env: dict) -> None:
-    with Broker(tmp_path, sync="none") as broker:
+def poison_moved_by_a_killed_mover(root: Path | str, mover: str, child_env: dict) -> str:
+    """A message received once from queue ``jobs`` (whose ``max_receive_count`` is 1, and
+    dead-letter queue ``jobs-dlq``), then the process ``mover`` (code given ``root``), which
+    receives, and kills itself as it moves the message; returns the message's id."""
+    with Broker(root, sync="none") as broker:
         q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
         poison = q.send(b"poison")
         assert [m.id for m in q.receive(visibility_timeout=0)] == [poison]
-    mover = spawn(KILLED_MOVING, tmp_path, env=child_env)
-    assert mover.wait(60) == -signal.SIGKILL
-    with Broker(tmp_path, sync="none") as broker:
+    assert spawn(mover, root, env=child_env).wait(60) == -signal.SIGKILL
+    return poison
+
+
+def test_killed_after_moving_a_dead_letter_moves_it_once(store_root: Path | str, child_env: dict) -> None:
+    poison = poison_moved_by_a_killed_mover(store_root, KILLED_MOVING, child_env)
+    with Broker(store_root, sync="none") as broker:
         q = broker.queue("jobs")
-        assert q.receive(10) == []  # moves it again: the move before was never recorded
+        # A receive moves it again (the move before was never recorded) once the mover's claim
+        # is over (on ZooKeeper, when its session ends).
+        deadline = time.monotonic() + 30
+        while q.task(poison).state != "dead" and time.monotonic() < deadline:
+            assert q.receive(10, wait=0.2) == []
         assert q.stats().dead == 1 and q.task(poison).state == "dead"
         dead = broker.queue("jobs-dlq").receive(10)
         assert [(m.body, m.source["id"]) for m in dead] == [(b"poison", poison)], "moved twice"
 
 
-def test_dead_letters_of_one_body_are_kept_by_a_content_deduplicating_queue(tmp_path: Path) -> None:
+def test_dead_letters_of_one_body_are_kept_by_a_content_deduplicating_queue(broker: Broker) -> None:
     # Each move has a deduplication id of its own: two messages with one body are two dead
     # letters (the dead-letter queue's content_based_dedup once dropped the second).
-    with Broker(tmp_path, sync="none") as broker:
-        broker.queue("jobs-dlq", content_based_dedup=True)
-        q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
-        ids = [q.send(b"same"), q.send(b"same")]
-        assert len(q.receive(10, visibility_timeout=0)) == 2
-        assert q.receive(10) == []
-        assert q.stats().dead == 2
-        assert sorted(m.source["id"] for m in broker.queue("jobs-dlq").receive(10)) == ids
+    broker.queue("jobs-dlq", content_based_dedup=True)
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+    ids = [q.send(b"same"), q.send(b"same")]
+    assert len(q.receive(10, visibility_timeout=0)) == 2
+    assert q.receive(10) == []
+    assert q.stats().dead == 2
+    assert sorted(m.source["id"] for m in broker.queue("jobs-dlq").receive(10)) == ids

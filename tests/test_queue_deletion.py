@@ -127,13 +127,20 @@ def test_a_sharded_delete_cut_short_can_be_done_again(tmp_path: Path, child_env:
         assert [m.body for m in q.receive(10)] == [b"new"]
 
 
+def _no_shards_on_zookeeper(store_root: Path | str, shards: int) -> None:
+    if shards > 1 and not isinstance(store_root, Path):
+        pytest.skip("the ZooKeeper store has no shards")
+
+
 @pytest.mark.parametrize("shards", [1, 2])
-def test_a_queue_deleted_and_made_again_by_another_process(tmp_path: Path, shards: int) -> None:
+def test_a_queue_deleted_and_made_again_by_another_process(store_root: Path | str, shards: int) -> None:
     """A process that had the queue open neither sends into the deleted directory (a send that
     says it stored what no one can read), nor takes the new queue of the same name for the one it
     opened (its state would skip new messages and give out others twice): QueueNotFoundError, and
-    ``broker.queue`` opens the new queue."""
-    with Broker(tmp_path, sync="none") as mine, Broker(tmp_path, sync="none") as other:
+    ``broker.queue`` opens the new queue. (On ZooKeeper: neither sends into the new queue nor acts
+    on its tasks.)"""
+    _no_shards_on_zookeeper(store_root, shards)
+    with Broker(store_root, sync="none") as mine, Broker(store_root, sync="none") as other:
         q = mine.queue("jobs", shards=shards)
         q.send_many([{"body": b"old %d" % i, "group_id": "g"} for i in range(2)])  # one shard
         (m,) = q.receive()
@@ -144,7 +151,8 @@ def test_a_queue_deleted_and_made_again_by_another_process(tmp_path: Path, shard
                 call()
         again = other.queue("jobs", shards=shards)
         again.send_many([{"body": b"new %d" % i, "group_id": "g"} for i in range(3)])
-        for call in (lambda: q.send(b"lost"), q.receive, q.stats, lambda: q.delete(m.receipt)):
+        for call in (lambda: q.send(b"lost"), q.receive, q.stats, lambda: q.delete(m.receipt),
+                     lambda: q.release(m.receipt), lambda: q.task(m.id), lambda: q.delete_id(m.id), q.purge):
             with pytest.raises(QueueNotFoundError, match="deleted"):
                 call()
         with pytest.raises(QueueNotFoundError, match="deleted"):
@@ -157,17 +165,20 @@ def test_a_queue_deleted_and_made_again_by_another_process(tmp_path: Path, shard
 
 
 @pytest.mark.parametrize("shards", [1, 2])
-def test_what_was_got_of_a_deleted_queue_refuses_to_work(tmp_path: Path, shards: int) -> None:
+def test_what_was_got_of_a_deleted_queue_refuses_to_work(store_root: Path | str, shards: int) -> None:
     """A queue object of the broker that deleted the queue: a send made the directory again (a
     journal without settings, which the next queue of that name took in) and said it stored."""
-    with Broker(tmp_path, sync="none") as broker:
+    _no_shards_on_zookeeper(store_root, shards)
+    with Broker(store_root, sync="none") as broker:
         q = broker.queue("jobs", shards=shards)
         q.send(b"before")
         broker.delete("jobs")
         for call in (lambda: q.send(b"after"), q.receive, q.stats):
             with pytest.raises(QueueNotFoundError, match="deleted"):
                 call()
-        assert not (tmp_path / "jobs").exists()
+        assert not broker.exists("jobs") and broker.names() == []
+        if isinstance(store_root, Path):
+            assert not (store_root / "jobs").exists()
         again = broker.queue("jobs", shards=shards)
         with pytest.raises(QueueNotFoundError, match="deleted"):
             q.receive()

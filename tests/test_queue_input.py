@@ -209,7 +209,6 @@ def test_bad_message_options(filled, options: dict) -> None:
     broker.queue("jobs", enums={})
 
 
-@pytest.mark.files_only("the ZooKeeper store checks its settings itself")
 def test_a_queue_cannot_be_its_own_dead_letter_queue(filled) -> None:
     broker, q, _ = filled
     with pytest.raises(InvalidSettingError, match="own dead-letter queue"):
@@ -219,7 +218,6 @@ def test_a_queue_cannot_be_its_own_dead_letter_queue(filled) -> None:
     assert no_trace(broker, "new")
 
 
-@pytest.mark.files_only("the ZooKeeper store has ids and metadata of its own")
 @pytest.mark.parametrize("message_id", [True, 1, " 1", "1 ", "+1", "1_0", "-1", "1.0", "\u0661"], ids=repr)
 def test_ids_that_no_message_has(filled, message_id: object) -> None:
     _, q, _ = filled
@@ -228,7 +226,6 @@ def test_ids_that_no_message_has(filled, message_id: object) -> None:
             call(message_id)
 
 
-@pytest.mark.files_only("the ZooKeeper store has ids and metadata of its own")
 def test_task_metadata_that_is_not_json(filled) -> None:
     _, q, m1 = filled
     for metadata in ({"x": float("nan")}, {1, 2}):
@@ -237,7 +234,6 @@ def test_task_metadata_that_is_not_json(filled) -> None:
     assert q.task(m1.id).metadata is None
 
 
-@pytest.mark.files_only("the ZooKeeper store has a delete_many of its own")
 def test_one_receipt_where_a_list_is_due(filled) -> None:
     _, q, m1 = filled
     with pytest.raises(InvalidSettingError, match="not one receipt"):

@@ -20,7 +20,7 @@ import pytest
 from journalq.errors import InvalidMessageError, InvalidSettingError, StoreUnavailableError, TaskNotFoundError
 from journalq.queue import Broker
 from journalq.queue.zookeeper import parse_url
-from journalq.queue.zookeeper.layout import Entry, TaskFacts, collectable
+from journalq.queue.zookeeper.layout import DedupRecord, Entry, TaskFacts, collectable, dedup_collectable
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
 
@@ -115,11 +115,11 @@ def test_a_broker_that_fails_to_open_closes_its_session(url: str, monkeypatch: p
 
 
 def test_what_the_store_cannot_do_is_refused(broker) -> None:
-    with pytest.raises(InvalidSettingError, match="deduplicate"):
-        broker.queue("jobs", content_based_dedup=True)
+    with pytest.raises(InvalidSettingError, match="retention by size"):
+        broker.queue("jobs", retention_bytes=10**6)
+    with pytest.raises(InvalidSettingError, match="no shards"):
+        broker.queue("jobs", shards=2)
     q = broker.queue("jobs")
-    with pytest.raises(Exception, match="deduplicate"):
-        q.send(b"x", dedup_id="d")
     with pytest.raises(Exception, match="one channel per queue"):
         q.topic.channel("other")
     with pytest.raises(Exception, match="over the ZooKeeper store"):
@@ -197,6 +197,69 @@ def test_a_batch_that_stored_nothing_raises_its_own_error(broker, monkeypatch: p
         q.send_many([b"a", b"b", b"c"])
     monkeypatch.undo()
     assert not isinstance(failed.value, PartialSendError) and q.receive(10, wait=0) == []
+
+
+def test_two_senders_racing_with_one_dedup_id_store_one_message(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both read no record of the id; the first to write its entry stores its message, and the
+    other's entry fails on the record: it returns the first's id, deletes what it wrote, and
+    still stores the rest of its batch."""
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        qa, qb = a.queue("jobs"), b.queue("jobs")
+        write = qb.topic._write
+        firsts: list[str] = []
+
+        def after_the_other(chunks):
+            firsts.append(qa.send(b"from a", dedup_id="same"))  # between b's read and b's writes
+            return write(chunks)
+
+        monkeypatch.setattr(qb.topic, "_write", after_the_other)
+        ids = qb.send_many([{"body": b"from b", "dedup_id": "same"}, b"other"])
+        monkeypatch.undo()
+        assert ids[0] == firsts[0] and ids[1] != ids[0]
+        assert sorted((m.id, m.body) for m in qb.receive(10)) == sorted([(firsts[0], b"from a"), (ids[1], b"other")])
+        zk = a.client
+        assert sorted(zk.get_children(f"{a.path}/jobs/tasks")) == sorted(ids)  # b's duplicate is gone
+        assert len(zk.get_children(f"{a.path}/jobs/dedup")) == 1
+
+
+def test_threads_of_many_brokers_sending_one_dedup_id_store_it_once(url: str) -> None:
+    brokers = [Broker(url, sync="none") for _ in range(4)]
+    try:
+        queues = [b.queue("jobs") for b in brokers]
+        got: list[list[str]] = [[] for _ in queues]
+        start = threading.Barrier(len(queues))
+
+        def send(n: int) -> None:
+            start.wait()
+            got[n] = queues[n].send_many([{"body": b"%d" % i, "dedup_id": f"id-{i}"} for i in range(20)])
+
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(len(queues))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(ids == got[0] for ids in got) and len(set(got[0])) == 20
+        assert sorted(m.id for m in queues[0].receive(100)) == sorted(got[0])
+    finally:
+        for b in brokers:
+            b.close()
+
+
+def test_gc_deletes_the_dedup_records_whose_window_is_over(broker) -> None:
+    q = broker.queue("jobs", dedup_window=0.2)
+    zk, dedup = broker.client, f"{broker.path}/jobs/dedup"
+    first = q.send(b"x", dedup_id="short")
+    time.sleep(0.3)
+    later = q.send(b"y", dedup_id="long")
+    made = {json.loads(zk.get(f"{dedup}/{name}")[0])["id"]: zk.exists(f"{dedup}/{name}").ctime
+            for name in zk.get_children(dedup)}
+    q.topic._collect_dedup(made[later] + 100)  # (times are the server's) the first's window is over
+    (kept,) = zk.get_children(dedup)
+    assert json.loads(zk.get(f"{dedup}/{kept}")[0])["id"] == later
+    time.sleep(0.3)
+    q.topic.gc()
+    assert zk.get_children(dedup) == []
+    assert q.send(b"x again", dedup_id="short") not in (first, later)
 
 
 def test_messages_too_large_for_zookeeper_are_refused_before_anything_is_written(broker) -> None:
@@ -402,6 +465,35 @@ def test_a_consumer_that_closes_keeps_its_tasks_hidden_for_their_visibility(url:
         assert again.id == held.id and again.receive_count == 2
 
 
+def test_a_stale_receipt_cannot_delete_a_task_that_a_dead_letter_mover_claimed(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer's visibility ran out; a mover claims the task for the dead-letter queue (its
+    receive count ran out), and then the consumer deletes with its receipt: refused, else the
+    task were both deleted and dead-lettered (the mover's mark then failed, and stats missed it)."""
+    from journalq.errors import StaleReceiptError
+
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        qa = a.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        task = qa.send(b"x")
+        (m,) = qa.receive(visibility_timeout=0.2)
+        time.sleep(0.3)
+        qb = b.queue("jobs")
+        move = qb._send_dead
+        refused: list[object] = []
+
+        def consumer_deletes_first(claimed: list) -> None:
+            refused.extend(qa.delete_many([m.receipt]))  # between the mover's claim and its move
+            move(claimed)
+
+        monkeypatch.setattr(qb, "_send_dead", consumer_deletes_first)
+        assert qb.receive(10) == []
+        monkeypatch.undo()
+        assert isinstance(refused[0], StaleReceiptError) and "dead-letter queue" in str(refused[0])
+        assert qa.task(task).state == "dead" and qa.stats().dead == 1
+        assert [d.source["id"] for d in a.queue("jobs-dlq").receive(10)] == [task]
+
+
 # -- processes -------------------------------------------------------------------------------
 
 CONSUMER = """
@@ -531,6 +623,34 @@ RETRYING_CONSUMER = """
 """
 
 
+# Killed right after it marked its dead letters dead, as it would have counted them.
+KILLED_AFTER_MARKING = """
+import os, signal, sys
+from journalq.queue import Broker
+from journalq.queue.zookeeper.store import ZooKeeperQueue
+
+act = ZooKeeperQueue._act
+def act_and_die(self, receipts, change, **options):
+    outcomes = act(self, receipts, change, **options)
+    if change(0, None)[0] == "dead":  # (the mover's: it ends the tasks as dead)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return outcomes
+ZooKeeperQueue._act = act_and_die
+with Broker(sys.argv[1], session_timeout=1.0) as broker:
+    broker.queue("jobs").receive(10)
+"""
+
+
+def test_a_dead_letter_mover_killed_after_its_move_counted_it(url: str, child_env: dict) -> None:
+    from test_queue_dead_letters import poison_moved_by_a_killed_mover
+
+    poison = poison_moved_by_a_killed_mover(url, KILLED_AFTER_MARKING, child_env)
+    with Broker(url, sync="none") as broker:
+        q = broker.queue("jobs")
+        assert q.task(poison).state == "dead"
+        assert q.stats().dead == 1  # counted in the transaction that marked it
+
+
 def test_server_killed_and_restarted_mid_load_loses_no_acknowledged_message(tmp_path: Path, child_env: dict) -> None:
     from journalq.queue.zookeeper.server import ZooKeeperServer
 
@@ -649,6 +769,11 @@ def test_gc_decisions_are_pure() -> None:
     assert collectable(TaskFacts(0, None, 0, False), now, life, grace)
     assert Entry.decode(Entry(5, 2, "c", "g", {"f": "v"}).encode()) == Entry(5, 2, "c", "g", {"f": "v"})
     assert Entry.decode(b"{damaged").at == 0  # delivered rather than stuck
+    assert Entry.decode(Entry(5, 1, "m", kept=True, moving=True).encode()) == Entry(5, 1, "m", kept=True, moving=True)
+    record = DedupRecord("123", now - 5_000)
+    assert DedupRecord.decode(record.encode()) == record and DedupRecord.decode(b'{"id": "x/y", "at": 1}') is None
+    assert record.holds(now, 5_000) and not record.holds(now, 4_999)  # the window, as on files
+    assert dedup_collectable(now - 5_001, now, 5_000) and not dedup_collectable(now - 5_000, now, 5_000)
 
 
 def test_task_ids_and_receipts_are_pure() -> None:

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from journalq.closing import Closing
-from journalq.errors import InvalidSettingError, QueueNotFoundError
+from journalq.errors import QueueNotFoundError
 from journalq.journal.recovery import fsync_dir
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
 from journalq.queue.removal import remove_directory, remove_leftovers
-from journalq.queue.settings import QueueSettings, check_name
+from journalq.queue.settings import QueueSettings, check_for_queue, check_name
 from journalq.queue.sharded import ShardedQueue
 from journalq.queue.topic import Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
@@ -71,7 +71,7 @@ class Broker(Closing):
         if current is None:
             if not create:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-            wanted = _own_settings(name, QueueSettings().replace(**settings))
+            wanted = check_for_queue(name, QueueSettings().replace(**settings))
             sharded.check_new(self.root, name, wanted)
             path.mkdir(parents=True, exist_ok=True)
             if settings_file.create(path, wanted, durable=self.durable):
@@ -81,7 +81,7 @@ class Broker(Closing):
                 if current is None:
                     raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted as it was made")
         if settings:
-            updated = _own_settings(name, current.replace(**settings))
+            updated = check_for_queue(name, current.replace(**settings))
             if updated != current:
                 sharded.check_change(name, current, updated)
                 settings_file.save(path, updated, durable=self.durable)
@@ -170,11 +170,3 @@ class Broker(Closing):
             topic.close()
         self._topics.clear()
         self._queues.clear()
-
-
-def _own_settings(name: str, settings: QueueSettings) -> QueueSettings:
-    """``settings`` for the topic ``name``, checked for what needs its name: a queue that were its
-    own dead-letter queue would send each dead letter back to itself, and never let it go."""
-    if settings.dead_letter_queue == name:
-        raise InvalidSettingError(f"queue {name!r} cannot be its own dead-letter queue")
-    return settings

@@ -132,6 +132,15 @@ def encode_meta(envelope: Envelope, *, filters: bool = True) -> bytes:
         raise InvalidMessageError(f"message metadata cannot be stored as JSON: {exc}") from None
 
 
+def encode_task_metadata(metadata: Any) -> bytes:
+    """Task metadata (``set_metadata``) as compact JSON, or ``InvalidMessageError`` when it is
+    not JSON (no NaN or infinities either: other readers could not parse them)."""
+    try:
+        return json.dumps(metadata, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"task metadata must be JSON: {exc}") from None
+
+
 def decode(type_: int, value: bytes) -> Envelope:
     """The envelope of a stored message; plain (or unreadable) ones are all body."""
     if type_ != ENVELOPE_TYPE or not value.startswith(_MAGIC) or len(value) < _PREFIX:

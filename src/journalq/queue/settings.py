@@ -137,6 +137,15 @@ class QueueSettings:
         return cls().replace(**data)
 
 
+def check_for_queue(name: str, settings: QueueSettings) -> QueueSettings:
+    """``settings`` for the queue or topic ``name``, checked for what needs its name (by every
+    store): a queue that were its own dead-letter queue would send each dead letter back to
+    itself, and never let it go."""
+    if settings.dead_letter_queue == name:
+        raise InvalidSettingError(f"queue {name!r} cannot be its own dead-letter queue")
+    return settings
+
+
 SETTINGS_FILE = "queue.json"
 
 

@@ -14,15 +14,23 @@ One queue is one zkmq directory under the broker's path::
             /claim                 ephemeral: the lock of the consumer that holds the task
         /consumers/<id>            a consumer: one session of a queue handle (a new id in each)
             /current               ephemeral while the consumer lives: the ids it last received
+        /dedup/<key>               a deduplication id sent within the window (made with the first
+                                   send's queue entry): JSON, the task it names and when it was sent;
+                                   ``key`` is the id's SHA-256 (an id may hold any character)
         /conf                      data (JSON): when the last collection began and by whom, and
-                                   how many tasks went to the dead-letter queue
+                                   how many tasks went to the dead-letter queue (counted so before
+                                   ``dead_letters``)
             /task_gc_lifetime      seconds, as text
             /task_gc_interval      seconds, as text
             /lock                  ephemeral, held by whoever collects now
+            /dead_letters          counts the tasks moved to the dead-letter queue (with ``conf``'s
+                                   count of before): its child version, which the transaction that
+                                   marks a task dead raises by two (a child made and deleted)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -33,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from journalq.errors import InvalidMessageError, InvalidSettingError, ReceiptError
+from journalq.queue.envelope import parse_message_id
 
 SCHEME = "zk://"
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
@@ -93,6 +102,19 @@ class Paths:
     def conf(self) -> str:
         return f"{self.dir}/conf"
 
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.dir}/conf/dead_letters"
+
+    @property
+    def dedup(self) -> str:
+        return f"{self.dir}/dedup"
+
+    def dedup_record(self, dedup_id: str) -> str:
+        """The node of a deduplication id: named by its SHA-256, as an id may hold any character
+        (a '/', say) and a node name may not."""
+        return f"{self.dir}/dedup/{hashlib.sha256(dedup_id.encode()).hexdigest()}"
+
     def entry(self, task: str) -> str:
         return f"{self.dir}/queue/{task}"
 
@@ -120,8 +142,11 @@ class TaskIds:
 
 
 def check_task_id(task: object) -> str:
-    """A task id as given: digits only (anything else cannot name a task, nor a node)."""
-    if not isinstance(task, str) or not task.isascii() or not task.isdigit() or len(task) > 40:
+    """A task id as given: digits only, as the file store's ids (anything else cannot name a
+    task, nor a node), and at most 40 of them."""
+    parse_message_id(task)  # type: ignore[arg-type]
+    assert isinstance(task, str)
+    if len(task) > 40:
         raise InvalidMessageError(f"message id {task!r} is not one of this queue's ids")
     return task
 
@@ -136,7 +161,9 @@ class Entry:
     """A pending task's queue entry: visible from ``at`` (ms since the epoch); received ``count``
     times; held by consumer ``by`` (None when nobody claimed it since it was sent or released).
     ``kept``: its consumer left cleanly (closed), so the visibility timeout still holds; a
-    consumer that died (its session ended) gives its tasks back at once instead."""
+    consumer that died (its session ended) gives its tasks back at once instead. ``moving``: the
+    claim is a dead-letter mover's (the receive count ran out), which no receipt of an earlier
+    delivery may delete or change: the task would be both deleted and dead-lettered."""
 
     at: int
     count: int = 0
@@ -144,6 +171,7 @@ class Entry:
     group: str | None = None
     filters: dict[str, str] = field(default_factory=dict)
     kept: bool = False
+    moving: bool = False
 
     def encode(self) -> bytes:
         data: dict[str, Any] = {"at": self.at, "n": self.count}
@@ -155,6 +183,8 @@ class Entry:
             data["f"] = self.filters
         if self.kept:
             data["k"] = 1
+        if self.moving:
+            data["mv"] = 1
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -162,7 +192,7 @@ class Entry:
         try:
             data = json.loads(raw)
             return cls(int(data["at"]), int(data.get("n", 0)), data.get("by"), data.get("g"), dict(data.get("f", {})),
-                       bool(data.get("k")))
+                       bool(data.get("k")), bool(data.get("mv")))
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls(0)  # a damaged entry is delivered rather than stuck: at least once
 
@@ -187,6 +217,37 @@ def parse_receipt(value: object) -> tuple[str, int]:
     if match is None:
         raise ReceiptError(f"receipt {value!r} is not a receipt of this queue")
     return match[1], int(match[2])
+
+
+@dataclass(frozen=True)
+class DedupRecord:
+    """What a deduplication id's node holds: the task that the first send with it made, and when
+    that was sent (ms since the epoch, by the sender's clock, as the queue entry's times)."""
+
+    task: str
+    at: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"id": self.task, "at": self.at}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> DedupRecord | None:
+        """The record, or None when it is damaged (then it deduplicates nothing: replaced)."""
+        try:
+            data = json.loads(raw)
+            return cls(check_task_id(data["id"]), int(data["at"]))
+        except (ValueError, TypeError, KeyError, InvalidMessageError):
+            return None
+
+    def holds(self, now_ms: int, window_ms: int) -> bool:
+        """Whether a send now with the same id is a duplicate: within the window (as on files)."""
+        return self.at >= now_ms - window_ms
+
+
+def dedup_collectable(created_ms: int, now_ms: int, window_ms: int) -> bool:
+    """Whether the collector deletes a deduplication record made at ``created_ms`` (both times
+    the server's): once the window is over, it deduplicates nothing."""
+    return created_ms < now_ms - window_ms
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,16 @@ How it keeps its promises:
   consumer's claim whose visibility ran out is taken over by the next receive.
 - Delivery is at least once: a task leaves the queue only when a receipt of its latest delivery
   deletes it (or it goes to the dead-letter queue).
+- A deduplication id's record is created in the transaction of its first message's queue entry:
+  of senders racing with one id, one stores (``ZooKeeperTopic.send_many``).
+- Every call first reads the queue's node (``ZooKeeperTopic.check_present``): a queue deleted
+  since it was opened, or made anew under its name, is not worked on, and settings changed by
+  another process hold from the next call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -70,14 +76,22 @@ from journalq.errors import (
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
-from journalq.queue.channel import MAX_VISIBILITY, ChannelStats, ReceivedMessage, Task, receive_arguments
+from journalq.queue.channel import (
+    MAX_VISIBILITY,
+    ChannelStats,
+    ReceivedMessage,
+    Task,
+    check_receipt_list,
+    receive_arguments,
+)
 from journalq.queue.envelope import Envelope, resend
-from journalq.queue.settings import QueueSettings, check_name, check_number
+from journalq.queue.settings import QueueSettings, check_for_queue, check_name, check_number
 from journalq.queue.topic import OutgoingMessage, Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper.layout import (
     CLAIMED,
     DEAD,
+    DedupRecord,
     FINISHED,
     INSERTED,
     Entry,
@@ -86,6 +100,7 @@ from journalq.queue.zookeeper.layout import (
     TaskIds,
     check_task_id,
     collectable,
+    dedup_collectable,
     parse_receipt,
     parse_url,
     receipt,
@@ -250,6 +265,11 @@ class _Outgoing:
     sent_ns: int
     envelope: Envelope
     metadata: bytes  # the ``metadata`` node's data
+    dedup: tuple[str, int | None] | None = None
+    """Its deduplication id's node, and the version of an expired record there to replace (None:
+    there is none to replace); None without a deduplication id."""
+    duplicate_of: str | None = None
+    """The task of an earlier send with its deduplication id, found as its entry was written."""
 
 
 class ZooKeeperBroker(Closing):
@@ -346,30 +366,39 @@ class ZooKeeperBroker(Closing):
 
     def _load(self, name: str) -> QueueSettings | None:
         """The settings of queue ``name`` (None when there is none), within a ``call``."""
+        loaded = self._load_with_stat(name)
+        return None if loaded is None else loaded[0]
+
+    def _load_with_stat(self, name: str) -> tuple[QueueSettings, Any] | None:
+        """The settings of queue ``name`` and the stat of its node as they were read (which
+        queue of that name it is: ``czxid``; which change of its settings: ``version``), or
+        None when there is no such queue; within a ``call``."""
         paths = self.paths(name)
         zk = self.client
         results = [zk.get_async(p) for p in (paths.dir, *(f"{paths.conf}/{s}" for s in _GC_SETTINGS))]
         try:
-            raw, *gc = [r.get()[0] for r in results]
+            (raw, stat), *gc = [r.get() for r in results]
         except NoNodeError:
             return None
         if not raw:
-            return None
+            return None  # being deleted
         try:
             data = json.loads(raw)
-            for setting, value in zip(_GC_SETTINGS, gc):
+            for setting, (value, _) in zip(_GC_SETTINGS, gc):
                 data[setting] = float(value)
-            return QueueSettings.from_json(data)
+            return QueueSettings.from_json(data), stat
         except (ValueError, TypeError) as exc:
             raise InvalidSettingError(f"cannot read the settings of {paths.dir} on {self.hosts}: {exc}") from None
 
     @staticmethod
-    def _check(settings: QueueSettings) -> QueueSettings:
-        """Settings this store can keep (see README: the ZooKeeper store's limits)."""
-        if settings.content_based_dedup:
-            raise InvalidSettingError("the ZooKeeper store does not deduplicate: content_based_dedup cannot be set")
+    def _check(name: str, settings: QueueSettings) -> QueueSettings:
+        """Settings this store can keep for queue ``name`` (the file store's check of what needs
+        the name, and README's limits of the ZooKeeper store)."""
+        check_for_queue(name, settings)
         if settings.retention_bytes is not None:
             raise InvalidSettingError("the ZooKeeper store has no retention by size: retention_bytes cannot be set")
+        if settings.shards != 1:  # (it was kept, and meant nothing)
+            raise InvalidSettingError("the ZooKeeper store has no shards: shards cannot be set")
         return settings
 
     @staticmethod
@@ -408,30 +437,39 @@ class ZooKeeperBroker(Closing):
         check_name(name)
         with self._lock:
             topic = self._topics.get(name)
+            if topic is not None and topic.gone:  # deleted since it was opened: open what is there now
+                self._topics.pop(name, None)
+                self._queues.pop(name, None)
+                topic = None
         if topic is not None and not settings:
             return topic  # known: no round trip, and no wait for the ensemble during an outage
         # A change of settings reads and writes them under the lock (one change at a time in this
         # process); a mere opening does not hold it while it waits for the ensemble, so that
         # openings during an outage fail side by side, each within its wait, not one after another.
         with self._lock if settings else nullcontext(), self.call(f"opening queue {name!r}"):
-            current = self._load(name)
-            if current is None:
+            loaded = self._load_with_stat(name)
+            if loaded is None:
                 if not create:
                     raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-                self._create(name, self._check(QueueSettings().replace(**settings)))
-                current = self._load(name)
-                if current is None:  # made by another meanwhile, but not whole: being deleted
+                self._create(name, self._check(name, QueueSettings().replace(**settings)))
+                loaded = self._load_with_stat(name)
+                if loaded is None:  # made by another meanwhile, but not whole: being deleted
                     raise QueueError(f"queue {name!r} in {self.root} is being deleted (or was left half made)")
             elif settings:
-                updated = self._check(current.replace(**settings))
-                if updated != current:
+                updated = self._check(name, loaded[0].replace(**settings))
+                if updated != loaded[0]:
                     self._save(name, updated)
-                    current = updated
+                    loaded = self._load_with_stat(name) or loaded
         with self._lock:
             topic = self._topics.get(name)
+            if topic is not None and (topic.gone or topic.created != loaded[1].czxid):
+                self._topics.pop(name, None)  # (another thread found it deleted meanwhile)
+                self._queues.pop(name, None)
+                topic = None
             if topic is None:
-                topic = self._topics[name] = ZooKeeperTopic(self, name, current)
-            topic.settings = current
+                topic = self._topics[name] = ZooKeeperTopic(self, name, *loaded)
+            else:
+                topic.use_settings(*loaded)
             return topic
 
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> ZooKeeperQueue:
@@ -468,7 +506,10 @@ class ZooKeeperBroker(Closing):
         """Delete a queue and all its tasks."""
         if not self.exists(name):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        opened = self._topics.get(name)
         self.forget(name)
+        if opened is not None:
+            opened.gone = True  # what was got of it refuses to work (as it would find anyway)
         paths = self.paths(name)
         with self.call(f"deleting queue {name!r}"):
             try:
@@ -515,18 +556,60 @@ class ZooKeeperBroker(Closing):
 class ZooKeeperTopic:
     """One zkmq directory: what producers send to. Its one channel is its ``ZooKeeperQueue``."""
 
-    def __init__(self, broker: ZooKeeperBroker, name: str, settings: QueueSettings) -> None:
+    def __init__(self, broker: ZooKeeperBroker, name: str, settings: QueueSettings, stat: Any) -> None:
         self.broker = broker
         self.name = name
         self.settings = settings
+        self.created = stat.czxid
+        """Which queue of the name this is: its node's creation (a queue deleted and made again
+        by another process is another queue)."""
+        self._settings_version = stat.version
+        self.gone = False
+        """True once the queue is known deleted since it was opened here (``check_present``): it
+        refuses to work, and its broker opens the name anew."""
         self.paths = broker.paths(name)
         self.failed = False
         self._queue: ZooKeeperQueue | None = None
         self._last_gc_try = time.monotonic()
+        self._made: set[str] = set()  # nodes made as needed (``ensure_node``), known to exist
 
     @property
     def _zk(self) -> KazooClient:
         return self.broker.client
+
+    def ensure_node(self, path: str) -> None:
+        """Make the node ``path`` of the queue (``dedup``, ``conf/dead_letters``) unless it is
+        known to exist: made with its first use, as queues made by earlier versions have none."""
+        if path not in self._made:
+            try:
+                self._zk.create(path, b"")
+            except NodeExistsError:
+                pass
+            self._made.add(path)
+
+    def use_settings(self, settings: QueueSettings, stat: Any) -> None:
+        """The settings as read with their node's ``stat`` (unless newer ones were taken up)."""
+        if stat.czxid == self.created and stat.version >= self._settings_version:
+            self.settings, self._settings_version = settings, stat.version
+
+    def check_present(self) -> None:
+        """Raise ``QueueNotFoundError`` when the queue was deleted since it was opened here (by
+        any process; and maybe made again: another queue, whose tasks and consumers are not this
+        object's to act on), and take up its settings when another process changed them: one
+        read of the queue's node, at the start of every call (within its ``call``)."""
+        if not self.gone:
+            try:
+                raw, stat = self._zk.get(self.paths.dir)
+            except NoNodeError:
+                raw, stat = b"", None
+            if raw and stat is not None and stat.czxid == self.created:
+                if stat.version != self._settings_version:
+                    loaded = self.broker._load_with_stat(self.name)
+                    if loaded is not None:
+                        self.use_settings(*loaded)
+                return
+            self.gone = True
+        raise QueueNotFoundError(f"queue {self.name!r} in {self.broker.root} was deleted after it was opened here")
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -542,11 +625,46 @@ class ZooKeeperTopic:
         ``PartialSendError`` (a ``StoreUnavailableError`` too when the connection broke) says
         which messages are stored (``ids``, None for the others) and which to send again
         (``unsent``); a failure that stored nothing raises its own error."""
-        # The file store's checks and defaults (a bound method needs only ``self.settings``).
+        items = list(items)
+        envelopes, metas = self._prepare(items)  # bad input is refused before any call
+        if not envelopes:
+            return []
+        doing = f"sending {len(envelopes)} message{'s' * (len(envelopes) != 1)} to {self.name!r}"
+        with self.broker.call(doing, self.name):
+            settings = self.settings
+            self.check_present()  # (never written into a queue made anew under the name)
+            if self.settings is not settings:  # changed by another process: its defaults hold
+                envelopes, metas = self._prepare(items)
+            # Collect first: a collection that fails then fails the send before anything is
+            # stored (after the writes, it would make a stored send look failed: sent twice).
+            self.maybe_collect()
+            earlier, same_as, records = self._deduplicate(envelopes)
+            fresh = [i for i in range(len(envelopes)) if i not in earlier and i not in same_as]
+            ids = dict(zip(fresh, self.broker.ids.make(len(fresh))))
+            outgoing = {i: _Outgoing(ids[i][0], ids[i][1], envelopes[i], metas[i], records.get(i)) for i in fresh}
+            unstored, failure = self._write(self._chunked(list(outgoing.values())))
+        sent: list[str | None] = []
+        for i in range(len(envelopes)):
+            item = outgoing.get(same_as.get(i, i))
+            if item is None:
+                sent.append(earlier[i])
+            else:
+                sent.append(None if item.task in unstored else item.duplicate_of or item.task)
+        if failure is not None and None in sent:
+            # Some chunks may be stored: their messages must not be sent again (nor are the
+            # duplicates of earlier sends), only the others (``unsent``).
+            cause = _as_translated(failure, self.broker.hosts, doing, self.name)
+            partial = PartialSendError.after(sent, cause)
+            if partial is None:
+                raise cause
+            raise partial from cause
+        return [task for task in sent if task is not None]
+
+    def _prepare(self, items: list[OutgoingMessage]) -> tuple[list[Envelope], list[bytes]]:
+        """The envelopes of ``items`` and their metadata nodes' data, checked: the file store's
+        checks and defaults (a bound method needs only ``self.settings``), and this store's."""
         envelopes = [Topic._envelope(self, item) for item in items]  # type: ignore[arg-type]
         for env in envelopes:
-            if env.dedup_id is not None:
-                raise InvalidMessageError("the ZooKeeper store does not deduplicate: send without dedup_id")
             if len(env.body) > MAX_BODY:
                 raise InvalidMessageError(f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}")
             for name in env.filters:
@@ -557,8 +675,11 @@ class ZooKeeperTopic:
         for meta in metas:
             if len(meta) > MAX_BODY:
                 raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
-        ids = self.broker.ids.make(len(envelopes))
-        outgoing = [_Outgoing(task, ns, env, meta) for (task, ns), env, meta in zip(ids, envelopes, metas)]
+        return envelopes, metas
+
+    @staticmethod
+    def _chunked(outgoing: list[_Outgoing]) -> list[list[_Outgoing]]:
+        """The send's transactions: up to ``_BATCH_TASKS`` tasks or ``_BATCH_BYTES`` bytes each."""
         chunks: list[list[_Outgoing]] = []
         size = 0
         for item in outgoing:
@@ -568,31 +689,117 @@ class ZooKeeperTopic:
                 size = 0
             chunks[-1].append(item)
             size += weight
-        doing = f"sending {len(outgoing)} message{'s' * (len(outgoing) != 1)} to {self.name!r}"
-        with self.broker.call(doing, self.name):
-            # Collect first: a collection that fails then fails the send before anything is
-            # stored (after the writes, it would make a stored send look failed: sent twice).
-            self.maybe_collect()
-            # The steps go out one after another without waiting: ZooKeeper applies a session's
-            # requests in order, and each step fails unless the one before it was applied
-            # (metadata needs the task's node; the entry checks the state node).
-            pending = []
-            for step in (self._write_data, self._write_metadata, self._write_entries):
-                pending += [step(chunk).commit_async() for chunk in chunks]
-            failures = [_outcome(result) for result in pending]  # every answer, even after a failure
-            failure = next((error for error in failures if error is not None), None)
-            if failure is not None:
-                # A chunk's entries transaction succeeds only if its earlier steps did (it checks
-                # the state node that the metadata step makes): its success is the chunk's.
-                stored = failures[-len(chunks):]
-                ids = [item.task if done is None else None for chunk, done in zip(chunks, stored) for item in chunk]
-                if None in ids:
-                    cause = _as_translated(failure, self.broker.hosts, doing, self.name)
-                    partial = PartialSendError.after(ids, cause)
-                    if partial is None:
-                        raise cause
-                    raise partial from cause
-        return [item.task for item in outgoing]
+        return chunks
+
+    def _deduplicate(
+        self, envelopes: list[Envelope]
+    ) -> tuple[dict[int, str], dict[int, int], dict[int, tuple[str, int | None]]]:
+        """The duplicates of a batch, as the file store finds them: (index -> task of an earlier
+        send with its deduplication id within the window), (index -> index of the first in the
+        batch with its id), and for each first of an id, its record's node and the version of an
+        expired record there (None: none). Read from the queue's ``dedup`` records, together."""
+        wanted: dict[str, int] = {}  # id -> index of the first in the batch with it
+        same_as: dict[int, int] = {}
+        for i, env in enumerate(envelopes):
+            if env.dedup_id is not None:
+                if env.dedup_id in wanted:
+                    same_as[i] = wanted[env.dedup_id]
+                else:
+                    wanted[env.dedup_id] = i
+        if not wanted:
+            return {}, same_as, {}
+        zk, paths = self._zk, self.paths
+        self.ensure_node(paths.dedup)
+        nodes = {i: paths.dedup_record(dedup_id) for dedup_id, i in wanted.items()}
+        reads = {i: zk.get_async(path) for i, path in nodes.items()}
+        earlier: dict[int, str] = {}
+        records: dict[int, tuple[str, int | None]] = {}
+        now, window = _now_ms(), int(self.settings.dedup_window * 1000)
+        for i, read in reads.items():
+            path = nodes[i]
+            try:
+                raw, stat = read.get()
+            except NoNodeError:
+                records[i] = (path, None)
+                continue
+            record = DedupRecord.decode(raw)
+            if record is not None and record.holds(now, window):
+                earlier[i] = record.task
+            else:
+                records[i] = (path, stat.version)  # over: the send makes it anew
+        for i, first in same_as.items():
+            if first in earlier:
+                earlier[i] = earlier[first]
+        same_as = {i: first for i, first in same_as.items() if first not in earlier}
+        return earlier, same_as, records
+
+    def _write(self, chunks: list[list[_Outgoing]]) -> tuple[set[str], Exception | None]:
+        """Write the chunks in zkmq's order; returns the tasks not stored and the first error
+        met (None when every chunk is stored).
+
+        The steps go out one after another without waiting: ZooKeeper applies a session's
+        requests in order, and each step fails unless the one before it was applied (metadata
+        needs the task's node; the entry checks the state node)."""
+        pending = [step(chunk).commit_async() for step in (self._write_data, self._write_metadata) for chunk in chunks]
+        entries = []
+        for chunk in chunks:  # (each sent as soon as it is made, as the steps before)
+            t = self._write_entries(chunk)
+            entries.append((chunk, t, t.commit_async()))
+        failures = [_outcome(result) for result in pending]  # every answer, even after a failure
+        # A chunk's entries transaction succeeds only if its earlier steps did (it checks the
+        # state node that the metadata step makes): its success is the chunk's.
+        outcomes = [self._entries_outcome(chunk, t, result) for chunk, t, result in entries]
+        unstored = {item.task for chunk, outcome in zip(chunks, outcomes) if outcome is not None for item in chunk}
+        return unstored, next((error for error in [*failures, *outcomes] if error is not None), None)
+
+    def _entries_outcome(self, chunk: list[_Outgoing], t: Any, result: Any) -> Exception | None:
+        """The error of a chunk's entries transaction, or None once the chunk is stored: when
+        it failed on a deduplication record that another sender made (or replaced) meanwhile,
+        the records are read again and the entries of those that are no duplicates written."""
+        for _ in range(10):
+            try:
+                failed = _failure(result.get())
+            except Exception as exc:  # kazoo raises the connection's errors from ``get``
+                return exc
+            if failed is None:
+                return None
+            index, error = failed
+            operation = t.operations[index]
+            if not (operation.path.startswith(self.paths.dedup + "/")
+                    and isinstance(error, (NodeExistsError, NoNodeError, BadVersionError))):
+                return error
+            rest = self._settle_duplicates(chunk)
+            if not rest:
+                return None
+            t = self._write_entries(rest)
+            result = t.commit_async()
+        return error
+
+    def _settle_duplicates(self, chunk: list[_Outgoing]) -> list[_Outgoing]:
+        """Read the chunk's deduplication records again (another sender raced it with the same
+        ids): mark as duplicates those whose id another send holds now, delete what they wrote
+        (nobody can see it: it has no entry), and return the others, to write their entries."""
+        zk, now, window = self._zk, _now_ms(), int(self.settings.dedup_window * 1000)
+        reads = [(item, zk.get_async(item.dedup[0])) for item in chunk if item.dedup is not None]
+        for item, read in reads:
+            assert item.dedup is not None
+            try:
+                raw, stat = read.get()
+            except NoNodeError:
+                item.dedup = (item.dedup[0], None)
+                continue
+            record = DedupRecord.decode(raw)
+            if record is not None and record.holds(now, window):
+                item.duplicate_of = record.task
+            else:
+                item.dedup = (item.dedup[0], stat.version)
+        duplicates = [item.task for item in chunk if item.duplicate_of is not None]
+        if duplicates:
+            try:
+                self._delete_tasks(duplicates)
+            except KazooException:
+                pass  # what is left, the collector deletes (a task with no entry: ``collectable``)
+        return [item for item in chunk if item.duplicate_of is None]
 
     def _write_data(self, chunk: list[_Outgoing]) -> Any:
         t = self._zk.transaction()
@@ -618,6 +825,13 @@ class ZooKeeperTopic:
             at = (item.sent_ns + int(env.delay * 1e9)) // 1_000_000
             t.check(self.paths.task(item.task, "state"), 0)  # the metadata step was applied
             t.create(self.paths.entry(item.task), Entry(at, 0, None, env.group_id, env.filters).encode())
+            if item.dedup is not None:
+                # The id's record goes with the entry: of two senders racing with one id, one
+                # stores its message (the other's transaction fails on the record: a duplicate).
+                record, expired = item.dedup
+                if expired is not None:
+                    t.delete(record, expired)
+                t.create(record, DedupRecord(item.task, item.sent_ns // 1_000_000).encode())
         return t
 
     # -- channels ---------------------------------------------------------------------------
@@ -648,6 +862,7 @@ class ZooKeeperTopic:
     def gc(self) -> list[str]:
         """Collect now, whenever the last collection was; returns the tasks deleted."""
         with self.broker.call(f"collecting the finished tasks of {self.name!r}", self.name):
+            self.check_present()
             return self.collect(force=True) or []
 
     def collect(self, *, force: bool = False, orphan_grace: float = ORPHAN_GRACE) -> list[str] | None:
@@ -671,6 +886,7 @@ class ZooKeeperTopic:
             deleted = self._collect_tasks(now, int(settings.task_gc_lifetime * 1000), int(orphan_grace * 1000))
             self._expire_retention(now)
             self._collect_consumers()
+            self._collect_dedup(now)
             return deleted
         finally:
             try:
@@ -680,14 +896,15 @@ class ZooKeeperTopic:
 
     def conf(self) -> dict[str, Any]:
         """``conf``'s record: when the last collection began (``collected_at``, ms by the
-        server's clock) and by whom, and how many tasks went to the dead-letter queue (``dead``)."""
+        server's clock) and by whom, and how many tasks went to the dead-letter queue (``dead``)
+        before ``conf/dead_letters`` counted them."""
         try:
             data = json.loads(self._zk.get(self.paths.conf)[0] or b"{}")
         except ValueError:
             return {}  # damaged: the next collection writes it anew
         return data if isinstance(data, dict) else {}
 
-    def _update_conf(self, *, add_dead: int = 0, **fields: Any) -> None:
+    def _update_conf(self, **fields: Any) -> None:
         """Change ``conf``'s record at the version read (again when another changed it)."""
         zk = self._zk
         while True:
@@ -699,8 +916,6 @@ class ZooKeeperTopic:
             if not isinstance(data, dict):
                 data = {}
             data.update(fields)
-            if add_dead:
-                data["dead"] = int(data.get("dead", 0)) + add_dead
             try:
                 zk.set(self.paths.conf, json.dumps(data, sort_keys=True).encode(), stat.version)
                 return
@@ -781,6 +996,25 @@ class ZooKeeperTopic:
                 except (NoNodeError, NotEmptyError):
                     pass  # gone already, or it came back meanwhile
 
+    def _collect_dedup(self, now: int) -> None:
+        """Delete the deduplication records whose window is over (``layout.dedup_collectable``),
+        each at the version read: one replaced meanwhile by a new send stays."""
+        zk, paths = self._zk, self.paths
+        try:
+            names = zk.get_children(paths.dedup)
+        except NoNodeError:
+            return  # no deduplicated send yet
+        window = int(self.settings.dedup_window * 1000)
+        for chunk in _chunks(names, 1000):
+            checks = [(f"{paths.dedup}/{name}", zk.exists_async(f"{paths.dedup}/{name}")) for name in chunk]
+            doomed = [zk.delete_async(path, stat.version) for path, stat in ((p, c.get()) for p, c in checks)
+                      if stat is not None and dedup_collectable(stat.ctime, now, window)]
+            for result in doomed:
+                try:
+                    result.get()
+                except (NoNodeError, BadVersionError):
+                    pass  # deleted or made anew meanwhile
+
     def close(self) -> None:
         if self._queue is not None:
             self._queue.close()
@@ -814,9 +1048,15 @@ class ZooKeeperQueue:
     def _zk(self) -> KazooClient:
         return self.topic.broker.client
 
-    def _call(self, doing: str) -> Any:
-        """``ZooKeeperBroker.call`` for this queue (``doing`` is followed by its name)."""
-        return self.topic.broker.call(f"{doing} {self.topic.name!r}", self.topic.name)
+    @contextmanager
+    def _call(self, doing: str, *, check: bool = True) -> Iterator[None]:
+        """``ZooKeeperBroker.call`` for this queue (``doing`` is followed by its name), which
+        first checks that the queue is still the one opened (``check_present``) unless not
+        ``check``."""
+        with self.topic.broker.call(f"{doing} {self.topic.name!r}", self.topic.name):
+            if check:
+                self.topic.check_present()
+            yield
 
     # -- what the file store's Queue has -----------------------------------------------------
 
@@ -940,17 +1180,26 @@ class ZooKeeperQueue:
         ``delete``: receipts deleted first, as ``delete_many`` does; if one of them is refused,
         ``ReceiptError`` and nothing is received, but unlike on files the others stay deleted
         (each is its own change in ZooKeeper)."""
-        hide, wait, wanted = receive_arguments(self.settings, max_messages, visibility_timeout, wait, filters, delete)
+        arguments = (max_messages, visibility_timeout, wait, filters, delete)
+        hide, wait, wanted = receive_arguments(self.settings, *arguments)
         if delete:
             refused = next((error for error in self.delete_many(list(delete)) if error is not None), None)
             if refused is not None:
                 raise ReceiptError(f"nothing received: {refused}")
-        deadline = time.monotonic() + wait
+        start = time.monotonic()
+        deadline = start + wait
         broker, doing = self.topic.broker, f"receiving from {self.topic.name!r}"
         # a long poll's waits for the ensemble end with it: an outage ends it with the error
         with broker.call(doing, self.topic.name, until=deadline if wait > 0 else None):
+            first = True
             while True:
                 broker.wait_connected(doing)  # (the connection may have gone while the poll slept)
+                settings = self.settings
+                self.topic.check_present()  # (deleted, or its settings changed elsewhere)
+                if first and self.settings is not settings:  # the defaults of the settings of now
+                    hide, wait, wanted = receive_arguments(self.settings, *arguments)
+                    deadline = start + wait
+                first = False
                 self._changed.clear()
                 got, wake_at = self._receive_now(max_messages, int(hide * 1000), wanted, watch=wait > 0)
                 remaining = deadline - time.monotonic()
@@ -1015,14 +1264,15 @@ class ZooKeeperQueue:
                 break
         won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
         if dead:
-            self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False))
+            self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False,
+                                        moving=True))
         received = []
         for task, entry, count, body, meta in won:
             env = envelope.decode_meta(body, meta) or Envelope(body)
             received.append(ReceivedMessage(
                 id=task, receipt=receipt(task, count), body=body, attributes=env.attributes,
                 receive_count=count, sent_at_ns=sent_at_ns(task), offset=-1, group_id=entry.group,
-                dedup_id=None, filters=entry.filters, metadata=env.metadata, source=env.source,
+                dedup_id=env.dedup_id, filters=entry.filters, metadata=env.metadata, source=env.source,
             ))
         return received, wake_at, bool(picks) and not received, fresh
 
@@ -1053,11 +1303,13 @@ class ZooKeeperQueue:
         return out
 
     def _claim(
-        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live, *, record: bool = True
+        self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live, *, record: bool = True,
+        moving: bool = False,
     ) -> list[tuple[str, Entry, int, bytes, bytes]]:
         """Claim (task, entry, version, count, hide_ms) each, with the task's data and metadata
         read meanwhile; returns (task, new entry, count, data, metadata) of those won.
-        ``record``: write the tasks won in this consumer's ``current``.
+        ``record``: write the tasks won in this consumer's ``current``. ``moving``: claims of a
+        dead-letter mover (``Entry.moving``).
 
         The lock of the entry's holder is replaced (deleted in the claim's transaction) only when
         the entry says that its visibility ran out (``at`` <= ``now``): an entry that the claim's
@@ -1084,7 +1336,7 @@ class ZooKeeperQueue:
 
         planned = []
         for task, entry, version, count, hide_ms in wanted:
-            new = Entry(now + hide_ms, count, me, entry.group, entry.filters)
+            new = Entry(now + hide_ms, count, me, entry.group, entry.filters, moving=moving)
             expired = entry.at <= now
             replace = expired and entry.by is not None and not entry.kept and entry.by in live
             planned.append((task, new, version, expired, replace,
@@ -1122,8 +1374,10 @@ class ZooKeeperQueue:
         return won
 
     def _send_dead(self, claimed: list[tuple[str, Entry, int, bytes, bytes]]) -> None:
-        """Move claimed tasks to the dead-letter queue, then finish them as ``dead``: a crash
-        between the two sends a dead letter twice, never none."""
+        """Move claimed tasks to the dead-letter queue, then finish them as ``dead``. A crash
+        between the two leaves a task to move again: its dead letter has a deduplication id of
+        its own (the task's), so the dead-letter queue drops the second copy within its
+        ``dedup_window``, as on files (later, it is sent twice, never lost)."""
         if not claimed:
             return
         target = self.topic.broker.queue(self.settings.dead_letter_queue or "")
@@ -1133,11 +1387,13 @@ class ZooKeeperQueue:
                 filters=entry.filters or None,
                 group_id=entry.group,
                 source={"queue": self.topic.name, "channel": self.name, "id": task, "count": count},
+                dedup_id=f"dead-letter:{self.topic.name}/{task}",
             )
             for task, entry, count, body, meta in claimed
         ])
-        errors = self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None))
-        self.topic._update_conf(add_dead=sum(error is None for error in errors))
+        self.topic.ensure_node(self.paths.dead_letters)  # (counted as each is marked dead: ``_apply``)
+        self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None),
+                  moving=True)
 
     # -- acting on receipts -----------------------------------------------------------------
 
@@ -1146,6 +1402,8 @@ class ZooKeeperQueue:
         _raise(self.delete_many([receipt])[0])
 
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
+        """Delete several; for each receipt, None or the error that kept it from being deleted."""
+        check_receipt_list("receipts", receipts)
         with self._call(f"deleting {len(receipts)} receipt(s) in"):
             return self._act(receipts, lambda i, entry: (FINISHED, None))
 
@@ -1164,11 +1422,13 @@ class ZooKeeperQueue:
         self.change_visibility(receipt, delay)
 
     def _act(
-        self, receipts: list[str], change: Callable[[int, Entry], tuple[str | None, int | None]]
+        self, receipts: list[str], change: Callable[[int, Entry], tuple[str | None, int | None]], *,
+        moving: bool = False,
     ) -> list[ReceiptError | None]:
         """Apply ``change`` to the delivery of each receipt that is its task's latest. ``change``
         gives (``finished`` or ``dead``, None) to end the task, or (None, ms) to hide it for that
-        long (0: release it)."""
+        long (0: release it). Unless ``moving`` (the dead-letter mover's own receipts), a task
+        that a mover claimed is refused."""
         zk, paths = self._zk, self.paths
         outcomes: list[ReceiptError | None] = [None] * len(receipts)
         todo: dict[int, tuple[str, int]] = {}
@@ -1208,6 +1468,12 @@ class ZooKeeperQueue:
                     outcomes[i] = StaleReceiptError(
                         f"receipt {receipts[i]!r}: task {task} was delivered again (delivery {entry.count}) after the "
                         f"delivery {count} that this receipt belongs to"
+                    )
+                    continue
+                if entry.moving and not moving:
+                    outcomes[i] = StaleReceiptError(
+                        f"receipt {receipts[i]!r}: task {task} is being moved to the dead-letter queue (its "
+                        f"visibility timeout ran out after its last receive of {count})"
                     )
                     continue
                 end, hide = change(i, entry)
@@ -1264,6 +1530,11 @@ class ZooKeeperQueue:
                     t.check(paths.task(task, "claim"), -1)  # the claim's session still lives
                 if end is not None or not hide:
                     t.set_data(paths.task(task, "state"), (end or INSERTED).encode())
+                if end == DEAD:
+                    # Counted in the transaction that marks it dead (a mover killed after it
+                    # could not count it): this raises the counter's child version by two.
+                    t.create(f"{paths.dead_letters}/{task}", b"")
+                    t.delete(f"{paths.dead_letters}/{task}")
             return add, (None if end is not None else written)
 
         planned = [change(*c, claim=True) for c in changes]
@@ -1363,10 +1634,7 @@ class ZooKeeperQueue:
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
         task = check_task_id(id)
-        try:
-            json.dumps(metadata)
-        except (TypeError, ValueError) as exc:
-            raise ReceiptError(f"task metadata must be JSON: {exc}") from None
+        envelope.encode_task_metadata(metadata)  # the file store's check: JSON, or InvalidMessageError
         zk, path = self._zk, self.paths.task(task, "metadata")
         with self._call(f"setting the metadata of task {id} in"):
             while True:
@@ -1381,7 +1649,7 @@ class ZooKeeperQueue:
                 except ValueError:
                     meta = {}
                 meta["m"] = metadata
-                data = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
+                data = json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
                 if len(data) > MAX_BODY:
                     raise InvalidMessageError(f"task metadata of {len(data)} bytes is over the ZooKeeper store's {MAX_BODY}")
                 try:
@@ -1406,7 +1674,8 @@ class ZooKeeperQueue:
                     delayed += 1
                 else:
                     in_flight += 1
-            dead = int(self.topic.conf().get("dead", 0))
+            counter = zk.exists(paths.dead_letters)
+            dead = int(self.topic.conf().get("dead", 0)) + (counter.cversion // 2 if counter is not None else 0)
             oldest = max(0.0, (time.time_ns() - sent_at_ns(names[0])) / 1e9) if names else None
             return ChannelStats(available, in_flight, delayed, dead, oldest)
 
@@ -1426,7 +1695,7 @@ class ZooKeeperQueue:
         if not self._registered() or not zk.connected:
             return  # (the claims of a session that ended are free: none are kept)
         try:
-            with self._call("closing the consumer of"):
+            with self._call("closing the consumer of", check=False):
                 # (those whose visibility ran out too: kept, their receipts stay good until another
                 # consumer receives them)
                 mine = [(task, entry, version) for task, (entry, version) in dict(self._known).items()
@@ -1434,7 +1703,7 @@ class ZooKeeperQueue:
                 current = paths.consumer(self.consumer_id, "current")
                 writes = [zk.transaction() for _ in mine]
                 for t, (task, entry, version) in zip(writes, mine):
-                    kept = Entry(entry.at, entry.count, entry.by, entry.group, entry.filters, kept=True)
+                    kept = dataclasses.replace(entry, kept=True)
                     t.set_data(paths.entry(task), kept.encode(), version)
                     t.check(current, -1)  # kept only while the session that claimed it lives
                 for result in [t.commit_async() for t in writes]:
