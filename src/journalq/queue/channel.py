@@ -22,7 +22,6 @@ topic's garbage collection reads.
 from __future__ import annotations
 
 import hashlib
-import json
 import operator
 import os
 import re
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journalq.errors import (
-    InvalidMessageError,
     InvalidSettingError,
     JournalError,
     OffsetOutOfRangeError,
@@ -56,7 +54,7 @@ from journalq.journal.watch import DirectoryWatch
 from journalq.journal.writer import held
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
-from journalq.queue.envelope import Attribute, Envelope, message_id, parse_message_id, resend
+from journalq.queue.envelope import Attribute, Envelope, encode_task_metadata, message_id, parse_message_id, resend
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.state import (
     ChannelState,
@@ -877,10 +875,7 @@ class Channel:
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
         offset = parse_message_id(id)
-        try:
-            payload = json.dumps(metadata, separators=(",", ":"), allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise InvalidMessageError(f"task metadata must be JSON: {exc}") from None
+        payload = encode_task_metadata(metadata)
         with self._hold():
             self._apply_new()
             if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():
