@@ -177,6 +177,8 @@ REQUESTS = [
     post("/q/messages", b"x" * 101),  # over the size limit
     post("/q/messages", b"kept", "Authorization: Bearer wrong"),
     post("/q/messages", b"one-zero", version="1.0"),  # answered, then the connection is closed
+    post("/q/messages?note=1", b"with query"),  # a query, an escape: uvicorn's request cycle, then direct
+    post("/%71/messages", b"escaped"),
     sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "by sqs"}),
     sqs("SendMessageBatch", {"QueueUrl": "http://test/000000000000/q", "Entries": [
         {"Id": "a", "MessageBody": "batch a"}, {"Id": "b", "MessageBody": "batch b", "DelaySeconds": 901}]}),
@@ -186,7 +188,7 @@ REQUESTS = [
     sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "x"}, "Authorization: Bearer wrong"),
     sqs("GetQueueAttributes", {"QueueUrl": "http://test/000000000000/q", "AttributeNames": ["All"]}),
 ]
-STATUSES = [201, 201, 404, 400, 413, 401, 201, 200, 200, 400, 400, 400, 401, 200]
+STATUSES = [201, 201, 404, 400, 413, 401, 201, 201, 201, 200, 200, 400, 400, 400, 401, 200]
 
 
 def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[bytes]) -> None:
@@ -205,15 +207,16 @@ def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[by
                                        metrics))
             answers[protocol].append(b"\n".join(counts))
         with Broker(data) as broker:
-            assert broker.queue("q", create=False).stats().available == 5
+            assert broker.queue("q", create=False).stats().available == 7
         data.rename(tmp_path / protocol.__name__)
     assert answers[DirectHttpToolsProtocol] == answers[HeadLimitedHttpToolsProtocol]
     statuses = [status_of(a) for a in answers[DirectHttpToolsProtocol][:-1]]
     assert statuses == STATUSES
     assert b"connection: close" in answers[DirectHttpToolsProtocol][6]
-    assert b"QueueDoesNotExist" in answers[DirectHttpToolsProtocol][9]
+    assert b"QueueDoesNotExist" in answers[DirectHttpToolsProtocol][11]
     # Sends that reached a queue went the direct way; the refused ones, and other actions, to ASGI.
-    assert [body[:30] for body in taken] == [b"hello", b"", b"nowhere", b"one-zero", b'{"QueueUrl": "http://test/0000',
+    assert [body[:30] for body in taken] == [b"hello", b"", b"nowhere", b"one-zero", b"with query", b"escaped",
+                                             b'{"QueueUrl": "http://test/0000',
                                              b'{"QueueUrl": "http://test/0000', b'{"QueueUrl": "http://test/0000']
 
 
@@ -253,6 +256,39 @@ def test_a_body_still_on_its_way_goes_through_asgi_and_its_timeout(tmp_path: Pat
     assert taken == []
     with Broker(tmp_path) as broker:
         assert [m.body for m in broker.queue("s", create=False).receive(10)] == [b"split body"]
+
+
+def test_a_client_gone_before_its_answer_leaves_the_connection_and_the_server_well(
+    tmp_path: Path, taken: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client closes while its send is being stored: the message is stored (its success was
+    not answered, as a send cut off may be), nothing is written to the closed connection, and the
+    server goes on serving."""
+    from journalq.queue.topic import Topic
+
+    stored = threading.Event()
+    real = Topic._send_plain
+
+    def slow(self: Topic, bodies: list[bytes]) -> list[str]:
+        time.sleep(0.3)  # the client is gone by now
+        try:
+            return real(self, bodies)
+        finally:
+            stored.set()
+
+    with serving(tmp_path, DirectHttpToolsProtocol) as port:
+        exchange(port, b"PUT /g HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        monkeypatch.setattr(Topic, "_send_plain", slow)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(post("/g/messages", b"left early"))
+        assert stored.wait(10)
+        time.sleep(0.1)  # its answer's turn on the event loop
+        monkeypatch.setattr(Topic, "_send_plain", real)
+        assert [status_of(a) for a in exchange(port, post("/g/messages", b"after"), post("/g/messages", b"again"))] \
+            == [201, 201]
+    assert taken == [b"left early", b"after", b"again"]
+    with Broker(tmp_path) as broker:
+        assert [m.body for m in broker.queue("g", create=False).receive(10)] == [b"left early", b"after", b"again"]
 
 
 def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[bytes], sync_fault: SyncFault) -> None:
