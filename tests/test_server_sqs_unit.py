@@ -25,6 +25,7 @@ from journalq.errors import StorageError
 from journalq.queue import Broker
 from journalq.queue.envelope import Attribute
 from journalq.server import digests
+from journalq.server import sqs as sqs_module
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import ATTEMPT_SECONDS, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
@@ -1254,6 +1255,79 @@ def test_send_together_stores_requests_in_one_write_and_refuses_bad_ones_alone(
     ids = [one["MessageId"], batch["Successful"][0]["MessageId"], three["MessageId"]]
     assert [int(i) for i in ids] == list(range(int(ids[0]), int(ids[0]) + 3))  # in order, one batch
     assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["one", "two", "three"]
+
+
+def test_the_character_check_refuses_what_the_pattern_refuses_and_no_more() -> None:
+    """``_check_characters`` passes printable ASCII without its pattern: every ASCII character,
+    alone and in printable text, is judged as the pattern judges it."""
+    for code in range(128):
+        for text in (chr(code), f"ab{chr(code)}cd"):
+            refused = sqs_module._BAD_CHARACTER.search(text) is not None
+            try:
+                sqs_module._check_characters(text, "the message body")
+            except SqsError as exc:
+                assert refused and exc.message.startswith(f"Invalid binary character '#x{code:X}'"), repr(text)
+            else:
+                assert not refused, repr(text)
+
+
+def _outcome(make: Any, *args: Any) -> Any:
+    """What ``make(*args)`` returns, or the code and message of the ``SqsError`` it raises."""
+    try:
+        return make(*args)
+    except SqsError as exc:
+        return (exc.code, exc.message)
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["x" * 100, "a", "tab\tnew\nline\r", "del\x7f", "h\u00e9\U0001f600", "\ue000\ufffd", "x" * 1024,
+     "bell\x07", "nul\x00", "\ufffe", "lone \ud800"],
+)
+def test_the_plain_send_fast_path_gives_what_the_full_checks_give(client: Client, sqs: SqsProtocol, body: str) -> None:
+    """A body alone to a standard queue takes ``_plain_outgoing``: the same message, answer and
+    size as ``_checked_outgoing`` makes, or the same error for characters SQS refuses."""
+    client.create("plain")
+    queue, rules = sqs._queue("plain"), sqs._send_rules("plain")
+    for entry in ({"QueueUrl": "u", "MessageBody": body}, {"Id": "e", "MessageBody": body}):
+        fast = _outcome(sqs_module._plain_outgoing, entry, queue.settings, rules)
+        assert fast is not None
+        assert fast == _outcome(sqs._checked_outgoing, entry, queue.settings, rules)
+        if not isinstance(fast, tuple):  # stored as the body alone, answered with its digest
+            assert fast.item == body.encode() and fast.answer == {"MD5OfMessageBody": md5_of_body(body)}
+
+
+@pytest.mark.parametrize(
+    ("queue_name", "entry"),
+    [
+        ("plain.fifo", {"MessageBody": "x", "MessageGroupId": "g", "MessageDeduplicationId": "d"}),
+        ("plain.fifo", {"MessageBody": "x"}),
+        ("plain", {"MessageBody": "x", "DelaySeconds": 5}),
+        ("plain", {"MessageBody": "x", "DelaySeconds": None}),
+        ("plain", {"MessageBody": "x", "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}}}),
+        ("plain", {"MessageBody": "x", "MessageAttributes": {}}),
+        ("plain", {"MessageBody": "x", "MessageSystemAttributes": {
+            "AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1"}}}),
+        ("plain", {"MessageBody": "x", "MessageGroupId": "tenant"}),
+        ("plain", {"MessageBody": "x", "MessageDeduplicationId": "d"}),
+        ("plain", {"MessageBody": ""}),
+        ("plain", {"MessageBody": None}),
+        ("plain", {"MessageBody": 5}),
+        ("plain", {}),
+        ("small", {"MessageBody": "x" * 1025}),
+        ("small", {"MessageBody": "\u00e9" * 513}),  # 1,026 bytes in UTF-8
+    ],
+)
+def test_the_plain_send_fast_path_declines_every_other_message(
+    client: Client, sqs: SqsProtocol, queue_name: str, entry: dict[str, Any]
+) -> None:
+    client.create("plain")
+    client.create("plain.fifo", FifoQueue="true")
+    client.create("small", MaximumMessageSize=1024)
+    queue, rules = sqs._queue(queue_name), sqs._send_rules(queue_name)
+    assert sqs_module._plain_outgoing(entry, queue.settings, rules) is None
+    assert _outcome(sqs._outgoing, entry, queue.settings, rules) == _outcome(
+        sqs._checked_outgoing, entry, queue.settings, rules)
 
 
 def test_send_together_deduplicates_across_requests(client: Client, sqs: SqsProtocol) -> None:

@@ -85,7 +85,12 @@ from journalq.queue.broker import Broker, Queue
 from journalq.queue.channel import ReceivedMessage
 from journalq.queue.envelope import Attribute
 from journalq.queue.settings import QueueSettings, check_name
-from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
+from journalq.server.digests import (
+    md5_of_body,
+    md5_of_message_attributes,
+    md5_of_message_system_attributes,
+    md5_of_utf8,
+)
 from journalq.server.polling import poll_slices
 
 # -- errors -----------------------------------------------------------------------------------
@@ -251,6 +256,8 @@ _SYSTEM_ATTRIBUTES = frozenset(
 
 
 def _check_characters(text: str, what: str, code: str = "InvalidMessageContents") -> None:
+    if text.isascii() and text.isprintable():  # two C scans, where the regex costs ~0.4 µs: all allowed
+        return
     bad = _BAD_CHARACTER.search(text)
     if bad is not None:
         raise SqsError(
@@ -482,19 +489,29 @@ class _Sidecar:
 # -- the protocol -------------------------------------------------------------------------------
 
 
+def _as_sqs_error(exc: Exception) -> SqsError | None:
+    """An error of the layers below as SQS's (``exc`` itself when it is one); None for the others."""
+    if isinstance(exc, SqsError):
+        return exc
+    if isinstance(exc, QueueNotFoundError):
+        return _no_queue()
+    if isinstance(exc, ReceiptError):
+        return SqsError("ReceiptHandleIsInvalid", str(exc))
+    if isinstance(exc, (InvalidNameError, InvalidSettingError, InvalidMessageError)):
+        return _invalid(str(exc))
+    return None
+
+
 @contextlib.contextmanager
 def _sqs_errors() -> Iterator[None]:
     """Errors of the layers below, as SQS's."""
     try:
         yield
-    except SqsError:
-        raise
-    except QueueNotFoundError:
-        raise _no_queue() from None
-    except ReceiptError as exc:
-        raise SqsError("ReceiptHandleIsInvalid", str(exc)) from None
-    except (InvalidNameError, InvalidSettingError, InvalidMessageError) as exc:
-        raise _invalid(str(exc)) from None
+    except Exception as exc:
+        error = _as_sqs_error(exc)
+        if error is None or error is exc:
+            raise
+        raise error from None
 
 
 @dataclass(frozen=True)
@@ -504,6 +521,29 @@ class _Outgoing:
     item: dict[str, Any] | bytes
     answer: dict[str, Any]
     size: int
+
+
+_SEND_OPTIONS = frozenset(
+    ("DelaySeconds", "MessageAttributes", "MessageSystemAttributes", "MessageGroupId", "MessageDeduplicationId")
+)
+"""The parameters of a message to send besides its body (and a batch entry's Id, a request's
+QueueUrl): those that ``_checked_outgoing`` reads."""
+
+
+def _plain_outgoing(entry: Mapping[str, Any], settings: QueueSettings, rules: _SendRules) -> _Outgoing | None:
+    """The common message, a body alone (none of ``_SEND_OPTIONS``) to a standard queue, within
+    the queue's size limit: what ``_checked_outgoing`` makes of it (or the ``SqsError`` it raises
+    for the body's characters), without its walk through the options; None for any other message,
+    which ``_checked_outgoing`` then checks."""
+    body = entry.get("MessageBody")
+    if settings.fifo or not isinstance(body, str) or not body or not _SEND_OPTIONS.isdisjoint(entry):
+        return None
+    _check_characters(body, "the message body")  # the full path's first check of a non-empty string body
+    encoded = body.encode("utf-8")
+    size = len(encoded)
+    if size > rules.limit:
+        return None
+    return _Outgoing(encoded, {"MD5OfMessageBody": md5_of_utf8(encoded)}, size)
 
 
 @dataclass(frozen=True)
@@ -616,11 +656,13 @@ class SqsProtocol:
             queue, rules = self._queue(name), self._send_rules(name)
         checked: list[_Sending | SqsError] = []
         for action, request in requests:
-            try:
-                with _sqs_errors():
-                    checked.append(self._check_send(action, request, queue, rules))
-            except SqsError as exc:
-                checked.append(exc)
+            try:  # not _sqs_errors(): a context manager per request cost ~0.6 µs
+                checked.append(self._check_send(action, request, queue, rules))
+            except Exception as exc:
+                error = _as_sqs_error(exc)
+                if error is None:
+                    raise
+                checked.append(error)
         sendings = [c for c in checked if isinstance(c, _Sending)]
         with _sqs_errors():
             try:
@@ -1124,6 +1166,10 @@ class SqsProtocol:
 
     def _outgoing(self, entry: Mapping[str, Any], settings: QueueSettings, rules: _SendRules) -> _Outgoing:
         """Check one message to send (SendMessage's parameters, or a batch entry)."""
+        return _plain_outgoing(entry, settings, rules) or self._checked_outgoing(entry, settings, rules)
+
+    def _checked_outgoing(self, entry: Mapping[str, Any], settings: QueueSettings, rules: _SendRules) -> _Outgoing:
+        """``_outgoing`` for any message: every parameter checked in turn."""
         body = entry.get("MessageBody")
         if body is None or body == "":
             raise _missing("MessageBody")
@@ -1215,7 +1261,7 @@ class SqsProtocol:
                 item["dedup_id"] = dedup
         else:  # the body alone: what send_many stores fastest (a plain message, unless the queue adds to it)
             item = encoded
-        answer = {"MD5OfMessageBody": md5_of_body(body)}
+        answer = {"MD5OfMessageBody": md5_of_utf8(encoded)}
         if attributes:
             answer["MD5OfMessageAttributes"] = md5_of_message_attributes(attributes)
         if system:
