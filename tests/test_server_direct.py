@@ -406,3 +406,25 @@ def test_the_sqs_body_parser_is_json_loads_for_any_object_or_brace(body: bytes) 
 def test_one_header_as_text_is_what_all_of_them_give(headers: list[tuple[bytes, bytes]]) -> None:
     scope = {"headers": headers}
     assert app_module._header_text(scope, b"x-amz-target") == app_module._text_headers(scope).get("x-amz-target", "")
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES)
+def test_the_sqs_answers_encoder_is_json_dumps(value: Any) -> None:
+    assert app_module._json_text(value) == json.dumps(value)
+
+
+def test_the_sqs_answers_encoder_refuses_what_json_dumps_refuses() -> None:
+    for value in ({"a": b"bytes"}, {"a": {1, 2}}, {(1, 2): "key"}):
+        with pytest.raises(TypeError) as dumped:
+            json.dumps(value)
+        with pytest.raises(TypeError) as encoded:
+            app_module._json_text(value)
+        assert str(encoded.value) == str(dumped.value)
