@@ -504,9 +504,11 @@ def create_app(config: ServerConfig) -> App:
             problem.__cause__ = exc
             return problem
 
-        return await blocking(
+        answers: list[dict[str, Any] | Exception] = await blocking(
             functools.partial(sqs_protocol().send_together, partly_stored=partly_stored), name, requests,
             storing=True)
+        app.state.metrics.count_sqs_sends(name, [action for action, _ in requests], answers)
+        return answers
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
     sqs_checks_headers = bool(config.aws_credentials) or config.rest_token is not None
@@ -573,7 +575,8 @@ def create_app(config: ServerConfig) -> App:
             return _sqs_error_answer(SqsError("InternalFailure", str(outcome), status=500, sender=False))
         if isinstance(outcome, BaseException):
             raise outcome
-        app.state.metrics.count_sqs(action, payload, outcome)
+        if action not in SqsProtocol.SEND_ACTIONS:  # sends are counted once a batch, by store_sqs
+            app.state.metrics.count_sqs(action, payload, outcome)
         return _whole(200, _json_text(outcome).encode(), [_AMZ_JSON])
 
     async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
