@@ -1463,3 +1463,20 @@ def test_deduplication_per_message_group(client: Client) -> None:
     # What the existing queue is, CreateQueue compares with.
     assert client.error("CreateQueue", QueueName="scoped.fifo", Attributes={
         "FifoQueue": "true", "DeduplicationScope": "messageGroup"}).code == "QueueNameExists"
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:8080/000000000000/q", "http://h/0/q/", "https://h:1/0/q?x=1#f", "q", "/0/q", "http://h",
+    "http://h/", "http://h/0/bad name", "http://h/0/" + "n" * 81, " http://h/0/q", "ht tp://h/0/q",
+])
+def test_the_queue_of_a_url_is_the_same_when_remembered(sqs: SqsProtocol, url: str) -> None:
+    first = _outcome(sqs.queue_of, {"QueueUrl": url})
+    assert first == _outcome(sqs_module._name_in_url, url)
+    assert _outcome(sqs.queue_of, {"QueueUrl": url}) == first  # a second time: from what was kept, if kept
+    assert (url in sqs._names_of_urls) == (not isinstance(first, tuple))  # refusals are not kept
+
+
+def test_the_urls_remembered_are_bounded(sqs: SqsProtocol) -> None:
+    for i in range(sqs_module._URLS_KEPT * 2 + 1):
+        assert sqs.queue_of({"QueueUrl": f"http://h/0/q{i}"}) == f"q{i}"
+        assert len(sqs._names_of_urls) <= sqs_module._URLS_KEPT

@@ -566,6 +566,10 @@ def create_app(config: ServerConfig) -> App:
     def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | BaseException) -> Answer:
         """The answer to an SQS request that reached its queue: its result, or the error that
         refused it (other exceptions propagate)."""
+        if not isinstance(outcome, BaseException):  # first: the common case
+            if action not in SqsProtocol.SEND_ACTIONS:  # sends are counted once a batch, by store_sqs
+                app.state.metrics.count_sqs(action, payload, outcome)
+            return _whole(200, _json_text(outcome).encode(), [_AMZ_JSON])
         if isinstance(outcome, SqsError):
             return _sqs_error_answer(outcome)
         if isinstance(outcome, HTTPProblem):
@@ -573,11 +577,7 @@ def create_app(config: ServerConfig) -> App:
                                               sender=False), outcome.headers)
         if isinstance(outcome, Error):  # none that SQS has a code for: still answered in SQS's shape
             return _sqs_error_answer(SqsError("InternalFailure", str(outcome), status=500, sender=False))
-        if isinstance(outcome, BaseException):
-            raise outcome
-        if action not in SqsProtocol.SEND_ACTIONS:  # sends are counted once a batch, by store_sqs
-            app.state.metrics.count_sqs(action, payload, outcome)
-        return _whole(200, _json_text(outcome).encode(), [_AMZ_JSON])
+        raise outcome
 
     async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
         """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS

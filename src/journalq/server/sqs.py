@@ -566,6 +566,20 @@ class _Sending:
     failed: list[dict[str, Any]] | None
 
 
+_URLS_KEPT = 1024
+
+
+def _name_in_url(url: str) -> str:
+    """The queue a QueueUrl names (its path's last part; the URL may be the path, or the name)."""
+    path = urlsplit(url).path if "://" in url else url
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        check_name(name)
+    except InvalidNameError:
+        raise _no_queue() from None
+    return name
+
+
 class SqsProtocol:
     """Amazon SQS actions over ``broker``. ``max_message_size``: the largest message (body and
     attributes) and the largest batch this endpoint takes, and the highest MaximumMessageSize a
@@ -589,6 +603,9 @@ class SqsProtocol:
         self._first_receive: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._first_receive_lock = threading.Lock()
         self._attempts = _ReceiveAttempts()
+        # QueueUrl -> the queue it names: clients send the same few URLs again and again, and
+        # urlsplit and the name's check cost ~1 µs a request. Cleared when full (any text may come).
+        self._names_of_urls: dict[str, str] = {}
         self._actions: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
             "CreateQueue": self.create_queue,
             "GetQueueUrl": self.get_queue_url,
@@ -703,12 +720,12 @@ class SqsProtocol:
     def _name_of_url(self, request: Mapping[str, Any]) -> str:
         url = _string(request, "QueueUrl", required=True)
         assert url is not None
-        path = urlsplit(url).path if "://" in url else url
-        name = path.rstrip("/").rsplit("/", 1)[-1]
-        try:
-            check_name(name)
-        except InvalidNameError:
-            raise _no_queue() from None
+        name = self._names_of_urls.get(url)
+        if name is None:
+            name = _name_in_url(url)
+            if len(self._names_of_urls) >= _URLS_KEPT:
+                self._names_of_urls.clear()
+            self._names_of_urls[url] = name
         return name
 
     def _existing(self, name: str) -> str:
