@@ -21,7 +21,7 @@ from botocore.credentials import Credentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from journalq.errors import StorageError
+from journalq.errors import PartialSendError, StorageError
 from journalq.queue import Broker
 from journalq.queue.envelope import Attribute
 from journalq.server import digests
@@ -1352,6 +1352,36 @@ def test_send_together_fails_as_a_whole_when_the_store_fails(
     monkeypatch.setattr(type(queue.topic), "send_many", full)
     with pytest.raises(StorageError):
         sqs.send_together("full", [("SendMessage", {"QueueUrl": url, "MessageBody": "x"})] * 3)
+
+
+def test_send_together_answers_each_send_as_it_fared_when_part_is_stored(
+    client: Client, sqs: SqsProtocol, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = client.create("partly")
+    queue = sqs.broker.queue("partly", create=False)
+
+    def half(topic: Any, items: Any) -> list[str]:  # every other message stored
+        raise PartialSendError([str(100 + i) if i % 2 == 0 else None for i in range(len(items))],
+                               StorageError("disk full"))
+
+    monkeypatch.setattr(type(queue.topic), "send_many", half)
+    unsent = SqsError("ServiceUnavailable", "not stored", status=503, sender=False)
+    made: list[PartialSendError] = []
+    answers = sqs.send_together("partly", [
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "zero"}),
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "one"}),
+        ("SendMessageBatch", {"QueueUrl": url, "Entries": [{"Id": f"e{i}", "MessageBody": f"e{i}"} for i in range(3)]}),
+        ("SendMessage", {"QueueUrl": url}),  # refused by the checks: no message
+    ], partly_stored=lambda exc: made.append(exc) or unsent)
+    assert len(made) == 1
+    assert answers[0] == {"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")}
+    assert answers[1] is unsent
+    assert answers[2] == {
+        "Successful": [{"Id": e, "MessageId": i, "MD5OfMessageBody": md5_of_body(e)} for e, i in (("e0", "102"),
+                                                                                                  ("e2", "104"))],
+        "Failed": [{"Id": "e1", "SenderFault": False, "Code": "ServiceUnavailable", "Message": f"not stored: {made[0]}"}],
+    }
+    assert isinstance(answers[3], SqsError) and answers[3].code == "MissingParameter"
 
 
 def test_receive_attempts_are_kept_five_minutes_and_bounded() -> None:

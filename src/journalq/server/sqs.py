@@ -514,7 +514,7 @@ def _sqs_errors() -> Iterator[None]:
         raise error from None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen one took 0.25 µs more to make, once a message
 class _Outgoing:
     """A message to send, checked: what ``send_many`` takes and what the answer needs."""
 
@@ -555,7 +555,7 @@ class _SendRules:
     dedup_per_group: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen, as _Outgoing: made once a request
 class _Sending:
     """A SendMessage (``failed`` None, one entry) or SendMessageBatch, checked: the messages to
     store, each with its entry id, and the batch entries refused already."""
@@ -1409,7 +1409,15 @@ class SqsProtocol:
         ids = iter(message_ids)
         answers: list[dict[str, Any] | Exception] = []
         for sending in sendings:
-            stored, failed = [], list(sending.failed or [])
+            if sending.failed is None:  # SendMessage: one message, its answer alone
+                message_id = next(ids)
+                if message_id is not None:
+                    answers.append(self._answer(message_id, sending.entries[0][1], sending.fifo))
+                else:
+                    assert unsent is not None
+                    answers.append(unsent)
+                continue
+            stored, failed = [], list(sending.failed)
             for entry_id, outgoing in sending.entries:
                 message_id = next(ids)
                 if message_id is not None:
@@ -1417,14 +1425,8 @@ class SqsProtocol:
                 else:
                     failed.append({"Id": entry_id, "SenderFault": False, "Code": "ServiceUnavailable",
                                    "Message": f"not stored: {failure}"})
-            if sending.failed is not None:  # SendMessageBatch
-                answers.append({"Successful": [{"Id": entry_id, **answer} for entry_id, answer in stored],
-                                "Failed": failed})
-            elif stored:  # SendMessage
-                answers.append(stored[0][1])
-            else:
-                assert unsent is not None
-                answers.append(unsent)
+            answers.append({"Successful": [{"Id": entry_id, **answer} for entry_id, answer in stored],
+                            "Failed": failed})
         return answers
 
     # -- actions: receiving ------------------------------------------------------------------------------
