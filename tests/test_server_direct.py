@@ -22,12 +22,15 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import SyncFault
 import uvicorn
 from test_server_harness import sqs_client, status_of
 
 from journalq.journal.inspect import check
 from journalq.queue import Broker
+from journalq.server import app as app_module
 from journalq.server.app import create_app
 from journalq.server.config import ServerConfig
 from journalq.server.h11_protocol import StoppingH11Protocol
@@ -402,3 +405,62 @@ def test_a_request_head_that_does_not_end_in_time_is_answered_408(tmp_path: Path
         assert 1.0 <= took <= 2.0, took
         assert status_of(Answers(late).next()) == 201
     assert taken == [b"late"]
+
+
+def _loaded(load: Any, body: bytes) -> Any:
+    """What ``load(body)`` gives: its value, or its error's type and text."""
+    try:
+        return ("value", load(body))
+    except ValueError as exc:
+        return ("error", type(exc), str(exc))
+
+
+_JSON_BODIES = [
+    b"", b"{", b"{}", b'{"a": 1}', b"{\x00", b"{\x00\x00\x00", b'{"a": "\xed\xa0\x80"}', b'{"a": "\xff"}', b"[1]",
+    b'"s"', b"\xef\xbb\xbf{}", '{"é": "\U0001f600"}'.encode("utf-16-le"), '{"a": 1}'.encode("utf-16"),
+    '{"a": 1}'.encode("utf-32"), b'{"a": 1} x', b"{'a': 1}", b'{"a": NaN}', b" {}",
+]
+
+
+@pytest.mark.parametrize("body", _JSON_BODIES)
+def test_the_sqs_body_parser_is_json_loads(body: bytes) -> None:
+    assert _loaded(app_module._json_of, body) == _loaded(json.loads, body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=12).map(lambda tail: b"{" + tail),
+                 st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3).map(
+                     lambda d: json.dumps(d, ensure_ascii=False).encode("utf-8", "surrogatepass"))))
+def test_the_sqs_body_parser_is_json_loads_for_any_object_or_brace(body: bytes) -> None:
+    assert _loaded(app_module._json_of, body) == _loaded(json.loads, body)
+
+
+@pytest.mark.parametrize("headers", [
+    [], [(b"x-amz-target", b"AmazonSQS.SendMessage")], [(b"host", b"h"), (b"x-amz-target", b"A.\xe9")],
+    [(b"x-amz-target", b"first"), (b"host", b"h"), (b"x-amz-target", b"last")], [(b"x-amz-target-not", b"x")],
+])
+def test_one_header_as_text_is_what_all_of_them_give(headers: list[tuple[bytes, bytes]]) -> None:
+    scope = {"headers": headers}
+    assert app_module._header_text(scope, b"x-amz-target") == app_module._text_headers(scope).get("x-amz-target", "")
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES)
+def test_the_sqs_answers_encoder_is_json_dumps(value: Any) -> None:
+    assert app_module._json_text(value) == json.dumps(value)
+
+
+def test_the_sqs_answers_encoder_refuses_what_json_dumps_refuses() -> None:
+    for value in ({"a": b"bytes"}, {"a": {1, 2}}, {(1, 2): "key"}):
+        with pytest.raises(TypeError) as dumped:
+            json.dumps(value)
+        with pytest.raises(TypeError) as encoded:
+            app_module._json_text(value)
+        assert str(encoded.value) == str(dumped.value)

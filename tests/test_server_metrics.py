@@ -298,3 +298,29 @@ def test_latencies_noted_reach_the_histogram_in_the_next_turn_of_the_loop_or_bef
     asyncio.run(main())
     metrics.note("rest", POST["operation"], 201, 0.002)  # with no event loop: at once
     assert count() == 5
+
+
+def test_sqs_sends_are_counted_once_a_batch_by_their_answers() -> None:
+    from journalq.server.metrics import Metrics
+    from journalq.server.sqs import SqsError
+
+    metrics = Metrics()
+
+    def sent(queue: str) -> float | None:
+        return value(_families(metrics.render().decode()), "journalq_messages_in", "journalq_messages_in_total",
+                     queue=queue)
+
+    refused = SqsError("MissingParameter", "no body")
+    metrics.count_sqs_sends("q", ["SendMessage", "SendMessageBatch", "SendMessage", "SendMessageBatch"], [
+        {"MessageId": "1", "MD5OfMessageBody": "0" * 32},
+        {"Successful": [{"Id": "a"}, {"Id": "b"}], "Failed": [{"Id": "c"}]},
+        refused,
+        {"Successful": [{"Id": "d"}], "Failed": []},
+    ])
+    assert sent("q") == 4
+    metrics.count_sqs_sends("q", ["SendMessage"], [{"MessageId": "2", "MD5OfMessageBody": "0" * 32}])
+    assert sent("q") == 5
+    metrics.count_sqs_sends("failed", ["SendMessageBatch"], [{"Successful": [], "Failed": [{"Id": "a"}]}])
+    assert sent("failed") == 0  # answered: the queue shows, with nothing stored
+    metrics.count_sqs_sends("refused", ["SendMessage", "SendMessageBatch"], [refused, refused])
+    assert sent("refused") is None

@@ -21,10 +21,11 @@ from botocore.credentials import Credentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from journalq.errors import StorageError
+from journalq.errors import PartialSendError, StorageError
 from journalq.queue import Broker
 from journalq.queue.envelope import Attribute
 from journalq.server import digests
+from journalq.server import sqs as sqs_module
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import ATTEMPT_SECONDS, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
@@ -1256,6 +1257,79 @@ def test_send_together_stores_requests_in_one_write_and_refuses_bad_ones_alone(
     assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["one", "two", "three"]
 
 
+def test_the_character_check_refuses_what_the_pattern_refuses_and_no_more() -> None:
+    """``_check_characters`` passes printable ASCII without its pattern: every ASCII character,
+    alone and in printable text, is judged as the pattern judges it."""
+    for code in range(128):
+        for text in (chr(code), f"ab{chr(code)}cd"):
+            refused = sqs_module._BAD_CHARACTER.search(text) is not None
+            try:
+                sqs_module._check_characters(text, "the message body")
+            except SqsError as exc:
+                assert refused and exc.message.startswith(f"Invalid binary character '#x{code:X}'"), repr(text)
+            else:
+                assert not refused, repr(text)
+
+
+def _outcome(make: Any, *args: Any) -> Any:
+    """What ``make(*args)`` returns, or the code and message of the ``SqsError`` it raises."""
+    try:
+        return make(*args)
+    except SqsError as exc:
+        return (exc.code, exc.message)
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["x" * 100, "a", "tab\tnew\nline\r", "del\x7f", "h\u00e9\U0001f600", "\ue000\ufffd", "x" * 1024,
+     "bell\x07", "nul\x00", "\ufffe", "lone \ud800"],
+)
+def test_the_plain_send_fast_path_gives_what_the_full_checks_give(client: Client, sqs: SqsProtocol, body: str) -> None:
+    """A body alone to a standard queue takes ``_plain_outgoing``: the same message, answer and
+    size as ``_checked_outgoing`` makes, or the same error for characters SQS refuses."""
+    client.create("plain")
+    queue, rules = sqs._queue("plain"), sqs._send_rules("plain")
+    for entry in ({"QueueUrl": "u", "MessageBody": body}, {"Id": "e", "MessageBody": body}):
+        fast = _outcome(sqs_module._plain_outgoing, entry, queue.settings, rules)
+        assert fast is not None
+        assert fast == _outcome(sqs._checked_outgoing, entry, queue.settings, rules)
+        if not isinstance(fast, tuple):  # stored as the body alone, answered with its digest
+            assert fast.item == body.encode() and fast.answer == {"MD5OfMessageBody": md5_of_body(body)}
+
+
+@pytest.mark.parametrize(
+    ("queue_name", "entry"),
+    [
+        ("plain.fifo", {"MessageBody": "x", "MessageGroupId": "g", "MessageDeduplicationId": "d"}),
+        ("plain.fifo", {"MessageBody": "x"}),
+        ("plain", {"MessageBody": "x", "DelaySeconds": 5}),
+        ("plain", {"MessageBody": "x", "DelaySeconds": None}),
+        ("plain", {"MessageBody": "x", "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}}}),
+        ("plain", {"MessageBody": "x", "MessageAttributes": {}}),
+        ("plain", {"MessageBody": "x", "MessageSystemAttributes": {
+            "AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1"}}}),
+        ("plain", {"MessageBody": "x", "MessageGroupId": "tenant"}),
+        ("plain", {"MessageBody": "x", "MessageDeduplicationId": "d"}),
+        ("plain", {"MessageBody": ""}),
+        ("plain", {"MessageBody": None}),
+        ("plain", {"MessageBody": 5}),
+        ("plain", {}),
+        ("small", {"MessageBody": "x" * 1025}),
+        ("small", {"MessageBody": "\u00e9" * 513}),  # 1,026 bytes in UTF-8
+    ],
+)
+def test_the_plain_send_fast_path_declines_every_other_message(
+    client: Client, sqs: SqsProtocol, queue_name: str, entry: dict[str, Any]
+) -> None:
+    client.create("plain")
+    client.create("plain.fifo", FifoQueue="true")
+    client.create("small", MaximumMessageSize=1024)
+    queue, rules = sqs._queue(queue_name), sqs._send_rules(queue_name)
+    assert sqs_module._plain_outgoing(entry, queue.settings, rules) is None
+    assert _outcome(sqs._outgoing, entry, queue.settings, rules) == _outcome(
+        sqs._checked_outgoing, entry, queue.settings, rules)
+
+
 def test_send_together_deduplicates_across_requests(client: Client, sqs: SqsProtocol) -> None:
     url = client.create("together.fifo", FifoQueue="true")
     send = {"QueueUrl": url, "MessageGroupId": "g", "MessageDeduplicationId": "same"}
@@ -1278,6 +1352,36 @@ def test_send_together_fails_as_a_whole_when_the_store_fails(
     monkeypatch.setattr(type(queue.topic), "send_many", full)
     with pytest.raises(StorageError):
         sqs.send_together("full", [("SendMessage", {"QueueUrl": url, "MessageBody": "x"})] * 3)
+
+
+def test_send_together_answers_each_send_as_it_fared_when_part_is_stored(
+    client: Client, sqs: SqsProtocol, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = client.create("partly")
+    queue = sqs.broker.queue("partly", create=False)
+
+    def half(topic: Any, items: Any) -> list[str]:  # every other message stored
+        raise PartialSendError([str(100 + i) if i % 2 == 0 else None for i in range(len(items))],
+                               StorageError("disk full"))
+
+    monkeypatch.setattr(type(queue.topic), "send_many", half)
+    unsent = SqsError("ServiceUnavailable", "not stored", status=503, sender=False)
+    made: list[PartialSendError] = []
+    answers = sqs.send_together("partly", [
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "zero"}),
+        ("SendMessage", {"QueueUrl": url, "MessageBody": "one"}),
+        ("SendMessageBatch", {"QueueUrl": url, "Entries": [{"Id": f"e{i}", "MessageBody": f"e{i}"} for i in range(3)]}),
+        ("SendMessage", {"QueueUrl": url}),  # refused by the checks: no message
+    ], partly_stored=lambda exc: made.append(exc) or unsent)
+    assert len(made) == 1
+    assert answers[0] == {"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")}
+    assert answers[1] is unsent
+    assert answers[2] == {
+        "Successful": [{"Id": e, "MessageId": i, "MD5OfMessageBody": md5_of_body(e)} for e, i in (("e0", "102"),
+                                                                                                  ("e2", "104"))],
+        "Failed": [{"Id": "e1", "SenderFault": False, "Code": "ServiceUnavailable", "Message": f"not stored: {made[0]}"}],
+    }
+    assert isinstance(answers[3], SqsError) and answers[3].code == "MissingParameter"
 
 
 def test_receive_attempts_are_kept_five_minutes_and_bounded() -> None:
@@ -1389,3 +1493,20 @@ def test_deduplication_per_message_group(client: Client) -> None:
     # What the existing queue is, CreateQueue compares with.
     assert client.error("CreateQueue", QueueName="scoped.fifo", Attributes={
         "FifoQueue": "true", "DeduplicationScope": "messageGroup"}).code == "QueueNameExists"
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:8080/000000000000/q", "http://h/0/q/", "https://h:1/0/q?x=1#f", "q", "/0/q", "http://h",
+    "http://h/", "http://h/0/bad name", "http://h/0/" + "n" * 81, " http://h/0/q", "ht tp://h/0/q",
+])
+def test_the_queue_of_a_url_is_the_same_when_remembered(sqs: SqsProtocol, url: str) -> None:
+    first = _outcome(sqs.queue_of, {"QueueUrl": url})
+    assert first == _outcome(sqs_module._name_in_url, url)
+    assert _outcome(sqs.queue_of, {"QueueUrl": url}) == first  # a second time: from what was kept, if kept
+    assert (url in sqs._names_of_urls) == (not isinstance(first, tuple))  # refusals are not kept
+
+
+def test_the_urls_remembered_are_bounded(sqs: SqsProtocol) -> None:
+    for i in range(sqs_module._URLS_KEPT * 2 + 1):
+        assert sqs.queue_of({"QueueUrl": f"http://h/0/q{i}"}) == f"q{i}"
+        assert len(sqs._names_of_urls) <= sqs_module._URLS_KEPT

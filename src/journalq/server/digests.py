@@ -31,7 +31,12 @@ BINARY_TRANSPORT = 2
 
 def md5_of_body(body: str) -> str:
     """Hex MD5 of the UTF-8 body, as SQS computes ``MD5OfMessageBody``."""
-    return hashlib.md5(body.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return md5_of_utf8(body.encode("utf-8"))
+
+
+def md5_of_utf8(encoded: bytes) -> str:
+    """``md5_of_body`` of the body that ``encoded`` is in UTF-8 (for a sender that has it encoded already)."""
+    return hashlib.md5(encoded, usedforsecurity=False).hexdigest()
 
 
 def _encoded(data: bytes) -> bytes:
@@ -69,4 +74,5 @@ __all__ = [
     "md5_of_body",
     "md5_of_message_attributes",
     "md5_of_message_system_attributes",
+    "md5_of_utf8",
 ]

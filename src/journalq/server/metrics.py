@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,18 +195,26 @@ class Metrics:
         return generate_latest(self.registry)
 
     def count_sqs(self, action: str, request: dict[str, Any], answer: dict[str, Any]) -> None:
-        """Count the messages an SQS action moved."""
+        """Count the messages an SQS action moved (sends: ``count_sqs_sends``)."""
         queue = str(request.get("QueueUrl", "")).rstrip("/").rsplit("/", 1)[-1] or "?"
-        if action == "SendMessage":
-            self.counted(self.messages_in, queue).inc()
-        elif action == "SendMessageBatch":
-            self.counted(self.messages_in, queue).inc(len(answer.get("Successful", ())))
-        elif action == "ReceiveMessage":
+        if action == "ReceiveMessage":
             self.counted(self.messages_out, queue).inc(len(answer.get("Messages", ())))
         elif action == "DeleteMessage":
             self.counted(self.messages_deleted, queue).inc()
         elif action == "DeleteMessageBatch":
             self.counted(self.messages_deleted, queue).inc(len(answer.get("Successful", ())))
+
+    def count_sqs_sends(self, queue: str, actions: Sequence[str], answers: Sequence[object]) -> None:
+        """Count the messages that SendMessage and SendMessageBatch requests (``actions``) to
+        ``queue`` stored, given their answers (an exception for one refused): once a batch, where
+        an increment per request took the counter's lock each time (~1 µs)."""
+        sent, answered = 0, False
+        for action, answer in zip(actions, answers):
+            if isinstance(answer, dict):
+                answered = True  # a batch whose entries all failed still shows the queue, at 0
+                sent += len(answer.get("Successful", ())) if action == "SendMessageBatch" else 1
+        if answered:
+            self.counted(self.messages_in, queue).inc(sent)
 
     def counted(self, counter: Counter, queue: str) -> Any:
         """``counter.labels(queue)``, looked up once per queue (``labels`` takes a lock and checks
