@@ -203,6 +203,38 @@ def test_a_queue_that_another_process_is_removing_is_not_found(tmp_path: Path) -
                 call()
 
 
+def test_a_queue_deleted_while_it_is_being_opened_is_not_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's delete renames the directory away between the reading of its settings
+    and the opening of its journal: QueueNotFoundError (the REST fetch answered that 500 as a
+    FileNotFoundError), and nothing of it stays open or is made again."""
+    from journalq.queue import broker as broker_module
+
+    with Broker(tmp_path, sync="none") as maker:
+        maker.queue("jobs").send(b"x")
+    real_load = broker_module.settings_file.load
+    deleted: list[bool] = []
+
+    def load_then_deleted(path: Path) -> object:
+        loaded = real_load(path)
+        if loaded is not None and path == tmp_path / "jobs" and not deleted:
+            deleted.append(True)  # (the deleter reads the settings too)
+            with Broker(tmp_path, sync="none") as deleter:
+                deleter.delete("jobs")
+        return loaded
+
+    with Broker(tmp_path, sync="none") as broker:
+        monkeypatch.setattr(broker_module.settings_file, "load", load_then_deleted)
+        with pytest.raises(QueueNotFoundError, match="deleted as it was opened"):
+            broker.queue("jobs", create=False)
+        monkeypatch.setattr(broker_module.settings_file, "load", real_load)
+        assert not broker.exists("jobs")
+        with pytest.raises(QueueNotFoundError):
+            broker.queue("jobs", create=False)
+    assert not (tmp_path / "jobs").exists()
+
+
 def test_closing_a_broker_after_another_deleted_its_queue_leaves_nothing(tmp_path: Path) -> None:
     """Its channels' cursors are not written: that made the directory again, and a cursor there
     would let gc take the segments of a new queue of the name for consumed."""

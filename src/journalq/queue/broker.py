@@ -87,8 +87,21 @@ class Broker(Closing):
                 settings_file.save(path, updated, durable=self.durable)
                 current = updated
         if topic is None:
-            topic = self._topics[name] = sharded.open_topic(self, name, current)
-            topic._get_writer()  # the journal exists from creation on, so followers can watch it
+            opened = None
+            try:
+                opened = sharded.open_topic(self, name, current)
+                # Held before its journal is made (the journal exists from creation on, so that
+                # followers can watch it): a writer would make a directory deleted meanwhile again.
+                opened._hold_directory()
+                opened._get_writer()
+            except (FileNotFoundError, QueueNotFoundError) as exc:
+                if opened is not None:
+                    opened.close()
+                if isinstance(exc, FileNotFoundError) and settings_file.load(path) is not None:
+                    raise
+                # Another process's delete took the directory away after its settings were read.
+                raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted as it was opened") from None
+            topic = self._topics[name] = opened
         topic.use_settings(current)
         return topic
 
