@@ -14,12 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from journalq.errors import InvalidSettingError
-from journalq.queue.settings import check_number
-from journalq.queue.zookeeper import is_zookeeper_url
+from journalq.queue.zookeeper import check_session_timeout, is_zookeeper_url
 
 ENVIRONMENT_VARIABLE = "JOURNALQ_SERVER"
-MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT = 0.2, 600.0
-"""The session timeouts (seconds) that the ZooKeeper store takes."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +48,7 @@ class ServerConfig:
         if self.session_timeout is not None:
             if not is_zookeeper_url(str(self.data)):
                 raise InvalidSettingError(f"a session timeout is the ZooKeeper store's, and {self.data} is a directory")
-            check_number("the session timeout", self.session_timeout, MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT)
+            check_session_timeout(self.session_timeout, "the session timeout")
 
     def store_options(self) -> dict[str, Any]:
         """What ``Broker(data, ...)`` takes besides ``sync``: the session timeout, for a ZooKeeper store."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from journalq.errors import QueueError
-from journalq.queue.zookeeper.layout import is_zookeeper_url, parse_url
+from journalq.queue.zookeeper.layout import check_session_timeout, is_zookeeper_url, parse_url
 
-__all__ = ["is_zookeeper_url", "open_broker", "parse_url"]
+__all__ = ["check_session_timeout", "is_zookeeper_url", "open_broker", "parse_url"]
 
 
 def open_broker(url: str, **options: Any) -> Any:

@@ -42,6 +42,7 @@ from typing import Any
 
 from journalq.errors import InvalidMessageError, InvalidSettingError, ReceiptError
 from journalq.queue.envelope import parse_message_id
+from journalq.queue.settings import check_number
 
 SCHEME = "zk://"
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
@@ -73,6 +74,16 @@ def parse_url(url: str) -> tuple[str, str]:
             "not the root, '.', '..' or /zookeeper"
         )
     return hosts, path
+
+
+MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT = 0.2, 600.0
+"""The session timeouts (seconds) that the store takes."""
+
+
+def check_session_timeout(seconds: object, name: str = "session_timeout") -> float:
+    """``seconds`` as a session timeout the store takes, or ``InvalidSettingError`` naming it
+    ``name``."""
+    return check_number(name, seconds, MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT)
 
 
 @dataclass(frozen=True)

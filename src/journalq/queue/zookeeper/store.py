@@ -98,6 +98,7 @@ from journalq.queue.zookeeper.layout import (
     Paths,
     TaskFacts,
     TaskIds,
+    check_session_timeout,
     check_task_id,
     collectable,
     dedup_collectable,
@@ -287,7 +288,7 @@ class ZooKeeperBroker(Closing):
         self.root = root
         self.sync = str(SyncPolicy.parse(sync))
         self.hosts, self.path = parse_url(root)
-        check_number("session_timeout", session_timeout, 0.2, 600)
+        check_session_timeout(session_timeout)
         self.limit = session_timeout
         self._connected = threading.Event()
         self._closed = False
