@@ -273,6 +273,20 @@ class _Outgoing:
     """The task of an earlier send with its deduplication id, found as its entry was written."""
 
 
+def _dedup_record(read: Any, now_ms: int, window_ms: int) -> tuple[str | None, int | None]:
+    """A deduplication id's record as ``read`` (a ``get_async`` of its node) found it: (the task
+    of an earlier send that the id still holds, None), or (None, the version of a record whose
+    window is over, or None when there is no record): what a send with the id then writes."""
+    try:
+        raw, stat = read.get()
+    except NoNodeError:
+        return None, None
+    record = DedupRecord.decode(raw)
+    if record is not None and record.holds(now_ms, window_ms):
+        return record.task, None
+    return None, stat.version
+
+
 class ZooKeeperBroker(Closing):
     """Queues in a ZooKeeper ensemble: ``Broker("zk://host:port[,host:port]/path")``.
 
@@ -717,17 +731,11 @@ class ZooKeeperTopic:
         records: dict[int, tuple[str, int | None]] = {}
         now, window = _now_ms(), int(self.settings.dedup_window * 1000)
         for i, read in reads.items():
-            path = nodes[i]
-            try:
-                raw, stat = read.get()
-            except NoNodeError:
-                records[i] = (path, None)
-                continue
-            record = DedupRecord.decode(raw)
-            if record is not None and record.holds(now, window):
-                earlier[i] = record.task
+            holder, expired = _dedup_record(read, now, window)
+            if holder is not None:
+                earlier[i] = holder
             else:
-                records[i] = (path, stat.version)  # over: the send makes it anew
+                records[i] = (nodes[i], expired)  # none, or over: the send makes it anew
         for i, first in same_as.items():
             if first in earlier:
                 earlier[i] = earlier[first]
@@ -784,16 +792,11 @@ class ZooKeeperTopic:
         reads = [(item, zk.get_async(item.dedup[0])) for item in chunk if item.dedup is not None]
         for item, read in reads:
             assert item.dedup is not None
-            try:
-                raw, stat = read.get()
-            except NoNodeError:
-                item.dedup = (item.dedup[0], None)
-                continue
-            record = DedupRecord.decode(raw)
-            if record is not None and record.holds(now, window):
-                item.duplicate_of = record.task
+            holder, expired = _dedup_record(read, now, window)
+            if holder is not None:
+                item.duplicate_of = holder
             else:
-                item.dedup = (item.dedup[0], stat.version)
+                item.dedup = (item.dedup[0], expired)
         duplicates = [item.task for item in chunk if item.duplicate_of is not None]
         if duplicates:
             try:
