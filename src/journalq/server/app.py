@@ -453,7 +453,7 @@ def create_app(config: ServerConfig) -> App:
         request that is to be refused (token, size, name): ``hot_add`` answers those."""
         if config.rest_token is not None:
             try:
-                check_token(dict(scope["headers"]).get(b"authorization", b""))
+                check_token(_header(scope, b"authorization") or b"")
             except HTTPProblem:
                 return False
         queue = scope["path"][1:-_MESSAGES_SUFFIX]
@@ -613,7 +613,8 @@ def create_app(config: ServerConfig) -> App:
         if len(body) > config.max_request_size:
             return False
         try:
-            action, payload = sqs_request(scope, _header_text(scope, b"x-amz-target"), body)
+            target = (_header(scope, b"x-amz-target") or b"").decode("latin-1")
+            action, payload = sqs_request(scope, target, body)
             if action not in SqsProtocol.SEND_ACTIONS:
                 return False
             queue = sqs_protocol().queue_of(payload)
@@ -627,7 +628,7 @@ def create_app(config: ServerConfig) -> App:
         if scope["method"] != "POST":
             return None
         path: str = scope["path"]
-        if path == "/" or _names(scope, b"x-amz-target"):
+        if path == "/" or _header(scope, b"x-amz-target") is not None:
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
         if _is_messages(path):
@@ -758,12 +759,14 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
 _METHOD_ORDER = {method: i for i, method in enumerate(("GET", "HEAD", "POST", "PUT", "DELETE"))}
 
 
-def _names(scope: Scope, header: bytes) -> bool:
-    """Whether the request has the header ``header`` (a lowercase name)."""
-    for name, _ in scope["headers"]:  # a loop: ~0.1 µs less than any() over a generator
+def _header(scope: Scope, header: bytes) -> bytes | None:
+    """The value of the request's header ``header`` (a lowercase name; the last one of that name,
+    as ``dict(scope["headers"])`` keeps), or None: without a dict of every header (~0.45 µs)."""
+    found = None
+    for name, value in scope["headers"]:  # a loop: cheaper than any() over a generator
         if name == header:
-            return True
-    return False
+            found = value
+    return found
 
 
 def _is_messages(path: str) -> bool:
@@ -795,16 +798,6 @@ def _failure_answer(exc: BaseException) -> Answer:
 def _text_headers(scope: Scope) -> dict[str, str]:
     """A request's headers by lowercase name, as text (what the SQS checks and SigV4 read)."""
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
-
-
-def _header_text(scope: Scope, header: bytes) -> str:
-    """``_text_headers(scope).get(header, "")`` (the last one of that name, as the dict keeps),
-    without decoding every header: ~0.45 µs less."""
-    found = b""
-    for name, value in scope["headers"]:
-        if name == header:
-            found = value
-    return found.decode("latin-1")
 
 
 def _dumps_without_setup() -> Callable[[Any], str]:

@@ -311,7 +311,6 @@ class _DirectCycle:
     __slots__ = ("scope", "body", "more_body", "keep_alive", "default_headers", "on_response", "disconnected",
                  "response_started", "response_complete")
     message_event = _NO_WAITER
-    waiting_for_100_continue = False
 
     def __init__(
         self, scope: Any, keep_alive: bool, default_headers: list[tuple[bytes, bytes]], on_response: Callable[[], None]
