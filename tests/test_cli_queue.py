@@ -295,6 +295,18 @@ def test_commands_on_a_missing_queue_fail_and_create_nothing(data: Path) -> None
     assert sorted(p.name for p in data.iterdir()) == ["jobs"]
 
 
+def test_attributes_of_every_type_round_trip(data: Path) -> None:
+    """``--attributes`` takes what ``receive`` prints, so a message can be sent again as it came."""
+    typed = {"n": {"type": "Number.int", "value": "42"}, "bin": {"type": "Binary", "value_b64": "AP8="},
+             "s": {"type": "String", "value": "x y"}}
+    ok(data, "send", "jobs", "first", "--attributes", json.dumps(typed), "--attribute", "plain=1")
+    [got] = receive(data, "jobs")
+    assert got["attributes"] == {**typed, "plain": {"type": "String", "value": "1"}}
+    ok(data, "send", "jobs", "again", "--attributes", json.dumps(got["attributes"]))
+    [again] = receive(data, "jobs")
+    assert again["attributes"] == got["attributes"]
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -311,6 +323,19 @@ def test_commands_on_a_missing_queue_fail_and_create_nothing(data: Path) -> None
         (("send", "jobs", "x", "--delay", "901"), "delay must be 0 to 900"),
         (("send", "jobs", "x", "--metadata", "{not json"), "--metadata is not valid JSON"),
         (("send", "jobs", "x", "--attribute", "novalue"), "not NAME=VALUE"),
+        (("send", "jobs", "x", "--attributes", "[1]"), "--attributes is a JSON object"),
+        (("send", "jobs", "x", "--attributes", "{"), "--attributes is not valid JSON"),
+        (("send", "jobs", "x", "--attributes", '{"n": "1"}'), "'n' must be {\"type\": TYPE"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Number", "value": 1}}'), "'n' must be"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Number", "value": "1", "x": "2"}}'), "'n' must be"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Number", "value": "4x2"}}'),
+         "attribute 'n': '4x2' is not a number"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Number", "value": "1e300"}}'), "out of range"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Date", "value": "1"}}'), "not String, Number or Binary"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Binary", "value_b64": "!"}}'), "not base64"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Binary", "value": "1"}}'), "takes bytes"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "String", "value": "1"}}', "--attribute", "n=2"),
+         "given by both --attribute and --attributes"),
         (("send", "jobs", "x", "--sync", "sometimes"), "unknown sync policy"),
         (("receive", "jobs", "-n", "0"), "-n"),
         (("receive", "jobs", "--visibility-timeout", "-1"), "visibility_timeout"),

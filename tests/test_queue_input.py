@@ -19,6 +19,7 @@ from journalq.errors import (
 )
 from journalq.journal import Scanner
 from journalq.queue import Broker, QueueSettings
+from journalq.queue.envelope import NOT_A_NUMBER, NUMBER_OUT_OF_RANGE, Attribute, number_problem
 
 BAD_NAMES = [
     "../x", "a/b", "", "x" * 81, ".", "..", ".hidden", "a..b", "/abs", "a\\b", "a b", "é",
@@ -195,6 +196,12 @@ def test_body_not_bytes(filled, body: object) -> None:
         {"attributes": {"k": float("nan")}},  # an SQS Number is finite
         {"attributes": {"k": float("-inf")}},
         {"attributes": [("k", "v")]},
+        # Number values that SQS clients could not read (SQS's own bounds)
+        {"attributes": {"k": Attribute("Number", "4x2")}},
+        {"attributes": {"k": Attribute("Number.float", "NaN")}},
+        {"attributes": {"k": Attribute("Number", "1" * 39)}},
+        {"attributes": {"k": Attribute("Number", "1e127")}},
+        {"attributes": {"k": 1e200}},
         {"filters": ["performance_class"]},
     ],
     ids=repr,
@@ -281,3 +288,32 @@ def test_bad_visibility_change(filled) -> None:
         with pytest.raises(InvalidSettingError):
             q.release(m1.receipt, delay=seconds)  # type: ignore[arg-type]
     assert q.consumers() == {q.consumer_id: [m1.id]}  # still hidden as before
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("42", None), (" -1.5e3 ", None), (".5", None), ("1" * 38, None), ("1" * 38 + "000", None),
+        ("1e126", None), ("9.9e126", None), ("1e-128", None), ("0e999", None), ("-0", None),
+        ("1e127", NUMBER_OUT_OF_RANGE), ("1e-129", NUMBER_OUT_OF_RANGE), ("1" * 39, NUMBER_OUT_OF_RANGE),
+        ("", NOT_A_NUMBER), ("4x2", NOT_A_NUMBER), ("NaN", NOT_A_NUMBER), ("Infinity", NOT_A_NUMBER),
+        ("1_000", NOT_A_NUMBER), ("0x10", NOT_A_NUMBER), ("\u0661", NOT_A_NUMBER),
+    ],
+)
+def test_number_attribute_values(text: str, problem: str | None) -> None:
+    assert number_problem(text) == problem
+
+
+def test_a_bad_number_attribute_is_named_and_nothing_is_stored(filled) -> None:
+    _, q, _ = filled  # (the fixture checks that the journal holds what it held)
+    with pytest.raises(InvalidMessageError, match="attribute 'price': '12,5' is not a number"):
+        q.send_many([b"fine", {"body": b"x", "attributes": {"price": Attribute("Number", "12,5")}}])
+
+
+def test_number_attributes_within_bounds_are_sent(store_root: Path | str) -> None:
+    with Broker(store_root, sync="none") as broker:
+        q = broker.queue("jobs")
+        q.send(b"ok", attributes={"price": Attribute("Number.eur", "12.5"), "n": 10**40, "f": 0.25})
+        [got] = q.receive()
+        assert got.attributes == {"price": Attribute("Number.eur", "12.5"), "n": Attribute("Number", "1" + "0" * 40),
+                                  "f": Attribute("Number", "0.25")}

@@ -185,6 +185,36 @@ def _attribute_json(attribute: Attribute) -> dict[str, str]:
     return {"type": attribute.data_type, "value": attribute.value}
 
 
+def _attributes_of_json(text: str | None) -> dict[str, Attribute]:
+    """``--attributes``: what ``receive`` prints as a message's attributes (``_attribute_json``
+    of each), as attributes to send."""
+    given = _json_option(text, "--attributes")
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise CommandError('--attributes is a JSON object: {"NAME": {"type": TYPE, "value": TEXT}, ...} '
+                           '(or "value_b64" for a Binary)')
+    attributes = {}
+    for name, spec in given.items():
+        fields = set(spec) if isinstance(spec, dict) else set()
+        if fields not in ({"type", "value"}, {"type", "value_b64"}) or not all(
+            isinstance(v, str) for v in spec.values()
+        ):
+            raise CommandError(f'--attributes: {name!r} must be {{"type": TYPE, "value": TEXT}} or '
+                               f'{{"type": TYPE, "value_b64": BASE64}}, not {json.dumps(spec)}')
+        value: str | bytes = spec.get("value", "")
+        if "value_b64" in spec:
+            try:
+                value = base64.b64decode(spec["value_b64"], validate=True)
+            except ValueError:
+                raise CommandError(f"--attributes: {name!r} has a value_b64 that is not base64") from None
+        try:
+            attributes[name] = Attribute(spec["type"], value)
+        except InvalidMessageError as exc:
+            raise CommandError(f"--attributes: {name!r}: {exc}") from None
+    return attributes
+
+
 def received_json(message: ReceivedMessage) -> dict[str, Any]:
     """A received message as ``receive`` prints it: the body as text when it is UTF-8, else as
     ``body_b64``; ``sent_at`` in RFC 3339 (UTC, nanoseconds) beside ``sent_at_ns``."""
@@ -260,6 +290,9 @@ def queue() -> None:
 @click.argument("body", required=False)
 @click.option("--attribute", "attributes", multiple=True, metavar="NAME=VALUE",
               help="A String attribute (repeatable).")
+@click.option("--attributes", "typed_attributes", metavar="JSON",
+              help='Attributes of any type, as receive prints them: {"NAME": {"type": "Number", "value": "42"}, '
+                   '"NAME2": {"type": "Binary", "value_b64": "AAE="}}.')
 @click.option("--delay", type=SECONDS, metavar="SECONDS",
               help="Hide the message this long (0 to 900; default: the queue's delay).")
 @click.option("--filter", "filters", multiple=True, metavar="NAME=VALUE",
@@ -273,8 +306,8 @@ def queue() -> None:
               help="Send the whole of PATH (- for standard input) as one message: any bytes, newlines too.")
 @_broker_options
 def send(
-    name: str, body: str | None, attributes: tuple[str, ...], delay: float | None, filters: tuple[str, ...],
-    dedup_id: str | None, group_id: str | None, metadata: str | None, key: str | None, no_create: bool,
+    name: str, body: str | None, attributes: tuple[str, ...], typed_attributes: str | None, delay: float | None,
+    filters: tuple[str, ...], dedup_id: str | None, group_id: str | None, metadata: str | None, key: str | None, no_create: bool,
     body_file: BinaryIO | None, data: Path, sync: str,
 ) -> None:
     """Send BODY to QUEUE; or the whole of a file as one message (--file PATH); or one message
@@ -282,8 +315,12 @@ def send(
     per message, in order."""
     if body is not None and body_file is not None:
         raise CommandError("give BODY or --file, not both")
+    strings = _pairs(attributes, "--attribute")
+    typed = _attributes_of_json(typed_attributes)
+    if both := sorted(strings.keys() & typed.keys()):
+        raise CommandError(f"attribute {both[0]!r} given by both --attribute and --attributes")
     options = {
-        "attributes": _pairs(attributes, "--attribute") or None,
+        "attributes": {**typed, **strings} or None,
         "delay": delay,
         "filters": _pairs(filters, "--filter") or None,
         "dedup_id": dedup_id,

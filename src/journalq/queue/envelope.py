@@ -25,8 +25,10 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from journalq.errors import InvalidMessageError
@@ -37,6 +39,26 @@ _META_LEN = struct.Struct(">I")
 _PREFIX = len(_MAGIC) + _META_LEN.size
 
 ATTRIBUTE_TYPES = ("String", "Number", "Binary")
+
+NOT_A_NUMBER = "is not a number"
+NUMBER_OUT_OF_RANGE = "is out of range: numbers have up to 38 digits of precision, from -10^128 to 10^126"
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)  # ASCII: no other digits
+
+
+def number_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as the value of a Number attribute (SQS's Number: a decimal
+    of up to 38 significant digits, from -10^128 to 10^126): ``NOT_A_NUMBER``,
+    ``NUMBER_OUT_OF_RANGE``, or None when it is one."""
+    try:
+        number = Decimal(text) if _NUMBER.fullmatch(text.strip()) else None
+    except InvalidOperation:
+        number = None
+    if number is None or not number.is_finite():
+        return NOT_A_NUMBER
+    digits = "".join(map(str, number.as_tuple().digits)).strip("0")
+    if len(digits) > 38 or (number != 0 and not -128 <= number.adjusted() <= 126):
+        return NUMBER_OUT_OF_RANGE
+    return None
 
 
 @dataclass(frozen=True)
@@ -73,6 +95,18 @@ class Attribute:
                 raise InvalidMessageError(f"a Number attribute must be finite, not {value!r}")
             return cls("Number", repr(value))
         raise InvalidMessageError(f"attribute values are str, bytes, int or float, not {type(value).__name__}")
+
+
+def checked_attribute(name: str, value: Attribute | str | bytes | int | float) -> Attribute:
+    """Attribute ``name`` of a message to send (``Attribute.of(value)``), its Number value
+    checked too: one that SQS clients could not read is refused before it is stored. (Stored
+    attributes are read back as they are.)"""
+    attribute = Attribute.of(value)
+    if attribute.data_type.split(".", 1)[0] == "Number":
+        problem = number_problem(attribute.value)  # type: ignore[arg-type] - a Number's value is text
+        if problem is not None:
+            raise InvalidMessageError(f"attribute {name!r}: {attribute.value!r} {problem}")
+    return attribute
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ class Topic:
         for name, value in given.items():
             if not isinstance(name, str) or not name:
                 raise InvalidMessageError(f"attribute names are non-empty strings, not {name!r}")
-            attributes[name] = Attribute.of(value)
+            attributes[name] = envelope.checked_attribute(name, value)
         return Envelope(
             body=body,
             attributes=attributes,

@@ -66,7 +66,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -83,7 +82,7 @@ from journalq.errors import (
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import Broker, Queue
 from journalq.queue.channel import ReceivedMessage
-from journalq.queue.envelope import Attribute
+from journalq.queue.envelope import NOT_A_NUMBER, Attribute, number_problem
 from journalq.queue.settings import QueueSettings, check_name
 from journalq.server.digests import (
     md5_of_body,
@@ -199,7 +198,6 @@ _BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[A-Za-z0-9_.-]{1,250})?")
 _GROUP_OR_DEDUP_ID = re.compile(r"[\x21-\x7e]{1,128}")
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _BAD_CHARACTER = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _VALID_CHARACTERS = "#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF"
 
@@ -320,15 +318,11 @@ def _number_text(value: float) -> str:
 
 
 def _check_number_value(name: str, value: str) -> None:
-    """SQS's Number: up to 38 significant digits, from -10^128 to 10^126."""
-    try:
-        number = Decimal(value) if _NUMBER.fullmatch(value.strip()) else None
-    except InvalidOperation:
-        number = None
-    if number is None or not number.is_finite():
+    """SQS's Number (``envelope.number_problem``), with SQS's error messages."""
+    problem = number_problem(value)
+    if problem == NOT_A_NUMBER:
         raise _invalid(f"Can't cast the value of message (user) attribute '{name}' to a number.")
-    digits = "".join(map(str, number.as_tuple().digits)).strip("0")
-    if len(digits) > 38 or (number != 0 and not -128 <= number.adjusted() <= 126):
+    if problem is not None:
         raise _invalid(
             f"Value of message (user) attribute '{name}' is out of range: numbers have up to 38 digits "
             "of precision, from -10^128 to 10^126."
