@@ -55,8 +55,8 @@ from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
 from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task, check_receipt_list
 from journalq.queue.removal import remove_directory
-from journalq.queue.settings import QueueSettings, SettingsFile, check_number
-from journalq.queue.topic import OutgoingMessage, Topic
+from journalq.queue.settings import QueueSettings, check_number
+from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
@@ -183,21 +183,18 @@ class _ShardTopic(Topic):
         directory holds them)."""
 
 
-class ShardedTopic:
+class ShardedTopic(TopicDirectory):
     """The sharded topic ``name`` of a broker; ``Broker.topic`` and ``Broker.queue`` give one for a
     topic created with ``shards`` > 1. It offers what ``Topic`` offers."""
 
     def __init__(self, broker: Broker, name: str, settings: QueueSettings) -> None:
+        super().__init__(broker.root / name)  # holds queue.json; the shards are beside it
         self.broker = broker
         self.name = name
-        self.path: Path = broker.root / name  # holds queue.json; the shards are beside it
         self.shard_names = shard_dirs(name, settings.shards)
-        self._dir_fd = -1
-        self.gone = False
-        self._hold_directory()  # (``Topic``'s: see ``check_present``)
+        self._hold_directory()  # (see ``check_present``)
         self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
         self.settings = settings
-        self._settings_file = SettingsFile(self.path)
         self._channels: dict[str, ShardedChannel] = {}
         self._turn = os.getpid()  # round robin of keyless messages, from a shard of this process
 
@@ -206,11 +203,6 @@ class ShardedTopic:
         self.settings = settings
         for shard in self.shards:
             shard.use_settings(settings)
-
-    refresh_settings = Topic.refresh_settings
-    check_present = Topic.check_present
-    _still_at_path = Topic._still_at_path
-    _hold_directory = Topic._hold_directory
 
     @property
     def shard_paths(self) -> list[Path]:
@@ -310,9 +302,7 @@ class ShardedTopic:
         self._channels.clear()
         for shard in self.shards:
             shard.close()
-        if self._dir_fd >= 0:
-            os.close(self._dir_fd)
-            self._dir_fd = -1
+        self._let_go_of_directory()
 
 
 # -- channels and queues --------------------------------------------------------------------------

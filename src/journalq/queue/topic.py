@@ -45,28 +45,17 @@ of ``Topic.send``."""
 _CACHED_MESSAGES = 8192  # a topic keeps this many recently read messages for redelivery
 
 
-class Topic:
-    """The topic ``name`` of a broker; use ``Broker.topic`` or ``Broker.queue`` to get one."""
+class TopicDirectory:
+    """What ``Topic`` and ``ShardedTopic`` share: the topic's directory held open (to tell when
+    the topic is deleted, or deleted and made again, under an object that has it open) and its
+    settings file (to take up settings that other processes change). Subclasses set ``name`` and
+    ``use_settings``."""
 
-    def __init__(self, broker: Broker, name: str, settings: QueueSettings) -> None:
-        self.broker = broker
-        self.name = check_name(name, "topic")
-        self.path: Path = broker.root / name
-        self._writer: Writer | None = None
-        self._channels: dict[str, Channel] = {}
-        self._dedup: _DedupIndex | None = None
-        self.settings = settings
-        # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
-        # entry per read of ~500, not one per message), up to ``_CACHED_MESSAGES`` in all.
-        self._runs: dict[int, list[Message]] = {}
-        self._cached = 0
-        self._last_run: list[Message] = []  # where the last lookup found its message
-        self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
-        self._last_gc = 0.0
-        self.first_kept = 0
-        """The first offset left after this process's last ``gc``: a channel whose cursor is below
-        it skips what retention deleted before it receives again (see ``Channel._skip_deleted``)."""
-        self._settings_file = SettingsFile(self.path)
+    name: str
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._settings_file = SettingsFile(path)
         # The directory as opened: deleted, it has no links left, even when another process has
         # made the topic again under the same name (whose messages and channel states are not
         # this object's to act on). Opened with the writer or the first channel.
@@ -78,6 +67,11 @@ class Topic:
     def _hold_directory(self) -> None:
         if self._dir_fd < 0:
             self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def _let_go_of_directory(self) -> None:
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
 
     def check_present(self) -> None:
         """Raise ``QueueNotFoundError`` when the topic was deleted since it was opened (by another
@@ -107,6 +101,32 @@ class Topic:
         changed = self._settings_file.changed()
         if changed is not None:
             self.use_settings(changed)
+
+    def use_settings(self, settings: QueueSettings) -> None:
+        raise NotImplementedError
+
+
+class Topic(TopicDirectory):
+    """The topic ``name`` of a broker; use ``Broker.topic`` or ``Broker.queue`` to get one."""
+
+    def __init__(self, broker: Broker, name: str, settings: QueueSettings) -> None:
+        super().__init__(broker.root / name)
+        self.broker = broker
+        self.name = check_name(name, "topic")
+        self._writer: Writer | None = None
+        self._channels: dict[str, Channel] = {}
+        self._dedup: _DedupIndex | None = None
+        self.settings = settings
+        # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
+        # entry per read of ~500, not one per message), up to ``_CACHED_MESSAGES`` in all.
+        self._runs: dict[int, list[Message]] = {}
+        self._cached = 0
+        self._last_run: list[Message] = []  # where the last lookup found its message
+        self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
+        self._last_gc = 0.0
+        self.first_kept = 0
+        """The first offset left after this process's last ``gc``: a channel whose cursor is below
+        it skips what retention deleted before it receives again (see ``Channel._skip_deleted``)."""
 
     def use_settings(self, settings: QueueSettings) -> None:
         """New settings, for what this object has open too (its writer, its deduplication).
@@ -392,9 +412,7 @@ class Topic:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self._dir_fd >= 0:
-            os.close(self._dir_fd)
-            self._dir_fd = -1
+        self._let_go_of_directory()
 
 
 def _last_timestamp(segment: Segment) -> int:
