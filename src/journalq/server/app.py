@@ -504,9 +504,9 @@ def create_app(config: ServerConfig) -> App:
             problem.__cause__ = exc
             return problem
 
-        answers: list[dict[str, Any] | Exception] = await blocking(
-            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored), name, requests,
-            storing=True)
+        answers: list[dict[str, Any] | bytes | Exception] = await blocking(
+            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored, plain=_plain_sent_json),
+            name, requests, storing=True)
         app.state.metrics.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers
 
@@ -563,12 +563,18 @@ def create_app(config: ServerConfig) -> App:
                 "ZooKeeper (use mq's REST API)", status=400))
         return action, payload
 
-    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | BaseException) -> Answer:
+    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | bytes | BaseException) -> Answer:
         """The answer to an SQS request that reached its queue: its result, or the error that
         refused it (other exceptions propagate)."""
-        if not isinstance(outcome, BaseException):  # first: the common case
-            if action not in SqsProtocol.SEND_ACTIONS:  # sends are counted once a batch, by store_sqs
-                app.state.metrics.count_sqs(action, payload, outcome)
+        if action not in SqsProtocol.SEND_ACTIONS and isinstance(outcome, dict):
+            app.state.metrics.count_sqs(action, payload, outcome)  # sends are counted once a batch, by store_sqs
+        return sqs_outcome_answer(outcome)
+
+    def sqs_outcome_answer(outcome: dict[str, Any] | bytes | BaseException) -> Answer:
+        """``sqs_answer`` but for the counting: what a send is answered (no partial per request)."""
+        if type(outcome) is bytes:  # first: the common case, a plain SendMessage's JSON text
+            return _whole(200, outcome, [_AMZ_JSON])
+        if not isinstance(outcome, BaseException):
             return _whole(200, _json_text(outcome).encode(), [_AMZ_JSON])
         if isinstance(outcome, SqsError):
             return _sqs_error_answer(outcome)
@@ -620,8 +626,7 @@ def create_app(config: ServerConfig) -> App:
             queue = sqs_protocol().queue_of(payload)
         except (SqsRefusal, SqsError):
             return False
-        answer = functools.partial(sqs_answer, action, payload)
-        sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, answer))
+        sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, sqs_outcome_answer))
         return True
 
     def hot_route(scope: Scope) -> Handler | None:
@@ -814,6 +819,13 @@ def _dumps_without_setup() -> Callable[[Any], str]:
 
 
 _json_text = _dumps_without_setup()
+
+
+def _plain_sent_json(message_id: str, md5: str) -> bytes:
+    """``_json_text(plain_answer(message_id, md5)).encode()`` (a plain SendMessage's answer, see
+    ``SqsProtocol.send_together``), formatted (~0.4 µs less): journalq's message ids (decimal
+    digits; a shard's index, a dot and those) and a hex digest have nothing to escape."""
+    return ('{"MessageId": "%s", "MD5OfMessageBody": "%s"}' % (message_id, md5)).encode()
 
 
 _decode_json = json.JSONDecoder().decode  # what json.loads uses for text
