@@ -419,6 +419,8 @@ _JSON_BODIES = [
     b"", b"{", b"{}", b'{"a": 1}', b"{\x00", b"{\x00\x00\x00", b'{"a": "\xed\xa0\x80"}', b'{"a": "\xff"}', b"[1]",
     b'"s"', b"\xef\xbb\xbf{}", '{"é": "\U0001f600"}'.encode("utf-16-le"), '{"a": 1}'.encode("utf-16"),
     '{"a": 1}'.encode("utf-32"), b'{"a": 1} x', b"{'a': 1}", b'{"a": NaN}', b" {}",
+    # the object scanned alone, then decode for what follows it: whitespace, more, a second object
+    b'{"a": 1} ', b'{"a": 1}\r\n\t', b'{"a": 1}}', b'{"a": 1}{}', b'{"a": [1, 2}', b'{"a": 1', b'{"a"}', b"{ }",
 ]
 
 
@@ -429,8 +431,9 @@ def test_the_sqs_body_parser_is_json_loads(body: bytes) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.binary(max_size=12).map(lambda tail: b"{" + tail),
-                 st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3).map(
-                     lambda d: json.dumps(d, ensure_ascii=False).encode("utf-8", "surrogatepass"))))
+                 st.tuples(st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+                           st.sampled_from([b"", b"", b" ", b"\n", b"}", b" x", b"{}"])).map(
+                     lambda d: json.dumps(d[0], ensure_ascii=False).encode("utf-8", "surrogatepass") + d[1])))
 def test_the_sqs_body_parser_is_json_loads_for_any_object_or_brace(body: bytes) -> None:
     assert _loaded(app_module._json_of, body) == _loaded(json.loads, body)
 

@@ -828,15 +828,28 @@ def _plain_sent_json(message_id: str, md5: str) -> bytes:
     return ('{"MessageId": "%s", "MD5OfMessageBody": "%s"}' % (message_id, md5)).encode()
 
 
-_decode_json = json.JSONDecoder().decode  # what json.loads uses for text
+_decoder = json.JSONDecoder()  # what json.loads uses for text
+_decode_json = _decoder.decode
+_scan_json = _decoder.scan_once  # the C scanner that decode calls, through two regex matches and raw_decode
 
 
 def _json_of(body: bytes) -> Any:
     """``json.loads(body)``: the same value or the same error. A body that begins with ``{`` not
     followed by NUL (any JSON object in UTF-8) is one ``json.loads`` takes as UTF-8 (its guess of
-    the encoding reads the first bytes): decoded here as it would, without the guess (~0.6 µs)."""
+    the encoding reads the first bytes): decoded here as it would, without the guess (~0.6 µs),
+    and scanned without ``decode``'s Python around the scanner when the object ends the body
+    (~0.5 µs): ``decode`` skips whitespace (none before ``{``), scans, and checks that only
+    whitespace follows; anything else (an error, more after the object) goes through ``decode``."""
     if body[:1] == b"{" and body[1:2] != b"\x00":
-        return _decode_json(body.decode("utf-8", "surrogatepass"))
+        text = body.decode("utf-8", "surrogatepass")
+        try:
+            value, end = _scan_json(text, 0)
+        except (ValueError, StopIteration):
+            pass  # decode raises its error
+        else:
+            if end == len(text):
+                return value
+        return _decode_json(text)
     return json.loads(body)
 
 
