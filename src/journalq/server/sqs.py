@@ -436,9 +436,8 @@ class _Sidecar:
     def read(self, name: str) -> dict[str, Any]:
         """The queue's data, read-only (cached while the file stays the same: every change
         replaces the file, so its inode tells)."""
-        file = self.root / name / SIDECAR
-        try:
-            st = file.stat()
+        try:  # os.stat of a str: a Path built per read cost ~2 µs of the ~4.4
+            st = os.stat(os.path.join(self.root, name, SIDECAR))
         except (FileNotFoundError, NotADirectoryError):
             self._cache.pop(name, None)
             return {}
