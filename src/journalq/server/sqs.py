@@ -739,10 +739,11 @@ class SqsProtocol:
         return parts[5]
 
     def _name_of_url(self, request: Mapping[str, Any]) -> str:
-        url = _string(request, "QueueUrl", required=True)
-        assert url is not None
-        name = self._names_of_urls.get(url)
+        url = request.get("QueueUrl")
+        name = self._names_of_urls.get(url) if type(url) is str else None  # a URL met before: checked then
         if name is None:
+            url = _string(request, "QueueUrl", required=True)
+            assert url is not None
             name = _name_in_url(url)
             if len(self._names_of_urls) >= _URLS_KEPT:
                 self._names_of_urls.clear()
