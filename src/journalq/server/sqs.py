@@ -68,7 +68,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from journalq.errors import (
@@ -692,28 +692,37 @@ class SqsProtocol:
             queue, rules = self._queue(name), self._send_rules(name)
         settings = queue.settings
         checked: list[_Checked | SqsError] = []
+        bodies_only = True  # every request a plain SendMessage (the common batch): see _store
         for action, request in requests:
             try:  # not _sqs_errors(): a context manager per request cost ~0.6 µs
                 body = _plain_body(request, settings, rules) if action == "SendMessage" else None
-                checked.append(body if body is not None else self._check_send(action, request, queue, rules))
+                if body is not None:
+                    checked.append(body)
+                    continue
+                bodies_only = False
+                checked.append(self._check_send(action, request, queue, rules))
             except Exception as exc:
                 error = _as_sqs_error(exc)
                 if error is None:
                     raise
+                bodies_only = False
                 checked.append(error)
-        sends = [c for c in checked if not isinstance(c, SqsError)]
+        sends = cast("list[_Checked]", checked) if bodies_only else [c for c in checked if not isinstance(c, SqsError)]
         with _sqs_errors():
             try:
-                answers = iter(self._store(queue, sends, plain))
+                answers = self._store(queue, sends, plain, bodies_only=bodies_only)
             except (InvalidMessageError, InvalidSettingError):
                 # Refused by the queue, not the checks above: find which request it was by
                 # storing each alone, so that one bad request does not fail the others.
-                answers = iter([self._store_alone(queue, send, plain) for send in sends])
+                answers = [self._store_alone(queue, send, plain) for send in sends]
             except PartialSendError as exc:
                 if partly_stored is None:
                     raise
-                answers = iter(self._answers(sends, exc.ids, plain, exc, partly_stored(exc)))
-        return [c if isinstance(c, SqsError) else next(answers) for c in checked]
+                answers = self._answers(sends, exc.ids, plain, exc, partly_stored(exc))
+        if bodies_only:
+            return answers
+        stored = iter(answers)
+        return [c if isinstance(c, SqsError) else next(stored) for c in checked]
 
     def _store_alone(self, queue: Queue, send: _Checked, plain: Callable[[str, str], Any]) -> Any:
         try:
@@ -1414,8 +1423,15 @@ class SqsProtocol:
             )
         return _Sending(settings.fifo, checked, failed)
 
-    def _store(self, queue: Queue, sends: Sequence[_Checked], plain: Callable[[str, str], Any]) -> list[Any]:
-        """Store the messages of checked sends to ``queue`` in one write; their answers."""
+    def _store(
+        self, queue: Queue, sends: Sequence[_Checked], plain: Callable[[str, str], Any], *, bodies_only: bool = False
+    ) -> list[Any]:
+        """Store the messages of checked sends to ``queue`` in one write; their answers.
+        ``bodies_only``: every send is a plain SendMessage's body (``_answers``' answers, without
+        its walk: ~0.2 µs a message)."""
+        if bodies_only:
+            bodies = cast("list[bytes]", sends)
+            return [plain(message_id, md5_of_utf8(body)) for message_id, body in zip(queue.send_many(bodies), bodies)]
         items: list[dict[str, Any] | bytes] = []
         for send in sends:
             if type(send) is bytes:  # a plain SendMessage: its body
