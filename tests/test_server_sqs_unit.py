@@ -54,6 +54,13 @@ def test_md5_of_body_is_of_the_utf8_bytes() -> None:
     assert md5_of_body("h\u00e9\U0001f600") == hashlib.md5("h\u00e9\U0001f600".encode()).hexdigest()
 
 
+@pytest.mark.parametrize("size", [0, 1, 55, 56, 64, 100, digests._SHORT - 1, digests._SHORT, digests._SHORT + 1, 70_000])
+def test_md5_of_utf8_is_hashlib_md5_on_either_side_of_the_short_limit(size: int) -> None:
+    """Short input goes through CPython's own MD5, the rest through OpenSSL's: the same digest."""
+    data = bytes(i * 7 % 256 for i in range(size))
+    assert digests.md5_of_utf8(data) == hashlib.md5(data).hexdigest()
+
+
 def _number(value: str) -> Attribute:
     return Attribute("Number", value)
 
