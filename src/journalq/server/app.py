@@ -504,8 +504,8 @@ def create_app(config: ServerConfig) -> App:
             problem.__cause__ = exc
             return problem
 
-        answers: list[dict[str, Any] | bytes | Exception] = await blocking(
-            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored, plain=_plain_sent_json),
+        answers: list[dict[str, Any] | Answer | Exception] = await blocking(
+            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored, plain=_plain_sent_answer),
             name, requests, storing=True)
         app.state.metrics.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers
@@ -563,17 +563,17 @@ def create_app(config: ServerConfig) -> App:
                 "ZooKeeper (use mq's REST API)", status=400))
         return action, payload
 
-    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | bytes | BaseException) -> Answer:
+    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | Answer | BaseException) -> Answer:
         """The answer to an SQS request that reached its queue: its result, or the error that
         refused it (other exceptions propagate)."""
         if action not in SqsProtocol.SEND_ACTIONS and isinstance(outcome, dict):
             app.state.metrics.count_sqs(action, payload, outcome)  # sends are counted once a batch, by store_sqs
         return sqs_outcome_answer(outcome)
 
-    def sqs_outcome_answer(outcome: dict[str, Any] | bytes | BaseException) -> Answer:
+    def sqs_outcome_answer(outcome: dict[str, Any] | Answer | BaseException) -> Answer:
         """``sqs_answer`` but for the counting: what a send is answered (no partial per request)."""
-        if type(outcome) is bytes:  # first: the common case, a plain SendMessage's JSON text
-            return _whole(200, outcome, [_AMZ_JSON])
+        if type(outcome) is tuple:  # first: the common case, a plain SendMessage's (_plain_sent_answer)
+            return outcome
         if not isinstance(outcome, BaseException):
             return _whole(200, _json_text(outcome).encode(), [_AMZ_JSON])
         if isinstance(outcome, SqsError):
@@ -821,11 +821,12 @@ def _dumps_without_setup() -> Callable[[Any], str]:
 _json_text = _dumps_without_setup()
 
 
-def _plain_sent_json(message_id: str, md5: str) -> bytes:
-    """``_json_text(plain_answer(message_id, md5)).encode()`` (a plain SendMessage's answer, see
-    ``SqsProtocol.send_together``), formatted (~0.4 µs less): journalq's message ids (decimal
-    digits; a shard's index, a dot and those) and a hex digest have nothing to escape."""
-    return ('{"MessageId": "%s", "MD5OfMessageBody": "%s"}' % (message_id, md5)).encode()
+def _plain_sent_answer(message_id: str, md5: str) -> Answer:
+    """The answer to a plain SendMessage (``SqsProtocol.send_together``'s ``plain``), made in the
+    store thread: the JSON text of ``plain_answer(message_id, md5)``, formatted rather than encoded
+    (~0.4 µs less; journalq's message ids, decimal digits or a shard's index, a dot and those, and a
+    hex digest have nothing to escape)."""
+    return _whole(200, ('{"MessageId": "%s", "MD5OfMessageBody": "%s"}' % (message_id, md5)).encode(), [_AMZ_JSON])
 
 
 _decoder = json.JSONDecoder()  # what json.loads uses for text

@@ -215,7 +215,7 @@ class Metrics:
             answered = True  # a batch whose entries all failed still shows the queue, at 0
             if isinstance(answer, dict) and action == "SendMessageBatch":
                 sent += len(answer.get("Successful", ()))
-            else:  # a SendMessage's dict, or a plain one's JSON text
+            else:  # a SendMessage's dict, or a plain one's whole answer
                 sent += 1
         if answered:
             self.counted(self.messages_in, queue).inc(sent)

@@ -679,8 +679,9 @@ class SqsProtocol:
 
         The most common send, a SendMessage of a body alone to a standard queue, is answered
         ``plain(message_id, md5_of_body)``: ``plain_answer``'s dict by default (the server gives
-        that dict's JSON text, made without the encoder). Such a send is checked and stored as
-        its body alone, with no object of its own on the way (~1 µs a message less).
+        its whole HTTP answer, that dict's JSON text made without the encoder). Such a send is
+        checked and stored as its body alone, with no object of its own on the way (~1 µs a
+        message less than a ``_Sending``, its ``_Outgoing`` and answer dicts).
 
         A sharded queue stores each shard's part on its own, so a failure may leave part of the
         messages stored (``PartialSendError``). With ``partly_stored``, the stored ones are then
