@@ -593,3 +593,19 @@ def test_the_plain_send_lane_answers_as_the_full_checks_and_declines_the_rest(tm
         "over the size limit", "over it in UTF-8", "FIFO", "DelaySeconds out of range", "a bad character",
         "a lone surrogate", "no body", "an empty body", "a number", "an unknown queue", "1,500 bytes once lowered",
         _LOWERED_ELSEWHERE]
+
+
+def test_a_plain_sends_answer_is_its_dict_through_the_encoder(tmp_path: Path) -> None:
+    """``_plain_sent_answer`` formats what the encoder makes of ``plain_answer``'s dict, for the
+    ids that queues give (a standard queue's offsets, a sharded queue's shard and offset)."""
+    from journalq.server.digests import md5_of_body
+    from journalq.server.sqs import plain_answer
+
+    with Broker(tmp_path, sync="none") as broker:
+        ids = broker.queue("one").send_many([b"m"] * 12) + broker.queue("four", shards=4).send_many([b"m"] * 12)
+    assert any("." in i for i in ids) and any("." not in i for i in ids)
+    for message_id in [*ids, "0", "18446744073709551615", "1023.18446744073709551615"]:
+        md5 = md5_of_body(message_id)
+        expected = app_module._whole(200, app_module._json_text(plain_answer(message_id, md5)).encode(),
+                                     [app_module._AMZ_JSON])
+        assert app_module._plain_sent_answer(message_id, md5) == expected
