@@ -571,7 +571,8 @@ def create_app(config: ServerConfig) -> App:
         return sqs_outcome_answer(outcome)
 
     def sqs_outcome_answer(outcome: dict[str, Any] | Answer | BaseException) -> Answer:
-        """``sqs_answer`` but for the counting: what a send is answered (no partial per request)."""
+        """What an SQS request that reached its queue is answered, given its outcome: ``sqs_answer``
+        without the counting, for the sends (counted once a batch), with no partial per request."""
         if type(outcome) is tuple:  # first: the common case, a plain SendMessage's (_plain_sent_answer)
             return outcome
         if not isinstance(outcome, BaseException):

@@ -1435,10 +1435,10 @@ class SqsProtocol:
             return [plain(message_id, md5_of_utf8(body)) for message_id, body in zip(queue.send_many(bodies), bodies)]
         items: list[dict[str, Any] | bytes] = []
         for send in sends:
-            if type(send) is bytes:  # a plain SendMessage: its body
+            if isinstance(send, bytes):  # a plain SendMessage: its body
                 items.append(send)
             else:
-                items += [o.item for _, o in send.entries]  # type: ignore[union-attr]
+                items += [o.item for _, o in send.entries]
         return self._answers(sends, queue.send_many(items) if items else [], plain)
 
     def _answers(
@@ -1454,11 +1454,10 @@ class SqsProtocol:
         ids = iter(message_ids)
         answers: list[Any] = []
         for sending in sends:
-            if type(sending) is bytes:  # a plain SendMessage: its body
+            if isinstance(sending, bytes):  # a plain SendMessage: its body
                 message_id = next(ids)
                 answers.append(unsent if message_id is None else plain(message_id, md5_of_utf8(sending)))
                 continue
-            assert isinstance(sending, _Sending)
             if sending.failed is None:  # SendMessage: one message, its answer alone
                 message_id = next(ids)
                 answers.append(
