@@ -44,7 +44,7 @@ import uvicorn  # noqa: E402
 from uvicorn.server import ServerState  # noqa: E402
 
 from journalq.queue import Broker  # noqa: E402
-from journalq.server.app import create_app, settle_heap  # noqa: E402
+from journalq.server.app import _plain_sent_answer, create_app, settle_heap  # noqa: E402
 from journalq.server.batching import SendBatcher  # noqa: E402
 from journalq.server.config import ServerConfig  # noqa: E402
 from journalq.server.protocol import DirectHttpToolsProtocol  # noqa: E402
@@ -119,7 +119,8 @@ async def run(api: str, stage: str, requests: int, data: Path) -> float:
             async def stored_at_once(queue: str, items: Sequence[Any]) -> list[Any]:
                 if api == "rest":
                     return ["1"] * len(items)
-                return [{"MessageId": "1", "MD5OfMessageBody": "0" * 32}] * len(items)
+                # What the store answers a SendMessage of a body alone: its whole answer.
+                return [_plain_sent_answer("1", "0" * 32) for _ in items]
 
             for batcher in _batchers(app):
                 batcher._store = stored_at_once

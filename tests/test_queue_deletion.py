@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import QueueNotFoundError
+from journalq.errors import InvalidNameError, QueueNotFoundError
 from journalq.queue import Broker
 
 # Deletes queue ARGV[2] of ARGV[1]; stops once the first directory is renamed, before anything in
@@ -285,3 +285,25 @@ def test_making_changing_and_deleting_a_queue_reach_stable_storage(
     assert any(p.startswith(str(root / "q" / "queue.json.")) for p in changed), changed
     assert str(root / "q") in changed, changed  # the rename
     assert deleted[-1] == str(root), deleted
+
+
+def test_exists_answers_as_path_is_file_of_the_settings_file(tmp_path: Path) -> None:
+    """``Broker.exists`` stats a str path (cheaper than a Path built per call): it answers what
+    ``Path.is_file`` of the queue's settings file answers, whatever lies at that name."""
+    from journalq.queue import settings as settings_file
+
+    root = tmp_path / "data"
+    with Broker(root) as broker:
+        broker.queue("made")
+        (root / "bare").mkdir()  # a directory with no settings file
+        (root / "plain-file").write_text("not a queue")  # a file where a directory would be
+        (root / "settings-dir" / settings_file.SETTINGS_FILE).mkdir(parents=True)  # not a file
+        (root / "looped").mkdir()
+        (root / "looped" / settings_file.SETTINGS_FILE).symlink_to(root / "looped" / settings_file.SETTINGS_FILE)
+        (root / "linked").symlink_to(root / "made")
+        names = ["made", "bare", "plain-file", "settings-dir", "looped", "linked", "absent"]
+        answers = {name: broker.exists(name) for name in names}
+        assert answers == {name: (root / name / settings_file.SETTINGS_FILE).is_file() for name in names}
+        assert [name for name, found in answers.items() if found] == ["made", "linked"]
+        with pytest.raises(InvalidNameError):
+            broker.exists("../made")

@@ -419,6 +419,8 @@ _JSON_BODIES = [
     b"", b"{", b"{}", b'{"a": 1}', b"{\x00", b"{\x00\x00\x00", b'{"a": "\xed\xa0\x80"}', b'{"a": "\xff"}', b"[1]",
     b'"s"', b"\xef\xbb\xbf{}", '{"é": "\U0001f600"}'.encode("utf-16-le"), '{"a": 1}'.encode("utf-16"),
     '{"a": 1}'.encode("utf-32"), b'{"a": 1} x', b"{'a': 1}", b'{"a": NaN}', b" {}",
+    # the object scanned alone, then decode for what follows it: whitespace, more, a second object
+    b'{"a": 1} ', b'{"a": 1}\r\n\t', b'{"a": 1}}', b'{"a": 1}{}', b'{"a": [1, 2}', b'{"a": 1', b'{"a"}', b"{ }",
 ]
 
 
@@ -429,8 +431,9 @@ def test_the_sqs_body_parser_is_json_loads(body: bytes) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.binary(max_size=12).map(lambda tail: b"{" + tail),
-                 st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3).map(
-                     lambda d: json.dumps(d, ensure_ascii=False).encode("utf-8", "surrogatepass"))))
+                 st.tuples(st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+                           st.sampled_from([b"", b"", b" ", b"\n", b"}", b" x", b"{}"])).map(
+                     lambda d: json.dumps(d[0], ensure_ascii=False).encode("utf-8", "surrogatepass") + d[1])))
 def test_the_sqs_body_parser_is_json_loads_for_any_object_or_brace(body: bytes) -> None:
     assert _loaded(app_module._json_of, body) == _loaded(json.loads, body)
 
@@ -466,3 +469,143 @@ def test_the_sqs_answers_encoder_refuses_what_json_dumps_refuses() -> None:
         with pytest.raises(TypeError) as encoded:
             app_module._json_text(value)
         assert str(encoded.value) == str(dumped.value)
+
+
+# -- the plain SendMessage lane: a body alone to a standard queue, stored and answered without the
+# -- full checks' objects (``sqs._plain_body``, ``app._plain_sent_answer``)
+
+_URL = "http://test/000000000000/"
+_ATTRIBUTE = {"k": {"DataType": "String", "StringValue": "v"}}
+_LANE_SETUP = [
+    sqs("CreateQueue", {"QueueName": "q"}),
+    sqs("CreateQueue", {"QueueName": "f.fifo", "Attributes": {"FifoQueue": "true"}}),
+    sqs("CreateQueue", {"QueueName": "small", "Attributes": {"MaximumMessageSize": "1024"}}),
+    sqs("CreateQueue", {"QueueName": "lowered"}),
+    sqs("CreateQueue", {"QueueName": "elsewhere"}),
+]
+_LANE_CASES: list[tuple[str, bytes, bool]] = [
+    # (what, request, whether the lane answers it)
+    ("plain", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "hello"}), True),
+    ("plain, a bare queue name", sqs("SendMessage", {"QueueUrl": "q", "MessageBody": "by name"}), True),
+    ("non-ASCII", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "h\u00e9 \U0001f600 \ue000"}), True),
+    ("JSON escapes", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": 'tab\t"quoted" \\ new\nline\r'}),
+     True),
+    ("an unknown parameter", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "x", "Other": 1}), True),
+    ("1,500 bytes", sqs("SendMessage", {"QueueUrl": _URL + "lowered", "MessageBody": "b" * 1500}), True),
+    ("the size limit", sqs("SendMessage", {"QueueUrl": _URL + "small", "MessageBody": "s" * 1024}), True),
+    ("over the size limit", sqs("SendMessage", {"QueueUrl": _URL + "small", "MessageBody": "s" * 1025}), False),
+    ("over it in UTF-8", sqs("SendMessage", {"QueueUrl": _URL + "small", "MessageBody": "\u00e9" * 513}), False),
+    ("FIFO", sqs("SendMessage", {"QueueUrl": _URL + "f.fifo", "MessageBody": "x"}), False),
+    ("FIFO with a group", sqs("SendMessage", {"QueueUrl": _URL + "f.fifo", "MessageBody": "x", "MessageGroupId": "g",
+                                              "MessageDeduplicationId": "d"}), False),
+    ("attributes", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "x", "MessageAttributes": _ATTRIBUTE}),
+     False),
+    ("no attributes", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "x", "MessageAttributes": {}}),
+     False),
+    ("DelaySeconds", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "x", "DelaySeconds": 5}), False),
+    ("DelaySeconds out of range", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "x",
+                                                      "DelaySeconds": 901}), False),
+    ("a tenant", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "x", "MessageGroupId": "t"}), False),
+    ("a bad character", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": "bell\x07"}), False),
+    ("a lone surrogate", sqs("SendMessage", b'{"QueueUrl": "q", "MessageBody": "\\ud800"}'), False),
+    ("no body", sqs("SendMessage", {"QueueUrl": _URL + "q"}), False),
+    ("an empty body", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": ""}), False),
+    ("a number", sqs("SendMessage", {"QueueUrl": _URL + "q", "MessageBody": 5}), False),
+    ("an unknown queue", sqs("SendMessage", {"QueueUrl": _URL + "nope", "MessageBody": "x"}), False),
+    ("a batch", sqs("SendMessageBatch", {"QueueUrl": _URL + "q", "Entries": [{"Id": "a", "MessageBody": "x"}]}), False),
+    ("lowered", sqs("SetQueueAttributes", {"QueueUrl": _URL + "lowered", "Attributes": {"MaximumMessageSize": "1024"}}),
+     False),
+    ("1,500 bytes once lowered", sqs("SendMessage", {"QueueUrl": _URL + "lowered", "MessageBody": "b" * 1500}), False),
+    ("1,024 bytes once lowered", sqs("SendMessage", {"QueueUrl": _URL + "lowered", "MessageBody": "b" * 1024}), True),
+    ("1,500 bytes, before another process lowers", sqs("SendMessage", {"QueueUrl": _URL + "elsewhere",
+                                                                        "MessageBody": "e" * 1500}), True),
+    ("1,500 bytes once another process lowered", sqs("SendMessage", {"QueueUrl": _URL + "elsewhere",
+                                                                      "MessageBody": "e" * 1500}), False),
+]
+_LOWERED_ELSEWHERE = "1,500 bytes once another process lowered"
+
+
+def _lane_run(data: Path, protocol: type, counted: list[int]) -> list[bytes]:
+    """The answers to ``_LANE_CASES`` (one at a time, so that message ids are the same from run to
+    run) with only their dates left out, then the sends' counts of ``/metrics``; ``counted`` gets
+    how many sends the lane answered."""
+    from journalq.server.sqs import SqsProtocol
+
+    real = app_module._plain_sent_answer
+    answered = []
+
+    def counting(message_id: str, md5: str) -> Any:
+        answered.append(message_id)
+        return real(message_id, md5)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(app_module, "_plain_sent_answer", counting)
+        with serving(data, protocol) as port:
+            for request in _LANE_SETUP:
+                assert status_of(exchange(port, request)[0]) == 200
+            answers = []
+            for what, request, _ in _LANE_CASES:
+                if what == _LOWERED_ELSEWHERE:  # what another process's SetQueueAttributes leaves
+                    with Broker(data) as broker:
+                        SqsProtocol(broker).handle("SetQueueAttributes", {
+                            "QueueUrl": _URL + "elsewhere", "Attributes": {"MaximumMessageSize": "1024"}}, "http://x")
+                answers.append(re.sub(rb"date: [^\r]*\r\n", b"", exchange(port, request)[0]))
+            metrics = exchange(port, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")[0]
+    counts = re.findall(rb'journalq_messages_in_total\{[^}]*\} \S+|journalq_request_seconds_count'
+                        rb'\{api="sqs",[^}]*operation="SendMessage[^}]*\} \S+', metrics)
+    counted.append(len(answered))
+    return [*answers, b"\n".join(sorted(counts))]
+
+
+def test_the_plain_send_lane_answers_as_the_full_checks_and_declines_the_rest(tmp_path: Path) -> None:
+    """SendMessages of a body alone to a standard queue within its size limit are answered by
+    the lane, byte for byte as the full checks answer them (the lane switched off: the same
+    requests, the same message ids), through the direct path and through ASGI; every other
+    shape is declined (the lane's answer is never made for it) and answered as before. The
+    messages stored and the sends' metrics (``journalq_messages_in``, the SendMessage latencies
+    by status) are the same too."""
+    from journalq.server import sqs as sqs_module
+
+    runs: dict[str, list[bytes]] = {}
+    counted: dict[str, list[int]] = {"lane": [], "asgi": [], "full checks": []}
+    stored: dict[str, list[bytes]] = {}
+    for run, protocol in (("lane", DirectHttpToolsProtocol), ("asgi", HeadLimitedHttpToolsProtocol),
+                          ("full checks", DirectHttpToolsProtocol)):
+        data = tmp_path / "data"
+        with pytest.MonkeyPatch.context() as patch:
+            if run == "full checks":  # every send through _check_send and _checked_outgoing, as before the lane
+                patch.setattr(sqs_module, "_plain_body", lambda entry, settings, rules: None)
+            runs[run] = _lane_run(data, protocol, counted[run])
+        with Broker(data) as broker:
+            stored[run] = [m.body for name in ("q", "small", "lowered", "elsewhere")
+                           for m in broker.queue(name, create=False).receive(10)]
+        data.rename(tmp_path / run.replace(" ", "-"))
+    taken = sum(lane for _, _, lane in _LANE_CASES)
+    assert counted == {"lane": [taken], "asgi": [taken], "full checks": [0]}
+    for (what, _, _), lane, asgi, full in zip(_LANE_CASES, runs["lane"], runs["asgi"], runs["full checks"]):
+        assert lane == full, what
+        assert asgi == full, what
+    assert runs["lane"][-1] == runs["full checks"][-1] == runs["asgi"][-1]  # the metrics
+    assert b'queue="q"} 10.0' in runs["lane"][-1]  # 5 by the lane, 4 by the full checks, the batch's
+    assert stored["lane"] == stored["full checks"] == stored["asgi"]
+    statuses = {what: status_of(answer) for (what, _, _), answer in zip(_LANE_CASES, runs["lane"])}
+    assert [what for what, status in statuses.items() if status != 200] == [
+        "over the size limit", "over it in UTF-8", "FIFO", "DelaySeconds out of range", "a bad character",
+        "a lone surrogate", "no body", "an empty body", "a number", "an unknown queue", "1,500 bytes once lowered",
+        _LOWERED_ELSEWHERE]
+
+
+def test_a_plain_sends_answer_is_its_dict_through_the_encoder(tmp_path: Path) -> None:
+    """``_plain_sent_answer`` formats what the encoder makes of ``plain_answer``'s dict, for the
+    ids that queues give (a standard queue's offsets, a sharded queue's shard and offset)."""
+    from journalq.server.digests import md5_of_body
+    from journalq.server.sqs import plain_answer
+
+    with Broker(tmp_path, sync="none") as broker:
+        ids = broker.queue("one").send_many([b"m"] * 12) + broker.queue("four", shards=4).send_many([b"m"] * 12)
+    assert any("." in i for i in ids) and any("." not in i for i in ids)
+    for message_id in [*ids, "0", "18446744073709551615", "1023.18446744073709551615"]:
+        md5 = md5_of_body(message_id)
+        expected = app_module._whole(200, app_module._json_text(plain_answer(message_id, md5)).encode(),
+                                     [app_module._AMZ_JSON])
+        assert app_module._plain_sent_answer(message_id, md5) == expected

@@ -320,6 +320,12 @@ def test_sqs_sends_are_counted_once_a_batch_by_their_answers() -> None:
     assert sent("q") == 4
     metrics.count_sqs_sends("q", ["SendMessage"], [{"MessageId": "2", "MD5OfMessageBody": "0" * 32}])
     assert sent("q") == 5
+    # A plain SendMessage is answered as the server makes its whole answer (_plain_sent_answer).
+    plain = (200, [(b"content-type", b"application/x-amz-json-1.0")], b'{"MessageId": "3"}')
+    metrics.count_sqs_sends("q", ["SendMessage", "SendMessage", "SendMessage"], [plain, refused, plain])
+    assert sent("q") == 7
+    metrics.count_sqs_sends("plain", ["SendMessage"], [plain])
+    assert sent("plain") == 1
     metrics.count_sqs_sends("failed", ["SendMessageBatch"], [{"Successful": [], "Failed": [{"Id": "a"}]}])
     assert sent("failed") == 0  # answered: the queue shows, with nothing stored
     metrics.count_sqs_sends("refused", ["SendMessage", "SendMessageBatch"], [refused, refused])

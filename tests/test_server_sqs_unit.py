@@ -21,7 +21,7 @@ from botocore.credentials import Credentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from journalq.errors import PartialSendError, StorageError
+from journalq.errors import InvalidMessageError, PartialSendError, StorageError
 from journalq.queue import Broker
 from journalq.queue.envelope import Attribute
 from journalq.server import digests
@@ -52,6 +52,13 @@ def test_md5_of_body(body: str, digest: str) -> None:
 
 def test_md5_of_body_is_of_the_utf8_bytes() -> None:
     assert md5_of_body("h\u00e9\U0001f600") == hashlib.md5("h\u00e9\U0001f600".encode()).hexdigest()
+
+
+@pytest.mark.parametrize("size", [0, 1, 55, 56, 64, 100, digests._SHORT - 1, digests._SHORT, digests._SHORT + 1, 70_000])
+def test_md5_of_utf8_is_hashlib_md5_on_either_side_of_the_short_limit(size: int) -> None:
+    """Short input goes through CPython's own MD5, the rest through OpenSSL's: the same digest."""
+    data = bytes(i * 7 % 256 for i in range(size))
+    assert digests.md5_of_utf8(data) == hashlib.md5(data).hexdigest()
 
 
 def _number(value: str) -> Attribute:
@@ -1382,6 +1389,81 @@ def test_send_together_answers_each_send_as_it_fared_when_part_is_stored(
         "Failed": [{"Id": "e1", "SenderFault": False, "Code": "ServiceUnavailable", "Message": f"not stored: {made[0]}"}],
     }
     assert isinstance(answers[3], SqsError) and answers[3].code == "MissingParameter"
+
+
+_TOGETHER = [
+    ("SendMessage", {"QueueUrl": "u", "MessageBody": "one"}),
+    ("SendMessage", {"QueueUrl": "u", "MessageBody": "h\u00e9\U0001f600"}),
+    ("SendMessage", {"QueueUrl": "u", "MessageBody": "two", "DelaySeconds": 0}),
+    ("SendMessage", {"QueueUrl": "u", "MessageBody": "bell\x07"}),
+    ("SendMessageBatch", {"QueueUrl": "u", "Entries": [{"Id": "a", "MessageBody": "three"}]}),
+    ("SendMessage", {"QueueUrl": "u", "MessageBody": "x" * 1025}),  # over the queue's limit
+    ("SendMessage", {"QueueUrl": "u"}),
+    ("SendMessage", {"QueueUrl": "u", "MessageBody": "four"}),
+]
+
+
+@pytest.mark.parametrize("requests", [_TOGETHER, [_TOGETHER[i] for i in (0, 1, 7)], [_TOGETHER[i] for i in (0, 3, 7)]],
+                         ids=["mixed", "plain only", "plain and a bad character"])
+def test_send_together_answers_plain_sends_as_the_full_checks_do(
+    client: Client, sqs: SqsProtocol, monkeypatch: pytest.MonkeyPatch, requests: list[tuple[str, dict[str, Any]]]
+) -> None:
+    """Plain SendMessages (a body alone, ``_plain_body``) are stored and answered as the full
+    checks store and answer them, alone in a batch or among other sends and refusals: the same
+    answers (the same message ids, each queue beginning at 0), the same messages."""
+    answers, bodies = {}, {}
+    for run in ("lane", "full"):
+        client.create(run, MaximumMessageSize=1024)
+        with monkeypatch.context() as patch:
+            if run == "full":
+                patch.setattr(sqs_module, "_plain_body", lambda entry, settings, rules: None)
+            got = sqs.send_together(run, requests)
+        answers[run] = [(a.code, a.message) if isinstance(a, SqsError) else a for a in got]
+        bodies[run] = [m["Body"] for m in client.receive(f"{BASE}/000000000000/{run}", MaxNumberOfMessages=10)]
+    assert answers["lane"] == answers["full"]
+    assert bodies["lane"] == bodies["full"]
+    assert [a for a in answers["lane"] if isinstance(a, dict) and "MD5OfMessageBody" in a]  # some were sent
+
+
+def test_send_together_of_plain_sends_only_answers_each_as_it_fared_when_part_is_stored(
+    client: Client, sqs: SqsProtocol, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = client.create("partly")
+    queue = sqs.broker.queue("partly", create=False)
+
+    def half(topic: Any, items: Any) -> list[str]:
+        raise PartialSendError([str(100 + i) if i % 2 == 0 else None for i in range(len(items))],
+                               StorageError("disk full"))
+
+    monkeypatch.setattr(type(queue.topic), "send_many", half)
+    unsent = SqsError("ServiceUnavailable", "not stored", status=503, sender=False)
+    bodies = ["zero", "one", "two"]
+    answers = sqs.send_together("partly", [("SendMessage", {"QueueUrl": url, "MessageBody": b}) for b in bodies],
+                                partly_stored=lambda exc: unsent)
+    assert answers == [{"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")}, unsent,
+                       {"MessageId": "102", "MD5OfMessageBody": md5_of_body("two")}]
+
+
+def test_send_together_of_plain_sends_only_stores_each_alone_when_the_queue_refuses_one(
+    client: Client, sqs: SqsProtocol, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message the queue refuses (not the checks) fails its send alone, plain sends too."""
+    url = client.create("picky")
+    queue = sqs.broker.queue("picky", create=False)
+    real = type(queue.topic).send_many
+
+    def picky(topic: Any, items: Any) -> list[str]:
+        items = list(items)
+        if b"refused" in items:
+            raise InvalidMessageError("not this one")
+        return real(topic, items)
+
+    monkeypatch.setattr(type(queue.topic), "send_many", picky)
+    first, refused, last = sqs.send_together("picky", [
+        ("SendMessage", {"QueueUrl": url, "MessageBody": b}) for b in ("first", "refused", "last")])
+    assert isinstance(refused, SqsError) and refused.code == "InvalidParameterValue" and "not this one" in refused.message
+    assert first["MD5OfMessageBody"] == md5_of_body("first") and last["MD5OfMessageBody"] == md5_of_body("last")
+    assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["first", "last"]
 
 
 def test_receive_attempts_are_kept_five_minutes_and_bounded() -> None:

@@ -6,7 +6,9 @@ have one over the same directory at once.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,9 @@ from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper import is_zookeeper_url, open_broker
 
 __all__ = ["DEFAULT_CHANNEL", "Broker", "Queue"]
+
+_NO_FILE = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP))
+"""The errors of a ``stat`` that ``Path.is_file`` answers False to (any other raises)."""
 
 class Broker(Closing):
     """Topics and queues under ``root``.
@@ -155,7 +160,15 @@ class Broker(Closing):
 
     def exists(self, name: str) -> bool:
         check_name(name)
-        return (self.root / name / settings_file.SETTINGS_FILE).is_file()
+        # ``Path.is_file`` as it answers (and fails), of a str: the Path built per call cost ~3 of
+        # the ~4.8 µs (the server's SQS sends ask once a batch).
+        try:
+            mode = os.stat(os.path.join(self.root, name, settings_file.SETTINGS_FILE)).st_mode
+        except OSError as exc:
+            if exc.errno in _NO_FILE:
+                return False
+            raise
+        return stat.S_ISREG(mode)
 
     def delete(self, name: str) -> None:
         """Delete a queue or topic and all its messages."""

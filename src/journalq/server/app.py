@@ -504,9 +504,9 @@ def create_app(config: ServerConfig) -> App:
             problem.__cause__ = exc
             return problem
 
-        answers: list[dict[str, Any] | Exception] = await blocking(
-            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored), name, requests,
-            storing=True)
+        answers: list[dict[str, Any] | Answer | Exception] = await blocking(
+            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored, plain=_plain_sent_answer),
+            name, requests, storing=True)
         app.state.metrics.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers
 
@@ -563,12 +563,19 @@ def create_app(config: ServerConfig) -> App:
                 "ZooKeeper (use mq's REST API)", status=400))
         return action, payload
 
-    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | BaseException) -> Answer:
+    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | Answer | BaseException) -> Answer:
         """The answer to an SQS request that reached its queue: its result, or the error that
         refused it (other exceptions propagate)."""
-        if not isinstance(outcome, BaseException):  # first: the common case
-            if action not in SqsProtocol.SEND_ACTIONS:  # sends are counted once a batch, by store_sqs
-                app.state.metrics.count_sqs(action, payload, outcome)
+        if action not in SqsProtocol.SEND_ACTIONS and isinstance(outcome, dict):
+            app.state.metrics.count_sqs(action, payload, outcome)  # sends are counted once a batch, by store_sqs
+        return sqs_outcome_answer(outcome)
+
+    def sqs_outcome_answer(outcome: dict[str, Any] | Answer | BaseException) -> Answer:
+        """What an SQS request that reached its queue is answered, given its outcome: ``sqs_answer``
+        without the counting, for the sends (counted once a batch), with no partial per request."""
+        if type(outcome) is tuple:  # first: the common case, a plain SendMessage's (_plain_sent_answer)
+            return outcome
+        if not isinstance(outcome, BaseException):
             return _whole(200, _json_text(outcome).encode(), [_AMZ_JSON])
         if isinstance(outcome, SqsError):
             return _sqs_error_answer(outcome)
@@ -620,8 +627,7 @@ def create_app(config: ServerConfig) -> App:
             queue = sqs_protocol().queue_of(payload)
         except (SqsRefusal, SqsError):
             return False
-        answer = functools.partial(sqs_answer, action, payload)
-        sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, answer))
+        sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, sqs_outcome_answer))
         return True
 
     def hot_route(scope: Scope) -> Handler | None:
@@ -816,15 +822,36 @@ def _dumps_without_setup() -> Callable[[Any], str]:
 _json_text = _dumps_without_setup()
 
 
-_decode_json = json.JSONDecoder().decode  # what json.loads uses for text
+def _plain_sent_answer(message_id: str, md5: str) -> Answer:
+    """The answer to a plain SendMessage (``SqsProtocol.send_together``'s ``plain``), made in the
+    store thread: the JSON text of ``plain_answer(message_id, md5)``, formatted rather than encoded
+    (~0.4 µs less; journalq's message ids, decimal digits or a shard's index, a dot and those, and a
+    hex digest have nothing to escape)."""
+    return _whole(200, ('{"MessageId": "%s", "MD5OfMessageBody": "%s"}' % (message_id, md5)).encode(), [_AMZ_JSON])
+
+
+_decoder = json.JSONDecoder()  # what json.loads uses for text
+_decode_json = _decoder.decode
+_scan_json = _decoder.scan_once  # the C scanner that decode calls, through two regex matches and raw_decode
 
 
 def _json_of(body: bytes) -> Any:
     """``json.loads(body)``: the same value or the same error. A body that begins with ``{`` not
     followed by NUL (any JSON object in UTF-8) is one ``json.loads`` takes as UTF-8 (its guess of
-    the encoding reads the first bytes): decoded here as it would, without the guess (~0.6 µs)."""
+    the encoding reads the first bytes): decoded here as it would, without the guess (~0.6 µs),
+    and scanned without ``decode``'s Python around the scanner when the object ends the body
+    (~0.5 µs): ``decode`` skips whitespace (none before ``{``), scans, and checks that only
+    whitespace follows; anything else (an error, more after the object) goes through ``decode``."""
     if body[:1] == b"{" and body[1:2] != b"\x00":
-        return _decode_json(body.decode("utf-8", "surrogatepass"))
+        text = body.decode("utf-8", "surrogatepass")
+        try:
+            value, end = _scan_json(text, 0)
+        except (ValueError, StopIteration):
+            pass  # decode raises its error
+        else:
+            if end == len(text):
+                return value
+        return _decode_json(text)
     return json.loads(body)
 
 

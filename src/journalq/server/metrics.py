@@ -210,9 +210,13 @@ class Metrics:
         an increment per request took the counter's lock each time (~1 µs)."""
         sent, answered = 0, False
         for action, answer in zip(actions, answers):
-            if isinstance(answer, dict):
-                answered = True  # a batch whose entries all failed still shows the queue, at 0
-                sent += len(answer.get("Successful", ())) if action == "SendMessageBatch" else 1
+            if isinstance(answer, BaseException):
+                continue
+            answered = True  # a batch whose entries all failed still shows the queue, at 0
+            if isinstance(answer, dict) and action == "SendMessageBatch":
+                sent += len(answer.get("Successful", ()))
+            else:  # a SendMessage's dict, or a plain one's whole answer
+                sent += 1
         if answered:
             self.counted(self.messages_in, queue).inc(sent)
 

@@ -67,7 +67,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from journalq.errors import (
@@ -430,9 +430,8 @@ class _Sidecar:
     def read(self, name: str) -> dict[str, Any]:
         """The queue's data, read-only (cached while the file stays the same: every change
         replaces the file, so its inode tells)."""
-        file = self.root / name / SIDECAR
-        try:
-            st = file.stat()
+        try:  # os.stat of a str: a Path built per read cost ~2 µs of the ~4.4
+            st = os.stat(os.path.join(self.root, name, SIDECAR))
         except (FileNotFoundError, NotADirectoryError):
             self._cache.pop(name, None)
             return {}
@@ -524,20 +523,31 @@ _SEND_OPTIONS = frozenset(
 QueueUrl): those that ``_checked_outgoing`` reads."""
 
 
-def _plain_outgoing(entry: Mapping[str, Any], settings: QueueSettings, rules: _SendRules) -> _Outgoing | None:
+def _plain_body(entry: Mapping[str, Any], settings: QueueSettings, rules: _SendRules) -> bytes | None:
     """The common message, a body alone (none of ``_SEND_OPTIONS``) to a standard queue, within
-    the queue's size limit: what ``_checked_outgoing`` makes of it (or the ``SqsError`` it raises
-    for the body's characters), without its walk through the options; None for any other message,
-    which ``_checked_outgoing`` then checks."""
+    the queue's size limit: its body encoded, all that ``_checked_outgoing`` stores of it (or the
+    ``SqsError`` it raises for the body's characters), without its walk through the options; None
+    for any other message, which ``_checked_outgoing`` then checks."""
     body = entry.get("MessageBody")
     if settings.fifo or not isinstance(body, str) or not body or not _SEND_OPTIONS.isdisjoint(entry):
         return None
     _check_characters(body, "the message body")  # the full path's first check of a non-empty string body
     encoded = body.encode("utf-8")
-    size = len(encoded)
-    if size > rules.limit:
+    return encoded if len(encoded) <= rules.limit else None
+
+
+def _plain_outgoing(entry: Mapping[str, Any], settings: QueueSettings, rules: _SendRules) -> _Outgoing | None:
+    """``_plain_body``'s message as ``_checked_outgoing`` makes it (a batch entry's); None for any other."""
+    encoded = _plain_body(entry, settings, rules)
+    if encoded is None:
         return None
-    return _Outgoing(encoded, {"MD5OfMessageBody": md5_of_utf8(encoded)}, size)
+    return _Outgoing(encoded, {"MD5OfMessageBody": md5_of_utf8(encoded)}, len(encoded))
+
+
+def plain_answer(message_id: str, md5: str) -> dict[str, Any]:
+    """The answer to a SendMessage of a body alone to a standard queue (``_plain_body``'s): what
+    ``SqsProtocol._answer`` makes of its ``_Outgoing``."""
+    return {"MessageId": message_id, "MD5OfMessageBody": md5}
 
 
 @dataclass(frozen=True)
@@ -554,10 +564,13 @@ class _Sending:
     """A SendMessage (``failed`` None, one entry) or SendMessageBatch, checked: the messages to
     store, each with its entry id, and the batch entries refused already."""
 
-    queue: Queue
     fifo: bool
     entries: list[tuple[str | None, _Outgoing]]
     failed: list[dict[str, Any]] | None
+
+
+_Checked = bytes | _Sending
+"""A send checked, ready to store: a plain SendMessage's body (``_plain_body``), or any other's ``_Sending``."""
 
 
 _URLS_KEPT = 1024
@@ -652,10 +665,17 @@ class SqsProtocol:
         requests: Sequence[tuple[str, dict[str, Any]]],
         *,
         partly_stored: Callable[[PartialSendError], Exception] | None = None,
-    ) -> list[dict[str, Any] | Exception]:
+        plain: Callable[[str, str], Any] = plain_answer,
+    ) -> list[Any]:
         """Several SendMessage and SendMessageBatch requests (action, request) to queue ``name``,
         stored in one write (and so one sync): one answer per request, or the ``SqsError`` that
         refused it. A failure of the store itself (a full disk) raises, for all of them.
+
+        The most common send, a SendMessage of a body alone to a standard queue, is answered
+        ``plain(message_id, md5_of_body)``: ``plain_answer``'s dict by default (the server gives
+        its whole HTTP answer, that dict's JSON text made without the encoder). Such a send is
+        checked and stored as its body alone, with no object of its own on the way (~1 µs a
+        message less than a ``_Sending``, its ``_Outgoing`` and answer dicts).
 
         A sharded queue stores each shard's part on its own, so a failure may leave part of the
         messages stored (``PartialSendError``). With ``partly_stored``, the stored ones are then
@@ -665,33 +685,44 @@ class SqsProtocol:
         once). Without it, the ``PartialSendError`` raises, for all of them."""
         with _sqs_errors():  # the queue and its limit: looked up once for all of them
             queue, rules = self._queue(name), self._send_rules(name)
-        checked: list[_Sending | SqsError] = []
+        settings = queue.settings
+        checked: list[_Checked | SqsError] = []
+        bodies_only = True  # every request a plain SendMessage (the common batch): see _store
         for action, request in requests:
             try:  # not _sqs_errors(): a context manager per request cost ~0.6 µs
+                body = _plain_body(request, settings, rules) if action == "SendMessage" else None
+                if body is not None:
+                    checked.append(body)
+                    continue
+                bodies_only = False
                 checked.append(self._check_send(action, request, queue, rules))
             except Exception as exc:
                 error = _as_sqs_error(exc)
                 if error is None:
                     raise
+                bodies_only = False
                 checked.append(error)
-        sendings = [c for c in checked if isinstance(c, _Sending)]
+        sends = cast("list[_Checked]", checked) if bodies_only else [c for c in checked if not isinstance(c, SqsError)]
         with _sqs_errors():
             try:
-                answers = iter(self._store(sendings))
+                answers = self._store(queue, sends, plain, bodies_only=bodies_only)
             except (InvalidMessageError, InvalidSettingError):
                 # Refused by the queue, not the checks above: find which request it was by
                 # storing each alone, so that one bad request does not fail the others.
-                answers = iter([self._store_alone(s) for s in sendings])
+                answers = [self._store_alone(queue, send, plain) for send in sends]
             except PartialSendError as exc:
                 if partly_stored is None:
                     raise
-                answers = iter(self._answers(sendings, exc.ids, exc, partly_stored(exc)))
-        return [c if isinstance(c, SqsError) else next(answers) for c in checked]
+                answers = self._answers(sends, exc.ids, plain, exc, partly_stored(exc))
+        if bodies_only:
+            return answers
+        stored = iter(answers)
+        return [c if isinstance(c, SqsError) else next(stored) for c in checked]
 
-    def _store_alone(self, sending: _Sending) -> dict[str, Any] | SqsError:
+    def _store_alone(self, queue: Queue, send: _Checked, plain: Callable[[str, str], Any]) -> Any:
         try:
             with _sqs_errors():
-                return self._store([sending])[0]
+                return self._store(queue, [send], plain)[0]
         except SqsError as exc:
             return exc
 
@@ -712,10 +743,11 @@ class SqsProtocol:
         return parts[5]
 
     def _name_of_url(self, request: Mapping[str, Any]) -> str:
-        url = _string(request, "QueueUrl", required=True)
-        assert url is not None
-        name = self._names_of_urls.get(url)
+        url = request.get("QueueUrl")
+        name = self._names_of_urls.get(url) if type(url) is str else None  # a URL met before: checked then
         if name is None:
+            url = _string(request, "QueueUrl", required=True)
+            assert url is not None
             name = _name_in_url(url)
             if len(self._names_of_urls) >= _URLS_KEPT:
                 self._names_of_urls.clear()
@@ -1361,7 +1393,7 @@ class SqsProtocol:
         settings = queue.settings
         if action == "SendMessage":
             outgoing = self._outgoing(request, settings, rules)
-            return _Sending(queue, settings.fifo, [(None, outgoing)], None)
+            return _Sending(settings.fifo, [(None, outgoing)], None)
         entries = _entries(request, send=True)
         total = sum(
             len(e["MessageBody"].encode("utf-8", "surrogatepass"))
@@ -1384,32 +1416,46 @@ class SqsProtocol:
             raise SqsError(
                 "BatchRequestTooLong", f"Batch requests cannot be longer than {self.max_message_size} bytes."
             )
-        return _Sending(queue, settings.fifo, checked, failed)
+        return _Sending(settings.fifo, checked, failed)
 
-    def _store(self, sendings: Sequence[_Sending]) -> list[dict[str, Any]]:
-        """Store the messages of checked sends (all to one queue) in one write; their answers."""
-        items = [o.item for sending in sendings for _, o in sending.entries]
-        return self._answers(sendings, sendings[0].queue.send_many(items) if items else [])  # type: ignore[return-value]
+    def _store(
+        self, queue: Queue, sends: Sequence[_Checked], plain: Callable[[str, str], Any], *, bodies_only: bool = False
+    ) -> list[Any]:
+        """Store the messages of checked sends to ``queue`` in one write; their answers.
+        ``bodies_only``: every send is a plain SendMessage's body (``_answers``' answers, without
+        its walk: ~0.2 µs a message)."""
+        if bodies_only:
+            bodies = cast("list[bytes]", sends)
+            return [plain(message_id, md5_of_utf8(body)) for message_id, body in zip(queue.send_many(bodies), bodies)]
+        items: list[dict[str, Any] | bytes] = []
+        for send in sends:
+            if isinstance(send, bytes):  # a plain SendMessage: its body
+                items.append(send)
+            else:
+                items += [o.item for _, o in send.entries]
+        return self._answers(sends, queue.send_many(items) if items else [], plain)
 
     def _answers(
         self,
-        sendings: Sequence[_Sending],
+        sends: Sequence[_Checked],
         message_ids: Sequence[str | None],
+        plain: Callable[[str, str], Any],
         failure: Exception | None = None,
         unsent: Exception | None = None,
-    ) -> list[dict[str, Any] | Exception]:
+    ) -> list[Any]:
         """The answers to stored sends, given each message's id in order: None for one that
         ``failure`` kept from being stored (a SendMessage's answer is then ``unsent``)."""
         ids = iter(message_ids)
-        answers: list[dict[str, Any] | Exception] = []
-        for sending in sendings:
+        answers: list[Any] = []
+        for sending in sends:
+            if isinstance(sending, bytes):  # a plain SendMessage: its body
+                message_id = next(ids)
+                answers.append(unsent if message_id is None else plain(message_id, md5_of_utf8(sending)))
+                continue
             if sending.failed is None:  # SendMessage: one message, its answer alone
                 message_id = next(ids)
-                if message_id is not None:
-                    answers.append(self._answer(message_id, sending.entries[0][1], sending.fifo))
-                else:
-                    assert unsent is not None
-                    answers.append(unsent)
+                answers.append(
+                    unsent if message_id is None else self._answer(message_id, sending.entries[0][1], sending.fifo))
                 continue
             stored, failed = [], list(sending.failed)
             for entry_id, outgoing in sending.entries:
