@@ -200,7 +200,6 @@ class Channel:
         self._token = _channel_token(self.path)
         self.state = ChannelState()
         self._events: Scanner | None = None
-        self._since_snapshot = 0
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
@@ -269,7 +268,6 @@ class Channel:
     def _load(self) -> None:
         """Rebuild the state from the latest snapshot and the events after it."""
         self.state = ChannelState()
-        self._since_snapshot = 0
         start = read_offset(self.path, "snapshot")
         segments = list_segments(self.path)
         if segments and start < segments[0].base:
@@ -296,7 +294,7 @@ class Channel:
             apply, applied = state.apply_record, self._applied
             for offset, timestamp_ns, type_, key, value in caught:
                 if offset >= applied:
-                    self._since_snapshot += apply(type_, key, value, timestamp_ns)
+                    apply(type_, key, value, timestamp_ns)
             self._applied = end
             return
         assert self._events is not None
@@ -310,7 +308,7 @@ class Channel:
             while batch := self._events.read_batch():
                 for offset, timestamp_ns, type_, key, value in batch:
                     if offset >= applied:
-                        self._since_snapshot += apply(type_, key, value, timestamp_ns)
+                        apply(type_, key, value, timestamp_ns)
                 self._applied = applied = max(applied, batch[-1].offset + 1)
         except (OffsetOutOfRangeError, TruncatedError):
             pass
@@ -344,7 +342,7 @@ class Channel:
         self._unwritten = []
         apply = self.state.apply_record
         for type_, key, value in records:
-            self._since_snapshot += apply(type_, key, value, now)
+            apply(type_, key, value, now)
         self._applied += len(messages)
         return now
 
@@ -354,7 +352,7 @@ class Channel:
         apply = self.state.apply_record
         for type_, key, value in records:
             self._unwritten.append(_new_tuple(Message, (0, now, type_, key, value)))  # first: a failed apply reloads
-            self._since_snapshot += apply(type_, key, value, now)
+            apply(type_, key, value, now)
 
     def _forget_unwritten(self) -> None:
         """Events applied but never appended (the step failed): the state is rebuilt from the
@@ -374,7 +372,7 @@ class Channel:
             if self.topic.gc_due():
                 self.topic.gc()
             self._skip_deleted()  # after the gc: what it deleted, and what others' gc did
-        if self._since_snapshot >= SNAPSHOT_EVERY:
+        if _compaction_due(state):
             self._compact()
 
     def _skip_deleted(self) -> None:
@@ -387,7 +385,6 @@ class Channel:
         snapshot_at = self._writer.next_offset
         self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot()).encode()])
         write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=self.topic.broker.sync != "none")
-        self._since_snapshot = 0
         segments = list_segments(self.path)
         for segment, following in zip(segments, segments[1:]):
             if following.base > snapshot_at:
@@ -565,7 +562,7 @@ class Channel:
             # receive records next (one write; the hold's end syncs once for everything).
             self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
         collect_due = now - state.last_collect >= int(settings.task_gc_interval * 1e9)
-        if collect_due or self._since_snapshot >= SNAPSHOT_EVERY:  # (tested here: a call costs)
+        if collect_due or _compaction_due(state):
             self._maintain(now)
         if state.cursor < self.topic.first_kept:  # a gc of this process deleted messages unfinished
             self._skip_deleted()
@@ -961,6 +958,13 @@ class Channel:
             if scanner is not None:
                 scanner.close()
         self._writer.close()
+
+
+def _compaction_due(state: ChannelState) -> bool:
+    """Whether ``SNAPSHOT_EVERY`` changes came after the journal's last snapshot. (Counted from
+    the last one any process appended: with several processes, one of them compacts, not each
+    in turn, each applying all the others' snapshots too.)"""
+    return state.events_applied - state.applied_at_snapshot >= SNAPSHOT_EVERY
 
 
 def _raise(error: ReceiptError | None) -> None:
