@@ -196,10 +196,11 @@ class Channel:
         self.receipt_prefix = ""
         """What the caller's receipts have before this channel's own: errors name a receipt as the
         caller gave it (a sharded queue's shard channels: the shard's index and a dot)."""
-        self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
+        self._writer = self._new_writer()
         self._token = _channel_token(self.path)
         self.state = ChannelState()
         self._events: Scanner | None = None
+        self._applied = -1  # the offset of the next event to apply (``_load`` sets it)
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
@@ -259,9 +260,13 @@ class Channel:
         """A new writer, for one whose segment another process's compaction deleted (not one of
         a topic deleted and made again: that is not this channel's to act on)."""
         self.topic.check_present()
-        sync = self.topic.broker.sync
-        self._writer = Writer(self.path, shared=True, sync=sync, segment_size=STATE_SEGMENT_SIZE)
+        self._writer = self._new_writer()
         return self._writer
+
+    def _new_writer(self) -> Writer:
+        writer = Writer(self.path, shared=True, sync=self.topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
+        writer.backlog_taker = self._take_backlog
+        return writer
 
     # -- catching up with the state journal ---------------------------------------------------
 
@@ -281,21 +286,36 @@ class Channel:
             self._events.close()
         self._events = Scanner(self.path, offset)
 
+    def _take_backlog(self, messages: list[Message]) -> None:
+        """The writer's ``backlog_taker``: apply the others' events out of the lock, when this
+        process comes to it after they did many changes (the hold applies what came after)."""
+        if messages[0].offset <= self._applied:
+            self._apply_events(messages)
+        # Else this state does not reach them yet (a reopened writer): the hold reads them again.
+
+    def _apply_events(self, messages: list[Message]) -> None:
+        """Apply the events of ``messages`` (which begin at ``_applied`` or before it) not applied
+        yet."""
+        apply, applied = self.state.apply_record, self._applied
+        for offset, timestamp_ns, type_, key, value in messages:
+            if offset >= applied:
+                apply(type_, key, value, timestamp_ns)
+        self._applied = max(applied, messages[-1].offset + 1)
+
     def _apply_new(self, reload: bool = True) -> None:
         """Under the hold: apply the events other processes appended since we last looked."""
         writer = self._writer
+        if writer.backlog_lost:  # events applied out of the lock were taken back since
+            writer.backlog_lost = False
+            self._load()
+            return
         end = writer.next_offset
         if end == self._applied:
             return  # nothing new (the hold has caught the writer up)
-        state = self.state
         caught = writer.caught_up
         if caught and caught[0].offset <= self._applied and caught[-1].offset + 1 == end:
             # What the others appended, as the writer's catch-up read it: not read again.
-            apply, applied = state.apply_record, self._applied
-            for offset, timestamp_ns, type_, key, value in caught:
-                if offset >= applied:
-                    apply(type_, key, value, timestamp_ns)
-            self._applied = end
+            self._apply_events(caught)
             return
         assert self._events is not None
         try:
@@ -304,12 +324,8 @@ class Channel:
                 # the writer's catch-up) rather than read it back: the scanner may even be in
                 # a segment that compaction deleted since.
                 self._seek_events(self._applied)
-            apply, applied = state.apply_record, self._applied
             while batch := self._events.read_batch():
-                for offset, timestamp_ns, type_, key, value in batch:
-                    if offset >= applied:
-                        apply(type_, key, value, timestamp_ns)
-                self._applied = applied = max(applied, batch[-1].offset + 1)
+                self._apply_events(batch)
         except (OffsetOutOfRangeError, TruncatedError):
             pass
         if self._applied < self._writer.next_offset:
