@@ -346,12 +346,19 @@ class Writer(Closing):
                 )
             self._lock.acquire(wait=True)
 
-    def _catch_up(self) -> None:
-        """Under the shared lock: take in what other writers appended since we last held it."""
+    def _catch_up(self, take: Callable[[list[Message]], object] | None = None) -> bool:
+        """Under the shared lock: take in what other writers appended since we last held it.
+        With ``take`` (the ``backlog_taker``), more than ``BACKLOG_BYTES`` of it are handed to
+        ``take`` out of the lock instead, and False returned: take the lock again and catch up
+        (without ``take``) with what came meanwhile."""
         stat = os.fstat(self._fd)
         size = stat.st_size
+        unlinked = stat.st_nlink == 0
+        if size - self._seg_len > BACKLOG_BYTES and take is not None and not unlinked:
+            self._read_backlog(take)
+            return False
         self.caught_up = []
-        self.segment_unlinked = unlinked = stat.st_nlink == 0
+        self.segment_unlinked = unlinked
         backlog_at, index_due = self._backlog_at, self._backlog_index_due
         if backlog_at >= 0:
             self._backlog_at, self._backlog_index_due = -1, False
@@ -401,6 +408,7 @@ class Writer(Closing):
             ):
                 break
             self._open_segment(segment_at(self.path, self._next_offset))
+        return True
 
     # -- appending --------------------------------------------------------------------------
 
@@ -417,21 +425,17 @@ class Writer(Closing):
         if self.shared and not self._held:
             self._take_shared_lock()
             try:
-                if self.backlog_taker is not None and self._read_backlog(self.backlog_taker):
-                    self._take_shared_lock()
-                self._catch_up()
+                if not self._catch_up(self.backlog_taker):
+                    self._take_shared_lock()  # after a backlog taken in out of it: once
+                    self._catch_up(None)
             except BaseException:
                 self._lock.release()
                 raise
 
-    def _read_backlog(self, take: Callable[[list[Message]], object]) -> bool:
-        """Under the shared lock: when the others appended more than ``BACKLOG_BYTES`` since this
-        writer last held it, let the lock go, read their whole messages and give them to
-        ``take``, and return True: the caller takes the lock again. (A message still being
-        written, or torn, is not read: the catch-up cuts it if its writer died.)"""
-        stat = os.fstat(self._fd)
-        if stat.st_size - self._seg_len <= BACKLOG_BYTES or stat.st_nlink == 0:
-            return False  # (a segment deleted under the writer: the catch-up sees to it)
+    def _read_backlog(self, take: Callable[[list[Message]], object]) -> None:
+        """Let the lock go, read the whole messages the others appended and give them to
+        ``take``. (A message still being written, or torn, is not read: the catch-up cuts it,
+        if its writer died.)"""
         self._lock.release()
         scan = self._scan_appended()
         if scan.messages:
@@ -439,7 +443,6 @@ class Writer(Closing):
             self._backlog_index_due = bool(scan.entries)
             self._seg_len, self._next_offset = scan.end, scan.next_offset
             take(scan.messages)
-        return True
 
     def _scan_appended(self) -> SegmentScan:
         """What the others appended to the segment after this writer's end, read through its
