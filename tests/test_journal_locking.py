@@ -18,7 +18,7 @@ from journalq.errors import LockedError
 from journalq.journal import Scanner, Writer
 from journalq.journal.codec import encode
 from journalq.journal.lock import FileLock
-from journalq.journal.writer import held
+from journalq.journal.writer import BACKLOG_BYTES, held
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -162,6 +162,94 @@ def test_a_shared_writer_follows_a_segment_another_started_early(tmp_path):
     two.close()
     assert sorted(p.name for p in (tmp_path / "jnl").glob("*.jnl")) == ["0000000000000000.jnl", "0000000000000002.jnl"]
     assert [m.value for m in scan_all(tmp_path)] == [b"a", b"b", b"c", b"d"]
+
+
+def backlog_values(name: bytes, count: int) -> list[bytes]:
+    """Messages of one size whose bytes, ``count`` of them, make more than a backlog."""
+    values = [name + b"%03d" % i + bytes(100) for i in range(count)]
+    assert sum(len(v) for v in values) > BACKLOG_BYTES
+    return values
+
+
+def test_a_backlog_is_handed_out_of_the_lock_and_the_catch_up_reads_only_what_came_after(tmp_path):
+    """A shared writer with a ``backlog_taker`` that finds more than ``BACKLOG_BYTES`` appended by
+    the others lets the lock go, hands the whole messages to the taker, and takes the lock again:
+    what others appended meanwhile is caught up under it, nothing twice, nothing skipped."""
+    a, b = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    a.append(b"a0")
+    handed: list[list] = []
+
+    def take(messages: list) -> None:
+        assert not a._lock.held  # out of the lock: another writer may append now
+        handed.append(list(messages))
+        b.append_many([b"meanwhile %d" % i for i in range(3)])
+
+    a.backlog_taker = take
+    b.append_many(backlog_values(b"b", 40))
+    with a.hold():
+        (backlog,) = handed
+        assert [(m.offset, m.value[:4]) for m in backlog] == [(1 + i, b"b%03d" % i) for i in range(40)]
+        assert [(m.offset, m.value) for m in a.caught_up] == [(41 + i, b"meanwhile %d" % i) for i in range(3)]
+        assert a.append(b"a1") == 44
+    assert not a.backlog_lost
+    b.append(b"small")  # a few bytes: caught up under the lock, as ever
+    with a.hold():
+        assert len(handed) == 1
+        assert [m.value for m in a.caught_up] == [b"small"]
+    a.close()
+    b.close()
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(46))
+    with Writer(tmp_path) as again:
+        assert again.recoveries == []
+
+
+def test_a_backlog_taken_back_after_it_was_handed_out_is_read_again(tmp_path):
+    """A writer whose append fails (a full disk) takes back what it wrote, under its lock: when
+    another writer had read those bytes out of the lock, its catch-up finds them changed (here
+    written over by as many bytes, so that the size alone would not tell), reads on from before
+    them and sets ``backlog_lost`` for the taker to rebuild."""
+    a, b = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    a.append(b"a0")
+    start = a.segment.path.stat().st_size
+    handed: list[list] = []
+
+    def take(messages: list) -> None:
+        handed.append(list(messages))
+        os.truncate(a.segment.path, start)  # b's batch taken back ...
+        with Writer(tmp_path, shared=True) as c:  # ... and another writer's in its place
+            c.append_many(backlog_values(b"c", 40))
+
+    a.backlog_taker = take
+    b.append_many(backlog_values(b"b", 40))
+    with a.hold():
+        assert [m.value[:4] for m in handed[0]] == [b"b%03d" % i for i in range(40)]
+        assert a.backlog_lost
+        assert [(m.offset, m.value[:4]) for m in a.caught_up] == [(1 + i, b"c%03d" % i) for i in range(40)]
+        assert a.append(b"a1") == 41
+    a.close()
+    b.close()
+    assert [m.value[:4] for m in scan_all(tmp_path)] == [b"a0"] + [b"c%03d" % i for i in range(40)] + [b"a1"]
+
+
+def test_a_torn_message_is_not_handed_out_with_a_backlog(tmp_path):
+    """A writer killed mid-append leaves a torn message: the backlog handed out of the lock stops
+    before it, and the catch-up under the lock cuts it, as it did before."""
+    a, b = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    a.append(b"a0")
+    handed: list[list] = []
+    a.backlog_taker = lambda messages: handed.append(list(messages))
+    b.append_many(backlog_values(b"b", 40))
+    torn = encode(41, 5, 0, b"", b"torn" + bytes(100))
+    with open(a.segment.path, "ab") as f:
+        f.write(torn[:-10])
+    with a.hold():
+        assert [m.offset for m in handed[0]] == list(range(1, 41))
+        assert a.caught_up == []
+        assert len(a.recoveries) == 1
+        assert a.append(b"a1") == 41
+    a.close()
+    b.close()
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(42))
 
 
 def test_held_reopens_again_when_the_reopened_segment_is_collected_too(tmp_path):

@@ -289,6 +289,31 @@ def test_compaction_under_a_long_lived_consumer(tmp_path: Path, monkeypatch: pyt
         assert len(done) + len(rest) + 1 == 3000
 
 
+def test_one_snapshot_per_interval_with_several_consumers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consumers in turn on one channel: the changes since the journal's last snapshot are counted
+    from the last one anybody appended, so one of them compacts each time, not each in turn."""
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 100)
+    compacted: list[object] = []
+    compact = channel_module.Channel._compact
+    monkeypatch.setattr(channel_module.Channel, "_compact", lambda self: (compacted.append(self), compact(self)))
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b, Broker(tmp_path, sync="none") as c:
+        queues = [a.queue("jobs"), b.queue("jobs"), c.queue("jobs")]
+        queues[0].send_many([body(i) for i in range(1000)])
+        got: list[bytes] = []
+        done: list[list[str]] = [[], [], []]
+        for turn in range(2000):
+            i = turn % 3
+            messages = queues[i].receive(5, delete=done[i])
+            done[i] = [m.receipt for m in messages]
+            got += [m.body for m in messages]
+            if not any(done):
+                break
+    assert sorted(got) == [body(i) for i in range(1000)]
+    # 2,000 changes (a delivery and a delete each): 20 snapshots, give or take the last round's
+    assert 19 <= len(compacted) <= 21
+    assert len({id(channel) for channel in compacted}) == 3  # whoever came when it was due
+
+
 def test_producer_whose_segment_was_collected_can_still_send(tmp_path: Path) -> None:
     """A producer idle while others fill segments that gc then deletes, including the one its
     writer was on."""

@@ -106,6 +106,8 @@ class SegmentScan:
     problem: CorruptionError | None = None
     messages: list[Message] | None = None
     """The messages read, with ``keep=True``."""
+    data: bytes = b""
+    """Their bytes as the segment held them (from ``start`` to ``end``), with ``keep=True``."""
 
     @property
     def clean(self) -> bool:
@@ -125,13 +127,15 @@ def scan_segment(
     """Read ``segment`` from byte ``start`` (where message ``start_offset`` begins) to its end,
     checking every message and collecting the index entries due after ``last_indexed``.
     ``fd``: the segment already open for reading (a shared writer catching up: no open).
-    ``keep``: return the messages read too (few: what other writers appended lately)."""
+    ``keep``: return the messages read too, and their bytes (few: what other writers appended
+    lately)."""
     from journalq.journal.index import choose_entries  # index imports this module
 
     entries: list[tuple[int, int]] = []
     last_ts: int | None = None
     pos, next_offset = start, start_offset
     kept: list[Message] | None = [] if keep else None
+    kept_bytes: list[bytes] = []
     own = fd is None
     if own:
         fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -158,6 +162,7 @@ def scan_segment(
                 last_ts = messages[-1].timestamp_ns
                 if kept is not None:
                     kept += messages
+                    kept_bytes.append(buf[:used])
             pos += used
             pending = buf[used:]
             if problem is not None or (not messages and pos + len(pending) >= size):
@@ -169,4 +174,4 @@ def scan_segment(
         problem = CorruptionError(
             f"incomplete message: {size - pos} bytes at the end", file=segment.path, position=pos, offset=next_offset
         )
-    return SegmentScan(pos, next_offset, last_ts, size, entries, problem, kept)
+    return SegmentScan(pos, next_offset, last_ts, size, entries, problem, kept, b"".join(kept_bytes))

@@ -37,6 +37,7 @@ from journalq.journal.lock import FileLock
 from journalq.journal.recovery import Recovery, cut_tail, fsync_dir
 from journalq.journal.segment import (
     Segment,
+    SegmentScan,
     journal_dir,
     list_segments,
     lock_path,
@@ -47,6 +48,9 @@ from journalq.journal.segment import (
 from journalq.journal.sync import SyncPolicy, fdatasync
 
 DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
+BACKLOG_BYTES = 2048
+"""A shared writer with a ``backlog_taker`` hands it what the others appended, out of the lock,
+when a hold finds more than this many bytes of it (a dozen queue events)."""
 _EXCLUSIVE_NOTE = "exclusive writer"
 
 
@@ -90,7 +94,21 @@ class Writer(Closing):
         """A shared writer: the messages other writers appended that the last catch-up (the
         last ``hold()`` or append) read, in order. A caller keeping up with the journal can take
         them instead of reading them again, when they run up to ``next_offset`` (a catch-up
-        that went on to a new segment gives only what it read of the old one)."""
+        that went on to a new segment gives only what it read of the old one; one after a
+        backlog handed to ``backlog_taker``, only what came after it)."""
+        self.backlog_taker: Callable[[list[Message]], object] | None = None
+        """A shared writer: who takes in what the other writers appended (a queue's state,
+        which applies their events), when a hold finds more of it than ``BACKLOG_BYTES`` (this
+        process waited while the others went on): the writer lets the lock go, reads the whole
+        messages there and gives them to it, then takes the lock again and catches up with what
+        came meanwhile only. So the others do not wait for the lock while this one takes in
+        their backlog. Called with the writer's mutex held: no other thread of this process
+        holds the writer meanwhile."""
+        self.backlog_lost = False
+        """Set by a catch-up that found messages handed to ``backlog_taker`` no longer there (a
+        writer whose append failed, a full disk, takes back what it wrote; after this one read
+        it, when it read out of the lock): the taker must rebuild what it made of them, and
+        set this back to False."""
         self.segment_unlinked = False
         """Whether the last catch-up (of a shared writer) found its segment deleted: by another
         process's gc or compaction (the writer then goes on in the next segment), or with the
@@ -122,6 +140,11 @@ class Writer(Closing):
         self._sync_fd = -1
         self._sync_fd_closed = False
         self._flusher: threading.Thread | None = None
+        # The backlog read out of the lock, for the catch-up to check under it: where it began
+        # (position, offset; -1: none), its bytes, whether an index entry fell due in it.
+        self._backlog_at = self._backlog_offset = -1
+        self._backlog_data = b""
+        self._backlog_index_due = False
 
         _make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
         # A shared writer looks for a segment another writer started at every catch-up: in this
@@ -323,45 +346,53 @@ class Writer(Closing):
                 )
             self._lock.acquire(wait=True)
 
-    def _catch_up(self) -> None:
-        """Under the shared lock: take in what other writers appended since we last held it."""
+    def _catch_up(self, take: Callable[[list[Message]], object] | None = None) -> bool:
+        """Under the shared lock: take in what other writers appended since we last held it.
+        With ``take`` (the ``backlog_taker``), more than ``BACKLOG_BYTES`` of it are handed to
+        ``take`` out of the lock instead, and False returned: take the lock again and catch up
+        (without ``take``) with what came meanwhile."""
         stat = os.fstat(self._fd)
         size = stat.st_size
+        unlinked = stat.st_nlink == 0
+        if size - self._seg_len > BACKLOG_BYTES and take is not None and not unlinked:
+            self._read_backlog(take)
+            return False
         self.caught_up = []
-        self.segment_unlinked = unlinked = stat.st_nlink == 0
-        if unlinked and size != self._seg_len:
+        self.segment_unlinked = unlinked
+        backlog_at, index_due = self._backlog_at, self._backlog_index_due
+        if backlog_at >= 0:
+            self._backlog_at, self._backlog_index_due = -1, False
+            data, self._backlog_data = self._backlog_data, b""
+        if unlinked and (size != self._seg_len or backlog_at >= 0):
             # Others appended to a segment that gc (or compaction) has deleted since: what it
             # holds says nothing of the journal's end (as when this was read by path: ``held``
             # opens a writer at the end instead).
             raise FileNotFoundError(
                 errno.ENOENT, "segment deleted under a shared writer", str(self._segment.path)
             )
+        if backlog_at >= 0 and (size < self._seg_len or os.pread(self._fd, len(data), backlog_at) != data):
+            # The backlog handed out is not there byte for byte any more: read on from before it.
+            self._seg_len, self._next_offset = backlog_at, self._backlog_offset
+            self.backlog_lost = True
         if size < self._seg_len:
             raise TruncatedError(
                 f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",
                 file=self._segment.path,
             )
         if size > self._seg_len:
-            assert self._index is not None
-            scan = scan_segment(
-                self._segment,
-                self._seg_len,
-                self._next_offset,
-                last_indexed=self._index.last_position,
-                interval=self.index_interval,
-                fd=self._fd,
-                keep=True,
-            )
+            scan = self._scan_appended()
             self.caught_up = scan.messages or []
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, self._segment, scan))
             self._seg_len = scan.end
             self._next_offset = scan.next_offset
-            if scan.entries:
-                # The others added index entries, where this writer would have (read them: they
-                # may index otherwise). With none due, they added none that matter: an entry
-                # of ours a little early only makes the index a little denser.
-                self._index.last_position = max(self._index.last_position, last_position(self._segment))
+            index_due = index_due or bool(scan.entries)
+        if index_due:
+            # The others added index entries, where this writer would have (read them: they
+            # may index otherwise). With none due, they added none that matter: an entry of
+            # ours a little early only makes the index a little denser.
+            assert self._index is not None
+            self._index.last_position = max(self._index.last_position, last_position(self._segment))
         # Another writer may have started a new segment, even with this one unchanged (a hub's
         # copy starts one where its source did): it is named by the offset now due.
         # This runs on every shared append: ``access`` relative to the directory's descriptor
@@ -377,6 +408,7 @@ class Writer(Closing):
             ):
                 break
             self._open_segment(segment_at(self.path, self._next_offset))
+        return True
 
     # -- appending --------------------------------------------------------------------------
 
@@ -393,10 +425,38 @@ class Writer(Closing):
         if self.shared and not self._held:
             self._take_shared_lock()
             try:
-                self._catch_up()
+                if not self._catch_up(self.backlog_taker):
+                    self._take_shared_lock()  # after a backlog taken in out of it: once
+                    self._catch_up(None)
             except BaseException:
                 self._lock.release()
                 raise
+
+    def _read_backlog(self, take: Callable[[list[Message]], object]) -> None:
+        """Let the lock go, read the whole messages the others appended and give them to
+        ``take``. (A message still being written, or torn, is not read: the catch-up cuts it,
+        if its writer died.)"""
+        self._lock.release()
+        scan = self._scan_appended()
+        if scan.messages:
+            self._backlog_at, self._backlog_offset, self._backlog_data = self._seg_len, self._next_offset, scan.data
+            self._backlog_index_due = bool(scan.entries)
+            self._seg_len, self._next_offset = scan.end, scan.next_offset
+            take(scan.messages)
+
+    def _scan_appended(self) -> SegmentScan:
+        """What the others appended to the segment after this writer's end, read through its
+        descriptor, messages and bytes kept."""
+        assert self._index is not None
+        return scan_segment(
+            self._segment,
+            self._seg_len,
+            self._next_offset,
+            last_indexed=self._index.last_position,
+            interval=self.index_interval,
+            fd=self._fd,
+            keep=True,
+        )
 
     def _end(self) -> int | None:
         """Finish an operation. Returns the offset that must be durable before the outermost

@@ -196,11 +196,11 @@ class Channel:
         self.receipt_prefix = ""
         """What the caller's receipts have before this channel's own: errors name a receipt as the
         caller gave it (a sharded queue's shard channels: the shard's index and a dot)."""
-        self._writer = Writer(self.path, shared=True, sync=topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
+        self._writer = self._new_writer()
         self._token = _channel_token(self.path)
         self.state = ChannelState()
         self._events: Scanner | None = None
-        self._since_snapshot = 0
+        self._applied = -1  # the offset of the next event to apply (``_load`` sets it)
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
@@ -260,16 +260,19 @@ class Channel:
         """A new writer, for one whose segment another process's compaction deleted (not one of
         a topic deleted and made again: that is not this channel's to act on)."""
         self.topic.check_present()
-        sync = self.topic.broker.sync
-        self._writer = Writer(self.path, shared=True, sync=sync, segment_size=STATE_SEGMENT_SIZE)
+        self._writer = self._new_writer()
         return self._writer
+
+    def _new_writer(self) -> Writer:
+        writer = Writer(self.path, shared=True, sync=self.topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
+        writer.backlog_taker = self._take_backlog
+        return writer
 
     # -- catching up with the state journal ---------------------------------------------------
 
     def _load(self) -> None:
         """Rebuild the state from the latest snapshot and the events after it."""
         self.state = ChannelState()
-        self._since_snapshot = 0
         start = read_offset(self.path, "snapshot")
         segments = list_segments(self.path)
         if segments and start < segments[0].base:
@@ -283,21 +286,36 @@ class Channel:
             self._events.close()
         self._events = Scanner(self.path, offset)
 
+    def _take_backlog(self, messages: list[Message]) -> None:
+        """The writer's ``backlog_taker``: apply the others' events out of the lock, when this
+        process comes to it after they did many changes (the hold applies what came after)."""
+        if messages[0].offset <= self._applied:
+            self._apply_events(messages)
+        # Else this state does not reach them yet (a reopened writer): the hold reads them again.
+
+    def _apply_events(self, messages: list[Message]) -> None:
+        """Apply the events of ``messages`` (which begin at ``_applied`` or before it) not applied
+        yet."""
+        apply, applied = self.state.apply_record, self._applied
+        for offset, timestamp_ns, type_, key, value in messages:
+            if offset >= applied:
+                apply(type_, key, value, timestamp_ns)
+        self._applied = max(applied, messages[-1].offset + 1)
+
     def _apply_new(self, reload: bool = True) -> None:
         """Under the hold: apply the events other processes appended since we last looked."""
         writer = self._writer
+        if writer.backlog_lost:  # events applied out of the lock were taken back since
+            writer.backlog_lost = False
+            self._load()
+            return
         end = writer.next_offset
         if end == self._applied:
             return  # nothing new (the hold has caught the writer up)
-        state = self.state
         caught = writer.caught_up
         if caught and caught[0].offset <= self._applied and caught[-1].offset + 1 == end:
             # What the others appended, as the writer's catch-up read it: not read again.
-            apply, applied = state.apply_record, self._applied
-            for offset, timestamp_ns, type_, key, value in caught:
-                if offset >= applied:
-                    self._since_snapshot += apply(type_, key, value, timestamp_ns)
-            self._applied = end
+            self._apply_events(caught)
             return
         assert self._events is not None
         try:
@@ -306,12 +324,8 @@ class Channel:
                 # the writer's catch-up) rather than read it back: the scanner may even be in
                 # a segment that compaction deleted since.
                 self._seek_events(self._applied)
-            apply, applied = state.apply_record, self._applied
             while batch := self._events.read_batch():
-                for offset, timestamp_ns, type_, key, value in batch:
-                    if offset >= applied:
-                        self._since_snapshot += apply(type_, key, value, timestamp_ns)
-                self._applied = applied = max(applied, batch[-1].offset + 1)
+                self._apply_events(batch)
         except (OffsetOutOfRangeError, TruncatedError):
             pass
         if self._applied < self._writer.next_offset:
@@ -344,7 +358,7 @@ class Channel:
         self._unwritten = []
         apply = self.state.apply_record
         for type_, key, value in records:
-            self._since_snapshot += apply(type_, key, value, now)
+            apply(type_, key, value, now)
         self._applied += len(messages)
         return now
 
@@ -354,7 +368,7 @@ class Channel:
         apply = self.state.apply_record
         for type_, key, value in records:
             self._unwritten.append(_new_tuple(Message, (0, now, type_, key, value)))  # first: a failed apply reloads
-            self._since_snapshot += apply(type_, key, value, now)
+            apply(type_, key, value, now)
 
     def _forget_unwritten(self) -> None:
         """Events applied but never appended (the step failed): the state is rebuilt from the
@@ -374,7 +388,7 @@ class Channel:
             if self.topic.gc_due():
                 self.topic.gc()
             self._skip_deleted()  # after the gc: what it deleted, and what others' gc did
-        if self._since_snapshot >= SNAPSHOT_EVERY:
+        if _compaction_due(state):
             self._compact()
 
     def _skip_deleted(self) -> None:
@@ -387,7 +401,6 @@ class Channel:
         snapshot_at = self._writer.next_offset
         self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot()).encode()])
         write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=self.topic.broker.sync != "none")
-        self._since_snapshot = 0
         segments = list_segments(self.path)
         for segment, following in zip(segments, segments[1:]):
             if following.base > snapshot_at:
@@ -565,7 +578,8 @@ class Channel:
             # receive records next (one write; the hold's end syncs once for everything).
             self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
         collect_due = now - state.last_collect >= int(settings.task_gc_interval * 1e9)
-        if collect_due or self._since_snapshot >= SNAPSHOT_EVERY:  # (tested here: a call costs)
+        # (``_compaction_due`` inline: a call costs, on every receive)
+        if collect_due or state.events_applied - state.applied_at_snapshot >= SNAPSHOT_EVERY:
             self._maintain(now)
         if state.cursor < self.topic.first_kept:  # a gc of this process deleted messages unfinished
             self._skip_deleted()
@@ -961,6 +975,13 @@ class Channel:
             if scanner is not None:
                 scanner.close()
         self._writer.close()
+
+
+def _compaction_due(state: ChannelState) -> bool:
+    """Whether ``SNAPSHOT_EVERY`` changes came after the journal's last snapshot. (Counted from
+    the last one any process appended: with several processes, one of them compacts, not each
+    in turn, each applying all the others' snapshots too.)"""
+    return state.events_applied - state.applied_at_snapshot >= SNAPSHOT_EVERY
 
 
 def _raise(error: ReceiptError | None) -> None:

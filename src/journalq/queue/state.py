@@ -192,6 +192,9 @@ class ChannelState:
         self.cursor_marks: list[tuple[int, int]] = []  # (time, cursor) at each collection
         self.last_collect = 0
         self.events_applied = 0
+        self.applied_at_snapshot = 0
+        """``events_applied`` when the last snapshot was applied (one of any process's, as the
+        journal holds it): a channel compacts once enough changes came after it."""
 
     # -- applying events --------------------------------------------------------------------
 
@@ -500,7 +503,7 @@ class ChannelState:
         data = json.loads(payload)
         applied = self.events_applied
         self.__init__()  # type: ignore[misc]
-        self.events_applied = applied
+        self.events_applied = self.applied_at_snapshot = applied
         self.cursor = data["cursor"]
         self.frontier = data["frontier"]
         self.skipped.update(data["skipped"])
