@@ -18,6 +18,7 @@ from journalq.errors import LockedError
 from journalq.journal import Scanner, Writer
 from journalq.journal.codec import encode
 from journalq.journal.lock import FileLock
+from journalq.journal.segment import list_segments
 from journalq.journal.writer import BACKLOG_BYTES, held
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
@@ -501,3 +502,38 @@ def test_a_shared_writer_killed_mid_append_is_recovered_by_the_others(tmp_path, 
     with Writer(path) as w:
         assert w.recoveries == []
         assert w.next_offset == len(messages)
+
+
+def test_an_idle_shared_writer_whose_segment_and_the_next_were_collected_appends_at_the_end(tmp_path):
+    """A shared writer idle on a segment it read to the end, while another started the next
+    segment early (as a hub's copy does where its source did) and went on past it, and both
+    segments were collected since. Its catch-up finds its segment deleted with nothing appended
+    after its end, and no segment where its next offset would begin one. Before, it then appended
+    to the deleted segment: the message was answered as stored and lost. Now the hold reopens at
+    the journal's end. (Without an early segment a full one is rolled in the append that fills
+    it, so a writer that read it to the end finds the next.)"""
+    with Writer(tmp_path, shared=True, segment_size=200) as idle, Writer(tmp_path, shared=True, segment_size=200) as busy:
+        idle.append(b"early")  # offset 0, segment 0
+        busy.append_encoded(encode(1, 5, 0, b"", b"c"), new_segment=True)  # segment 1 begins early
+        with idle.hold():
+            pass  # it reads segment 0 to its end, and goes on in segment 1
+        assert idle.segment.base == 1
+        busy.append_encoded(encode(2, 5, 0, b"", b"d"), new_segment=True)  # segment 2
+        busy.append_encoded(encode(3, 5, 0, b"", b"e"), new_segment=True)  # segment 3, the last
+        for segment in list_segments(tmp_path)[:-1]:  # collected: all but the last
+            segment.path.unlink()
+            segment.index_path.unlink(missing_ok=True)
+        end = busy.next_offset
+        reopened = []
+
+        def reopen():
+            reopened.append(Writer(tmp_path, shared=True, segment_size=200))
+            return reopened[-1]
+
+        with held(idle, reopen) as writer:
+            last = writer.append(b"late")
+        assert last == end and writer is reopened[0]
+        for w in reopened:
+            w.close()
+    with Scanner(tmp_path, last) as scanner:
+        assert [m.value for m in scanner] == [b"late"]

@@ -400,6 +400,7 @@ class Writer(Closing):
         # several times as much). Only a segment found there is looked for at the path too,
         # which is where it is opened: if the directory was moved away (a queue deleted) or
         # another put in its place, a segment of that other directory is never taken for ours.
+        segment = self._segment
         while self._next_offset != self._segment.base:
             name = segment_name(self._next_offset)
             if not (
@@ -408,6 +409,14 @@ class Writer(Closing):
             ):
                 break
             self._open_segment(segment_at(self.path, self._next_offset))
+        if unlinked and self._segment is segment:
+            # Deleted, and no segment begins where it ends: the one that did was collected too
+            # (the newest never is), or the whole journal was deleted. Appended to, it would
+            # lose what it was given: ``held`` opens a writer at the end instead (or its check
+            # says the journal is gone).
+            raise FileNotFoundError(
+                errno.ENOENT, "segment and the next deleted under a shared writer", str(segment.path)
+            )
         return True
 
     # -- appending --------------------------------------------------------------------------
