@@ -128,6 +128,8 @@ def create_app(config: ServerConfig) -> App:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    counts = app.metrics
+    note_latency = counts.note
 
     def broker() -> Broker:
         return broker_box[0]
@@ -152,7 +154,6 @@ def create_app(config: ServerConfig) -> App:
             # A sharded queue stored part of the batch: those are answered as stored (a client
             # that got 503 would send them again), the others get the 503.
             ids = [problem if message_id is None else message_id for message_id in partial.ids]
-        counts = app.state.metrics
         counts.counted(counts.messages_in, queue).inc(sum(isinstance(i, str) for i in ids))  # once a batch
         return ids
 
@@ -305,8 +306,8 @@ def create_app(config: ServerConfig) -> App:
     @app.get("/metrics", tags=["service"], response_class=Response)
     async def metrics_endpoint() -> Response:
         """Prometheus text format: messages in and out, depth, in flight, dead, latency, syncs."""
-        app.state.metrics.observe_noted()  # the latencies noted in this turn of the loop too
-        body = await blocking(app.state.metrics.render)
+        counts.observe_noted()  # the latencies noted in this turn of the loop too
+        body = await blocking(counts.render)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
     # -- mq's six endpoints ------------------------------------------------------------------
@@ -389,7 +390,7 @@ def create_app(config: ServerConfig) -> App:
         if not got:
             return Response(status_code=204)
         message = got[0]
-        app.state.metrics.counted(app.state.metrics.messages_out, queue).inc()
+        counts.counted(counts.messages_out, queue).inc()
         return Response(
             message.body,
             media_type="application/octet-stream",
@@ -415,7 +416,7 @@ def create_app(config: ServerConfig) -> App:
     async def remove(queue: str, message_id: str) -> Response:
         """Delete a message by the id that adding or fetching it gave, whatever its state."""
         await blocking(lambda: broker().queue(queue_name(queue), create=False).delete_id(message_id))
-        app.state.metrics.counted(app.state.metrics.messages_deleted, queue).inc()
+        counts.counted(counts.messages_deleted, queue).inc()
         return Response(status_code=204)
 
     async def add_message(queue: str, body: bytes) -> str:
@@ -474,7 +475,6 @@ def create_app(config: ServerConfig) -> App:
         ``answer(outcome)`` (a failure there as uvicorn answers an ASGI app's), and notes its
         latency from now."""
         started = time.perf_counter()
-        note = app.state.metrics.note
 
         def done(outcome: Any) -> None:
             try:
@@ -484,7 +484,7 @@ def create_app(config: ServerConfig) -> App:
             try:
                 respond(status, headers, content)
             finally:
-                note(api, operation, status, time.perf_counter() - started)
+                note_latency(api, operation, status, time.perf_counter() - started)
 
         return done
 
@@ -507,7 +507,7 @@ def create_app(config: ServerConfig) -> App:
         answers: list[dict[str, Any] | Answer | Exception] = await blocking(
             functools.partial(sqs_protocol().send_together, partly_stored=partly_stored, plain=_plain_sent_answer),
             name, requests, storing=True)
-        app.state.metrics.count_sqs_sends(name, [action for action, _ in requests], answers)
+        counts.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
@@ -567,7 +567,7 @@ def create_app(config: ServerConfig) -> App:
         """The answer to an SQS request that reached its queue: its result, or the error that
         refused it (other exceptions propagate)."""
         if action not in SqsProtocol.SEND_ACTIONS and isinstance(outcome, dict):
-            app.state.metrics.count_sqs(action, payload, outcome)  # sends are counted once a batch, by store_sqs
+            counts.count_sqs(action, payload, outcome)  # sends are counted once a batch, by store_sqs
         return sqs_outcome_answer(outcome)
 
     def sqs_outcome_answer(outcome: dict[str, Any] | Answer | BaseException) -> Answer:
@@ -906,8 +906,10 @@ class App(FastAPI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.state.metrics = metrics.Metrics()
-        self.add_middleware(metrics.RequestTimer, metrics=self.state.metrics)
+        self.metrics = self.state.metrics = metrics.Metrics()
+        """(Also as ``app.state.metrics``, where Starlette's ``State`` finds it in Python: ~0.3 µs a
+        read, per request on the hot paths.)"""
+        self.add_middleware(metrics.RequestTimer, metrics=self.metrics)
         self.hot_route: Callable[[Scope], Handler | None] = lambda scope: None
         self.direct_route: Callable[[Scope], DirectHandler | None] = lambda scope: None
         self.head_timeout: float | None = None
@@ -922,7 +924,7 @@ class App(FastAPI):
                 try:
                     status = await handler(scope, receive, send)
                 finally:
-                    self.state.metrics.note_request(scope, status, started)
+                    self.metrics.note_request(scope, status, started)
                 return
             if scope["method"] == "HEAD" and not _is_messages(scope["path"]):
                 # HEAD is GET without the body (uvicorn leaves the body out, for the request it
