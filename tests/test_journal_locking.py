@@ -253,6 +253,40 @@ def test_a_torn_message_is_not_handed_out_with_a_backlog(tmp_path):
     assert [m.offset for m in scan_all(tmp_path)] == list(range(42))
 
 
+def test_a_backlog_whose_taker_raised_is_read_again_and_marked_lost(tmp_path):
+    """A taker that raises (a damaged event, a MemoryError) may have taken in some of the backlog,
+    not all: the hold raises with the lock let go, ``backlog_lost`` tells the taker to rebuild, and
+    the next catch-up reads those messages again. (Before, the writer went on past them: a
+    channel, whose count of applied events had not moved, read them again from its journal and
+    applied twice those it had taken in before the error.)"""
+    a, b = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    a.append(b"a0")
+    taken: list[int] = []
+
+    def take(messages: list) -> None:
+        taken.extend(m.offset for m in messages[:5])
+        raise MemoryError("taking in the backlog")
+
+    a.backlog_taker = take
+    b.append_many(backlog_values(b"b", 40))
+    with pytest.raises(MemoryError):
+        with a.hold():
+            pass
+    assert taken == [1, 2, 3, 4, 5]
+    assert not a._lock.held
+    probe = FileLock(tmp_path / "jnl.lck")
+    assert probe.try_acquire(wait=False)  # the lock is free
+    probe.close()
+    assert a.backlog_lost
+    a.backlog_taker = None
+    with a.hold():
+        assert [m.offset for m in a.caught_up] == list(range(1, 41))
+        assert a.append(b"a1") == 41
+    a.close()
+    b.close()
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(42))
+
+
 def test_held_reopens_again_when_the_reopened_segment_is_collected_too(tmp_path):
     """``held``: the writer ``reopen`` gives for one whose segment was collected takes the lock
     again only when held; another process's compaction may collect its segment too in between
