@@ -355,7 +355,9 @@ class Writer(Closing):
         stat = os.fstat(self._fd)
         size = stat.st_size
         unlinked = stat.st_nlink == 0
-        if size - self._seg_len > BACKLOG_BYTES and take is not None and not unlinked:
+        if size - self._seg_len > BACKLOG_BYTES and take is not None and not unlinked and self._backlog_at < 0:
+            # (One left unchecked, when the lock could not be taken again after it, is checked
+            # below first: another read from its end would put its own check in its place.)
             self._read_backlog(take)
             return False
         self.caught_up = []
