@@ -253,6 +253,81 @@ def test_a_torn_message_is_not_handed_out_with_a_backlog(tmp_path):
     assert [m.offset for m in scan_all(tmp_path)] == list(range(42))
 
 
+def test_a_backlog_whose_taker_raised_is_read_again_and_marked_lost(tmp_path):
+    """A taker that raises (a damaged event, a MemoryError) may have taken in some of the backlog,
+    not all: the hold raises with the lock let go, ``backlog_lost`` tells the taker to rebuild, and
+    the next catch-up reads those messages again. (Before, the writer went on past them: a
+    channel, whose count of applied events had not moved, read them again from its journal and
+    applied twice those it had taken in before the error.)"""
+    a, b = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    a.append(b"a0")
+    taken: list[int] = []
+
+    def take(messages: list) -> None:
+        taken.extend(m.offset for m in messages[:5])
+        raise MemoryError("taking in the backlog")
+
+    a.backlog_taker = take
+    b.append_many(backlog_values(b"b", 40))
+    with pytest.raises(MemoryError):
+        with a.hold():
+            pass
+    assert taken == [1, 2, 3, 4, 5]
+    assert not a._lock.held
+    probe = FileLock(tmp_path / "jnl.lck")
+    assert probe.try_acquire(wait=False)  # the lock is free
+    probe.close()
+    assert a.backlog_lost
+    a.backlog_taker = None
+    with a.hold():
+        assert [m.offset for m in a.caught_up] == list(range(1, 41))
+        assert a.append(b"a1") == 41
+    a.close()
+    b.close()
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(42))
+
+
+def test_a_backlog_left_unchecked_is_checked_before_another_is_read(tmp_path):
+    """A hold that handed out a backlog and then failed to take the lock again (interrupted while
+    it waited) leaves that backlog unchecked: the next hold checks it under the lock before it
+    reads another out of it. Here it was taken back and written over meanwhile, and more came
+    after: before, the next backlog was read from its end and its check took the place of the
+    first one's, so ``backlog_lost`` never told the taker."""
+    a, b = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    a.append(b"a0")
+    start = a.segment.path.stat().st_size
+    handed: list[list] = []
+    a.backlog_taker = lambda messages: handed.append([m.value[:4] for m in messages])
+    b.append_many(backlog_values(b"b", 40))
+    take_lock = a._take_shared_lock
+    takes: list[int] = []
+
+    def interrupted_the_second_time() -> None:
+        takes.append(1)
+        if len(takes) == 2:  # after the backlog
+            raise KeyboardInterrupt
+        take_lock()
+
+    a._take_shared_lock = interrupted_the_second_time  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        with a.hold():
+            pass
+    del a._take_shared_lock
+    assert handed == [[b"b%03d" % i for i in range(40)]]
+    os.truncate(a.segment.path, start)  # b's batch taken back ...
+    with Writer(tmp_path, shared=True) as c:  # ... another's in its place, as long, and more
+        c.append_many(backlog_values(b"c", 40))
+        c.append_many(backlog_values(b"d", 40))
+    with a.hold():
+        assert a.backlog_lost
+        assert [m.value[:4] for m in a.caught_up] == [b"c%03d" % i for i in range(40)] + [
+            b"d%03d" % i for i in range(40)
+        ]
+        assert a.append(b"a1") == 81
+    a.close()
+    b.close()
+
+
 def test_held_reopens_again_when_the_reopened_segment_is_collected_too(tmp_path):
     """``held``: the writer ``reopen`` gives for one whose segment was collected takes the lock
     again only when held; another process's compaction may collect its segment too in between

@@ -15,11 +15,13 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from journalq.journal import end_offset
 from journalq.journal.codec import encode
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
-from journalq.queue.state import Event, EventKind
+from journalq.queue.state import ChannelState, Event, EventKind
 
 CONSUMER = textwrap.dedent(
     """
@@ -303,6 +305,66 @@ def test_a_backlog_applied_out_of_the_lock_is_applied_once(tmp_path: Path) -> No
         assert len(backlogs) > 20
         assert sorted(got, key=int) == [b"%d" % i for i in range(3000)]
         qb.stats()  # b catches up with a's last rounds
+        with Broker(tmp_path, sync="none") as c:
+            fresh = c.queue("jobs").state
+            assert qb.state.events_applied == fresh.events_applied
+            assert qb.state.snapshot() == fresh.snapshot()
+
+
+def test_a_backlog_whose_taking_in_failed_part_way_is_applied_once(tmp_path: Path) -> None:
+    """Applying a backlog raises after some of its events (a MemoryError, say): the receive
+    fails, and the next one rebuilds the state (the writer's ``backlog_lost``). Before, the
+    events applied before the error were applied again: the state's count of them (which times
+    compaction) ran ahead of a fresh process's."""
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        qa, qb = a.queue("jobs"), b.queue("jobs")
+        qa.send_many([b"%d" % i for i in range(300)])
+        got: list[bytes] = []
+        done: dict[str, list[str]] = {"a": [], "b": []}
+
+        def round_of(name: str, q) -> None:
+            messages = q.receive(10, delete=done[name])
+            done[name] = [m.receipt for m in messages]
+            got.extend(m.body for m in messages)
+
+        take = qb._take_backlog
+        failures = []
+
+        def take_failing_once(messages) -> None:
+            state = qb.state
+            if failures:
+                take(messages)
+                return
+            applied = []
+
+            def apply_then_fail(*record) -> int:
+                if len(applied) == 5:
+                    failures.append(len(applied))
+                    raise MemoryError("applying the backlog")
+                applied.append(record)
+                return ChannelState.apply_record(state, *record)
+
+            state.apply_record = apply_then_fail  # type: ignore[method-assign]
+            try:
+                take(messages)
+            finally:
+                del state.apply_record
+
+        qb._writer.backlog_taker = take_failing_once
+        round_of("b", qb)
+        for _ in range(8):  # a backlog for b
+            round_of("a", qa)
+        with pytest.raises(MemoryError):
+            round_of("b", qb)
+        assert failures == [5]
+        while True:
+            for _ in range(8):
+                round_of("a", qa)
+            round_of("b", qb)
+            if not done["a"] and not done["b"]:
+                break
+        assert sorted(got, key=int) == [b"%d" % i for i in range(300)]
+        qb.stats()
         with Broker(tmp_path, sync="none") as c:
             fresh = c.queue("jobs").state
             assert qb.state.events_applied == fresh.events_applied

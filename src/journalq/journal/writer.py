@@ -107,8 +107,9 @@ class Writer(Closing):
         self.backlog_lost = False
         """Set by a catch-up that found messages handed to ``backlog_taker`` no longer there (a
         writer whose append failed, a full disk, takes back what it wrote; after this one read
-        it, when it read out of the lock): the taker must rebuild what it made of them, and
-        set this back to False."""
+        it, when it read out of the lock), or by a taker that raised (the hold raises it, and
+        the writer reads those messages again): the taker must rebuild what it made of them,
+        and set this back to False."""
         self.segment_unlinked = False
         """Whether the last catch-up (of a shared writer) found its segment deleted: by another
         process's gc or compaction (the writer then goes on in the next segment), or with the
@@ -354,7 +355,9 @@ class Writer(Closing):
         stat = os.fstat(self._fd)
         size = stat.st_size
         unlinked = stat.st_nlink == 0
-        if size - self._seg_len > BACKLOG_BYTES and take is not None and not unlinked:
+        if size - self._seg_len > BACKLOG_BYTES and take is not None and not unlinked and self._backlog_at < 0:
+            # (One left unchecked, when the lock could not be taken again after it, is checked
+            # below first: another read from its end would put its own check in its place.)
             self._read_backlog(take)
             return False
         self.caught_up = []
@@ -451,7 +454,16 @@ class Writer(Closing):
             self._backlog_at, self._backlog_offset, self._backlog_data = self._seg_len, self._next_offset, scan.data
             self._backlog_index_due = bool(scan.entries)
             self._seg_len, self._next_offset = scan.end, scan.next_offset
-            take(scan.messages)
+            try:
+                take(scan.messages)
+            except BaseException:
+                # The taker may have taken in some of them, not all (a damaged event, a
+                # MemoryError): it rebuilds what it made of them, and the writer reads them
+                # again, as if never handed out (the next hold checks nothing it did not read).
+                self._seg_len, self._next_offset = self._backlog_at, self._backlog_offset
+                self._backlog_at, self._backlog_data, self._backlog_index_due = -1, b"", False
+                self.backlog_lost = True
+                raise
 
     def _scan_appended(self) -> SegmentScan:
         """What the others appended to the segment after this writer's end, read through its
