@@ -306,9 +306,10 @@ def queue() -> None:
               help="Send the whole of PATH (- for standard input) as one message: any bytes, newlines too.")
 @_broker_options
 def send(
-    name: str, body: str | None, attributes: tuple[str, ...], typed_attributes: str | None, delay: float | None,
-    filters: tuple[str, ...], dedup_id: str | None, group_id: str | None, metadata: str | None, key: str | None, no_create: bool,
-    body_file: BinaryIO | None, data: Path, sync: str,
+    name: str, body: str | None, attributes: tuple[str, ...], typed_attributes: str | None,
+    delay: float | None, filters: tuple[str, ...], dedup_id: str | None, group_id: str | None,
+    metadata: str | None, key: str | None, no_create: bool, body_file: BinaryIO | None, data: Path,
+    sync: str,
 ) -> None:
     """Send BODY to QUEUE; or the whole of a file as one message (--file PATH); or one message
     per line of standard input (without its newline) when neither is given. Prints {"id": ...}
