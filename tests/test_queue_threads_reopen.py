@@ -175,7 +175,7 @@ def test_a_send_whose_writer_another_thread_reopened_goes_on_with_the_new_one(co
     topic._reopen_writer = paused_before(steps.pause_a, topic._reopen_writer)  # type: ignore[method-assign]
     topic._get_writer = noted_after(steps.reached_b, topic._get_writer)  # type: ignore[method-assign]
     (id_a,), (id_b,) = steps.run(send_one(topic))
-    assert sorted([int(id_a), int(id_b)]) == [101, 102]  # after the other process's 101
+    assert sorted([int(id_a), int(id_b)]) == [101, 102]  # after the first and the other process's 100
 
 
 def test_sends_that_find_the_segment_collected_together_make_one_writer(
