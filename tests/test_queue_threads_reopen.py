@@ -66,9 +66,9 @@ class Steps:
         self.pause_a()
         self.reached_b()
 
-    def run(self, call: Callable[[], Any]) -> tuple[Any, Any]:
-        """``call()`` in A, then, once A paused, in B: their results."""
-        self.a, self.b = Run(call), Run(call)
+    def run(self, call: Callable[[], Any], call_b: Callable[[], Any] | None = None) -> tuple[Any, Any]:
+        """``call()`` in A, then, once A paused, in B (or ``call_b()``): their results."""
+        self.a, self.b = Run(call), Run(call_b or call)
         self.a.start()
         if not self.a_paused.wait(WAIT):
             self.a.outcome()  # its error, if it failed before
@@ -136,6 +136,20 @@ def receive_one(queue: Queue) -> Callable[[], list[str]]:
     return lambda: [m.id for m in queue.receive(visibility_timeout=600, wait=0)]
 
 
+class NotingLock:
+    """A lock that calls ``note()`` before it is waited for."""
+
+    def __init__(self, lock: threading.Lock, note: Callable[[], None]) -> None:
+        self.lock, self.note = lock, note
+
+    def __enter__(self) -> bool:
+        self.note()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.lock.__exit__(*exc_info)
+
+
 def test_a_receive_whose_writer_another_thread_reopened_goes_on_with_the_new_one(collected_queue: Queue) -> None:
     """Thread A's receive finds the state segment collected: it closes the writer and reopens.
     Thread B's receive took the old writer before A put the new one in its place: it goes on with
@@ -162,6 +176,20 @@ def test_receives_that_find_the_segment_collected_together_make_one_writer(colle
     assert len(got_a) == len(got_b) == 1 and got_a != got_b
     assert len(made) == 1
     assert [h._writer for h in holds] == [made[0], made[0]]
+
+
+def test_a_channel_closed_while_a_thread_reopens_its_writer_leaves_none_open(collected_queue: Queue) -> None:
+    """Thread A's receive makes a new writer for the channel (its segment was collected) while
+    thread B closes the channel: the close waits for it, and closes it too (A's receive may have
+    held it first, or find it closed). (Before, the new writer was left open in the closed
+    channel.)"""
+    queue, steps = collected_queue, Steps()
+    queue._new_writer = paused_before(steps.pause_a, queue._new_writer)  # type: ignore[method-assign]
+    # B waits there for A's reopen (before the fix it does not wait: it notes it has closed).
+    queue._reopen_lock = NotingLock(queue._reopen_lock, steps.reached_b)  # type: ignore[assignment]
+    got_a, _ = steps.run(receive_one(queue), noted_after(steps.reached_b, queue.close))
+    assert len(got_a) <= 1
+    assert queue._writer.closed
 
 
 def send_one(topic: Topic) -> Callable[[], list[str]]:
@@ -193,20 +221,6 @@ def test_sends_that_find_the_segment_collected_together_make_one_writer(
     assert sorted([int(id_a), int(id_b)]) == [101, 102]
     assert len(made) == 1
     assert [h._writer for h in holds] == [made[0], made[0]]
-
-
-class NotingLock:
-    """A lock that calls ``note()`` before it is waited for."""
-
-    def __init__(self, lock: threading.Lock, note: Callable[[], None]) -> None:
-        self.lock, self.note = lock, note
-
-    def __enter__(self) -> bool:
-        self.note()
-        return self.lock.__enter__()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.lock.__exit__(*exc_info)
 
 
 def test_first_sends_of_two_threads_to_a_shard_make_one_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -979,7 +979,8 @@ class Channel:
         for scanner in (self._events, self._tail):
             if scanner is not None:
                 scanner.close()
-        self._writer.close()
+        with self._reopen_lock:  # after a reopen under way: the writer it made is closed, not left open
+            self._writer.close()
 
 
 def _compaction_due(state: ChannelState) -> bool:
