@@ -191,6 +191,11 @@ class Writer(Closing):
         return self._failed is not None
 
     @property
+    def closed(self) -> bool:
+        """True once closed (``held`` then asks for the writer that took its place)."""
+        return self._closed
+
+    @property
     def segment(self) -> Segment:
         """The segment being appended to."""
         return self._segment
@@ -744,7 +749,14 @@ class held(_Hold):
     instead. When the catch-up found the writer's segment deleted, ``check()`` (if given) is
     called with the writer held, to refuse the hold by raising: the whole journal may have been
     deleted, and appends to its files would be lost. (``_Hold`` itself: a channel takes it for
-    every operation, and the check costs nothing while the segment is there.)"""
+    every operation, and the check costs nothing while the segment is there.)
+
+    Several threads may share the writer: one's hold may find it closed by another's reopen, and
+    several may ask ``reopen()`` in place of the same writer. So ``reopen()`` gives the owner's
+    current writer when it is open (another thread made it), makes one (under a lock) only
+    otherwise: one writer per journal per process, or their mutexes would not keep those threads
+    apart. It gives the closed writer back when none takes its place (its owner was closed): the
+    hold then raises the writer's "closed" error."""
 
     __slots__ = ("_reopen", "_check")
 
@@ -769,6 +781,15 @@ class held(_Hold):
                     raise  # not a collected segment: the journal itself is gone, or something else
                 writer.close()
                 self._writer = self._reopen()
+            except Error:
+                writer = self._writer
+                if not writer.closed:
+                    raise
+                # Closed after this hold was made with it: by another thread's reopen, most likely.
+                reopened = self._reopen()
+                if reopened is writer:
+                    raise  # closed by its owner: none takes its place
+                self._writer = reopened
         writer = self._writer
         if writer.segment_unlinked and self._check is not None:
             try:

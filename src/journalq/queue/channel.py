@@ -197,6 +197,7 @@ class Channel:
         """What the caller's receipts have before this channel's own: errors name a receipt as the
         caller gave it (a sharded queue's shard channels: the shard's index and a dot)."""
         self._writer = self._new_writer()
+        self._reopen_lock = threading.Lock()  # threads reopening the writer make one, not one each
         self._token = _channel_token(self.path)
         self.state = ChannelState()
         self._events: Scanner | None = None
@@ -257,11 +258,15 @@ class Channel:
         return held(self._writer, self._reopen_writer, topic.check_present)
 
     def _reopen_writer(self) -> Writer:
-        """A new writer, for one whose segment another process's compaction deleted (not one of
-        a topic deleted and made again: that is not this channel's to act on)."""
-        self.topic.check_present()
-        self._writer = self._new_writer()
-        return self._writer
+        """``held``'s reopen: a new writer, for one whose segment another process's compaction
+        deleted (not one of a topic deleted and made again: that is not this channel's to act
+        on), unless another thread made it already: one writer, whose mutex keeps the threads'
+        changes of the state apart. A closed channel's stays closed."""
+        with self._reopen_lock:
+            if self._writer.closed and not self._closed:
+                self.topic.check_present()
+                self._writer = self._new_writer()
+            return self._writer
 
     def _new_writer(self) -> Writer:
         writer = Writer(self.path, shared=True, sync=self.topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
@@ -974,7 +979,8 @@ class Channel:
         for scanner in (self._events, self._tail):
             if scanner is not None:
                 scanner.close()
-        self._writer.close()
+        with self._reopen_lock:  # after a reopen under way: the writer it made is closed, not left open
+            self._writer.close()
 
 
 def _compaction_due(state: ChannelState) -> bool:

@@ -114,6 +114,7 @@ class Topic(TopicDirectory):
         self.broker = broker
         self.name = check_name(name, "topic")
         self._writer: Writer | None = None
+        self._writer_lock = threading.Lock()  # threads of the first send (or a reopen) make one writer
         self._channels: dict[str, Channel] = {}
         self._dedup: _DedupIndex | None = None
         self.settings = settings
@@ -270,17 +271,24 @@ class Topic(TopicDirectory):
         )
 
     def _get_writer(self) -> Writer:
-        if self._writer is None or self.gone:
-            self.check_present()  # a writer of a deleted topic would make its directory again
-            self._writer = Writer(
-                self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size
-            )
-            self._hold_directory()
-        return self._writer
+        writer = self._writer
+        if writer is None or self.gone:
+            return self._reopen_writer()
+        return writer
 
     def _reopen_writer(self) -> Writer:
-        self._writer = None
-        return self._get_writer()
+        """The writer, made when there is none or it was closed (``held``'s reopen: its segment
+        was collected) and no other thread made one meanwhile: one writer, whose mutex keeps the
+        threads' sends apart (and none left open, unused)."""
+        with self._writer_lock:
+            writer = self._writer
+            if writer is None or writer.closed or self.gone:
+                self.check_present()  # a writer of a deleted topic would make its directory again
+                writer = self._writer = Writer(
+                    self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size
+                )
+                self._hold_directory()
+            return writer
 
     def _dedup_index(self) -> _DedupIndex:
         if self._dedup is None:
