@@ -583,8 +583,7 @@ class Channel:
             # receive records next (one write; the hold's end syncs once for everything).
             self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
         collect_due = now - state.last_collect >= int(settings.task_gc_interval * 1e9)
-        # (``_compaction_due`` inline: a call costs, on every receive)
-        if collect_due or state.events_applied - state.applied_at_snapshot >= SNAPSHOT_EVERY:
+        if collect_due or _compaction_due(state):
             self._maintain(now)
         if state.cursor < self.topic.first_kept:  # a gc of this process deleted messages unfinished
             self._skip_deleted()
