@@ -1389,10 +1389,11 @@ class SqsProtocol:
 
     def _check_send(self, action: str, request: dict[str, Any], queue: Queue, rules: _SendRules) -> _Sending:
         """A SendMessage or SendMessageBatch request to ``queue`` (whose messages follow
-        ``rules``), checked, ready to store."""
+        ``rules``), checked, ready to store. (``send_together`` tried a SendMessage as a plain
+        one, ``_plain_body``, already: here it has every parameter checked.)"""
         settings = queue.settings
         if action == "SendMessage":
-            outgoing = self._outgoing(request, settings, rules)
+            outgoing = self._checked_outgoing(request, settings, rules)
             return _Sending(settings.fifo, [(None, outgoing)], None)
         entries = _entries(request, send=True)
         total = sum(
