@@ -612,3 +612,45 @@ def test_an_idle_shared_writer_whose_segment_and_the_next_were_collected_appends
             w.close()
     with Scanner(tmp_path, last) as scanner:
         assert [m.value for m in scanner] == [b"late"]
+
+
+def test_a_backlog_taken_back_before_its_segment_was_deleted_is_reported_lost(tmp_path):
+    """The backlog handed out was taken back and written over, and then another process's
+    compaction started a new segment and deleted this one, all before the hold took the lock
+    again. The catch-up cannot go on in a deleted segment (``FileNotFoundError``), but it still
+    compares the backlog through its descriptor and sets ``backlog_lost``, and ``held`` hands
+    that to the writer that it reopens, for the taker to rebuild. (Before, the deletion was
+    noticed first and the backlog never checked: a channel kept events that were taken back.)"""
+    a, b = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    a.append(b"a0")
+    start = a.segment.path.stat().st_size
+    first = a.segment
+
+    def take(messages: list) -> None:
+        os.truncate(first.path, start)  # b's batch taken back ...
+        with Writer(tmp_path, shared=True) as c:  # ... another's in its place, as long ...
+            c.append_many(backlog_values(b"c", 40))
+            c.append_encoded(encode(41, 5, 0, b"", b"snapshot"), new_segment=True)  # ... then compacted
+        first.path.unlink()
+        first.index_path.unlink(missing_ok=True)
+
+    a.backlog_taker = take
+    b.append_many(backlog_values(b"b", 40))
+    with pytest.raises(FileNotFoundError):
+        with a.hold():
+            pass
+    assert a.backlog_lost
+    reopened: list[Writer] = []
+
+    def reopen() -> Writer:
+        reopened.append(Writer(tmp_path, shared=True))
+        return reopened[-1]
+
+    with held(a, reopen) as writer:
+        assert writer is reopened[0] and writer is not a
+        assert writer.backlog_lost
+        assert writer.append(b"a1") == 42
+    writer.close()
+    b.close()
+    with Scanner(tmp_path, 41) as rest:
+        assert [(m.offset, m.value) for m in rest] == [(41, b"snapshot"), (42, b"a1")]

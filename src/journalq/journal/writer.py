@@ -371,17 +371,19 @@ class Writer(Closing):
         if backlog_at >= 0:
             self._backlog_at, self._backlog_index_due = -1, False
             data, self._backlog_data = self._backlog_data, b""
+        if backlog_at >= 0 and (size < self._seg_len or os.pread(self._fd, len(data), backlog_at) != data):
+            # The backlog handed out is not there byte for byte any more: read on from before it.
+            # (Checked first: a segment deleted since can still be read through the descriptor,
+            # and a backlog taken back before the deletion must still be reported lost.)
+            self._seg_len, self._next_offset = backlog_at, self._backlog_offset
+            self.backlog_lost = True
         if unlinked and (size != self._seg_len or backlog_at >= 0):
             # Others appended to a segment that gc (or compaction) has deleted since: what it
             # holds says nothing of the journal's end (as when this was read by path: ``held``
-            # opens a writer at the end instead).
+            # opens a writer at the end instead, and hands it ``backlog_lost``).
             raise FileNotFoundError(
                 errno.ENOENT, "segment deleted under a shared writer", str(self._segment.path)
             )
-        if backlog_at >= 0 and (size < self._seg_len or os.pread(self._fd, len(data), backlog_at) != data):
-            # The backlog handed out is not there byte for byte any more: read on from before it.
-            self._seg_len, self._next_offset = backlog_at, self._backlog_offset
-            self.backlog_lost = True
         if size < self._seg_len:
             raise TruncatedError(
                 f"segment shrank from {self._seg_len} to {size} bytes under a shared writer",
@@ -781,6 +783,8 @@ class held(_Hold):
                     raise  # not a collected segment: the journal itself is gone, or something else
                 writer.close()
                 self._writer = self._reopen()
+                if writer.backlog_lost:  # the taker must still rebuild: the new writer tells it
+                    self._writer.backlog_lost = True
             except Error:
                 writer = self._writer
                 if not writer.closed:
