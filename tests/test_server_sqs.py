@@ -693,3 +693,20 @@ def test_aws_cli_round_trip(server: ServerProcess, tmp_path) -> None:
     )
     assert done.returncode != 0
     assert "NonExistentQueue" in done.stderr or "QueueDoesNotExist" in done.stderr, done.stderr
+
+
+def test_messages_received_and_deleted_are_counted_under_the_queue_the_url_names(
+    sqs: Any, server: ServerProcess
+) -> None:
+    """A QueueUrl with a query string names the queue its path ends with, for the action and for
+    its counts alike. (Before, the counts took the URL's last part, query and all, as the queue:
+    ``journalq_messages_out_total{queue="q-...?via=test"}``.)"""
+    name = new_name()
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="counted")
+    (got,) = sqs.receive_message(QueueUrl=f"{url}?via=test", WaitTimeSeconds=1)["Messages"]
+    sqs.delete_message(QueueUrl=f"{url}?via=test", ReceiptHandle=got["ReceiptHandle"])
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert f'journalq_messages_out_total{{queue="{name}"}} 1.0' in metrics
+    assert f'journalq_messages_deleted_total{{queue="{name}"}} 1.0' in metrics
+    assert "?via=test" not in metrics

@@ -566,8 +566,8 @@ def create_app(config: ServerConfig) -> App:
     def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | Answer | BaseException) -> Answer:
         """The answer to an SQS request that reached its queue: its result, or the error that
         refused it (other exceptions propagate)."""
-        if action not in SqsProtocol.SEND_ACTIONS and isinstance(outcome, dict):
-            counts.count_sqs(action, payload, outcome)  # sends are counted once a batch, by store_sqs
+        if action in metrics.Metrics.SQS_COUNTED and isinstance(outcome, dict):  # (sends: once a batch, by store_sqs)
+            counts.count_sqs(action, sqs_protocol().queue_of(payload), outcome)  # the queue it reached
         return sqs_outcome_answer(outcome)
 
     def sqs_outcome_answer(outcome: dict[str, Any] | Answer | BaseException) -> Answer:

@@ -194,9 +194,12 @@ class Metrics:
         self.publish_syncs()
         return generate_latest(self.registry)
 
-    def count_sqs(self, action: str, request: dict[str, Any], answer: dict[str, Any]) -> None:
-        """Count the messages an SQS action moved (sends: ``count_sqs_sends``)."""
-        queue = str(request.get("QueueUrl", "")).rstrip("/").rsplit("/", 1)[-1] or "?"
+    SQS_COUNTED = frozenset(("ReceiveMessage", "DeleteMessage", "DeleteMessageBatch"))
+    """The SQS actions besides the sends whose messages ``count_sqs`` counts."""
+
+    def count_sqs(self, action: str, queue: str, answer: dict[str, Any]) -> None:
+        """Count the messages an SQS action (one of ``SQS_COUNTED``) moved in ``queue``, given its
+        answer (sends: ``count_sqs_sends``)."""
         if action == "ReceiveMessage":
             self.counted(self.messages_out, queue).inc(len(answer.get("Messages", ())))
         elif action == "DeleteMessage":
