@@ -31,6 +31,7 @@ __all__ = ["DEFAULT_CHANNEL", "Broker", "Queue"]
 _NO_FILE = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP))
 """The errors of a ``stat`` that ``Path.is_file`` answers False to (any other raises)."""
 
+
 class Broker(Closing):
     """Topics and queues under ``root``.
 
