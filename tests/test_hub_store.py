@@ -23,6 +23,7 @@ from journalq.hub import HubStore, Push, RawReader
 from journalq.hub.protocol import Held
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
+from journalq.journal.segment import READ_CHUNK
 
 
 def write(path: Path, count: int, segment_size: int = 4000, start: int = 0) -> None:
@@ -275,6 +276,23 @@ def test_a_raw_reader_finds_the_first_segment_made_after_it_looked(tmp_path: Pat
         with pytest.raises(OffsetOutOfRangeError, match="starts at 10"):
             reader.read(0)
         assert reader.read(10).count == 1
+
+
+def test_a_raw_reader_seeks_past_a_message_larger_than_one_read(tmp_path: Path) -> None:
+    """A journal without journalq's sparse index (sej writes none) is decoded from its segment's
+    start to the offset asked for; a message larger than one read (1 MiB) may be on the way, as
+    when a push resumes past it."""
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"x"] * 5 + [b"B" * (READ_CHUNK + 1000)] + [b"y"] * 5)
+    for idx in (tmp_path / "j" / "jnl").glob("*.idx"):
+        idx.unlink()
+    with RawReader(tmp_path / "j") as reader:
+        run = reader.read(8, 100)
+    assert (run.first, run.count) == (8, 3)
+    with HubStore(tmp_path / "hub") as store:
+        push_all(store, "c1", "j", tmp_path / "j", chunk=100)
+        assert push_all(store, "c1", "j", tmp_path / "j", chunk=100, start=9).next == 11  # a resume
+    assert segments(tmp_path / "hub" / "c1.j") == segments(tmp_path / "j")
 
 
 def test_the_locks_of_copies_go_once_nobody_holds_or_waits_for_them(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from journalq.closing import Closing
 from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError
 from journalq.journal import index
-from journalq.journal.codec import OVERHEAD, decode, frame_sizes
+from journalq.journal.codec import frame_sizes
 from journalq.journal.segment import READ_CHUNK, Segment, offset_at, segment_at, segment_bases, segment_name
 
 __all__ = ["RawReader", "RawRun"]
@@ -136,17 +136,26 @@ class RawReader(Closing):
             entry = index.lookup(self._segment, offset)
             if entry is not None and entry[0] >= self._next and offset_at(self._fd, entry[1]) == entry[0]:
                 self._next, self._pos = entry
-            # Decode from there to the message asked for.
+            # Skip the messages from there to the one asked for. One larger than a read makes
+            # the next read larger (a journal without journalq's index, as sej writes it, is
+            # read from its segment's start: a large message may lie anywhere before).
+            want = READ_CHUNK
             while self._next < offset:
-                buf = os.pread(self._fd, READ_CHUNK, self._pos)
+                buf = os.pread(self._fd, want, self._pos)
                 try:
-                    messages, _ = decode(buf, 0, len(buf), self._next, max_messages=offset - self._next)
+                    sizes, _ = frame_sizes(buf, self._next)
                 except CorruptionError as exc:
-                    raise exc.located(self._segment.path, self._pos) from None
-                if not messages:
-                    break
-                self._pos += sum(OVERHEAD + len(m.key) + len(m.value) for m in messages)
-                self._next += len(messages)
+                    if not exc.position:
+                        raise exc.located(self._segment.path, self._pos) from None
+                    sizes, _ = frame_sizes(buf[: exc.position], self._next)  # up to the damage
+                if not sizes:
+                    if len(buf) < want:
+                        break  # the segment ends (maybe in a message still being written)
+                    want *= 2
+                    continue
+                sizes = sizes[: offset - self._next]
+                self._pos += sum(sizes)
+                self._next += len(sizes)
         if self._next != offset:
             at_end = self._next
             self.close()
