@@ -140,6 +140,19 @@ def test_a_pusher_over_http_copies_byte_for_byte(tmp_path: Path, http: TestClien
     assert all(p.read_bytes() == (tmp_path / "hub" / "c1.j" / "jnl" / p.name).read_bytes() for p in source)
 
 
+def test_a_message_larger_than_a_chunk_is_pushed_alone(tmp_path: Path, http: TestClient) -> None:
+    """A message over ``chunk`` bytes goes alone (the reader reads more to find its end, and
+    sends no more than it): one the hub takes (80 kB, under its 100 kB limit) is never sent
+    with the messages after it in a push over the limit."""
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"a", b"B" * 80_000] + [b"c" * 1000] * 100)
+    with Pusher(HubClient("http://testserver", http=http), "c1", [tmp_path / "j"], chunk=600) as pusher:
+        (copy,) = pusher.run()
+    assert copy.failed is None and copy.hub_next == 102
+    with RawReader(tmp_path / "j") as reader:
+        assert reader.read(1, 600).count == 1
+
+
 def test_journalq_serve_mounts_the_hub_beside_its_queues(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with TestClient(create_app(ServerConfig(data=data))) as http:

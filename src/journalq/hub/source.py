@@ -100,6 +100,8 @@ class RawReader(Closing):
                     raise exc.located(self._segment.path, self._pos) from None
                 sizes, used = frame_sizes(buf[: exc.position], self._next)
             if sizes:
+                if want > max_bytes:  # read more to find the end of one large message: it goes alone
+                    sizes, used = sizes[:1], sizes[0]
                 run = RawRun(self._next, self._segment.base, buf[:used] if used < len(buf) else buf, len(sizes))
                 self._pos += used
                 self._next += len(sizes)
