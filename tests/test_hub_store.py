@@ -4,6 +4,7 @@ refused with nothing changed."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from journalq.errors import (
     InvalidClientIdError,
     InvalidJournalPathError,
     OffsetOutOfRangeError,
+    StorageError,
 )
 from journalq.hub import HubStore, Push, RawReader
 from journalq.hub.protocol import Held
@@ -207,6 +209,20 @@ def test_a_copy_left_empty_restarts_where_the_next_push_starts(tmp_path: Path, s
 
 
 # -- the journal writer's append_encoded, which the store appends with -----------------------------
+
+
+def test_a_copy_deleted_while_the_hub_runs_is_copied_anew(tmp_path: Path, store: HubStore) -> None:
+    """The writer the hub keeps open for a copy finds its files gone (deleted, to have it copied
+    anew): that push is answered as a storage failure (503: the client asks again what the hub
+    holds), and the hub lets the writer go instead of failing every later push of the copy."""
+    write(tmp_path / "j", 100)
+    push_all(store, "c1", "j", tmp_path / "j")
+    shutil.rmtree(store.root / "c1.j")
+    assert store.held("c1", "j").empty
+    with pytest.raises(StorageError, match="c1.j"):
+        push_all(store, "c1", "j", tmp_path / "j")
+    assert push_all(store, "c1", "j", tmp_path / "j").next == 100
+    assert segments(store.root / "c1.j") == segments(tmp_path / "j")
 
 
 def test_append_encoded_writes_the_bytes_as_they_are_and_starts_segments_when_asked(tmp_path: Path) -> None:

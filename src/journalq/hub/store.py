@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import HubError, InvalidJournalPathError
+from journalq.errors import HubError, InvalidJournalPathError, StorageError
 from journalq.hub.protocol import (
     Held,
     Push,
@@ -191,9 +191,16 @@ class HubStore(Closing):
                     check_overlap(push, plan, _read_exactly(path, plan.overlap_first, len(plan.overlap)))
                 writer.append_encoded(plan.append, new_segment=plan.new_segment)
                 held = Held(held.first, writer.next_offset, writer.segment.base)
-        except BaseException:
-            if writer.failed:
+        except BaseException as exc:
+            if writer.failed or not isinstance(exc, HubError):
                 self._close_writer(key)  # the next push reopens (and recovers) the copy
+            if isinstance(exc, FileNotFoundError):
+                raise StorageError(
+                    f"the copy's files went away under the hub's writer (deleted?): {exc.strerror}; "
+                    "push again from what the hub holds",
+                    errno=exc.errno,
+                    file=exc.filename or path,
+                ) from exc
             raise
         return PushResult(held, appended=plan.count, skipped=plan.skipped)
 
