@@ -225,6 +225,41 @@ def test_a_copy_deleted_while_the_hub_runs_is_copied_anew(tmp_path: Path, store:
     assert segments(store.root / "c1.j") == segments(tmp_path / "j")
 
 
+def test_messages_a_push_skips_are_synced_before_it_says_the_hub_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub killed after writing a push but before syncing it leaves those messages in its
+    copy, not on stable storage. A client resuming sends the last of them again, to compare:
+    the answer, skipped and held up to their end, must not come before they are synced."""
+    import journalq.journal.writer as writer_module
+
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"m%d" % i for i in range(50)])
+    with HubStore(tmp_path / "hub") as store:
+        push_all(store, "c1", "j", tmp_path / "j")
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"m%d" % i for i in range(50, 100)])
+    with RawReader(tmp_path / "j") as reader:
+        unsynced, last = reader.read(50, 100_000), reader.read(99, 1)
+    assert (unsynced.next, last.first, last.count) == (100, 99, 1)
+    copy = tmp_path / "hub" / "c1.j" / "jnl" / "0000000000000000.jnl"
+    with open(copy, "ab") as f:  # written, as by the killed hub, and never synced
+        f.write(unsynced.data)
+
+    synced: list[tuple[int, int]] = []  # (inode, size) of each file synced
+    real = writer_module.fdatasync
+
+    def recording(fd: int) -> None:
+        real(fd)
+        synced.append((os.fstat(fd).st_ino, os.fstat(fd).st_size))
+
+    monkeypatch.setattr(writer_module, "fdatasync", recording)
+    with HubStore(tmp_path / "hub") as store:
+        result = store.push(Push("c1", "j", last.first, last.segment, last.data))
+        assert (result.held.next, result.appended, result.skipped) == (100, 0, 1)
+        assert (copy.stat().st_ino, copy.stat().st_size) in synced, "answered before the copy was synced"
+
+
 def test_append_encoded_writes_the_bytes_as_they_are_and_starts_segments_when_asked(tmp_path: Path) -> None:
     from journalq.errors import CorruptionError
 
