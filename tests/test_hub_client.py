@@ -4,6 +4,7 @@ stores), shard roots, sources, backoff."""
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,23 @@ def test_a_journal_without_its_first_segment_yet_is_copied_once_it_has_one(tmp_p
         (copy,) = pusher.run()
     assert copy.failed is None and copy.hub_next == 50
     assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+
+
+def test_a_journal_replaced_while_it_is_followed_is_reported_not_taken_for_caught_up(
+    tmp_path: Path, store: HubStore
+) -> None:
+    """A followed journal deleted and made anew under the same name: the reader, at the end of
+    the old one's newest segment (deleted now: gc never deletes that one), must not take the old
+    file's end for the journal's for ever (the new journal would never be copied, nor refused),
+    nor go on in the new journal without the hub comparing (two journals in one copy)."""
+    write(tmp_path / "j", 50)
+    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
+        (copy,) = pusher.run()
+        assert copy.hub_next == 50
+        copied = segments(store.root / "c1.j")
+        shutil.rmtree(tmp_path / "j")
+        write(tmp_path / "j", 300)
+        for _ in range(3):
+            pusher.round()
+    assert copy.failed is not None and "deleted or replaced" in str(copy.failed)
+    assert segments(store.root / "c1.j") == copied

@@ -67,8 +67,20 @@ class RawReader(Closing):
                 if run is not None:
                     return run
             # At the end of a segment: the writer starts the next one named by the offset due.
-            if self._next == self._segment.base or not (self._jnl / segment_name(self._next)).exists():
-                return RawRun(self._next, self._segment.base, b"", 0)
+            following = self._jnl / segment_name(self._next)
+            if self._next == self._segment.base or not following.exists():
+                if self._fd < 0 or os.fstat(self._fd).st_nlink:
+                    return RawRun(self._next, self._segment.base, b"", 0)
+                # Deleted, and (looked at again, for a roll just before gc) none after it: gc
+                # never deletes the newest segment, so the journal itself was deleted or replaced.
+                if self._next == self._segment.base or not following.exists():
+                    deleted = self._segment.path
+                    self.close()
+                    raise JournalError(
+                        "the journal was deleted or replaced while it was read: its newest segment "
+                        "is gone, with none after it; read it anew (a copy of it compared again)",
+                        file=deleted,
+                    )
             if self._fd >= 0 and os.fstat(self._fd).st_size != size:
                 continue  # the writer finished this segment meanwhile
             if size != self._pos:
