@@ -4,6 +4,7 @@ stores), shard roots, sources, backoff."""
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,60 @@ def test_a_journal_without_its_first_segment_yet_is_copied_once_it_has_one(tmp_p
         (copy,) = pusher.run()
     assert copy.failed is None and copy.hub_next == 50
     assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+
+
+def test_a_journal_replaced_while_it_is_followed_is_reported_not_taken_for_caught_up(
+    tmp_path: Path, store: HubStore
+) -> None:
+    """A followed journal deleted and made anew under the same name: the reader, at the end of
+    the old one's newest segment (deleted now: gc never deletes that one), must not take the old
+    file's end for the journal's for ever (the new journal would never be copied, nor refused),
+    nor go on in the new journal without the hub comparing (two journals in one copy)."""
+    write(tmp_path / "j", 50)
+    with Pusher(store, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
+        (copy,) = pusher.run()
+        assert copy.hub_next == 50
+        copied = segments(store.root / "c1.j")
+        shutil.rmtree(tmp_path / "j")
+        write(tmp_path / "j", 300)
+        for _ in range(3):
+            pusher.round()
+    assert copy.failed is not None and "deleted or replaced" in str(copy.failed)
+    assert segments(store.root / "c1.j") == copied
+
+
+class SwappableHub:
+    """A hub whose store can be replaced between calls, as a hub restarted on another root."""
+
+    def __init__(self, store: HubStore) -> None:
+        self.store = store
+
+    def held(self, client_id: str, journal: str) -> Held:
+        return self.store.held(client_id, journal)
+
+    def push(self, push: Push) -> PushResult:
+        return self.store.push(push)
+
+
+def test_a_copy_the_hub_lost_is_copied_again_from_the_start_not_from_a_segment_start(tmp_path: Path) -> None:
+    """The hub lost a copy (deleted, or never synced under --sync none) while a pusher followed
+    its journal, at a segment start of the source: the pusher's next push, there, would start a
+    new copy that lacks every message before it. It is copied again from the journal's start."""
+    with Writer(tmp_path / "j", segment_size=3000) as writer:
+        while writer.segment.base != writer.next_offset or writer.next_offset == 0:
+            writer.append(b"m" * 40)  # until a segment was just started: the pusher stops there
+    hub = SwappableHub(HubStore(tmp_path / "hub"))
+    try:
+        with Pusher(hub, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
+            (copy,) = pusher.run()
+            at = copy.hub_next
+            assert at and (tmp_path / "j" / "jnl" / f"{at:016x}.jnl").exists()
+            hub.store.close()
+            shutil.rmtree(tmp_path / "hub" / "c1.j")
+            hub.store = HubStore(tmp_path / "hub")  # restarted, without the copy
+            write(tmp_path / "j", 10, start=at)
+            (copy,) = pusher.run()
+        assert copy.failed is None and hub.store.held("c1", "j").first == 0
+        assert segments(tmp_path / "hub" / "c1.j") == segments(tmp_path / "j")
+    finally:
+        hub.store.close()

@@ -3,6 +3,7 @@ them at DATA/.hub), and the client over them."""
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import time
@@ -130,6 +131,42 @@ def test_the_client_maps_refusals_to_errors(tmp_path: Path, http: TestClient) ->
         client.held("c1", "../j")
 
 
+def test_a_push_whose_body_stops_arriving_is_answered_408(tmp_path: Path) -> None:
+    """A push whose body stops coming is cut off (408, the connection closed) after the body
+    timeout without bytes, as ``journalq serve`` cuts off slow bodies: it holds no connection
+    (and no buffered body) for ever, and stores nothing."""
+    app = create_hub_app(tmp_path / "hub", body_timeout=0.2)
+    sent: list[dict] = []
+
+    async def exchange() -> None:
+        parts = [{"type": "http.request", "body": b"x" * 10, "more_body": True}]
+        never = asyncio.Event()
+
+        async def receive() -> dict:
+            if parts:
+                return parts.pop(0)
+            await never.wait()  # the rest of the body never comes
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": f"{URL}/c1/j", "raw_path": f"{URL}/c1/j".encode(),
+            "query_string": b"first=0&segment=0", "root_path": "",
+            "headers": [(b"host", b"hub"), (b"content-length", b"1000")],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8090),
+        }
+        await asyncio.wait_for(app(scope, receive, send), 20)  # no answer at all: fails, not hangs
+
+    asyncio.run(exchange())
+    start = sent[0]
+    assert start["status"] == 408 and (b"connection", b"close") in start["headers"]
+    assert b'"kind":"timeout"' in sent[1]["body"]
+    assert not list((tmp_path / "hub").rglob("*.jnl"))
+
+
 def test_a_pusher_over_http_copies_byte_for_byte(tmp_path: Path, http: TestClient) -> None:
     write(tmp_path / "j", 500)
     with Pusher(HubClient("http://testserver", http=http), "c1", [tmp_path / "j"], chunk=700) as pusher:
@@ -138,6 +175,19 @@ def test_a_pusher_over_http_copies_byte_for_byte(tmp_path: Path, http: TestClien
     source = sorted((tmp_path / "j" / "jnl").glob("*.jnl"))
     assert len(source) > 3
     assert all(p.read_bytes() == (tmp_path / "hub" / "c1.j" / "jnl" / p.name).read_bytes() for p in source)
+
+
+def test_a_message_larger_than_a_chunk_is_pushed_alone(tmp_path: Path, http: TestClient) -> None:
+    """A message over ``chunk`` bytes goes alone (the reader reads more to find its end, and
+    sends no more than it): one the hub takes (80 kB, under its 100 kB limit) is never sent
+    with the messages after it in a push over the limit."""
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"a", b"B" * 80_000] + [b"c" * 1000] * 100)
+    with Pusher(HubClient("http://testserver", http=http), "c1", [tmp_path / "j"], chunk=600) as pusher:
+        (copy,) = pusher.run()
+    assert copy.failed is None and copy.hub_next == 102
+    with RawReader(tmp_path / "j") as reader:
+        assert reader.read(1, 600).count == 1
 
 
 def test_journalq_serve_mounts_the_hub_beside_its_queues(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ refused with nothing changed."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -18,11 +19,13 @@ from journalq.errors import (
     InvalidClientIdError,
     InvalidJournalPathError,
     OffsetOutOfRangeError,
+    StorageError,
 )
 from journalq.hub import HubStore, Push, RawReader
 from journalq.hub.protocol import Held
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
+from journalq.journal.segment import READ_CHUNK
 
 
 def write(path: Path, count: int, segment_size: int = 4000, start: int = 0) -> None:
@@ -208,6 +211,55 @@ def test_a_copy_left_empty_restarts_where_the_next_push_starts(tmp_path: Path, s
 # -- the journal writer's append_encoded, which the store appends with -----------------------------
 
 
+def test_a_copy_deleted_while_the_hub_runs_is_copied_anew(tmp_path: Path, store: HubStore) -> None:
+    """The writer the hub keeps open for a copy finds its files gone (deleted, to have it copied
+    anew): that push is answered as a storage failure (503: the client asks again what the hub
+    holds), and the hub lets the writer go instead of failing every later push of the copy."""
+    write(tmp_path / "j", 100)
+    push_all(store, "c1", "j", tmp_path / "j")
+    shutil.rmtree(store.root / "c1.j")
+    assert store.held("c1", "j").empty
+    with pytest.raises(StorageError, match="c1.j"):
+        push_all(store, "c1", "j", tmp_path / "j")
+    assert push_all(store, "c1", "j", tmp_path / "j").next == 100
+    assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+
+
+def test_messages_a_push_skips_are_synced_before_it_says_the_hub_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub killed after writing a push but before syncing it leaves those messages in its
+    copy, not on stable storage. A client resuming sends the last of them again, to compare:
+    the answer, skipped and held up to their end, must not come before they are synced."""
+    import journalq.journal.writer as writer_module
+
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"m%d" % i for i in range(50)])
+    with HubStore(tmp_path / "hub") as store:
+        push_all(store, "c1", "j", tmp_path / "j")
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"m%d" % i for i in range(50, 100)])
+    with RawReader(tmp_path / "j") as reader:
+        unsynced, last = reader.read(50, 100_000), reader.read(99, 1)
+    assert (unsynced.next, last.first, last.count) == (100, 99, 1)
+    copy = tmp_path / "hub" / "c1.j" / "jnl" / "0000000000000000.jnl"
+    with open(copy, "ab") as f:  # written, as by the killed hub, and never synced
+        f.write(unsynced.data)
+
+    synced: list[tuple[int, int]] = []  # (inode, size) of each file synced
+    real = writer_module.fdatasync
+
+    def recording(fd: int) -> None:
+        real(fd)
+        synced.append((os.fstat(fd).st_ino, os.fstat(fd).st_size))
+
+    monkeypatch.setattr(writer_module, "fdatasync", recording)
+    with HubStore(tmp_path / "hub") as store:
+        result = store.push(Push("c1", "j", last.first, last.segment, last.data))
+        assert (result.held.next, result.appended, result.skipped) == (100, 0, 1)
+        assert (copy.stat().st_ino, copy.stat().st_size) in synced, "answered before the copy was synced"
+
+
 def test_append_encoded_writes_the_bytes_as_they_are_and_starts_segments_when_asked(tmp_path: Path) -> None:
     from journalq.errors import CorruptionError
 
@@ -275,6 +327,23 @@ def test_a_raw_reader_finds_the_first_segment_made_after_it_looked(tmp_path: Pat
         with pytest.raises(OffsetOutOfRangeError, match="starts at 10"):
             reader.read(0)
         assert reader.read(10).count == 1
+
+
+def test_a_raw_reader_seeks_past_a_message_larger_than_one_read(tmp_path: Path) -> None:
+    """A journal without journalq's sparse index (sej writes none) is decoded from its segment's
+    start to the offset asked for; a message larger than one read (1 MiB) may be on the way, as
+    when a push resumes past it."""
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"x"] * 5 + [b"B" * (READ_CHUNK + 1000)] + [b"y"] * 5)
+    for idx in (tmp_path / "j" / "jnl").glob("*.idx"):
+        idx.unlink()
+    with RawReader(tmp_path / "j") as reader:
+        run = reader.read(8, 100)
+    assert (run.first, run.count) == (8, 3)
+    with HubStore(tmp_path / "hub") as store:
+        push_all(store, "c1", "j", tmp_path / "j", chunk=100)
+        assert push_all(store, "c1", "j", tmp_path / "j", chunk=100, start=9).next == 11  # a resume
+    assert segments(tmp_path / "hub" / "c1.j") == segments(tmp_path / "j")
 
 
 def test_the_locks_of_copies_go_once_nobody_holds_or_waits_for_them(tmp_path: Path) -> None:

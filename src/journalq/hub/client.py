@@ -381,6 +381,14 @@ class Pusher(Closing):
                 self._event("caught-up", copy, offset=copy.hub_next)
             return False
         copy.caught_up = False
+        if run.first == run.segment == copy.hub_next and run.first and not copy.hub_empty:
+            # The hub takes a push at a segment start as the start of a copy when it holds none:
+            # one it lost meanwhile (deleted, or not synced) would lack every message before.
+            # So it is asked first (once a source segment); anything unexpected: resume anew.
+            held = self.hub.held(self.client_id, copy.name)
+            if held.empty or held.next != run.first:
+                copy.hub_next = None
+                return True
         try:
             result = self.hub.push(Push(self.client_id, copy.name, run.first, run.segment, run.data))
         except HubGapError as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 from journalq.closing import Closing
 from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError
 from journalq.journal import index
-from journalq.journal.codec import OVERHEAD, decode, frame_sizes
+from journalq.journal.codec import frame_sizes
 from journalq.journal.segment import READ_CHUNK, Segment, offset_at, segment_at, segment_bases, segment_name
 
 __all__ = ["RawReader", "RawRun"]
@@ -67,8 +67,20 @@ class RawReader(Closing):
                 if run is not None:
                     return run
             # At the end of a segment: the writer starts the next one named by the offset due.
-            if self._next == self._segment.base or not (self._jnl / segment_name(self._next)).exists():
-                return RawRun(self._next, self._segment.base, b"", 0)
+            following = self._jnl / segment_name(self._next)
+            if self._next == self._segment.base or not following.exists():
+                if self._fd < 0 or os.fstat(self._fd).st_nlink:
+                    return RawRun(self._next, self._segment.base, b"", 0)
+                # Deleted, and (looked at again, for a roll just before gc) none after it: gc
+                # never deletes the newest segment, so the journal itself was deleted or replaced.
+                if self._next == self._segment.base or not following.exists():
+                    deleted = self._segment.path
+                    self.close()
+                    raise JournalError(
+                        "the journal was deleted or replaced while it was read: its newest segment "
+                        "is gone, with none after it; read it anew (a copy of it compared again)",
+                        file=deleted,
+                    )
             if self._fd >= 0 and os.fstat(self._fd).st_size != size:
                 continue  # the writer finished this segment meanwhile
             if size != self._pos:
@@ -100,6 +112,8 @@ class RawReader(Closing):
                     raise exc.located(self._segment.path, self._pos) from None
                 sizes, used = frame_sizes(buf[: exc.position], self._next)
             if sizes:
+                if want > max_bytes:  # read more to find the end of one large message: it goes alone
+                    sizes, used = sizes[:1], sizes[0]
                 run = RawRun(self._next, self._segment.base, buf[:used] if used < len(buf) else buf, len(sizes))
                 self._pos += used
                 self._next += len(sizes)
@@ -136,17 +150,26 @@ class RawReader(Closing):
             entry = index.lookup(self._segment, offset)
             if entry is not None and entry[0] >= self._next and offset_at(self._fd, entry[1]) == entry[0]:
                 self._next, self._pos = entry
-            # Decode from there to the message asked for.
+            # Skip the messages from there to the one asked for. One larger than a read makes
+            # the next read larger (a journal without journalq's index, as sej writes it, is
+            # read from its segment's start: a large message may lie anywhere before).
+            want = READ_CHUNK
             while self._next < offset:
-                buf = os.pread(self._fd, READ_CHUNK, self._pos)
+                buf = os.pread(self._fd, want, self._pos)
                 try:
-                    messages, _ = decode(buf, 0, len(buf), self._next, max_messages=offset - self._next)
+                    sizes, _ = frame_sizes(buf, self._next)
                 except CorruptionError as exc:
-                    raise exc.located(self._segment.path, self._pos) from None
-                if not messages:
-                    break
-                self._pos += sum(OVERHEAD + len(m.key) + len(m.value) for m in messages)
-                self._next += len(messages)
+                    if not exc.position:
+                        raise exc.located(self._segment.path, self._pos) from None
+                    sizes, _ = frame_sizes(buf[: exc.position], self._next)  # up to the damage
+                if not sizes:
+                    if len(buf) < want:
+                        break  # the segment ends (maybe in a message still being written)
+                    want *= 2
+                    continue
+                sizes = sizes[: offset - self._next]
+                self._pos += sum(sizes)
+                self._next += len(sizes)
         if self._next != offset:
             at_end = self._next
             self.close()

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import HubError, InvalidJournalPathError
+from journalq.errors import HubError, InvalidJournalPathError, StorageError
 from journalq.hub.protocol import (
     Held,
     Push,
@@ -190,10 +190,16 @@ class HubStore(Closing):
                 if plan.overlap:
                     check_overlap(push, plan, _read_exactly(path, plan.overlap_first, len(plan.overlap)))
                 writer.append_encoded(plan.append, new_segment=plan.new_segment)
+                if plan.skipped and not plan.count:
+                    # The answer says the hub holds the skipped messages, which a hub process
+                    # killed before its sync may have left unsynced (an append syncs them too).
+                    writer.sync()
                 held = Held(held.first, writer.next_offset, writer.segment.base)
-        except BaseException:
-            if writer.failed:
+        except BaseException as exc:
+            if writer.failed or not isinstance(exc, HubError):
                 self._close_writer(key)  # the next push reopens (and recovers) the copy
+            if isinstance(exc, OSError):
+                raise _storage_error(exc, path) from exc
             raise
         return PushResult(held, appended=plan.count, skipped=plan.skipped)
 
@@ -281,6 +287,15 @@ def _start_copy(path: Path, offset: int) -> None:
         fsync_dir(journal_dir(path))
     finally:
         lock.close()
+
+
+def _storage_error(exc: OSError, path: Path) -> StorageError:
+    """A push's failure to reach the copy's files, as the error answered 503 (push again)."""
+    if isinstance(exc, FileNotFoundError):
+        reason = f"the copy's files went away under the hub's writer (deleted?): {exc.strerror}"
+    else:
+        reason = f"the copy could not be stored: {exc.strerror or exc}"
+    return StorageError(f"{reason}; push again from what the hub holds", errno=exc.errno, file=exc.filename or path)
 
 
 def _read_exactly(path: Path, offset: int, size: int) -> bytes:

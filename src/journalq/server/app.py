@@ -241,7 +241,10 @@ def create_app(config: ServerConfig) -> App:
         return queue
 
     if isinstance(config.data, Path):  # a ZooKeeper store has no directory to keep copies in
-        app.include_router(hub_router(config.data / HUB_DIR, sync=config.sync), dependencies=[Depends(rest_auth)])
+        app.include_router(
+            hub_router(config.data / HUB_DIR, sync=config.sync, body_timeout=config.body_timeout),
+            dependencies=[Depends(rest_auth)],
+        )
 
     @app.exception_handler(HTTPProblem)
     async def problem(request: Request, exc: HTTPProblem) -> Response:

@@ -37,6 +37,7 @@ from journalq.errors import (
 )
 from journalq.hub.protocol import API_PREFIX, Push
 from journalq.hub.store import HubStore
+from journalq.server.config import ServerConfig
 from journalq.server.tokens import bearer_matches
 
 __all__ = ["DEFAULT_MAX_PUSH", "HUB_DIR", "create_hub_app", "hub_router"]
@@ -48,6 +49,8 @@ HUB_DIR = ".hub"
 """Where ``journalq serve`` keeps the hub's copies in its data directory."""
 DEFAULT_MAX_PUSH = 64 * 1024 * 1024
 """The largest push body taken (a client sends smaller ones; one message may need more)."""
+DEFAULT_BODY_TIMEOUT = ServerConfig.body_timeout
+"""Seconds a push body may bring no bytes before it is answered 408 (``journalq serve``'s)."""
 BYTES_TYPE = "application/octet-stream"
 
 
@@ -72,10 +75,16 @@ def _refusal(exc: Exception) -> _Refused:
 
 
 def hub_router(
-    root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH, token: str | None = None
+    root: str | Path,
+    *,
+    sync: str = "always",
+    max_push: int = DEFAULT_MAX_PUSH,
+    token: str | None = None,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
 ) -> APIRouter:
     """The hub's endpoints over the copies in ``root`` (opened at the first request). ``token``:
-    a bearer token every request must carry (401 otherwise)."""
+    a bearer token every request must carry (401 otherwise). ``body_timeout``: a push whose
+    body brings no bytes for this many seconds is answered 408."""
     box: list[HubStore] = []
     opening = anyio.Lock()
 
@@ -149,7 +158,7 @@ def hub_router(
         from the source segment starting at ``segment``); answered once synced, with the offsets
         the hub now holds and how many messages it appended and skipped."""
         try:
-            body = await _body(request, max_push)
+            body = await _body(request, max_push, body_timeout)
             hub = await store()
             result = await blocking(lambda: hub.push(Push(client_id, journal, first, segment, body)))
         except _Refused as refused:
@@ -179,15 +188,28 @@ def hub_router(
     return router
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused past ``limit`` bytes (413) or when it breaks off (400)."""
+async def _body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request body, refused past ``limit`` bytes (413), when it breaks off (400) or when it
+    stops arriving: no bytes for ``timeout`` seconds (408; a deadline for each part, not the
+    whole, so that a large push over a slow link still arrives)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _Refused(413, {"error": f"the push is {declared} bytes; at most {limit} are taken", "kind": "size"})
     chunks: list[bytes] = []
     size = 0
+    parts = request.stream()
     try:
-        async for chunk in request.stream():
+        while True:
+            with anyio.move_on_after(timeout) as waited:
+                chunk = await anext(parts, None)
+            if waited.cancelled_caught:
+                raise _Refused(
+                    408,
+                    {"error": f"the push stopped arriving: no bytes for {timeout:g} s", "kind": "timeout"},
+                    {"Connection": "close"},  # the rest of the body is not read
+                )
+            if chunk is None:
+                break
             size += len(chunk)
             if size > limit:
                 raise _Refused(413, {"error": f"the push is over {limit} bytes", "kind": "size"})
@@ -200,13 +222,18 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 def create_hub_app(
-    root: str | Path, *, sync: str = "always", max_push: int = DEFAULT_MAX_PUSH, token: str | None = None
+    root: str | Path,
+    *,
+    sync: str = "always",
+    max_push: int = DEFAULT_MAX_PUSH,
+    token: str | None = None,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
 ) -> FastAPI:
     """An app serving only the hub's endpoints over ``root``."""
     app = FastAPI(
         title="journalq hub", version=__version__, description="The journalq hub: copies of clients' journals."
     )
-    app.include_router(hub_router(root, sync=sync, max_push=max_push, token=token))
+    app.include_router(hub_router(root, sync=sync, max_push=max_push, token=token, body_timeout=body_timeout))
 
     @app.exception_handler(_Refused)
     async def refused(request: Request, exc: _Refused) -> Response:  # from the token check
