@@ -250,6 +250,20 @@ def test_translate_spark_filters():
     assert predicates.translate(In(("type",), [1, None])) is None
 
 
+def test_negated_null_safe_equality_keeps_null_timestamps():
+    import datetime as dt
+
+    from pyspark.sql.datasource import EqualNullSafe, Not
+
+    # NOT (timestamp <=> x) is true where timestamp is NULL (the zero time): those rows stay.
+    moment = dt.datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=dt.timezone.utc)
+    condition = predicates.translate(Not(EqualNullSafe(("timestamp",), moment)))
+    ts = np.array([ZERO_TIMESTAMP, 1_000, 2_000], np.int64)
+    mask = None if condition is None else predicates.row_mask([condition], np.arange(3), ts, np.zeros(3, np.uint8))
+    assert mask is None or list(mask) == [True, False, True]
+    assert predicates.translate(Not(EqualNullSafe(("type",), 1))) == ("not", ("type", "=", 1))
+
+
 # -- options ----------------------------------------------------------------------------------
 
 
