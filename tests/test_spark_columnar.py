@@ -349,6 +349,20 @@ def test_stream_offsets_limits_and_trigger_delay(tmp_path, monkeypatch):
     assert reader.latestOffset({"": 10}, ReadMaxRows(4)) == {"": 10}
 
 
+def test_stream_starting_offsets_past_the_end_are_refused(tmp_path):
+    from journalq.spark.schema import SCHEMA
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 10)
+    # Taken as it was, offset 15 would skip messages 10 to 14 once they are appended.
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": '{"": 15}'}, SCHEMA)
+    with pytest.raises(opts.OptionError, match="startingOffsets: offset 15 of shard '' is past its end"):
+        reader.initialOffset()
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": '{"": 10}'}, SCHEMA)
+    assert reader.initialOffset() == {"": 10}
+
+
 # -- the writer's bookkeeping -----------------------------------------------------------------
 
 

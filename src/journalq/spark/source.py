@@ -107,14 +107,8 @@ def plan_batch(options) -> list[ShardRange]:
         first, end = reading.bounds(shard)
         s = reading.resolve_offset(starting, shard.name, first, end, default=first)
         e = reading.resolve_offset(ending, shard.name, first, end, default=end)
-        if e > end:
-            raise opts.OptionError(
-                f"endingOffsets: offset {e} of shard {shard.name!r} is past its end ({end})"
-            )
-        if s > end:
-            raise opts.OptionError(
-                f"startingOffsets: offset {s} of shard {shard.name!r} is past its end ({end})"
-            )
+        _check_not_past_end("endingOffsets", e, shard.name, end)
+        _check_not_past_end("startingOffsets", s, shard.name, end)
         if s < first:
             if fail:
                 raise DataLossError(
@@ -129,6 +123,11 @@ def plan_batch(options) -> list[ShardRange]:
             e = reading.first_offset_at(shard.path, end_ts, s, e)
         ranges.append(ShardRange(shard.name, shard.path, s, e))
     return ranges
+
+
+def _check_not_past_end(option: str, offset: int, shard: str, end: int) -> None:
+    if offset > end:
+        raise opts.OptionError(f"{option}: offset {offset} of shard {shard!r} is past its end ({end})")
 
 
 # -- the pushdown guard ---------------------------------------------------------------------------
@@ -332,6 +331,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for shard in target.shards:
             first, end = reading.bounds(shard)
             offset = reading.resolve_offset(starting, shard.name, first, end, default=first)
+            # Past the end, the messages up to it would be skipped once they came.
+            _check_not_past_end("startingOffsets", offset, shard.name, end)
             if start_ts is not None:
                 offset = reading.first_offset_at(shard.path, start_ts, first, end)
             out[shard.name] = offset
