@@ -286,6 +286,33 @@ def test_option_parsing():
         opts.integer({"minPartitions": "0"}, "minPartitions", None, minimum=1)
 
 
+def test_unknown_options_are_refused(tmp_path):
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalDataSource
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 3)
+
+    def source(**options):
+        return JournalDataSource({"path": str(path), **options})
+
+    # A misspelt name would be ignored: this stream would start at the latest offset, not the earliest.
+    with pytest.raises(opts.OptionError, match="startingOffset.*did you mean startingOffsets"):
+        source(startingOffset="earliest").streamReader(SCHEMA)
+    with pytest.raises(opts.OptionError, match="maxOffsetsPerTrigger"):
+        source(maxOffsetsPerTrigger="5").reader(SCHEMA)  # streaming only
+    with pytest.raises(opts.OptionError, match="writeId"):
+        source(writeId="w1", checkpointLocation="ck").streamWriter(SCHEMA, False)  # batch writes only
+    with pytest.raises(opts.OptionError, match="segmentsize2"):
+        source(segmentsize2="1m").writer(SCHEMA, False)
+    # Names are case-insensitive (Spark lowers them), and Spark's own options pass.
+    source(startingoffsets="earliest", FILTERPUSHDOWN="true").reader(SCHEMA)
+    source(maxoffsetspertrigger="5", startingOffsets="earliest").streamReader(SCHEMA)
+    source(writeid="w1", sync="none").writer(SCHEMA, False)
+    source(checkpointlocation=str(tmp_path / "ck")).streamWriter(SCHEMA, False)
+
+
 # -- targets ----------------------------------------------------------------------------------
 
 

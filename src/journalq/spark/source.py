@@ -54,6 +54,15 @@ from journalq.spark.targets import Target, for_writing, resolve, segment_size_fo
 NAME = "journalq"
 DEFAULT_MAX_PARTITION_BYTES = 32 << 20
 
+# The options each use takes (README.md describes them); any other is refused.
+_READ_OPTIONS = ("topic", "startingOffsets", "startingTimestamp", "minPartitions", "maxPartitionBytes",
+                 "failOnDataLoss")
+BATCH_READ_OPTIONS = (*_READ_OPTIONS, "endingOffsets", "endingTimestamp", "filterPushdown")
+STREAM_READ_OPTIONS = (*_READ_OPTIONS, "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
+_WRITE_OPTIONS = ("topic", "shardBit", "shardPrefix", "sync", "segmentSize")
+BATCH_WRITE_OPTIONS = (*_WRITE_OPTIONS, "writeId")
+STREAM_WRITE_OPTIONS = _WRITE_OPTIONS
+
 
 def _path(options) -> str:
     return opts.get(options, "path") or ""
@@ -585,6 +594,7 @@ class JournalDataSource(DataSource):
     def reader(self, schema) -> JournalReader:
         # Off unless asked for: Spark 4 can hand one scan's pushed filters to another scan of the
         # same DataFrame (a self-join), and a wrong answer is worse than a slow one.
+        opts.check_names(self.options, BATCH_READ_OPTIONS, "batch reads")
         mode = (opts.get(self.options, "filterPushdown") or "false").strip().lower()
         if mode not in ("auto", "true", "false"):
             raise opts.OptionError(f"option filterPushdown must be true, false or auto, not {mode!r}")
@@ -593,10 +603,14 @@ class JournalDataSource(DataSource):
         return JournalFilteringReader(self.source_id, self.options, schema)
 
     def streamReader(self, schema) -> JournalStreamReader:  # noqa: N802
-        return JournalStreamReader(self.options, schema)
+        reader = JournalStreamReader(self.options, schema)  # says why endingOffsets is refused
+        opts.check_names(self.options, STREAM_READ_OPTIONS, "streaming reads")
+        return reader
 
     def writer(self, schema, overwrite: bool) -> JournalWriter:
+        opts.check_names(self.options, BATCH_WRITE_OPTIONS, "batch writes")
         return JournalWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema, overwrite: bool) -> JournalStreamWriter:  # noqa: N802
+        opts.check_names(self.options, STREAM_WRITE_OPTIONS, "streaming writes")
         return JournalStreamWriter(self.options, schema, overwrite)
