@@ -410,3 +410,47 @@ def test_commit_log_reads_back_from_the_end(tmp_path):
     assert not log.committed(300)
     assert [r["b"] for r in log.records(298)] == [298, 298, 299, 299]
     assert log_name("a/b") != "a/b" and log_name("3c49c2f2-e993") == "3c49c2f2-e993"
+
+
+class _Killed(BaseException):
+    """Stands for the death of a task's process in the middle of its work."""
+
+
+def _replays(tmp_path, monkeypatch, dying_append, before_replay=None) -> list[bytes]:
+    """Run task (batch 0, partition 0) with ``dying_append`` in place of the real append, then
+    ``before_replay(target, log)``, then the task again (its rows in another order, as a replay
+    may give them) and once more; returns the values the journal holds."""
+    from journalq.journal import Scanner
+    from journalq.spark import writing
+
+    target = for_writing(str(tmp_path / "j"))
+    log = CommitLog(target, "query")
+    rows = [Message(0, None, 0, b"", b"row %d" % i) for i in range(10)]
+
+    def task(messages, partition=0):
+        appender = writing.Appender(target, sync="none", segment_size=1 << 20)
+        try:
+            return writing.append_exactly_once(appender, log, 0, partition, messages, [b""] * len(messages))
+        finally:
+            appender.close()
+
+    real = writing._append
+    monkeypatch.setattr(writing, "_append", lambda writer, messages: dying_append(real, writer, messages))
+    with pytest.raises(_Killed):
+        task(rows)
+    monkeypatch.setattr(writing, "_append", real)
+    if before_replay is not None:
+        before_replay(task, rows)
+    task(rows[::-1])
+    task(rows)
+    with Scanner(target.path, 0) as scanner:
+        return sorted(m.value for m in scanner.read_batch())
+
+
+def test_a_task_killed_part_way_through_its_append_completes_it_once(tmp_path, monkeypatch):
+    def appends_four_then_dies(real, writer, messages):
+        real(writer, messages[:4])  # what reached the file before the process was killed
+        raise _Killed
+
+    assert _replays(tmp_path, monkeypatch, appends_four_then_dies) == sorted(b"row %d" % i for i in range(10))
+
