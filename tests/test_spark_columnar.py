@@ -454,3 +454,13 @@ def test_a_task_killed_part_way_through_its_append_completes_it_once(tmp_path, m
 
     assert _replays(tmp_path, monkeypatch, appends_four_then_dies) == sorted(b"row %d" % i for i in range(10))
 
+
+def test_a_task_killed_before_its_append_is_not_mistaken_for_another_with_the_same_rows(tmp_path, monkeypatch):
+    def dies(real, writer, messages):
+        raise _Killed
+
+    def other_partition_same_rows(task, rows):
+        task(rows, partition=1)  # appends where partition 0 meant to
+
+    values = _replays(tmp_path, monkeypatch, dies, other_partition_same_rows)
+    assert values == sorted(b"row %d" % i for i in range(10) for _ in range(2))

@@ -336,15 +336,18 @@ def _not_appended_yet(
 
     A run records its intent (where its append starts, how many, the digest of the task's rows)
     under the shard's writer lock, right before the append. A run killed part way through its
-    append left a prefix of it (whole messages: recovery cuts a torn one).
+    append left a prefix of it (whole messages: recovery cuts a torn one); the next intent
+    recorded on the shard starts where that prefix ends, so it bounds what the run can have
+    appended (and tells a run that appended nothing from another task's identical rows).
     """
     on_shard = [r for r in records if r.get("k") == "intent" and r.get("s") == shard]
     left = Counter((m.type, m.key, m.value) for m in group)
-    for r in on_shard:
+    for i, r in enumerate(on_shard):
         if (r.get("b"), r.get("p"), r.get("d")) != task:
             continue
         start = r["e"]
-        found = _messages_at(path, start, r["n"])
+        n = min([r["n"], *(x["e"] - start for x in on_shard[i + 1 :] if x["e"] >= start)])
+        found = _messages_at(path, start, n)
         if found is None:
             # Retention deleted them since: they were written (nothing at that offset can be
             # older than the intent).
