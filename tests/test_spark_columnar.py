@@ -410,6 +410,18 @@ def test_stream_starting_offsets_past_the_end_are_refused(tmp_path):
     assert reader.initialOffset() == {"": 10}
 
 
+def test_stream_refuses_starting_offsets_and_timestamp_together(tmp_path):
+    from journalq.spark.schema import SCHEMA
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 10)
+    # As batch reads do: one or the other (the timestamp used to win, silently).
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": "latest", "startingTimestamp": "0"}, SCHEMA)
+    with pytest.raises(opts.OptionError, match="startingOffsets or startingTimestamp, not both"):
+        reader.initialOffset()
+
+
 # -- the writer's bookkeeping -----------------------------------------------------------------
 
 

@@ -102,10 +102,8 @@ def plan_batch(options) -> list[ShardRange]:
     shards = target.shards
     starting = opts.offsets(options, "startingOffsets", "earliest", ("earliest", "latest"))
     ending = opts.offsets(options, "endingOffsets", "latest", ("latest",))
-    start_ts = opts.timestamp_ns(options, "startingTimestamp")
+    start_ts = _starting_timestamp(options)
     end_ts = opts.timestamp_ns(options, "endingTimestamp")
-    if start_ts is not None and opts.get(options, "startingOffsets") is not None:
-        raise opts.OptionError("give startingOffsets or startingTimestamp, not both")
     if end_ts is not None and opts.get(options, "endingOffsets") is not None:
         raise opts.OptionError("give endingOffsets or endingTimestamp, not both")
     reading.check_known_shards(starting, shards, "startingOffsets")
@@ -132,6 +130,13 @@ def plan_batch(options) -> list[ShardRange]:
             e = reading.first_offset_at(shard.path, end_ts, s, e)
         ranges.append(ShardRange(shard.name, shard.path, s, e))
     return ranges
+
+
+def _starting_timestamp(options) -> int | None:
+    start_ts = opts.timestamp_ns(options, "startingTimestamp")
+    if start_ts is not None and opts.get(options, "startingOffsets") is not None:
+        raise opts.OptionError("give startingOffsets or startingTimestamp, not both")
+    return start_ts
 
 
 def _check_not_past_end(option: str, offset: int, shard: str, end: int) -> None:
@@ -335,7 +340,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         target = _target(self.options)
         starting = opts.offsets(self.options, "startingOffsets", "latest", ("earliest", "latest"))
         reading.check_known_shards(starting, target.shards, "startingOffsets")
-        start_ts = opts.timestamp_ns(self.options, "startingTimestamp")
+        start_ts = _starting_timestamp(self.options)
         out = {}
         for shard in target.shards:
             first, end = reading.bounds(shard)
