@@ -410,6 +410,31 @@ def test_stream_starting_offsets_past_the_end_are_refused(tmp_path):
     assert reader.initialOffset() == {"": 10}
 
 
+def test_stream_notices_a_journal_made_again(tmp_path):
+    import shutil
+
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from journalq.spark.reading import DataLossError
+    from journalq.spark.schema import SCHEMA
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"old"] * 10)
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": "earliest"}, SCHEMA)
+    assert reader.latestOffset({"": 0}, ReadAllAvailable()) == {"": 10}
+    shutil.rmtree(path)  # deleted and made again: its 3 messages are new ones
+    with Writer(path) as w:
+        w.append_many([b"new"] * 3)
+    # Waiting until the journal passes offset 10 would skip its first 10 messages, silently.
+    end = reader.latestOffset({"": 10}, ReadAllAvailable())
+    assert end == {"": 3}
+    with pytest.raises(DataLossError, match="went back from offset 10 to 3"):
+        reader.partitions({"": 10}, end)
+    lenient = JournalStreamReader({"path": str(path), "failOnDataLoss": "false"}, SCHEMA)
+    assert [(p.range.start, p.range.end) for p in lenient.partitions({"": 10}, end)] == [(0, 3)]
+
+
 def test_stream_refuses_starting_offsets_and_timestamp_together(tmp_path):
     from journalq.spark.schema import SCHEMA
 

@@ -361,6 +361,9 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         current = dict(start)
         for shard, end in ends.items():
             current.setdefault(shard, reading.first_offset(_shard_path(self.options, shard)))
+        went_back = {s: e for s, e in ends.items() if s in start and e < start[s]}
+        if went_back:  # made again, or cut: partitions() fails or (failOnDataLoss=false) rereads it
+            return {**current, **went_back}
         available = {s: max(0, ends.get(s, current[s]) - current[s]) for s in current}
         max_rows, min_rows = self._limits(limit)
         total = sum(available.values())
