@@ -330,7 +330,7 @@ def test_unknown_options_are_refused(tmp_path):
     source(startingoffsets="earliest", FILTERPUSHDOWN="true").reader(SCHEMA)
     source(maxoffsetspertrigger="5", startingOffsets="earliest").streamReader(SCHEMA)
     source(writeid="w1", sync="none").writer(SCHEMA, False)
-    source(checkpointlocation=str(tmp_path / "ck")).streamWriter(SCHEMA, False)
+    source(checkpointlocation=str(tmp_path / "ck"), queryname="q").streamWriter(SCHEMA, False)
 
 
 # -- targets ----------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ class OptionError(Error, ValueError):
     """An option of the journalq data source that cannot be used."""
 
 
-SPARK_OPTIONS = ("path", "paths", "checkpointLocation")  # what Spark itself passes along
+# What Spark itself passes along (DataStreamWriter.queryName() is an option too).
+SPARK_OPTIONS = ("path", "paths", "checkpointLocation", "queryName", "asyncProgressTrackingEnabled",
+                 "asyncProgressTrackingCheckpointIntervalMs")
 
 
 def check_names(options: Mapping[str, str], known: Iterable[str], what: str) -> None:
