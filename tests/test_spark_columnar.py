@@ -333,6 +333,17 @@ def test_unknown_options_are_refused(tmp_path):
     source(checkpointlocation=str(tmp_path / "ck"), queryname="q").streamWriter(SCHEMA, False)
 
 
+def test_shard_prefix_without_shard_bit_is_refused(tmp_path):
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalDataSource
+
+    # It would be ignored: the rows would go to a plain journal (or an existing root's prefix).
+    source = JournalDataSource({"path": str(tmp_path / "new"), "shardPrefix": "ev"})
+    with pytest.raises(opts.OptionError, match="shardPrefix.*shardBit"):
+        source.writer(SCHEMA, False)
+    assert not (tmp_path / "new").exists()
+
+
 # -- targets ----------------------------------------------------------------------------------
 
 

@@ -485,12 +485,10 @@ def _write_setup(options, schema, overwrite: bool) -> tuple[writing.WriteSpec, T
     _refuse_overwrite(overwrite)
     spec = writing.check_schema(schema)
     bit = opts.integer(options, "shardBit", None, minimum=1)
-    target = for_writing(
-        _path(options),
-        opts.get(options, "topic"),
-        shard_bit=bit,
-        shard_prefix=opts.get(options, "shardPrefix") or "",
-    )
+    prefix = opts.get(options, "shardPrefix")
+    if prefix is not None and bit is None:
+        raise opts.OptionError("option shardPrefix names the shards of a new root: it needs the option shardBit")
+    target = for_writing(_path(options), opts.get(options, "topic"), shard_bit=bit, shard_prefix=prefix or "")
     sync = opts.get(options, "sync") or "none"
     SyncPolicy.parse(sync)  # refuse a bad policy now, not in every task
     default_size = opts.size(options, "segmentSize", DEFAULT_SEGMENT_SIZE)
