@@ -344,6 +344,43 @@ def test_shard_prefix_without_shard_bit_is_refused(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+def test_a_plan_reused_after_its_guard_markers_were_swept_does_not_prune(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    import pyspark
+
+    from journalq.spark import source
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    execution = ["1"]
+
+    class Task:
+        def getLocalProperty(self, name):  # noqa: N802 - Spark's name
+            return execution[0] if name == "spark.sql.execution.id" else None
+
+        def stageId(self):  # noqa: N802
+            return 0
+
+        def partitionId(self):  # noqa: N802
+            return 0
+
+    monkeypatch.setattr(pyspark.TaskContext, "get", lambda: Task())
+    token = source._plan_token()
+    assert source._may_prune(token, 0)  # the first query that runs the plan prunes
+    execution[0] = "2"
+    assert not source._may_prune(token, 0)  # a later query reusing it reads everything
+    # A day later, the markers are swept (by the next push of any DataFrame)...
+    clock = time.time() + 86400 + 60
+    monkeypatch.setattr(time, "time", lambda: clock)
+    for name in os.listdir(source._guard_dir()):
+        os.utime(os.path.join(source._guard_dir(), name), (clock - 86400 - 1, clock - 86400 - 1))
+    source._register_push("another-dataframe", [("type", "=", 1)])
+    # ...and a query reusing the old plan must still read everything, not prune by its filters.
+    execution[0] = "3"
+    assert not source._may_prune(token, 0)
+
+
 # -- targets ----------------------------------------------------------------------------------
 
 

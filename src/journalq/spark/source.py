@@ -188,7 +188,15 @@ def _register_push(source_id: str, conditions: list) -> bool:
     return seen == {line}
 
 
-def _sweep(directory: str, age: float = 86400.0) -> None:
+GUARD_AGE = 86400.0  # the guard's files are swept after a day
+
+
+def _plan_token() -> str:
+    """A new plan's id; it starts with when it was made (seconds), see ``_may_prune``."""
+    return f"{int(time.time())}-{uuid.uuid4().hex}"
+
+
+def _sweep(directory: str, age: float = GUARD_AGE) -> None:
     now = time.time()
     try:
         for name in os.listdir(directory):
@@ -230,6 +238,9 @@ def _may_prune(token: str, split: int) -> bool:
     allowed: a sort samples its input in a job of its own before reading it.)"""
     from pyspark import TaskContext
 
+    made = token.split("-", 1)[0]
+    if not made.isdigit() or time.time() - int(made) > GUARD_AGE / 2:
+        return False  # its markers may have been swept: reading everything is always right
     context = TaskContext.get()
     if context is None:
         return False
@@ -292,7 +303,7 @@ class JournalFilteringReader(JournalReader):
         conditions = [c for c in (predicates.translate(f) for f in filters) if c is not None]
         if conditions:
             self.conditions = conditions
-            self.token = uuid.uuid4().hex
+            self.token = _plan_token()
             self.prune = _register_push(self.source_id, conditions)
         return list(filters)  # all of them: Spark filters again, whatever plan it ends up using
 
