@@ -199,10 +199,10 @@ def _position(fd: int, segment: Segment, target: int) -> int:
         if len(head) < 18 or head[17] > 127:
             break  # damage: reading the range will report it
         raw = os.pread(fd, 4, position + 18 + head[17])
-        if len(raw) < 4 or INT32.unpack(raw)[0] < 0:
+        value_len = INT32.unpack(raw)[0] if len(raw) == 4 else -1
+        if value_len < 0:
             break
-        size = OVERHEAD + head[17] + INT32.unpack(raw)[0]
-        position, offset = _walk(fd, position + size, offset + 1, target)
+        position, offset = _walk(fd, position + OVERHEAD + head[17] + value_len, offset + 1, target)
     return position
 
 
