@@ -165,6 +165,7 @@ def test_messages_bigger_than_a_read(tmp_path):
     for start in range(5):
         got = [(int(c.offset[i]), len(c.value(i))) for c in reading.iter_columns(str(path), start, 5) for i in range(len(c))]
         assert got == [(o, sizes[o]) for o in range(start, 5)]
+        assert reading.range_bytes(str(path), start, 4) == sum(n + 26 for n in sizes[start:4])
 
 
 def test_iter_columns_reports_data_loss(tmp_path):
@@ -200,6 +201,25 @@ def test_split_by_size_and_min_partitions(tmp_path):
     assert len(pieces) == 10 and pieces[0].start == 0 and pieces[-1].end == 10_000
     assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
     assert len(reading.split([r], min_partitions=7, max_partition_bytes=1 << 30)) == 7
+
+
+
+def test_a_range_is_split_the_same_way_whatever_comes_after_it(tmp_path):
+    # A streaming sink's exactly once needs a replayed batch to give each partition the same
+    # rows: the pieces of a range may not depend on messages outside it (appended, or deleted).
+    path = tmp_path / "j"
+    with Writer(path, segment_size=64 << 10) as w:
+        w.append_many([b"x" * 100] * 1000)
+    r = reading.ShardRange("", str(path), 600, 1000)  # segments of 521 messages
+    before = reading.split([r], min_partitions=None, max_partition_bytes=20_000)
+    assert len(before) == 3  # 400 messages of 126 bytes
+    assert reading.range_bytes(str(path), 0, 1000) == 1000 * 126
+    assert reading.range_bytes(str(path), 600, 1000) == 400 * 126
+    with Writer(path, segment_size=64 << 10) as w:
+        w.append_many([b"y" * 3000] * 100)
+    assert reading.split([r], min_partitions=None, max_partition_bytes=20_000) == before
+    (path / "jnl" / "0000000000000000.jnl").unlink()  # retention
+    assert reading.split([r], min_partitions=None, max_partition_bytes=20_000) == before
 
 
 # -- predicates -------------------------------------------------------------------------------
@@ -250,6 +270,20 @@ def test_translate_spark_filters():
     assert predicates.translate(In(("type",), [1, None])) is None
 
 
+def test_negated_null_safe_equality_keeps_null_timestamps():
+    import datetime as dt
+
+    from pyspark.sql.datasource import EqualNullSafe, Not
+
+    # NOT (timestamp <=> x) is true where timestamp is NULL (the zero time): those rows stay.
+    moment = dt.datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=dt.timezone.utc)
+    condition = predicates.translate(Not(EqualNullSafe(("timestamp",), moment)))
+    ts = np.array([ZERO_TIMESTAMP, 1_000, 2_000], np.int64)
+    mask = None if condition is None else predicates.row_mask([condition], np.arange(3), ts, np.zeros(3, np.uint8))
+    assert mask is None or list(mask) == [True, False, True]
+    assert predicates.translate(Not(EqualNullSafe(("type",), 1))) == ("not", ("type", "=", 1))
+
+
 # -- options ----------------------------------------------------------------------------------
 
 
@@ -270,6 +304,81 @@ def test_option_parsing():
         opts.offsets({"endingOffsets": '{"": -2}'}, "endingOffsets", "latest", ("latest",))
     with pytest.raises(opts.OptionError):
         opts.integer({"minPartitions": "0"}, "minPartitions", None, minimum=1)
+
+
+def test_unknown_options_are_refused(tmp_path):
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalDataSource
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 3)
+
+    def source(**options):
+        return JournalDataSource({"path": str(path), **options})
+
+    # A misspelt name would be ignored: this stream would start at the latest offset, not the earliest.
+    with pytest.raises(opts.OptionError, match="startingOffset.*did you mean startingOffsets"):
+        source(startingOffset="earliest").streamReader(SCHEMA)
+    with pytest.raises(opts.OptionError, match="maxOffsetsPerTrigger"):
+        source(maxOffsetsPerTrigger="5").reader(SCHEMA)  # streaming only
+    with pytest.raises(opts.OptionError, match="writeId"):
+        source(writeId="w1", checkpointLocation="ck").streamWriter(SCHEMA, False)  # batch writes only
+    with pytest.raises(opts.OptionError, match="segmentsize2"):
+        source(segmentsize2="1m").writer(SCHEMA, False)
+    # Names are case-insensitive (Spark lowers them), and Spark's own options pass.
+    source(startingoffsets="earliest", FILTERPUSHDOWN="true").reader(SCHEMA)
+    source(maxoffsetspertrigger="5", startingOffsets="earliest").streamReader(SCHEMA)
+    source(writeid="w1", sync="none").writer(SCHEMA, False)
+    source(checkpointlocation=str(tmp_path / "ck"), queryname="q").streamWriter(SCHEMA, False)
+
+
+def test_shard_prefix_without_shard_bit_is_refused(tmp_path):
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalDataSource
+
+    # It would be ignored: the rows would go to a plain journal (or an existing root's prefix).
+    source = JournalDataSource({"path": str(tmp_path / "new"), "shardPrefix": "ev"})
+    with pytest.raises(opts.OptionError, match="shardPrefix.*shardBit"):
+        source.writer(SCHEMA, False)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_plan_reused_after_its_guard_markers_were_swept_does_not_prune(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    import pyspark
+
+    from journalq.spark import source
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    execution = ["1"]
+
+    class Task:
+        def getLocalProperty(self, name):  # noqa: N802 - Spark's name
+            return execution[0] if name == "spark.sql.execution.id" else None
+
+        def stageId(self):  # noqa: N802
+            return 0
+
+        def partitionId(self):  # noqa: N802
+            return 0
+
+    monkeypatch.setattr(pyspark.TaskContext, "get", lambda: Task())
+    token = source._plan_token()
+    assert source._may_prune(token, 0)  # the first query that runs the plan prunes
+    execution[0] = "2"
+    assert not source._may_prune(token, 0)  # a later query reusing it reads everything
+    # A day later, the markers are swept (by the next push of any DataFrame)...
+    clock = time.time() + 86400 + 60
+    monkeypatch.setattr(time, "time", lambda: clock)
+    for name in os.listdir(source._guard_dir()):
+        os.utime(os.path.join(source._guard_dir(), name), (clock - 86400 - 1, clock - 86400 - 1))
+    source._register_push("another-dataframe", [("type", "=", 1)])
+    # ...and a query reusing the old plan must still read everything, not prune by its filters.
+    execution[0] = "3"
+    assert not source._may_prune(token, 0)
 
 
 # -- targets ----------------------------------------------------------------------------------
@@ -335,6 +444,57 @@ def test_stream_offsets_limits_and_trigger_delay(tmp_path, monkeypatch):
     assert reader.latestOffset({"": 10}, ReadMaxRows(4)) == {"": 10}
 
 
+def test_stream_starting_offsets_past_the_end_are_refused(tmp_path):
+    from journalq.spark.schema import SCHEMA
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 10)
+    # Taken as it was, offset 15 would skip messages 10 to 14 once they are appended.
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": '{"": 15}'}, SCHEMA)
+    with pytest.raises(opts.OptionError, match="startingOffsets: offset 15 of shard '' is past its end"):
+        reader.initialOffset()
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": '{"": 10}'}, SCHEMA)
+    assert reader.initialOffset() == {"": 10}
+
+
+def test_stream_notices_a_journal_made_again(tmp_path):
+    import shutil
+
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from journalq.spark.reading import DataLossError
+    from journalq.spark.schema import SCHEMA
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"old"] * 10)
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": "earliest"}, SCHEMA)
+    assert reader.latestOffset({"": 0}, ReadAllAvailable()) == {"": 10}
+    shutil.rmtree(path)  # deleted and made again: its 3 messages are new ones
+    with Writer(path) as w:
+        w.append_many([b"new"] * 3)
+    # Waiting until the journal passes offset 10 would skip its first 10 messages, silently.
+    end = reader.latestOffset({"": 10}, ReadAllAvailable())
+    assert end == {"": 3}
+    with pytest.raises(DataLossError, match="went back from offset 10 to 3"):
+        reader.partitions({"": 10}, end)
+    lenient = JournalStreamReader({"path": str(path), "failOnDataLoss": "false"}, SCHEMA)
+    assert [(p.range.start, p.range.end) for p in lenient.partitions({"": 10}, end)] == [(0, 3)]
+
+
+def test_stream_refuses_starting_offsets_and_timestamp_together(tmp_path):
+    from journalq.spark.schema import SCHEMA
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 10)
+    # As batch reads do: one or the other (the timestamp used to win, silently).
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": "latest", "startingTimestamp": "0"}, SCHEMA)
+    with pytest.raises(opts.OptionError, match="startingOffsets or startingTimestamp, not both"):
+        reader.initialOffset()
+
+
 # -- the writer's bookkeeping -----------------------------------------------------------------
 
 
@@ -355,3 +515,57 @@ def test_commit_log_reads_back_from_the_end(tmp_path):
     assert not log.committed(300)
     assert [r["b"] for r in log.records(298)] == [298, 298, 299, 299]
     assert log_name("a/b") != "a/b" and log_name("3c49c2f2-e993") == "3c49c2f2-e993"
+
+
+class _Killed(BaseException):
+    """Stands for the death of a task's process in the middle of its work."""
+
+
+def _replays(tmp_path, monkeypatch, dying_append, before_replay=None) -> list[bytes]:
+    """Run task (batch 0, partition 0) with ``dying_append`` in place of the real append, then
+    ``before_replay(target, log)``, then the task again (its rows in another order, as a replay
+    may give them) and once more; returns the values the journal holds."""
+    from journalq.journal import Scanner
+    from journalq.spark import writing
+
+    target = for_writing(str(tmp_path / "j"))
+    log = CommitLog(target, "query")
+    rows = [Message(0, None, 0, b"", b"row %d" % i) for i in range(10)]
+
+    def task(messages, partition=0):
+        appender = writing.Appender(target, sync="none", segment_size=1 << 20)
+        try:
+            return writing.append_exactly_once(appender, log, 0, partition, messages, [b""] * len(messages))
+        finally:
+            appender.close()
+
+    real = writing._append
+    monkeypatch.setattr(writing, "_append", lambda writer, messages: dying_append(real, writer, messages))
+    with pytest.raises(_Killed):
+        task(rows)
+    monkeypatch.setattr(writing, "_append", real)
+    if before_replay is not None:
+        before_replay(task, rows)
+    task(rows[::-1])
+    task(rows)
+    with Scanner(target.path, 0) as scanner:
+        return sorted(m.value for m in scanner.read_batch())
+
+
+def test_a_task_killed_part_way_through_its_append_completes_it_once(tmp_path, monkeypatch):
+    def appends_four_then_dies(real, writer, messages):
+        real(writer, messages[:4])  # what reached the file before the process was killed
+        raise _Killed
+
+    assert _replays(tmp_path, monkeypatch, appends_four_then_dies) == sorted(b"row %d" % i for i in range(10))
+
+
+def test_a_task_killed_before_its_append_is_not_mistaken_for_another_with_the_same_rows(tmp_path, monkeypatch):
+    def dies(real, writer, messages):
+        raise _Killed
+
+    def other_partition_same_rows(task, rows):
+        task(rows, partition=1)  # appends where partition 0 meant to
+
+    values = _replays(tmp_path, monkeypatch, dies, other_partition_same_rows)
+    assert values == sorted(b"row %d" % i for i in range(10) for _ in range(2))

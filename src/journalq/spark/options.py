@@ -6,9 +6,10 @@ Every bad option raises a ``journalq.Error`` that names the option and says what
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from journalq.errors import Error
@@ -23,6 +24,23 @@ _UNITS = {"ms": 0.001, "s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "mi
 
 class OptionError(Error, ValueError):
     """An option of the journalq data source that cannot be used."""
+
+
+# What Spark itself passes along (DataStreamWriter.queryName() is an option too).
+SPARK_OPTIONS = ("path", "paths", "checkpointLocation", "queryName", "asyncProgressTrackingEnabled",
+                 "asyncProgressTrackingCheckpointIntervalMs")
+
+
+def check_names(options: Mapping[str, str], known: Iterable[str], what: str) -> None:
+    """Refuse an option ``what`` does not take: a misspelt name would be ignored, silently."""
+    names = {name.lower(): name for name in (*known, *SPARK_OPTIONS)}
+    for key in options:
+        if key.lower() in names:
+            continue
+        close = difflib.get_close_matches(key.lower(), list(names), n=1)
+        hint = f" (did you mean {names[close[0]]}?)" if close else ""
+        taken = ", ".join(name for name in names.values() if name not in SPARK_OPTIONS)
+        raise OptionError(f"{what} take no option {key}{hint}; they take {taken}")
 
 
 def get(options: Mapping[str, str], name: str) -> str | None:

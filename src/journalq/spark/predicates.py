@@ -71,6 +71,8 @@ def translate(spark_filter: Any) -> Condition | None:
         inner = translate(spark_filter.child)
         if inner is None or inner[0] == "not":
             return None
+        if type(spark_filter.child).__name__ == "EqualNullSafe" and inner[0] == "timestamp":
+            return None  # NOT (NULL <=> x) is true: a negated "=" would drop the NULL rows
         return ("not", inner)
     op = _OPS.get(name)
     attribute = getattr(spark_filter, "attribute", None)

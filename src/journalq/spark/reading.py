@@ -64,14 +64,29 @@ def bounds(shard: Shard) -> tuple[int, int]:
     return first_offset(shard.path), end_offset(shard.path)
 
 
-def stored_bytes(path: str) -> int:
-    total = 0
-    directory = os.path.join(path, "jnl")
-    for base in segment_bases(path):
+def range_bytes(path: str, start: int, end: int) -> int:
+    """The bytes that messages ``[start, end)`` take in the segments (those of a segment deleted
+    meanwhile count ``OVERHEAD`` each). They depend on those messages only, so a range is cut into
+    the same partitions whenever it is planned: a streaming sink's exactly once needs a replayed
+    batch to give each partition the same rows, whatever was appended or deleted since."""
+    bases = segment_bases(path)
+    total = max(0, min(end, bases[0] if bases else end) - start) * OVERHEAD
+    for i, base in enumerate(bases):
+        following = bases[i + 1] if i + 1 < len(bases) else None
+        low, high = max(start, base), end if following is None else min(end, following)
+        if low >= high:
+            continue
+        segment = segment_at(path, base)
         try:
-            total += os.stat(os.path.join(directory, segment_name(base))).st_size
+            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            pass
+            total += (high - low) * OVERHEAD
+            continue
+        try:
+            last = os.fstat(fd).st_size if high == following else _position(fd, segment, high)
+            total += last - _position(fd, segment, low)
+        finally:
+            os.close(fd)
     return total
 
 
@@ -123,13 +138,7 @@ def split(
     ranges = [r for r in ranges if r.count > 0]
     if not ranges:
         return []
-    pieces_per: list[int] = []
-    for r in ranges:
-        count = r.count
-        stored = stored_bytes(r.path)
-        first, end = first_offset(r.path), end_offset(r.path)
-        average = stored / max(1, end - first) if end > first else OVERHEAD
-        pieces_per.append(max(1, math.ceil(count * average / max_partition_bytes)))
+    pieces_per = [max(1, math.ceil(range_bytes(r.path, r.start, r.end) / max_partition_bytes)) for r in ranges]
     total = sum(r.count for r in ranges)
     if min_partitions and sum(pieces_per) < min_partitions:
         for i, r in enumerate(ranges):
@@ -180,6 +189,21 @@ def seek(fd: int, segment: Segment, target: int) -> tuple[int, int]:
     else:
         position, offset = 0, segment.base
     return _walk(fd, position, offset, target)
+
+
+def _position(fd: int, segment: Segment, target: int) -> int:
+    """Where message ``target`` of an open segment starts (or the segment's whole messages end)."""
+    position, offset = seek(fd, segment, target)
+    while offset < target:  # seek stops before a message bigger than a read: step over it
+        head = os.pread(fd, 18, position)
+        if len(head) < 18 or head[17] > 127:
+            break  # damage: reading the range will report it
+        raw = os.pread(fd, 4, position + 18 + head[17])
+        value_len = INT32.unpack(raw)[0] if len(raw) == 4 else -1
+        if value_len < 0:
+            break
+        position, offset = _walk(fd, position + OVERHEAD + head[17] + value_len, offset + 1, target)
+    return position
 
 
 # -- reading --------------------------------------------------------------------------------------

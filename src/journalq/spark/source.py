@@ -54,6 +54,15 @@ from journalq.spark.targets import Target, for_writing, resolve, segment_size_fo
 NAME = "journalq"
 DEFAULT_MAX_PARTITION_BYTES = 32 << 20
 
+# The options each use takes (README.md describes them); any other is refused.
+_READ_OPTIONS = ("topic", "startingOffsets", "startingTimestamp", "minPartitions", "maxPartitionBytes",
+                 "failOnDataLoss")
+BATCH_READ_OPTIONS = (*_READ_OPTIONS, "endingOffsets", "endingTimestamp", "filterPushdown")
+STREAM_READ_OPTIONS = (*_READ_OPTIONS, "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
+_WRITE_OPTIONS = ("topic", "shardBit", "shardPrefix", "sync", "segmentSize")
+BATCH_WRITE_OPTIONS = (*_WRITE_OPTIONS, "writeId")
+STREAM_WRITE_OPTIONS = _WRITE_OPTIONS
+
 
 def _path(options) -> str:
     return opts.get(options, "path") or ""
@@ -93,10 +102,8 @@ def plan_batch(options) -> list[ShardRange]:
     shards = target.shards
     starting = opts.offsets(options, "startingOffsets", "earliest", ("earliest", "latest"))
     ending = opts.offsets(options, "endingOffsets", "latest", ("latest",))
-    start_ts = opts.timestamp_ns(options, "startingTimestamp")
+    start_ts = _starting_timestamp(options)
     end_ts = opts.timestamp_ns(options, "endingTimestamp")
-    if start_ts is not None and opts.get(options, "startingOffsets") is not None:
-        raise opts.OptionError("give startingOffsets or startingTimestamp, not both")
     if end_ts is not None and opts.get(options, "endingOffsets") is not None:
         raise opts.OptionError("give endingOffsets or endingTimestamp, not both")
     reading.check_known_shards(starting, shards, "startingOffsets")
@@ -107,14 +114,8 @@ def plan_batch(options) -> list[ShardRange]:
         first, end = reading.bounds(shard)
         s = reading.resolve_offset(starting, shard.name, first, end, default=first)
         e = reading.resolve_offset(ending, shard.name, first, end, default=end)
-        if e > end:
-            raise opts.OptionError(
-                f"endingOffsets: offset {e} of shard {shard.name!r} is past its end ({end})"
-            )
-        if s > end:
-            raise opts.OptionError(
-                f"startingOffsets: offset {s} of shard {shard.name!r} is past its end ({end})"
-            )
+        _check_not_past_end("endingOffsets", e, shard.name, end)
+        _check_not_past_end("startingOffsets", s, shard.name, end)
         if s < first:
             if fail:
                 raise DataLossError(
@@ -129,6 +130,18 @@ def plan_batch(options) -> list[ShardRange]:
             e = reading.first_offset_at(shard.path, end_ts, s, e)
         ranges.append(ShardRange(shard.name, shard.path, s, e))
     return ranges
+
+
+def _starting_timestamp(options) -> int | None:
+    start_ts = opts.timestamp_ns(options, "startingTimestamp")
+    if start_ts is not None and opts.get(options, "startingOffsets") is not None:
+        raise opts.OptionError("give startingOffsets or startingTimestamp, not both")
+    return start_ts
+
+
+def _check_not_past_end(option: str, offset: int, shard: str, end: int) -> None:
+    if offset > end:
+        raise opts.OptionError(f"{option}: offset {offset} of shard {shard!r} is past its end ({end})")
 
 
 # -- the pushdown guard ---------------------------------------------------------------------------
@@ -175,7 +188,15 @@ def _register_push(source_id: str, conditions: list) -> bool:
     return seen == {line}
 
 
-def _sweep(directory: str, age: float = 86400.0) -> None:
+GUARD_AGE = 86400.0  # the guard's files are swept after a day
+
+
+def _plan_token() -> str:
+    """A new plan's id; it starts with when it was made (seconds), see ``_may_prune``."""
+    return f"{int(time.time())}-{uuid.uuid4().hex}"
+
+
+def _sweep(directory: str, age: float = GUARD_AGE) -> None:
     now = time.time()
     try:
         for name in os.listdir(directory):
@@ -217,6 +238,9 @@ def _may_prune(token: str, split: int) -> bool:
     allowed: a sort samples its input in a job of its own before reading it.)"""
     from pyspark import TaskContext
 
+    made = token.split("-", 1)[0]
+    if not made.isdigit() or time.time() - int(made) > GUARD_AGE / 2:
+        return False  # its markers may have been swept: reading everything is always right
     context = TaskContext.get()
     if context is None:
         return False
@@ -279,7 +303,7 @@ class JournalFilteringReader(JournalReader):
         conditions = [c for c in (predicates.translate(f) for f in filters) if c is not None]
         if conditions:
             self.conditions = conditions
-            self.token = uuid.uuid4().hex
+            self.token = _plan_token()
             self.prune = _register_push(self.source_id, conditions)
         return list(filters)  # all of them: Spark filters again, whatever plan it ends up using
 
@@ -327,11 +351,13 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         target = _target(self.options)
         starting = opts.offsets(self.options, "startingOffsets", "latest", ("earliest", "latest"))
         reading.check_known_shards(starting, target.shards, "startingOffsets")
-        start_ts = opts.timestamp_ns(self.options, "startingTimestamp")
+        start_ts = _starting_timestamp(self.options)
         out = {}
         for shard in target.shards:
             first, end = reading.bounds(shard)
             offset = reading.resolve_offset(starting, shard.name, first, end, default=first)
+            # Past the end, the messages up to it would be skipped once they came.
+            _check_not_past_end("startingOffsets", offset, shard.name, end)
             if start_ts is not None:
                 offset = reading.first_offset_at(shard.path, start_ts, first, end)
             out[shard.name] = offset
@@ -346,6 +372,9 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         current = dict(start)
         for shard, end in ends.items():
             current.setdefault(shard, reading.first_offset(_shard_path(self.options, shard)))
+        went_back = {s: e for s, e in ends.items() if s in start and e < start[s]}
+        if went_back:  # made again, or cut: partitions() fails or (failOnDataLoss=false) rereads it
+            return {**current, **went_back}
         available = {s: max(0, ends.get(s, current[s]) - current[s]) for s in current}
         max_rows, min_rows = self._limits(limit)
         total = sum(available.values())
@@ -467,12 +496,10 @@ def _write_setup(options, schema, overwrite: bool) -> tuple[writing.WriteSpec, T
     _refuse_overwrite(overwrite)
     spec = writing.check_schema(schema)
     bit = opts.integer(options, "shardBit", None, minimum=1)
-    target = for_writing(
-        _path(options),
-        opts.get(options, "topic"),
-        shard_bit=bit,
-        shard_prefix=opts.get(options, "shardPrefix") or "",
-    )
+    prefix = opts.get(options, "shardPrefix")
+    if prefix is not None and bit is None:
+        raise opts.OptionError("option shardPrefix names the shards of a new root: it needs the option shardBit")
+    target = for_writing(_path(options), opts.get(options, "topic"), shard_bit=bit, shard_prefix=prefix or "")
     sync = opts.get(options, "sync") or "none"
     SyncPolicy.parse(sync)  # refuse a bad policy now, not in every task
     default_size = opts.size(options, "segmentSize", DEFAULT_SEGMENT_SIZE)
@@ -584,6 +611,7 @@ class JournalDataSource(DataSource):
     def reader(self, schema) -> JournalReader:
         # Off unless asked for: Spark 4 can hand one scan's pushed filters to another scan of the
         # same DataFrame (a self-join), and a wrong answer is worse than a slow one.
+        opts.check_names(self.options, BATCH_READ_OPTIONS, "batch reads")
         mode = (opts.get(self.options, "filterPushdown") or "false").strip().lower()
         if mode not in ("auto", "true", "false"):
             raise opts.OptionError(f"option filterPushdown must be true, false or auto, not {mode!r}")
@@ -592,10 +620,14 @@ class JournalDataSource(DataSource):
         return JournalFilteringReader(self.source_id, self.options, schema)
 
     def streamReader(self, schema) -> JournalStreamReader:  # noqa: N802
-        return JournalStreamReader(self.options, schema)
+        reader = JournalStreamReader(self.options, schema)  # says why endingOffsets is refused
+        opts.check_names(self.options, STREAM_READ_OPTIONS, "streaming reads")
+        return reader
 
     def writer(self, schema, overwrite: bool) -> JournalWriter:
+        opts.check_names(self.options, BATCH_WRITE_OPTIONS, "batch writes")
         return JournalWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema, overwrite: bool) -> JournalStreamWriter:  # noqa: N802
+        opts.check_names(self.options, STREAM_WRITE_OPTIONS, "streaming writes")
         return JournalStreamWriter(self.options, schema, overwrite)

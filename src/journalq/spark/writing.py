@@ -13,8 +13,8 @@ small sej journal beside the target (``_spark_commits/<query>/``), an *intent* b
 its (batch, partition, shard), the offset the append starts at, how many messages and a digest
 of them, all under the shard's writer lock. The driver then records the batch as *committed*. A
 task that Spark runs again for the same batch (after a crash, a retry, a restart from the
-checkpoint) finds the batch committed, or finds its intent and checks the messages at that offset
-against the digest, and skips what is already there.
+checkpoint) finds the batch committed, or finds its intents and checks the messages at their
+offsets against its rows, and appends only what is not there (see ``_not_appended_yet``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,21 +312,58 @@ class CommitLog:
         return any(r.get("k") == "commit" and r.get("b") == batch for r in records)
 
 
-def _already_there(path: Path, start: int, messages: list[Message], expected: str) -> bool:
-    """Whether the messages an intent announced at ``start`` are in the journal."""
-    n = len(messages)
+def _messages_at(path: Path, start: int, n: int) -> list[Message] | None:
+    """Up to ``n`` messages from ``start`` (fewer where the journal ends); None when retention
+    deleted them."""
+    n = min(n, end_offset(path) - start)
+    if n <= 0:
+        return []
+    found: list[Message] = []
     try:
-        if end_offset(path) < start + n:
-            return False
-        found = []
         with Scanner(path, start) as scanner:
             while len(found) < n and (chunk := scanner.read_batch(n - len(found))):
                 found.extend(chunk)
     except OffsetOutOfRangeError:
-        # Retention deleted them since: they were written (an intent is recorded under the lock,
-        # right before its append, and nothing at that offset can be older than it).
-        return True
-    return len(found) == n and digest(found) == expected
+        return None
+    return found
+
+
+def _not_appended_yet(
+    path: Path, records: list[dict], task: tuple[int, int, str], shard: str, group: list[Message]
+) -> list[Message]:
+    """The messages of ``group`` that earlier runs of ``task`` (batch, partition, the digest of
+    ``group``) did not append to ``shard``.
+
+    A run records its intent (where its append starts, how many, the digest of the task's rows)
+    under the shard's writer lock, right before the append. A run killed part way through its
+    append left a prefix of it (whole messages: recovery cuts a torn one); the next intent
+    recorded on the shard starts where that prefix ends, so it bounds what the run can have
+    appended (and tells a run that appended nothing from another task's identical rows).
+    """
+    on_shard = [r for r in records if r.get("k") == "intent" and r.get("s") == shard]
+    left = Counter((m.type, m.key, m.value) for m in group)
+    for i, r in enumerate(on_shard):
+        if (r.get("b"), r.get("p"), r.get("d")) != task:
+            continue
+        start = r["e"]
+        n = min([r["n"], *(x["e"] - start for x in on_shard[i + 1 :] if x["e"] >= start)])
+        found = _messages_at(path, start, n)
+        if found is None:
+            # Retention deleted them since: they were written (nothing at that offset can be
+            # older than the intent).
+            return []
+        for m in found:
+            content = (m.type, m.key, m.value)
+            if not left[content]:
+                break  # past this run's messages
+            left[content] -= 1
+    rest = []
+    for m in group:
+        content = (m.type, m.key, m.value)
+        if left[content]:
+            left[content] -= 1
+            rest.append(m)
+    return rest
 
 
 @dataclass
@@ -361,19 +399,16 @@ def append_exactly_once(
             if log.committed(batch_id, records):
                 result.skipped = True
                 return result
-            if any(
-                r.get("k") == "intent" and r.get("b") == batch_id and r.get("p") == partition
-                and r.get("s") == shard and r.get("d") == expected
-                and _already_there(path, r["e"], group, expected)
-                for r in records
-            ):
+            rest = _not_appended_yet(path, records, (batch_id, partition, expected), shard, group)
+            if not rest:
                 continue
             start = writer.next_offset
+            # "d" identifies the task's rows (all of them); "n" counts what this append adds.
             log.append(INTENT, {"k": "intent", "b": batch_id, "p": partition, "s": shard, "e": start,
-                                "n": len(group), "d": expected})
+                                "n": len(rest), "d": expected})
             crash_point("after-intent", batch_id)
-            _append(writer, group)
-        result.appended[shard] = [start, len(group)]
+            _append(writer, rest)
+        result.appended[shard] = [start, len(rest)]
         crash_point("task-after-write", batch_id)
     return result
 
