@@ -23,6 +23,7 @@ from journalq.errors import CorruptionError
 from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.codec import encode
 from journalq.journal.index import last_confirmed
+from journalq.journal.inspect import check
 from journalq.journal.segment import list_segments
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
@@ -255,3 +256,27 @@ def test_damage_before_the_last_index_entry_is_reported_not_yielded(tmp_path):
     assert [m.offset for m in got] == list(range(20))
     assert info.value.file == seg and info.value.position == 76 * 20
     assert str(seg) in str(info.value) and "byte 1520" in str(info.value)
+
+
+def test_a_misnamed_last_segment_is_refused_not_cut(tmp_path):
+    """A last segment whose first message is whole and continues the segment before it, but is not
+    at the offset the segment's name says, is no torn tail (a crash never rewrites an offset):
+    opening a writer refuses it with an error naming the file and both offsets, and cuts nothing
+    (it cut the whole segment); check reports it as damage that repair leaves alone."""
+    with Writer(tmp_path, segment_size=300) as w:
+        for i in range(20):
+            w.append(b"v%d" % i)
+    last = list_segments(tmp_path)[-1]
+    misnamed = last.path.with_name(f"{last.base + 3:016x}.jnl")
+    last.path.rename(misnamed)
+    data = misnamed.read_bytes()
+    with pytest.raises(CorruptionError) as info:
+        Writer(tmp_path)
+    assert info.value.file == misnamed and info.value.position == 0
+    assert f"offset {last.base}" in str(info.value) and f"offset {last.base + 3}" in str(info.value)
+    assert misnamed.read_bytes() == data and not (tmp_path / "cut").exists()
+    report = check(tmp_path, repair=True)
+    assert misnamed.read_bytes() == data and not (tmp_path / "cut").exists()
+    assert not report.ok and report.recoveries == []
+    # The gap its name makes after the segment before it, and its first message, neither repaired.
+    assert sorted((p.kind, p.fixed) for p in report.problems) == [("journal", False), ("segment", False)]

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from journalq.closing import Closing
 from journalq.errors import Error, JournalError
-from journalq.journal.index import last_confirmed
+from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir
-from journalq.journal.segment import list_segments, scan_segment
+from journalq.journal.segment import list_segments
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -38,10 +38,7 @@ def end_offset(path: str | os.PathLike[str]) -> int:
     segments = list_segments(path)
     if not segments:
         return 0
-    last = segments[-1]
-    size = last.path.stat().st_size
-    offset, position, _ = last_confirmed(last, size)
-    return scan_segment(last, position, offset).next_offset
+    return scan_tail(segments[-1]).next_offset
 
 
 def offset_path(path: str | os.PathLike[str], name: str) -> Path:
