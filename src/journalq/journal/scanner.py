@@ -60,10 +60,7 @@ class Scanner(Closing):
         self.follow = follow or timeout is not None
         if not self.path.is_dir():
             raise JournalError("no journal directory here", file=self.path)
-        bases = segment_bases(self.path)
-        if offset is None:
-            offset = bases[0] if bases else 0
-        if offset < 0:
+        if offset is not None and offset < 0:
             raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
         self._fd = -1
         self._segment: Segment = segment_at(self.path, 0)
@@ -75,7 +72,7 @@ class Scanner(Closing):
         self._next = 0  # the offset of the first message not yet decoded
         self._watch: DirectoryWatch | None = None
         try:
-            self._seek(offset, bases)
+            self._seek(offset, segment_bases(self.path))
         except BaseException:
             self.close()
             raise
@@ -117,7 +114,9 @@ class Scanner(Closing):
 
     # -- seeking ----------------------------------------------------------------------------
 
-    def _seek(self, offset: int, bases: list[int]) -> None:
+    def _seek(self, wanted: int | None, bases: list[int]) -> None:
+        """Position at ``wanted`` (None: the oldest message stored), given the segments listed."""
+        offset = wanted if wanted is not None else bases[0] if bases else 0
         if not bases:
             if offset != 0:
                 raise OffsetOutOfRangeError(f"offset {offset} is past the end of an empty journal", file=self.path)
@@ -130,7 +129,13 @@ class Scanner(Closing):
             )
         which = bisect_right(bases, offset) - 1
         segment = segment_at(self.path, bases[which])
-        self._open(segment)
+        if not self._open(segment):
+            # Deleted (by gc) since it was listed: look again, where it is no longer stored.
+            bases = segment_bases(self.path)
+            if segment.base in bases:  # still listed, yet not there (a dangling link): no gc
+                raise JournalError("segment is listed but cannot be opened", file=segment.path)
+            self._seek(wanted, bases)
+            return
         self._next, self._pos = self._index_entry(segment, offset, sealed=which < len(bases) - 1)
         # Decode forward until the batch holds the offset asked for, or the journal ends.
         while self._fill():
@@ -154,7 +159,7 @@ class Scanner(Closing):
         if sealed:
             # A missing or stale index of a sealed segment (one written by sej, say): rebuild it
             # once, for every later seek. A read-only journal just goes without.
-            scan = scan_segment(segment, 0, segment.base)
+            scan = scan_segment(segment, 0, segment.base, fd=self._fd)  # open: gc may delete it
             index.write_index(segment, scan.entries)
             usable = [e for e in scan.entries if e[0] <= offset]
             if usable:
@@ -243,7 +248,12 @@ class Scanner(Closing):
                     position=self._pos,
                     offset=self._next,
                 )
-            self._open(following)
+            if not self._open(following):
+                raise OffsetOutOfRangeError(
+                    f"offset {self._next} is no longer stored: its segment was deleted before the scanner reached it",
+                    file=following.path,
+                    offset=self._next,
+                )
 
     def _advance(self) -> bool:
         """Refill the batch, waiting when following; False at the end or on timeout."""
