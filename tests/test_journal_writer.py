@@ -601,3 +601,29 @@ def test_a_roll_during_a_sync_leaves_the_synced_descriptor_open_then_closes_it(t
     assert [m.offset for m in scan_all(tmp_path)] == list(range(120))
     assert len(jnl_files(tmp_path)) > 5  # it did roll, many times
     assert len(os.listdir("/proc/self/fd")) == fds_before  # every descriptor closed
+
+
+def test_a_roll_that_fails_after_making_the_segment_takes_the_segment_back(tmp_path, monkeypatch):
+    """The new segment's file is made, then opening its index fails (too many open files, a full
+    disk): the batch is taken back, and the file too. Left behind empty, it would stand for
+    offsets that a later roll stores in the segment before it, and a seek to them found nothing."""
+    w = Writer(tmp_path, segment_size=100)
+    w.append(v(14))  # 40-byte messages: offsets 0, 1, 2 fill segment 0, offset 3 would start one
+    real = writer_mod.IndexAppender
+
+    def failing(segment, entries):
+        if segment.base != 0:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(segment, entries)
+
+    monkeypatch.setattr(writer_mod, "IndexAppender", failing)
+    with pytest.raises(JournalError, match="Too many open files"):
+        w.append_many([v(14)] * 3)
+    assert jnl_files(tmp_path) == [("0000000000000000.jnl", 40)]
+    monkeypatch.setattr(writer_mod, "IndexAppender", real)
+    assert w.append_many([v(0)] * 5) == 5  # 26-byte messages: segment 0 now ends after offset 3
+    w.close()
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(6))
+    for k in range(6):
+        with Scanner(tmp_path, k) as s:
+            assert next(iter(s)).offset == k

@@ -336,6 +336,9 @@ class Writer(Closing):
             self._index = IndexAppender(segment, kept + scan.entries)
         except BaseException:
             os.close(fd)
+            if created:
+                # Left empty, it would stand for offsets that the next roll may store elsewhere.
+                _remove_segment(segment)
             raise
         self._fd = fd
         self._segment = segment
@@ -580,11 +583,7 @@ class Writer(Closing):
         try:
             self._close_files()
             for extra in created:
-                for leftover in (extra.path, extra.index_path):
-                    try:
-                        leftover.unlink()
-                    except FileNotFoundError:
-                        pass
+                _remove_segment(extra)
             os.truncate(segment.path, length)
             self._open_segment(segment)
         except OSError as exc:
@@ -810,6 +809,15 @@ def _make_dirs(directory: Path, durable: bool) -> None:
         new.mkdir(exist_ok=True)
         if durable:
             fsync_dir(new.parent)
+
+
+def _remove_segment(segment: Segment) -> None:
+    """Delete a segment and its index, where they exist."""
+    for leftover in (segment.path, segment.index_path):
+        try:
+            leftover.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def _append_failed(exc: OSError, count: int, file: Path, offset: int) -> StorageError:
