@@ -50,6 +50,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(directory: Path, durable: bool) -> None:
+    """Create ``directory`` and its missing parents; when ``durable``, sync each new entry."""
+    missing = []
+    while not directory.is_dir():
+        missing.append(directory)
+        directory = directory.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+        if durable:
+            fsync_dir(new.parent)
+
+
 def misnamed(segment: Segment, data: bytes) -> CorruptionError | None:
     """The error for a segment whose bytes ``data`` start with a whole message at another offset
     than its name says, right where the segment before it ends; else None. That is no torn tail

@@ -34,7 +34,7 @@ from journalq.journal.index import (
     last_position,
 )
 from journalq.journal.lock import FileLock
-from journalq.journal.recovery import Recovery, cut_tail, fsync_dir
+from journalq.journal.recovery import Recovery, cut_tail, fsync_dir, make_dirs
 from journalq.journal.segment import (
     Segment,
     SegmentScan,
@@ -147,7 +147,7 @@ class Writer(Closing):
         self._backlog_data = b""
         self._backlog_index_due = False
 
-        _make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
+        make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
         # A shared writer looks for a segment another writer started at every catch-up: in this
         # directory, without resolving its path each time (see ``_catch_up``).
         self._dir_fd = (
@@ -797,18 +797,6 @@ class held(_Hold):
                 _Hold.__exit__(self, type(exc), exc, exc.__traceback__)  # let go, writing nothing
                 raise
         return writer
-
-
-def _make_dirs(directory: Path, durable: bool) -> None:
-    """Create ``directory`` and its missing parents; when ``durable``, sync each new entry."""
-    missing = []
-    while not directory.is_dir():
-        missing.append(directory)
-        directory = directory.parent
-    for new in reversed(missing):
-        new.mkdir(exist_ok=True)
-        if durable:
-            fsync_dir(new.parent)
 
 
 def _remove_segment(segment: Segment) -> None:
