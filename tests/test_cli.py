@@ -204,6 +204,8 @@ def test_a_bad_line_names_its_number_and_stores_nothing_of_its_batch(tmp_path: P
         ('{"value": "x", "value_b64": "eA=="}', "not both"),
         ('{"value_b64": "not base64!"}', "not valid base64"),
         ('{"value": "x", "type": 256}', "type must be an integer from 0 to 255"),
+        ('{"value": "x", "type": true}', "'type' must be an integer, not true"),
+        ('{"value": "x", "timestamp_ns": false}', "'timestamp_ns' must be an integer, not false"),
         ('{"value": "x", "key": "' + "k" * 128 + '"}', "key is 128 bytes"),
     ],
 )

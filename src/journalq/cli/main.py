@@ -288,6 +288,9 @@ def _jsonl_parser(key: bytes, type_: int) -> Callable[[bytes], bytes | Message |
         if value is None:
             raise _BadLine("no 'value' or 'value_b64'")
         line_key = _json_bytes(obj, "key")
+        for name in ("type", "timestamp_ns"):
+            if isinstance(obj.get(name), bool):  # Python's bool is an int: the codec takes it as 0 or 1
+                raise _BadLine(f"{name!r} must be an integer, not {json.dumps(obj[name])}")
         timestamp_ns = obj.get("timestamp_ns", None)
         if "timestamp_ns" in obj and timestamp_ns is None:
             timestamp_ns = ZERO_TIMESTAMP
