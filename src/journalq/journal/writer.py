@@ -263,7 +263,12 @@ class Writer(Closing):
                 if sizes:
                     self._write_pending()
                     if new_segment and self._seg_len:
-                        self._roll()
+                        try:
+                            self._roll()
+                        except OSError as exc:
+                            # A roll that failed leaves no segment open: reopen the one there was.
+                            self._take_back(self._segment, self._seg_len, first, [])
+                            raise _append_failed(exc, len(sizes), self._segment.path, first) from exc
                     self._add(data, [size - OVERHEAD for size in sizes])
                     self._must_sync = self._next_offset
             finally:
