@@ -656,3 +656,23 @@ def test_append_encoded_whose_new_segment_fails_stores_nothing_and_goes_on(tmp_p
     w.close()
     assert [(m.offset, m.value) for m in scan_all(tmp_path)] == [(0, b"a"), (1, b"c"), (2, b"d")]
     assert [name for name, _ in jnl_files(tmp_path)] == ["0000000000000000.jnl", "0000000000000002.jnl"]
+
+
+@pytest.mark.parametrize(("sync", "segment_size"), [("group:2", BIG), ("none", 100)])
+def test_a_failed_sync_while_appending_fails_the_writer(tmp_path, sync_fault, sync, segment_size):
+    """A sync that fails inside an append (group commit's count reached, a segment's roll): after
+    EIO the kernel may have dropped earlier appends' data, and a later sync may not say so. The
+    writer fails for good, as on a failed sync of the timer or of sync='always', so that its owner
+    opens a new one that recovers, rather than appending on as if the data were stored."""
+    w = Writer(tmp_path, sync=sync, segment_size=segment_size)
+    w.append(v(30))
+    sync_fault.armed = True
+    with pytest.raises(JournalError, match="Input/output error"):
+        w.append_many([v(30)] * 3)
+    assert sync_fault.count == 1
+    assert w.failed
+    with pytest.raises(JournalError, match="open a new writer to recover"):
+        w.append(b"z")
+    w.close()
+    with Writer(tmp_path) as again:
+        assert again.next_offset == 1  # the batch was taken back

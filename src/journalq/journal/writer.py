@@ -578,7 +578,7 @@ class Writer(Closing):
 
     def _roll(self) -> None:
         """Close the full segment (synced, as sej does) and start the next one."""
-        fdatasync(self._fd)
+        self._sync_segment()
         self._unsynced = 0
         self._mark_durable(self._next_offset)
         self._open_segment(segment_at(self.path, self._next_offset))
@@ -611,9 +611,18 @@ class Writer(Closing):
             if policy.max_messages is not None and self._unsynced >= policy.max_messages:
                 self._sync_now()
 
+    def _sync_segment(self) -> None:
+        """Sync the segment appended to. A failure fails the writer for good, as in
+        ``_make_durable``: the kernel may have dropped the data, and a later sync not say so."""
+        try:
+            fdatasync(self._fd)
+        except OSError as exc:
+            self._failed = exc
+            raise
+
     def _sync_now(self) -> None:
         if self._fd >= 0:
-            fdatasync(self._fd)
+            self._sync_segment()
         self._unsynced = 0
         self._mark_durable(self._next_offset)
 
