@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import ZERO_TIMESTAMP, Error, InvalidMessageError, JournalError, TruncatedError
+from journalq.errors import ZERO_TIMESTAMP, Error, InvalidMessageError, JournalError, StorageError, TruncatedError
 from journalq.journal import Message, Scanner, SyncPolicy, Writer, end_offset
 from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode_batch
@@ -676,3 +676,15 @@ def test_a_failed_sync_while_appending_fails_the_writer(tmp_path, sync_fault, sy
     w.close()
     with Writer(tmp_path) as again:
         assert again.next_offset == 1  # the batch was taken back
+
+
+def test_a_failed_sync_is_a_storage_error(tmp_path, sync_fault):
+    """Not a bare OSError: journalq's errors are one hierarchy, and this one names the file."""
+    w = Writer(tmp_path)
+    w.append(b"x")
+    sync_fault.armed = True
+    with pytest.raises(StorageError, match="could not sync: Input/output error") as info:
+        w.sync()
+    assert info.value.errno == errno.EIO and info.value.file == tmp_path / "jnl" / "0000000000000000.jnl"
+    assert w.failed
+    w.close()

@@ -294,7 +294,7 @@ class Writer(Closing):
         with self._mutex:
             self._check_usable()
             self._write_pending()
-            self._sync_now()
+            self._sync_or_raise()
 
     def close(self) -> None:
         """Flush, sync and close the files; release the lock. Closing twice is harmless."""
@@ -306,7 +306,7 @@ class Writer(Closing):
             try:
                 if self._failed is None and self._fd >= 0:
                     self._write_pending()
-                    self._sync_now()
+                    self._sync_now()  # an OSError, which the queue and the hub expect of a close
             finally:
                 self._close_files()
                 self._close_dir()
@@ -620,6 +620,13 @@ class Writer(Closing):
             self._failed = exc
             raise
 
+    def _sync_or_raise(self) -> None:
+        """``_sync_now`` for the caller of ``sync``: its failure as a StorageError."""
+        try:
+            self._sync_now()
+        except OSError as exc:
+            raise _sync_failed(exc, self._segment.path) from exc
+
     def _sync_now(self) -> None:
         if self._fd >= 0:
             self._sync_segment()
@@ -684,11 +691,7 @@ class Writer(Closing):
             if self._sync_waiters:
                 self._sync_done.notify_all()
         if error is not None:
-            raise StorageError(
-                f"could not sync: {error.strerror or error}; the last appends may not be stored",
-                errno=error.errno,
-                file=self._segment.path,
-            ) from error
+            raise _sync_failed(error, self._segment.path) from error
 
     def _flush_loop(self) -> None:
         """Group sync's timer: sync data left unsynced for the policy's interval."""
@@ -820,6 +823,12 @@ def _remove_segment(segment: Segment) -> None:
             leftover.unlink()
         except FileNotFoundError:
             pass
+
+
+def _sync_failed(exc: OSError, file: Path) -> StorageError:
+    return StorageError(
+        f"could not sync: {exc.strerror or exc}; the last appends may not be stored", errno=exc.errno, file=file
+    )
 
 
 def _append_failed(exc: OSError, count: int, file: Path, offset: int) -> StorageError:
