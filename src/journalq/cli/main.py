@@ -452,7 +452,8 @@ def _message_filter(
 
 def _batches(path: Path, start: int | None, follow: bool, timeout: float | None) -> Iterator[list[Message]]:
     """The journal's messages from ``start`` (default: its first stored one), a batch at a time."""
-    with Scanner(path, first_offset(path) if start is None else start, timeout, follow=follow) as scanner:
+    # None (the oldest) is the scanner's to find: it looks again if gc deletes that segment meanwhile.
+    with Scanner(path, start, timeout, follow=follow) as scanner:
         while batch := scanner.read_batch():
             yield batch
 
