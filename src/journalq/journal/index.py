@@ -16,7 +16,7 @@ import struct
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from journalq.journal.segment import Segment, SegmentScan, offset_at, scan_segment
+from journalq.journal.segment import Segment, SegmentScan, confirms, scan_segment
 
 MAGIC = b"JQIDX001"
 HEADER = struct.Struct(">8sQ")
@@ -188,7 +188,7 @@ def last_confirmed(segment: Segment, size: int) -> tuple[int, int, list[Entry]]:
         with open(segment.path, "rb", buffering=0) as f:
             for i in range(len(entries) - 1, -1, -1):
                 offset, position = entries[i]
-                if position < size and offset_at(f.fileno(), position) == offset:
+                if position < size and confirms(f.fileno(), offset, position):
                     return offset, position, entries[: i + 1]
     return segment.base, 0, []
 

@@ -21,11 +21,11 @@ from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
+    confirms,
     journal_dir,
-    segment_bases,
-    offset_at,
     scan_segment,
     segment_at,
+    segment_bases,
     segment_name,
 )
 from journalq.journal.watch import DirectoryWatch
@@ -136,8 +136,21 @@ class Scanner(Closing):
                 raise JournalError("segment is listed but cannot be opened", file=segment.path)
             self._seek(wanted, bases)
             return
-        self._next, self._pos = self._index_entry(segment, offset, sealed=which < len(bases) - 1)
-        # Decode forward until the batch holds the offset asked for, or the journal ends.
+        start = self._index_entry(segment, offset, sealed=which < len(bases) - 1)
+        try:
+            self._decode_to(offset, start)
+        except CorruptionError:
+            if start == (segment.base, 0) or self._segment != segment:
+                raise  # found reading from the segment's start, or in a later segment
+            # The index entry led into a value that holds its offset (a lying index) or into
+            # damage: the segment read from its start says which (and where the damage is).
+            self._decode_to(offset, (segment.base, 0))
+
+    def _decode_to(self, offset: int, start: tuple[int, int]) -> None:
+        """Decode forward from ``start`` (offset, position in the open segment) until the batch
+        holds ``offset``, or the journal ends."""
+        self._next, self._pos = start
+        self._pending, self._chunk, self._batch, self._i = b"", FIRST_READ, [], 0
         while self._fill():
             if self._batch[-1].offset >= offset:
                 self._i = offset - self._batch[0].offset
@@ -154,7 +167,7 @@ class Scanner(Closing):
         if offset == segment.base:
             return offset, 0
         entry = index.lookup(segment, offset)
-        if entry is not None and offset_at(self._fd, entry[1]) == entry[0]:
+        if entry is not None and confirms(self._fd, *entry):
             return entry
         if sealed:
             # A missing or stale index of a sealed segment (one written by sej, say): rebuild it
