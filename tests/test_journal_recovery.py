@@ -280,3 +280,22 @@ def test_a_misnamed_last_segment_is_refused_not_cut(tmp_path):
     assert not report.ok and report.recoveries == []
     # The gap its name makes after the segment before it, and its first message, neither repaired.
     assert sorted((p.kind, p.fixed) for p in report.problems) == [("journal", False), ("segment", False)]
+
+
+def test_two_recoveries_at_the_same_position_keep_both_cuts(tmp_path):
+    """A crash loop: the writer dies again in its first append after a recovery, so the next
+    recovery cuts at the same byte. The first cut's bytes must not be written over."""
+    with Writer(tmp_path) as w:
+        w.append(b"kept")
+    seg = tmp_path / "jnl" / "0000000000000000.jnl"
+    size = seg.stat().st_size
+    for torn in (encode(1, 5, 0, b"", b"first try")[:20], encode(1, 5, 0, b"", b"second try")[:21]):
+        with open(seg, "ab") as f:
+            f.write(torn)
+        with Writer(tmp_path) as w:
+            assert w.recoveries[0].position == size and w.recoveries[0].saved_to.read_bytes() == torn
+    kept = sorted((tmp_path / "cut").iterdir())
+    assert sorted(p.read_bytes() for p in kept) == sorted(
+        [encode(1, 5, 0, b"", b"first try")[:20], encode(1, 5, 0, b"", b"second try")[:21]]
+    )
+    assert kept[0].name == f"{seg.name}@{size}"

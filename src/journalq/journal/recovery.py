@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from journalq.errors import CorruptionError, format_timestamp
 from journalq.journal.codec import decode
@@ -87,6 +88,18 @@ def misnamed(segment: Segment, data: bytes) -> CorruptionError | None:
     )
 
 
+def _new_file(directory: Path, name: str) -> tuple[Path, BinaryIO]:
+    """A new file ``name`` in ``directory``, or ``name.1``, ``name.2``... when it is taken (a
+    second recovery at the same byte, after a crash loop): a cut never writes over another."""
+    path, n = directory / name, 0
+    while True:
+        try:
+            return path, open(path, "xb")
+        except FileExistsError:
+            n += 1
+            path = directory / f"{name}.{n}"
+
+
 def cut_tail(root: Path, segment: Segment, scan: SegmentScan) -> Recovery:
     """Save the bytes of ``segment`` after ``scan.end`` beside the journal, then truncate there.
     A misnamed segment (see ``misnamed``) is refused with its ``CorruptionError``, untouched."""
@@ -98,8 +111,8 @@ def cut_tail(root: Path, segment: Segment, scan: SegmentScan) -> Recovery:
             raise refused
         cut_dir = root / "cut"
         cut_dir.mkdir(exist_ok=True)
-        saved_to = cut_dir / f"{segment.path.name}@{scan.end}"
-        with open(saved_to, "wb") as out:
+        saved_to, out = _new_file(cut_dir, f"{segment.path.name}@{scan.end}")
+        with out:
             out.write(bad)
             out.flush()
             os.fsync(out.fileno())
