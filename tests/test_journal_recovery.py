@@ -23,6 +23,7 @@ from journalq.errors import CorruptionError
 from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.codec import encode
 from journalq.journal.index import last_confirmed
+from journalq.journal import recovery as recovery_mod
 from journalq.journal.inspect import check
 from journalq.journal.segment import list_segments
 
@@ -299,3 +300,17 @@ def test_two_recoveries_at_the_same_position_keep_both_cuts(tmp_path):
         [encode(1, 5, 0, b"", b"first try")[:20], encode(1, 5, 0, b"", b"second try")[:21]]
     )
     assert kept[0].name == f"{seg.name}@{size}"
+
+
+def test_the_cut_directory_is_synced_into_the_journal_before_the_segment_is_cut(tmp_path, monkeypatch):
+    """What is cut is kept on stable storage before the segment shrinks: the new cut/ directory's
+    own entry too, or a power cut could keep the shorter segment and lose cut/ with the bytes."""
+    with Writer(tmp_path) as w:
+        w.append(b"kept")
+    with open(tmp_path / "jnl" / "0000000000000000.jnl", "ab") as f:
+        f.write(b"\x01" * 9)
+    synced = []
+    monkeypatch.setattr(recovery_mod, "fsync_dir", synced.append)
+    with Writer(tmp_path) as w:
+        assert len(w.recoveries) == 1
+    assert synced == [tmp_path, tmp_path / "cut"]

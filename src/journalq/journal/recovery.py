@@ -110,7 +110,7 @@ def cut_tail(root: Path, segment: Segment, scan: SegmentScan) -> Recovery:
         if refused is not None:
             raise refused
         cut_dir = root / "cut"
-        cut_dir.mkdir(exist_ok=True)
+        make_dirs(cut_dir, durable=True)  # its entry too: kept before the segment shrinks
         saved_to, out = _new_file(cut_dir, f"{segment.path.name}@{scan.end}")
         with out:
             out.write(bad)
