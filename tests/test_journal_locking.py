@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -10,12 +11,14 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from journalq.errors import LockedError
 from journalq.journal import Scanner, Writer
+from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode
 from journalq.journal.lock import FileLock
 from journalq.journal.segment import list_segments
@@ -396,10 +399,11 @@ def _append_in_thread(writer: Writer, value: bytes):
     return thread, result
 
 
-def check_shared_writers_wait_for_each_other(path: Path) -> None:
+def check_shared_writers_wait_for_each_other(path: Path, meanwhile: Callable[[], object] = lambda: None) -> None:
     a = Writer(path, shared=True)
     b = Writer(path, shared=True)
     base = a.append(b"a0")
+    meanwhile()  # what happens to the journal while these two run
     # Another shared writer in the middle of an append holds the lock now.
     holder = FileLock(path / "jnl.lck")
     holder.acquire()
@@ -436,6 +440,24 @@ def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_was_killed
     )
     assert result.returncode == -signal.SIGKILL
     check_shared_writers_wait_for_each_other(tmp_path)
+
+
+def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_failed_to_open(tmp_path, monkeypatch):
+    """An exclusive writer that took the lock, wrote its note and then failed to open (here: its
+    segments could not be listed) left the note behind: shared writers already running took it
+    for a live exclusive writer, and refused to append while another shared writer held the lock."""
+
+    def failed_exclusive_open() -> None:
+        with monkeypatch.context() as patch:
+            patch.setattr(writer_mod, "list_segments", _too_many_open_files)
+            with pytest.raises(OSError):
+                Writer(tmp_path)
+
+    check_shared_writers_wait_for_each_other(tmp_path, failed_exclusive_open)
+
+
+def _too_many_open_files(path: object) -> list:
+    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
 
 SHARED_CHILD = """

@@ -171,6 +171,8 @@ class Writer(Closing):
         except BaseException:
             self._close_files()
             self._close_dir()
+            if not shared and self._lock.held:
+                self._lock.write_note("")  # as close does: or shared writers take us for alive
             self._lock.close()
             raise
         if self.sync_policy.mode == "group" and self.sync_policy.interval_ms is not None:
