@@ -402,8 +402,8 @@ def _append_in_thread(writer: Writer, value: bytes):
 def check_shared_writers_wait_for_each_other(path: Path, meanwhile: Callable[[], object] = lambda: None) -> None:
     a = Writer(path, shared=True)
     b = Writer(path, shared=True)
-    base = a.append(b"a0")
     meanwhile()  # what happens to the journal while these two run
+    base = a.append(b"a0")
     # Another shared writer in the middle of an append holds the lock now.
     holder = FileLock(path / "jnl.lck")
     holder.acquire()
@@ -431,15 +431,26 @@ def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_closed(tmp
     check_shared_writers_wait_for_each_other(tmp_path)
 
 
-def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_was_killed(tmp_path, child_env):
+def kill_an_exclusive_writer(path: Path, env: dict[str, str]) -> None:
     result = run_child(
         "import os, signal, sys\nfrom journalq.journal import Writer\n"
         "w = Writer(sys.argv[1]); w.append(b'x'); os.kill(os.getpid(), signal.SIGKILL)",
-        tmp_path,
-        env=child_env,
+        path,
+        env=env,
     )
     assert result.returncode == -signal.SIGKILL
+
+
+def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_was_killed(tmp_path, child_env):
+    kill_an_exclusive_writer(tmp_path, child_env)
     check_shared_writers_wait_for_each_other(tmp_path)
+
+
+def test_running_shared_writers_wait_for_each_other_after_an_exclusive_writer_was_killed(tmp_path, child_env):
+    """The killed exclusive writer's note stays in the lock file, and shared writers that were
+    running already (idle while it lived) do not open again to clear it: they must not take it
+    for a live exclusive writer whenever another shared writer holds the lock."""
+    check_shared_writers_wait_for_each_other(tmp_path, lambda: kill_an_exclusive_writer(tmp_path, child_env))
 
 
 def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_failed_to_open(tmp_path, monkeypatch):

@@ -355,12 +355,15 @@ class Writer(Closing):
     def _take_shared_lock(self) -> None:
         if not self._lock.try_acquire(wait=False):
             note = self._lock.read_note()
-            if note.startswith(_EXCLUSIVE_NOTE):
+            stale = note.startswith(_EXCLUSIVE_NOTE) and not _note_alive(note)
+            if note.startswith(_EXCLUSIVE_NOTE) and not stale:
                 raise LockedError(
                     f"an exclusive writer holds the journal; shared writers cannot join it ({note})",
                     file=self._lock.path,
                 )
             self._lock.acquire(wait=True)
+            if stale:  # left by an exclusive writer that was killed: we hold the lock now
+                self._lock.write_note("")
 
     def _catch_up(self, take: Callable[[list[Message]], object] | None = None) -> bool:
         """Under the shared lock: take in what other writers appended since we last held it.
@@ -816,6 +819,21 @@ class held(_Hold):
                 _Hold.__exit__(self, type(exc), exc, exc.__traceback__)  # let go, writing nothing
                 raise
         return writer
+
+
+def _note_alive(note: str) -> bool:
+    """Whether the process that an exclusive writer's note names ("..., pid N") still runs on
+    this machine (when the note names none, or another user's process: taken for alive)."""
+    pid = note.rpartition("pid ")[2]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # there, but not ours to signal
+    return True
 
 
 def _remove_segment(segment: Segment) -> None:
