@@ -204,6 +204,8 @@ def test_a_bad_line_names_its_number_and_stores_nothing_of_its_batch(tmp_path: P
         ('{"value": "x", "value_b64": "eA=="}', "not both"),
         ('{"value_b64": "not base64!"}', "not valid base64"),
         ('{"value": "x", "type": 256}', "type must be an integer from 0 to 255"),
+        ('{"value": "x", "type": true}', "'type' must be an integer, not true"),
+        ('{"value": "x", "timestamp_ns": false}', "'timestamp_ns' must be an integer, not false"),
         ('{"value": "x", "key": "' + "k" * 128 + '"}', "key is 128 bytes"),
     ],
 )
@@ -213,6 +215,29 @@ def test_bad_jsonl_lines_are_one_line_errors(tmp_path: Path, line: str, reason: 
     assert result.stderr.startswith("journalq: error: line 2: ") and reason in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1
     assert count(tmp_path / "j") == 0  # the good first line was in the same batch
+
+
+def test_scan_from_the_oldest_while_gc_deletes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc deleting the oldest segment just after the first listing of the journal's segments:
+    the scan starts at the oldest message still stored, not with 'no longer stored'."""
+    jnl = tmp_path / "j" / "jnl"
+    with Writer(tmp_path / "j", segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 6)  # 56-byte messages: 2 per segment
+    real_listdir = os.listdir
+    listed = []
+
+    def listdir_then_collect(path=".", *args):
+        names = real_listdir(path, *args)
+        if Path(path) == jnl and not listed:
+            listed.append(names)
+            (jnl / "0000000000000000.jnl").unlink()
+        return names
+
+    monkeypatch.setattr(os, "listdir", listdir_then_collect)
+    result = run("scan", tmp_path / "j", "--format", "text")
+    assert listed, "the fault did not happen"
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["v" * 30] * 4
 
 
 def test_write_refuses_a_root_of_shards(vectors: Path) -> None:

@@ -288,3 +288,52 @@ def test_lookup_without_a_usable_index(tmp_path):
     shutil.copy(segment_at(tmp_path, 6).index_path, segment.index_path)  # another segment's
     assert lookup(segment, 10) is None
     assert read_entries(segment) == []
+
+
+# Values that hold offset 7 as the 8 bytes of an offset field (a queue's events hold offsets),
+# then what a header read there says: a negative key length, or a value too long for the file.
+LURES = {
+    "damaged": struct.pack(">Q", 7) + bytes(9) + b"\xff" + b"rest of the value",
+    "unfinished": struct.pack(">Q", 7) + bytes(10) + b"\x7f\xff\xff\xff" + b"rest of the value",
+}
+
+
+def lured_journal(path: Path, lure: str, sealed: bool) -> list[bytes]:
+    """Ten messages, the fourth's value a lure, and an index of segment 0 whose one entry says
+    that offset 7 begins where that value does: a lie that the offset field there confirms."""
+    values = [b"v%d" % i if i != 3 else LURES[lure] for i in range(10)]
+    with Writer(path, index_interval=1 << 30) as w:
+        w.append_many(values)
+    if sealed:
+        with Writer(path, segment_size=1) as w:
+            values.append(b"next segment")
+            w.append(values[-1])  # rolls after it: segment 0 is sealed now
+            values.append(b"and another")
+            w.append(values[-1])
+    position = sum(OVERHEAD + len(v) for v in values[:3]) + 18 + 4  # where message 3's value begins
+    write_index(list_segments(path)[0], [(7, position)])
+    return values
+
+
+@pytest.mark.parametrize("lure", sorted(LURES))
+@pytest.mark.parametrize("sealed", [False, True])
+def test_an_entry_pointing_into_a_value_that_holds_its_offset_changes_no_seek(tmp_path, lure, sealed):
+    """A lying entry that the offset field at its position confirms: the seek must neither fail
+    on a sound segment nor land there. The segment is the authority, never the index."""
+    values = lured_journal(tmp_path, lure, sealed)
+    for offset in range(len(values)):
+        with Scanner(tmp_path, offset) as s:
+            message = next(iter(s))
+        assert (message.offset, message.value) == (offset, values[offset])
+
+
+@pytest.mark.parametrize("lure", sorted(LURES))
+def test_an_entry_pointing_into_a_value_that_holds_its_offset_cuts_nothing(tmp_path, lure):
+    """The writer's recovery starts at the last index entry that the segment confirms: started
+    at a lying one, it cut sound messages (from inside one) and went on at the lie's offset."""
+    values = lured_journal(tmp_path, lure, sealed=False)
+    with Writer(tmp_path) as w:
+        assert w.recoveries == []
+        assert w.next_offset == len(values)
+    with Scanner(tmp_path) as s:
+        assert [m.value for m in s] == values

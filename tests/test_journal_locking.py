@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -10,12 +11,14 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from journalq.errors import LockedError
 from journalq.journal import Scanner, Writer
+from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode
 from journalq.journal.lock import FileLock
 from journalq.journal.segment import list_segments
@@ -396,9 +399,10 @@ def _append_in_thread(writer: Writer, value: bytes):
     return thread, result
 
 
-def check_shared_writers_wait_for_each_other(path: Path) -> None:
+def check_shared_writers_wait_for_each_other(path: Path, meanwhile: Callable[[], object] = lambda: None) -> None:
     a = Writer(path, shared=True)
     b = Writer(path, shared=True)
+    meanwhile()  # what happens to the journal while these two run
     base = a.append(b"a0")
     # Another shared writer in the middle of an append holds the lock now.
     holder = FileLock(path / "jnl.lck")
@@ -427,15 +431,44 @@ def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_closed(tmp
     check_shared_writers_wait_for_each_other(tmp_path)
 
 
-def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_was_killed(tmp_path, child_env):
+def kill_an_exclusive_writer(path: Path, env: dict[str, str]) -> None:
     result = run_child(
         "import os, signal, sys\nfrom journalq.journal import Writer\n"
         "w = Writer(sys.argv[1]); w.append(b'x'); os.kill(os.getpid(), signal.SIGKILL)",
-        tmp_path,
-        env=child_env,
+        path,
+        env=env,
     )
     assert result.returncode == -signal.SIGKILL
+
+
+def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_was_killed(tmp_path, child_env):
+    kill_an_exclusive_writer(tmp_path, child_env)
     check_shared_writers_wait_for_each_other(tmp_path)
+
+
+def test_running_shared_writers_wait_for_each_other_after_an_exclusive_writer_was_killed(tmp_path, child_env):
+    """The killed exclusive writer's note stays in the lock file, and shared writers that were
+    running already (idle while it lived) do not open again to clear it: they must not take it
+    for a live exclusive writer whenever another shared writer holds the lock."""
+    check_shared_writers_wait_for_each_other(tmp_path, lambda: kill_an_exclusive_writer(tmp_path, child_env))
+
+
+def test_shared_writers_wait_for_each_other_after_an_exclusive_writer_failed_to_open(tmp_path, monkeypatch):
+    """An exclusive writer that took the lock, wrote its note and then failed to open (here: its
+    segments could not be listed) left the note behind: shared writers already running took it
+    for a live exclusive writer, and refused to append while another shared writer held the lock."""
+
+    def failed_exclusive_open() -> None:
+        with monkeypatch.context() as patch:
+            patch.setattr(writer_mod, "list_segments", _too_many_open_files)
+            with pytest.raises(OSError):
+                Writer(tmp_path)
+
+    check_shared_writers_wait_for_each_other(tmp_path, failed_exclusive_open)
+
+
+def _too_many_open_files(path: object) -> list:
+    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
 
 SHARED_CHILD = """

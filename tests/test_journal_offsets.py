@@ -10,6 +10,8 @@ import pytest
 
 from journalq.errors import Error, JournalError, LockedError
 from journalq.journal import ReaderOffset, Writer, end_offset, first_offset, read_offset
+from journalq.journal import offsets as offsets_mod
+from journalq.journal import recovery as recovery_mod
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -133,3 +135,21 @@ def test_first_and_end_offsets(tmp_path):
     with open(tmp_path / "jnl" / "0000000000000008.jnl", "ab") as f:
         f.write(b"\x00" * 12)  # the start of a message: not counted
     assert end_offset(tmp_path) == 8
+
+
+def test_a_durable_commit_syncs_the_ofs_directory_it_made(tmp_path, monkeypatch):
+    """The first commit of a journal makes ofs/: its entry in the journal directory must reach
+    stable storage with the commit, or a power cut takes the committed offset away with it."""
+    synced = []
+    monkeypatch.setattr(recovery_mod, "fsync_dir", synced.append)
+    monkeypatch.setattr(offsets_mod, "fsync_dir", synced.append)
+    with ReaderOffset(tmp_path, "alpha") as ro:
+        ro.commit(5)
+    assert tmp_path in synced and tmp_path / "ofs" in synced
+    synced.clear()
+    offsets_mod.write_offset(tmp_path / "more" / "ofs" / "beta.ofs", 6)
+    assert synced == [tmp_path, tmp_path / "more", tmp_path / "more" / "ofs"]
+    synced.clear()
+    with ReaderOffset(tmp_path / "fast", "gamma", sync=False) as ro:  # no sync asked: none done
+        ro.commit(7)
+    assert synced == []

@@ -23,6 +23,8 @@ from journalq.errors import CorruptionError
 from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.codec import encode
 from journalq.journal.index import last_confirmed
+from journalq.journal import recovery as recovery_mod
+from journalq.journal.inspect import check
 from journalq.journal.segment import list_segments
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
@@ -255,3 +257,60 @@ def test_damage_before_the_last_index_entry_is_reported_not_yielded(tmp_path):
     assert [m.offset for m in got] == list(range(20))
     assert info.value.file == seg and info.value.position == 76 * 20
     assert str(seg) in str(info.value) and "byte 1520" in str(info.value)
+
+
+def test_a_misnamed_last_segment_is_refused_not_cut(tmp_path):
+    """A last segment whose first message is whole and continues the segment before it, but is not
+    at the offset the segment's name says, is no torn tail (a crash never rewrites an offset):
+    opening a writer refuses it with an error naming the file and both offsets, and cuts nothing
+    (it cut the whole segment); check reports it as damage that repair leaves alone."""
+    with Writer(tmp_path, segment_size=300) as w:
+        for i in range(20):
+            w.append(b"v%d" % i)
+    last = list_segments(tmp_path)[-1]
+    misnamed = last.path.with_name(f"{last.base + 3:016x}.jnl")
+    last.path.rename(misnamed)
+    data = misnamed.read_bytes()
+    with pytest.raises(CorruptionError) as info:
+        Writer(tmp_path)
+    assert info.value.file == misnamed and info.value.position == 0
+    assert f"offset {last.base}" in str(info.value) and f"offset {last.base + 3}" in str(info.value)
+    assert misnamed.read_bytes() == data and not (tmp_path / "cut").exists()
+    report = check(tmp_path, repair=True)
+    assert misnamed.read_bytes() == data and not (tmp_path / "cut").exists()
+    assert not report.ok and report.recoveries == []
+    # The gap its name makes after the segment before it, and its first message, neither repaired.
+    assert sorted((p.kind, p.fixed) for p in report.problems) == [("journal", False), ("segment", False)]
+
+
+def test_two_recoveries_at_the_same_position_keep_both_cuts(tmp_path):
+    """A crash loop: the writer dies again in its first append after a recovery, so the next
+    recovery cuts at the same byte. The first cut's bytes must not be written over."""
+    with Writer(tmp_path) as w:
+        w.append(b"kept")
+    seg = tmp_path / "jnl" / "0000000000000000.jnl"
+    size = seg.stat().st_size
+    for torn in (encode(1, 5, 0, b"", b"first try")[:20], encode(1, 5, 0, b"", b"second try")[:21]):
+        with open(seg, "ab") as f:
+            f.write(torn)
+        with Writer(tmp_path) as w:
+            assert w.recoveries[0].position == size and w.recoveries[0].saved_to.read_bytes() == torn
+    kept = sorted((tmp_path / "cut").iterdir())
+    assert sorted(p.read_bytes() for p in kept) == sorted(
+        [encode(1, 5, 0, b"", b"first try")[:20], encode(1, 5, 0, b"", b"second try")[:21]]
+    )
+    assert kept[0].name == f"{seg.name}@{size}"
+
+
+def test_the_cut_directory_is_synced_into_the_journal_before_the_segment_is_cut(tmp_path, monkeypatch):
+    """What is cut is kept on stable storage before the segment shrinks: the new cut/ directory's
+    own entry too, or a power cut could keep the shorter segment and lose cut/ with the bytes."""
+    with Writer(tmp_path) as w:
+        w.append(b"kept")
+    with open(tmp_path / "jnl" / "0000000000000000.jnl", "ab") as f:
+        f.write(b"\x01" * 9)
+    synced = []
+    monkeypatch.setattr(recovery_mod, "fsync_dir", synced.append)
+    with Writer(tmp_path) as w:
+        assert len(w.recoveries) == 1
+    assert synced == [tmp_path, tmp_path / "cut"]

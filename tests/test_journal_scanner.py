@@ -10,12 +10,15 @@ import threading
 import time
 from itertools import islice
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError, TruncatedError
 from journalq.journal import Message, Scanner, Writer
+from journalq.journal import scanner as scanner_module
 from journalq.journal.codec import encode
+from journalq.journal.segment import segment_bases
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -366,3 +369,48 @@ def test_offsets_before_the_first_stored_segment(tmp_path):
     assert [m.offset for m in scan_all(tmp_path, 2)] == list(range(2, 10))
     with Scanner(tmp_path) as s:  # by default, from the oldest message stored
         assert s.offset == 2
+
+
+def _collected_after_listing(path: Path, *names: str):
+    """The scanner's first listing of segments, as it was before gc deleted ``names``."""
+    stale = [segment_bases(path)]
+    for name in names:
+        (path / "jnl" / name).unlink()
+    return mock.patch.object(scanner_module, "segment_bases", lambda p: stale.pop() if stale else segment_bases(p))
+
+
+def test_a_seek_into_a_segment_collected_after_the_listing(tmp_path):
+    """gc deleting the segment a scanner seeks into, between its listing and its open: the oldest
+    message (by default) is the next one still stored, and an offset in the collected segment is
+    no longer stored, never an empty journal (that a follower would wait on forever) or EBADF."""
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 10)  # 56-byte messages: 2 per segment
+    with _collected_after_listing(tmp_path, SEG0):
+        with Scanner(tmp_path) as s:
+            assert [m.offset for m in s] == list(range(2, 10))
+    (tmp_path / "jnl" / "0000000000000002.jnl").unlink()
+    # The first offset of the collected segment, and one inside another.
+    for offset, collected, first in ((4, "0000000000000004.jnl", 6), (7, "0000000000000006.jnl", 8)):
+        with _collected_after_listing(tmp_path, collected):
+            with pytest.raises(OffsetOutOfRangeError, match=f"no longer stored: the journal starts at {first}"):
+                Scanner(tmp_path, offset)
+
+
+def test_the_next_segment_collected_before_the_scanner_opens_it(tmp_path):
+    """gc deleting the segment a scanner is about to go on to, after it saw the segment there: the
+    messages it was due are no longer stored, said as such (not an OSError)."""
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 10)
+    real_open = Scanner._open
+
+    def open_collected(self, segment):
+        if segment.base == 2:
+            segment.path.unlink()
+        return real_open(self, segment)
+
+    with Scanner(tmp_path, 0) as s, mock.patch.object(Scanner, "_open", open_collected):
+        got = []
+        with pytest.raises(OffsetOutOfRangeError, match="offset 2 is no longer stored") as info:
+            for m in s:
+                got.append(m.offset)
+    assert got == [0, 1] and info.value.file == tmp_path / "jnl" / "0000000000000002.jnl"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import ZERO_TIMESTAMP, Error, InvalidMessageError, JournalError, TruncatedError
+from journalq.errors import ZERO_TIMESTAMP, Error, InvalidMessageError, JournalError, StorageError, TruncatedError
 from journalq.journal import Message, Scanner, SyncPolicy, Writer, end_offset
 from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode_batch
@@ -601,3 +601,90 @@ def test_a_roll_during_a_sync_leaves_the_synced_descriptor_open_then_closes_it(t
     assert [m.offset for m in scan_all(tmp_path)] == list(range(120))
     assert len(jnl_files(tmp_path)) > 5  # it did roll, many times
     assert len(os.listdir("/proc/self/fd")) == fds_before  # every descriptor closed
+
+
+class IndexFailsOnNewSegments:
+    """While ``on``, opening the index of any segment but the first fails (too many open files),
+    after the segment's file is made."""
+
+    def __init__(self) -> None:
+        self.on = True
+        self._real = writer_mod.IndexAppender
+
+    def __call__(self, segment, entries):
+        if self.on and segment.base != 0:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return self._real(segment, entries)
+
+
+@pytest.fixture
+def index_fails(monkeypatch):
+    fault = IndexFailsOnNewSegments()
+    monkeypatch.setattr(writer_mod, "IndexAppender", fault)
+    return fault
+
+
+def test_a_roll_that_fails_after_making_the_segment_takes_the_segment_back(tmp_path, index_fails):
+    """The new segment's file is made, then opening its index fails (too many open files, a full
+    disk): the batch is taken back, and the file too. Left behind empty, it would stand for
+    offsets that a later roll stores in the segment before it, and a seek to them found nothing."""
+    w = Writer(tmp_path, segment_size=100)
+    w.append(v(14))  # 40-byte messages: offsets 0, 1, 2 fill segment 0, offset 3 would start one
+    with pytest.raises(JournalError, match="Too many open files"):
+        w.append_many([v(14)] * 3)
+    assert jnl_files(tmp_path) == [("0000000000000000.jnl", 40)]
+    index_fails.on = False
+    assert w.append_many([v(0)] * 5) == 5  # 26-byte messages: segment 0 now ends after offset 3
+    w.close()
+    assert [m.offset for m in scan_all(tmp_path)] == list(range(6))
+    for k in range(6):
+        with Scanner(tmp_path, k) as s:
+            assert next(iter(s)).offset == k
+
+
+def test_append_encoded_whose_new_segment_fails_stores_nothing_and_goes_on(tmp_path, index_fails):
+    """A copy asking for a new segment that cannot be opened: a StorageError saying nothing was
+    stored, and the writer goes on appending in the segment it had (it was left without one)."""
+    w = Writer(tmp_path)
+    w.append(b"a")
+    with pytest.raises(JournalError, match="Too many open files.*nothing of them was stored"):
+        w.append_encoded(encode_batch(1, 5, [b"b"])[0], new_segment=True)
+    assert jnl_files(tmp_path) == [("0000000000000000.jnl", 27)]
+    assert w.append(b"c") == 1
+    index_fails.on = False
+    assert w.append_encoded(encode_batch(2, 5, [b"d"])[0], new_segment=True) == 2
+    w.close()
+    assert [(m.offset, m.value) for m in scan_all(tmp_path)] == [(0, b"a"), (1, b"c"), (2, b"d")]
+    assert [name for name, _ in jnl_files(tmp_path)] == ["0000000000000000.jnl", "0000000000000002.jnl"]
+
+
+@pytest.mark.parametrize(("sync", "segment_size"), [("group:2", BIG), ("none", 100)])
+def test_a_failed_sync_while_appending_fails_the_writer(tmp_path, sync_fault, sync, segment_size):
+    """A sync that fails inside an append (group commit's count reached, a segment's roll): after
+    EIO the kernel may have dropped earlier appends' data, and a later sync may not say so. The
+    writer fails for good, as on a failed sync of the timer or of sync='always', so that its owner
+    opens a new one that recovers, rather than appending on as if the data were stored."""
+    w = Writer(tmp_path, sync=sync, segment_size=segment_size)
+    w.append(v(30))
+    sync_fault.armed = True
+    with pytest.raises(JournalError, match="Input/output error"):
+        w.append_many([v(30)] * 3)
+    assert sync_fault.count == 1
+    assert w.failed
+    with pytest.raises(JournalError, match="open a new writer to recover"):
+        w.append(b"z")
+    w.close()
+    with Writer(tmp_path) as again:
+        assert again.next_offset == 1  # the batch was taken back
+
+
+def test_a_failed_sync_is_a_storage_error(tmp_path, sync_fault):
+    """Not a bare OSError: journalq's errors are one hierarchy, and this one names the file."""
+    w = Writer(tmp_path)
+    w.append(b"x")
+    sync_fault.armed = True
+    with pytest.raises(StorageError, match="could not sync: Input/output error") as info:
+        w.sync()
+    assert info.value.errno == errno.EIO and info.value.file == tmp_path / "jnl" / "0000000000000000.jnl"
+    assert w.failed
+    w.close()

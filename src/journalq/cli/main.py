@@ -288,6 +288,9 @@ def _jsonl_parser(key: bytes, type_: int) -> Callable[[bytes], bytes | Message |
         if value is None:
             raise _BadLine("no 'value' or 'value_b64'")
         line_key = _json_bytes(obj, "key")
+        for name in ("type", "timestamp_ns"):
+            if isinstance(obj.get(name), bool):  # Python's bool is an int: the codec takes it as 0 or 1
+                raise _BadLine(f"{name!r} must be an integer, not {json.dumps(obj[name])}")
         timestamp_ns = obj.get("timestamp_ns", None)
         if "timestamp_ns" in obj and timestamp_ns is None:
             timestamp_ns = ZERO_TIMESTAMP
@@ -449,7 +452,8 @@ def _message_filter(
 
 def _batches(path: Path, start: int | None, follow: bool, timeout: float | None) -> Iterator[list[Message]]:
     """The journal's messages from ``start`` (default: its first stored one), a batch at a time."""
-    with Scanner(path, first_offset(path) if start is None else start, timeout, follow=follow) as scanner:
+    # None (the oldest) is the scanner's to find: it looks again if gc deletes that segment meanwhile.
+    with Scanner(path, start, timeout, follow=follow) as scanner:
         while batch := scanner.read_batch():
             yield batch
 

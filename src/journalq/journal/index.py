@@ -16,7 +16,7 @@ import struct
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from journalq.journal.segment import Segment, offset_at
+from journalq.journal.segment import Segment, SegmentScan, confirms, scan_segment
 
 MAGIC = b"JQIDX001"
 HEADER = struct.Struct(">8sQ")
@@ -188,6 +188,13 @@ def last_confirmed(segment: Segment, size: int) -> tuple[int, int, list[Entry]]:
         with open(segment.path, "rb", buffering=0) as f:
             for i in range(len(entries) - 1, -1, -1):
                 offset, position = entries[i]
-                if position < size and offset_at(f.fileno(), position) == offset:
+                if position < size and confirms(f.fileno(), offset, position):
                     return offset, position, entries[: i + 1]
     return segment.base, 0, []
+
+
+def scan_tail(segment: Segment) -> SegmentScan:
+    """A scan of the segment from its last confirmed index entry to its end, as a writer opening
+    it reads it: its ``next_offset`` is the offset after its last whole message."""
+    offset, position, _ = last_confirmed(segment, os.stat(segment.path).st_size)
+    return scan_segment(segment, position, offset)

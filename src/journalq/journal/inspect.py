@@ -23,7 +23,7 @@ from typing import Literal
 from journalq.errors import CorruptionError, JournalError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD, Message, decode
-from journalq.journal.recovery import Recovery
+from journalq.journal.recovery import Recovery, misnamed
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import Segment, SegmentScan, journal_dir, list_segments, scan_segment
 from journalq.journal.writer import Writer
@@ -128,7 +128,7 @@ def _describe_segment(segment: Segment, *, sealed: bool) -> SegmentInfo:
     if last is not None:
         end_offset, last_ts = last.offset + 1, last.timestamp_ns
     else:
-        end_offset, last_ts = _scan_tail(segment, size, sealed=sealed)
+        end_offset, last_ts = _scan_tail(segment, sealed=sealed)
     return SegmentInfo(
         base=segment.base,
         path=segment.path,
@@ -176,11 +176,10 @@ def _last_message(segment: Segment, fd: int, size: int) -> Message | None:
     return messages[0] if messages and used == length else None
 
 
-def _scan_tail(segment: Segment, size: int, *, sealed: bool) -> tuple[int, int | None]:
+def _scan_tail(segment: Segment, *, sealed: bool) -> tuple[int, int | None]:
     """(end offset, last timestamp) by scanning from the last confirmed index entry, as a writer
     does on open. A sealed segment whose end does not decode is damage, and is raised."""
-    offset, position, _ = index.last_confirmed(segment, size)
-    scan = scan_segment(segment, position, offset)
+    scan = index.scan_tail(segment)
     if sealed and scan.problem is not None:
         raise scan.problem
     return scan.next_offset, scan.last_timestamp_ns
@@ -254,7 +253,10 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     path = require_journal(path)
     report = CheckReport(path)
     if repair:
-        report.recoveries = _recover(path)
+        try:
+            report.recoveries = _recover(path)
+        except CorruptionError:
+            pass  # a misnamed last segment, which recovery refuses to cut: reported below
         report.problems.extend(_recovery_problem(r) for r in report.recoveries)
     segments = list_segments(path)
     report.segments = len(segments)
@@ -304,11 +306,11 @@ def _gap_problem(segment: Segment, due: int) -> Problem:
 
 def _scan_problem(segment: Segment, scan: SegmentScan, *, last: bool) -> Problem:
     """A segment's first bad message: a repairable tail only where a writer would cut it, which is
-    in the last segment at or after its last confirmed index entry."""
+    in the last segment at or after its last confirmed index entry (and not in a misnamed one)."""
     problem = scan.problem
     assert problem is not None
     kind: ProblemKind = "segment"
-    if last:
+    if last and not (scan.end == 0 and misnamed(segment, segment.path.read_bytes())):
         _, confirmed, _ = index.last_confirmed(segment, scan.file_size)
         if scan.end >= confirmed:
             kind = "tail"

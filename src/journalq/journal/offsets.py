@@ -15,10 +15,10 @@ from pathlib import Path
 
 from journalq.closing import Closing
 from journalq.errors import Error, JournalError
-from journalq.journal.index import last_confirmed
+from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
-from journalq.journal.recovery import fsync_dir
-from journalq.journal.segment import list_segments, scan_segment
+from journalq.journal.recovery import fsync_dir, make_dirs
+from journalq.journal.segment import list_segments
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -38,10 +38,7 @@ def end_offset(path: str | os.PathLike[str]) -> int:
     segments = list_segments(path)
     if not segments:
         return 0
-    last = segments[-1]
-    size = last.path.stat().st_size
-    offset, position, _ = last_confirmed(last, size)
-    return scan_segment(last, position, offset).next_offset
+    return scan_tail(segments[-1]).next_offset
 
 
 def offset_path(path: str | os.PathLike[str], name: str) -> Path:
@@ -72,7 +69,7 @@ def write_offset(file: Path, offset: int, *, sync: bool = True) -> None:
     """
     if not isinstance(offset, int) or not 0 <= offset < 2**64:
         raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
-    file.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(file.parent, durable=sync)  # a new ofs/ is synced into its parent too
     tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(_UINT64.pack(offset))
@@ -94,7 +91,7 @@ class ReaderOffset(Closing):
         self.file = offset_path(path, name)
         self.name = name
         self.sync = sync
-        self.file.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.file.parent, durable=sync)  # the commits' write_offset finds it made
         self._lock = FileLock(self.file.with_suffix(".lck"))
         self._lock.acquire(wait=False)
         try:

@@ -12,9 +12,12 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from journalq.errors import CorruptionError, format_timestamp
-from journalq.journal.segment import Segment, SegmentScan
+from journalq.journal.codec import decode
+from journalq.journal.index import scan_tail
+from journalq.journal.segment import Segment, SegmentScan, segment_at, segment_bases, segment_name
 
 log = logging.getLogger("journalq.journal")
 
@@ -48,15 +51,68 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(directory: Path, durable: bool) -> None:
+    """Create ``directory`` and its missing parents; when ``durable``, sync each new entry."""
+    missing = []
+    while not directory.is_dir():
+        missing.append(directory)
+        directory = directory.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+        if durable:
+            fsync_dir(new.parent)
+
+
+def misnamed(segment: Segment, data: bytes) -> CorruptionError | None:
+    """The error for a segment whose bytes ``data`` start with a whole message at another offset
+    than its name says, right where the segment before it ends; else None. That is no torn tail
+    (a crash never rewrites an offset, and damage would not make it continue the journal): the
+    messages are the journal's, only the name is wrong, and they are not to be cut as damage."""
+    try:
+        messages, _ = decode(data, max_messages=1)
+    except CorruptionError:
+        return None  # not even one whole message: a torn or damaged tail
+    if not messages or messages[0].offset == segment.base:
+        return None
+    root = segment.path.parent.parent
+    earlier = [base for base in segment_bases(root) if base < segment.base]
+    if not earlier or scan_tail(segment_at(root, earlier[-1])).next_offset != messages[0].offset:
+        return None
+    return CorruptionError(
+        f"the segment's name says it starts at offset {segment.base}, but its first message is offset "
+        f"{messages[0].offset}, which continues the segment before it: misnamed; nothing was cut "
+        f"(rename it to {segment_name(messages[0].offset)})",
+        file=segment.path,
+        position=0,
+        offset=segment.base,
+    )
+
+
+def _new_file(directory: Path, name: str) -> tuple[Path, BinaryIO]:
+    """A new file ``name`` in ``directory``, or ``name.1``, ``name.2``... when it is taken (a
+    second recovery at the same byte, after a crash loop): a cut never writes over another."""
+    path, n = directory / name, 0
+    while True:
+        try:
+            return path, open(path, "xb")
+        except FileExistsError:
+            n += 1
+            path = directory / f"{name}.{n}"
+
+
 def cut_tail(root: Path, segment: Segment, scan: SegmentScan) -> Recovery:
-    """Save the bytes of ``segment`` after ``scan.end`` beside the journal, then truncate there."""
-    cut_dir = root / "cut"
-    cut_dir.mkdir(exist_ok=True)
-    saved_to = cut_dir / f"{segment.path.name}@{scan.end}"
+    """Save the bytes of ``segment`` after ``scan.end`` beside the journal, then truncate there.
+    A misnamed segment (see ``misnamed``) is refused with its ``CorruptionError``, untouched."""
     with open(segment.path, "r+b") as f:
         f.seek(scan.end)
         bad = f.read()
-        with open(saved_to, "wb") as out:
+        refused = misnamed(segment, bad) if scan.end == 0 else None
+        if refused is not None:
+            raise refused
+        cut_dir = root / "cut"
+        make_dirs(cut_dir, durable=True)  # its entry too: kept before the segment shrinks
+        saved_to, out = _new_file(cut_dir, f"{segment.path.name}@{scan.end}")
+        with out:
             out.write(bad)
             out.flush()
             os.fsync(out.fileno())

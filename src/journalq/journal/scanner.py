@@ -21,11 +21,11 @@ from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
+    confirms,
     journal_dir,
-    segment_bases,
-    offset_at,
     scan_segment,
     segment_at,
+    segment_bases,
     segment_name,
 )
 from journalq.journal.watch import DirectoryWatch
@@ -60,10 +60,7 @@ class Scanner(Closing):
         self.follow = follow or timeout is not None
         if not self.path.is_dir():
             raise JournalError("no journal directory here", file=self.path)
-        bases = segment_bases(self.path)
-        if offset is None:
-            offset = bases[0] if bases else 0
-        if offset < 0:
+        if offset is not None and offset < 0:
             raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
         self._fd = -1
         self._segment: Segment = segment_at(self.path, 0)
@@ -75,7 +72,7 @@ class Scanner(Closing):
         self._next = 0  # the offset of the first message not yet decoded
         self._watch: DirectoryWatch | None = None
         try:
-            self._seek(offset, bases)
+            self._seek(offset, segment_bases(self.path))
         except BaseException:
             self.close()
             raise
@@ -117,7 +114,9 @@ class Scanner(Closing):
 
     # -- seeking ----------------------------------------------------------------------------
 
-    def _seek(self, offset: int, bases: list[int]) -> None:
+    def _seek(self, wanted: int | None, bases: list[int]) -> None:
+        """Position at ``wanted`` (None: the oldest message stored), given the segments listed."""
+        offset = wanted if wanted is not None else bases[0] if bases else 0
         if not bases:
             if offset != 0:
                 raise OffsetOutOfRangeError(f"offset {offset} is past the end of an empty journal", file=self.path)
@@ -130,9 +129,28 @@ class Scanner(Closing):
             )
         which = bisect_right(bases, offset) - 1
         segment = segment_at(self.path, bases[which])
-        self._open(segment)
-        self._next, self._pos = self._index_entry(segment, offset, sealed=which < len(bases) - 1)
-        # Decode forward until the batch holds the offset asked for, or the journal ends.
+        if not self._open(segment):
+            # Deleted (by gc) since it was listed: look again, where it is no longer stored.
+            bases = segment_bases(self.path)
+            if segment.base in bases:  # still listed, yet not there (a dangling link): no gc
+                raise JournalError("segment is listed but cannot be opened", file=segment.path)
+            self._seek(wanted, bases)
+            return
+        start = self._index_entry(segment, offset, sealed=which < len(bases) - 1)
+        try:
+            self._decode_to(offset, start)
+        except CorruptionError:
+            if start == (segment.base, 0) or self._segment != segment:
+                raise  # found reading from the segment's start, or in a later segment
+            # The index entry led into a value that holds its offset (a lying index) or into
+            # damage: the segment read from its start says which (and where the damage is).
+            self._decode_to(offset, (segment.base, 0))
+
+    def _decode_to(self, offset: int, start: tuple[int, int]) -> None:
+        """Decode forward from ``start`` (offset, position in the open segment) until the batch
+        holds ``offset``, or the journal ends."""
+        self._next, self._pos = start
+        self._pending, self._chunk, self._batch, self._i = b"", FIRST_READ, [], 0
         while self._fill():
             if self._batch[-1].offset >= offset:
                 self._i = offset - self._batch[0].offset
@@ -149,12 +167,12 @@ class Scanner(Closing):
         if offset == segment.base:
             return offset, 0
         entry = index.lookup(segment, offset)
-        if entry is not None and offset_at(self._fd, entry[1]) == entry[0]:
+        if entry is not None and confirms(self._fd, *entry):
             return entry
         if sealed:
             # A missing or stale index of a sealed segment (one written by sej, say): rebuild it
             # once, for every later seek. A read-only journal just goes without.
-            scan = scan_segment(segment, 0, segment.base)
+            scan = scan_segment(segment, 0, segment.base, fd=self._fd)  # open: gc may delete it
             index.write_index(segment, scan.entries)
             usable = [e for e in scan.entries if e[0] <= offset]
             if usable:
@@ -243,7 +261,12 @@ class Scanner(Closing):
                     position=self._pos,
                     offset=self._next,
                 )
-            self._open(following)
+            if not self._open(following):
+                raise OffsetOutOfRangeError(
+                    f"offset {self._next} is no longer stored: its segment was deleted before the scanner reached it",
+                    file=following.path,
+                    offset=self._next,
+                )
 
     def _advance(self) -> bool:
         """Refill the batch, waiting when following; False at the end or on timeout."""

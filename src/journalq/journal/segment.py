@@ -14,7 +14,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from journalq.errors import CorruptionError
-from journalq.journal.codec import HEADER, OVERHEAD, Message, decode
+from journalq.journal.codec import HEADER, INT32, OVERHEAD, Message, decode
 
 SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
@@ -84,6 +84,44 @@ def offset_at(fd: int, position: int) -> int | None:
         return None
     header = os.pread(fd, HEADER.size, position)
     return HEADER.unpack(header)[0] if len(header) == HEADER.size else None
+
+
+def _framed_at(fd: int, position: int) -> tuple[int, int] | None:
+    """(offset, size) of the message at ``position`` of an open segment when its own framing
+    holds there (lengths not negative, its size field where they put it, the whole of it in the
+    file); else None."""
+    if position >= 2**63:
+        return None
+    head = os.pread(fd, HEADER.size, position)
+    if len(head) < HEADER.size:
+        return None
+    offset, _, _, key_len = HEADER.unpack(head)
+    if key_len < 0:
+        return None
+    raw = os.pread(fd, INT32.size, position + HEADER.size + key_len)
+    if len(raw) < INT32.size or INT32.unpack(raw)[0] < 0:
+        return None
+    size = OVERHEAD + key_len + INT32.unpack(raw)[0]
+    raw = os.pread(fd, INT32.size, position + size - INT32.size)
+    return (offset, size) if len(raw) == INT32.size and INT32.unpack(raw)[0] == size else None
+
+
+def confirms(fd: int, offset: int, position: int) -> bool:
+    """Whether the open segment confirms the index entry (``offset``, ``position``): the whole
+    message with that offset is framed there, and (past the segment's start) the message before
+    it, found by the size field that ends there, has the offset before. The offset field alone is
+    not enough: a value may hold those 8 bytes (a queue's events hold offsets), and a recovery or a
+    seek started inside a value would take sound messages for damage."""
+    here = _framed_at(fd, position)
+    if here is None or here[0] != offset:
+        return False
+    if position == 0:
+        return True
+    raw = os.pread(fd, INT32.size, position - INT32.size) if position >= INT32.size else b""
+    if len(raw) < INT32.size:
+        return False
+    (before,) = INT32.unpack(raw)
+    return OVERHEAD <= before <= position and _framed_at(fd, position - before) == (offset - 1, before)
 
 
 READ_CHUNK = 1 << 20

@@ -34,7 +34,7 @@ from journalq.journal.index import (
     last_position,
 )
 from journalq.journal.lock import FileLock
-from journalq.journal.recovery import Recovery, cut_tail, fsync_dir
+from journalq.journal.recovery import Recovery, cut_tail, fsync_dir, make_dirs
 from journalq.journal.segment import (
     Segment,
     SegmentScan,
@@ -147,7 +147,7 @@ class Writer(Closing):
         self._backlog_data = b""
         self._backlog_index_due = False
 
-        _make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
+        make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
         # A shared writer looks for a segment another writer started at every catch-up: in this
         # directory, without resolving its path each time (see ``_catch_up``).
         self._dir_fd = (
@@ -171,6 +171,8 @@ class Writer(Closing):
         except BaseException:
             self._close_files()
             self._close_dir()
+            if not shared and self._lock.held:
+                self._lock.write_note("")  # as close does: or shared writers take us for alive
             self._lock.close()
             raise
         if self.sync_policy.mode == "group" and self.sync_policy.interval_ms is not None:
@@ -263,7 +265,12 @@ class Writer(Closing):
                 if sizes:
                     self._write_pending()
                     if new_segment and self._seg_len:
-                        self._roll()
+                        try:
+                            self._roll()
+                        except OSError as exc:
+                            # A roll that failed leaves no segment open: reopen the one there was.
+                            self._take_back(self._segment, self._seg_len, first, [])
+                            raise _append_failed(exc, len(sizes), self._segment.path, first) from exc
                     self._add(data, [size - OVERHEAD for size in sizes])
                     self._must_sync = self._next_offset
             finally:
@@ -289,7 +296,7 @@ class Writer(Closing):
         with self._mutex:
             self._check_usable()
             self._write_pending()
-            self._sync_now()
+            self._sync_or_raise()
 
     def close(self) -> None:
         """Flush, sync and close the files; release the lock. Closing twice is harmless."""
@@ -301,7 +308,7 @@ class Writer(Closing):
             try:
                 if self._failed is None and self._fd >= 0:
                     self._write_pending()
-                    self._sync_now()
+                    self._sync_now()  # an OSError, which the queue and the hub expect of a close
             finally:
                 self._close_files()
                 self._close_dir()
@@ -336,6 +343,9 @@ class Writer(Closing):
             self._index = IndexAppender(segment, kept + scan.entries)
         except BaseException:
             os.close(fd)
+            if created:
+                # Left empty, it would stand for offsets that the next roll may store elsewhere.
+                _remove_segment(segment)
             raise
         self._fd = fd
         self._segment = segment
@@ -345,12 +355,15 @@ class Writer(Closing):
     def _take_shared_lock(self) -> None:
         if not self._lock.try_acquire(wait=False):
             note = self._lock.read_note()
-            if note.startswith(_EXCLUSIVE_NOTE):
+            stale = note.startswith(_EXCLUSIVE_NOTE) and not _note_alive(note)
+            if note.startswith(_EXCLUSIVE_NOTE) and not stale:
                 raise LockedError(
                     f"an exclusive writer holds the journal; shared writers cannot join it ({note})",
                     file=self._lock.path,
                 )
             self._lock.acquire(wait=True)
+            if stale:  # left by an exclusive writer that was killed: we hold the lock now
+                self._lock.write_note("")
 
     def _catch_up(self, take: Callable[[list[Message]], object] | None = None) -> bool:
         """Under the shared lock: take in what other writers appended since we last held it.
@@ -572,7 +585,7 @@ class Writer(Closing):
 
     def _roll(self) -> None:
         """Close the full segment (synced, as sej does) and start the next one."""
-        fdatasync(self._fd)
+        self._sync_segment()
         self._unsynced = 0
         self._mark_durable(self._next_offset)
         self._open_segment(segment_at(self.path, self._next_offset))
@@ -582,11 +595,7 @@ class Writer(Closing):
         try:
             self._close_files()
             for extra in created:
-                for leftover in (extra.path, extra.index_path):
-                    try:
-                        leftover.unlink()
-                    except FileNotFoundError:
-                        pass
+                _remove_segment(extra)
             os.truncate(segment.path, length)
             self._open_segment(segment)
         except OSError as exc:
@@ -609,9 +618,25 @@ class Writer(Closing):
             if policy.max_messages is not None and self._unsynced >= policy.max_messages:
                 self._sync_now()
 
+    def _sync_segment(self) -> None:
+        """Sync the segment appended to. A failure fails the writer for good, as in
+        ``_make_durable``: the kernel may have dropped the data, and a later sync not say so."""
+        try:
+            fdatasync(self._fd)
+        except OSError as exc:
+            self._failed = exc
+            raise
+
+    def _sync_or_raise(self) -> None:
+        """``_sync_now`` for the caller of ``sync``: its failure as a StorageError."""
+        try:
+            self._sync_now()
+        except OSError as exc:
+            raise _sync_failed(exc, self._segment.path) from exc
+
     def _sync_now(self) -> None:
         if self._fd >= 0:
-            fdatasync(self._fd)
+            self._sync_segment()
         self._unsynced = 0
         self._mark_durable(self._next_offset)
 
@@ -673,11 +698,7 @@ class Writer(Closing):
             if self._sync_waiters:
                 self._sync_done.notify_all()
         if error is not None:
-            raise StorageError(
-                f"could not sync: {error.strerror or error}; the last appends may not be stored",
-                errno=error.errno,
-                file=self._segment.path,
-            ) from error
+            raise _sync_failed(error, self._segment.path) from error
 
     def _flush_loop(self) -> None:
         """Group sync's timer: sync data left unsynced for the policy's interval."""
@@ -804,16 +825,34 @@ class held(_Hold):
         return writer
 
 
-def _make_dirs(directory: Path, durable: bool) -> None:
-    """Create ``directory`` and its missing parents; when ``durable``, sync each new entry."""
-    missing = []
-    while not directory.is_dir():
-        missing.append(directory)
-        directory = directory.parent
-    for new in reversed(missing):
-        new.mkdir(exist_ok=True)
-        if durable:
-            fsync_dir(new.parent)
+def _note_alive(note: str) -> bool:
+    """Whether the process that an exclusive writer's note names ("..., pid N") still runs on
+    this machine (when the note names none, or another user's process: taken for alive)."""
+    pid = note.rpartition("pid ")[2]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # there, but not ours to signal
+    return True
+
+
+def _remove_segment(segment: Segment) -> None:
+    """Delete a segment and its index, where they exist."""
+    for leftover in (segment.path, segment.index_path):
+        try:
+            leftover.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _sync_failed(exc: OSError, file: Path) -> StorageError:
+    return StorageError(
+        f"could not sync: {exc.strerror or exc}; the last appends may not be stored", errno=exc.errno, file=file
+    )
 
 
 def _append_failed(exc: OSError, count: int, file: Path, offset: int) -> StorageError:
