@@ -6,6 +6,7 @@ injected and the protocol's choices counted."""
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import select
@@ -31,6 +32,7 @@ from test_server_harness import sqs_client, status_of
 from journalq.journal.inspect import check
 from journalq.queue import Broker
 from journalq.server import app as app_module
+from journalq.server import sqs as sqs_module
 from journalq.server.app import create_app
 from journalq.server.config import ServerConfig
 from journalq.server.h11_protocol import StoppingH11Protocol
@@ -312,6 +314,36 @@ def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[byt
     # As on the ASGI path: what was answered 201 is there, in order; the message whose sync
     # failed may be there too (a 503 after an EIO means "maybe not stored").
     assert [b for b in got if b != b"unsure"] == [b"kept", b"after"]
+
+
+def test_a_failure_reading_an_sqs_queues_rules_is_503_for_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SQS send's queue and rules are looked up on the event loop, once a batch, before the
+    batch goes to the thread that stores it: an I/O error there is answered as the storage's
+    failure (503, Retry-After), as in the thread, not as the server's (500), and nothing is
+    stored; the next batch finds the queue again."""
+    real_read = sqs_module._Sidecar.read
+    failures: list[str] = []
+
+    def failing_once(self: Any, name: str) -> dict[str, Any]:
+        if not failures:
+            failures.append(name)
+            raise OSError(errno.EIO, "Input/output error", name)
+        return real_read(self, name)
+
+    url = "http://test/000000000000/s"
+    with serving(tmp_path, DirectHttpToolsProtocol, retry_after=3) as port:
+        assert status_of(exchange(port, sqs("CreateQueue", {"QueueName": "s"}))[0]) == 200
+        monkeypatch.setattr(sqs_module._Sidecar, "read", failing_once)
+        (refused,) = exchange(port, sqs("SendMessage", {"QueueUrl": url, "MessageBody": "unsure"}))
+        assert failures == ["s"], "the fault did not happen"
+        assert status_of(refused) == 503 and b"retry-after: 3\r\n" in refused
+        assert b'"__type": "com.amazonaws.sqs#ServiceUnavailable"' in refused
+        (after,) = exchange(port, sqs("SendMessage", {"QueueUrl": url, "MessageBody": "after"}))
+        assert status_of(after) == 200
+    with Broker(tmp_path) as broker:
+        assert [m.body for m in broker.queue("s", create=False).receive(10)] == [b"after"]
 
 
 def closed_at(sockets: dict[str, socket.socket], limit: float) -> dict[str, float]:

@@ -162,7 +162,7 @@ def create_app(config: ServerConfig) -> App:
     async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False, storing: bool = False) -> T:
         """Run a queue operation in a worker thread, mapping storage failures to 503.
         ``storing``: a batch's store, run in ``store_pool``."""
-        try:
+        with storage_failures:
             if storing:
                 stored = asyncio.get_running_loop().run_in_executor(store_pool, functools.partial(fn, *args))
                 try:
@@ -173,14 +173,24 @@ def create_app(config: ServerConfig) -> App:
                         stored.exception()  # its failure, if any, goes with the cancellation
                     raise
             return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
-        except (StorageError, StoreUnavailableError) as exc:
+
+    class StorageFailures:
+        """``with storage_failures:`` a failure of the storage raised in the block raises as its
+        503 (``storage_problem``)."""
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+            if not isinstance(exc, (StorageError, StoreUnavailableError, OSError)):
+                return False
+            # An OSError is the same failure met outside a journal (a queue's settings file, its
+            # channel's token, an offset file): still the storage's, not a bug of the server's.
+            if isinstance(exc, OSError) and exc.errno not in _STORAGE_ERRNOS:
+                return False
             raise storage_problem(exc) from exc
-        except OSError as exc:
-            # The same failures met outside a journal (a queue's settings file, its channel's
-            # token, an offset file): still the storage's, not a bug of the server's.
-            if exc.errno not in _STORAGE_ERRNOS:
-                raise
-            raise storage_problem(exc) from exc
+
+    storage_failures = StorageFailures()
 
     def storage_problem(exc: StorageError | StoreUnavailableError | OSError) -> HTTPProblem:
         """The 503 for a failure of the storage, once logged (and the failed writers let go)."""
@@ -507,8 +517,11 @@ def create_app(config: ServerConfig) -> App:
             problem.__cause__ = exc
             return problem
 
+        protocol = sqs_protocol()
+        with storage_failures:  # here, not in the thread that stores: see send_together's ``rules``
+            rules = protocol.send_rules(name)
         answers: list[dict[str, Any] | Answer | Exception] = await blocking(
-            functools.partial(sqs_protocol().send_together, partly_stored=partly_stored, plain=_plain_sent_answer),
+            functools.partial(protocol.send_together, partly_stored=partly_stored, plain=_plain_sent_answer, rules=rules),
             name, requests, storing=True)
         counts.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers
