@@ -29,6 +29,7 @@ from conftest import SyncFault
 import uvicorn
 from test_server_harness import sqs_client, status_of
 
+from journalq.errors import StoreUnavailableError
 from journalq.journal.inspect import check
 from journalq.queue import Broker
 from journalq.server import app as app_module
@@ -316,20 +317,24 @@ def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[byt
     assert [b for b in got if b != b"unsure"] == [b"kept", b"after"]
 
 
+@pytest.mark.parametrize("failure", [
+    OSError(errno.EIO, "Input/output error"),
+    StoreUnavailableError("the store is out of reach"),  # a ConnectionError: an OSError with no errno
+], ids=["EIO", "store unavailable"])
 def test_a_failure_reading_an_sqs_queues_rules_is_503_for_the_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: OSError
 ) -> None:
     """An SQS send's queue and rules are looked up on the event loop, once a batch, before the
-    batch goes to the thread that stores it: an I/O error there is answered as the storage's
-    failure (503, Retry-After), as in the thread, not as the server's (500), and nothing is
-    stored; the next batch finds the queue again."""
+    batch goes to the thread that stores it: a failure of the storage there is answered as the
+    storage's failure (503, Retry-After), as in the thread, not as the server's (500) or the
+    request's (400), and nothing is stored; the next batch finds the queue again."""
     real_read = sqs_module._Sidecar.read
     failures: list[str] = []
 
     def failing_once(self: Any, name: str) -> dict[str, Any]:
         if not failures:
             failures.append(name)
-            raise OSError(errno.EIO, "Input/output error", name)
+            raise failure
         return real_read(self, name)
 
     url = "http://test/000000000000/s"

@@ -182,13 +182,14 @@ def create_app(config: ServerConfig) -> App:
             return None
 
         def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
-            if not isinstance(exc, (StorageError, StoreUnavailableError, OSError)):
-                return False
+            # First: a StoreUnavailableError is a ConnectionError, an OSError with no errno.
+            if isinstance(exc, (StorageError, StoreUnavailableError)):
+                raise storage_problem(exc) from exc
             # An OSError is the same failure met outside a journal (a queue's settings file, its
             # channel's token, an offset file): still the storage's, not a bug of the server's.
-            if isinstance(exc, OSError) and exc.errno not in _STORAGE_ERRNOS:
-                return False
-            raise storage_problem(exc) from exc
+            if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+                raise storage_problem(exc) from exc
+            return False
 
     storage_failures = StorageFailures()
 
