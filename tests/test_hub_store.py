@@ -24,7 +24,7 @@ from journalq.errors import (
 from journalq.hub import HubStore, Push, RawReader
 from journalq.hub.protocol import Held
 from journalq.journal import Writer
-from journalq.journal.codec import encode_batch
+from journalq.journal.codec import decode, encode_batch
 from journalq.journal.segment import READ_CHUNK
 
 
@@ -387,3 +387,18 @@ def test_keyed_locks_let_one_holder_in_per_key_and_keep_no_idle_lock() -> None:
     assert len(locks) == 1
     locks.release("a")
     assert len(locks) == 0
+
+
+@pytest.mark.parametrize("lure", ["damaged", "unfinished"])
+def test_a_raw_reader_takes_no_index_entry_that_the_segment_does_not_confirm(tmp_path: Path, lure: str) -> None:
+    """An index entry that points into a value holding its offset's 8 bytes (a queue's events
+    hold offsets) is not where the reader starts: the segment, not the index, says where each
+    message is. (Before, a read from the lie's offset on began inside that value: "damage".)"""
+    from test_journal_index import lured_journal
+
+    values = lured_journal(tmp_path, lure, sealed=True)
+    for offset in range(len(values)):
+        with RawReader(tmp_path) as reader:
+            run = reader.read(offset)
+        messages, _ = decode(run.data, 0, len(run.data), offset)
+        assert run.first == offset and messages[0].value == values[offset]

@@ -569,3 +569,16 @@ def test_a_task_killed_before_its_append_is_not_mistaken_for_another_with_the_sa
 
     values = _replays(tmp_path, monkeypatch, dies, other_partition_same_rows)
     assert values == sorted(b"row %d" % i for i in range(10) for _ in range(2))
+
+
+@pytest.mark.parametrize("lure", ["damaged", "unfinished"])
+def test_a_read_takes_no_index_entry_that_the_segment_does_not_confirm(tmp_path, lure):
+    """An index entry that points into a value holding its offset's 8 bytes is not where a read
+    starts: the segment, not the index, says where each message is. (Before, a read from the
+    lie's offset on began inside that value.)"""
+    from test_journal_index import lured_journal
+
+    values = lured_journal(tmp_path, lure, sealed=True)
+    for start in range(len(values)):
+        got = [c.value(i) for c in reading.iter_columns(str(tmp_path), start, len(values)) for i in range(len(c))]
+        assert got == values[start:]

@@ -18,7 +18,7 @@ from journalq.closing import Closing
 from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError
 from journalq.journal import index
 from journalq.journal.codec import frame_sizes
-from journalq.journal.segment import READ_CHUNK, Segment, offset_at, segment_at, segment_bases, segment_name
+from journalq.journal.segment import READ_CHUNK, Segment, confirms, segment_at, segment_bases, segment_name
 
 __all__ = ["RawReader", "RawRun"]
 
@@ -148,7 +148,7 @@ class RawReader(Closing):
             return
         if self._fd >= 0:
             entry = index.lookup(self._segment, offset)
-            if entry is not None and entry[0] >= self._next and offset_at(self._fd, entry[1]) == entry[0]:
+            if entry is not None and entry[0] >= self._next and confirms(self._fd, *entry):  # the segment's word, not the index's
                 self._next, self._pos = entry
             # Skip the messages from there to the one asked for. One larger than a read makes
             # the next read larger (a journal without journalq's index, as sej writes it, is

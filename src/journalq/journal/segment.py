@@ -78,14 +78,6 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
     return [Segment(base, directory / segment_name(base)) for base in segment_bases(path)]
 
 
-def offset_at(fd: int, position: int) -> int | None:
-    """The offset field of the message at ``position`` of an open segment (None past its end)."""
-    if position >= 2**63:  # from a damaged index entry: past the end of any file (and of off_t)
-        return None
-    header = os.pread(fd, HEADER.size, position)
-    return HEADER.unpack(header)[0] if len(header) == HEADER.size else None
-
-
 def _framed_at(fd: int, position: int) -> tuple[int, int] | None:
     """(offset, size) of the message at ``position`` of an open segment when its own framing
     holds there (lengths not negative, its size field where they put it, the whole of it in the

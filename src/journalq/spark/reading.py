@@ -22,7 +22,7 @@ from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD
 from journalq.journal.offsets import end_offset
-from journalq.journal.segment import Segment, offset_at, segment_at, segment_bases, segment_name
+from journalq.journal.segment import Segment, confirms, segment_at, segment_bases, segment_name
 from journalq.spark import predicates
 from journalq.spark.columnar import Columns, decode_columns
 from journalq.spark.options import EARLIEST, LATEST
@@ -184,7 +184,7 @@ def seek(fd: int, segment: Segment, target: int) -> tuple[int, int]:
     if target == segment.base:
         return 0, target
     entry = index.lookup(segment, target)
-    if entry is not None and offset_at(fd, entry[1]) == entry[0]:
+    if entry is not None and confirms(fd, *entry):  # the segment's word, not the index's
         position, offset = entry[1], entry[0]
     else:
         position, offset = 0, segment.base
