@@ -688,3 +688,21 @@ def test_a_failed_sync_is_a_storage_error(tmp_path, sync_fault):
     assert info.value.errno == errno.EIO and info.value.file == tmp_path / "jnl" / "0000000000000000.jnl"
     assert w.failed
     w.close()
+
+
+def test_a_durable_writer_syncs_the_entries_that_a_killed_writer_left_unsynced(tmp_path, monkeypatch):
+    """A writer killed right after it made the journal's directory or a segment's file, before it
+    synced their entries, leaves them unsynced: a writer that opens them under ``sync="always"``
+    syncs them, or the appends it syncs could go with them in a power cut. (Before, only a writer
+    that made them synced them.)"""
+    (tmp_path / "jnl").mkdir()
+    (tmp_path / "jnl" / "0000000000000000.jnl").touch()  # as a killed writer left them
+    synced: list[Path] = []
+    monkeypatch.setattr(writer_mod, "fsync_dir", synced.append)
+    with Writer(tmp_path, sync="always") as w:
+        w.append(b"durable")
+    assert tmp_path in synced and tmp_path / "jnl" in synced
+    synced.clear()
+    with Writer(tmp_path, sync="none") as w:  # nothing promised: nothing synced
+        w.append(b"not durable")
+    assert synced == []

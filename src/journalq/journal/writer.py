@@ -147,7 +147,12 @@ class Writer(Closing):
         self._backlog_data = b""
         self._backlog_index_due = False
 
-        make_dirs(journal_dir(self.path), durable=self.sync_policy.mode == "always")
+        durable = self.sync_policy.mode == "always"
+        make_dirs(journal_dir(self.path), durable=durable)
+        if durable:
+            # Its entry, which a writer killed after making the directory (before syncing it)
+            # left unsynced: synced appends would go with it in a power cut. Once a writer.
+            fsync_dir(self.path)
         # A shared writer looks for a segment another writer started at every catch-up: in this
         # directory, without resolving its path each time (see ``_catch_up``).
         self._dir_fd = (
@@ -332,7 +337,9 @@ class Writer(Closing):
         # Read too: a shared writer reads what the others appended through it (``_catch_up``).
         fd = os.open(segment.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            if created and self.sync_policy.mode == "always":
+            if self.sync_policy.mode == "always":
+                # Made here, or by a writer that may have been killed before it synced the entry
+                # (appends synced to a segment that a power cut takes away would be lost).
                 fsync_dir(segment.path.parent)
             start_offset, start, kept = last_confirmed(segment, os.fstat(fd).st_size)
             scan = scan_segment(
