@@ -330,3 +330,20 @@ def test_sqs_sends_are_counted_once_a_batch_by_their_answers() -> None:
     assert sent("failed") == 0  # answered: the queue shows, with nothing stored
     metrics.count_sqs_sends("refused", ["SendMessage", "SendMessageBatch"], [refused, refused])
     assert sent("refused") is None
+
+
+def test_an_sqs_request_is_timed_under_the_action_the_app_acts_on() -> None:
+    """A request with two ``X-Amz-Target`` headers is answered for the last one (as a dict of the
+    headers keeps): its latency is noted under that action too. (Before, the metrics took the
+    first.)"""
+    from journalq.server.metrics import Metrics
+
+    metrics = Metrics()
+    scope = {"headers": [(b"x-amz-target", b"AmazonSQS.DeleteMessage"), (b"host", b"h"),
+                         (b"x-amz-target", b"AmazonSQS.ReceiveMessage")]}
+    metrics.note_request(scope, 200, time.perf_counter())
+    families = _families(metrics.render().decode())
+    labels = {"api": "sqs", "status": "200"}
+    count = "journalq_request_seconds_count"
+    assert value(families, "journalq_request_seconds", count, operation="ReceiveMessage", **labels) == 1
+    assert value(families, "journalq_request_seconds", count, operation="DeleteMessage", **labels) is None

@@ -51,6 +51,7 @@ from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
 from journalq.server.polling import poll_slices
+from journalq.server.scopes import header
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol
 from journalq.server.tokens import bearer_matches
@@ -468,7 +469,7 @@ def create_app(config: ServerConfig) -> App:
         request that is to be refused (token, size, name): ``hot_add`` answers those."""
         if config.rest_token is not None:
             try:
-                check_token(_header(scope, b"authorization") or b"")
+                check_token(header(scope, b"authorization") or b"")
             except HTTPProblem:
                 return False
         queue = scope["path"][1:-_MESSAGES_SUFFIX]
@@ -637,7 +638,7 @@ def create_app(config: ServerConfig) -> App:
         if len(body) > config.max_request_size:
             return False
         try:
-            target = (_header(scope, b"x-amz-target") or b"").decode("latin-1")
+            target = (header(scope, b"x-amz-target") or b"").decode("latin-1")
             action, payload = sqs_request(scope, target, body)
             if action not in SqsProtocol.SEND_ACTIONS:
                 return False
@@ -651,7 +652,7 @@ def create_app(config: ServerConfig) -> App:
         if scope["method"] != "POST":
             return None
         path: str = scope["path"]
-        if path == "/" or _header(scope, b"x-amz-target") is not None:
+        if path == "/" or header(scope, b"x-amz-target") is not None:
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
         if _is_messages(path):
@@ -780,16 +781,6 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
 
 
 _METHOD_ORDER = {method: i for i, method in enumerate(("GET", "HEAD", "POST", "PUT", "DELETE"))}
-
-
-def _header(scope: Scope, header: bytes) -> bytes | None:
-    """The value of the request's header ``header`` (a lowercase name; the last one of that name,
-    as ``dict(scope["headers"])`` keeps), or None: without a dict of every header (~0.45 µs)."""
-    found = None
-    for name, value in scope["headers"]:  # a loop: cheaper than any() over a generator
-        if name == header:
-            found = value
-    return found
 
 
 def _is_messages(path: str) -> bool:

@@ -37,6 +37,7 @@ from uvicorn.supervisors import Multiprocess
 from journalq.errors import Error
 from journalq.journal.sync import syncs_done
 from journalq.queue import Broker
+from journalq.server.scopes import header
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20)
@@ -119,7 +120,7 @@ class Metrics:
     def note_request(self, scope: dict[str, Any], status: int, started: float) -> None:
         """Note the latency of a request answered with ``status``, begun at ``started``
         (``time.perf_counter()``)."""
-        target = next((value for name, value in scope["headers"] if name == b"x-amz-target"), b"")
+        target = header(scope, b"x-amz-target")  # the one the app acts on: the last
         if target:
             action = target.decode("latin-1").partition(".")[2]
             api, operation = "sqs", action if action in SQS_ACTIONS else "other"
