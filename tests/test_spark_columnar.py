@@ -560,6 +560,40 @@ def test_a_task_killed_part_way_through_its_append_completes_it_once(tmp_path, m
     assert _replays(tmp_path, monkeypatch, appends_four_then_dies) == sorted(b"row %d" % i for i in range(10))
 
 
+def test_a_task_replayed_in_the_same_order_after_a_kill_keeps_the_order_of_rows_alike(tmp_path, monkeypatch):
+    """Rows alike (a, b, a, c): killed after appending the first, the replay in the same order
+    appends b, a, c, and the journal holds the rows in their order. (Before, the rest kept the
+    first of the rows alike, not the last: a, a, b, c.)"""
+    from journalq.journal import Scanner
+    from journalq.spark import writing
+
+    target = for_writing(str(tmp_path / "j"))
+    log = CommitLog(target, "query")
+    rows = [Message(0, None, 0, b"", value) for value in (b"a", b"b", b"a", b"c")]
+
+    def task() -> None:
+        appender = writing.Appender(target, sync="none", segment_size=1 << 20)
+        try:
+            writing.append_exactly_once(appender, log, 0, 0, rows, [b""] * len(rows))
+        finally:
+            appender.close()
+
+    real = writing._append
+
+    def appends_one_then_dies(writer, messages):
+        real(writer, messages[:1])
+        raise _Killed
+
+    monkeypatch.setattr(writing, "_append", appends_one_then_dies)
+    with pytest.raises(_Killed):
+        task()
+    monkeypatch.setattr(writing, "_append", real)
+    task()
+    task()
+    with Scanner(target.path, 0) as scanner:
+        assert [m.value for m in scanner.read_batch()] == [b"a", b"b", b"a", b"c"]
+
+
 def test_a_task_killed_before_its_append_is_not_mistaken_for_another_with_the_same_rows(tmp_path, monkeypatch):
     def dies(real, writer, messages):
         raise _Killed

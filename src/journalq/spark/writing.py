@@ -341,7 +341,8 @@ def _not_appended_yet(
     appended (and tells a run that appended nothing from another task's identical rows).
     """
     on_shard = [r for r in records if r.get("k") == "intent" and r.get("s") == shard]
-    left = Counter((m.type, m.key, m.value) for m in group)
+    wanted = Counter((m.type, m.key, m.value) for m in group)
+    appended: Counter[tuple[int, bytes, bytes]] = Counter()
     for i, r in enumerate(on_shard):
         if (r.get("b"), r.get("p"), r.get("d")) != task:
             continue
@@ -354,14 +355,17 @@ def _not_appended_yet(
             return []
         for m in found:
             content = (m.type, m.key, m.value)
-            if not left[content]:
+            if appended[content] == wanted[content]:
                 break  # past this run's messages
-            left[content] -= 1
+            appended[content] += 1
+    # A run appends in order: of rows alike, the first ones are those appended (so a replay in
+    # the same order appends exactly the rest, in its order; one in another order, the same rows).
     rest = []
     for m in group:
         content = (m.type, m.key, m.value)
-        if left[content]:
-            left[content] -= 1
+        if appended[content]:
+            appended[content] -= 1
+        else:
             rest.append(m)
     return rest
 
