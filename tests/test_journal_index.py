@@ -337,3 +337,29 @@ def test_an_entry_pointing_into_a_value_that_holds_its_offset_cuts_nothing(tmp_p
         assert w.next_offset == len(values)
     with Scanner(tmp_path) as s:
         assert [m.value for m in s] == values
+
+
+@pytest.mark.parametrize("sizes", [[10, 20, 30, 40], [9000, 10, 9000, 10], [10, 9000, 20000, 5]])
+def test_entries_are_confirmed_whatever_the_size_of_their_messages(tmp_path, sizes):
+    """``confirms`` reads the bytes around an entry in one go and the rest on their own: every
+    true entry is confirmed, small or large messages around it, and one moved is not."""
+    from journalq.journal.segment import confirms
+
+    with Writer(tmp_path) as w:
+        w.append_many([bytes([65 + i]) * n for i, n in enumerate(sizes)])
+    (segment,) = list_segments(tmp_path)
+    scan = scan_segment(segment, 0, 0)
+    positions = [0]
+    for n in sizes[:-1]:
+        positions.append(positions[-1] + 26 + n)  # OVERHEAD: 26 bytes around a message with no key
+    fd = os.open(segment.path, os.O_RDONLY)
+    try:
+        for offset, position in enumerate(positions):
+            assert confirms(fd, offset, position)
+            assert not confirms(fd, offset + 1, position)
+            if position:
+                assert not confirms(fd, offset, position + 8)
+                assert not confirms(fd, offset, position - 4)
+    finally:
+        os.close(fd)
+    assert scan.next_offset == len(sizes)

@@ -78,23 +78,44 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
     return [Segment(base, directory / segment_name(base)) for base in segment_bases(path)]
 
 
-def _framed_at(fd: int, position: int) -> tuple[int, int] | None:
+class _Near:
+    """Reads of an open segment around one position, served from one ``pread`` of the bytes
+    around it where they fall inside (two small messages do); others are read on their own."""
+
+    __slots__ = ("_fd", "_start", "_data")
+
+    SPAN = 4096
+
+    def __init__(self, fd: int, position: int) -> None:
+        self._fd = fd
+        self._start = max(0, position - self.SPAN // 2)
+        self._data = os.pread(fd, self.SPAN, self._start) if position < 2**63 else b""
+
+    def read(self, size: int, position: int) -> bytes:
+        """``os.pread(fd, size, position)``."""
+        i = position - self._start
+        if 0 <= i and i + size <= len(self._data):
+            return self._data[i : i + size]
+        return os.pread(self._fd, size, position)
+
+
+def _framed_at(near: _Near, position: int) -> tuple[int, int] | None:
     """(offset, size) of the message at ``position`` of an open segment when its own framing
     holds there (lengths not negative, its size field where they put it, the whole of it in the
     file); else None."""
     if position >= 2**63:
         return None
-    head = os.pread(fd, HEADER.size, position)
+    head = near.read(HEADER.size, position)
     if len(head) < HEADER.size:
         return None
     offset, _, _, key_len = HEADER.unpack(head)
     if key_len < 0:
         return None
-    raw = os.pread(fd, INT32.size, position + HEADER.size + key_len)
+    raw = near.read(INT32.size, position + HEADER.size + key_len)
     if len(raw) < INT32.size or INT32.unpack(raw)[0] < 0:
         return None
     size = OVERHEAD + key_len + INT32.unpack(raw)[0]
-    raw = os.pread(fd, INT32.size, position + size - INT32.size)
+    raw = near.read(INT32.size, position + size - INT32.size)
     return (offset, size) if len(raw) == INT32.size and INT32.unpack(raw)[0] == size else None
 
 
@@ -103,17 +124,19 @@ def confirms(fd: int, offset: int, position: int) -> bool:
     message with that offset is framed there, and (past the segment's start) the message before
     it, found by the size field that ends there, has the offset before. The offset field alone is
     not enough: a value may hold those 8 bytes (a queue's events hold offsets), and a recovery or a
-    seek started inside a value would take sound messages for damage."""
-    here = _framed_at(fd, position)
+    seek started inside a value would take sound messages for damage. (The bytes around the
+    position come in one read: a seek paid ~6 µs for seven small ones.)"""
+    near = _Near(fd, position)
+    here = _framed_at(near, position)
     if here is None or here[0] != offset:
         return False
     if position == 0:
         return True
-    raw = os.pread(fd, INT32.size, position - INT32.size) if position >= INT32.size else b""
+    raw = near.read(INT32.size, position - INT32.size) if position >= INT32.size else b""
     if len(raw) < INT32.size:
         return False
     (before,) = INT32.unpack(raw)
-    return OVERHEAD <= before <= position and _framed_at(fd, position - before) == (offset - 1, before)
+    return OVERHEAD <= before <= position and _framed_at(near, position - before) == (offset - 1, before)
 
 
 READ_CHUNK = 1 << 20
