@@ -51,8 +51,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def make_dirs(directory: Path, durable: bool) -> None:
-    """Create ``directory`` and its missing parents; when ``durable``, sync each new entry."""
+def make_dirs(directory: Path, durable: bool) -> bool:
+    """Create ``directory`` and its missing parents; when ``durable``, sync each new entry.
+    Returns whether ``directory`` was missing (its entry synced then, when ``durable``)."""
     missing = []
     while not directory.is_dir():
         missing.append(directory)
@@ -61,6 +62,7 @@ def make_dirs(directory: Path, durable: bool) -> None:
         new.mkdir(exist_ok=True)
         if durable:
             fsync_dir(new.parent)
+    return bool(missing)
 
 
 def misnamed(segment: Segment, data: bytes) -> CorruptionError | None:

@@ -148,8 +148,7 @@ class Writer(Closing):
         self._backlog_index_due = False
 
         durable = self.sync_policy.mode == "always"
-        make_dirs(journal_dir(self.path), durable=durable)
-        if durable:
+        if not make_dirs(journal_dir(self.path), durable=durable) and durable:
             # Its entry, which a writer killed after making the directory (before syncing it)
             # left unsynced: synced appends would go with it in a power cut. Once a writer.
             fsync_dir(self.path)
@@ -362,8 +361,9 @@ class Writer(Closing):
     def _take_shared_lock(self) -> None:
         if not self._lock.try_acquire(wait=False):
             note = self._lock.read_note()
-            stale = note.startswith(_EXCLUSIVE_NOTE) and not _note_alive(note)
-            if note.startswith(_EXCLUSIVE_NOTE) and not stale:
+            exclusive = note.startswith(_EXCLUSIVE_NOTE)
+            stale = exclusive and not _note_alive(note)
+            if exclusive and not stale:
                 raise LockedError(
                     f"an exclusive writer holds the journal; shared writers cannot join it ({note})",
                     file=self._lock.path,
