@@ -119,6 +119,12 @@ def _framed_at(near: _Near, position: int) -> tuple[int, int] | None:
     return (offset, size) if len(raw) == INT32.size and INT32.unpack(raw)[0] == size else None
 
 
+def framed_at(fd: int, position: int) -> tuple[int, int] | None:
+    """(offset, size) of the whole message at ``position`` of an open segment, when its own
+    framing holds there; else None (damage, or the end of its whole messages)."""
+    return _framed_at(_Near(fd, position), position)
+
+
 def confirms(fd: int, offset: int, position: int) -> bool:
     """Whether the open segment confirms the index entry (``offset``, ``position``): the whole
     message with that offset is framed there, and (past the segment's start) the message before

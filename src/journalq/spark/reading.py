@@ -22,7 +22,7 @@ from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD
 from journalq.journal.offsets import end_offset
-from journalq.journal.segment import Segment, confirms, segment_at, segment_bases, segment_name
+from journalq.journal.segment import Segment, confirms, framed_at, segment_at, segment_bases, segment_name
 from journalq.spark import predicates
 from journalq.spark.columnar import Columns, decode_columns
 from journalq.spark.options import EARLIEST, LATEST
@@ -195,14 +195,10 @@ def _position(fd: int, segment: Segment, target: int) -> int:
     """Where message ``target`` of an open segment starts (or the segment's whole messages end)."""
     position, offset = seek(fd, segment, target)
     while offset < target:  # seek stops before a message bigger than a read: step over it
-        head = os.pread(fd, 18, position)
-        if len(head) < 18 or head[17] > 127:
+        framed = framed_at(fd, position)
+        if framed is None:
             break  # damage: reading the range will report it
-        raw = os.pread(fd, 4, position + 18 + head[17])
-        value_len = INT32.unpack(raw)[0] if len(raw) == 4 else -1
-        if value_len < 0:
-            break
-        position, offset = _walk(fd, position + OVERHEAD + head[17] + value_len, offset + 1, target)
+        position, offset = _walk(fd, position + framed[1], offset + 1, target)
     return position
 
 
