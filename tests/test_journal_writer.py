@@ -706,3 +706,26 @@ def test_a_durable_writer_syncs_the_entries_that_a_killed_writer_left_unsynced(t
     with Writer(tmp_path, sync="none") as w:  # nothing promised: nothing synced
         w.append(b"not durable")
     assert synced == []
+
+
+@pytest.mark.parametrize("sync", ["none", "group:1000"])
+def test_sync_stores_the_entries_of_the_directories_and_segments_it_made(tmp_path, monkeypatch, sync):
+    """Under ``none`` and ``group``, nothing is synced per append; but ``sync()`` (and group
+    sync's own syncs) promise that what was appended is stored. A segment or journal directory
+    made since the last sync is stored only once its directory's entry is synced as well: a
+    power cut could otherwise take away a whole segment of synced appends."""
+    root = tmp_path / "deep" / "journal"
+    synced: list[Path] = []
+    monkeypatch.setattr(writer_mod, "fsync_dir", synced.append)
+    with Writer(root, sync=sync, segment_size=64) as w:
+        w.append(b"x" * 100)  # fills the first segment: the next append starts a new one
+        assert synced == []  # nothing is synced per append under these policies
+        w.sync()
+        assert set(synced) == {tmp_path, tmp_path / "deep", root, root / "jnl"}
+        synced.clear()
+        w.append(b"y" * 100)  # its segment was made when the first one rolled, and is now full
+        w.sync()
+        assert synced == [root / "jnl"]
+        synced.clear()
+        w.sync()  # nothing new made: nothing more to sync
+        assert synced == []

@@ -51,18 +51,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def make_dirs(directory: Path, durable: bool) -> bool:
+def make_dirs(directory: Path, durable: bool) -> list[Path]:
     """Create ``directory`` and its missing parents; when ``durable``, sync each new entry.
-    Returns whether ``directory`` was missing (its entry synced then, when ``durable``)."""
+    Returns the directories it made, outermost first (empty when ``directory`` was there)."""
     missing = []
     while not directory.is_dir():
         missing.append(directory)
         directory = directory.parent
-    for new in reversed(missing):
+    missing.reverse()
+    for new in missing:
         new.mkdir(exist_ok=True)
         if durable:
             fsync_dir(new.parent)
-    return bool(missing)
+    return missing
 
 
 def misnamed(segment: Segment, data: bytes) -> CorruptionError | None:

@@ -130,6 +130,10 @@ class Writer(Closing):
         self._pending_bytes = 0
         self._unsynced = 0
         self._unsynced_since = 0.0
+        # Directories whose new entries (a segment, the journal's own directories) were left
+        # unsynced under ``none`` and ``group``: the next sync syncs them too, or a power cut
+        # could take away a whole segment whose data that sync promised to be stored.
+        self._unsynced_dirs: set[Path] = set()
         self._durable_offset = 0  # under sync="always", every offset below is on stable storage
         self._must_sync = 0  # under sync="always", the outermost operation syncs up to here
         self._syncing = False
@@ -148,10 +152,13 @@ class Writer(Closing):
         self._backlog_index_due = False
 
         durable = self.sync_policy.mode == "always"
-        if not make_dirs(journal_dir(self.path), durable=durable) and durable:
+        made = make_dirs(journal_dir(self.path), durable=durable)
+        if not made and durable:
             # Its entry, which a writer killed after making the directory (before syncing it)
             # left unsynced: synced appends would go with it in a power cut. Once a writer.
             fsync_dir(self.path)
+        elif not durable:
+            self._unsynced_dirs.update(new.parent for new in made)
         # A shared writer looks for a segment another writer started at every catch-up: in this
         # directory, without resolving its path each time (see ``_catch_up``).
         self._dir_fd = (
@@ -296,7 +303,8 @@ class Writer(Closing):
             self._write_pending()
 
     def sync(self) -> None:
-        """Flush, then force everything appended so far onto stable storage."""
+        """Flush, then force everything appended so far onto stable storage (with the entries
+        of the segments and directories made since the last sync)."""
         with self._mutex:
             self._check_usable()
             self._write_pending()
@@ -340,6 +348,8 @@ class Writer(Closing):
                 # Made here, or by a writer that may have been killed before it synced the entry
                 # (appends synced to a segment that a power cut takes away would be lost).
                 fsync_dir(segment.path.parent)
+            elif created:
+                self._unsynced_dirs.add(segment.path.parent)
             start_offset, start, kept = last_confirmed(segment, os.fstat(fd).st_size)
             scan = scan_segment(
                 segment, start, start_offset, last_indexed=start, interval=self.index_interval
@@ -644,6 +654,10 @@ class Writer(Closing):
     def _sync_now(self) -> None:
         if self._fd >= 0:
             self._sync_segment()
+        while self._unsynced_dirs:
+            directory = next(iter(self._unsynced_dirs))
+            fsync_dir(directory)  # kept in the set if it fails: the next sync tries again
+            self._unsynced_dirs.discard(directory)
         self._unsynced = 0
         self._mark_durable(self._next_offset)
 
