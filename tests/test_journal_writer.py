@@ -729,3 +729,6 @@ def test_sync_stores_the_entries_of_the_directories_and_segments_it_made(tmp_pat
         synced.clear()
         w.sync()  # nothing new made: nothing more to sync
         assert synced == []
+        w.append(b"z" * 100)  # another segment made
+    # Closing syncs the data; the new entries too, unless the policy promises nothing at all.
+    assert synced == ([] if sync == "none" else [root / "jnl"])

@@ -320,7 +320,10 @@ class Writer(Closing):
             try:
                 if self._failed is None and self._fd >= 0:
                     self._write_pending()
-                    self._sync_now()  # an OSError, which the queue and the hub expect of a close
+                    # An OSError, which the queue and the hub expect of a close. (Under ``none``,
+                    # the data as sej does, but not the new entries: they cost a sync each, for
+                    # a policy that promises nothing across a power cut.)
+                    self._sync_now(entries=self.sync_policy.mode != "none")
             finally:
                 self._close_files()
                 self._close_dir()
@@ -651,12 +654,15 @@ class Writer(Closing):
         except OSError as exc:
             raise _sync_failed(exc, self._segment.path) from exc
 
-    def _sync_now(self) -> None:
+    def _sync_now(self, entries: bool = True) -> None:
         if self._fd >= 0:
             self._sync_segment()
-        while self._unsynced_dirs:
+        while entries and self._unsynced_dirs:
             directory = next(iter(self._unsynced_dirs))
-            fsync_dir(directory)  # kept in the set if it fails: the next sync tries again
+            try:
+                fsync_dir(directory)  # kept in the set if it fails: the next sync tries again
+            except FileNotFoundError:
+                pass  # deleted (with its journal, by another process): no entry left to keep
             self._unsynced_dirs.discard(directory)
         self._unsynced = 0
         self._mark_durable(self._next_offset)
