@@ -403,10 +403,10 @@ def test_the_next_segment_collected_before_the_scanner_opens_it(tmp_path):
         writer.append_many([b"v" * 30] * 10)
     real_open = Scanner._open
 
-    def open_collected(self, segment):
+    def open_collected(self, segment, next_base):
         if segment.base == 2:
             segment.path.unlink()
-        return real_open(self, segment)
+        return real_open(self, segment, next_base)
 
     with Scanner(tmp_path, 0) as s, mock.patch.object(Scanner, "_open", open_collected):
         got = []
@@ -414,3 +414,42 @@ def test_the_next_segment_collected_before_the_scanner_opens_it(tmp_path):
             for m in s:
                 got.append(m.offset)
     assert got == [0, 1] and info.value.file == tmp_path / "jnl" / "0000000000000002.jnl"
+
+
+def test_a_missing_middle_segment_is_an_error_not_the_end(tmp_path):
+    """A finished segment that ends where no segment starts (one deleted by hand, or lost) is not
+    the journal's end: a scanner stopping there without a word would hide the messages after it,
+    and a follower would wait at it for ever. Seeking across it, or reaching it after a roll,
+    both say which offsets are missing, after handing out every message before them."""
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 10)  # 2 messages per segment: 0, 2, 4, 6, 8
+    (tmp_path / "jnl" / "0000000000000004.jnl").unlink()
+    for start in (0, 2, 3):  # listed right before the gap, or reached by a roll
+        got = []
+        with Scanner(tmp_path, start, timeout=5.0) as s:
+            with pytest.raises(CorruptionError, match="offsets 4-5 are missing") as info:
+                for m in s:
+                    got.append(m.offset)
+        assert got == list(range(start, 4))
+        assert info.value.file == tmp_path / "jnl" / "0000000000000002.jnl" and info.value.offset == 4
+    with pytest.raises(CorruptionError, match="offsets 4-5 are missing"):
+        Scanner(tmp_path, 5)  # an offset in the gap
+
+
+def test_a_segment_overlapping_the_next_is_an_error(tmp_path):
+    hand_segment(tmp_path, 0, [0, 1, 2])
+    hand_segment(tmp_path, 2, [2, 3])
+    with pytest.raises(CorruptionError, match="offsets 2-2 are stored twice"):
+        scan_all(tmp_path)
+
+
+def test_the_next_segment_taken_back_by_a_failed_append_is_no_gap(tmp_path):
+    """A writer whose append failed after it rolled removes the segment it started: a scanner that
+    listed that segment then finds its own segment's end is the journal's end after all."""
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 3)  # segments 0 (0, 1) and 2 (2)
+    taken_back = tmp_path / "jnl" / "0000000000000004.jnl"
+    taken_back.write_bytes(encode(4, 0, 0, b"", b"v" * 30))  # as a failed batch left it
+    with Scanner(tmp_path, 2) as s:  # lists segment 4 after 2
+        taken_back.unlink()
+        assert [m.offset for m in s] == [2]

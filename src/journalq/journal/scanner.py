@@ -70,6 +70,9 @@ class Scanner(Closing):
         self._batch: list[Message] = []
         self._i = 0
         self._next = 0  # the offset of the first message not yet decoded
+        # Where the segment after the open one starts, when one was listed after it (it is
+        # finished, then): a scanner that ends it elsewhere found offsets missing or doubled.
+        self._next_base: int | None = None
         self._watch: DirectoryWatch | None = None
         try:
             self._seek(offset, segment_bases(self.path))
@@ -129,7 +132,7 @@ class Scanner(Closing):
             )
         which = bisect_right(bases, offset) - 1
         segment = segment_at(self.path, bases[which])
-        if not self._open(segment):
+        if not self._open(segment, bases[which + 1] if which + 1 < len(bases) else None):
             # Deleted (by gc) since it was listed: look again, where it is no longer stored.
             bases = segment_bases(self.path)
             if segment.base in bases:  # still listed, yet not there (a dangling link): no gc
@@ -181,11 +184,12 @@ class Scanner(Closing):
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _open(self, segment: Segment) -> bool:
+    def _open(self, segment: Segment, next_base: int | None) -> bool:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._segment = segment
+        self._next_base = next_base
         self._pos, self._pending, self._next = 0, b"", segment.base
         self._chunk = FIRST_READ
         try:
@@ -196,7 +200,7 @@ class Scanner(Closing):
 
     def _fill(self) -> bool:
         """Decode the next chunk into ``_batch``; False when nothing new is there now."""
-        if self._fd < 0 and not self._open(self._segment):
+        if self._fd < 0 and not self._open(self._segment, self._next_base):
             return False
         while True:
             stat = os.fstat(self._fd)
@@ -250,6 +254,16 @@ class Scanner(Closing):
                     raise TruncatedError(
                         "the segment was removed under the scanner", file=self._segment.path, offset=self._next
                     )
+                if self._next_base is not None and not self._pending:
+                    # A finished segment that ends where no segment begins: not the journal's
+                    # end, which a scanner would wait at for ever, but segments missing or
+                    # misnamed (``journalq check`` lists them). Unless the segment after it was
+                    # taken back with a failed append since it was listed: look again.
+                    self._next_base = self._base_after(self._segment.base)
+                    if os.fstat(self._fd).st_size != size:
+                        continue
+                    if self._next_base is not None:
+                        raise self._gap()
                 return False
             following = segment_at(self.path, self._next)
             if os.fstat(self._fd).st_size != size:
@@ -261,12 +275,31 @@ class Scanner(Closing):
                     position=self._pos,
                     offset=self._next,
                 )
-            if not self._open(following):
+            if not self._open(following, self._base_after(following.base)):
                 raise OffsetOutOfRangeError(
                     f"offset {self._next} is no longer stored: its segment was deleted before the scanner reached it",
                     file=following.path,
                     offset=self._next,
                 )
+
+    def _base_after(self, base: int) -> int | None:
+        """Where the first segment after the one at ``base`` starts, if one is there. (Listed
+        once a segment: at a roll, not at every end reached.)"""
+        bases = segment_bases(self.path)
+        which = bisect_right(bases, base)
+        return bases[which] if which < len(bases) else None
+
+    def _gap(self) -> CorruptionError:
+        due, base = self._next, self._next_base
+        assert base is not None
+        what = "missing" if base > due else "stored twice"
+        return CorruptionError(
+            f"the segment ends before offset {due} but the next one starts at offset {base}: "
+            f"offsets {min(due, base)}-{max(due, base) - 1} are {what}",
+            file=self._segment.path,
+            position=self._pos,
+            offset=due,
+        )
 
     def _advance(self) -> bool:
         """Refill the batch, waiting when following; False at the end or on timeout."""
