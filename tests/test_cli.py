@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 
 from journalq.cli.main import cli, parse_time
 from journalq.errors import ZERO_TIMESTAMP
-from journalq.journal import Writer
+from journalq.journal import ReaderOffset, Writer
 from journalq.journal.codec import HEADER
 from journalq.journal.inspect import check, describe
 from journalq.shard import ShardName, ShardNameError, list_shards, parse_shard_name, shard_name, shard_of
@@ -507,6 +507,21 @@ def test_offset_refuses_what_a_reader_could_not_resume_from(tmp_path: Path) -> N
     assert result.exit_code == 1 and "past the end of the journal (the next offset is 3000)" in result.stderr
     assert run("offset", plain, "alpha").stdout == "1465\n"
     assert run("offset", plain, "alpha", "--set", 1, "--reset-to", 0).exit_code == 2
+
+
+def test_offset_set_mends_a_damaged_offset_file(tmp_path: Path) -> None:
+    """A damaged ``.ofs`` is reported when read, and ``--set`` (or ``--reset-to``) is how it is
+    mended: it commits over it. A reader holding the name still keeps it."""
+    plain = copy_vector("plain", tmp_path)
+    (plain / "ofs" / "alpha.ofs").write_bytes(b"\x00\x01\x02")
+    read = run("offset", plain, "alpha")
+    assert read.exit_code == 1 and "offset file holds 3 bytes, not 8" in read.stderr
+    assert run("offset", plain, "alpha", "--set", 1000).stdout == "1000\n"
+    assert run("offset", plain, "alpha").stdout == "1000\n"
+    with ReaderOffset(plain, "alpha"):
+        held = run("offset", plain, "alpha", "--set", 5)
+    assert held.exit_code == 1 and "alpha.lck" in held.stderr
+    assert run("offset", plain, "alpha").stdout == "1000\n"
 
 
 # -- errors: one line, never a traceback ------------------------------------------------------

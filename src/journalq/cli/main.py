@@ -38,7 +38,7 @@ from journalq.errors import (
 from journalq.journal import codec
 from journalq.journal.codec import MAX_KEY_SIZE, Message
 from journalq.journal.inspect import CheckReport, JournalInfo, check, describe, first_offset_since
-from journalq.journal.offsets import ReaderOffset, end_offset, first_offset, read_offset
+from journalq.journal.offsets import end_offset, first_offset, read_offset, set_offset
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import journal_dir
 from journalq.journal.sync import POLICY_FORMS
@@ -633,8 +633,7 @@ def offset(directory: Path, name: str, set_to: int | None, reset_to: int | None)
         return
     target = set_to if set_to is not None else first_offset_since(path, reset_to)  # type: ignore[arg-type]
     _require_stored(path, target)
-    with ReaderOffset(path, name) as reader:
-        reader.commit(target)
+    set_offset(path, name, target)  # over a damaged file too: the way to mend it
     click.echo(target)
 
 

@@ -13,7 +13,7 @@ from journalq.errors import (
     TruncatedError,
 )
 from journalq.journal.codec import MAX_KEY_SIZE, Message
-from journalq.journal.offsets import ReaderOffset, end_offset, first_offset, read_offset
+from journalq.journal.offsets import ReaderOffset, end_offset, first_offset, read_offset, set_offset
 from journalq.journal.recovery import Recovery
 from journalq.journal.scanner import Scanner
 from journalq.journal.sync import SyncPolicy
@@ -38,4 +38,5 @@ __all__ = [
     "end_offset",
     "first_offset",
     "read_offset",
+    "set_offset",
 ]

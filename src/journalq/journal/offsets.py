@@ -81,6 +81,16 @@ def write_offset(file: Path, offset: int, *, sync: bool = True) -> None:
         fsync_dir(file.parent)
 
 
+def set_offset(path: str | os.PathLike[str], name: str, offset: int, *, sync: bool = True) -> None:
+    """Commit ``offset`` as the named offset of the journal at ``path``, whatever its file holds
+    now: a damaged file too (``ReaderOffset`` refuses to open one; this is how it is mended).
+    Refused with ``LockedError`` while a reader holds the name."""
+    file = offset_path(path, name)
+    make_dirs(file.parent, durable=sync)
+    with FileLock(file.with_suffix(".lck")):  # taken without waiting
+        write_offset(file, offset, sync=sync)
+
+
 class ReaderOffset(Closing):
     """A named, persistent reader offset; one process holds a name at a time.
 
