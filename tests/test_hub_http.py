@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -74,6 +75,31 @@ def test_push_status_held_and_read_back(tmp_path: Path, http: TestClient) -> Non
     assert got.content == RawReader(tmp_path / "j").read(3, 1).data
     assert http.get(f"{URL}/c1/j/messages", params={"offset": 10_000}).status_code == 416
     assert http.get(f"{URL}/c1/nothing/messages", params={"offset": 0}).status_code == 404
+
+
+@pytest.mark.parametrize("copy_started", [False, True], ids=["new-copy", "started-copy"])
+def test_a_copy_held_by_an_exclusive_writer_is_answered_503_not_waited_for(
+    tmp_path: Path, http: TestClient, copy_started: bool
+) -> None:
+    """Another program's exclusive writer on a copy (``journalq write``, say) holds its lock for
+    as long as it runs: a push is answered 503 with Retry-After (the pusher comes back), not
+    refused for good (400) nor left waiting for the lock, a push that creates the copy included."""
+    write(tmp_path / "j", 50)
+    with RawReader(tmp_path / "j") as reader:
+        run = reader.read(0, 1500)
+    copy = tmp_path / "hub" / "c1.j"
+    with Writer(copy) as exclusive:
+        if copy_started:
+            exclusive.append(b"not from the source")
+        answers: list[httpx.Response] = []
+        pushing = threading.Thread(target=lambda: answers.append(push_run(http, "c1", "j", 0, 0, run.data)), daemon=True)
+        pushing.start()
+        pushing.join(timeout=10)
+        assert not pushing.is_alive(), "the push waited for the exclusive writer's lock"
+    assert answers[0].status_code == 503 and answers[0].headers["retry-after"] == "1"
+    assert answers[0].json()["kind"] == "locked" and "exclusive writer" in answers[0].json()["error"]
+    if not copy_started:
+        assert push_run(http, "c1", "j", 0, 0, run.data).status_code == 200  # once it is gone
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.recovery import fsync_dir
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import journal_dir, list_segments, lock_path, segment_at
-from journalq.journal.writer import Writer
+from journalq.journal.writer import Writer, take_shared_lock
 
 __all__ = ["HubStore", "KeyedLocks"]
 
@@ -273,7 +273,7 @@ def _start_copy(path: Path, offset: int) -> None:
         fsync_dir(path)
     lock = FileLock(lock_path(path))
     try:
-        lock.acquire(wait=True)
+        take_shared_lock(lock)  # not behind an exclusive writer (``journalq write``, say): for ever
         segments = list_segments(path)
         if any(s.path.stat().st_size for s in segments):
             return  # another process started it meanwhile: the push is planned again

@@ -372,18 +372,7 @@ class Writer(Closing):
         self._next_offset = scan.next_offset
 
     def _take_shared_lock(self) -> None:
-        if not self._lock.try_acquire(wait=False):
-            note = self._lock.read_note()
-            exclusive = note.startswith(_EXCLUSIVE_NOTE)
-            stale = exclusive and not _note_alive(note)
-            if exclusive and not stale:
-                raise LockedError(
-                    f"an exclusive writer holds the journal; shared writers cannot join it ({note})",
-                    file=self._lock.path,
-                )
-            self._lock.acquire(wait=True)
-            if stale:  # left by an exclusive writer that was killed: we hold the lock now
-                self._lock.write_note("")
+        take_shared_lock(self._lock)
 
     def _catch_up(self, take: Callable[[list[Message]], object] | None = None) -> bool:
         """Under the shared lock: take in what other writers appended since we last held it.
@@ -850,6 +839,24 @@ class held(_Hold):
                 _Hold.__exit__(self, type(exc), exc, exc.__traceback__)  # let go, writing nothing
                 raise
         return writer
+
+
+def take_shared_lock(lock: FileLock) -> None:
+    """Take a journal's lock as a shared writer does: wait while other shared writers hold it
+    (each for one append), but refuse with ``LockedError``, at once, while an exclusive writer
+    that still runs holds it (for its lifetime: the wait could last for ever)."""
+    if lock.try_acquire(wait=False):
+        return
+    note = lock.read_note()
+    exclusive = note.startswith(_EXCLUSIVE_NOTE)
+    stale = exclusive and not _note_alive(note)
+    if exclusive and not stale:
+        raise LockedError(
+            f"an exclusive writer holds the journal; shared writers cannot join it ({note})", file=lock.path
+        )
+    lock.acquire(wait=True)
+    if stale:  # left by an exclusive writer that was killed: we hold the lock now
+        lock.write_note("")
 
 
 def _note_alive(note: str) -> bool:
