@@ -16,12 +16,14 @@ from journalq.errors import (
     HubConflictError,
     HubError,
     HubGapError,
+    HubUnavailableError,
     InvalidClientIdError,
     InvalidJournalPathError,
     OffsetOutOfRangeError,
     StorageError,
 )
 from journalq.hub import HubStore, Push, RawReader
+from journalq.hub import store as store_module
 from journalq.hub.protocol import Held
 from journalq.journal import Writer
 from journalq.journal.codec import decode, encode_batch
@@ -223,6 +225,30 @@ def test_a_copy_deleted_while_the_hub_runs_is_copied_anew(tmp_path: Path, store:
         push_all(store, "c1", "j", tmp_path / "j")
     assert push_all(store, "c1", "j", tmp_path / "j").next == 100
     assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+
+
+def test_a_push_that_the_store_closes_under_leaves_no_writer_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close`` (the hub shutting down) while a push is on its way to open the copy's writer: the
+    push is refused as "unavailable" (503: push again later), and closes the writer it opened,
+    which ``close`` had not seen. Before, the push went on and its writer stayed open."""
+    write(tmp_path / "j", 20)
+    store = HubStore(tmp_path / "hub")
+    real_start = store_module._start_copy
+
+    def start_then_shut_down(path: Path, offset: int) -> None:
+        real_start(path, offset)
+        store.close()
+
+    monkeypatch.setattr(store_module, "_start_copy", start_then_shut_down)
+    opened: list[Writer] = []
+    monkeypatch.setattr(store_module, "Writer", lambda *a, **k: opened.append(Writer(*a, **k)) or opened[-1])
+    with pytest.raises(HubUnavailableError, match="shutting down"):
+        push_all(store, "c1", "j", tmp_path / "j")
+    assert len(opened) == 1 and opened[0].closed
+    with pytest.raises(HubUnavailableError, match="shutting down"):  # and every later push
+        push_all(store, "c1", "j", tmp_path / "j")
 
 
 def test_messages_a_push_skips_are_synced_before_it_says_the_hub_holds_them(

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import HubError, InvalidJournalPathError, StorageError
+from journalq.errors import HubError, HubUnavailableError, InvalidJournalPathError, StorageError
 from journalq.hub.protocol import (
     Held,
     Push,
@@ -156,7 +156,7 @@ class HubStore(Closing):
         key = path.name
         with self._mutex:
             if self._closed:
-                raise HubError("the hub's store is closed")
+                raise _closed_error()
         with self._copy_locks.hold(key):
             result = self._push(push, path, key)
             if result is None:
@@ -221,7 +221,7 @@ class HubStore(Closing):
     def close(self) -> None:
         with self._mutex:
             self._closed = True
-            writers, self._writers = list(self._writers.values()), {}
+            writers, self._writers = list(self._writers.values()), OrderedDict()
         for writer in writers:
             writer.close()
 
@@ -236,8 +236,13 @@ class HubStore(Closing):
     def _open_writer(self, key: str, path: Path) -> Writer:
         writer = Writer(path, shared=True, sync=self.sync, segment_size=_NO_ROLL)
         with self._mutex:
-            self._writers[key] = writer
-            idle = [k for k in self._writers if k != key][: max(0, len(self._writers) - self.max_open)]
+            closed = self._closed
+            if not closed:
+                self._writers[key] = writer
+                idle = [k for k in self._writers if k != key][: max(0, len(self._writers) - self.max_open)]
+        if closed:  # by ``close`` after this push began: it would not close this writer
+            writer.close()
+            raise _closed_error()
         for old in idle:
             if self._copy_locks.acquire(old, blocking=False):  # a writer in use is left for a later push to close
                 try:
@@ -287,6 +292,10 @@ def _start_copy(path: Path, offset: int) -> None:
         fsync_dir(journal_dir(path))
     finally:
         lock.close()
+
+
+def _closed_error() -> HubUnavailableError:
+    return HubUnavailableError("the hub's store is closed: the hub is shutting down")
 
 
 def _storage_error(exc: OSError, path: Path) -> StorageError:

@@ -12,7 +12,7 @@ too, with its copies under ``DATA/.hub`` (a name no queue can take).
 A push is answered only once it is synced. Refusals are JSON ``{"error", "kind"}``: 400 for a bad
 client id, journal path or damaged message, 409 for a gap (with ``next``, the offset the hub holds
 up to) or messages that differ from the ones held, 503 with ``Retry-After`` when the storage fails
-or another program (an exclusive writer) holds the copy's lock for now.
+or another program (an exclusive writer) holds the copy's lock for now, or the hub is shutting down.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from journalq.errors import (
     HubConflictError,
     HubError,
     HubGapError,
+    HubUnavailableError,
     LockedError,
     OffsetOutOfRangeError,
     StorageError,
@@ -65,8 +66,9 @@ def _refusal(exc: Exception) -> _Refused:
     """The answer to an error of the store."""
     if isinstance(exc, StorageError):
         return _Refused(503, {"error": f"not stored: {exc.reason}", "kind": "storage"}, {"Retry-After": "1"})
-    if isinstance(exc, LockedError):  # for as long as that program runs: pushes come back later
-        return _Refused(503, {"error": f"not stored: {exc}", "kind": "locked"}, {"Retry-After": "1"})
+    if isinstance(exc, (LockedError, HubUnavailableError)):  # another program's lock; a shutdown
+        kind = "locked" if isinstance(exc, LockedError) else exc.kind
+        return _Refused(503, {"error": f"not stored: {exc}", "kind": kind}, {"Retry-After": "1"})
     if isinstance(exc, HubGapError):
         return _Refused(409, {"error": str(exc), "kind": exc.kind, "next": exc.held})
     if isinstance(exc, HubConflictError):
