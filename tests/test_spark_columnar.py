@@ -458,6 +458,20 @@ def test_stream_starting_offsets_past_the_end_are_refused(tmp_path):
     assert reader.initialOffset() == {"": 10}
 
 
+def test_a_batch_ending_before_it_starts_is_refused(tmp_path):
+    """An endingOffsets before the startingOffsets is a mistake to name, not an empty read."""
+    from journalq.spark.source import plan_batch
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 10)
+    options = {"path": str(path), "startingOffsets": '{"": 6}', "endingOffsets": '{"": 4}'}
+    with pytest.raises(opts.OptionError, match=r"endingOffsets: offset 4 of shard '' is before where the read starts \(6\)"):
+        plan_batch(options)
+    options["endingOffsets"] = '{"": 6}'  # an empty range given as such is fine
+    assert [(r.start, r.end) for r in plan_batch(options)] == [(6, 6)]
+
+
 def test_stream_notices_a_journal_made_again(tmp_path):
     import shutil
 

@@ -116,6 +116,10 @@ def plan_batch(options) -> list[ShardRange]:
         e = reading.resolve_offset(ending, shard.name, first, end, default=end)
         _check_not_past_end("endingOffsets", e, shard.name, end)
         _check_not_past_end("startingOffsets", s, shard.name, end)
+        if e < s:  # not an empty read: the offsets were given the wrong way round
+            raise opts.OptionError(
+                f"endingOffsets: offset {e} of shard {shard.name!r} is before where the read starts ({s})"
+            )
         if s < first:
             if fail:
                 raise DataLossError(
