@@ -630,3 +630,14 @@ def test_a_read_takes_no_index_entry_that_the_segment_does_not_confirm(tmp_path,
     for start in range(len(values)):
         got = [c.value(i) for c in reading.iter_columns(str(tmp_path), start, len(values)) for i in range(len(c))]
         assert got == values[start:]
+
+
+def test_register_without_a_session_is_a_journalq_error(monkeypatch):
+    from pyspark.sql import SparkSession
+
+    import journalq.spark
+    from journalq.errors import Error
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    with pytest.raises(Error, match="no active Spark session"):
+        journalq.spark.register()

@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Any
 
+from journalq.errors import Error
+
 __all__ = ["NAME", "SCHEMA", "register", "session"]
 
 NAME = "journalq"
@@ -36,7 +38,7 @@ def register(spark: Any = None) -> Any:
     if spark is None:
         spark = SparkSession.getActiveSession()
         if spark is None:
-            raise RuntimeError("no active Spark session: pass one to journalq.spark.register(spark)")
+            raise Error("no active Spark session: pass one to journalq.spark.register(spark)")
     spark.dataSource.register(JournalDataSource)
     return spark
 

@@ -340,9 +340,6 @@ class BatchBuilder:
         self.keys = "key" in self.names
         self.values = bool({"value", "body", "attributes"} & set(self.names))
 
-    def empty(self):
-        return self.schema.empty_table().to_batches() or [self.pa.RecordBatch.from_pylist([], schema=self.schema)]
-
     def batch(self, cols: Columns):
         pa = self.pa
         n = len(cols)
