@@ -314,3 +314,14 @@ def test_the_cut_directory_is_synced_into_the_journal_before_the_segment_is_cut(
     with Writer(tmp_path) as w:
         assert len(w.recoveries) == 1
     assert synced == [tmp_path, tmp_path / "cut"]
+
+
+def test_a_recovery_says_the_last_kept_timestamp_only_when_it_read_one(tmp_path):
+    """A cut with no message read before it has no timestamp to tell (it used to say the zero
+    time, as if the last message kept had one)."""
+    from journalq.journal.recovery import Recovery
+
+    base = dict(file=tmp_path / "s.jnl", position=40, next_offset=7, cut_bytes=3, saved_to=tmp_path / "cut", reason="torn")
+    assert "timestamp" not in str(Recovery(last_timestamp_ns=None, **base))
+    stamped = str(Recovery(last_timestamp_ns=1_700_000_000_000_000_000, **base))
+    assert "(where offset 7 was due; last message kept has timestamp 2023-11-14T22:13:20.000000000Z)" in stamped

@@ -35,10 +35,16 @@ class Recovery:
     reason: str
 
     def __str__(self) -> str:
+        # None: no message was read before the cut (the last one kept lies before the index
+        # entry the scan started at, or there is none): no timestamp to tell.
+        kept = (
+            ""
+            if self.last_timestamp_ns is None
+            else f"; last message kept has timestamp {format_timestamp(self.last_timestamp_ns)}"
+        )
         return (
             f"recovered {self.file}: cut {self.cut_bytes} bytes at byte {self.position} "
-            f"(where offset {self.next_offset} was due; last message kept has timestamp "
-            f"{format_timestamp(self.last_timestamp_ns)}), because: {self.reason}; "
+            f"(where offset {self.next_offset} was due{kept}), because: {self.reason}; "
             f"the bytes are kept in {self.saved_to}"
         )
 
