@@ -202,6 +202,20 @@ def test_every_channel_of_a_sharded_topic_gets_every_message(tmp_path: Path) -> 
         assert topic.gc() == [] and broker.names() == ["events"]
 
 
+def test_gc_keeps_what_a_channel_has_not_read_in_shards_it_has_not_opened_yet(tmp_path: Path) -> None:
+    """A channel opens its shards' channels as it uses them; a shard it has not used yet must
+    still count it as a channel with nothing read, or its gc deletes what the channel never got."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", shards=2, segment_size=4096)
+        fast, slow = topic.channel("fast"), topic.channel("slow")
+        sent = topic.send_many([b"%03d" % i + b"." * 100 for i in range(600)])
+        assert len(drain(fast, 50)) == 600
+        topic.gc()  # slow has read nothing yet, in either shard
+        assert sorted(m.id for m in drain(slow, 50)) == sorted(sent)
+        slow.commit_cursor()
+        assert topic.gc()  # once both are done
+
+
 def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4)

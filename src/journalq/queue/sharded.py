@@ -50,6 +50,7 @@ from journalq.errors import (
     ReceiptError,
 )
 from journalq.journal.lock import FileLock
+from journalq.journal.recovery import fsync_dir
 from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
@@ -138,6 +139,20 @@ def delete_shards(root: Path, name: str, settings: QueueSettings | None) -> None
         return
     for directory in shard_dirs(name, settings.shards):
         remove_directory(root, directory)  # one missing (a delete cut short) is skipped
+
+
+def _make_dir(directory: Path, durable: bool) -> bool:
+    """Make ``directory`` (synced into its parent when ``durable``) unless it is there; False
+    when its parent is missing, which is not made (a shard being deleted must not come back)."""
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return True
+    except FileNotFoundError:
+        return False
+    if durable:
+        fsync_dir(directory.parent)
+    return True
 
 
 def _route_key(value: bytes | str, what: str) -> bytes:
@@ -284,6 +299,19 @@ class ShardedTopic(TopicDirectory):
     def channel_names(self) -> list[str]:
         return sorted({name for shard in self.shards for name in shard.channel_names()})
 
+    def _enter_channel(self, name: str) -> None:
+        """Make the directory of channel ``name`` in every shard that lacks it. A shard's gc keeps
+        what each channel listed there has not read (a channel never committed has read nothing),
+        and a sharded channel opens its shards' channels only as it uses them: without this, a
+        shard it has not used yet would delete, once the other channels are done, what it never
+        got. (A directory per shard, not a channel: 1024 shards make 1024 directories, not 1024
+        open writers.)"""
+        durable = self.broker.durable
+        for shard in self.shards:
+            channels = shard.path / "channels"
+            if not _make_dir(channels / name, durable) and _make_dir(channels, durable):
+                _make_dir(channels / name, durable)
+
     def gc(self, now: float | None = None) -> list[Path]:
         """Each shard's ``Topic.gc``; returns the files deleted."""
         return [path for shard in self.shards for path in shard.gc(now)]
@@ -324,6 +352,7 @@ class ShardedChannel:
         self._claim: FileLock | None = None
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
+        topic._enter_channel(name)
         first = self._shard_channels[self._current] = self._shard_channel(self._current)
         # One consumer id over every shard, so that ``consumers()`` shows each consumer once.
         self.consumer_id = first.consumer_id
