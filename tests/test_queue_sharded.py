@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidMessageError, InvalidNameError, InvalidSettingError, LockedError, ReceiptError
+from journalq.errors import CorruptionError, InvalidMessageError, InvalidNameError, InvalidSettingError, LockedError, ReceiptError
 from journalq.journal.lock import FileLock
 from journalq.journal import Scanner
 from journalq.queue import Broker, Queue, QueueSettings, settings as settings_file
@@ -214,6 +214,31 @@ def test_gc_keeps_what_a_channel_has_not_read_in_shards_it_has_not_opened_yet(tm
         assert sorted(m.id for m in drain(slow, 50)) == sorted(sent)
         slow.commit_cursor()
         assert topic.gc()  # once both are done
+
+
+def test_a_damaged_shard_does_not_hide_the_messages_of_the_others(tmp_path: Path) -> None:
+    """A receive that took messages from a healthy shard returns them when a later shard fails;
+    the failure is raised once no other shard has anything to give."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", shards=2)
+        keys = {index: next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 1 == index) for index in (0, 1)}
+        healthy = queue.send_many([{"body": b"h%d" % i, "key": keys[0]} for i in range(4)])
+        queue.send_many([{"body": b"d%d" % i, "key": keys[1]} for i in range(4)])
+        segment = next((tmp_path / "jobs.1.001" / "jnl").glob("*.jnl"))
+        with open(segment, "r+b") as f:
+            f.write(b"\xff" * 40)  # the first message of shard 1 is damaged
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", create=False)
+        (queue.topic.path / "consumers").mkdir(exist_ok=True)
+        with FileLock(queue.topic.path / "consumers" / "default.1.lck") as other:
+            other.acquire(wait=False)  # another consumer's home: this one's is the healthy shard
+            assert queue.home == 0
+        got = queue.receive(10, visibility_timeout=30)
+        assert sorted(m.id for m in got) == sorted(healthy)
+        assert queue.delete_many([m.receipt for m in got]) == [None] * 4
+        with pytest.raises(CorruptionError, match="jobs.1.001"):
+            queue.receive(10)
+        assert queue.shard_stats()["jobs.1.000"].in_flight == 0
 
 
 def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:

@@ -19,7 +19,9 @@ is repeated here. What a sharded topic adds is routing:
   ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
   tries the shard that had work last, then the others in turn (mq's peers: consumers mostly work
   different shards, so they seldom wait for one another's locks). Order holds within a shard, not
-  across shards. A receive returns nothing only once every shard had nothing.
+  across shards. A receive returns nothing only once every shard had nothing. A shard that fails
+  (damaged, its storage refusing) does not stop the others: what they gave is returned, and the
+  failure is raised by a receive that gets nothing elsewhere.
 * Ids and receipts name the shard: ``"INDEX.ID"`` and ``"INDEX.RECEIPT"`` (the shard's index in
   decimal, then the id or receipt that the shard's channel gave), so that ``delete``,
   ``change_visibility``, ``release``, ``task`` and ``set_metadata`` go to the right shard.
@@ -450,12 +452,22 @@ class ShardedChannel:
                 raise ReceiptError(f"nothing received: {refused}")
         received: list[ReceivedMessage] = []
         wake_at: int | None = None
+        failed: Exception | None = None
         order = self._order()
         for index in ([last, *(i for i in order if i != last)] if last is not None else order):
             mine = deletes.get(index, ()) if index == last else ()
             if len(received) >= max_messages:
                 break
-            got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
+            try:
+                got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
+            except ReceiptError:
+                raise  # a stale receipt to delete: the first shard asked, before anything was taken
+            except Exception as exc:
+                # A shard that fails (damaged, its storage refusing) must not cost the messages
+                # that the other shards hid for this receive: they are returned, and the failure
+                # is raised when no other shard has anything to give.
+                failed = failed or exc
+                continue
             if wake is not None:
                 wake_at = wake if wake_at is None else min(wake_at, wake)
             if got:
@@ -464,6 +476,8 @@ class ShardedChannel:
                     object.__setattr__(m, "id", f"{index}.{m.id}")
                     object.__setattr__(m, "receipt", f"{index}.{m.receipt}")
                 received += got
+        if failed is not None and not received:
+            raise failed
         return received, wake_at
 
     def _deletes_by_shard(self, receipts: Sequence[str]) -> dict[int, list[str]]:
