@@ -124,6 +124,18 @@ def test_offsets_resume_with_nothing_lost_or_twice(tmp_path: Path) -> None:
         assert sorted(o for n, o in seen if n == name) == list(range(len(v)))
 
 
+def test_iterating_again_reads_shards_made_since_as_well(tmp_path: Path) -> None:
+    """Without follow, iterating again after the end reads what came since: appends to the
+    shards read before, and a shard made meanwhile, as a new scanner would."""
+    fill(tmp_path, {0: 5})
+    with ShardedScanner(tmp_path) as scanner:
+        assert len(list(scanner)) == 5
+        more = fill(tmp_path, {0: 2, 3: 4})
+        assert values(collect(scanner)) == {"p.2.000": more["p.2.000"], "p.2.003": more["p.2.003"]}
+        assert scanner.shards == ["p.2.000", "p.2.003"]
+        assert scanner.offsets == {"p.2.000": 7, "p.2.003": 4}
+
+
 def test_offsets_for_some_shards_only(tmp_path: Path) -> None:
     written = fill(tmp_path, {0: 10, 1: 10, 2: 10})
     with ShardedScanner(tmp_path, {"p.2.001": 7, "p.2.002": 10}) as scanner:

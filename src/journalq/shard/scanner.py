@@ -47,7 +47,8 @@ class ShardedScanner(Closing):
     Without ``follow`` the iteration ends once every shard is read to its current end. With
     ``follow=True`` (or a ``timeout``) it waits for appends to any shard and for new shards, and
     ends once ``timeout`` seconds pass with no new message (never, when ``timeout`` is None).
-    Iterating again after an end resumes where the scanner stopped.
+    Iterating again after an end resumes where the scanner stopped, and reads the shards made
+    since too.
 
     Order: round robin over the shards in name order, a batch at a time (see the module's doc).
     """
@@ -185,6 +186,10 @@ class ShardedScanner(Closing):
                     self._watch.changed()
                 return got
             if not self.follow:
+                # The end, unless a shard was made since the root was last listed (iterating
+                # again reads what came since, there too).
+                if self._relist():
+                    continue
                 return None
             # Nothing anywhere: look for new shards (and new jnl/ directories to watch), then
             # wait. The watch is made before the last look, so nothing written after it is missed.
@@ -211,6 +216,11 @@ class ShardedScanner(Closing):
     def _rescan(self) -> bool:
         """List the root again: open new shards; True when a shard or a jnl/ directory is new
         (the watch must then cover it)."""
+        changed = self._relist()
+        return self._watch_targets() != self._watched or changed
+
+    def _relist(self) -> bool:
+        """List the root again and open the shards that are new; True if there was one."""
         self._rescanned = time.monotonic()
         layout = read_layout(self.root, self.prefix)
         old = self._layout
@@ -222,8 +232,7 @@ class ShardedScanner(Closing):
             )
         if layout.bit is not None:
             self._layout = layout
-        changed = self._open_new(layout)
-        return self._watch_targets() != self._watched or changed
+        return self._open_new(layout)
 
     def _watch_targets(self) -> tuple[Path, ...]:
         """What the watch must cover: the root, and each shard's jnl/ (or the shard directory,
