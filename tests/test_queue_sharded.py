@@ -19,10 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import CorruptionError, InvalidMessageError, InvalidNameError, InvalidSettingError, LockedError, ReceiptError
+from journalq.errors import (
+    CorruptionError,
+    InvalidMessageError,
+    InvalidNameError,
+    InvalidSettingError,
+    LockedError,
+    QueueNotFoundError,
+    ReceiptError,
+)
 from journalq.journal.lock import FileLock
 from journalq.journal import Scanner
-from journalq.queue import Broker, Queue, QueueSettings, settings as settings_file
+from journalq.queue import Broker, Queue, QueueSettings, settings as settings_file, sharded
 from journalq.queue.envelope import decode
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.shard import ShardedScanner, read_layout
@@ -527,6 +535,20 @@ def test_list_exists_delete_and_create_again(tmp_path: Path) -> None:
         again = broker.queue("orders", shards=2)
         assert again.stats().available == 0
         assert sorted(os.listdir(tmp_path)) == ["orders", "orders.1.000", "orders.1.001", "plain"]
+
+
+def test_a_shard_removed_by_another_process_is_not_made_again(tmp_path: Path) -> None:
+    """Another process's delete removes the shards first, then the topic's own directory: a send
+    or a new channel meanwhile, in a shard this process had not opened, is told the queue was deleted;
+    it neither says it stored a message nor makes the shard's directory again."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", shards=2)  # its shards made, neither opened here
+        sharded.delete_shards(tmp_path, "jobs", queue.settings)  # the first step of another's delete
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            queue.send(b"lost", key="k")
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            broker.topic("jobs").channel("audit")
+        assert sorted(os.listdir(tmp_path)) == ["jobs"]
 
 
 def test_reopen_finds_the_shards_and_the_deliveries(tmp_path: Path) -> None:

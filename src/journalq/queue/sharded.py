@@ -49,6 +49,7 @@ from journalq.errors import (
     InvalidSettingError,
     LockedError,
     PartialSendError,
+    QueueNotFoundError,
     ReceiptError,
 )
 from journalq.journal.lock import FileLock
@@ -188,12 +189,22 @@ class _ShardTopic(Topic):
         super().__init__(sharded.broker, directory, settings)
         self.name = sharded.name
         self.sharded = sharded
+        self.making = False
+        """True while the sharded topic makes this shard's journal (at creation, or to replace
+        one that a delete cut short removed)."""
 
     def check_present(self) -> None:
         """``Topic.check_present`` of the sharded topic's own directory first: a shard opened
-        only after the topic was deleted and made again is there, but not of the topic opened."""
+        only after the topic was deleted and made again is there, but not of the topic opened.
+        A shard is held open only once its writer or a channel opens, so until then its
+        directory missing is the sign: a delete removes the shards before the topic's own
+        directory, and a writer or channel opened meanwhile would make the shard again."""
         self.sharded.check_present()
         Topic.check_present(self)
+        if self._dir_fd < 0 and not self.making and not os.path.isdir(self.path):
+            raise QueueNotFoundError(
+                f"queue or topic {self.name!r} was deleted after it was opened here (its shard {self.path.name} is gone)"
+            )
 
     def refresh_settings(self) -> None:
         """Nothing: the sharded topic takes up changed settings for all its shards (its own
@@ -286,7 +297,11 @@ class ShardedTopic(TopicDirectory):
         sharded root see all of its shards; writers open as messages come."""
         for shard in self.shards:
             if not journal_dir(shard.path).is_dir():
-                shard._get_writer()
+                shard.making = True
+                try:
+                    shard._get_writer()
+                finally:
+                    shard.making = False
                 shard.close()  # made: its writer opens again with its first message (1024 shards, 1024 writers)
 
     # -- channels and garbage collection ------------------------------------------------------
