@@ -222,6 +222,10 @@ def test_gc_keeps_what_a_channel_has_not_read_in_shards_it_has_not_opened_yet(tm
         assert sorted(m.id for m in drain(slow, 50)) == sorted(sent)
         slow.commit_cursor()
         assert topic.gc()  # once both are done
+        with pytest.raises(InvalidNameError):
+            topic.channel("../../escape")  # refused before any shard gets a directory for it
+        assert not (tmp_path / "escape").exists()
+        assert sorted(os.listdir(tmp_path / "events.1.000" / "channels")) == ["fast", "slow"]
 
 
 def test_a_damaged_shard_does_not_hide_the_messages_of_the_others(tmp_path: Path) -> None:

@@ -369,8 +369,8 @@ class ShardedChannel:
         self._claim: FileLock | None = None
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
+        first = self._shard_channels[self._current] = self._shard_channel(self._current)  # checks the name
         topic._enter_channel(name)
-        first = self._shard_channels[self._current] = self._shard_channel(self._current)
         # One consumer id over every shard, so that ``consumers()`` shows each consumer once.
         self.consumer_id = first.consumer_id
 
