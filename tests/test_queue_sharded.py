@@ -27,6 +27,7 @@ from journalq.errors import (
     LockedError,
     QueueNotFoundError,
     ReceiptError,
+    StorageError,
 )
 from journalq.journal.lock import FileLock
 from journalq.journal import Scanner
@@ -251,6 +252,29 @@ def test_a_damaged_shard_does_not_hide_the_messages_of_the_others(tmp_path: Path
         with pytest.raises(CorruptionError, match="jobs.1.001"):
             queue.receive(10)
         assert queue.shard_stats()["jobs.1.000"].in_flight == 0
+
+
+def test_a_receive_whose_deletes_fail_raises_even_when_other_shards_have_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``receive(delete=...)`` returns only once its deletes are stored: when the shard that
+    deletes them fails, the receive raises, whatever the other shards have to give."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", shards=2)
+        keys = {index: next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 1 == index) for index in (0, 1)}
+        queue.send_many([{"body": b"%d.%d" % (index, i), "key": keys[index]} for index in (0, 1) for i in range(3)])
+        got = queue.receive(10, visibility_timeout=30)
+        held = [m for m in got if shard_of(m.id) == 1]
+        assert len(held) == 3
+        queue.change_visibility_many([(m.receipt, 0) for m in got if shard_of(m.id) == 0])  # shard 0 has work
+        failing = queue._channel(1)
+
+        def refuse(*args: object, **kwargs: object) -> object:
+            raise StorageError("no space left on device", file=failing.path)
+
+        monkeypatch.setattr(failing, "_receive_now", refuse)
+        with pytest.raises(StorageError):
+            queue.receive(10, delete=[m.receipt for m in held])
 
 
 def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:

@@ -475,9 +475,9 @@ class ShardedChannel:
                 break
             try:
                 got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
-            except ReceiptError:
-                raise  # a stale receipt to delete: the first shard asked, before anything was taken
             except Exception as exc:
+                if mine or isinstance(exc, ReceiptError):
+                    raise  # the deletes are not stored: nothing may be returned as if they were
                 # A shard that fails (damaged, its storage refusing) must not cost the messages
                 # that the other shards hid for this receive: they are returned, and the failure
                 # is raised when no other shard has anything to give.
