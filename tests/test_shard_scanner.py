@@ -211,6 +211,16 @@ def test_bad_arguments(tmp_path: Path) -> None:
         ShardedScanner(tmp_path).read_batch(0)
 
 
+def test_arguments_of_the_wrong_type_get_errors_naming_them(tmp_path: Path) -> None:
+    fill(tmp_path, {0: 3})
+    with pytest.raises(Error, match="offsets must map shard names"):
+        ShardedScanner(tmp_path, [("p.2.000", 1)])  # type: ignore[arg-type]
+    with pytest.raises(Error, match="timeout must be"):
+        ShardedScanner(tmp_path, timeout="5")  # type: ignore[arg-type]
+    with ShardedScanner(tmp_path) as scanner, pytest.raises(Error, match="max_messages"):
+        scanner.read_batch("5")  # type: ignore[arg-type]
+
+
 # -- following --------------------------------------------------------------------------------
 
 

@@ -68,8 +68,12 @@ class ShardedScanner(Closing):
         self.prefix = prefix
         self.timeout = timeout
         self.follow = follow or timeout is not None
-        if timeout is not None and timeout < 0:
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
+        ):
             raise Error(f"timeout must be 0 or more seconds, not {timeout!r}")
+        if offsets is not None and not isinstance(offsets, Mapping):
+            raise Error(f"offsets must map shard names to offsets (a dict), not {type(offsets).__name__}")
         self._layout: ShardLayout = read_layout(self.root, prefix)
         wanted: dict[str, int] = {}
         for name, offset in (offsets or {}).items():
@@ -141,8 +145,8 @@ class ShardedScanner(Closing):
     def read_batch(self, max_messages: int = DEFAULT_BATCH) -> tuple[str, list[Message]] | None:
         """The next batch of one shard: ``(shard_name, messages)``, up to ``max_messages``, waiting
         (as the iteration does) when no shard has any; None at the end (or the timeout)."""
-        if max_messages < 1:
-            raise Error(f"max_messages must be 1 or more, not {max_messages!r}")
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise Error(f"max_messages must be an integer, 1 or more, not {max_messages!r}")
         if self._i < len(self._batch):  # the rest of a batch that an iteration started
             out = self._batch[self._i : self._i + max_messages]
             self._i += len(out)
