@@ -136,6 +136,21 @@ def test_iterating_again_reads_shards_made_since_as_well(tmp_path: Path) -> None
         assert scanner.offsets == {"p.2.000": 7, "p.2.003": 4}
 
 
+def test_an_iteration_goes_on_after_what_read_batch_took_meanwhile(tmp_path: Path) -> None:
+    """``read_batch`` between two steps of one iteration takes the messages that come next; the
+    iteration then goes on after them, neither giving them twice nor skipping any."""
+    fill(tmp_path, {0: 10, 1: 4})
+    with ShardedScanner(tmp_path) as scanner:
+        iteration = iter(scanner)
+        seen = [(name, m.offset) for name, m in (next(iteration) for _ in range(3))]
+        name, batch = scanner.read_batch(2)  # the rest of the batch the iteration is in
+        seen += [(name, m.offset) for m in batch]
+        name, batch = scanner.read_batch(100)  # to the end of that batch
+        seen += [(name, m.offset) for m in batch]
+        seen += [(name, m.offset) for name, m in iteration]
+    assert sorted(seen) == [("p.2.000", i) for i in range(10)] + [("p.2.001", i) for i in range(4)]
+
+
 def test_offsets_for_some_shards_only(tmp_path: Path) -> None:
     written = fill(tmp_path, {0: 10, 1: 10, 2: 10})
     with ShardedScanner(tmp_path, {"p.2.001": 7, "p.2.002": 10}) as scanner:

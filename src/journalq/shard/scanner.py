@@ -135,6 +135,10 @@ class ShardedScanner(Closing):
                 i += 1
                 self._i = i
                 yield name, message
+                # ``read_batch`` may have taken what came next meanwhile: go on after it.
+                if self._batch is not batch:
+                    break  # the whole batch, and more
+                i = self._i
             got = self._next_batch(DEFAULT_BATCH)
             if got is None:
                 self._batch, self._i = [], 0
