@@ -19,10 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidMessageError, InvalidNameError, InvalidSettingError, LockedError, ReceiptError
+from journalq.errors import (
+    CorruptionError,
+    InvalidMessageError,
+    InvalidNameError,
+    InvalidSettingError,
+    LockedError,
+    QueueNotFoundError,
+    ReceiptError,
+    StorageError,
+)
 from journalq.journal.lock import FileLock
 from journalq.journal import Scanner
-from journalq.queue import Broker, Queue, QueueSettings, settings as settings_file
+from journalq.queue import Broker, Queue, QueueSettings, settings as settings_file, sharded
 from journalq.queue.envelope import decode
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.shard import ShardedScanner, read_layout
@@ -200,6 +209,72 @@ def test_every_channel_of_a_sharded_topic_gets_every_message(tmp_path: Path) -> 
         for channel in (billing, audit):
             assert sorted(m.id for m in drain(channel)) == sorted(sent)
         assert topic.gc() == [] and broker.names() == ["events"]
+
+
+def test_gc_keeps_what_a_channel_has_not_read_in_shards_it_has_not_opened_yet(tmp_path: Path) -> None:
+    """A channel opens its shards' channels as it uses them; a shard it has not used yet must
+    still count it as a channel with nothing read, or its gc deletes what the channel never got."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", shards=2, segment_size=4096)
+        fast, slow = topic.channel("fast"), topic.channel("slow")
+        sent = topic.send_many([b"%03d" % i + b"." * 100 for i in range(600)])
+        assert len(drain(fast, 50)) == 600
+        topic.gc()  # slow has read nothing yet, in either shard
+        assert sorted(m.id for m in drain(slow, 50)) == sorted(sent)
+        slow.commit_cursor()
+        assert topic.gc()  # once both are done
+        with pytest.raises(InvalidNameError):
+            topic.channel("../../escape")  # refused before any shard gets a directory for it
+        assert not (tmp_path / "escape").exists()
+        assert sorted(os.listdir(tmp_path / "events.1.000" / "channels")) == ["fast", "slow"]
+
+
+def test_a_damaged_shard_does_not_hide_the_messages_of_the_others(tmp_path: Path) -> None:
+    """A receive that took messages from a healthy shard returns them when a later shard fails;
+    the failure is raised once no other shard has anything to give."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", shards=2)
+        keys = {index: next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 1 == index) for index in (0, 1)}
+        healthy = queue.send_many([{"body": b"h%d" % i, "key": keys[0]} for i in range(4)])
+        queue.send_many([{"body": b"d%d" % i, "key": keys[1]} for i in range(4)])
+        segment = next((tmp_path / "jobs.1.001" / "jnl").glob("*.jnl"))
+        with open(segment, "r+b") as f:
+            f.write(b"\xff" * 40)  # the first message of shard 1 is damaged
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", create=False)
+        (queue.topic.path / "consumers").mkdir(exist_ok=True)
+        with FileLock(queue.topic.path / "consumers" / "default.1.lck") as other:
+            other.acquire(wait=False)  # another consumer's home: this one's is the healthy shard
+            assert queue.home == 0
+        got = queue.receive(10, visibility_timeout=30)
+        assert sorted(m.id for m in got) == sorted(healthy)
+        assert queue.delete_many([m.receipt for m in got]) == [None] * 4
+        with pytest.raises(CorruptionError, match="jobs.1.001"):
+            queue.receive(10)
+        assert queue.shard_stats()["jobs.1.000"].in_flight == 0
+
+
+def test_a_receive_whose_deletes_fail_raises_even_when_other_shards_have_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``receive(delete=...)`` returns only once its deletes are stored: when the shard that
+    deletes them fails, the receive raises, whatever the other shards have to give."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", shards=2)
+        keys = {index: next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 1 == index) for index in (0, 1)}
+        queue.send_many([{"body": b"%d.%d" % (index, i), "key": keys[index]} for index in (0, 1) for i in range(3)])
+        got = queue.receive(10, visibility_timeout=30)
+        held = [m for m in got if shard_of(m.id) == 1]
+        assert len(held) == 3
+        queue.change_visibility_many([(m.receipt, 0) for m in got if shard_of(m.id) == 0])  # shard 0 has work
+        failing = queue._channel(1)
+
+        def refuse(*args: object, **kwargs: object) -> object:
+            raise StorageError("no space left on device", file=failing.path)
+
+        monkeypatch.setattr(failing, "_receive_now", refuse)
+        with pytest.raises(StorageError):
+            queue.receive(10, delete=[m.receipt for m in held])
 
 
 def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:
@@ -488,6 +563,20 @@ def test_list_exists_delete_and_create_again(tmp_path: Path) -> None:
         again = broker.queue("orders", shards=2)
         assert again.stats().available == 0
         assert sorted(os.listdir(tmp_path)) == ["orders", "orders.1.000", "orders.1.001", "plain"]
+
+
+def test_a_shard_removed_by_another_process_is_not_made_again(tmp_path: Path) -> None:
+    """Another process's delete removes the shards first, then the topic's own directory: a send
+    or a new channel meanwhile, in a shard this process had not opened, is told the queue was deleted;
+    it neither says it stored a message nor makes the shard's directory again."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", shards=2)  # its shards made, neither opened here
+        sharded.delete_shards(tmp_path, "jobs", queue.settings)  # the first step of another's delete
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            queue.send(b"lost", key="k")
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            broker.topic("jobs").channel("audit")
+        assert sorted(os.listdir(tmp_path)) == ["jobs"]
 
 
 def test_reopen_finds_the_shards_and_the_deliveries(tmp_path: Path) -> None:

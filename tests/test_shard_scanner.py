@@ -124,6 +124,33 @@ def test_offsets_resume_with_nothing_lost_or_twice(tmp_path: Path) -> None:
         assert sorted(o for n, o in seen if n == name) == list(range(len(v)))
 
 
+def test_iterating_again_reads_shards_made_since_as_well(tmp_path: Path) -> None:
+    """Without follow, iterating again after the end reads what came since: appends to the
+    shards read before, and a shard made meanwhile, as a new scanner would."""
+    fill(tmp_path, {0: 5})
+    with ShardedScanner(tmp_path) as scanner:
+        assert len(list(scanner)) == 5
+        more = fill(tmp_path, {0: 2, 3: 4})
+        assert values(collect(scanner)) == {"p.2.000": more["p.2.000"], "p.2.003": more["p.2.003"]}
+        assert scanner.shards == ["p.2.000", "p.2.003"]
+        assert scanner.offsets == {"p.2.000": 7, "p.2.003": 4}
+
+
+def test_an_iteration_goes_on_after_what_read_batch_took_meanwhile(tmp_path: Path) -> None:
+    """``read_batch`` between two steps of one iteration takes the messages that come next; the
+    iteration then goes on after them, neither giving them twice nor skipping any."""
+    fill(tmp_path, {0: 10, 1: 4})
+    with ShardedScanner(tmp_path) as scanner:
+        iteration = iter(scanner)
+        seen = [(name, m.offset) for name, m in (next(iteration) for _ in range(3))]
+        name, batch = scanner.read_batch(2)  # the rest of the batch the iteration is in
+        seen += [(name, m.offset) for m in batch]
+        name, batch = scanner.read_batch(100)  # to the end of that batch
+        seen += [(name, m.offset) for m in batch]
+        seen += [(name, m.offset) for name, m in iteration]
+    assert sorted(seen) == [("p.2.000", i) for i in range(10)] + [("p.2.001", i) for i in range(4)]
+
+
 def test_offsets_for_some_shards_only(tmp_path: Path) -> None:
     written = fill(tmp_path, {0: 10, 1: 10, 2: 10})
     with ShardedScanner(tmp_path, {"p.2.001": 7, "p.2.002": 10}) as scanner:
@@ -197,6 +224,16 @@ def test_bad_arguments(tmp_path: Path) -> None:
         ShardedScanner(tmp_path / "missing")
     with pytest.raises(Error, match="max_messages"):
         ShardedScanner(tmp_path).read_batch(0)
+
+
+def test_arguments_of_the_wrong_type_get_errors_naming_them(tmp_path: Path) -> None:
+    fill(tmp_path, {0: 3})
+    with pytest.raises(Error, match="offsets must map shard names"):
+        ShardedScanner(tmp_path, [("p.2.000", 1)])  # type: ignore[arg-type]
+    with pytest.raises(Error, match="timeout must be"):
+        ShardedScanner(tmp_path, timeout="5")  # type: ignore[arg-type]
+    with ShardedScanner(tmp_path) as scanner, pytest.raises(Error, match="max_messages"):
+        scanner.read_batch("5")  # type: ignore[arg-type]
 
 
 # -- following --------------------------------------------------------------------------------

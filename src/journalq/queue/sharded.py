@@ -19,7 +19,9 @@ is repeated here. What a sharded topic adds is routing:
   ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
   tries the shard that had work last, then the others in turn (mq's peers: consumers mostly work
   different shards, so they seldom wait for one another's locks). Order holds within a shard, not
-  across shards. A receive returns nothing only once every shard had nothing.
+  across shards. A receive returns nothing only once every shard had nothing. A shard that fails
+  (damaged, its storage refusing) does not stop the others: what they gave is returned, and the
+  failure is raised by a receive that gets nothing elsewhere.
 * Ids and receipts name the shard: ``"INDEX.ID"`` and ``"INDEX.RECEIPT"`` (the shard's index in
   decimal, then the id or receipt that the shard's channel gave), so that ``delete``,
   ``change_visibility``, ``release``, ``task`` and ``set_metadata`` go to the right shard.
@@ -47,9 +49,11 @@ from journalq.errors import (
     InvalidSettingError,
     LockedError,
     PartialSendError,
+    QueueNotFoundError,
     ReceiptError,
 )
 from journalq.journal.lock import FileLock
+from journalq.journal.recovery import fsync_dir
 from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
@@ -140,6 +144,20 @@ def delete_shards(root: Path, name: str, settings: QueueSettings | None) -> None
         remove_directory(root, directory)  # one missing (a delete cut short) is skipped
 
 
+def _make_dir(directory: Path, durable: bool) -> bool:
+    """Make ``directory`` (synced into its parent when ``durable``) unless it is there; False
+    when its parent is missing, which is not made (a shard being deleted must not come back)."""
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return True
+    except FileNotFoundError:
+        return False
+    if durable:
+        fsync_dir(directory.parent)
+    return True
+
+
 def _route_key(value: bytes | str, what: str) -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8")
@@ -171,12 +189,22 @@ class _ShardTopic(Topic):
         super().__init__(sharded.broker, directory, settings)
         self.name = sharded.name
         self.sharded = sharded
+        self.making = False
+        """True while the sharded topic makes this shard's journal (at creation, or to replace
+        one that a delete cut short removed)."""
 
     def check_present(self) -> None:
         """``Topic.check_present`` of the sharded topic's own directory first: a shard opened
-        only after the topic was deleted and made again is there, but not of the topic opened."""
+        only after the topic was deleted and made again is there, but not of the topic opened.
+        A shard is held open only once its writer or a channel opens, so until then its
+        directory missing is the sign: a delete removes the shards before the topic's own
+        directory, and a writer or channel opened meanwhile would make the shard again."""
         self.sharded.check_present()
         Topic.check_present(self)
+        if self._dir_fd < 0 and not self.making and not os.path.isdir(self.path):
+            raise QueueNotFoundError(
+                f"queue or topic {self.name!r} was deleted after it was opened here (its shard {self.path.name} is gone)"
+            )
 
     def refresh_settings(self) -> None:
         """Nothing: the sharded topic takes up changed settings for all its shards (its own
@@ -269,7 +297,11 @@ class ShardedTopic(TopicDirectory):
         sharded root see all of its shards; writers open as messages come."""
         for shard in self.shards:
             if not journal_dir(shard.path).is_dir():
-                shard._get_writer()
+                shard.making = True
+                try:
+                    shard._get_writer()
+                finally:
+                    shard.making = False
                 shard.close()  # made: its writer opens again with its first message (1024 shards, 1024 writers)
 
     # -- channels and garbage collection ------------------------------------------------------
@@ -283,6 +315,19 @@ class ShardedTopic(TopicDirectory):
 
     def channel_names(self) -> list[str]:
         return sorted({name for shard in self.shards for name in shard.channel_names()})
+
+    def _enter_channel(self, name: str) -> None:
+        """Make the directory of channel ``name`` in every shard that lacks it. A shard's gc keeps
+        what each channel listed there has not read (a channel never committed has read nothing),
+        and a sharded channel opens its shards' channels only as it uses them: without this, a
+        shard it has not used yet would delete, once the other channels are done, what it never
+        got. (A directory per shard, not a channel: 1024 shards make 1024 directories, not 1024
+        open writers.)"""
+        durable = self.broker.durable
+        for shard in self.shards:
+            channels = shard.path / "channels"
+            if not _make_dir(channels / name, durable) and _make_dir(channels, durable):
+                _make_dir(channels / name, durable)
 
     def gc(self, now: float | None = None) -> list[Path]:
         """Each shard's ``Topic.gc``; returns the files deleted."""
@@ -324,7 +369,8 @@ class ShardedChannel:
         self._claim: FileLock | None = None
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
-        first = self._shard_channels[self._current] = self._shard_channel(self._current)
+        first = self._shard_channels[self._current] = self._shard_channel(self._current)  # checks the name
+        topic._enter_channel(name)
         # One consumer id over every shard, so that ``consumers()`` shows each consumer once.
         self.consumer_id = first.consumer_id
 
@@ -421,12 +467,22 @@ class ShardedChannel:
                 raise ReceiptError(f"nothing received: {refused}")
         received: list[ReceivedMessage] = []
         wake_at: int | None = None
+        failed: Exception | None = None
         order = self._order()
         for index in ([last, *(i for i in order if i != last)] if last is not None else order):
             mine = deletes.get(index, ()) if index == last else ()
             if len(received) >= max_messages:
                 break
-            got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
+            try:
+                got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
+            except Exception as exc:
+                if mine or isinstance(exc, ReceiptError):
+                    raise  # the deletes are not stored: nothing may be returned as if they were
+                # A shard that fails (damaged, its storage refusing) must not cost the messages
+                # that the other shards hid for this receive: they are returned, and the failure
+                # is raised when no other shard has anything to give.
+                failed = failed or exc
+                continue
             if wake is not None:
                 wake_at = wake if wake_at is None else min(wake_at, wake)
             if got:
@@ -435,6 +491,8 @@ class ShardedChannel:
                     object.__setattr__(m, "id", f"{index}.{m.id}")
                     object.__setattr__(m, "receipt", f"{index}.{m.receipt}")
                 received += got
+        if failed is not None and not received:
+            raise failed
         return received, wake_at
 
     def _deletes_by_shard(self, receipts: Sequence[str]) -> dict[int, list[str]]:

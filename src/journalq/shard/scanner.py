@@ -47,7 +47,8 @@ class ShardedScanner(Closing):
     Without ``follow`` the iteration ends once every shard is read to its current end. With
     ``follow=True`` (or a ``timeout``) it waits for appends to any shard and for new shards, and
     ends once ``timeout`` seconds pass with no new message (never, when ``timeout`` is None).
-    Iterating again after an end resumes where the scanner stopped.
+    Iterating again after an end resumes where the scanner stopped, and reads the shards made
+    since too.
 
     Order: round robin over the shards in name order, a batch at a time (see the module's doc).
     """
@@ -67,8 +68,12 @@ class ShardedScanner(Closing):
         self.prefix = prefix
         self.timeout = timeout
         self.follow = follow or timeout is not None
-        if timeout is not None and timeout < 0:
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
+        ):
             raise Error(f"timeout must be 0 or more seconds, not {timeout!r}")
+        if offsets is not None and not isinstance(offsets, Mapping):
+            raise Error(f"offsets must map shard names to offsets (a dict), not {type(offsets).__name__}")
         self._layout: ShardLayout = read_layout(self.root, prefix)
         wanted: dict[str, int] = {}
         for name, offset in (offsets or {}).items():
@@ -130,6 +135,10 @@ class ShardedScanner(Closing):
                 i += 1
                 self._i = i
                 yield name, message
+                # ``read_batch`` may have taken what came next meanwhile: go on after it.
+                if self._batch is not batch:
+                    break  # the whole batch, and more
+                i = self._i
             got = self._next_batch(DEFAULT_BATCH)
             if got is None:
                 self._batch, self._i = [], 0
@@ -140,8 +149,8 @@ class ShardedScanner(Closing):
     def read_batch(self, max_messages: int = DEFAULT_BATCH) -> tuple[str, list[Message]] | None:
         """The next batch of one shard: ``(shard_name, messages)``, up to ``max_messages``, waiting
         (as the iteration does) when no shard has any; None at the end (or the timeout)."""
-        if max_messages < 1:
-            raise Error(f"max_messages must be 1 or more, not {max_messages!r}")
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise Error(f"max_messages must be an integer, 1 or more, not {max_messages!r}")
         if self._i < len(self._batch):  # the rest of a batch that an iteration started
             out = self._batch[self._i : self._i + max_messages]
             self._i += len(out)
@@ -185,6 +194,10 @@ class ShardedScanner(Closing):
                     self._watch.changed()
                 return got
             if not self.follow:
+                # The end, unless a shard was made since the root was last listed (iterating
+                # again reads what came since, there too).
+                if self._relist():
+                    continue
                 return None
             # Nothing anywhere: look for new shards (and new jnl/ directories to watch), then
             # wait. The watch is made before the last look, so nothing written after it is missed.
@@ -211,6 +224,11 @@ class ShardedScanner(Closing):
     def _rescan(self) -> bool:
         """List the root again: open new shards; True when a shard or a jnl/ directory is new
         (the watch must then cover it)."""
+        changed = self._relist()
+        return self._watch_targets() != self._watched or changed
+
+    def _relist(self) -> bool:
+        """List the root again and open the shards that are new; True if there was one."""
         self._rescanned = time.monotonic()
         layout = read_layout(self.root, self.prefix)
         old = self._layout
@@ -222,8 +240,7 @@ class ShardedScanner(Closing):
             )
         if layout.bit is not None:
             self._layout = layout
-        changed = self._open_new(layout)
-        return self._watch_targets() != self._watched or changed
+        return self._open_new(layout)
 
     def _watch_targets(self) -> tuple[Path, ...]:
         """What the watch must cover: the root, and each shard's jnl/ (or the shard directory,
