@@ -453,3 +453,21 @@ def test_the_next_segment_taken_back_by_a_failed_append_is_no_gap(tmp_path):
     with Scanner(tmp_path, 2) as s:  # lists segment 4 after 2
         taken_back.unlink()
         assert [m.offset for m in s] == [2]
+
+
+def test_an_iteration_goes_on_after_what_read_batch_took_meanwhile(tmp_path):
+    """``read_batch`` between two steps of an iteration takes the messages that come next: the
+    iteration, resumed, goes on after them (it gave them a second time), within the batch it is in
+    and past it."""
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"m%d" % i for i in range(10)])
+    with Scanner(tmp_path, 0) as s:
+        iteration = iter(s)
+        assert next(iteration).offset == 0
+        assert [m.offset for m in s.read_batch(3)] == [1, 2, 3]
+        assert next(iteration).offset == 4
+        assert [m.offset for m in s.read_batch()] == list(range(5, 10))  # the rest of the batch
+        with Writer(tmp_path) as writer:
+            writer.append_many([b"more"] * 5)
+        assert [m.offset for m in s.read_batch(2)] == [10, 11]  # a new batch, with read_batch
+        assert [m.offset for m in iteration] == [12, 13, 14]

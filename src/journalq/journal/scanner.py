@@ -94,8 +94,13 @@ class Scanner(Closing):
                 i += 1
                 self._i = i
                 yield message
-            if not self._advance():
-                return
+                # ``read_batch`` may have taken what came next meanwhile: go on after it.
+                if self._batch is not batch:
+                    break  # the whole batch, and more
+                i = self._i
+            else:
+                if not self._advance():
+                    return
 
     def read_batch(self, max_messages: int = 65536) -> list[Message]:
         """The next messages available now, up to ``max_messages``; waits (as the iteration does)
