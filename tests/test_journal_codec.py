@@ -189,6 +189,12 @@ def test_decode_reports_corruption_with_position():
         decode(good + hand_encode(2, 1, 0, b"", b""), expected_offset=0)
     assert info.value.position == len(good)
     assert "byte 27" in str(info.value) and "offset 2" in str(info.value)
+    assert info.value.offset == 1 and info.value.timestamp_ns == 1  # where it was due; a whole message's time
+    # a damaged header: located at the offset due, not at what its bytes spell
+    with pytest.raises(CorruptionError, match="negative key length") as info:
+        decode(b"\xff" * 40, expected_offset=0)
+    assert info.value.offset == 0 and info.value.timestamp_ns is None
+    assert "18446744073709551615" not in str(info.value) and "1969" not in str(info.value)
 
 
 # -- property tests --------------------------------------------------------------------------

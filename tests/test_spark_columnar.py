@@ -103,8 +103,8 @@ def test_damage_is_found_where_the_codec_finds_it(data):
         try:
             result, used = fn(buf, expected_offset=0)
             return ("ok", len(result), used)
-        except CorruptionError as exc:
-            return ("corrupt", exc.position)
+        except CorruptionError as exc:  # located alike: at the offset due, with no damaged header's
+            return ("corrupt", exc.reason, exc.position, exc.offset, exc.timestamp_ns)
 
     assert outcome(decode_columns) == outcome(decode)
 

@@ -287,26 +287,25 @@ def decode(
         key_start = pos + 18
         key_end = key_start + key_len
         if key_len < 0:
-            raise _corrupt(f"negative key length {key_len}", pos, offset, timestamp_ns)
+            raise _damaged(f"negative key length {key_len}", pos, next_offset)
         if key_end + 8 > end:
             break
         (value_len,) = unpack_int(buf, key_end)
         value_end = key_end + 4 + value_len
         if value_len < 0:
-            raise _corrupt(f"negative value length {value_len}", pos, offset, timestamp_ns)
+            raise _damaged(f"negative value length {value_len}", pos, next_offset)
         if value_end + 4 > end:
             break
         (size,) = unpack_int(buf, value_end)
         if size != value_end + 4 - pos:
-            raise _corrupt(
+            raise _damaged(
                 f"size field says {size} bytes, the message has {value_end + 4 - pos}",
                 pos,
-                offset,
-                timestamp_ns,
+                next_offset,
             )
         if next_offset is not None:
             if offset != next_offset:
-                raise _corrupt(f"offset {offset} where {next_offset} was due", pos, offset, timestamp_ns)
+                raise _corrupt(f"offset {offset} where {next_offset} was due", pos, next_offset, timestamp_ns)
             next_offset += 1
         append(new(Message, (offset, timestamp_ns, type_, buf[key_start:key_end], buf[key_end + 4 : value_end])))
         pos = value_end + 4
@@ -329,21 +328,21 @@ def frame_sizes(buf: bytes, expected_offset: int) -> tuple[list[int], int]:
     while pos + OVERHEAD <= end:
         offset, timestamp_ns, _, key_len = unpack_head(buf, pos)
         if key_len < 0:
-            raise _corrupt(f"negative key length {key_len}", pos, offset, timestamp_ns)
+            raise _damaged(f"negative key length {key_len}", pos, next_offset)
         key_end = pos + 18 + key_len
         if key_end + 8 > end:
             break
         (value_len,) = unpack_int(buf, key_end)
         if value_len < 0:
-            raise _corrupt(f"negative value length {value_len}", pos, offset, timestamp_ns)
+            raise _damaged(f"negative value length {value_len}", pos, next_offset)
         message_end = key_end + 8 + value_len
         if message_end > end:
             break
         (size,) = unpack_int(buf, message_end - 4)
         if size != message_end - pos:
-            raise _corrupt(f"size field says {size} bytes, the message has {message_end - pos}", pos, offset, timestamp_ns)
+            raise _damaged(f"size field says {size} bytes, the message has {message_end - pos}", pos, next_offset)
         if offset != next_offset:
-            raise _corrupt(f"offset {offset} where {next_offset} was due", pos, offset, timestamp_ns)
+            raise _corrupt(f"offset {offset} where {next_offset} was due", pos, next_offset, timestamp_ns)
         next_offset += 1
         append(size)
         pos = message_end
@@ -351,4 +350,11 @@ def frame_sizes(buf: bytes, expected_offset: int) -> tuple[list[int], int]:
 
 
 def _corrupt(reason: str, position: int, offset: int, timestamp_ns: int) -> CorruptionError:
+    """A whole message out of place: located at the offset that was due, with its timestamp."""
     return CorruptionError(reason, position=position, offset=offset, timestamp_ns=timestamp_ns)
+
+
+def _damaged(reason: str, position: int, due: int | None) -> CorruptionError:
+    """Bytes that are no message: located at the offset that was due (when known), never at the
+    offset and timestamp the damaged header spells (18446744073709551615, 1969-12-31...)."""
+    return CorruptionError(reason, position=position, offset=due)

@@ -123,8 +123,10 @@ def _gather(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tupl
     return offsets.astype(np.int32), source[positions]
 
 
-def _corrupt(reason: str, position: int, offset: int | None = None, timestamp_ns: int | None = None) -> CorruptionError:
-    return CorruptionError(reason, position=position, offset=offset, timestamp_ns=timestamp_ns)
+def _corrupt(reason: str, position: int, due: int | None, timestamp_ns: int | None = None) -> CorruptionError:
+    """Located at the offset that was due (when known), as the codec locates its errors: with the
+    timestamp only of a whole message out of place, never what a damaged header spells."""
+    return CorruptionError(reason, position=position, offset=due, timestamp_ns=timestamp_ns)
 
 
 def _header(buf: bytes, pos: int) -> tuple[int, int]:
@@ -236,15 +238,13 @@ def decode_columns(
     while remaining != 0 and pos + OVERHEAD <= end:
         key_len = buf[pos + 17]
         if key_len > 127:
-            offset, ts = _header(buf, pos)
-            raise _corrupt(f"negative key length {key_len - 256}", pos, offset, ts)
+            raise _corrupt(f"negative key length {key_len - 256}", pos, due)
         key_end = pos + 18 + key_len
         if key_end + 8 > end:
             break
         (value_len,) = unpack_int(buf, key_end)
         if value_len < 0:
-            offset, ts = _header(buf, pos)
-            raise _corrupt(f"negative value length {value_len}", pos, offset, ts)
+            raise _corrupt(f"negative value length {value_len}", pos, due)
         size = OVERHEAD + key_len + value_len
         if pos + size > end:
             break
@@ -287,8 +287,7 @@ def decode_columns(
             if key_len > 127:
                 if starts:
                     break  # hand out what came before; the next call raises
-                offset, ts = _header(buf, pos)
-                raise _corrupt(f"negative key length {key_len - 256}", pos, offset, ts)
+                raise _corrupt(f"negative key length {key_len - 256}", pos, due)
             key_end = pos + 18 + key_len
             if key_end + 8 > end:
                 break
@@ -296,8 +295,7 @@ def decode_columns(
             if value_len < 0:
                 if starts:
                     break
-                offset, ts = _header(buf, pos)
-                raise _corrupt(f"negative value length {value_len}", pos, offset, ts)
+                raise _corrupt(f"negative value length {value_len}", pos, due)
             nxt = key_end + 8 + value_len
             if nxt > end:
                 break
@@ -305,8 +303,7 @@ def decode_columns(
             if size != nxt - pos:
                 if starts:
                     break
-                offset, ts = _header(buf, pos)
-                raise _corrupt(f"size field says {size} bytes, the message has {nxt - pos}", pos, offset, ts)
+                raise _corrupt(f"size field says {size} bytes, the message has {nxt - pos}", pos, due)
             starts.append(pos)
             key_lens.append(key_len)
             value_lens.append(value_len)
@@ -334,4 +331,4 @@ def _check_dense(buf: bytes, offsets: np.ndarray, due: int, position_of: Callabl
         i = int(np.flatnonzero(offsets != want)[0])
         position = position_of(i)
         offset, ts = _header(buf, position)
-        raise _corrupt(f"offset {offset} where {due + i} was due", position, offset, ts)
+        raise _corrupt(f"offset {offset} where {due + i} was due", position, due + i, ts)
