@@ -22,6 +22,7 @@ topic's garbage collection reads.
 from __future__ import annotations
 
 import hashlib
+import logging
 import operator
 import os
 import re
@@ -49,6 +50,7 @@ from journalq.errors import (
 )
 from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.offsets import read_offset, write_offset
+from journalq.journal.recovery import fsync_dir
 from journalq.journal.segment import list_segments
 from journalq.journal.watch import DirectoryWatch
 from journalq.journal.writer import held
@@ -68,6 +70,8 @@ from journalq.queue.state import (
 
 if TYPE_CHECKING:
     from journalq.queue.topic import Topic
+
+log = logging.getLogger("journalq.queue")
 
 SNAPSHOT_EVERY = 20_000
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
@@ -165,23 +169,49 @@ def check_receipt_list(name: str, receipts: object) -> None:
         raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
 
 
-def _channel_token(path: Path) -> str:
+_TOKEN = re.compile(rb"[0-9a-f]{8}")
+
+
+def _channel_token(path: Path, durable: bool) -> str:
     """The random token made when the channel was created (``channel.id``): receipts carry it, so
-    that one can never act on another channel, nor on a channel made again under the same name."""
+    that one can never act on another channel, nor on a channel made again under the same name.
+
+    Called under the channel's hold. A file that holds no token (one never synced, emptied or
+    zero-filled by a power cut, or damaged) is replaced by a new token, once, for every process:
+    with it, each process would give out receipts that no other takes. Receipts of the lost
+    token are refused; their messages come back when their visibility ends. ``durable``: a new
+    token is synced, file and entry, so that the receipts given out with it outlive a power cut."""
     file = path / "channel.id"
     try:
-        return file.read_text().strip()
+        found: bytes | None = file.read_bytes().strip()
     except FileNotFoundError:
-        pass
+        found = None
+    if found is not None and _TOKEN.fullmatch(found):
+        return found.decode()
+    token = secrets.token_hex(4)
     tmp = path / f"channel.id.{os.getpid()}.tmp"
-    tmp.write_text(secrets.token_hex(4) + "\n")
     try:
-        os.link(tmp, file)  # creates it whole, or fails when another process was first
+        with open(tmp, "w") as f:
+            f.write(token + "\n")
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if found is None:
+            # Creates it whole, or fails when another process was first (one of an earlier
+            # version, which made it out of the hold): its token is read below.
+            os.link(tmp, file)
+        else:
+            log.warning("%s held no channel token (%r): a new one replaces it", file, found[:16])
+            os.replace(tmp, file)
     except FileExistsError:
-        pass
+        token = ""
     finally:
-        tmp.unlink()
-    return file.read_text().strip()
+        tmp.unlink(missing_ok=True)
+    if not token:
+        return _channel_token(path, durable)
+    if durable:
+        fsync_dir(path)
+    return token
 
 
 class Channel:
@@ -198,7 +228,7 @@ class Channel:
         caller gave it (a sharded queue's shard channels: the shard's index and a dot)."""
         self._writer = self._new_writer()
         self._reopen_lock = threading.Lock()  # threads reopening the writer make one, not one each
-        self._token = _channel_token(self.path)
+        self._token = ""  # ``_channel_token``'s, read under the hold below
         self.state = ChannelState()
         self._events: Scanner | None = None
         self._applied = -1  # the offset of the next event to apply (``_load`` sets it)
@@ -212,6 +242,7 @@ class Channel:
         # own receipts are not parsed again); forgotten when finished, all of it when it grows.
         self._issued: dict[str, tuple[int, int, int]] = {}
         with self._hold():
+            self._token = _channel_token(self.path, topic.broker.durable)
             self._load()
 
     @property

@@ -1,0 +1,64 @@
+"""Crashes, power cuts and damage in the files of a channel beside its state journal and in the
+journal's events: what a torn or damaged file leaves must be recovered or refused with an error
+that names it, and what a change says is durable must be synced in the order that keeps it so."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from journalq.queue import Broker
+
+
+def _synced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``os.fsync`` is called on from now on (read from the file descriptors)."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def noting(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", noting)
+    return synced
+
+
+# -- the channel's token (channel.id) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("torn", [b"", b"\0" * 9, b"3f1\n", b"\xff\xfe garbage"])
+def test_a_torn_channel_token_is_made_anew_and_receipts_work_in_every_process(tmp_path: Path, torn: bytes) -> None:
+    """``channel.id`` as a power cut can leave it (never synced: empty, or zero-filled) or damaged:
+    the channel makes a new token, the same for every process, rather than give out receipts
+    that no other process takes as its own."""
+    root = tmp_path / "data"
+    with Broker(root) as broker:
+        broker.queue("jobs").send_many([b"a", b"b"])
+    token_file = root / "jobs" / "channels" / "default" / "channel.id"
+    token_file.write_bytes(torn)
+    with Broker(root) as first, Broker(root) as second:
+        received = first.queue("jobs").receive(2)
+        assert [m.body for m in received] == [b"a", b"b"]
+        second.queue("jobs").delete(received[0].receipt)  # parsed by another channel object
+        first.queue("jobs").delete(received[1].receipt)
+        assert first.queue("jobs").receive(1) == []
+    token = token_file.read_text().strip()
+    assert len(token) == 8 and int(token, 16) >= 0
+
+
+@pytest.mark.parametrize("sync", ["always", "group:5ms", "none"])
+def test_a_new_channel_token_reaches_stable_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str) -> None:
+    """The token is in every receipt: a power cut that lost it (or left it empty) would make the
+    receipts given out before it refused, so it is synced, file and entry, unless ``sync="none"``."""
+    root = (tmp_path / "data").resolve()
+    with Broker(root, sync=sync) as broker:
+        synced = _synced_paths(monkeypatch)
+        broker.queue("jobs")
+    channel = root / "jobs" / "channels" / "default"
+    if sync == "none":
+        assert not [p for p in synced if p.startswith(str(channel / "channel.id"))]
+        return
+    assert any(p.startswith(str(channel / "channel.id.")) for p in synced), synced  # its contents
+    assert str(channel) in synced[[i for i, p in enumerate(synced) if "channel.id." in p][-1]:], synced  # its entry
