@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from journalq.errors import CorruptionError
+from journalq.journal import Message, Scanner
+from journalq.journal.codec import OVERHEAD
+from journalq.journal.segment import list_segments
 from journalq.queue import Broker
+from journalq.queue.state import EventKind
 
 
 def _synced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -62,3 +67,58 @@ def test_a_new_channel_token_reaches_stable_storage(tmp_path: Path, monkeypatch:
         return
     assert any(p.startswith(str(channel / "channel.id.")) for p in synced), synced  # its contents
     assert str(channel) in synced[[i for i, p in enumerate(synced) if "channel.id." in p][-1]:], synced  # its entry
+
+
+# -- damaged events in the state journal ---------------------------------------------------------
+
+
+def _event_bytes(channel: Path, offset: int) -> tuple[Path, int, Message]:
+    """The segment holding state event ``offset``, the position of its header, and the event."""
+    position = 0
+    segment = list_segments(channel)[-1]
+    data = segment.path.read_bytes()
+    with Scanner(channel, segment.base) as scanner:
+        for message in scanner.read_batch():
+            if message.offset == offset:
+                return segment.path, position, message
+            position += OVERHEAD + len(message.key) + len(message.value)
+    raise AssertionError(f"no event {offset} in {segment.path} ({len(data)} bytes)")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "unknown event type",
+        "snapshot that is not JSON",
+        "delivery too short",
+    ],
+)
+def test_a_damaged_state_event_is_an_error_naming_the_journal_and_offset(tmp_path: Path, damage: str) -> None:
+    """sej's messages carry no checksum: a flipped bit in an event's type or value is framed as
+    well as before. Applying it must fail with a ``CorruptionError`` that names the channel's
+    journal and the event's offset (not a bare ValueError or struct.error), leaving the file as it is."""
+    root = tmp_path / "data"
+    with Broker(root) as broker:
+        queue = broker.queue("jobs")
+        queue.send_many([b"a", b"b", b"c"])
+        queue.delete(queue.receive(1)[0].receipt)
+    channel = root / "jobs" / "channels" / "default"
+    events = {m.type: m.offset for m in Scanner(channel, 0).read_batch()}
+    target = events[EventKind.DELIVER]
+    segment, position, event = _event_bytes(channel, target)
+    data = bytearray(segment.read_bytes())
+    type_at = position + 16  # after offset and timestamp
+    if damage == "unknown event type":
+        data[type_at] = 99
+    elif damage == "snapshot that is not JSON":
+        data[type_at] = EventKind.SNAPSHOT
+    else:  # a FINISH read as a DELIVER: 12 bytes where 20 are due
+        segment, position, event = _event_bytes(channel, events[EventKind.FINISH])
+        target = event.offset
+        data[position + 16] = EventKind.DELIVER
+    segment.write_bytes(bytes(data))
+    with Broker(root) as broker, pytest.raises(CorruptionError) as info:
+        broker.queue("jobs")
+    assert info.value.file == channel and info.value.offset == target, str(info.value)
+    assert "state event" in str(info.value)
+    assert segment.read_bytes() == bytes(data)  # nothing cut or rewritten
