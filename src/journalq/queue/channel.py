@@ -445,9 +445,15 @@ class Channel:
             self._record([Event(EventKind.SKIP_TO, first).encode()])
 
     def _compact(self) -> None:
+        durable = self.topic.broker.durable
         snapshot_at = self._writer.next_offset
         self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot()).encode()])
-        write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=self.topic.broker.sync != "none")
+        if durable:
+            # On stable storage before the pointer to it and the deletes below: a hold syncs
+            # at its end (and a group policy later), and a power cut in between would keep them
+            # and lose it, and with it the state.
+            self._writer.sync()
+        write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable)
         segments = list_segments(self.path)
         for segment, following in zip(segments, segments[1:]):
             if following.base > snapshot_at:
