@@ -21,6 +21,7 @@ topic's garbage collection reads.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import operator
@@ -85,6 +86,7 @@ _LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
 
 
+_DISK_FULL = frozenset((errno.ENOSPC, errno.EDQUOT))
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
@@ -464,12 +466,22 @@ class Channel:
                 except FileNotFoundError:
                     pass
 
-    def commit_cursor(self) -> None:
-        """Publish the cursor as the sej reader offset ``TOPIC/ofs/NAME.ofs`` (for the topic's gc)."""
+    def commit_cursor(self) -> bool:
+        """Publish the cursor as the sej reader offset ``TOPIC/ofs/NAME.ofs`` (for the topic's gc).
+
+        False when the disk is full (the commit writes a new file): the cursor published before
+        stays, which only makes other processes' gc keep more, and the commit is tried again
+        next time. Not an error: the gc, which frees the space, must go on (``Topic.gc``)."""
         cursor = self.state.cursor
         if cursor != self._committed_cursor:
-            write_offset(self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False)
+            try:
+                write_offset(self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False)
+            except OSError as exc:
+                if exc.errno in _DISK_FULL:
+                    return False
+                raise
             self._committed_cursor = cursor
+        return True
 
     # -- receiving --------------------------------------------------------------------------
 

@@ -368,11 +368,12 @@ class Topic(TopicDirectory):
         """
         now = time.time() if now is None else now
         self.check_present()
-        for channel in self._channels.values():
-            channel.commit_cursor()
+        # The cursors of this process's channels as it knows them when the disk is too full to
+        # publish them: what a commit would have published (the gc is what frees space).
+        unpublished = {name: c.state.cursor for name, c in self._channels.items() if not c.commit_cursor()}
         segments = list_segments(self.path)
         names = self.channel_names()
-        cursors = [read_offset(self.path, name) for name in names]
+        cursors = [unpublished[name] if name in unpublished else read_offset(self.path, name) for name in names]
         needed_from = min(cursors) if cursors else None
         settings = self.settings
         sizes = [s.path.stat().st_size for s in segments]
