@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import journalq.journal.writer as writer_module
 import journalq.queue.channel as channel_module
+from journalq.errors import StorageError
 from journalq.journal import first_offset, read_offset
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
@@ -62,3 +64,67 @@ def test_a_channel_collects_segments_on_a_full_disk(tmp_path: Path, monkeypatch:
         assert refused, "no cursor commit was tried"
         assert len(list_segments(queue.topic.path)) < segments
         assert 390 - PER_SEGMENT < first_offset(queue.topic.path) <= 390
+
+
+class _FullUntilGone:
+    """The journal writer's ``os``, whose writes fail as on a full disk while ``file`` (a consumed
+    segment, whose deletion frees the space) is there."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def write(self, fd: int, data: bytes) -> int:
+        if self.file.exists():
+            self.refused += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+
+def test_a_channel_whose_state_cannot_grow_still_collects_segments_on_a_full_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collection's first step is an event in the channel's journal, which the full disk
+    refuses: the gc must run all the same (with the state as the journal has it), or the space
+    never comes back."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", segment_size=SEGMENT, task_gc_interval=0.05)
+        queue.send_many([body(i) for i in range(400)])
+        assert len(drain(queue, 390)) == 390
+        consumed = list_segments(queue.topic.path)[0].path
+        full_disk_for_cursors(monkeypatch)
+        disk = _FullUntilGone(consumed)
+        monkeypatch.setattr(writer_module, "os", disk)
+        time.sleep(0.06)
+        with pytest.raises(StorageError) as info:  # the collection could not be recorded ...
+            queue.receive(1)
+        assert info.value.errno == errno.ENOSPC and disk.refused
+        assert not consumed.exists()  # ... but its gc freed the space
+        assert 390 - PER_SEGMENT < first_offset(queue.topic.path) <= 390
+        assert [m.body for m in queue.receive(1)] == [body(390)]
+
+
+def test_the_gc_of_a_failed_collection_keeps_what_the_failed_deletes_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer loop's deletes go with its receive's events: when the full disk refuses them,
+    the gc that runs anyway counts them as not done (they are not), so their segment stays."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", segment_size=SEGMENT, task_gc_interval=0.05)
+        queue.send_many([body(i) for i in range(400)])
+        assert len(drain(queue, 390)) == 390
+        held = queue.receive(10, visibility_timeout=600)
+        assert [m.body for m in held] == [body(i) for i in range(390, 400)]
+        consumed = list_segments(queue.topic.path)[0].path
+        full_disk_for_cursors(monkeypatch)
+        monkeypatch.setattr(writer_module, "os", _FullUntilGone(consumed))
+        time.sleep(0.06)
+        with pytest.raises(StorageError):
+            queue.receive(1, delete=[m.receipt for m in held])
+        assert not consumed.exists()
+        assert first_offset(queue.topic.path) <= 390  # not past the deletes that failed
+        assert queue.delete_many([m.receipt for m in held]) == [None] * 10  # still in flight
+        assert [m.body for m in queue.receive(10)] == []

@@ -48,6 +48,7 @@ from journalq.errors import (
     QueueNotFoundError,
     ReceiptError,
     StaleReceiptError,
+    StorageError,
     TaskNotFoundError,
     TruncatedError,
 )
@@ -432,7 +433,15 @@ class Channel:
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
             older = now - int(self.settings.task_gc_lifetime * 1e9)
-            self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
+            try:
+                self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
+            except StorageError as exc:
+                if exc.errno in _DISK_FULL and self.topic.gc_due():
+                    # The gc frees the space that this event, and every change, waits for: run it
+                    # anyway. (``_record`` rebuilt the state as the journal has it, without the
+                    # deletes that failed with the event: their messages' segments stay.)
+                    self.topic.gc()
+                raise
             self.commit_cursor()
             if self.topic.gc_due():
                 self.topic.gc()
