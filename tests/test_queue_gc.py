@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import journalq.queue.channel as channel_module
+import journalq.queue.topic as topic_module
 from journalq.errors import StaleReceiptError, TaskNotFoundError
 from journalq.journal import Scanner, first_offset, read_offset
 from journalq.journal.segment import list_segments
@@ -382,3 +383,57 @@ def test_dedup_after_gc_deleted_what_the_producer_had_not_read(tmp_path: Path) -
         assert qa.send(b"late again", dedup_id="late") == late  # b's id, still in the window
         assert qa.send(b"new", dedup_id="new") != late
         assert drain(qb) == [b"new"]
+
+
+@pytest.fixture
+def gc_of_another_process_after_listing(monkeypatch: pytest.MonkeyPatch):
+    """``racing(topic)``: the next time this process lists the topic's segments, ``topic`` (the
+    same topic, opened by another broker: another process) collects right after, deleting some
+    of the segments listed, as a gc of another process running at the same time can."""
+    real = topic_module.list_segments
+    raced: list[list[Path]] = []
+
+    def racing(other):
+        def listing(path):
+            segments = real(path)
+            if not raced:
+                raced.append([])  # (the other gc lists them too)
+                raced[0] = other.gc()
+            return segments
+
+        monkeypatch.setattr(topic_module, "list_segments", listing)
+        return raced
+
+    return racing
+
+
+def consumed_topic(broker: Broker, count: int):
+    queue = broker.queue("jobs", segment_size=SEGMENT)
+    queue.send_many([body(i) for i in range(count)])
+    assert len(drain(queue)) == count
+    queue.commit_cursor()
+    return queue
+
+
+def test_gc_at_the_same_time_as_another_process_gc(tmp_path: Path, gc_of_another_process_after_listing) -> None:
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        queue = consumed_topic(a, 400)
+        raced = gc_of_another_process_after_listing(b.topic("jobs"))
+        a.topic("jobs").gc()
+        assert raced and raced[0], "the other gc deleted nothing"
+        assert len(list_segments(queue.topic.path)) == 1
+        queue.send(b"after")
+        assert drain(queue) == [b"after"]
+
+
+def test_a_dedup_send_while_another_process_collects(tmp_path: Path, gc_of_another_process_after_listing) -> None:
+    """A deduplicating send reads the segments of the window from the newest one back; one that
+    another process's gc deleted meanwhile is no error."""
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        queue = consumed_topic(a, 400)
+        raced = gc_of_another_process_after_listing(b.topic("jobs"))
+        with Broker(tmp_path, sync="none") as c:
+            sent = c.queue("jobs").send(b"once", dedup_id="d")
+            assert raced and raced[0], "the other gc deleted nothing"
+            assert c.queue("jobs").send(b"once", dedup_id="d") == sent
+        assert drain(queue) == [b"once"]
