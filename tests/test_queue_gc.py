@@ -5,13 +5,16 @@ a slower channel still needs), retention by age and by size, and compaction of c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import journalq.journal.offsets as offsets_module
 import journalq.queue.channel as channel_module
 import journalq.queue.topic as topic_module
 from journalq.errors import StaleReceiptError, TaskNotFoundError
@@ -437,3 +440,52 @@ def test_a_dedup_send_while_another_process_collects(tmp_path: Path, gc_of_anoth
             assert raced and raced[0], "the other gc deleted nothing"
             assert c.queue("jobs").send(b"once", dedup_id="d") == sent
         assert drain(queue) == [b"once"]
+
+
+def test_cursor_commits_of_one_channel_from_two_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic's gc (run by one channel's receive) publishes every channel's cursor, while the
+    thread of one of them may publish that one's too: both wrote the same temporary file (its name
+    has the pid only), and the second rename found it gone (FileNotFoundError)."""
+    paused, resume = threading.Event(), threading.Event()
+
+    class PausingOs:
+        """``os`` of ``write_offset``, whose first rename waits until the test says go."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+        def replace(self, src, dst) -> None:
+            if not paused.is_set():
+                paused.set()
+                assert resume.wait(10)
+            os.replace(src, dst)
+
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events")
+        first, second = topic.channel("first"), topic.channel("second")
+        topic.send_many([b"a", b"b"])
+        first.delete(first.receive()[0].receipt)
+        second.delete(second.receive()[0].receipt)
+        monkeypatch.setattr(offsets_module, "os", PausingOs())
+        errors: list[BaseException] = []
+
+        def noting(call) -> threading.Thread:
+            def run() -> None:
+                try:
+                    call()
+                except BaseException as exc:  # noqa: BLE001 - the test reports it
+                    errors.append(exc)
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        gc = noting(topic.gc)  # publishes both cursors: paused in the first one's
+        assert paused.wait(10)
+        commit = noting(first.commit_cursor)  # the same one's, meanwhile
+        commit.join(0.5)  # done by now, unless it waits for the gc's
+        resume.set()
+        gc.join(10)
+        commit.join(10)
+        assert errors == []
+        assert read_offset(topic.path, "first") == 1 and read_offset(topic.path, "second") == 1

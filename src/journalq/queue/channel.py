@@ -243,6 +243,7 @@ class Channel:
         self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
+        self._commit_lock = threading.Lock()
         # What ``_parse_receipt`` gives for the receipts this object made lately (so a consumer's
         # own receipts are not parsed again); forgotten when finished, all of it when it grows.
         self._issued: dict[str, tuple[int, int, int]] = {}
@@ -481,15 +482,18 @@ class Channel:
         False when the disk is full (the commit writes a new file): the cursor published before
         stays, which only makes other processes' gc keep more, and the commit is tried again
         next time. Not an error: the gc, which frees the space, must go on (``Topic.gc``)."""
-        cursor = self.state.cursor
-        if cursor != self._committed_cursor:
-            try:
-                write_offset(self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False)
-            except OSError as exc:
-                if exc.errno in _DISK_FULL:
-                    return False
-                raise
-            self._committed_cursor = cursor
+        # One commit at a time: a topic's gc publishes its channels' cursors from whichever
+        # thread runs it, and two commits would write one temporary file (named by the pid).
+        with self._commit_lock:
+            cursor = self.state.cursor
+            if cursor != self._committed_cursor:
+                try:
+                    write_offset(self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False)
+                except OSError as exc:
+                    if exc.errno in _DISK_FULL:
+                        return False
+                    raise
+                self._committed_cursor = cursor
         return True
 
     # -- receiving --------------------------------------------------------------------------
