@@ -5,6 +5,7 @@ that names it, and what a change says is durable must be synced in the order tha
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -17,19 +18,7 @@ from journalq.journal.codec import OVERHEAD
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
 from journalq.queue.state import EventKind
-
-
-def _synced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths ``os.fsync`` is called on from now on (read from the file descriptors)."""
-    synced: list[str] = []
-    fsync = os.fsync
-
-    def noting(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", noting)
-    return synced
+from test_queue_deletion import _synced_paths
 
 
 # -- the channel's token (channel.id) ----------------------------------------------------------------
@@ -51,8 +40,7 @@ def test_a_torn_channel_token_is_made_anew_and_receipts_work_in_every_process(tm
         second.queue("jobs").delete(received[0].receipt)  # parsed by another channel object
         first.queue("jobs").delete(received[1].receipt)
         assert first.queue("jobs").receive(1) == []
-    token = token_file.read_text().strip()
-    assert len(token) == 8 and int(token, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{8}\n", token_file.read_text())
 
 
 @pytest.mark.parametrize("sync", ["always", "group:5ms", "none"])
@@ -67,8 +55,9 @@ def test_a_new_channel_token_reaches_stable_storage(tmp_path: Path, monkeypatch:
     if sync == "none":
         assert not [p for p in synced if p.startswith(str(channel / "channel.id"))]
         return
-    assert any(p.startswith(str(channel / "channel.id.")) for p in synced), synced  # its contents
-    assert str(channel) in synced[[i for i, p in enumerate(synced) if "channel.id." in p][-1]:], synced  # its entry
+    contents = [i for i, p in enumerate(synced) if p.startswith(str(channel / "channel.id."))]
+    assert contents, synced
+    assert str(channel) in synced[contents[-1] :], synced  # then its entry
 
 
 # -- damaged events in the state journal ---------------------------------------------------------
@@ -78,13 +67,12 @@ def _event_bytes(channel: Path, offset: int) -> tuple[Path, int, Message]:
     """The segment holding state event ``offset``, the position of its header, and the event."""
     position = 0
     segment = list_segments(channel)[-1]
-    data = segment.path.read_bytes()
     with Scanner(channel, segment.base) as scanner:
         for message in scanner.read_batch():
             if message.offset == offset:
                 return segment.path, position, message
             position += OVERHEAD + len(message.key) + len(message.value)
-    raise AssertionError(f"no event {offset} in {segment.path} ({len(data)} bytes)")
+    raise AssertionError(f"no event {offset} in {segment.path}")
 
 
 @pytest.mark.parametrize(
@@ -105,7 +93,8 @@ def test_a_damaged_state_event_is_an_error_naming_the_journal_and_offset(tmp_pat
         queue.send_many([b"a", b"b", b"c"])
         queue.delete(queue.receive(1)[0].receipt)
     channel = root / "jobs" / "channels" / "default"
-    events = {m.type: m.offset for m in Scanner(channel, 0).read_batch()}
+    with Scanner(channel, 0) as scanner:
+        events = {m.type: m.offset for m in scanner.read_batch()}
     target = events[EventKind.DELIVER]
     segment, position, event = _event_bytes(channel, target)
     data = bytearray(segment.read_bytes())
