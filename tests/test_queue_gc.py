@@ -489,3 +489,24 @@ def test_cursor_commits_of_one_channel_from_two_threads(tmp_path: Path, monkeypa
         commit.join(10)
         assert errors == []
         assert read_offset(topic.path, "first") == 1 and read_offset(topic.path, "second") == 1
+
+
+def test_a_channel_opened_while_the_gc_publishes_the_cursors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gc goes over the topic's channels while another thread may open one (here, the commit
+    of the first opens it): 'dictionary changed size during iteration' failed the gc."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events")
+        first = topic.channel("first")
+        topic.send(b"a")
+        first.delete(first.receive()[0].receipt)
+        commit = channel_module.Channel.commit_cursor
+
+        def opening(self) -> bool:
+            if self is first:
+                topic.channel("second")
+            return commit(self)
+
+        monkeypatch.setattr(channel_module.Channel, "commit_cursor", opening)
+        topic.gc()
+        assert read_offset(topic.path, "first") == 1
+        assert topic.channel_names() == ["first", "second"]

@@ -370,7 +370,8 @@ class Topic(TopicDirectory):
         self.check_present()
         # The cursors of this process's channels as it knows them when the disk is too full to
         # publish them: what a commit would have published (the gc is what frees space).
-        unpublished = {name: c.state.cursor for name, c in self._channels.items() if not c.commit_cursor()}
+        # (A copy of the channels: another thread may open one meanwhile.)
+        unpublished = {name: c.state.cursor for name, c in list(self._channels.items()) if not c.commit_cursor()}
         names = self.channel_names()
         cursors = [unpublished[name] if name in unpublished else read_offset(self.path, name) for name in names]
         needed_from = min(cursors) if cursors else None
