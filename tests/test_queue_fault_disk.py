@@ -128,3 +128,38 @@ def test_the_gc_of_a_failed_collection_keeps_what_the_failed_deletes_named(
         assert first_offset(queue.topic.path) <= 390  # not past the deletes that failed
         assert queue.delete_many([m.receipt for m in held]) == [None] * 10  # still in flight
         assert [m.body for m in queue.receive(10)] == []
+
+
+def test_compaction_on_a_full_disk_keeps_the_older_snapshot_and_the_call_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compaction appends its snapshot, then points ``snapshot.ofs`` at it (a new file). When the
+    full disk refused the pointer, the receive that compacted failed although its deletes were
+    recorded (a consumer loop retrying it was then told nothing was deleted); the state
+    segments are kept instead, the pointer names the older snapshot, and the call goes on."""
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 10)
+    monkeypatch.setattr(channel_module, "STATE_SEGMENT_SIZE", 4096)
+    refused: list[Path] = []
+    write_offset = channel_module.write_offset
+
+    def full_for_snapshots(file: Path, offset: int, *, sync: bool = True) -> None:
+        if file.name == "snapshot.ofs":
+            refused.append(file)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        write_offset(file, offset, sync=sync)
+
+    with Broker(tmp_path, sync="always") as broker:
+        queue = broker.queue("jobs")
+        queue.send_many([body(i) for i in range(100)])
+        got = queue.receive(9)
+        monkeypatch.setattr(channel_module, "write_offset", full_for_snapshots)
+        state_segments = len(list_segments(queue.path))
+        while got:  # compacts on the way; the last receive deletes the last batch and gets none
+            got = queue.receive(9, delete=[m.receipt for m in got])
+        assert queue.stats().in_flight == 0
+        assert refused, "no compaction was tried"
+        assert len(list_segments(queue.path)) >= state_segments  # nothing deleted without the pointer
+        assert not (queue.path / "ofs" / "snapshot.ofs").exists()
+    with Broker(tmp_path) as broker:  # rebuilt from the first event: everything deleted
+        assert broker.queue("jobs").receive(10) == []
+        assert broker.queue("jobs").stats().available == 0

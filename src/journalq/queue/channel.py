@@ -465,7 +465,12 @@ class Channel:
             # at its end (and a group policy later), and a power cut in between would keep them
             # and lose it, and with it the state.
             self._writer.sync()
-        write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable)
+        try:
+            write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable)
+        except OSError as exc:
+            if exc.errno in _DISK_FULL:
+                return  # the pointer names an older snapshot, whose segments all stay: no error
+            raise
         segments = list_segments(self.path)
         for segment, following in zip(segments, segments[1:]):
             if following.base > snapshot_at:
