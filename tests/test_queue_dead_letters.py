@@ -241,3 +241,51 @@ def test_dead_letters_of_one_body_are_kept_by_a_content_deduplicating_queue(brok
     assert q.receive(10) == []
     assert q.stats().dead == 2
     assert sorted(m.source["id"] for m in broker.queue("jobs-dlq").receive(10)) == ids
+
+
+def test_a_dead_letter_redriven_to_a_content_deduplicating_queue_is_not_lost(broker: Broker) -> None:
+    """The redriven message has the body of the one first sent, within the queue's dedup window:
+    taken for a duplicate of it, it was dropped, and the redrive deleted the dead letter all the
+    same. Each redriven message carries a deduplication id of its own (as a move does)."""
+    q = broker.queue("jobs", content_based_dedup=True, max_receive_count=1, dead_letter_queue="jobs-dlq")
+    q.send_many([b"same", b"other"])
+    assert len(q.receive(10, visibility_timeout=0)) == 2
+    assert q.receive(10) == []  # both moved
+    dlq = broker.queue("jobs-dlq")
+    assert dlq.redrive() == 2
+    assert sorted(m.body for m in q.receive(10)) == [b"other", b"same"]
+
+
+# Killed after it sent a batch of dead letters back, before it deleted them from the dead-letter
+# queue (which hides them for a second, not a minute, so that the test sees them come back).
+KILLED_REDRIVING = textwrap.dedent(
+    """
+    import os, signal, sys
+    import journalq.queue.workqueue as workqueue
+    from journalq.queue import Broker
+
+    workqueue._REDRIVE_VISIBILITY = 1.0
+    with Broker(sys.argv[1], sync="always") as broker:
+        target = broker.queue("jobs")
+        send = target.send_many
+        target.send_many = lambda items: (send(items), os.kill(os.getpid(), signal.SIGKILL))
+        broker.queue("jobs-dlq").redrive()
+    """
+)
+
+
+def test_a_redrive_killed_after_sending_moves_each_dead_letter_once(store_root: Path | str, child_env: dict) -> None:
+    with Broker(store_root, sync="none") as broker:
+        q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        q.send_many([b"a", b"b", b"c"])
+        assert len(q.receive(10, visibility_timeout=0)) == 3
+        assert q.receive(10) == []  # all three moved
+    assert spawn(KILLED_REDRIVING, store_root, env=child_env).wait(60) == -signal.SIGKILL
+    with Broker(store_root, sync="none") as broker:
+        dlq = broker.queue("jobs-dlq")
+        deadline = time.monotonic() + 30
+        while dlq.stats().available < 3 and time.monotonic() < deadline:  # back from the killed redrive
+            time.sleep(0.1)
+        assert dlq.redrive() == 3
+        got = broker.queue("jobs").receive(10)
+        assert sorted(m.body for m in got) == [b"a", b"b", b"c"], "redriven twice"

@@ -5,14 +5,18 @@ a slower channel still needs), retention by age and by size, and compaction of c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import journalq.journal.offsets as offsets_module
 import journalq.queue.channel as channel_module
+import journalq.queue.topic as topic_module
 from journalq.errors import StaleReceiptError, TaskNotFoundError
 from journalq.journal import Scanner, first_offset, read_offset
 from journalq.journal.segment import list_segments
@@ -382,3 +386,127 @@ def test_dedup_after_gc_deleted_what_the_producer_had_not_read(tmp_path: Path) -
         assert qa.send(b"late again", dedup_id="late") == late  # b's id, still in the window
         assert qa.send(b"new", dedup_id="new") != late
         assert drain(qb) == [b"new"]
+
+
+@pytest.fixture
+def gc_of_another_process_after_listing(monkeypatch: pytest.MonkeyPatch):
+    """``racing(topic)``: the next time this process lists the topic's segments, ``topic`` (the
+    same topic, opened by another broker: another process) collects right after, deleting some
+    of the segments listed, as a gc of another process running at the same time can."""
+    real = topic_module.list_segments
+    raced: list[list[Path]] = []
+
+    def racing(other):
+        def listing(path):
+            segments = real(path)
+            if not raced:
+                raced.append([])  # (the other gc lists them too)
+                raced[0] = other.gc()
+            return segments
+
+        monkeypatch.setattr(topic_module, "list_segments", listing)
+        return raced
+
+    return racing
+
+
+def consumed_topic(broker: Broker, count: int):
+    queue = broker.queue("jobs", segment_size=SEGMENT)
+    queue.send_many([body(i) for i in range(count)])
+    assert len(drain(queue)) == count
+    queue.commit_cursor()
+    return queue
+
+
+def test_gc_at_the_same_time_as_another_process_gc(tmp_path: Path, gc_of_another_process_after_listing) -> None:
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        queue = consumed_topic(a, 400)
+        raced = gc_of_another_process_after_listing(b.topic("jobs"))
+        a.topic("jobs").gc()
+        assert raced and raced[0], "the other gc deleted nothing"
+        assert len(list_segments(queue.topic.path)) == 1
+        queue.send(b"after")
+        assert drain(queue) == [b"after"]
+
+
+def test_a_dedup_send_while_another_process_collects(tmp_path: Path, gc_of_another_process_after_listing) -> None:
+    """A deduplicating send reads the segments of the window from the newest one back; one that
+    another process's gc deleted meanwhile is no error."""
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        queue = consumed_topic(a, 400)
+        raced = gc_of_another_process_after_listing(b.topic("jobs"))
+        with Broker(tmp_path, sync="none") as c:
+            sent = c.queue("jobs").send(b"once", dedup_id="d")
+            assert raced and raced[0], "the other gc deleted nothing"
+            assert c.queue("jobs").send(b"once", dedup_id="d") == sent
+        assert drain(queue) == [b"once"]
+
+
+def test_cursor_commits_of_one_channel_from_two_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic's gc (run by one channel's receive) publishes every channel's cursor, while the
+    thread of one of them may publish that one's too: both wrote the same temporary file (its name
+    has the pid only), and the second rename found it gone (FileNotFoundError)."""
+    paused, resume = threading.Event(), threading.Event()
+
+    class PausingOs:
+        """``os`` of ``write_offset``, whose first rename waits until the test says go."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+        def replace(self, src, dst) -> None:
+            if not paused.is_set():
+                paused.set()
+                assert resume.wait(10)
+            os.replace(src, dst)
+
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events")
+        first, second = topic.channel("first"), topic.channel("second")
+        topic.send_many([b"a", b"b"])
+        first.delete(first.receive()[0].receipt)
+        second.delete(second.receive()[0].receipt)
+        monkeypatch.setattr(offsets_module, "os", PausingOs())
+        errors: list[BaseException] = []
+
+        def noting(call) -> threading.Thread:
+            def run() -> None:
+                try:
+                    call()
+                except BaseException as exc:  # noqa: BLE001 - the test reports it
+                    errors.append(exc)
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        gc = noting(topic.gc)  # publishes both cursors: paused in the first one's
+        assert paused.wait(10)
+        commit = noting(first.commit_cursor)  # the same one's, meanwhile
+        commit.join(0.5)  # done by now, unless it waits for the gc's
+        resume.set()
+        gc.join(10)
+        commit.join(10)
+        assert errors == []
+        assert read_offset(topic.path, "first") == 1 and read_offset(topic.path, "second") == 1
+
+
+def test_a_channel_opened_while_the_gc_publishes_the_cursors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gc goes over the topic's channels while another thread may open one (here, the commit
+    of the first opens it): 'dictionary changed size during iteration' failed the gc."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events")
+        first = topic.channel("first")
+        topic.send(b"a")
+        first.delete(first.receive()[0].receipt)
+        commit = channel_module.Channel.commit_cursor
+
+        def opening(self) -> bool:
+            if self is first:
+                topic.channel("second")
+            return commit(self)
+
+        monkeypatch.setattr(channel_module.Channel, "commit_cursor", opening)
+        topic.gc()
+        assert read_offset(topic.path, "first") == 1
+        assert topic.channel_names() == ["first", "second"]

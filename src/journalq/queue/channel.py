@@ -21,12 +21,15 @@ topic's garbage collection reads.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import operator
 import os
 import re
 import secrets
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,17 +41,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from journalq.errors import (
+    CorruptionError,
     InvalidSettingError,
     JournalError,
     OffsetOutOfRangeError,
     QueueNotFoundError,
     ReceiptError,
     StaleReceiptError,
+    StorageError,
     TaskNotFoundError,
     TruncatedError,
 )
 from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.offsets import read_offset, write_offset
+from journalq.journal.recovery import fsync_dir
 from journalq.journal.segment import list_segments
 from journalq.journal.watch import DirectoryWatch
 from journalq.journal.writer import held
@@ -69,6 +75,8 @@ from journalq.queue.state import (
 if TYPE_CHECKING:
     from journalq.queue.topic import Topic
 
+log = logging.getLogger("journalq.queue")
+
 SNAPSHOT_EVERY = 20_000
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
 MAX_RECEIVE = 10_000
@@ -79,6 +87,7 @@ _LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
 
 
+_DISK_FULL = frozenset((errno.ENOSPC, errno.EDQUOT))
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
@@ -165,23 +174,49 @@ def check_receipt_list(name: str, receipts: object) -> None:
         raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
 
 
-def _channel_token(path: Path) -> str:
+_TOKEN = re.compile(rb"[0-9a-f]{8}")
+
+
+def _channel_token(path: Path, durable: bool) -> str:
     """The random token made when the channel was created (``channel.id``): receipts carry it, so
-    that one can never act on another channel, nor on a channel made again under the same name."""
+    that one can never act on another channel, nor on a channel made again under the same name.
+
+    Called under the channel's hold. A file that holds no token (one never synced, emptied or
+    zero-filled by a power cut, or damaged) is replaced by a new token, once, for every process:
+    with it, each process would give out receipts that no other takes. Receipts of the lost
+    token are refused; their messages come back when their visibility ends. ``durable``: a new
+    token is synced, file and entry, so that the receipts given out with it outlive a power cut."""
     file = path / "channel.id"
     try:
-        return file.read_text().strip()
+        found: bytes | None = file.read_bytes().strip()
     except FileNotFoundError:
-        pass
+        found = None
+    if found is not None and _TOKEN.fullmatch(found):
+        return found.decode()
+    token = secrets.token_hex(4)
     tmp = path / f"channel.id.{os.getpid()}.tmp"
-    tmp.write_text(secrets.token_hex(4) + "\n")
     try:
-        os.link(tmp, file)  # creates it whole, or fails when another process was first
+        with open(tmp, "w") as f:
+            f.write(token + "\n")
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if found is None:
+            # Creates it whole, or fails when another process was first (one of an earlier
+            # version, which made it out of the hold): its token is read below.
+            os.link(tmp, file)
+        else:
+            log.warning("%s held no channel token (%r): a new one replaces it", file, found[:16])
+            os.replace(tmp, file)
     except FileExistsError:
-        pass
+        token = ""
     finally:
-        tmp.unlink()
-    return file.read_text().strip()
+        tmp.unlink(missing_ok=True)
+    if not token:
+        return _channel_token(path, durable)
+    if durable:
+        fsync_dir(path)
+    return token
 
 
 class Channel:
@@ -198,7 +233,7 @@ class Channel:
         caller gave it (a sharded queue's shard channels: the shard's index and a dot)."""
         self._writer = self._new_writer()
         self._reopen_lock = threading.Lock()  # threads reopening the writer make one, not one each
-        self._token = _channel_token(self.path)
+        self._token = ""  # ``_channel_token``'s, read under the hold below
         self.state = ChannelState()
         self._events: Scanner | None = None
         self._applied = -1  # the offset of the next event to apply (``_load`` sets it)
@@ -208,10 +243,12 @@ class Channel:
         self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
+        self._commit_lock = threading.Lock()
         # What ``_parse_receipt`` gives for the receipts this object made lately (so a consumer's
         # own receipts are not parsed again); forgotten when finished, all of it when it grows.
         self._issued: dict[str, tuple[int, int, int]] = {}
         with self._hold():
+            self._token = _channel_token(self.path, topic.broker.durable)
             self._load()
 
     @property
@@ -302,9 +339,18 @@ class Channel:
         """Apply the events of ``messages`` (which begin at ``_applied`` or before it) not applied
         yet."""
         apply, applied = self.state.apply_record, self._applied
-        for offset, timestamp_ns, type_, key, value in messages:
-            if offset >= applied:
-                apply(type_, key, value, timestamp_ns)
+        offset = applied
+        try:
+            for offset, timestamp_ns, type_, key, value in messages:
+                if offset >= applied:
+                    apply(type_, key, value, timestamp_ns)
+        except (ValueError, LookupError, TypeError, struct.error) as exc:
+            # sej's messages carry no checksum: damage inside an event is framed as well as
+            # before, and shows only here. Refused: skipping it could deliver again, or lose,
+            # what it recorded.
+            raise CorruptionError(
+                f"a state event that cannot be applied ({type(exc).__name__}: {exc})", file=self.path, offset=offset
+            ) from exc
         self._applied = max(applied, messages[-1].offset + 1)
 
     def _apply_new(self, reload: bool = True) -> None:
@@ -388,7 +434,15 @@ class Channel:
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
             older = now - int(self.settings.task_gc_lifetime * 1e9)
-            self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
+            try:
+                self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
+            except StorageError as exc:
+                if exc.errno in _DISK_FULL and self.topic.gc_due():
+                    # The gc frees the space that this event, and every change, waits for: run it
+                    # anyway. (``_record`` rebuilt the state as the journal has it, without the
+                    # deletes that failed with the event: their messages' segments stay.)
+                    self.topic.gc()
+                raise
             self.commit_cursor()
             if self.topic.gc_due():
                 self.topic.gc()
@@ -403,9 +457,20 @@ class Channel:
             self._record([Event(EventKind.SKIP_TO, first).encode()])
 
     def _compact(self) -> None:
+        durable = self.topic.broker.durable
         snapshot_at = self._writer.next_offset
         self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot()).encode()])
-        write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=self.topic.broker.sync != "none")
+        if durable:
+            # On stable storage before the pointer to it and the deletes below: a hold syncs
+            # at its end (and a group policy later), and a power cut in between would keep them
+            # and lose it, and with it the state.
+            self._writer.sync()
+        try:
+            write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable)
+        except OSError as exc:
+            if exc.errno in _DISK_FULL:
+                return  # the pointer names an older snapshot, whose segments all stay: no error
+            raise
         segments = list_segments(self.path)
         for segment, following in zip(segments, segments[1:]):
             if following.base > snapshot_at:
@@ -416,12 +481,25 @@ class Channel:
                 except FileNotFoundError:
                     pass
 
-    def commit_cursor(self) -> None:
-        """Publish the cursor as the sej reader offset ``TOPIC/ofs/NAME.ofs`` (for the topic's gc)."""
-        cursor = self.state.cursor
-        if cursor != self._committed_cursor:
-            write_offset(self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False)
-            self._committed_cursor = cursor
+    def commit_cursor(self) -> bool:
+        """Publish the cursor as the sej reader offset ``TOPIC/ofs/NAME.ofs`` (for the topic's gc).
+
+        False when the disk is full (the commit writes a new file): the cursor published before
+        stays, which only makes other processes' gc keep more, and the commit is tried again
+        next time. Not an error: the gc, which frees the space, must go on (``Topic.gc``)."""
+        # One commit at a time: a topic's gc publishes its channels' cursors from whichever
+        # thread runs it, and two commits would write one temporary file (named by the pid).
+        with self._commit_lock:
+            cursor = self.state.cursor
+            if cursor != self._committed_cursor:
+                try:
+                    write_offset(self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False)
+                except OSError as exc:
+                    if exc.errno in _DISK_FULL:
+                        return False
+                    raise
+                self._committed_cursor = cursor
+        return True
 
     # -- receiving --------------------------------------------------------------------------
 

@@ -368,16 +368,37 @@ class Topic(TopicDirectory):
         """
         now = time.time() if now is None else now
         self.check_present()
-        for channel in self._channels.values():
-            channel.commit_cursor()
-        segments = list_segments(self.path)
+        # The cursors of this process's channels as it knows them when the disk is too full to
+        # publish them: what a commit would have published (the gc is what frees space).
+        # (A copy of the channels: another thread may open one meanwhile.)
+        unpublished = {name: c.state.cursor for name, c in list(self._channels.items()) if not c.commit_cursor()}
         names = self.channel_names()
-        cursors = [read_offset(self.path, name) for name in names]
+        cursors = [unpublished[name] if name in unpublished else read_offset(self.path, name) for name in names]
         needed_from = min(cursors) if cursors else None
+        deleted: list[Path] = []
+        kept_from = 0
+        while True:
+            try:
+                kept_from = max(kept_from, self._delete_segments(now, needed_from, deleted))
+                break
+            except FileNotFoundError:
+                continue  # a segment listed was deleted meanwhile (another process's gc): list again
+        if deleted:
+            self.first_kept = max(self.first_kept, kept_from)
+            with self._cache_lock:  # deleted: not to be delivered from the cache
+                for first in [first for first, run in self._runs.items() if run[-1].offset < kept_from]:
+                    self._cached -= len(self._runs.pop(first))
+                self._last_run = []
+        self._last_gc = time.monotonic()
+        return deleted
+
+    def _delete_segments(self, now: float, needed_from: int | None, deleted: list[Path]) -> int:
+        """``gc``'s deletes, oldest first, noted in ``deleted``; returns the first offset of the
+        segments kept (0 when none was deleted). ``FileNotFoundError``: a segment listed is gone."""
+        segments = list_segments(self.path)
         settings = self.settings
         sizes = [s.path.stat().st_size for s in segments]
         total = sum(sizes)
-        deleted: list[Path] = []
         kept_from = 0
         for segment, following, size in zip(segments, segments[1:], sizes):
             consumed = needed_from is not None and following.base <= needed_from
@@ -395,14 +416,7 @@ class Topic(TopicDirectory):
                     pass
             total -= size
             kept_from = following.base
-        if deleted:
-            self.first_kept = max(self.first_kept, kept_from)
-            with self._cache_lock:  # deleted: not to be delivered from the cache
-                for first in [first for first, run in self._runs.items() if run[-1].offset < kept_from]:
-                    self._cached -= len(self._runs.pop(first))
-                self._last_run = []
-        self._last_gc = time.monotonic()
-        return deleted
+        return kept_from
 
     def gc_due(self) -> bool:
         return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
@@ -433,6 +447,8 @@ def _last_timestamp(segment: Segment) -> int:
             (size,) = INT32.unpack(os.pread(f.fileno(), 4, end - 4))
             header = os.pread(f.fileno(), HEADER.size, end - size)
             return HEADER.unpack(header)[1] if len(header) == HEADER.size else 2**63 - 1
+    except FileNotFoundError:
+        raise  # deleted meanwhile (another process's gc): ``Topic.gc`` lists the segments again
     except (OSError, ValueError) as exc:
         raise JournalError(f"cannot read the last message of a segment: {exc}", file=segment.path) from None
 
@@ -456,10 +472,15 @@ class _DedupIndex:
         segments = list_segments(self.path)
         start = segments[0].base if segments else 0
         for segment in reversed(segments):
-            with open(segment.path, "rb", buffering=0) as f:
-                header = os.pread(f.fileno(), HEADER.size, 0)
+            try:
+                with open(segment.path, "rb", buffering=0) as f:
+                    header = os.pread(f.fileno(), HEADER.size, 0)
+            except FileNotFoundError:
+                # Deleted since it was listed (another process's gc, which goes oldest first):
+                # so are those before it; the window starts in the next one at the latest.
+                break
+            start = segment.base
             if len(header) == HEADER.size and HEADER.unpack(header)[1] <= horizon:
-                start = segment.base
                 break
         return Scanner(self.path, start)
 
