@@ -225,6 +225,9 @@ def test_rewriting_the_plain_vector_reproduces_every_segment(tmp_path, sej_vecto
         ("group:1000", SyncPolicy("group", None, 1000)),
         ("group:5ms,1000", SyncPolicy("group", 5.0, 1000)),
         ("group:1000, 5ms", SyncPolicy("group", 5.0, 1000)),
+        ("group:3600000ms", SyncPolicy("group", 3600000.0, None)),  # an hour: no exponent when written
+        ("group:0.0000001ms", SyncPolicy("group", 1e-7, None)),
+        ("group:10000000000000000ms", SyncPolicy("group", 1e16, None)),
         (SyncPolicy("group", 1.0, 2), SyncPolicy("group", 1.0, 2)),
     ],
 )

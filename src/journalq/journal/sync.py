@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Literal
 
 from journalq.errors import Error
@@ -82,7 +83,9 @@ class SyncPolicy:
             return self.mode
         parts = []
         if self.interval_ms is not None:
-            parts.append(f"{self.interval_ms:g}ms")
+            # Written out, never with an exponent (``:g`` gave 3.6e+06), which ``parse`` refuses.
+            ms = format(Decimal(repr(self.interval_ms)), "f")
+            parts.append((ms.rstrip("0").rstrip(".") if "." in ms else ms) + "ms")
         if self.max_messages is not None:
             parts.append(str(self.max_messages))
         return "group:" + ",".join(parts)
