@@ -153,3 +153,38 @@ def test_a_durable_commit_syncs_the_ofs_directory_it_made(tmp_path, monkeypatch)
     with ReaderOffset(tmp_path / "fast", "gamma", sync=False) as ro:  # no sync asked: none done
         ro.commit(7)
     assert synced == []
+
+
+def test_commits_from_two_threads_and_a_refused_one_leave_no_stray_file(tmp_path, monkeypatch):
+    """``write_offset``'s temporary file was named by the process alone: two threads committing
+    at once wrote one file and the second rename failed (FileNotFoundError). And a commit the
+    disk refused left the file behind."""
+    import threading
+
+    file = tmp_path / "ofs" / "alpha.ofs"
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def commit(base: int) -> None:
+        start.wait()
+        try:
+            for i in range(300):
+                offsets_mod.write_offset(file, base + i, sync=False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(n * 1000,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and read_offset(tmp_path, "alpha") % 1000 == 299
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(offsets_mod.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        offsets_mod.write_offset(file, 5)
+    assert sorted(p.name for p in file.parent.iterdir()) == ["alpha.ofs"]
+    assert read_offset(tmp_path, "alpha") % 1000 == 299  # the old value stands

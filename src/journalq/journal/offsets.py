@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import threading
 from pathlib import Path
 
 from journalq.closing import Closing
@@ -70,13 +71,18 @@ def write_offset(file: Path, offset: int, *, sync: bool = True) -> None:
     if not isinstance(offset, int) or not 0 <= offset < 2**64:
         raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
     make_dirs(file.parent, durable=sync)  # a new ofs/ is synced into its parent too
-    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(_UINT64.pack(offset))
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, file)
+    # Named by process and thread: two threads' commits must not share (and rename away) one file.
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_native_id()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_UINT64.pack(offset))
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk's refusal leaves no stray file behind
+        raise
     if sync:
         fsync_dir(file.parent)
 
