@@ -154,3 +154,27 @@ def test_a_snapshot_is_on_stable_storage_before_snapshot_ofs_points_at_it(
         for _ in range(10):
             queue.delete(queue.receive(1)[0].receipt)
     assert pointed and all(pointed), pointed
+
+
+def test_a_snapshot_pointer_past_the_journal_end_is_replayed_from_what_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under ``sync="none"`` a power cut can keep ``snapshot.ofs`` and lose the snapshot it names:
+    the channel replays the events that are left (deleted messages may come again: at least
+    once) and says so, instead of refusing to open for good."""
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 6)
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs")
+        queue.send_many([b"%d" % i for i in range(20)])
+        for _ in range(10):
+            queue.delete(queue.receive(1)[0].receipt)
+    channel = root / "jobs" / "channels" / "default"
+    pointer = channel / "ofs" / "snapshot.ofs"
+    pointer.write_bytes((10**6).to_bytes(8, "big"))  # the snapshot, and what came after, lost
+    with caplog.at_level("WARNING", logger="journalq.queue"), Broker(root, sync="none") as broker:
+        bodies = []
+        while got := broker.queue("jobs").receive(10):
+            bodies += [m.body for m in got]
+    assert {b"%d" % i for i in range(10, 20)} <= set(bodies)  # nothing lost
+    assert "past the state journal's end" in caplog.text and str(pointer) in caplog.text

@@ -317,8 +317,19 @@ class Channel:
         self.state = ChannelState()
         start = read_offset(self.path, "snapshot")
         segments = list_segments(self.path)
-        if segments and start < segments[0].base:
-            start = segments[0].base
+        first = segments[0].base if segments else 0
+        if start < first:
+            start = first
+        elif start and start > (end := end_offset(self.path)):
+            # Under sync="none", a power cut can keep the pointer and lose the snapshot it names
+            # (and events before it): what is left is replayed, rather than the channel refused
+            # for good. Deleted messages may come again (at least once), none is lost.
+            log.warning(
+                "%s points at offset %d, past the state journal's end (%d): the snapshot was lost "
+                "(a power cut under sync='none'?); the channel's state is rebuilt from offset %d",
+                self.path / "ofs" / "snapshot.ofs", start, end, first,
+            )
+            start = first
         self._applied = start
         self._seek_events(start)
         self._apply_new(reload=False)
