@@ -782,3 +782,41 @@ def test_spark_reads_a_sharded_broker_topic(tmp_path: Path) -> None:
         written = [m for m in drain(queue) if m.body != b"probe"]
         assert sorted(m.body for m in written) == sorted([b"w%d" % i for i in range(20)] + [b"%d" % i for i in range(40)])
         assert broker.names() == ["orders", "plain"]
+
+
+def _kept(topic: ShardedTopic) -> list[list[int]]:
+    """Per shard, the sizes of the segments it keeps."""
+    from journalq.journal.segment import list_segments
+
+    return [[s.path.stat().st_size for s in list_segments(shard.path)] for shard in topic.shards]
+
+
+@pytest.mark.parametrize("gc_by", ["topic", "shard"])
+def test_retention_by_size_counts_every_shard_and_lets_the_oldest_go_first(tmp_path: Path, gc_by: str) -> None:
+    """``retention_bytes`` bounds the whole sharded topic, not each shard (4 shards kept 4 times
+    the limit), and the oldest segments go first whichever shard holds them: a shard written to
+    long ago gives up its old segments before a busy shard its new ones. The topic's gc and a
+    shard's own (as a channel's maintenance runs it) decide alike."""
+    segment, limit = 4096, 6 * 4096
+    keys = {zlib.crc32(k) & 3: k for k in (b"k%d" % i for i in range(64))}
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4, segment_size=segment, retention_bytes=limit)
+        topic = queue.topic
+        # Shard 0 first, long ago; then the others, shard 3 the busiest.
+        for shard, count in ((0, 300), (1, 100), (2, 100), (3, 400)):
+            queue.send_many([{"body": b"%d-%04d" % (shard, i) + b"x" * 90, "key": keys[shard]} for i in range(count)])
+            time.sleep(0.01)
+        before = _kept(topic)
+        assert sum(map(sum, before)) > 4 * limit  # far past it, in every shard but two
+        if gc_by == "topic":
+            topic.gc()
+        else:
+            topic.shards[3].gc()  # the busiest shard's own: it keeps its newest
+            for shard in topic.shards[:3]:
+                shard.gc()
+        after = _kept(topic)
+        assert sum(map(sum, after)) <= limit
+        assert len(after[0]) == 1  # the oldest shard keeps only the segment it would write to
+        assert len(after[3]) > 1  # the busiest, the newest messages: what is kept is mostly its
+        for kept, was in zip(after, before):
+            assert kept == was[len(was) - len(kept) :]  # the newest of each shard, as they were

@@ -34,6 +34,7 @@ hidden message of any shard comes back.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
 import re
 import threading
@@ -54,13 +55,13 @@ from journalq.errors import (
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir
-from journalq.journal.segment import journal_dir
+from journalq.journal.segment import Segment, journal_dir, list_segments
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
 from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task, check_receipt_list
 from journalq.queue.removal import remove_directory
 from journalq.queue.settings import QueueSettings, check_number
-from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory
+from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory, last_timestamp
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
@@ -210,6 +211,13 @@ class _ShardTopic(Topic):
         """Nothing: the sharded topic takes up changed settings for all its shards (its own
         directory holds them)."""
 
+    def gc(self, now: float | None = None, *, size_kept_from: int | None = None) -> list[Path]:
+        """``Topic.gc``, with ``retention_bytes`` counted over every shard (the sharded topic's
+        ``size_cuts``): over this shard alone, a topic of N shards would keep N times it."""
+        if size_kept_from is None and self.settings.retention_bytes is not None:
+            size_kept_from = self.sharded.size_cuts()[self.sharded.shards.index(self)]
+        return Topic.gc(self, now, size_kept_from=size_kept_from)
+
 
 class ShardedTopic(TopicDirectory):
     """The sharded topic ``name`` of a broker; ``Broker.topic`` and ``Broker.queue`` give one for a
@@ -330,8 +338,22 @@ class ShardedTopic(TopicDirectory):
                 _make_dir(channels / name, durable)
 
     def gc(self, now: float | None = None) -> list[Path]:
-        """Each shard's ``Topic.gc``; returns the files deleted."""
-        return [path for shard in self.shards for path in shard.gc(now)]
+        """Each shard's ``Topic.gc`` (retention by size counted over them all); returns the files
+        deleted."""
+        cuts = self.size_cuts() if self.settings.retention_bytes is not None else [None] * len(self.shards)
+        return [path for shard, cut in zip(self.shards, cuts) for path in shard.gc(now, size_kept_from=cut)]
+
+    def size_cuts(self) -> list[int]:
+        """``retention_bytes`` over the whole topic: per shard, the offset before which its
+        segments go for size (0: none). The oldest segments across the shards go first (by their
+        newest message), and never a shard's last one, until the shards hold no more than the
+        limit together."""
+        limit = self.settings.retention_bytes
+        while True:
+            try:
+                return _size_cuts([list_segments(shard.path) for shard in self.shards], limit or 0)
+            except FileNotFoundError:
+                continue  # a segment listed was deleted meanwhile (another process's gc): list again
 
     def first_offset(self) -> dict[str, int]:
         return {name: shard.first_offset() for name, shard in zip(self.shard_names, self.shards)}
@@ -348,6 +370,25 @@ class ShardedTopic(TopicDirectory):
         for shard in self.shards:
             shard.close()
         self._let_go_of_directory()
+
+
+def _size_cuts(listed: list[list[Segment]], limit: int) -> list[int]:
+    """``ShardedTopic.size_cuts`` over the segments ``listed`` per shard."""
+    sizes = [[segment.path.stat().st_size for segment in segments] for segments in listed]
+    total = sum(map(sum, sizes))
+    cuts = [0] * len(listed)
+    first = [0] * len(listed)  # per shard, the oldest segment not let go yet
+    # Each shard's oldest segment that may go (not its last), by its newest message.
+    candidates = [(last_timestamp(segments[0]), i) for i, segments in enumerate(listed) if len(segments) > 1]
+    heapq.heapify(candidates)
+    while total > limit and candidates:
+        _, i = heapq.heappop(candidates)
+        total -= sizes[i][first[i]]
+        first[i] += 1
+        cuts[i] = listed[i][first[i]].base
+        if first[i] < len(listed[i]) - 1:
+            heapq.heappush(candidates, (last_timestamp(listed[i][first[i]]), i))
+    return cuts
 
 
 # -- channels and queues --------------------------------------------------------------------------

@@ -359,12 +359,14 @@ class Topic(TopicDirectory):
         except FileNotFoundError:
             return []
 
-    def gc(self, now: float | None = None) -> list[Path]:
+    def gc(self, now: float | None = None, *, size_kept_from: int | None = None) -> list[Path]:
         """Delete the oldest segments that no channel needs or that retention lets go.
 
         A segment is needed while some channel's committed cursor is inside or before it (a topic
         without channels keeps everything until retention). Never deletes the segment being
-        written. Returns the files deleted.
+        written. ``size_kept_from``: retention by size decided by the caller (the segments
+        before the one holding this offset go), instead of ``retention_bytes`` over this journal
+        alone (a sharded topic's, which counts every shard). Returns the files deleted.
         """
         now = time.time() if now is None else now
         self.check_present()
@@ -379,7 +381,7 @@ class Topic(TopicDirectory):
         kept_from = 0
         while True:
             try:
-                kept_from = max(kept_from, self._delete_segments(now, needed_from, deleted))
+                kept_from = max(kept_from, self._delete_segments(now, needed_from, deleted, size_kept_from))
                 break
             except FileNotFoundError:
                 continue  # a segment listed was deleted meanwhile (another process's gc): list again
@@ -392,7 +394,9 @@ class Topic(TopicDirectory):
         self._last_gc = time.monotonic()
         return deleted
 
-    def _delete_segments(self, now: float, needed_from: int | None, deleted: list[Path]) -> int:
+    def _delete_segments(
+        self, now: float, needed_from: int | None, deleted: list[Path], size_kept_from: int | None
+    ) -> int:
         """``gc``'s deletes, oldest first, noted in ``deleted``; returns the first offset of the
         segments kept (0 when none was deleted). ``FileNotFoundError``: a segment listed is gone."""
         segments = list_segments(self.path)
@@ -402,10 +406,13 @@ class Topic(TopicDirectory):
         kept_from = 0
         for segment, following, size in zip(segments, segments[1:], sizes):
             consumed = needed_from is not None and following.base <= needed_from
-            too_old = settings.retention_seconds is not None and _last_timestamp(segment) < (
+            too_old = settings.retention_seconds is not None and last_timestamp(segment) < (
                 now - settings.retention_seconds
             ) * 1e9
-            too_big = settings.retention_bytes is not None and total > settings.retention_bytes
+            if size_kept_from is not None:
+                too_big = following.base <= size_kept_from
+            else:
+                too_big = settings.retention_bytes is not None and total > settings.retention_bytes
             if not (consumed or too_old or too_big):
                 break
             for file in (segment.path, segment.index_path):
@@ -437,7 +444,7 @@ class Topic(TopicDirectory):
         self._let_go_of_directory()
 
 
-def _last_timestamp(segment: Segment) -> int:
+def last_timestamp(segment: Segment) -> int:
     """The timestamp of a segment's last message, read backward through its size field."""
     try:
         with open(segment.path, "rb", buffering=0) as f:
