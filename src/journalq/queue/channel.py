@@ -499,7 +499,7 @@ class Channel:
         stays, which only makes other processes' gc keep more, and the commit is tried again
         next time. Not an error: the gc, which frees the space, must go on (``Topic.gc``)."""
         # One commit at a time: a topic's gc publishes its channels' cursors from whichever
-        # thread runs it, and two commits would write one temporary file (named by the pid).
+        # thread runs it, and of two commits at once the older cursor could be renamed in last.
         with self._commit_lock:
             cursor = self.state.cursor
             if cursor != self._committed_cursor:
