@@ -545,9 +545,11 @@ def create_app(config: ServerConfig) -> App:
         token); ``SqsRefusal`` when it fails."""
         if config.aws_credentials:
             try:
-                # The signature covers the path the client posted to.
-                verify("POST", scope["path"], scope["query_string"].decode("latin-1"), headers, body,
-                       config.aws_credentials)
+                # The signature covers the path the client posted to, as sent (still percent-
+                # encoded: ``path`` is decoded); ``raw_path`` has no query (some servers' has).
+                raw_path = scope.get("raw_path") or scope["path"].encode()
+                verify("POST", raw_path.partition(b"?")[0].decode("latin-1"),
+                       scope["query_string"].decode("latin-1"), headers, body, config.aws_credentials)
             except AuthError as exc:
                 raise SqsRefusal(SqsError(exc.code, exc.message, status=exc.status)) from None
         elif config.rest_token is not None:
