@@ -177,12 +177,18 @@ def create_app(config: ServerConfig) -> App:
 
     class StorageFailures:
         """``with storage_failures:`` a failure of the storage raised in the block raises as its
-        503 (``storage_problem``)."""
+        503 (``storage_problem``); a queue that is not there, without where the store keeps its
+        queues (the data directory's path is the server's business, not its clients')."""
 
         def __enter__(self) -> None:
             return None
 
         def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+            if isinstance(exc, QueueNotFoundError):
+                told = str(exc).replace(f" in {broker().root}", "")
+                if told != str(exc):
+                    raise QueueNotFoundError(told) from exc
+                return False
             # First: a StoreUnavailableError is a ConnectionError, an OSError with no errno.
             if isinstance(exc, (StorageError, StoreUnavailableError)):
                 raise storage_problem(exc) from exc
