@@ -30,3 +30,36 @@ def test_an_answer_about_a_missing_queue_does_not_name_the_data_directory(tmp_pa
         error = answer.json()["error"]
         assert "'nope'" in error, (what, error)  # still names the queue
         assert "secret-place" not in error and str(tmp_path) not in error, (what, error)
+
+
+def _damage_second_message(queue_dir: Path) -> None:
+    """Flip the bytes of the second message's key length in the queue's journal."""
+    (segment,) = (queue_dir / "jnl").glob("*.jnl")
+    content = bytearray(segment.read_bytes())
+    first_size = len(content) // 3  # three messages of one size
+    for i in range(first_size + 16, first_size + 20):  # its key length (sej's header)
+        content[i] ^= 0xFF
+    segment.write_bytes(bytes(content))
+
+
+def test_damaged_stored_data_is_a_server_error_that_names_no_file(tmp_path: Path) -> None:
+    """A queue whose journal is damaged was answered 400 (as if the request were wrong) with the
+    segment's absolute path, and SQS's InternalFailure named the file too. Now: 500, the
+    reason, no path (the log has the whole story)."""
+    data = tmp_path / "secret-place" / "data"
+    with serving(data, DirectHttpToolsProtocol) as port, \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        assert client.put("/damaged").status_code == 201
+        for body in (b"first", b"other", b"third"):
+            assert client.post("/damaged/messages", content=body).status_code == 201
+        _damage_second_message(data / "damaged")
+        rest = client.get("/damaged/messages")
+        sqs = client.post("/", headers={"X-Amz-Target": "AmazonSQS.ReceiveMessage",
+                                        "Content-Type": "application/x-amz-json-1.0"},
+                          json={"QueueUrl": f"http://127.0.0.1:{port}/000000000000/damaged",
+                                "MaxNumberOfMessages": 10})
+    assert rest.status_code == 500, rest.text
+    assert sqs.status_code == 500 and sqs.json()["__type"].endswith("InternalFailure"), sqs.text
+    for answer in (rest.text, sqs.text):
+        assert "secret-place" not in answer and ".jnl" not in answer, answer
+        assert "key length" in answer, answer  # the reason

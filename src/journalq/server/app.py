@@ -35,6 +35,7 @@ from journalq import __version__
 from journalq.errors import (
     Error,
     InvalidSettingError,
+    JournalError,
     PartialSendError,
     QueueNotFoundError,
     StorageError,
@@ -609,7 +610,8 @@ def create_app(config: ServerConfig) -> App:
             return _sqs_error_answer(SqsError("ServiceUnavailable", outcome.message, status=outcome.status,
                                               sender=False), outcome.headers)
         if isinstance(outcome, Error):  # none that SQS has a code for: still answered in SQS's shape
-            return _sqs_error_answer(SqsError("InternalFailure", str(outcome), status=500, sender=False))
+            text = _journal_problem(outcome) if isinstance(outcome, JournalError) else str(outcome)
+            return _sqs_error_answer(SqsError("InternalFailure", text, status=500, sender=False))
         raise outcome
 
     async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
@@ -801,8 +803,17 @@ def _problem_response(exc: HTTPProblem) -> Response:
 
 
 def _error_response(exc: Error) -> Response:
+    if isinstance(exc, JournalError):
+        return JSONResponse({"error": _journal_problem(exc)}, status_code=500)
     status = 404 if isinstance(exc, (QueueNotFoundError, TaskNotFoundError)) else 400
     return JSONResponse({"error": str(exc)}, status_code=status)
+
+
+def _journal_problem(exc: JournalError) -> str:
+    """What an answer says of a journal that fails (damaged, truncated: the server's problem, not
+    the request's), once logged whole: the reason, not the file's path (the server's business)."""
+    log.error("journal failure: %s", exc)
+    return f"the queue's stored data cannot be read: {exc.reason}"
 
 
 def _failure_answer(exc: BaseException) -> Answer:
