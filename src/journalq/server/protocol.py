@@ -26,14 +26,10 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from journalq.server.polling import app_attribute, stop_long_polls
+from journalq.server.polling import DEFAULT_HEAD_TIMEOUT, app_attribute, slow_head_message, stop_long_polls
 
 DEFAULT_MAX_HEAD = 16 * 1024
 """The limit when uvicorn's configuration gives none (h11's default)."""
-
-DEFAULT_HEAD_TIMEOUT = 10.0
-"""Seconds a request head may take, from when the connection began to wait for it, when the
-application gives no ``head_timeout`` (journalq's gives its ``body_timeout``)."""
 
 
 class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -197,9 +193,7 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
             if now - since >= self.head_timeout:
                 self.idle_since = None
                 self.logger.warning("request refused: its head took over %g s", self.head_timeout)
-                self._refuse(
-                    408, f"the request head (request line and headers) took over {self.head_timeout:g} s"
-                )
+                self._refuse(408, slow_head_message(self.head_timeout))
         elif now - since >= self.timeout_keep_alive:
             self.idle_since = None
             self.timeout_keep_alive_handler()  # closes the transport

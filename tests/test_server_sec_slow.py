@@ -1,0 +1,47 @@
+"""Slow clients under uvicorn's h11 protocol, which ``journalq serve`` runs when httptools is
+missing: they are cut off as under journalq's httptools protocol (``test_server_direct``)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from test_server_direct import serving
+from test_server_harness import read_all
+
+from journalq.server.h11_protocol import StoppingH11Protocol
+from journalq.server.protocol import DirectHttpToolsProtocol
+
+PROTOCOLS = pytest.mark.parametrize("protocol", [StoppingH11Protocol, DirectHttpToolsProtocol], ids=["h11", "httptools"])
+
+
+@PROTOCOLS
+def test_a_connection_that_never_sends_a_request_is_closed(tmp_path: Path, protocol: type) -> None:
+    """Under h11 such a connection was held for as long as its client liked (uvicorn's h11 protocol
+    times only the wait after an answer)."""
+    with serving(tmp_path / "data", protocol, keep_alive=1) as port, \
+            socket.create_connection(("127.0.0.1", port), timeout=15) as silent:
+        try:
+            assert silent.recv(1) == b""  # closed by the server, with nothing said
+        except TimeoutError:
+            pytest.fail("the server still held the connection after 15 s")
+
+
+@PROTOCOLS
+def test_a_request_head_that_dribbles_in_is_408_after_the_head_timeout(tmp_path: Path, protocol: type) -> None:
+    """A slowloris: a byte of its head every half second, never ending it. Under h11 each byte
+    put the wait off, forever."""
+    with serving(tmp_path / "data", protocol, keep_alive=1, body_timeout=2) as port, \
+            socket.create_connection(("127.0.0.1", port), timeout=15) as slow:
+        slow.sendall(b"GET /q HTTP/1.1\r\nHost: x\r\n")
+        answer = b""
+        for _ in range(24):  # 12 s at most, far past the 2 s head timeout
+            try:
+                slow.sendall(b"X")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.5)
+        answer = read_all(slow)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
