@@ -99,7 +99,9 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
 
     Connections waiting for a request are closed by one sweep per server (``_IdleSweep``), not
     by uvicorn's timer per answer: after the keep-alive timeout when nothing came (also when
-    nothing ever did), with a 408 when a request head is not whole after ``head_timeout``.
+    nothing ever did), with a 408 when a request head is not whole after ``head_timeout``. The
+    sweep also cuts off a connection whose client has taken nothing of an answer for
+    ``head_timeout`` (one that never reads).
 
     The rest goes through ASGI unchanged: a body still on its way (read by the application, with
     its timeout), ``Expect: 100-continue``, requests refused for the concurrency limit, and those
@@ -115,6 +117,9 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         # last answer went out; None while a request is read or answered.
         self.idle_since: float | None = None
         self.head_timeout: float = app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
+        # Loop time since when an answer waits for its client to take some of it (the transport's
+        # buffer over its high-water mark); None while it goes out.
+        self.stalled_since: float | None = None
 
     def shutdown(self) -> None:
         # uvicorn calls this on every connection once the server begins to stop, then waits for
@@ -183,9 +188,25 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         self._pending = (cycle, self.app, handler)  # taken in on_message_complete, or by ASGI
         return True
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.stalled_since = self.loop.time()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.stalled_since = None
+
     def timed_out(self, now: float) -> None:
         """Called by the sweep: close the connection if it has waited too long for a request, with
-        a 408 if one had begun to come (its head unfinished), silently if none had."""
+        a 408 if one had begun to come (its head unfinished), silently if none had; and if its
+        client has taken nothing of an answer for ``head_timeout`` (a client that never reads would
+        hold the connection, its answers and its request slot for good)."""
+        stalled = self.stalled_since
+        if stalled is not None and now - stalled >= self.head_timeout and not self.transport.is_closing():
+            self.stalled_since = None
+            self.logger.warning("connection closed: its client took nothing of its answer for %g s", self.head_timeout)
+            self.transport.abort()  # close() would wait for the buffer to drain: it never does
+            return
         since = self.idle_since
         if since is None or self.transport.is_closing():
             return
