@@ -63,3 +63,20 @@ def test_damaged_stored_data_is_a_server_error_that_names_no_file(tmp_path: Path
     for answer in (rest.text, sqs.text):
         assert "secret-place" not in answer and ".jnl" not in answer, answer
         assert "key length" in answer, answer  # the reason
+
+
+def test_sqs_json_nested_too_deep_is_invalid_request(tmp_path: Path) -> None:
+    """A body of JSON nested deeper than Python's recursion limit (a few kB) made the JSON decoder
+    raise RecursionError, which is no ValueError: the direct path's parser callback failed (a
+    plain-text 400 from uvicorn, not SQS's shape) and the ASGI path answered 500 with a
+    traceback in the log. It is a body that is not a JSON object: SQS's InvalidRequest, 400."""
+    deep = b'{"QueueUrl": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with serving(tmp_path / "data", DirectHttpToolsProtocol) as port, \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        for target in ("SendMessage", "ListQueues"):
+            for extra in ({}, {"Expect": "100-continue"}):  # the direct path, and the ASGI one
+                answer = client.post("/", content=deep, headers={
+                    "X-Amz-Target": f"AmazonSQS.{target}", "Content-Type": "application/x-amz-json-1.0", **extra})
+                assert answer.status_code == 400, (target, extra, answer.text)
+                assert answer.json()["__type"].endswith("InvalidRequest"), (target, extra, answer.text)
+        assert client.get("/healthz").status_code == 200

@@ -582,7 +582,7 @@ def create_app(config: ServerConfig) -> App:
             payload = _json_of(body or b"{}")
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the decoder goes
             raise SqsRefusal(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}")) from None
         if sqs_on_zookeeper:
             raise SqsRefusal(SqsError(
