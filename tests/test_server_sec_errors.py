@@ -80,3 +80,21 @@ def test_sqs_json_nested_too_deep_is_invalid_request(tmp_path: Path) -> None:
                 assert answer.status_code == 400, (target, extra, answer.text)
                 assert answer.json()["__type"].endswith("InvalidRequest"), (target, extra, answer.text)
         assert client.get("/healthz").status_code == 200
+
+
+def test_sqs_attribute_names_that_are_not_strings_are_invalid_parameter_value(tmp_path: Path) -> None:
+    """GetQueueAttributes with ``AttributeNames: [{}]`` looked the dict up in a set: TypeError,
+    a 500 with a traceback in the log. Found by feeding every action values of the wrong types."""
+    with serving(tmp_path / "data", DirectHttpToolsProtocol) as port, \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+
+        def sqs(action: str, payload: dict[str, object]) -> httpx.Response:
+            return client.post("/", json=payload, headers={
+                "X-Amz-Target": f"AmazonSQS.{action}", "Content-Type": "application/x-amz-json-1.0"})
+
+        url = sqs("CreateQueue", {"QueueName": "typed"}).json()["QueueUrl"]
+        for names in ([{}], [["All"]], [1]):
+            answer = sqs("GetQueueAttributes", {"QueueUrl": url, "AttributeNames": names})
+            assert answer.status_code == 400, (names, answer.text)
+            assert answer.json()["__type"].endswith("InvalidParameterValue"), (names, answer.text)
+        assert sqs("GetQueueAttributes", {"QueueUrl": url, "AttributeNames": ["All"]}).status_code == 200
