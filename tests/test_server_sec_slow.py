@@ -47,13 +47,14 @@ def test_a_request_head_that_dribbles_in_is_408_after_the_head_timeout(tmp_path:
     assert answer.startswith(b"HTTP/1.1 408"), answer
 
 
-def test_a_client_that_never_reads_its_answers_is_cut_off(tmp_path: Path) -> None:
+@PROTOCOLS
+def test_a_client_that_never_reads_its_answers_is_cut_off(tmp_path: Path, protocol: type) -> None:
     """Requests pipelined (here, for the OpenAPI document: no token needed) by a client that never
     reads: once the answers fill the socket's buffers the answer under way waits for room, and the
     connection was held for good (its wait for a request does not begin until that answer is out),
     so a few thousand such clients (the concurrency limit) kept everybody else out. A connection
     whose answer makes no progress for the head timeout is now closed."""
-    with serving(tmp_path / "data", DirectHttpToolsProtocol, keep_alive=1, body_timeout=2) as port, \
+    with serving(tmp_path / "data", protocol, keep_alive=1, body_timeout=2) as port, \
             socket.socket() as greedy:
         greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
         greedy.connect(("127.0.0.1", port))

@@ -9,6 +9,8 @@ journalq's httptools protocol does:
   Uvicorn's h11 protocol times only the wait after an answer, and stops that timer at the first
   byte that comes: a client that never sent anything, or sent its head a byte at a time, held its
   connection for as long as it liked.
+- It cuts off a connection whose client has taken nothing of an answer for the head timeout (one
+  that never reads would hold the connection, its answers and its request slot for good).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class StoppingH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self.head_timeout: float = app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
         self._head_timer: asyncio.TimerHandle | None = None
+        self._stall_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -40,7 +43,25 @@ class StoppingH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        self.resume_writing()  # (stops the stall timer)
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.head_timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        if not self.transport.is_closing():
+            self.logger.warning("connection closed: its client took nothing of its answer for %g s", self.head_timeout)
+        self.transport.abort()  # close() would wait for the buffer to drain: it never does
 
     def _wait_for_head(self) -> None:
         """The connection waits for a request head from now on: it has ``head_timeout`` seconds."""
