@@ -3,13 +3,16 @@ missing: they are cut off as under journalq's httptools protocol (``test_server_
 
 from __future__ import annotations
 
+import resource
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from test_server_direct import serving
-from test_server_harness import read_all
+from test_server_harness import ServerProcess, read_all
 
 from journalq.server.h11_protocol import StoppingH11Protocol
 from journalq.server.protocol import DirectHttpToolsProtocol
@@ -69,3 +72,36 @@ def test_a_client_that_never_reads_its_answers_is_cut_off(tmp_path: Path, protoc
         except (ConnectionResetError, TimeoutError):
             pass
     assert taken.count(b"HTTP/1.1 200") < asks, "every answer went out: the connection was held all along"
+
+
+@pytest.fixture
+def few_open_files() -> Iterator[None]:
+    """Servers started meanwhile inherit a soft limit of 256 open files (a hard one of the
+    current hard limit), as under a system's usual soft limit of 1024, only smaller."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit on open files is {hard}: no room above the soft one to test")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_idle_connections_beyond_the_soft_open_files_limit_do_not_keep_clients_out(
+    tmp_path: Path, few_open_files: None
+) -> None:
+    """A soft limit on open files below the server's concurrency limit (4096 connections) let a
+    few hundred idle connections (no token needed to open one) take every descriptor: the next
+    client's connection was accepted and dropped unanswered, for as long as the idle ones were
+    renewed. The server now raises its soft limit to the hard one, as Go's runtime does."""
+    server = ServerProcess(tmp_path / "data", log_dir=tmp_path).start()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))  # ours
+    idle: list[socket.socket] = []
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(400)]
+        assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+    finally:
+        for s in idle:
+            s.close()
+        server.check_clean_stop()
