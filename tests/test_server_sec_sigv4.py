@@ -40,3 +40,26 @@ def test_a_path_with_percent_escapes_is_verified_as_signed(server: ServerProcess
     # Still checked: another secret over the same path is refused.
     wrong = _post_signed(f"{server.url}{path}", "ListQueues", {}, secret="not-the-secret")
     assert wrong.status_code == 403 and wrong.json()["__type"].endswith("SignatureDoesNotMatch")
+
+
+def test_an_action_outside_the_signature_is_refused(server: ServerProcess) -> None:
+    """``X-Amz-Target`` names the action: a request whose signature does not cover it could be
+    replayed (within the 5 minutes the date allows) as another action on the same body, a
+    ReceiveMessage's ``{"QueueUrl": ...}`` as a PurgeQueue or a DeleteQueue. AWS wants every
+    ``x-amz-*`` header of a request signed; the server checked only that ``host`` was."""
+    queue_url = _post_signed(f"{server.url}/", "CreateQueue", {"QueueName": "kept"}).json()["QueueUrl"]
+    assert _post_signed(f"{server.url}/", "SendMessage", {"QueueUrl": queue_url, "MessageBody": "m"}).status_code == 200
+    body = json.dumps({"QueueUrl": queue_url}).encode()
+    request = AWSRequest(method="POST", url=f"{server.url}/", data=body,
+                         headers={"Content-Type": "application/x-amz-json-1.0"})
+    SigV4Auth(Credentials(KEY, SECRET), "sqs", "us-east-1").add_auth(request)
+    assert "x-amz-target" not in request.headers["Authorization"]
+    headers = {**dict(request.headers.items()), "X-Amz-Target": "AmazonSQS.DeleteQueue"}  # added after signing
+    replayed = httpx.post(request.url, content=body, headers=headers)
+    assert replayed.status_code == 400, replayed.text
+    assert replayed.json()["__type"].endswith("IncompleteSignature"), replayed.text
+    assert "x-amz-target" in replayed.json()["message"].lower()
+    attributes = _post_signed(f"{server.url}/", "GetQueueAttributes",
+                              {"QueueUrl": queue_url, "AttributeNames": ["ApproximateNumberOfMessages"]})
+    assert attributes.status_code == 200, attributes.text  # the queue is still there, its message too
+    assert attributes.json()["Attributes"]["ApproximateNumberOfMessages"] == "1"
