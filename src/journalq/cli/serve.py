@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import signal
 import socket
 from pathlib import Path
@@ -20,6 +21,12 @@ from journalq.journal.sync import SyncPolicy
 
 BACKLOG = 2048
 """Connections the system holds for the server until it accepts them (uvicorn's default)."""
+
+CONNECTION_LIMIT = 4096
+"""Requests (and connections) the server takes at once; past it, uvicorn answers 503."""
+
+MAX_OPEN_FILES = 1 << 20
+"""The most open files the server asks for (Linux's default ceiling, ``fs.nr_open``)."""
 
 
 def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -101,7 +108,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
         log_level="warning",
         access_log=False,
         timeout_keep_alive=5,  # idle connections do not hold the server
-        limit_concurrency=4096,
+        limit_concurrency=CONNECTION_LIMIT,
         # Request heads (request line and headers) that never end are cut off: h11 takes this
         # limit itself, journalq's httptools protocol takes it from here too (431).
         h11_max_incomplete_event_size=64 * 1024,
@@ -112,6 +119,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     # found: with the default one the process would die of it (exit status 143) after a clean
     # shutdown. Exit 0 instead, as on SIGINT.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    raise_open_files_limit()
     # Bound here, before anything starts: the start line names the port bound (with --port 0,
     # the one the system chose), and the worker processes all accept on this one socket.
     uvicorn_config = uvicorn.Config(
@@ -158,6 +166,19 @@ def ready_directory(path: Path, option: str) -> None:
     # access(2) answers for the real user, and with EROFS on a read-only file system (root too).
     if not os.access(path, os.W_OK | os.X_OK):
         raise CommandError(f"{option} {path} is not writable")
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard one (as Go's runtime does at start; the
+    worker processes of ``--workers`` inherit it). Under the usual soft limit, 1024, a few hundred
+    idle connections, which anyone can open, took every descriptor well before the concurrency
+    limit: the next clients' connections were dropped unanswered. Left as it is when it cannot
+    be raised."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):  # a ceiling lower than ours (fs.nr_open)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -35,6 +35,7 @@ from journalq import __version__
 from journalq.errors import (
     Error,
     InvalidSettingError,
+    JournalError,
     PartialSendError,
     QueueNotFoundError,
     StorageError,
@@ -177,12 +178,18 @@ def create_app(config: ServerConfig) -> App:
 
     class StorageFailures:
         """``with storage_failures:`` a failure of the storage raised in the block raises as its
-        503 (``storage_problem``)."""
+        503 (``storage_problem``); a queue that is not there, without where the store keeps its
+        queues (the data directory's path is the server's business, not its clients')."""
 
         def __enter__(self) -> None:
             return None
 
         def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+            if isinstance(exc, QueueNotFoundError):
+                told = str(exc).replace(f" in {broker().root}", "")
+                if told != str(exc):
+                    raise QueueNotFoundError(told) from exc
+                return False
             # First: a StoreUnavailableError is a ConnectionError, an OSError with no errno.
             if isinstance(exc, (StorageError, StoreUnavailableError)):
                 raise storage_problem(exc) from exc
@@ -545,9 +552,11 @@ def create_app(config: ServerConfig) -> App:
         token); ``SqsRefusal`` when it fails."""
         if config.aws_credentials:
             try:
-                # The signature covers the path the client posted to.
-                verify("POST", scope["path"], scope["query_string"].decode("latin-1"), headers, body,
-                       config.aws_credentials)
+                # The signature covers the path the client posted to, as sent (still percent-
+                # encoded: ``path`` is decoded); ``raw_path`` has no query (some servers' has).
+                raw_path = scope.get("raw_path") or scope["path"].encode()
+                verify("POST", raw_path.partition(b"?")[0].decode("latin-1"),
+                       scope["query_string"].decode("latin-1"), headers, body, config.aws_credentials)
             except AuthError as exc:
                 raise SqsRefusal(SqsError(exc.code, exc.message, status=exc.status)) from None
         elif config.rest_token is not None:
@@ -573,7 +582,7 @@ def create_app(config: ServerConfig) -> App:
             payload = _json_of(body or b"{}")
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the decoder goes
             raise SqsRefusal(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}")) from None
         if sqs_on_zookeeper:
             raise SqsRefusal(SqsError(
@@ -601,7 +610,8 @@ def create_app(config: ServerConfig) -> App:
             return _sqs_error_answer(SqsError("ServiceUnavailable", outcome.message, status=outcome.status,
                                               sender=False), outcome.headers)
         if isinstance(outcome, Error):  # none that SQS has a code for: still answered in SQS's shape
-            return _sqs_error_answer(SqsError("InternalFailure", str(outcome), status=500, sender=False))
+            text = _journal_problem(outcome) if isinstance(outcome, JournalError) else str(outcome)
+            return _sqs_error_answer(SqsError("InternalFailure", text, status=500, sender=False))
         raise outcome
 
     async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
@@ -793,8 +803,17 @@ def _problem_response(exc: HTTPProblem) -> Response:
 
 
 def _error_response(exc: Error) -> Response:
+    if isinstance(exc, JournalError):
+        return JSONResponse({"error": _journal_problem(exc)}, status_code=500)
     status = 404 if isinstance(exc, (QueueNotFoundError, TaskNotFoundError)) else 400
     return JSONResponse({"error": str(exc)}, status_code=status)
+
+
+def _journal_problem(exc: JournalError) -> str:
+    """What an answer says of a journal that fails (damaged, truncated: the server's problem, not
+    the request's), once logged whole: the reason, not the file's path (the server's business)."""
+    log.error("journal failure: %s", exc)
+    return f"the queue's stored data cannot be read: {exc.reason}"
 
 
 def _failure_answer(exc: BaseException) -> Answer:

@@ -35,8 +35,11 @@ class ServerConfig:
     account_id: str = "000000000000"
     region: str = "us-east-1"
     max_message_size: int = 1024 * 1024
-    """Largest message body the REST API takes; SQS takes at most 256 KiB, as Amazon does."""
+    """Largest message the REST API and the SQS protocol take (for SQS its body and attributes,
+    and a batch's total; 1 MiB, Amazon's own limit since 2025)."""
     max_request_size: int = 2 * 1024 * 1024
+    """Largest request body the SQS protocol reads (``serve`` makes it twice ``max_message_size``,
+    at least 2 MiB: a message's JSON escapes can make its request longer than it)."""
     body_timeout: float = 10.0
     """Seconds a client may take to send a request body before it is answered 408."""
     retry_after: int = 1

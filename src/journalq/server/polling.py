@@ -23,6 +23,16 @@ def poll_slices(wait: float) -> Iterator[float]:
             return
 
 
+DEFAULT_HEAD_TIMEOUT = 10.0
+"""Seconds a request head may take, from when the connection began to wait for it, when the
+application gives no ``head_timeout`` (journalq's gives its ``body_timeout``)."""
+
+
+def slow_head_message(head_timeout: float) -> str:
+    """The text of the 408 that answers a request head that took too long (either protocol's)."""
+    return f"the request head (request line and headers) took over {head_timeout:g} s"
+
+
 def stop_long_polls(app: Any) -> None:
     """Tell the application under uvicorn's middleware that the server is stopping: its
     ``stop_waiting()``, when it has one (journalq's app), ends its long polls within a slice. For

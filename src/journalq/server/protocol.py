@@ -26,14 +26,10 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from journalq.server.polling import app_attribute, stop_long_polls
+from journalq.server.polling import DEFAULT_HEAD_TIMEOUT, app_attribute, slow_head_message, stop_long_polls
 
 DEFAULT_MAX_HEAD = 16 * 1024
 """The limit when uvicorn's configuration gives none (h11's default)."""
-
-DEFAULT_HEAD_TIMEOUT = 10.0
-"""Seconds a request head may take, from when the connection began to wait for it, when the
-application gives no ``head_timeout`` (journalq's gives its ``body_timeout``)."""
 
 
 class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -103,7 +99,9 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
 
     Connections waiting for a request are closed by one sweep per server (``_IdleSweep``), not
     by uvicorn's timer per answer: after the keep-alive timeout when nothing came (also when
-    nothing ever did), with a 408 when a request head is not whole after ``head_timeout``.
+    nothing ever did), with a 408 when a request head is not whole after ``head_timeout``. The
+    sweep also cuts off a connection whose client has taken nothing of an answer for
+    ``head_timeout`` (one that never reads).
 
     The rest goes through ASGI unchanged: a body still on its way (read by the application, with
     its timeout), ``Expect: 100-continue``, requests refused for the concurrency limit, and those
@@ -119,6 +117,9 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         # last answer went out; None while a request is read or answered.
         self.idle_since: float | None = None
         self.head_timeout: float = app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
+        # Loop time since when an answer waits for its client to take some of it (the transport's
+        # buffer over its high-water mark); None while it goes out.
+        self.stalled_since: float | None = None
 
     def shutdown(self) -> None:
         # uvicorn calls this on every connection once the server begins to stop, then waits for
@@ -187,9 +188,25 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         self._pending = (cycle, self.app, handler)  # taken in on_message_complete, or by ASGI
         return True
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.stalled_since = self.loop.time()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.stalled_since = None
+
     def timed_out(self, now: float) -> None:
         """Called by the sweep: close the connection if it has waited too long for a request, with
-        a 408 if one had begun to come (its head unfinished), silently if none had."""
+        a 408 if one had begun to come (its head unfinished), silently if none had; and if its
+        client has taken nothing of an answer for ``head_timeout`` (a client that never reads would
+        hold the connection, its answers and its request slot for good)."""
+        stalled = self.stalled_since
+        if stalled is not None and now - stalled >= self.head_timeout and not self.transport.is_closing():
+            self.stalled_since = None
+            self.logger.warning("connection closed: its client took nothing of its answer for %g s", self.head_timeout)
+            self.transport.abort()  # close() would wait for the buffer to drain: it never does
+            return
         since = self.idle_since
         if since is None or self.transport.is_closing():
             return
@@ -197,9 +214,7 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
             if now - since >= self.head_timeout:
                 self.idle_since = None
                 self.logger.warning("request refused: its head took over %g s", self.head_timeout)
-                self._refuse(
-                    408, f"the request head (request line and headers) took over {self.head_timeout:g} s"
-                )
+                self._refuse(408, slow_head_message(self.head_timeout))
         elif now - since >= self.timeout_keep_alive:
             self.idle_since = None
             self.timeout_keep_alive_handler()  # closes the transport

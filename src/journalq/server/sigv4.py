@@ -17,7 +17,8 @@ again. ``path`` must therefore be the raw request path; for the paths SQS client
 ``/ACCOUNT/QUEUE`` with queue names of letters, digits, ``-``, ``_`` and ``.``) the decoded path
 is the same string.
 
-Only the header form is supported (no presigned query-string signatures, no SigV4a). A payload
+Only the header form is supported (no presigned query-string signatures, no SigV4a). ``host``
+and, when the request has one, ``x-amz-target`` (the action) must be signed headers. A payload
 must be signed: ``x-amz-content-sha256: UNSIGNED-PAYLOAD`` (or a streaming variant) is refused,
 and when that header carries a hash it must be the body's.
 """
@@ -203,6 +204,13 @@ def verify(
         )
     if "host" not in signed:
         raise AuthError("IncompleteSignature", "'Host' must be a signed header in the Authorization header.")
+    if "x-amz-target" in lowered and "x-amz-target" not in signed:
+        # It names the action: unsigned, a captured request could be replayed as another action
+        # on the same body (a ReceiveMessage's QueueUrl as a DeleteQueue). AWS wants every x-amz-*
+        # header signed; this one is what matters here (proxies add others, CloudFront's own).
+        raise AuthError(
+            "IncompleteSignature", "'X-Amz-Target' must be a signed header in the Authorization header."
+        )
     secret = credentials.get(key_id)
     if secret is None:
         raise AuthError("InvalidClientTokenId", "The security token included in the request is invalid.")

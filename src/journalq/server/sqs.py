@@ -1104,8 +1104,8 @@ class SqsProtocol:
     def get_queue_attributes(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
         name = self._name_of_url(request)
         wanted = request.get("AttributeNames") or []
-        if not isinstance(wanted, list):
-            raise _invalid("AttributeNames must be a list.")
+        if not isinstance(wanted, list) or not all(isinstance(a, str) for a in wanted):
+            raise _invalid("AttributeNames must be a list of strings.")
         for attribute in wanted:
             if attribute != "All" and attribute not in _QUEUE_ATTRIBUTES:
                 raise SqsError("InvalidAttributeName", f"Unknown Attribute {attribute}.")
