@@ -644,6 +644,34 @@ def test_the_queue_url_path_works_as_endpoint(sqs: Any, server: ServerProcess) -
     assert unsigned.status_code == 403 and unsigned.json()["__type"].endswith("MissingAuthenticationToken")
 
 
+def test_a_long_poll_whose_client_went_away_takes_no_message(sqs: Any, server: ServerProcess, queue_url: str) -> None:
+    """A ReceiveMessage long poll whose client closed its connection ends (within a poll slice)
+    instead of taking the next message for no one, which would hide it for the visibility
+    timeout: another consumer receives that message at once."""
+    import socket
+
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    payload = json.dumps({"QueueUrl": queue_url, "WaitTimeSeconds": 20, "MaxNumberOfMessages": 1}).encode()
+    headers = {"X-Amz-Target": "AmazonSQS.ReceiveMessage", "Content-Type": "application/x-amz-json-1.0"}
+    request = AWSRequest(method="POST", url=server.url + "/", data=payload, headers=headers)
+    SigV4Auth(Credentials(KEY, SECRET), "sqs", "us-east-1").add_auth(request)
+    head = "".join(f"{k}: {v}\r\n" for k, v in request.headers.items())
+    raw = f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Length: {len(payload)}\r\n{head}\r\n"
+    for pause in (2.5, 0.2):  # past the slice in which the poll notices; within it
+        with socket.create_connection(("127.0.0.1", server.port)) as departing:
+            departing.sendall(raw.encode() + payload)
+            time.sleep(0.3)  # its poll has begun
+        time.sleep(pause)
+        # Within the slice, the departed poll takes the message: and gives it back at once.
+        sqs.send_message(QueueUrl=queue_url, MessageBody="for whoever is there")
+        got = sqs.receive_message(QueueUrl=queue_url, WaitTimeSeconds=5)["Messages"]
+        assert [m["Body"] for m in got] == ["for whoever is there"]
+        sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=got[0]["ReceiptHandle"])
+
+
 # -- the AWS CLI --------------------------------------------------------------------------------
 
 

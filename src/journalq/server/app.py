@@ -15,6 +15,7 @@ import functools
 import gc
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -409,6 +410,10 @@ def create_app(config: ServerConfig) -> App:
             got = await blocking(receive, seconds, receiving=True)
             if got or stopping.is_set() or await request.is_disconnected():
                 break
+        if got and wait and await request.is_disconnected():
+            # Taken in the slice its client went away in: given back, not hidden for no one.
+            await blocking(broker().queue(name, create=False).release, got[0].receipt)
+            return Response(status_code=204)
         if not got:
             return Response(status_code=204)
         message = got[0]
@@ -635,12 +640,31 @@ def create_app(config: ServerConfig) -> App:
         try:
             if action in SqsProtocol.SEND_ACTIONS:
                 outcome = await sqs_sends.send(sqs_protocol().queue_of(payload), (action, payload))
+            elif action == "ReceiveMessage":
+                outcome = await sqs_receive(receive, payload, base_url)
             else:
-                outcome = await blocking(sqs_protocol().handle, action, payload, base_url,
-                                         receiving=action == "ReceiveMessage")
+                outcome = await blocking(sqs_protocol().handle, action, payload, base_url)
         except (SqsError, HTTPProblem, Error) as exc:
             outcome = exc
         return await _send_answer(send, sqs_answer(action, payload, outcome))
+
+    async def sqs_receive(receive: Receive, payload: dict[str, Any], base_url: str) -> dict[str, Any]:
+        """A ReceiveMessage, told when its client goes away (``http.disconnect``, which the
+        server's ``receive`` gives once the body was read): its long poll then ends, and what it
+        took is given back instead of hidden for the visibility timeout for no one."""
+        gone = threading.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return await blocking(sqs_protocol().handle, "ReceiveMessage", payload, base_url, gone.is_set,
+                                  receiving=True)
+        finally:
+            watcher.cancel()
 
     def direct_sqs(scope: Scope, body: bytes, respond: Respond) -> bool:
         """SendMessage and SendMessageBatch taken straight from the HTTP protocol, as

@@ -643,14 +643,19 @@ class SqsProtocol:
     def actions(self) -> list[str]:
         return sorted(self._actions)
 
-    def handle(self, action: str, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        """Run ``action`` with the JSON ``request``; returns the JSON answer or raises ``SqsError``."""
+    def handle(
+        self, action: str, request: dict[str, Any], base_url: str, gone: Callable[[], bool] | None = None
+    ) -> dict[str, Any]:
+        """Run ``action`` with the JSON ``request``; returns the JSON answer or raises ``SqsError``.
+        ``gone``: whether the client went away (a long poll then ends, its messages given back)."""
         method = self._actions.get(action)
         if method is None:
             raise SqsError("InvalidAction", f"The action {action} is not valid for this endpoint.")
         if not isinstance(request, dict):
             raise SqsError("InvalidParameterValue", "The request body must be a JSON object.")
         with _sqs_errors():
+            if gone is not None and action == "ReceiveMessage":
+                return self.receive_message(request, base_url.rstrip("/"), gone)
             return method(request, base_url.rstrip("/"))
 
     SEND_ACTIONS = frozenset(("SendMessage", "SendMessageBatch"))
@@ -1490,7 +1495,9 @@ class SqsProtocol:
 
     # -- actions: receiving ------------------------------------------------------------------------------
 
-    def receive_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
+    def receive_message(
+        self, request: dict[str, Any], base_url: str, gone: Callable[[], bool] = lambda: False
+    ) -> dict[str, Any]:
         name = self._name_of_url(request)
         queue = self._queue(name)
         count = _integer(request, "MaxNumberOfMessages", 1, 10, "Must be between 1 and 10, if provided")
@@ -1511,11 +1518,15 @@ class SqsProtocol:
         attempt = _check_token("ReceiveRequestAttemptId", _string(request, "ReceiveRequestAttemptId"))
         received = self._again(name, queue, attempt, hide) if fifo and attempt is not None else None
         if received is None:
-            # In slices: a poll ends within one once the server begins to stop.
+            # In slices: a poll ends within one once the server begins to stop, or its client
+            # goes away (a poll left to take messages for no one would hide them for nothing).
             for seconds in poll_slices(queue.settings.receive_wait if wait is None else wait):
                 received = queue.receive(count or 1, visibility_timeout=hide, wait=seconds)
-                if received or self.stopping():
+                if received or self.stopping() or gone():
                     break
+            if received and gone():  # taken in the slice the client went away in: given back
+                queue.change_visibility_many([(m.receipt, 0) for m in received])
+                return {}
             if fifo and attempt is not None and received:
                 self._attempts.remember(name, attempt, received, time.monotonic())
         if not received:
