@@ -469,7 +469,10 @@ class ZooKeeperBroker(Closing):
                 self._create(name, self._check(name, QueueSettings().replace(**settings)))
                 loaded = self._load_with_stat(name)
                 if loaded is None:  # made by another meanwhile, but not whole: being deleted
-                    raise QueueError(f"queue {name!r} in {self.root} is being deleted (or was left half made)")
+                    raise QueueError(
+                        f"queue {name!r} in {self.root} is being deleted, or a delete of it was cut short: "
+                        "delete it (again) to use the name"
+                    )
             elif settings:
                 updated = self._check(name, loaded[0].replace(**settings))
                 if updated != loaded[0]:
@@ -518,14 +521,17 @@ class ZooKeeperBroker(Closing):
                 return False
 
     def delete(self, name: str) -> None:
-        """Delete a queue and all its tasks."""
-        if not self.exists(name):
-            raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        """Delete a queue and all its tasks; also finishes a delete that was cut short after its
+        first step (its connection lost, its process killed): the queue's node emptied, which
+        is no longer a queue (``exists``) but holds its name until it is gone."""
+        paths = self.paths(name)
+        with self.call(f"looking for queue {name!r}"):
+            if self.client.exists(paths.dir) is None:
+                raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
         opened = self._topics.get(name)
         self.forget(name)
         if opened is not None:
             opened.gone = True  # what was got of it refuses to work (as it would find anyway)
-        paths = self.paths(name)
         with self.call(f"deleting queue {name!r}"):
             try:
                 self.client.set(paths.dir, b"")  # no longer a queue, at once

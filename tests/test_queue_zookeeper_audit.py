@@ -1,0 +1,29 @@
+"""The ZooKeeper store where ZooKeeper makes things hard: calls cut short by a lost connection (what
+they did or did not do), optimistic concurrency between consumers and by-id calls, ZooKeeper's
+packet limit, and kazoo's errors that must come out as journalq's."""
+
+from __future__ import annotations
+
+import pytest
+
+from journalq.errors import QueueNotFoundError
+from journalq.queue import Broker
+from test_queue_zookeeper import broker, url  # noqa: F401 (fixtures)
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
+
+
+def test_a_queue_delete_cut_short_after_its_first_step_is_finished_by_the_next(broker) -> None:  # noqa: F811
+    q = broker.queue("jobs")
+    q.send(b"x")
+    # What a delete whose connection was lost (or whose process died) after its first step left:
+    # the queue's node emptied (no longer a queue), the rest still there.
+    broker.client.set(f"{broker.path}/jobs", b"")
+    assert not broker.exists("jobs")
+    broker.delete("jobs")  # a retry of the delete finishes it
+    assert broker.client.exists(f"{broker.path}/jobs") is None
+    with pytest.raises(QueueNotFoundError):
+        broker.delete("jobs")  # (and a queue that is not there at all is still an error)
+    q = broker.queue("jobs")  # the name can be used again
+    q.send(b"y")
+    assert [m.body for m in q.receive()] == [b"y"]
