@@ -27,3 +27,28 @@ def test_a_queue_delete_cut_short_after_its_first_step_is_finished_by_the_next(b
     q = broker.queue("jobs")  # the name can be used again
     q.send(b"y")
     assert [m.body for m in q.receive()] == [b"y"]
+
+
+def test_a_gc_lock_left_by_this_session_does_not_stop_collection_for_good(broker) -> None:  # noqa: F811
+    q = broker.queue("jobs", task_gc_lifetime=0)
+    q.send(b"x")
+    (m,) = q.receive()
+    q.delete(m.receipt)
+    # What a collection whose lock's answer was lost (connection lost after the server made it),
+    # or whose delete of the lock failed, leaves: the ephemeral lock, owned by this very session,
+    # which lives on after kazoo reconnects.
+    broker.client.create(f"{broker.path}/jobs/conf/lock", broker.participant.encode(), ephemeral=True)
+    assert q.topic.gc() == [m.id]
+    assert broker.client.exists(f"{broker.path}/jobs/conf/lock") is None
+
+
+def test_a_gc_lock_of_another_live_session_is_left_alone(url: str) -> None:  # noqa: F811
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        q = a.queue("jobs", task_gc_lifetime=0)
+        q.send(b"x")
+        (m,) = q.receive()
+        q.delete(m.receipt)
+        b.client.create(f"{b.path}/jobs/conf/lock", b.participant.encode(), ephemeral=True)
+        assert q.topic.gc() == []  # b collects now
+        b.client.delete(f"{b.path}/jobs/conf/lock")
+        assert q.topic.gc() == [m.id]

@@ -593,6 +593,7 @@ class ZooKeeperTopic:
         self._queue: ZooKeeperQueue | None = None
         self._last_gc_try = time.monotonic()
         self._made: set[str] = set()  # nodes made as needed (``ensure_node``), known to exist
+        self._collecting = threading.Lock()  # held by the thread of this process that collects
 
     @property
     def _zk(self) -> KazooClient:
@@ -878,17 +879,43 @@ class ZooKeeperTopic:
     def collect(self, *, force: bool = False, orphan_grace: float = ORPHAN_GRACE) -> list[str] | None:
         """One collection under ``conf/lock``, if nobody else holds it and (unless ``force``) the
         last one, by anybody, is ``task_gc_interval`` ago; returns the tasks deleted, or None
-        when it did not run. Times are the server's: the lock's creation is now."""
-        zk, paths, settings = self._zk, self.paths, self.settings
-        lock = f"{paths.conf}/lock"
+        when it did not run. Times are the server's: the lock's taking is now."""
+        lock = f"{self.paths.conf}/lock"
+        if not self._collecting.acquire(blocking=False):
+            return None  # another thread of this process collects now (in this session)
         try:
-            _, lock_stat = zk.create(lock, self.broker.participant.encode(), ephemeral=True, include_data=True)
+            lock_stat = self._take_gc_lock(lock)
+            if lock_stat is None:
+                return None
+            return self._collect_under(lock, lock_stat.mtime, force, orphan_grace)
+        finally:
+            self._collecting.release()
+
+    def _take_gc_lock(self, lock: str) -> Any:
+        """Create the ephemeral ``lock`` and return its stat, or None when somebody else holds it
+        (or the queue was deleted). A lock of this client's session is taken again: a create
+        whose answer the connection lost, or a delete of it that failed, left it, and it would
+        live as long as the session (no other thread holds it: ``_collecting``). Its ``mtime``
+        is now by the server's clock."""
+        zk, data = self._zk, self.broker.participant.encode()
+        try:
+            return zk.create(lock, data, ephemeral=True, include_data=True)[1]
         except NodeExistsError:
-            return None  # somebody collects now
+            pass
         except NoNodeError:
             return None  # the queue was deleted
+        stat = zk.exists(lock)
+        if stat is None or zk.client_id is None or stat.ephemeralOwner != zk.client_id[0]:
+            return None  # somebody collects now (or just finished: the next interval's turn)
         try:
-            now = lock_stat.ctime
+            return zk.set(lock, data, stat.version)
+        except (NoNodeError, BadVersionError):
+            return None
+
+    def _collect_under(self, lock: str, now: int, force: bool, orphan_grace: float) -> list[str] | None:
+        """``collect``'s work, under the lock taken at ``now`` (ms, the server's clock)."""
+        zk, settings = self._zk, self.settings
+        try:
             last = self.conf().get("collected_at")
             if not force and isinstance(last, int) and last > now - settings.task_gc_interval * 1000:
                 return None
