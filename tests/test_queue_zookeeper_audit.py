@@ -52,3 +52,40 @@ def test_a_gc_lock_of_another_live_session_is_left_alone(url: str) -> None:  # n
         assert q.topic.gc() == []  # b collects now
         b.client.delete(f"{b.path}/jobs/conf/lock")
         assert q.topic.gc() == [m.id]
+
+
+def _claimed_meanwhile(q, other, monkeypatch: pytest.MonkeyPatch) -> list:
+    """Let ``other`` receive (claim: a new entry version) between ``q``'s read of the entries and
+    its first write of them, as a consumer of another process may; returns what it received."""
+    from journalq.queue.zookeeper.store import ZooKeeperQueue
+
+    apply, got = ZooKeeperQueue._apply, []
+
+    def claim_first(self, changes, **options):
+        if self is q and not got:
+            got.extend(other.receive(10))
+        return apply(self, changes, **options)
+
+    monkeypatch.setattr(ZooKeeperQueue, "_apply", claim_first)
+    return got
+
+
+@pytest.mark.parametrize("how", ["purge", "delete_id"])
+def test_a_by_id_finish_is_not_lost_to_a_claim_between_its_read_and_its_write(
+    url: str, how: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    from journalq.errors import StaleReceiptError
+
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        q = a.queue("jobs")
+        task = q.send(b"x")
+        got = _claimed_meanwhile(q, b.queue("jobs"), monkeypatch)
+        if how == "purge":
+            q.purge()
+        else:
+            q.delete_id(task)
+        assert [m.id for m in got] == [task]  # (the claim did come between)
+        assert q.task(task).state == "finished"
+        assert a.client.get_children(f"{a.path}/jobs/queue") == []
+        with pytest.raises(StaleReceiptError):
+            b.queue("jobs").delete(got[0].receipt)

@@ -1607,16 +1607,27 @@ class ZooKeeperQueue:
     # -- by id ------------------------------------------------------------------------------
 
     def finish_ids(self, tasks: list[str], end: str) -> list[str]:
-        """End pending tasks whatever their state; returns those that were pending."""
-        entries = list(self._entries(tasks))
-        done = []
-        changes = [(task, entry, version, end, None) for task, entry, version in entries]
-        for (task, _, _), (failed, _) in zip(entries, self._apply(changes, fenced=False)):
-            if failed is None:
-                self._known.pop(task, None)
-                self._gone.add(task)
-                done.append(task)
-        return done
+        """End pending tasks whatever their state; returns those that were pending. An entry
+        that changed between its read and its write (a consumer claimed or released the task
+        meanwhile) is read again: by id, a task ends whoever holds it."""
+        done: list[str] = []
+        for _ in range(10):
+            entries = list(self._entries(tasks))
+            changes = [(task, entry, version, end, None) for task, entry, version in entries]
+            tasks = []
+            for (task, _, _), (failed, _) in zip(entries, self._apply(changes, fenced=False)):
+                if failed is None:
+                    self._known.pop(task, None)
+                    self._gone.add(task)
+                    done.append(task)
+                elif isinstance(failed, BadVersionError):
+                    tasks.append(task)
+            if not tasks:
+                return done
+        raise QueueError(
+            f"{len(tasks)} task(s) of {self.topic.name!r} changed every time they were to be {end} "
+            f"(others claim them now); {len(done)} were"
+        )
 
     def delete_id(self, id: str) -> None:
         """Finish task ``id`` whatever its state: delivered or not (mq deletes by id)."""
