@@ -89,3 +89,22 @@ def test_a_by_id_finish_is_not_lost_to_a_claim_between_its_read_and_its_write(
         assert a.client.get_children(f"{a.path}/jobs/queue") == []
         with pytest.raises(StaleReceiptError):
             b.queue("jobs").delete(got[0].receipt)
+
+
+@pytest.mark.parametrize("message", [
+    {"filters": {"a": "x" * 600_000, "b": "y" * 600_000}},  # filters are a node each, and the entry holds them all
+    {"filters": {"a": "x" * 600_000}, "metadata": {"m": "m" * 600_000}},  # one transaction: metadata and filters
+    {"filters": {"a": "x" * 300_000}, "group_id": "g", "attributes": {"k": "v" * 800_000}},
+])
+def test_a_message_whose_parts_are_too_large_together_is_refused_before_anything_is_written(
+    broker, message: dict  # noqa: F811
+) -> None:
+    from journalq.errors import InvalidMessageError
+
+    q = broker.queue("jobs")
+    with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):
+        q.send(b"x", **message)
+    assert broker.client.get_children(f"{broker.path}/jobs/tasks") == []
+    assert broker.client.connected  # (ZooKeeper drops the connection of a packet over its limit)
+    q.send(b"small", filters={"a": "x" * 400_000})  # one large part alone is taken
+    assert [m.filters for m in q.receive()] == [{"a": "x" * 400_000}]

@@ -694,9 +694,18 @@ class ZooKeeperTopic:
         # Metadata has a node of its own, under the same limit (a larger packet makes ZooKeeper
         # drop the connection: a refusal that would look like an outage, and be retried forever).
         metas = [envelope.encode_meta(env, filters=False) for env in envelopes]
-        for meta in metas:
+        for env, meta in zip(envelopes, metas):
             if len(meta) > MAX_BODY:
                 raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
+            # The metadata step writes the metadata and every filter in one transaction, and the
+            # queue entry holds the filters and group: each is one packet, under the same limit.
+            together = len(meta) + sum(len(name) + len(value.encode()) for name, value in env.filters.items())
+            entry = len(Entry(0, 0, None, env.group_id, env.filters).encode())
+            for what, size in (("metadata and filters", together), ("queue entry (filters and group)", entry)):
+                if size > MAX_BODY:
+                    raise InvalidMessageError(
+                        f"a message's {what} of {size} bytes together are over the ZooKeeper store's {MAX_BODY}"
+                    )
         return envelopes, metas
 
     @staticmethod
