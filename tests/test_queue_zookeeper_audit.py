@@ -108,3 +108,14 @@ def test_a_message_whose_parts_are_too_large_together_is_refused_before_anything
     assert broker.client.connected  # (ZooKeeper drops the connection of a packet over its limit)
     q.send(b"small", filters={"a": "x" * 400_000})  # one large part alone is taken
     assert [m.filters for m in q.receive()] == [{"a": "x" * 400_000}]
+
+
+def test_a_broker_whose_path_was_deleted_under_it_lists_nothing_and_makes_it_again(broker) -> None:  # noqa: F811
+    broker.queue("jobs").send(b"x")
+    broker.client.delete(broker.path, recursive=True)  # an operator's `deleteall` of the store's path
+    assert broker.names() == []
+    assert broker.gc() == {}
+    q = broker.queue("other")
+    q.send(b"y")
+    assert broker.names() == ["other"] and [m.body for m in q.receive()] == [b"y"]
+

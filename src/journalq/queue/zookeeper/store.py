@@ -423,13 +423,17 @@ class ZooKeeperBroker(Closing):
 
     def _create(self, name: str, settings: QueueSettings) -> None:
         paths = self.paths(name)
-        t = self.client.transaction()
-        t.create(paths.dir, self._settings_data(settings))
-        for node in (paths.queue, paths.tasks, paths.consumers, paths.conf):
-            t.create(node, b"")
-        for setting in _GC_SETTINGS:
-            t.create(f"{paths.conf}/{setting}", repr(float(getattr(settings, setting))).encode())
-        failed = _failure(t.commit())
+        for _ in range(2):
+            t = self.client.transaction()
+            t.create(paths.dir, self._settings_data(settings))
+            for node in (paths.queue, paths.tasks, paths.consumers, paths.conf):
+                t.create(node, b"")
+            for setting in _GC_SETTINGS:
+                t.create(f"{paths.conf}/{setting}", repr(float(getattr(settings, setting))).encode())
+            failed = _failure(t.commit())
+            if failed is None or failed[0] != 0 or not isinstance(failed[1], NoNodeError):
+                break
+            self.client.ensure_path(self.path)  # the store's path was deleted under this broker
         if failed is not None and not isinstance(failed[1], NodeExistsError):
             raise failed[1]
 
@@ -501,7 +505,10 @@ class ZooKeeperBroker(Closing):
     def names(self) -> list[str]:
         zk = self.client
         with self.call("listing the queues"):
-            children = sorted(zk.get_children(self.path))
+            try:
+                children = sorted(zk.get_children(self.path))
+            except NoNodeError:
+                return []  # the store's path was deleted under this broker: made with a queue
             results = [(name, zk.get_async(f"{self.path}/{name}")) for name in children]
             names = []
             for name, result in results:
