@@ -119,3 +119,15 @@ def test_a_broker_whose_path_was_deleted_under_it_lists_nothing_and_makes_it_aga
     q.send(b"y")
     assert broker.names() == ["other"] and [m.body for m in q.receive()] == [b"y"]
 
+
+def test_a_node_that_refuses_this_client_is_a_journalq_error(broker) -> None:  # noqa: F811
+    from kazoo.security import OPEN_ACL_UNSAFE, make_acl
+
+    from journalq import Error
+
+    broker.client.set_acls(broker.path, [make_acl("world", "anyone", read=True, admin=True)])  # no create
+    try:
+        with pytest.raises(Error, match=r"refused a request while opening queue 'jobs' \(NoAuthError"):
+            broker.queue("jobs")
+    finally:
+        broker.client.set_acls(broker.path, OPEN_ACL_UNSAFE)

@@ -178,10 +178,10 @@ class _Handler(SequentialThreadingHandler):
 
 
 def _translation(error: BaseException, hosts: str, doing: str, queue: str | None = None) -> Exception | None:
-    """journalq's error for a kazoo error met while ``doing``, or None when it is not one of
-    those translated: connection errors and waits that ran out (the caller cannot know whether
-    a write was done) and, within ``queue``'s operations, a node missing where one was expected
-    (the queue was deleted meanwhile)."""
+    """journalq's error for a kazoo error met while ``doing``, or None when it is not kazoo's:
+    connection errors and waits that ran out (the caller cannot know whether a write was done),
+    within ``queue``'s operations a node missing where one was expected (the queue was deleted
+    meanwhile), and any other refusal by the ensemble."""
     if isinstance(error, KazooTimeoutError):
         within = "" if _limits.limit is None else f" within {_limits.limit:g}s"
         if _limits.until is not None:
@@ -192,6 +192,9 @@ def _translation(error: BaseException, hosts: str, doing: str, queue: str | None
         return StoreUnavailableError(f"ZooKeeper at {hosts} {what} while {doing} ({type(error).__name__})")
     if isinstance(error, NoNodeError) and queue is not None:
         return QueueNotFoundError(f"queue {queue!r} was deleted (ZooKeeper at {hosts}, while {doing})")
+    if isinstance(error, KazooException):  # (an ACL that refuses this client, say): never kazoo's own
+        detail = f": {error}" if str(error) else ""
+        return QueueError(f"ZooKeeper at {hosts} refused a request while {doing} ({type(error).__name__}{detail})")
     return None
 
 
@@ -1776,7 +1779,7 @@ class ZooKeeperQueue:
                 t.delete(current)
                 t.delete(paths.consumer(self.consumer_id))
                 t.commit()
-        except (KazooException, StoreUnavailableError):
+        except (KazooException, QueueError):
             pass  # its session ends with the client anyway: its tasks come back then
 
 
