@@ -131,3 +131,31 @@ def test_a_node_that_refuses_this_client_is_a_journalq_error(broker) -> None:  #
             broker.queue("jobs")
     finally:
         broker.client.set_acls(broker.path, OPEN_ACL_UNSAFE)
+
+
+def test_a_send_whose_entry_lands_as_the_collector_deletes_its_task_as_an_orphan_is_not_lost(
+    broker, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    from journalq.queue.zookeeper.store import ZooKeeperTopic, _Outgoing
+
+    q = broker.queue("jobs")
+    topic = q.topic
+    # A send whose last step (the queue entry) is late: its requests waited in kazoo's queue
+    # through an outage, say. Its first two steps are in; the collector takes it for an orphan.
+    envelopes, metas = topic._prepare([{"body": b"late"}])
+    ((task, ns),) = broker.ids.make(1)
+    item = _Outgoing(task, ns, envelopes[0], metas[0])
+    topic._write_data([item]).commit()
+    topic._write_metadata([item]).commit()
+    delete = ZooKeeperTopic._delete_tasks
+
+    def entry_lands_first(self, tasks, **options):
+        if task in tasks:  # between the collector's look at the entry and its delete
+            assert topic._write_entries([item]).commit()[-1] == f"{broker.path}/jobs/queue/{task}"
+        return delete(self, tasks, **options)
+
+    monkeypatch.setattr(ZooKeeperTopic, "_delete_tasks", entry_lands_first)
+    assert topic.collect(force=True, orphan_grace=0) == []
+    (m,) = q.receive()  # the send was acknowledged: its message is there, whole
+    assert (m.id, m.body) == (task, b"late")
+    q.delete(m.receipt)

@@ -39,7 +39,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -988,7 +988,7 @@ class ZooKeeperTopic:
                  zk.exists_async(paths.entry(task)))
                 for task in chunk
             ]
-            doomed = []
+            doomed, unqueued = [], set()
             for task, node, state, entry in reads:
                 task_stat = node.get()
                 if task_stat is None:
@@ -1001,12 +1001,16 @@ class ZooKeeperTopic:
                 facts = TaskFacts(task_stat.ctime, value, changed, entry.get() is not None)
                 if collectable(facts, now, lifetime, grace):
                     doomed.append(task)
-            deleted += self._delete_tasks(doomed)
+                    if value not in (FINISHED, DEAD):
+                        unqueued.add(task)
+            deleted += self._delete_tasks(doomed, unqueued=unqueued)
         return deleted
 
-    def _delete_tasks(self, tasks: list[str]) -> list[str]:
+    def _delete_tasks(self, tasks: list[str], *, unqueued: Container[str] = ()) -> list[str]:
         """Delete tasks with everything under them, each in one transaction (so that a task is
-        either whole or gone); returns those deleted."""
+        either whole or gone); returns those deleted. The transaction of a task in ``unqueued``
+        (a send's leftovers: no queue entry when read) fails should its entry exist now: a late
+        last step of its send (its requests held up by an outage) may have made it since."""
         zk, paths = self._zk, self.paths
         children = [(task, zk.get_children_async(paths.task(task))) for task in tasks]
         listed = []
@@ -1028,6 +1032,9 @@ class ZooKeeperTopic:
             for name in names:
                 t.delete(paths.task(task, name))
             t.delete(paths.task(task))
+            if task in unqueued:  # (a transaction cannot check that a node is missing: it makes it)
+                t.create(paths.entry(task), b"")
+                t.delete(paths.entry(task))
             commits.append((task, t.commit_async()))
         return [task for task, result in commits if _failure(result.get()) is None]
 
