@@ -159,3 +159,23 @@ def test_a_send_whose_entry_lands_as_the_collector_deletes_its_task_as_an_orphan
     (m,) = q.receive()  # the send was acknowledged: its message is there, whole
     assert (m.id, m.body) == (task, b"late")
     q.delete(m.receipt)
+
+
+def test_two_processes_changing_different_settings_at_once_both_hold(url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from journalq.queue.zookeeper.store import ZooKeeperBroker
+
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        a.queue("jobs")
+        save, raced = ZooKeeperBroker._save, []
+
+        def other_saves_first(self, name, settings, *args, **kwargs):
+            if self is a and not raced:  # between a's read of the settings and its write
+                raced.append(b.configure("jobs", delay=3))
+            return save(self, name, settings, *args, **kwargs)
+
+        monkeypatch.setattr(ZooKeeperBroker, "_save", other_saves_first)
+        a.configure("jobs", visibility_timeout=5, task_gc_lifetime=60)
+        assert raced and raced[0].delay == 3
+    with Broker(url, sync="none") as c:
+        settings = c.queue("jobs").settings
+        assert (settings.visibility_timeout, settings.delay, settings.task_gc_lifetime) == (5, 3, 60)

@@ -440,10 +440,29 @@ class ZooKeeperBroker(Closing):
         if failed is not None and not isinstance(failed[1], NodeExistsError):
             raise failed[1]
 
-    def _save(self, name: str, settings: QueueSettings) -> None:
+    def _change(self, name: str, loaded: tuple[QueueSettings, Any], changes: dict[str, Any]) -> tuple[QueueSettings, Any]:
+        """Apply ``changes`` to the settings ``loaded`` (with their node's stat), at the version
+        read: when another process changed them meanwhile (other settings, say), read them again
+        and apply the changes to those, so that neither change is lost. Returns them as stored."""
+        for _ in range(10):
+            updated = self._check(name, loaded[0].replace(**changes))
+            if updated == loaded[0]:
+                return loaded
+            try:
+                self._save(name, updated, loaded[1].version)
+            except BadVersionError:
+                pass  # changed by another meanwhile
+            again = self._load_with_stat(name)
+            if again is None:
+                raise QueueNotFoundError(f"no queue {name!r} in {self.root}")
+            loaded = again
+        raise QueueError(f"the settings of queue {name!r} in {self.root} kept changing under this change")
+
+    def _save(self, name: str, settings: QueueSettings, version: int) -> None:
+        """Write the settings if their node is still at ``version`` (else ``BadVersionError``)."""
         paths = self.paths(name)
         t = self.client.transaction()
-        t.set_data(paths.dir, self._settings_data(settings))
+        t.set_data(paths.dir, self._settings_data(settings), version)
         for setting in _GC_SETTINGS:
             t.set_data(f"{paths.conf}/{setting}", repr(float(getattr(settings, setting))).encode())
         failed = _failure(t.commit())
@@ -481,10 +500,7 @@ class ZooKeeperBroker(Closing):
                         "delete it (again) to use the name"
                     )
             elif settings:
-                updated = self._check(name, loaded[0].replace(**settings))
-                if updated != loaded[0]:
-                    self._save(name, updated)
-                    loaded = self._load_with_stat(name) or loaded
+                loaded = self._change(name, loaded, settings)
         with self._lock:
             topic = self._topics.get(name)
             if topic is not None and (topic.gone or topic.created != loaded[1].czxid):
