@@ -179,3 +179,20 @@ def test_two_processes_changing_different_settings_at_once_both_hold(url: str, m
     with Broker(url, sync="none") as c:
         settings = c.queue("jobs").settings
         assert (settings.visibility_timeout, settings.delay, settings.task_gc_lifetime) == (5, 3, 60)
+
+
+def test_settings_given_to_a_queue_that_another_process_makes_first_hold(url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from journalq.queue.zookeeper.store import ZooKeeperBroker
+
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        create = ZooKeeperBroker._create
+
+        def other_makes_it_first(self, name, settings):
+            if self is a:  # between a's look (no queue) and its create
+                b.queue(name)
+            return create(self, name, settings)
+
+        monkeypatch.setattr(ZooKeeperBroker, "_create", other_makes_it_first)
+        assert a.queue("jobs", visibility_timeout=5).settings.visibility_timeout == 5
+    with Broker(url, sync="none") as c:
+        assert c.queue("jobs").settings.visibility_timeout == 5

@@ -499,7 +499,7 @@ class ZooKeeperBroker(Closing):
                         f"queue {name!r} in {self.root} is being deleted, or a delete of it was cut short: "
                         "delete it (again) to use the name"
                     )
-            elif settings:
+            if settings:  # (a queue made by another meanwhile: its settings stand, ours are a change)
                 loaded = self._change(name, loaded, settings)
         with self._lock:
             topic = self._topics.get(name)
