@@ -196,3 +196,15 @@ def test_settings_given_to_a_queue_that_another_process_makes_first_hold(url: st
         assert a.queue("jobs", visibility_timeout=5).settings.visibility_timeout == 5
     with Broker(url, sync="none") as c:
         assert c.queue("jobs").settings.visibility_timeout == 5
+
+
+def test_a_large_receive_of_messages_with_large_filters_stays_under_zookeeper_s_packet_limit(broker) -> None:  # noqa: F811
+    q = broker.queue("jobs")
+    big = {"f": "x" * 50_000}  # each queue entry holds its filters: thirty of them are over 1 MiB
+    sent = q.send_many([{"body": b"%d" % i, "filters": big} for i in range(30)])
+    got = q.receive(30, visibility_timeout=60)
+    assert sorted(m.id for m in got) == sorted(sent)
+    assert broker.client.connected
+    assert q.change_visibility_many([(m.receipt, 120) for m in got]) == [None] * 30
+    assert q.delete_many([m.receipt for m in got]) == [None] * 30
+    assert q.stats().available == 0

@@ -1355,13 +1355,32 @@ class ZooKeeperQueue:
             ))
         return received, wake_at, bool(picks) and not received, fresh
 
+    def _batches(self, changes: list[Callable[[Any], Any]]) -> Iterator[list[Callable[[Any], Any]]]:
+        """The changes in groups of up to a hundred and ``_BATCH_BYTES`` (a queue entry holds its
+        filters: a hundred large ones in one transaction would be over ZooKeeper's packet limit,
+        which drops the connection)."""
+        batch: list[Callable[[Any], Any]] = []
+        size = 0
+        for add in changes:
+            probe = self._zk.transaction()  # (nothing is sent: it only measures the operations)
+            add(probe)
+            weight = sum(len(op.path) + len(getattr(op, "data", None) or b"") for op in probe.operations)
+            if batch and (len(batch) >= 100 or size + weight > _BATCH_BYTES):
+                yield batch
+                batch, size = [], 0
+            batch.append(add)
+            size += weight
+        if batch:
+            yield batch
+
     def _commit_each(self, changes: list[Callable[[Any], Any]]) -> list[list[Any]]:
         """Commit changes (each adds its operations to a transaction): together, in one
-        transaction per hundred (one write for the server: the common case), and when one of
-        them fails, each in its own; returns the results of each change's operations."""
+        transaction per hundred (one write for the server: the common case) or per
+        ``_BATCH_BYTES``, and when one of them fails, each in its own; returns the results of
+        each change's operations."""
         zk = self._zk
         out: list[list[Any]] = []
-        for chunk in _chunks(changes, 100):
+        for chunk in self._batches(changes):
             if len(chunk) > 1:
                 t = zk.transaction()
                 spans = []
