@@ -584,7 +584,13 @@ class ZooKeeperBroker(Closing):
 
     def gc(self) -> dict[str, int]:
         """Collect every queue's finished tasks now; returns how many were deleted per queue."""
-        return {name: len(self.topic(name).gc()) for name in self.names()}
+        counts = {}
+        for name in self.names():
+            try:
+                counts[name] = len(self.topic(name, create=False).gc())
+            except QueueNotFoundError:
+                continue  # deleted since it was listed: not made again
+        return counts
 
     def close(self) -> None:
         with self._lock:
