@@ -230,3 +230,17 @@ def test_a_gc_of_every_queue_does_not_make_again_a_queue_deleted_as_it_runs(
         monkeypatch.setattr(ZooKeeperBroker, "names", deleted_after_listing)
         assert a.gc() == {"kept": 0}
         assert not b.exists("jobs") and b.client.exists(f"{b.path}/jobs") is None
+
+
+def test_settings_too_large_for_a_znode_are_refused_before_anything_is_written(broker) -> None:  # noqa: F811
+    from journalq.errors import InvalidSettingError
+
+    huge = {"performance_class": [f"v{i:07d}" for i in range(120_000)]}  # 1.3 MB of JSON
+    with pytest.raises(InvalidSettingError, match="over the ZooKeeper store's"):
+        broker.queue("jobs", enums=huge)
+    assert not broker.exists("jobs") and broker.client.connected
+    q = broker.queue("jobs", enums={"performance_class": ["low", "high"]})
+    with pytest.raises(InvalidSettingError, match="over the ZooKeeper store's"):
+        broker.configure("jobs", enums=huge)
+    assert broker.client.connected
+    assert q.settings.enums == {"performance_class": ("low", "high")}

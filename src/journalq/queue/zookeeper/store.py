@@ -417,6 +417,9 @@ class ZooKeeperBroker(Closing):
             raise InvalidSettingError("the ZooKeeper store has no retention by size: retention_bytes cannot be set")
         if settings.shards != 1:  # (it was kept, and meant nothing)
             raise InvalidSettingError("the ZooKeeper store has no shards: shards cannot be set")
+        size = len(ZooKeeperBroker._settings_data(settings))  # (a larger packet: the connection dropped)
+        if size > MAX_BODY:
+            raise InvalidSettingError(f"settings of {size} bytes as JSON (enums, say) are over the ZooKeeper store's {MAX_BODY}")
         return settings
 
     @staticmethod
