@@ -244,3 +244,21 @@ def test_settings_too_large_for_a_znode_are_refused_before_anything_is_written(b
         broker.configure("jobs", enums=huge)
     assert broker.client.connected
     assert q.settings.enums == {"performance_class": ("low", "high")}
+
+
+def test_a_batch_of_messages_with_many_small_filters_stays_under_zookeeper_s_packet_limit(broker) -> None:  # noqa: F811
+    q = broker.queue("jobs")
+    many = {f"filter_name_{i:03d}": "v" for i in range(60)}  # a node each: the nodes' paths weigh
+    sent = q.send_many([{"body": b"%d" % i, "filters": many} for i in range(200)])
+    assert broker.client.connected and len(sent) == 200
+    got = q.receive(200)
+    assert sorted(m.id for m in got) == sorted(sent) and got[0].filters == many
+
+
+def test_a_message_with_too_many_filters_for_one_transaction_is_refused(broker) -> None:  # noqa: F811
+    from journalq.errors import InvalidMessageError
+
+    q = broker.queue("jobs")
+    with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):
+        q.send(b"x", filters={f"f{i}": "" for i in range(20_000)})
+    assert broker.client.connected and broker.client.get_children(f"{broker.path}/jobs/tasks") == []

@@ -110,7 +110,11 @@ from journalq.queue.zookeeper.layout import (
 
 MAX_BODY = 1_000_000
 """Bytes of one message body: ZooKeeper refuses packets over ``jute.maxbuffer`` (1 MiB)."""
-_BATCH_BYTES = 256 * 1024  # bodies per send transaction
+_BATCH_BYTES = 256 * 1024  # bytes of operations per transaction when several changes share one
+_PACKET = 0xFFFFF - 4096
+"""Bytes of one transaction at most: ZooKeeper's packet limit (``jute.maxbuffer``: 1 MiB less
+one byte by default; a larger packet makes the server drop the connection), less room for the
+request's header."""
 _BATCH_TASKS = 200  # tasks per transaction
 ORPHAN_GRACE = 60.0
 """Seconds after which a task with no queue entry (its sender died mid-send) is collected."""
@@ -223,6 +227,12 @@ def _as_translated(error: Exception, hosts: str, doing: str, queue: str) -> Exce
         return error
     translated.__cause__ = error
     return translated
+
+
+def _weight(t: Any) -> int:
+    """Bytes a transaction's operations take in its packet, about: each its path, its data and
+    64 for its header, ACL and flags (nothing is sent: a transaction goes out when committed)."""
+    return sum(64 + len(op.path) + len(getattr(op, "data", None) or b"") for op in t.operations)
 
 
 def _participant() -> str:
@@ -732,24 +742,24 @@ class ZooKeeperTopic:
         for env, meta in zip(envelopes, metas):
             if len(meta) > MAX_BODY:
                 raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
-            # The metadata step writes the metadata and every filter in one transaction, and the
-            # queue entry holds the filters and group: each is one packet, under the same limit.
-            together = len(meta) + sum(len(name) + len(value.encode()) for name, value in env.filters.items())
-            entry = len(Entry(0, 0, None, env.group_id, env.filters).encode())
-            for what, size in (("metadata and filters", together), ("queue entry (filters and group)", entry)):
-                if size > MAX_BODY:
+            # The metadata step writes the metadata and a node per filter in one transaction, and
+            # the queue entry holds the filters and group: each is one packet (measured with an
+            # id of the length of those to come).
+            _, *steps = self._weights(_Outgoing("0" * 24, 0, env, meta))
+            for what, size in zip(("metadata and filters", "queue entry (filters and group)"), steps):
+                if size > _PACKET:
                     raise InvalidMessageError(
-                        f"a message's {what} of {size} bytes together are over the ZooKeeper store's {MAX_BODY}"
+                        f"a message's {what} take {size} bytes in one transaction, over the ZooKeeper store's {_PACKET}"
                     )
         return envelopes, metas
 
-    @staticmethod
-    def _chunked(outgoing: list[_Outgoing]) -> list[list[_Outgoing]]:
-        """The send's transactions: up to ``_BATCH_TASKS`` tasks or ``_BATCH_BYTES`` bytes each."""
+    def _chunked(self, outgoing: list[_Outgoing]) -> list[list[_Outgoing]]:
+        """The send's transactions: up to ``_BATCH_TASKS`` tasks or ``_BATCH_BYTES`` bytes each
+        (the nodes' paths count: many small filters weigh)."""
         chunks: list[list[_Outgoing]] = []
         size = 0
         for item in outgoing:
-            weight = len(item.envelope.body) + len(item.metadata) + sum(map(len, item.envelope.filters.values()))
+            weight = sum(self._weights(item))
             if not chunks or size + weight > _BATCH_BYTES or len(chunks[-1]) >= _BATCH_TASKS:
                 chunks.append([])
                 size = 0
@@ -857,24 +867,38 @@ class ZooKeeperTopic:
         return [item for item in chunk if item.duplicate_of is None]
 
     def _write_data(self, chunk: list[_Outgoing]) -> Any:
+        return self._step(self._add_data, chunk)
+
+    def _write_metadata(self, chunk: list[_Outgoing]) -> Any:
+        return self._step(self._add_metadata, chunk)
+
+    def _write_entries(self, chunk: list[_Outgoing]) -> Any:
+        return self._step(self._add_entries, chunk)
+
+    def _step(self, add: Callable[[Any, list[_Outgoing]], None], chunk: list[_Outgoing]) -> Any:
+        """A transaction of one step of a send (not sent yet: ``commit``)."""
         t = self._zk.transaction()
+        add(t, chunk)
+        return t
+
+    def _weights(self, item: _Outgoing) -> list[int]:
+        """What each step of a send (data; metadata and filters; queue entry) of ``item`` weighs."""
+        return [_weight(self._step(add, [item])) for add in (self._add_data, self._add_metadata, self._add_entries)]
+
+    def _add_data(self, t: Any, chunk: list[_Outgoing]) -> None:
         for item in chunk:
             t.create(self.paths.task(item.task), b"")
             t.create(self.paths.task(item.task, "data"), item.envelope.body)
-        return t
 
-    def _write_metadata(self, chunk: list[_Outgoing]) -> Any:
-        t = self._zk.transaction()
+    def _add_metadata(self, t: Any, chunk: list[_Outgoing]) -> None:
         for item in chunk:
             t.create(self.paths.task(item.task, "metadata"), item.metadata)
             t.create(self.paths.task(item.task, "filters"), b"")
             for name, value in item.envelope.filters.items():
                 t.create(self.paths.task(item.task, f"filters/{name}"), value.encode())
             t.create(self.paths.task(item.task, "state"), INSERTED.encode())
-        return t
 
-    def _write_entries(self, chunk: list[_Outgoing]) -> Any:
-        t = self._zk.transaction()
+    def _add_entries(self, t: Any, chunk: list[_Outgoing]) -> None:
         for item in chunk:
             env = item.envelope
             at = (item.sent_ns + int(env.delay * 1e9)) // 1_000_000
@@ -887,7 +911,6 @@ class ZooKeeperTopic:
                 if expired is not None:
                     t.delete(record, expired)
                 t.create(record, DedupRecord(item.task, item.sent_ns // 1_000_000).encode())
-        return t
 
     # -- channels ---------------------------------------------------------------------------
 
@@ -1373,7 +1396,7 @@ class ZooKeeperQueue:
         for add in changes:
             probe = self._zk.transaction()  # (nothing is sent: it only measures the operations)
             add(probe)
-            weight = sum(len(op.path) + len(getattr(op, "data", None) or b"") for op in probe.operations)
+            weight = _weight(probe)
             if batch and (len(batch) >= 100 or size + weight > _BATCH_BYTES):
                 yield batch
                 batch, size = [], 0
