@@ -262,3 +262,22 @@ def test_a_message_with_too_many_filters_for_one_transaction_is_refused(broker) 
     with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):
         q.send(b"x", filters={f"f{i}": "" for i in range(20_000)})
     assert broker.client.connected and broker.client.get_children(f"{broker.path}/jobs/tasks") == []
+
+
+def test_two_objects_of_one_queue_in_one_broker_never_collect_at_once(broker, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from journalq.queue.zookeeper.store import ZooKeeperTopic
+
+    old = broker.topic("jobs")
+    broker.forget("jobs")  # (a caller may still hold the object of before)
+    new = broker.topic("jobs")
+    assert new is not old
+    collect_under, inner = ZooKeeperTopic._collect_under, []
+
+    def collect_under_and_try_the_other(self, *args):
+        if self is old:  # as the other collects, in another thread of this process (same session)
+            inner.append(new.collect(force=True))
+        return collect_under(self, *args)
+
+    monkeypatch.setattr(ZooKeeperTopic, "_collect_under", collect_under_and_try_the_other)
+    assert old.collect(force=True) == []
+    assert inner == [None]  # it did not take the lock of this session from under the other

@@ -331,6 +331,7 @@ class ZooKeeperBroker(Closing):
         self._topics: dict[str, ZooKeeperTopic] = {}
         self._queues: dict[str, ZooKeeperQueue] = {}
         self._lock = threading.RLock()
+        self._collecting: dict[str, threading.Lock] = {}  # a queue's path -> ``ZooKeeperTopic._collecting``
         try:
             self.client.start(timeout=connect_timeout)
         except KazooTimeoutError:
@@ -638,7 +639,8 @@ class ZooKeeperTopic:
         self._queue: ZooKeeperQueue | None = None
         self._last_gc_try = time.monotonic()
         self._made: set[str] = set()  # nodes made as needed (``ensure_node``), known to exist
-        self._collecting = threading.Lock()  # held by the thread of this process that collects
+        with broker._lock:  # held by the thread of this broker (session) that collects the queue
+            self._collecting = broker._collecting.setdefault(self.paths.dir, threading.Lock())
 
     @property
     def _zk(self) -> KazooClient:
