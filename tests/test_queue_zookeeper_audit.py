@@ -161,7 +161,9 @@ def test_a_send_whose_entry_lands_as_the_collector_deletes_its_task_as_an_orphan
     q.delete(m.receipt)
 
 
-def test_two_processes_changing_different_settings_at_once_both_hold(url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_two_processes_changing_different_settings_at_once_both_hold(
+    url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
     from journalq.queue.zookeeper.store import ZooKeeperBroker
 
     with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
@@ -181,7 +183,9 @@ def test_two_processes_changing_different_settings_at_once_both_hold(url: str, m
         assert (settings.visibility_timeout, settings.delay, settings.task_gc_lifetime) == (5, 3, 60)
 
 
-def test_settings_given_to_a_queue_that_another_process_makes_first_hold(url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_settings_given_to_a_queue_that_another_process_makes_first_hold(
+    url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
     from journalq.queue.zookeeper.store import ZooKeeperBroker
 
     with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
@@ -198,7 +202,9 @@ def test_settings_given_to_a_queue_that_another_process_makes_first_hold(url: st
         assert c.queue("jobs").settings.visibility_timeout == 5
 
 
-def test_a_large_receive_of_messages_with_large_filters_stays_under_zookeeper_s_packet_limit(broker) -> None:  # noqa: F811
+def test_a_large_receive_of_messages_with_large_filters_stays_under_zookeeper_s_packet_limit(
+    broker  # noqa: F811
+) -> None:
     q = broker.queue("jobs")
     big = {"f": "x" * 50_000}  # each queue entry holds its filters: thirty of them are over 1 MiB
     sent = q.send_many([{"body": b"%d" % i, "filters": big} for i in range(30)])
@@ -264,7 +270,9 @@ def test_a_message_with_too_many_filters_for_one_transaction_is_refused(broker) 
     assert broker.client.connected and broker.client.get_children(f"{broker.path}/jobs/tasks") == []
 
 
-def test_two_objects_of_one_queue_in_one_broker_never_collect_at_once(broker, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_two_objects_of_one_queue_in_one_broker_never_collect_at_once(
+    broker, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
     from journalq.queue.zookeeper.store import ZooKeeperTopic
 
     old = broker.topic("jobs")

@@ -430,7 +430,9 @@ class ZooKeeperBroker(Closing):
             raise InvalidSettingError("the ZooKeeper store has no shards: shards cannot be set")
         size = len(ZooKeeperBroker._settings_data(settings))  # (a larger packet: the connection dropped)
         if size > MAX_BODY:
-            raise InvalidSettingError(f"settings of {size} bytes as JSON (enums, say) are over the ZooKeeper store's {MAX_BODY}")
+            raise InvalidSettingError(
+                f"settings of {size} bytes as JSON (enums, say) are over the ZooKeeper store's {MAX_BODY}"
+            )
         return settings
 
     @staticmethod
@@ -454,7 +456,9 @@ class ZooKeeperBroker(Closing):
         if failed is not None and not isinstance(failed[1], NodeExistsError):
             raise failed[1]
 
-    def _change(self, name: str, loaded: tuple[QueueSettings, Any], changes: dict[str, Any]) -> tuple[QueueSettings, Any]:
+    def _change(
+        self, name: str, loaded: tuple[QueueSettings, Any], changes: dict[str, Any]
+    ) -> tuple[QueueSettings, Any]:
         """Apply ``changes`` to the settings ``loaded`` (with their node's stat), at the version
         read: when another process changed them meanwhile (other settings, say), read them again
         and apply the changes to those, so that neither change is lost. Returns them as stored."""
