@@ -39,7 +39,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -110,7 +110,11 @@ from journalq.queue.zookeeper.layout import (
 
 MAX_BODY = 1_000_000
 """Bytes of one message body: ZooKeeper refuses packets over ``jute.maxbuffer`` (1 MiB)."""
-_BATCH_BYTES = 256 * 1024  # bodies per send transaction
+_BATCH_BYTES = 256 * 1024  # bytes of operations per transaction when several changes share one
+_PACKET = 0xFFFFF - 4096
+"""Bytes of one transaction at most: ZooKeeper's packet limit (``jute.maxbuffer``: 1 MiB less
+one byte by default; a larger packet makes the server drop the connection), less room for the
+request's header."""
 _BATCH_TASKS = 200  # tasks per transaction
 ORPHAN_GRACE = 60.0
 """Seconds after which a task with no queue entry (its sender died mid-send) is collected."""
@@ -178,10 +182,10 @@ class _Handler(SequentialThreadingHandler):
 
 
 def _translation(error: BaseException, hosts: str, doing: str, queue: str | None = None) -> Exception | None:
-    """journalq's error for a kazoo error met while ``doing``, or None when it is not one of
-    those translated: connection errors and waits that ran out (the caller cannot know whether
-    a write was done) and, within ``queue``'s operations, a node missing where one was expected
-    (the queue was deleted meanwhile)."""
+    """journalq's error for a kazoo error met while ``doing``, or None when it is not kazoo's:
+    connection errors and waits that ran out (the caller cannot know whether a write was done),
+    within ``queue``'s operations a node missing where one was expected (the queue was deleted
+    meanwhile), and any other refusal by the ensemble."""
     if isinstance(error, KazooTimeoutError):
         within = "" if _limits.limit is None else f" within {_limits.limit:g}s"
         if _limits.until is not None:
@@ -192,6 +196,9 @@ def _translation(error: BaseException, hosts: str, doing: str, queue: str | None
         return StoreUnavailableError(f"ZooKeeper at {hosts} {what} while {doing} ({type(error).__name__})")
     if isinstance(error, NoNodeError) and queue is not None:
         return QueueNotFoundError(f"queue {queue!r} was deleted (ZooKeeper at {hosts}, while {doing})")
+    if isinstance(error, KazooException):  # (an ACL that refuses this client, say): never kazoo's own
+        detail = f": {error}" if str(error) else ""
+        return QueueError(f"ZooKeeper at {hosts} refused a request while {doing} ({type(error).__name__}{detail})")
     return None
 
 
@@ -220,6 +227,12 @@ def _as_translated(error: Exception, hosts: str, doing: str, queue: str) -> Exce
         return error
     translated.__cause__ = error
     return translated
+
+
+def _weight(t: Any) -> int:
+    """Bytes a transaction's operations take in its packet, about: each its path, its data and
+    64 for its header, ACL and flags (nothing is sent: a transaction goes out when committed)."""
+    return sum(64 + len(op.path) + len(getattr(op, "data", None) or b"") for op in t.operations)
 
 
 def _participant() -> str:
@@ -318,6 +331,7 @@ class ZooKeeperBroker(Closing):
         self._topics: dict[str, ZooKeeperTopic] = {}
         self._queues: dict[str, ZooKeeperQueue] = {}
         self._lock = threading.RLock()
+        self._collecting: dict[str, threading.Lock] = {}  # a queue's path -> ``ZooKeeperTopic._collecting``
         try:
             self.client.start(timeout=connect_timeout)
         except KazooTimeoutError:
@@ -414,6 +428,11 @@ class ZooKeeperBroker(Closing):
             raise InvalidSettingError("the ZooKeeper store has no retention by size: retention_bytes cannot be set")
         if settings.shards != 1:  # (it was kept, and meant nothing)
             raise InvalidSettingError("the ZooKeeper store has no shards: shards cannot be set")
+        size = len(ZooKeeperBroker._settings_data(settings))  # (a larger packet: the connection dropped)
+        if size > MAX_BODY:
+            raise InvalidSettingError(
+                f"settings of {size} bytes as JSON (enums, say) are over the ZooKeeper store's {MAX_BODY}"
+            )
         return settings
 
     @staticmethod
@@ -423,20 +442,45 @@ class ZooKeeperBroker(Closing):
 
     def _create(self, name: str, settings: QueueSettings) -> None:
         paths = self.paths(name)
-        t = self.client.transaction()
-        t.create(paths.dir, self._settings_data(settings))
-        for node in (paths.queue, paths.tasks, paths.consumers, paths.conf):
-            t.create(node, b"")
-        for setting in _GC_SETTINGS:
-            t.create(f"{paths.conf}/{setting}", repr(float(getattr(settings, setting))).encode())
-        failed = _failure(t.commit())
+        for _ in range(2):
+            t = self.client.transaction()
+            t.create(paths.dir, self._settings_data(settings))
+            for node in (paths.queue, paths.tasks, paths.consumers, paths.conf):
+                t.create(node, b"")
+            for setting in _GC_SETTINGS:
+                t.create(f"{paths.conf}/{setting}", repr(float(getattr(settings, setting))).encode())
+            failed = _failure(t.commit())
+            if failed is None or failed[0] != 0 or not isinstance(failed[1], NoNodeError):
+                break
+            self.client.ensure_path(self.path)  # the store's path was deleted under this broker
         if failed is not None and not isinstance(failed[1], NodeExistsError):
             raise failed[1]
 
-    def _save(self, name: str, settings: QueueSettings) -> None:
+    def _change(
+        self, name: str, loaded: tuple[QueueSettings, Any], changes: dict[str, Any]
+    ) -> tuple[QueueSettings, Any]:
+        """Apply ``changes`` to the settings ``loaded`` (with their node's stat), at the version
+        read: when another process changed them meanwhile (other settings, say), read them again
+        and apply the changes to those, so that neither change is lost. Returns them as stored."""
+        for _ in range(10):
+            updated = self._check(name, loaded[0].replace(**changes))
+            if updated == loaded[0]:
+                return loaded
+            try:
+                self._save(name, updated, loaded[1].version)
+            except BadVersionError:
+                pass  # changed by another meanwhile
+            again = self._load_with_stat(name)
+            if again is None:
+                raise QueueNotFoundError(f"no queue {name!r} in {self.root}")
+            loaded = again
+        raise QueueError(f"the settings of queue {name!r} in {self.root} kept changing under this change")
+
+    def _save(self, name: str, settings: QueueSettings, version: int) -> None:
+        """Write the settings if their node is still at ``version`` (else ``BadVersionError``)."""
         paths = self.paths(name)
         t = self.client.transaction()
-        t.set_data(paths.dir, self._settings_data(settings))
+        t.set_data(paths.dir, self._settings_data(settings), version)
         for setting in _GC_SETTINGS:
             t.set_data(f"{paths.conf}/{setting}", repr(float(getattr(settings, setting))).encode())
         failed = _failure(t.commit())
@@ -469,12 +513,12 @@ class ZooKeeperBroker(Closing):
                 self._create(name, self._check(name, QueueSettings().replace(**settings)))
                 loaded = self._load_with_stat(name)
                 if loaded is None:  # made by another meanwhile, but not whole: being deleted
-                    raise QueueError(f"queue {name!r} in {self.root} is being deleted (or was left half made)")
-            elif settings:
-                updated = self._check(name, loaded[0].replace(**settings))
-                if updated != loaded[0]:
-                    self._save(name, updated)
-                    loaded = self._load_with_stat(name) or loaded
+                    raise QueueError(
+                        f"queue {name!r} in {self.root} is being deleted, or a delete of it was cut short: "
+                        "delete it (again) to use the name"
+                    )
+            if settings:  # (a queue made by another meanwhile: its settings stand, ours are a change)
+                loaded = self._change(name, loaded, settings)
         with self._lock:
             topic = self._topics.get(name)
             if topic is not None and (topic.gone or topic.created != loaded[1].czxid):
@@ -498,7 +542,10 @@ class ZooKeeperBroker(Closing):
     def names(self) -> list[str]:
         zk = self.client
         with self.call("listing the queues"):
-            children = sorted(zk.get_children(self.path))
+            try:
+                children = sorted(zk.get_children(self.path))
+            except NoNodeError:
+                return []  # the store's path was deleted under this broker: made with a queue
             results = [(name, zk.get_async(f"{self.path}/{name}")) for name in children]
             names = []
             for name, result in results:
@@ -518,14 +565,17 @@ class ZooKeeperBroker(Closing):
                 return False
 
     def delete(self, name: str) -> None:
-        """Delete a queue and all its tasks."""
-        if not self.exists(name):
-            raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        """Delete a queue and all its tasks; also finishes a delete that was cut short after its
+        first step (its connection lost, its process killed): the queue's node emptied, which
+        is no longer a queue (``exists``) but holds its name until it is gone."""
+        paths = self.paths(name)
+        with self.call(f"looking for queue {name!r}"):
+            if self.client.exists(paths.dir) is None:
+                raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
         opened = self._topics.get(name)
         self.forget(name)
         if opened is not None:
             opened.gone = True  # what was got of it refuses to work (as it would find anyway)
-        paths = self.paths(name)
         with self.call(f"deleting queue {name!r}"):
             try:
                 self.client.set(paths.dir, b"")  # no longer a queue, at once
@@ -552,7 +602,13 @@ class ZooKeeperBroker(Closing):
 
     def gc(self) -> dict[str, int]:
         """Collect every queue's finished tasks now; returns how many were deleted per queue."""
-        return {name: len(self.topic(name).gc()) for name in self.names()}
+        counts = {}
+        for name in self.names():
+            try:
+                counts[name] = len(self.topic(name, create=False).gc())
+            except QueueNotFoundError:
+                continue  # deleted since it was listed: not made again
+        return counts
 
     def close(self) -> None:
         with self._lock:
@@ -587,6 +643,8 @@ class ZooKeeperTopic:
         self._queue: ZooKeeperQueue | None = None
         self._last_gc_try = time.monotonic()
         self._made: set[str] = set()  # nodes made as needed (``ensure_node``), known to exist
+        with broker._lock:  # held by the thread of this broker (session) that collects the queue
+            self._collecting = broker._collecting.setdefault(self.paths.dir, threading.Lock())
 
     @property
     def _zk(self) -> KazooClient:
@@ -687,18 +745,27 @@ class ZooKeeperTopic:
         # Metadata has a node of its own, under the same limit (a larger packet makes ZooKeeper
         # drop the connection: a refusal that would look like an outage, and be retried forever).
         metas = [envelope.encode_meta(env, filters=False) for env in envelopes]
-        for meta in metas:
+        for env, meta in zip(envelopes, metas):
             if len(meta) > MAX_BODY:
                 raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
+            # The metadata step writes the metadata and a node per filter in one transaction, and
+            # the queue entry holds the filters and group: each is one packet (measured with an
+            # id of the length of those to come).
+            _, *steps = self._weights(_Outgoing("0" * 24, 0, env, meta))
+            for what, size in zip(("metadata and filters", "queue entry (filters and group)"), steps):
+                if size > _PACKET:
+                    raise InvalidMessageError(
+                        f"a message's {what} take {size} bytes in one transaction, over the ZooKeeper store's {_PACKET}"
+                    )
         return envelopes, metas
 
-    @staticmethod
-    def _chunked(outgoing: list[_Outgoing]) -> list[list[_Outgoing]]:
-        """The send's transactions: up to ``_BATCH_TASKS`` tasks or ``_BATCH_BYTES`` bytes each."""
+    def _chunked(self, outgoing: list[_Outgoing]) -> list[list[_Outgoing]]:
+        """The send's transactions: up to ``_BATCH_TASKS`` tasks or ``_BATCH_BYTES`` bytes each
+        (the nodes' paths count: many small filters weigh)."""
         chunks: list[list[_Outgoing]] = []
         size = 0
         for item in outgoing:
-            weight = len(item.envelope.body) + len(item.metadata) + sum(map(len, item.envelope.filters.values()))
+            weight = sum(self._weights(item))
             if not chunks or size + weight > _BATCH_BYTES or len(chunks[-1]) >= _BATCH_TASKS:
                 chunks.append([])
                 size = 0
@@ -806,24 +873,38 @@ class ZooKeeperTopic:
         return [item for item in chunk if item.duplicate_of is None]
 
     def _write_data(self, chunk: list[_Outgoing]) -> Any:
+        return self._step(self._add_data, chunk)
+
+    def _write_metadata(self, chunk: list[_Outgoing]) -> Any:
+        return self._step(self._add_metadata, chunk)
+
+    def _write_entries(self, chunk: list[_Outgoing]) -> Any:
+        return self._step(self._add_entries, chunk)
+
+    def _step(self, add: Callable[[Any, list[_Outgoing]], None], chunk: list[_Outgoing]) -> Any:
+        """A transaction of one step of a send (not sent yet: ``commit``)."""
         t = self._zk.transaction()
+        add(t, chunk)
+        return t
+
+    def _weights(self, item: _Outgoing) -> list[int]:
+        """What each step of a send (data; metadata and filters; queue entry) of ``item`` weighs."""
+        return [_weight(self._step(add, [item])) for add in (self._add_data, self._add_metadata, self._add_entries)]
+
+    def _add_data(self, t: Any, chunk: list[_Outgoing]) -> None:
         for item in chunk:
             t.create(self.paths.task(item.task), b"")
             t.create(self.paths.task(item.task, "data"), item.envelope.body)
-        return t
 
-    def _write_metadata(self, chunk: list[_Outgoing]) -> Any:
-        t = self._zk.transaction()
+    def _add_metadata(self, t: Any, chunk: list[_Outgoing]) -> None:
         for item in chunk:
             t.create(self.paths.task(item.task, "metadata"), item.metadata)
             t.create(self.paths.task(item.task, "filters"), b"")
             for name, value in item.envelope.filters.items():
                 t.create(self.paths.task(item.task, f"filters/{name}"), value.encode())
             t.create(self.paths.task(item.task, "state"), INSERTED.encode())
-        return t
 
-    def _write_entries(self, chunk: list[_Outgoing]) -> Any:
-        t = self._zk.transaction()
+    def _add_entries(self, t: Any, chunk: list[_Outgoing]) -> None:
         for item in chunk:
             env = item.envelope
             at = (item.sent_ns + int(env.delay * 1e9)) // 1_000_000
@@ -836,7 +917,6 @@ class ZooKeeperTopic:
                 if expired is not None:
                     t.delete(record, expired)
                 t.create(record, DedupRecord(item.task, item.sent_ns // 1_000_000).encode())
-        return t
 
     # -- channels ---------------------------------------------------------------------------
 
@@ -872,17 +952,43 @@ class ZooKeeperTopic:
     def collect(self, *, force: bool = False, orphan_grace: float = ORPHAN_GRACE) -> list[str] | None:
         """One collection under ``conf/lock``, if nobody else holds it and (unless ``force``) the
         last one, by anybody, is ``task_gc_interval`` ago; returns the tasks deleted, or None
-        when it did not run. Times are the server's: the lock's creation is now."""
-        zk, paths, settings = self._zk, self.paths, self.settings
-        lock = f"{paths.conf}/lock"
+        when it did not run. Times are the server's: the lock's taking is now."""
+        lock = f"{self.paths.conf}/lock"
+        if not self._collecting.acquire(blocking=False):
+            return None  # another thread of this process collects now (in this session)
         try:
-            _, lock_stat = zk.create(lock, self.broker.participant.encode(), ephemeral=True, include_data=True)
+            lock_stat = self._take_gc_lock(lock)
+            if lock_stat is None:
+                return None
+            return self._collect_under(lock, lock_stat.mtime, force, orphan_grace)
+        finally:
+            self._collecting.release()
+
+    def _take_gc_lock(self, lock: str) -> Any:
+        """Create the ephemeral ``lock`` and return its stat, or None when somebody else holds it
+        (or the queue was deleted). A lock of this client's session is taken again: a create
+        whose answer the connection lost, or a delete of it that failed, left it, and it would
+        live as long as the session (no other thread holds it: ``_collecting``). Its ``mtime``
+        is now by the server's clock."""
+        zk, data = self._zk, self.broker.participant.encode()
+        try:
+            return zk.create(lock, data, ephemeral=True, include_data=True)[1]
         except NodeExistsError:
-            return None  # somebody collects now
+            pass
         except NoNodeError:
             return None  # the queue was deleted
+        stat = zk.exists(lock)
+        if stat is None or zk.client_id is None or stat.ephemeralOwner != zk.client_id[0]:
+            return None  # somebody collects now (or just finished: the next interval's turn)
         try:
-            now = lock_stat.ctime
+            return zk.set(lock, data, stat.version)
+        except (NoNodeError, BadVersionError):
+            return None
+
+    def _collect_under(self, lock: str, now: int, force: bool, orphan_grace: float) -> list[str] | None:
+        """``collect``'s work, under the lock taken at ``now`` (ms, the server's clock)."""
+        zk, settings = self._zk, self.settings
+        try:
             last = self.conf().get("collected_at")
             if not force and isinstance(last, int) and last > now - settings.task_gc_interval * 1000:
                 return None
@@ -936,7 +1042,7 @@ class ZooKeeperTopic:
                  zk.exists_async(paths.entry(task)))
                 for task in chunk
             ]
-            doomed = []
+            doomed, unqueued = [], set()
             for task, node, state, entry in reads:
                 task_stat = node.get()
                 if task_stat is None:
@@ -949,12 +1055,16 @@ class ZooKeeperTopic:
                 facts = TaskFacts(task_stat.ctime, value, changed, entry.get() is not None)
                 if collectable(facts, now, lifetime, grace):
                     doomed.append(task)
-            deleted += self._delete_tasks(doomed)
+                    if value not in (FINISHED, DEAD):
+                        unqueued.add(task)
+            deleted += self._delete_tasks(doomed, unqueued=unqueued)
         return deleted
 
-    def _delete_tasks(self, tasks: list[str]) -> list[str]:
+    def _delete_tasks(self, tasks: list[str], *, unqueued: Container[str] = ()) -> list[str]:
         """Delete tasks with everything under them, each in one transaction (so that a task is
-        either whole or gone); returns those deleted."""
+        either whole or gone); returns those deleted. The transaction of a task in ``unqueued``
+        (a send's leftovers: no queue entry when read) fails should its entry exist now: a late
+        last step of its send (its requests held up by an outage) may have made it since."""
         zk, paths = self._zk, self.paths
         children = [(task, zk.get_children_async(paths.task(task))) for task in tasks]
         listed = []
@@ -976,6 +1086,9 @@ class ZooKeeperTopic:
             for name in names:
                 t.delete(paths.task(task, name))
             t.delete(paths.task(task))
+            if task in unqueued:  # (a transaction cannot check that a node is missing: it makes it)
+                t.create(paths.entry(task), b"")
+                t.delete(paths.entry(task))
             commits.append((task, t.commit_async()))
         return [task for task, result in commits if _failure(result.get()) is None]
 
@@ -1280,13 +1393,32 @@ class ZooKeeperQueue:
             ))
         return received, wake_at, bool(picks) and not received, fresh
 
+    def _batches(self, changes: list[Callable[[Any], Any]]) -> Iterator[list[Callable[[Any], Any]]]:
+        """The changes in groups of up to a hundred and ``_BATCH_BYTES`` (a queue entry holds its
+        filters: a hundred large ones in one transaction would be over ZooKeeper's packet limit,
+        which drops the connection)."""
+        batch: list[Callable[[Any], Any]] = []
+        size = 0
+        for add in changes:
+            probe = self._zk.transaction()  # (nothing is sent: it only measures the operations)
+            add(probe)
+            weight = _weight(probe)
+            if batch and (len(batch) >= 100 or size + weight > _BATCH_BYTES):
+                yield batch
+                batch, size = [], 0
+            batch.append(add)
+            size += weight
+        if batch:
+            yield batch
+
     def _commit_each(self, changes: list[Callable[[Any], Any]]) -> list[list[Any]]:
         """Commit changes (each adds its operations to a transaction): together, in one
-        transaction per hundred (one write for the server: the common case), and when one of
-        them fails, each in its own; returns the results of each change's operations."""
+        transaction per hundred (one write for the server: the common case) or per
+        ``_BATCH_BYTES``, and when one of them fails, each in its own; returns the results of
+        each change's operations."""
         zk = self._zk
         out: list[list[Any]] = []
-        for chunk in _chunks(changes, 100):
+        for chunk in self._batches(changes):
             if len(chunk) > 1:
                 t = zk.transaction()
                 spans = []
@@ -1574,16 +1706,27 @@ class ZooKeeperQueue:
     # -- by id ------------------------------------------------------------------------------
 
     def finish_ids(self, tasks: list[str], end: str) -> list[str]:
-        """End pending tasks whatever their state; returns those that were pending."""
-        entries = list(self._entries(tasks))
-        done = []
-        changes = [(task, entry, version, end, None) for task, entry, version in entries]
-        for (task, _, _), (failed, _) in zip(entries, self._apply(changes, fenced=False)):
-            if failed is None:
-                self._known.pop(task, None)
-                self._gone.add(task)
-                done.append(task)
-        return done
+        """End pending tasks whatever their state; returns those that were pending. An entry
+        that changed between its read and its write (a consumer claimed or released the task
+        meanwhile) is read again: by id, a task ends whoever holds it."""
+        done: list[str] = []
+        for _ in range(10):
+            entries = list(self._entries(tasks))
+            changes = [(task, entry, version, end, None) for task, entry, version in entries]
+            tasks = []
+            for (task, _, _), (failed, _) in zip(entries, self._apply(changes, fenced=False)):
+                if failed is None:
+                    self._known.pop(task, None)
+                    self._gone.add(task)
+                    done.append(task)
+                elif isinstance(failed, BadVersionError):
+                    tasks.append(task)
+            if not tasks:
+                return done
+        raise QueueError(
+            f"{len(tasks)} task(s) of {self.topic.name!r} changed every time they were to be {end} "
+            f"(others claim them now); {len(done)} were"
+        )
 
     def delete_id(self, id: str) -> None:
         """Finish task ``id`` whatever its state: delivered or not (mq deletes by id)."""
@@ -1716,7 +1859,7 @@ class ZooKeeperQueue:
                 t.delete(current)
                 t.delete(paths.consumer(self.consumer_id))
                 t.commit()
-        except (KazooException, StoreUnavailableError):
+        except (KazooException, QueueError):
             pass  # its session ends with the client anyway: its tasks come back then
 
 
