@@ -51,6 +51,7 @@ __all__ = ["cli", "main", "message_json", "parse_time"]
 
 _LINES_PER_BATCH = 4096
 _BYTES_PER_BATCH = 4 << 20
+_SIGINT_STATUS = 128 + 2  # what a shell reports for a command that SIGINT ended
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -117,6 +118,10 @@ class _Group(click.Group):
         except BrokenPipeError:
             _silence_stdout()
             raise click.exceptions.Exit(1) from None
+        except KeyboardInterrupt:
+            # Ctrl-C is how ``scan --follow`` and a long ``receive --wait`` are ended: no click
+            # "Aborted!", and the shell's status for SIGINT (as ``pipeline`` already exits).
+            raise click.exceptions.Exit(_SIGINT_STATUS) from None
         except (Error, OSError) as exc:
             raise CommandError(_error_message(exc)) from exc
         except click.UsageError as exc:

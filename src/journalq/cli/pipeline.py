@@ -68,8 +68,6 @@ def _run(settings: dict[str, Any], app: str, work: Callable[[Any], Any],
         return work(spark)
     except (Error, OSError, CommandError, click.exceptions.Exit):
         raise
-    except KeyboardInterrupt:
-        raise click.exceptions.Exit(130) from None
     except Exception as exc:
         if type(exc).__module__.startswith(("pyspark", "py4j")):
             raise CommandError(_one_line(exc)) from exc
