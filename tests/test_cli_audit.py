@@ -58,3 +58,25 @@ def test_ctrl_c_during_receive_wait_is_status_130(tmp_path: Path, monkeypatch: p
     result = run("queue", "receive", "jobs", "--wait", "20", "--data", tmp_path, "--sync", "none")
     assert result.exit_code == 130
     assert result.stderr == "" and result.stdout == ""
+
+
+# -- write --format jsonl ---------------------------------------------------------------------
+
+
+def test_a_jsonl_line_that_is_not_utf8_is_refused_as_such(tmp_path: Path) -> None:
+    """JSON lines are UTF-8: a line of other bytes is named as not UTF-8 (it was blamed on a
+    'utf-16-le' codec), and a line in UTF-16 is refused rather than stored."""
+    journal = tmp_path / "j"
+    result = run("write", journal, "--format", "jsonl", input=b'{"value":"ok"}\n\xff\xfe\x00bin\n')
+    assert result.exit_code == 1
+    assert result.stderr.startswith("journalq: error: line 2: not UTF-8") and "utf-16" not in result.stderr
+    utf16 = '{"value":"sixteen"}'.encode("utf-16-le")
+    result = run("write", journal, "--format", "jsonl", input=utf16 + b"\n")
+    assert result.exit_code == 1 and "line 1: not valid JSON" in result.stderr
+    assert run("scan", journal, "--count").stdout == "0\n"
+
+
+def test_a_jsonl_line_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
+    journal = tmp_path / "j"
+    assert run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"a"}\n').exit_code == 0
+    assert run("scan", journal, "--format", "text").stdout == "a\n"

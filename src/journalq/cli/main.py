@@ -278,7 +278,13 @@ def _jsonl_parser(key: bytes, type_: int) -> Callable[[bytes], bytes | Message |
         if not line.strip():
             return None
         try:
-            obj = json.loads(line)
+            # Decoded here: json.loads would take bytes in UTF-16 or UTF-32 too. A leading byte
+            # order mark is let through, as json.loads lets it.
+            text = line.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise _BadLine(f"not UTF-8: byte {exc.start + 1} is {line[exc.start]:#04x}") from None
+        try:
+            obj = json.loads(text)
         except ValueError as exc:
             raise _BadLine(f"not valid JSON: {exc}") from None
         if not isinstance(obj, dict):
