@@ -80,3 +80,26 @@ def test_a_jsonl_line_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
     journal = tmp_path / "j"
     assert run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"a"}\n').exit_code == 0
     assert run("scan", journal, "--format", "text").stdout == "a\n"
+
+
+# -- a file where a directory is due ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("write", "{file}"),
+        ("write", "{file}/journal"),
+        ("demo", "--data", "{file}", "--messages", "1"),
+        ("queue", "send", "jobs", "x", "--data", "{file}"),
+        ("queue", "create", "jobs", "--data", "{file}"),
+    ],
+)
+def test_a_file_given_as_a_directory_is_named_as_not_a_directory(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """It said "File exists: FILE", which reads as a refusal to overwrite it."""
+    file = tmp_path / "notes.txt"
+    file.write_text("kept\n")
+    result = run(*(arg.format(file=file) for arg in args), input="a\n")
+    assert result.exit_code == 1
+    assert result.stderr == f"journalq: error: not a directory: {file}\n"
+    assert file.read_text() == "kept\n"
