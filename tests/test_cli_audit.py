@@ -103,3 +103,41 @@ def test_a_file_given_as_a_directory_is_named_as_not_a_directory(tmp_path: Path,
     assert result.exit_code == 1
     assert result.stderr == f"journalq: error: not a directory: {file}\n"
     assert file.read_text() == "kept\n"
+
+
+# -- closed standard streams ------------------------------------------------------------------
+
+
+def run_shell(command: str) -> subprocess.CompletedProcess:
+    """``command`` with ``journalq`` standing for the command itself, run by a shell (which can
+    close a standard stream: ``<&-``, ``>&-``)."""
+    return subprocess.run(
+        command.replace("journalq", " ".join(COMMAND)), shell=True, capture_output=True, timeout=60, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "stream"),
+    [
+        ("journalq write {journal} <&-", "input"),
+        ("journalq queue send jobs --data {data} <&-", "input"),
+        ("journalq scan {journal} >&-", "output"),
+        ("journalq info {journal} >&-", "output"),
+        ("journalq offset {journal} reader >&-", "output"),
+        ("journalq queue receive jobs --delete --data {data} >&-", "output"),
+        ("journalq --help >&-", "output"),
+    ],
+)
+def test_a_closed_standard_stream_is_a_one_line_error(tmp_path: Path, command: str, stream: str) -> None:
+    """Python leaves None for a closed stdin or stdout: the commands failed with a traceback, and
+    click's echo printed nothing, silently."""
+    journal, data = tmp_path / "j", tmp_path / "data"
+    with Writer(journal) as writer:
+        writer.append(b"kept")
+    assert run("queue", "send", "jobs", "hello", "--data", data, "--sync", "none").exit_code == 0
+    process = run_shell(command.format(journal=journal, data=data))
+    assert process.returncode == 1
+    assert process.stderr.decode() == f"journalq: error: standard {stream} is closed\n"
+    assert run("scan", journal, "--count").stdout == "1\n"
+    stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
+    assert stats["available"] + stats["in_flight"] == 1  # not deleted unseen

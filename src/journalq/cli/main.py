@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import errno
+import io
 import json
 import logging
 import os
@@ -222,10 +224,43 @@ def cli() -> None:
     """
 
 
+class _ClosedStream(io.TextIOBase):
+    """Stands for a standard stream that the caller closed (``journalq scan DIR >&-``), where
+    Python leaves None: using it fails as a closed file does, so the command stops with one line
+    (with None, click's echo prints nothing, silently, and the rest fails with a traceback)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._name = name
+
+    def _fail(self, *args: object) -> Any:
+        raise OSError(errno.EBADF, f"standard {self._name} is closed")
+
+    read = readline = write = fileno = _fail
+
+    def __iter__(self) -> Iterator[str]:
+        return self._fail()
+
+    @property
+    def buffer(self) -> BinaryIO:
+        return self._fail()  # type: ignore[no-any-return]
+
+    def isatty(self) -> bool:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The console-script entry point."""
+    if sys.stdin is None:
+        sys.stdin = _ClosedStream("input")
+    if sys.stdout is None:
+        sys.stdout = _ClosedStream("output")
     logging.basicConfig(format="journalq: warning: %(message)s", level=logging.WARNING)
-    cli.main(args=argv, prog_name="journalq")
+    try:
+        cli.main(args=argv, prog_name="journalq")
+    except OSError as exc:  # before a command runs: --help or --version with stdout closed, say
+        CommandError(_error_message(exc)).show()
+        sys.exit(1)
 
 
 # -- write ------------------------------------------------------------------------------------
