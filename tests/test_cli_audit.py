@@ -3,6 +3,7 @@ failed before its fix."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 import subprocess
@@ -141,3 +142,38 @@ def test_a_closed_standard_stream_is_a_one_line_error(tmp_path: Path, command: s
     assert run("scan", journal, "--count").stdout == "1\n"
     stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
     assert stats["available"] + stats["in_flight"] == 1  # not deleted unseen
+
+
+# -- queue send of many lines, failing part way -------------------------------------------------
+
+
+def test_send_of_lines_that_fails_part_way_says_which_lines_were_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch partly stored (a sharded queue or the ZooKeeper store) raises PartialSendError: the
+    ids of its stored messages were not printed, and the error gave positions in the batch, not
+    lines, nor that the earlier batches were stored."""
+    cli_main = importlib.import_module("journalq.cli.main")  # the package exports the function main
+    from journalq.errors import PartialSendError, QueueError
+    from journalq.queue.topic import Topic
+
+    monkeypatch.setattr(cli_main, "_LINES_PER_BATCH", 3)
+    send_many = Topic.send_many
+    calls = []
+
+    def fails_in_the_second_batch(self: Topic, items: list) -> list[str]:
+        calls.append(len(items))
+        if len(calls) < 2:
+            return send_many(self, items)
+        stored = send_many(self, items[:1])
+        raise PartialSendError([*stored, None, None], QueueError("the disk went away"))
+
+    monkeypatch.setattr(Topic, "send_many", fails_in_the_second_batch)
+    data = tmp_path / "data"
+    result = run("queue", "send", "jobs", "--data", data, "--sync", "none", input="1\n2\n3\n4\n5\n6\n7\n8\n")
+    assert result.exit_code == 1
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [{"id": str(i)} for i in range(4)]
+    assert result.stderr == (
+        "journalq: error: the disk went away: lines 5-6 were not sent, nor any from line 7 on "
+        "(lines 1-4 were: their ids are printed)\n"
+    )

@@ -27,8 +27,17 @@ from typing import Any, BinaryIO
 import click
 
 from journalq.cli.data import DATA
-from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _line_batches, _tabular
-from journalq.errors import InvalidMessageError, InvalidNameError, QueueError, QueueNotFoundError, format_timestamp
+from journalq.cli.main import _FORMAT_AUTO, CommandError, _error_message, _Group, _json, _line_batches, _tabular
+from journalq.errors import (
+    Error,
+    InvalidMessageError,
+    InvalidNameError,
+    PartialSendError,
+    QueueError,
+    QueueNotFoundError,
+    _ranges,
+    format_timestamp,
+)
 from journalq.journal.sync import POLICY_FORMS
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
@@ -347,9 +356,16 @@ def send(
             items = [{"body": line[:-1] if line.endswith(b"\n") else line, **options} for line in lines]
             try:
                 ids = topic.send_many(items)
-            except InvalidMessageError as exc:
+            except PartialSendError as exc:  # a sharded queue, or the ZooKeeper store: part stored
+                _echo_jsonl([{"id": i} for i in exc.ids if i is not None])
+                stored = [*range(1, first), *(first + p for p, i in enumerate(exc.ids) if i is not None)]
+                raise CommandError(
+                    f"{exc.cause}: lines {_ranges([first + p for p in exc.unsent])} were not sent, nor any "
+                    f"from line {first + len(lines)} on (lines {_ranges(stored)} were: their ids are printed)"
+                ) from exc
+            except (Error, OSError) as exc:
                 sent = "; the lines before it were sent" if first > 1 else ""
-                raise CommandError(f"{exc}; nothing from line {first} on was sent{sent}") from None
+                raise CommandError(f"{_error_message(exc)}; nothing from line {first} on was sent{sent}") from exc
             _echo_jsonl([{"id": i} for i in ids])
             sys.stdout.flush()
 
