@@ -177,3 +177,31 @@ def test_send_of_lines_that_fails_part_way_says_which_lines_were_stored(
         "journalq: error: the disk went away: lines 5-6 were not sent, nor any from line 7 on "
         "(lines 1-4 were: their ids are printed)\n"
     )
+
+
+def test_write_that_fails_part_way_says_which_lines_were_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk in a later batch said only "No space left on device", not that the lines
+    before that batch were stored, as a bad line's error does."""
+    import errno
+
+    cli_main = importlib.import_module("journalq.cli.main")
+    monkeypatch.setattr(cli_main, "_LINES_PER_BATCH", 3)
+    append_many = Writer.append_many
+    calls = []
+
+    def full_in_the_second_batch(self: Writer, items: list) -> int:
+        calls.append(len(items))
+        if len(calls) < 2:
+            return append_many(self, items)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Writer, "append_many", full_in_the_second_batch)
+    journal = tmp_path / "j"
+    result = run("write", journal, input="1\n2\n3\n4\n5\n")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "journalq: error: No space left on device; nothing from line 4 on was stored; "
+        "lines before 4 were stored, up to offset 2\n"
+    )
+    monkeypatch.undo()
+    assert run("scan", journal, "--format", "text").stdout == "1\n2\n3\n"

@@ -396,7 +396,7 @@ def _append_lines(
             try:
                 item = parse(line)
             except _BadLine as exc:
-                raise _not_stored(number, str(exc), first, last) from None
+                raise _not_stored(f"line {number}: {exc}", first, last) from None
             if item is not None:
                 items.append(item)
                 numbers.append(number)
@@ -405,13 +405,15 @@ def _append_lines(
         except InvalidMessageError as exc:
             bad = _invalid_item(items)
             number, reason = (numbers[bad[0]], bad[1]) if bad else (first, str(exc))
-            raise _not_stored(number, reason, first, last) from None
+            raise _not_stored(f"line {number}: {reason}", first, last) from None
+        except (Error, OSError) as exc:  # a full disk, say: the batch is not stored, the earlier ones are
+            raise _not_stored(_error_message(exc), first, last) from exc
     return last
 
 
-def _not_stored(number: int, reason: str, first: int, last: int | None) -> CommandError:
+def _not_stored(problem: str, first: int, last: int | None) -> CommandError:
     stored = f"; lines before {first} were stored, up to offset {last}" if last is not None else ""
-    return CommandError(f"line {number}: {reason}; nothing from line {first} on was stored{stored}")
+    return CommandError(f"{problem}; nothing from line {first} on was stored{stored}")
 
 
 @cli.command()
