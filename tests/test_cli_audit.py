@@ -205,3 +205,23 @@ def test_write_that_fails_part_way_says_which_lines_were_stored(tmp_path: Path, 
     )
     monkeypatch.undo()
     assert run("scan", journal, "--format", "text").stdout == "1\n2\n3\n"
+
+
+# -- offset -----------------------------------------------------------------------------------
+
+
+def test_offset_set_while_a_reader_holds_the_name_names_the_reader(tmp_path: Path) -> None:
+    """It said "another writer holds the lock", of a reader offset."""
+    from journalq.journal import ReaderOffset
+
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append_many([b"a", b"b"])
+    with ReaderOffset(journal, "billing"):
+        result = run("offset", journal, "billing", "--set", "1")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"journalq: error: reader 'billing' is in use: another process holds {journal / 'ofs' / 'billing.lck'}; "
+        "stop that reader first\n"
+    )
+    assert run("offset", journal, "billing").stdout == "0\n"

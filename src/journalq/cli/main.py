@@ -34,6 +34,7 @@ from journalq.errors import (
     CorruptionError,
     Error,
     InvalidMessageError,
+    LockedError,
     OffsetOutOfRangeError,
     format_timestamp,
 )
@@ -684,7 +685,10 @@ def offset(directory: Path, name: str, set_to: int | None, reset_to: int | None)
         return
     target = set_to if set_to is not None else first_offset_since(path, reset_to)  # type: ignore[arg-type]
     _require_stored(path, target)
-    set_offset(path, name, target)  # over a damaged file too: the way to mend it
+    try:
+        set_offset(path, name, target)  # over a damaged file too: the way to mend it
+    except LockedError as exc:  # whose own words are of a journal's writer
+        raise CommandError(f"reader {name!r} is in use: another process holds {exc.file}; stop that reader first") from exc
     click.echo(target)
 
 
