@@ -225,3 +225,42 @@ def test_offset_set_while_a_reader_holds_the_name_names_the_reader(tmp_path: Pat
         "stop that reader first\n"
     )
     assert run("offset", journal, "billing").stdout == "0\n"
+
+
+# -- Ctrl-C part way through the input ----------------------------------------------------------
+
+
+def interrupted_reading(lines: bytes, after: int):  # type: ignore[no-untyped-def]
+    """Standard input that gives ``lines`` in reads of ``after`` lines, then is interrupted (a
+    person typing lines at a terminal presses Ctrl-C instead of Ctrl-D)."""
+    import io
+
+    class Interrupted(io.BytesIO):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for number, line in enumerate(lines.splitlines(keepends=True), 1):
+                yield line
+                if number == after:
+                    raise KeyboardInterrupt
+
+    return Interrupted()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("write", "{tmp}/j"), "interrupted; nothing from line 4 on was stored; lines before 4 were stored, up to offset 2"),
+        (("queue", "send", "jobs", "--data", "{tmp}/data"),
+         "interrupted; nothing from line 4 on was sent; the lines before it were sent"),
+    ],
+)
+def test_ctrl_c_part_way_through_the_input_says_what_was_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], said: str
+) -> None:
+    """It stopped silently (click's "Aborted!"), with the lines read since the last batch not
+    stored and no word of it."""
+    cli_main = importlib.import_module("journalq.cli.main")
+    monkeypatch.setattr(cli_main, "_LINES_PER_BATCH", 3)
+    stdin = interrupted_reading(b"1\n2\n3\n4\n5\n", after=5)
+    result = CliRunner().invoke(cli, [a.format(tmp=tmp_path) for a in args], input=stdin, catch_exceptions=False)
+    assert result.exit_code == 130
+    assert result.stderr == f"journalq: error: {said}\n"

@@ -67,6 +67,12 @@ class CommandError(click.ClickException):
         click.echo(f"journalq: error: {self.format_message()}", err=True)
 
 
+class Interrupted(CommandError):
+    """Ctrl-C part way through a command's input, saying what was stored; the status of SIGINT."""
+
+    exit_code = _SIGINT_STATUS
+
+
 def _error_message(exc: BaseException) -> str:
     """One line naming the problem; OSError's ``[Errno 2] ...: 'x'`` made readable."""
     if isinstance(exc, FileExistsError) and exc.filename and os.path.lexists(exc.filename):
@@ -390,31 +396,38 @@ def _append_lines(
     A bad line fails its whole batch, which is not stored at all; the earlier batches are.
     """
     last: int | None = None
-    for first, lines in _line_batches(stream):
-        items: list[bytes | Message] = []
-        numbers: list[int] = []
-        for number, line in enumerate(lines, first):
+    unstored = 1  # the first line not stored yet
+    try:
+        for first, lines in _line_batches(stream):
+            items: list[bytes | Message] = []
+            numbers: list[int] = []
+            for number, line in enumerate(lines, first):
+                try:
+                    item = parse(line)
+                except _BadLine as exc:
+                    raise _not_stored(f"line {number}: {exc}", first, last) from None
+                if item is not None:
+                    items.append(item)
+                    numbers.append(number)
             try:
-                item = parse(line)
-            except _BadLine as exc:
-                raise _not_stored(f"line {number}: {exc}", first, last) from None
-            if item is not None:
-                items.append(item)
-                numbers.append(number)
-        try:
-            last = writer.append_many(items) if items else last
-        except InvalidMessageError as exc:
-            bad = _invalid_item(items)
-            number, reason = (numbers[bad[0]], bad[1]) if bad else (first, str(exc))
-            raise _not_stored(f"line {number}: {reason}", first, last) from None
-        except (Error, OSError) as exc:  # a full disk, say: the batch is not stored, the earlier ones are
-            raise _not_stored(_error_message(exc), first, last) from exc
+                last = writer.append_many(items) if items else last
+            except InvalidMessageError as exc:
+                bad = _invalid_item(items)
+                number, reason = (numbers[bad[0]], bad[1]) if bad else (first, str(exc))
+                raise _not_stored(f"line {number}: {reason}", first, last) from None
+            except (Error, OSError) as exc:  # a full disk, say: the batch is not stored, the earlier ones are
+                raise _not_stored(_error_message(exc), first, last) from exc
+            unstored = first + len(lines)
+    except KeyboardInterrupt:  # Ctrl-C at a terminal: the lines typed since the last batch are not stored
+        raise _not_stored("interrupted", unstored, last, Interrupted) from None
     return last
 
 
-def _not_stored(problem: str, first: int, last: int | None) -> CommandError:
+def _not_stored(
+    problem: str, first: int, last: int | None, error: type[CommandError] = CommandError
+) -> CommandError:
     stored = f"; lines before {first} were stored, up to offset {last}" if last is not None else ""
-    return CommandError(f"{problem}; nothing from line {first} on was stored{stored}")
+    return error(f"{problem}; nothing from line {first} on was stored{stored}")
 
 
 @cli.command()

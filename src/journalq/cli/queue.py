@@ -27,7 +27,16 @@ from typing import Any, BinaryIO
 import click
 
 from journalq.cli.data import DATA
-from journalq.cli.main import _FORMAT_AUTO, CommandError, _error_message, _Group, _json, _line_batches, _tabular
+from journalq.cli.main import (
+    _FORMAT_AUTO,
+    CommandError,
+    Interrupted,
+    _error_message,
+    _Group,
+    _json,
+    _line_batches,
+    _tabular,
+)
 from journalq.errors import (
     Error,
     InvalidMessageError,
@@ -352,22 +361,31 @@ def send(
             ids = topic.send_many([{"body": whole, **options}])
             _echo_jsonl([{"id": i} for i in ids])
             return
-        for first, lines in _line_batches(sys.stdin.buffer):
-            items = [{"body": line[:-1] if line.endswith(b"\n") else line, **options} for line in lines]
-            try:
-                ids = topic.send_many(items)
-            except PartialSendError as exc:  # a sharded queue, or the ZooKeeper store: part stored
-                _echo_jsonl([{"id": i} for i in exc.ids if i is not None])
-                stored = [*range(1, first), *(first + p for p, i in enumerate(exc.ids) if i is not None)]
-                raise CommandError(
-                    f"{exc.cause}: lines {_ranges([first + p for p in exc.unsent])} were not sent, nor any "
-                    f"from line {first + len(lines)} on (lines {_ranges(stored)} were: their ids are printed)"
-                ) from exc
-            except (Error, OSError) as exc:
-                sent = "; the lines before it were sent" if first > 1 else ""
-                raise CommandError(f"{_error_message(exc)}; nothing from line {first} on was sent{sent}") from exc
-            _echo_jsonl([{"id": i} for i in ids])
-            sys.stdout.flush()
+        unsent = 1  # the first line not sent yet
+        try:
+            for first, lines in _line_batches(sys.stdin.buffer):
+                items = [{"body": line[:-1] if line.endswith(b"\n") else line, **options} for line in lines]
+                try:
+                    ids = topic.send_many(items)
+                except PartialSendError as exc:  # a sharded queue, or the ZooKeeper store: part stored
+                    _echo_jsonl([{"id": i} for i in exc.ids if i is not None])
+                    stored = [*range(1, first), *(first + p for p, i in enumerate(exc.ids) if i is not None)]
+                    raise CommandError(
+                        f"{exc.cause}: lines {_ranges([first + p for p in exc.unsent])} were not sent, nor any "
+                        f"from line {first + len(lines)} on (lines {_ranges(stored)} were: their ids are printed)"
+                    ) from exc
+                except (Error, OSError) as exc:
+                    raise _not_sent(_error_message(exc), first) from exc
+                unsent = first + len(lines)
+                _echo_jsonl([{"id": i} for i in ids])
+                sys.stdout.flush()
+        except KeyboardInterrupt:  # Ctrl-C at a terminal: the lines typed since the last batch are not sent
+            raise _not_sent("interrupted", unsent, Interrupted) from None
+
+
+def _not_sent(problem: str, first: int, error: type[CommandError] = CommandError) -> CommandError:
+    sent = "; the lines before it were sent" if first > 1 else ""
+    return error(f"{problem}; nothing from line {first} on was sent{sent}")
 
 
 # -- receive and receipts -----------------------------------------------------------------------
