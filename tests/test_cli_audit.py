@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -264,3 +265,18 @@ def test_ctrl_c_part_way_through_the_input_says_what_was_stored(
     result = CliRunner().invoke(cli, [a.format(tmp=tmp_path) for a in args], input=stdin, catch_exceptions=False)
     assert result.exit_code == 130
     assert result.stderr == f"journalq: error: {said}\n"
+
+
+# -- the ZooKeeper store out of reach -----------------------------------------------------------
+
+
+def test_a_zookeeper_store_out_of_reach_is_one_line(tmp_path: Path) -> None:
+    """kazoo's note on every reconnection attempt (a warning of the logger the store gives it)
+    was printed too: some twenty 'journalq: warning: Connection dropped' lines around the error."""
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    process = subprocess.run([*COMMAND, "queue", "list", "--data", f"zk://127.0.0.1:{port}/jq"],
+                             capture_output=True, timeout=120, check=False)
+    assert process.returncode == 1
+    assert process.stderr.decode() == f"journalq: error: no ZooKeeper answered at 127.0.0.1:{port} within 15s\n"

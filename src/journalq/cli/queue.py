@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import os
 import sys
@@ -298,6 +299,9 @@ def queue() -> None:
     its receipt once done, or it comes back (and after --max-receive-count deliveries goes to
     the dead-letter queue).
     """
+    # kazoo's note on each reconnection attempt to a ZooKeeper store (a warning of the logger the
+    # store gives it) would print around the command's one-line error; errors still show.
+    logging.getLogger("journalq.queue.zookeeper").setLevel(logging.ERROR)
 
 
 # -- send -------------------------------------------------------------------------------------
