@@ -701,7 +701,9 @@ def offset(directory: Path, name: str, set_to: int | None, reset_to: int | None)
     try:
         set_offset(path, name, target)  # over a damaged file too: the way to mend it
     except LockedError as exc:  # whose own words are of a journal's writer
-        raise CommandError(f"reader {name!r} is in use: another process holds {exc.file}; stop that reader first") from exc
+        raise CommandError(
+            f"reader {name!r} is in use: another process holds {exc.file}; stop that reader first"
+        ) from exc
     click.echo(target)
 
 
