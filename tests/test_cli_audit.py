@@ -280,3 +280,32 @@ def test_a_zookeeper_store_out_of_reach_is_one_line(tmp_path: Path) -> None:
                              capture_output=True, timeout=120, check=False)
     assert process.returncode == 1
     assert process.stderr.decode() == f"journalq: error: no ZooKeeper answered at 127.0.0.1:{port} within 15s\n"
+
+
+# -- an empty path ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("write", ""),
+        ("scan", ""),
+        ("info", ""),
+        ("check", "", "--repair"),
+        ("offset", "", "reader", "--set", "0"),
+        ("demo", "--data", "", "--messages", "1"),
+        ("queue", "send", "jobs", "x", "--data", ""),
+        ("queue", "create", "jobs", "--data", ""),
+        ("hub", "push", "--to", "http://127.0.0.1:1", "--client-id", "c", "--once", ""),
+        ("hub", "serve", "--root", "", "--port", "0"),
+        ("pipeline", "archive", "--journal", "", "--output", "out"),
+    ],
+)
+def test_an_empty_path_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]) -> None:
+    """An empty DIR or --data ("$UNSET_VARIABLE") was the current directory: write made a
+    journal in it, queue send a queue."""
+    monkeypatch.chdir(tmp_path)
+    result = run(*args, input="a\n")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("journalq: error: Invalid value for ") and "is empty" in result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 import click
 
 from journalq import __version__
+from journalq.cli.data import DirectoryPath
 from journalq.errors import (
     ZERO_TIMESTAMP,
     CorruptionError,
@@ -431,7 +432,7 @@ def _not_stored(
 
 
 @cli.command()
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True,
               help="text: each line (without its newline) is a value; jsonl: each line is an object "
               "as scan prints it: value (UTF-8 text) or value_b64, and optional key or key_b64, type, "
@@ -539,7 +540,7 @@ def _named_batches(
 
 
 @cli.command()
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--from", "start", type=click.IntRange(min=0), metavar="OFFSET",
               help="Start at this offset; default: the first one stored.")
 @click.option("--since", type=TIME, help="Only messages with timestamp >= TIME.")
@@ -644,7 +645,7 @@ def _info_table(journal: JournalInfo) -> Iterator[str]:
 
 
 @cli.command()
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
               help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
 def info(directory: Path, fmt: str) -> None:
@@ -682,7 +683,7 @@ def _require_stored(path: Path, offset: int) -> None:
 
 
 @cli.command()
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.argument("name")
 @click.option("--set", "set_to", type=click.IntRange(min=0), metavar="N", help="Commit N as the offset.")
 @click.option("--reset-to", type=TIME, metavar="TIME",
@@ -732,7 +733,7 @@ def _report_lines(report: CheckReport, directory: str | None, tabular: bool) -> 
 
 
 @cli.command("check")
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--repair", is_flag=True,
               help="Cut a torn or damaged tail of the last segment as a writer would (the bytes are "
               "kept under DIR/cut/) and rebuild stale or missing indexes. Damage elsewhere is only reported.")
@@ -763,7 +764,7 @@ def check_command(ctx: click.Context, directory: Path, repair: bool, fmt: str) -
 
 
 @cli.command()
-@click.option("--data", "data", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
+@click.option("--data", "data", type=DirectoryPath(), default=Path("data"), show_default=True,
               help="Data directory; the demo's journal is DATA/demo.")
 @click.option("--messages", type=click.IntRange(min=1, max=1_000_000), default=5000, show_default=True,
               help="How many messages to write.")
