@@ -71,7 +71,9 @@ def test_a_jsonl_line_that_is_not_utf8_is_refused_as_such(tmp_path: Path) -> Non
     journal = tmp_path / "j"
     result = run("write", journal, "--format", "jsonl", input=b'{"value":"ok"}\n\xff\xfe\x00bin\n')
     assert result.exit_code == 1
-    assert result.stderr.startswith("journalq: error: line 2: not UTF-8") and "utf-16" not in result.stderr
+    assert result.stderr.startswith("journalq: error: line 2: not UTF-8: byte 1 is 0xff")
+    result = run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"\xff"}\n')
+    assert "line 1: not UTF-8: byte 14 is 0xff" in result.stderr
     utf16 = '{"value":"sixteen"}'.encode("utf-16-le")
     result = run("write", journal, "--format", "jsonl", input=utf16 + b"\n")
     assert result.exit_code == 1 and "line 1: not valid JSON" in result.stderr

@@ -328,7 +328,8 @@ def _jsonl_parser(key: bytes, type_: int) -> Callable[[bytes], bytes | Message |
             # order mark is let through, as json.loads lets it.
             text = line.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            raise _BadLine(f"not UTF-8: byte {exc.start + 1} is {line[exc.start]:#04x}") from None
+            at = len(line) - len(exc.object) + exc.start  # the error counts from after a byte order mark
+            raise _BadLine(f"not UTF-8: byte {at + 1} is {line[at]:#04x}") from None
         try:
             obj = json.loads(text)
         except ValueError as exc:
