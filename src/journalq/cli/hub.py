@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from journalq.cli.data import DirectoryPath
 from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
 from journalq.cli.queue import _table
 from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, ready_directory
@@ -39,7 +40,7 @@ def hub() -> None:
 
 
 @hub.command()
-@click.option("--root", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--root", type=DirectoryPath(file_okay=False), required=True,
               help="Where the copies are kept (created when missing).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8090, show_default=True)
@@ -155,7 +156,7 @@ class BarReport:
 
 
 @hub.command()
-@click.argument("directories", metavar="DIR...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("directories", metavar="DIR...", nargs=-1, required=True, type=DirectoryPath())
 @click.option("--to", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
 @click.option("--client-id", required=True, metavar="ID", help="This client's id ([a-zA-Z0-9_-]+).")
 @click.option("--once", is_flag=True, help="Stop once the hub holds everything (default: keep following).")
@@ -204,7 +205,7 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
 
 
 @hub.command()
-@click.argument("directories", metavar="[DIR...]", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("directories", metavar="[DIR...]", nargs=-1, type=DirectoryPath())
 @click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
 @click.option("--client-id", metavar="ID", help="Only this client's journals.")
 @click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import errno
+import io
 import json
 import logging
 import os
@@ -27,11 +29,13 @@ from typing import Any, BinaryIO
 import click
 
 from journalq import __version__
+from journalq.cli.data import DirectoryPath
 from journalq.errors import (
     ZERO_TIMESTAMP,
     CorruptionError,
     Error,
     InvalidMessageError,
+    LockedError,
     OffsetOutOfRangeError,
     format_timestamp,
 )
@@ -51,6 +55,7 @@ __all__ = ["cli", "main", "message_json", "parse_time"]
 
 _LINES_PER_BATCH = 4096
 _BYTES_PER_BATCH = 4 << 20
+_SIGINT_STATUS = 128 + 2  # what a shell reports for a command that SIGINT ended
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -63,8 +68,17 @@ class CommandError(click.ClickException):
         click.echo(f"journalq: error: {self.format_message()}", err=True)
 
 
+class Interrupted(CommandError):
+    """Ctrl-C part way through a command's input, saying what was stored; the status of SIGINT."""
+
+    exit_code = _SIGINT_STATUS
+
+
 def _error_message(exc: BaseException) -> str:
     """One line naming the problem; OSError's ``[Errno 2] ...: 'x'`` made readable."""
+    if isinstance(exc, FileExistsError) and exc.filename and os.path.lexists(exc.filename):
+        if not os.path.isdir(exc.filename):  # a file where a directory was to be made
+            return f"not a directory: {os.fsdecode(exc.filename)}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     message = str(exc) or type(exc).__name__
@@ -117,6 +131,10 @@ class _Group(click.Group):
         except BrokenPipeError:
             _silence_stdout()
             raise click.exceptions.Exit(1) from None
+        except KeyboardInterrupt:
+            # Ctrl-C is how ``scan --follow`` and a long ``receive --wait`` are ended: no click
+            # "Aborted!", and the shell's status for SIGINT (as ``pipeline`` already exits).
+            raise click.exceptions.Exit(_SIGINT_STATUS) from None
         except (Error, OSError) as exc:
             raise CommandError(_error_message(exc)) from exc
         except click.UsageError as exc:
@@ -214,10 +232,43 @@ def cli() -> None:
     """
 
 
+class _ClosedStream(io.TextIOBase):
+    """Stands for a standard stream that the caller closed (``journalq scan DIR >&-``), where
+    Python leaves None: using it fails as a closed file does, so the command stops with one line
+    (with None, click's echo prints nothing, silently, and the rest fails with a traceback)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._name = name
+
+    def _fail(self, *args: object) -> Any:
+        raise OSError(errno.EBADF, f"standard {self._name} is closed")
+
+    read = readline = write = fileno = _fail
+
+    def __iter__(self) -> Iterator[str]:
+        return self._fail()
+
+    @property
+    def buffer(self) -> BinaryIO:
+        return self._fail()  # type: ignore[no-any-return]
+
+    def isatty(self) -> bool:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The console-script entry point."""
+    if sys.stdin is None:
+        sys.stdin = _ClosedStream("input")
+    if sys.stdout is None:
+        sys.stdout = _ClosedStream("output")
     logging.basicConfig(format="journalq: warning: %(message)s", level=logging.WARNING)
-    cli.main(args=argv, prog_name="journalq")
+    try:
+        cli.main(args=argv, prog_name="journalq")
+    except OSError as exc:  # before a command runs: --help or --version with stdout closed, say
+        CommandError(_error_message(exc)).show()
+        sys.exit(1)
 
 
 # -- write ------------------------------------------------------------------------------------
@@ -273,7 +324,14 @@ def _jsonl_parser(key: bytes, type_: int) -> Callable[[bytes], bytes | Message |
         if not line.strip():
             return None
         try:
-            obj = json.loads(line)
+            # Decoded here: json.loads would take bytes in UTF-16 or UTF-32 too. A leading byte
+            # order mark is let through, as json.loads lets it.
+            text = line.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            at = len(line) - len(exc.object) + exc.start  # the error counts from after a byte order mark
+            raise _BadLine(f"not UTF-8: byte {at + 1} is {line[at]:#04x}") from None
+        try:
+            obj = json.loads(text)
         except ValueError as exc:
             raise _BadLine(f"not valid JSON: {exc}") from None
         if not isinstance(obj, dict):
@@ -340,33 +398,42 @@ def _append_lines(
     A bad line fails its whole batch, which is not stored at all; the earlier batches are.
     """
     last: int | None = None
-    for first, lines in _line_batches(stream):
-        items: list[bytes | Message] = []
-        numbers: list[int] = []
-        for number, line in enumerate(lines, first):
+    unstored = 1  # the first line not stored yet
+    try:
+        for first, lines in _line_batches(stream):
+            items: list[bytes | Message] = []
+            numbers: list[int] = []
+            for number, line in enumerate(lines, first):
+                try:
+                    item = parse(line)
+                except _BadLine as exc:
+                    raise _not_stored(f"line {number}: {exc}", first, last) from None
+                if item is not None:
+                    items.append(item)
+                    numbers.append(number)
             try:
-                item = parse(line)
-            except _BadLine as exc:
-                raise _not_stored(number, str(exc), first, last) from None
-            if item is not None:
-                items.append(item)
-                numbers.append(number)
-        try:
-            last = writer.append_many(items) if items else last
-        except InvalidMessageError as exc:
-            bad = _invalid_item(items)
-            number, reason = (numbers[bad[0]], bad[1]) if bad else (first, str(exc))
-            raise _not_stored(number, reason, first, last) from None
+                last = writer.append_many(items) if items else last
+            except InvalidMessageError as exc:
+                bad = _invalid_item(items)
+                number, reason = (numbers[bad[0]], bad[1]) if bad else (first, str(exc))
+                raise _not_stored(f"line {number}: {reason}", first, last) from None
+            except (Error, OSError) as exc:  # a full disk, say: the batch is not stored, the earlier ones are
+                raise _not_stored(_error_message(exc), first, last) from exc
+            unstored = first + len(lines)
+    except KeyboardInterrupt:  # Ctrl-C at a terminal: the lines typed since the last batch are not stored
+        raise _not_stored("interrupted", unstored, last, Interrupted) from None
     return last
 
 
-def _not_stored(number: int, reason: str, first: int, last: int | None) -> CommandError:
+def _not_stored(
+    problem: str, first: int, last: int | None, error: type[CommandError] = CommandError
+) -> CommandError:
     stored = f"; lines before {first} were stored, up to offset {last}" if last is not None else ""
-    return CommandError(f"line {number}: {reason}; nothing from line {first} on was stored{stored}")
+    return error(f"{problem}; nothing from line {first} on was stored{stored}")
 
 
 @cli.command()
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True,
               help="text: each line (without its newline) is a value; jsonl: each line is an object "
               "as scan prints it: value (UTF-8 text) or value_b64, and optional key or key_b64, type, "
@@ -474,7 +541,7 @@ def _named_batches(
 
 
 @cli.command()
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--from", "start", type=click.IntRange(min=0), metavar="OFFSET",
               help="Start at this offset; default: the first one stored.")
 @click.option("--since", type=TIME, help="Only messages with timestamp >= TIME.")
@@ -579,7 +646,7 @@ def _info_table(journal: JournalInfo) -> Iterator[str]:
 
 
 @cli.command()
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
               help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
 def info(directory: Path, fmt: str) -> None:
@@ -617,7 +684,7 @@ def _require_stored(path: Path, offset: int) -> None:
 
 
 @cli.command()
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.argument("name")
 @click.option("--set", "set_to", type=click.IntRange(min=0), metavar="N", help="Commit N as the offset.")
 @click.option("--reset-to", type=TIME, metavar="TIME",
@@ -633,7 +700,12 @@ def offset(directory: Path, name: str, set_to: int | None, reset_to: int | None)
         return
     target = set_to if set_to is not None else first_offset_since(path, reset_to)  # type: ignore[arg-type]
     _require_stored(path, target)
-    set_offset(path, name, target)  # over a damaged file too: the way to mend it
+    try:
+        set_offset(path, name, target)  # over a damaged file too: the way to mend it
+    except LockedError as exc:  # whose own words are of a journal's writer
+        raise CommandError(
+            f"reader {name!r} is in use: another process holds {exc.file}; stop that reader first"
+        ) from exc
     click.echo(target)
 
 
@@ -662,7 +734,7 @@ def _report_lines(report: CheckReport, directory: str | None, tabular: bool) -> 
 
 
 @cli.command("check")
-@click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--repair", is_flag=True,
               help="Cut a torn or damaged tail of the last segment as a writer would (the bytes are "
               "kept under DIR/cut/) and rebuild stale or missing indexes. Damage elsewhere is only reported.")
@@ -693,7 +765,7 @@ def check_command(ctx: click.Context, directory: Path, repair: bool, fmt: str) -
 
 
 @cli.command()
-@click.option("--data", "data", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
+@click.option("--data", "data", type=DirectoryPath(), default=Path("data"), show_default=True,
               help="Data directory; the demo's journal is DATA/demo.")
 @click.option("--messages", type=click.IntRange(min=1, max=1_000_000), default=5000, show_default=True,
               help="How many messages to write.")

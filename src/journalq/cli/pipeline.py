@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from journalq.cli.data import DirectoryPath
 from journalq.cli.main import CommandError
 
 
@@ -68,8 +69,6 @@ def _run(settings: dict[str, Any], app: str, work: Callable[[Any], Any],
         return work(spark)
     except (Error, OSError, CommandError, click.exceptions.Exit):
         raise
-    except KeyboardInterrupt:
-        raise click.exceptions.Exit(130) from None
     except Exception as exc:
         if type(exc).__module__.startswith(("pyspark", "py4j")):
             raise CommandError(_one_line(exc)) from exc
@@ -79,10 +78,10 @@ def _run(settings: dict[str, Any], app: str, work: Callable[[Any], Any],
 
 
 _SOURCE = [
-    click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
+    click.option("--data", type=DirectoryPath(file_okay=False), default=None,
                  help="The broker's data directory (with --topic)."),
     click.option("--topic", default=None, help="The topic in --data."),
-    click.option("--journal", type=click.Path(file_okay=False, path_type=Path), default=None,
+    click.option("--journal", type=DirectoryPath(file_okay=False), default=None,
                  help="A journal directory instead of --data/--topic."),
 ]
 
@@ -113,7 +112,7 @@ def pipeline() -> None:
 
 @pipeline.command()
 @_source
-@click.option("--output", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--output", type=DirectoryPath(file_okay=False), required=True,
               help="The Parquet directory (partitioned by date=YYYY-MM-DD).")
 @click.option("--name", default="spark-archive", show_default=True,
               help="The reader offset (TOPIC/ofs/NAME.ofs) that remembers what was archived.")
@@ -137,11 +136,11 @@ def archive(data: Path | None, topic: str | None, journal: Path | None, output: 
 @pipeline.command()
 @_source
 @click.option("--output-topic", default=None, help="The topic (in --data) that receives the statistics.")
-@click.option("--output-journal", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--output-journal", type=DirectoryPath(file_okay=False), default=None,
               help="A journal that receives the statistics, instead of --output-topic.")
-@click.option("--parquet", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--parquet", type=DirectoryPath(file_okay=False), required=True,
               help="The Parquet directory that receives the statistics too (partitioned by date).")
-@click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--checkpoint", type=DirectoryPath(file_okay=False), required=True,
               help="Spark's checkpoint directory: keep it to resume where the job stopped.")
 @click.option("--window", default="1 minute", show_default=True, help="Length of the event-time windows.")
 @click.option("--watermark", default="10 minutes", show_default=True,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import os
 import sys
@@ -27,8 +28,26 @@ from typing import Any, BinaryIO
 import click
 
 from journalq.cli.data import DATA
-from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _line_batches, _tabular
-from journalq.errors import InvalidMessageError, InvalidNameError, QueueError, QueueNotFoundError, format_timestamp
+from journalq.cli.main import (
+    _FORMAT_AUTO,
+    CommandError,
+    Interrupted,
+    _error_message,
+    _Group,
+    _json,
+    _line_batches,
+    _tabular,
+)
+from journalq.errors import (
+    Error,
+    InvalidMessageError,
+    InvalidNameError,
+    PartialSendError,
+    QueueError,
+    QueueNotFoundError,
+    _ranges,
+    format_timestamp,
+)
 from journalq.journal.sync import POLICY_FORMS
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
@@ -280,6 +299,9 @@ def queue() -> None:
     its receipt once done, or it comes back (and after --max-receive-count deliveries goes to
     the dead-letter queue).
     """
+    # kazoo's note on each reconnection attempt to a ZooKeeper store (a warning of the logger the
+    # store gives it) would print around the command's one-line error; errors still show.
+    logging.getLogger("journalq.queue.zookeeper").setLevel(logging.ERROR)
 
 
 # -- send -------------------------------------------------------------------------------------
@@ -343,15 +365,31 @@ def send(
             ids = topic.send_many([{"body": whole, **options}])
             _echo_jsonl([{"id": i} for i in ids])
             return
-        for first, lines in _line_batches(sys.stdin.buffer):
-            items = [{"body": line[:-1] if line.endswith(b"\n") else line, **options} for line in lines]
-            try:
-                ids = topic.send_many(items)
-            except InvalidMessageError as exc:
-                sent = "; the lines before it were sent" if first > 1 else ""
-                raise CommandError(f"{exc}; nothing from line {first} on was sent{sent}") from None
-            _echo_jsonl([{"id": i} for i in ids])
-            sys.stdout.flush()
+        unsent = 1  # the first line not sent yet
+        try:
+            for first, lines in _line_batches(sys.stdin.buffer):
+                items = [{"body": line[:-1] if line.endswith(b"\n") else line, **options} for line in lines]
+                try:
+                    ids = topic.send_many(items)
+                except PartialSendError as exc:  # a sharded queue, or the ZooKeeper store: part stored
+                    _echo_jsonl([{"id": i} for i in exc.ids if i is not None])
+                    stored = [*range(1, first), *(first + p for p, i in enumerate(exc.ids) if i is not None)]
+                    raise CommandError(
+                        f"{exc.cause}: lines {_ranges([first + p for p in exc.unsent])} were not sent, nor any "
+                        f"from line {first + len(lines)} on (lines {_ranges(stored)} were: their ids are printed)"
+                    ) from exc
+                except (Error, OSError) as exc:
+                    raise _not_sent(_error_message(exc), first) from exc
+                unsent = first + len(lines)
+                _echo_jsonl([{"id": i} for i in ids])
+                sys.stdout.flush()
+        except KeyboardInterrupt:  # Ctrl-C at a terminal: the lines typed since the last batch are not sent
+            raise _not_sent("interrupted", unsent, Interrupted) from None
+
+
+def _not_sent(problem: str, first: int, error: type[CommandError] = CommandError) -> CommandError:
+    sent = "; the lines before it were sent" if first > 1 else ""
+    return error(f"{problem}; nothing from line {first} on was sent{sent}")
 
 
 # -- receive and receipts -----------------------------------------------------------------------

@@ -1,0 +1,313 @@
+"""Bugs found by using the ``journalq`` command as a person and a script would: each test here
+failed before its fix."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from journalq.cli.main import cli
+from journalq.journal import Writer
+from journalq.queue import Queue
+
+_SCRIPT = Path(sys.executable).parent / "journalq"
+COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "journalq.cli.main"]
+
+
+def run(*args: object, input: bytes | str | None = None) -> Result:
+    """The command in-process; an unexpected exception fails the test with its traceback."""
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input, catch_exceptions=False)
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------
+
+
+def test_ctrl_c_stops_scan_follow_quietly_with_status_130(tmp_path: Path) -> None:
+    """Ctrl-C is how a person ends ``scan --follow``: what was read is printed, and the command
+    ends with the shell's status for SIGINT, not click's "Aborted!" and status 1."""
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append(b"before")
+    follower = subprocess.Popen(
+        [*COMMAND, "scan", journal, "--follow", "--format", "text"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == b"before\n"  # it is following now
+        follower.send_signal(signal.SIGINT)
+        stdout, stderr = follower.communicate(timeout=20)
+    finally:
+        follower.kill()
+    assert stderr == b"" and stdout == b""
+    assert follower.returncode == 130
+
+
+def test_ctrl_c_during_receive_wait_is_status_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run("queue", "create", "jobs", "--data", tmp_path, "--sync", "none").exit_code == 0
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Queue, "receive", interrupted)
+    result = run("queue", "receive", "jobs", "--wait", "20", "--data", tmp_path, "--sync", "none")
+    assert result.exit_code == 130
+    assert result.stderr == "" and result.stdout == ""
+
+
+# -- write --format jsonl ---------------------------------------------------------------------
+
+
+def test_a_jsonl_line_that_is_not_utf8_is_refused_as_such(tmp_path: Path) -> None:
+    """JSON lines are UTF-8: a line of other bytes is named as not UTF-8 (it was blamed on a
+    'utf-16-le' codec), and a line in UTF-16 is refused rather than stored."""
+    journal = tmp_path / "j"
+    result = run("write", journal, "--format", "jsonl", input=b'{"value":"ok"}\n\xff\xfe\x00bin\n')
+    assert result.exit_code == 1
+    assert result.stderr.startswith("journalq: error: line 2: not UTF-8: byte 1 is 0xff")
+    result = run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"\xff"}\n')
+    assert "line 1: not UTF-8: byte 14 is 0xff" in result.stderr
+    utf16 = '{"value":"sixteen"}'.encode("utf-16-le")
+    result = run("write", journal, "--format", "jsonl", input=utf16 + b"\n")
+    assert result.exit_code == 1 and "line 1: not valid JSON" in result.stderr
+    assert run("scan", journal, "--count").stdout == "0\n"
+
+
+def test_a_jsonl_line_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
+    journal = tmp_path / "j"
+    assert run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"a"}\n').exit_code == 0
+    assert run("scan", journal, "--format", "text").stdout == "a\n"
+
+
+# -- a file where a directory is due ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("write", "{file}"),
+        ("write", "{file}/journal"),
+        ("demo", "--data", "{file}", "--messages", "1"),
+        ("queue", "send", "jobs", "x", "--data", "{file}"),
+        ("queue", "create", "jobs", "--data", "{file}"),
+    ],
+)
+def test_a_file_given_as_a_directory_is_named_as_not_a_directory(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """It said "File exists: FILE", which reads as a refusal to overwrite it."""
+    file = tmp_path / "notes.txt"
+    file.write_text("kept\n")
+    result = run(*(arg.format(file=file) for arg in args), input="a\n")
+    assert result.exit_code == 1
+    assert result.stderr == f"journalq: error: not a directory: {file}\n"
+    assert file.read_text() == "kept\n"
+
+
+# -- closed standard streams ------------------------------------------------------------------
+
+
+def run_shell(command: str) -> subprocess.CompletedProcess:
+    """``command`` with ``journalq`` standing for the command itself, run by a shell (which can
+    close a standard stream: ``<&-``, ``>&-``)."""
+    return subprocess.run(
+        command.replace("journalq", " ".join(COMMAND)), shell=True, capture_output=True, timeout=60, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "stream"),
+    [
+        ("journalq write {journal} <&-", "input"),
+        ("journalq queue send jobs --data {data} <&-", "input"),
+        ("journalq scan {journal} >&-", "output"),
+        ("journalq info {journal} >&-", "output"),
+        ("journalq offset {journal} reader >&-", "output"),
+        ("journalq queue receive jobs --delete --data {data} >&-", "output"),
+        ("journalq --help >&-", "output"),
+    ],
+)
+def test_a_closed_standard_stream_is_a_one_line_error(tmp_path: Path, command: str, stream: str) -> None:
+    """Python leaves None for a closed stdin or stdout: the commands failed with a traceback, and
+    click's echo printed nothing, silently."""
+    journal, data = tmp_path / "j", tmp_path / "data"
+    with Writer(journal) as writer:
+        writer.append(b"kept")
+    assert run("queue", "send", "jobs", "hello", "--data", data, "--sync", "none").exit_code == 0
+    process = run_shell(command.format(journal=journal, data=data))
+    assert process.returncode == 1
+    assert process.stderr.decode() == f"journalq: error: standard {stream} is closed\n"
+    assert run("scan", journal, "--count").stdout == "1\n"
+    stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
+    assert stats["available"] + stats["in_flight"] == 1  # not deleted unseen
+
+
+# -- queue send of many lines, failing part way -------------------------------------------------
+
+
+def test_send_of_lines_that_fails_part_way_says_which_lines_were_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch partly stored (a sharded queue or the ZooKeeper store) raises PartialSendError: the
+    ids of its stored messages were not printed, and the error gave positions in the batch, not
+    lines, nor that the earlier batches were stored."""
+    cli_main = importlib.import_module("journalq.cli.main")  # the package exports the function main
+    from journalq.errors import PartialSendError, QueueError
+    from journalq.queue.topic import Topic
+
+    monkeypatch.setattr(cli_main, "_LINES_PER_BATCH", 3)
+    send_many = Topic.send_many
+    calls = []
+
+    def fails_in_the_second_batch(self: Topic, items: list) -> list[str]:
+        calls.append(len(items))
+        if len(calls) < 2:
+            return send_many(self, items)
+        stored = send_many(self, items[:1])
+        raise PartialSendError([*stored, None, None], QueueError("the disk went away"))
+
+    monkeypatch.setattr(Topic, "send_many", fails_in_the_second_batch)
+    data = tmp_path / "data"
+    result = run("queue", "send", "jobs", "--data", data, "--sync", "none", input="1\n2\n3\n4\n5\n6\n7\n8\n")
+    assert result.exit_code == 1
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [{"id": str(i)} for i in range(4)]
+    assert result.stderr == (
+        "journalq: error: the disk went away: lines 5-6 were not sent, nor any from line 7 on "
+        "(lines 1-4 were: their ids are printed)\n"
+    )
+
+
+def test_write_that_fails_part_way_says_which_lines_were_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk in a later batch said only "No space left on device", not that the lines
+    before that batch were stored, as a bad line's error does."""
+    import errno
+
+    cli_main = importlib.import_module("journalq.cli.main")
+    monkeypatch.setattr(cli_main, "_LINES_PER_BATCH", 3)
+    append_many = Writer.append_many
+    calls = []
+
+    def full_in_the_second_batch(self: Writer, items: list) -> int:
+        calls.append(len(items))
+        if len(calls) < 2:
+            return append_many(self, items)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Writer, "append_many", full_in_the_second_batch)
+    journal = tmp_path / "j"
+    result = run("write", journal, input="1\n2\n3\n4\n5\n")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "journalq: error: No space left on device; nothing from line 4 on was stored; "
+        "lines before 4 were stored, up to offset 2\n"
+    )
+    monkeypatch.undo()
+    assert run("scan", journal, "--format", "text").stdout == "1\n2\n3\n"
+
+
+# -- offset -----------------------------------------------------------------------------------
+
+
+def test_offset_set_while_a_reader_holds_the_name_names_the_reader(tmp_path: Path) -> None:
+    """It said "another writer holds the lock", of a reader offset."""
+    from journalq.journal import ReaderOffset
+
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append_many([b"a", b"b"])
+    with ReaderOffset(journal, "billing"):
+        result = run("offset", journal, "billing", "--set", "1")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"journalq: error: reader 'billing' is in use: another process holds {journal / 'ofs' / 'billing.lck'}; "
+        "stop that reader first\n"
+    )
+    assert run("offset", journal, "billing").stdout == "0\n"
+
+
+# -- Ctrl-C part way through the input ----------------------------------------------------------
+
+
+def interrupted_reading(lines: bytes, after: int):  # type: ignore[no-untyped-def]
+    """Standard input that gives ``lines`` in reads of ``after`` lines, then is interrupted (a
+    person typing lines at a terminal presses Ctrl-C instead of Ctrl-D)."""
+    import io
+
+    class Interrupted(io.BytesIO):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for number, line in enumerate(lines.splitlines(keepends=True), 1):
+                yield line
+                if number == after:
+                    raise KeyboardInterrupt
+
+    return Interrupted()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("write", "{tmp}/j"), "interrupted; nothing from line 4 on was stored; lines before 4 were stored, up to offset 2"),
+        (("queue", "send", "jobs", "--data", "{tmp}/data"),
+         "interrupted; nothing from line 4 on was sent; the lines before it were sent"),
+    ],
+)
+def test_ctrl_c_part_way_through_the_input_says_what_was_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], said: str
+) -> None:
+    """It stopped silently (click's "Aborted!"), with the lines read since the last batch not
+    stored and no word of it."""
+    cli_main = importlib.import_module("journalq.cli.main")
+    monkeypatch.setattr(cli_main, "_LINES_PER_BATCH", 3)
+    stdin = interrupted_reading(b"1\n2\n3\n4\n5\n", after=5)
+    result = CliRunner().invoke(cli, [a.format(tmp=tmp_path) for a in args], input=stdin, catch_exceptions=False)
+    assert result.exit_code == 130
+    assert result.stderr == f"journalq: error: {said}\n"
+
+
+# -- the ZooKeeper store out of reach -----------------------------------------------------------
+
+
+def test_a_zookeeper_store_out_of_reach_is_one_line(tmp_path: Path) -> None:
+    """kazoo's note on every reconnection attempt (a warning of the logger the store gives it)
+    was printed too: some twenty 'journalq: warning: Connection dropped' lines around the error."""
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    process = subprocess.run([*COMMAND, "queue", "list", "--data", f"zk://127.0.0.1:{port}/jq"],
+                             capture_output=True, timeout=120, check=False)
+    assert process.returncode == 1
+    assert process.stderr.decode() == f"journalq: error: no ZooKeeper answered at 127.0.0.1:{port} within 15s\n"
+
+
+# -- an empty path ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("write", ""),
+        ("scan", ""),
+        ("info", ""),
+        ("check", "", "--repair"),
+        ("offset", "", "reader", "--set", "0"),
+        ("demo", "--data", "", "--messages", "1"),
+        ("queue", "send", "jobs", "x", "--data", ""),
+        ("queue", "create", "jobs", "--data", ""),
+        ("hub", "push", "--to", "http://127.0.0.1:1", "--client-id", "c", "--once", ""),
+        ("hub", "serve", "--root", "", "--port", "0"),
+        ("pipeline", "archive", "--journal", "", "--output", "out"),
+    ],
+)
+def test_an_empty_path_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]) -> None:
+    """An empty DIR or --data ("$UNSET_VARIABLE") was the current directory: write made a
+    journal in it, queue send a queue."""
+    monkeypatch.chdir(tmp_path)
+    result = run(*args, input="a\n")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("journalq: error: Invalid value for ") and "is empty" in result.stderr
+    assert list(tmp_path.iterdir()) == []
