@@ -105,3 +105,30 @@ def test_idle_connections_beyond_the_soft_open_files_limit_do_not_keep_clients_o
         for s in idle:
             s.close()
         server.check_clean_stop()
+
+
+def test_the_hub_alone_raises_its_open_files_limit_too(tmp_path: Path, few_open_files: None) -> None:
+    """``journalq hub serve`` takes connections as ``serve`` does: under a soft limit of 256 open
+    files, 400 idle connections kept the next client out until it raised the limit as well."""
+    from hub_processes import free_port, kill, start_hub, wait_until
+
+    port = free_port()
+    hub = start_hub(tmp_path / "hub", "127.0.0.1", port, tmp_path)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))  # ours
+    idle: list[socket.socket] = []
+    try:
+        url = f"http://127.0.0.1:{port}/hub/v1/status"
+
+        def answers() -> bool:
+            try:
+                return httpx.get(url, timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until("the hub", answers, 30)
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(400)]
+        assert httpx.get(url, timeout=10).status_code == 200
+    finally:
+        for s in idle:
+            s.close()
+        kill(hub)

@@ -19,7 +19,7 @@ import click
 from journalq.cli.data import DirectoryPath
 from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
 from journalq.cli.queue import _table
-from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, ready_directory
+from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, raise_open_files_limit, ready_directory
 from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, sources_at
 from journalq.journal.offsets import end_offset
 from journalq.journal.sync import SyncPolicy
@@ -60,6 +60,7 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str
     SyncPolicy.parse(sync)
     token = checked_token(token, "hub")
     ready_directory(root, "--root")
+    raise_open_files_limit()  # idle connections must not take every descriptor (as ``serve``)
     sock = bind(host, port)  # a port in use is one line naming it; --port 0 names the one bound
     config = uvicorn.Config(
         create_hub_app(root, sync=sync, max_push=max_push, token=token),
