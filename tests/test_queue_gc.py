@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -513,22 +514,26 @@ def test_a_channel_opened_while_the_gc_publishes_the_cursors(tmp_path: Path, mon
 
 
 @pytest.mark.parametrize("opened_here", [False, True])
-def test_a_gc_of_every_topic_does_not_make_again_a_queue_deleted_as_it_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opened_here: bool
+def test_a_gc_of_every_queue_does_not_make_again_a_queue_deleted_as_it_runs(
+    store_root: Path | str, monkeypatch: pytest.MonkeyPatch, opened_here: bool
 ) -> None:
-    """``Broker.gc`` lists the topics, then opens each to collect it: one that another process
-    deleted in between is left out, not made again (empty) by the opening."""
-    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+    """``Broker.gc`` lists the queues, then opens each to collect it: one that another process
+    deleted in between is left out, not made again (empty) by the opening, in either store."""
+    with Broker(store_root, sync="none") as a, Broker(store_root, sync="none") as b:
         (a if opened_here else b).queue("jobs").send(b"x")
         b.queue("kept")
-        names = Broker.names
+        names = type(a).names
 
-        def deleted_after_listing(self: Broker) -> list[str]:
+        def deleted_after_listing(self: Any) -> list[str]:
             listed = names(self)
             if self is a:
                 b.delete("jobs")  # another process deletes it between the listing and the gc
             return listed
 
-        monkeypatch.setattr(Broker, "names", deleted_after_listing)
+        monkeypatch.setattr(type(a), "names", deleted_after_listing)
         assert a.gc() == {"kept": 0}
-        assert not (tmp_path / "jobs").exists()
+        assert "jobs" not in names(b)
+        if isinstance(store_root, Path):
+            assert not (store_root / "jobs").exists()
+        else:
+            assert b.client.exists(f"{b.path}/jobs") is None

@@ -216,28 +216,6 @@ def test_a_large_receive_of_messages_with_large_filters_stays_under_zookeeper_s_
     assert q.stats().available == 0
 
 
-@pytest.mark.parametrize("opened_here", [False, True])
-def test_a_gc_of_every_queue_does_not_make_again_a_queue_deleted_as_it_runs(
-    url: str, opened_here: bool, monkeypatch: pytest.MonkeyPatch  # noqa: F811
-) -> None:
-    from journalq.queue.zookeeper.store import ZooKeeperBroker
-
-    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
-        (a if opened_here else b).queue("jobs")
-        b.queue("kept")
-        names = ZooKeeperBroker.names
-
-        def deleted_after_listing(self):
-            listed = names(self)
-            if self is a:
-                b.delete("jobs")  # another process deletes it between the listing and its collection
-            return listed
-
-        monkeypatch.setattr(ZooKeeperBroker, "names", deleted_after_listing)
-        assert a.gc() == {"kept": 0}
-        assert not b.exists("jobs") and b.client.exists(f"{b.path}/jobs") is None
-
-
 def test_settings_too_large_for_a_znode_are_refused_before_anything_is_written(broker) -> None:  # noqa: F811
     from journalq.errors import InvalidSettingError
 
