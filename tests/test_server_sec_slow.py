@@ -132,3 +132,21 @@ def test_the_hub_alone_raises_its_open_files_limit_too(tmp_path: Path, few_open_
         for s in idle:
             s.close()
         kill(hub)
+
+
+def test_a_client_that_reads_slowly_is_not_stalled() -> None:
+    """The rule under the cut-off: a client counts as stalled once it has taken nothing of an
+    answer for the limit; one that takes some between two looks is kept, however long the
+    transport's buffer stays over its high-water mark (a large answer to a slow client). Before,
+    the limit ran from the pause, whatever the client took meanwhile."""
+    from journalq.server.polling import AnswerStall
+
+    stall = AnswerStall(10.0)
+    assert stall.remaining(0.0, 0) is None  # not paused
+    stall.paused(0.0, 1_000_000)
+    assert stall.remaining(9.0, 1_000_000) == 1.0
+    assert stall.remaining(9.5, 900_000) == 10.0  # it took some: ten more seconds from now
+    assert stall.remaining(19.0, 900_000) == 0.5
+    assert stall.remaining(19.5, 900_000) == 0.0  # nothing taken for ten seconds
+    stall.resumed()
+    assert stall.remaining(30.0, 0) is None

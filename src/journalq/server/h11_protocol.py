@@ -21,7 +21,13 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from journalq.server.polling import DEFAULT_HEAD_TIMEOUT, app_attribute, slow_head_message, stop_long_polls
+from journalq.server.polling import (
+    DEFAULT_HEAD_TIMEOUT,
+    AnswerStall,
+    app_attribute,
+    slow_head_message,
+    stop_long_polls,
+)
 
 
 class StoppingH11Protocol(H11Protocol):
@@ -29,6 +35,7 @@ class StoppingH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self.head_timeout: float = app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
         self._head_timer: asyncio.TimerHandle | None = None
+        self._stall = AnswerStall(self.head_timeout)
         self._stall_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -49,16 +56,24 @@ class StoppingH11Protocol(H11Protocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._stall_timer is None:
-            self._stall_timer = self.loop.call_later(self.head_timeout, self._stalled)
+            self._stall.paused(self.loop.time(), self.transport.get_write_buffer_size())
+            self._stall_timer = self.loop.call_later(self.head_timeout, self._look_at_stall)
 
     def resume_writing(self) -> None:
         super().resume_writing()
+        self._stall.resumed()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None
 
-    def _stalled(self) -> None:
+    def _look_at_stall(self) -> None:
         self._stall_timer = None
+        remaining = self._stall.remaining(self.loop.time(), self.transport.get_write_buffer_size())
+        if remaining is None:
+            return
+        if remaining > 0:  # the client took some meanwhile: look again when it could be stalled
+            self._stall_timer = self.loop.call_later(remaining, self._look_at_stall)
+            return
         if not self.transport.is_closing():
             self.logger.warning("connection closed: its client took nothing of its answer for %g s", self.head_timeout)
         self.transport.abort()  # close() would wait for the buffer to drain: it never does

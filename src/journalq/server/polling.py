@@ -33,6 +33,35 @@ def slow_head_message(head_timeout: float) -> str:
     return f"the request head (request line and headers) took over {head_timeout:g} s"
 
 
+class AnswerStall:
+    """Whether a client has taken nothing of an answer for ``limit`` seconds (one that never
+    reads would hold its connection, its answers and its request slot for good), as pure logic
+    over the times and the transport's buffered bytes the protocol reports. A client that takes
+    any of it between two looks is not stalled, however slowly it reads: a large answer may
+    keep the buffer over its high-water mark for longer than ``limit``."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.since: float | None = None  # when the client last took some (or writing paused)
+        self._left = 0  # the bytes buffered then
+
+    def paused(self, now: float, left: int) -> None:
+        """Writing paused (the buffer over its high-water mark) at ``now``, ``left`` bytes buffered."""
+        self.since, self._left = now, left
+
+    def resumed(self) -> None:
+        self.since = None
+
+    def remaining(self, now: float, left: int) -> float | None:
+        """Seconds until the client counts as stalled, as of ``now`` with ``left`` bytes still
+        buffered: 0 once it is; None while writing is not paused."""
+        if self.since is None:
+            return None
+        if left < self._left:  # it took some since the last look
+            self.since, self._left = now, left
+        return max(0.0, self.since + self.limit - now)
+
+
 def stop_long_polls(app: Any) -> None:
     """Tell the application under uvicorn's middleware that the server is stopping: its
     ``stop_waiting()``, when it has one (journalq's app), ends its long polls within a slice. For

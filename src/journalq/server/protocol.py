@@ -26,7 +26,13 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from journalq.server.polling import DEFAULT_HEAD_TIMEOUT, app_attribute, slow_head_message, stop_long_polls
+from journalq.server.polling import (
+    DEFAULT_HEAD_TIMEOUT,
+    AnswerStall,
+    app_attribute,
+    slow_head_message,
+    stop_long_polls,
+)
 
 DEFAULT_MAX_HEAD = 16 * 1024
 """The limit when uvicorn's configuration gives none (h11's default)."""
@@ -117,9 +123,8 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         # last answer went out; None while a request is read or answered.
         self.idle_since: float | None = None
         self.head_timeout: float = app_attribute(self.app, "head_timeout") or DEFAULT_HEAD_TIMEOUT
-        # Loop time since when an answer waits for its client to take some of it (the transport's
-        # buffer over its high-water mark); None while it goes out.
-        self.stalled_since: float | None = None
+        # Whether an answer waits for a client that takes none of it (looked at by the sweep).
+        self.stall = AnswerStall(self.head_timeout)
 
     def shutdown(self) -> None:
         # uvicorn calls this on every connection once the server begins to stop, then waits for
@@ -190,20 +195,20 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        self.stalled_since = self.loop.time()
+        self.stall.paused(self.loop.time(), self.transport.get_write_buffer_size())
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self.stalled_since = None
+        self.stall.resumed()
 
     def timed_out(self, now: float) -> None:
         """Called by the sweep: close the connection if it has waited too long for a request, with
         a 408 if one had begun to come (its head unfinished), silently if none had; and if its
         client has taken nothing of an answer for ``head_timeout`` (a client that never reads would
         hold the connection, its answers and its request slot for good)."""
-        stalled = self.stalled_since
-        if stalled is not None and now - stalled >= self.head_timeout and not self.transport.is_closing():
-            self.stalled_since = None
+        stalled = self.stall.remaining(now, self.transport.get_write_buffer_size()) == 0
+        if stalled and not self.transport.is_closing():
+            self.stall.resumed()
             self.logger.warning("connection closed: its client took nothing of its answer for %g s", self.head_timeout)
             self.transport.abort()  # close() would wait for the buffer to drain: it never does
             return
