@@ -325,3 +325,22 @@ def test_a_recovery_says_the_last_kept_timestamp_only_when_it_read_one(tmp_path)
     assert "timestamp" not in str(Recovery(last_timestamp_ns=None, **base))
     stamped = str(Recovery(last_timestamp_ns=1_700_000_000_000_000_000, **base))
     assert "(where offset 7 was due; last message kept has timestamp 2023-11-14T22:13:20.000000000Z)" in stamped
+
+
+def test_check_repair_lists_the_index_that_the_recovery_rebuilt(tmp_path):
+    """``check --repair`` recovers the last segment as a writer does, and the writer rebuilds
+    that segment's missing or stale index as it opens it: the repair lists it as fixed, as it
+    lists every change it makes (it used to say nothing of it)."""
+    with Writer(tmp_path) as w:
+        w.append_many([b"v" * 40] * 1000)  # 66 KB: an index of several entries
+    segment = list_segments(tmp_path)[-1]
+    segment.index_path.unlink()
+    with open(segment.path, "ab") as f:
+        f.write(encode(1000, 0, 0, b"", b"torn")[:9])
+    report = check(tmp_path, repair=True)
+    kinds = {(p.kind, p.file, p.fixed) for p in report.problems}
+    assert ("tail", segment.path, True) in kinds
+    assert ("index", segment.index_path, True) in kinds
+    assert any("index is missing; rebuilt by the recovery" in p.reason for p in report.problems)
+    assert segment.index_path.exists()
+    assert check(tmp_path).problems == []  # and nothing is left

@@ -252,7 +252,15 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     """
     path = require_journal(path)
     report = CheckReport(path)
+    # The last segment's index problem before the recovery, which rebuilds that index as it opens
+    # the segment: reported as fixed by it (else the repair would change what it does not say).
+    before: tuple[Path, str] | None = None
     if repair:
+        listed = list_segments(path)
+        if listed:
+            last = listed[-1]
+            reason = _index_problem(last, scan_segment(last, 0, last.base))
+            before = None if reason is None else (last.index_path, reason)
         try:
             report.recoveries = _recover(path)
         except CorruptionError:
@@ -268,7 +276,11 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         report.messages += scan.next_offset - segment.base
         if scan.problem is not None:
             report.problems.append(_scan_problem(segment, scan, last=i == len(segments) - 1))
-        report.problems.extend(_check_index(segment, scan, repair))
+        index_problems = _check_index(segment, scan, repair)
+        if not index_problems and before is not None and before[0] == segment.index_path:
+            rebuilt = f"{before[1]}; rebuilt by the recovery"
+            index_problems = [Problem("index", segment.index_path, None, None, rebuilt, True)]
+        report.problems.extend(index_problems)
         # After damage the true end of a segment is unknown: a "gap" there would only echo it.
         due = scan.next_offset if scan.problem is None else None
     return report
