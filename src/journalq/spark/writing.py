@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from journalq.errors import Error, InvalidMessageError, OffsetOutOfRangeError
+from journalq.errors import CorruptionError, Error, InvalidMessageError, OffsetOutOfRangeError
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.offsets import end_offset
 from journalq.journal.segment import segment_bases
@@ -280,8 +280,8 @@ class CommitLog:
             except OffsetOutOfRangeError:
                 break
             done = False
-            for message in reversed(batch[: high - low]):
-                record = json.loads(message.value)
+            for index in range(min(len(batch), high - low) - 1, -1, -1):
+                record = self._record(batch[index].value, low + index)
                 if record.get("b", -1) < since_batch:
                     done = True
                     break
@@ -291,6 +291,18 @@ class CommitLog:
             high, window = low, min(window * 4, 65536)
         out.reverse()
         return out
+
+    def _record(self, value: bytes, offset: int) -> dict:
+        try:
+            record = json.loads(value)
+        except ValueError:  # not UTF-8, or not JSON
+            record = None
+        if not isinstance(record, dict):
+            raise CorruptionError(
+                f"the commit log {self.path} is damaged: the record at offset {offset} is not a JSON "
+                "object (written by something other than journalq's Spark sink?)"
+            )
+        return record
 
     def append(self, kind: int, record: dict) -> None:
         with Writer(self.path, shared=True, sync=self.sync, segment_size=self.SEGMENT_SIZE) as writer:
