@@ -65,3 +65,46 @@ def test_archived_files_are_synced_before_the_offset_commits(tmp_path: Path, mon
     assert str(placed) in synced or str(staging / "date=2026-01-02" / "part-0.parquet") in synced
     assert str(out) in synced  # the new date directory's entry
     assert str(out / "date=2026-01-02") in synced
+
+
+class _Failed(Exception):
+    pass
+
+
+class _Query:
+    """A streaming query's waiting methods: ``runs_forever`` (a processing-time trigger), or
+    failed with ``error``."""
+
+    def __init__(self, *, runs_forever: bool = False, error: Exception | None = None) -> None:
+        self.runs_forever, self.error, self.stopped = runs_forever, error, False
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        if self.error is not None:
+            raise self.error
+        if self.runs_forever and not self.stopped:
+            if timeout is None:
+                raise AssertionError("waited without end on a running query")
+            return False
+        return True if timeout is not None else None
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_wait_for_sees_the_second_query_fail_while_the_first_runs(tmp_path: Path) -> None:
+    # wait_for waited on the first query (which never ends under a processing-time trigger)
+    # before looking at the second: aggregate hung with its Parquet query dead.
+    from journalq.spark.pipelines import wait_for
+
+    running, failed = _Query(runs_forever=True), _Query(error=_Failed("parquet sink failed"))
+    with pytest.raises(_Failed, match="parquet sink failed"):
+        wait_for(None, [running, failed])
+    assert running.stopped
+
+
+def test_wait_for_returns_when_every_query_ended(tmp_path: Path) -> None:
+    from journalq.spark.pipelines import wait_for
+
+    queries = [_Query(), _Query()]
+    wait_for(None, queries)
+    assert not any(q.stopped for q in queries)

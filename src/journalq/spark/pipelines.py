@@ -355,9 +355,16 @@ def aggregate(spark: Any, settings: AggregateSettings, *, wait: bool = True) -> 
 
 def wait_for(spark: Any, queries: list[Any]) -> None:
     """Wait until every query ended; if one fails, stop the others and raise its error."""
+    pending = list(queries)
     try:
-        for query in queries:
-            query.awaitTermination()
+        while pending:
+            # In turn, a second at a time: waiting on one query alone would miss another failing.
+            for query in list(pending):
+                if len(pending) == 1:
+                    query.awaitTermination()  # raises when it failed
+                    pending.remove(query)
+                elif query.awaitTermination(1):
+                    pending.remove(query)
     except BaseException:
         for query in queries:
             try:
