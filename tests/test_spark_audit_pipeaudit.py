@@ -108,3 +108,27 @@ def test_wait_for_returns_when_every_query_ended(tmp_path: Path) -> None:
     queries = [_Query(), _Query()]
     wait_for(None, queries)
     assert not any(q.stopped for q in queries)
+
+
+def test_a_timestamp_sej_cannot_hold_is_refused_before_any_append(tmp_path: Path) -> None:
+    # TIMESTAMP reaches year 9999; sej's nanoseconds end in 2262. The row failed only in the
+    # append, after the task's other shards (and earlier Arrow batches) were already appended.
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from journalq.spark.writing import WriteError, WriteSpec, batch_messages
+
+    spec = WriteSpec(("value", "timestamp"))
+    utc = dt.timezone.utc
+    stamps = [dt.datetime(2020, 1, 1, tzinfo=utc), dt.datetime(3000, 1, 1, tzinfo=utc)]
+    batch = pa.RecordBatch.from_pydict(
+        {"value": [b"a", b"b"], "timestamp": pa.array(stamps, pa.timestamp("us", tz="UTC"))}
+    )
+    with pytest.raises(WriteError, match="timestamp .*3000-01-01.* 2262"):
+        batch_messages(batch, spec)
+    # timestamp_ns wins over timestamp: then the row is fine.
+    spec_ns = WriteSpec(("value", "timestamp", "timestamp_ns"))
+    with_ns = batch.append_column("timestamp_ns", pa.array([None, 5], pa.int64()))
+    messages, _ = batch_messages(with_ns, spec_ns)
+    assert [m.timestamp_ns for m in messages] == [1_577_836_800_000_000_000, 5]

@@ -28,9 +28,10 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from journalq.errors import CorruptionError, Error, InvalidMessageError, OffsetOutOfRangeError
+from journalq.errors import ZERO_TIMESTAMP, CorruptionError, Error, InvalidMessageError, OffsetOutOfRangeError
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.offsets import end_offset
 from journalq.journal.segment import segment_bases
@@ -149,9 +150,22 @@ def batch_messages(batch, spec: WriteSpec) -> tuple[list[Message], list[bytes]]:
     if "timestamp_ns" in spec.columns:
         exact = column("timestamp_ns").to_pylist()
         stamps = [e if e is not None else s for e, s in zip(exact, stamps)]
+    if "timestamp" in spec.columns:  # timestamp_ns, a BIGINT, always fits
+        _check_stamps(stamps)
     new = tuple.__new__
     messages = [new(Message, (0, t, ty, k, v)) for t, ty, k, v in zip(stamps, types, keys, values)]
     return messages, keys
+
+
+def _check_stamps(stamps: list[int | None]) -> None:
+    """Refuse, before anything is appended, a TIMESTAMP outside sej's int64 nanoseconds."""
+    bad = next((s for s in stamps if s is not None and not ZERO_TIMESTAMP < s < 2**63), None)
+    if bad is not None:
+        when = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=bad // 1000)
+        raise WriteError(
+            f"a timestamp of {when.isoformat()} cannot be stored: sej keeps nanoseconds since the "
+            "epoch in 64 bits, 1677-09-21 to 2262-04-11 UTC"
+        )
 
 
 def group_by_shard(target: Target, messages: list[Message], keys: list[bytes]) -> dict[str, tuple[Path, list[Message]]]:
