@@ -132,3 +132,15 @@ def test_a_timestamp_sej_cannot_hold_is_refused_before_any_append(tmp_path: Path
     with_ns = batch.append_column("timestamp_ns", pa.array([None, 5], pa.int64()))
     messages, _ = batch_messages(with_ns, spec_ns)
     assert [m.timestamp_ns for m in messages] == [1_577_836_800_000_000_000, 5]
+
+
+def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
+    # A join's two "key" (or "value") columns: the write silently took the first one.
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    from journalq.spark.writing import WriteError, check_schema
+
+    schema = StructType([StructField("value", BinaryType()), StructField("key", StringType()),
+                         StructField("key", BinaryType())])
+    with pytest.raises(WriteError, match="key .*more than once"):
+        check_schema(schema)

@@ -71,6 +71,12 @@ def check_schema(schema) -> WriteSpec:
     )
 
     fields = {f.name: f.dataType for f in schema.fields}
+    twice = sorted(name for name, count in Counter(schema.fieldNames()).items() if count > 1 and name in WRITABLE)
+    if twice:
+        raise WriteError(
+            f"column(s) {', '.join(twice)} appear more than once (a join's?): "
+            "select or rename the one to write"
+        )
     if "value" not in fields:
         raise WriteError(
             "a DataFrame appended to a journal needs a value column (BINARY or STRING); "
