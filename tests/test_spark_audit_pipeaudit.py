@@ -144,3 +144,16 @@ def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
                          StructField("key", BinaryType())])
     with pytest.raises(WriteError, match="key .*more than once"):
         check_schema(schema)
+
+
+def test_an_empty_write_id_is_refused_not_ignored(tmp_path: Path) -> None:
+    # writeId="" (an id from an empty variable) silently made the write a plain append, so a
+    # rerun appended everything again.
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from journalq.spark.source import JournalWriter
+
+    schema = StructType([StructField("value", BinaryType())])
+    with pytest.raises(Error, match="writeId"):
+        JournalWriter({"path": str(tmp_path / "j"), "writeId": ""}, schema, False)
+    assert JournalWriter({"path": str(tmp_path / "j"), "writeId": "w1"}, schema, False).write_id == "w1"
