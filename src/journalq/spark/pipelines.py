@@ -15,6 +15,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -457,7 +458,9 @@ def import_files(
     if log.committed(0):
         return ImportResult(str(target.path), len(files), 0, write_id, skipped=True)
 
-    names = [str(p) for p in files]
+    # input_files found these files: Spark must not expand "[", "*", ... in their names as globs
+    # (its option __globPaths__=false reads a file twice when another matches the pattern).
+    names = [re.sub(r"([{}\[\]*?\\])", r"\\\1", str(p)) for p in files]
     if fmt == "jsonl":
         lines = spark.read.text(names).where(F.trim("value") != "")
         line = F.col("value")
