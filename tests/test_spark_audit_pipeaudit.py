@@ -91,7 +91,7 @@ class _Query:
         self.stopped = True
 
 
-def test_wait_for_sees_the_second_query_fail_while_the_first_runs(tmp_path: Path) -> None:
+def test_wait_for_sees_the_second_query_fail_while_the_first_runs() -> None:
     # wait_for waited on the first query (which never ends under a processing-time trigger)
     # before looking at the second: aggregate hung with its Parquet query dead.
     from journalq.spark.pipelines import wait_for
@@ -102,7 +102,7 @@ def test_wait_for_sees_the_second_query_fail_while_the_first_runs(tmp_path: Path
     assert running.stopped
 
 
-def test_wait_for_returns_when_every_query_ended(tmp_path: Path) -> None:
+def test_wait_for_returns_when_every_query_ended() -> None:
     from journalq.spark.pipelines import wait_for
 
     queries = [_Query(), _Query()]
@@ -134,7 +134,7 @@ def test_a_timestamp_sej_cannot_hold_is_refused_before_any_append(tmp_path: Path
     assert [m.timestamp_ns for m in messages] == [1_577_836_800_000_000_000, 5]
 
 
-def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
+def test_a_column_named_twice_is_refused() -> None:
     # A join's two "key" (or "value") columns: the write silently took the first one.
     from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
