@@ -15,6 +15,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 from journalq.errors import Error
 from journalq.journal.offsets import ReaderOffset, end_offset
-from journalq.journal.recovery import fsync_dir
+from journalq.journal.recovery import fsync_dir, make_dirs
 from journalq.spark.reading import DataLossError, first_offset
 from journalq.spark.targets import for_writing, resolve
 from journalq.spark.writing import CommitLog
@@ -182,24 +183,37 @@ def _remove_leftovers(out: Path, committed: int) -> int:
     return removed
 
 
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _move_into_place(staging: Path, out: Path, prefix: str) -> tuple[int, list[str]]:
+    """Move a run's files from ``staging`` into ``out``, durably: Spark does not sync what it
+    writes, and the reader offset is committed right after this."""
     moved = 0
     dates = set()
-    touched = set()
+    touched = {out}
     for directory, _, files in os.walk(staging):
         relative = Path(directory).relative_to(staging)
         for name in sorted(files):
             if name.startswith((".", "_")):
                 continue  # checksums, _SUCCESS
             destination = out / relative
-            destination.mkdir(parents=True, exist_ok=True)
-            os.replace(os.path.join(directory, name), destination / f"{prefix}{name}")
+            make_dirs(destination, durable=True)
+            source = os.path.join(directory, name)
+            _fsync_file(source)
+            os.replace(source, destination / f"{prefix}{name}")
             touched.add(destination)
             moved += 1
             if relative.parts:
                 dates.add(relative.parts[0].split("=", 1)[-1])
     for directory in touched:
         fsync_dir(directory)
+    fsync_dir(out.parent)  # Spark may have made ``out`` for this run
     return moved, sorted(dates)
 
 
@@ -342,9 +356,16 @@ def aggregate(spark: Any, settings: AggregateSettings, *, wait: bool = True) -> 
 
 def wait_for(spark: Any, queries: list[Any]) -> None:
     """Wait until every query ended; if one fails, stop the others and raise its error."""
+    pending = list(queries)
     try:
-        for query in queries:
-            query.awaitTermination()
+        while pending:
+            # In turn, a second at a time: waiting on one query alone would miss another failing.
+            for query in list(pending):
+                if len(pending) == 1:
+                    query.awaitTermination()  # raises when it failed
+                    pending.remove(query)
+                elif query.awaitTermination(1):
+                    pending.remove(query)
     except BaseException:
         for query in queries:
             try:
@@ -437,7 +458,9 @@ def import_files(
     if log.committed(0):
         return ImportResult(str(target.path), len(files), 0, write_id, skipped=True)
 
-    names = [str(p) for p in files]
+    # input_files found these files: Spark must not expand "[", "*", ... in their names as globs
+    # (its option __globPaths__=false reads a file twice when another matches the pattern).
+    names = [re.sub(r"([{}\[\]*?\\])", r"\\\1", str(p)) for p in files]
     if fmt == "jsonl":
         lines = spark.read.text(names).where(F.trim("value") != "")
         line = F.col("value")

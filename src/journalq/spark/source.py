@@ -516,8 +516,10 @@ class JournalWriter(DataSourceArrowWriter):
     write with the same id (a retried job, a rerun) finds it committed and appends nothing."""
 
     def __init__(self, options, schema, overwrite: bool) -> None:
-        self.spec, self.target, self.sync, self.segment_size = _write_setup(options, schema, overwrite)
         self.write_id = opts.get(options, "writeId")
+        if self.write_id == "":  # an id from an empty variable: not a plain append, silently
+            raise opts.OptionError("option writeId is empty: give the write an id, or leave the option out")
+        self.spec, self.target, self.sync, self.segment_size = _write_setup(options, schema, overwrite)
 
     def write(self, iterator) -> JournalCommit:
         from pyspark import TaskContext

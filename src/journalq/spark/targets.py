@@ -121,6 +121,8 @@ def for_writing(
     """The target at ``path`` for appending, created when missing (see the module's docstring)."""
     where = _topic_path(path, topic)
     if topic is not None:
+        if shard_bit is not None:
+            raise Error(f"{where} is a topic: its shards are its settings; leave out the option shardBit")
         if not (where / SETTINGS_FILE).is_file():
             from journalq.queue.broker import Broker
 

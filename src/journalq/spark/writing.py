@@ -28,9 +28,10 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from journalq.errors import Error, InvalidMessageError, OffsetOutOfRangeError
+from journalq.errors import ZERO_TIMESTAMP, CorruptionError, Error, InvalidMessageError, OffsetOutOfRangeError
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.offsets import end_offset
 from journalq.journal.segment import segment_bases
@@ -70,6 +71,12 @@ def check_schema(schema) -> WriteSpec:
     )
 
     fields = {f.name: f.dataType for f in schema.fields}
+    twice = sorted(name for name, count in Counter(schema.fieldNames()).items() if count > 1 and name in WRITABLE)
+    if twice:
+        raise WriteError(
+            f"column(s) {', '.join(twice)} appear more than once (a join's?): "
+            "select or rename the one to write"
+        )
     if "value" not in fields:
         raise WriteError(
             "a DataFrame appended to a journal needs a value column (BINARY or STRING); "
@@ -149,9 +156,22 @@ def batch_messages(batch, spec: WriteSpec) -> tuple[list[Message], list[bytes]]:
     if "timestamp_ns" in spec.columns:
         exact = column("timestamp_ns").to_pylist()
         stamps = [e if e is not None else s for e, s in zip(exact, stamps)]
+    if "timestamp" in spec.columns:  # timestamp_ns, a BIGINT, always fits
+        _check_stamps(stamps)
     new = tuple.__new__
     messages = [new(Message, (0, t, ty, k, v)) for t, ty, k, v in zip(stamps, types, keys, values)]
     return messages, keys
+
+
+def _check_stamps(stamps: list[int | None]) -> None:
+    """Refuse, before anything is appended, a TIMESTAMP outside sej's int64 nanoseconds."""
+    bad = next((s for s in stamps if s is not None and not ZERO_TIMESTAMP < s < 2**63), None)
+    if bad is not None:
+        when = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=bad // 1000)
+        raise WriteError(
+            f"a timestamp of {when.isoformat()} cannot be stored: sej keeps nanoseconds since the "
+            "epoch in 64 bits, 1677-09-21 to 2262-04-11 UTC"
+        )
 
 
 def group_by_shard(target: Target, messages: list[Message], keys: list[bytes]) -> dict[str, tuple[Path, list[Message]]]:
@@ -280,8 +300,8 @@ class CommitLog:
             except OffsetOutOfRangeError:
                 break
             done = False
-            for message in reversed(batch[: high - low]):
-                record = json.loads(message.value)
+            for index in range(min(len(batch), high - low) - 1, -1, -1):
+                record = self._record(batch[index].value, low + index)
                 if record.get("b", -1) < since_batch:
                     done = True
                     break
@@ -291,6 +311,18 @@ class CommitLog:
             high, window = low, min(window * 4, 65536)
         out.reverse()
         return out
+
+    def _record(self, value: bytes, offset: int) -> dict:
+        try:
+            record = json.loads(value)
+        except ValueError:  # not UTF-8, or not JSON
+            record = None
+        if not isinstance(record, dict):
+            raise CorruptionError(
+                f"the commit log {self.path} is damaged: the record at offset {offset} is not a JSON "
+                "object (written by something other than journalq's Spark sink?)"
+            )
+        return record
 
     def append(self, kind: int, record: dict) -> None:
         with Writer(self.path, shared=True, sync=self.sync, segment_size=self.SEGMENT_SIZE) as writer:
