@@ -588,6 +588,9 @@ def test_every_sync_policy_the_help_gives_is_taken(tmp_path: Path, policy: str) 
         (("hub", "push", "--to", "http://127.0.0.1:1", "--client-id", "c"), ("Missing argument 'DIR...'",)),
         (("serve", "--port", "65536"), ("Invalid value for '--port'", "see 'journalq serve --help'")),
         (("pipeline", "archive", "--bogus"), ("No such option '--bogus'", "see 'journalq pipeline archive --help'")),
+        # CSV-only options with another format: refused before Spark starts, not ignored
+        (("pipeline", "import", "--journal", "j", "--format", "jsonl", "--no-header", "in.jsonl"),
+         ("--no-header and --infer-schema are for --format csv, not jsonl",)),
     ],
 )
 def test_a_usage_error_is_a_one_line_error(tmp_path: Path, args: tuple[str, ...], needles: tuple[str, ...]) -> None:

@@ -209,6 +209,8 @@ def import_(data: Path | None, topic: str | None, journal: Path | None, fmt: str
     """
     from journalq.spark.pipelines import import_files, input_files
 
+    if fmt != "csv" and (no_header or infer_schema):  # before Spark starts, and not ignored
+        raise click.UsageError(f"--no-header and --infer-schema are for --format csv, not {fmt}")
     result = _run(spark_settings, "import", lambda spark: import_files(
         spark, list(inputs), fmt, journal=_str(journal), data=_str(data), topic=topic,
         key_field=key_field, timestamp_field=timestamp_field, header=not no_header,
