@@ -4,6 +4,7 @@ the metrics count, when its store fails part-way."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from test_server_metrics import value
 from test_server_rest import _families
 
-from journalq.errors import LockedError
+from journalq.errors import LockedError, StorageError
 from journalq.server.app import create_app
 from journalq.server.config import ServerConfig
 
@@ -58,3 +59,46 @@ def test_a_rest_batch_stored_in_part_answers_the_stored_201_and_counts_them(
     assert all(a.status_code >= 500 for a in answers if a.status_code != 201), [a.status_code for a in answers]
     assert sorted(received) == sorted(a.request.content for a in stored)
     assert value(_families(metrics), "journalq_messages_in", "journalq_messages_in_total", queue="q") == len(stored)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["stored", "store failed"])
+def test_an_answer_that_cannot_be_given_keeps_no_other_request_of_its_batch_waiting(fails: bool) -> None:
+    """The direct path answers from the batch's callbacks; writing to a connection whose client
+    went away raises (uvloop: "the handler is closed", for a request pipelined before another
+    whose cycle took the disconnection). Before, that exception left ``_drain``: the requests
+    after it in the batch, and those that came meanwhile, were never answered."""
+    from journalq.server.batching import SendBatcher
+
+    async def store(queue: str, bodies: Sequence[bytes]) -> list[str]:
+        await asyncio.sleep(0)
+        if fails:
+            raise StorageError("disk full")
+        return [body.decode() for body in bodies]
+
+    async def main() -> dict[str, object]:
+        batcher: SendBatcher[bytes, str] = SendBatcher(store)
+        answered: dict[str, object] = {}
+        every = asyncio.Event()
+
+        def answer(name: str) -> Callable[[object], None]:
+            def done(outcome: object) -> None:
+                if name == "gone":
+                    raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+                answered[name] = outcome
+                if len(answered) == 3:
+                    every.set()
+            return done
+
+        for name in ("first", "gone", "after"):
+            batcher.submit("q", name.encode(), answer(name))
+        await asyncio.sleep(0)  # the store begins
+        batcher.submit("q", b"meanwhile", answer("meanwhile"))
+        await asyncio.wait_for(every.wait(), 5)
+        return answered
+
+    answered = asyncio.run(main())
+    if fails:
+        assert sorted(answered) == ["after", "first", "meanwhile"]
+        assert all(isinstance(outcome, StorageError) for outcome in answered.values())
+    else:
+        assert answered == {"first": "first", "after": "after", "meanwhile": "meanwhile"}
