@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+
+import pytest
 
 from test_server_metrics import value
 from test_server_rest import _families
@@ -23,3 +26,26 @@ def test_an_unknown_http_method_is_not_a_latency_label_of_its_own() -> None:
     assert operations == {"OTHER unrouted", "GET unrouted"}
     assert value(families, "journalq_request_seconds", count, api="service", operation="OTHER unrouted",
                  status="404") == 3
+
+
+def test_a_scrape_while_the_queues_cannot_be_listed_still_gives_the_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue gauges are read at the scrape from the data directory. Before, a directory that
+    refused to be listed (EACCES, a storage gone) failed the whole scrape: the counters, latencies
+    and syncs went missing with the gauges. Now the scrape leaves the gauges out (as it does a
+    queue that cannot be read) and gives the rest."""
+    from journalq.queue import Broker
+    from journalq.server.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.watch(Broker(tmp_path))
+    metrics.counted(metrics.messages_in, "q").inc(3)
+
+    def refused(self: Broker) -> list[str]:
+        raise PermissionError(13, "Permission denied", str(self.root))
+
+    monkeypatch.setattr(Broker, "names", refused)
+    families = _families(metrics.render().decode())
+    assert value(families, "journalq_messages_in", "journalq_messages_in_total", queue="q") == 3
+    assert families["journalq_queue_available"].samples == []

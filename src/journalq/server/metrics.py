@@ -283,7 +283,11 @@ class _ScrapeTime:
                 ("oldest_age_seconds", "Age of the oldest message not yet deleted."),
             )
         }
-        for name in broker.names():
+        try:
+            names = broker.names()
+        except Exception:  # the queues cannot be listed (readyz says why): the rest of the scrape still counts
+            names = []
+        for name in names:
             try:
                 stats = broker.queue(name, create=False).stats()
             except Exception:  # a queue deleted meanwhile, or unreadable: leave it out of this scrape
