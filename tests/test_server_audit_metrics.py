@@ -1,4 +1,5 @@
-"""Audit of /metrics: label values that a client chooses must not grow the series without bound."""
+"""Audit of /metrics: label values that a client chooses must not grow the series without bound, and
+what the scrape reads from the data directory must not fail the rest of it."""
 
 from __future__ import annotations
 
