@@ -137,7 +137,7 @@ def create_app(config: ServerConfig) -> App:
     def broker() -> Broker:
         return broker_box[0]
 
-    def send_bodies(queue: str, bodies: Sequence[bytes]) -> list[str | HTTPProblem]:
+    def send_bodies(queue: str, bodies: Sequence[bytes]) -> list[str | Exception]:
         found = broker().queue(queue, create=False)
         if found.settings.fifo:
             # SQS's FIFO queues take a message only with its group id, which REST has no place
@@ -147,16 +147,18 @@ def create_app(config: ServerConfig) -> App:
             return [refusal] * len(bodies)
         return list(found.send_many(bodies))
 
-    async def store(queue: str, bodies: Sequence[bytes]) -> list[str | HTTPProblem]:
+    async def store(queue: str, bodies: Sequence[bytes]) -> list[str | Exception]:
         try:
-            ids: list[str | HTTPProblem] = await blocking(send_bodies, queue, bodies, storing=True)
-        except HTTPProblem as problem:
-            partial = problem.__cause__
+            ids: list[str | Exception] = await blocking(send_bodies, queue, bodies, storing=True)
+        except (HTTPProblem, PartialSendError) as exc:
+            partial = exc if isinstance(exc, PartialSendError) else exc.__cause__
             if not isinstance(partial, PartialSendError):
                 raise
             # A sharded queue stored part of the batch: those are answered as stored (a client
-            # that got 503 would send them again), the others get the 503.
-            ids = [problem if message_id is None else message_id for message_id in partial.ids]
+            # that got an error would send them again), the others get the 503 (a storage
+            # failure's, made by ``blocking``) or the error that stopped the send.
+            unsent = exc if isinstance(exc, HTTPProblem) else partial.cause
+            ids = [unsent if message_id is None else message_id for message_id in partial.ids]
         counts.counted(counts.messages_in, queue).inc(sum(isinstance(i, str) for i in ids))  # once a batch
         return ids
 

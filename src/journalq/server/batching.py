@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+Done = Callable[[Result | BaseException], None]
+
+log = logging.getLogger("journalq.server")
 
 
 class SendBatcher(Generic[Item, Result]):
@@ -45,8 +50,9 @@ class SendBatcher(Generic[Item, Result]):
     def submit(self, queue: str, item: Item, done: Callable[[Result | BaseException], None]) -> None:
         """``send`` without a future: ``done(outcome)`` is called on the event loop once the batch
         holding ``item`` is stored, with its result or the exception that refused it (for the
-        server's direct path, which answers from a callback instead of a task). ``done`` must not
-        raise."""
+        server's direct path, which answers from a callback instead of a task). ``done`` should
+        not raise: one that does is logged, and the other sends of its batch are answered all the
+        same."""
         self._waiting.setdefault(queue, []).append((item, done))
         if queue not in self._storing:
             self._storing.add(queue)
@@ -63,15 +69,26 @@ class SendBatcher(Generic[Item, Result]):
                     if len(results) != len(batch):
                         raise RuntimeError(f"storing {len(batch)} sends to {queue!r} gave {len(results)} results")
                 except BaseException as exc:  # the batch failed as a whole: so does each send
-                    for _, done in batch:
-                        done(exc)
+                    _settle_each(batch, itertools.repeat(exc), queue)
                     if not isinstance(exc, Exception):
                         raise
                 else:
-                    for (_, done), result in zip(batch, results):
-                        done(result)
+                    _settle_each(batch, results, queue)
         finally:
             self._storing.discard(queue)
+
+
+def _settle_each(
+    batch: Sequence[tuple[object, Done[Result]]], outcomes: Iterable[Result | BaseException], queue: str
+) -> None:
+    """``done(outcome)`` for each send of ``batch``. A ``done`` that raises (the direct path
+    writing to a connection its client closed) is logged: leaving ``_drain`` on it left the rest
+    of the batch, and the sends that came meanwhile, never answered."""
+    for (_, done), outcome in zip(batch, outcomes):
+        try:
+            done(outcome)
+        except Exception:
+            log.exception("answering a send to %r failed", queue)
 
 
 def _settle(future: asyncio.Future[Result], outcome: Result | BaseException) -> None:

@@ -54,6 +54,9 @@ SQS_ACTIONS = frozenset(
 """The operation labels of SQS requests. Any other ``X-Amz-Target`` is labelled ``other``: the
 header comes from the client (before any authentication), and label values must not grow
 without bound."""
+HTTP_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"))
+"""The methods that a REST or service operation's label names; any other is labelled ``OTHER``
+(a method is any token the client chooses)."""
 
 
 MULTIPROCESS_DIRECTORY = "PROMETHEUS_MULTIPROC_DIR"
@@ -128,7 +131,8 @@ class Metrics:
             operation = scope.get("journalq.operation")  # set by the app's hot path
             if operation is None:
                 path = getattr(scope.get("route"), "path", None) or "unrouted"
-                operation = f"{scope['method']} {path}"
+                method = scope["method"]
+                operation = f"{method if method in HTTP_METHODS else 'OTHER'} {path}"
             api = "rest" if "{queue}" in operation else "service"
         self.note(api, operation, status, time.perf_counter() - started)
 
@@ -279,7 +283,11 @@ class _ScrapeTime:
                 ("oldest_age_seconds", "Age of the oldest message not yet deleted."),
             )
         }
-        for name in broker.names():
+        try:
+            names = broker.names()
+        except Exception:  # the queues cannot be listed (readyz says why): the rest of the scrape still counts
+            names = []
+        for name in names:
             try:
                 stats = broker.queue(name, create=False).stats()
             except Exception:  # a queue deleted meanwhile, or unreadable: leave it out of this scrape
