@@ -647,3 +647,22 @@ def test_a_plain_sends_answer_is_its_dict_through_the_encoder(tmp_path: Path) ->
         expected = app_module._whole(200, app_module._json_text(plain_answer(message_id, md5)).encode(),
                                      [app_module._AMZ_JSON])
         assert app_module._plain_sent_answer(message_id, md5) == expected
+
+
+def test_an_answer_to_a_connection_that_is_closing_is_not_written() -> None:
+    """A pipelined request's cycle is not told that its client went away (uvicorn marks the one
+    under way), but the transport is closing: its direct answer is not written, since uvloop
+    raises on a write to a lost connection (which failed the answering of its whole batch)."""
+    from types import SimpleNamespace
+
+    class LostTransport:
+        def is_closing(self) -> bool:
+            return True
+
+        def write(self, data: bytes) -> None:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+    protocol = SimpleNamespace(transport=LostTransport())
+    cycle = SimpleNamespace(disconnected=False, response_complete=False, keep_alive=True)
+    DirectHttpToolsProtocol._answer(protocol, cycle, 200, [], b"{}")  # type: ignore[arg-type]
+    assert not cycle.response_complete

@@ -294,7 +294,9 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
     def _answer(
         self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> None:
-        if cycle.disconnected or cycle.response_complete:  # the client went away meanwhile
+        # The client went away meanwhile (a pipelined request's cycle is not told: the transport
+        # is, and uvloop raises on a write to a lost connection).
+        if cycle.disconnected or cycle.response_complete or self.transport.is_closing():
             return
         cycle.response_started = True
         if _CLOSE in headers:
