@@ -42,22 +42,15 @@ def test_archived_files_are_synced_before_the_offset_commits(tmp_path: Path, mon
     # Spark's local file writes are not fsynced: the archiver committed its reader offset while
     # the Parquet files' data (and a new date directory's entry in the output) could still be
     # lost in a power cut, losing those messages from the archive for good.
-    import os
-
     from journalq.spark import pipelines
 
     staging, out = tmp_path / "out" / "_staging" / "run", tmp_path / "out"
     (staging / "date=2026-01-02").mkdir(parents=True)
     (staging / "date=2026-01-02" / "part-0.parquet").write_bytes(b"data")
     (staging / "date=2026-01-02" / ".part-0.parquet.crc").write_bytes(b"crc")
-    synced: list[str] = []
-    real_fsync = os.fsync
+    from test_queue_deletion import _synced_paths
 
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = _synced_paths(monkeypatch)
     moved, dates = pipelines._move_into_place(staging, out, "jq-1-2-")
     assert (moved, dates) == (1, ["2026-01-02"])
     placed = out / "date=2026-01-02" / "jq-1-2-part-0.parquet"
