@@ -125,6 +125,17 @@ def test_a_timestamp_sej_cannot_hold_is_refused_before_any_append(tmp_path: Path
     with_ns = batch.append_column("timestamp_ns", pa.array([None, 5], pa.int64()))
     messages, _ = batch_messages(with_ns, spec_ns)
     assert [m.timestamp_ns for m in messages] == [1_577_836_800_000_000_000, 5]
+    # The zero time (sej's "no timestamp", int64's least) as a read gives it back: a NULL
+    # timestamp and its timestamp_ns. A copy of a journal writes it as it was.
+    from journalq.errors import ZERO_TIMESTAMP
+
+    zero = pa.RecordBatch.from_pydict({
+        "value": [b"a"],
+        "timestamp": pa.array([None], pa.timestamp("us", tz="UTC")),
+        "timestamp_ns": pa.array([ZERO_TIMESTAMP], pa.int64()),
+    })
+    messages, _ = batch_messages(zero, spec_ns)
+    assert [m.timestamp_ns for m in messages] == [ZERO_TIMESTAMP]
 
 
 def test_a_column_named_twice_is_refused() -> None:

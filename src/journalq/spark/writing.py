@@ -165,7 +165,7 @@ def batch_messages(batch, spec: WriteSpec) -> tuple[list[Message], list[bytes]]:
 
 def _check_stamps(stamps: list[int | None]) -> None:
     """Refuse, before anything is appended, a TIMESTAMP outside sej's int64 nanoseconds."""
-    bad = next((s for s in stamps if s is not None and not ZERO_TIMESTAMP < s < 2**63), None)
+    bad = next((s for s in stamps if s is not None and not ZERO_TIMESTAMP <= s < 2**63), None)
     if bad is not None:
         when = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=bad // 1000)
         raise WriteError(
