@@ -25,7 +25,7 @@ from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD, Message, decode
 from journalq.journal.recovery import Recovery, misnamed
 from journalq.journal.scanner import Scanner
-from journalq.journal.segment import Segment, SegmentScan, journal_dir, list_segments, scan_segment
+from journalq.journal.segment import Segment, SegmentScan, gap_reason, journal_dir, list_segments, scan_segment
 from journalq.journal.writer import Writer
 
 __all__ = [
@@ -305,14 +305,13 @@ def _recovery_problem(recovery: Recovery) -> Problem:
 
 
 def _gap_problem(segment: Segment, due: int) -> Problem:
-    what = "missing" if segment.base > due else "stored twice"
     return Problem(
         "journal",
         segment.path,
         0,
         segment.base,
         f"segment starts at offset {segment.base} but the previous one ends before offset {due}: "
-        f"offsets {min(due, segment.base)}-{max(due, segment.base) - 1} are {what}",
+        f"{gap_reason(due, segment.base)}",
     )
 
 

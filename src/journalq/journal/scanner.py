@@ -22,6 +22,7 @@ from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
     confirms,
+    gap_reason,
     journal_dir,
     scan_segment,
     segment_at,
@@ -297,10 +298,9 @@ class Scanner(Closing):
     def _gap(self) -> CorruptionError:
         due, base = self._next, self._next_base
         assert base is not None
-        what = "missing" if base > due else "stored twice"
         return CorruptionError(
             f"the segment ends before offset {due} but the next one starts at offset {base}: "
-            f"offsets {min(due, base)}-{max(due, base) - 1} are {what}",
+            f"{gap_reason(due, base)}",
             file=self._segment.path,
             position=self._pos,
             offset=due,

@@ -145,6 +145,13 @@ def confirms(fd: int, offset: int, position: int) -> bool:
     return OVERHEAD <= before <= position and _framed_at(near, position - before) == (offset - 1, before)
 
 
+def gap_reason(due: int, base: int) -> str:
+    """What a segment starting at ``base`` where offset ``due`` was due leaves out (or holds
+    again): for the scanner's error and ``check``'s problem alike."""
+    what = "missing" if base > due else "stored twice"
+    return f"offsets {min(due, base)}-{max(due, base) - 1} are {what}"
+
+
 READ_CHUNK = 1 << 20
 
 
