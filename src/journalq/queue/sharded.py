@@ -34,7 +34,6 @@ hidden message of any shard comes back.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import os
 import re
 import threading
@@ -55,13 +54,13 @@ from journalq.errors import (
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir
-from journalq.journal.segment import Segment, journal_dir, list_segments
+from journalq.journal.segment import journal_dir, list_segments
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
 from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task, check_receipt_list
 from journalq.queue.removal import remove_directory
 from journalq.queue.settings import QueueSettings, check_number
-from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory, last_timestamp
+from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory, size_cuts
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
@@ -351,7 +350,7 @@ class ShardedTopic(TopicDirectory):
         limit = self.settings.retention_bytes
         while True:
             try:
-                return _size_cuts([list_segments(shard.path) for shard in self.shards], limit or 0)
+                return size_cuts([list_segments(shard.path) for shard in self.shards], limit or 0)
             except FileNotFoundError:
                 continue  # a segment listed was deleted meanwhile (another process's gc): list again
 
@@ -370,25 +369,6 @@ class ShardedTopic(TopicDirectory):
         for shard in self.shards:
             shard.close()
         self._let_go_of_directory()
-
-
-def _size_cuts(listed: list[list[Segment]], limit: int) -> list[int]:
-    """``ShardedTopic.size_cuts`` over the segments ``listed`` per shard."""
-    sizes = [[segment.path.stat().st_size for segment in segments] for segments in listed]
-    total = sum(map(sum, sizes))
-    cuts = [0] * len(listed)
-    first = [0] * len(listed)  # per shard, the oldest segment not let go yet
-    # Each shard's oldest segment that may go (not its last), by its newest message.
-    candidates = [(last_timestamp(segments[0]), i) for i, segments in enumerate(listed) if len(segments) > 1]
-    heapq.heapify(candidates)
-    while total > limit and candidates:
-        _, i = heapq.heappop(candidates)
-        total -= sizes[i][first[i]]
-        first[i] += 1
-        cuts[i] = listed[i][first[i]].base
-        if first[i] < len(listed[i]) - 1:
-            heapq.heappush(candidates, (last_timestamp(listed[i][first[i]]), i))
-    return cuts
 
 
 # -- channels and queues --------------------------------------------------------------------------

@@ -9,11 +9,12 @@ segments once every channel is done with them, or once retention says they have 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -401,18 +402,15 @@ class Topic(TopicDirectory):
         segments kept (0 when none was deleted). ``FileNotFoundError``: a segment listed is gone."""
         segments = list_segments(self.path)
         settings = self.settings
-        sizes = [s.path.stat().st_size for s in segments]
-        total = sum(sizes)
+        if size_kept_from is None and settings.retention_bytes is not None:
+            size_kept_from = size_cuts([segments], settings.retention_bytes)[0]
         kept_from = 0
-        for segment, following, size in zip(segments, segments[1:], sizes):
+        for segment, following in zip(segments, segments[1:]):
             consumed = needed_from is not None and following.base <= needed_from
             too_old = settings.retention_seconds is not None and last_timestamp(segment) < (
                 now - settings.retention_seconds
             ) * 1e9
-            if size_kept_from is not None:
-                too_big = following.base <= size_kept_from
-            else:
-                too_big = settings.retention_bytes is not None and total > settings.retention_bytes
+            too_big = size_kept_from is not None and following.base <= size_kept_from
             if not (consumed or too_old or too_big):
                 break
             for file in (segment.path, segment.index_path):
@@ -421,7 +419,6 @@ class Topic(TopicDirectory):
                     deleted.append(file)
                 except FileNotFoundError:
                     pass
-            total -= size
             kept_from = following.base
         return kept_from
 
@@ -442,6 +439,30 @@ class Topic(TopicDirectory):
             self._writer.close()
             self._writer = None
         self._let_go_of_directory()
+
+
+def size_cuts(listed: list[list[Segment]], limit: int) -> list[int]:
+    """Retention by size over the segments ``listed`` per journal (a topic's one, or a sharded
+    topic's shards): per journal, the offset before which its segments go (0: none). The oldest
+    go first, never a journal's last one, until what is left holds no more than ``limit`` bytes
+    together. Across journals, the oldest is the segment whose newest message is oldest; within
+    one, the journal's own order says it (no timestamp read)."""
+    sizes = [[segment.path.stat().st_size for segment in segments] for segments in listed]
+    total = sum(map(sum, sizes))
+    age: Callable[[Segment], int] = last_timestamp if len(listed) > 1 else (lambda segment: 0)
+    cuts = [0] * len(listed)
+    first = [0] * len(listed)  # per journal, the oldest segment not let go yet
+    # Each journal's oldest segment that may go (not its last), by its age.
+    candidates = [(age(segments[0]), i) for i, segments in enumerate(listed) if len(segments) > 1]
+    heapq.heapify(candidates)
+    while total > limit and candidates:
+        _, i = heapq.heappop(candidates)
+        total -= sizes[i][first[i]]
+        first[i] += 1
+        cuts[i] = listed[i][first[i]].base
+        if first[i] < len(listed[i]) - 1:
+            heapq.heappush(candidates, (age(listed[i][first[i]]), i))
+    return cuts
 
 
 def last_timestamp(segment: Segment) -> int:
