@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,3 +215,21 @@ def sync_fault(monkeypatch: pytest.MonkeyPatch) -> SyncFault:
 
     monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
     return fault
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real full disk, where it can be had: a 2 MiB tmpfs (needs root), unmounted after."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); "
+                    "the fault-injecting in-process tests cover a full disk instead")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)
+        if os.path.ismount(mount_point):
+            subprocess.run(["umount", "-l", str(mount_point)], check=False)

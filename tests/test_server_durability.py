@@ -17,11 +17,10 @@ import json
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -269,23 +268,6 @@ def test_success_is_answered_only_after_the_sync_and_syncs_are_shared(
 
 
 # -- a real full disk: a small tmpfs ----------------------------------------------------------------
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); "
-                    "the fault-injecting in-process tests cover a full disk instead")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
-        if os.path.ismount(mount_point):
-            subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_full_disk_is_503_and_recovers(tmpfs: Path, tmp_path: Path) -> None:

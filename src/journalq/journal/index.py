@@ -168,8 +168,18 @@ class IndexAppender:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     def add(self, entries: Sequence[Entry]) -> None:
+        """Append entries. A write that fails (a full disk) stops the index where it was, and
+        does not fail the append whose entries they were: its messages are already in the
+        segment for readers to see. The index is a hint; the next writer rebuilds it."""
         if entries:
-            os.write(self._fd, encode_entries(entries))
+            if self._fd >= 0:
+                data = encode_entries(entries)
+                try:
+                    written = os.write(self._fd, data)
+                except OSError:
+                    written = -1
+                if written != len(data):
+                    self.close()  # a torn entry may end it: nothing may follow it
             self.last_position = entries[-1][1]
 
     def close(self) -> None:

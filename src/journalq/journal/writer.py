@@ -4,7 +4,8 @@ Opening a writer recovers the journal: the last segment is checked from its last
 to its end, and a torn or damaged tail is cut off and kept (see ``recovery``). Every append hands
 its bytes to the operating system before it returns (unless ``buffer_size`` asks otherwise), so an
 acknowledged append survives the death of the process; the sync policy decides when they reach
-stable storage.
+stable storage. Each write first reserves its blocks (``space``), so that a full disk fails an
+append before any of it is written.
 
 An exclusive writer holds ``jnl.lck`` for its lifetime, as sej's does. A shared writer
 (``shared=True``) lets several processes append to one journal with no daemon: each append takes
@@ -35,6 +36,7 @@ from journalq.journal.index import (
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import Recovery, cut_tail, fsync_dir, make_dirs
+from journalq.journal.space import allocated, release, reserve
 from journalq.journal.segment import (
     Segment,
     SegmentScan,
@@ -48,6 +50,10 @@ from journalq.journal.segment import (
 from journalq.journal.sync import SyncPolicy, fdatasync
 
 DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
+RESERVE_AHEAD = (64 * 1024, 1024 * 1024)
+"""A write past the segment's reserved blocks reserves this much more beyond it (see ``space``):
+as much as the segment holds already, at least the first figure and at most the second. So a
+small journal (a queue's state) holds little unwritten space, and a big one reserves seldom."""
 BACKLOG_BYTES = 2048
 """A shared writer with a ``backlog_taker`` hands it what the others appended, out of the lock,
 when a hold finds more than this many bytes of it (a dozen queue events)."""
@@ -125,6 +131,10 @@ class Writer(Closing):
         self._segment: Segment = segment_at(self.path, 0)
         self._seg_len = 0
         self._next_offset = 0
+        # Blocks of the segment allocated below this position (``space.reserve``): a write
+        # that ends past it reserves first, unless the file system cannot (``_reserving``).
+        self._reserved = 0
+        self._reserving = True
         self._pending: list[bytes] = []
         self._pending_lengths: list[int] = []
         self._pending_bytes = 0
@@ -320,6 +330,7 @@ class Writer(Closing):
             try:
                 if self._failed is None and self._fd >= 0:
                     self._write_pending()
+                    self._release_reserved()
                     # An OSError, which the queue and the hub expect of a close. (Under ``none``,
                     # the data as sej does, but not the new entries: they cost a sync each, for
                     # a policy that promises nothing across a power cut.)
@@ -360,6 +371,7 @@ class Writer(Closing):
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, segment, scan))
             self._index = IndexAppender(segment, kept + scan.entries)
+            release(fd)  # what a writer that died had reserved (opened under the lock: see ``release``)
         except BaseException:
             os.close(fd)
             if created:
@@ -370,6 +382,7 @@ class Writer(Closing):
         self._segment = segment
         self._seg_len = scan.end
         self._next_offset = scan.next_offset
+        self._reserved = 0
 
     def _take_shared_lock(self) -> None:
         take_shared_lock(self._lock)
@@ -382,6 +395,8 @@ class Writer(Closing):
         stat = os.fstat(self._fd)
         size = stat.st_size
         unlinked = stat.st_nlink == 0
+        # Another writer may have given back the blocks this one reserved (closing, opening).
+        self._reserved = min(self._reserved, allocated(stat))
         if size - self._seg_len > BACKLOG_BYTES and take is not None and not unlinked and self._backlog_at < 0:
             # (One left unchecked, when the lock could not be taken again after it, is checked
             # below first: another read from its end would put its own check in its place.)
@@ -551,6 +566,8 @@ class Writer(Closing):
             # The common case, small appends (a queue's events): no roll, and no message starts
             # where an index entry is due (see ``choose_entries``), so one write is all.
             try:
+                if end_len > self._reserved:
+                    self._reserve(end_len)
                 _write_all(self._fd, memoryview(data))
                 self._seg_len = end_len
                 self._next_offset = first_offset + count
@@ -571,6 +588,8 @@ class Writer(Closing):
                 last = bisect_left(starts, self.segment_size + shift, done + 1, count + 1)
                 end = min(last, count)
                 piece = view[starts[done] - starts[0] : starts[end] - starts[0]]
+                if starts[end] - shift > self._reserved:
+                    self._reserve(starts[end] - shift)
                 _write_all(self._fd, piece)
                 assert self._index is not None
                 entries, _ = choose_entries(
@@ -591,6 +610,42 @@ class Writer(Closing):
         except OSError as exc:
             self._take_back(start_segment, start_len, first_offset, created)
             raise _append_failed(exc, count, self._segment.path, first_offset) from exc
+
+    def _reserve(self, end: int) -> None:
+        """Allocate the segment's blocks up to position ``end``, and some beyond it, before a
+        write there: a full disk then fails the append before any of it is written, and no
+        reader can read messages that the failure would take back. The room ahead is not asked
+        of a disk too full for it, only what the write needs."""
+        if not self._reserving:
+            return
+        start = max(self._reserved, self._seg_len)
+        lowest, highest = RESERVE_AHEAD
+        target = max(end, min(end + min(max(end, lowest), highest), self.segment_size))
+        try:
+            reserved = reserve(self._fd, start, target - start)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or target == end:
+                raise
+            target = end
+            reserved = reserve(self._fd, start, target - start)
+        if reserved:
+            self._reserved = target
+        else:
+            self._reserving = False
+
+    def _release_reserved(self) -> None:
+        """Give back the blocks reserved past the segment's end, when leaving it open no more.
+        A shared writer does it only if it can take the lock at once: another process appending
+        still uses them (and gives them back when it closes)."""
+        if self._reserved <= self._seg_len:
+            return
+        if not self.shared or self._held:
+            release(self._fd)
+        elif self._lock.try_acquire(wait=False):
+            try:
+                release(self._fd)
+            finally:
+                self._lock.release()
 
     def _roll(self) -> None:
         """Close the full segment (synced, as sej does) and start the next one."""

@@ -1,0 +1,239 @@
+"""Disk space reserved before appends (``journal.space``): a full disk fails an append before any
+of it is written, so no reader ever reads a message that the failure takes back.
+
+The full disk is real where it can be (the ``tmpfs`` fixture: a 2 MiB tmpfs, which needs root);
+the in-process tests make the reservation fail instead, and run everywhere.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+import journalq.journal.index as index_mod
+import journalq.journal.writer as writer_mod
+from journalq.errors import StorageError
+from journalq.journal.codec import OVERHEAD
+from journalq.journal.index import read_entries
+from journalq.journal.scanner import Scanner
+from journalq.journal.segment import scan_segment
+from journalq.journal.space import allocated, release, reserve
+from journalq.journal.writer import Writer
+
+
+def can_reserve(directory: Path) -> bool:
+    probe = directory / "probe"
+    with open(probe, "wb") as f:
+        able = reserve(f.fileno(), 0, 4096)
+    probe.unlink()
+    return able
+
+
+def segment_stat(w: Writer) -> os.stat_result:
+    return os.stat(w.segment.path)
+
+
+def values(path: Path) -> list[bytes]:
+    with Scanner(path, 0) as s:
+        return [m.value for m in s]
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the writer's segment writes, as they are asked."""
+    asked: list[int] = []
+    real = writer_mod._write_all
+
+    def write_all(fd: int, data: memoryview) -> None:
+        asked.append(len(data))
+        real(fd, data)
+
+    monkeypatch.setattr(writer_mod, "_write_all", write_all)
+    return asked
+
+
+def free_bytes(directory: Path) -> int:
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
+
+
+def fill_to(directory: Path, left: int) -> Path:
+    """Fill the file system of ``directory`` until about ``left`` bytes are free."""
+    filler = directory / "filler"
+    with open(filler, "ab") as f:
+        f.write(b"\0" * max(0, free_bytes(directory) - left))
+    return filler
+
+
+def test_reserve_allocates_without_growing_the_file_and_release_gives_it_back(tmp_path: Path) -> None:
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.write(b"x" * 100)
+        f.flush()
+        assert reserve(f.fileno(), 100, 1024 * 1024)
+        stat = os.fstat(f.fileno())
+        assert stat.st_size == 100
+        assert allocated(stat) >= 1024 * 1024
+        release(f.fileno())
+        stat = os.fstat(f.fileno())
+        assert stat.st_size == 100
+        assert allocated(stat) < 64 * 1024
+    assert path.read_bytes() == b"x" * 100
+
+
+def test_a_failed_reservation_writes_nothing_and_the_next_append_gets_the_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writes: list[int]
+) -> None:
+    w = Writer(tmp_path)
+    w.append_many([b"kept %d" % i for i in range(3)])
+    follower = Scanner(tmp_path, 0, timeout=0.2)
+    assert [m.value for m in follower] == [b"kept 0", b"kept 1", b"kept 2"]
+
+    def full(fd: int, offset: int, length: int) -> bool:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer_mod, "reserve", full)
+    w._reserved = 0  # as if the segment's reservation were used up
+    writes.clear()
+    with pytest.raises(StorageError, match="No space left on device") as info:
+        w.append_many([b"lost %d" % i for i in range(50)])
+    assert info.value.errno == errno.ENOSPC and info.value.offset == 3
+    assert writes == []  # the disk was found full before a byte was written
+    assert list(follower) == []
+    monkeypatch.undo()
+    assert w.append(b"after") == 3
+    w.close()
+    assert [m.value for m in follower] == [b"after"]
+    follower.close()
+    assert values(tmp_path) == [b"kept 0", b"kept 1", b"kept 2", b"after"]
+
+
+def test_where_nothing_can_be_reserved_appends_go_unreserved_asking_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+
+    def cannot(fd: int, offset: int, length: int) -> bool:
+        asked.append(length)
+        return False
+
+    monkeypatch.setattr(writer_mod, "reserve", cannot)
+    with Writer(tmp_path, segment_size=300) as w:
+        for i in range(40):
+            w.append(b"message %d" % i)
+    assert len(asked) == 1
+    assert values(tmp_path) == [b"message %d" % i for i in range(40)]
+
+
+def test_a_batch_bigger_than_the_free_space_is_refused_before_it_is_written(
+    tmpfs: Path, writes: list[int]
+) -> None:
+    w = Writer(tmpfs / "j", sync="always")
+    w.append_many([b"kept %d" % i for i in range(10)])
+    follower = Scanner(tmpfs / "j", 0, timeout=0.2)
+    assert len(list(follower)) == 10
+    filler = fill_to(tmpfs, 256 * 1024)
+    writes.clear()
+    with pytest.raises(StorageError, match="No space left on device"):
+        w.append_many([bytes([i]) * 16384 for i in range(40)])  # 640 KiB
+    # Nothing was written, so no reader could see any of it (before, a short write put part of
+    # the batch in the segment, for a follower to read, before the writer took it back).
+    assert writes == []
+    assert list(follower) == []
+    filler.unlink()
+    assert w.append_many([b"a" * 16384] * 40) == 49
+    w.close()
+    assert len(list(follower)) == 40
+    follower.close()
+    assert len(values(tmpfs / "j")) == 50
+
+
+def test_a_nearly_full_disk_still_takes_what_fits(tmpfs: Path) -> None:
+    with Writer(tmpfs / "j") as w:
+        w.append(b"first")
+        fill_to(tmpfs, 24 * 1024)
+        # The room ahead (64 KiB and more) is not there; the message's own 8 KiB is.
+        assert w.append(b"b" * 8192) == 1
+    assert values(tmpfs / "j") == [b"first", b"b" * 8192]
+
+
+def test_closing_gives_back_what_was_reserved(tmp_path: Path) -> None:
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    w = Writer(tmp_path)
+    w.append(b"small")
+    assert allocated(segment_stat(w)) >= 64 * 1024  # reserved ahead
+    w.close()
+    stat = os.stat(w.segment.path)
+    assert allocated(stat) < 64 * 1024 and stat.st_size == len(b"small") + OVERHEAD
+
+
+def test_opening_gives_back_what_a_killed_writer_had_reserved(tmp_path: Path) -> None:
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    w = Writer(tmp_path)
+    w.append(b"x")
+    w._reserved = 0
+    w._reserve(w._seg_len + 1)  # 64 KiB and more, as a writer would before it was killed
+    segment = w.segment.path
+    os.close(w._fd)  # no close(): nothing given back
+    w._fd = -1
+    w._lock.close()
+    assert allocated(os.stat(segment)) >= 64 * 1024
+    with Writer(tmp_path) as again:
+        assert allocated(segment_stat(again)) < 64 * 1024
+        assert again.append(b"y") == 1
+
+
+def test_a_shared_writer_reserves_again_what_another_gave_back(tmp_path: Path) -> None:
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    first = Writer(tmp_path, shared=True)
+    first.append(b"one")
+    assert allocated(segment_stat(first)) >= 64 * 1024
+    second = Writer(tmp_path, shared=True)  # opening gives back what the first reserved
+    assert allocated(segment_stat(first)) < 64 * 1024
+    # The first sees its reservation gone when it next holds the lock, and makes it again:
+    # had it trusted its own count, this append (past the blocks left) would go unreserved.
+    first.append(b"two" * 4096)
+    assert allocated(segment_stat(first)) >= 64 * 1024
+    second.append(b"three")
+    first.close()
+    second.close()
+    assert values(tmp_path) == [b"one", b"two" * 4096, b"three"]
+
+
+def test_a_full_disk_on_the_index_does_not_fail_the_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = Writer(tmp_path, index_interval=64)
+    w.append_many([b"v" * 40] * 4)
+    entries_before = read_entries(w.segment)
+    assert entries_before
+
+    class FullIndexDisk:
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+        def write(self, fd: int, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(index_mod, "os", FullIndexDisk())
+    # Its messages are in the segment, for readers to see: taking them back would be too late.
+    assert w.append_many([b"w" * 40] * 8) == 11
+    assert w.append_many([b"z" * 40] * 8) == 19
+    monkeypatch.undo()
+    assert read_entries(w.segment) == entries_before  # the index stopped where it was
+    w.close()
+    with Writer(tmp_path, index_interval=64) as again:  # rebuilt by the next writer
+        rebuilt = scan_segment(again.segment, 0, again.segment.base, last_indexed=0, interval=64).entries
+        assert read_entries(again.segment) == rebuilt
+        assert len(read_entries(again.segment)) > len(entries_before)
+    with Scanner(tmp_path, 15) as s:
+        assert next(iter(s)).value == b"z" * 40
+    assert len(values(tmp_path)) == 20
