@@ -82,6 +82,9 @@ class CountingTransport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 50000)}.get(name, default)
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written is taken at once (the idle sweep asks, for stalled answers)
+
     def pause_reading(self) -> None:
         pass
 
