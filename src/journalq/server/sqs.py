@@ -1246,8 +1246,10 @@ class SqsProtocol:
         size = len(encoded)
 
         delay = _integer(entry, "DelaySeconds", 0, 900)
-        if settings.fifo and delay:
-            raise _invalid_value("DelaySeconds", delay, _NOT_FOR_THIS_QUEUE_TYPE)
+        if settings.fifo:
+            if delay:
+                raise _invalid_value("DelaySeconds", delay, _NOT_FOR_THIS_QUEUE_TYPE)
+            delay = None  # a FIFO queue has no per-message delay: 0 leaves the queue's own
 
         attributes: dict[str, Attribute] = {}
         raw_attributes = entry.get("MessageAttributes") or {}
