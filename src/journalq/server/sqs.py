@@ -1095,6 +1095,8 @@ class SqsProtocol:
         if token:
             try:
                 after = json.loads(base64.urlsafe_b64decode(token.encode()))["after"]
+                if not isinstance(after, str):  # a token of ours holds a queue name
+                    raise TypeError(after)
             except (ValueError, KeyError, TypeError, binascii.Error):
                 raise _invalid("Invalid NextToken value.") from None
             names = [n for n in names if n > after]
