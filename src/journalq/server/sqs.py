@@ -989,7 +989,7 @@ class SqsProtocol:
             out["DeduplicationScope"] = str(stored.get("DeduplicationScope", "queue"))
             out["FifoThroughputLimit"] = str(stored.get("FifoThroughputLimit", "perQueue"))
         for name in ("Policy", "RedriveAllowPolicy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds"):
-            if name in stored:
+            if stored.get(name) not in (None, ""):  # "" removed it: the queue has none, as on SQS
                 out[name] = str(stored[name])
         return out
 
