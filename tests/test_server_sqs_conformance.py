@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 from test_server_harness import ServerProcess, module_server, sqs_client
+
+from journalq.queue import Broker
+from journalq.server.sqs import SqsError, SqsProtocol
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +80,37 @@ def test_an_empty_policy_or_key_removes_the_attribute(sqs: Any, attribute: str) 
     assert attribute not in sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     # the queue as it is now: created again with "" it is the same queue
     assert sqs.create_queue(QueueName=url.rsplit("/", 1)[-1], Attributes={attribute: ""})["QueueUrl"] == url
+
+
+def test_concurrent_creates_of_one_queue_with_different_attributes_let_one_win(tmp_path: Path) -> None:
+    """Two CreateQueue of one name at once, with different attributes: one makes the queue, the
+    other gets QueueNameExists, as if they had come one after the other. (Each used to find no
+    queue and succeed, the second changing the attributes the first had just set.)"""
+    sqs = SqsProtocol(Broker(tmp_path / "data"))
+    for i in range(10):
+        name = f"race-{i}"
+        barrier = threading.Barrier(2)
+        outcomes: dict[str, str] = {}
+
+        def create(visibility: str, name: str = name, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            attributes = {"VisibilityTimeout": visibility, "MaximumMessageSize": visibility + "000"}
+            request = {"QueueName": name, "Attributes": attributes}
+            try:
+                sqs.handle("CreateQueue", request, "http://127.0.0.1:8080")
+                outcomes[visibility] = "created"
+            except SqsError as exc:
+                outcomes[visibility] = exc.code
+
+        threads = [threading.Thread(target=create, args=(v,)) for v in ("5", "60")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(outcomes.values()) == ["QueueNameExists", "created"], (name, outcomes)
+        winner = next(v for v, outcome in outcomes.items() if outcome == "created")
+        url = sqs.queue_url("http://127.0.0.1:8080", name)
+        request = {"QueueUrl": url, "AttributeNames": ["All"]}
+        got = sqs.handle("GetQueueAttributes", request, "http://127.0.0.1:8080")
+        assert got["Attributes"]["VisibilityTimeout"] == winner
+        assert got["Attributes"]["MaximumMessageSize"] == winner + "000"

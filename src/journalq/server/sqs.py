@@ -610,6 +610,7 @@ class SqsProtocol:
         self._first_receive: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._first_receive_lock = threading.Lock()
         self._attempts = _ReceiveAttempts()
+        self._create_mutex = threading.Lock()
         # QueueUrl -> the queue it names: clients send the same few URLs again and again, and
         # urlsplit and the name's check cost ~1 µs a request. Cleared when full (any text may come).
         self._names_of_urls: dict[str, str] = {}
@@ -1031,23 +1032,37 @@ class SqsProtocol:
         tags = request.get("tags", request.get("Tags")) or {}
         self._check_tags(tags)
         changes, stored = self._parse_attributes(attributes, name, fifo=fifo, creating=True)
-        path = self.broker.root / name
-        current = settings_file.load(path)
-        if current is not None:
-            self._check_same(name, current, changes, stored, attributes)
-            return {"QueueUrl": self.queue_url(base_url, name)}
-        try:
-            self.broker.queue(name, create=True, **changes)
-        except InvalidSettingError as exc:
-            raise SqsError("InvalidAttributeValue", str(exc)) from None
-        now = time.time()
-        with self._sidecar.change(name) as sidecar:
-            sidecar.setdefault("created", now)
-            sidecar["modified"] = now
-            sidecar.setdefault("attributes", {}).update(stored)
-            if tags:
-                sidecar["tags"] = dict(tags)
+        with self._creating():
+            current = settings_file.load(self.broker.root / name)
+            if current is not None:
+                self._check_same(name, current, changes, stored, attributes)
+                return {"QueueUrl": self.queue_url(base_url, name)}
+            try:
+                self.broker.queue(name, create=True, **changes)
+            except InvalidSettingError as exc:
+                raise SqsError("InvalidAttributeValue", str(exc)) from None
+            now = time.time()
+            with self._sidecar.change(name) as sidecar:
+                sidecar.setdefault("created", now)
+                sidecar["modified"] = now
+                sidecar.setdefault("attributes", {}).update(stored)
+                if tags:
+                    sidecar["tags"] = dict(tags)
         return {"QueueUrl": self.queue_url(base_url, name)}
+
+    @contextlib.contextmanager
+    def _creating(self) -> Iterator[None]:
+        """Held by CreateQueue while it looks for the queue and makes it (a mutex for this
+        process's threads, a ``flock`` on the data directory for other processes): two creates
+        of one name at once would each find no queue, and the second, making it "again", would
+        change the attributes the first had set instead of answering QueueNameExists."""
+        with self._create_mutex:
+            fd = os.open(self.broker.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
 
     def _check_same(
         self,
