@@ -114,3 +114,20 @@ def test_concurrent_creates_of_one_queue_with_different_attributes_let_one_win(t
         got = sqs.handle("GetQueueAttributes", request, "http://127.0.0.1:8080")
         assert got["Attributes"]["VisibilityTimeout"] == winner
         assert got["Attributes"]["MaximumMessageSize"] == winner + "000"
+
+
+def test_a_second_purge_within_sixty_seconds_is_purge_queue_in_progress(sqs: Any) -> None:
+    """SQS takes one PurgeQueue a queue every 60 seconds; the next one within them is
+    PurgeQueueInProgress (403), which SDK users catch (it always succeeded). Other queues are
+    not held up, and the messages sent after the purge stay."""
+    url = sqs.create_queue(QueueName=new_name())["QueueUrl"]
+    other = sqs.create_queue(QueueName=new_name())["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="purged")
+    sqs.purge_queue(QueueUrl=url)
+    sqs.send_message(QueueUrl=url, MessageBody="kept")
+    with pytest.raises(sqs.exceptions.PurgeQueueInProgress) as info:
+        sqs.purge_queue(QueueUrl=url)
+    assert error_of(info) == ("AWS.SimpleQueueService.PurgeQueueInProgress", 403)
+    assert url.rsplit("/", 1)[-1] in info.value.response["Error"]["Message"]
+    assert [m["Body"] for m in sqs.receive_message(QueueUrl=url)["Messages"]] == ["kept"]
+    sqs.purge_queue(QueueUrl=other)

@@ -179,6 +179,8 @@ MAX_ATTRIBUTES = 10
 MAX_TAGS = 50
 MAX_REDRIVE_SOURCES = 10
 MAX_VISIBILITY = 12 * 3600
+PURGE_SECONDS = 60
+"""How long after a PurgeQueue the next one is refused (PurgeQueueInProgress), as on SQS."""
 TRACE_ATTRIBUTE = "AWS.TraceHeader"
 """The message attribute that carries ``AWSTraceHeader`` (a name SQS reserves for itself)."""
 TENANT_ATTRIBUTE = "AWS.MessageGroupId"
@@ -1171,7 +1173,20 @@ class SqsProtocol:
         return {}
 
     def purge_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        self._queue(self._name_of_url(request)).purge()
+        name = self._name_of_url(request)
+        queue = self._queue(name)
+        # The time of the last purge is in sqs.json, so that every worker refuses the next one;
+        # checked and purged under its lock, so that two at once are one purge and one refusal.
+        with self._sidecar.change(name) as sidecar:
+            now = time.time()
+            last = sidecar.get("purged")
+            if isinstance(last, (int, float)) and 0 <= now - last < PURGE_SECONDS:
+                raise SqsError(
+                    "PurgeQueueInProgress",
+                    f"Only one PurgeQueue operation on {name} is allowed every {PURGE_SECONDS} seconds.",
+                )
+            queue.purge()
+            sidecar["purged"] = now
         return {}
 
     def delete_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
