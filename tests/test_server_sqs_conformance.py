@@ -47,16 +47,18 @@ def test_a_fifo_message_sent_with_delay_seconds_zero_keeps_the_queue_delay(sqs: 
     )["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="later", MessageGroupId="g", DelaySeconds=0)
     sqs.send_message_batch(
-        QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "later too", "MessageGroupId": "h", "DelaySeconds": 0}]
+        QueueUrl=url,
+        Entries=[{"Id": "a", "MessageBody": "later too", "MessageGroupId": "h", "DelaySeconds": 0}],
     )
     assert "Messages" not in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
-    counts = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesDelayed"])
-    assert counts["Attributes"]["ApproximateNumberOfMessagesDelayed"] == "2"
+    delayed = "ApproximateNumberOfMessagesDelayed"
+    counts = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[delayed])
+    assert counts["Attributes"][delayed] == "2"
 
 
 @pytest.mark.parametrize("after", [5, None, ["x"], {"a": 1}])
-def test_a_list_queues_token_of_the_wrong_shape_is_invalid_parameter_value(sqs: Any, after: Any) -> None:
-    """A NextToken that decodes but does not hold a queue name is the client's error (it was a 500)."""
+def test_a_list_queues_token_of_the_wrong_shape_is_invalid(sqs: Any, after: Any) -> None:
+    """A NextToken that decodes but holds no queue name is the client's error (it was a 500)."""
     token = base64.urlsafe_b64encode(json.dumps({"after": after}).encode()).decode()
     with pytest.raises(ClientError) as info:
         sqs.list_queues(MaxResults=1, NextToken=token)
@@ -72,17 +74,19 @@ def test_an_empty_policy_or_key_removes_the_attribute(sqs: Any, attribute: str) 
         "RedriveAllowPolicy": json.dumps({"redrivePermission": "denyAll"}),
         "KmsMasterKeyId": "alias/aws/sqs",
     }
-    url = sqs.create_queue(QueueName=new_name(), Attributes={attribute: values[attribute]})["QueueUrl"]
+    name = new_name()
+    url = sqs.create_queue(QueueName=name, Attributes={attribute: values[attribute]})["QueueUrl"]
     got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[attribute])
     assert got["Attributes"] == {attribute: values[attribute]}
     sqs.set_queue_attributes(QueueUrl=url, Attributes={attribute: ""})
     assert "Attributes" not in sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[attribute])
-    assert attribute not in sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    every = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attribute not in every
     # the queue as it is now: created again with "" it is the same queue
-    assert sqs.create_queue(QueueName=url.rsplit("/", 1)[-1], Attributes={attribute: ""})["QueueUrl"] == url
+    assert sqs.create_queue(QueueName=name, Attributes={attribute: ""})["QueueUrl"] == url
 
 
-def test_concurrent_creates_of_one_queue_with_different_attributes_let_one_win(tmp_path: Path) -> None:
+def test_concurrent_creates_of_one_name_with_other_attributes_let_one_win(tmp_path: Path) -> None:
     """Two CreateQueue of one name at once, with different attributes: one makes the queue, the
     other gets QueueNameExists, as if they had come one after the other. (Each used to find no
     queue and succeed, the second changing the attributes the first had just set.)"""
