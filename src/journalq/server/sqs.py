@@ -17,7 +17,8 @@ How SQS maps onto journalq:
   DelaySeconds, MessageRetentionPeriod, ReceiveMessageWaitTimeSeconds, RedrivePolicy, FifoQueue,
   ContentBasedDeduplication). What journalq has no setting for (MaximumMessageSize, tags, Policy,
   RedriveAllowPolicy, the KMS/SSE attributes, DeduplicationScope, FifoThroughputLimit, the
-  creation time, the message move tasks run, the last PurgeQueue, which SQS lets come once a minute) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
+  creation time, the message move tasks run, the time of the last PurgeQueue, which SQS takes
+  once a minute) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
   process and deleted with the queue. Policy and the KMS/SSE attributes are stored and echoed,
   never enforced; a RedriveAllowPolicy is checked and enforced when a queue names its queue in a
   RedrivePolicy (set before, it does not undo a RedrivePolicy that names it already).
