@@ -135,3 +135,26 @@ def test_a_second_purge_within_sixty_seconds_is_purge_queue_in_progress(sqs: Any
     assert url.rsplit("/", 1)[-1] in info.value.response["Error"]["Message"]
     assert [m["Body"] for m in sqs.receive_message(QueueUrl=url)["Messages"]] == ["kept"]
     sqs.purge_queue(QueueUrl=other)
+
+
+def test_a_visibility_batch_entry_without_visibility_timeout_is_missing_parameter(sqs: Any) -> None:
+    """ChangeMessageVisibilityBatch: an entry without VisibilityTimeout fails alone with
+    MissingParameter, as SQS answers it (the SDK model does not mark it required); it used to
+    count as 0 and give the message back at once. The other entries are done."""
+    url = sqs.create_queue(QueueName=new_name())["QueueUrl"]
+    sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": i, "MessageBody": i} for i in ("a", "b")])
+    received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    assert len(received) == 2
+    answer = sqs.change_message_visibility_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": "kept", "ReceiptHandle": received[0]["ReceiptHandle"]},
+            {"Id": "shown", "ReceiptHandle": received[1]["ReceiptHandle"], "VisibilityTimeout": 0},
+        ],
+    )
+    assert [entry["Id"] for entry in answer["Successful"]] == ["shown"]
+    (failed,) = answer["Failed"]
+    assert failed["Id"] == "kept" and failed["Code"] == "MissingParameter" and failed["SenderFault"]
+    assert "ChangeMessageVisibilityBatchRequestEntry.1.VisibilityTimeout" in failed["Message"]
+    again = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    assert [m["Body"] for m in again] == [received[1]["Body"]]

@@ -1735,12 +1735,14 @@ class SqsProtocol:
         entries = _entries(request)
         failed: list[dict[str, Any]] = []
         todo: list[tuple[str, str, int]] = []
-        for entry in entries:
+        for number, entry in enumerate(entries, 1):
             try:
                 receipt = _string(entry, "ReceiptHandle", required=True)
                 assert receipt is not None
                 seconds = _integer(entry, "VisibilityTimeout", 0, MAX_VISIBILITY)
-                todo.append((entry["Id"], receipt, 0 if seconds is None else seconds))
+                if seconds is None:  # required, though the SDKs' model says not: SQS refuses the entry
+                    raise _missing(f"ChangeMessageVisibilityBatchRequestEntry.{number}.VisibilityTimeout")
+                todo.append((entry["Id"], receipt, seconds))
             except SqsError as exc:
                 failed.append(exc.entry(entry["Id"]))
         successful = []
