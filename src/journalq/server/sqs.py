@@ -17,7 +17,8 @@ How SQS maps onto journalq:
   DelaySeconds, MessageRetentionPeriod, ReceiveMessageWaitTimeSeconds, RedrivePolicy, FifoQueue,
   ContentBasedDeduplication). What journalq has no setting for (MaximumMessageSize, tags, Policy,
   RedriveAllowPolicy, the KMS/SSE attributes, DeduplicationScope, FifoThroughputLimit, the
-  creation time, the message move tasks run) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
+  creation time, the message move tasks run, the time of the last PurgeQueue, which SQS takes
+  once a minute) is kept in ``sqs.json`` in the queue's directory, so it is shared by every
   process and deleted with the queue. Policy and the KMS/SSE attributes are stored and echoed,
   never enforced; a RedriveAllowPolicy is checked and enforced when a queue names its queue in a
   RedrivePolicy (set before, it does not undo a RedrivePolicy that names it already).
@@ -179,6 +180,8 @@ MAX_ATTRIBUTES = 10
 MAX_TAGS = 50
 MAX_REDRIVE_SOURCES = 10
 MAX_VISIBILITY = 12 * 3600
+PURGE_SECONDS = 60
+"""How long after a PurgeQueue the next one is refused (PurgeQueueInProgress), as on SQS."""
 TRACE_ATTRIBUTE = "AWS.TraceHeader"
 """The message attribute that carries ``AWSTraceHeader`` (a name SQS reserves for itself)."""
 TENANT_ATTRIBUTE = "AWS.MessageGroupId"
@@ -610,6 +613,7 @@ class SqsProtocol:
         self._first_receive: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._first_receive_lock = threading.Lock()
         self._attempts = _ReceiveAttempts()
+        self._create_mutex = threading.Lock()
         # QueueUrl -> the queue it names: clients send the same few URLs again and again, and
         # urlsplit and the name's check cost ~1 µs a request. Cleared when full (any text may come).
         self._names_of_urls: dict[str, str] = {}
@@ -989,7 +993,7 @@ class SqsProtocol:
             out["DeduplicationScope"] = str(stored.get("DeduplicationScope", "queue"))
             out["FifoThroughputLimit"] = str(stored.get("FifoThroughputLimit", "perQueue"))
         for name in ("Policy", "RedriveAllowPolicy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds"):
-            if name in stored:
+            if stored.get(name) not in (None, ""):  # "" removed it: the queue has none, as on SQS
                 out[name] = str(stored[name])
         return out
 
@@ -1031,23 +1035,37 @@ class SqsProtocol:
         tags = request.get("tags", request.get("Tags")) or {}
         self._check_tags(tags)
         changes, stored = self._parse_attributes(attributes, name, fifo=fifo, creating=True)
-        path = self.broker.root / name
-        current = settings_file.load(path)
-        if current is not None:
-            self._check_same(name, current, changes, stored, attributes)
-            return {"QueueUrl": self.queue_url(base_url, name)}
-        try:
-            self.broker.queue(name, create=True, **changes)
-        except InvalidSettingError as exc:
-            raise SqsError("InvalidAttributeValue", str(exc)) from None
-        now = time.time()
-        with self._sidecar.change(name) as sidecar:
-            sidecar.setdefault("created", now)
-            sidecar["modified"] = now
-            sidecar.setdefault("attributes", {}).update(stored)
-            if tags:
-                sidecar["tags"] = dict(tags)
+        with self._creating():
+            current = settings_file.load(self.broker.root / name)
+            if current is not None:
+                self._check_same(name, current, changes, stored, attributes)
+                return {"QueueUrl": self.queue_url(base_url, name)}
+            try:
+                self.broker.queue(name, create=True, **changes)
+            except InvalidSettingError as exc:
+                raise SqsError("InvalidAttributeValue", str(exc)) from None
+            now = time.time()
+            with self._sidecar.change(name) as sidecar:
+                sidecar.setdefault("created", now)
+                sidecar["modified"] = now
+                sidecar.setdefault("attributes", {}).update(stored)
+                if tags:
+                    sidecar["tags"] = dict(tags)
         return {"QueueUrl": self.queue_url(base_url, name)}
+
+    @contextlib.contextmanager
+    def _creating(self) -> Iterator[None]:
+        """Held by CreateQueue while it looks for the queue and makes it (a mutex for this
+        process's threads, a ``flock`` on the data directory for other processes): two creates
+        of one name at once would each find no queue, and the second, making it "again", would
+        change the attributes the first had set instead of answering QueueNameExists."""
+        with self._create_mutex:
+            fd = os.open(self.broker.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
 
     def _check_same(
         self,
@@ -1095,6 +1113,8 @@ class SqsProtocol:
         if token:
             try:
                 after = json.loads(base64.urlsafe_b64decode(token.encode()))["after"]
+                if not isinstance(after, str):  # a token of ours holds a queue name
+                    raise TypeError(after)
             except (ValueError, KeyError, TypeError, binascii.Error):
                 raise _invalid("Invalid NextToken value.") from None
             names = [n for n in names if n > after]
@@ -1154,7 +1174,20 @@ class SqsProtocol:
         return {}
 
     def purge_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        self._queue(self._name_of_url(request)).purge()
+        name = self._name_of_url(request)
+        queue = self._queue(name)
+        # The time of the last purge is in sqs.json, so that every worker refuses the next one;
+        # checked and purged under its lock, so that two at once are one purge and one refusal.
+        with self._sidecar.change(name) as sidecar:
+            now = time.time()
+            last = sidecar.get("purged")
+            if isinstance(last, (int, float)) and 0 <= now - last < PURGE_SECONDS:
+                raise SqsError(
+                    "PurgeQueueInProgress",
+                    f"Only one PurgeQueue operation on {name} is allowed every {PURGE_SECONDS} seconds.",
+                )
+            queue.purge()
+            sidecar["purged"] = now
         return {}
 
     def delete_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -1246,8 +1279,10 @@ class SqsProtocol:
         size = len(encoded)
 
         delay = _integer(entry, "DelaySeconds", 0, 900)
-        if settings.fifo and delay:
-            raise _invalid_value("DelaySeconds", delay, _NOT_FOR_THIS_QUEUE_TYPE)
+        if settings.fifo:
+            if delay:
+                raise _invalid_value("DelaySeconds", delay, _NOT_FOR_THIS_QUEUE_TYPE)
+            delay = None  # a FIFO queue has no per-message delay: 0 leaves the queue's own
 
         attributes: dict[str, Attribute] = {}
         raw_attributes = entry.get("MessageAttributes") or {}
@@ -1700,12 +1735,14 @@ class SqsProtocol:
         entries = _entries(request)
         failed: list[dict[str, Any]] = []
         todo: list[tuple[str, str, int]] = []
-        for entry in entries:
+        for number, entry in enumerate(entries, 1):
             try:
                 receipt = _string(entry, "ReceiptHandle", required=True)
                 assert receipt is not None
                 seconds = _integer(entry, "VisibilityTimeout", 0, MAX_VISIBILITY)
-                todo.append((entry["Id"], receipt, 0 if seconds is None else seconds))
+                if seconds is None:  # required, though the SDKs' model says not: SQS refuses the entry
+                    raise _missing(f"ChangeMessageVisibilityBatchRequestEntry.{number}.VisibilityTimeout")
+                todo.append((entry["Id"], receipt, seconds))
             except SqsError as exc:
                 failed.append(exc.entry(entry["Id"]))
         successful = []
