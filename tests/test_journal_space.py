@@ -237,3 +237,15 @@ def test_a_full_disk_on_the_index_does_not_fail_the_append(
     with Scanner(tmp_path, 15) as s:
         assert next(iter(s)).value == b"z" * 40
     assert len(values(tmp_path)) == 20
+
+
+def test_a_shared_writer_closes_quietly_after_its_journal_was_deleted(tmp_path: Path) -> None:
+    """A queue deleted by another process takes the journal's directory with it: closing the
+    writer has nothing to give back, and no lock file to take (it used to raise trying to)."""
+    import shutil
+
+    w = Writer(tmp_path / "j", shared=True)
+    w.append(b"x")
+    shutil.rmtree(tmp_path / "j")
+    w.close()
+    assert not (tmp_path / "j").exists()

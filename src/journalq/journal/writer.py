@@ -641,11 +641,16 @@ class Writer(Closing):
             return
         if not self.shared or self._held:
             release(self._fd)
-        elif self._lock.try_acquire(wait=False):
-            try:
-                release(self._fd)
-            finally:
-                self._lock.release()
+            return
+        try:
+            if os.fstat(self._fd).st_nlink == 0 or not self._lock.try_acquire(wait=False):
+                return  # deleted (its blocks go with it), or in use
+        except OSError:
+            return  # the journal's directory is gone, deleted with its queue: so are its blocks
+        try:
+            release(self._fd)
+        finally:
+            self._lock.release()
 
     def _roll(self) -> None:
         """Close the full segment (synced, as sej does) and start the next one."""
