@@ -164,8 +164,9 @@ def exchange(port: int, *requests: bytes) -> list[bytes]:
 
 
 def normalized(answer: bytes) -> bytes:
-    """The answer without what differs from one server to another: dates, message ids."""
+    """The answer without what differs from one server to another: dates, message and request ids."""
     answer = re.sub(rb"date: [^\r]*\r\n", b"", answer)
+    answer = re.sub(rb"x-amzn-requestid: [^\r]*\r\n", b"", answer)
     answer = re.sub(rb'"MessageId": "[^"]*"', b'"MessageId": "ID"', answer)
     answer = re.sub(rb'Timestamp": "\d+"', b'Timestamp": "T"', answer)
     return re.sub(rb"x-message-id: \w+", b"x-message-id: ID", answer)
@@ -565,8 +566,8 @@ _LOWERED_ELSEWHERE = "1,500 bytes once another process lowered"
 
 def _lane_run(data: Path, protocol: type, counted: list[int]) -> list[bytes]:
     """The answers to ``_LANE_CASES`` (one at a time, so that message ids are the same from run to
-    run) with only their dates left out, then the sends' counts of ``/metrics``; ``counted`` gets
-    how many sends the lane answered."""
+    run) with only their dates and request ids left out, then the sends' counts of ``/metrics``;
+    ``counted`` gets how many sends the lane answered."""
     from journalq.server.sqs import SqsProtocol
 
     real = app_module._plain_sent_answer
@@ -587,7 +588,7 @@ def _lane_run(data: Path, protocol: type, counted: list[int]) -> list[bytes]:
                     with Broker(data) as broker:
                         SqsProtocol(broker).handle("SetQueueAttributes", {
                             "QueueUrl": _URL + "elsewhere", "Attributes": {"MaximumMessageSize": "1024"}}, "http://x")
-                answers.append(re.sub(rb"date: [^\r]*\r\n", b"", exchange(port, request)[0]))
+                answers.append(re.sub(rb"(date|x-amzn-requestid): [^\r]*\r\n", b"", exchange(port, request)[0]))
             metrics = exchange(port, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")[0]
     counts = re.findall(rb'journalq_messages_in_total\{[^}]*\} \S+|journalq_request_seconds_count'
                         rb'\{api="sqs",[^}]*operation="SendMessage[^}]*\} \S+', metrics)
@@ -645,8 +646,13 @@ def test_a_plain_sends_answer_is_its_dict_through_the_encoder(tmp_path: Path) ->
     for message_id in [*ids, "0", "18446744073709551615", "1023.18446744073709551615"]:
         md5 = md5_of_body(message_id)
         expected = app_module._whole(200, app_module._json_text(plain_answer(message_id, md5)).encode(),
-                                     [app_module._AMZ_JSON])
-        assert app_module._plain_sent_answer(message_id, md5) == expected
+                                     app_module._sqs_headers())
+        assert without_request_id(app_module._plain_sent_answer(message_id, md5)) == without_request_id(expected)
+
+
+def without_request_id(answer: app_module.Answer) -> app_module.Answer:
+    status, headers, body = answer
+    return status, [header for header in headers if header[0] != b"x-amzn-requestid"], body
 
 
 def test_an_answer_to_a_connection_that_is_closing_is_not_written() -> None:

@@ -158,3 +158,20 @@ def test_a_visibility_batch_entry_without_visibility_timeout_is_missing_paramete
     assert "ChangeMessageVisibilityBatchRequestEntry.1.VisibilityTimeout" in failed["Message"]
     again = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
     assert [m["Body"] for m in again] == [received[1]["Body"]]
+
+
+def test_every_answer_carries_a_request_id(sqs: Any) -> None:
+    """SQS sends ``x-amzn-RequestId`` with every answer, success or error; boto3 gives it as
+    ``ResponseMetadata["RequestId"]`` (code that logs it used to get a KeyError)."""
+    url = sqs.create_queue(QueueName=new_name())["QueueUrl"]
+    ids = [
+        sqs.send_message(QueueUrl=url, MessageBody="one")["ResponseMetadata"]["RequestId"],  # the direct path
+        sqs.send_message(QueueUrl=url, MessageBody="two")["ResponseMetadata"]["RequestId"],
+        sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["ResponseMetadata"]["RequestId"],
+    ]
+    with pytest.raises(ClientError) as info:
+        sqs.get_queue_url(QueueName=new_name("missing"))
+    ids.append(info.value.response["ResponseMetadata"]["RequestId"])
+    assert len(set(ids)) == len(ids)
+    for request_id in ids:
+        assert str(uuid.UUID(request_id)) == request_id  # a UUID's shape, as SQS's

@@ -13,8 +13,10 @@ import asyncio
 import errno
 import functools
 import gc
+import itertools
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -610,7 +612,7 @@ def create_app(config: ServerConfig) -> App:
         if type(outcome) is tuple:  # first: the common case, a plain SendMessage's (_plain_sent_answer)
             return outcome
         if not isinstance(outcome, BaseException):
-            return _whole(200, _json_text(outcome).encode(), [_AMZ_JSON])
+            return _whole(200, _json_text(outcome).encode(), _sqs_headers())
         if isinstance(outcome, SqsError):
             return _sqs_error_answer(outcome)
         if isinstance(outcome, HTTPProblem):
@@ -711,6 +713,28 @@ _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
 _REST_ADD = "POST /{queue}/messages"
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
+_request_numbers = itertools.count()
+_request_id_prefix = b""
+
+
+def _new_request_id_prefix() -> None:
+    """Each process its own: a forked worker would otherwise give its parent's ids again."""
+    global _request_id_prefix
+    digits = os.urandom(10).hex()
+    _request_id_prefix = f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:]}-".encode()
+
+
+_new_request_id_prefix()
+os.register_at_fork(after_in_child=_new_request_id_prefix)
+
+
+def _sqs_headers(*extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    """The headers of an SQS answer, ``extra`` among them: its content type, and its request id,
+    which SQS sends with every answer and the SDKs expose (boto3's ``ResponseMetadata``'s
+    ``RequestId``, which code reading it expects). In a UUID's shape, as SQS's; a random prefix
+    per process and a count, unique without ``uuid4``'s cost on the hot path."""
+    request_id = b"%s%012x" % (_request_id_prefix, next(_request_numbers) & 0xFFFFFFFFFFFF)
+    return [(b"x-amzn-requestid", request_id), *extra, _AMZ_JSON]
 _NO_BODY = (b"content-length", b"0")
 _INTERNAL_ERROR = (
     500,
@@ -880,7 +904,7 @@ def _plain_sent_answer(message_id: str, md5: str) -> Answer:
     store thread: the JSON text of ``plain_answer(message_id, md5)``, formatted rather than encoded
     (~0.4 µs less; journalq's message ids, decimal digits or a shard's index, a dot and those, and a
     hex digest have nothing to escape)."""
-    return _whole(200, ('{"MessageId": "%s", "MD5OfMessageBody": "%s"}' % (message_id, md5)).encode(), [_AMZ_JSON])
+    return _whole(200, ('{"MessageId": "%s", "MD5OfMessageBody": "%s"}' % (message_id, md5)).encode(), _sqs_headers())
 
 
 _decoder = json.JSONDecoder()  # what json.loads uses for text
@@ -933,7 +957,7 @@ async def _respond(response: Response, scope: Scope, receive: Receive, send: Sen
 
 
 def _sqs_error_answer(exc: SqsError, headers: dict[str, str] | None = None) -> Answer:
-    extra = [(b"x-amzn-query-error", exc.query_error.encode()), _AMZ_JSON]
+    extra = _sqs_headers((b"x-amzn-query-error", exc.query_error.encode()))
     extra += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
     return _whole(exc.status, _json_text({"__type": exc.type, "message": exc.message}).encode(), extra)
 
