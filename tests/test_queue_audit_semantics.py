@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from journalq.errors import TaskNotFoundError
 from journalq.queue import Broker
 from journalq.queue.channel import _LOOK_AHEAD
 
@@ -45,3 +46,34 @@ def test_another_group_behind_a_long_blocked_group_is_received(broker: Broker) -
     b = q.send(b"b", group_id="B")
     assert [m.group_id for m in q.receive(1)] == ["A"]
     assert [m.id for m in q.receive(10)] == [b]  # A is in flight: only B's one may go
+
+
+# -- task garbage collection --------------------------------------------------------------------
+
+
+def _collect(q, rounds: int = 4) -> None:
+    """Let a few task collections run (each receive collects once ``task_gc_interval`` passed)."""
+    for _ in range(rounds):
+        time.sleep(0.06)
+        q.receive(1, visibility_timeout=30)
+
+
+@pytest.mark.parametrize("how", ["dead", "finished with metadata"])
+def test_a_collected_task_is_gone_not_finished_while_an_older_one_is_in_flight(broker: Broker, how: str) -> None:
+    q = broker.queue(
+        "tasks", max_receive_count=1, dead_letter_queue="tasks-dead", task_gc_interval=0.05, task_gc_lifetime=0.1
+    )
+    q.send(b"held")  # in flight all along: the channel's cursor stays before the task
+    task = q.send(b"task")
+    held, received = q.receive(2, visibility_timeout=30)
+    if how == "dead":
+        q.change_visibility(received.receipt, 0)
+        assert q.receive(1) == []  # received once already: moved to the dead-letter queue
+    else:
+        q.set_metadata(task, {"step": 2})
+        q.delete(received.receipt)
+    assert q.task(task).state == how.split()[0]
+    _collect(q)
+    with pytest.raises(TaskNotFoundError):
+        q.task(task)  # was: "finished" (a dead task), with the metadata it was sent with
+    q.delete(held.receipt)
