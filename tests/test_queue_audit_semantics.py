@@ -77,3 +77,24 @@ def test_a_collected_task_is_gone_not_finished_while_an_older_one_is_in_flight(b
     with pytest.raises(TaskNotFoundError):
         q.task(task)  # was: "finished" (a dead task), with the metadata it was sent with
     q.delete(held.receipt)
+
+
+# -- redrive of a topic's channel ---------------------------------------------------------------
+
+
+def test_a_dead_letter_of_one_channel_is_redriven_to_that_channel_alone(broker: Broker) -> None:
+    events = broker.topic("events", max_receive_count=1, dead_letter_queue="events-dead")
+    billing, audit = events.channel("billing"), events.channel("audit")
+    events.send_many([b"m0", b"m1", b"m2"])
+    audit.delete_many([m.receipt for m in audit.receive(10)])
+    received = billing.receive(10, visibility_timeout=0)
+    billing.delete_many([m.receipt for m in received[:2]])
+    assert billing.receive(10) == []  # m2, received once already, moved to the dead-letter queue
+    assert broker.queue("events-dead").redrive() == 1
+    assert events.channel_names() == ["audit", "billing"]  # no channel "default" taking them all again
+    assert audit.stats().available == 0  # audit had m2 already
+    assert audit.receive(10) == []
+    assert billing.stats().available == 1
+    assert [m.body for m in billing.receive(10)] == [b"m2"]
+    with Broker(broker.root, sync="none") as other:  # a channel opened anew sees the same
+        assert other.topic("events").channel("audit").receive(10) == []

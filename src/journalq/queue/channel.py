@@ -680,12 +680,17 @@ class Channel:
         blocked = set(state.group_holds)
         picks: list[tuple[Message, Envelope, int]] = []
         dead: list[tuple[Message, Envelope, int]] = []
+        foreign: list[int] = []  # offsets of messages for another channel: finished unseen
+        name = self.name
         wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
             nonlocal wake_at
             env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
+            if env.channel is not None and env.channel != name:
+                foreign.append(message.offset)
+                return False
             group = env.group_id
             if group is not None and group in blocked:
                 return False
@@ -736,6 +741,8 @@ class Channel:
         if dead:
             self._send_dead(dead)
             records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
+        if foreign:
+            records += finish_records(foreign, [0] * len(foreign))
         stamp = 0
         if records or self._unwritten:
             # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
@@ -1027,18 +1034,24 @@ class Channel:
             candidates = list(state.candidates())
             frontier, cursor, dead = state.frontier, state.cursor, state.dead
 
-        def delayed_now(message: Message) -> bool:
+        def waiting(message: Message) -> str | None:
+            """"available" or "delayed"; None for a message of another channel (which a receive
+            finishes unseen)."""
             if message.type != envelope.ENVELOPE_TYPE:
-                return False
-            return message.timestamp_ns + int(envelope.decode(message.type, message.value).delay * 1e9) > now
+                return "available"
+            env = envelope.decode(message.type, message.value)
+            if env.channel is not None and env.channel != self.name:
+                return None
+            return "delayed" if message.timestamp_ns + int(env.delay * 1e9) > now else "available"
 
         available = delayed = 0
         for offset in candidates:
             message = self.topic.message(offset)
             if message is not None:
-                if delayed_now(message):
+                how = waiting(message)
+                if how == "delayed":
                     delayed += 1
-                else:
+                elif how is not None:
                     available += 1
         end = self._end_offset()
         first = self.topic.first_offset()
@@ -1049,9 +1062,10 @@ class Channel:
                 looked = 0
                 while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch()):
                     looked += len(batch)
-                    late = sum(1 for message in batch if delayed_now(message))
+                    hows = [waiting(message) for message in batch]
+                    late = hows.count("delayed")
                     delayed += late
-                    unseen -= late
+                    unseen -= late + hows.count(None)
         available += unseen
         oldest = None
         if cursor < end:

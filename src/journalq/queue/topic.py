@@ -232,7 +232,9 @@ class Topic(TopicDirectory):
             item = {"body": bytes(item)}
         if not isinstance(item, Mapping):
             raise InvalidMessageError(f"a message to send is bytes or a mapping, not {type(item).__name__}")
-        unknown = set(item) - {"body", "attributes", "delay", "filters", "dedup_id", "group_id", "metadata", "source"}
+        unknown = set(item) - {
+            "body", "attributes", "delay", "filters", "dedup_id", "group_id", "metadata", "source", "channel"
+        }
         if unknown:
             raise InvalidMessageError(f"unknown message field(s): {', '.join(sorted(unknown))}")
         body = item.get("body")
@@ -260,6 +262,9 @@ class Topic(TopicDirectory):
             if not isinstance(name, str) or not name:
                 raise InvalidMessageError(f"attribute names are non-empty strings, not {name!r}")
             attributes[name] = envelope.checked_attribute(name, value)
+        channel = item.get("channel")
+        if channel is not None:
+            check_name(channel, "channel")
         return Envelope(
             body=body,
             attributes=attributes,
@@ -269,6 +274,7 @@ class Topic(TopicDirectory):
             group_id=item.get("group_id"),
             metadata=item.get("metadata"),
             source=item.get("source"),  # set on dead letters: where they came from
+            channel=channel,  # set on dead letters redriven: the channel they came from
         )
 
     def _get_writer(self) -> Writer:

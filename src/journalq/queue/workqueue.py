@@ -63,21 +63,31 @@ class Queue(Channel):
                     break
                 if not batch:
                     break
-                by_target: dict[str, list[Any]] = {}
+                # Back where they came from: to the channel each came from alone (a topic's other
+                # channels had it), or to ``destination``'s queue as any message.
+                by_target: dict[tuple[str, str | None], list[Any]] = {}
                 for message in batch:
-                    target = destination or (message.source or {}).get("queue")
+                    source = message.source or {}
+                    target = destination or source.get("queue")
+                    channel = None if destination else source.get("channel")
                     if target is None or target == self.topic.name:
                         kept[message.id] = message.receipt
                     else:
-                        by_target.setdefault(target, []).append(message)
-                for target, messages in by_target.items():
+                        by_target.setdefault((target, channel if isinstance(channel, str) else None), []).append(message)
+                for (target, channel), messages in by_target.items():
                     try:
                         # Never make a queue that was deleted since: its dead letters stay here.
-                        queue = broker.queue(target, create=False)
+                        # Nor a channel ``default`` of a topic (``broker.queue``): it would take
+                        # every message of the topic again.
+                        if channel is None or channel == DEFAULT_CHANNEL:
+                            sink = broker.queue(target, create=False)
+                        else:
+                            sink = broker.topic(target, create=False)
                     except QueueNotFoundError:
                         kept.update((m.id, m.receipt) for m in messages)
                         continue
-                    queue.send_many([resend(m, dedup_id=_redrive_id(self.topic.name, m)) for m in messages])
+                    addressed = {} if channel is None else {"channel": channel}
+                    sink.send_many([resend(m, dedup_id=_redrive_id(self.topic.name, m), **addressed) for m in messages])
                     self.delete_many([m.receipt for m in messages])
                     moved += len(messages)
         finally:
