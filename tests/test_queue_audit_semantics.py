@@ -98,3 +98,20 @@ def test_a_dead_letter_of_one_channel_is_redriven_to_that_channel_alone(broker: 
     assert [m.body for m in billing.receive(10)] == [b"m2"]
     with Broker(broker.root, sync="none") as other:  # a channel opened anew sees the same
         assert other.topic("events").channel("audit").receive(10) == []
+
+
+# -- deduplication ------------------------------------------------------------------------------
+
+
+def test_a_dedup_id_sent_again_after_its_window_is_deduplicated_in_every_process(broker: Broker) -> None:
+    q = broker.queue("jobs", dedup_window=0.3)
+    with Broker(broker.root, sync="none") as other_broker:
+        other = other_broker.queue("jobs")
+        assert q.send(b"a", dedup_id="X") == other.send(b"a again", dedup_id="X") == "0"
+        time.sleep(0.4)  # the window of the first send is over: the id may be sent again
+        again = q.send(b"b", dedup_id="X")
+        assert again == "1"
+        assert other.send(b"b again", dedup_id="X") == again  # was "2": stored twice
+        with Broker(broker.root, sync="none") as fresh:  # one that reads the window from the journal
+            assert fresh.queue("jobs").send(b"b once more", dedup_id="X") == again
+    assert [m.body for m in q.receive(10)] == [b"a", b"b"]

@@ -539,8 +539,14 @@ class _DedupIndex:
                         self.remember(dedup_id, message.offset, message.timestamp_ns)
 
     def remember(self, dedup_id: str, offset: int, timestamp_ns: int) -> None:
-        if dedup_id not in self.seen:
-            self.seen[dedup_id] = (offset, timestamp_ns)
+        """Note a send of ``dedup_id`` at ``offset``: its first, or one accepted after the window
+        of the send noted (the id's window starts again there; kept, the old one would be found
+        expired and the id taken as new once more)."""
+        seen = self.seen
+        noted = seen.get(dedup_id)
+        if noted is None or noted[1] < timestamp_ns - self.window_ns:
+            seen.pop(dedup_id, None)
+            seen[dedup_id] = (offset, timestamp_ns)  # at the end: ``seen`` stays in time order
 
     def lookup(self, dedup_id: str) -> int | None:
         horizon = time.time_ns() - self.window_ns
