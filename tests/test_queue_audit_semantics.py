@@ -11,6 +11,7 @@ import pytest
 
 from journalq.errors import TaskNotFoundError
 from journalq.queue import Broker
+from journalq.queue import channel as channel_module
 from journalq.queue.channel import _LOOK_AHEAD
 
 
@@ -59,7 +60,10 @@ def _collect(q, rounds: int = 4) -> None:
 
 
 @pytest.mark.parametrize("how", ["dead", "finished with metadata"])
-def test_a_collected_task_is_gone_not_finished_while_an_older_one_is_in_flight(broker: Broker, how: str) -> None:
+def test_a_collected_task_is_gone_not_finished_while_an_older_one_is_in_flight(
+    broker: Broker, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 3)  # the state read back from snapshots
     q = broker.queue(
         "tasks", max_receive_count=1, dead_letter_queue="tasks-dead", task_gc_interval=0.05, task_gc_lifetime=0.1
     )
@@ -76,6 +80,9 @@ def test_a_collected_task_is_gone_not_finished_while_an_older_one_is_in_flight(b
     _collect(q)
     with pytest.raises(TaskNotFoundError):
         q.task(task)  # was: "finished" (a dead task), with the metadata it was sent with
+    with Broker(broker.root, sync="none") as other:  # rebuilt from the last snapshot (see below)
+        with pytest.raises(TaskNotFoundError):
+            other.queue("tasks").task(task)
     q.delete(held.receipt)
 
 
