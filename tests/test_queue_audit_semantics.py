@@ -12,6 +12,7 @@ import pytest
 from journalq.errors import TaskNotFoundError
 from journalq.queue import Broker
 from journalq.queue import channel as channel_module
+from journalq.queue.envelope import Envelope, decode_meta
 from journalq.queue.channel import _LOOK_AHEAD
 
 
@@ -122,3 +123,8 @@ def test_a_dedup_id_sent_again_after_its_window_is_deduplicated_in_every_process
         with Broker(broker.root, sync="none") as fresh:  # one that reads the window from the journal
             assert fresh.queue("jobs").send(b"b once more", dedup_id="X") == again
     assert [m.body for m in q.receive(10)] == [b"a", b"b"]
+
+
+def test_a_stored_channel_that_is_not_a_name_leaves_the_message_to_every_channel() -> None:
+    assert decode_meta(b"body", b'{"c":5}') == Envelope(b"body")  # not another channel's, finished unseen
+    assert decode_meta(b"body", b'{"c":"billing"}') == Envelope(b"body", channel="billing")

@@ -211,7 +211,9 @@ def decode_meta(body: bytes, raw: bytes) -> Envelope | None:
             meta.get("g"),
             meta.get("m"),
             meta.get("s"),
-            meta.get("c"),
+            # A "c" that names no channel is ignored (the message is every channel's), not
+            # taken for another channel's, which would finish it unseen.
+            meta.get("c") if isinstance(meta.get("c"), str) else None,
         )
     except (ValueError, TypeError, InvalidMessageError):
         return None

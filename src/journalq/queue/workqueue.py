@@ -70,10 +70,12 @@ class Queue(Channel):
                     source = message.source or {}
                     target = destination or source.get("queue")
                     channel = None if destination else source.get("channel")
+                    if not isinstance(channel, str):
+                        channel = None
                     if target is None or target == self.topic.name:
                         kept[message.id] = message.receipt
                     else:
-                        by_target.setdefault((target, channel if isinstance(channel, str) else None), []).append(message)
+                        by_target.setdefault((target, channel), []).append(message)
                 for (target, channel), messages in by_target.items():
                     try:
                         # Never make a queue that was deleted since: its dead letters stay here.
@@ -87,7 +89,9 @@ class Queue(Channel):
                         kept.update((m.id, m.receipt) for m in messages)
                         continue
                     addressed = {} if channel is None else {"channel": channel}
-                    sink.send_many([resend(m, dedup_id=_redrive_id(self.topic.name, m), **addressed) for m in messages])
+                    sink.send_many(
+                        [resend(m, dedup_id=_redrive_id(self.topic.name, m), **addressed) for m in messages]
+                    )
                     self.delete_many([m.receipt for m in messages])
                     moved += len(messages)
         finally:
