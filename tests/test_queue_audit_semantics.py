@@ -128,3 +128,15 @@ def test_a_dedup_id_sent_again_after_its_window_is_deduplicated_in_every_process
 def test_a_stored_channel_that_is_not_a_name_leaves_the_message_to_every_channel() -> None:
     assert decode_meta(b"body", b'{"c":5}') == Envelope(b"body")  # not another channel's, finished unseen
     assert decode_meta(b"body", b'{"c":"billing"}') == Envelope(b"body", channel="billing")
+
+
+def test_a_redrive_to_a_topic_makes_no_channel_of_its_own(broker: Broker) -> None:
+    events = broker.topic("events")
+    billing = events.channel("billing")
+    events.send_many([b"old", b"older"])  # a channel made now would take these again
+    billing.delete_many([m.receipt for m in billing.receive(10)])
+    dead = broker.queue("dead")
+    dead.send(b"moved")
+    assert dead.redrive("events") == 1
+    assert events.channel_names() == ["billing"]  # was: a channel "default" too, from offset 0
+    assert [m.body for m in billing.receive(10)] == [b"moved"]

@@ -49,7 +49,9 @@ class Queue(Channel):
         if destination is not None:
             if destination == self.topic.name:  # would move each message again, round and round
                 raise InvalidSettingError(f"queue {destination!r} cannot be redriven to itself")
-            broker.queue(destination, create=False)  # refuse a destination that does not exist
+            # Refuse a destination that does not exist (its topic: ``broker.queue`` would give a
+            # topic a channel ``default``, which takes every message of it again).
+            broker.topic(destination, create=False)
         moved = 0
         kept: dict[str, str] = {}  # id -> receipt of each message that cannot move
         try:
@@ -64,7 +66,7 @@ class Queue(Channel):
                 if not batch:
                     break
                 # Back where they came from: to the channel each came from alone (a topic's other
-                # channels had it), or to ``destination``'s queue as any message.
+                # channels had it), or to ``destination`` as any message.
                 by_target: dict[tuple[str, str | None], list[Any]] = {}
                 for message in batch:
                     source = message.source or {}
@@ -80,8 +82,8 @@ class Queue(Channel):
                     try:
                         # Never make a queue that was deleted since: its dead letters stay here.
                         # Nor a channel ``default`` of a topic (``broker.queue``): it would take
-                        # every message of the topic again.
-                        if channel is None or channel == DEFAULT_CHANNEL:
+                        # every message of the topic again. (A queue's own comes from its queue.)
+                        if channel == DEFAULT_CHANNEL:
                             sink = broker.queue(target, create=False)
                         else:
                             sink = broker.topic(target, create=False)
