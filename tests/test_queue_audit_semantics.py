@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import TaskNotFoundError
+from journalq.errors import InvalidMessageError, InvalidSettingError, TaskNotFoundError
 from journalq.queue import Broker
 from journalq.queue import channel as channel_module
 from journalq.queue.envelope import Envelope, decode_meta
@@ -140,3 +140,32 @@ def test_a_redrive_to_a_topic_makes_no_channel_of_its_own(broker: Broker) -> Non
     assert dead.redrive("events") == 1
     assert events.channel_names() == ["billing"]  # was: a channel "default" too, from offset 0
     assert [m.body for m in billing.receive(10)] == [b"moved"]
+
+
+# -- bad input: a clear error ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda q, r: q.delete_many(None), InvalidSettingError),
+        (lambda q, r: q.receive(1, delete=None), InvalidSettingError),
+        (lambda q, r: q.change_visibility_many(None), InvalidSettingError),
+        (lambda q, r: q.change_visibility_many(r), InvalidSettingError),  # one receipt, not pairs
+        (lambda q, r: q.change_visibility_many([r]), InvalidSettingError),
+        (lambda q, r: q.change_visibility_many([(r, 1, 2)]), InvalidSettingError),
+        (lambda q, r: q.send_many(None), InvalidMessageError),
+        (lambda q, r: q.send_many({"body": b"one message"}), InvalidMessageError),
+        (lambda q, r: q.send_many(b"one body"), InvalidMessageError),
+    ],
+)
+def test_lists_of_receipts_changes_and_messages_that_are_not_lists_are_refused_clearly(
+    broker: Broker, call, error: type
+) -> None:
+    q = broker.queue("jobs")
+    q.send(b"x")
+    (received,) = q.receive(1)
+    with pytest.raises(error, match="list|pair"):
+        call(q, received.receipt)
+    q.delete(received.receipt)  # nothing was done with it
+    assert q.stats().available == 0

@@ -169,9 +169,23 @@ def receive_arguments(
 
 
 def check_receipt_list(name: str, receipts: object) -> None:
-    """Refuse one receipt where a list of them is due: a string would be taken letter by letter."""
+    """Refuse anything but a list of receipts: one receipt (a string would be taken letter by
+    letter), None, ..."""
     if isinstance(receipts, str):
         raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
+    if isinstance(receipts, (bytes, bytearray)) or not isinstance(receipts, Sequence):
+        raise InvalidSettingError(f"{name} must be a list of receipts, not {type(receipts).__name__}")
+
+
+def check_visibility_changes(changes: object) -> None:
+    """Refuse anything but a list of (receipt, seconds) pairs, with seconds in range (every
+    store's ``change_visibility_many``, before it changes anything)."""
+    if isinstance(changes, (str, bytes, bytearray)) or not isinstance(changes, Sequence):
+        raise InvalidSettingError(f"changes must be a list of (receipt, seconds) pairs, not {type(changes).__name__}")
+    for change in changes:
+        if isinstance(change, str) or not isinstance(change, Sequence) or len(change) != 2:
+            raise InvalidSettingError(f"changes must be a list of (receipt, seconds) pairs, not one of {change!r}")
+        check_number("visibility timeout", change[1], 0, MAX_VISIBILITY)
 
 
 _TOKEN = re.compile(rb"[0-9a-f]{8}")
@@ -884,8 +898,7 @@ class Channel:
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
     def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
-        for _, seconds in changes:
-            check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
+        check_visibility_changes(changes)
         return self._act(
             [receipt for receipt, _ in changes],
             lambda current, now: [

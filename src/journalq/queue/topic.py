@@ -170,6 +170,9 @@ class Topic(TopicDirectory):
 
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Append a batch in one write; returns the ids in the order given."""
+        if isinstance(items, (bytes, bytearray, memoryview, str, Mapping)) or not isinstance(items, Iterable):
+            # (One message, bytes or a mapping, would be taken apart into "messages".)
+            raise InvalidMessageError(f"send_many takes a list of messages, not {type(items).__name__}")
         items = items if isinstance(items, list) else list(items)
         self.refresh_settings()
         settings = self.settings
