@@ -36,7 +36,8 @@ class Queue(Channel):
 
     def redrive(self, destination: str | None = None, max_messages: int | None = None) -> int:
         """Move dead letters back to the queue each came from (or to ``destination``), oldest
-        first (SQS's StartMessageMoveTask); returns how many were moved.
+        first (SQS's StartMessageMoveTask); returns how many were moved. A dead letter of a
+        topic's channel goes back to that channel alone: the topic's other channels had it.
 
         What cannot move (a message that names no source queue, or one that was deleted since) is
         received like the rest, so its receive count grows by one, and it is given back when the
