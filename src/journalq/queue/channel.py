@@ -798,14 +798,12 @@ class Channel:
         if len(ahead) >= _LOOK_AHEAD:
             # A look-ahead's worth that cannot go out now (delayed, filtered out, held back by
             # its group) must not hide a later message that can: read on to the topic's end,
-            # keeping nothing (``_ahead`` stays a look-ahead's worth). To the end as it is now:
-            # under the hold, never chasing producers that append as fast as it reads.
-            end = self._end_offset()
+            # keeping nothing (``_ahead`` stays a look-ahead's worth).
             try:
                 with Scanner(self.topic.path, ahead[-1].offset + 1) as scanner:
                     while batch := scanner.read_batch():
                         for message in batch:
-                            if message.offset >= end or consider(message, 0):
+                            if consider(message, 0):
                                 return
             except (OffsetOutOfRangeError, TruncatedError):
                 pass  # retention deleted what it reads: ``_skip_deleted`` at the next collection
