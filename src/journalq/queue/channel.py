@@ -795,18 +795,6 @@ class Channel:
             for message in more:
                 if consider(message, 0):
                     return
-        if len(ahead) >= _LOOK_AHEAD:
-            # A look-ahead's worth that cannot go out now (delayed, filtered out, held back by
-            # its group) must not hide a later message that can: read on to the topic's end,
-            # keeping nothing (``_ahead`` stays a look-ahead's worth).
-            try:
-                with Scanner(self.topic.path, ahead[-1].offset + 1) as scanner:
-                    while batch := scanner.read_batch():
-                        for message in batch:
-                            if consider(message, 0):
-                                return
-            except (OffsetOutOfRangeError, TruncatedError):
-                pass  # retention deleted what it reads: ``_skip_deleted`` at the next collection
 
     def _read_ahead(self, frontier: int, most: int = _LOOK_AHEAD) -> list[Message]:
         """Drop from ``_ahead`` what is below ``frontier``, then read on until it holds ``most``
