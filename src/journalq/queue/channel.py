@@ -169,9 +169,23 @@ def receive_arguments(
 
 
 def check_receipt_list(name: str, receipts: object) -> None:
-    """Refuse one receipt where a list of them is due: a string would be taken letter by letter."""
+    """Refuse anything but a list of receipts: one receipt (a string would be taken letter by
+    letter), None, ..."""
     if isinstance(receipts, str):
         raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
+    if isinstance(receipts, (bytes, bytearray)) or not isinstance(receipts, Sequence):
+        raise InvalidSettingError(f"{name} must be a list of receipts, not {type(receipts).__name__}")
+
+
+def check_visibility_changes(changes: object) -> None:
+    """Refuse anything but a list of (receipt, seconds) pairs, with seconds in range (every
+    store's ``change_visibility_many``, before it changes anything)."""
+    if isinstance(changes, (str, bytes, bytearray)) or not isinstance(changes, Sequence):
+        raise InvalidSettingError(f"changes must be a list of (receipt, seconds) pairs, not {type(changes).__name__}")
+    for change in changes:
+        if isinstance(change, str) or not isinstance(change, Sequence) or len(change) != 2:
+            raise InvalidSettingError(f"changes must be a list of (receipt, seconds) pairs, not one of {change!r}")
+        check_number("visibility timeout", change[1], 0, MAX_VISIBILITY)
 
 
 _TOKEN = re.compile(rb"[0-9a-f]{8}")
@@ -680,12 +694,17 @@ class Channel:
         blocked = set(state.group_holds)
         picks: list[tuple[Message, Envelope, int]] = []
         dead: list[tuple[Message, Envelope, int]] = []
+        foreign: list[int] = []  # offsets of messages for another channel: finished unseen
+        name = self.name
         wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
             nonlocal wake_at
             env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
+            if env.channel is not None and env.channel != name:
+                foreign.append(message.offset)
+                return False
             group = env.group_id
             if group is not None and group in blocked:
                 return False
@@ -736,6 +755,8 @@ class Channel:
         if dead:
             self._send_dead(dead)
             records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
+        if foreign:
+            records += finish_records(foreign, [0] * len(foreign))
         stamp = 0
         if records or self._unwritten:
             # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
@@ -865,8 +886,7 @@ class Channel:
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
     def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
-        for _, seconds in changes:
-            check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
+        check_visibility_changes(changes)
         return self._act(
             [receipt for receipt, _ in changes],
             lambda current, now: [
@@ -1015,18 +1035,24 @@ class Channel:
             candidates = list(state.candidates())
             frontier, cursor, dead = state.frontier, state.cursor, state.dead
 
-        def delayed_now(message: Message) -> bool:
+        def waiting(message: Message) -> str | None:
+            """"available" or "delayed"; None for a message of another channel (which a receive
+            finishes unseen)."""
             if message.type != envelope.ENVELOPE_TYPE:
-                return False
-            return message.timestamp_ns + int(envelope.decode(message.type, message.value).delay * 1e9) > now
+                return "available"
+            env = envelope.decode(message.type, message.value)
+            if env.channel is not None and env.channel != self.name:
+                return None
+            return "delayed" if message.timestamp_ns + int(env.delay * 1e9) > now else "available"
 
         available = delayed = 0
         for offset in candidates:
             message = self.topic.message(offset)
             if message is not None:
-                if delayed_now(message):
+                how = waiting(message)
+                if how == "delayed":
                     delayed += 1
-                else:
+                elif how is not None:
                     available += 1
         end = self._end_offset()
         first = self.topic.first_offset()
@@ -1037,9 +1063,10 @@ class Channel:
                 looked = 0
                 while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch()):
                     looked += len(batch)
-                    late = sum(1 for message in batch if delayed_now(message))
+                    hows = [waiting(message) for message in batch]
+                    late = hows.count("delayed")
                     delayed += late
-                    unseen -= late
+                    unseen -= late + hows.count(None)
         available += unseen
         oldest = None
         if cursor < end:

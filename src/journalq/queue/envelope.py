@@ -15,6 +15,8 @@ message with queue metadata has the type ``ENVELOPE_TYPE`` (0xE0) and a value of
     "g"  group id (FIFO: one message of a group in flight at a time)
     "m"  task metadata, any JSON object
     "s"  where a dead letter came from: {"queue": name, "id": message id, "count": receives}
+    "c"  the one channel of the topic that the message is for (a dead letter redriven back to the
+         channel it came from); every other channel finishes it unseen
 
 A value with type 0xE0 but without the magic is read as a plain body, so no stored message can
 make a reader fail. Everything here is pure: no I/O.
@@ -121,6 +123,7 @@ class Envelope:
     group_id: str | None = None
     metadata: dict[str, Any] | None = None
     source: dict[str, Any] | None = None
+    channel: str | None = None
 
     @property
     def plain(self) -> bool:
@@ -128,6 +131,7 @@ class Envelope:
         return not (
             self.attributes or self.delay or self.filters or self.dedup_id is not None
             or self.group_id is not None or self.metadata is not None or self.source is not None
+            or self.channel is not None
         )
 
 
@@ -160,6 +164,8 @@ def encode_meta(envelope: Envelope, *, filters: bool = True) -> bytes:
         meta["m"] = envelope.metadata
     if envelope.source is not None:
         meta["s"] = envelope.source
+    if envelope.channel is not None:
+        meta["c"] = envelope.channel
     try:
         return json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
@@ -205,6 +211,9 @@ def decode_meta(body: bytes, raw: bytes) -> Envelope | None:
             meta.get("g"),
             meta.get("m"),
             meta.get("s"),
+            # A "c" that names no channel is ignored (the message is every channel's), not
+            # taken for another channel's, which would finish it unseen.
+            meta.get("c") if isinstance(meta.get("c"), str) else None,
         )
     except (ValueError, TypeError, InvalidMessageError):
         return None

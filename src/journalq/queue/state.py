@@ -189,6 +189,9 @@ class ChannelState:
         self.finished_at: dict[int, tuple[int, str]] = {}  # offset -> (time, "finished"|"dead")
         self.dead = 0
         self.collected_below = 0  # tasks below it were garbage-collected
+        self.collected: set[int] = set()
+        """Tasks from ``collected_below`` on whose record (``finished_at``) was collected: without
+        it, the cursor or ``finished`` would call them finished again (a dead one too)."""
         self.cursor_marks: list[tuple[int, int]] = []  # (time, cursor) at each collection
         self.last_collect = 0
         self.events_applied = 0
@@ -450,7 +453,7 @@ class ChannelState:
         record = self.finished_at.get(offset)
         if record is not None:
             return record[1]
-        if offset < self.collected_below:
+        if offset < self.collected_below or offset in self.collected:
             return None
         if offset < self.cursor or offset in self.finished:
             return "finished"
@@ -469,9 +472,13 @@ class ChannelState:
         while marks and marks[0][0] <= older_than:
             self.collected_below = max(self.collected_below, marks.pop(0)[1])
         marks.append((now, self.cursor))
+        collected = {o for o in self.collected if o >= self.collected_below}
         for offset in [o for o, (when, _) in self.finished_at.items() if when < older_than]:
             del self.finished_at[offset]
             self.metadata.pop(offset, None)
+            if offset >= self.collected_below:
+                collected.add(offset)
+        self.collected = collected
         for offset in [o for o in self.metadata if o < self.collected_below and o not in self.finished_at]:
             del self.metadata[offset]
         self.last_collect = now
@@ -493,6 +500,7 @@ class ChannelState:
                 "finished_at": [[o, t, how] for o, (t, how) in self.finished_at.items()],
                 "dead": self.dead,
                 "collected_below": self.collected_below,
+                "collected": sorted(self.collected),
                 "cursor_marks": self.cursor_marks,
                 "last_collect": self.last_collect,
             },
@@ -512,6 +520,7 @@ class ChannelState:
         self.finished_at = {o: (t, how) for o, t, how in data["finished_at"]}
         self.dead = data["dead"]
         self.collected_below = data["collected_below"]
+        self.collected = set(data.get("collected", ()))  # (none in snapshots of earlier versions)
         self.cursor_marks = [tuple(m) for m in data["cursor_marks"]]
         self.last_collect = data["last_collect"]
         for offset, seq, visible_at, consumer, group, *stamp in data["inflight"]:

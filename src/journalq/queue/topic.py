@@ -170,6 +170,9 @@ class Topic(TopicDirectory):
 
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Append a batch in one write; returns the ids in the order given."""
+        if isinstance(items, (bytes, bytearray, memoryview, str, Mapping)) or not isinstance(items, Iterable):
+            # (One message, bytes or a mapping, would be taken apart into "messages".)
+            raise InvalidMessageError(f"send_many takes a list of messages, not {type(items).__name__}")
         items = items if isinstance(items, list) else list(items)
         self.refresh_settings()
         settings = self.settings
@@ -232,7 +235,9 @@ class Topic(TopicDirectory):
             item = {"body": bytes(item)}
         if not isinstance(item, Mapping):
             raise InvalidMessageError(f"a message to send is bytes or a mapping, not {type(item).__name__}")
-        unknown = set(item) - {"body", "attributes", "delay", "filters", "dedup_id", "group_id", "metadata", "source"}
+        unknown = set(item) - {
+            "body", "attributes", "delay", "filters", "dedup_id", "group_id", "metadata", "source", "channel"
+        }
         if unknown:
             raise InvalidMessageError(f"unknown message field(s): {', '.join(sorted(unknown))}")
         body = item.get("body")
@@ -260,6 +265,9 @@ class Topic(TopicDirectory):
             if not isinstance(name, str) or not name:
                 raise InvalidMessageError(f"attribute names are non-empty strings, not {name!r}")
             attributes[name] = envelope.checked_attribute(name, value)
+        channel = item.get("channel")
+        if channel is not None:
+            check_name(channel, "channel")
         return Envelope(
             body=body,
             attributes=attributes,
@@ -269,6 +277,7 @@ class Topic(TopicDirectory):
             group_id=item.get("group_id"),
             metadata=item.get("metadata"),
             source=item.get("source"),  # set on dead letters: where they came from
+            channel=channel,  # set on dead letters redriven: the channel they came from
         )
 
     def _get_writer(self) -> Writer:
@@ -533,8 +542,14 @@ class _DedupIndex:
                         self.remember(dedup_id, message.offset, message.timestamp_ns)
 
     def remember(self, dedup_id: str, offset: int, timestamp_ns: int) -> None:
-        if dedup_id not in self.seen:
-            self.seen[dedup_id] = (offset, timestamp_ns)
+        """Note a send of ``dedup_id`` at ``offset``: its first, or one accepted after the window
+        of the send noted (the id's window starts again there; kept, the old one would be found
+        expired and the id taken as new once more)."""
+        seen = self.seen
+        noted = seen.get(dedup_id)
+        if noted is None or noted[1] < timestamp_ns - self.window_ns:
+            seen.pop(dedup_id, None)
+            seen[dedup_id] = (offset, timestamp_ns)  # at the end: ``seen`` stays in time order
 
     def lookup(self, dedup_id: str) -> int | None:
         horizon = time.time_ns() - self.window_ns

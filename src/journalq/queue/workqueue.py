@@ -36,7 +36,8 @@ class Queue(Channel):
 
     def redrive(self, destination: str | None = None, max_messages: int | None = None) -> int:
         """Move dead letters back to the queue each came from (or to ``destination``), oldest
-        first (SQS's StartMessageMoveTask); returns how many were moved.
+        first (SQS's StartMessageMoveTask); returns how many were moved. A dead letter of a
+        topic's channel goes back to that channel alone: the topic's other channels had it.
 
         What cannot move (a message that names no source queue, or one that was deleted since) is
         received like the rest, so its receive count grows by one, and it is given back when the
@@ -49,7 +50,9 @@ class Queue(Channel):
         if destination is not None:
             if destination == self.topic.name:  # would move each message again, round and round
                 raise InvalidSettingError(f"queue {destination!r} cannot be redriven to itself")
-            broker.queue(destination, create=False)  # refuse a destination that does not exist
+            # Refuse a destination that does not exist (its topic: ``broker.queue`` would give a
+            # topic a channel ``default``, which takes every message of it again).
+            broker.topic(destination, create=False)
         moved = 0
         kept: dict[str, str] = {}  # id -> receipt of each message that cannot move
         try:
@@ -63,21 +66,35 @@ class Queue(Channel):
                     break
                 if not batch:
                     break
-                by_target: dict[str, list[Any]] = {}
+                # Back where they came from: to the channel each came from alone (a topic's other
+                # channels had it), or to ``destination`` as any message.
+                by_target: dict[tuple[str, str | None], list[Any]] = {}
                 for message in batch:
-                    target = destination or (message.source or {}).get("queue")
+                    source = message.source or {}
+                    target = destination or source.get("queue")
+                    channel = None if destination else source.get("channel")
+                    if not isinstance(channel, str):
+                        channel = None
                     if target is None or target == self.topic.name:
                         kept[message.id] = message.receipt
                     else:
-                        by_target.setdefault(target, []).append(message)
-                for target, messages in by_target.items():
+                        by_target.setdefault((target, channel), []).append(message)
+                for (target, channel), messages in by_target.items():
                     try:
                         # Never make a queue that was deleted since: its dead letters stay here.
-                        queue = broker.queue(target, create=False)
+                        # Nor a channel ``default`` of a topic (``broker.queue``): it would take
+                        # every message of the topic again. (A queue's own comes from its queue.)
+                        if channel == DEFAULT_CHANNEL:
+                            sink = broker.queue(target, create=False)
+                        else:
+                            sink = broker.topic(target, create=False)
                     except QueueNotFoundError:
                         kept.update((m.id, m.receipt) for m in messages)
                         continue
-                    queue.send_many([resend(m, dedup_id=_redrive_id(self.topic.name, m)) for m in messages])
+                    addressed = {} if channel is None else {"channel": channel}
+                    sink.send_many(
+                        [resend(m, dedup_id=_redrive_id(self.topic.name, m), **addressed) for m in messages]
+                    )
                     self.delete_many([m.receipt for m in messages])
                     moved += len(messages)
         finally:
