@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,24 +117,34 @@ def test_a_redrive_to_a_topic_makes_no_channel_of_its_own(broker: Broker) -> Non
 # -- bad input: a clear error ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "call, error",
-    [
-        (lambda q, r: q.delete_many(None), InvalidSettingError),
-        (lambda q, r: q.receive(1, delete=None), InvalidSettingError),
-        (lambda q, r: q.change_visibility_many(None), InvalidSettingError),
-        (lambda q, r: q.change_visibility_many(r), InvalidSettingError),  # one receipt, not pairs
-        (lambda q, r: q.change_visibility_many([r]), InvalidSettingError),
-        (lambda q, r: q.change_visibility_many([(r, 1, 2)]), InvalidSettingError),
-        (lambda q, r: q.send_many(None), InvalidMessageError),
-        (lambda q, r: q.send_many({"body": b"one message"}), InvalidMessageError),
-        (lambda q, r: q.send_many(b"one body"), InvalidMessageError),
-    ],
-)
+NOT_LISTS = [
+    (lambda q, r: q.delete_many(None), InvalidSettingError),
+    (lambda q, r: q.receive(1, delete=None), InvalidSettingError),
+    (lambda q, r: q.change_visibility_many(None), InvalidSettingError),
+    (lambda q, r: q.change_visibility_many(r), InvalidSettingError),  # one receipt, not pairs
+    (lambda q, r: q.change_visibility_many([r]), InvalidSettingError),
+    (lambda q, r: q.change_visibility_many([(r, 1, 2)]), InvalidSettingError),
+    (lambda q, r: q.send_many(None), InvalidMessageError),
+    (lambda q, r: q.send_many({"body": b"one message"}), InvalidMessageError),
+    (lambda q, r: q.send_many(b"one body"), InvalidMessageError),
+]
+
+
+@pytest.mark.parametrize("call, error", NOT_LISTS)
+@pytest.mark.parametrize("shards", [1, 2])
 def test_lists_of_receipts_changes_and_messages_that_are_not_lists_are_refused_clearly(
-    broker: Broker, call, error: type
+    broker: Broker, shards: int, call, error: type
 ) -> None:
-    q = broker.queue("jobs")
+    check_refused(broker.queue("jobs", shards=shards), call, error)
+
+
+@pytest.mark.parametrize("call, error", NOT_LISTS)
+def test_the_zookeeper_store_refuses_them_too(zookeeper_server: Any, call, error: type) -> None:
+    with Broker(zookeeper_server.url(f"/audit{time.monotonic_ns()}")) as broker:
+        check_refused(broker.queue("jobs"), call, error)
+
+
+def check_refused(q: Any, call: Any, error: type) -> None:
     q.send(b"x")
     (received,) = q.receive(1)
     with pytest.raises(error, match="list|pair"):

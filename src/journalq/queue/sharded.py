@@ -57,10 +57,17 @@ from journalq.journal.recovery import fsync_dir
 from journalq.journal.segment import journal_dir, list_segments
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
-from journalq.queue.channel import MAX_VISIBILITY, Channel, ChannelStats, ReceivedMessage, Task, check_receipt_list
+from journalq.queue.channel import (
+    Channel,
+    ChannelStats,
+    ReceivedMessage,
+    Task,
+    check_receipt_list,
+    check_visibility_changes,
+)
 from journalq.queue.removal import remove_directory
-from journalq.queue.settings import QueueSettings, check_number
-from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory, size_cuts
+from journalq.queue.settings import QueueSettings
+from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory, message_list, size_cuts
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
@@ -259,6 +266,7 @@ class ShardedTopic(TopicDirectory):
         full disk) says which messages are stored (``ids``, None for the others) and which to
         send again (``unsent``). Each shard's part is all or nothing, and a failure before any
         part was written raises its own error, with nothing stored."""
+        items = message_list(items)
         routed: list[tuple[int, Mapping[str, Any]]] = []
         self.refresh_settings()
         first = self.shards[0]
@@ -552,7 +560,8 @@ class ShardedChannel:
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
     def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
-        seconds = [check_number("visibility timeout", s, 0, MAX_VISIBILITY) for _, s in changes]  # all first
+        check_visibility_changes(changes)  # all first
+        seconds = [s for _, s in changes]
         return self._act(
             [receipt for receipt, _ in changes],
             lambda channel, inner, positions: channel.change_visibility_many(

@@ -46,6 +46,14 @@ of ``Topic.send``."""
 _CACHED_MESSAGES = 8192  # a topic keeps this many recently read messages for redelivery
 
 
+def message_list(items: object) -> list[OutgoingMessage]:
+    """``send_many``'s messages as a list (every store's), or ``InvalidMessageError``: one message,
+    bytes or a mapping, would be taken apart into "messages", and None is no batch."""
+    if isinstance(items, (bytes, bytearray, memoryview, str, Mapping)) or not isinstance(items, Iterable):
+        raise InvalidMessageError(f"send_many takes a list of messages, not {type(items).__name__}")
+    return items if isinstance(items, list) else list(items)
+
+
 class TopicDirectory:
     """What ``Topic`` and ``ShardedTopic`` share: the topic's directory held open (to tell when
     the topic is deleted, or deleted and made again, under an object that has it open) and its
@@ -170,10 +178,7 @@ class Topic(TopicDirectory):
 
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Append a batch in one write; returns the ids in the order given."""
-        if isinstance(items, (bytes, bytearray, memoryview, str, Mapping)) or not isinstance(items, Iterable):
-            # (One message, bytes or a mapping, would be taken apart into "messages".)
-            raise InvalidMessageError(f"send_many takes a list of messages, not {type(items).__name__}")
-        items = items if isinstance(items, list) else list(items)
+        items = message_list(items)
         self.refresh_settings()
         settings = self.settings
         if not settings.delay and not settings.content_based_dedup and all(type(i) is bytes for i in items):

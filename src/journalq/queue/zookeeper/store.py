@@ -77,16 +77,16 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.channel import (
-    MAX_VISIBILITY,
     ChannelStats,
     ReceivedMessage,
     Task,
     check_receipt_list,
+    check_visibility_changes,
     receive_arguments,
 )
 from journalq.queue.envelope import Envelope, resend
-from journalq.queue.settings import QueueSettings, check_for_queue, check_name, check_number
-from journalq.queue.topic import OutgoingMessage, Topic
+from journalq.queue.settings import QueueSettings, check_for_queue, check_name
+from journalq.queue.topic import OutgoingMessage, Topic, message_list
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper.layout import (
     CLAIMED,
@@ -698,7 +698,7 @@ class ZooKeeperTopic:
         ``PartialSendError`` (a ``StoreUnavailableError`` too when the connection broke) says
         which messages are stored (``ids``, None for the others) and which to send again
         (``unsent``); a failure that stored nothing raises its own error."""
-        items = list(items)
+        items = message_list(items)
         envelopes, metas = self._prepare(items)  # bad input is refused before any call
         if not envelopes:
             return []
@@ -1548,8 +1548,7 @@ class ZooKeeperQueue:
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
     def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
-        for _, seconds in changes:
-            check_number("visibility timeout", seconds, 0, MAX_VISIBILITY)
+        check_visibility_changes(changes)
         with self._call(f"changing the visibility of {len(changes)} delivery(ies) in"):
             return self._act([r for r, _ in changes], lambda i, entry: (None, int(changes[i][1] * 1000)))
 
