@@ -65,7 +65,8 @@ class Backoff:
     rng: random.Random = field(default_factory=random.Random)
 
     def next_delay(self) -> float:
-        delay = min(self.maximum, self.initial * 2**self.attempts)
+        # The exponent is capped: a hub down long enough would make 2**attempts overflow a float.
+        delay = min(self.maximum, self.initial * 2.0 ** min(self.attempts, 64))
         self.attempts += 1
         return delay * (1 - self.rng.random() / 4)
 
