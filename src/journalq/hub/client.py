@@ -45,7 +45,9 @@ from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.watch import DirectoryWatch
 from journalq.shard.layout import journals_at
 
-__all__ = ["DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "sources_at"]
+__all__ = [
+    "DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "check_hub_url", "sources_at",
+]
 
 DEFAULT_CHUNK = 1 << 20
 _ERRORS: dict[str, type[HubError]] = {
@@ -74,6 +76,19 @@ class Backoff:
         self.attempts = 0
 
 
+def check_hub_url(url: str) -> str:
+    """``url`` when it is ``http(s)://HOST[:PORT]``; ``HubError`` naming it otherwise (httpx
+    would refuse it at every request as a connection error, which a pusher retries for ever)."""
+    try:
+        parsed = httpx.URL(url)
+        port_ok = parsed.port is None or 0 < parsed.port < 65536
+    except (httpx.InvalidURL, TypeError, ValueError):
+        parsed, port_ok = None, False
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host or not port_ok:
+        raise HubError(f"hub URL {url!r} is not http://HOST:PORT")
+    return url
+
+
 class Hub(Protocol):
     """What a pusher needs of a hub: ``HubClient`` over HTTP, or a ``HubStore`` in the process."""
 
@@ -96,7 +111,7 @@ class HubClient(Closing):
     ) -> None:
         """``token``: the hub's bearer token, when it requires one. ``http``: an ``httpx.Client``
         to send with (one bound to an app in tests, say); it is closed with this client."""
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_hub_url(base_url).rstrip("/")
         self._http = http or httpx.Client(
             base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=connect_timeout), follow_redirects=False
         )
