@@ -3,15 +3,19 @@ storage failures of the hub's store."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from journalq.cli.main import cli
-from journalq.errors import HubError, HubUnavailableError
-from journalq.hub.client import Backoff, HubClient
+from journalq.errors import HubConflictError, HubError, HubUnavailableError
+from journalq.hub import HubStore, Push
+from journalq.hub.client import Backoff, HubClient, Pusher
 from journalq.journal import Writer
+from journalq.journal.codec import encode_batch
+from journalq.shard import ShardedWriter
 
 
 def test_backoff_stays_at_its_maximum_however_long_the_hub_is_down() -> None:
@@ -44,3 +48,54 @@ def test_the_hub_commands_refuse_a_url_without_http_as_a_usage_error(tmp_path: P
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2, result.output
     assert "localhost:8090" in result.output and "http://HOST:PORT" in result.output
+
+
+def write(path: Path, count: int, start: int = 0, segment_size: int = 3000) -> None:
+    with Writer(path, segment_size=segment_size) as writer:
+        writer.append_many([b"m%d" % i * (1 + i % 9) for i in range(start, start + count)])
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with HubStore(tmp_path / "hub") as hub:
+        yield hub
+
+
+def no_wait() -> Backoff:
+    return Backoff(initial=0.0, maximum=0.0)
+
+
+def test_following_ends_once_every_journal_was_refused(tmp_path: Path, store: HubStore) -> None:
+    """Nothing is left to follow: ``hub push`` (which follows by default) exits 1 saying why,
+    instead of waiting for ever with nothing to push."""
+    store.push(Push("c1", "a", 0, 0, encode_batch(0, 0, [b"other", b"journal"])[0]))
+    write(tmp_path / "a", 20)
+    started = time.monotonic()
+    with Pusher(store, "c1", [tmp_path / "a"], backoff=no_wait(), report_interval=0.05) as pusher:
+        (copy,) = pusher.run(follow=True, stop=lambda: time.monotonic() - started > 5)
+    assert isinstance(copy.failed, HubConflictError)
+    assert time.monotonic() - started < 3
+
+
+def test_following_goes_on_while_one_journal_is_left(tmp_path: Path, store: HubStore) -> None:
+    store.push(Push("c1", "a", 0, 0, encode_batch(0, 0, [b"other", b"journal"])[0]))
+    write(tmp_path / "a", 20)
+    write(tmp_path / "b", 20)
+    started = time.monotonic()
+    with Pusher(store, "c1", [tmp_path / "a", tmp_path / "b"], backoff=no_wait(), report_interval=0.05) as pusher:
+        copies = pusher.run(follow=True, stop=lambda: time.monotonic() - started > 1)
+    assert time.monotonic() - started > 1
+    assert [c.failed is None for c in copies] == [False, True] and store.held("c1", "b").next == 20
+
+
+def test_following_a_root_of_shards_goes_on_though_every_shard_was_refused(tmp_path: Path, store: HubStore) -> None:
+    """A root's new shards are pushed too: refused ones are no reason to stop following it."""
+    with ShardedWriter(tmp_path / "events", prefix="events", bit=1, segment_size=2000) as sharded:
+        for i in range(40):
+            sharded.append(b"e%d" % i, key=b"k%d" % i)
+    for shard in ("events.1.000", "events.1.001"):
+        store.push(Push("c1", shard, 0, 0, encode_batch(0, 0, [b"other", b"journal", b"entirely"])[0]))
+    started = time.monotonic()
+    with Pusher(store, "c1", [tmp_path / "events"], backoff=no_wait(), report_interval=0.05) as pusher:
+        copies = pusher.run(follow=True, stop=lambda: time.monotonic() - started > 1)
+    assert time.monotonic() - started > 1 and all(isinstance(c.failed, HubConflictError) for c in copies)

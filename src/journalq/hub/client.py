@@ -265,7 +265,8 @@ class Pusher(Closing):
     """Pushes the journals that ``directories`` stand for to the hub, as ``client_id``.
 
     ``run()`` copies until every journal is caught up (``follow=False``) or forever, following
-    appends and new shards (``follow=True``). A connection error or a hub answering 5xx is waited
+    appends and new shards (``follow=True``; it ends when every journal was refused and none can
+    be added, no root of shards being among ``directories``). A connection error or a hub answering 5xx is waited
     out (``Backoff``), after which the pusher asks the hub what it holds and resumes from there;
     ``give_up_after`` seconds of failing in a row end the run with ``HubUnavailableError``. A
     journal the hub refuses (its messages differ from the ones held, say) is reported and left;
@@ -316,6 +317,8 @@ class Pusher(Closing):
                     continue  # more to send, or a hub that failed: the backoff waited already
                 if not follow and all(c.caught_up or c.failed for c in self.copies.values()):
                     break
+                if all(c.failed for c in self.copies.values()) and not self._shard_roots():
+                    break  # every journal was refused and no new one can come: nothing to follow
                 if watch is None or self._refresh():
                     if watch is not None:
                         watch.close()
@@ -472,7 +475,11 @@ class Pusher(Closing):
     def _watched(self) -> list[Path]:
         """What to watch: each journal's segments, and each root (for new shards)."""
         dirs = [c.path / "jnl" for c in self.copies.values() if (c.path / "jnl").is_dir()]
-        return dirs + [d for d in self.directories if d.is_dir() and not (d / "jnl").is_dir()]
+        return dirs + self._shard_roots()
+
+    def _shard_roots(self) -> list[Path]:
+        """The directories that are roots of shards, where new journals may appear."""
+        return [d for d in self.directories if d.is_dir() and not (d / "jnl").is_dir()]
 
     def _event(self, kind: str, copy: JournalCopy | None, **fields: Any) -> None:
         if self.reporter is not None:
