@@ -3,6 +3,7 @@ storage failures of the hub's store."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -99,3 +100,32 @@ def test_following_a_root_of_shards_goes_on_though_every_shard_was_refused(tmp_p
     with Pusher(store, "c1", [tmp_path / "events"], backoff=no_wait(), report_interval=0.05) as pusher:
         copies = pusher.run(follow=True, stop=lambda: time.monotonic() - started > 1)
     assert time.monotonic() - started > 1 and all(isinstance(c.failed, HubConflictError) for c in copies)
+
+
+def test_a_copy_the_hub_lost_mid_segment_is_copied_anew_from_the_oldest_segment(tmp_path: Path) -> None:
+    """A hub that lost a copy (restarted without it) answers the pusher's next push, inside a
+    segment, with a gap at 0: the pusher asks what the hub holds, and a source whose oldest
+    segments were deleted (retention) starts the copy anew at its oldest segment, as a first
+    push does, instead of failing with 'deleted before they were copied'."""
+    write(tmp_path / "j", 300)
+    for path in sorted((tmp_path / "j" / "jnl").glob("*"))[:4]:
+        path.unlink()
+    hub = HubStore(tmp_path / "hub")
+    pusher = Pusher(hub, "c1", [tmp_path / "j"], backoff=no_wait())
+    try:
+        (copy,) = pusher.run()
+        assert copy.failed is None
+        hub.close()
+        shutil.rmtree(tmp_path / "hub" / "c1.j")  # lost, with the hub
+        write(tmp_path / "j", 5, start=300)  # the next push starts inside a segment
+        pusher.hub = hub = HubStore(tmp_path / "hub")
+        (copy,) = pusher.run()
+    finally:
+        pusher.close()
+        hub.close()
+    assert copy.failed is None
+    assert segments(tmp_path / "hub" / "c1.j") == segments(tmp_path / "j")
+
+
+def segments(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((path / "jnl").glob("*.jnl"))}

@@ -410,9 +410,10 @@ class Pusher(Closing):
                 return True
         try:
             result = self.hub.push(Push(self.client_id, copy.name, run.first, run.segment, run.data))
-        except HubGapError as exc:
-            copy.hub_next = exc.held  # the hub says where it is: resume from there
-            copy.hub_empty = False
+        except HubGapError:
+            # The hub holds less than we thought (it lost the copy, say): ask it what it holds,
+            # empty or not, as after any failure (a gap's offset alone cannot tell).
+            copy.hub_next = None
             return True
         except HubUnavailableError:
             copy.hub_next = None  # after any failure, resume from what the hub says it holds
