@@ -7,6 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -129,3 +130,33 @@ def test_a_copy_the_hub_lost_mid_segment_is_copied_anew_from_the_oldest_segment(
 
 def segments(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((path / "jnl").glob("*.jnl"))}
+
+
+def test_a_push_answered_408_is_pushed_again_not_taken_for_a_refusal(tmp_path: Path, store: HubStore) -> None:
+    """The hub answers 408 when a push's body stopped arriving for a while (a network that
+    stalls): the push is sent again, as after a cut connection, instead of the journal being
+    given up as refused (hub push would exit 1)."""
+    write(tmp_path / "j", 30)
+    stalls = [1]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and stalls:
+            stalls.pop()
+            return httpx.Response(408, json={"error": "the push stopped arriving: no bytes for 10 s",
+                                             "kind": "timeout"}, headers={"connection": "close"})
+        held = store.held("c1", "j")
+        if request.method == "GET":
+            return httpx.Response(200, json=held.to_json())
+        first, segment = int(request.url.params["first"]), int(request.url.params["segment"])
+        result = store.push(Push("c1", "j", first, segment, request.content))
+        return httpx.Response(200, json=result.to_json())
+
+    http = httpx.Client(base_url="http://hub", transport=httpx.MockTransport(answer))
+    with HubClient("http://hub", http=http) as client:
+        with pytest.raises(HubUnavailableError, match="stopped arriving"):
+            client.push(Push("c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0]))
+        stalls.append(1)
+        with Pusher(client, "c1", [tmp_path / "j"], backoff=no_wait()) as pusher:
+            (copy,) = pusher.run()
+    assert copy.failed is None and not stalls
+    assert segments(store.root / "c1.j") == segments(tmp_path / "j")

@@ -1,9 +1,9 @@
 """The hub's client: push local journals to a hub and keep them copied.
 
 ``HubClient`` speaks the hub's HTTP API, one attempt per call: a refusal comes back as the
-``HubError`` the hub named; a connection error or a 5xx answer as ``HubUnavailableError``, which
-``Pusher`` waits out with a growing delay (``Backoff``) before it asks the hub what it holds and
-resumes from there. So either side can die at any moment: nothing is sent twice into the copy
+``HubError`` the hub named; a connection error, a 5xx answer or a 408 (the request stopped
+arriving) as ``HubUnavailableError``, which ``Pusher`` waits out with a growing delay
+(``Backoff``) before it asks the hub what it holds and resumes from there. So either side can die at any moment: nothing is sent twice into the copy
 (the hub skips what it holds) and nothing is left out (the hub refuses a gap).
 
 ``Pusher`` follows journals, plain or sharded (a shard root pushes each of its shards, and shards
@@ -184,7 +184,8 @@ class HubClient(Closing):
             message, kind = str(body["error"]), str(body.get("kind", ""))
         except (ValueError, KeyError, TypeError):
             message, kind = answer.text[:200] or answer.reason_phrase, ""
-        if answer.status_code >= 500:
+        if answer.status_code >= 500 or answer.status_code == 408:
+            # 408: the request stopped arriving (a stalled network), which a retry may not meet.
             raise HubUnavailableError(f"hub {self.base_url} answered {answer.status_code}: {message}")
         if kind == HubGapError.kind and isinstance(body.get("next"), int):
             raise HubGapError(message, held=body["next"])
