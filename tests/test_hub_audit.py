@@ -3,7 +3,10 @@ storage failures of the hub's store."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
+import warnings
 import time
 from pathlib import Path
 
@@ -12,12 +15,18 @@ import pytest
 from click.testing import CliRunner
 
 from journalq.cli.main import cli
-from journalq.errors import HubConflictError, HubError, HubUnavailableError
+from journalq.errors import HubConflictError, HubError, HubUnavailableError, StorageError
+import journalq.hub.store as store_module
 from journalq.hub import HubStore, Push
 from journalq.hub.client import Backoff, HubClient, Pusher
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
+from journalq.server.hub import create_hub_app
 from journalq.shard import ShardedWriter
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
 
 
 def test_backoff_stays_at_its_maximum_however_long_the_hub_is_down() -> None:
@@ -160,3 +169,31 @@ def test_a_push_answered_408_is_pushed_again_not_taken_for_a_refusal(tmp_path: P
             (copy,) = pusher.run()
     assert copy.failed is None and not stalls
     assert segments(store.root / "c1.j") == segments(tmp_path / "j")
+
+
+def test_a_full_disk_when_a_copy_starts_is_answered_503_and_the_copy_starts_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting a copy (its directory and first segment) on a full disk is a storage failure as
+    any other of a push: ``StorageError``, answered 503 naming the problem, which the pusher
+    waits out. It was an ``OSError`` out of the store: a bare 500 'Internal Server Error'."""
+    real = store_module.fsync_dir
+    full = [True]
+
+    def fsync_dir(path: Path) -> None:
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path)
+
+    monkeypatch.setattr(store_module, "fsync_dir", fsync_dir)
+    data = encode_batch(0, 1, [b"a", b"b"])[0]
+    with HubStore(tmp_path / "hub") as store:
+        with pytest.raises(StorageError, match="No space left"):
+            store.push(Push("c1", "j", 0, 0, data))
+    with TestClient(create_hub_app(tmp_path / "hub2"), raise_server_exceptions=False) as http:
+        answer = http.post("/hub/v1/journals/c1/j", params={"first": 0, "segment": 0}, content=data)
+        assert answer.status_code == 503 and answer.json()["kind"] == "storage"
+        assert "No space left" in answer.json()["error"] and answer.headers["retry-after"] == "1"
+        full[0] = False
+        answer = http.post("/hub/v1/journals/c1/j", params={"first": 0, "segment": 0}, content=data)
+        assert answer.status_code == 200 and answer.json()["next"] == 2

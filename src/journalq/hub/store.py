@@ -158,13 +158,16 @@ class HubStore(Closing):
             if self._closed:
                 raise _closed_error()
         with self._copy_locks.hold(key):
-            result = self._push(push, path, key)
-            if result is None:
-                # The copy is empty at another offset than the push starts (its first segment was
-                # created by a push whose append then failed): start it again where asked.
-                self._close_writer(key)
-                _start_copy(path, push.first)
+            try:
                 result = self._push(push, path, key)
+                if result is None:
+                    # The copy is empty at another offset than the push starts (its first segment
+                    # was created by a push whose append then failed): start it again where asked.
+                    self._close_writer(key)
+                    _start_copy(path, push.first)
+                    result = self._push(push, path, key)
+            except OSError as exc:  # starting the copy, opening its writer, appending
+                raise _storage_error(exc, path) from exc
             assert result is not None
             return result
 
@@ -198,8 +201,6 @@ class HubStore(Closing):
         except BaseException as exc:
             if writer.failed or not isinstance(exc, HubError):
                 self._close_writer(key)  # the next push reopens (and recovers) the copy
-            if isinstance(exc, OSError):
-                raise _storage_error(exc, path) from exc
             raise
         return PushResult(held, appended=plan.count, skipped=plan.skipped)
 
