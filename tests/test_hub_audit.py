@@ -197,3 +197,29 @@ def test_a_full_disk_when_a_copy_starts_is_answered_503_and_the_copy_starts_late
         full[0] = False
         answer = http.post("/hub/v1/journals/c1/j", params={"first": 0, "segment": 0}, content=data)
         assert answer.status_code == 200 and answer.json()["next"] == 2
+
+
+def test_a_copy_started_again_after_a_failed_start_syncs_its_entry_in_the_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first push that made the copy's directory but failed (or died) before syncing the
+    root: the push that starts the copy later syncs the root, or a power cut could take the
+    copy's directory, with every push acknowledged into it, away."""
+    real = store_module.fsync_dir
+    synced: list[Path] = []
+    fail = [True]
+
+    def fsync_dir(path: Path) -> None:
+        if fail[0]:
+            fail[0] = False
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(store_module, "fsync_dir", fsync_dir)
+    data = encode_batch(0, 1, [b"a", b"b"])[0]
+    with HubStore(tmp_path / "hub") as store:
+        with pytest.raises(StorageError):
+            store.push(Push("c1", "j", 0, 0, data))
+        assert store.push(Push("c1", "j", 0, 0, data)).held.next == 2
+    assert store.root in synced and store.root / "c1.j" in synced

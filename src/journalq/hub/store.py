@@ -272,11 +272,11 @@ def _held(path: Path) -> Held:
 def _start_copy(path: Path, offset: int) -> None:
     """Make the empty copy at ``path`` start at ``offset``: its only segment, empty, is named by
     it (a writer then appends from there). Under the journal's lock, against other hub processes."""
-    created = not path.exists()
     journal_dir(path).mkdir(parents=True, exist_ok=True)
-    if created:
-        fsync_dir(path.parent)
-        fsync_dir(path)
+    # Synced even when the directories were there: a start that made them may have failed (or
+    # died) before it synced their entries. Once a copy start, so cheap.
+    fsync_dir(path.parent)
+    fsync_dir(path)
     lock = FileLock(lock_path(path))
     try:
         take_shared_lock(lock)  # not behind an exclusive writer (``journalq write``, say): for ever
