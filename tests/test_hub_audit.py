@@ -15,10 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from journalq.cli.main import cli
-from journalq.errors import HubConflictError, HubError, HubUnavailableError, StorageError
+from journalq.errors import HubConflictError, HubError, HubUnavailableError, InvalidJournalPathError, StorageError
 import journalq.hub.store as store_module
 from journalq.hub import HubStore, Push
 from journalq.hub.client import Backoff, HubClient, Pusher
+from journalq.hub.protocol import check_journal_name
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
@@ -223,3 +224,17 @@ def test_a_copy_started_again_after_a_failed_start_syncs_its_entry_in_the_root(
             store.push(Push("c1", "j", 0, 0, data))
         assert store.push(Push("c1", "j", 0, 0, data)).held.next == 2
     assert store.root in synced and store.root / "c1.j" in synced
+
+
+def test_a_journal_whose_directory_name_is_not_utf8_is_refused_by_name(tmp_path: Path, store: HubStore) -> None:
+    """A local directory named with bytes that are not UTF-8 cannot be named on the hub: the
+    pusher reports that journal as refused, naming why, instead of crashing on a
+    UnicodeEncodeError (a traceback out of hub push)."""
+    name = os.fsdecode(b"j\xff")
+    with pytest.raises(InvalidJournalPathError, match="UTF-8"):
+        check_journal_name(name)
+    write(tmp_path / name, 5)
+    write(tmp_path / "ok", 5)
+    with Pusher(store, "c1", [tmp_path / name, tmp_path / "ok"], backoff=no_wait()) as pusher:
+        copies = {c.name: c for c in pusher.run()}
+    assert isinstance(copies[name].failed, InvalidJournalPathError) and copies["ok"].failed is None
