@@ -238,3 +238,22 @@ def test_a_journal_whose_directory_name_is_not_utf8_is_refused_by_name(tmp_path:
     with Pusher(store, "c1", [tmp_path / name, tmp_path / "ok"], backoff=no_wait()) as pusher:
         copies = {c.name: c for c in pusher.run()}
     assert isinstance(copies[name].failed, InvalidJournalPathError) and copies["ok"].failed is None
+
+
+def test_a_push_whose_writer_the_closing_store_closed_is_answered_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub shutting down (``close``) just as a push takes the copy's open writer: the push is
+    'unavailable' (503: push again), not the writer's 'is closed' error, which the hub answered
+    400 and the pusher took for a refusal of the journal."""
+    store = HubStore(tmp_path / "hub")
+    store.push(Push("c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0]))
+    real_hold = Writer.hold
+
+    def hold_after_close(writer: Writer):
+        store.close()
+        return real_hold(writer)
+
+    monkeypatch.setattr(Writer, "hold", hold_after_close)
+    with pytest.raises(HubUnavailableError, match="shutting down"):
+        store.push(Push("c1", "j", 1, 0, encode_batch(1, 1, [b"b"])[0]))

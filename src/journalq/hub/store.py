@@ -201,6 +201,8 @@ class HubStore(Closing):
         except BaseException as exc:
             if writer.failed or not isinstance(exc, HubError):
                 self._close_writer(key)  # the next push reopens (and recovers) the copy
+            if self._closed and not isinstance(exc, HubError):
+                raise _closed_error() from exc  # ``close`` closed the writer under this push
             raise
         return PushResult(held, appended=plan.count, skipped=plan.skipped)
 
