@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import shutil
+import subprocess
 import warnings
 import time
 from pathlib import Path
@@ -24,6 +26,9 @@ from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
 from journalq.shard import ShardedWriter
+
+from hub_processes import JOURNALQ, child_env, free_port, kill, start_hub, wait_until
+from test_hub_crash import hub_answers
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -257,3 +262,32 @@ def test_a_push_whose_writer_the_closing_store_closed_is_answered_unavailable(
     monkeypatch.setattr(Writer, "hold", hold_after_close)
     with pytest.raises(HubUnavailableError, match="shutting down"):
         store.push(Push("c1", "j", 1, 0, encode_batch(1, 1, [b"b"])[0]))
+
+
+def test_hub_push_of_a_root_of_many_shards_is_not_held_back_by_the_soft_open_files_limit(tmp_path: Path) -> None:
+    """The pusher keeps a descriptor open per journal it follows, and a root of shards has up
+    to 1024 (shard bit 'a'): as ``hub serve``, ``hub push`` raises its soft limit on open files
+    to the hard one. Under the usual soft limit of 1024 it died 'Too many open files' part way
+    through such a root; here, a root of 128 shards under a soft limit of 100."""
+    with ShardedWriter(tmp_path / "events", prefix="events", bit=7) as sharded:
+        for i in range(2000):
+            sharded.append(b"e%d" % i, key=b"k%d" % i)
+    assert len(list((tmp_path / "events").iterdir())) == 128
+    port = free_port()
+    hub = start_hub(tmp_path / "hub", "127.0.0.1", port, tmp_path)
+    try:
+        wait_until("the hub", lambda: hub_answers(f"http://127.0.0.1:{port}"), 30)
+
+        def low_limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+        pushed = subprocess.run(
+            [*JOURNALQ, "hub", "push", "--to", f"http://127.0.0.1:{port}", "--client-id", "c1", "--once",
+             "--give-up-after", "10", str(tmp_path / "events")],
+            capture_output=True, text=True, env=child_env(), preexec_fn=low_limit, timeout=120,
+        )
+    finally:
+        kill(hub)
+    assert pushed.returncode == 0, pushed.stderr[-500:]
+    with HubStore(tmp_path / "hub") as store:
+        assert sum(held.next for held in store.status()["c1"].values()) == 2000

@@ -191,6 +191,7 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
     journal was refused (its messages differ from the ones the hub holds, say).
     """
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    raise_open_files_limit()  # a descriptor per journal followed: a root has up to 1024 shards
     bar = shown == "bar" or (shown == "auto" and sys.stdout.isatty())
     report: JsonLinesReport | BarReport = BarReport(client_id, url) if bar else JsonLinesReport(client_id)
     try:
