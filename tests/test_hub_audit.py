@@ -45,7 +45,7 @@ def test_backoff_stays_at_its_maximum_however_long_the_hub_is_down() -> None:
     assert [backoff.next_delay() for _ in range(5000)][-1] == 0.0
 
 
-@pytest.mark.parametrize("url", ["localhost:8090", "hub", "ftp://hub:8090", "http://", "http://hub:99999"])
+@pytest.mark.parametrize("url", ["localhost:8090", "hub", "ftp://hub:8090", "http://", "http://hub:99999", "http://hub:0"])
 def test_a_hub_url_that_is_not_http_host_port_is_refused_at_once(url: str) -> None:
     """Not retried for ever as an unreachable hub: the URL itself is wrong, and said so."""
     with pytest.raises(HubError, match="hub URL") as caught:

@@ -81,10 +81,11 @@ def check_hub_url(url: str) -> str:
     would refuse it at every request as a connection error, which a pusher retries for ever)."""
     try:
         parsed = httpx.URL(url)
-        port_ok = parsed.port is None or 0 < parsed.port < 65536
+        port = parsed.port
+        good = parsed.scheme in ("http", "https") and bool(parsed.host) and (port is None or 0 < port < 65536)
     except (httpx.InvalidURL, TypeError, ValueError):
-        parsed, port_ok = None, False
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host or not port_ok:
+        good = False
+    if not good:
         raise HubError(f"hub URL {url!r} is not http://HOST:PORT")
     return url
 
