@@ -3,13 +3,16 @@ storage failures of the hub's store."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import resource
 import shutil
 import subprocess
+import threading
 import warnings
 import time
+from concurrent.futures import CancelledError
 from pathlib import Path
 
 import httpx
@@ -21,7 +24,7 @@ from journalq.errors import HubConflictError, HubError, HubUnavailableError, Inv
 import journalq.hub.store as store_module
 from journalq.hub import HubStore, Push
 from journalq.hub.client import Backoff, HubClient, Pusher
-from journalq.hub.protocol import check_journal_name
+from journalq.hub.protocol import Held, PushResult, check_journal_name
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
@@ -291,3 +294,43 @@ def test_hub_push_of_a_root_of_many_shards_is_not_held_back_by_the_soft_open_fil
     assert pushed.returncode == 0, pushed.stderr[-500:]
     with HubStore(tmp_path / "hub") as store:
         assert sum(held.next for held in store.status()["c1"].values()) == 2000
+
+
+class SlowHub:
+    """A hub in the process that takes a while over each push (a slow link, a slow disk)."""
+
+    def __init__(self, store: HubStore, delay: float) -> None:
+        self.store, self.delay, self.pushes = store, delay, 0
+
+    def held(self, client_id: str, journal: str) -> Held:
+        return self.store.held(client_id, journal)
+
+    def push(self, push: Push) -> PushResult:
+        time.sleep(self.delay)
+        self.pushes += 1
+        return self.store.push(push)
+
+
+def test_closing_a_pusher_part_way_through_a_round_stops_it_promptly(tmp_path: Path, store: HubStore) -> None:
+    """Ctrl-C (or SIGTERM) on hub push closes the pusher part way through a round: the journals
+    not begun are not pushed any more, and those being pushed stop after their current chunk.
+    Before, closing waited for the whole round, a few chunks of every journal (minutes, for a
+    root of many shards over a slow link)."""
+    for i in range(12):
+        write(tmp_path / f"j{i}", 100)
+    hub = SlowHub(store, 0.05)
+    pusher = Pusher(hub, "c1", [tmp_path / f"j{i}" for i in range(12)], chunk=64, parallel=2, backoff=no_wait())
+
+    def push_a_round() -> None:
+        with contextlib.suppress(CancelledError):  # the journals not begun, when closed
+            pusher.round()
+
+    pushing = threading.Thread(target=push_a_round)
+    pushing.start()
+    wait_until("the round's first pushes", lambda: hub.pushes >= 4, 10)
+    started = time.monotonic()
+    pusher.close()
+    closing = time.monotonic() - started
+    pushing.join(10)
+    assert hub.pushes < 40
+    assert closing < 1.0, f"close took {closing:.1f} s"  # a round: 12 journals x 8 chunks x 0.05 s / 2

@@ -305,6 +305,7 @@ class Pusher(Closing):
         self._events = threading.Lock()  # reports come from the pool's threads
         # Journals are pushed side by side: the hub syncs each push, and copies sync apart.
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="journalq-push") if parallel > 1 else None
+        self._closing = False
         self.copies: dict[str, JournalCopy] = {}
         self._refresh(strict=True)
 
@@ -357,7 +358,7 @@ class Pusher(Closing):
         sent = False
         try:
             for _ in range(8):
-                if not self._step(copy):
+                if self._closing or not self._step(copy):
                     break
                 sent = True
         except HubUnavailableError as exc:
@@ -368,8 +369,11 @@ class Pusher(Closing):
         return sent, None
 
     def close(self) -> None:
+        # Closed part way through a round (Ctrl-C): journals not begun are left, and those being
+        # pushed stop after their current chunk, rather than the whole round being pushed first.
+        self._closing = True
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.shutdown(cancel_futures=True)
             self._pool = None
         for copy in self.copies.values():
             if copy.reader is not None:
