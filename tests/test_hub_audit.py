@@ -27,6 +27,8 @@ from journalq.hub.client import Backoff, HubClient, Pusher
 from journalq.hub.protocol import Held, PushResult, check_journal_name
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
+from journalq.server.app import create_app
+from journalq.server.config import ServerConfig
 from journalq.server.hub import create_hub_app
 from journalq.shard import ShardedWriter
 
@@ -36,6 +38,8 @@ from test_hub_crash import hub_answers
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
+
+URL = "/hub/v1/journals"
 
 
 def test_backoff_stays_at_its_maximum_however_long_the_hub_is_down() -> None:
@@ -334,3 +338,23 @@ def test_closing_a_pusher_part_way_through_a_round_stops_it_promptly(tmp_path: P
     pushing.join(10)
     assert hub.pushes < 40
     assert closing < 1.0, f"close took {closing:.1f} s"  # a round: 12 journals x 8 chunks x 0.05 s / 2
+
+
+def test_hub_answers_do_not_name_the_data_directory(tmp_path: Path) -> None:
+    """As the rest of journalq serve's answers: a refusal about a copy's files (an offset not
+    held, a damaged copy) says what is wrong, not where the server keeps its data."""
+    data = tmp_path / "secret-place"
+    with TestClient(create_app(ServerConfig(data=data)), raise_server_exceptions=False) as http:
+        answer = http.post(f"{URL}/c1/j", params={"first": 0, "segment": 0},
+                           content=encode_batch(0, 1, [b"a" * 40, b"b" * 40, b"c" * 40])[0])
+        assert answer.status_code == 200
+        past = http.get(f"{URL}/c1/j/messages", params={"offset": 7})
+        assert past.status_code == 416 and "offset 7" in past.json()["error"]
+        segment = data / ".hub" / "c1.j" / "jnl" / "0000000000000000.jnl"
+        damaged = bytearray(segment.read_bytes())
+        damaged[3] ^= 0xFF  # the first message's offset
+        segment.write_bytes(bytes(damaged))
+        broken = http.get(f"{URL}/c1/j/messages", params={"offset": 0})
+        assert broken.status_code >= 400 and broken.json()["error"]
+        for refused in (past, broken):
+            assert "secret-place" not in refused.text, refused.text
