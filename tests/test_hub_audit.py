@@ -1,5 +1,5 @@
-"""The hub audit: the pusher's backoff, hub URLs, refusals in follow mode, a lost copy, and
-storage failures of the hub's store."""
+"""The hub audit: the pusher's backoff, hub URLs, following and closing, a lost copy, journal
+names, storage failures and shutdowns of the hub's store, and what the hub's answers say."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import resource
 import shutil
 import subprocess
 import threading
-import warnings
 import time
+import warnings
 from concurrent.futures import CancelledError
 from pathlib import Path
 
@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from journalq.cli.main import cli
-from journalq.errors import HubConflictError, HubError, HubUnavailableError, InvalidJournalPathError, StorageError
 import journalq.hub.store as store_module
+from journalq.errors import HubConflictError, HubError, HubUnavailableError, InvalidJournalPathError, StorageError
 from journalq.hub import HubStore, Push
 from journalq.hub.client import Backoff, HubClient, Pusher
 from journalq.hub.protocol import Held, PushResult, check_journal_name
@@ -33,6 +33,7 @@ from journalq.server.hub import create_hub_app
 from journalq.shard import ShardedWriter
 
 from hub_processes import JOURNALQ, child_env, free_port, kill, start_hub, wait_until
+from test_hub_client import no_wait, segments, store, write  # noqa: F401 (store: a fixture)
 from test_hub_crash import hub_answers
 
 with warnings.catch_warnings():
@@ -72,21 +73,6 @@ def test_the_hub_commands_refuse_a_url_without_http_as_a_usage_error(tmp_path: P
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2, result.output
     assert "localhost:8090" in result.output and "http://HOST:PORT" in result.output
-
-
-def write(path: Path, count: int, start: int = 0, segment_size: int = 3000) -> None:
-    with Writer(path, segment_size=segment_size) as writer:
-        writer.append_many([b"m%d" % i * (1 + i % 9) for i in range(start, start + count)])
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    with HubStore(tmp_path / "hub") as hub:
-        yield hub
-
-
-def no_wait() -> Backoff:
-    return Backoff(initial=0.0, maximum=0.0)
 
 
 def test_following_ends_once_every_journal_was_refused(tmp_path: Path, store: HubStore) -> None:
@@ -148,10 +134,6 @@ def test_a_copy_the_hub_lost_mid_segment_is_copied_anew_from_the_oldest_segment(
         hub.close()
     assert copy.failed is None
     assert segments(tmp_path / "hub" / "c1.j") == segments(tmp_path / "j")
-
-
-def segments(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted((path / "jnl").glob("*.jnl"))}
 
 
 def test_a_push_answered_408_is_pushed_again_not_taken_for_a_refusal(tmp_path: Path, store: HubStore) -> None:
