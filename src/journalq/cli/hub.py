@@ -20,7 +20,8 @@ from journalq.cli.data import DirectoryPath
 from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
 from journalq.cli.queue import _table
 from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, raise_open_files_limit, ready_directory
-from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, sources_at
+from journalq.errors import HubError
+from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, check_hub_url, sources_at
 from journalq.journal.offsets import end_offset
 from journalq.journal.sync import SyncPolicy
 
@@ -34,6 +35,14 @@ def hub() -> None:
     The copies are byte-identical to their sources; pushing resumes from what the hub holds, so
     either side may be stopped (or killed) at any moment.
     """
+
+
+def _hub_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A usage error for a hub URL that is not http://HOST:PORT (as for any bad option)."""
+    try:
+        return check_hub_url(value)
+    except HubError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 # -- serve ------------------------------------------------------------------------------------
@@ -158,7 +167,7 @@ class BarReport:
 
 @hub.command()
 @click.argument("directories", metavar="DIR...", nargs=-1, required=True, type=DirectoryPath())
-@click.option("--to", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
+@click.option("--to", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.", callback=_hub_url)
 @click.option("--client-id", required=True, metavar="ID", help="This client's id ([a-zA-Z0-9_-]+).")
 @click.option("--once", is_flag=True, help="Stop once the hub holds everything (default: keep following).")
 @click.option("--chunk", type=click.IntRange(64, 64 << 20), default=DEFAULT_CHUNK, show_default=True,
@@ -178,10 +187,11 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
 
     DIR is a journal (copied as [client-id].[its directory name]) or a root of shards (each shard
     copied as [client-id].[shard directory name], new shards included). Connection errors and
-    5xx answers are retried with backoff, resuming from what the hub holds. Exit status 1 when a
+    5xx and 408 answers are retried with backoff, resuming from what the hub holds. Exit status 1 when a
     journal was refused (its messages differ from the ones the hub holds, say).
     """
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    raise_open_files_limit()  # a descriptor per journal followed: a root has up to 1024 shards
     bar = shown == "bar" or (shown == "auto" and sys.stdout.isatty())
     report: JsonLinesReport | BarReport = BarReport(client_id, url) if bar else JsonLinesReport(client_id)
     try:
@@ -207,7 +217,7 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
 
 @hub.command()
 @click.argument("directories", metavar="[DIR...]", nargs=-1, type=DirectoryPath())
-@click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
+@click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.", callback=_hub_url)
 @click.option("--client-id", metavar="ID", help="Only this client's journals.")
 @click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
               help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
@@ -242,7 +252,7 @@ def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: 
 @hub.command()
 @click.argument("journal")
 @click.argument("offset", type=click.IntRange(min=0))
-@click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.")
+@click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.", callback=_hub_url)
 @click.option("--client-id", required=True, metavar="ID")
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many messages.")
 @_token

@@ -1,9 +1,9 @@
 """The hub's client: push local journals to a hub and keep them copied.
 
 ``HubClient`` speaks the hub's HTTP API, one attempt per call: a refusal comes back as the
-``HubError`` the hub named; a connection error or a 5xx answer as ``HubUnavailableError``, which
-``Pusher`` waits out with a growing delay (``Backoff``) before it asks the hub what it holds and
-resumes from there. So either side can die at any moment: nothing is sent twice into the copy
+``HubError`` the hub named; a connection error, a 5xx answer or a 408 (the request stopped
+arriving) as ``HubUnavailableError``, which ``Pusher`` waits out with a growing delay
+(``Backoff``) before it asks the hub what it holds and resumes from there. So either side can die at any moment: nothing is sent twice into the copy
 (the hub skips what it holds) and nothing is left out (the hub refuses a gap).
 
 ``Pusher`` follows journals, plain or sharded (a shard root pushes each of its shards, and shards
@@ -45,7 +45,9 @@ from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.watch import DirectoryWatch
 from journalq.shard.layout import journals_at
 
-__all__ = ["DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "sources_at"]
+__all__ = [
+    "DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "check_hub_url", "sources_at",
+]
 
 DEFAULT_CHUNK = 1 << 20
 _ERRORS: dict[str, type[HubError]] = {
@@ -65,12 +67,27 @@ class Backoff:
     rng: random.Random = field(default_factory=random.Random)
 
     def next_delay(self) -> float:
-        delay = min(self.maximum, self.initial * 2**self.attempts)
+        # The exponent is capped: a hub down long enough would make 2**attempts overflow a float.
+        delay = min(self.maximum, self.initial * 2.0 ** min(self.attempts, 64))
         self.attempts += 1
         return delay * (1 - self.rng.random() / 4)
 
     def reset(self) -> None:
         self.attempts = 0
+
+
+def check_hub_url(url: str) -> str:
+    """``url`` when it is ``http(s)://HOST[:PORT]``; ``HubError`` naming it otherwise (httpx
+    would refuse it at every request as a connection error, which a pusher retries for ever)."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+        good = parsed.scheme in ("http", "https") and bool(parsed.host) and (port is None or 0 < port < 65536)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        good = False
+    if not good:
+        raise HubError(f"hub URL {url!r} is not http://HOST:PORT")
+    return url
 
 
 class Hub(Protocol):
@@ -95,7 +112,7 @@ class HubClient(Closing):
     ) -> None:
         """``token``: the hub's bearer token, when it requires one. ``http``: an ``httpx.Client``
         to send with (one bound to an app in tests, say); it is closed with this client."""
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_hub_url(base_url).rstrip("/")
         self._http = http or httpx.Client(
             base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=connect_timeout), follow_redirects=False
         )
@@ -168,7 +185,8 @@ class HubClient(Closing):
             message, kind = str(body["error"]), str(body.get("kind", ""))
         except (ValueError, KeyError, TypeError):
             message, kind = answer.text[:200] or answer.reason_phrase, ""
-        if answer.status_code >= 500:
+        if answer.status_code >= 500 or answer.status_code == 408:
+            # 408: the request stopped arriving (a stalled network), which a retry may not meet.
             raise HubUnavailableError(f"hub {self.base_url} answered {answer.status_code}: {message}")
         if kind == HubGapError.kind and isinstance(body.get("next"), int):
             raise HubGapError(message, held=body["next"])
@@ -249,7 +267,8 @@ class Pusher(Closing):
     """Pushes the journals that ``directories`` stand for to the hub, as ``client_id``.
 
     ``run()`` copies until every journal is caught up (``follow=False``) or forever, following
-    appends and new shards (``follow=True``). A connection error or a hub answering 5xx is waited
+    appends and new shards (``follow=True``; it ends when every journal was refused and none can
+    be added, no root of shards being among ``directories``). A connection error or a hub answering 5xx is waited
     out (``Backoff``), after which the pusher asks the hub what it holds and resumes from there;
     ``give_up_after`` seconds of failing in a row end the run with ``HubUnavailableError``. A
     journal the hub refuses (its messages differ from the ones held, say) is reported and left;
@@ -286,6 +305,7 @@ class Pusher(Closing):
         self._events = threading.Lock()  # reports come from the pool's threads
         # Journals are pushed side by side: the hub syncs each push, and copies sync apart.
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="journalq-push") if parallel > 1 else None
+        self._closing = False
         self.copies: dict[str, JournalCopy] = {}
         self._refresh(strict=True)
 
@@ -300,6 +320,8 @@ class Pusher(Closing):
                     continue  # more to send, or a hub that failed: the backoff waited already
                 if not follow and all(c.caught_up or c.failed for c in self.copies.values()):
                     break
+                if all(c.failed for c in self.copies.values()) and not self._shard_roots():
+                    break  # every journal was refused and no new one can come: nothing to follow
                 if watch is None or self._refresh():
                     if watch is not None:
                         watch.close()
@@ -336,7 +358,7 @@ class Pusher(Closing):
         sent = False
         try:
             for _ in range(8):
-                if not self._step(copy):
+                if self._closing or not self._step(copy):
                     break
                 sent = True
         except HubUnavailableError as exc:
@@ -347,8 +369,11 @@ class Pusher(Closing):
         return sent, None
 
     def close(self) -> None:
+        # Closed part way through a round (Ctrl-C): journals not begun are left, and those being
+        # pushed stop after their current chunk, rather than the whole round being pushed first.
+        self._closing = True
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.shutdown(cancel_futures=True)
             self._pool = None
         for copy in self.copies.values():
             if copy.reader is not None:
@@ -391,9 +416,10 @@ class Pusher(Closing):
                 return True
         try:
             result = self.hub.push(Push(self.client_id, copy.name, run.first, run.segment, run.data))
-        except HubGapError as exc:
-            copy.hub_next = exc.held  # the hub says where it is: resume from there
-            copy.hub_empty = False
+        except HubGapError:
+            # The hub holds less than we thought (it lost the copy, say): ask it what it holds,
+            # empty or not, as after any failure (a gap's offset alone cannot tell).
+            copy.hub_next = None
             return True
         except HubUnavailableError:
             copy.hub_next = None  # after any failure, resume from what the hub says it holds
@@ -456,7 +482,11 @@ class Pusher(Closing):
     def _watched(self) -> list[Path]:
         """What to watch: each journal's segments, and each root (for new shards)."""
         dirs = [c.path / "jnl" for c in self.copies.values() if (c.path / "jnl").is_dir()]
-        return dirs + [d for d in self.directories if d.is_dir() and not (d / "jnl").is_dir()]
+        return dirs + self._shard_roots()
+
+    def _shard_roots(self) -> list[Path]:
+        """The directories that are roots of shards, where new journals may appear."""
+        return [d for d in self.directories if d.is_dir() and not (d / "jnl").is_dir()]
 
     def _event(self, kind: str, copy: JournalCopy | None, **fields: Any) -> None:
         if self.reporter is not None:

@@ -69,7 +69,8 @@ def check_journal_name(journal: object) -> str:
     """``journal`` when it is one directory name that stays in the hub's root.
 
     Refused: an absolute path, ``.``, ``..``, more than one path component, a name starting with a
-    dot (the hub's own files), control characters, and names too long for a file name.
+    dot (the hub's own files), control characters, names that are not UTF-8 text, and names too
+    long for a file name.
     """
     if not isinstance(journal, str) or not journal:
         raise InvalidJournalPathError(f"journal path must be a directory name, not {journal!r}")
@@ -87,7 +88,11 @@ def check_journal_name(journal: object) -> str:
         raise InvalidJournalPathError(f"journal path {journal!r} starts with a dot")
     if _UNSAFE.search(journal):
         raise InvalidJournalPathError(f"journal path {journal!r} holds a control character or a backslash")
-    if len(journal.encode()) > MAX_JOURNAL_NAME:
+    try:
+        encoded = journal.encode()
+    except UnicodeEncodeError:  # a directory name of bytes that are not UTF-8: no URL names it
+        raise InvalidJournalPathError(f"journal path {journal!r} is not UTF-8 text") from None
+    if len(encoded) > MAX_JOURNAL_NAME:
         raise InvalidJournalPathError(f"journal path {journal[:20]!r}... is over {MAX_JOURNAL_NAME} bytes")
     return journal
 

@@ -158,13 +158,16 @@ class HubStore(Closing):
             if self._closed:
                 raise _closed_error()
         with self._copy_locks.hold(key):
-            result = self._push(push, path, key)
-            if result is None:
-                # The copy is empty at another offset than the push starts (its first segment was
-                # created by a push whose append then failed): start it again where asked.
-                self._close_writer(key)
-                _start_copy(path, push.first)
+            try:
                 result = self._push(push, path, key)
+                if result is None:
+                    # The copy is empty at another offset than the push starts (its first segment
+                    # was created by a push whose append then failed): start it again where asked.
+                    self._close_writer(key)
+                    _start_copy(path, push.first)
+                    result = self._push(push, path, key)
+            except OSError as exc:  # starting the copy, opening its writer, appending
+                raise _storage_error(exc, path) from exc
             assert result is not None
             return result
 
@@ -198,8 +201,8 @@ class HubStore(Closing):
         except BaseException as exc:
             if writer.failed or not isinstance(exc, HubError):
                 self._close_writer(key)  # the next push reopens (and recovers) the copy
-            if isinstance(exc, OSError):
-                raise _storage_error(exc, path) from exc
+            if self._closed and not isinstance(exc, HubError):
+                raise _closed_error() from exc  # ``close`` closed the writer under this push
             raise
         return PushResult(held, appended=plan.count, skipped=plan.skipped)
 
@@ -271,11 +274,11 @@ def _held(path: Path) -> Held:
 def _start_copy(path: Path, offset: int) -> None:
     """Make the empty copy at ``path`` start at ``offset``: its only segment, empty, is named by
     it (a writer then appends from there). Under the journal's lock, against other hub processes."""
-    created = not path.exists()
     journal_dir(path).mkdir(parents=True, exist_ok=True)
-    if created:
-        fsync_dir(path.parent)
-        fsync_dir(path)
+    # Synced even when the directories were there: a start that made them may have failed (or
+    # died) before it synced their entries. Once a copy start, so cheap.
+    fsync_dir(path.parent)
+    fsync_dir(path)
     lock = FileLock(lock_path(path))
     try:
         take_shared_lock(lock)  # not behind an exclusive writer (``journalq write``, say): for ever

@@ -34,6 +34,7 @@ from journalq.errors import (
     HubError,
     HubGapError,
     HubUnavailableError,
+    JournalError,
     LockedError,
     OffsetOutOfRangeError,
     StorageError,
@@ -63,20 +64,25 @@ class _Refused(Exception):
 
 
 def _refusal(exc: Exception) -> _Refused:
-    """The answer to an error of the store."""
+    """The answer to an error of the store. A journal's error says what is wrong (its reason),
+    not the file: as journalq serve's answers, they never name where the data is kept."""
     if isinstance(exc, StorageError):
         return _Refused(503, {"error": f"not stored: {exc.reason}", "kind": "storage"}, {"Retry-After": "1"})
-    if isinstance(exc, (LockedError, HubUnavailableError)):  # another program's lock; a shutdown
-        kind = "locked" if isinstance(exc, LockedError) else exc.kind
-        return _Refused(503, {"error": f"not stored: {exc}", "kind": kind}, {"Retry-After": "1"})
+    if isinstance(exc, LockedError):  # another program's lock
+        return _Refused(503, {"error": f"not stored: {exc.reason}", "kind": "locked"}, {"Retry-After": "1"})
+    if isinstance(exc, HubUnavailableError):  # a shutdown
+        return _Refused(503, {"error": f"not stored: {exc}", "kind": exc.kind}, {"Retry-After": "1"})
     if isinstance(exc, HubGapError):
         return _Refused(409, {"error": str(exc), "kind": exc.kind, "next": exc.held})
     if isinstance(exc, HubConflictError):
         return _Refused(409, {"error": str(exc), "kind": exc.kind})
     if isinstance(exc, OffsetOutOfRangeError):
-        return _Refused(416, {"error": str(exc), "kind": "offset"})
+        return _Refused(416, {"error": exc.reason, "kind": "offset"})
     if isinstance(exc, HubError):
         return _Refused(404 if type(exc) is HubError else 400, {"error": str(exc), "kind": exc.kind})
+    if isinstance(exc, JournalError):  # a damaged copy, say: logged whole, with its file
+        log.error("hub journal failure: %s", exc)
+        return _Refused(400, {"error": exc.reason, "kind": "journal"})
     return _Refused(400, {"error": str(exc), "kind": "journal"})
 
 
