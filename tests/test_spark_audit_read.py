@@ -3,13 +3,16 @@ without a Spark session (the classes Spark drives are called directly)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pyspark")
 
+from journalq.errors import CorruptionError, JournalError  # noqa: E402
 from journalq.journal import Message, Writer  # noqa: E402
+from journalq.journal.segment import segment_bases, segment_name  # noqa: E402
 from journalq.spark import options as opts  # noqa: E402
 from journalq.spark import reading  # noqa: E402
 from journalq.spark.source import plan_batch  # noqa: E402
@@ -45,3 +48,51 @@ def test_iso_timestamps_keep_their_nanoseconds(tmp_path):
     ranges = plan_batch({"path": str(path), "startingTimestamp": "2024-01-01T00:00:00.000000500Z",
                          "endingTimestamp": "2024-01-01T00:00:00.000000900Z"})
     assert [(r.start, r.end) for r in ranges] == [(1, 2)]
+
+
+# -- segments missing in the middle of a journal -------------------------------------------------
+
+
+def _journal_with_segments(path: Path) -> list[int]:
+    with Writer(path, segment_size=200) as w:
+        w.append_many([b"x%03d" % i for i in range(40)])
+    bases = segment_bases(path)
+    assert len(bases) >= 4
+    return bases
+
+
+def test_a_segment_missing_in_the_middle_is_named_as_a_gap(tmp_path):
+    """A segment gone from the middle of a journal is a gap in its offsets (as the scanner and
+    ``journalq check`` say), not 'the journal ends at offset N ... cut short'."""
+    path = tmp_path / "j"
+    bases = _journal_with_segments(path)
+    os.unlink(path / "jnl" / segment_name(bases[2]))
+    missing = f"offsets {bases[2]}-{bases[3] - 1} are missing"
+    with pytest.raises(CorruptionError, match=missing) as caught:
+        offsets_read(path, 0, 40)
+    assert caught.value.offset == bases[2]
+    assert caught.value.file == path / "jnl" / segment_name(bases[1])
+    # Starting inside the missing segment: the same gap, not "ends at offset bases[2] + 1".
+    with pytest.raises(CorruptionError, match=missing):
+        offsets_read(path, bases[2] + 1, 40)
+    # failOnDataLoss=false is about retention (the oldest segments), not holes in the middle.
+    with pytest.raises(CorruptionError, match=missing):
+        list(reading.iter_columns(str(path), 0, 40, fail_on_data_loss=False))
+
+
+def test_segments_that_overlap_are_named_as_such(tmp_path):
+    """A segment that starts before the previous one ends stores offsets twice."""
+    path = tmp_path / "j"
+    bases = _journal_with_segments(path)
+    later = path / "jnl" / segment_name(bases[2])
+    os.rename(later, path / "jnl" / segment_name(bases[2] - 2))
+    with pytest.raises(CorruptionError, match=f"offsets {bases[2] - 2}-{bases[2] - 1} are stored twice"):
+        offsets_read(path, 0, 40)
+
+
+def test_a_journal_cut_short_since_planning_still_says_so(tmp_path):
+    path = tmp_path / "j"
+    bases = _journal_with_segments(path)
+    os.unlink(path / "jnl" / segment_name(bases[-1]))
+    with pytest.raises(JournalError, match=f"the journal ends at offset {bases[-1]}, before offset 40"):
+        offsets_read(path, 0, 40)

@@ -22,7 +22,15 @@ from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD
 from journalq.journal.offsets import end_offset
-from journalq.journal.segment import Segment, confirms, framed_at, segment_at, segment_bases, segment_name
+from journalq.journal.segment import (
+    Segment,
+    confirms,
+    framed_at,
+    gap_reason,
+    segment_at,
+    segment_bases,
+    segment_name,
+)
 from journalq.spark import predicates
 from journalq.spark.columnar import Columns, decode_columns
 from journalq.spark.options import EARLIEST, LATEST
@@ -282,6 +290,14 @@ def iter_columns(
             if next_offset < end and not os.path.exists(os.path.join(path, "jnl", segment_name(next_offset))):
                 if first_offset(path) > next_offset:
                     continue  # deleted meanwhile: the top of the loop decides
+                bases = segment_bases(path)
+                after = bisect_right(bases, segment.base)
+                if after < len(bases):  # a hole (or an overlap) in the middle, not the end
+                    raise CorruptionError(
+                        f"the segment ends before offset {offset} but the next one starts at offset "
+                        f"{bases[after]}: {gap_reason(offset, bases[after])}",
+                        file=segment.path, position=position, offset=offset,
+                    )
                 raise JournalError(
                     f"the journal ends at offset {next_offset}, before offset {end} that was planned "
                     "(it was cut short since the query was planned)",
