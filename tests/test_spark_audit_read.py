@@ -96,3 +96,29 @@ def test_a_journal_cut_short_since_planning_still_says_so(tmp_path):
     os.unlink(path / "jnl" / segment_name(bases[-1]))
     with pytest.raises(JournalError, match=f"the journal ends at offset {bases[-1]}, before offset 40"):
         offsets_read(path, 0, 40)
+
+
+# -- paths ----------------------------------------------------------------------------------------
+
+
+def test_several_paths_are_refused_naming_them(tmp_path):
+    """``load([a, b])`` hands the data source ``paths`` (a JSON list) and no ``path``: it was told
+    'the journalq data source needs a path', as though it had been given none."""
+    import json
+
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalDataSource
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for path in (a, b):
+        with Writer(path) as w:
+            w.append_many([b"x"] * 3)
+    both = JournalDataSource({"paths": json.dumps([str(a), str(b)])})
+    with pytest.raises(opts.OptionError, match=r"one path per load\(\), not 2") as caught:
+        both.reader(SCHEMA).partitions()
+    assert str(a) in str(caught.value) and str(b) in str(caught.value)
+    with pytest.raises(opts.OptionError, match=r"one path per load\(\), not 2"):
+        both.streamReader(SCHEMA).initialOffset()
+    # A list of one is that path.
+    one = JournalDataSource({"paths": json.dumps([str(a)])}).reader(SCHEMA)
+    assert [(p.range.start, p.range.end) for p in one.partitions()] == [(0, 3)]

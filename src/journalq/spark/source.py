@@ -65,7 +65,25 @@ STREAM_WRITE_OPTIONS = _WRITE_OPTIONS
 
 
 def _path(options) -> str:
-    return opts.get(options, "path") or ""
+    path = opts.get(options, "path")
+    listed = opts.get(options, "paths")  # what Spark passes for load([a, b]), as a JSON list
+    if not path and listed:
+        import json
+
+        try:
+            paths = json.loads(listed)
+        except ValueError:
+            paths = None
+        if not isinstance(paths, list):
+            paths = [listed]
+        if len(paths) == 1:
+            return str(paths[0])
+        # Each journal's shards are named alike ("" for a plain journal): their rows would mix.
+        raise opts.OptionError(
+            f"journalq reads one path per load(), not {len(paths)} ({', '.join(map(str, paths))}): "
+            "load each and union the DataFrames"
+        )
+    return path or ""
 
 
 def _target(options) -> Target:
