@@ -37,6 +37,7 @@ def test_iso_timestamps_keep_their_nanoseconds(tmp_path):
     assert opts.timestamp_ns({"t": "2024-01-01T00:00:00.000000500Z"}, "t") == base + 500
     assert opts.timestamp_ns({"t": "2024-01-01T00:00:00.123456789+01:00"}, "t") == base - 3600 * SECOND + 123_456_789
     assert opts.timestamp_ns({"t": "2024-01-01 00:00:00.1234567"}, "t") == base + 123_456_700
+    assert opts.timestamp_ns({"t": "20240101T000000.000000500Z"}, "t") == base + 500  # ISO's basic format
     assert opts.timestamp_ns({"t": "1969-12-31T23:59:59.999999999Z"}, "t") == -1
     assert opts.timestamp_ns({"t": "2024-01-01T00:00:00.5Z"}, "t") == base + SECOND // 2
     with pytest.raises(opts.OptionError, match="option t must be"):

@@ -19,7 +19,7 @@ LATEST = -1
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?|m|min|minutes?|h|hours?|d|days?)?\s*$", re.I)
 # The fraction of an ISO time's seconds: fromisoformat would cut it to microseconds.
-_FRACTION = re.compile(r"(?<=\d\d:\d\d:\d\d)[.,](\d+)")
+_FRACTION = re.compile(r"(?:(?<=\d\d:\d\d:\d\d)|(?<=T\d{6}))[.,](\d+)")  # extended or basic format
 _UNITS = {"ms": 0.001, "s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60,
           "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
 
