@@ -123,3 +123,35 @@ def test_several_paths_are_refused_naming_them(tmp_path):
     # A list of one is that path.
     one = JournalDataSource({"paths": json.dumps([str(a)])}).reader(SCHEMA)
     assert [(p.range.start, p.range.end) for p in one.partitions()] == [(0, 3)]
+
+
+# -- streaming past what retention deleted ---------------------------------------------------------
+
+
+def test_a_lenient_stream_counts_its_batches_from_what_retention_left(tmp_path):
+    """With failOnDataLoss=false the messages retention deleted are skipped; a batch limited by
+    maxOffsetsPerTrigger must be counted from the first message left, or the query runs one empty
+    micro-batch per maxOffsetsPerTrigger deleted messages (thousands of them after a big cut)
+    before it reads anything again."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalStreamReader
+
+    path = tmp_path / "j"
+    bases = _journal_with_segments(path)
+    for base in bases[:3]:  # retention
+        os.unlink(path / "jnl" / segment_name(base))
+    first = bases[3]
+    lenient = JournalStreamReader({"path": str(path), "failOnDataLoss": "false", "maxOffsetsPerTrigger": "2"}, SCHEMA)
+    end = lenient.latestOffset({"": 0}, ReadMaxRows(2))
+    assert end == {"": first + 2}
+    assert [(p.range.start, p.range.end) for p in lenient.partitions({"": 0}, end)] == [(first, first + 2)]
+    # Nothing new: no batch, whatever was deleted before the checkpoint's offset.
+    assert lenient.latestOffset({"": 40}, ReadMaxRows(2)) == {"": 40}
+    # Failing on data loss: the batch is planned as it was, and partitions() names the loss.
+    strict = JournalStreamReader({"path": str(path), "maxOffsetsPerTrigger": "2"}, SCHEMA)
+    end = strict.latestOffset({"": 0}, ReadMaxRows(2))
+    assert end == {"": 2}
+    with pytest.raises(reading.DataLossError, match="offsets 0 to 2 of shard '' were deleted"):
+        strict.partitions({"": 0}, end)

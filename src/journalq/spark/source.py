@@ -392,8 +392,12 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start is None:  # Spark before 4.2: no admission control
             return ends
         current = dict(start)
-        for shard, end in ends.items():
-            current.setdefault(shard, reading.first_offset(_shard_path(self.options, shard)))
+        for shard in ends:
+            first = reading.first_offset(_shard_path(self.options, shard))
+            current.setdefault(shard, first)
+            if not self.fail and current[shard] < first:
+                # Skipped (partitions() starts there): counted, they would make empty batches.
+                current[shard] = first
         went_back = {s: e for s, e in ends.items() if s in start and e < start[s]}
         if went_back:  # made again, or cut: partitions() fails or (failOnDataLoss=false) rereads it
             return {**current, **went_back}
