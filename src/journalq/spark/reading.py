@@ -21,7 +21,7 @@ import numpy as np
 from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD
-from journalq.journal.offsets import end_offset
+from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.segment import (
     Segment,
     confirms,
@@ -60,11 +60,6 @@ class ShardRange:
 
 
 # -- where shards begin and end -------------------------------------------------------------------
-
-
-def first_offset(path: str) -> int:
-    bases = segment_bases(path)
-    return bases[0] if bases else 0
 
 
 def bounds(shard: Shard) -> tuple[int, int]:
