@@ -155,3 +155,31 @@ def test_a_lenient_stream_counts_its_batches_from_what_retention_left(tmp_path):
     assert end == {"": 2}
     with pytest.raises(reading.DataLossError, match="offsets 0 to 2 of shard '' were deleted"):
         strict.partitions({"": 0}, end)
+
+
+# -- pushed filters with literals beyond int64 ------------------------------------------------------
+
+
+def test_literals_beyond_int64_are_compared_exactly():
+    """A literal past int64's ends was clipped to them, so ``timestamp_ns = -2**64`` matched the
+    zero time (-2**63) and ``timestamp_ns < 2**64`` dropped a message stored at int64's largest:
+    its NOT dropped rows that Spark keeps."""
+    import numpy as np
+
+    from journalq.errors import ZERO_TIMESTAMP
+    from journalq.spark import predicates
+
+    ts = np.array([ZERO_TIMESTAMP, 0, 2**63 - 1], np.int64)
+    offset, type_ = np.arange(3, dtype=np.int64), np.zeros(3, np.uint8)
+
+    def rows(*conditions):
+        mask = predicates.row_mask(list(conditions), offset, ts, type_)
+        return [int(o) for o in offset[mask]]
+
+    assert rows(("not", ("timestamp_ns", "=", -(2**64)))) == [0, 1, 2]
+    assert rows(("timestamp_ns", "<", 2**64)) == [0, 1, 2]
+    assert rows(("timestamp_ns", ">", -(2**64))) == [0, 1, 2]
+    assert rows(("timestamp_ns", ">=", 2**63)) == []
+    assert rows(("timestamp_ns", "in", (2**64, 0))) == [1]
+    assert rows(("not", ("timestamp_ns", "in", (2**64, -(2**64))))) == [0, 1, 2]
+    assert rows(("timestamp", "<", 2**64)) == [1, 2]  # the zero time is NULL
