@@ -183,3 +183,22 @@ def test_literals_beyond_int64_are_compared_exactly():
     assert rows(("timestamp_ns", "in", (2**64, 0))) == [1]
     assert rows(("not", ("timestamp_ns", "in", (2**64, -(2**64))))) == [0, 1, 2]
     assert rows(("timestamp", "<", 2**64)) == [1, 2]  # the zero time is NULL
+
+
+# -- offsets options naming shards that do not exist -------------------------------------------------
+
+
+def test_offsets_for_unknown_shards_are_option_errors(tmp_path):
+    """A shard name in startingOffsets/endingOffsets that the target does not have is a bad
+    option (OptionError, as every other bad option), not a problem of the journal's files."""
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalStreamReader
+
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"x"] * 3)
+    for name in ("startingOffsets", "endingOffsets"):
+        with pytest.raises(opts.OptionError, match=f"option {name} names shard\\(s\\) 'events.2.000'; the shards are ''"):
+            plan_batch({"path": str(path), name: '{"events.2.000": 1}'})
+    with pytest.raises(opts.OptionError, match="option startingOffsets names shard"):
+        JournalStreamReader({"path": str(path), "startingOffsets": '{"x": 1}'}, SCHEMA).initialOffset()

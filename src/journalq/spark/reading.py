@@ -33,7 +33,7 @@ from journalq.journal.segment import (
 )
 from journalq.spark import predicates
 from journalq.spark.columnar import Columns, decode_columns
-from journalq.spark.options import EARLIEST, LATEST
+from journalq.spark.options import EARLIEST, LATEST, OptionError
 from journalq.spark.targets import Shard
 
 READ_CHUNK = 4 << 20  # bytes per read once going: ~33,000 messages of 100 bytes per Arrow batch
@@ -122,7 +122,7 @@ def check_known_shards(spec: str | dict[str, int], shards: Sequence[Shard], opti
         unknown = sorted(set(spec) - names)
         if unknown:
             known = ", ".join(repr(n) for n in sorted(names)) or "none"
-            raise JournalError(f"option {option} names shard(s) {', '.join(map(repr, unknown))}; the shards are {known}")
+            raise OptionError(f"option {option} names shard(s) {', '.join(map(repr, unknown))}; the shards are {known}")
 
 
 # -- splitting ------------------------------------------------------------------------------------
