@@ -202,3 +202,19 @@ def test_offsets_for_unknown_shards_are_option_errors(tmp_path):
             plan_batch({"path": str(path), name: '{"events.2.000": 1}'})
     with pytest.raises(opts.OptionError, match="option startingOffsets names shard"):
         JournalStreamReader({"path": str(path), "startingOffsets": '{"x": 1}'}, SCHEMA).initialOffset()
+
+
+# -- maxOffsetsPerTrigger shared among shards -----------------------------------------------------
+
+
+def test_a_small_shard_is_not_starved_by_a_big_one():
+    """A shard's share of maxOffsetsPerTrigger rounds down to 0 beside a shard with a far bigger
+    backlog; the offsets left over went to the fullest shard first, so while the big shard stayed
+    behind the small one's messages were never read. Shards that got nothing now come first (as
+    Kafka's source gives every partition with data at least one), within the limit."""
+    from journalq.spark.source import allocate
+
+    assert allocate({"small": 1, "big": 10**6}, 1000) == {"small": 1, "big": 999}
+    assert allocate({"a": 3, "b": 10**6, "c": 10**6}, 10) == {"a": 1, "b": 5, "c": 4}
+    assert allocate({"a": 2, "b": 2, "c": 10**6}, 2) == {"a": 1, "b": 0, "c": 1}  # the limit holds
+    assert allocate({"a": 10, "b": 30}, 8) == {"a": 2, "b": 6}

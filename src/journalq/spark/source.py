@@ -483,13 +483,14 @@ def _shard_path(options, shard: str) -> str:
 
 def allocate(available: dict[str, int], limit: int) -> dict[str, int]:
     """Share ``limit`` offsets among shards in proportion to what each has (as Kafka's
-    maxOffsetsPerTrigger), at least one for the fullest while the limit allows."""
+    maxOffsetsPerTrigger). What rounding leaves goes first to shards whose share rounded to 0
+    (else a small shard beside a big backlog would never be read), then to the fullest."""
     total = sum(available.values())
     if total <= limit:
         return dict(available)
     out = {s: a * limit // total for s, a in available.items()}
     remaining = limit - sum(out.values())
-    for s in sorted(available, key=lambda k: (-available[k], k)):
+    for s in sorted(available, key=lambda k: (out[k] > 0, -available[k], k)):
         if remaining <= 0:
             break
         if out[s] < available[s]:
