@@ -18,6 +18,8 @@ EARLIEST = -2  # as Kafka's JSON offsets: -2 is the earliest offset still stored
 LATEST = -1
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?|m|min|minutes?|h|hours?|d|days?)?\s*$", re.I)
+# The fraction of an ISO time's seconds: fromisoformat would cut it to microseconds.
+_FRACTION = re.compile(r"(?:(?<=\d\d:\d\d:\d\d)|(?<=T\d{6}))[.,](\d+)")  # extended or basic format
 _UNITS = {"ms": 0.001, "s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60,
           "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
 
@@ -113,16 +115,25 @@ def timestamp_ns(options: Mapping[str, str], name: str) -> int | None:
     text = str(raw).strip()
     if re.fullmatch(r"-?\d+", text):
         return int(text) * 1_000_000
+    bad = OptionError(
+        f"option {name} must be milliseconds since the epoch or an ISO 8601 time (to the "
+        f"nanosecond at most), not {raw!r}"
+    )
+    nanos = 0
+    fraction = _FRACTION.search(text)
+    if fraction:  # taken apart, so that a journal's nanoseconds are compared exactly
+        if len(fraction.group(1)) > 9:
+            raise bad
+        nanos = int(fraction.group(1).ljust(9, "0"))
+        text = text[: fraction.start()] + text[fraction.end() :]
     try:
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise OptionError(
-            f"option {name} must be milliseconds since the epoch or an ISO 8601 time, not {raw!r}"
-        ) from None
+        raise bad from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.timezone.utc)
     delta = moment - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-    return (delta.days * 86400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+    return (delta.days * 86400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000 + nanos
 
 
 def offsets(options: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str | dict[str, int]:

@@ -155,7 +155,16 @@ def needs_rows(conditions: Sequence[Condition]) -> bool:
 # -- row masks ----------------------------------------------------------------------------------
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def _compare(values: np.ndarray, op: str, value: Any) -> np.ndarray:
+    """``values op value`` for an int64 array, exactly. A literal beyond int64 is decided here:
+    clipped to int64's ends, ``= -2**64`` would match them, and numpy before 2 compares it as a
+    float (2**63 - 1 >= 2**63)."""
+    if op != "in" and not _INT64[0] <= value <= _INT64[1]:
+        above = value > 0
+        return np.full(len(values), {"=": False, "<": above, "<=": above, ">": not above, ">=": not above}[op])
     if op == "=":
         return values == value
     if op == "<":
@@ -166,18 +175,10 @@ def _compare(values: np.ndarray, op: str, value: Any) -> np.ndarray:
         return values > value
     if op == ">=":
         return values >= value
-    if op == "in":
-        return np.isin(values, np.array(value, dtype=values.dtype))
+    if op == "in":  # a literal no int64 equals matches nothing (and would not fit the array)
+        fitting = [v for v in value if _INT64[0] <= v <= _INT64[1]]
+        return np.isin(values, np.array(fitting, dtype=values.dtype))
     raise ValueError(op)
-
-
-def _clip(value: Any) -> Any:
-    """Literals beyond int64 compare as its ends would (no overflow in numpy)."""
-    if isinstance(value, tuple):
-        return tuple(_clip(v) for v in value)
-    if isinstance(value, int):
-        return max(-(2**63), min(2**63 - 1, value))
-    return value
 
 
 def row_mask(conditions: Sequence[Condition], offset: np.ndarray, timestamp_ns: np.ndarray, type_: np.ndarray) -> np.ndarray | None:
@@ -201,7 +202,7 @@ def row_mask(conditions: Sequence[Condition], offset: np.ndarray, timestamp_ns: 
                 hit = ts_valid if not negated else ~ts_valid
             else:
                 assert ts_us is not None
-                compared = _compare(ts_us, op, _clip(value))
+                compared = _compare(ts_us, op, value)
                 hit = ts_valid & (~compared if negated else compared)
         else:
             values = {"offset": offset, "timestamp_ns": timestamp_ns, "type": type_}[column]
@@ -212,7 +213,7 @@ def row_mask(conditions: Sequence[Condition], offset: np.ndarray, timestamp_ns: 
             else:
                 if column == "type":
                     values = values.astype(np.int64)
-                compared = _compare(values, op, _clip(value))
+                compared = _compare(values, op, value)
                 hit = ~compared if negated else compared
         mask = hit if mask is None else mask & hit
     return mask

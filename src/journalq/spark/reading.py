@@ -21,11 +21,19 @@ import numpy as np
 from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD
-from journalq.journal.offsets import end_offset
-from journalq.journal.segment import Segment, confirms, framed_at, segment_at, segment_bases, segment_name
+from journalq.journal.offsets import end_offset, first_offset
+from journalq.journal.segment import (
+    Segment,
+    confirms,
+    framed_at,
+    gap_reason,
+    segment_at,
+    segment_bases,
+    segment_name,
+)
 from journalq.spark import predicates
 from journalq.spark.columnar import Columns, decode_columns
-from journalq.spark.options import EARLIEST, LATEST
+from journalq.spark.options import EARLIEST, LATEST, OptionError
 from journalq.spark.targets import Shard
 
 READ_CHUNK = 4 << 20  # bytes per read once going: ~33,000 messages of 100 bytes per Arrow batch
@@ -52,11 +60,6 @@ class ShardRange:
 
 
 # -- where shards begin and end -------------------------------------------------------------------
-
-
-def first_offset(path: str) -> int:
-    bases = segment_bases(path)
-    return bases[0] if bases else 0
 
 
 def bounds(shard: Shard) -> tuple[int, int]:
@@ -119,7 +122,7 @@ def check_known_shards(spec: str | dict[str, int], shards: Sequence[Shard], opti
         unknown = sorted(set(spec) - names)
         if unknown:
             known = ", ".join(repr(n) for n in sorted(names)) or "none"
-            raise JournalError(f"option {option} names shard(s) {', '.join(map(repr, unknown))}; the shards are {known}")
+            raise OptionError(f"option {option} names shard(s) {', '.join(map(repr, unknown))}; the shards are {known}")
 
 
 # -- splitting ------------------------------------------------------------------------------------
@@ -282,6 +285,14 @@ def iter_columns(
             if next_offset < end and not os.path.exists(os.path.join(path, "jnl", segment_name(next_offset))):
                 if first_offset(path) > next_offset:
                     continue  # deleted meanwhile: the top of the loop decides
+                bases = segment_bases(path)
+                after = bisect_right(bases, segment.base)
+                if after < len(bases):  # a hole (or an overlap) in the middle, not the end
+                    raise CorruptionError(
+                        f"the segment ends before offset {offset} but the next one starts at offset "
+                        f"{bases[after]}: {gap_reason(offset, bases[after])}",
+                        file=segment.path, position=position, offset=offset,
+                    )
                 raise JournalError(
                     f"the journal ends at offset {next_offset}, before offset {end} that was planned "
                     "(it was cut short since the query was planned)",

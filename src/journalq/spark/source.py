@@ -65,7 +65,25 @@ STREAM_WRITE_OPTIONS = _WRITE_OPTIONS
 
 
 def _path(options) -> str:
-    return opts.get(options, "path") or ""
+    path = opts.get(options, "path")
+    listed = opts.get(options, "paths")  # what Spark passes for load([a, b]), as a JSON list
+    if not path and listed:
+        import json
+
+        try:
+            paths = json.loads(listed)
+        except ValueError:
+            paths = None
+        if not isinstance(paths, list):
+            paths = [listed]
+        if len(paths) == 1:
+            return str(paths[0])
+        # Each journal's shards are named alike ("" for a plain journal): their rows would mix.
+        raise opts.OptionError(
+            f"journalq reads one path per load(), not {len(paths)} ({', '.join(map(str, paths))}): "
+            "load each and union the DataFrames"
+        )
+    return path or ""
 
 
 def _target(options) -> Target:
@@ -374,8 +392,12 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start is None:  # Spark before 4.2: no admission control
             return ends
         current = dict(start)
-        for shard, end in ends.items():
-            current.setdefault(shard, reading.first_offset(_shard_path(self.options, shard)))
+        for shard in ends:
+            first = reading.first_offset(_shard_path(self.options, shard))
+            current.setdefault(shard, first)
+            if not self.fail and current[shard] < first:
+                # Skipped (partitions() starts there): counted, they would make empty batches.
+                current[shard] = first
         went_back = {s: e for s, e in ends.items() if s in start and e < start[s]}
         if went_back:  # made again, or cut: partitions() fails or (failOnDataLoss=false) rereads it
             return {**current, **went_back}
@@ -461,13 +483,14 @@ def _shard_path(options, shard: str) -> str:
 
 def allocate(available: dict[str, int], limit: int) -> dict[str, int]:
     """Share ``limit`` offsets among shards in proportion to what each has (as Kafka's
-    maxOffsetsPerTrigger), at least one for the fullest while the limit allows."""
+    maxOffsetsPerTrigger). What rounding leaves goes first to shards whose share rounded to 0
+    (else a small shard beside a big backlog would never be read), then to the fullest."""
     total = sum(available.values())
     if total <= limit:
         return dict(available)
     out = {s: a * limit // total for s, a in available.items()}
     remaining = limit - sum(out.values())
-    for s in sorted(available, key=lambda k: (-available[k], k)):
+    for s in sorted(available, key=lambda k: (out[k] > 0, -available[k], k)):
         if remaining <= 0:
             break
         if out[s] < available[s]:
