@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from journalq.errors import CorruptionError, JournalError  # noqa: E402
+from journalq.errors import CorruptionError, Error, JournalError  # noqa: E402
 from journalq.journal import Message, Writer  # noqa: E402
 from journalq.journal.segment import segment_bases, segment_name  # noqa: E402
 from journalq.spark import options as opts  # noqa: E402
@@ -218,3 +218,14 @@ def test_a_small_shard_is_not_starved_by_a_big_one():
     assert allocate({"a": 3, "b": 10**6, "c": 10**6}, 10) == {"a": 1, "b": 5, "c": 4}
     assert allocate({"a": 2, "b": 2, "c": 10**6}, 2) == {"a": 1, "b": 0, "c": 1}  # the limit holds
     assert allocate({"a": 10, "b": 30}, 8) == {"a": 2, "b": 6}
+
+
+def test_a_path_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
+    from journalq.spark.targets import resolve
+
+    file = tmp_path / "events.jnl"
+    file.write_bytes(b"")
+    with pytest.raises(Error, match="is a file, not a directory"):
+        resolve(str(file))
+    with pytest.raises(Error, match="does not exist"):
+        resolve(str(tmp_path / "missing"))

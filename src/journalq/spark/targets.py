@@ -74,7 +74,8 @@ def resolve(path: str, topic: str | None = None) -> Target:
     if topic is not None and not (where / SETTINGS_FILE).is_file():
         raise QueueNotFoundError(f"no topic {topic!r} in {where.parent}")
     if not where.is_dir():
-        raise Error(f"{where} does not exist (a journal directory, a root of shards or a topic was expected)")
+        what = "is a file, not a directory" if where.exists() else "does not exist"
+        raise Error(f"{where} {what} (a journal directory, a root of shards or a topic was expected)")
     sharded_topic = _sharded_topic(where)
     if sharded_topic is not None:
         return sharded_topic
