@@ -188,3 +188,22 @@ def test_commits_from_two_threads_and_a_refused_one_leave_no_stray_file(tmp_path
         offsets_mod.write_offset(file, 5)
     assert sorted(p.name for p in file.parent.iterdir()) == ["alpha.ofs"]
     assert read_offset(tmp_path, "alpha") % 1000 == 299  # the old value stands
+
+
+def test_end_offset_reads_on_when_the_last_segment_is_taken_back_meanwhile(tmp_path, monkeypatch):
+    """A writer whose append failed removes the segment that append started; an ``end_offset``
+    that had listed it reads the segment before it (it raised FileNotFoundError)."""
+    with Writer(tmp_path, segment_size=100) as w:
+        w.append_many([b"x" * 40] * 3)  # two segments: offsets 0-1, then 2
+    real = offsets_mod.scan_tail
+    taken: list[str] = []
+
+    def scan_tail(segment):
+        if not taken:
+            taken.append(segment.path.name)
+            segment.path.unlink()  # the take-back, between the listing and the read
+        return real(segment)
+
+    monkeypatch.setattr(offsets_mod, "scan_tail", scan_tail)
+    assert end_offset(tmp_path) == 2
+    assert taken == ["0000000000000002.jnl"]

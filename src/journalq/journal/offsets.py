@@ -36,10 +36,16 @@ def end_offset(path: str | os.PathLike[str]) -> int:
 
     An incomplete message at the end (one being written, or a torn write) is not counted.
     """
-    segments = list_segments(path)
-    if not segments:
-        return 0
-    return scan_tail(segments[-1]).next_offset
+    while True:
+        segments = list_segments(path)
+        if not segments:
+            return 0
+        try:
+            return scan_tail(segments[-1]).next_offset
+        except FileNotFoundError:
+            # Removed since it was listed: a segment that a failed append had started, taken
+            # back (the newest is never collected). The one before it is the last again.
+            continue
 
 
 def offset_path(path: str | os.PathLike[str], name: str) -> Path:
