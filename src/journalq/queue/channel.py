@@ -168,6 +168,15 @@ def receive_arguments(
     return hide, wait, None if filters is None else filtering.normalize(filters, settings.enums)
 
 
+def retention_horizon(settings: QueueSettings, now: int) -> int:
+    """The time (ns) before which a message is past the topic's ``retention_seconds``: a receive
+    finishes it unseen, as the ZooKeeper store expires its tasks (whole segments of them are
+    deleted by the topic's gc; this bounds the rest, in the segments still written to). A
+    message with no time (0 or less, as sej writes none) is never past it."""
+    retention = settings.retention_seconds
+    return 0 if retention is None else now - int(retention * 1e9)
+
+
 def check_receipt_list(name: str, receipts: object) -> None:
     """Refuse anything but a list of receipts: one receipt (a string would be taken letter by
     letter), None, ..."""
@@ -694,16 +703,21 @@ class Channel:
         blocked = set(state.group_holds)
         picks: list[tuple[Message, Envelope, int]] = []
         dead: list[tuple[Message, Envelope, int]] = []
-        foreign: list[int] = []  # offsets of messages for another channel: finished unseen
+        # Offsets finished unseen: messages for another channel, and those past retention.
+        passed: list[int] = []
+        kept_from = retention_horizon(settings, now)
         name = self.name
         wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
             nonlocal wake_at
+            if 0 < message.timestamp_ns < kept_from:
+                passed.append(message.offset)
+                return False
             env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
             if env.channel is not None and env.channel != name:
-                foreign.append(message.offset)
+                passed.append(message.offset)
                 return False
             group = env.group_id
             if group is not None and group in blocked:
@@ -739,7 +753,7 @@ class Channel:
                     break
         if not full:
             with self._ahead_lock:
-                self._take_new(state.frontier, consider, picks, max_messages if wanted is None else 0)
+                self._take_new(state.frontier, consider, picks, max_messages if wanted is None else 0, kept_from)
         visible_at = now + int(hide * 1e9)
         consumer = self._consumer_key
         plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
@@ -755,8 +769,8 @@ class Channel:
         if dead:
             self._send_dead(dead)
             records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
-        if foreign:
-            records += finish_records(foreign, [0] * len(foreign))
+        if passed:
+            records += finish_records(passed, [0] * len(passed))
         stamp = 0
         if records or self._unwritten:
             # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
@@ -769,6 +783,7 @@ class Channel:
         consider: Callable[[Message, int], bool],
         picks: list[tuple[Message, Envelope, int]],
         plain_up_to: int,
+        kept_from: int,
     ) -> None:
         """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
         until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
@@ -777,13 +792,14 @@ class Channel:
         ``plain_up_to`` (``max_messages`` for a consumer without filters, else 0): plain
         messages never seen go out as they are (no delay, group, filters, and a first delivery
         cannot be a dead letter), so a run of them is taken whole, without ``consider``, until
-        ``picks`` holds that many."""
+        ``picks`` holds that many, when the run's first is within retention (from ``kept_from``
+        on: the others, stored after it, are too)."""
         ahead = self._read_ahead(frontier, 0)
         start = 0
         if plain_up_to:
             want = plain_up_to - len(picks)
             run = ahead[:want]
-            if _ENVELOPE_TYPE not in map(_type_of, run):
+            if run and run[0].timestamp_ns >= kept_from and _ENVELOPE_TYPE not in map(_type_of, run):
                 picks += zip(run, repeat(_PLAIN), repeat(1))
                 if len(run) == want:
                     return
@@ -1035,9 +1051,13 @@ class Channel:
             candidates = list(state.candidates())
             frontier, cursor, dead = state.frontier, state.cursor, state.dead
 
+        kept_from = retention_horizon(self.settings, now)
+
         def waiting(message: Message) -> str | None:
-            """"available" or "delayed"; None for a message of another channel (which a receive
-            finishes unseen)."""
+            """"available" or "delayed"; None for a message of another channel or past retention
+            (which a receive finishes unseen)."""
+            if 0 < message.timestamp_ns < kept_from:
+                return None
             if message.type != envelope.ENVELOPE_TYPE:
                 return "available"
             env = envelope.decode(message.type, message.value)
