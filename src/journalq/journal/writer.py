@@ -36,7 +36,7 @@ from journalq.journal.index import (
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import Recovery, cut_tail, fsync_dir, make_dirs
-from journalq.journal.space import allocated, release, reserve
+from journalq.journal.space import release, reserve
 from journalq.journal.segment import (
     Segment,
     SegmentScan,
@@ -396,7 +396,10 @@ class Writer(Closing):
         size = stat.st_size
         unlinked = stat.st_nlink == 0
         # Another writer may have given back the blocks this one reserved (closing, opening).
-        self._reserved = min(self._reserved, allocated(stat))
+        # (``space.allocated``, inline: this runs on every shared append.)
+        blocks = stat.st_blocks * 512
+        if blocks < self._reserved:
+            self._reserved = blocks
         if size - self._seg_len > BACKLOG_BYTES and take is not None and not unlinked and self._backlog_at < 0:
             # (One left unchecked, when the lock could not be taken again after it, is checked
             # below first: another read from its end would put its own check in its place.)

@@ -180,6 +180,8 @@ def retention_horizon(settings: QueueSettings, now: int) -> int:
 def check_receipt_list(name: str, receipts: object) -> None:
     """Refuse anything but a list of receipts: one receipt (a string would be taken letter by
     letter), None, ..."""
+    if type(receipts) is list:
+        return  # the common case, first: this runs for every delete and receive of a consumer loop
     if isinstance(receipts, str):
         raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
     if isinstance(receipts, (bytes, bytearray)) or not isinstance(receipts, Sequence):
