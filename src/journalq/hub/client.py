@@ -3,8 +3,9 @@
 ``HubClient`` speaks the hub's HTTP API, one attempt per call: a refusal comes back as the
 ``HubError`` the hub named; a connection error, a 5xx answer or a 408 (the request stopped
 arriving) as ``HubUnavailableError``, which ``Pusher`` waits out with a growing delay
-(``Backoff``) before it asks the hub what it holds and resumes from there. So either side can die at any moment: nothing is sent twice into the copy
-(the hub skips what it holds) and nothing is left out (the hub refuses a gap).
+(``Backoff``) before it asks the hub what it holds and resumes from there. So either side can
+die at any moment: nothing is sent twice into the copy (the hub skips what it holds) and nothing
+is left out (the hub refuses a gap).
 
 ``Pusher`` follows journals, plain or sharded (a shard root pushes each of its shards, and shards
 that appear later), reading their raw segment bytes in bounded chunks (``RawReader``).
@@ -268,8 +269,9 @@ class Pusher(Closing):
 
     ``run()`` copies until every journal is caught up (``follow=False``) or forever, following
     appends and new shards (``follow=True``; it ends when every journal was refused and none can
-    be added, no root of shards being among ``directories``). A connection error or a hub answering 5xx is waited
-    out (``Backoff``), after which the pusher asks the hub what it holds and resumes from there;
+    be added, no root of shards being among ``directories``). A connection error or a hub
+    answering 5xx (or 408) is waited out (``Backoff``), after which the pusher asks the hub what it
+    holds and resumes from there;
     ``give_up_after`` seconds of failing in a row end the run with ``HubUnavailableError``. A
     journal the hub refuses (its messages differ from the ones held, say) is reported and left;
     ``run()`` returns the copies, whose ``failed`` says which.
