@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import asyncio
 
+from journalq.queue.settings import check_number
+
+MIN_SECONDS = 0.001
+"""The shortest limit taken (the watchdog looks every tenth of it)."""
+
 
 class Deadlines:
     """``task = deadlines.start()`` before the awaits to limit, ``deadlines.stop(task)`` after
@@ -19,7 +24,9 @@ class Deadlines:
     ``run()`` is the watchdog: a task for the application's life."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+        # 0 or less made the watchdog's period 0 (the loop spun for good), NaN never expired:
+        # refused, as is infinity (no limit is no watchdog).
+        self.seconds = check_number("the body timeout", seconds, MIN_SECONDS)
         self.period = min(1.0, seconds / 10)
         self._due: dict[asyncio.Task[object], float] = {}
         self._expired: set[asyncio.Task[object]] = set()
