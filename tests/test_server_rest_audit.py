@@ -3,6 +3,8 @@ other test modules do not look (a queue whose stored files are damaged)."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -47,3 +49,35 @@ def test_a_queue_whose_settings_file_is_damaged_is_a_500_that_names_no_path(
         error = answer.json()["error"]
         assert "visibility_timeout" in error, (what, error)  # the problem, named
         assert str(server.data) not in error, (what, error)
+
+
+def test_a_fetch_without_wait_long_polls_for_the_queue_receive_wait(
+    server: ServerProcess, client: httpx.Client
+) -> None:
+    """A queue's receive wait (SQS's ReceiveMessageWaitTimeSeconds, ``receive_wait``) is the
+    default of a fetch's ``wait``, as the queue's visibility timeout is of ``visibility_timeout``
+    and as SQS's ReceiveMessage and the library's receive take it: the fetch ended at once with
+    204, and clients polled in a loop a queue made for long polling. ``?wait=0`` still asks for
+    no wait."""
+    name = f"polled-{uuid.uuid4().hex[:8]}"
+    with Broker(server.data) as broker:
+        broker.queue(name, receive_wait=3)
+    started = time.monotonic()
+    assert client.get(f"/{name}/messages", params={"wait": 0}).status_code == 204
+    assert time.monotonic() - started < 1
+
+    def post_later() -> None:
+        time.sleep(0.5)
+        httpx.post(f"{server.url}/{name}/messages", content=b"late").raise_for_status()
+
+    poster = threading.Thread(target=post_later)
+    poster.start()
+    started = time.monotonic()
+    got = client.get(f"/{name}/messages")
+    took = time.monotonic() - started
+    poster.join()
+    assert got.status_code == 200 and got.content == b"late", (got.status_code, took)
+    assert 0.4 < took < 2.5, took
+    started = time.monotonic()
+    assert client.get(f"/{name}/messages").status_code == 204  # after the queue's 3 s
+    assert 2.9 < time.monotonic() - started < 5
