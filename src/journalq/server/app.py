@@ -202,6 +202,14 @@ def create_app(config: ServerConfig) -> App:
             # channel's token, an offset file): still the storage's, not a bug of the server's.
             if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
                 raise storage_problem(exc) from exc
+            if isinstance(exc, Error) and not isinstance(exc, JournalError):
+                # No request can name a path (queue names and ids hold no '/'): an error naming a
+                # file of the data directory (a damaged queue.json) is about the stored data, so
+                # the server's problem, a 500 as for a journal that cannot be read, and the
+                # directory is left out of it (the file's place in it is kept).
+                where = f"{broker().root}{os.sep}"
+                if where in str(exc):
+                    raise JournalError(str(exc).replace(where, "")) from exc
             return False
 
     storage_failures = StorageFailures()
@@ -394,27 +402,36 @@ def create_app(config: ServerConfig) -> App:
 
     @app.get("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_auth)])
     async def fetch(
-        queue: str, request: Request, wait: float = 0.0, visibility_timeout: float | None = None
+        queue: str, request: Request, wait: float | None = None, visibility_timeout: float | None = None
     ) -> Response:
         """The oldest available message as the body, with ``X-Message-Id`` (and ``X-Receipt``,
         ``X-Receive-Count``); 204 when there is none. The message is hidden for the visibility
-        timeout and delivered again unless deleted. ``wait``: long polling, in seconds."""
+        timeout and delivered again unless deleted. ``wait``: long polling, in seconds (the
+        queue's ``receive_wait``, SQS's ReceiveMessageWaitTimeSeconds, when not given)."""
         name = queue_name(queue)
-        check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
+        if wait is not None:
+            check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
 
-        def receive(seconds: float) -> list[ReceivedMessage]:
+        def receive(seconds: float) -> tuple[list[ReceivedMessage], float]:
+            """A receive waiting up to ``seconds``, and the whole poll's wait: ``wait``, or the
+            queue's own, as SQS's ReceiveMessage and the library's receive take it."""
             # A queue deleted under the poll (by this server or another process) raises
             # QueueNotFoundError, answered 404 as anywhere else (SQS's ReceiveMessage: QueueDoesNotExist).
-            return broker().queue(name, create=False).receive(1, wait=seconds, visibility_timeout=visibility_timeout)
+            found = broker().queue(name, create=False)
+            got = found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
+            return got, found.settings.receive_wait if wait is None else wait
 
-        # A long poll waits in slices: between two, it ends when the server is stopping (a
-        # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
-        # its client went away (who would never see the message it took).
-        for seconds in poll_slices(wait):
-            got = await blocking(receive, seconds, receiving=True)
-            if got or stopping.is_set() or await request.is_disconnected():
-                break
-        if got and wait and await request.is_disconnected():
+        # A first look, which tells the wait too (no thread hop more for it); then a long poll
+        # waits in slices: between two, it ends when the server is stopping (a SIGTERM waits for
+        # requests under way, and a poll may have up to an hour left) or when its client went
+        # away (who would never see the message it took).
+        got, whole = await blocking(receive, 0, receiving=True)
+        if not got and whole and not stopping.is_set():
+            for seconds in poll_slices(whole):
+                got, _ = await blocking(receive, seconds, receiving=True)
+                if got or stopping.is_set() or await request.is_disconnected():
+                    break
+        if got and whole and await request.is_disconnected():
             # Taken in the slice its client went away in: given back, not hidden for no one.
             await blocking(broker().queue(name, create=False).release, got[0].receipt)
             return Response(status_code=204)
