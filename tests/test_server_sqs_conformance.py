@@ -175,3 +175,25 @@ def test_every_answer_carries_a_request_id(sqs: Any) -> None:
     assert len(set(ids)) == len(ids)
     for request_id in ids:
         assert str(uuid.UUID(request_id)) == request_id  # a UUID's shape, as SQS's
+
+
+def test_a_queue_whose_settings_file_is_damaged_is_an_internal_failure_naming_no_path(
+    server: ServerProcess, sqs: Any
+) -> None:
+    """Stored data that cannot be read is the server's problem (500, InternalFailure), not the
+    request's: it was InvalidParameterValue (400), with the data directory's path in it."""
+    name = new_name("damaged")
+    with Broker(server.data) as broker:  # made beside the server, which has not opened it yet
+        broker.queue(name).send(b"kept")
+    (server.data / name / "queue.json").write_text('{"visibility_timeout": -5}')
+    url = sqs.create_queue(QueueName=new_name())["QueueUrl"].rsplit("/", 1)[0] + "/" + name
+    for call in (
+        lambda: sqs.send_message(QueueUrl=url, MessageBody="x"),
+        lambda: sqs.receive_message(QueueUrl=url),
+        lambda: sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"]),
+    ):
+        with pytest.raises(ClientError) as info:
+            call()
+        assert error_of(info)[1] == 500
+        message = info.value.response["Error"]["Message"]
+        assert "visibility_timeout" in message and str(server.data) not in message

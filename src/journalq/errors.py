@@ -123,6 +123,12 @@ class InvalidSettingError(QueueError, ValueError):
     wrong kind."""
 
 
+class SettingsFileError(CorruptionError, InvalidSettingError):
+    """A queue's settings file that cannot be read as settings (damaged, or written by hand): a
+    problem of the stored data, which the server answers 500 without naming the file's place
+    (a ``CorruptionError``), and a bad setting (an ``InvalidSettingError``, as before)."""
+
+
 class ReceiptError(QueueError):
     """A receipt that is malformed, or whose delivery is over (finished, or delivered again)."""
 

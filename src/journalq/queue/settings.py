@@ -6,6 +6,7 @@ Names, defaults and ranges follow Amazon SQS where the meaning is the same.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journalq.errors import InvalidNameError, InvalidSettingError
+from journalq.errors import InvalidNameError, InvalidSettingError, SettingsFileError, StorageError
 from journalq.journal.recovery import fsync_dir
 
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,79}$")
@@ -156,14 +157,18 @@ def load(topic_path: Path) -> QueueSettings | None:
         data = json.loads(file.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise InvalidSettingError(f"cannot read queue settings {file}: {exc}") from None
+    except OSError as exc:
+        if exc.errno == errno.EIO:  # the storage failing, not the file
+            raise StorageError(f"cannot read queue settings: {exc.strerror}", errno=exc.errno, file=file) from None
+        raise SettingsFileError(f"cannot read queue settings: {exc.strerror or exc}", file=file) from None
+    except ValueError as exc:
+        raise SettingsFileError(f"queue settings are not JSON: {exc}", file=file) from None
     if not isinstance(data, dict):
-        raise InvalidSettingError(f"queue settings {file} are not a JSON object")
+        raise SettingsFileError("queue settings are not a JSON object", file=file)
     try:
         return QueueSettings.from_json(data)
     except InvalidSettingError as exc:  # written by hand, or by a version that checked less
-        raise InvalidSettingError(f"queue settings {file}: {exc}") from None
+        raise SettingsFileError(f"queue settings: {exc}", file=file) from None
 
 
 class SettingsFile:

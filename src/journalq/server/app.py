@@ -202,14 +202,6 @@ def create_app(config: ServerConfig) -> App:
             # channel's token, an offset file): still the storage's, not a bug of the server's.
             if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
                 raise storage_problem(exc) from exc
-            if isinstance(exc, Error) and not isinstance(exc, JournalError):
-                # No request can name a path (queue names and ids hold no '/'): an error naming a
-                # file of the data directory (a damaged queue.json) is about the stored data, so
-                # the server's problem, a 500 as for a journal that cannot be read, and the
-                # directory is left out of it (the file's place in it is kept).
-                where = f"{broker().root}{os.sep}"
-                if where in str(exc):
-                    raise JournalError(str(exc).replace(where, "")) from exc
             return False
 
     storage_failures = StorageFailures()

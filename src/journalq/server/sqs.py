@@ -75,6 +75,7 @@ from journalq.errors import (
     InvalidMessageError,
     InvalidNameError,
     InvalidSettingError,
+    JournalError,
     PartialSendError,
     QueueNotFoundError,
     ReceiptError,
@@ -493,6 +494,8 @@ def _as_sqs_error(exc: Exception) -> SqsError | None:
         return _no_queue()
     if isinstance(exc, ReceiptError):
         return SqsError("ReceiptHandleIsInvalid", str(exc))
+    if isinstance(exc, JournalError):
+        return None  # stored data that cannot be read (a damaged queue.json too): the server's 500
     if isinstance(exc, (InvalidNameError, InvalidSettingError, InvalidMessageError)):
         return _invalid(str(exc))
     return None
