@@ -44,7 +44,10 @@ def end_offset(path: str | os.PathLike[str]) -> int:
             return scan_tail(segments[-1]).next_offset
         except FileNotFoundError:
             # Removed since it was listed: a segment that a failed append had started, taken
-            # back (the newest is never collected). The one before it is the last again.
+            # back (the newest is never collected). The one before it is the last again. Still
+            # listed, it is a dangling link, which looking again would never get past.
+            if list_segments(path)[-1:] == segments[-1:] and not segments[-1].path.exists():
+                raise JournalError("segment is listed but cannot be opened", file=segments[-1].path) from None
             continue
 
 
