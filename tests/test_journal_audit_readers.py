@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from journalq.errors import Error, JournalError
-from journalq.journal import Scanner, Writer, end_offset
+from journalq.journal import ReaderOffset, Scanner, Writer, end_offset, read_offset
 
 
 @pytest.fixture
@@ -60,3 +60,32 @@ def test_scanner_refuses_a_bad_timeout(tmp_path, timeout):
         writer.append(b"a")
     with pytest.raises(Error, match="timeout must be"):
         Scanner(tmp_path, timeout=timeout)
+
+
+def test_commit_after_close_is_refused(tmp_path):
+    # A closed ReaderOffset no longer holds the name's lock: its commit would overwrite the
+    # offset of the process that took the name since.
+    reader = ReaderOffset(tmp_path, "r")
+    reader.commit(3)
+    reader.close()
+    with ReaderOffset(tmp_path, "r") as other:
+        other.commit(10)
+        with pytest.raises(Error, match="closed"):
+            reader.commit(5)
+        assert read_offset(tmp_path, "r") == 10
+
+
+@pytest.mark.parametrize("name", ["reader\n", "a\nb"])
+def test_reader_name_with_a_newline_is_refused(tmp_path, name):
+    with pytest.raises(Error, match="reader name"):
+        ReaderOffset(tmp_path, name)
+    assert not (tmp_path / "ofs").exists() or not list((tmp_path / "ofs").iterdir())
+
+
+@pytest.mark.parametrize("bad", [True, 1.0])
+def test_commit_refuses_what_is_no_integer(tmp_path, bad):
+    with ReaderOffset(tmp_path, "r") as reader:
+        with pytest.raises(Error, match="offset must be an unsigned 64-bit integer"):
+            reader.commit(bad)
+        assert reader.value == 0
+    assert read_offset(tmp_path, "r") == 0
