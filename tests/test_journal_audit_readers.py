@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from journalq.errors import Error, JournalError
+from journalq.errors import Error, JournalError, OffsetOutOfRangeError
 from journalq.journal import ReaderOffset, Scanner, Writer, end_offset, read_offset
+from journalq.journal.segment import list_segments
 
 
 @pytest.fixture
@@ -89,3 +90,21 @@ def test_commit_refuses_what_is_no_integer(tmp_path, bad):
             reader.commit(bad)
         assert reader.value == 0
     assert read_offset(tmp_path, "r") == 0
+
+
+def test_segments_collected_under_a_reader_are_no_longer_stored(tmp_path):
+    # Retention deletes the oldest segments, the one a slow reader has open among them: past its
+    # end the offsets it wants are gone. That is OffsetOutOfRangeError (what a hub client and
+    # Spark's failOnDataLoss handle), not a TruncatedError about a failed append taken back.
+    with Writer(tmp_path, segment_size=300) as writer:
+        writer.append_many([b"v" * 20] * 40)
+    segments = list_segments(tmp_path)
+    assert len(segments) > 4
+    with Scanner(tmp_path, 0) as scanner:
+        assert [m.offset for m in scanner.read_batch(1)] == [0]
+        for segment in segments[:3]:
+            os.unlink(segment.path)
+            segment.index_path.unlink(missing_ok=True)
+        with pytest.raises(OffsetOutOfRangeError, match=rf"no longer stored.*starts at {segments[3].base}"):
+            while scanner.read_batch():
+                pass

@@ -277,6 +277,18 @@ class Scanner(Closing):
                 os.path.join(self._jnl, segment_name(self._next))
             ):
                 if stat.st_nlink == 0:
+                    later = [base for base in segment_bases(self.path) if base > self._segment.base]
+                    if self._next in later:
+                        continue  # the next segment came meanwhile: go on into it
+                    if later:
+                        # Collected (retention deletes the oldest, this one and the next among
+                        # them): what the scanner wants next is no longer stored.
+                        raise OffsetOutOfRangeError(
+                            f"offset {self._next} is no longer stored: its segment was deleted before "
+                            f"the scanner reached it; the journal starts at {later[0]}",
+                            file=self._segment.path,
+                            offset=self._next,
+                        )
                     # The last segment is gone: a failed append was taken back (and with it
                     # messages this scanner may have returned), or the journal was deleted.
                     raise TruncatedError(
