@@ -10,6 +10,8 @@ import pytest
 
 from journalq.errors import Error, JournalError, OffsetOutOfRangeError
 from journalq.journal import ReaderOffset, Scanner, Writer, end_offset, read_offset
+from journalq.journal import index
+from journalq.journal.inspect import check
 from journalq.journal.segment import list_segments
 
 
@@ -108,3 +110,46 @@ def test_segments_collected_under_a_reader_are_no_longer_stored(tmp_path):
         with pytest.raises(OffsetOutOfRangeError, match=rf"no longer stored.*starts at {segments[3].base}"):
             while scanner.read_batch():
                 pass
+
+
+def _damage_offset_field(segment_path, position: int) -> None:
+    data = bytearray(segment_path.read_bytes())
+    data[position + 7] ^= 0x01  # the low byte of the offset field of the message there
+    segment_path.write_bytes(bytes(data))
+
+
+def test_check_repair_keeps_the_index_entries_past_damage(tmp_path):
+    # The sound index entries past damage in a sealed segment are what let a reader seek over
+    # it (to a committed offset after it). check called them stale, and --repair rebuilt the
+    # index from the messages before the damage only: the seek then failed at the damage.
+    with Writer(tmp_path, segment_size=50_000) as writer:
+        writer.append_many([b"v%05d" % i for i in range(3000)])
+    first = list_segments(tmp_path)[0]
+    assert first.index_path.exists()
+    _damage_offset_field(first.path, 32 * 500)  # every message is 32 bytes
+    with Scanner(tmp_path, 1000) as scanner:
+        assert scanner.read_batch(1)[0].offset == 1000
+    report = check(tmp_path)
+    assert [p.kind for p in report.problems] == ["segment"]
+    assert "offset 501 where 500 was due" in report.problems[0].reason
+    report = check(tmp_path, repair=True)
+    assert [(p.kind, p.fixed) for p in report.problems] == [("segment", False)]
+    with Scanner(tmp_path, 1000) as scanner:
+        assert scanner.read_batch(1)[0].offset == 1000
+
+
+def test_check_repair_of_a_stale_index_past_damage_keeps_the_sound_entries(tmp_path):
+    with Writer(tmp_path, segment_size=50_000) as writer:
+        writer.append_many([b"v%05d" % i for i in range(3000)])
+    first = list_segments(tmp_path)[0]
+    entries = index.read_entries(first)
+    assert len(entries) > 2
+    _damage_offset_field(first.path, 32 * 100)
+    # One entry that points at no message: the index is stale, and rebuilt.
+    index.write_index(first, [*entries, (entries[-1][0] + 1, entries[-1][1] + 5)])
+    report = check(tmp_path, repair=True)
+    assert [(p.kind, p.fixed) for p in report.problems] == [("segment", False), ("index", True)]
+    assert index.read_entries(first) == entries
+    assert check(tmp_path).remaining == report.remaining[:1]
+    with Scanner(tmp_path, 1000) as scanner:
+        assert scanner.read_batch(1)[0].offset == 1000
