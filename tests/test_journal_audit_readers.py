@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from journalq.errors import Error, JournalError, OffsetOutOfRangeError
+from journalq.errors import Error, JournalError, OffsetOutOfRangeError, TruncatedError
 from journalq.journal import ReaderOffset, Scanner, Writer, end_offset, read_offset
 from journalq.journal import index
 from journalq.journal.inspect import check
@@ -153,3 +155,23 @@ def test_check_repair_of_a_stale_index_past_damage_keeps_the_sound_entries(tmp_p
     assert check(tmp_path).remaining == report.remaining[:1]
     with Scanner(tmp_path, 1000) as scanner:
         assert scanner.read_batch(1)[0].offset == 1000
+
+
+def test_a_follower_learns_at_once_that_its_segment_was_removed(tmp_path):
+    # A failed append's new segment is taken back by unlinking it. The watch did not wake for a
+    # deletion: a follower in that segment slept until the next append, or its timeout, and then
+    # ended as if nothing had happened, the messages it returned from it being gone.
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b", b"c"])
+    segment = list_segments(tmp_path)[-1]
+    with Scanner(tmp_path, 0, timeout=3) as scanner:
+        assert len(scanner.read_batch()) == 3
+        timer = threading.Timer(0.2, os.unlink, [segment.path])
+        timer.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(TruncatedError, match="removed under the scanner"):
+                scanner.read_batch()
+        finally:
+            timer.join()
+        assert time.monotonic() - started < 2
