@@ -47,7 +47,8 @@ def end_offset(path: str | os.PathLike[str]) -> int:
             # back (the newest is never collected). The one before it is the last again. Still
             # listed, it is a dangling link, which looking again would never get past.
             if list_segments(path)[-1:] == segments[-1:] and not segments[-1].path.exists():
-                raise JournalError("segment is listed but cannot be opened", file=segments[-1].path) from None
+                missing = segments[-1].path
+                raise JournalError("segment is listed but cannot be opened", file=missing) from None
             continue
 
 

@@ -284,8 +284,8 @@ class Scanner(Closing):
                         # Collected (retention deletes the oldest, this one and the next among
                         # them): what the scanner wants next is no longer stored.
                         raise OffsetOutOfRangeError(
-                            f"offset {self._next} is no longer stored: its segment was deleted before "
-                            f"the scanner reached it; the journal starts at {later[0]}",
+                            f"offset {self._next} is no longer stored: its segment was deleted "
+                            f"before the scanner reached it; the journal starts at {later[0]}",
                             file=self._segment.path,
                             offset=self._next,
                         )
