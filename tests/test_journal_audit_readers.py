@@ -176,3 +176,17 @@ def test_a_follower_learns_at_once_that_its_segment_was_removed(tmp_path):
         finally:
             timer.join()
         assert time.monotonic() - started < 2
+
+
+def test_a_next_segment_that_cannot_be_opened_is_named(tmp_path):
+    # A segment listed where the next offset is due but that cannot be opened (a dangling link)
+    # was reported as a gap: "offsets 2-1 are stored twice".
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b"])
+    dangling = tmp_path / "jnl" / f"{2:016x}.jnl"
+    os.symlink(tmp_path / "nowhere", dangling)
+    with Scanner(tmp_path, 0) as scanner:
+        assert len(scanner.read_batch()) == 2
+        with pytest.raises(JournalError, match="listed but cannot be opened") as caught:
+            scanner.read_batch()
+    assert caught.value.file == dangling

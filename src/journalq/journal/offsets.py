@@ -19,7 +19,7 @@ from journalq.errors import Error, JournalError
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir, make_dirs
-from journalq.journal.segment import list_segments
+from journalq.journal.segment import list_segments, unopenable
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -47,8 +47,7 @@ def end_offset(path: str | os.PathLike[str]) -> int:
             # back (the newest is never collected). The one before it is the last again. Still
             # listed, it is a dangling link, which looking again would never get past.
             if list_segments(path)[-1:] == segments[-1:] and not segments[-1].path.exists():
-                missing = segments[-1].path
-                raise JournalError("segment is listed but cannot be opened", file=missing) from None
+                raise unopenable(segments[-1]) from None
             continue
 
 

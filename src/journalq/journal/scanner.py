@@ -28,6 +28,7 @@ from journalq.journal.segment import (
     segment_at,
     segment_bases,
     segment_name,
+    unopenable,
 )
 from journalq.journal.watch import DirectoryWatch
 
@@ -164,7 +165,7 @@ class Scanner(Closing):
             # Deleted (by gc) since it was listed: look again, where it is no longer stored.
             bases = segment_bases(self.path)
             if segment.base in bases:  # still listed, yet not there (a dangling link): no gc
-                raise JournalError("segment is listed but cannot be opened", file=segment.path)
+                raise unopenable(segment)
             self._seek(wanted, bases)
             return
         start = self._index_entry(segment, offset, sealed=which < len(bases) - 1)
@@ -302,6 +303,12 @@ class Scanner(Closing):
                     self._next_base = self._base_after(self._segment.base)
                     if os.fstat(self._fd).st_size != size:
                         continue
+                    if self._next_base == self._next:
+                        following = segment_at(self.path, self._next)
+                        if os.path.exists(following.path):
+                            continue  # created since it was looked for
+                        # Listed, yet not there to open (a dangling link): no gap.
+                        raise unopenable(following)
                     if self._next_base is not None:
                         raise self._gap()
                 return False
