@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from journalq.errors import Error, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, TruncatedError
 from journalq.journal import ReaderOffset, Scanner, Writer, end_offset, read_offset
-from journalq.journal import index
+from journalq.journal import codec, index
 from journalq.journal.inspect import check
 from journalq.journal.segment import list_segments
 
@@ -190,3 +190,24 @@ def test_a_next_segment_that_cannot_be_opened_is_named(tmp_path):
         with pytest.raises(JournalError, match="listed but cannot be opened") as caught:
             scanner.read_batch()
     assert caught.value.file == dangling
+
+
+@pytest.mark.parametrize("key_len", [0, 5])
+def test_a_value_length_that_makes_the_size_zero_is_damage(tmp_path, key_len):
+    # A value length of -(26 + key length) made the message's size 0, and decode's look for a
+    # run of messages of one size divided by it: ZeroDivisionError in every reader, in check and
+    # in the recovery of a writer opening the journal, which then could not open it at all.
+    head = codec.HEADER.pack(0, 1, 0, key_len) + b"k" * key_len
+    damaged = head + codec.INT32.pack(-(codec.OVERHEAD + key_len)) + bytes(100)
+    with pytest.raises(CorruptionError, match="negative value length"):
+        codec.decode(damaged, 0, None, 0)
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b"])
+    segment = list_segments(tmp_path)[0]
+    sound = segment.path.read_bytes()
+    segment.path.write_bytes(sound + codec.HEADER.pack(2, 1, 0, key_len) + damaged[18:])
+    assert [p.kind for p in check(tmp_path).problems] == ["tail"]
+    with Writer(tmp_path) as writer:  # recovers: cuts the damaged tail, keeps its bytes
+        assert writer.append(b"c") == 2
+    with Scanner(tmp_path) as scanner:
+        assert [m.value for m in scanner.read_batch()] == [b"a", b"b", b"c"]
