@@ -1,4 +1,5 @@
-"""Audit of the journal's readers: end_offset, reader offsets and the scanner's batches."""
+"""Audit of the journal's readers and tools: end_offset, reader offsets, the scanner, the watch,
+check --repair and the codec on damaged bytes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import (
+    CorruptionError,
+    Error,
+    JournalError,
+    OffsetOutOfRangeError,
+    TruncatedError,
+)
 from journalq.journal import ReaderOffset, Scanner, Writer, end_offset, read_offset
 from journalq.journal import codec, index
 from journalq.journal.inspect import check
