@@ -215,9 +215,11 @@ def _uniform_run(
     if key_len > MAX_KEY_SIZE or pos + 18 + key_len + 4 > end:
         return None
     (value_len,) = INT32.unpack_from(buf, pos + 18 + key_len)
+    if value_len < 0:  # damage, for the general loop to report (and a size of 0 to divide by)
+        return None
     size = OVERHEAD + key_len + value_len
     count = min((end - pos) // size, most, _RUN_MAX)
-    if value_len < 0 or count < _RUN_MIN:
+    if count < _RUN_MIN:
         return None
     # Cheaply first: the next message has the same lengths (else this is no run).
     if buf[pos + size + 17] != key_len or INT32.unpack_from(buf, pos + size + 18 + key_len)[0] != value_len:

@@ -25,7 +25,15 @@ from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD, Message, decode
 from journalq.journal.recovery import Recovery, misnamed
 from journalq.journal.scanner import Scanner
-from journalq.journal.segment import Segment, SegmentScan, gap_reason, journal_dir, list_segments, scan_segment
+from journalq.journal.segment import (
+    Segment,
+    SegmentScan,
+    confirms,
+    gap_reason,
+    journal_dir,
+    list_segments,
+    scan_segment,
+)
 from journalq.journal.writer import Writer
 
 __all__ = [
@@ -335,7 +343,9 @@ def _check_index(segment: Segment, scan: SegmentScan, repair: bool) -> list[Prob
         return []
     fixed = False
     if repair:
-        fixed = index.write_index(segment, scan.entries)
+        # Past damage the scan gives no entries: the old ones that still check out stay, or a
+        # seek past the damage (to an offset committed after it) would read into it and fail.
+        fixed = index.write_index(segment, scan.entries + _entries_past_damage(segment, scan))
         if not fixed:
             reason += "; could not rewrite it (is the directory writable?)"
     return [Problem("index", segment.index_path, None, None, reason, fixed)]
@@ -366,13 +376,29 @@ def _index_problem(segment: Segment, scan: SegmentScan) -> str | None:
     return None
 
 
+def _entries_past_damage(segment: Segment, scan: SegmentScan) -> list[index.Entry]:
+    """The segment's index entries after the damage that ended ``scan`` which the segment
+    confirms, as a scanner confirms an entry before it seeks by it."""
+    if scan.problem is None:
+        return []
+    past = [e for e in index.read_entries(segment) if e[1] >= scan.end]
+    if not past:
+        return []
+    with open(segment.path, "rb", buffering=0) as f:
+        return [e for e in past if confirms(f.fileno(), *e)]
+
+
 def _bad_entries(
     segment: Segment, scan: SegmentScan, entries: list[index.Entry]
 ) -> Iterator[tuple[index.Entry, str]]:
-    """Index entries that do not point at a whole, valid message with their offset."""
+    """Index entries that do not point at a whole, valid message with their offset (past
+    damage: that the segment does not confirm, see ``_entries_past_damage``)."""
+    sound_past = set(_entries_past_damage(segment, scan))
     with open(segment.path, "rb", buffering=0) as f:
         for offset, position in entries:
             if position >= scan.end:
+                if (offset, position) in sound_past:
+                    continue
                 yield (offset, position), f"the valid messages end at byte {scan.end}"
                 continue
             try:

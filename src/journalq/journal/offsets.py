@@ -19,7 +19,7 @@ from journalq.errors import Error, JournalError
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir, make_dirs
-from journalq.journal.segment import list_segments
+from journalq.journal.segment import list_segments, unopenable
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -44,12 +44,15 @@ def end_offset(path: str | os.PathLike[str]) -> int:
             return scan_tail(segments[-1]).next_offset
         except FileNotFoundError:
             # Removed since it was listed: a segment that a failed append had started, taken
-            # back (the newest is never collected). The one before it is the last again.
+            # back (the newest is never collected). The one before it is the last again. Still
+            # listed, it is a dangling link, which looking again would never get past.
+            if list_segments(path)[-1:] == segments[-1:] and not segments[-1].path.exists():
+                raise unopenable(segments[-1]) from None
             continue
 
 
 def offset_path(path: str | os.PathLike[str], name: str) -> Path:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # match's $ lets a "\n" end it
         raise Error(f"reader name {name!r} must be letters, digits, '.', '_' or '-', not starting with '.'")
     return Path(path) / "ofs" / f"{name}.ofs"
 
@@ -74,7 +77,7 @@ def write_offset(file: Path, offset: int, *, sync: bool = True) -> None:
     Takes no lock: the caller is the one process entitled to the name (``ReaderOffset`` holds its
     ``.lck``; a queue channel commits under its own lock).
     """
-    if not isinstance(offset, int) or not 0 <= offset < 2**64:
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**64:
         raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
     make_dirs(file.parent, durable=sync)  # a new ofs/ is synced into its parent too
     # Named by process and thread: two threads' commits must not share (and rename away) one file.
@@ -114,12 +117,13 @@ class ReaderOffset(Closing):
         self.name = name
         self.sync = sync
         make_dirs(self.file.parent, durable=sync)  # the commits' write_offset finds it made
-        self._lock = FileLock(self.file.with_suffix(".lck"))
-        self._lock.acquire(wait=False)
+        lock = FileLock(self.file.with_suffix(".lck"))
+        lock.acquire(wait=False)
+        self._lock: FileLock | None = lock
         try:
             self._value = read_offset(path, name)
         except BaseException:
-            self._lock.close()
+            self.close()
             raise
 
     @property
@@ -127,10 +131,14 @@ class ReaderOffset(Closing):
         return self._value
 
     def commit(self, offset: int) -> None:
+        if self._lock is None:  # the name may be another process's now
+            raise Error(f"reader offset {self.name!r} is closed")
         if offset == self._value and self.file.exists():
             return
         write_offset(self.file, offset, sync=self.sync)
         self._value = offset
 
     def close(self) -> None:
-        self._lock.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None

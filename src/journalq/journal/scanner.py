@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, TruncatedError
 from journalq.journal import index
 from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
@@ -28,6 +28,7 @@ from journalq.journal.segment import (
     segment_at,
     segment_bases,
     segment_name,
+    unopenable,
 )
 from journalq.journal.watch import DirectoryWatch
 
@@ -35,6 +36,22 @@ from journalq.journal.watch import DirectoryWatch
 # index interval of the message asked for, and decoding a whole READ_CHUNK (~8,000 messages of
 # 100 bytes) to return one costs milliseconds. Later reads double up to READ_CHUNK.
 FIRST_READ = 2 * index.DEFAULT_INTERVAL
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """``timeout`` when it is None or a number of seconds, 0 or more; else a clear ``Error``
+    (a string would fail later, in the middle of a wait; NaN would never time out)."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
+    ):
+        raise Error(f"timeout must be 0 or more seconds, not {timeout!r}")
+    return timeout
+
+
+def check_batch_size(max_messages: int) -> None:
+    """Refuse a batch size below 1: a batch of none would read as the end of the journal."""
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+        raise Error(f"max_messages must be an integer, 1 or more, not {max_messages!r}")
 
 
 class Scanner(Closing):
@@ -57,10 +74,15 @@ class Scanner(Closing):
     ) -> None:
         self.path = Path(path)
         self._jnl = str(journal_dir(self.path))
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         self.follow = follow or timeout is not None
         if not self.path.is_dir():
             raise JournalError("no journal directory here", file=self.path)
+        if offset is not None:
+            # A float or a string would fail deep in a seek; a NumPy integer is welcome.
+            if isinstance(offset, bool) or not hasattr(offset, "__index__"):
+                raise Error(f"offset must be an integer, not {offset!r}")
+            offset = offset.__index__()
         if offset is not None and offset < 0:
             raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
         self._fd = -1
@@ -106,6 +128,7 @@ class Scanner(Closing):
     def read_batch(self, max_messages: int = 65536) -> list[Message]:
         """The next messages available now, up to ``max_messages``; waits (as the iteration does)
         when there are none. An empty list means the end (or the timeout) was reached."""
+        check_batch_size(max_messages)
         if self._i >= len(self._batch) and not self._advance():
             return []
         out = self._batch[self._i : self._i + max_messages]
@@ -142,7 +165,7 @@ class Scanner(Closing):
             # Deleted (by gc) since it was listed: look again, where it is no longer stored.
             bases = segment_bases(self.path)
             if segment.base in bases:  # still listed, yet not there (a dangling link): no gc
-                raise JournalError("segment is listed but cannot be opened", file=segment.path)
+                raise unopenable(segment)
             self._seek(wanted, bases)
             return
         start = self._index_entry(segment, offset, sealed=which < len(bases) - 1)
@@ -255,6 +278,18 @@ class Scanner(Closing):
                 os.path.join(self._jnl, segment_name(self._next))
             ):
                 if stat.st_nlink == 0:
+                    later = [base for base in segment_bases(self.path) if base > self._segment.base]
+                    if self._next in later:
+                        continue  # the next segment came meanwhile: go on into it
+                    if later:
+                        # Collected (retention deletes the oldest, this one and the next among
+                        # them): what the scanner wants next is no longer stored.
+                        raise OffsetOutOfRangeError(
+                            f"offset {self._next} is no longer stored: its segment was deleted "
+                            f"before the scanner reached it; the journal starts at {later[0]}",
+                            file=self._segment.path,
+                            offset=self._next,
+                        )
                     # The last segment is gone: a failed append was taken back (and with it
                     # messages this scanner may have returned), or the journal was deleted.
                     raise TruncatedError(
@@ -268,6 +303,12 @@ class Scanner(Closing):
                     self._next_base = self._base_after(self._segment.base)
                     if os.fstat(self._fd).st_size != size:
                         continue
+                    if self._next_base == self._next:
+                        following = segment_at(self.path, self._next)
+                        if os.path.exists(following.path):
+                            continue  # created since it was looked for
+                        # Listed, yet not there to open (a dangling link): no gap.
+                        raise unopenable(following)
                     if self._next_base is not None:
                         raise self._gap()
                 return False

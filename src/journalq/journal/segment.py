@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
-from journalq.errors import CorruptionError
+from journalq.errors import CorruptionError, JournalError
 from journalq.journal.codec import HEADER, INT32, OVERHEAD, Message, decode
 
 SEGMENT_SUFFIX = ".jnl"
@@ -76,6 +76,12 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
     """The segments of the journal at ``path``, oldest first; other files are ignored, as sej does."""
     directory = journal_dir(path)
     return [Segment(base, directory / segment_name(base)) for base in segment_bases(path)]
+
+
+def unopenable(segment: Segment) -> JournalError:
+    """The error for a segment that is listed but cannot be opened (a dangling link, say):
+    readers that took it for one deleted meanwhile would look again for ever."""
+    return JournalError("segment is listed but cannot be opened", file=segment.path)
 
 
 class _Near:

@@ -34,11 +34,14 @@ class DirectoryWatch(Closing):
             except OSError:
                 return
             try:
+                # DELETE too: a follower whose segment is taken back (a failed append) or
+                # collected must learn it now, not at the next append or its timeout.
+                events = (
+                    flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.CLOSE_WRITE
+                    | flags.DELETE | flags.DELETE_SELF
+                )
                 for watched in (self.directory, *more):
-                    inotify.add_watch(
-                        watched,
-                        flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.CLOSE_WRITE | flags.DELETE_SELF,
-                    )
+                    inotify.add_watch(watched, events)
             except OSError:
                 inotify.close()
                 return
