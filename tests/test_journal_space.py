@@ -249,3 +249,25 @@ def test_a_shared_writer_closes_quietly_after_its_journal_was_deleted(tmp_path: 
     shutil.rmtree(tmp_path / "j")
     w.close()
     assert not (tmp_path / "j").exists()
+
+
+def test_a_batch_that_rolls_onto_a_full_disk_writes_nothing(tmpfs: Path, writes: list[int]) -> None:
+    """What goes past the current segment cannot be reserved before the segment is made, after
+    the batch's first part is written; a disk without room for it is found before that part is
+    written (it was written, read by followers, then taken back)."""
+    w = Writer(tmpfs / "j", segment_size=64 * 1024)
+    w.append(b"a" * (56 * 1024))  # the segment's blocks are reserved to its size
+    follower = Scanner(tmpfs / "j", 0, timeout=0.2)
+    assert len(list(follower)) == 1
+    filler = fill_to(tmpfs, 24 * 1024)
+    writes.clear()
+    batch = [b"b" * 4096, b"c" * 4096, *[b"d" * 8192] * 5]  # 8 KiB here, 40 KiB in the next segment
+    with pytest.raises(StorageError, match="No space left on device"):
+        w.append_many(batch)
+    assert writes == []
+    assert list(follower) == []
+    filler.unlink()
+    assert w.append_many(batch) == 7
+    w.close()
+    assert len(list(follower)) == 7
+    follower.close()

@@ -586,6 +586,8 @@ class Writer(Closing):
         shift = 0
         done = 0  # messages written
         try:
+            if starts[-1] > self.segment_size:
+                self._room_for_rolls(starts)
             while done < count:
                 # The first message that ends at or past the segment size closes the segment.
                 last = bisect_left(starts, self.segment_size + shift, done + 1, count + 1)
@@ -613,6 +615,20 @@ class Writer(Closing):
         except OSError as exc:
             self._take_back(start_segment, start_len, first_offset, created)
             raise _append_failed(exc, count, self._segment.path, first_offset) from exc
+
+    def _room_for_rolls(self, starts: list[int]) -> None:
+        """Before a batch that rolls writes anything: raise ``ENOSPC`` if the file system has no
+        room for what goes past the current segment. Those bytes cannot be reserved until their
+        segments are made, after the first part is written for readers to see; a full disk then
+        would take that part back. (A check, not a reservation: another writer may take the
+        room in between, and then the take-back remains.)"""
+        first_roll = bisect_left(starts, self.segment_size, 1)
+        beyond = starts[-1] - starts[min(first_roll, len(starts) - 1)]
+        if beyond <= 0:
+            return
+        stat = os.statvfs(self._segment.path.parent)
+        if stat.f_bavail * stat.f_frsize < beyond:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def _reserve(self, end: int) -> None:
         """Allocate the segment's blocks up to position ``end``, and some beyond it, before a
