@@ -171,7 +171,11 @@ def create_app(config: ServerConfig) -> App:
         ``storing``: a batch's store, run in ``store_pool``."""
         with storage_failures:
             if storing:
-                stored = asyncio.get_running_loop().run_in_executor(store_pool, functools.partial(fn, *args))
+                try:
+                    stored = asyncio.get_running_loop().run_in_executor(store_pool, functools.partial(fn, *args))
+                except RuntimeError:  # shut down: a request still open past the server's stop
+                    raise HTTPProblem(503, "not stored: the server is stopping",
+                                      {"Retry-After": str(config.retry_after)}) from None
                 try:
                     return await asyncio.shield(stored)
                 except asyncio.CancelledError:  # as anyio's run_sync: the store finishes first
