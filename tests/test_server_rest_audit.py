@@ -6,24 +6,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import httpx
-import pytest
-from test_server_harness import ServerProcess, module_server
+from test_server_harness import ServerProcess
+from test_server_rest import client, server  # noqa: F401 (fixtures: a server for this module, a client)
 
 from journalq.queue import Broker
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory)
-
-
-@pytest.fixture
-def client(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        yield c
 
 
 def test_a_queue_whose_settings_file_is_damaged_is_a_500_that_names_no_path(
