@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -417,16 +417,22 @@ def create_app(config: ServerConfig) -> App:
             got = found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
             return got, found.settings.receive_wait if wait is None else wait
 
-        # A first look, which tells the wait too (no thread hop more for it); then a long poll
-        # waits in slices: between two, it ends when the server is stopping (a SIGTERM waits for
-        # requests under way, and a poll may have up to an hour left) or when its client went
-        # away (who would never see the message it took).
-        got, whole = await blocking(receive, 0, receiving=True)
-        if not got and whole and not stopping.is_set():
-            for seconds in poll_slices(whole):
-                got, _ = await blocking(receive, seconds, receiving=True)
-                if got or stopping.is_set() or await request.is_disconnected():
-                    break
+        # A long poll waits in slices: between two, it ends when the server is stopping (a
+        # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
+        # its client went away (who would never see the message it took). Without ``wait``, a
+        # first look tells the queue's own (no thread hop more for it); with one, the first
+        # slice is the first look (one call less to a store that may hang: a frozen ZooKeeper).
+        slices: Iterable[float] = ()
+        if wait is None:
+            got, whole = await blocking(receive, 0, receiving=True)
+            if not got and whole and not stopping.is_set():
+                slices = poll_slices(whole)
+        else:
+            got, whole, slices = [], wait, poll_slices(wait)
+        for seconds in slices:
+            got, _ = await blocking(receive, seconds, receiving=True)
+            if got or stopping.is_set() or await request.is_disconnected():
+                break
         if got and whole and await request.is_disconnected():
             # Taken in the slice its client went away in: given back, not hidden for no one.
             await blocking(broker().queue(name, create=False).release, got[0].receipt)
