@@ -22,7 +22,7 @@ from pathlib import Path
 from journalq.closing import Closing
 from journalq.errors import Error, OffsetOutOfRangeError
 from journalq.journal.codec import Message
-from journalq.journal.scanner import Scanner
+from journalq.journal.scanner import Scanner, check_batch_size, check_timeout
 from journalq.journal.segment import journal_dir
 from journalq.journal.watch import DirectoryWatch
 from journalq.shard.layout import ShardLayout, ShardLayoutError, check_prefix, parse_shard_dir, read_layout
@@ -66,12 +66,8 @@ class ShardedScanner(Closing):
         if prefix is not None:
             check_prefix(prefix)
         self.prefix = prefix
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         self.follow = follow or timeout is not None
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
-        ):
-            raise Error(f"timeout must be 0 or more seconds, not {timeout!r}")
         if offsets is not None and not isinstance(offsets, Mapping):
             raise Error(f"offsets must map shard names to offsets (a dict), not {type(offsets).__name__}")
         self._layout: ShardLayout = read_layout(self.root, prefix)
@@ -149,8 +145,7 @@ class ShardedScanner(Closing):
     def read_batch(self, max_messages: int = DEFAULT_BATCH) -> tuple[str, list[Message]] | None:
         """The next batch of one shard: ``(shard_name, messages)``, up to ``max_messages``, waiting
         (as the iteration does) when no shard has any; None at the end (or the timeout)."""
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-            raise Error(f"max_messages must be an integer, 1 or more, not {max_messages!r}")
+        check_batch_size(max_messages)
         if self._i < len(self._batch):  # the rest of a batch that an iteration started
             out = self._batch[self._i : self._i + max_messages]
             self._i += len(out)
