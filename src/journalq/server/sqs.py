@@ -422,6 +422,26 @@ class _ReceiveAttempts:
 SIDECAR = "sqs.json"
 
 
+@contextlib.contextmanager
+def _directory_locked(
+    directory: Path, mutex: threading.Lock, missing: Callable[[], Exception] | None = None
+) -> Iterator[None]:
+    """Held by one thread of this process (``mutex``) and one process (a ``flock`` of
+    ``directory``) at a time. ``missing``: the error for a directory that is not there."""
+    with mutex:
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if missing is None:
+                raise
+            raise missing() from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
 class _Sidecar:
     """``ROOT/NAME/sqs.json``: a small JSON object per queue, changed under a lock (a ``flock``
     on the queue's directory, and a mutex for this process's threads)."""
@@ -462,25 +482,17 @@ class _Sidecar:
     def change(self, name: str) -> Iterator[dict[str, Any]]:
         """``with sidecar.change(name) as data:`` change ``data``; written when the block ends."""
         directory = self.root / name
-        with self._mutex:
-            try:
-                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise _no_queue() from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                data = self._load(name)
-                before = json.dumps(data, sort_keys=True)
-                yield data
-                if json.dumps(data, sort_keys=True) != before:
-                    tmp = directory / f"{SIDECAR}.{os.getpid()}.{threading.get_ident()}.tmp"
-                    try:
-                        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-                        os.replace(tmp, directory / SIDECAR)
-                    except FileNotFoundError:
-                        raise _no_queue() from None  # deleted meanwhile
-            finally:
-                os.close(fd)
+        with _directory_locked(directory, self._mutex, missing=_no_queue):
+            data = self._load(name)
+            before = json.dumps(data, sort_keys=True)
+            yield data
+            if json.dumps(data, sort_keys=True) != before:
+                tmp = directory / f"{SIDECAR}.{os.getpid()}.{threading.get_ident()}.tmp"
+                try:
+                    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+                    os.replace(tmp, directory / SIDECAR)
+                except FileNotFoundError:
+                    raise _no_queue() from None  # deleted meanwhile
 
 
 # -- the protocol -------------------------------------------------------------------------------
@@ -1062,13 +1074,8 @@ class SqsProtocol:
         process's threads, a ``flock`` on the data directory for other processes): two creates
         of one name at once would each find no queue, and the second, making it "again", would
         change the attributes the first had set instead of answering QueueNameExists."""
-        with self._create_mutex:
-            fd = os.open(self.broker.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)
+        with _directory_locked(self.broker.root, self._create_mutex):
+            yield
 
     def _check_same(
         self,
