@@ -50,7 +50,16 @@ class Recovery:
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Force a file that was written and closed (by another library, say) onto stable storage."""
+    _fsync(path, os.O_RDONLY)
+
+
+def _fsync(path: str | os.PathLike[str], flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:

@@ -23,7 +23,7 @@ from typing import Any
 
 from journalq.errors import Error
 from journalq.journal.offsets import ReaderOffset, end_offset
-from journalq.journal.recovery import fsync_dir, make_dirs
+from journalq.journal.recovery import fsync_dir, fsync_file, make_dirs
 from journalq.spark.reading import DataLossError, first_offset
 from journalq.spark.targets import for_writing, resolve
 from journalq.spark.writing import CommitLog
@@ -183,14 +183,6 @@ def _remove_leftovers(out: Path, committed: int) -> int:
     return removed
 
 
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _move_into_place(staging: Path, out: Path, prefix: str) -> tuple[int, list[str]]:
     """Move a run's files from ``staging`` into ``out``, durably: Spark does not sync what it
     writes, and the reader offset is committed right after this."""
@@ -205,7 +197,7 @@ def _move_into_place(staging: Path, out: Path, prefix: str) -> tuple[int, list[s
             destination = out / relative
             make_dirs(destination, durable=True)
             source = os.path.join(directory, name)
-            _fsync_file(source)
+            fsync_file(source)
             os.replace(source, destination / f"{prefix}{name}")
             touched.add(destination)
             moved += 1
