@@ -586,8 +586,7 @@ class Writer(Closing):
         shift = 0
         done = 0  # messages written
         try:
-            if starts[-1] > self.segment_size:
-                self._room_for_rolls(starts)
+            self._room_for_rolls(starts)
             while done < count:
                 # The first message that ends at or past the segment size closes the segment.
                 last = bisect_left(starts, self.segment_size + shift, done + 1, count + 1)
