@@ -754,6 +754,8 @@ def _sqs_headers(*extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
     per process and a count, unique without ``uuid4``'s cost on the hot path."""
     request_id = b"%s%012x" % (_request_id_prefix, next(_request_numbers) & 0xFFFFFFFFFFFF)
     return [(b"x-amzn-requestid", request_id), *extra, _AMZ_JSON]
+
+
 _NO_BODY = (b"content-length", b"0")
 _INTERNAL_ERROR = (
     500,

@@ -27,7 +27,7 @@ class Deadlines:
         # 0 or less made the watchdog's period 0 (the loop spun for good), NaN never expired:
         # refused, as is infinity (no limit is no watchdog).
         self.seconds = check_number("the body timeout", seconds, MIN_SECONDS)
-        self.period = min(1.0, seconds / 10)
+        self.period = min(1.0, self.seconds / 10)
         self._due: dict[asyncio.Task[object], float] = {}
         self._expired: set[asyncio.Task[object]] = set()
 
