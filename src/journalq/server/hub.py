@@ -12,7 +12,8 @@ too, with its copies under ``DATA/.hub`` (a name no queue can take).
 A push is answered only once it is synced. Refusals are JSON ``{"error", "kind"}``: 400 for a bad
 client id, journal path or damaged message, 409 for a gap (with ``next``, the offset the hub holds
 up to) or messages that differ from the ones held, 503 with ``Retry-After`` when the storage fails
-or another program (an exclusive writer) holds the copy's lock for now, or the hub is shutting down.
+or another program (an exclusive writer) holds the copy's lock for now, or the hub is shutting down,
+500 for trouble with the hub's own copy (damaged, say: logged, and pushed again by the pusher).
 """
 
 from __future__ import annotations
@@ -80,10 +81,13 @@ def _refusal(exc: Exception) -> _Refused:
         return _Refused(416, {"error": exc.reason, "kind": "offset"})
     if isinstance(exc, HubError):
         return _Refused(404 if type(exc) is HubError else 400, {"error": str(exc), "kind": exc.kind})
-    if isinstance(exc, JournalError):  # a damaged copy, say: logged whole, with its file
-        log.error("hub journal failure: %s", exc)
-        return _Refused(400, {"error": exc.reason, "kind": "journal"})
-    return _Refused(400, {"error": str(exc), "kind": "journal"})
+    # What is left is the hub's own trouble (a damaged copy, say), not the request's: a 500,
+    # which a pusher waits out and pushes again, never a 4xx it would take as a refusal for good.
+    if isinstance(exc, JournalError):
+        log.error("hub journal failure: %s", exc)  # logged whole, with its file
+        return _Refused(500, {"error": exc.reason, "kind": "journal"})
+    log.error("hub failure: %s", exc)
+    return _Refused(500, {"error": str(exc), "kind": "journal"})
 
 
 def hub_router(
