@@ -4,15 +4,18 @@ bound on requests at once."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
+from journalq.cli.main import cli
 from journalq.errors import HubUnavailableError
 from journalq.hub import Push
 from journalq.hub.client import Backoff, HubClient, Pusher
@@ -55,3 +58,52 @@ def test_a_damaged_copy_on_the_hub_is_a_5xx_that_the_pusher_retries_not_a_refusa
             client.push(Push("c1", "j", 0, 0, first))
         with pytest.raises(HubUnavailableError, match="500"):
             client.read("c1", "j", 0)
+
+
+@pytest.fixture
+def hub_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``journalq hub ...`` run in the process, its ``--hub`` being a hub app in the process
+    that holds ``orders`` of clients web-1 (3 messages) and web-2 (1 message)."""
+    import journalq.cli.hub as cli_hub
+
+    with TestClient(create_hub_app(tmp_path / "hub")) as http:
+        monkeypatch.setattr(cli_hub, "HubClient", lambda url, token=None, **kw: HubClient(url, http=http))
+        for client_id, count in (("web-1", 3), ("web-2", 1)):
+            answer = http.post(f"{URL}/{client_id}/orders", params={"first": 0, "segment": 0},
+                               content=encode_batch(0, 1, [b"m"] * count)[0])
+            assert answer.status_code == 200
+
+        def run(*args: str):
+            return CliRunner().invoke(cli, ["hub", "status", "--hub", "http://hub:8090", "--format", "jsonl", *args])
+
+        yield run
+
+
+def test_hub_status_without_a_client_id_lists_every_client_s_copies(hub_cli) -> None:
+    result = hub_cli()
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["client_id"], r["journal"], r["hub_next"]) for r in rows] == [("web-1", "orders", 3), ("web-2", "orders", 1)]
+
+
+def test_hub_status_of_local_journals_needs_the_client_they_are_copied_as(tmp_path: Path, hub_cli) -> None:
+    """Local journals are one client's: without ``--client-id`` each would be matched with every
+    client's copy of its name (web-2's shown 2 behind web-1's journal), so it is a usage error."""
+    write(tmp_path / "orders", 3)
+    write(tmp_path / "events", 1)
+    result = hub_cli(str(tmp_path / "orders"), str(tmp_path / "events"))
+    assert result.exit_code == 2 and "--client-id" in result.output, result.output
+    result = hub_cli("--client-id", "web-1", str(tmp_path / "orders"), str(tmp_path / "events"))
+    assert result.exit_code == 0, result.output
+    rows = {r["journal"]: r for r in map(json.loads, result.stdout.splitlines())}
+    assert rows["orders"] == {"client_id": "web-1", "journal": "orders", "hub_first": 0, "hub_next": 3,
+                              "local_next": 3, "lag": 0}
+    assert rows["events"]["client_id"] == "web-1" and rows["events"]["lag"] == 1
+
+
+def test_hub_status_says_so_when_the_client_has_no_copies_or_its_id_is_bad(hub_cli) -> None:
+    result = hub_cli("--client-id", "nobody")
+    assert result.exit_code == 0 and not result.stdout
+    assert "no journal of client 'nobody'" in result.stderr
+    result = hub_cli("--client-id", "web 1")
+    assert result.exit_code == 2 and "web 1" in result.output, result.output

@@ -22,6 +22,7 @@ from journalq.cli.queue import _table
 from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, raise_open_files_limit, ready_directory
 from journalq.errors import HubError
 from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, check_hub_url, sources_at
+from journalq.hub.protocol import check_client_id
 from journalq.journal.offsets import end_offset
 from journalq.journal.sync import SyncPolicy
 
@@ -35,6 +36,14 @@ def hub() -> None:
     The copies are byte-identical to their sources; pushing resumes from what the hub holds, so
     either side may be stopped (or killed) at any moment.
     """
+
+
+def _client_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A usage error for a client id the hub would refuse (as for any bad option)."""
+    try:
+        return None if value is None else check_client_id(value)
+    except HubError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def _hub_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -218,20 +227,28 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
 @hub.command()
 @click.argument("directories", metavar="[DIR...]", nargs=-1, type=DirectoryPath())
 @click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.", callback=_hub_url)
-@click.option("--client-id", metavar="ID", help="Only this client's journals.")
+@click.option("--client-id", metavar="ID", callback=_client_id,
+              help="Only this client's journals (needed with DIR...: the client they are copied as).")
 @click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
               help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
 @_token
 def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: str, token: str | None) -> None:
     """Print, per client and journal, the offsets the hub holds and, for the journals at DIR...,
     the local end and the lag (messages not copied yet)."""
+    if directories and client_id is None:
+        # Local journals are one client's; the hub may hold journals of their names of many.
+        raise click.UsageError("DIR... are compared with the copies of one client: give its --client-id")
     local = {name: end_offset(path) for name, path in sources_at(directories)} if directories else {}
     with HubClient(url, token=token) as client:
         copies = client.status()
+    if client_id is not None:
+        copies = {client_id: copies.get(client_id, {})}
+        if not copies[client_id]:
+            click.echo(f"the hub holds no journal of client {client_id!r}", err=True)
+    elif not copies:
+        click.echo("the hub holds no journal", err=True)
     rows: list[dict[str, Any]] = []
     for cid, journals in copies.items():
-        if client_id is not None and cid != client_id:
-            continue
         for name, held in journals.items():
             end = local.get(name) if directories else None
             rows.append({"client_id": cid, "journal": name, "hub_first": held.first, "hub_next": held.next,
