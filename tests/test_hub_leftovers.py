@@ -5,6 +5,7 @@ bound on requests at once."""
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from pathlib import Path
 
@@ -17,8 +18,9 @@ with warnings.catch_warnings():
 
 from journalq.cli.main import cli
 from journalq.errors import HubUnavailableError
-from journalq.hub import Push
+from journalq.hub import HubStore, Push
 from journalq.hub.client import Backoff, HubClient, Pusher
+from journalq.hub.protocol import Held, PushResult
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
@@ -107,3 +109,37 @@ def test_hub_status_says_so_when_the_client_has_no_copies_or_its_id_is_bad(hub_c
     assert "no journal of client 'nobody'" in result.stderr
     result = hub_cli("--client-id", "web 1")
     assert result.exit_code == 2 and "web 1" in result.output, result.output
+
+
+class BusyForOne:
+    """A hub in the process that answers one journal's pushes as a busy hub does (503: its copy
+    locked by another program, say) and takes the others'."""
+
+    def __init__(self, store: HubStore, busy: str) -> None:
+        self.store, self.busy, self.refused = store, busy, 0
+
+    def held(self, client_id: str, journal: str) -> Held:
+        return self.store.held(client_id, journal)
+
+    def push(self, push: Push) -> PushResult:
+        if push.journal == self.busy:
+            self.refused += 1
+            raise HubUnavailableError("hub answered 503: not stored: the copy is locked (injected)")
+        return self.store.push(push)
+
+
+def test_one_journal_answered_503_does_not_slow_the_others(tmp_path: Path) -> None:
+    """Backoff is per journal: while the hub turns one journal's pushes away, the others are
+    pushed at full speed, not after every wait of the busy one."""
+    write(tmp_path / "busy", 5)
+    write(tmp_path / "free", 400)  # 400 chunks of one message: 50 rounds of 8 chunks
+    with HubStore(tmp_path / "hub", sync="none") as store:  # pushes as fast as can be: the waits show
+        hub = BusyForOne(store, "busy")
+        with Pusher(hub, "c1", [tmp_path / "busy", tmp_path / "free"], chunk=64, parallel=1,
+                    backoff=Backoff(initial=0.05, maximum=0.05)) as pusher:
+            started = time.monotonic()
+            pusher.run(follow=True, stop=lambda: pusher.copies["free"].caught_up or time.monotonic() - started > 20)
+            took = time.monotonic() - started
+        assert store.held("c1", "free").next == 400 and pusher.copies["busy"].failed is None
+        assert took < 1.0, f"the free journal took {took:.1f} s (50 rounds, each waiting out the busy one?)"
+        assert 2 <= hub.refused <= 2 + took / 0.05 * 1.5  # the busy one was tried again, at its own pace

@@ -182,7 +182,8 @@ class BarReport:
 @click.option("--chunk", type=click.IntRange(64, 64 << 20), default=DEFAULT_CHUNK, show_default=True,
               help="Bytes per push (a larger message goes alone).")
 @click.option("--give-up-after", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Fail once the hub has been unreachable this long (default: keep retrying).")
+              help="Fail once a journal's pushes have failed this long, the hub unreachable say "
+                   "(default: keep retrying).")
 @click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Journals pushed at a time (a root of shards has many).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
