@@ -5,6 +5,8 @@ bound on requests at once."""
 from __future__ import annotations
 
 import json
+import shutil
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -143,3 +145,53 @@ def test_one_journal_answered_503_does_not_slow_the_others(tmp_path: Path) -> No
         assert store.held("c1", "free").next == 400 and pusher.copies["busy"].failed is None
         assert took < 1.0, f"the free journal took {took:.1f} s (50 rounds, each waiting out the busy one?)"
         assert 2 <= hub.refused <= 2 + took / 0.05 * 1.5  # the busy one was tried again, at its own pace
+
+
+def test_a_copy_lost_while_its_source_is_idle_is_copied_anew_at_the_next_check(tmp_path: Path) -> None:
+    """The hub lost the copy (its directory removed) while nothing is appended to the source: the
+    pusher notices at its periodic check (one question per journal, none of its bytes), not only
+    once the source is appended to again, and copies it anew."""
+    write(tmp_path / "j", 30, segment_size=400)
+    write(tmp_path / "other", 3)
+    with HubStore(tmp_path / "hub") as store:
+        asked = []
+
+        class Counting:
+            def held(self, client_id: str, journal: str) -> Held:
+                asked.append(journal)
+                return store.held(client_id, journal)
+
+            def push(self, push: Push) -> PushResult:
+                return store.push(push)
+
+        with Pusher(Counting(), "c1", [tmp_path / "j", tmp_path / "other"], check_interval=0.3,
+                    report_interval=0.05, backoff=Backoff(initial=0.0, maximum=0.0)) as pusher:
+            done = threading.Event()
+            follower = threading.Thread(target=pusher.run, kwargs={"follow": True, "stop": done.is_set})
+            follower.start()
+            try:
+                wait_for(lambda: all(c.caught_up for c in pusher.copies.values()))
+                original = segments(tmp_path / "j")
+                store.close()  # as a hub restarted with the copy gone
+                shutil.rmtree(tmp_path / "hub" / "c1.j")
+                asked.clear()
+                with HubStore(tmp_path / "hub") as again:
+                    store = again
+                    wait_for(lambda: segments(tmp_path / "hub" / "c1.j") == original)
+                    time.sleep(0.5)
+                    assert asked.count("other") <= 4  # a question per check, not per round
+            finally:
+                done.set()
+                follower.join(10)
+        assert segments(tmp_path / "hub" / "c1.other") == segments(tmp_path / "other")
+
+
+def segments(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((path / "jnl").glob("*.jnl"))}
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

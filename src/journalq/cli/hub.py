@@ -21,7 +21,7 @@ from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabula
 from journalq.cli.queue import _table
 from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, raise_open_files_limit, ready_directory
 from journalq.errors import HubError
-from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, check_hub_url, sources_at
+from journalq.hub.client import DEFAULT_CHECK_INTERVAL, DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, check_hub_url, sources_at
 from journalq.hub.protocol import check_client_id
 from journalq.journal.offsets import end_offset
 from journalq.journal.sync import SyncPolicy
@@ -188,11 +188,15 @@ class BarReport:
               help="Journals pushed at a time (a root of shards has many).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
               help="How long to wait for an answer of the hub before retrying.")
+@click.option("--check-interval", type=click.FloatRange(min=0.1), default=DEFAULT_CHECK_INTERVAL, show_default=True,
+              metavar="SECONDS",
+              help="How often to ask the hub about a journal with nothing new to push (a copy it lost is copied anew).")
 @click.option("--progress", "shown", type=click.Choice(["auto", "bar", "jsonl"]), default="auto", show_default=True,
               help="bar for people, jsonl for programs; auto: bar on a terminal.")
 @_token
 def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, chunk: int,
-         give_up_after: float | None, parallel: int, timeout: float, shown: str, token: str | None) -> None:
+         give_up_after: float | None, parallel: int, timeout: float, check_interval: float, shown: str,
+         token: str | None) -> None:
     """Copy the journals at DIR... to the hub and keep copying what is appended.
 
     DIR is a journal (copied as [client-id].[its directory name]) or a root of shards (each shard
@@ -207,7 +211,7 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
     try:
         with HubClient(url, token=token, timeout=timeout) as client, Pusher(
             client, client_id, directories, chunk=chunk, reporter=report, give_up_after=give_up_after,
-            parallel=parallel,
+            parallel=parallel, check_interval=check_interval,
         ) as pusher:
             try:
                 copies = pusher.run(follow=not once)

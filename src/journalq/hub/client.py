@@ -47,10 +47,12 @@ from journalq.journal.watch import DirectoryWatch
 from journalq.shard.layout import journals_at
 
 __all__ = [
-    "DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "check_hub_url", "sources_at",
+    "DEFAULT_CHECK_INTERVAL", "DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "check_hub_url", "sources_at",
 ]
 
 DEFAULT_CHUNK = 1 << 20
+DEFAULT_CHECK_INTERVAL = 30.0
+"""Seconds between the questions a pusher asks the hub about a journal it has nothing to push of."""
 _ERRORS: dict[str, type[HubError]] = {
     cls.kind: cls for cls in (InvalidClientIdError, InvalidJournalPathError, DamagedPushError, HubConflictError)
 }
@@ -235,6 +237,7 @@ class JournalCopy:
     backoff: Backoff = field(default_factory=Backoff)
     retry_at: float | None = None  # the pusher's clock: not pushed before then
     failing_since: float | None = None
+    checked_at: float = float("-inf")  # when the hub last said what it holds (the pusher's clock)
 
     @property
     def lag(self) -> int:
@@ -281,6 +284,8 @@ class Pusher(Closing):
     journal the hub refuses (its messages differ from the ones held, say) is reported and left;
     ``run()`` returns the copies, whose ``failed`` says which.
     ``parallel`` journals are pushed at a time (each by one thread, never one journal by two).
+    A journal with nothing to push is checked every ``check_interval`` seconds (one question,
+    none of its bytes): a copy the hub lost meanwhile is copied anew, not only at the next append.
     """
 
     def __init__(
@@ -295,6 +300,7 @@ class Pusher(Closing):
         backoff: Backoff | None = None,
         give_up_after: float | None = None,
         parallel: int = 4,
+        check_interval: float = DEFAULT_CHECK_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hub = hub
@@ -305,6 +311,7 @@ class Pusher(Closing):
         self.report_interval = report_interval
         self.backoff = backoff or Backoff()
         self.give_up_after = give_up_after
+        self.check_interval = check_interval
         self._clock = clock
         self._rate = _Rate()
         self._last_report = float("-inf")
@@ -399,10 +406,18 @@ class Pusher(Closing):
         """Send the next chunk of ``copy``; False when the hub has everything there is now."""
         if copy.reader is None:
             copy.reader = RawReader(copy.path)
+        if copy.caught_up and copy.hub_next is not None and self._clock() - copy.checked_at >= self.check_interval:
+            # Nothing was pushed for a while, so nothing said what the hub holds: a copy it lost
+            # (removed, or not synced before it died) is noticed here, not at the next append.
+            held = self.hub.held(self.client_id, copy.name)
+            copy.checked_at = self._clock()
+            if (held.next, held.empty) != (copy.hub_next, copy.hub_empty):
+                self._event("changed", copy, hub=held.next, expected=copy.hub_next)
+                copy.hub_next = None  # resume from what it holds, as after a failure
         start = copy.hub_next
         if start is None:
             held = self.hub.held(self.client_id, copy.name)
-            copy.hub_next, copy.hub_empty = held.next, held.empty
+            copy.hub_next, copy.hub_empty, copy.checked_at = held.next, held.empty, self._clock()
             # Resuming: send the last message the hub holds again, for the hub to compare with
             # its own (and refuse a journal that is not the one it copied).
             start = held.next - 1 if held.next > held.first else held.next
@@ -437,7 +452,7 @@ class Pusher(Closing):
         except HubUnavailableError:
             copy.hub_next = None  # after any failure, resume from what the hub says it holds
             raise
-        copy.hub_next, copy.hub_empty = result.held.next, result.held.empty
+        copy.hub_next, copy.hub_empty, copy.checked_at = result.held.next, result.held.empty, self._clock()
         copy.local_end = max(copy.local_end, run.next)
         copy.sent_messages += result.appended
         copy.sent_bytes += len(run.data)
