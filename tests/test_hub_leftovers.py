@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import subprocess
 import threading
 import time
 import warnings
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -26,6 +29,9 @@ from journalq.hub.protocol import Held, PushResult
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
+
+from hub_processes import JOURNALQ, child_env, free_port, kill, wait_until
+from test_hub_crash import hub_answers
 
 URL = "/hub/v1/journals"
 
@@ -195,3 +201,34 @@ def wait_for(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_the_hub_server_bounds_the_requests_it_handles_at_once(tmp_path: Path) -> None:
+    """Past ``--max-requests`` requests under way (each may hold a push body of up to 64 MiB and
+    a thread), the hub answers 503 at once, with ``Retry-After`` and the connection closed (so
+    that many pushers cannot take every descriptor and all the memory), and serves again once
+    requests end."""
+    port = free_port()
+    with open(tmp_path / "hub.log", "ab") as out:
+        hub = subprocess.Popen(
+            [*JOURNALQ, "hub", "serve", "--root", str(tmp_path / "hub"), "--port", str(port), "--max-requests", "2"],
+            stdout=out, stderr=subprocess.STDOUT, env=child_env(),
+        )
+    try:
+        wait_until("the hub", lambda: hub_answers(f"http://127.0.0.1:{port}"), 20)
+        stalled = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(2)]
+        try:
+            for s in stalled:  # a push whose body comes slowly holds its request's place
+                s.sendall(b"POST /hub/v1/journals/c1/j?first=0&segment=0 HTTP/1.1\r\nHost: hub\r\n"
+                          b"Content-Length: 1000\r\n\r\nxx")
+            time.sleep(0.5)
+            busy = httpx.get(f"http://127.0.0.1:{port}/hub/v1/status", timeout=5)
+            assert busy.status_code == 503 and busy.json()["kind"] == "busy", busy.text
+            assert busy.headers["retry-after"] == "1" and busy.headers["connection"] == "close"
+            assert "2 requests" in busy.json()["error"]
+        finally:
+            for s in stalled:
+                s.close()
+        wait_until("the places", lambda: httpx.get(f"http://127.0.0.1:{port}/hub/v1/status").status_code == 200, 10)
+    finally:
+        kill(hub)

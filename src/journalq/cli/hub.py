@@ -19,9 +19,25 @@ import click
 from journalq.cli.data import DirectoryPath
 from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
 from journalq.cli.queue import _table
-from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, raise_open_files_limit, ready_directory
+from journalq.cli.serve import (
+    CONNECTION_LIMIT,
+    _exit_cleanly,
+    bind,
+    checked_token,
+    http_protocol,
+    raise_open_files_limit,
+    ready_directory,
+)
 from journalq.errors import HubError
-from journalq.hub.client import DEFAULT_CHECK_INTERVAL, DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, check_hub_url, sources_at
+from journalq.hub.client import (
+    DEFAULT_CHECK_INTERVAL,
+    DEFAULT_CHUNK,
+    HubClient,
+    JournalCopy,
+    Pusher,
+    check_hub_url,
+    sources_at,
+)
 from journalq.hub.protocol import check_client_id
 from journalq.journal.offsets import end_offset
 from journalq.journal.sync import SyncPolicy
@@ -66,9 +82,13 @@ def _hub_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Sync policy of the copies: 'always' acknowledges a push only once it is on stable storage.")
 @click.option("--max-push", type=click.IntRange(1, 1 << 31), default=64 << 20, show_default=True,
               help="Largest push body taken, in bytes.")
+# 64: the app's DEFAULT_MAX_REQUESTS, written out as --max-push's default is (FastAPI is imported
+# only to serve).
+@click.option("--max-requests", type=click.IntRange(1, CONNECTION_LIMIT), default=64, show_default=True,
+              help="Requests handled at once (each may hold a push); past it, 503 with Retry-After.")
 @click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
               help="Bearer token every request must carry (env JOURNALQ_TOKEN).")
-def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str | None) -> None:
+def serve(root: Path, host: str, port: int, sync: str, max_push: int, max_requests: int, token: str | None) -> None:
     """Serve only the hub's endpoints (/hub/v1/...) over the copies in ROOT."""
     import uvicorn
 
@@ -81,11 +101,14 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str
     raise_open_files_limit()  # idle connections must not take every descriptor (as ``serve``)
     sock = bind(host, port)  # a port in use is one line naming it; --port 0 names the one bound
     config = uvicorn.Config(
-        create_hub_app(root, sync=sync, max_push=max_push, token=token),
+        create_hub_app(root, sync=sync, max_push=max_push, token=token, max_requests=max_requests),
         host=host,
         port=sock.getsockname()[1],
         log_level="warning",
         timeout_keep_alive=5,
+        # Connections (idle ones too: each a descriptor) are bounded as journalq serve's; past
+        # it uvicorn answers 503 and closes. Requests are bounded lower, by the app (--max-requests).
+        limit_concurrency=CONNECTION_LIMIT,
         timeout_graceful_shutdown=10,
         # As journalq serve: heads over 64 KiB are refused (431), slow ones too (408, after the
         # hub app's default head timeout), and idle connections are closed.
