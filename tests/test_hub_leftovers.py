@@ -21,6 +21,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
+from hub_processes import JOURNALQ, child_env, free_port, kill, wait_until
+from test_hub_crash import hub_answers
+
 from journalq.cli.main import cli
 from journalq.errors import HubUnavailableError
 from journalq.hub import HubStore, Push
@@ -29,9 +32,6 @@ from journalq.hub.protocol import Held, PushResult
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
-
-from hub_processes import JOURNALQ, child_env, free_port, kill, wait_until
-from test_hub_crash import hub_answers
 
 URL = "/hub/v1/journals"
 
@@ -93,7 +93,8 @@ def test_hub_status_without_a_client_id_lists_every_client_s_copies(hub_cli) -> 
     result = hub_cli()
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [(r["client_id"], r["journal"], r["hub_next"]) for r in rows] == [("web-1", "orders", 3), ("web-2", "orders", 1)]
+    got = [(r["client_id"], r["journal"], r["hub_next"]) for r in rows]
+    assert got == [("web-1", "orders", 3), ("web-2", "orders", 1)]
 
 
 def test_hub_status_of_local_journals_needs_the_client_they_are_copied_as(tmp_path: Path, hub_cli) -> None:

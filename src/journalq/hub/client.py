@@ -47,7 +47,8 @@ from journalq.journal.watch import DirectoryWatch
 from journalq.shard.layout import journals_at
 
 __all__ = [
-    "DEFAULT_CHECK_INTERVAL", "DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "check_hub_url", "sources_at",
+    "DEFAULT_CHECK_INTERVAL", "DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter",
+    "check_hub_url", "sources_at",
 ]
 
 DEFAULT_CHUNK = 1 << 20
