@@ -281,9 +281,8 @@ class Pusher(Closing):
     answering 5xx (or 408) is waited out, journal by journal (each with a copy of ``backoff``: the
     other journals go on meanwhile), after which the pusher asks the hub what it holds and resumes
     from there; a journal failing for ``give_up_after`` seconds in a row ends the run with
-    ``HubUnavailableError``. A
-    journal the hub refuses (its messages differ from the ones held, say) is reported and left;
-    ``run()`` returns the copies, whose ``failed`` says which.
+    ``HubUnavailableError``. A journal the hub refuses (its messages differ from the ones held,
+    say) is reported and left; ``run()`` returns the copies, whose ``failed`` says which.
     ``parallel`` journals are pushed at a time (each by one thread, never one journal by two).
     A journal with nothing to push is checked every ``check_interval`` seconds (one question,
     none of its bytes): a copy the hub lost meanwhile is copied anew, not only at the next append.
