@@ -101,7 +101,8 @@ def test_the_sharded_vector_is_pushed_byte_for_byte(tmp_path: Path, sej_vectors:
         for shard in sorted(sharded.iterdir()):
             copy = tmp_path / "hub" / f"gohost.{shard.name}"
             assert segment_files(copy) == segment_files(shard) and segment_files(shard)
-        status = subprocess.run([*JOURNALQ, "hub", "status", "--hub", url, "--format", "jsonl", str(sharded)],
+        status = subprocess.run([*JOURNALQ, "hub", "status", "--hub", url, "--client-id", "gohost",
+                                 "--format", "jsonl", str(sharded)],
                                 capture_output=True, env=child_env(), timeout=30, text=True)
         assert status.returncode == 0, status.stderr
         assert status.stdout.count('"lag":0') == 4 and '"client_id":"gohost","journal":"events.2.003"' in status.stdout

@@ -19,9 +19,26 @@ import click
 from journalq.cli.data import DirectoryPath
 from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
 from journalq.cli.queue import _table
-from journalq.cli.serve import _exit_cleanly, bind, checked_token, http_protocol, raise_open_files_limit, ready_directory
+from journalq.cli.serve import (
+    CONNECTION_LIMIT,
+    _exit_cleanly,
+    bind,
+    checked_token,
+    http_protocol,
+    raise_open_files_limit,
+    ready_directory,
+)
 from journalq.errors import HubError
-from journalq.hub.client import DEFAULT_CHUNK, HubClient, JournalCopy, Pusher, check_hub_url, sources_at
+from journalq.hub.client import (
+    DEFAULT_CHECK_INTERVAL,
+    DEFAULT_CHUNK,
+    HubClient,
+    JournalCopy,
+    Pusher,
+    check_hub_url,
+    sources_at,
+)
+from journalq.hub.protocol import check_client_id
 from journalq.journal.offsets import end_offset
 from journalq.journal.sync import SyncPolicy
 
@@ -35,6 +52,14 @@ def hub() -> None:
     The copies are byte-identical to their sources; pushing resumes from what the hub holds, so
     either side may be stopped (or killed) at any moment.
     """
+
+
+def _client_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A usage error for a client id the hub would refuse (as for any bad option)."""
+    try:
+        return None if value is None else check_client_id(value)
+    except HubError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def _hub_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -57,9 +82,13 @@ def _hub_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Sync policy of the copies: 'always' acknowledges a push only once it is on stable storage.")
 @click.option("--max-push", type=click.IntRange(1, 1 << 31), default=64 << 20, show_default=True,
               help="Largest push body taken, in bytes.")
+# 64: the app's DEFAULT_MAX_REQUESTS, written out as --max-push's default is (FastAPI is imported
+# only to serve).
+@click.option("--max-requests", type=click.IntRange(1, CONNECTION_LIMIT), default=64, show_default=True,
+              help="Requests handled at once (each may hold a push); past it, 503 with Retry-After.")
 @click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
               help="Bearer token every request must carry (env JOURNALQ_TOKEN).")
-def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str | None) -> None:
+def serve(root: Path, host: str, port: int, sync: str, max_push: int, max_requests: int, token: str | None) -> None:
     """Serve only the hub's endpoints (/hub/v1/...) over the copies in ROOT."""
     import uvicorn
 
@@ -72,11 +101,14 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, token: str
     raise_open_files_limit()  # idle connections must not take every descriptor (as ``serve``)
     sock = bind(host, port)  # a port in use is one line naming it; --port 0 names the one bound
     config = uvicorn.Config(
-        create_hub_app(root, sync=sync, max_push=max_push, token=token),
+        create_hub_app(root, sync=sync, max_push=max_push, token=token, max_requests=max_requests),
         host=host,
         port=sock.getsockname()[1],
         log_level="warning",
         timeout_keep_alive=5,
+        # Connections (idle ones too: each a descriptor) are bounded as journalq serve's; past
+        # it uvicorn answers 503 and closes. Requests are bounded lower, by the app (--max-requests).
+        limit_concurrency=CONNECTION_LIMIT,
         timeout_graceful_shutdown=10,
         # As journalq serve: heads over 64 KiB are refused (431), slow ones too (408, after the
         # hub app's default head timeout), and idle connections are closed.
@@ -173,16 +205,21 @@ class BarReport:
 @click.option("--chunk", type=click.IntRange(64, 64 << 20), default=DEFAULT_CHUNK, show_default=True,
               help="Bytes per push (a larger message goes alone).")
 @click.option("--give-up-after", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Fail once the hub has been unreachable this long (default: keep retrying).")
+              help="Fail once a journal's pushes have failed this long, the hub unreachable say "
+                   "(default: keep retrying).")
 @click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Journals pushed at a time (a root of shards has many).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
               help="How long to wait for an answer of the hub before retrying.")
+@click.option("--check-interval", type=click.FloatRange(min=0.1), default=DEFAULT_CHECK_INTERVAL, show_default=True,
+              metavar="SECONDS",
+              help="How often to ask the hub about a journal with nothing new to push (a copy it lost is copied anew).")
 @click.option("--progress", "shown", type=click.Choice(["auto", "bar", "jsonl"]), default="auto", show_default=True,
               help="bar for people, jsonl for programs; auto: bar on a terminal.")
 @_token
 def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, chunk: int,
-         give_up_after: float | None, parallel: int, timeout: float, shown: str, token: str | None) -> None:
+         give_up_after: float | None, parallel: int, timeout: float, check_interval: float, shown: str,
+         token: str | None) -> None:
     """Copy the journals at DIR... to the hub and keep copying what is appended.
 
     DIR is a journal (copied as [client-id].[its directory name]) or a root of shards (each shard
@@ -197,7 +234,7 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
     try:
         with HubClient(url, token=token, timeout=timeout) as client, Pusher(
             client, client_id, directories, chunk=chunk, reporter=report, give_up_after=give_up_after,
-            parallel=parallel,
+            parallel=parallel, check_interval=check_interval,
         ) as pusher:
             try:
                 copies = pusher.run(follow=not once)
@@ -218,20 +255,28 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
 @hub.command()
 @click.argument("directories", metavar="[DIR...]", nargs=-1, type=DirectoryPath())
 @click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.", callback=_hub_url)
-@click.option("--client-id", metavar="ID", help="Only this client's journals.")
+@click.option("--client-id", metavar="ID", callback=_client_id,
+              help="Only this client's journals (needed with DIR...: the client they are copied as).")
 @click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
               help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
 @_token
 def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: str, token: str | None) -> None:
     """Print, per client and journal, the offsets the hub holds and, for the journals at DIR...,
     the local end and the lag (messages not copied yet)."""
+    if directories and client_id is None:
+        # Local journals are one client's; the hub may hold journals of their names of many.
+        raise click.UsageError("DIR... are compared with the copies of one client: give its --client-id")
     local = {name: end_offset(path) for name, path in sources_at(directories)} if directories else {}
     with HubClient(url, token=token) as client:
         copies = client.status()
+    if client_id is not None:
+        copies = {client_id: copies.get(client_id, {})}
+        if not copies[client_id]:
+            click.echo(f"the hub holds no journal of client {client_id!r}", err=True)
+    elif not copies:
+        click.echo("the hub holds no journal", err=True)
     rows: list[dict[str, Any]] = []
     for cid, journals in copies.items():
-        if client_id is not None and cid != client_id:
-            continue
         for name, held in journals.items():
             end = local.get(name) if directories else None
             rows.append({"client_id": cid, "journal": name, "hub_first": held.first, "hub_next": held.next,

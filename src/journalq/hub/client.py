@@ -20,7 +20,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,10 +47,13 @@ from journalq.journal.watch import DirectoryWatch
 from journalq.shard.layout import journals_at
 
 __all__ = [
-    "DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter", "check_hub_url", "sources_at",
+    "DEFAULT_CHECK_INTERVAL", "DEFAULT_CHUNK", "Backoff", "Hub", "HubClient", "JournalCopy", "Pusher", "Reporter",
+    "check_hub_url", "sources_at",
 ]
 
 DEFAULT_CHUNK = 1 << 20
+DEFAULT_CHECK_INTERVAL = 30.0
+"""Seconds between the questions a pusher asks the hub about a journal it has nothing to push of."""
 _ERRORS: dict[str, type[HubError]] = {
     cls.kind: cls for cls in (InvalidClientIdError, InvalidJournalPathError, DamagedPushError, HubConflictError)
 }
@@ -231,6 +234,11 @@ class JournalCopy:
     sent_messages: int = 0
     sent_bytes: int = 0
     reader: RawReader | None = None
+    # Its own backoff: a journal the hub turns away (503 for its copy) holds back no other.
+    backoff: Backoff = field(default_factory=Backoff)
+    retry_at: float | None = None  # the pusher's clock: not pushed before then
+    failing_since: float | None = None
+    checked_at: float = float("-inf")  # when the hub last said what it holds (the pusher's clock)
 
     @property
     def lag(self) -> int:
@@ -270,12 +278,14 @@ class Pusher(Closing):
     ``run()`` copies until every journal is caught up (``follow=False``) or forever, following
     appends and new shards (``follow=True``; it ends when every journal was refused and none can
     be added, no root of shards being among ``directories``). A connection error or a hub
-    answering 5xx (or 408) is waited out (``Backoff``), after which the pusher asks the hub what it
-    holds and resumes from there;
-    ``give_up_after`` seconds of failing in a row end the run with ``HubUnavailableError``. A
-    journal the hub refuses (its messages differ from the ones held, say) is reported and left;
-    ``run()`` returns the copies, whose ``failed`` says which.
+    answering 5xx (or 408) is waited out, journal by journal (each with a copy of ``backoff``: the
+    other journals go on meanwhile), after which the pusher asks the hub what it holds and resumes
+    from there; a journal failing for ``give_up_after`` seconds in a row ends the run with
+    ``HubUnavailableError``. A journal the hub refuses (its messages differ from the ones held,
+    say) is reported and left; ``run()`` returns the copies, whose ``failed`` says which.
     ``parallel`` journals are pushed at a time (each by one thread, never one journal by two).
+    A journal with nothing to push is checked every ``check_interval`` seconds (one question,
+    none of its bytes): a copy the hub lost meanwhile is copied anew, not only at the next append.
     """
 
     def __init__(
@@ -290,6 +300,7 @@ class Pusher(Closing):
         backoff: Backoff | None = None,
         give_up_after: float | None = None,
         parallel: int = 4,
+        check_interval: float = DEFAULT_CHECK_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hub = hub
@@ -300,10 +311,10 @@ class Pusher(Closing):
         self.report_interval = report_interval
         self.backoff = backoff or Backoff()
         self.give_up_after = give_up_after
+        self.check_interval = check_interval
         self._clock = clock
         self._rate = _Rate()
         self._last_report = float("-inf")
-        self._failing_since: float | None = None
         self._events = threading.Lock()  # reports come from the pool's threads
         # Journals are pushed side by side: the hub syncs each push, and copies sync apart.
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="journalq-push") if parallel > 1 else None
@@ -317,19 +328,22 @@ class Pusher(Closing):
         watch: DirectoryWatch | None = None
         try:
             while not stop():
-                progressed = self.round()
-                if progressed or self._failing_since is not None:
-                    continue  # more to send, or a hub that failed: the backoff waited already
+                if self.round():
+                    continue  # more to send
                 if not follow and all(c.caught_up or c.failed for c in self.copies.values()):
                     break
                 if all(c.failed for c in self.copies.values()) and not self._shard_roots():
                     break  # every journal was refused and no new one can come: nothing to follow
+                due = self._retry_due()
+                if due is not None and not follow:
+                    time.sleep(due)  # only journals waiting out the hub are left
+                    continue
                 if watch is None or self._refresh():
                     if watch is not None:
                         watch.close()
                     watch = DirectoryWatch(*self._watched())
                     continue  # look once more: appends may have come before the watch began
-                watch.wait(self.report_interval)
+                watch.wait(self.report_interval if due is None else min(due, self.report_interval))
             self._report(force=True)
         finally:
             if watch is not None:
@@ -337,22 +351,26 @@ class Pusher(Closing):
         return list(self.copies.values())
 
     def round(self) -> bool:
-        """Push up to a few chunks of every journal (``parallel`` journals at a time); True when
-        something was sent. Waits out an unreachable hub before returning."""
-        active = [c for c in self.copies.values() if c.failed is None]
+        """Push up to a few chunks of every journal not waiting out a failure (``parallel``
+        journals at a time); True when something was sent. A journal the hub failed is given its
+        time to wait (``retry_at``); the others are not held back by it."""
+        now = self._clock()
+        active = [c for c in self.copies.values() if c.failed is None and (c.retry_at is None or c.retry_at <= now)]
         if self._pool is None or len(active) < 2:
             outcomes = [self._drive(c) for c in active]
         else:
             outcomes = list(self._pool.map(self._drive, active))
-        progressed = any(sent for sent, _ in outcomes)
-        unavailable = next((exc for _, exc in outcomes if exc is not None), None)
-        if unavailable is not None:
-            self._wait_out(unavailable)
-        else:
-            self._failing_since = None
-            self.backoff.reset()
+        failed: list[tuple[JournalCopy, HubUnavailableError]] = []
+        for copy, (_, exc) in zip(active, outcomes):
+            if exc is None:
+                copy.retry_at = copy.failing_since = None
+                copy.backoff.reset()
+            else:
+                failed.append((copy, exc))
+        if failed:
+            self._wait_out(failed)
         self._report()
-        return progressed
+        return any(sent for sent, _ in outcomes)
 
     def _drive(self, copy: JournalCopy) -> tuple[bool, HubUnavailableError | None]:
         """A few chunks of one journal (then the next: one busy journal does not starve the
@@ -388,10 +406,18 @@ class Pusher(Closing):
         """Send the next chunk of ``copy``; False when the hub has everything there is now."""
         if copy.reader is None:
             copy.reader = RawReader(copy.path)
+        if copy.caught_up and copy.hub_next is not None and self._clock() - copy.checked_at >= self.check_interval:
+            # Nothing was pushed for a while, so nothing said what the hub holds: a copy it lost
+            # (removed, or not synced before it died) is noticed here, not at the next append.
+            held = self.hub.held(self.client_id, copy.name)
+            copy.checked_at = self._clock()
+            if (held.next, held.empty) != (copy.hub_next, copy.hub_empty):
+                self._event("changed", copy, hub=held.next, expected=copy.hub_next)
+                copy.hub_next = None  # resume from what it holds, as after a failure
         start = copy.hub_next
         if start is None:
             held = self.hub.held(self.client_id, copy.name)
-            copy.hub_next, copy.hub_empty = held.next, held.empty
+            copy.hub_next, copy.hub_empty, copy.checked_at = held.next, held.empty, self._clock()
             # Resuming: send the last message the hub holds again, for the hub to compare with
             # its own (and refuse a journal that is not the one it copied).
             start = held.next - 1 if held.next > held.first else held.next
@@ -426,7 +452,7 @@ class Pusher(Closing):
         except HubUnavailableError:
             copy.hub_next = None  # after any failure, resume from what the hub says it holds
             raise
-        copy.hub_next, copy.hub_empty = result.held.next, result.held.empty
+        copy.hub_next, copy.hub_empty, copy.checked_at = result.held.next, result.held.empty, self._clock()
         copy.local_end = max(copy.local_end, run.next)
         copy.sent_messages += result.appended
         copy.sent_bytes += len(run.data)
@@ -456,15 +482,26 @@ class Pusher(Closing):
 
     # -- waiting, journals, reporting -------------------------------------------------------------
 
-    def _wait_out(self, exc: HubUnavailableError) -> None:
+    def _wait_out(self, failed: list[tuple[JournalCopy, HubUnavailableError]]) -> None:
+        """Give each journal the hub failed its time to wait (its own backoff), and report it:
+        one event for them all (a hub that is down fails every journal at once)."""
         now = self._clock()
-        if self._failing_since is None:
-            self._failing_since = now
-        elif self.give_up_after is not None and now - self._failing_since > self.give_up_after:
-            raise HubUnavailableError(f"gave up after {self.give_up_after:g} s: {exc}") from None
-        delay = self.backoff.next_delay()
-        self._event("retry", None, error=str(exc), delay=round(delay, 3))
-        time.sleep(delay)
+        delays = []
+        for copy, exc in failed:
+            if copy.failing_since is None:
+                copy.failing_since = now
+            elif self.give_up_after is not None and now - copy.failing_since > self.give_up_after:
+                raise HubUnavailableError(f"gave up after {self.give_up_after:g} s: {exc}") from None
+            delays.append(copy.backoff.next_delay())
+            copy.retry_at = now + delays[-1]
+        copy, exc = failed[0]
+        fields: dict[str, Any] = {} if len(failed) == 1 else {"journals": len(failed)}
+        self._event("retry", copy if len(failed) == 1 else None, error=str(exc), delay=round(min(delays), 3), **fields)
+
+    def _retry_due(self) -> float | None:
+        """Seconds until the first journal waiting out a failure is due again; None when none waits."""
+        waiting = [c.retry_at for c in self.copies.values() if c.failed is None and c.retry_at is not None]
+        return max(0.0, min(waiting) - self._clock()) if waiting else None
 
     def _refresh(self, strict: bool = False) -> bool:
         """Look for journals (new shards of a root); True when some were added."""
@@ -477,7 +514,7 @@ class Pusher(Closing):
         added = False
         for name, path in found:
             if name not in self.copies:
-                self.copies[name] = JournalCopy(name, path)
+                self.copies[name] = JournalCopy(name, path, backoff=replace(self.backoff, attempts=0))
                 added = True
         return added
 

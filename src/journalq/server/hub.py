@@ -12,14 +12,16 @@ too, with its copies under ``DATA/.hub`` (a name no queue can take).
 A push is answered only once it is synced. Refusals are JSON ``{"error", "kind"}``: 400 for a bad
 client id, journal path or damaged message, 409 for a gap (with ``next``, the offset the hub holds
 up to) or messages that differ from the ones held, 503 with ``Retry-After`` when the storage fails
-or another program (an exclusive writer) holds the copy's lock for now, or the hub is shutting down.
+or another program (an exclusive writer) holds the copy's lock for now, the hub is shutting down,
+or it is handling ``max_requests`` requests already (``kind`` busy, the connection closed),
+500 for trouble with the hub's own copy (damaged, say: logged, and pushed again by the pusher).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,7 +46,7 @@ from journalq.hub.store import HubStore
 from journalq.server.config import ServerConfig
 from journalq.server.tokens import bearer_matches
 
-__all__ = ["DEFAULT_MAX_PUSH", "HUB_DIR", "create_hub_app", "hub_router"]
+__all__ = ["DEFAULT_MAX_PUSH", "DEFAULT_MAX_REQUESTS", "HUB_DIR", "create_hub_app", "hub_router"]
 
 log = logging.getLogger("journalq.server")
 T = TypeVar("T")
@@ -53,6 +55,9 @@ HUB_DIR = ".hub"
 """Where ``journalq serve`` keeps the hub's copies in its data directory."""
 DEFAULT_MAX_PUSH = 64 * 1024 * 1024
 """The largest push body taken (a client sends smaller ones; one message may need more)."""
+DEFAULT_MAX_REQUESTS = 64
+"""Requests the hub's endpoints handle at once; past it they answer 503 at once. Each may hold a
+push body (up to ``max_push`` bytes) and, to store it, a thread (anyio lends 40)."""
 DEFAULT_BODY_TIMEOUT = ServerConfig.body_timeout
 """Seconds a push body may bring no bytes before it is answered 408 (``journalq serve``'s)."""
 BYTES_TYPE = "application/octet-stream"
@@ -80,10 +85,13 @@ def _refusal(exc: Exception) -> _Refused:
         return _Refused(416, {"error": exc.reason, "kind": "offset"})
     if isinstance(exc, HubError):
         return _Refused(404 if type(exc) is HubError else 400, {"error": str(exc), "kind": exc.kind})
-    if isinstance(exc, JournalError):  # a damaged copy, say: logged whole, with its file
-        log.error("hub journal failure: %s", exc)
-        return _Refused(400, {"error": exc.reason, "kind": "journal"})
-    return _Refused(400, {"error": str(exc), "kind": "journal"})
+    # What is left is the hub's own trouble (a damaged copy, say), not the request's: a 500,
+    # which a pusher waits out and pushes again, never a 4xx it would take as a refusal for good.
+    if isinstance(exc, JournalError):
+        log.error("hub journal failure: %s", exc)  # logged whole, with its file
+        return _Refused(500, {"error": exc.reason, "kind": "journal"})
+    log.error("hub failure: %s", exc)
+    return _Refused(500, {"error": str(exc), "kind": "journal"})
 
 
 def hub_router(
@@ -93,12 +101,15 @@ def hub_router(
     max_push: int = DEFAULT_MAX_PUSH,
     token: str | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
 ) -> APIRouter:
     """The hub's endpoints over the copies in ``root`` (opened at the first request). ``token``:
     a bearer token every request must carry (401 otherwise). ``body_timeout``: a push whose
-    body brings no bytes for this many seconds is answered 408."""
+    body brings no bytes for this many seconds is answered 408. ``max_requests``: requests
+    handled at once; past it, 503 at once."""
     box: list[HubStore] = []
     opening = anyio.Lock()
+    under_way = [0]  # requests being handled: the event loop's alone, so no lock
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -136,13 +147,29 @@ def hub_router(
     def answer(refused: _Refused) -> Response:
         return JSONResponse(refused.body, status_code=refused.status, headers=refused.headers)
 
+    @contextmanager
+    def admitted() -> Iterator[None]:
+        """A place among the ``max_requests`` requests handled at once, or a 503: many pushers
+        must not take every descriptor, thread and byte of memory (pushes hold their bodies)."""
+        if under_way[0] >= max_requests:
+            raise _Refused(
+                503,
+                {"error": f"the hub is busy: {max_requests} requests under way; push again later", "kind": "busy"},
+                {"Retry-After": "1", "Connection": "close"},  # the body, if any, is not read
+            )
+        under_way[0] += 1
+        try:
+            yield
+        finally:
+            under_way[0] -= 1
+
     @router.get("/status")
     async def status() -> Response:
         """Every copy the hub holds: client id -> journal -> first, next (the offset it holds up
         to) and segment (where its last segment starts)."""
-        hub = await store()
         try:
-            copies = await blocking(hub.status)
+            with admitted():
+                copies = await blocking((await store()).status)
         except _Refused as refused:
             return answer(refused)
         clients = {c: {j: held.to_json() for j, held in journals.items()} for c, journals in copies.items()}
@@ -151,9 +178,9 @@ def hub_router(
     @router.get("/journals/{client_id}/{journal}")
     async def held(client_id: str, journal: str) -> Response:
         """What the hub holds of one journal of a client (first == next == 0: nothing)."""
-        hub = await store()
         try:
-            got = await blocking(hub.held, client_id, journal)
+            with admitted():
+                got = await blocking((await store()).held, client_id, journal)
         except _Refused as refused:
             return answer(refused)
         return JSONResponse({"client_id": client_id, "journal": journal, **got.to_json()})
@@ -170,9 +197,10 @@ def hub_router(
         from the source segment starting at ``segment``); answered once synced, with the offsets
         the hub now holds and how many messages it appended and skipped."""
         try:
-            body = await _body(request, max_push, body_timeout)
-            hub = await store()
-            result = await blocking(lambda: hub.push(Push(client_id, journal, first, segment, body)))
+            with admitted():
+                body = await _body(request, max_push, body_timeout)
+                hub = await store()
+                result = await blocking(lambda: hub.push(Push(client_id, journal, first, segment, body)))
         except _Refused as refused:
             return answer(refused)
         return JSONResponse({"client_id": client_id, "journal": journal, **result.to_json()})
@@ -185,9 +213,9 @@ def hub_router(
         at most the push limit),
         from one segment; headers ``X-Journalq-First``, ``X-Journalq-Count`` and
         ``X-Journalq-Segment``. An empty body at the end of the copy."""
-        hub = await store()
         try:
-            run = await blocking(hub.read_raw, client_id, journal, offset, min(max_bytes, max_push))
+            with admitted():
+                run = await blocking((await store()).read_raw, client_id, journal, offset, min(max_bytes, max_push))
         except _Refused as refused:
             return answer(refused)
         headers = {
@@ -240,12 +268,15 @@ def create_hub_app(
     max_push: int = DEFAULT_MAX_PUSH,
     token: str | None = None,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
 ) -> FastAPI:
     """An app serving only the hub's endpoints over ``root``."""
     app = FastAPI(
         title="journalq hub", version=__version__, description="The journalq hub: copies of clients' journals."
     )
-    app.include_router(hub_router(root, sync=sync, max_push=max_push, token=token, body_timeout=body_timeout))
+    app.include_router(hub_router(
+        root, sync=sync, max_push=max_push, token=token, body_timeout=body_timeout, max_requests=max_requests
+    ))
 
     @app.exception_handler(_Refused)
     async def refused(request: Request, exc: _Refused) -> Response:  # from the token check
