@@ -16,7 +16,7 @@ import pytest
 import journalq.journal.index as index_mod
 import journalq.journal.writer as writer_mod
 from journalq.errors import StorageError
-from journalq.journal.codec import OVERHEAD
+from journalq.journal.codec import OVERHEAD, encode
 from journalq.journal.index import read_entries
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import scan_segment
@@ -271,3 +271,45 @@ def test_a_batch_that_rolls_onto_a_full_disk_writes_nothing(tmpfs: Path, writes:
     w.close()
     assert len(list(follower)) == 7
     follower.close()
+
+
+def test_a_segment_started_early_gives_back_what_was_reserved_past_its_end(tmp_path: Path) -> None:
+    """A hub's copy starts a segment where its source did, before the current one is full: the
+    blocks reserved ahead in the one it leaves were kept for ever (only a close or the next
+    writer's opening gave them back, and neither looks at a segment that is not the last)."""
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    w = Writer(tmp_path)
+    w.append(b"small")
+    left = w.segment.path
+    assert allocated(os.stat(left)) >= 64 * 1024  # reserved ahead
+    assert w.append_encoded(encode(1, 1, 0, b"", b"next"), new_segment=True) == 1
+    assert w.segment.path != left
+    stat = os.stat(left)
+    assert allocated(stat) < 64 * 1024 and stat.st_size == len(b"small") + OVERHEAD
+    w.close()
+    assert values(tmp_path) == [b"small", b"next"]
+
+
+def test_a_shared_writer_that_starts_a_segment_gives_back_what_others_reserved_in_the_old(
+    tmp_path: Path,
+) -> None:
+    """The blocks another shared writer reserved past the old segment's end are given back by
+    the writer that starts the next one (under the lock, so no one appends to the old meanwhile):
+    the other follows onto the new segment, and never appends to the old one again."""
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    first = Writer(tmp_path, shared=True)
+    second = Writer(tmp_path, shared=True)
+    second.append(b"one")
+    first.append(b"two")  # reserves ahead after the second's message
+    left = first.segment.path
+    assert allocated(os.stat(left)) >= 64 * 1024
+    assert second.append_encoded(encode(2, 1, 0, b"", b"three"), new_segment=True) == 2
+    stat = os.stat(left)
+    assert allocated(stat) < 64 * 1024 and stat.st_size == 2 * OVERHEAD + len(b"onetwo")
+    assert first.append(b"four") == 3
+    assert first.segment == second.segment != left
+    first.close()
+    second.close()
+    assert values(tmp_path) == [b"one", b"two", b"three", b"four"]

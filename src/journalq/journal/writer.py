@@ -353,6 +353,11 @@ class Writer(Closing):
 
     def _open_segment(self, segment: Segment) -> None:
         """Make ``segment`` the one appended to, after checking and recovering its tail."""
+        if self._fd >= 0:
+            # Leaving a segment for the next (a roll, or one another writer started early, as a
+            # hub's copy does): no one appends to it again, and no later opening looks at it, so
+            # what anyone reserved past its end is given back now or never. (Under the lock.)
+            release(self._fd)
         self._close_files()
         created = not segment.path.exists()
         # Read too: a shared writer reads what the others appended through it (``_catch_up``).
