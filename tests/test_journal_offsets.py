@@ -121,6 +121,24 @@ def test_a_corrupt_offset_file_is_a_clear_error(tmp_path):
         assert ro.value == 11
 
 
+def test_an_offset_file_that_cannot_be_read_is_a_journal_error_naming_it(tmp_path):
+    """A directory where the offset file should be (or an ``ofs`` that is a file) raised the raw
+    IsADirectoryError/NotADirectoryError, which no caller expects of a journalq call."""
+    path = tmp_path / "ofs" / "alpha.ofs"
+    path.mkdir(parents=True)
+    with pytest.raises(JournalError, match="is a directory") as info:
+        read_offset(tmp_path, "alpha")
+    assert info.value.file == path
+    with pytest.raises(JournalError, match="is a directory"):
+        ReaderOffset(tmp_path, "alpha")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "ofs").write_bytes(b"not a directory")
+    with pytest.raises(JournalError, match="cannot read the offset file") as info:
+        read_offset(other, "alpha")
+    assert info.value.file == other / "ofs" / "alpha.ofs"
+
+
 def test_first_and_end_offsets(tmp_path):
     assert (first_offset(tmp_path), end_offset(tmp_path)) == (0, 0)
     with Writer(tmp_path, segment_size=100) as w:

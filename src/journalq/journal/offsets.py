@@ -64,6 +64,10 @@ def read_offset(path: str | os.PathLike[str], name: str) -> int:
         data = file.read_bytes()
     except FileNotFoundError:
         return 0
+    except IsADirectoryError:
+        raise JournalError("the offset file is a directory", file=file) from None
+    except OSError as exc:  # ``ofs`` not a directory, no permission, an I/O error
+        raise JournalError(f"cannot read the offset file: {exc.strerror or exc}", file=file) from exc
     if not data:
         return 0
     if len(data) != _UINT64.size:
