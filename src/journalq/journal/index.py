@@ -203,6 +203,18 @@ def last_confirmed(segment: Segment, size: int) -> tuple[int, int, list[Entry]]:
     return segment.base, 0, []
 
 
+def entries_past_damage(segment: Segment, scan: SegmentScan, fd: int) -> list[Entry]:
+    """The entries of the segment's index past the damage that ended ``scan`` (a scan from the
+    segment's start) which the open segment ``fd`` confirms, as a seek confirms an entry before
+    it uses it. An index rebuilt from ``scan`` keeps them after its own entries: they are what
+    lets a seek get past the damage (to an offset committed after it). None without damage.
+    (An entry with an offset below the one due at the damage would lead a seek for that offset
+    to another message: dropped.)"""
+    if scan.problem is None:
+        return []
+    return [e for e in read_entries(segment) if e[1] >= scan.end and e[0] >= scan.next_offset and confirms(fd, *e)]
+
+
 def scan_tail(segment: Segment) -> SegmentScan:
     """A scan of the segment from its last confirmed index entry to its end, as a writer opening
     it reads it: its ``next_offset`` is the offset after its last whole message."""

@@ -28,7 +28,6 @@ from journalq.journal.scanner import Scanner
 from journalq.journal.segment import (
     Segment,
     SegmentScan,
-    confirms,
     gap_reason,
     journal_dir,
     list_segments,
@@ -267,7 +266,8 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         listed = list_segments(path)
         if listed:
             last = listed[-1]
-            reason = _index_problem(last, scan_segment(last, 0, last.base))
+            whole = scan_segment(last, 0, last.base)
+            reason = _index_problem(last, whole, _entries_past_damage(last, whole))
             before = None if reason is None else (last.index_path, reason)
         try:
             report.recoveries = _recover(path)
@@ -338,21 +338,23 @@ def _scan_problem(segment: Segment, scan: SegmentScan, *, last: bool) -> Problem
 
 def _check_index(segment: Segment, scan: SegmentScan, repair: bool) -> list[Problem]:
     """The segment's index problem, if any, rebuilt from ``scan`` when ``repair``."""
-    reason = _index_problem(segment, scan)
+    sound_past = _entries_past_damage(segment, scan)
+    reason = _index_problem(segment, scan, sound_past)
     if reason is None:
         return []
     fixed = False
     if repair:
         # Past damage the scan gives no entries: the old ones that still check out stay, or a
         # seek past the damage (to an offset committed after it) would read into it and fail.
-        fixed = index.write_index(segment, scan.entries + _entries_past_damage(segment, scan))
+        fixed = index.write_index(segment, scan.entries + sound_past)
         if not fixed:
             reason += "; could not rewrite it (is the directory writable?)"
     return [Problem("index", segment.index_path, None, None, reason, fixed)]
 
 
-def _index_problem(segment: Segment, scan: SegmentScan) -> str | None:
-    """Why the segment's index cannot be trusted, or None when every entry checks out.
+def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.Entry]) -> str | None:
+    """Why the segment's index cannot be trusted, or None when every entry checks out (past
+    damage, those in ``sound_past``: see ``_entries_past_damage``).
 
     An index need not list every entry a rebuild would (one that lags after a crash only makes
     seeks slower, and a writer may use another interval), but each entry it has must point at the
@@ -369,7 +371,7 @@ def _index_problem(segment: Segment, scan: SegmentScan) -> str | None:
     expected_size = index.HEADER.size + len(entries) * index.ENTRY.size
     if len(data) != expected_size:
         return f"index has {len(data) - expected_size} bytes after its last valid entry (torn or damaged)"
-    bad = next(_bad_entries(segment, scan, entries), None)
+    bad = next(_bad_entries(segment, scan, entries, set(sound_past)), None)
     if bad is not None:
         (offset, position), why = bad
         return f"index entry (offset {offset}, byte {position}) is stale: {why}"
@@ -377,23 +379,18 @@ def _index_problem(segment: Segment, scan: SegmentScan) -> str | None:
 
 
 def _entries_past_damage(segment: Segment, scan: SegmentScan) -> list[index.Entry]:
-    """The segment's index entries after the damage that ended ``scan`` which the segment
-    confirms, as a scanner confirms an entry before it seeks by it."""
+    """``index.entries_past_damage``, which a rebuild keeps and ``check`` takes for sound."""
     if scan.problem is None:
-        return []
-    past = [e for e in index.read_entries(segment) if e[1] >= scan.end]
-    if not past:
-        return []
+        return []  # (without opening the segment)
     with open(segment.path, "rb", buffering=0) as f:
-        return [e for e in past if confirms(f.fileno(), *e)]
+        return index.entries_past_damage(segment, scan, f.fileno())
 
 
 def _bad_entries(
-    segment: Segment, scan: SegmentScan, entries: list[index.Entry]
+    segment: Segment, scan: SegmentScan, entries: list[index.Entry], sound_past: set[index.Entry]
 ) -> Iterator[tuple[index.Entry, str]]:
     """Index entries that do not point at a whole, valid message with their offset (past
-    damage: that the segment does not confirm, see ``_entries_past_damage``)."""
-    sound_past = set(_entries_past_damage(segment, scan))
+    damage: those not in ``sound_past``)."""
     with open(segment.path, "rb", buffering=0) as f:
         for offset, position in entries:
             if position >= scan.end:

@@ -205,8 +205,9 @@ class Scanner(Closing):
             # A missing or stale index of a sealed segment (one written by sej, say): rebuild it
             # once, for every later seek. A read-only journal just goes without.
             scan = scan_segment(segment, 0, segment.base, fd=self._fd)  # open: gc may delete it
-            index.write_index(segment, scan.entries)
-            usable = [e for e in scan.entries if e[0] <= offset]
+            entries = scan.entries + index.entries_past_damage(segment, scan, self._fd)
+            index.write_index(segment, entries)
+            usable = [e for e in entries if e[0] <= offset]
             if usable:
                 return usable[-1]
         return segment.base, 0
