@@ -206,7 +206,10 @@ class Scanner(Closing):
             # once, for every later seek. A read-only journal just goes without.
             scan = scan_segment(segment, 0, segment.base, fd=self._fd)  # open: gc may delete it
             entries = scan.entries + index.entries_past_damage(segment, scan, self._fd)
-            index.write_index(segment, entries)
+            if index.write_index(segment, entries) and os.fstat(self._fd).st_nlink == 0:
+                # Collected meanwhile: its gc deleted the index before this one was written,
+                # which would be left for ever beside no segment. (A gc after this sees it.)
+                segment.index_path.unlink(missing_ok=True)
             usable = [e for e in entries if e[0] <= offset]
             if usable:
                 return usable[-1]

@@ -1,0 +1,48 @@
+"""Indexes whose segment is gone (``%016x.idx`` with no ``%016x.jnl``): a seek that rebuilds an
+index must not leave one behind a gc that deleted its segment meanwhile, and ``check`` reports
+(``--repair`` removes) those that a process killed between a segment's deletion and its index's
+left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import journalq.journal.scanner as scanner_mod
+from journalq.journal import Scanner, Writer
+from journalq.journal.index import read_entries
+from journalq.journal.inspect import check
+from journalq.journal.segment import list_segments
+
+pytestmark = pytest.mark.usefixtures("vectors_untouched")
+
+
+def build(path: Path) -> list:
+    with Writer(path, segment_size=20_000) as w:
+        w.append_many([b"m%05d" % i * 8 for i in range(1500)])
+    segments = list_segments(path)
+    assert len(segments) > 2
+    return segments
+
+
+def test_a_seek_does_not_leave_the_index_of_a_segment_collected_while_it_rebuilt_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    segments = build(tmp_path)
+    sealed = segments[0]
+    target = read_entries(sealed)[-1][0] + 1
+    sealed.index_path.unlink()  # to be rebuilt by the seek
+    real = scanner_mod.scan_segment
+
+    def collected_meanwhile(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        scan = real(*args, **kwargs)
+        sealed.path.unlink()  # a gc in another process, between the scan and the index's write
+        sealed.index_path.unlink(missing_ok=True)
+        return scan
+
+    monkeypatch.setattr(scanner_mod, "scan_segment", collected_meanwhile)
+    with Scanner(tmp_path, target) as s:
+        assert next(iter(s)).offset == target  # read through the segment it holds open
+    assert not sealed.index_path.exists()
+
