@@ -46,3 +46,19 @@ def test_a_seek_does_not_leave_the_index_of_a_segment_collected_while_it_rebuilt
         assert next(iter(s)).offset == target  # read through the segment it holds open
     assert not sealed.index_path.exists()
 
+
+
+def test_check_reports_an_index_without_its_segment_and_repair_removes_it(tmp_path: Path) -> None:
+    segments = build(tmp_path)
+    gone = segments[0]
+    gone.path.unlink()  # a gc killed before it deleted the index too
+    assert gone.index_path.exists()
+    report = check(tmp_path)
+    assert [(p.kind, p.file, p.fixed) for p in report.problems] == [("index", gone.index_path, False)]
+    assert "its segment" in report.problems[0].reason and not report.ok
+    assert gone.index_path.exists()  # a check without repair changes nothing
+    report = check(tmp_path, repair=True)
+    assert [(p.kind, p.file, p.fixed) for p in report.problems] == [("index", gone.index_path, True)]
+    assert not gone.index_path.exists()
+    assert check(tmp_path).problems == []
+    assert all(s.index_path.exists() for s in segments[1:])

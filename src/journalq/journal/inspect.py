@@ -7,8 +7,9 @@ in between; ``check`` is the one that reads every byte.
 
 ``check`` reads every segment and every sparse index without changing anything, unless asked to
 repair. Repair does only what is safe: it recovers the last segment exactly as opening a writer
-does (cutting a torn or damaged tail and keeping the bytes under ``DIR/cut/``) and rewrites stale or
-missing indexes, which are mere hints rebuilt from the segments. Damage anywhere else is reported,
+does (cutting a torn or damaged tail and keeping the bytes under ``DIR/cut/``), rewrites stale or
+missing indexes, which are mere hints rebuilt from the segments, and removes indexes whose segment
+is gone (left by a process killed while it deleted them). Damage anywhere else is reported,
 never "repaired" by cutting data that readers may still need.
 """
 
@@ -31,6 +32,7 @@ from journalq.journal.segment import (
     gap_reason,
     journal_dir,
     list_segments,
+    orphan_indexes,
     scan_segment,
 )
 from journalq.journal.writer import Writer
@@ -205,7 +207,7 @@ class Problem:
     segment (never repaired: the data after it may still be needed); ``tail``, the same at the end
     of the last segment, where a writer would cut it (repaired by cutting, bytes kept); ``index``,
     a sparse index that is missing, damaged or points at the wrong messages (repaired by
-    rebuilding it); ``journal``, segments that do not follow each other densely. ``fixed`` says
+    rebuilding it), or whose segment is gone (repaired by removing it); ``journal``, segments that do not follow each other densely. ``fixed`` says
     whether ``check(repair=True)`` repaired it.
     """
 
@@ -253,7 +255,8 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     to the next, each segment starts at the offset its name says, and every index entry points at
     the message with its offset. With ``repair``, the last segment is first recovered exactly as a
     writer recovers it on open (which needs the writer's lock: ``LockedError`` while another writer
-    runs), then stale or missing indexes are rebuilt. Nothing else is ever changed.
+    runs), then stale or missing indexes are rebuilt and indexes of no segment removed. Nothing
+    else is ever changed.
 
     Run while a writer appends, the message being written may show as an incomplete ``tail``.
     """
@@ -291,7 +294,21 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         report.problems.extend(index_problems)
         # After damage the true end of a segment is unknown: a "gap" there would only echo it.
         due = scan.next_offset if scan.problem is None else None
+    report.problems.extend(_orphan_problem(file, repair) for file in orphan_indexes(path))
     return report
+
+
+def _orphan_problem(file: Path, repair: bool) -> Problem:
+    """An index whose segment is gone: a mere hint of nothing, removed by ``repair``."""
+    reason = "index of no segment: its segment was deleted, and it was not"
+    fixed = False
+    if repair:
+        try:
+            file.unlink(missing_ok=True)
+            fixed = True
+        except OSError as exc:
+            reason += f"; could not remove it: {exc.strerror or exc}"
+    return Problem("index", file, None, None, reason, fixed)
 
 
 def _recover(path: Path) -> list[Recovery]:

@@ -19,6 +19,7 @@ from journalq.journal.codec import HEADER, INT32, OVERHEAD, Message, decode
 SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
 _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")  # as sej names them: %016x
+_INDEX_NAME = re.compile(r"^[0-9a-f]{16}\.idx$")
 
 
 def journal_dir(path: str | os.PathLike[str]) -> Path:
@@ -76,6 +77,23 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
     """The segments of the journal at ``path``, oldest first; other files are ignored, as sej does."""
     directory = journal_dir(path)
     return [Segment(base, directory / segment_name(base)) for base in segment_bases(path)]
+
+
+def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:
+    """The indexes of the journal at ``path`` whose segment is not there: left by a process
+    killed between deleting a segment and deleting its index."""
+    directory = journal_dir(path)
+    try:
+        names = set(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    return [
+        directory / name
+        for name in sorted(names)
+        if _INDEX_NAME.match(name)
+        and name[: -len(INDEX_SUFFIX)] + SEGMENT_SUFFIX not in names
+        and not os.path.exists(directory / (name[: -len(INDEX_SUFFIX)] + SEGMENT_SUFFIX))  # made since
+    ]
 
 
 def unopenable(segment: Segment) -> JournalError:
