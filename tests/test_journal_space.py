@@ -313,3 +313,18 @@ def test_a_shared_writer_that_starts_a_segment_gives_back_what_others_reserved_i
     first.close()
     second.close()
     assert values(tmp_path) == [b"one", b"two", b"three", b"four"]
+
+
+def test_the_fallocate_called_takes_64_bit_offsets() -> None:
+    """``fallocate`` takes ``off_t``, which is 32 bits on 32-bit Linux (i386, armv7) unless
+    built for large files; called with 64-bit arguments there, it read the offset's high word
+    as the length (0: EINVAL), and every append that reserved failed. ``fallocate64`` takes
+    64-bit offsets everywhere (on 64-bit systems it is the same function)."""
+    import ctypes
+    import sys
+
+    import journalq.journal.space as space_mod
+
+    if not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "fallocate64"):
+        pytest.skip("no fallocate64 here")
+    assert space_mod._fallocate is not None and space_mod._fallocate.__name__ == "fallocate64"
