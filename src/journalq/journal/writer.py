@@ -631,7 +631,9 @@ class Writer(Closing):
         if beyond <= 0:
             return
         stat = os.statvfs(self._segment.path.parent)
-        if stat.f_bavail * stat.f_frsize < beyond:
+        # Root's writes may take the room the file system keeps for it (as its reservations do).
+        free = stat.f_bfree if os.geteuid() == 0 else stat.f_bavail
+        if free * stat.f_frsize < beyond:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def _reserve(self, end: int) -> None:
