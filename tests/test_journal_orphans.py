@@ -62,3 +62,30 @@ def test_check_reports_an_index_without_its_segment_and_repair_removes_it(tmp_pa
     assert not gone.index_path.exists()
     assert check(tmp_path).problems == []
     assert all(s.index_path.exists() for s in segments[1:])
+
+
+def test_removing_a_segment_never_leaves_its_index_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process killed between a segment's two deletions leaves the segment (a journal's data,
+    which a writer recovers) rather than an index of nothing: the index goes first."""
+    from journalq.journal.segment import remove_segment
+
+    segments = build(tmp_path)
+    gone = segments[0]
+    real = Path.unlink
+    done: list[Path] = []
+
+    def killed_after_one(self: Path, missing_ok: bool = False) -> None:
+        if done:
+            raise KeyboardInterrupt  # as kill -9 would stop it, before the second deletion
+        real(self, missing_ok=missing_ok)
+        done.append(self)
+
+    monkeypatch.setattr(Path, "unlink", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        remove_segment(gone)
+    monkeypatch.undo()
+    assert done == [gone.index_path] and gone.path.exists()
+    assert [p.reason for p in check(tmp_path).problems] == ["index is missing"]  # a mere hint
+    remove_segment(gone)
+    assert not gone.path.exists() and not gone.index_path.exists()
+    remove_segment(gone)  # nothing left to remove: no error

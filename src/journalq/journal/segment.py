@@ -79,6 +79,14 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
     return [Segment(base, directory / segment_name(base)) for base in segment_bases(path)]
 
 
+def remove_segment(segment: Segment) -> None:
+    """Delete a segment and its index, where they exist: the index first, so that a process
+    killed in between leaves a segment without its index (a hint, rebuilt), never an index of
+    no segment (see ``orphan_indexes``)."""
+    for leftover in (segment.index_path, segment.path):
+        leftover.unlink(missing_ok=True)
+
+
 def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:
     """The indexes of the journal at ``path`` whose segment is not there: left by a process
     killed between deleting a segment and deleting its index."""

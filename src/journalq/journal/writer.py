@@ -43,6 +43,7 @@ from journalq.journal.segment import (
     journal_dir,
     list_segments,
     lock_path,
+    remove_segment,
     scan_segment,
     segment_at,
     segment_name,
@@ -381,7 +382,7 @@ class Writer(Closing):
             os.close(fd)
             if created:
                 # Left empty, it would stand for offsets that the next roll may store elsewhere.
-                _remove_segment(segment)
+                remove_segment(segment)
             raise
         self._fd = fd
         self._segment = segment
@@ -689,7 +690,7 @@ class Writer(Closing):
         try:
             self._close_files()
             for extra in created:
-                _remove_segment(extra)
+                remove_segment(extra)
             os.truncate(segment.path, length)
             self._open_segment(segment)
         except OSError as exc:
@@ -957,15 +958,6 @@ def _note_alive(note: str) -> bool:
     except OSError:
         return True  # there, but not ours to signal
     return True
-
-
-def _remove_segment(segment: Segment) -> None:
-    """Delete a segment and its index, where they exist."""
-    for leftover in (segment.path, segment.index_path):
-        try:
-            leftover.unlink()
-        except FileNotFoundError:
-            pass
 
 
 def _sync_failed(exc: OSError, file: Path) -> StorageError:
