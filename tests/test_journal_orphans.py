@@ -89,3 +89,26 @@ def test_removing_a_segment_never_leaves_its_index_alone(tmp_path: Path, monkeyp
     remove_segment(gone)
     assert not gone.path.exists() and not gone.index_path.exists()
     remove_segment(gone)  # nothing left to remove: no error
+
+
+def test_removing_a_segment_takes_an_index_a_seek_rebuilt_in_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from journalq.journal.index import write_index
+    from journalq.journal.segment import remove_segment
+
+    segments = build(tmp_path)
+    gone = segments[0]
+    entries = read_entries(gone)
+    real = Path.unlink
+
+    def rebuilt_between(self: Path, missing_ok: bool = False) -> None:
+        real(self, missing_ok=missing_ok)
+        if self == gone.index_path and gone.path.exists():
+            write_index(gone, entries)  # a scanner's rebuild, with the segment still there
+
+    monkeypatch.setattr(Path, "unlink", rebuilt_between)
+    remove_segment(gone)
+    monkeypatch.undo()
+    assert not gone.path.exists() and not gone.index_path.exists()
+    assert check(tmp_path).problems == []

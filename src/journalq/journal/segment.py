@@ -82,8 +82,9 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
 def remove_segment(segment: Segment) -> None:
     """Delete a segment and its index, where they exist: the index first, so that a process
     killed in between leaves a segment without its index (a hint, rebuilt), never an index of
-    no segment (see ``orphan_indexes``)."""
-    for leftover in (segment.index_path, segment.path):
+    no segment (see ``orphan_indexes``); and once more after the segment, for one that a
+    scanner rebuilt in between (a rebuild after the segment's deletion removes its own)."""
+    for leftover in (segment.index_path, segment.path, segment.index_path):
         leftover.unlink(missing_ok=True)
 
 
