@@ -21,6 +21,7 @@ from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
+    check_integer,
     confirms,
     gap_reason,
     journal_dir,
@@ -50,8 +51,7 @@ def check_timeout(timeout: float | None) -> float | None:
 
 def check_batch_size(max_messages: int) -> None:
     """Refuse a batch size below 1: a batch of none would read as the end of the journal."""
-    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-        raise Error(f"max_messages must be an integer, 1 or more, not {max_messages!r}")
+    check_integer("max_messages", max_messages, 1)
 
 
 class Scanner(Closing):

@@ -13,13 +13,21 @@ from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
-from journalq.errors import CorruptionError, JournalError
+from journalq.errors import CorruptionError, Error, JournalError
 from journalq.journal.codec import HEADER, INT32, OVERHEAD, Message, decode
 
 SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
 _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")  # as sej names them: %016x
 _INDEX_NAME = re.compile(r"^[0-9a-f]{16}\.idx$")
+
+
+def check_integer(name: str, value: object, minimum: int) -> int:
+    """``value`` when it is an integer (a NumPy one too, not a bool) of ``minimum`` or more; else
+    a clear ``Error`` naming the argument (a string would fail later, deep in a comparison)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < minimum:
+        raise Error(f"{name} must be an integer, {minimum} or more, not {value!r}")
+    return value.__index__()
 
 
 def journal_dir(path: str | os.PathLike[str]) -> Path:

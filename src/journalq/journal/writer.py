@@ -40,6 +40,7 @@ from journalq.journal.space import release, reserve
 from journalq.journal.segment import (
     Segment,
     SegmentScan,
+    check_integer,
     journal_dir,
     list_segments,
     lock_path,
@@ -82,10 +83,9 @@ class Writer(Closing):
         buffer_size: int = 0,
         index_interval: int = DEFAULT_INTERVAL,
     ) -> None:
-        if segment_size <= 0:
-            raise Error(f"segment_size must be positive, not {segment_size}")
-        if buffer_size < 0:
-            raise Error(f"buffer_size must be 0 or more, not {buffer_size}")
+        segment_size = check_integer("segment_size", segment_size, 1)
+        buffer_size = check_integer("buffer_size", buffer_size, 0)
+        index_interval = check_integer("index_interval", index_interval, 1)
         self.path = Path(path)
         self._jnl_prefix = os.path.join(journal_dir(self.path), "")  # the directory, with a separator
         self.segment_size = segment_size
