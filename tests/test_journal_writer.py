@@ -125,6 +125,13 @@ def test_invalid_messages_are_refused_and_nothing_is_written(tmp_path):
             w.append_many([b"ok", b"ok", Message(key=b"k" * 200)])
         with pytest.raises(InvalidMessageError, match="item 1 of the batch is a int"):
             w.append_many([b"ok", 5])
+        # A batch that is no iterable raised TypeError; encoded data that is not bytes, a
+        # CorruptionError about an incomplete message (or a struct.error).
+        with pytest.raises(InvalidMessageError, match="batch must be an iterable .*, not NoneType"):
+            w.append_many(None)  # type: ignore[arg-type]
+        for data in ("text", "t" * 100):
+            with pytest.raises(InvalidMessageError, match="encoded messages must be bytes, not str"):
+                w.append_encoded(data)  # type: ignore[arg-type]
         assert w.next_offset == 1
         assert w.append(b"second") == 1
     assert [m.value for m in scan_all(tmp_path)] == [b"first", b"second"]

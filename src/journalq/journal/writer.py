@@ -25,7 +25,15 @@ from itertools import accumulate
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import CorruptionError, Error, JournalError, LockedError, StorageError, TruncatedError
+from journalq.errors import (
+    CorruptionError,
+    Error,
+    InvalidMessageError,
+    JournalError,
+    LockedError,
+    StorageError,
+    TruncatedError,
+)
 from journalq.journal.codec import OVERHEAD, Message, encode, encode_batch, frame_sizes
 from journalq.journal.index import (
     DEFAULT_INTERVAL,
@@ -249,7 +257,12 @@ class Writer(Closing):
         reaches stable storage with the next durable append's sync (one file, written in order,
         so a sync covers everything before it), a segment roll or ``close``. It is still handed
         to the operating system before the call returns: it survives the death of the process."""
-        items = items if isinstance(items, (list, tuple)) else list(items)
+        if not isinstance(items, (list, tuple)):
+            if not isinstance(items, Iterable):
+                raise InvalidMessageError(
+                    f"a batch must be an iterable of values or Messages, not {type(items).__name__}"
+                )
+            items = list(items)
         ts = time.time_ns()
         with self._mutex:
             self._begin()
@@ -273,6 +286,8 @@ class Writer(Closing):
         source. ``new_segment``: start a new segment with them (where the source journal started
         one), unless the current segment is still empty. Returns the last offset, or ``None``
         for no bytes."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError(f"encoded messages must be bytes, not {type(data).__name__}")
         with self._mutex:
             self._begin()
             try:
