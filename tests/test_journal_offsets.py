@@ -139,6 +139,21 @@ def test_an_offset_file_that_cannot_be_read_is_a_journal_error_naming_it(tmp_pat
     assert info.value.file == other / "ofs" / "alpha.ofs"
 
 
+def test_the_ends_of_a_file_given_as_a_journal_are_a_journal_error(tmp_path):
+    """They raised the raw NotADirectoryError of listing ``FILE/jnl``."""
+    file = tmp_path / "notes.txt"
+    file.write_text("kept")
+    for ends in (first_offset, end_offset):
+        with pytest.raises(JournalError, match="not a directory") as info:
+            ends(file)
+        assert info.value.file == file
+    (tmp_path / "j").mkdir()
+    (tmp_path / "j" / "jnl").write_text("kept")
+    with pytest.raises(JournalError, match="not a directory") as info:
+        end_offset(tmp_path / "j")
+    assert info.value.file == tmp_path / "j" / "jnl"
+
+
 def test_first_and_end_offsets(tmp_path):
     assert (first_offset(tmp_path), end_offset(tmp_path)) == (0, 0)
     with Writer(tmp_path, segment_size=100) as w:

@@ -71,6 +71,8 @@ def segment_bases(path: str | os.PathLike[str]) -> list[int]:
         names = os.listdir(journal_dir(path))
     except FileNotFoundError:
         return []
+    except NotADirectoryError:
+        raise JournalError("not a directory", file=path if not os.path.isdir(path) else journal_dir(path)) from None
     bases = []
     for name in names:
         if name.endswith(SEGMENT_SUFFIX):
