@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from journalq.errors import Error, JournalError, LockedError
-from journalq.journal import ReaderOffset, Writer, end_offset, first_offset, read_offset
+from journalq.journal import ReaderOffset, Writer, end_offset, first_offset, read_offset, set_offset
 from journalq.journal import offsets as offsets_mod
 from journalq.journal import recovery as recovery_mod
 
@@ -62,6 +62,10 @@ def test_a_second_holder_of_the_same_name_is_refused(tmp_path, child_env):
     with pytest.raises(LockedError) as info:
         ReaderOffset(tmp_path, "alpha")
     assert info.value.file == tmp_path / "ofs" / "alpha.lck"
+    # It said "another writer holds the lock", of a reader offset.
+    assert "reader offset 'alpha' is in use by another reader" in str(info.value)
+    with pytest.raises(LockedError, match="reader offset 'alpha' is in use by another reader"):
+        set_offset(tmp_path, "alpha", 3)
     with ReaderOffset(tmp_path, "beta") as other:  # another name is another lock
         other.commit(1)
     script = (

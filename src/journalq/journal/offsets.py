@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import Error, JournalError
+from journalq.errors import Error, JournalError, LockedError
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir, make_dirs
@@ -106,8 +106,21 @@ def set_offset(path: str | os.PathLike[str], name: str, offset: int, *, sync: bo
     Refused with ``LockedError`` while a reader holds the name."""
     file = offset_path(path, name)
     make_dirs(file.parent, durable=sync)
-    with FileLock(file.with_suffix(".lck")):  # taken without waiting
+    lock = _take_name(file, name)
+    try:
         write_offset(file, offset, sync=sync)
+    finally:
+        lock.close()
+
+
+def _take_name(file: Path, name: str) -> FileLock:
+    """The lock of the reader offset ``name`` (in ``file``'s ``.lck``), taken without waiting;
+    ``LockedError`` while another reader holds it (``FileLock``'s own words are of a writer)."""
+    lock = FileLock(file.with_suffix(".lck"))
+    if not lock.try_acquire(wait=False):
+        lock.close()
+        raise LockedError(f"reader offset {name!r} is in use by another reader", file=lock.path)
+    return lock
 
 
 class ReaderOffset(Closing):
@@ -121,9 +134,7 @@ class ReaderOffset(Closing):
         self.name = name
         self.sync = sync
         make_dirs(self.file.parent, durable=sync)  # the commits' write_offset finds it made
-        lock = FileLock(self.file.with_suffix(".lck"))
-        lock.acquire(wait=False)
-        self._lock: FileLock | None = lock
+        self._lock: FileLock | None = _take_name(self.file, name)
         try:
             self._value = read_offset(path, name)
         except BaseException:
