@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journalq.errors import CorruptionError
 from journalq.journal import Scanner, Writer
 from journalq.journal import index as index_mod
 from journalq.journal.codec import OVERHEAD

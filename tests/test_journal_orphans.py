@@ -5,6 +5,7 @@ left."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,55 @@ def test_removing_a_segment_takes_an_index_a_seek_rebuilt_in_between(
     monkeypatch.undo()
     assert not gone.path.exists() and not gone.index_path.exists()
     assert check(tmp_path).problems == []
+
+
+def test_check_reports_the_temporary_files_of_killed_processes_and_repair_removes_them(tmp_path: Path) -> None:
+    """An index rebuilt, or a reader offset committed, is written to a temporary file renamed over
+    the old one: a process killed in between left that file for ever. A live process's is its
+    write in progress, left alone."""
+    import subprocess
+    import sys
+
+    from journalq.journal import ReaderOffset
+
+    build(tmp_path)
+    with ReaderOffset(tmp_path, "alpha") as reader:
+        reader.commit(5)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    pid = int(dead.stdout)
+    stray = [
+        tmp_path / "jnl" / f"0000000000000000.idx.{pid}.tmp",
+        tmp_path / "ofs" / f"alpha.ofs.{pid}.{pid}.tmp",
+    ]
+    live = [
+        tmp_path / "jnl" / f"0000000000000000.idx.{os.getpid()}.tmp",
+        tmp_path / "ofs" / f"alpha.ofs.{os.getpid()}.1.tmp",
+    ]
+    for file in stray + live:
+        file.write_bytes(b"half")
+    report = check(tmp_path)
+    assert sorted((p.kind, p.file, p.fixed) for p in report.problems) == sorted(
+        [("index", stray[0], False), ("offset", stray[1], False)]
+    )
+    assert all(f"left by process {pid}" in p.reason for p in report.problems)
+    report = check(tmp_path, repair=True)
+    assert all(p.fixed for p in report.problems) and len(report.problems) == 2
+    assert not any(f.exists() for f in stray) and all(f.exists() for f in live)
+    assert check(tmp_path).problems == []
+
+
+def test_check_reports_a_damaged_reader_offset_and_leaves_it(tmp_path: Path) -> None:
+    """A reader offset that is not 8 bytes (``ReaderOffset`` refuses to open it, and a queue's
+    gc cannot read it): reported, never "repaired" (``journalq offset --set`` mends it)."""
+    build(tmp_path)
+    (tmp_path / "ofs").mkdir()
+    damaged = tmp_path / "ofs" / "beta.ofs"
+    damaged.write_bytes(b"\x00\x01\x02")
+    (tmp_path / "ofs" / "empty.ofs").write_bytes(b"")  # as sej reads it: never committed, 0
+    for repair in (False, True):
+        report = check(tmp_path, repair=repair)
+        assert [(p.kind, p.file, p.fixed) for p in report.problems] == [("offset", damaged, False)]
+        assert "holds 3 bytes, not 8" in report.problems[0].reason
+    assert damaged.read_bytes() == b"\x00\x01\x02"

@@ -12,6 +12,7 @@ File format, big-endian: a 16-byte header (``JQIDX001`` and the segment's base o
 from __future__ import annotations
 
 import os
+import re
 import struct
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ MAGIC = b"JQIDX001"
 HEADER = struct.Struct(">8sQ")
 ENTRY = struct.Struct(">QQ")
 DEFAULT_INTERVAL = 4096
+TEMPORARY = re.compile(r"^[0-9a-f]{16}\.idx\.(\d+)\.tmp$")
+"""The name of the file ``write_index`` renames over an index; group 1: the writing process."""
 
 Entry = tuple[int, int]  # (offset, byte position in the segment)
 

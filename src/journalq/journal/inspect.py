@@ -8,22 +8,25 @@ in between; ``check`` is the one that reads every byte.
 ``check`` reads every segment and every sparse index without changing anything, unless asked to
 repair. Repair does only what is safe: it recovers the last segment exactly as opening a writer
 does (cutting a torn or damaged tail and keeping the bytes under ``DIR/cut/``), rewrites stale or
-missing indexes, which are mere hints rebuilt from the segments, and removes indexes whose segment
-is gone (left by a process killed while it deleted them). Damage anywhere else is reported,
+missing indexes, which are mere hints rebuilt from the segments, and removes what killed processes
+left that no one reads (an index whose segment is gone, the temporary file of an index or offset
+being written). Damage anywhere else is reported,
 never "repaired" by cutting data that readers may still need.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from journalq.errors import CorruptionError, JournalError
-from journalq.journal import index
+from journalq.errors import CorruptionError, Error, JournalError
+from journalq.journal import index, offsets
 from journalq.journal.codec import INT32, OVERHEAD, Message, decode
+from journalq.journal.lock import process_alive
 from journalq.journal.recovery import Recovery, misnamed
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import (
@@ -196,7 +199,7 @@ def _scan_tail(segment: Segment, *, sealed: bool) -> tuple[int, int | None]:
 
 # -- check ------------------------------------------------------------------------------------
 
-ProblemKind = Literal["segment", "tail", "index", "journal"]
+ProblemKind = Literal["segment", "tail", "index", "journal", "offset"]
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,10 @@ class Problem:
     segment (never repaired: the data after it may still be needed); ``tail``, the same at the end
     of the last segment, where a writer would cut it (repaired by cutting, bytes kept); ``index``,
     a sparse index that is missing, damaged or points at the wrong messages (repaired by
-    rebuilding it), or whose segment is gone (repaired by removing it); ``journal``, segments that do not follow each other densely. ``fixed`` says
+    rebuilding it), or a leftover: an index whose segment is gone, or the temporary file of a
+    rebuild whose process was killed (repaired by removing it); ``journal``, segments that do not
+    follow each other densely; ``offset``, a reader offset file that cannot be read (never
+    repaired: ``set_offset`` mends it) or a killed commit's temporary file (removed). ``fixed`` says
     whether ``check(repair=True)`` repaired it.
     """
 
@@ -255,8 +261,9 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     to the next, each segment starts at the offset its name says, and every index entry points at
     the message with its offset. With ``repair``, the last segment is first recovered exactly as a
     writer recovers it on open (which needs the writer's lock: ``LockedError`` while another writer
-    runs), then stale or missing indexes are rebuilt and indexes of no segment removed. Nothing
-    else is ever changed.
+    runs), then stale or missing indexes are rebuilt, and indexes of no segment and the temporary
+    files of killed processes removed. Reader offset files that cannot be read are reported too.
+    Nothing else is ever changed.
 
     Run while a writer appends, the message being written may show as an incomplete ``tail``.
     """
@@ -294,13 +301,16 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         report.problems.extend(index_problems)
         # After damage the true end of a segment is unknown: a "gap" there would only echo it.
         due = scan.next_offset if scan.problem is None else None
-    report.problems.extend(_orphan_problem(file, repair) for file in orphan_indexes(path))
+    for file in orphan_indexes(path):
+        report.problems.append(_leftover("index", file, "index of no segment: its segment was deleted", repair))
+    report.problems.extend(_abandoned("index", journal_dir(path), index.TEMPORARY, repair))
+    report.problems.extend(_abandoned("offset", path / "ofs", offsets.TEMPORARY, repair))
+    report.problems.extend(_offset_problems(path))
     return report
 
 
-def _orphan_problem(file: Path, repair: bool) -> Problem:
-    """An index whose segment is gone: a mere hint of nothing, removed by ``repair``."""
-    reason = "index of no segment: its segment was deleted, and it was not"
+def _leftover(kind: ProblemKind, file: Path, reason: str, repair: bool) -> Problem:
+    """A file that holds nothing anyone reads, removed by ``repair``."""
     fixed = False
     if repair:
         try:
@@ -308,7 +318,41 @@ def _orphan_problem(file: Path, repair: bool) -> Problem:
             fixed = True
         except OSError as exc:
             reason += f"; could not remove it: {exc.strerror or exc}"
-    return Problem("index", file, None, None, reason, fixed)
+    return Problem(kind, file, None, None, reason, fixed)
+
+
+def _abandoned(kind: ProblemKind, directory: Path, temporary: re.Pattern[str], repair: bool) -> Iterator[Problem]:
+    """The temporary files in ``directory`` (named as ``temporary`` matches, with the writing
+    process's id) whose process is gone: killed before it renamed one over its index or offset
+    file. A live process's is a write in progress."""
+    try:
+        names = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        match = temporary.match(name)
+        if match and not process_alive(int(match.group(1))):
+            reason = f"temporary file left by process {match.group(1)}, killed while it wrote it"
+            yield _leftover(kind, directory / name, reason, repair)
+
+
+def _offset_problems(path: Path) -> Iterator[Problem]:
+    """Reader offset files that cannot be read (not 8 bytes): never repaired, since the value is
+    lost; ``set_offset`` (``journalq offset --set``) mends one."""
+    try:
+        names = sorted(os.listdir(path / "ofs"))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        stem, dot, suffix = name.rpartition(".")
+        if not dot or suffix != "ofs":
+            continue
+        try:
+            offsets.read_offset(path, stem)
+        except JournalError as exc:
+            yield Problem("offset", path / "ofs" / name, None, None, exc.reason)
+        except Error:
+            continue  # not a reader's name: no reader offset of this journal
 
 
 def _recover(path: Path) -> list[Recovery]:

@@ -23,6 +23,8 @@ from journalq.journal.segment import list_segments, unopenable
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
+TEMPORARY = re.compile(r"^.+\.ofs\.(\d+)\.\d+\.tmp$")
+"""The name of the file ``write_offset`` renames over an offset file; group 1: the writing process."""
 
 
 def first_offset(path: str | os.PathLike[str]) -> int:

@@ -42,7 +42,7 @@ from journalq.journal.index import (
     last_confirmed,
     last_position,
 )
-from journalq.journal.lock import FileLock
+from journalq.journal.lock import FileLock, process_alive
 from journalq.journal.recovery import Recovery, cut_tail, fsync_dir, make_dirs
 from journalq.journal.space import release, reserve
 from journalq.journal.segment import (
@@ -964,15 +964,7 @@ def _note_alive(note: str) -> bool:
     """Whether the process that an exclusive writer's note names ("..., pid N") still runs on
     this machine (when the note names none, or another user's process: taken for alive)."""
     pid = note.rpartition("pid ")[2]
-    if not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # there, but not ours to signal
-    return True
+    return not pid.isdigit() or process_alive(int(pid))
 
 
 def _sync_failed(exc: OSError, file: Path) -> StorageError:
