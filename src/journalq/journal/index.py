@@ -215,7 +215,8 @@ def entries_past_damage(segment: Segment, scan: SegmentScan, fd: int) -> list[En
     to another message: dropped.)"""
     if scan.problem is None:
         return []
-    return [e for e in read_entries(segment) if e[1] >= scan.end and e[0] >= scan.next_offset and confirms(fd, *e)]
+    past = [e for e in read_entries(segment) if e[1] >= scan.end and e[0] >= scan.next_offset]
+    return [e for e in past if confirms(fd, *e)]
 
 
 def scan_tail(segment: Segment) -> SegmentScan:

@@ -72,7 +72,8 @@ def segment_bases(path: str | os.PathLike[str]) -> list[int]:
     except FileNotFoundError:
         return []
     except NotADirectoryError:
-        raise JournalError("not a directory", file=path if not os.path.isdir(path) else journal_dir(path)) from None
+        in_the_way = journal_dir(path) if os.path.isdir(path) else path
+        raise JournalError("not a directory", file=in_the_way) from None
     bases = []
     for name in names:
         if name.endswith(SEGMENT_SUFFIX):
@@ -106,13 +107,13 @@ def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:
         names = set(os.listdir(directory))
     except FileNotFoundError:
         return []
-    return [
-        directory / name
-        for name in sorted(names)
-        if _INDEX_NAME.match(name)
-        and name[: -len(INDEX_SUFFIX)] + SEGMENT_SUFFIX not in names
-        and not os.path.exists(directory / (name[: -len(INDEX_SUFFIX)] + SEGMENT_SUFFIX))  # made since
-    ]
+    orphans = []
+    for name in sorted(names):
+        segment = name[: -len(INDEX_SUFFIX)] + SEGMENT_SUFFIX
+        # (Looked for again: a segment made since the listing, with its index.)
+        if _INDEX_NAME.match(name) and segment not in names and not os.path.exists(directory / segment):
+            orphans.append(directory / name)
+    return orphans
 
 
 def unopenable(segment: Segment) -> JournalError:
