@@ -351,3 +351,31 @@ def test_a_batch_that_rolls_may_use_the_room_kept_for_root_when_run_by_root(
     with Writer(tmp_path, segment_size=1024) as w:
         assert w.append_many([b"x" * 100] * 30) == 29
     assert len(values(tmp_path)) == 30
+
+
+def test_a_shared_writer_reserves_again_after_it_cut_a_dead_writers_torn_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cutting the torn tail of a writer that died gives back every block past the cut, this
+    writer's reservation too: it must not go on counting it (its next write went unreserved, and
+    a full disk then was met mid-write, by the take-back, not before)."""
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    first = Writer(tmp_path, shared=True)
+    first.append(b"one")
+    assert first._reserved > first._seg_len  # reserved ahead
+    with open(first.segment.path, "ab") as torn:  # a shared writer killed mid-append
+        torn.write(encode(1, 1, 0, b"", b"x" * 100)[:60])
+    asked: list[tuple[int, int]] = []
+    real = writer_mod.reserve
+
+    def recorded(fd: int, offset: int, length: int) -> bool:
+        asked.append((offset, length))
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(writer_mod, "reserve", recorded)
+    assert first.append(b"two") == 1
+    assert len(first.recoveries) == 1
+    assert asked and asked[0][0] == len(b"one") + OVERHEAD  # reserved again from the cut
+    first.close()
+    assert values(tmp_path) == [b"one", b"two"]

@@ -455,6 +455,7 @@ class Writer(Closing):
             self.caught_up = scan.messages or []
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, self._segment, scan))
+                self._reserved = min(self._reserved, scan.end)  # the cut gave back what was past it
             self._seg_len = scan.end
             self._next_offset = scan.next_offset
             index_due = index_due or bool(scan.entries)
