@@ -6,6 +6,7 @@ left."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,10 @@ def test_check_reports_the_temporary_files_of_killed_processes_and_repair_remove
     ]
     for file in stray + live:
         file.write_bytes(b"half")
+    young = tmp_path / "ofs" / f"beta.ofs.{pid}.{pid}.tmp"  # maybe another pid namespace's: left
+    young.write_bytes(b"half")
+    for file in stray + live:
+        os.utime(file, (time.time() - 3600, time.time() - 3600))
     report = check(tmp_path)
     assert sorted((p.kind, p.file, p.fixed) for p in report.problems) == sorted(
         [("index", stray[0], False), ("offset", stray[1], False)]
@@ -148,7 +153,7 @@ def test_check_reports_the_temporary_files_of_killed_processes_and_repair_remove
     assert all(f"left by process {pid}" in p.reason for p in report.problems)
     report = check(tmp_path, repair=True)
     assert all(p.fixed for p in report.problems) and len(report.problems) == 2
-    assert not any(f.exists() for f in stray) and all(f.exists() for f in live)
+    assert not any(f.exists() for f in stray) and all(f.exists() for f in live) and young.exists()
     assert check(tmp_path).problems == []
 
 

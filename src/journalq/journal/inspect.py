@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,9 @@ __all__ = [
     "require_journal",
 ]
 
+_ABANDONED_AFTER = 60.0
+"""Seconds after which a temporary file of a process not running here is taken for abandoned
+(written in a few milliseconds, it is not another pid namespace's write in progress)."""
 _FIRST_READ = 64 * 1024  # enough for most messages; a larger one is read again whole
 
 
@@ -332,6 +336,12 @@ def _abandoned(kind: ProblemKind, directory: Path, temporary: re.Pattern[str], r
     for name in names:
         match = temporary.match(name)
         if match and not process_alive(int(match.group(1))):
+            try:
+                age = time.time() - os.stat(directory / name).st_mtime
+            except FileNotFoundError:
+                continue  # renamed into place meanwhile
+            if age < _ABANDONED_AFTER:
+                continue  # maybe a process of another pid namespace (a container), writing it now
             reason = f"temporary file left by process {match.group(1)}, killed while it wrote it"
             yield _leftover(kind, directory / name, reason, repair)
 
