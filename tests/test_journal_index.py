@@ -363,3 +363,52 @@ def test_entries_are_confirmed_whatever_the_size_of_their_messages(tmp_path, siz
     finally:
         os.close(fd)
     assert scan.next_offset == len(sizes)
+
+
+def test_a_seek_that_rebuilds_an_index_keeps_its_sound_entries_past_damage(tmp_path):
+    """A seek whose index entry is stale rebuilds a sealed segment's index from its messages:
+    those before the damage only. The entries past it, which the segment confirms, were dropped
+    with the stale one, and from then on no seek could get past the damage (every one read into
+    it and failed), where before the rebuild they all could (as ``check --repair`` keeps them)."""
+    with Writer(tmp_path, segment_size=50_000) as writer:
+        writer.append_many([b"v%05d" % i for i in range(3000)])  # 32-byte messages
+    first = list_segments(tmp_path)[0]
+    entries = read_entries(first)
+    data = bytearray(first.path.read_bytes())
+    data[32 * 100 + 7] ^= 0x01  # the offset field of message 100
+    first.path.write_bytes(bytes(data))
+    past = [e for e in entries if e[1] > 32 * 100]
+    assert len(past) > 3
+    # One entry past the damage points two bytes off its message: a seek by it rebuilds.
+    stale = past[2]
+    write_index(first, [e if e != stale else (e[0], e[1] + 2) for e in entries])
+    with Scanner(tmp_path, stale[0]) as s:
+        assert next(iter(s)).offset == stale[0]
+    assert read_entries(first) == [e for e in entries if e != stale]
+    with Scanner(tmp_path, past[-1][0] + 1) as s:  # by an entry the rebuild kept
+        assert next(iter(s)).offset == past[-1][0] + 1
+
+
+def test_an_entry_past_damage_with_an_offset_due_before_it_is_not_kept(tmp_path):
+    """Past damage, an entry is kept only for an offset the damage left unread: one with an
+    offset due before it (where messages were copied over others, say) would lead a seek for
+    that offset to the copy, which the segment confirms, instead of to the damage."""
+    from journalq.journal.inspect import check
+
+    with Writer(tmp_path, segment_size=50_000) as writer:
+        writer.append_many([b"v%05d" % i for i in range(3000)])  # 32-byte messages
+    first = list_segments(tmp_path)[0]
+    data = bytearray(first.path.read_bytes())
+    copy = bytearray(data[32 * 100 : 32 * 110])  # messages 100-109 ...
+    for i in range(10):
+        copy[32 * i + 22] = ord("x")  # ... their values told apart ...
+    data[32 * 600 : 32 * 610] = copy  # ... over messages 600-609
+    data[32 * 180 + 7] ^= 0x01  # and the offset field of message 180 damaged
+    first.path.write_bytes(bytes(data))
+    write_index(first, [(105, 32 * 605)])
+    report = check(tmp_path, repair=True)
+    assert [(p.kind, p.fixed) for p in report.problems] == [("segment", False), ("index", True)]
+    assert "(offset 105, byte 19360) is stale" in report.problems[1].reason
+    assert read_entries(first) == [(128, 32 * 128)]  # rebuilt: up to the damage
+    with Scanner(tmp_path, 105) as s:
+        assert next(iter(s)).value == b"v00105"  # not the copy, b"x00105"

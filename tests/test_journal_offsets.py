@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from journalq.errors import Error, JournalError, LockedError
-from journalq.journal import ReaderOffset, Writer, end_offset, first_offset, read_offset
+from journalq.journal import ReaderOffset, Writer, end_offset, first_offset, read_offset, set_offset
 from journalq.journal import offsets as offsets_mod
 from journalq.journal import recovery as recovery_mod
 
@@ -62,6 +62,10 @@ def test_a_second_holder_of_the_same_name_is_refused(tmp_path, child_env):
     with pytest.raises(LockedError) as info:
         ReaderOffset(tmp_path, "alpha")
     assert info.value.file == tmp_path / "ofs" / "alpha.lck"
+    # It said "another writer holds the lock", of a reader offset.
+    assert "reader offset 'alpha' is in use by another reader" in str(info.value)
+    with pytest.raises(LockedError, match="reader offset 'alpha' is in use by another reader"):
+        set_offset(tmp_path, "alpha", 3)
     with ReaderOffset(tmp_path, "beta") as other:  # another name is another lock
         other.commit(1)
     script = (
@@ -119,6 +123,39 @@ def test_a_corrupt_offset_file_is_a_clear_error(tmp_path):
     path.write_bytes((11).to_bytes(8, "big"))
     with ReaderOffset(tmp_path, "alpha") as ro:
         assert ro.value == 11
+
+
+def test_an_offset_file_that_cannot_be_read_is_a_journal_error_naming_it(tmp_path):
+    """A directory where the offset file should be (or an ``ofs`` that is a file) raised the raw
+    IsADirectoryError/NotADirectoryError, which no caller expects of a journalq call."""
+    path = tmp_path / "ofs" / "alpha.ofs"
+    path.mkdir(parents=True)
+    with pytest.raises(JournalError, match="is a directory") as info:
+        read_offset(tmp_path, "alpha")
+    assert info.value.file == path
+    with pytest.raises(JournalError, match="is a directory"):
+        ReaderOffset(tmp_path, "alpha")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "ofs").write_bytes(b"not a directory")
+    with pytest.raises(JournalError, match="cannot read the offset file") as info:
+        read_offset(other, "alpha")
+    assert info.value.file == other / "ofs" / "alpha.ofs"
+
+
+def test_the_ends_of_a_file_given_as_a_journal_are_a_journal_error(tmp_path):
+    """They raised the raw NotADirectoryError of listing ``FILE/jnl``."""
+    file = tmp_path / "notes.txt"
+    file.write_text("kept")
+    for ends in (first_offset, end_offset):
+        with pytest.raises(JournalError, match="not a directory") as info:
+            ends(file)
+        assert info.value.file == file
+    (tmp_path / "j").mkdir()
+    (tmp_path / "j" / "jnl").write_text("kept")
+    with pytest.raises(JournalError, match="not a directory") as info:
+        end_offset(tmp_path / "j")
+    assert info.value.file == tmp_path / "j" / "jnl"
 
 
 def test_first_and_end_offsets(tmp_path):

@@ -279,8 +279,14 @@ def test_a_misnamed_last_segment_is_refused_not_cut(tmp_path):
     report = check(tmp_path, repair=True)
     assert misnamed.read_bytes() == data and not (tmp_path / "cut").exists()
     assert not report.ok and report.recoveries == []
-    # The gap its name makes after the segment before it, and its first message, neither repaired.
-    assert sorted((p.kind, p.fixed) for p in report.problems) == [("journal", False), ("segment", False)]
+    # The gap its name makes after the segment before it, and its first message, neither
+    # repaired; and its index, left under the old name, an index of no segment: removed.
+    assert sorted((p.kind, p.fixed) for p in report.problems) == [
+        ("index", True),
+        ("journal", False),
+        ("segment", False),
+    ]
+    assert [p.file for p in report.problems if p.kind == "index"] == [last.index_path]
 
 
 def test_two_recoveries_at_the_same_position_keep_both_cuts(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import journalq.journal.index as index_mod
 import journalq.journal.writer as writer_mod
 from journalq.errors import StorageError
-from journalq.journal.codec import OVERHEAD
+from journalq.journal.codec import OVERHEAD, encode
 from journalq.journal.index import read_entries
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import scan_segment
@@ -271,3 +271,111 @@ def test_a_batch_that_rolls_onto_a_full_disk_writes_nothing(tmpfs: Path, writes:
     w.close()
     assert len(list(follower)) == 7
     follower.close()
+
+
+def test_a_segment_started_early_gives_back_what_was_reserved_past_its_end(tmp_path: Path) -> None:
+    """A hub's copy starts a segment where its source did, before the current one is full: the
+    blocks reserved ahead in the one it leaves were kept for ever (only a close or the next
+    writer's opening gave them back, and neither looks at a segment that is not the last)."""
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    w = Writer(tmp_path)
+    w.append(b"small")
+    left = w.segment.path
+    assert allocated(os.stat(left)) >= 64 * 1024  # reserved ahead
+    assert w.append_encoded(encode(1, 1, 0, b"", b"next"), new_segment=True) == 1
+    assert w.segment.path != left
+    stat = os.stat(left)
+    assert allocated(stat) < 64 * 1024 and stat.st_size == len(b"small") + OVERHEAD
+    w.close()
+    assert values(tmp_path) == [b"small", b"next"]
+
+
+def test_a_shared_writer_that_starts_a_segment_gives_back_what_others_reserved_in_the_old(
+    tmp_path: Path,
+) -> None:
+    """The blocks another shared writer reserved past the old segment's end are given back by
+    the writer that starts the next one (under the lock, so no one appends to the old meanwhile):
+    the other follows onto the new segment, and never appends to the old one again."""
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    first = Writer(tmp_path, shared=True)
+    second = Writer(tmp_path, shared=True)
+    second.append(b"one")
+    first.append(b"two")  # reserves ahead after the second's message
+    left = first.segment.path
+    assert allocated(os.stat(left)) >= 64 * 1024
+    assert second.append_encoded(encode(2, 1, 0, b"", b"three"), new_segment=True) == 2
+    stat = os.stat(left)
+    assert allocated(stat) < 64 * 1024 and stat.st_size == 2 * OVERHEAD + len(b"onetwo")
+    assert first.append(b"four") == 3
+    assert first.segment == second.segment != left
+    first.close()
+    second.close()
+    assert values(tmp_path) == [b"one", b"two", b"three", b"four"]
+
+
+def test_the_fallocate_called_takes_64_bit_offsets() -> None:
+    """``fallocate`` takes ``off_t``, which is 32 bits on 32-bit Linux (i386, armv7) unless
+    built for large files; called with 64-bit arguments there, it read the offset's high word
+    as the length (0: EINVAL), and every append that reserved failed. ``fallocate64`` takes
+    64-bit offsets everywhere (on 64-bit systems it is the same function)."""
+    import ctypes
+    import sys
+
+    import journalq.journal.space as space_mod
+
+    if not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "fallocate64"):
+        pytest.skip("no fallocate64 here")
+    assert space_mod._fallocate is not None and space_mod._fallocate.__name__ == "fallocate64"
+
+
+def test_a_batch_that_rolls_may_use_the_room_kept_for_root_when_run_by_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file system keeps some room for root (ext4: 5%), which root's writes take: the check
+    before a batch that rolls counted only the room others may use, and refused root a batch
+    that fitted (while its single appends, which only reserve, went on)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    real = os.statvfs
+
+    class OnlyRootsRoomLeft:
+        def __init__(self, path: object) -> None:
+            self._stat = real(path)  # type: ignore[arg-type]
+
+        def __getattr__(self, name: str) -> int:
+            return 0 if name == "f_bavail" else getattr(self._stat, name)
+
+    monkeypatch.setattr(writer_mod.os, "statvfs", OnlyRootsRoomLeft)
+    with Writer(tmp_path, segment_size=1024) as w:
+        assert w.append_many([b"x" * 100] * 30) == 29
+    assert len(values(tmp_path)) == 30
+
+
+def test_a_shared_writer_reserves_again_after_it_cut_a_dead_writers_torn_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cutting the torn tail of a writer that died gives back every block past the cut, this
+    writer's reservation too: it must not go on counting it (its next write went unreserved, and
+    a full disk then was met mid-write, by the take-back, not before)."""
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    first = Writer(tmp_path, shared=True)
+    first.append(b"one")
+    assert first._reserved > first._seg_len  # reserved ahead
+    with open(first.segment.path, "ab") as torn:  # a shared writer killed mid-append
+        torn.write(encode(1, 1, 0, b"", b"x" * 100)[:60])
+    asked: list[tuple[int, int]] = []
+    real = writer_mod.reserve
+
+    def recorded(fd: int, offset: int, length: int) -> bool:
+        asked.append((offset, length))
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(writer_mod, "reserve", recorded)
+    assert first.append(b"two") == 1
+    assert len(first.recoveries) == 1
+    assert asked and asked[0][0] == len(b"one") + OVERHEAD  # reserved again from the cut
+    first.close()
+    assert values(tmp_path) == [b"one", b"two"]

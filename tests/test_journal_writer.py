@@ -125,6 +125,13 @@ def test_invalid_messages_are_refused_and_nothing_is_written(tmp_path):
             w.append_many([b"ok", b"ok", Message(key=b"k" * 200)])
         with pytest.raises(InvalidMessageError, match="item 1 of the batch is a int"):
             w.append_many([b"ok", 5])
+        # A batch that is no iterable raised TypeError; encoded data that is not bytes, a
+        # CorruptionError about an incomplete message (or a struct.error).
+        with pytest.raises(InvalidMessageError, match="batch must be an iterable .*, not NoneType"):
+            w.append_many(None)  # type: ignore[arg-type]
+        for data in ("text", "t" * 100):
+            with pytest.raises(InvalidMessageError, match="encoded messages must be bytes, not str"):
+                w.append_encoded(data)  # type: ignore[arg-type]
         assert w.next_offset == 1
         assert w.append(b"second") == 1
     assert [m.value for m in scan_all(tmp_path)] == [b"first", b"second"]
@@ -471,8 +478,18 @@ def test_full_disk_in_a_batch_that_spans_a_roll(tmp_path, full_disk, fail_on):
 
 
 def test_writer_arguments_are_checked(tmp_path):
-    with pytest.raises(Error, match="segment_size must be positive"):
+    with pytest.raises(Error, match="segment_size must be an integer, 1 or more, not 0"):
         Writer(tmp_path, segment_size=0)
+    # A string, a bool or a float failed late (TypeError) or was taken (True: a 1-byte segment);
+    # an index interval of 0 or less put an index entry at every message.
+    for bad in ("10", True, 1.5):
+        with pytest.raises(Error, match=f"segment_size must be an integer, 1 or more, not {bad!r}"):
+            Writer(tmp_path, segment_size=bad)
+    for bad in (0, -5, "4096", False):
+        with pytest.raises(Error, match=f"index_interval must be an integer, 1 or more, not {bad!r}"):
+            Writer(tmp_path, index_interval=bad)
+    with pytest.raises(Error, match="buffer_size must be an integer, 0 or more, not 'x'"):
+        Writer(tmp_path, buffer_size="x")
     with pytest.raises(Error, match="buffer_size"):
         Writer(tmp_path, buffer_size=-1)
     with pytest.raises(Error, match="buffer_size cannot be used"):

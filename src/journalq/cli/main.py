@@ -737,7 +737,8 @@ def _report_lines(report: CheckReport, directory: str | None, tabular: bool) -> 
 @click.argument("directory", metavar="DIR", type=DirectoryPath())
 @click.option("--repair", is_flag=True,
               help="Cut a torn or damaged tail of the last segment as a writer would (the bytes are "
-              "kept under DIR/cut/) and rebuild stale or missing indexes. Damage elsewhere is only reported.")
+              "kept under DIR/cut/), rebuild stale or missing indexes, and remove indexes of deleted segments "
+              "and the temporary files of killed processes. Damage elsewhere is only reported.")
 @click.option("--format", "fmt", type=_FORMAT_AUTO, default="auto", show_default=True,
               help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
 @click.pass_context
@@ -747,9 +748,11 @@ def check_command(ctx: click.Context, directory: Path, repair: bool, fmt: str) -
     Prints one problem per line (as JSON lines: kind, file, position, offset, reason, fixed).
     Exit status 0 when no problem is left, 1 otherwise. Kinds: segment (damage inside a segment,
     never cut), tail (the end of the last segment, where a writer would cut), index (a missing or
-    stale sparse index; sej writes none, so a journal written by sej has them missing until
-    repaired), journal (segments whose offsets do not follow on). While a writer appends, the
-    message being written may show as an incomplete tail.
+    stale sparse index, sej writes none, so a journal written by sej has them missing until
+    repaired; or one left after its segment was deleted, or a killed rebuild's temporary file),
+    journal (segments whose offsets do not follow on), offset (a reader offset file that cannot
+    be read, which `offset --set` mends; or a killed commit's temporary file). While a writer
+    appends, the message being written may show as an incomplete tail.
     """
     tabular = _tabular(fmt)
     ok = True

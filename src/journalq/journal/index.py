@@ -12,6 +12,7 @@ File format, big-endian: a 16-byte header (``JQIDX001`` and the segment's base o
 from __future__ import annotations
 
 import os
+import re
 import struct
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ MAGIC = b"JQIDX001"
 HEADER = struct.Struct(">8sQ")
 ENTRY = struct.Struct(">QQ")
 DEFAULT_INTERVAL = 4096
+TEMPORARY = re.compile(r"^[0-9a-f]{16}\.idx\.(\d+)\.tmp$")
+"""The name of the file ``write_index`` renames over an index; group 1: the writing process."""
 
 Entry = tuple[int, int]  # (offset, byte position in the segment)
 
@@ -201,6 +204,19 @@ def last_confirmed(segment: Segment, size: int) -> tuple[int, int, list[Entry]]:
                 if position < size and confirms(f.fileno(), offset, position):
                     return offset, position, entries[: i + 1]
     return segment.base, 0, []
+
+
+def entries_past_damage(segment: Segment, scan: SegmentScan, fd: int) -> list[Entry]:
+    """The entries of the segment's index past the damage that ended ``scan`` (a scan from the
+    segment's start) which the open segment ``fd`` confirms, as a seek confirms an entry before
+    it uses it. An index rebuilt from ``scan`` keeps them after its own entries: they are what
+    lets a seek get past the damage (to an offset committed after it). None without damage.
+    (An entry with an offset below the one due at the damage would lead a seek for that offset
+    to another message: dropped.)"""
+    if scan.problem is None:
+        return []
+    past = [e for e in read_entries(segment) if e[1] >= scan.end and e[0] >= scan.next_offset]
+    return [e for e in past if confirms(fd, *e)]
 
 
 def scan_tail(segment: Segment) -> SegmentScan:

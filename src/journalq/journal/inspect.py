@@ -7,31 +7,36 @@ in between; ``check`` is the one that reads every byte.
 
 ``check`` reads every segment and every sparse index without changing anything, unless asked to
 repair. Repair does only what is safe: it recovers the last segment exactly as opening a writer
-does (cutting a torn or damaged tail and keeping the bytes under ``DIR/cut/``) and rewrites stale or
-missing indexes, which are mere hints rebuilt from the segments. Damage anywhere else is reported,
+does (cutting a torn or damaged tail and keeping the bytes under ``DIR/cut/``), rewrites stale or
+missing indexes, which are mere hints rebuilt from the segments, and removes what killed processes
+left that no one reads (an index whose segment is gone, the temporary file of an index or offset
+being written). Damage anywhere else is reported,
 never "repaired" by cutting data that readers may still need.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from journalq.errors import CorruptionError, JournalError
-from journalq.journal import index
+from journalq.errors import CorruptionError, Error, JournalError
+from journalq.journal import index, offsets
 from journalq.journal.codec import INT32, OVERHEAD, Message, decode
+from journalq.journal.lock import process_alive
 from journalq.journal.recovery import Recovery, misnamed
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import (
     Segment,
     SegmentScan,
-    confirms,
     gap_reason,
     journal_dir,
     list_segments,
+    orphan_indexes,
     scan_segment,
 )
 from journalq.journal.writer import Writer
@@ -47,6 +52,9 @@ __all__ = [
     "require_journal",
 ]
 
+_ABANDONED_AFTER = 60.0
+"""Seconds after which a temporary file of a process not running here is taken for abandoned
+(written in a few milliseconds, it is not another pid namespace's write in progress)."""
 _FIRST_READ = 64 * 1024  # enough for most messages; a larger one is read again whole
 
 
@@ -195,7 +203,7 @@ def _scan_tail(segment: Segment, *, sealed: bool) -> tuple[int, int | None]:
 
 # -- check ------------------------------------------------------------------------------------
 
-ProblemKind = Literal["segment", "tail", "index", "journal"]
+ProblemKind = Literal["segment", "tail", "index", "journal", "offset"]
 
 
 @dataclass(frozen=True)
@@ -206,7 +214,10 @@ class Problem:
     segment (never repaired: the data after it may still be needed); ``tail``, the same at the end
     of the last segment, where a writer would cut it (repaired by cutting, bytes kept); ``index``,
     a sparse index that is missing, damaged or points at the wrong messages (repaired by
-    rebuilding it); ``journal``, segments that do not follow each other densely. ``fixed`` says
+    rebuilding it), or a leftover: an index whose segment is gone, or the temporary file of a
+    rebuild whose process was killed (repaired by removing it); ``journal``, segments that do not
+    follow each other densely; ``offset``, a reader offset file that cannot be read (never
+    repaired: ``set_offset`` mends it) or a killed commit's temporary file (removed). ``fixed`` says
     whether ``check(repair=True)`` repaired it.
     """
 
@@ -254,7 +265,9 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     to the next, each segment starts at the offset its name says, and every index entry points at
     the message with its offset. With ``repair``, the last segment is first recovered exactly as a
     writer recovers it on open (which needs the writer's lock: ``LockedError`` while another writer
-    runs), then stale or missing indexes are rebuilt. Nothing else is ever changed.
+    runs), then stale or missing indexes are rebuilt, and indexes of no segment and the temporary
+    files of killed processes removed. Reader offset files that cannot be read are reported too.
+    Nothing else is ever changed.
 
     Run while a writer appends, the message being written may show as an incomplete ``tail``.
     """
@@ -267,7 +280,8 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         listed = list_segments(path)
         if listed:
             last = listed[-1]
-            reason = _index_problem(last, scan_segment(last, 0, last.base))
+            whole = scan_segment(last, 0, last.base)
+            reason = _index_problem(last, whole, _entries_past_damage(last, whole))
             before = None if reason is None else (last.index_path, reason)
         try:
             report.recoveries = _recover(path)
@@ -291,7 +305,64 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         report.problems.extend(index_problems)
         # After damage the true end of a segment is unknown: a "gap" there would only echo it.
         due = scan.next_offset if scan.problem is None else None
+    for file in orphan_indexes(path):
+        report.problems.append(_leftover("index", file, "index of no segment: its segment was deleted", repair))
+    report.problems.extend(_abandoned("index", journal_dir(path), index.TEMPORARY, repair))
+    report.problems.extend(_abandoned("offset", path / "ofs", offsets.TEMPORARY, repair))
+    report.problems.extend(_offset_problems(path))
     return report
+
+
+def _leftover(kind: ProblemKind, file: Path, reason: str, repair: bool) -> Problem:
+    """A file that holds nothing anyone reads, removed by ``repair``."""
+    fixed = False
+    if repair:
+        try:
+            file.unlink(missing_ok=True)
+            fixed = True
+        except OSError as exc:
+            reason += f"; could not remove it: {exc.strerror or exc}"
+    return Problem(kind, file, None, None, reason, fixed)
+
+
+def _abandoned(kind: ProblemKind, directory: Path, temporary: re.Pattern[str], repair: bool) -> Iterator[Problem]:
+    """The temporary files in ``directory`` (named as ``temporary`` matches, with the writing
+    process's id) whose process is gone: killed before it renamed one over its index or offset
+    file. A live process's is a write in progress."""
+    try:
+        names = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        match = temporary.match(name)
+        if match and not process_alive(int(match.group(1))):
+            try:
+                age = time.time() - os.stat(directory / name).st_mtime
+            except FileNotFoundError:
+                continue  # renamed into place meanwhile
+            if age < _ABANDONED_AFTER:
+                continue  # maybe a process of another pid namespace (a container), writing it now
+            reason = f"temporary file left by process {match.group(1)}, killed while it wrote it"
+            yield _leftover(kind, directory / name, reason, repair)
+
+
+def _offset_problems(path: Path) -> Iterator[Problem]:
+    """Reader offset files that cannot be read (not 8 bytes): never repaired, since the value is
+    lost; ``set_offset`` (``journalq offset --set``) mends one."""
+    try:
+        names = sorted(os.listdir(path / "ofs"))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        stem, dot, suffix = name.rpartition(".")
+        if not dot or suffix != "ofs":
+            continue
+        try:
+            offsets.read_offset(path, stem)
+        except JournalError as exc:
+            yield Problem("offset", path / "ofs" / name, None, None, exc.reason)
+        except Error:
+            continue  # not a reader's name: no reader offset of this journal
 
 
 def _recover(path: Path) -> list[Recovery]:
@@ -338,21 +409,23 @@ def _scan_problem(segment: Segment, scan: SegmentScan, *, last: bool) -> Problem
 
 def _check_index(segment: Segment, scan: SegmentScan, repair: bool) -> list[Problem]:
     """The segment's index problem, if any, rebuilt from ``scan`` when ``repair``."""
-    reason = _index_problem(segment, scan)
+    sound_past = _entries_past_damage(segment, scan)
+    reason = _index_problem(segment, scan, sound_past)
     if reason is None:
         return []
     fixed = False
     if repair:
         # Past damage the scan gives no entries: the old ones that still check out stay, or a
         # seek past the damage (to an offset committed after it) would read into it and fail.
-        fixed = index.write_index(segment, scan.entries + _entries_past_damage(segment, scan))
+        fixed = index.write_index(segment, scan.entries + sound_past)
         if not fixed:
             reason += "; could not rewrite it (is the directory writable?)"
     return [Problem("index", segment.index_path, None, None, reason, fixed)]
 
 
-def _index_problem(segment: Segment, scan: SegmentScan) -> str | None:
-    """Why the segment's index cannot be trusted, or None when every entry checks out.
+def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.Entry]) -> str | None:
+    """Why the segment's index cannot be trusted, or None when every entry checks out (past
+    damage, those in ``sound_past``: see ``_entries_past_damage``).
 
     An index need not list every entry a rebuild would (one that lags after a crash only makes
     seeks slower, and a writer may use another interval), but each entry it has must point at the
@@ -369,7 +442,7 @@ def _index_problem(segment: Segment, scan: SegmentScan) -> str | None:
     expected_size = index.HEADER.size + len(entries) * index.ENTRY.size
     if len(data) != expected_size:
         return f"index has {len(data) - expected_size} bytes after its last valid entry (torn or damaged)"
-    bad = next(_bad_entries(segment, scan, entries), None)
+    bad = next(_bad_entries(segment, scan, entries, set(sound_past)), None)
     if bad is not None:
         (offset, position), why = bad
         return f"index entry (offset {offset}, byte {position}) is stale: {why}"
@@ -377,23 +450,18 @@ def _index_problem(segment: Segment, scan: SegmentScan) -> str | None:
 
 
 def _entries_past_damage(segment: Segment, scan: SegmentScan) -> list[index.Entry]:
-    """The segment's index entries after the damage that ended ``scan`` which the segment
-    confirms, as a scanner confirms an entry before it seeks by it."""
+    """``index.entries_past_damage``, which a rebuild keeps and ``check`` takes for sound."""
     if scan.problem is None:
-        return []
-    past = [e for e in index.read_entries(segment) if e[1] >= scan.end]
-    if not past:
-        return []
+        return []  # (without opening the segment)
     with open(segment.path, "rb", buffering=0) as f:
-        return [e for e in past if confirms(f.fileno(), *e)]
+        return index.entries_past_damage(segment, scan, f.fileno())
 
 
 def _bad_entries(
-    segment: Segment, scan: SegmentScan, entries: list[index.Entry]
+    segment: Segment, scan: SegmentScan, entries: list[index.Entry], sound_past: set[index.Entry]
 ) -> Iterator[tuple[index.Entry, str]]:
     """Index entries that do not point at a whole, valid message with their offset (past
-    damage: that the segment does not confirm, see ``_entries_past_damage``)."""
-    sound_past = set(_entries_past_damage(segment, scan))
+    damage: those not in ``sound_past``)."""
     with open(segment.path, "rb", buffering=0) as f:
         for offset, position in entries:
             if position >= scan.end:

@@ -95,3 +95,14 @@ class FileLock:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (another user's is taken for alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # there, but not ours to signal
+    return True

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import Error, JournalError
+from journalq.errors import Error, JournalError, LockedError
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir, make_dirs
@@ -23,6 +23,8 @@ from journalq.journal.segment import list_segments, unopenable
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
+TEMPORARY = re.compile(r"^.+\.ofs\.(\d+)\.\d+\.tmp$")
+"""The name of the file ``write_offset`` renames over an offset file; group 1: the writing process."""
 
 
 def first_offset(path: str | os.PathLike[str]) -> int:
@@ -64,6 +66,10 @@ def read_offset(path: str | os.PathLike[str], name: str) -> int:
         data = file.read_bytes()
     except FileNotFoundError:
         return 0
+    except IsADirectoryError:
+        raise JournalError("the offset file is a directory", file=file) from None
+    except OSError as exc:  # ``ofs`` not a directory, no permission, an I/O error
+        raise JournalError(f"cannot read the offset file: {exc.strerror or exc}", file=file) from exc
     if not data:
         return 0
     if len(data) != _UINT64.size:
@@ -102,8 +108,21 @@ def set_offset(path: str | os.PathLike[str], name: str, offset: int, *, sync: bo
     Refused with ``LockedError`` while a reader holds the name."""
     file = offset_path(path, name)
     make_dirs(file.parent, durable=sync)
-    with FileLock(file.with_suffix(".lck")):  # taken without waiting
+    lock = _take_name(file, name)
+    try:
         write_offset(file, offset, sync=sync)
+    finally:
+        lock.close()
+
+
+def _take_name(file: Path, name: str) -> FileLock:
+    """The lock of the reader offset ``name`` (in ``file``'s ``.lck``), taken without waiting;
+    ``LockedError`` while another reader holds it (``FileLock``'s own words are of a writer)."""
+    lock = FileLock(file.with_suffix(".lck"))
+    if not lock.try_acquire(wait=False):
+        lock.close()
+        raise LockedError(f"reader offset {name!r} is in use by another reader", file=lock.path)
+    return lock
 
 
 class ReaderOffset(Closing):
@@ -117,9 +136,7 @@ class ReaderOffset(Closing):
         self.name = name
         self.sync = sync
         make_dirs(self.file.parent, durable=sync)  # the commits' write_offset finds it made
-        lock = FileLock(self.file.with_suffix(".lck"))
-        lock.acquire(wait=False)
-        self._lock: FileLock | None = lock
+        self._lock: FileLock | None = _take_name(self.file, name)
         try:
             self._value = read_offset(path, name)
         except BaseException:

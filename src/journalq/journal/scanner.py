@@ -21,6 +21,7 @@ from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
+    check_integer,
     confirms,
     gap_reason,
     journal_dir,
@@ -50,8 +51,7 @@ def check_timeout(timeout: float | None) -> float | None:
 
 def check_batch_size(max_messages: int) -> None:
     """Refuse a batch size below 1: a batch of none would read as the end of the journal."""
-    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-        raise Error(f"max_messages must be an integer, 1 or more, not {max_messages!r}")
+    check_integer("max_messages", max_messages, 1)
 
 
 class Scanner(Closing):
@@ -205,8 +205,12 @@ class Scanner(Closing):
             # A missing or stale index of a sealed segment (one written by sej, say): rebuild it
             # once, for every later seek. A read-only journal just goes without.
             scan = scan_segment(segment, 0, segment.base, fd=self._fd)  # open: gc may delete it
-            index.write_index(segment, scan.entries)
-            usable = [e for e in scan.entries if e[0] <= offset]
+            entries = scan.entries + index.entries_past_damage(segment, scan, self._fd)
+            if index.write_index(segment, entries) and os.fstat(self._fd).st_nlink == 0:
+                # Collected meanwhile: its gc deleted the index before this one was written,
+                # which would be left for ever beside no segment. (A gc after this sees it.)
+                segment.index_path.unlink(missing_ok=True)
+            usable = [e for e in entries if e[0] <= offset]
             if usable:
                 return usable[-1]
         return segment.base, 0

@@ -13,12 +13,21 @@ from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
-from journalq.errors import CorruptionError, JournalError
+from journalq.errors import CorruptionError, Error, JournalError
 from journalq.journal.codec import HEADER, INT32, OVERHEAD, Message, decode
 
 SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
 _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")  # as sej names them: %016x
+_INDEX_NAME = re.compile(r"^[0-9a-f]{16}\.idx$")
+
+
+def check_integer(name: str, value: object, minimum: int) -> int:
+    """``value`` when it is an integer (a NumPy one too, not a bool) of ``minimum`` or more; else
+    a clear ``Error`` naming the argument (a string would fail later, deep in a comparison)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < minimum:
+        raise Error(f"{name} must be an integer, {minimum} or more, not {value!r}")
+    return value.__index__()
 
 
 def journal_dir(path: str | os.PathLike[str]) -> Path:
@@ -62,6 +71,9 @@ def segment_bases(path: str | os.PathLike[str]) -> list[int]:
         names = os.listdir(journal_dir(path))
     except FileNotFoundError:
         return []
+    except NotADirectoryError:
+        in_the_way = journal_dir(path) if os.path.isdir(path) else path
+        raise JournalError("not a directory", file=in_the_way) from None
     bases = []
     for name in names:
         if name.endswith(SEGMENT_SUFFIX):
@@ -76,6 +88,32 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
     """The segments of the journal at ``path``, oldest first; other files are ignored, as sej does."""
     directory = journal_dir(path)
     return [Segment(base, directory / segment_name(base)) for base in segment_bases(path)]
+
+
+def remove_segment(segment: Segment) -> None:
+    """Delete a segment and its index, where they exist: the index first, so that a process
+    killed in between leaves a segment without its index (a hint, rebuilt), never an index of
+    no segment (see ``orphan_indexes``); and once more after the segment, for one that a
+    scanner rebuilt in between (a rebuild after the segment's deletion removes its own)."""
+    for leftover in (segment.index_path, segment.path, segment.index_path):
+        leftover.unlink(missing_ok=True)
+
+
+def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:
+    """The indexes of the journal at ``path`` whose segment is not there: left by a process
+    killed between deleting a segment and deleting its index."""
+    directory = journal_dir(path)
+    try:
+        names = set(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    orphans = []
+    for name in sorted(names):
+        segment = name[: -len(INDEX_SUFFIX)] + SEGMENT_SUFFIX
+        # (Looked for again: a segment made since the listing, with its index.)
+        if _INDEX_NAME.match(name) and segment not in names and not os.path.exists(directory / segment):
+            orphans.append(directory / name)
+    return orphans
 
 
 def unopenable(segment: Segment) -> JournalError:

@@ -31,7 +31,10 @@ def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        function = ctypes.CDLL(None, use_errno=True).fallocate
+        library = ctypes.CDLL(None, use_errno=True)
+        # ``fallocate64``: plain ``fallocate`` takes a 32-bit ``off_t`` on 32-bit systems, which
+        # the 64-bit arguments below would garble (on 64-bit ones the two are the same).
+        function = getattr(library, "fallocate64", None) or library.fallocate
     except (OSError, AttributeError):
         return None
     function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)

@@ -25,7 +25,15 @@ from itertools import accumulate
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import CorruptionError, Error, JournalError, LockedError, StorageError, TruncatedError
+from journalq.errors import (
+    CorruptionError,
+    Error,
+    InvalidMessageError,
+    JournalError,
+    LockedError,
+    StorageError,
+    TruncatedError,
+)
 from journalq.journal.codec import OVERHEAD, Message, encode, encode_batch, frame_sizes
 from journalq.journal.index import (
     DEFAULT_INTERVAL,
@@ -34,15 +42,17 @@ from journalq.journal.index import (
     last_confirmed,
     last_position,
 )
-from journalq.journal.lock import FileLock
+from journalq.journal.lock import FileLock, process_alive
 from journalq.journal.recovery import Recovery, cut_tail, fsync_dir, make_dirs
 from journalq.journal.space import release, reserve
 from journalq.journal.segment import (
     Segment,
     SegmentScan,
+    check_integer,
     journal_dir,
     list_segments,
     lock_path,
+    remove_segment,
     scan_segment,
     segment_at,
     segment_name,
@@ -81,10 +91,9 @@ class Writer(Closing):
         buffer_size: int = 0,
         index_interval: int = DEFAULT_INTERVAL,
     ) -> None:
-        if segment_size <= 0:
-            raise Error(f"segment_size must be positive, not {segment_size}")
-        if buffer_size < 0:
-            raise Error(f"buffer_size must be 0 or more, not {buffer_size}")
+        segment_size = check_integer("segment_size", segment_size, 1)
+        buffer_size = check_integer("buffer_size", buffer_size, 0)
+        index_interval = check_integer("index_interval", index_interval, 1)
         self.path = Path(path)
         self._jnl_prefix = os.path.join(journal_dir(self.path), "")  # the directory, with a separator
         self.segment_size = segment_size
@@ -248,7 +257,12 @@ class Writer(Closing):
         reaches stable storage with the next durable append's sync (one file, written in order,
         so a sync covers everything before it), a segment roll or ``close``. It is still handed
         to the operating system before the call returns: it survives the death of the process."""
-        items = items if isinstance(items, (list, tuple)) else list(items)
+        if not isinstance(items, (list, tuple)):
+            if not isinstance(items, Iterable):
+                raise InvalidMessageError(
+                    f"a batch must be an iterable of values or Messages, not {type(items).__name__}"
+                )
+            items = list(items)
         ts = time.time_ns()
         with self._mutex:
             self._begin()
@@ -272,6 +286,8 @@ class Writer(Closing):
         source. ``new_segment``: start a new segment with them (where the source journal started
         one), unless the current segment is still empty. Returns the last offset, or ``None``
         for no bytes."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError(f"encoded messages must be bytes, not {type(data).__name__}")
         with self._mutex:
             self._begin()
             try:
@@ -353,6 +369,11 @@ class Writer(Closing):
 
     def _open_segment(self, segment: Segment) -> None:
         """Make ``segment`` the one appended to, after checking and recovering its tail."""
+        if self._fd >= 0:
+            # Leaving a segment for the next (a roll, or one another writer started early, as a
+            # hub's copy does): no one appends to it again, and no later opening looks at it, so
+            # what anyone reserved past its end is given back now or never. (Under the lock.)
+            release(self._fd)
         self._close_files()
         created = not segment.path.exists()
         # Read too: a shared writer reads what the others appended through it (``_catch_up``).
@@ -376,7 +397,7 @@ class Writer(Closing):
             os.close(fd)
             if created:
                 # Left empty, it would stand for offsets that the next roll may store elsewhere.
-                _remove_segment(segment)
+                remove_segment(segment)
             raise
         self._fd = fd
         self._segment = segment
@@ -434,6 +455,7 @@ class Writer(Closing):
             self.caught_up = scan.messages or []
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, self._segment, scan))
+                self._reserved = min(self._reserved, scan.end)  # the cut gave back what was past it
             self._seg_len = scan.end
             self._next_offset = scan.next_offset
             index_due = index_due or bool(scan.entries)
@@ -626,7 +648,9 @@ class Writer(Closing):
         if beyond <= 0:
             return
         stat = os.statvfs(self._segment.path.parent)
-        if stat.f_bavail * stat.f_frsize < beyond:
+        # Root's writes may take the room the file system keeps for it (as its reservations do).
+        free = stat.f_bfree if os.geteuid() == 0 else stat.f_bavail
+        if free * stat.f_frsize < beyond:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def _reserve(self, end: int) -> None:
@@ -682,7 +706,7 @@ class Writer(Closing):
         try:
             self._close_files()
             for extra in created:
-                _remove_segment(extra)
+                remove_segment(extra)
             os.truncate(segment.path, length)
             self._open_segment(segment)
         except OSError as exc:
@@ -941,24 +965,7 @@ def _note_alive(note: str) -> bool:
     """Whether the process that an exclusive writer's note names ("..., pid N") still runs on
     this machine (when the note names none, or another user's process: taken for alive)."""
     pid = note.rpartition("pid ")[2]
-    if not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # there, but not ours to signal
-    return True
-
-
-def _remove_segment(segment: Segment) -> None:
-    """Delete a segment and its index, where they exist."""
-    for leftover in (segment.path, segment.index_path):
-        try:
-            leftover.unlink()
-        except FileNotFoundError:
-            pass
+    return not pid.isdigit() or process_alive(int(pid))
 
 
 def _sync_failed(exc: OSError, file: Path) -> StorageError:
