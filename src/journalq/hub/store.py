@@ -33,7 +33,7 @@ from journalq.journal.lock import FileLock
 from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.recovery import fsync_dir
 from journalq.journal.scanner import Scanner
-from journalq.journal.segment import journal_dir, list_segments, lock_path, segment_at
+from journalq.journal.segment import journal_dir, list_segments, lock_path, remove_segment, segment_at
 from journalq.journal.writer import Writer, take_shared_lock
 
 __all__ = ["HubStore", "KeyedLocks"]
@@ -288,8 +288,7 @@ def _start_copy(path: Path, offset: int) -> None:
         wanted = segment_at(path, offset)
         for segment in segments:
             if segment != wanted:
-                for leftover in (segment.path, segment.index_path):
-                    leftover.unlink(missing_ok=True)
+                remove_segment(segment)
         fd = os.open(wanted.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         os.close(fd)
         fsync_dir(journal_dir(path))

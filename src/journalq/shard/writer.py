@@ -24,6 +24,7 @@ from pathlib import Path
 from journalq.closing import Closing
 from journalq.errors import Error, InvalidMessageError, JournalError
 from journalq.journal.codec import MAX_KEY_SIZE, Message
+from journalq.journal.segment import check_integer
 from journalq.journal.sync import SyncPolicy
 from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
 from journalq.shard.layout import ShardLayoutError, check_bit, check_prefix, read_layout, shard_dir_name
@@ -63,8 +64,7 @@ class ShardedWriter(Closing):
         check_bit(bit)
         if not callable(hash):
             raise Error(f"hash must be a callable (key, bit) -> shard index, not {hash!r}")
-        if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size <= 0:
-            raise Error(f"segment_size must be a positive integer, not {segment_size!r}")
+        segment_size = check_integer("segment_size", segment_size, 1)
         self.root = Path(root)
         self.prefix = prefix
         self.bit = bit
