@@ -105,7 +105,7 @@ def test_a_file_given_as_a_directory_is_named_as_not_a_directory(tmp_path: Path,
     file.write_text("kept\n")
     result = run(*(arg.format(file=file) for arg in args), input="a\n")
     assert result.exit_code == 1
-    assert result.stderr == f"journalq: error: not a directory: {file}\n"
+    assert result.stderr == f"journalq: error: not a directory ({file})\n"
     assert file.read_text() == "kept\n"
 
 

@@ -78,7 +78,7 @@ def _error_message(exc: BaseException) -> str:
     """One line naming the problem; OSError's ``[Errno 2] ...: 'x'`` made readable."""
     if isinstance(exc, FileExistsError) and exc.filename and os.path.lexists(exc.filename):
         if not os.path.isdir(exc.filename):  # a file where a directory was to be made
-            return f"not a directory: {os.fsdecode(exc.filename)}"
+            return f"not a directory ({os.fsdecode(exc.filename)})"  # as JournalError says it
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     message = str(exc) or type(exc).__name__

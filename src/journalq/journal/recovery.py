@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from journalq.errors import CorruptionError, format_timestamp
+from journalq.errors import CorruptionError, JournalError, format_timestamp
 from journalq.journal.codec import decode
 from journalq.journal.index import scan_tail
 from journalq.journal.segment import Segment, SegmentScan, segment_at, segment_bases, segment_name
@@ -75,7 +75,10 @@ def make_dirs(directory: Path, durable: bool) -> list[Path]:
         directory = directory.parent
     missing.reverse()
     for new in missing:
-        new.mkdir(exist_ok=True)
+        try:
+            new.mkdir(exist_ok=True)
+        except FileExistsError:  # a file (or a dangling link) where the directory goes
+            raise JournalError("not a directory", file=new) from None
         if durable:
             fsync_dir(new.parent)
     return missing
