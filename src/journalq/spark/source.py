@@ -356,6 +356,13 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = check_read_schema(schema)
         self.max_offsets = opts.integer(options, "maxOffsetsPerTrigger", None, minimum=1)
         self.min_offsets = opts.integer(options, "minOffsetsPerTrigger", None, minimum=1)
+        if self.min_offsets is not None and self.max_offsets is not None and self.min_offsets > self.max_offsets:
+            # as Kafka's source: no batch could ever hold the minimum it waits for
+            raise opts.OptionError(
+                f"option minOffsetsPerTrigger ({self.min_offsets}) is higher than option "
+                f"maxOffsetsPerTrigger ({self.max_offsets}): a micro-batch would wait for more "
+                "messages than it may take"
+            )
         self.max_delay = opts.duration(options, "maxTriggerDelay", 15 * 60.0)
         self.fail = opts.boolean(options, "failOnDataLoss", True)
         for name in ("endingOffsets", "endingTimestamp"):
