@@ -369,7 +369,9 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if opts.get(options, name) is not None:
                 raise opts.OptionError(f"option {name} is for batch reads only")
         self._available_now: dict[str, int] | None = None
-        self._last_trigger = time.monotonic()
+        # When the last batch was planned; None before the first, which (as Kafka's source) does
+        # not wait for minOffsetsPerTrigger: the delay counts from a batch.
+        self._last_trigger: float | None = None
 
     # offsets
 
@@ -413,7 +415,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         total = sum(available.values())
         if total == 0:
             return current
-        if min_rows and total < min_rows and self._available_now is None:
+        if min_rows and total < min_rows and self._available_now is None and self._last_trigger is not None:
             if time.monotonic() - self._last_trigger < self.max_delay:
                 return dict(start)  # wait for more (or for maxTriggerDelay)
         if max_rows is not None and total > max_rows:
