@@ -566,7 +566,7 @@ class JournalWriter(DataSourceArrowWriter):
                     m, k = writing.batch_messages(batch, self.spec)
                     messages.extend(m)
                     keys.extend(k)
-                log = writing.CommitLog(self.target, self.write_id, sync=self.sync)
+                log = writing.CommitLog(self.target, self.write_id)
                 result = writing.append_exactly_once(appender, log, 0, partition, messages, keys)
             else:
                 result = writing.TaskResult(None, None, partition)
@@ -582,7 +582,7 @@ class JournalWriter(DataSourceArrowWriter):
 
     def commit(self, messages) -> None:
         if self.write_id:
-            log = writing.CommitLog(self.target, self.write_id, sync=self.sync)
+            log = writing.CommitLog(self.target, self.write_id)
             writing.commit_batch(log, 0, [m.result for m in messages if m is not None])
 
     def abort(self, messages) -> None:
@@ -610,7 +610,7 @@ class JournalStreamWriter(_StreamWriterBase):
             keys.extend(k)
         appender = writing.Appender(self.target, sync=self.sync, segment_size=self.segment_size)
         try:
-            log = writing.CommitLog(self.target, query_id, sync=self.sync)
+            log = writing.CommitLog(self.target, query_id)
             result = writing.append_exactly_once(
                 appender, log, int(batch_id), context.partitionId(), messages, keys
             )
@@ -622,7 +622,7 @@ class JournalStreamWriter(_StreamWriterBase):
         results = [m.result for m in messages if m is not None]
         query_ids = {r.query_id for r in results if r.query_id}
         for query_id in query_ids:
-            log = writing.CommitLog(self.target, query_id, sync=self.sync)
+            log = writing.CommitLog(self.target, query_id)
             writing.commit_batch(log, batchId, results)
 
     def abort(self, messages, batchId: int) -> None:  # noqa: N803
