@@ -544,8 +544,11 @@ def _write_setup(options, schema, overwrite: bool) -> tuple[writing.WriteSpec, T
 
 
 class JournalWriter(DataSourceArrowWriter):
-    """A batch append. With the option ``writeId``, the append happens once per id: a second
-    write with the same id (a retried job, a rerun) finds it committed and appends nothing."""
+    """A batch append, never all-or-nothing: a failed job keeps what its finished tasks appended
+    (a journal has no undo). Without the option ``writeId`` it is at least once: a task that
+    Spark runs again (a lost executor, speculation) appends its rows again. With ``writeId`` the
+    append happens once per id: a task run again, or the same write run again after a failure,
+    appends only what is missing, and once committed a write with that id appends nothing."""
 
     def __init__(self, options, schema, overwrite: bool) -> None:
         self.write_id = opts.get(options, "writeId")
