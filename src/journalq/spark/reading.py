@@ -103,12 +103,11 @@ def _spans(path: str, start: int, end: int) -> list[tuple[int | None, int, int, 
     return out
 
 
-def _byte_cuts(path: str, start: int, end: int, pieces: int) -> list[int]:
-    """Offsets that cut ``[start, end)`` into ``pieces`` of about equal bytes: for each k, the
-    message boundary nearest to k/pieces of the range's bytes (so a piece exceeds its share by at
-    most a message that straddles a cut). From the messages only, as ``range_bytes``: the index
-    just makes the search faster."""
-    spans = _spans(path, start, end)
+def _byte_cuts(path: str, spans: list[tuple[int | None, int, int, int]], pieces: int) -> list[int]:
+    """Offsets that cut the range of ``spans`` (``_spans``') into ``pieces`` of about equal bytes:
+    for each k, the message boundary nearest to k/pieces of the range's bytes (so a piece exceeds
+    its share by at most a message that straddles a cut). From the messages only, as
+    ``range_bytes``: the index just makes the search faster."""
     total = sum(size for *_, size in spans)
     cuts: list[int] = []
     before = 0  # the bytes of the spans before this one
@@ -121,7 +120,7 @@ def _byte_cuts(path: str, start: int, end: int, pieces: int) -> list[int]:
         before += size
         if budgets:
             cuts.extend(_offsets_within(path, base, low, high, budgets))
-    return [c for c in cuts if start < c < end]
+    return cuts
 
 
 def _offsets_within(path: str, base: int | None, low: int, high: int, budgets: list[int]) -> list[int]:
@@ -220,14 +219,15 @@ def split(
     ranges = [r for r in ranges if r.count > 0]
     if not ranges:
         return []
-    by_bytes = [max(1, math.ceil(range_bytes(r.path, r.start, r.end) / max_partition_bytes)) for r in ranges]
+    spans = [_spans(r.path, r.start, r.end) for r in ranges]
+    by_bytes = [max(1, math.ceil(sum(size for *_, size in s) / max_partition_bytes)) for s in spans]
     by_count = [1] * len(ranges)
     total = sum(r.count for r in ranges)
     if min_partitions and sum(by_bytes) < min_partitions:
         by_count = [min(max(1, round(min_partitions * r.count / total)), r.count) for r in ranges]
     out = []
-    for r, pieces, share in zip(ranges, by_bytes, by_count):
-        cuts = set(_byte_cuts(r.path, r.start, r.end, pieces)) if pieces > 1 else set()
+    for r, s, pieces, share in zip(ranges, spans, by_bytes, by_count):
+        cuts = set(_byte_cuts(r.path, s, pieces)) if pieces > 1 else set()
         if share > pieces:  # both: counted pieces, none over the bytes
             step = r.count / share
             cuts.update(r.start + round(step * i) for i in range(1, share))
