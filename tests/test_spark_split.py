@@ -64,3 +64,15 @@ def test_min_partitions_still_counts_messages_beside_a_huge_one(tmp_path):
     pieces = reading.split([r], min_partitions=None, max_partition_bytes=2 * MB)
     check_contiguous(pieces, 0, 10)
     assert [(p.start, p.end) for p in pieces] == [(0, 1), (1, 10)]
+
+
+def test_min_partitions_holds_where_byte_cuts_fall_inside_big_messages(tmp_path):
+    # 300 KB over 10 big messages and 18 small ones: by bytes "322 pieces" of 1,000 bytes, but
+    # the cuts land inside the big messages; minPartitions still gets a piece per message.
+    path = tmp_path / "j"
+    with Writer(path) as w:
+        w.append_many([b"b" * 30_000] * 10 + [b"s"] * 18)
+    r = reading.ShardRange("", str(path), 0, 28)
+    pieces = reading.split([r], min_partitions=50, max_partition_bytes=1000)
+    check_contiguous(pieces, 0, 28)
+    assert len(pieces) == 28

@@ -219,19 +219,22 @@ def split(
     ranges = [r for r in ranges if r.count > 0]
     if not ranges:
         return []
-    spans = [_spans(r.path, r.start, r.end) for r in ranges]
-    by_bytes = [max(1, math.ceil(sum(size for *_, size in s) / max_partition_bytes)) for s in spans]
-    by_count = [1] * len(ranges)
-    total = sum(r.count for r in ranges)
-    if min_partitions and sum(by_bytes) < min_partitions:
-        by_count = [min(max(1, round(min_partitions * r.count / total)), r.count) for r in ranges]
+    cuts = []
+    for r in ranges:
+        spans = _spans(r.path, r.start, r.end)
+        pieces = math.ceil(sum(size for *_, size in spans) / max_partition_bytes)
+        found = _byte_cuts(r.path, spans, pieces) if pieces > 1 else []
+        cuts.append({c for c in found if r.start < c < r.end})
+    # Counted after the cuts: those that fall inside one big message are one.
+    if min_partitions and sum(len(c) + 1 for c in cuts) < min_partitions:
+        total = sum(r.count for r in ranges)
+        for r, found in zip(ranges, cuts):
+            share = min(max(1, round(min_partitions * r.count / total)), r.count)
+            step = r.count / share  # both: counted pieces, none over the bytes
+            found.update(r.start + round(step * i) for i in range(1, share))
     out = []
-    for r, s, pieces, share in zip(ranges, spans, by_bytes, by_count):
-        cuts = set(_byte_cuts(r.path, s, pieces)) if pieces > 1 else set()
-        if share > pieces:  # both: counted pieces, none over the bytes
-            step = r.count / share
-            cuts.update(r.start + round(step * i) for i in range(1, share))
-        bounds = [r.start, *sorted(c for c in cuts if r.start < c < r.end), r.end]
+    for r, found in zip(ranges, cuts):
+        bounds = [r.start, *sorted(found), r.end]
         out.extend(ShardRange(r.shard, r.path, a, b) for a, b in zip(bounds, bounds[1:]))
     return out
 
