@@ -5,6 +5,8 @@ micro-batch must give each partition the same rows)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 pytest.importorskip("pyspark")
@@ -26,7 +28,7 @@ def skewed(tmp_path, segment_size: int = 8 * MB) -> str:
 
 def check_contiguous(pieces, start: int, end: int) -> None:
     assert pieces[0].start == start and pieces[-1].end == end
-    assert all(a.end == b.start and a.end > a.start for a, b in zip(pieces, pieces[1:]))
+    assert all(a.end == b.start and a.end > a.start for a, b in pairwise(pieces))
 
 
 def test_pieces_are_bounded_in_bytes_when_message_sizes_vary(tmp_path):

@@ -15,6 +15,7 @@ import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -27,9 +28,9 @@ from journalq.journal.segment import (
     confirms,
     framed_at,
     gap_reason,
+    scan_segment,
     segment_at,
     segment_bases,
-    scan_segment,
     segment_name,
 )
 from journalq.spark import predicates
@@ -235,7 +236,7 @@ def split(
     out = []
     for r, found in zip(ranges, cuts):
         bounds = [r.start, *sorted(found), r.end]
-        out.extend(ShardRange(r.shard, r.path, a, b) for a, b in zip(bounds, bounds[1:]))
+        out.extend(ShardRange(r.shard, r.path, a, b) for a, b in pairwise(bounds))
     return out
 
 
