@@ -420,22 +420,22 @@ def test_stream_offsets_limits_and_trigger_delay(tmp_path, monkeypatch):
     path = tmp_path / "j"
     with Writer(path) as w:
         w.append_many([b"x"] * 10)
-    reader = JournalStreamReader({"path": str(path), "maxOffsetsPerTrigger": "4",
-                                  "minOffsetsPerTrigger": "20", "maxTriggerDelay": "60s"}, SCHEMA)
+    reader = JournalStreamReader({"path": str(path), "maxOffsetsPerTrigger": "8",
+                                  "minOffsetsPerTrigger": "6", "maxTriggerDelay": "60s"}, SCHEMA)
     assert reader.initialOffset() == {"": 10}  # streams start at the latest offset by default
     assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
-    start = {"": 0}
+    start = {"": 5}
     clock = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     reader._last_trigger = clock[0]
     # fewer than minOffsetsPerTrigger: wait, until maxTriggerDelay passes
     assert reader.latestOffset(start, ReadMaxRows(4)) == start
     clock[0] += 61
-    assert reader.latestOffset(start, ReadMaxRows(4)) == {"": 4}
-    assert reader.latestOffset({"": 4}, ReadMaxRows(4)) == {"": 4}  # the clock restarted
+    assert reader.latestOffset(start, ReadMaxRows(4)) == {"": 9}
+    assert reader.latestOffset({"": 9}, ReadMaxRows(4)) == {"": 9}  # the clock restarted
     # ReadAllAvailable (Trigger.Once, or Spark's own choice) ignores the options' limits
     assert reader.latestOffset(start, ReadAllAvailable()) == {"": 10}
-    assert reader.latestOffset(start, ReadMinRows(5)) == {"": 4}
+    assert reader.latestOffset({"": 0}, ReadMinRows(5)) == {"": 8}  # the option's maximum
     # Trigger.AvailableNow: a fixed target, no waiting for minOffsetsPerTrigger
     reader.prepareForTriggerAvailableNow()
     with Writer(path) as w:

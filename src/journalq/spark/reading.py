@@ -13,8 +13,9 @@ import base64
 import math
 import os
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from journalq.journal.segment import (
     confirms,
     framed_at,
     gap_reason,
+    scan_segment,
     segment_at,
     segment_bases,
     segment_name,
@@ -72,8 +74,17 @@ def range_bytes(path: str, start: int, end: int) -> int:
     meanwhile count ``OVERHEAD`` each). They depend on those messages only, so a range is cut into
     the same partitions whenever it is planned: a streaming sink's exactly once needs a replayed
     batch to give each partition the same rows, whatever was appended or deleted since."""
+    return sum(size for _, _, _, size in _spans(path, start, end))
+
+
+def _spans(path: str, start: int, end: int) -> list[tuple[int | None, int, int, int]]:
+    """``[start, end)`` cut where segments begin: (segment base, or None where the messages are
+    no longer stored, low, high, bytes) per piece, in order."""
     bases = segment_bases(path)
-    total = max(0, min(end, bases[0] if bases else end) - start) * OVERHEAD
+    out: list[tuple[int | None, int, int, int]] = []
+    gone = min(end, bases[0] if bases else end)
+    if gone > start:
+        out.append((None, start, gone, (gone - start) * OVERHEAD))
     for i, base in enumerate(bases):
         following = bases[i + 1] if i + 1 < len(bases) else None
         low, high = max(start, base), end if following is None else min(end, following)
@@ -83,14 +94,81 @@ def range_bytes(path: str, start: int, end: int) -> int:
         try:
             fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            total += (high - low) * OVERHEAD
+            out.append((None, low, high, (high - low) * OVERHEAD))
             continue
         try:
             last = os.fstat(fd).st_size if high == following else _position(fd, segment, high)
-            total += last - _position(fd, segment, low)
+            out.append((base, low, high, last - _position(fd, segment, low)))
         finally:
             os.close(fd)
-    return total
+    return out
+
+
+def _byte_cuts(path: str, spans: list[tuple[int | None, int, int, int]], pieces: int) -> list[int]:
+    """Offsets that cut the range of ``spans`` (``_spans``') into ``pieces`` of about equal bytes:
+    for each k, the message boundary nearest to k/pieces of the range's bytes (so a piece exceeds
+    its share by at most a message that straddles a cut). From the messages only, as
+    ``range_bytes``: the index just makes the search faster."""
+    total = sum(size for *_, size in spans)
+    cuts: list[int] = []
+    before = 0  # the bytes of the spans before this one
+    k = 1
+    for base, low, high, size in spans:
+        budgets = []
+        while k < pieces and k * total // pieces < before + size:
+            budgets.append(k * total // pieces - before)
+            k += 1
+        before += size
+        if budgets:
+            cuts.extend(_offsets_within(path, base, low, high, budgets))
+    return cuts
+
+
+def _offsets_within(path: str, base: int | None, low: int, high: int, budgets: list[int]) -> list[int]:
+    """For each budget, the offset in ``[low, high]`` of segment ``base`` whose start is nearest
+    to that many bytes after message ``low`` (a binary search over positions); ``OVERHEAD`` a
+    message where the segment is gone."""
+    segment = None if base is None else segment_at(path, base)
+    try:
+        fd = -1 if segment is None else os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = -1
+    if segment is None or fd < 0:
+        return [low + budget // OVERHEAD for budget in budgets]
+    try:
+        position = _locator(fd, segment)
+        first = position(low)
+        out = []
+        for budget in budgets:
+            limit = first + budget
+            lo, hi = low, high - 1
+            while lo < hi:  # the last message that starts at or before the limit
+                mid = (lo + hi + 1) // 2
+                if position(mid) <= limit:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            # or the end of that message, when nearer (a big message then ends its piece)
+            out.append(lo + 1 if position(lo + 1) - limit < limit - position(lo) else lo)
+        return out
+    finally:
+        os.close(fd)
+
+
+def _locator(fd: int, segment: Segment) -> Callable[[int], int]:
+    """``_position`` for many lookups in one open segment. Without a usable index (a segment
+    written by sej) each would walk from the segment's start: its entries are found once, by a
+    scan, instead."""
+    if index.lookup(segment, segment.base) is not None:
+        return lambda target: _position(fd, segment, target)
+    entries = scan_segment(segment, 0, segment.base, fd=fd).entries
+    offsets = [offset for offset, _ in entries]
+
+    def position(target: int) -> int:
+        i = bisect_right(offsets, target) - 1
+        return _position(fd, segment, target, (entries[i][1], entries[i][0]) if i >= 0 else (0, segment.base))
+
+    return position
 
 
 def resolve_offset(
@@ -134,24 +212,31 @@ def split(
     min_partitions: int | None,
     max_partition_bytes: int,
 ) -> list[ShardRange]:
-    """Cut ranges so that no piece holds (by the shard's average message size) more than
-    ``max_partition_bytes``, and so that there are at least ``min_partitions`` pieces when there
-    are that many messages, shared out in proportion to each shard's messages (as Kafka's
-    ``minPartitions``)."""
+    """Cut ranges so that no piece holds more than ``max_partition_bytes`` (give or take the
+    message that straddles a cut: pieces are cut by the messages' bytes, not their count, so a run
+    of big messages does not land in one task), and so that there are at least
+    ``min_partitions`` pieces when there are that many messages, shared out in proportion to each
+    shard's messages (as Kafka's ``minPartitions``, by count)."""
     ranges = [r for r in ranges if r.count > 0]
     if not ranges:
         return []
-    pieces_per = [max(1, math.ceil(range_bytes(r.path, r.start, r.end) / max_partition_bytes)) for r in ranges]
-    total = sum(r.count for r in ranges)
-    if min_partitions and sum(pieces_per) < min_partitions:
-        for i, r in enumerate(ranges):
-            share = max(1, round(min_partitions * r.count / total))
-            pieces_per[i] = max(pieces_per[i], min(share, r.count))
+    cuts = []
+    for r in ranges:
+        spans = _spans(r.path, r.start, r.end)
+        pieces = math.ceil(sum(size for *_, size in spans) / max_partition_bytes)
+        found = _byte_cuts(r.path, spans, pieces) if pieces > 1 else []
+        cuts.append({c for c in found if r.start < c < r.end})
+    # Counted after the cuts: those that fall inside one big message are one.
+    if min_partitions and sum(len(c) + 1 for c in cuts) < min_partitions:
+        total = sum(r.count for r in ranges)
+        for r, found in zip(ranges, cuts):
+            share = min(max(1, round(min_partitions * r.count / total)), r.count)
+            step = r.count / share  # both: counted pieces, none over the bytes
+            found.update(r.start + round(step * i) for i in range(1, share))
     out = []
-    for r, pieces in zip(ranges, pieces_per):
-        step = r.count / pieces
-        cuts = [r.start + round(step * i) for i in range(pieces)] + [r.end]
-        out.extend(ShardRange(r.shard, r.path, a, b) for a, b in zip(cuts, cuts[1:]) if b > a)
+    for r, found in zip(ranges, cuts):
+        bounds = [r.start, *sorted(found), r.end]
+        out.extend(ShardRange(r.shard, r.path, a, b) for a, b in pairwise(bounds))
     return out
 
 
@@ -194,9 +279,10 @@ def seek(fd: int, segment: Segment, target: int) -> tuple[int, int]:
     return _walk(fd, position, offset, target)
 
 
-def _position(fd: int, segment: Segment, target: int) -> int:
-    """Where message ``target`` of an open segment starts (or the segment's whole messages end)."""
-    position, offset = seek(fd, segment, target)
+def _position(fd: int, segment: Segment, target: int, start: tuple[int, int] | None = None) -> int:
+    """Where message ``target`` of an open segment starts (or the segment's whole messages end),
+    going from ``start`` (position, offset) at or before it, or from a seek."""
+    position, offset = seek(fd, segment, target) if start is None else _walk(fd, *start, target)
     while offset < target:  # seek stops before a message bigger than a read: step over it
         framed = framed_at(fd, position)
         if framed is None:

@@ -356,13 +356,22 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = check_read_schema(schema)
         self.max_offsets = opts.integer(options, "maxOffsetsPerTrigger", None, minimum=1)
         self.min_offsets = opts.integer(options, "minOffsetsPerTrigger", None, minimum=1)
+        if self.min_offsets is not None and self.max_offsets is not None and self.min_offsets > self.max_offsets:
+            # as Kafka's source: no batch could ever hold the minimum it waits for
+            raise opts.OptionError(
+                f"option minOffsetsPerTrigger ({self.min_offsets}) is higher than option "
+                f"maxOffsetsPerTrigger ({self.max_offsets}): a micro-batch would wait for more "
+                "messages than it may take"
+            )
         self.max_delay = opts.duration(options, "maxTriggerDelay", 15 * 60.0)
         self.fail = opts.boolean(options, "failOnDataLoss", True)
         for name in ("endingOffsets", "endingTimestamp"):
             if opts.get(options, name) is not None:
                 raise opts.OptionError(f"option {name} is for batch reads only")
         self._available_now: dict[str, int] | None = None
-        self._last_trigger = time.monotonic()
+        # When the last batch was planned; None before the first, which (as Kafka's source) does
+        # not wait for minOffsetsPerTrigger: the delay counts from a batch.
+        self._last_trigger: float | None = None
 
     # offsets
 
@@ -406,7 +415,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         total = sum(available.values())
         if total == 0:
             return current
-        if min_rows and total < min_rows and self._available_now is None:
+        if min_rows and total < min_rows and self._available_now is None and self._last_trigger is not None:
             if time.monotonic() - self._last_trigger < self.max_delay:
                 return dict(start)  # wait for more (or for maxTriggerDelay)
         if max_rows is not None and total > max_rows:
@@ -535,8 +544,11 @@ def _write_setup(options, schema, overwrite: bool) -> tuple[writing.WriteSpec, T
 
 
 class JournalWriter(DataSourceArrowWriter):
-    """A batch append. With the option ``writeId``, the append happens once per id: a second
-    write with the same id (a retried job, a rerun) finds it committed and appends nothing."""
+    """A batch append, never all-or-nothing: a failed job keeps what its finished tasks appended
+    (a journal has no undo). Without the option ``writeId`` it is at least once: a task that
+    Spark runs again (a lost executor, speculation) appends its rows again. With ``writeId`` the
+    append happens once per id: a task run again, or the same write run again after a failure,
+    appends only what is missing, and once committed a write with that id appends nothing."""
 
     def __init__(self, options, schema, overwrite: bool) -> None:
         self.write_id = opts.get(options, "writeId")
@@ -557,7 +569,7 @@ class JournalWriter(DataSourceArrowWriter):
                     m, k = writing.batch_messages(batch, self.spec)
                     messages.extend(m)
                     keys.extend(k)
-                log = writing.CommitLog(self.target, self.write_id, sync=self.sync)
+                log = writing.CommitLog(self.target, self.write_id)
                 result = writing.append_exactly_once(appender, log, 0, partition, messages, keys)
             else:
                 result = writing.TaskResult(None, None, partition)
@@ -573,7 +585,7 @@ class JournalWriter(DataSourceArrowWriter):
 
     def commit(self, messages) -> None:
         if self.write_id:
-            log = writing.CommitLog(self.target, self.write_id, sync=self.sync)
+            log = writing.CommitLog(self.target, self.write_id)
             writing.commit_batch(log, 0, [m.result for m in messages if m is not None])
 
     def abort(self, messages) -> None:
@@ -601,7 +613,7 @@ class JournalStreamWriter(_StreamWriterBase):
             keys.extend(k)
         appender = writing.Appender(self.target, sync=self.sync, segment_size=self.segment_size)
         try:
-            log = writing.CommitLog(self.target, query_id, sync=self.sync)
+            log = writing.CommitLog(self.target, query_id)
             result = writing.append_exactly_once(
                 appender, log, int(batch_id), context.partitionId(), messages, keys
             )
@@ -613,7 +625,7 @@ class JournalStreamWriter(_StreamWriterBase):
         results = [m.result for m in messages if m is not None]
         query_ids = {r.query_id for r in results if r.query_id}
         for query_id in query_ids:
-            log = writing.CommitLog(self.target, query_id, sync=self.sync)
+            log = writing.CommitLog(self.target, query_id)
             writing.commit_batch(log, batchId, results)
 
     def abort(self, messages, batchId: int) -> None:  # noqa: N803
