@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -37,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 from journalq import __version__
 from journalq.errors import (
     Error,
+    InvalidMessageError,
     InvalidSettingError,
     JournalError,
     PartialSendError,
@@ -100,6 +102,7 @@ def create_app(config: ServerConfig) -> App:
     store_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="journalq-store")
     body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
     stopping = asyncio.Event()  # set once the server begins to stop: long polls end
+    on_zookeeper = is_zookeeper_url(config.data)  # what Broker(config.data) decides too
 
     @asynccontextmanager
     async def lifespan(app: App) -> AsyncIterator[None]:
@@ -465,9 +468,21 @@ def create_app(config: ServerConfig) -> App:
     @app.delete("/{queue}/messages/{message_id}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=204)
     async def remove(queue: str, message_id: str) -> Response:
         """Delete a message by the id that adding or fetching it gave, whatever its state."""
-        await blocking(lambda: broker().queue(queue_name(queue), create=False).delete_id(message_id))
+        await blocking(delete_by_id, queue_name(queue), message_id)
         counts.counted(counts.messages_deleted, queue).inc()
         return Response(status_code=204)
+
+    def delete_by_id(queue: str, message_id: str) -> None:
+        """``delete_id`` of the id as the server gave it: one spelling per message (``int()``
+        reads "007" as 7), and a 404 that names the id as sent (a sharded queue's names the
+        shard's own id and channel)."""
+        found = broker().queue(queue, create=False)
+        if not on_zookeeper and _PADDED_NUMBER.search(message_id):  # (ZooKeeper's ids are zero-padded)
+            raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids")
+        try:
+            found.delete_id(message_id)
+        except TaskNotFoundError:
+            raise TaskNotFoundError(f"no message {message_id!r} waiting in queue {queue!r}") from None
 
     async def add_message(queue: str, body: bytes) -> str:
         return await sends.send(queue_name(queue), body)
@@ -565,7 +580,6 @@ def create_app(config: ServerConfig) -> App:
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
     sqs_checks_headers = bool(config.aws_credentials) or config.rest_token is not None
-    sqs_on_zookeeper = is_zookeeper_url(config.data)  # what Broker(config.data) decides too
 
     def sqs_action(target: str) -> str:
         """The action an SQS request names in its ``X-Amz-Target`` (checked before its body is
@@ -612,7 +626,7 @@ def create_app(config: ServerConfig) -> App:
                 raise ValueError("not a JSON object")
         except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the decoder goes
             raise SqsRefusal(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}")) from None
-        if sqs_on_zookeeper:
+        if on_zookeeper:
             raise SqsRefusal(SqsError(
                 "UnsupportedOperation", "the SQS protocol needs a data directory: this server's queues are in "
                 "ZooKeeper (use mq's REST API)", status=400))
@@ -731,6 +745,7 @@ def create_app(config: ServerConfig) -> App:
 _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
 _REST_ADD = "POST /{queue}/messages"
+_PADDED_NUMBER = re.compile(r"(?:^|\.)0[0-9]")  # a number of an id (a sharded queue's has two) with a leading 0
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
 _request_numbers = itertools.count()
 _request_id_prefix = b""
