@@ -57,6 +57,7 @@ from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
 from journalq.server.polling import poll_slices
+from journalq.server.reading import queue_to_read
 from journalq.server.scopes import header
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol
@@ -348,9 +349,18 @@ def create_app(config: ServerConfig) -> App:
 
     @app.get("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)])
     async def get_queue(queue: str) -> dict[str, Any]:
-        """200 with the queue's counts when it exists, 404 otherwise."""
-        stats = await blocking(lambda: broker().queue(queue_name(queue), create=False).stats())
-        return {"name": queue, **stats.__dict__}
+        """200 with the queue's counts when it exists, 404 otherwise. A topic whose channels are
+        its own (made through the library, none named ``default``): the counts of each channel,
+        under ``channels`` (a read gives it no channel of its own)."""
+
+        def counts_of(name: str) -> dict[str, Any]:
+            found = queue_to_read(broker(), name)
+            if found is not None:
+                return found.stats().__dict__
+            topic = broker().topic(name, create=False)
+            return {"channels": {channel: topic.channel(channel).stats().__dict__ for channel in topic.channel_names()}}
+
+        return {"name": queue, **await blocking(counts_of, queue_name(queue))}
 
     @app.put("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=201)
     async def put_queue(queue: str, response: Response, shards: int | None = None) -> dict[str, Any]:
@@ -792,7 +802,8 @@ _FAILED = {
 }
 _REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
     ("/{queue}", "get"): {
-        "200": "The queue exists: its counts.", "400": ..., "401": ..., "404": ..., "503": ...,
+        "200": "The queue exists: its counts (a topic whose channels are its own, none named ``default``: "
+               "each channel's, under ``channels``).", "400": ..., "401": ..., "404": ..., "503": ...,
     },
     ("/{queue}", "put"): {
         "200": "The queue was there already.", "201": "The queue was made.",
