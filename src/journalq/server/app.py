@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs
 
 import anyio
 from fastapi import Depends, FastAPI, Request, Response
@@ -267,6 +268,26 @@ def create_app(config: ServerConfig) -> App:
     async def rest_auth(request: Request) -> None:  # async: no thread hop per request
         check_token(request.headers.get("authorization", ""))
 
+    async def rest_checks(request: Request) -> None:
+        """mq's endpoints: the token, then the query's parameters: one the endpoint does not take
+        (a typo: ``?wiat=5`` did not wait, ``?visibility_timout=600`` hid the message for the
+        queue's timeout) is refused, not ignored. (One dependency, not two: each costs.)"""
+        check_token(request.headers.get("authorization", ""))
+        if request.scope["query_string"]:
+            route = request.scope["route"]
+            taken = parameters_taken.get(id(route))
+            if taken is None:
+                taken = parameters_taken[id(route)] = frozenset(parameter.alias for parameter in route.dependant.query_params)
+            check_parameters(request.method, route.path, request.query_params, taken)
+
+    parameters_taken: dict[int, frozenset[str]] = {}  # by id of route (the app's, kept): its query parameters
+
+    def check_parameters(method: str, path: str, given: Iterable[str], taken: frozenset[str]) -> None:
+        for name in given:
+            if name not in taken:
+                takes = f"takes only {', '.join(sorted(taken))}" if taken else "takes no query parameter"
+                raise HTTPProblem(400, f"unknown query parameter {name!r}: {method} {path} {takes}")
+
     def queue_name(queue: str) -> str:
         if queue in RESERVED:
             raise HTTPProblem(400, f"{queue!r} is reserved for the server's own use")
@@ -347,7 +368,7 @@ def create_app(config: ServerConfig) -> App:
 
     # -- mq's six endpoints ------------------------------------------------------------------
 
-    @app.get("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)])
+    @app.get("/{queue}", tags=["mq"], dependencies=[Depends(rest_checks)])
     async def get_queue(queue: str) -> dict[str, Any]:
         """200 with the queue's counts when it exists, 404 otherwise. A topic whose channels are
         its own (made through the library, none named ``default``): the counts of each channel,
@@ -362,7 +383,7 @@ def create_app(config: ServerConfig) -> App:
 
         return {"name": queue, **await blocking(counts_of, queue_name(queue))}
 
-    @app.put("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=201)
+    @app.put("/{queue}", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=201)
     async def put_queue(queue: str, response: Response, shards: int | None = None) -> dict[str, Any]:
         """Create the queue (201), or find it there already (200). The body is ignored.
         ``?shards=N``: spread a new queue over N shards (a power of two up to 1024); an existing
@@ -403,13 +424,13 @@ def create_app(config: ServerConfig) -> App:
             response.status_code = 200
         return {"name": name, "created": not existed}
 
-    @app.delete("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=204)
+    @app.delete("/{queue}", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=204)
     async def delete_queue(queue: str) -> Response:
         """Delete the queue and all its messages."""
         await blocking(broker().delete, queue_name(queue))
         return Response(status_code=204)
 
-    @app.get("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_auth)])
+    @app.get("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_checks)])
     async def fetch(
         queue: str, request: Request, wait: float | None = None, visibility_timeout: float | None = None
     ) -> Response:
@@ -464,7 +485,7 @@ def create_app(config: ServerConfig) -> App:
             },
         )
 
-    @app.post("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=201)
+    @app.post("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=201)
     async def add(queue: str, request: Request) -> Response:
         """Store the body as a message; 201 with ``X-Message-Id`` once it is on stable storage,
         400 when the body cannot be read, 503 with ``Retry-After`` when it cannot be stored."""
@@ -475,7 +496,7 @@ def create_app(config: ServerConfig) -> App:
         message_id = await add_message(queue, body)
         return Response(status_code=201, headers={"X-Message-Id": message_id})
 
-    @app.delete("/{queue}/messages/{message_id}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=204)
+    @app.delete("/{queue}/messages/{message_id}", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=204)
     async def remove(queue: str, message_id: str) -> Response:
         """Delete a message by the id that adding or fetching it gave, whatever its state."""
         await blocking(delete_by_id, queue_name(queue), message_id)
@@ -508,6 +529,9 @@ def create_app(config: ServerConfig) -> App:
         headers = dict(scope["headers"])
         try:
             check_token(headers.get(b"authorization", b""))
+            if scope["query_string"]:  # (the direct path takes no request with a query)
+                check_parameters("POST", "/{queue}/messages", parse_qs(scope["query_string"].decode("latin-1"),
+                                                                       keep_blank_values=True), frozenset())
             queue = scope["path"][1:-_MESSAGES_SUFFIX]
             if headers.get(b"expect", b"").lower() == b"100-continue":
                 # The client waits to be asked for its body (reading it asks): a queue that does
@@ -794,7 +818,7 @@ answer to a failure that is not the storage's nor the request's."""
 _BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 _HEADER = {"schema": {"type": "string"}}
 _FAILED = {
-    "400": "A bad queue name (or one of the server's own), or a bad parameter.",
+    "400": "A bad queue name (or one of the server's own), or a bad parameter (or one the endpoint does not take).",
     "401": "The server requires a bearer token (``--token``) and the request has none or another.",
     "404": "The queue does not exist.",
     "503": "The storage failed (a full disk, an I/O error): nothing was done; try again after "
