@@ -359,9 +359,12 @@ def create_app(config: ServerConfig) -> App:
                               {"Retry-After": str(config.retry_after)}) from exc
         return {"status": "ok", "queues": len(names)}
 
-    @app.get("/metrics", tags=["service"], response_class=Response)
+    # The token guards the metrics too (they name every queue): Prometheus sends one
+    # (``authorization`` in a scrape config). The probes above name nothing and stay open.
+    @app.get("/metrics", tags=["service"], response_class=Response, dependencies=[Depends(rest_auth)])
     async def metrics_endpoint() -> Response:
-        """Prometheus text format: messages in and out, depth, in flight, dead, latency, syncs."""
+        """Prometheus text format: messages in and out, depth, in flight, dead, latency, syncs
+        (with ``--token``, for a request that carries it)."""
         counts.observe_noted()  # the latencies noted in this turn of the loop too
         body = await blocking(counts.render)
         return Response(body, media_type=metrics.CONTENT_TYPE)
@@ -880,6 +883,10 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
         "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
     if token:
         schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    if token:
+        metrics = schema["paths"]["/metrics"]["get"]
+        metrics["responses"]["401"] = {"description": _FAILED["401"], "content": error}
+        metrics["security"] = [{"bearer": []}]
     for (path, method), answers in _REST_ANSWERS.items():
         operation = schema["paths"][path][method]
         # The JSON schema FastAPI made of the success's body, if it has one.
