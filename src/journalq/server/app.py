@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -1108,8 +1109,30 @@ class App(FastAPI):
 def app_from_environment() -> App:
     """The app of a uvicorn worker process: settings from ``JOURNALQ_SERVER``."""
     app = create_app(ServerConfig.from_environment())
+    stop_with_supervisor()
     settle_heap()
     return app
+
+
+def stop_with_supervisor() -> None:
+    """Stop this worker process (a SIGTERM: answered requests, synced journals) once the process
+    that started it is gone. A supervisor killed with SIGKILL stops none of its workers, and they
+    went on serving, holding the port (a new server could not bind it) and the data directory.
+    multiprocessing's parent sentinel reads the end of a pipe that only the parent holds open:
+    it ends whenever and however the parent dies, even before this is called (no pid to reuse,
+    no polling; on any POSIX system, unlike Linux's PR_SET_PDEATHSIG)."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()  # None in a process that multiprocessing did not start
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        log.warning("the server's supervisor process %s is gone: this worker (%d) stops", parent.pid, os.getpid())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="journalq-supervisor-watch", daemon=True).start()
 
 
 YOUNG_OBJECTS = 50_000
