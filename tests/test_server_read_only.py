@@ -59,3 +59,21 @@ def test_get_of_a_queue_still_gives_its_counts(tmp_path: Path) -> None:
 
     info = served(tmp_path, talk)
     assert info.status_code == 200 and info.json()["available"] == 1, info.text
+
+
+def test_get_of_a_queue_whose_directory_was_removed_from_outside_is_404(tmp_path: Path) -> None:
+    """A queue the server had open, its directory then removed by hand: not found (a topic of no
+    channels, answered 200, until the read above opened none)."""
+    import shutil
+
+    async def talk(client: httpx.AsyncClient) -> list[httpx.Response]:
+        await client.put("/r")
+        await client.post("/r/messages", content=b"m")
+        await client.get("/r")
+        shutil.rmtree(tmp_path / "r")
+        return [await client.get("/r"), await client.get("/r")]
+
+    for answer in served(tmp_path, talk):
+        assert answer.status_code == 404, answer.text
+        assert "'r'" in answer.json()["error"]
+    assert not (tmp_path / "r").exists()

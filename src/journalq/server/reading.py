@@ -11,6 +11,9 @@ def queue_to_read(broker: Broker, name: str) -> Queue | None:
     named ``default``: one made through the library), to which ``broker.queue`` would give a
     channel ``default``, which would take every message of the topic again and hold its gc back
     for a consumer that never comes. ``QueueNotFoundError`` when nothing has the name."""
-    if DEFAULT_CHANNEL in broker.topic(name, create=False).channel_names():
+    topic = broker.topic(name, create=False)
+    if DEFAULT_CHANNEL in topic.channel_names():
         return broker.queue(name, create=False)
+    # No channel listed: also what a topic whose directory was removed from outside shows.
+    topic.check_present()
     return None
