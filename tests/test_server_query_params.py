@@ -47,3 +47,20 @@ def test_the_parameters_taken_still_work(tmp_path: Path) -> None:
 
     answers = served(tmp_path, talk)
     assert [a.status_code for a in answers] == [201, 201, 200]
+
+
+@pytest.mark.parametrize("method, path, query", [("GET", "/q/messages", "wait=0&wait=5"), ("PUT", "/p", "shards=2&shards=4")])
+def test_a_parameter_given_twice_is_refused(tmp_path: Path, method: str, path: str, query: str) -> None:
+    """One of the two was taken (the last), silently: ``PUT /p?shards=2&shards=4`` made 4 shards."""
+
+    async def talk(client: httpx.AsyncClient) -> httpx.Response:
+        await client.put("/q")
+        await client.post("/q/messages", content=b"kept")
+        return await client.request(method, f"{path}?{query}")
+
+    refused = served(tmp_path, talk)
+    assert refused.status_code == 400, refused.text
+    assert query.split("=")[0] in refused.json()["error"] and "more than once" in refused.json()["error"]
+    with Broker(tmp_path) as broker:
+        assert broker.queue("q").stats().available == 1
+        assert not broker.exists("p")

@@ -279,15 +279,20 @@ def create_app(config: ServerConfig) -> App:
             taken = parameters_taken.get(id(route))
             if taken is None:
                 taken = parameters_taken[id(route)] = frozenset(parameter.alias for parameter in route.dependant.query_params)
-            check_parameters(request.method, route.path, request.query_params, taken)
+            check_parameters(request.method, route.path, [name for name, _ in request.query_params.multi_items()], taken)
 
     parameters_taken: dict[int, frozenset[str]] = {}  # by id of route (the app's, kept): its query parameters
 
     def check_parameters(method: str, path: str, given: Iterable[str], taken: frozenset[str]) -> None:
+        """``given``: the names of the query's parameters, each as often as it comes."""
+        seen: set[str] = set()
         for name in given:
             if name not in taken:
                 takes = f"takes only {', '.join(sorted(taken))}" if taken else "takes no query parameter"
                 raise HTTPProblem(400, f"unknown query parameter {name!r}: {method} {path} {takes}")
+            if name in seen:  # ``?wait=0&wait=5``: one of them would be taken, silently
+                raise HTTPProblem(400, f"query parameter {name!r} is given more than once")
+            seen.add(name)
 
     def queue_name(queue: str) -> str:
         if queue in RESERVED:
