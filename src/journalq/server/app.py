@@ -566,8 +566,8 @@ def create_app(config: ServerConfig) -> App:
             except HTTPProblem:
                 return False
         queue = scope["path"][1:-_MESSAGES_SUFFIX]
-        if len(body) > config.max_message_size or queue in RESERVED:
-            return False
+        if len(body) > config.max_message_size or queue in RESERVED or scope["query_string"]:
+            return False  # (a query: the POST takes no parameter, and hot_add refuses it)
         sends.submit(queue, body, answering(respond, "rest", _REST_ADD, rest_answer))
         return True
 
