@@ -38,13 +38,13 @@ def test_an_id_with_leading_zeros_is_refused_and_deletes_nothing(tmp_path: Path,
 
     async def talk(client: httpx.AsyncClient) -> list[httpx.Response]:
         await client.put("/q")
-        for i in range(8):
-            await client.post("/q/messages", content=b"m%d" % i)
-        return [await client.delete(f"/q/messages/{spelling}"), await client.get("/q")]
+        ids = [(await client.post("/q/messages", content=b"m%d" % i)).headers["x-message-id"] for i in range(8)]
+        token = ids[7].rpartition(".")[2]
+        return [await client.delete(f"/q/messages/{spelling}.{token}"), await client.get("/q")]
 
     refused, info = served(tmp_path, talk)
     assert refused.status_code == 400, refused.text
-    assert repr(spelling) in refused.json()["error"]
+    assert repr(spelling) in refused.json()["error"] or f"'{spelling}." in refused.json()["error"]
     assert info.json()["available"] == 8
 
 
@@ -52,25 +52,70 @@ def test_a_sharded_queue_id_with_leading_zeros_is_refused(tmp_path: Path) -> Non
     async def talk(client: httpx.AsyncClient) -> list[httpx.Response]:
         await client.put("/s", params={"shards": 2})
         ids = [(await client.post("/s/messages", content=b"m%d" % i)).headers["x-message-id"] for i in range(4)]
-        shard, offset = ids[0].split(".")
-        return [await client.delete(f"/s/messages/{shard}.0{offset}"), await client.get("/s")]
+        shard, offset, token = ids[0].split(".")
+        return [await client.delete(f"/s/messages/{shard}.0{offset}.{token}"), await client.get("/s")]
 
     refused, info = served(tmp_path, talk)
     assert refused.status_code == 400, refused.text
     assert info.json()["available"] == 4
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_an_id_of_a_queue_deleted_and_made_again_deletes_nothing_of_the_new_one(tmp_path: Path, shards: int) -> None:
+    """A queue made again starts its offsets at 0 again: a consumer's late DELETE of an id of the
+    queue before (its message gone with it) deleted the new queue's message of the same offset.
+    The ids carry the queue's token: such an id is not found (404), and the new message stays;
+    the ids of the new queue, on both APIs, delete."""
+
+    async def talk(client: httpx.AsyncClient) -> tuple[list[httpx.Response], dict[str, str]]:
+        await client.put("/q", params={"shards": shards})
+        old = (await client.post("/q/messages", content=b"old")).headers["x-message-id"]
+        await client.delete("/q")
+        await client.put("/q", params={"shards": shards})
+        new = (await client.post("/q/messages", content=b"new")).headers["x-message-id"]
+        sqs = await client.post("/", headers={"X-Amz-Target": "AmazonSQS.SendMessage"},
+                                content=b'{"QueueUrl": "http://testserver/000000000000/q", "MessageBody": "sqs"}')
+        ids = {"old": old, "new": new, "sqs": sqs.json()["MessageId"]}
+        stale = await client.delete(f"/q/messages/{old}")
+        before = await client.get("/q")
+        return [stale, before, await client.delete(f"/q/messages/{new}"),
+                await client.delete(f"/q/messages/{ids['sqs']}"), await client.get("/q")], ids
+
+    (stale, before, new, sqs, after), ids = served(tmp_path, talk)
+    assert ids["old"].rpartition(".")[0] == ids["new"].rpartition(".")[0]  # the same offset, in the same shard
+    assert ids["old"] != ids["new"]
+    assert stale.status_code == 404, stale.text
+    assert repr(ids["old"]) in stale.json()["error"] and "earlier queue" in stale.json()["error"]
+    assert before.json()["available"] == 2
+    assert (new.status_code, sqs.status_code) == (204, 204), (new.text, sqs.text)
+    assert after.json()["available"] == 0
+
+
+def test_an_id_without_the_queue_token_is_refused(tmp_path: Path) -> None:
+    async def talk(client: httpx.AsyncClient) -> list[httpx.Response]:
+        await client.put("/q")
+        given = (await client.post("/q/messages", content=b"m")).headers["x-message-id"]
+        inner = given.rpartition(".")[0]
+        return [await client.delete(f"/q/messages/{inner}"), await client.delete(f"/q/messages/{inner}.XYZ"),
+                await client.get("/q")]
+
+    plain, bad_token, info = served(tmp_path, talk)
+    assert (plain.status_code, bad_token.status_code) == (400, 400), (plain.text, bad_token.text)
+    assert info.json()["available"] == 1
+
+
 def test_a_missing_message_of_a_sharded_queue_is_named_as_the_client_sent_it(tmp_path: Path) -> None:
     """The 404 named the shard's own id ('5') and channel, not the id sent ('1.5')."""
 
-    async def talk(client: httpx.AsyncClient) -> httpx.Response:
+    async def talk(client: httpx.AsyncClient) -> tuple[httpx.Response, str]:
         await client.put("/s", params={"shards": 2})
-        return await client.delete("/s/messages/1.5")
+        token = (await client.post("/s/messages", content=b"m")).headers["x-message-id"].rpartition(".")[2]
+        return await client.delete(f"/s/messages/1.5.{token}"), token
 
-    missing = served(tmp_path, talk)
+    missing, token = served(tmp_path, talk)
     assert missing.status_code == 404, missing.text
     error = missing.json()["error"]
-    assert "'1.5'" in error and "'s'" in error and "'5'" not in error, error
+    assert f"'1.5.{token}'" in error and "'s'" in error and "'5'" not in error, error
 
 
 def test_an_id_as_given_is_still_deleted(tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -58,6 +57,7 @@ from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
+from journalq.server.ids import given_id, queue_id, queue_token
 from journalq.server.polling import poll_slices
 from journalq.server.reading import queue_to_read
 from journalq.server.scopes import header
@@ -153,7 +153,14 @@ def create_app(config: ServerConfig) -> App:
             refusal = HTTPProblem(400, f"queue {queue!r} is a FIFO queue: its messages need a group id, which "
                                   "mq's REST API does not carry; send them with SQS's SendMessage and MessageGroupId")
             return [refusal] * len(bodies)
-        return list(found.send_many(bodies))
+        if on_zookeeper:
+            return list(found.send_many(bodies))
+        token = queue_token(found)
+        try:
+            return [given_id(message_id, token) for message_id in found.send_many(bodies)]
+        except PartialSendError as exc:  # (the 503 made of it keeps it as its cause: ``store``)
+            exc.ids = [None if message_id is None else given_id(message_id, token) for message_id in exc.ids]
+            raise
 
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str | Exception]:
         try:
@@ -451,14 +458,16 @@ def create_app(config: ServerConfig) -> App:
         if wait is not None:
             check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
 
-        def receive(seconds: float) -> tuple[list[ReceivedMessage], float]:
-            """A receive waiting up to ``seconds``, and the whole poll's wait: ``wait``, or the
-            queue's own, as SQS's ReceiveMessage and the library's receive take it."""
+        def receive(seconds: float) -> tuple[list[ReceivedMessage], float, str]:
+            """A receive waiting up to ``seconds``, the whole poll's wait (``wait``, or the
+            queue's own, as SQS's ReceiveMessage and the library's receive take it), and the id
+            the server gives for what it got (``journalq.server.ids``)."""
             # A queue deleted under the poll (by this server or another process) raises
             # QueueNotFoundError, answered 404 as anywhere else (SQS's ReceiveMessage: QueueDoesNotExist).
             found = broker().queue(name, create=False)
             got = found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
-            return got, found.settings.receive_wait if wait is None else wait
+            given = "" if not got else got[0].id if on_zookeeper else given_id(got[0].id, queue_token(found))
+            return got, found.settings.receive_wait if wait is None else wait, given
 
         # A long poll waits in slices: between two, it ends when the server is stopping (a
         # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
@@ -467,13 +476,13 @@ def create_app(config: ServerConfig) -> App:
         # slice is the first look (one call less to a store that may hang: a frozen ZooKeeper).
         slices: Iterable[float] = ()
         if wait is None:
-            got, whole = await blocking(receive, 0, receiving=True)
+            got, whole, given = await blocking(receive, 0, receiving=True)
             if not got and whole and not stopping.is_set():
                 slices = poll_slices(whole)
         else:
-            got, whole, slices = [], wait, poll_slices(wait)
+            got, whole, given, slices = [], wait, "", poll_slices(wait)
         for seconds in slices:
-            got, _ = await blocking(receive, seconds, receiving=True)
+            got, _, given = await blocking(receive, seconds, receiving=True)
             if got or stopping.is_set() or await request.is_disconnected():
                 break
         if got and whole and await request.is_disconnected():
@@ -488,7 +497,7 @@ def create_app(config: ServerConfig) -> App:
             message.body,
             media_type="application/octet-stream",
             headers={
-                "X-Message-Id": message.id,
+                "X-Message-Id": given,
                 "X-Receipt": message.receipt,
                 "X-Receive-Count": str(message.receive_count),
             },
@@ -513,16 +522,17 @@ def create_app(config: ServerConfig) -> App:
         return Response(status_code=204)
 
     def delete_by_id(queue: str, message_id: str) -> None:
-        """``delete_id`` of the id as the server gave it: one spelling per message (``int()``
-        reads "007" as 7), and a 404 that names the id as sent (a sharded queue's names the
-        shard's own id and channel)."""
+        """``delete_id`` of the id as the server gave it (``journalq.server.ids``: of this queue,
+        not of one deleted before it; one spelling per message, as ``int()`` reads "007" as 7),
+        with errors that name the id as sent (a sharded queue's named the shard's own id)."""
         found = broker().queue(queue, create=False)
-        if not on_zookeeper and _PADDED_NUMBER.search(message_id):  # (ZooKeeper's ids are zero-padded)
-            raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids")
+        inner = message_id if on_zookeeper else queue_id(found, message_id, queue)
         try:
-            found.delete_id(message_id)
+            found.delete_id(inner)
         except TaskNotFoundError:
             raise TaskNotFoundError(f"no message {message_id!r} waiting in queue {queue!r}") from None
+        except InvalidMessageError:
+            raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids") from None
 
     async def add_message(queue: str, body: bytes) -> str:
         return await sends.send(queue_name(queue), body)
@@ -788,7 +798,6 @@ def create_app(config: ServerConfig) -> App:
 _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
 _REST_ADD = "POST /{queue}/messages"
-_PADDED_NUMBER = re.compile(r"(?:^|\.)0[0-9]")  # a number of an id (a sharded queue's has two) with a leading 0
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
 _request_numbers = itertools.count()
 _request_id_prefix = b""
