@@ -185,7 +185,7 @@ REQUESTS = [
     post("/q/messages", b"x" * 101),  # over the size limit
     post("/q/messages", b"kept", "Authorization: Bearer wrong"),
     post("/q/messages", b"one-zero", version="1.0"),  # answered, then the connection is closed
-    post("/q/messages?note=1", b"with query"),  # a query, an escape: uvicorn's request cycle, then direct
+    post("/q/messages?note=1", b"with query"),  # a query (one POST does not take: 400), an escape: uvicorn's request cycle
     post("/%71/messages", b"escaped"),
     sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "by sqs"}),
     sqs("SendMessageBatch", {"QueueUrl": "http://test/000000000000/q", "Entries": [
@@ -196,7 +196,7 @@ REQUESTS = [
     sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "x"}, "Authorization: Bearer wrong"),
     sqs("GetQueueAttributes", {"QueueUrl": "http://test/000000000000/q", "AttributeNames": ["All"]}),
 ]
-STATUSES = [201, 201, 404, 400, 413, 401, 201, 201, 201, 200, 200, 400, 400, 400, 401, 200]
+STATUSES = [201, 201, 404, 400, 413, 401, 201, 400, 201, 200, 200, 400, 400, 400, 401, 200]
 
 
 def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[bytes]) -> None:
@@ -215,7 +215,7 @@ def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[by
                                        metrics))
             answers[protocol].append(b"\n".join(counts))
         with Broker(data) as broker:
-            assert broker.queue("q", create=False).stats().available == 7
+            assert broker.queue("q", create=False).stats().available == 6
         data.rename(tmp_path / protocol.__name__)
     assert answers[DirectHttpToolsProtocol] == answers[HeadLimitedHttpToolsProtocol]
     statuses = [status_of(a) for a in answers[DirectHttpToolsProtocol][:-1]]
@@ -223,7 +223,7 @@ def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[by
     assert b"connection: close" in answers[DirectHttpToolsProtocol][6]
     assert b"QueueDoesNotExist" in answers[DirectHttpToolsProtocol][11]
     # Sends that reached a queue went the direct way; the refused ones, and other actions, to ASGI.
-    assert [body[:30] for body in taken] == [b"hello", b"", b"nowhere", b"one-zero", b"with query", b"escaped",
+    assert [body[:30] for body in taken] == [b"hello", b"", b"nowhere", b"one-zero", b"escaped",
                                              b'{"QueueUrl": "http://test/0000',
                                              b'{"QueueUrl": "http://test/0000', b'{"QueueUrl": "http://test/0000']
 
@@ -238,7 +238,7 @@ def test_pipelined_requests_are_answered_in_order(tmp_path: Path, taken: list[by
         answers = exchange(port, *requests)
     statuses = [status_of(a) for a in answers]
     assert statuses == [201, 201, 201, 200, 201, 201, 201, 201], statuses
-    ids = [int(re.search(rb"x-message-id: (\d+)", a).group(1)) for a in answers if b"x-message-id" in a]
+    ids = [int(re.search(rb"x-message-id: (\d+)\.[0-9a-f]{8}\r", a).group(1)) for a in answers if b"x-message-id" in a]
     assert ids == sorted(ids) and len(set(ids)) == 7
     assert b'"available":3' in answers[3]  # the GET came after the first three were stored
     assert taken == [b"m0", b"m1", b"m2", b"m3", b"m4", b"last"]
@@ -588,7 +588,9 @@ def _lane_run(data: Path, protocol: type, counted: list[int]) -> list[bytes]:
                     with Broker(data) as broker:
                         SqsProtocol(broker).handle("SetQueueAttributes", {
                             "QueueUrl": _URL + "elsewhere", "Attributes": {"MaximumMessageSize": "1024"}}, "http://x")
-                answers.append(re.sub(rb"(date|x-amzn-requestid): [^\r]*\r\n", b"", exchange(port, request)[0]))
+                answer = re.sub(rb"(date|x-amzn-requestid): [^\r]*\r\n", b"", exchange(port, request)[0])
+                # The same ids from run to run but for the queue's token (journalq.server.ids), each run's own.
+                answers.append(re.sub(rb'("MessageId": "[0-9.]+)\.[0-9a-f]{8}"', rb'\1.TOKEN"', answer))
             metrics = exchange(port, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")[0]
     counts = re.findall(rb'journalq_messages_in_total\{[^}]*\} \S+|journalq_request_seconds_count'
                         rb'\{api="sqs",[^}]*operation="SendMessage[^}]*\} \S+', metrics)

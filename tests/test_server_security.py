@@ -190,9 +190,11 @@ def test_rest_requires_the_bearer_token(server: ServerProcess, queue: str) -> No
         assert authorized.get(f"/{queue}").status_code == 200
         assert authorized.get("/not-made").status_code == 404
         assert authorized.get(f"/{queue}/messages").status_code == 204
-        # The service endpoints stay open for probes and scrapers.
+        # The probes stay open; the metrics, which name the queues, need the token (Prometheus sends one).
         assert anonymous.get("/healthz").status_code == 200
-        assert anonymous.get("/metrics").status_code == 200
+        assert anonymous.get("/readyz").status_code == 200
+        assert anonymous.get("/metrics").status_code == 401
+        assert authorized.get("/metrics").status_code == 200
 
 
 # -- SigV4 for the SQS API ---------------------------------------------------------------------

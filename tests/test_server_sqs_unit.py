@@ -27,6 +27,7 @@ from journalq.queue.envelope import Attribute
 from journalq.server import digests
 from journalq.server import sqs as sqs_module
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
+from journalq.server.ids import queue_token
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import ATTEMPT_SECONDS, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
 
@@ -1011,7 +1012,7 @@ def test_fifo_queues(client: Client) -> None:
     again = send(MessageBody="first, again", MessageGroupId="g1", MessageDeduplicationId="d1")
     other = send(MessageBody="other group", MessageGroupId="g2", MessageDeduplicationId="d3")
     assert again["MessageId"] == first["MessageId"] and again["SequenceNumber"] == first["SequenceNumber"]
-    assert first["SequenceNumber"] == f"{int(first['MessageId']):020d}" and len(first["SequenceNumber"]) == 20
+    assert first["SequenceNumber"] == f"{int(first['MessageId'].partition('.')[0]):020d}" and len(first["SequenceNumber"]) == 20
     assert int(first["SequenceNumber"]) < int(second["SequenceNumber"]) < int(other["SequenceNumber"])
     messages = client.receive(url, MaxNumberOfMessages=10, AttributeNames=["All"])
     assert [m["Body"] for m in messages] == ["first", "other group"]  # one of a group in flight at a time
@@ -1260,7 +1261,8 @@ def test_send_together_stores_requests_in_one_write_and_refuses_bad_ones_alone(
     assert [(e["Id"], e["Code"]) for e in batch["Failed"]] == [("b", "MissingParameter")]
     assert isinstance(three, dict)
     ids = [one["MessageId"], batch["Successful"][0]["MessageId"], three["MessageId"]]
-    assert [int(i) for i in ids] == list(range(int(ids[0]), int(ids[0]) + 3))  # in order, one batch
+    offsets = [int(i.partition(".")[0]) for i in ids]
+    assert offsets == list(range(offsets[0], offsets[0] + 3))  # in order, one batch
     assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["one", "two", "three"]
 
 
@@ -1380,6 +1382,7 @@ def test_send_together_answers_each_send_as_it_fared_when_part_is_stored(
         ("SendMessageBatch", {"QueueUrl": url, "Entries": [{"Id": f"e{i}", "MessageBody": f"e{i}"} for i in range(3)]}),
         ("SendMessage", {"QueueUrl": url}),  # refused by the checks: no message
     ], partly_stored=lambda exc: made.append(exc) or unsent)
+    answers = queue_ids(answers, queue_token(queue))
     assert len(made) == 1
     assert answers[0] == {"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")}
     assert answers[1] is unsent
@@ -1389,6 +1392,23 @@ def test_send_together_answers_each_send_as_it_fared_when_part_is_stored(
         "Failed": [{"Id": "e1", "SenderFault": False, "Code": "ServiceUnavailable", "Message": f"not stored: {made[0]}"}],
     }
     assert isinstance(answers[3], SqsError) and answers[3].code == "MissingParameter"
+
+
+def queue_ids(value: Any, token: str) -> Any:
+    """``value`` with each ``MessageId`` the queue's own: without the queue's token, which it
+    must carry (``journalq.server.ids``)."""
+    if isinstance(value, dict):
+        return {key: _queue_id(item, token) if key == "MessageId" else queue_ids(item, token)
+                for key, item in value.items()}
+    if isinstance(value, list):
+        return [queue_ids(item, token) for item in value]
+    return value
+
+
+def _queue_id(message_id: str, token: str) -> str:
+    inner, _, tagged = message_id.rpartition(".")
+    assert tagged == token, (message_id, token)
+    return inner
 
 
 _TOGETHER = [
@@ -1418,7 +1438,8 @@ def test_send_together_answers_plain_sends_as_the_full_checks_do(
             if run == "full":
                 patch.setattr(sqs_module, "_plain_body", lambda entry, settings, rules: None)
             got = sqs.send_together(run, requests)
-        answers[run] = [(a.code, a.message) if isinstance(a, SqsError) else a for a in got]
+        answers[run] = [(a.code, a.message) if isinstance(a, SqsError) else a
+                        for a in queue_ids(got, queue_token(sqs.broker.queue(run, create=False)))]
         bodies[run] = [m["Body"] for m in client.receive(f"{BASE}/000000000000/{run}", MaxNumberOfMessages=10)]
     assert answers["lane"] == answers["full"]
     assert bodies["lane"] == bodies["full"]
@@ -1440,7 +1461,7 @@ def test_send_together_of_plain_sends_only_answers_each_as_it_fared_when_part_is
     bodies = ["zero", "one", "two"]
     answers = sqs.send_together("partly", [("SendMessage", {"QueueUrl": url, "MessageBody": b}) for b in bodies],
                                 partly_stored=lambda exc: unsent)
-    assert answers == [{"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")}, unsent,
+    assert queue_ids(answers, queue_token(queue)) == [{"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")}, unsent,
                        {"MessageId": "102", "MD5OfMessageBody": md5_of_body("two")}]
 
 

@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs
 
 import anyio
 from fastapi import Depends, FastAPI, Request, Response
@@ -37,6 +39,7 @@ from starlette.types import Receive, Scope, Send
 from journalq import __version__
 from journalq.errors import (
     Error,
+    InvalidMessageError,
     InvalidSettingError,
     JournalError,
     PartialSendError,
@@ -54,7 +57,9 @@ from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
+from journalq.server.ids import given_id, queue_id, queue_token
 from journalq.server.polling import poll_slices
+from journalq.server.reading import queue_to_read
 from journalq.server.scopes import header
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol
@@ -100,6 +105,7 @@ def create_app(config: ServerConfig) -> App:
     store_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="journalq-store")
     body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
     stopping = asyncio.Event()  # set once the server begins to stop: long polls end
+    on_zookeeper = is_zookeeper_url(config.data)  # what Broker(config.data) decides too
 
     @asynccontextmanager
     async def lifespan(app: App) -> AsyncIterator[None]:
@@ -147,7 +153,14 @@ def create_app(config: ServerConfig) -> App:
             refusal = HTTPProblem(400, f"queue {queue!r} is a FIFO queue: its messages need a group id, which "
                                   "mq's REST API does not carry; send them with SQS's SendMessage and MessageGroupId")
             return [refusal] * len(bodies)
-        return list(found.send_many(bodies))
+        if on_zookeeper:
+            return list(found.send_many(bodies))
+        token = queue_token(found)
+        try:
+            return [given_id(message_id, token) for message_id in found.send_many(bodies)]
+        except PartialSendError as exc:  # (the 503 made of it keeps it as its cause: ``store``)
+            exc.ids = [None if message_id is None else given_id(message_id, token) for message_id in exc.ids]
+            raise
 
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str | Exception]:
         try:
@@ -263,6 +276,31 @@ def create_app(config: ServerConfig) -> App:
     async def rest_auth(request: Request) -> None:  # async: no thread hop per request
         check_token(request.headers.get("authorization", ""))
 
+    async def rest_checks(request: Request) -> None:
+        """mq's endpoints: the token, then the query's parameters: one the endpoint does not take
+        (a typo: ``?wiat=5`` did not wait, ``?visibility_timout=600`` hid the message for the
+        queue's timeout) is refused, not ignored. (One dependency, not two: each costs.)"""
+        check_token(request.headers.get("authorization", ""))
+        if request.scope["query_string"]:
+            route = request.scope["route"]
+            taken = parameters_taken.get(id(route))
+            if taken is None:
+                taken = parameters_taken[id(route)] = frozenset(parameter.alias for parameter in route.dependant.query_params)
+            check_parameters(request.method, route.path, [name for name, _ in request.query_params.multi_items()], taken)
+
+    parameters_taken: dict[int, frozenset[str]] = {}  # by id of route (the app's, kept): its query parameters
+
+    def check_parameters(method: str, path: str, given: Iterable[str], taken: frozenset[str]) -> None:
+        """``given``: the names of the query's parameters, each as often as it comes."""
+        seen: set[str] = set()
+        for name in given:
+            if name not in taken:
+                takes = f"takes only {', '.join(sorted(taken))}" if taken else "takes no query parameter"
+                raise HTTPProblem(400, f"unknown query parameter {name!r}: {method} {path} {takes}")
+            if name in seen:  # ``?wait=0&wait=5``: one of them would be taken, silently
+                raise HTTPProblem(400, f"query parameter {name!r} is given more than once")
+            seen.add(name)
+
     def queue_name(queue: str) -> str:
         if queue in RESERVED:
             raise HTTPProblem(400, f"{queue!r} is reserved for the server's own use")
@@ -334,22 +372,34 @@ def create_app(config: ServerConfig) -> App:
                               {"Retry-After": str(config.retry_after)}) from exc
         return {"status": "ok", "queues": len(names)}
 
-    @app.get("/metrics", tags=["service"], response_class=Response)
+    # The token guards the metrics too (they name every queue): Prometheus sends one
+    # (``authorization`` in a scrape config). The probes above name nothing and stay open.
+    @app.get("/metrics", tags=["service"], response_class=Response, dependencies=[Depends(rest_auth)])
     async def metrics_endpoint() -> Response:
-        """Prometheus text format: messages in and out, depth, in flight, dead, latency, syncs."""
+        """Prometheus text format: messages in and out, depth, in flight, dead, latency, syncs
+        (with ``--token``, for a request that carries it)."""
         counts.observe_noted()  # the latencies noted in this turn of the loop too
         body = await blocking(counts.render)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
     # -- mq's six endpoints ------------------------------------------------------------------
 
-    @app.get("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)])
+    @app.get("/{queue}", tags=["mq"], dependencies=[Depends(rest_checks)])
     async def get_queue(queue: str) -> dict[str, Any]:
-        """200 with the queue's counts when it exists, 404 otherwise."""
-        stats = await blocking(lambda: broker().queue(queue_name(queue), create=False).stats())
-        return {"name": queue, **stats.__dict__}
+        """200 with the queue's counts when it exists, 404 otherwise. A topic whose channels are
+        its own (made through the library, none named ``default``): the counts of each channel,
+        under ``channels`` (a read gives it no channel of its own)."""
 
-    @app.put("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=201)
+        def counts_of(name: str) -> dict[str, Any]:
+            found = queue_to_read(broker(), name)
+            if found is not None:
+                return found.stats().__dict__
+            topic = broker().topic(name, create=False)
+            return {"channels": {channel: topic.channel(channel).stats().__dict__ for channel in topic.channel_names()}}
+
+        return {"name": queue, **await blocking(counts_of, queue_name(queue))}
+
+    @app.put("/{queue}", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=201)
     async def put_queue(queue: str, response: Response, shards: int | None = None) -> dict[str, Any]:
         """Create the queue (201), or find it there already (200). The body is ignored.
         ``?shards=N``: spread a new queue over N shards (a power of two up to 1024); an existing
@@ -390,13 +440,13 @@ def create_app(config: ServerConfig) -> App:
             response.status_code = 200
         return {"name": name, "created": not existed}
 
-    @app.delete("/{queue}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=204)
+    @app.delete("/{queue}", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=204)
     async def delete_queue(queue: str) -> Response:
         """Delete the queue and all its messages."""
         await blocking(broker().delete, queue_name(queue))
         return Response(status_code=204)
 
-    @app.get("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_auth)])
+    @app.get("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_checks)])
     async def fetch(
         queue: str, request: Request, wait: float | None = None, visibility_timeout: float | None = None
     ) -> Response:
@@ -408,14 +458,16 @@ def create_app(config: ServerConfig) -> App:
         if wait is not None:
             check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
 
-        def receive(seconds: float) -> tuple[list[ReceivedMessage], float]:
-            """A receive waiting up to ``seconds``, and the whole poll's wait: ``wait``, or the
-            queue's own, as SQS's ReceiveMessage and the library's receive take it."""
+        def receive(seconds: float) -> tuple[list[ReceivedMessage], float, str]:
+            """A receive waiting up to ``seconds``, the whole poll's wait (``wait``, or the
+            queue's own, as SQS's ReceiveMessage and the library's receive take it), and the id
+            the server gives for what it got (``journalq.server.ids``)."""
             # A queue deleted under the poll (by this server or another process) raises
             # QueueNotFoundError, answered 404 as anywhere else (SQS's ReceiveMessage: QueueDoesNotExist).
             found = broker().queue(name, create=False)
             got = found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
-            return got, found.settings.receive_wait if wait is None else wait
+            given = "" if not got else got[0].id if on_zookeeper else given_id(got[0].id, queue_token(found))
+            return got, found.settings.receive_wait if wait is None else wait, given
 
         # A long poll waits in slices: between two, it ends when the server is stopping (a
         # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
@@ -424,13 +476,13 @@ def create_app(config: ServerConfig) -> App:
         # slice is the first look (one call less to a store that may hang: a frozen ZooKeeper).
         slices: Iterable[float] = ()
         if wait is None:
-            got, whole = await blocking(receive, 0, receiving=True)
+            got, whole, given = await blocking(receive, 0, receiving=True)
             if not got and whole and not stopping.is_set():
                 slices = poll_slices(whole)
         else:
-            got, whole, slices = [], wait, poll_slices(wait)
+            got, whole, given, slices = [], wait, "", poll_slices(wait)
         for seconds in slices:
-            got, _ = await blocking(receive, seconds, receiving=True)
+            got, _, given = await blocking(receive, seconds, receiving=True)
             if got or stopping.is_set() or await request.is_disconnected():
                 break
         if got and whole and await request.is_disconnected():
@@ -445,13 +497,13 @@ def create_app(config: ServerConfig) -> App:
             message.body,
             media_type="application/octet-stream",
             headers={
-                "X-Message-Id": message.id,
+                "X-Message-Id": given,
                 "X-Receipt": message.receipt,
                 "X-Receive-Count": str(message.receive_count),
             },
         )
 
-    @app.post("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=201)
+    @app.post("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=201)
     async def add(queue: str, request: Request) -> Response:
         """Store the body as a message; 201 with ``X-Message-Id`` once it is on stable storage,
         400 when the body cannot be read, 503 with ``Retry-After`` when it cannot be stored."""
@@ -462,12 +514,25 @@ def create_app(config: ServerConfig) -> App:
         message_id = await add_message(queue, body)
         return Response(status_code=201, headers={"X-Message-Id": message_id})
 
-    @app.delete("/{queue}/messages/{message_id}", tags=["mq"], dependencies=[Depends(rest_auth)], status_code=204)
+    @app.delete("/{queue}/messages/{message_id}", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=204)
     async def remove(queue: str, message_id: str) -> Response:
         """Delete a message by the id that adding or fetching it gave, whatever its state."""
-        await blocking(lambda: broker().queue(queue_name(queue), create=False).delete_id(message_id))
+        await blocking(delete_by_id, queue_name(queue), message_id)
         counts.counted(counts.messages_deleted, queue).inc()
         return Response(status_code=204)
+
+    def delete_by_id(queue: str, message_id: str) -> None:
+        """``delete_id`` of the id as the server gave it (``journalq.server.ids``: of this queue,
+        not of one deleted before it; one spelling per message, as ``int()`` reads "007" as 7),
+        with errors that name the id as sent (a sharded queue's named the shard's own id)."""
+        found = broker().queue(queue, create=False)
+        inner = message_id if on_zookeeper else queue_id(found, message_id, queue)
+        try:
+            found.delete_id(inner)
+        except TaskNotFoundError:
+            raise TaskNotFoundError(f"no message {message_id!r} waiting in queue {queue!r}") from None
+        except InvalidMessageError:
+            raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids") from None
 
     async def add_message(queue: str, body: bytes) -> str:
         return await sends.send(queue_name(queue), body)
@@ -483,6 +548,9 @@ def create_app(config: ServerConfig) -> App:
         headers = dict(scope["headers"])
         try:
             check_token(headers.get(b"authorization", b""))
+            if scope["query_string"]:  # (the direct path takes no request with a query)
+                check_parameters("POST", "/{queue}/messages", parse_qs(scope["query_string"].decode("latin-1"),
+                                                                       keep_blank_values=True), frozenset())
             queue = scope["path"][1:-_MESSAGES_SUFFIX]
             if headers.get(b"expect", b"").lower() == b"100-continue":
                 # The client waits to be asked for its body (reading it asks): a queue that does
@@ -508,8 +576,8 @@ def create_app(config: ServerConfig) -> App:
             except HTTPProblem:
                 return False
         queue = scope["path"][1:-_MESSAGES_SUFFIX]
-        if len(body) > config.max_message_size or queue in RESERVED:
-            return False
+        if len(body) > config.max_message_size or queue in RESERVED or scope["query_string"]:
+            return False  # (a query: the POST takes no parameter, and hot_add refuses it)
         sends.submit(queue, body, answering(respond, "rest", _REST_ADD, rest_answer))
         return True
 
@@ -565,7 +633,6 @@ def create_app(config: ServerConfig) -> App:
 
     sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
     sqs_checks_headers = bool(config.aws_credentials) or config.rest_token is not None
-    sqs_on_zookeeper = is_zookeeper_url(config.data)  # what Broker(config.data) decides too
 
     def sqs_action(target: str) -> str:
         """The action an SQS request names in its ``X-Amz-Target`` (checked before its body is
@@ -612,7 +679,7 @@ def create_app(config: ServerConfig) -> App:
                 raise ValueError("not a JSON object")
         except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the decoder goes
             raise SqsRefusal(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}")) from None
-        if sqs_on_zookeeper:
+        if on_zookeeper:
             raise SqsRefusal(SqsError(
                 "UnsupportedOperation", "the SQS protocol needs a data directory: this server's queues are in "
                 "ZooKeeper (use mq's REST API)", status=400))
@@ -769,7 +836,7 @@ answer to a failure that is not the storage's nor the request's."""
 _BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 _HEADER = {"schema": {"type": "string"}}
 _FAILED = {
-    "400": "A bad queue name (or one of the server's own), or a bad parameter.",
+    "400": "A bad queue name (or one of the server's own), or a bad parameter (or one the endpoint does not take).",
     "401": "The server requires a bearer token (``--token``) and the request has none or another.",
     "404": "The queue does not exist.",
     "503": "The storage failed (a full disk, an I/O error): nothing was done; try again after "
@@ -777,7 +844,8 @@ _FAILED = {
 }
 _REST_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
     ("/{queue}", "get"): {
-        "200": "The queue exists: its counts.", "400": ..., "401": ..., "404": ..., "503": ...,
+        "200": "The queue exists: its counts (a topic whose channels are its own, none named ``default``: "
+               "each channel's, under ``channels``).", "400": ..., "401": ..., "404": ..., "503": ...,
     },
     ("/{queue}", "put"): {
         "200": "The queue was there already.", "201": "The queue was made.",
@@ -830,6 +898,10 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
         "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
     if token:
         schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    if token:
+        metrics = schema["paths"]["/metrics"]["get"]
+        metrics["responses"]["401"] = {"description": _FAILED["401"], "content": error}
+        metrics["security"] = [{"bearer": []}]
     for (path, method), answers in _REST_ANSWERS.items():
         operation = schema["paths"][path][method]
         # The JSON schema FastAPI made of the success's body, if it has one.
@@ -1051,8 +1123,30 @@ class App(FastAPI):
 def app_from_environment() -> App:
     """The app of a uvicorn worker process: settings from ``JOURNALQ_SERVER``."""
     app = create_app(ServerConfig.from_environment())
+    stop_with_supervisor()
     settle_heap()
     return app
+
+
+def stop_with_supervisor() -> None:
+    """Stop this worker process (a SIGTERM: answered requests, synced journals) once the process
+    that started it is gone. A supervisor killed with SIGKILL stops none of its workers, and they
+    went on serving, holding the port (a new server could not bind it) and the data directory.
+    multiprocessing's parent sentinel reads the end of a pipe that only the parent holds open:
+    it ends whenever and however the parent dies, even before this is called (no pid to reuse,
+    no polling; on any POSIX system, unlike Linux's PR_SET_PDEATHSIG)."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()  # None in a process that multiprocessing did not start
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        log.warning("the server's supervisor process %s is gone: this worker (%d) stops", parent.pid, os.getpid())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="journalq-supervisor-watch", daemon=True).start()
 
 
 YOUNG_OBJECTS = 50_000

@@ -37,6 +37,7 @@ from uvicorn.supervisors import Multiprocess
 from journalq.errors import Error
 from journalq.journal.sync import syncs_done
 from journalq.queue import Broker
+from journalq.server.reading import queue_to_read
 from journalq.server.scopes import header
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -289,7 +290,10 @@ class _ScrapeTime:
             names = []
         for name in names:
             try:
-                stats = broker.queue(name, create=False).stats()
+                found = queue_to_read(broker, name)
+                if found is None:  # a topic of channels of its own: its depths are theirs, not a queue's
+                    continue
+                stats = found.stats()
             except Exception:  # a queue deleted meanwhile, or unreadable: leave it out of this scrape
                 continue
             for field, family in families.items():

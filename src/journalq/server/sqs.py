@@ -92,6 +92,7 @@ from journalq.server.digests import (
     md5_of_message_system_attributes,
     md5_of_utf8,
 )
+from journalq.server.ids import given_id, queue_token
 from journalq.server.polling import poll_slices
 
 # -- errors -----------------------------------------------------------------------------------
@@ -728,6 +729,7 @@ class SqsProtocol:
             else:
                 queue = self.broker.queue(name, create=False)
         settings = queue.settings
+        token = queue_token(queue)  # (what the message ids carry: journalq.server.ids)
         checked: list[_Checked | SqsError] = []
         bodies_only = True  # every request a plain SendMessage (the common batch): see _store
         for action, request in requests:
@@ -747,24 +749,24 @@ class SqsProtocol:
         sends = cast("list[_Checked]", checked) if bodies_only else [c for c in checked if not isinstance(c, SqsError)]
         with _sqs_errors():
             try:
-                answers = self._store(queue, sends, plain, bodies_only=bodies_only)
+                answers = self._store(queue, token, sends, plain, bodies_only=bodies_only)
             except (InvalidMessageError, InvalidSettingError):
                 # Refused by the queue, not the checks above: find which request it was by
                 # storing each alone, so that one bad request does not fail the others.
-                answers = [self._store_alone(queue, send, plain) for send in sends]
+                answers = [self._store_alone(queue, token, send, plain) for send in sends]
             except PartialSendError as exc:
                 if partly_stored is None:
                     raise
-                answers = self._answers(sends, exc.ids, plain, exc, partly_stored(exc))
+                answers = self._answers(token, sends, exc.ids, plain, exc, partly_stored(exc))
         if bodies_only:
             return answers
         stored = iter(answers)
         return [c if isinstance(c, SqsError) else next(stored) for c in checked]
 
-    def _store_alone(self, queue: Queue, send: _Checked, plain: Callable[[str, str], Any]) -> Any:
+    def _store_alone(self, queue: Queue, token: str, send: _Checked, plain: Callable[[str, str], Any]) -> Any:
         try:
             with _sqs_errors():
-                return self._store(queue, [send], plain)[0]
+                return self._store(queue, token, [send], plain)[0]
         except SqsError as exc:
             return exc
 
@@ -1437,8 +1439,9 @@ class SqsProtocol:
             stored.get("DeduplicationScope") == "messageGroup",
         )
 
-    def _answer(self, message_id: str, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
-        answer = {"MessageId": message_id, **outgoing.answer}
+    def _answer(self, message_id: str, token: str, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
+        """``message_id``: the queue's; ``token``: the queue's, which the id answered carries."""
+        answer = {"MessageId": given_id(message_id, token), **outgoing.answer}
         if fifo:
             answer["SequenceNumber"] = f"{int(message_id):020d}"
         return answer
@@ -1488,24 +1491,27 @@ class SqsProtocol:
         return _Sending(settings.fifo, checked, failed)
 
     def _store(
-        self, queue: Queue, sends: Sequence[_Checked], plain: Callable[[str, str], Any], *, bodies_only: bool = False
+        self, queue: Queue, token: str, sends: Sequence[_Checked], plain: Callable[[str, str], Any], *,
+        bodies_only: bool = False,
     ) -> list[Any]:
-        """Store the messages of checked sends to ``queue`` in one write; their answers.
-        ``bodies_only``: every send is a plain SendMessage's body (``_answers``' answers, without
-        its walk: ~0.2 µs a message)."""
+        """Store the messages of checked sends to ``queue`` (of ``token``) in one write; their
+        answers. ``bodies_only``: every send is a plain SendMessage's body (``_answers``' answers,
+        without its walk: ~0.2 µs a message)."""
         if bodies_only:
             bodies = cast("list[bytes]", sends)
-            return [plain(message_id, md5_of_utf8(body)) for message_id, body in zip(queue.send_many(bodies), bodies)]
+            return [plain(given_id(message_id, token), md5_of_utf8(body))
+                    for message_id, body in zip(queue.send_many(bodies), bodies)]
         items: list[dict[str, Any] | bytes] = []
         for send in sends:
             if isinstance(send, bytes):  # a plain SendMessage: its body
                 items.append(send)
             else:
                 items += [o.item for _, o in send.entries]
-        return self._answers(sends, queue.send_many(items) if items else [], plain)
+        return self._answers(token, sends, queue.send_many(items) if items else [], plain)
 
     def _answers(
         self,
+        token: str,
         sends: Sequence[_Checked],
         message_ids: Sequence[str | None],
         plain: Callable[[str, str], Any],
@@ -1519,18 +1525,18 @@ class SqsProtocol:
         for sending in sends:
             if isinstance(sending, bytes):  # a plain SendMessage: its body
                 message_id = next(ids)
-                answers.append(unsent if message_id is None else plain(message_id, md5_of_utf8(sending)))
+                answers.append(unsent if message_id is None else plain(given_id(message_id, token), md5_of_utf8(sending)))
                 continue
             if sending.failed is None:  # SendMessage: one message, its answer alone
                 message_id = next(ids)
                 answers.append(
-                    unsent if message_id is None else self._answer(message_id, sending.entries[0][1], sending.fifo))
+                    unsent if message_id is None else self._answer(message_id, token, sending.entries[0][1], sending.fifo))
                 continue
             stored, failed = [], list(sending.failed)
             for entry_id, outgoing in sending.entries:
                 message_id = next(ids)
                 if message_id is not None:
-                    stored.append((entry_id, self._answer(message_id, outgoing, sending.fifo)))
+                    stored.append((entry_id, self._answer(message_id, token, outgoing, sending.fifo)))
                 else:
                     failed.append({"Id": entry_id, "SenderFault": False, "Code": "ServiceUnavailable",
                                    "Message": f"not stored: {failure}"})
@@ -1577,7 +1583,8 @@ class SqsProtocol:
         if not received:
             return {}
         now_ms = time.time_ns() // 1_000_000
-        return {"Messages": [self._message(name, m, system, selectors, fifo, now_ms) for m in received]}
+        token = queue_token(queue)
+        return {"Messages": [self._message(name, m, system, selectors, fifo, now_ms, token) for m in received]}
 
     def _again(self, name: str, queue: Queue, attempt: str, hide: int | None) -> list[ReceivedMessage] | None:
         """A retried FIFO receive (the same ``ReceiveRequestAttemptId`` within 5 minutes): the
@@ -1623,10 +1630,12 @@ class SqsProtocol:
         selectors: list[Any],
         fifo: bool,
         now_ms: int,
+        token: str,
     ) -> dict[str, Any]:
+        """``token``: the queue's (``journalq.server.ids``), which its message ids carry."""
         body = message.body.decode("utf-8", errors="replace")
         out: dict[str, Any] = {
-            "MessageId": message.id,
+            "MessageId": given_id(message.id, token),
             "ReceiptHandle": message.receipt,
             "MD5OfBody": md5_of_body(body),
             "Body": body,
