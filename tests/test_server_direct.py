@@ -42,15 +42,18 @@ from journalq.server.scopes import header
 
 
 @contextmanager
-def serving(data: Path, protocol: type, keep_alive: float = 5, **settings: Any) -> Iterator[int]:
+def serving(
+    data: Path, protocol: type, keep_alive: float = 5, limit_concurrency: int | None = None, **settings: Any
+) -> Iterator[int]:
     """A journalq app under uvicorn with ``protocol`` (idle connections closed after
-    ``keep_alive`` seconds), in a thread; yields its port."""
+    ``keep_alive`` seconds; uvicorn's ``limit_concurrency``), in a thread; yields its port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(ServerConfig(data=data, port=port, **settings))
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, log_level="warning", access_log=False,
-                                           timeout_keep_alive=keep_alive, timeout_graceful_shutdown=5))
+                                           timeout_keep_alive=keep_alive, timeout_graceful_shutdown=5,
+                                           limit_concurrency=limit_concurrency))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -98,3 +98,20 @@ def test_sqs_attribute_names_that_are_not_strings_are_invalid_parameter_value(tm
             assert answer.status_code == 400, (names, answer.text)
             assert answer.json()["__type"].endswith("InvalidParameterValue"), (names, answer.text)
         assert sqs("GetQueueAttributes", {"QueueUrl": url, "AttributeNames": ["All"]}).status_code == 200
+
+
+def test_a_request_past_the_concurrency_limit_is_answered_503_with_retry_after(tmp_path: Path) -> None:
+    """Past uvicorn's ``limit_concurrency`` (``journalq serve``'s connection limit) the answer was
+    uvicorn's plain-text 503 with no Retry-After, unlike every other 503 of the server. With a
+    limit of one, a request's own connection fills it: every request, the direct path's POST
+    too, is turned away, and nothing is stored."""
+    with serving(tmp_path / "data", DirectHttpToolsProtocol, limit_concurrency=1) as port:
+        base = f"http://127.0.0.1:{port}"
+        for method, path, body in [("PUT", "/q", b""), ("POST", "/q/messages", b"hello"), ("GET", "/healthz", b"")]:
+            answer = httpx.request(method, base + path, content=body)
+            assert answer.status_code == 503, (method, path)
+            assert answer.headers["retry-after"] == "1"
+            assert answer.headers["connection"] == "close"
+            assert answer.json() == {"error": "the server is busy: too many requests under way; send again later",
+                                     "kind": "busy"}
+    assert not (tmp_path / "data" / "q").exists()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
@@ -73,6 +74,11 @@ class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
             if self._head_bytes > self.max_head:
                 self._refuse_head()
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # Past ``limit_concurrency`` uvicorn answers with its own plain 503, which says nothing of
+        # when to come back: the server's other 503s carry Retry-After, and so does this one.
+        super()._start_asgi_task(cycle, busy if app is service_unavailable else app)
+
     def _refuse_head(self) -> None:
         self.logger.warning("request refused: its head is over %d bytes", self.max_head)
         self._refuse(431, f"the request head (request line and headers) is over {self.max_head} bytes")
@@ -84,6 +90,21 @@ class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
                    (b"content-length", str(len(text)).encode()), _CLOSE]
         self.transport.write(_encoded(status, self.server_state.default_headers, headers, text))
         self.transport.close()
+
+
+BUSY_BODY = b'{"error": "the server is busy: too many requests under way; send again later", "kind": "busy"}'
+
+
+async def busy(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The answer to a request past the server's concurrency limit (uvicorn's ``limit_concurrency``):
+    503 with ``Retry-After``, a JSON body, and the connection closed (as uvicorn's own)."""
+    await send({
+        "type": "http.response.start",
+        "status": 503,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(BUSY_BODY)).encode()),
+                    (b"retry-after", b"1"), _CLOSE],
+    })
+    await send({"type": "http.response.body", "body": BUSY_BODY, "more_body": False})
 
 
 DirectRoute = Callable[[dict[str, Any]], Any]
