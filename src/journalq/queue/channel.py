@@ -862,9 +862,12 @@ class Channel:
         return env
 
     def _send_dead(self, dead: list[tuple[Message, Envelope, int]]) -> None:
+        """Send dead letters to the dead-letter queue, made when missing. Through its topic, not
+        ``broker.queue``: that would give a topic with channels of its own a channel ``default``,
+        which takes every message of it and holds its gc for ever."""
         queue_name = self.settings.dead_letter_queue
         assert queue_name is not None
-        target = self.topic.broker.queue(queue_name)
+        target = self.topic.broker.topic(queue_name)
         target.send_many(
             [
                 resend(
