@@ -45,6 +45,7 @@ from journalq.errors import (
     PartialSendError,
     QueueError,
     QueueNotFoundError,
+    SettingsFileError,
     _ranges,
     format_timestamp,
 )
@@ -598,9 +599,12 @@ def create(
 @click.argument("name", metavar="QUEUE")
 @_broker_options
 def delete_queue(name: str, data: Path, sync: str) -> None:
-    """Delete QUEUE and all its messages."""
+    """Delete QUEUE and all its messages (also one whose queue.json is damaged)."""
     with _broker(data, sync) as broker:
-        _require(broker, name)
+        try:
+            _require(broker, name)
+        except SettingsFileError:
+            pass  # it cannot be told from a topic without its settings; deleting is the way out
         broker.delete(name)
         _echo_jsonl([{"name": name, "deleted": True}])
 

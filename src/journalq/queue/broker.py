@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from journalq.closing import Closing
-from journalq.errors import QueueNotFoundError
+from journalq.errors import QueueNotFoundError, SettingsFileError
 from journalq.journal.recovery import fsync_dir
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
@@ -172,7 +172,8 @@ class Broker(Closing):
         return stat.S_ISREG(mode)
 
     def delete(self, name: str) -> None:
-        """Delete a queue or topic and all its messages."""
+        """Delete a queue or topic and all its messages; also one whose settings file is damaged
+        (``SettingsFileError`` everywhere else), which cannot be opened to be mended."""
         check_name(name)
         if not self.exists(name):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
@@ -180,8 +181,11 @@ class Broker(Closing):
         self.forget(name)
         if opened is not None:
             opened.gone = True  # what was got of it refuses to work (a send would make it again)
-        path = self.root / name
-        sharded.delete_shards(self.root, name, settings_file.load(path))
+        try:
+            shards: int | None = (settings_file.load(self.root / name) or QueueSettings()).shards
+        except SettingsFileError:
+            shards = None  # damaged: deleting it is the way out (its shards are found by name)
+        sharded.delete_shards(self.root, name, shards)
         if not remove_directory(self.root, name):
             raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted meanwhile")
         if self.durable:

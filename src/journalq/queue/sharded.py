@@ -142,12 +142,16 @@ def open_topic(broker: Broker, name: str, settings: QueueSettings) -> Topic | Sh
     return ShardedTopic(broker, name, settings)
 
 
-def delete_shards(root: Path, name: str, settings: QueueSettings | None) -> None:
-    """Remove the shards of topic ``name`` (before its settings, so that a delete cut short leaves
-    the topic listed, to be deleted again)."""
-    if settings is None or settings.shards == 1:
-        return
-    for directory in shard_dirs(name, settings.shards):
+def delete_shards(root: Path, name: str, shards: int | None) -> None:
+    """Remove the ``shards`` shards of topic ``name`` (before its settings, so that a delete cut
+    short leaves the topic listed, to be deleted again). ``shards`` None: unknown, its settings
+    being damaged; every directory named as a shard of ``name`` goes (such names are kept for
+    its shards: ``check_topic_name``)."""
+    if shards is None:
+        directories = [str(shard) for shard, _ in list_shards(root) if shard.prefix == name]
+    else:
+        directories = shard_dirs(name, shards) if shards > 1 else []
+    for directory in directories:
         remove_directory(root, directory)  # one missing (a delete cut short) is skipped
 
 
