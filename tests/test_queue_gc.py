@@ -18,7 +18,7 @@ import pytest
 import journalq.journal.offsets as offsets_module
 import journalq.queue.channel as channel_module
 import journalq.queue.topic as topic_module
-from journalq.errors import StaleReceiptError, TaskNotFoundError
+from journalq.errors import JournalError, StaleReceiptError, TaskNotFoundError
 from journalq.journal import Scanner, first_offset, read_offset
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
@@ -135,9 +135,8 @@ def test_retention_by_age(tmp_path: Path) -> None:
         q.send_many([body(i) for i in range(300)])
         (old,) = q.receive(visibility_timeout=60)  # even one in flight does not hold retention
         time.sleep(1.1)
-        q.send_many([body(i) for i in range(300, 340)])
-        deleted = q.topic.gc()
-        assert deleted
+        q.send_many([body(i) for i in range(300, 340)])  # its collection is due: it deletes them
+        assert q.topic.gc() == []
         first = first_offset(q.topic.path)
         assert 300 - PER_SEGMENT < first <= 300  # old segments gone, unconsumed or not
         stats = q.stats()
@@ -561,3 +560,84 @@ def test_a_gc_of_every_queue_does_not_make_again_a_queue_deleted_as_it_runs(
             assert not (store_root / "jobs").exists()
         else:
             assert b.client.exists(f"{b.path}/jobs") is None
+
+
+def _tasks_or_gone(q: Any, ids: list[str]) -> None:
+    for id in ids:  # (each in its shard, for a sharded queue)
+        try:
+            q.task(id)
+        except TaskNotFoundError:
+            pass
+
+
+CALLS_BUT_RECEIVE = {
+    "send": lambda q, ids: q.send(b"more"),
+    "send_many": lambda q, ids: q.send_many([{"body": b"more", "attributes": {"n": 1}}]),
+    "stats": lambda q, ids: q.stats(),
+    "task": _tasks_or_gone,
+    "consumers": lambda q, ids: q.consumers(),
+    "set_metadata": lambda q, ids: q.set_metadata(q.send(b"more"), {"n": 1}),
+}
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+@pytest.mark.parametrize("call", sorted(CALLS_BUT_RECEIVE))
+def test_finished_tasks_are_collected_when_no_one_receives(tmp_path: Path, call: str, shards: int) -> None:
+    """zkmq: finished tasks are garbage-collected after task_gc_lifetime, every task_gc_interval,
+    by producers too. The collection ran on receives alone: a queue that only got sends, or was
+    looked at (stats, tasks), kept them for ever."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", task_gc_interval=0.05, task_gc_lifetime=0.1, shards=shards)
+        ids = q.send_many([{"body": b"%d" % i, "metadata": {"i": i}} for i in range(3)] + [b"plain"])
+        got = q.receive(10)
+        assert len(got) == 4 and not any(q.delete_many([m.receipt for m in got]))
+        assert q.task(ids[0]).state == "finished"
+        for _ in range(6):  # no receive from here on
+            time.sleep(0.06)
+            CALLS_BUT_RECEIVE[call](q, ids)
+        for gone in ids:
+            with pytest.raises(TaskNotFoundError):
+                q.task(gone)
+
+
+def test_a_topic_that_only_gets_sends_keeps_to_its_retention(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", segment_size=SEGMENT, retention_seconds=1, task_gc_interval=0.05)
+        topic.send_many([body(i) for i in range(300)])
+        time.sleep(1.1)
+        topic.send(body(300))  # a collection is due: the segments past retention go
+        assert first_offset(topic.path) > 300 - PER_SEGMENT
+
+
+def test_a_collection_that_fails_fails_no_send_or_read_and_is_tried_again_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sends and reads run the collection when due, but do not depend on it: its failure is
+    logged, tried again an interval later, and raised by a receive (as before)."""
+    tries: list[float] = []
+
+    def failing(segment: Any) -> int:
+        tries.append(time.monotonic())
+        raise JournalError("cannot read the last message of a segment", file=segment.path)
+
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", task_gc_interval=0.2, segment_size=SEGMENT)
+        topic = broker.topic("events", task_gc_interval=0.2, segment_size=SEGMENT)
+        for sink in (q, topic):
+            sink.send_many([body(i) for i in range(100)])  # segments: the gc reads the oldest's time
+        time.sleep(0.21)
+        monkeypatch.setattr(topic_module, "last_timestamp", failing)
+        for _ in range(20):
+            q.send(b"x")
+            topic.send(b"y")
+            assert q.stats().in_flight == 0
+            assert q.task("0").state == "inserted"
+        assert len(tries) == 2  # once each, not once a call
+        assert sum("garbage collection due failed" in r.getMessage() for r in caplog.records) == 2
+        time.sleep(0.21)
+        q.send(b"x")
+        topic.send(b"y")
+        assert len(tries) == 4
+        time.sleep(0.21)
+        with pytest.raises(JournalError, match="last message"):
+            q.receive()  # a receive's own collection raises, as it did

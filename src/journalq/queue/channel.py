@@ -177,6 +177,11 @@ def retention_horizon(settings: QueueSettings, now: int) -> int:
     return 0 if retention is None else now - int(retention * 1e9)
 
 
+def log_failed_collection(path: Path, interval: float, exc: Exception) -> None:
+    """Log a garbage collection that failed in a call other than a receive (which raises it)."""
+    log.warning("%s: the garbage collection due failed, tried again in %g s: %s", path, interval, exc)
+
+
 def check_receipt_list(name: str, receipts: object) -> None:
     """Refuse anything but a list of receipts: one receipt (a string would be taken letter by
     letter), None, ..."""
@@ -272,6 +277,7 @@ class Channel:
         # What ``_parse_receipt`` gives for the receipts this object made lately (so a consumer's
         # own receipts are not parsed again); forgotten when finished, all of it when it grows.
         self._issued: dict[str, tuple[int, int, int]] = {}
+        self._retry_maintenance_at = 0  # (ns) after a maintenance that failed outside a receive
         with self._hold():
             self._token = _channel_token(self.path, topic.broker.durable)
             self._load()
@@ -485,6 +491,35 @@ class Channel:
             self._skip_deleted()  # after the gc: what it deleted, and what others' gc did
         if _compaction_due(state):
             self._compact()
+
+    def maintain_when_due(self, now: int | None = None) -> None:
+        """``_maintain`` when due, for the calls other than receive (which runs it itself): a
+        queue's send, stats, task reads, ... so that finished tasks and consumed segments are
+        collected when no one receives (zkmq's producers collect too). A clock check until then.
+        ``now``: called under the hold, after ``_apply_new``; None: it takes the hold.
+
+        What the call does does not depend on it: a failure is logged and tried again an
+        interval later (a receive, which runs it too, raises it)."""
+        if now is None and not self._maintenance_due(time.time_ns()):
+            return  # (the common case first: a queue's send checks this, ~0.2 µs)
+        try:
+            if now is None:
+                with self._hold():
+                    self._apply_new()
+                    self._maintain(time.time_ns())  # (due as this process knew: checked again)
+            elif self._maintenance_due(now):
+                self._maintain(now)
+        except (JournalError, OSError) as exc:
+            interval = self.settings.task_gc_interval
+            self._retry_maintenance_at = time.time_ns() + int(interval * 1e9)
+            log_failed_collection(self.path, interval, exc)
+
+    def _maintenance_due(self, now: int) -> bool:
+        """Whether a collection is due, as far as this process knows."""
+        return (
+            now - self.state.last_collect >= self.topic.settings.task_gc_interval * 1e9
+            and now >= self._retry_maintenance_at
+        )
 
     def _skip_deleted(self) -> None:
         """Forget messages that retention deleted from the topic before this channel took them."""
@@ -993,6 +1028,7 @@ class Channel:
         with self._hold():
             self._apply_new()
             now = time.time_ns()
+            self.maintain_when_due(now)
             state = self.state
             state.expire(now)
             status = state.task_state(offset, now)
@@ -1015,8 +1051,10 @@ class Channel:
         offset = parse_message_id(id)
         with self._hold():
             self._apply_new()
+            now = time.time_ns()
+            self.maintain_when_due(now)
             state = self.state
-            if state.task_state(offset, time.time_ns()) in (None, "finished", "dead") or offset >= self._end_offset():
+            if state.task_state(offset, now) in (None, "finished", "dead") or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}/{self.name}")
             self._record(finish_records([offset], [state.receive_count(offset)]))
 
@@ -1026,7 +1064,9 @@ class Channel:
         payload = encode_task_metadata(metadata)
         with self._hold():
             self._apply_new()
-            if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():
+            now = time.time_ns()
+            self.maintain_when_due(now)
+            if self.state.task_state(offset, now) is None or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name}")
             self._record([Event(EventKind.METADATA, offset, payload=payload).encode()])
 
@@ -1035,6 +1075,7 @@ class Channel:
         with self._hold():
             self._apply_new()
             now = time.time_ns()
+            self.maintain_when_due(now)
             state = self.state
             state.expire(now)
             held: dict[str, list[str]] = {}
@@ -1048,6 +1089,7 @@ class Channel:
         with self._hold():  # copy what is needed; read the topic after letting go
             self._apply_new()
             now = time.time_ns()
+            self.maintain_when_due(now)
             state = self.state
             if state.cursor < self.topic.first_kept:  # as ``receive`` would
                 self._skip_deleted()
@@ -1107,6 +1149,7 @@ class Channel:
         """Finish every message sent so far (SQS's PurgeQueue)."""
         with self._hold():
             self._apply_new()
+            self.maintain_when_due(time.time_ns())
             self._record([Event(EventKind.SKIP_TO, self._end_offset()).encode()])
 
     def close(self) -> None:

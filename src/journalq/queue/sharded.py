@@ -470,6 +470,13 @@ class ShardedChannel:
     def _all(self) -> list[Channel]:
         return [self._channel(index) for index in range(len(self._shard_channels))]
 
+    def maintain_when_due(self) -> None:
+        """``Channel.maintain_when_due`` of the shards' channels opened here (a producer opens
+        one: opening every shard's, 1,024 writers, for a send would cost more than it saves)."""
+        for channel in self._shard_channels:
+            if channel is not None:
+                channel.maintain_when_due()
+
     # -- receiving --------------------------------------------------------------------------
 
     # ``Channel.receive``'s checks and long polling, over the two methods below.

@@ -31,7 +31,7 @@ from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
 from journalq.journal.segment import Segment, list_segments
 from journalq.queue import envelope, filters
-from journalq.queue.channel import Channel
+from journalq.queue.channel import Channel, log_failed_collection
 from journalq.queue.envelope import Attribute, Envelope, message_id
 from journalq.queue.settings import QueueSettings, SettingsFile, check_name
 
@@ -180,6 +180,7 @@ class Topic(TopicDirectory):
         """Append a batch in one write; returns the ids in the order given."""
         items = message_list(items)
         self.refresh_settings()
+        self.gc_when_due()
         settings = self.settings
         if not settings.delay and not settings.content_based_dedup and all(type(i) is bytes for i in items):
             return self._send_plain(items)
@@ -385,6 +386,7 @@ class Topic(TopicDirectory):
         """
         now = time.time() if now is None else now
         self.check_present()
+        self._last_gc = time.monotonic()  # first: one that fails is tried again an interval later
         # The cursors of this process's channels as it knows them when the disk is too full to
         # publish them: what a commit would have published (the gc is what frees space).
         # (A copy of the channels: another thread may open one meanwhile.)
@@ -406,7 +408,6 @@ class Topic(TopicDirectory):
                 for first in [first for first, run in self._runs.items() if run[-1].offset < kept_from]:
                     self._cached -= len(self._runs.pop(first))
                 self._last_run = []
-        self._last_gc = time.monotonic()
         return deleted
 
     def _delete_segments(
@@ -438,6 +439,17 @@ class Topic(TopicDirectory):
 
     def gc_due(self) -> bool:
         return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
+
+    def gc_when_due(self) -> None:
+        """``gc`` when due, for a send: so that retention holds on a topic that no one receives
+        from (zkmq's producers collect too). A clock check until then; a failure is logged and
+        tried again an interval later (the send does not depend on it; a receive raises it).
+        Takes no channel's hold: a dead letter is sent under one."""
+        if self.gc_due():
+            try:
+                self.gc()
+            except (JournalError, OSError) as exc:
+                log_failed_collection(self.path, self.settings.task_gc_interval, exc)
 
     @property
     def failed(self) -> bool:
