@@ -641,3 +641,39 @@ def test_a_collection_that_fails_fails_no_send_or_read_and_is_tried_again_later(
         time.sleep(0.21)
         with pytest.raises(JournalError, match="last message"):
             q.receive()  # a receive's own collection raises, as it did
+
+
+def test_the_oldest_age_is_of_a_message_that_stats_count(tmp_path: Path) -> None:
+    """stats' oldest_age was the age of the message at the channel's cursor, even one that a
+    receive finishes unseen (past retention) and that stats do not count."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", retention_seconds=1)
+        q.send_many([body(i) for i in range(5)])
+        time.sleep(1.1)
+        assert (q.stats().available, q.stats().oldest_age) == (0, None)
+        fresh = q.send(b"fresh")
+        s = q.stats()
+        assert s.available == 1 and s.oldest_age is not None and s.oldest_age < 1
+        assert [m.id for m in q.receive(10, visibility_timeout=60)] == [fresh]
+        s = q.stats()
+        assert s.in_flight == 1 and s.oldest_age is not None and s.oldest_age < 1
+        # One in flight past retention is counted (in flight): so is its age.
+        q.send(b"held")
+        (held,) = q.receive(visibility_timeout=60)
+        time.sleep(1.1)
+        s = q.stats()
+        assert s.in_flight == 2 and s.oldest_age is not None and s.oldest_age > 1
+
+
+@pytest.mark.parametrize("retention", [None, 3600])
+def test_the_oldest_age_leaves_out_what_is_for_another_channel(tmp_path: Path, retention: int | None) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", retention_seconds=retention)
+        a, b = topic.channel("a"), topic.channel("b")
+        topic.send_many([{"body": b"for a", "channel": "a"}])  # (a dead letter redriven to a)
+        time.sleep(0.2)
+        assert (b.stats().available, b.stats().oldest_age) == (0, None)
+        assert a.stats().available == 1 and a.stats().oldest_age >= 0.2
+        topic.send(b"both")
+        assert b.stats().available == 1 and b.stats().oldest_age < 0.2
+        assert b.receive(10)[0].body == b"both"

@@ -135,7 +135,8 @@ class ChannelStats:
     delayed: int
     dead: int
     oldest_age: float | None
-    """Seconds since the oldest message not yet finished was sent (None when there is none)."""
+    """Seconds since the oldest message counted above was sent (None when there is none): not
+    one past retention or for another channel, which a receive finishes unseen."""
 
 
 # What ``_receipt`` makes: offset, delivery number, channel token, delivery stamp (hex). Receipts
@@ -1094,9 +1095,9 @@ class Channel:
             if state.cursor < self.topic.first_kept:  # as ``receive`` would
                 self._skip_deleted()
             state.expire(now)
-            in_flight = sum(1 for o in state.inflight if o not in state.ready)
+            hidden = [o for o in state.inflight if o not in state.ready]
             candidates = list(state.candidates())
-            frontier, cursor, dead = state.frontier, state.cursor, state.dead
+            frontier, dead = state.frontier, state.dead
 
         kept_from = retention_horizon(self.settings, now)
 
@@ -1112,20 +1113,27 @@ class Channel:
                 return None
             return "delayed" if message.timestamp_ns + int(env.delay * 1e9) > now else "available"
 
+        # When the oldest message counted was sent: the oldest of those in flight, waiting below
+        # the frontier, and never seen (each in order of offset: its first).
+        sent: list[int] = []
+        if hidden and (message := self.topic.message(min(hidden))) is not None:
+            sent.append(message.timestamp_ns)
         available = delayed = 0
         for offset in candidates:
             message = self.topic.message(offset)
             if message is not None:
                 how = waiting(message)
+                if how is not None and not (available or delayed):
+                    sent.append(message.timestamp_ns)
                 if how == "delayed":
                     delayed += 1
                 elif how is not None:
                     available += 1
         end = self._end_offset()
-        first = self.topic.first_offset()
-        start = max(frontier, first)  # retention may have deleted some
+        start = max(frontier, self.topic.first_offset())  # retention may have deleted some
         unseen = max(0, end - start)
         if unseen:
+            counted: list[Message] = []
             with Scanner(self.topic.path, start) as scanner:
                 looked = 0
                 while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch()):
@@ -1134,13 +1142,14 @@ class Channel:
                     late = hows.count("delayed")
                     delayed += late
                     unseen -= late + hows.count(None)
+                    if not counted:
+                        counted = [m for m, how in zip(batch, hows) if how is not None][:1]
+            if not counted and unseen:  # only beyond the look-ahead: approximately, the next
+                counted = [m for m in (self.topic.message(start + looked),) if m is not None]
+            sent += [m.timestamp_ns for m in counted]
         available += unseen
-        oldest = None
-        if cursor < end:
-            oldest_message = self.topic.message(max(cursor, first))
-            if oldest_message is not None:
-                oldest = max(0.0, (now - oldest_message.timestamp_ns) / 1e9)
-        return ChannelStats(available, in_flight, delayed, dead, oldest)
+        oldest = max(0.0, (now - min(sent)) / 1e9) if sent else None
+        return ChannelStats(available, len(hidden), delayed, dead, oldest)
 
     def _end_offset(self) -> int:
         return end_offset(self.topic.path)
