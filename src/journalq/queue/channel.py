@@ -909,7 +909,13 @@ class Channel:
                 resend(
                     env,
                     metadata=self.state.metadata.get(m.offset, env.metadata),
-                    source={"queue": self.topic.name, "channel": self.name, "id": message_id(m.offset), "count": count},
+                    source={
+                        "queue": self.topic.name,
+                        "channel": self.name,
+                        "id": message_id(m.offset),
+                        "count": count,
+                        "sent_at_ns": m.timestamp_ns,  # (SQS keeps a dead letter's SentTimestamp)
+                    },
                     dedup_id=self._dead_letter_id(m.offset),
                 )
                 for m, env, count in dead
