@@ -19,7 +19,8 @@ import journalq.journal.offsets as offsets_module
 import journalq.queue.channel as channel_module
 import journalq.queue.topic as topic_module
 from journalq.errors import JournalError, StaleReceiptError, TaskNotFoundError
-from journalq.journal import Scanner, first_offset, read_offset
+from journalq.errors import ZERO_TIMESTAMP
+from journalq.journal import Scanner, Writer, first_offset, read_offset
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
 
@@ -677,3 +678,20 @@ def test_the_oldest_age_leaves_out_what_is_for_another_channel(tmp_path: Path, r
         topic.send(b"both")
         assert b.stats().available == 1 and b.stats().oldest_age < 0.2
         assert b.receive(10)[0].body == b"both"
+
+
+@pytest.mark.parametrize("no_time", [0, ZERO_TIMESTAMP])
+def test_retention_never_deletes_messages_that_have_no_time(tmp_path: Path, no_time: int) -> None:
+    """A message with no time (0, or Go's zero time as sej stores it) is never past retention for
+    a receive, which delivers it: the topic's gc deleted whole segments of them all the same,
+    unread, as if they were older than any retention."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", segment_size=SEGMENT, retention_seconds=1)
+        channel = topic.channel("reader")
+        with Writer(topic.path, segment_size=SEGMENT, shared=True) as writer:
+            for i in range(100):
+                writer.append(body(i), timestamp_ns=no_time)
+        assert len(list_segments(topic.path)) > 2
+        time.sleep(1.1)
+        assert topic.gc() == []
+        assert drain(channel) == [body(i) for i in range(100)]

@@ -31,7 +31,7 @@ from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
 from journalq.journal.segment import Segment, list_segments
 from journalq.queue import envelope, filters
-from journalq.queue.channel import Channel, log_failed_collection
+from journalq.queue.channel import Channel, log_failed_collection, retention_horizon
 from journalq.queue.envelope import Attribute, Envelope, message_id
 from journalq.queue.settings import QueueSettings, SettingsFile, check_name
 
@@ -420,11 +420,11 @@ class Topic(TopicDirectory):
         if size_kept_from is None and settings.retention_bytes is not None:
             size_kept_from = size_cuts([segments], settings.retention_bytes)[0]
         kept_from = 0
+        horizon = retention_horizon(settings, int(now * 1e9))
         for segment, following in zip(segments, segments[1:]):
             consumed = needed_from is not None and following.base <= needed_from
-            too_old = settings.retention_seconds is not None and last_timestamp(segment) < (
-                now - settings.retention_seconds
-            ) * 1e9
+            # Past retention as a receive has it: a message with no time (0 or less) never is.
+            too_old = settings.retention_seconds is not None and 0 < last_timestamp(segment) < horizon
             too_big = size_kept_from is not None and following.base <= size_kept_from
             if not (consumed or too_old or too_big):
                 break
