@@ -601,13 +601,25 @@ def test_finished_tasks_are_collected_when_no_one_receives(tmp_path: Path, call:
                 q.task(gone)
 
 
-def test_a_topic_that_only_gets_sends_keeps_to_its_retention(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_topic_that_only_gets_sends_keeps_to_its_retention(
+    tmp_path: Path, shards: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with Broker(tmp_path, sync="none") as broker:
-        topic = broker.topic("events", segment_size=SEGMENT, retention_seconds=1, task_gc_interval=0.05)
-        topic.send_many([body(i) for i in range(300)])
+        topic = broker.topic(
+            "events", segment_size=SEGMENT, retention_seconds=1, retention_bytes=10**9, task_gc_interval=0.05,
+            shards=shards,
+        )
+        topic.send_many([body(i) for i in range(400)])
         time.sleep(1.1)
-        topic.send(body(300))  # a collection is due: the segments past retention go
-        assert first_offset(topic.path) > 300 - PER_SEGMENT
+        cuts: list[int] = []
+        size_cuts = topic_module.size_cuts
+        monkeypatch.setattr(topic_module, "size_cuts", lambda *a: cuts.append(1) or size_cuts(*a))
+        monkeypatch.setattr("journalq.queue.sharded.size_cuts", topic_module.size_cuts)
+        topic.send_many([body(i) for i in range(8)])  # a collection is due: the segments past retention go
+        for path in getattr(topic, "shard_paths", [topic.path]):
+            assert first_offset(path) > 400 // shards - PER_SEGMENT
+        assert cuts == [1]  # retention by size counted once over all the shards, not once per shard
 
 
 def test_a_collection_that_fails_fails_no_send_or_read_and_is_tried_again_later(

@@ -37,6 +37,7 @@ import dataclasses
 import os
 import re
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import count
@@ -228,6 +229,11 @@ class _ShardTopic(Topic):
             size_kept_from = self.sharded.size_cuts()[self.sharded.shards.index(self)]
         return Topic.gc(self, now, size_kept_from=size_kept_from)
 
+    def gc_when_due(self) -> None:
+        """The sharded topic's, for a send to this shard: its gc collects every shard, counting
+        ``retention_bytes`` over them all once (each shard's own would count it again)."""
+        self.sharded.gc_when_due()
+
 
 class ShardedTopic(TopicDirectory):
     """The sharded topic ``name`` of a broker; ``Broker.topic`` and ``Broker.queue`` give one for a
@@ -351,6 +357,7 @@ class ShardedTopic(TopicDirectory):
     def gc(self, now: float | None = None) -> list[Path]:
         """Each shard's ``Topic.gc`` (retention by size counted over them all); returns the files
         deleted."""
+        self._last_gc = time.monotonic()
         cuts = self.size_cuts() if self.settings.retention_bytes is not None else [None] * len(self.shards)
         return [path for shard, cut in zip(self.shards, cuts) for path in shard.gc(now, size_kept_from=cut)]
 

@@ -61,6 +61,7 @@ class TopicDirectory:
     ``use_settings``."""
 
     name: str
+    settings: QueueSettings
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -72,6 +73,7 @@ class TopicDirectory:
         self.gone = False
         """True once the topic is known deleted (``check_present`` found its directory gone, or
         its broker deleted it): it refuses to work, and its broker opens the name anew."""
+        self._last_gc = 0.0  # (monotonic) when this process's last ``gc`` began
 
     def _hold_directory(self) -> None:
         if self._dir_fd < 0:
@@ -114,6 +116,25 @@ class TopicDirectory:
     def use_settings(self, settings: QueueSettings) -> None:
         raise NotImplementedError
 
+    def gc(self, now: float | None = None) -> list[Path]:
+        """Delete what no channel needs or retention lets go (``Topic.gc``, ``ShardedTopic.gc``)."""
+        raise NotImplementedError
+
+    def gc_due(self) -> bool:
+        """Whether ``task_gc_interval`` passed since this process's last ``gc`` began."""
+        return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
+
+    def gc_when_due(self) -> None:
+        """``gc`` when due, for a send: so that retention holds on a topic that no one receives
+        from (zkmq's producers collect too). A clock check until then; a failure is logged and
+        tried again an interval later (the send does not depend on it; a receive raises it).
+        Takes no channel's hold: a dead letter is sent under one."""
+        if self.gc_due():
+            try:
+                self.gc()
+            except (JournalError, OSError) as exc:
+                log_failed_collection(self.path, self.settings.task_gc_interval, exc)
+
 
 class Topic(TopicDirectory):
     """The topic ``name`` of a broker; use ``Broker.topic`` or ``Broker.queue`` to get one."""
@@ -133,7 +154,6 @@ class Topic(TopicDirectory):
         self._cached = 0
         self._last_run: list[Message] = []  # where the last lookup found its message
         self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
-        self._last_gc = 0.0
         self.first_kept = 0
         """The first offset left after this process's last ``gc``: a channel whose cursor is below
         it skips what retention deleted before it receives again (see ``Channel._skip_deleted``)."""
@@ -436,20 +456,6 @@ class Topic(TopicDirectory):
                     pass
             kept_from = following.base
         return kept_from
-
-    def gc_due(self) -> bool:
-        return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
-
-    def gc_when_due(self) -> None:
-        """``gc`` when due, for a send: so that retention holds on a topic that no one receives
-        from (zkmq's producers collect too). A clock check until then; a failure is logged and
-        tried again an interval later (the send does not depend on it; a receive raises it).
-        Takes no channel's hold: a dead letter is sent under one."""
-        if self.gc_due():
-            try:
-                self.gc()
-            except (JournalError, OSError) as exc:
-                log_failed_collection(self.path, self.settings.task_gc_interval, exc)
 
     @property
     def failed(self) -> bool:
