@@ -707,3 +707,29 @@ def test_retention_never_deletes_messages_that_have_no_time(tmp_path: Path, no_t
         time.sleep(1.1)
         assert topic.gc() == []
         assert drain(channel) == [body(i) for i in range(100)]
+
+
+def test_a_damaged_queue_does_not_stop_the_gc_of_the_others(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """broker.gc() (and ``journalq queue gc``) raised at the first queue whose settings file is
+    damaged, collecting none of the queues listed after it."""
+    from click.testing import CliRunner
+
+    from journalq.cli.main import cli
+
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("a-damaged").send(b"x")
+        for name in ("b", "c"):
+            q = broker.queue(name, segment_size=SEGMENT)
+            q.send_many([body(i) for i in range(200)])
+            assert len(drain(q)) == 200
+        (tmp_path / "a-damaged" / "queue.json").write_text("{bad")
+        broker.forget("a-damaged")
+        counts = broker.gc()
+        assert sorted(counts) == ["b", "c"] and counts["b"] > 0
+        assert any("a-damaged" in r.getMessage() and "not JSON" in r.getMessage() for r in caplog.records)
+        broker.queue("b").send_many([body(i) for i in range(200)])
+        assert len(drain(broker.queue("b"))) == 200
+    result = CliRunner().invoke(cli, ["queue", "gc", "--data", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["name"] for row in rows] == ["b", "c"] and rows[0]["deleted_files"] > 0

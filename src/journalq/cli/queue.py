@@ -643,11 +643,4 @@ def gc(data: Path, sync: str) -> None:
     """Delete the journal segments that every channel is done with, or that retention lets go,
     in every queue and topic: {"name", "deleted_files"} per queue."""
     with _broker(data, sync) as broker:
-        rows = []
-        for name in broker.names():
-            try:
-                check_name(name)
-            except InvalidNameError:
-                continue
-            rows.append({"name": name, "deleted_files": len(broker.topic(name, create=False).gc())})
-        _echo_jsonl(rows)
+        _echo_jsonl([{"name": name, "deleted_files": count} for name, count in broker.gc().items()])

@@ -7,6 +7,7 @@ have one over the same directory at once.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from journalq.closing import Closing
-from journalq.errors import QueueNotFoundError, SettingsFileError
+from journalq.errors import InvalidNameError, QueueNotFoundError, SettingsFileError
 from journalq.journal.recovery import fsync_dir
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
@@ -27,6 +28,8 @@ from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper import is_zookeeper_url, open_broker
 
 __all__ = ["DEFAULT_CHANNEL", "Broker", "Queue"]
+
+log = logging.getLogger("journalq.queue")
 
 _NO_FILE = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP))
 """The errors of a ``stat`` that ``Path.is_file`` answers False to (any other raises)."""
@@ -193,14 +196,18 @@ class Broker(Closing):
         remove_leftovers(self.root)
 
     def gc(self) -> dict[str, int]:
-        """Garbage-collect every topic now; returns files deleted per topic (one that another
-        process deletes meanwhile is left out: opened to be collected, it would be made again)."""
+        """Garbage-collect every topic now; returns files deleted per topic. Left out: one that
+        another process deletes meanwhile (opened to be collected, it would be made again), a
+        directory whose name no queue can have, and, with a warning, one whose settings file is
+        damaged (which does not keep the others from being collected)."""
         deleted: dict[str, int] = {}
         for name in self.names():
             try:
                 deleted[name] = len(self.topic(name, create=False).gc())
-            except QueueNotFoundError:
+            except (QueueNotFoundError, InvalidNameError):
                 continue
+            except SettingsFileError as exc:
+                log.warning("queue %r is not collected: %s", name, exc)
         return deleted
 
     def close(self) -> None:
