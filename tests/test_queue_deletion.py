@@ -367,3 +367,25 @@ def test_the_command_deletes_a_queue_whose_settings_are_damaged(tmp_path: Path) 
     code, out, _ = run("delete-queue", "jobs")
     assert (code, json.loads(out)) == (0, {"name": "jobs", "deleted": True})
     assert not (tmp_path / "jobs").exists()
+
+
+def test_the_commands_over_every_queue_go_past_a_damaged_one(tmp_path: Path) -> None:
+    """``journalq queue list`` and ``stats`` (of every queue) failed on the first queue whose
+    settings file is damaged: the damaged queue could not even be found to be deleted. ``list``
+    shows it, ``stats`` leaves it out; both warn."""
+    from click.testing import CliRunner
+
+    from journalq.cli.main import cli
+
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("a-damaged").send(b"x")
+        broker.queue("b").send(b"y")
+    (tmp_path / "a-damaged" / "queue.json").write_text("{bad")
+
+    def rows(*args: str) -> list[dict]:
+        result = CliRunner().invoke(cli, ["queue", *args, "--data", str(tmp_path)], catch_exceptions=False)
+        assert result.exit_code == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    assert rows("list", "--format", "jsonl") == [{"name": "a-damaged"}, {"name": "b"}]
+    assert [(r["name"], r["available"]) for r in rows("stats", "--format", "jsonl")] == [("b", 1)]
