@@ -342,3 +342,20 @@ def test_a_redrive_killed_after_sending_moves_each_dead_letter_once(store_root: 
         assert dlq.redrive() == 3
         got = broker.queue("jobs").receive(10)
         assert sorted(m.body for m in got) == [b"a", b"b", b"c"], "redriven twice"
+
+
+@pytest.mark.files_only("two brokers of one directory in one process")
+def test_a_dead_letter_queue_deleted_by_another_process_is_made_again_by_the_move(tmp_path: Path) -> None:
+    """The move sent to the dead-letter topic this process had open, which another process had
+    deleted: the receive of the source queue failed with the dead-letter queue's
+    QueueNotFoundError (once; the next made it again). A move makes it again at once, as it
+    makes one that is missing."""
+    with Broker(tmp_path, sync="none") as here, Broker(tmp_path, sync="none") as there:
+        q = here.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        here.queue("jobs-dlq").send(b"earlier")
+        poison = q.send(b"poison")
+        q.receive(visibility_timeout=0)
+        there.delete("jobs-dlq")
+        assert q.receive() == []  # moved
+        assert q.task(poison).state == "dead"
+        assert [m.body for m in here.queue("jobs-dlq").receive(10)] == [b"poison"]

@@ -903,24 +903,28 @@ class Channel:
         which takes every message of it and holds its gc for ever."""
         queue_name = self.settings.dead_letter_queue
         assert queue_name is not None
-        target = self.topic.broker.topic(queue_name)
-        target.send_many(
-            [
-                resend(
-                    env,
-                    metadata=self.state.metadata.get(m.offset, env.metadata),
-                    source={
-                        "queue": self.topic.name,
-                        "channel": self.name,
-                        "id": message_id(m.offset),
-                        "count": count,
-                        "sent_at_ns": m.timestamp_ns,  # (SQS keeps a dead letter's SentTimestamp)
-                    },
-                    dedup_id=self._dead_letter_id(m.offset),
-                )
-                for m, env, count in dead
-            ]
-        )
+        letters = [
+            resend(
+                env,
+                metadata=self.state.metadata.get(m.offset, env.metadata),
+                source={
+                    "queue": self.topic.name,
+                    "channel": self.name,
+                    "id": message_id(m.offset),
+                    "count": count,
+                    "sent_at_ns": m.timestamp_ns,  # (SQS keeps a dead letter's SentTimestamp)
+                },
+                dedup_id=self._dead_letter_id(m.offset),
+            )
+            for m, env, count in dead
+        ]
+        broker = self.topic.broker
+        try:
+            broker.topic(queue_name).send_many(letters)
+        except QueueNotFoundError:
+            # Deleted by another process since this one opened it (the topic now knows): made
+            # again, as a missing one is, rather than failing this receive once.
+            broker.topic(queue_name).send_many(letters)
 
     def _dead_letter_id(self, offset: int) -> str:
         """The deduplication id of the dead letter of message ``offset``: a process killed after
