@@ -4,6 +4,7 @@ a deleter that is still at work; a queue made again with the name of a half-dele
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidNameError, QueueNotFoundError
+from journalq.errors import InvalidNameError, QueueNotFoundError, SettingsFileError
 from journalq.queue import Broker
 
 # Deletes queue ARGV[2] of ARGV[1]; stops once the first directory is renamed, before anything in
@@ -307,3 +308,84 @@ def test_exists_answers_as_path_is_file_of_the_settings_file(tmp_path: Path) -> 
         assert [name for name, found in answers.items() if found] == ["made", "linked"]
         with pytest.raises(InvalidNameError):
             broker.exists("../made")
+
+
+DAMAGES = {
+    "not JSON": "{bad",
+    "not an object": "[]",
+    "a bad setting": json.dumps({"visibility_timeout": -1}),
+    "an unknown setting": json.dumps({"colour": "red"}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_queue_whose_settings_are_damaged_can_be_deleted(tmp_path: Path, damage: str, shards: int) -> None:
+    """Deleting is the way out of a damaged settings file: every other call refuses the queue."""
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("jobs", shards=shards).send(b"x")
+        broker.queue("other").send(b"kept")
+        (tmp_path / "jobs" / "queue.json").write_text(DAMAGES[damage])
+        broker.forget("jobs")
+        with pytest.raises(SettingsFileError):
+            broker.queue("jobs")
+        broker.delete("jobs")
+        assert broker.names() == ["other"]
+        assert sorted(os.listdir(tmp_path)) == ["other"]  # its shards too
+        with pytest.raises(QueueNotFoundError):
+            broker.delete("jobs")
+        assert [m.body for m in broker.queue("jobs", shards=shards).receive(10)] == []  # made anew
+        assert [m.body for m in broker.queue("other").receive()] == [b"kept"]
+
+
+def test_a_damaged_queue_open_in_this_broker_can_be_deleted(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs")
+        q.send(b"x")
+        (tmp_path / "jobs" / "queue.json").write_text("{bad")
+        broker.delete("jobs")
+        assert broker.names() == []
+        with pytest.raises(QueueNotFoundError):
+            q.send(b"y")
+
+
+def test_the_command_deletes_a_queue_whose_settings_are_damaged(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from journalq.cli.main import cli
+
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("jobs").send(b"x")
+    (tmp_path / "jobs" / "queue.json").write_text("{bad")
+
+    def run(*args: str) -> tuple[int, str, str]:
+        result = CliRunner().invoke(cli, ["queue", *args, "--data", str(tmp_path)], catch_exceptions=False)
+        return result.exit_code, result.stdout, result.stderr
+
+    code, _, err = run("stats", "jobs")  # the others keep refusing it, naming the file
+    assert code != 0 and "queue.json" in err and "Traceback" not in err
+    code, out, _ = run("delete-queue", "jobs")
+    assert (code, json.loads(out)) == (0, {"name": "jobs", "deleted": True})
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_the_commands_over_every_queue_go_past_a_damaged_one(tmp_path: Path) -> None:
+    """``journalq queue list`` and ``stats`` (of every queue) failed on the first queue whose
+    settings file is damaged: the damaged queue could not even be found to be deleted. ``list``
+    shows it, ``stats`` leaves it out; both warn."""
+    from click.testing import CliRunner
+
+    from journalq.cli.main import cli
+
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("a-damaged").send(b"x")
+        broker.queue("b").send(b"y")
+    (tmp_path / "a-damaged" / "queue.json").write_text("{bad")
+
+    def rows(*args: str) -> list[dict]:
+        result = CliRunner().invoke(cli, ["queue", *args, "--data", str(tmp_path)], catch_exceptions=False)
+        assert result.exit_code == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    assert rows("list", "--format", "jsonl") == [{"name": "a-damaged"}, {"name": "b"}]
+    assert [(r["name"], r["available"]) for r in rows("stats", "--format", "jsonl")] == [("b", 1)]

@@ -18,8 +18,8 @@ import pytest
 import journalq.journal.offsets as offsets_module
 import journalq.queue.channel as channel_module
 import journalq.queue.topic as topic_module
-from journalq.errors import StaleReceiptError, TaskNotFoundError
-from journalq.journal import Scanner, first_offset, read_offset
+from journalq.errors import ZERO_TIMESTAMP, JournalError, StaleReceiptError, TaskNotFoundError
+from journalq.journal import Scanner, Writer, first_offset, read_offset
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
 
@@ -135,9 +135,8 @@ def test_retention_by_age(tmp_path: Path) -> None:
         q.send_many([body(i) for i in range(300)])
         (old,) = q.receive(visibility_timeout=60)  # even one in flight does not hold retention
         time.sleep(1.1)
-        q.send_many([body(i) for i in range(300, 340)])
-        deleted = q.topic.gc()
-        assert deleted
+        q.send_many([body(i) for i in range(300, 340)])  # its collection is due: it deletes them
+        assert q.topic.gc() == []
         first = first_offset(q.topic.path)
         assert 300 - PER_SEGMENT < first <= 300  # old segments gone, unconsumed or not
         stats = q.stats()
@@ -561,3 +560,175 @@ def test_a_gc_of_every_queue_does_not_make_again_a_queue_deleted_as_it_runs(
             assert not (store_root / "jobs").exists()
         else:
             assert b.client.exists(f"{b.path}/jobs") is None
+
+
+def _tasks_or_gone(q: Any, ids: list[str]) -> None:
+    for id in ids:  # (each in its shard, for a sharded queue)
+        try:
+            q.task(id)
+        except TaskNotFoundError:
+            pass
+
+
+CALLS_BUT_RECEIVE = {
+    "send": lambda q, ids: q.send(b"more"),
+    "send_many": lambda q, ids: q.send_many([{"body": b"more", "attributes": {"n": 1}}]),
+    "stats": lambda q, ids: q.stats(),
+    "task": _tasks_or_gone,
+    "consumers": lambda q, ids: q.consumers(),
+    "set_metadata": lambda q, ids: q.set_metadata(q.send(b"more"), {"n": 1}),
+}
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+@pytest.mark.parametrize("call", sorted(CALLS_BUT_RECEIVE))
+def test_finished_tasks_are_collected_when_no_one_receives(tmp_path: Path, call: str, shards: int) -> None:
+    """zkmq: finished tasks are garbage-collected after task_gc_lifetime, every task_gc_interval,
+    by producers too. The collection ran on receives alone: a queue that only got sends, or was
+    looked at (stats, tasks), kept them for ever."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", task_gc_interval=0.05, task_gc_lifetime=0.1, shards=shards)
+        ids = q.send_many([{"body": b"%d" % i, "metadata": {"i": i}} for i in range(3)] + [b"plain"])
+        got = q.receive(10)
+        assert len(got) == 4 and not any(q.delete_many([m.receipt for m in got]))
+        assert q.task(ids[0]).state == "finished"
+        for _ in range(6):  # no receive from here on
+            time.sleep(0.06)
+            CALLS_BUT_RECEIVE[call](q, ids)
+        for gone in ids:
+            with pytest.raises(TaskNotFoundError):
+                q.task(gone)
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_topic_that_only_gets_sends_keeps_to_its_retention(
+    tmp_path: Path, shards: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic(
+            "events", segment_size=SEGMENT, retention_seconds=1, retention_bytes=10**9, task_gc_interval=0.05,
+            shards=shards,
+        )
+        topic.send_many([body(i) for i in range(400)])
+        time.sleep(1.1)
+        cuts: list[int] = []
+        size_cuts = topic_module.size_cuts
+        monkeypatch.setattr(topic_module, "size_cuts", lambda *a: cuts.append(1) or size_cuts(*a))
+        monkeypatch.setattr("journalq.queue.sharded.size_cuts", topic_module.size_cuts)
+        topic.send_many([body(i) for i in range(8)])  # a collection is due: the segments past retention go
+        for path in getattr(topic, "shard_paths", [topic.path]):
+            assert first_offset(path) > 400 // shards - PER_SEGMENT
+        assert cuts == [1]  # retention by size counted once over all the shards, not once per shard
+
+
+def test_a_collection_that_fails_fails_no_send_or_read_and_is_tried_again_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sends and reads run the collection when due, but do not depend on it: its failure is
+    logged, tried again an interval later, and raised by a receive (as before)."""
+    tries: list[float] = []
+
+    def failing(segment: Any) -> int:
+        tries.append(time.monotonic())
+        raise JournalError("cannot read the last message of a segment", file=segment.path)
+
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", task_gc_interval=1.0, segment_size=SEGMENT)
+        topic = broker.topic("events", task_gc_interval=1.0, segment_size=SEGMENT)
+        for sink in (q, topic):
+            sink.send_many([body(i) for i in range(100)])  # segments: the gc reads the oldest's time
+        time.sleep(1.01)
+        monkeypatch.setattr(topic_module, "last_timestamp", failing)
+        for _ in range(5):
+            q.send(b"x")
+            topic.send(b"y")
+            assert q.stats().in_flight == 0
+            assert q.task("0").state == "inserted"
+        assert len(tries) == 2  # once each, not once a call
+        assert sum("garbage collection due failed" in r.getMessage() for r in caplog.records) == 2
+        time.sleep(1.01)
+        q.send(b"x")
+        topic.send(b"y")
+        assert len(tries) == 4
+        time.sleep(1.01)
+        with pytest.raises(JournalError, match="last message"):
+            q.receive()  # a receive's own collection raises, as it did
+
+
+def test_the_oldest_age_is_of_a_message_that_stats_count(tmp_path: Path) -> None:
+    """stats' oldest_age was the age of the message at the channel's cursor, even one that a
+    receive finishes unseen (past retention) and that stats do not count."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", retention_seconds=1)
+        q.send_many([body(i) for i in range(5)])
+        time.sleep(1.1)
+        assert (q.stats().available, q.stats().oldest_age) == (0, None)
+        fresh = q.send(b"fresh")
+        s = q.stats()
+        assert s.available == 1 and s.oldest_age is not None and s.oldest_age < 1
+        assert [m.id for m in q.receive(10, visibility_timeout=60)] == [fresh]
+        s = q.stats()
+        assert s.in_flight == 1 and s.oldest_age is not None and s.oldest_age < 1
+        # One in flight past retention is counted (in flight): so is its age.
+        q.send(b"held")
+        assert len(q.receive(visibility_timeout=60)) == 1
+        time.sleep(1.1)
+        s = q.stats()
+        assert s.in_flight == 2 and s.oldest_age is not None and s.oldest_age > 1
+
+
+@pytest.mark.parametrize("retention", [None, 3600])
+def test_the_oldest_age_leaves_out_what_is_for_another_channel(tmp_path: Path, retention: int | None) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", retention_seconds=retention)
+        a, b = topic.channel("a"), topic.channel("b")
+        topic.send_many([{"body": b"for a", "channel": "a"}])  # (a dead letter redriven to a)
+        time.sleep(0.2)
+        assert (b.stats().available, b.stats().oldest_age) == (0, None)
+        assert a.stats().available == 1 and a.stats().oldest_age >= 0.2
+        topic.send(b"both")
+        assert b.stats().available == 1 and b.stats().oldest_age < 0.2
+        assert b.receive(10)[0].body == b"both"
+
+
+@pytest.mark.parametrize("no_time", [0, ZERO_TIMESTAMP])
+def test_retention_never_deletes_messages_that_have_no_time(tmp_path: Path, no_time: int) -> None:
+    """A message with no time (0, or Go's zero time as sej stores it) is never past retention for
+    a receive, which delivers it: the topic's gc deleted whole segments of them all the same,
+    unread, as if they were older than any retention."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("events", segment_size=SEGMENT, retention_seconds=1)
+        channel = topic.channel("reader")
+        with Writer(topic.path, segment_size=SEGMENT, shared=True) as writer:
+            for i in range(100):
+                writer.append(body(i), timestamp_ns=no_time)
+        assert len(list_segments(topic.path)) > 2
+        time.sleep(1.1)
+        assert topic.gc() == []
+        assert drain(channel) == [body(i) for i in range(100)]
+
+
+def test_a_damaged_queue_does_not_stop_the_gc_of_the_others(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """broker.gc() (and ``journalq queue gc``) raised at the first queue whose settings file is
+    damaged, collecting none of the queues listed after it."""
+    from click.testing import CliRunner
+
+    from journalq.cli.main import cli
+
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("a-damaged").send(b"x")
+        for name in ("b", "c"):
+            q = broker.queue(name, segment_size=SEGMENT)
+            q.send_many([body(i) for i in range(200)])
+            assert len(drain(q)) == 200
+        (tmp_path / "a-damaged" / "queue.json").write_text("{bad")
+        broker.forget("a-damaged")
+        counts = broker.gc()
+        assert sorted(counts) == ["b", "c"] and counts["b"] > 0
+        assert any("a-damaged" in r.getMessage() and "not JSON" in r.getMessage() for r in caplog.records)
+        broker.queue("b").send_many([body(i) for i in range(200)])
+        assert len(drain(broker.queue("b"))) == 200
+    result = CliRunner().invoke(cli, ["queue", "gc", "--data", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["name"] for row in rows] == ["b", "c"] and rows[0]["deleted_files"] > 0

@@ -571,7 +571,7 @@ def test_a_shard_removed_by_another_process_is_not_made_again(tmp_path: Path) ->
     it neither says it stored a message nor makes the shard's directory again."""
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("jobs", shards=2)  # its shards made, neither opened here
-        sharded.delete_shards(tmp_path, "jobs", queue.settings)  # the first step of another's delete
+        sharded.delete_shards(tmp_path, "jobs", queue.settings.shards)  # the first step of another's delete
         with pytest.raises(QueueNotFoundError, match="deleted"):
             queue.send(b"lost", key="k")
         with pytest.raises(QueueNotFoundError, match="deleted"):

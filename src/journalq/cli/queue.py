@@ -45,6 +45,7 @@ from journalq.errors import (
     PartialSendError,
     QueueError,
     QueueNotFoundError,
+    SettingsFileError,
     _ranges,
     format_timestamp,
 )
@@ -107,16 +108,23 @@ def _queue(broker: Broker, name: str) -> Queue:
     return broker.queue(name, create=False)
 
 
-def _queue_names(broker: Broker) -> list[str]:
-    """The queues of the data directory (not the topics with channels of their own)."""
+def _queue_names(broker: Broker, *, damaged: bool = False) -> list[str]:
+    """The queues of the data directory (not the topics with channels of their own). One whose
+    settings file is damaged cannot be told from a topic, nor opened: a warning names it, and it
+    is listed only when ``damaged`` (to be found, and deleted), not left to stop the others."""
     names = []
     for name in broker.names():
         try:
             check_name(name)
         except InvalidNameError:
             continue  # a directory made by hand under a name no queue can have: not one to show
-        if _is_queue(broker, name):
-            names.append(name)
+        try:
+            if _is_queue(broker, name):
+                names.append(name)
+        except SettingsFileError as exc:
+            logging.getLogger("journalq.cli").warning("queue %r: %s", name, exc)
+            if damaged:
+                names.append(name)
     return names
 
 
@@ -517,9 +525,10 @@ def stats(names: tuple[str, ...], fmt: str, data: Path, sync: str) -> None:
               help="table for people, jsonl for programs; auto: table on a terminal, else jsonl.")
 @_broker_options
 def list_command(fmt: str, data: Path, sync: str) -> None:
-    """The queues of the data directory: {"name": ...} per queue, in name order."""
+    """The queues of the data directory: {"name": ...} per queue, in name order (with a warning
+    for each whose queue.json is damaged, listed all the same: delete-queue removes it)."""
     with _broker(data, sync) as broker:
-        names = _queue_names(broker)
+        names = _queue_names(broker, damaged=True)
     if _tabular(fmt):
         for name in names:
             click.echo(name)
@@ -598,9 +607,12 @@ def create(
 @click.argument("name", metavar="QUEUE")
 @_broker_options
 def delete_queue(name: str, data: Path, sync: str) -> None:
-    """Delete QUEUE and all its messages."""
+    """Delete QUEUE and all its messages (also one whose queue.json is damaged)."""
     with _broker(data, sync) as broker:
-        _require(broker, name)
+        try:
+            _require(broker, name)
+        except SettingsFileError:
+            pass  # it cannot be told from a topic without its settings; deleting is the way out
         broker.delete(name)
         _echo_jsonl([{"name": name, "deleted": True}])
 
@@ -639,11 +651,4 @@ def gc(data: Path, sync: str) -> None:
     """Delete the journal segments that every channel is done with, or that retention lets go,
     in every queue and topic: {"name", "deleted_files"} per queue."""
     with _broker(data, sync) as broker:
-        rows = []
-        for name in broker.names():
-            try:
-                check_name(name)
-            except InvalidNameError:
-                continue
-            rows.append({"name": name, "deleted_files": len(broker.topic(name, create=False).gc())})
-        _echo_jsonl(rows)
+        _echo_jsonl([{"name": name, "deleted_files": count} for name, count in broker.gc().items()])

@@ -7,6 +7,7 @@ have one over the same directory at once.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from journalq.closing import Closing
-from journalq.errors import QueueNotFoundError
+from journalq.errors import InvalidNameError, QueueNotFoundError, SettingsFileError
 from journalq.journal.recovery import fsync_dir
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
@@ -27,6 +28,8 @@ from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper import is_zookeeper_url, open_broker
 
 __all__ = ["DEFAULT_CHANNEL", "Broker", "Queue"]
+
+log = logging.getLogger("journalq.queue")
 
 _NO_FILE = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP))
 """The errors of a ``stat`` that ``Path.is_file`` answers False to (any other raises)."""
@@ -172,7 +175,8 @@ class Broker(Closing):
         return stat.S_ISREG(mode)
 
     def delete(self, name: str) -> None:
-        """Delete a queue or topic and all its messages."""
+        """Delete a queue or topic and all its messages; also one whose settings file is damaged
+        (``SettingsFileError`` everywhere else), which cannot be opened to be mended."""
         check_name(name)
         if not self.exists(name):
             raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
@@ -180,8 +184,11 @@ class Broker(Closing):
         self.forget(name)
         if opened is not None:
             opened.gone = True  # what was got of it refuses to work (a send would make it again)
-        path = self.root / name
-        sharded.delete_shards(self.root, name, settings_file.load(path))
+        try:
+            shards: int | None = (settings_file.load(self.root / name) or QueueSettings()).shards
+        except SettingsFileError:
+            shards = None  # damaged: deleting it is the way out (its shards are found by name)
+        sharded.delete_shards(self.root, name, shards)
         if not remove_directory(self.root, name):
             raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted meanwhile")
         if self.durable:
@@ -189,14 +196,18 @@ class Broker(Closing):
         remove_leftovers(self.root)
 
     def gc(self) -> dict[str, int]:
-        """Garbage-collect every topic now; returns files deleted per topic (one that another
-        process deletes meanwhile is left out: opened to be collected, it would be made again)."""
+        """Garbage-collect every topic now; returns files deleted per topic. Left out: one that
+        another process deletes meanwhile (opened to be collected, it would be made again), a
+        directory whose name no queue can have, and, with a warning, one whose settings file is
+        damaged (which does not keep the others from being collected)."""
         deleted: dict[str, int] = {}
         for name in self.names():
             try:
                 deleted[name] = len(self.topic(name, create=False).gc())
-            except QueueNotFoundError:
+            except (QueueNotFoundError, InvalidNameError):
                 continue
+            except SettingsFileError as exc:
+                log.warning("queue %r is not collected: %s", name, exc)
         return deleted
 
     def close(self) -> None:

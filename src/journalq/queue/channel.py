@@ -135,7 +135,8 @@ class ChannelStats:
     delayed: int
     dead: int
     oldest_age: float | None
-    """Seconds since the oldest message not yet finished was sent (None when there is none)."""
+    """Seconds since the oldest message counted above was sent (None when there is none): not
+    one past retention or for another channel, which a receive finishes unseen."""
 
 
 # What ``_receipt`` makes: offset, delivery number, channel token, delivery stamp (hex). Receipts
@@ -175,6 +176,11 @@ def retention_horizon(settings: QueueSettings, now: int) -> int:
     message with no time (0 or less, as sej writes none) is never past it."""
     retention = settings.retention_seconds
     return 0 if retention is None else now - int(retention * 1e9)
+
+
+def log_failed_collection(path: Path, interval: float, exc: Exception) -> None:
+    """Log a garbage collection that failed in a call other than a receive (which raises it)."""
+    log.warning("%s: the garbage collection due failed, tried again in %g s: %s", path, interval, exc)
 
 
 def check_receipt_list(name: str, receipts: object) -> None:
@@ -272,6 +278,7 @@ class Channel:
         # What ``_parse_receipt`` gives for the receipts this object made lately (so a consumer's
         # own receipts are not parsed again); forgotten when finished, all of it when it grows.
         self._issued: dict[str, tuple[int, int, int]] = {}
+        self._retry_maintenance_at = 0  # (ns) after a maintenance that failed outside a receive
         with self._hold():
             self._token = _channel_token(self.path, topic.broker.durable)
             self._load()
@@ -485,6 +492,35 @@ class Channel:
             self._skip_deleted()  # after the gc: what it deleted, and what others' gc did
         if _compaction_due(state):
             self._compact()
+
+    def maintain_when_due(self, now: int | None = None) -> None:
+        """``_maintain`` when due, for the calls other than receive (which runs it itself): a
+        queue's send, stats, task reads, ... so that finished tasks and consumed segments are
+        collected when no one receives (zkmq's producers collect too). A clock check until then.
+        ``now``: called under the hold, after ``_apply_new``; None: it takes the hold.
+
+        What the call does does not depend on it: a failure is logged and tried again an
+        interval later (a receive, which runs it too, raises it)."""
+        if now is None and not self._maintenance_due(time.time_ns()):
+            return  # (the common case first: a queue's send checks this, ~0.2 µs)
+        try:
+            if now is None:
+                with self._hold():
+                    self._apply_new()
+                    self._maintain(time.time_ns())  # (due as this process knew: checked again)
+            elif self._maintenance_due(now):
+                self._maintain(now)
+        except (JournalError, OSError) as exc:
+            interval = self.settings.task_gc_interval
+            self._retry_maintenance_at = time.time_ns() + int(interval * 1e9)
+            log_failed_collection(self.path, interval, exc)
+
+    def _maintenance_due(self, now: int) -> bool:
+        """Whether a collection is due, as far as this process knows."""
+        return (
+            now - self.state.last_collect >= self.topic.settings.task_gc_interval * 1e9
+            and now >= self._retry_maintenance_at
+        )
 
     def _skip_deleted(self) -> None:
         """Forget messages that retention deleted from the topic before this channel took them."""
@@ -862,20 +898,33 @@ class Channel:
         return env
 
     def _send_dead(self, dead: list[tuple[Message, Envelope, int]]) -> None:
+        """Send dead letters to the dead-letter queue, made when missing. Through its topic, not
+        ``broker.queue``: that would give a topic with channels of its own a channel ``default``,
+        which takes every message of it and holds its gc for ever."""
         queue_name = self.settings.dead_letter_queue
         assert queue_name is not None
-        target = self.topic.broker.queue(queue_name)
-        target.send_many(
-            [
-                resend(
-                    env,
-                    metadata=self.state.metadata.get(m.offset, env.metadata),
-                    source={"queue": self.topic.name, "channel": self.name, "id": message_id(m.offset), "count": count},
-                    dedup_id=self._dead_letter_id(m.offset),
-                )
-                for m, env, count in dead
-            ]
-        )
+        letters = [
+            resend(
+                env,
+                metadata=self.state.metadata.get(m.offset, env.metadata),
+                source={
+                    "queue": self.topic.name,
+                    "channel": self.name,
+                    "id": message_id(m.offset),
+                    "count": count,
+                    "sent_at_ns": m.timestamp_ns,  # (SQS keeps a dead letter's SentTimestamp)
+                },
+                dedup_id=self._dead_letter_id(m.offset),
+            )
+            for m, env, count in dead
+        ]
+        broker = self.topic.broker
+        try:
+            broker.topic(queue_name).send_many(letters)
+        except QueueNotFoundError:
+            # Deleted by another process since this one opened it (the topic now knows): made
+            # again, as a missing one is, rather than failing this receive once.
+            broker.topic(queue_name).send_many(letters)
 
     def _dead_letter_id(self, offset: int) -> str:
         """The deduplication id of the dead letter of message ``offset``: a process killed after
@@ -990,6 +1039,7 @@ class Channel:
         with self._hold():
             self._apply_new()
             now = time.time_ns()
+            self.maintain_when_due(now)
             state = self.state
             state.expire(now)
             status = state.task_state(offset, now)
@@ -1012,8 +1062,10 @@ class Channel:
         offset = parse_message_id(id)
         with self._hold():
             self._apply_new()
+            now = time.time_ns()
+            self.maintain_when_due(now)
             state = self.state
-            if state.task_state(offset, time.time_ns()) in (None, "finished", "dead") or offset >= self._end_offset():
+            if state.task_state(offset, now) in (None, "finished", "dead") or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}/{self.name}")
             self._record(finish_records([offset], [state.receive_count(offset)]))
 
@@ -1023,7 +1075,9 @@ class Channel:
         payload = encode_task_metadata(metadata)
         with self._hold():
             self._apply_new()
-            if self.state.task_state(offset, time.time_ns()) is None or offset >= self._end_offset():
+            now = time.time_ns()
+            self.maintain_when_due(now)
+            if self.state.task_state(offset, now) is None or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name}")
             self._record([Event(EventKind.METADATA, offset, payload=payload).encode()])
 
@@ -1032,6 +1086,7 @@ class Channel:
         with self._hold():
             self._apply_new()
             now = time.time_ns()
+            self.maintain_when_due(now)
             state = self.state
             state.expire(now)
             held: dict[str, list[str]] = {}
@@ -1045,13 +1100,14 @@ class Channel:
         with self._hold():  # copy what is needed; read the topic after letting go
             self._apply_new()
             now = time.time_ns()
+            self.maintain_when_due(now)
             state = self.state
             if state.cursor < self.topic.first_kept:  # as ``receive`` would
                 self._skip_deleted()
             state.expire(now)
-            in_flight = sum(1 for o in state.inflight if o not in state.ready)
+            hidden = [o for o in state.inflight if o not in state.ready]
             candidates = list(state.candidates())
-            frontier, cursor, dead = state.frontier, state.cursor, state.dead
+            frontier, dead = state.frontier, state.dead
 
         kept_from = retention_horizon(self.settings, now)
 
@@ -1067,20 +1123,27 @@ class Channel:
                 return None
             return "delayed" if message.timestamp_ns + int(env.delay * 1e9) > now else "available"
 
+        # When the oldest message counted was sent: the oldest of those in flight, waiting below
+        # the frontier, and never seen (each in order of offset: its first).
+        sent: list[int] = []
+        if hidden and (message := self.topic.message(min(hidden))) is not None:
+            sent.append(message.timestamp_ns)
         available = delayed = 0
         for offset in candidates:
             message = self.topic.message(offset)
             if message is not None:
                 how = waiting(message)
+                if how is not None and not (available or delayed):
+                    sent.append(message.timestamp_ns)
                 if how == "delayed":
                     delayed += 1
                 elif how is not None:
                     available += 1
         end = self._end_offset()
-        first = self.topic.first_offset()
-        start = max(frontier, first)  # retention may have deleted some
+        start = max(frontier, self.topic.first_offset())  # retention may have deleted some
         unseen = max(0, end - start)
         if unseen:
+            counted: list[Message] = []
             with Scanner(self.topic.path, start) as scanner:
                 looked = 0
                 while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch()):
@@ -1089,13 +1152,14 @@ class Channel:
                     late = hows.count("delayed")
                     delayed += late
                     unseen -= late + hows.count(None)
+                    if not counted:
+                        counted = [m for m, how in zip(batch, hows) if how is not None][:1]
+            if not counted and unseen:  # only beyond the look-ahead: approximately, the next
+                counted = [m for m in (self.topic.message(start + looked),) if m is not None]
+            sent += [m.timestamp_ns for m in counted]
         available += unseen
-        oldest = None
-        if cursor < end:
-            oldest_message = self.topic.message(max(cursor, first))
-            if oldest_message is not None:
-                oldest = max(0.0, (now - oldest_message.timestamp_ns) / 1e9)
-        return ChannelStats(available, in_flight, delayed, dead, oldest)
+        oldest = max(0.0, (now - min(sent)) / 1e9) if sent else None
+        return ChannelStats(available, len(hidden), delayed, dead, oldest)
 
     def _end_offset(self) -> int:
         return end_offset(self.topic.path)
@@ -1104,6 +1168,7 @@ class Channel:
         """Finish every message sent so far (SQS's PurgeQueue)."""
         with self._hold():
             self._apply_new()
+            self.maintain_when_due(time.time_ns())
             self._record([Event(EventKind.SKIP_TO, self._end_offset()).encode()])
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ import dataclasses
 import os
 import re
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import count
@@ -142,12 +143,16 @@ def open_topic(broker: Broker, name: str, settings: QueueSettings) -> Topic | Sh
     return ShardedTopic(broker, name, settings)
 
 
-def delete_shards(root: Path, name: str, settings: QueueSettings | None) -> None:
-    """Remove the shards of topic ``name`` (before its settings, so that a delete cut short leaves
-    the topic listed, to be deleted again)."""
-    if settings is None or settings.shards == 1:
-        return
-    for directory in shard_dirs(name, settings.shards):
+def delete_shards(root: Path, name: str, shards: int | None) -> None:
+    """Remove the ``shards`` shards of topic ``name`` (before its settings, so that a delete cut
+    short leaves the topic listed, to be deleted again). ``shards`` None: unknown, its settings
+    being damaged; every directory named as a shard of ``name`` goes (such names are kept for
+    its shards: ``check_topic_name``)."""
+    if shards is None:
+        directories = [str(shard) for shard, _ in list_shards(root) if shard.prefix == name]
+    else:
+        directories = shard_dirs(name, shards) if shards > 1 else []
+    for directory in directories:
         remove_directory(root, directory)  # one missing (a delete cut short) is skipped
 
 
@@ -223,6 +228,11 @@ class _ShardTopic(Topic):
         if size_kept_from is None and self.settings.retention_bytes is not None:
             size_kept_from = self.sharded.size_cuts()[self.sharded.shards.index(self)]
         return Topic.gc(self, now, size_kept_from=size_kept_from)
+
+    def gc_when_due(self) -> None:
+        """The sharded topic's, for a send to this shard: its gc collects every shard, counting
+        ``retention_bytes`` over them all once (each shard's own would count it again)."""
+        self.sharded.gc_when_due()
 
 
 class ShardedTopic(TopicDirectory):
@@ -347,6 +357,7 @@ class ShardedTopic(TopicDirectory):
     def gc(self, now: float | None = None) -> list[Path]:
         """Each shard's ``Topic.gc`` (retention by size counted over them all); returns the files
         deleted."""
+        self._last_gc = time.monotonic()
         cuts = self.size_cuts() if self.settings.retention_bytes is not None else [None] * len(self.shards)
         return [path for shard, cut in zip(self.shards, cuts) for path in shard.gc(now, size_kept_from=cut)]
 
@@ -465,6 +476,13 @@ class ShardedChannel:
 
     def _all(self) -> list[Channel]:
         return [self._channel(index) for index in range(len(self._shard_channels))]
+
+    def maintain_when_due(self) -> None:
+        """``Channel.maintain_when_due`` of the shards' channels opened here (a producer opens
+        one: opening every shard's, 1,024 writers, for a send would cost more than it saves)."""
+        for channel in self._shard_channels:
+            if channel is not None:
+                channel.maintain_when_due()
 
     # -- receiving --------------------------------------------------------------------------
 

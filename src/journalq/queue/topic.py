@@ -31,7 +31,7 @@ from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
 from journalq.journal.segment import Segment, list_segments
 from journalq.queue import envelope, filters
-from journalq.queue.channel import Channel
+from journalq.queue.channel import Channel, log_failed_collection, retention_horizon
 from journalq.queue.envelope import Attribute, Envelope, message_id
 from journalq.queue.settings import QueueSettings, SettingsFile, check_name
 
@@ -61,6 +61,7 @@ class TopicDirectory:
     ``use_settings``."""
 
     name: str
+    settings: QueueSettings
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -72,6 +73,7 @@ class TopicDirectory:
         self.gone = False
         """True once the topic is known deleted (``check_present`` found its directory gone, or
         its broker deleted it): it refuses to work, and its broker opens the name anew."""
+        self._last_gc = 0.0  # (monotonic) when this process's last ``gc`` began
 
     def _hold_directory(self) -> None:
         if self._dir_fd < 0:
@@ -114,6 +116,25 @@ class TopicDirectory:
     def use_settings(self, settings: QueueSettings) -> None:
         raise NotImplementedError
 
+    def gc(self, now: float | None = None) -> list[Path]:
+        """Delete what no channel needs or retention lets go (``Topic.gc``, ``ShardedTopic.gc``)."""
+        raise NotImplementedError
+
+    def gc_due(self) -> bool:
+        """Whether ``task_gc_interval`` passed since this process's last ``gc`` began."""
+        return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
+
+    def gc_when_due(self) -> None:
+        """``gc`` when due, for a send: so that retention holds on a topic that no one receives
+        from (zkmq's producers collect too). A clock check until then; a failure is logged and
+        tried again an interval later (the send does not depend on it; a receive raises it).
+        Takes no channel's hold: a dead letter is sent under one."""
+        if self.gc_due():
+            try:
+                self.gc()
+            except (JournalError, OSError) as exc:
+                log_failed_collection(self.path, self.settings.task_gc_interval, exc)
+
 
 class Topic(TopicDirectory):
     """The topic ``name`` of a broker; use ``Broker.topic`` or ``Broker.queue`` to get one."""
@@ -133,7 +154,6 @@ class Topic(TopicDirectory):
         self._cached = 0
         self._last_run: list[Message] = []  # where the last lookup found its message
         self._cache_lock = threading.Lock()  # channels of a topic read it from several threads
-        self._last_gc = 0.0
         self.first_kept = 0
         """The first offset left after this process's last ``gc``: a channel whose cursor is below
         it skips what retention deleted before it receives again (see ``Channel._skip_deleted``)."""
@@ -180,6 +200,7 @@ class Topic(TopicDirectory):
         """Append a batch in one write; returns the ids in the order given."""
         items = message_list(items)
         self.refresh_settings()
+        self.gc_when_due()
         settings = self.settings
         if not settings.delay and not settings.content_based_dedup and all(type(i) is bytes for i in items):
             return self._send_plain(items)
@@ -385,6 +406,7 @@ class Topic(TopicDirectory):
         """
         now = time.time() if now is None else now
         self.check_present()
+        self._last_gc = time.monotonic()  # first: one that fails is tried again an interval later
         # The cursors of this process's channels as it knows them when the disk is too full to
         # publish them: what a commit would have published (the gc is what frees space).
         # (A copy of the channels: another thread may open one meanwhile.)
@@ -406,7 +428,6 @@ class Topic(TopicDirectory):
                 for first in [first for first, run in self._runs.items() if run[-1].offset < kept_from]:
                     self._cached -= len(self._runs.pop(first))
                 self._last_run = []
-        self._last_gc = time.monotonic()
         return deleted
 
     def _delete_segments(
@@ -419,11 +440,11 @@ class Topic(TopicDirectory):
         if size_kept_from is None and settings.retention_bytes is not None:
             size_kept_from = size_cuts([segments], settings.retention_bytes)[0]
         kept_from = 0
+        horizon = retention_horizon(settings, int(now * 1e9))
         for segment, following in zip(segments, segments[1:]):
             consumed = needed_from is not None and following.base <= needed_from
-            too_old = settings.retention_seconds is not None and last_timestamp(segment) < (
-                now - settings.retention_seconds
-            ) * 1e9
+            # Past retention as a receive has it: a message with no time (0 or less) never is.
+            too_old = settings.retention_seconds is not None and 0 < last_timestamp(segment) < horizon
             too_big = size_kept_from is not None and following.base <= size_kept_from
             if not (consumed or too_old or too_big):
                 break
@@ -435,9 +456,6 @@ class Topic(TopicDirectory):
                     pass
             kept_from = following.base
         return kept_from
-
-    def gc_due(self) -> bool:
-        return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
 
     @property
     def failed(self) -> bool:

@@ -25,9 +25,11 @@ class Queue(Channel):
 
     def send(self, body: bytes, **options: Any) -> str:
         """Send one message; see ``Topic.send`` for the options."""
+        self.maintain_when_due()
         return self.topic.send(body, **options)
 
     def send_many(self, items: Any) -> list[str]:
+        self.maintain_when_due()  # (zkmq: producers collect finished tasks too)
         return self.topic.send_many(items)
 
     def configure(self, **changes: Any) -> QueueSettings:
