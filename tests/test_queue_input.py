@@ -225,7 +225,7 @@ def test_a_queue_cannot_be_its_own_dead_letter_queue(filled) -> None:
     assert no_trace(broker, "new")
 
 
-@pytest.mark.parametrize("message_id", [True, 1, " 1", "1 ", "+1", "1_0", "-1", "1.0", "\u0661"], ids=repr)
+@pytest.mark.parametrize("message_id", [True, 1, " 1", "1 ", "+1", "1_0", "-1", "1.0", "\u0661", "01", "00"], ids=repr)
 def test_ids_that_no_message_has(filled, message_id: object) -> None:
     _, q, _ = filled
     for call in (q.task, q.delete_id, lambda i: q.set_metadata(i, {})):

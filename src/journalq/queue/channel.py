@@ -295,6 +295,13 @@ class Channel:
         self._consumer_key = consumer_id.encode()[:127]  # the key of its DELIVER events
 
     @property
+    def token(self) -> str:
+        """Random, made with the channel and kept in its directory: it tells this channel from one
+        deleted and made again under its name, whose message ids (offsets) start again at 0. Its
+        receipts carry it; ``journalq serve`` adds it to the message ids it gives."""
+        return self._token
+
+    @property
     def settings(self):  # noqa: ANN201 - the topic's QueueSettings
         return self.topic.settings
 

@@ -240,8 +240,14 @@ def message_id(offset: int) -> str:
 
 
 def parse_message_id(message_id: str) -> int:
-    """The offset of a message id that ``message_id`` made: decimal digits only (``int()`` alone
-    would take True, " 7" and "1_0" too, ids that no message has)."""
-    if not isinstance(message_id, str) or not message_id.isascii() or not message_id.isdigit():
+    """The offset of a message id that ``message_id`` made: decimal digits only, with no leading
+    zero (``int()`` alone would take True, " 7", "1_0" and "007" too, ids that no message has:
+    "007" would name message 7)."""
+    if (
+        not isinstance(message_id, str)
+        or not message_id.isascii()
+        or not message_id.isdigit()
+        or (message_id[0] == "0" and len(message_id) > 1)
+    ):
         raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids")
     return int(message_id)

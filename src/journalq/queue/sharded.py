@@ -454,6 +454,11 @@ class ShardedChannel:
         return self.topic.settings
 
     @property
+    def token(self) -> str:
+        """Its first shard's ``Channel.token``: a channel deleted and made again has new ones."""
+        return self._channel(0).token
+
+    @property
     def shard(self) -> int:
         """The shard that this consumer last received from (its home shard at first)."""
         return self._current

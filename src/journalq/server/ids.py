@@ -15,14 +15,12 @@ from journalq.errors import InvalidMessageError, TaskNotFoundError
 from journalq.queue import Queue, ShardedQueue
 
 _TOKEN = re.compile(r"[0-9a-f]{8}")  # what the channel's token is (``journalq.queue.channel``)
-_PADDED_NUMBER = re.compile(r"(?:^|\.)0[0-9]")  # a number of an id with a leading 0: another id's spelling
 
 
 def queue_token(queue: Queue | ShardedQueue) -> str:
     """The token of the queue's channel (a sharded queue's: its first shard's), which its
-    receipts carry. (Read where the channel keeps it: the queue layer has no public name for it.)"""
-    channel = queue._channel(0) if isinstance(queue, ShardedQueue) else queue
-    return channel._token
+    receipts carry."""
+    return queue.token
 
 
 def given_id(message_id: str, token: str) -> str:
@@ -32,10 +30,11 @@ def given_id(message_id: str, token: str) -> str:
 
 def queue_id(queue: Queue | ShardedQueue, given: str, queue_name: str) -> str:
     """The queue's own id of ``given``, an id the server gave: ``InvalidMessageError`` for a text
-    that is none (the spelling of another: "007", a sharded queue's "1.05"), ``TaskNotFoundError``
-    for an id of an earlier queue of the name (deleted since: its message with it)."""
+    with no token (the queue refuses the spelling of another id itself: "007", a sharded queue's
+    "1.05"), ``TaskNotFoundError`` for an id of an earlier queue of the name (deleted since: its
+    message with it)."""
     inner, dot, token = given.rpartition(".")
-    if not dot or not inner or not _TOKEN.fullmatch(token) or _PADDED_NUMBER.search(inner):
+    if not dot or not inner or not _TOKEN.fullmatch(token):
         raise InvalidMessageError(f"message id {given!r} is not one of this queue's ids")
     if token != queue_token(queue):
         raise TaskNotFoundError(f"no message {given!r} in queue {queue_name!r}: the id is of an earlier queue "
