@@ -90,13 +90,20 @@ def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
     return [Segment(base, directory / segment_name(base)) for base in segment_bases(path)]
 
 
-def remove_segment(segment: Segment) -> None:
+def remove_segment(segment: Segment) -> list[Path]:
     """Delete a segment and its index, where they exist: the index first, so that a process
     killed in between leaves a segment without its index (a hint, rebuilt), never an index of
     no segment (see ``orphan_indexes``); and once more after the segment, for one that a
-    scanner rebuilt in between (a rebuild after the segment's deletion removes its own)."""
+    scanner rebuilt in between (a rebuild after the segment's deletion removes its own).
+    Returns the files it deleted."""
+    removed = []
     for leftover in (segment.index_path, segment.path, segment.index_path):
-        leftover.unlink(missing_ok=True)
+        try:
+            leftover.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(leftover)
+    return removed
 
 
 def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:

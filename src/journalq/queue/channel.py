@@ -55,7 +55,7 @@ from journalq.errors import (
 from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.offsets import read_offset, write_offset
 from journalq.journal.recovery import fsync_dir
-from journalq.journal.segment import list_segments
+from journalq.journal.segment import list_segments, remove_segment
 from journalq.journal.watch import DirectoryWatch
 from journalq.journal.writer import held
 from journalq.queue import envelope
@@ -554,11 +554,7 @@ class Channel:
         for segment, following in zip(segments, segments[1:]):
             if following.base > snapshot_at:
                 break
-            for file in (segment.path, segment.index_path):
-                try:
-                    file.unlink()
-                except FileNotFoundError:
-                    pass
+            remove_segment(segment)
 
     def commit_cursor(self) -> bool:
         """Publish the cursor as the sej reader offset ``TOPIC/ofs/NAME.ofs`` (for the topic's gc).

@@ -29,7 +29,7 @@ from journalq.journal import Message, Scanner, Writer
 from journalq.journal.writer import held
 from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
-from journalq.journal.segment import Segment, list_segments
+from journalq.journal.segment import Segment, list_segments, remove_segment
 from journalq.queue import envelope, filters
 from journalq.queue.channel import Channel, log_failed_collection, retention_horizon
 from journalq.queue.envelope import Attribute, Envelope, message_id
@@ -448,12 +448,7 @@ class Topic(TopicDirectory):
             too_big = size_kept_from is not None and following.base <= size_kept_from
             if not (consumed or too_old or too_big):
                 break
-            for file in (segment.path, segment.index_path):
-                try:
-                    file.unlink()
-                    deleted.append(file)
-                except FileNotFoundError:
-                    pass
+            deleted += remove_segment(segment)
             kept_from = following.base
         return kept_from
 

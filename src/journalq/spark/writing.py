@@ -34,7 +34,7 @@ from pathlib import Path
 from journalq.errors import ZERO_TIMESTAMP, CorruptionError, Error, InvalidMessageError, OffsetOutOfRangeError
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.offsets import end_offset
-from journalq.journal.segment import segment_bases
+from journalq.journal.segment import list_segments, remove_segment, segment_bases
 from journalq.shard.naming import shard_name, shard_of
 from journalq.spark.targets import Target
 
@@ -335,13 +335,8 @@ class CommitLog:
             self._trim()
 
     def _trim(self) -> None:
-        bases = segment_bases(self.path)
-        for base in bases[: -self.KEEP_SEGMENTS]:
-            for suffix in (".jnl", ".idx"):
-                try:
-                    os.unlink(self.path / "jnl" / f"{base:016x}{suffix}")
-                except FileNotFoundError:
-                    pass
+        for segment in list_segments(self.path)[: -self.KEEP_SEGMENTS]:
+            remove_segment(segment)
 
     def committed(self, batch: int, records: list[dict] | None = None) -> bool:
         records = self.records(batch) if records is None else records
