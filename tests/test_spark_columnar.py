@@ -531,6 +531,21 @@ def test_commit_log_reads_back_from_the_end(tmp_path):
     assert log_name("a/b") != "a/b" and log_name("3c49c2f2-e993") == "3c49c2f2-e993"
 
 
+def test_an_older_batchs_intent_written_late_hides_no_newer_record(tmp_path):
+    """A task attempt of batch 1 still running after batch 1 committed (a zombie) writes its
+    intent after batch 2's records. Reading back stopped at the first older record, so batch 2's
+    commit was not seen: a replay of batch 2 would have appended it again."""
+    log = CommitLog(Target(tmp_path, "journal"), "query-1")
+    for batch in (0, 1):
+        log.append(INTENT, {"k": "intent", "b": batch, "p": 0})
+        log.append(COMMIT, {"k": "commit", "b": batch})
+    log.append(INTENT, {"k": "intent", "b": 2, "p": 0})
+    log.append(INTENT, {"k": "intent", "b": 1, "p": 1})  # the zombie's
+    log.append(COMMIT, {"k": "commit", "b": 2})
+    assert log.committed(2)
+    assert [(r["k"], r["b"]) for r in log.records(2)] == [("intent", 2), ("commit", 2)]
+
+
 class _Killed(BaseException):
     """Stands for the death of a task's process in the middle of its work."""
 

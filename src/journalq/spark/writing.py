@@ -286,7 +286,9 @@ class CommitLog:
 
     def records(self, since_batch: int) -> list[dict]:
         """The records of batches ``since_batch`` and later, read backward from the end until an
-        older batch's record (a replay concerns the newest batches only)."""
+        older batch's commit (a replay concerns the newest batches only; a batch begins after the
+        one before committed). An older batch's intent is passed over, not taken for the end: a
+        task attempt of that batch left running (a zombie) may write one after newer records."""
         if not (self.path / "jnl").is_dir():
             return []
         out: list[dict] = []
@@ -306,10 +308,11 @@ class CommitLog:
             done = False
             for index in range(min(len(batch), high - low) - 1, -1, -1):
                 record = self._record(batch[index].value, low + index)
-                if record.get("b", -1) < since_batch:
+                if record.get("b", -1) >= since_batch:
+                    out.append(record)
+                elif record.get("k") == "commit":
                     done = True
                     break
-                out.append(record)
             if done:
                 break
             high, window = low, min(window * 4, 65536)
