@@ -101,3 +101,22 @@ def test_a_dead_letter_of_an_older_journalq_keeps_its_count(broker: Broker, clie
     (m,) = client.receive(url, AttributeNames=ATTRIBUTES)
     assert m["Attributes"]["ApproximateReceiveCount"] == "3"
     assert abs(int(m["Attributes"]["SentTimestamp"]) - before) < 60_000
+
+
+def test_the_first_receive_of_another_channel_s_dead_letter_is_not_the_queue_s(
+    broker: Broker, client: Client
+) -> None:
+    """The SQS queue is its topic's channel ``default``: a dead letter of another channel of that
+    topic was never received through SQS, so the queue's first receive of the message is not its."""
+    url, dlq = _dead_letter_setup(client)
+    client("SendMessage", QueueUrl=url, MessageBody="x")
+    (m,) = client.receive(url, AttributeNames=ATTRIBUTES)
+    queue_first = m["Attributes"]["ApproximateFirstReceiveTimestamp"]
+    other = broker.topic("jobs").channel("other")
+    for _ in range(2):
+        assert len(other.receive(visibility_timeout=0)) == 1
+    time.sleep(0.05)
+    assert other.receive() == []  # moved
+    (dead,) = client.receive(dlq, AttributeNames=ATTRIBUTES)
+    assert dead["Attributes"]["ApproximateReceiveCount"] == "3"
+    assert dead["Attributes"]["ApproximateFirstReceiveTimestamp"] != queue_first

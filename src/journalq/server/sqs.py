@@ -85,7 +85,7 @@ from journalq.errors import (
     StaleReceiptError,
 )
 from journalq.queue import settings as settings_file
-from journalq.queue.broker import Broker, Queue
+from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
 from journalq.queue.channel import ReceivedMessage
 from journalq.queue.envelope import NOT_A_NUMBER, Attribute, number_problem
 from journalq.queue.settings import QueueSettings, check_name
@@ -392,9 +392,9 @@ def _origin(
 ) -> tuple[int, int, tuple[str, str], str | None]:
     """What dead letter ``message`` shows of the message it was, as SQS keeps it across a redrive
     policy's move: its first send time, its receive count going on from the receives there, and
-    the key of its first receive (there); and the name of the queue it came from. A field that
-    its ``source`` lacks (a dead letter of an older journalq has no ``sent_at_ns``) or that is
-    not one of ours (``source`` is whatever the sender gave) leaves the message's own."""
+    the key of its first receive there (through SQS); and the name of the queue it came from. A
+    field that its ``source`` lacks (a dead letter of an older journalq has no ``sent_at_ns``) or
+    that is not one of ours (``source`` is whatever the sender gave) leaves the message's own."""
     source = message.source
     if not isinstance(source, dict):
         return message.sent_at_ns, message.receive_count, own_key, None
@@ -405,7 +405,9 @@ def _origin(
     sent_at_ns = sent if _whole(sent) else message.sent_at_ns
     if not _whole(before):
         return sent_at_ns, message.receive_count, own_key, name
-    key = (name, first_id) if name is not None and isinstance(first_id, str) else own_key
+    # Its first receive is known only from its queue's SQS receives: the topic's channel default.
+    known = isinstance(first_id, str) and source.get("channel") == DEFAULT_CHANNEL
+    key = (name, first_id) if name is not None and known else own_key
     return sent_at_ns, before + message.receive_count, key, name
 
 
