@@ -494,6 +494,21 @@ def test_a_stale_receipt_cannot_delete_a_task_that_a_dead_letter_mover_claimed(
         assert [d.source["id"] for d in a.queue("jobs-dlq").receive(10)] == [task]
 
 
+def test_a_dead_letter_keeps_when_it_was_first_sent_as_on_files(broker) -> None:
+    """The dead letter's source is the file store's: which task it was, its receive count, and
+    when it was first sent (SQS keeps a dead letter's SentTimestamp; the move's is its own)."""
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+    task = q.send(b"poison")
+    (first,) = q.receive(visibility_timeout=0)
+    time.sleep(0.01)
+    assert q.receive() == []  # moved
+    (dead,) = broker.queue("jobs-dlq").receive()
+    assert dead.source == {
+        "queue": "jobs", "channel": "default", "id": task, "count": 1, "sent_at_ns": first.sent_at_ns
+    }
+    assert first.sent_at_ns < dead.sent_at_ns
+
+
 # -- processes -------------------------------------------------------------------------------
 
 CONSUMER = """

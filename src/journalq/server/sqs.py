@@ -49,6 +49,9 @@ How SQS maps onto journalq:
 * ``ApproximateFirstReceiveTimestamp`` is remembered in memory by the process that made the first
   delivery (journalq does not store it); elsewhere, or after a restart, it is the time of the
   current receive. ``SenderId`` is the account id.
+* A dead letter (moved by a RedrivePolicy) keeps its SentTimestamp, ApproximateReceiveCount (going
+  on from the receives in its queue) and ApproximateFirstReceiveTimestamp, as on SQS, but has a new
+  MessageId: journalq sends it to the dead-letter queue as a new message.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ from journalq.errors import (
     StaleReceiptError,
 )
 from journalq.queue import settings as settings_file
-from journalq.queue.broker import Broker, Queue
+from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
 from journalq.queue.channel import ReceivedMessage
 from journalq.queue.envelope import NOT_A_NUMBER, Attribute, number_problem
 from journalq.queue.settings import QueueSettings, check_name
@@ -375,6 +378,37 @@ def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str
             raise SqsError("BatchEntryIdsNotDistinct", f"Id {entry_id} repeated.")
         seen.add(entry_id)
     return entries
+
+
+# -- dead letters: what they keep of the message they were -------------------------------------
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _origin(
+    message: ReceivedMessage, own_key: tuple[str, str]
+) -> tuple[int, int, tuple[str, str], str | None]:
+    """What dead letter ``message`` shows of the message it was, as SQS keeps it across a redrive
+    policy's move: its first send time, its receive count going on from the receives there, and
+    the key of its first receive there (through SQS); and the name of the queue it came from. A
+    field that its ``source`` lacks (a dead letter of an older journalq has no ``sent_at_ns``) or
+    that is not one of ours (``source`` is whatever the sender gave) leaves the message's own."""
+    source = message.source
+    if not isinstance(source, dict):
+        return message.sent_at_ns, message.receive_count, own_key, None
+    name, first_id = source.get("queue"), source.get("id")
+    name = name if isinstance(name, str) else None
+    sent, before = source.get("sent_at_ns"), source.get("count")
+    # (Not bounded by the dead letter's own send time: on ZooKeeper, each sender's clock stamps.)
+    sent_at_ns = sent if _whole(sent) else message.sent_at_ns
+    if not _whole(before):
+        return sent_at_ns, message.receive_count, own_key, name
+    # Its first receive is known only from its queue's SQS receives: the topic's channel default.
+    known = isinstance(first_id, str) and source.get("channel") == DEFAULT_CHANNEL
+    key = (name, first_id) if name is not None and known else own_key
+    return sent_at_ns, before + message.receive_count, key, name
 
 
 # -- ReceiveRequestAttemptId: the answers of recent FIFO receives, to give again on a retry ------
@@ -1602,10 +1636,10 @@ class SqsProtocol:
             return None
         return messages
 
-    def _first_receive_ms(self, name: str, message: ReceivedMessage, now_ms: int) -> int:
-        key = (name, message.id)
+    def _first_receive_ms(self, key: tuple[str, str], receive_count: int, now_ms: int) -> int:
+        """The first receive of message ``key`` (queue name, message id), remembered in memory."""
         with self._first_receive_lock:
-            if message.receive_count <= 1:
+            if receive_count <= 1:
                 self._first_receive[key] = now_ms
             first = self._first_receive.setdefault(key, now_ms)
             self._first_receive.move_to_end(key)
@@ -1645,16 +1679,19 @@ class SqsProtocol:
         wanted = system.__contains__
         if wanted("SenderId"):
             attributes["SenderId"] = self.account_id
+        sent_at_ns, count, source = message.sent_at_ns, message.receive_count, None
+        first_key = (queue, message.id)
+        if message.source is not None:  # a dead letter (the one check that a message not one pays)
+            sent_at_ns, count, first_key, source = _origin(message, first_key)
         if wanted("SentTimestamp"):
-            attributes["SentTimestamp"] = str(message.sent_at_ns // 1_000_000)
+            attributes["SentTimestamp"] = str(sent_at_ns // 1_000_000)
         if wanted("ApproximateReceiveCount"):
-            attributes["ApproximateReceiveCount"] = str(message.receive_count)
+            attributes["ApproximateReceiveCount"] = str(count)
         if wanted("ApproximateFirstReceiveTimestamp"):
-            attributes["ApproximateFirstReceiveTimestamp"] = str(
-                self._first_receive_ms(queue, message, now_ms)
-            )
+            first = self._first_receive_ms(first_key, count, now_ms)
+            attributes["ApproximateFirstReceiveTimestamp"] = str(first)
         else:
-            self._first_receive_ms(queue, message, now_ms)
+            self._first_receive_ms(first_key, count, now_ms)
         if fifo and wanted("SequenceNumber"):
             attributes["SequenceNumber"] = f"{message.offset:020d}"
         scoped = message.attributes.get(DEDUP_ATTRIBUTE)
@@ -1667,8 +1704,7 @@ class SqsProtocol:
             attributes["MessageGroupId"] = group
         if wanted("AWSTraceHeader") and trace is not None and isinstance(trace.value, str):
             attributes["AWSTraceHeader"] = trace.value
-        source = (message.source or {}).get("queue")
-        if wanted("DeadLetterQueueSourceArn") and isinstance(source, str):
+        if wanted("DeadLetterQueueSourceArn") and source is not None:
             attributes["DeadLetterQueueSourceArn"] = self.queue_arn(source)
         if attributes:
             out["Attributes"] = attributes

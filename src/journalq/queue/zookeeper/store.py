@@ -1522,7 +1522,9 @@ class ZooKeeperQueue:
                 envelope.decode_meta(body, meta) or Envelope(body),
                 filters=entry.filters or None,
                 group_id=entry.group,
-                source={"queue": self.topic.name, "channel": self.name, "id": task, "count": count},
+                # (sent_at_ns: SQS keeps a dead letter's SentTimestamp; the file store's source has it)
+                source={"queue": self.topic.name, "channel": self.name, "id": task, "count": count,
+                        "sent_at_ns": sent_at_ns(task)},
                 dedup_id=f"dead-letter:{self.topic.name}/{task}",
             )
             for task, entry, count, body, meta in claimed
