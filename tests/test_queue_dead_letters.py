@@ -128,7 +128,6 @@ def test_dead_letter_of_a_topic_channel_names_it(broker: Broker) -> None:
     assert dead.source["channel"] == "a"
 
 
-@pytest.mark.files_only("the ZooKeeper store does not keep the first send's time (yet)")
 def test_a_dead_letter_keeps_when_it_was_first_sent(broker: Broker) -> None:
     """SQS keeps a dead letter's SentTimestamp (and MessageId, and counts on): here it is a new
     message of the dead-letter queue, with a new id and time, and its source says which message
@@ -141,6 +140,25 @@ def test_a_dead_letter_keeps_when_it_was_first_sent(broker: Broker) -> None:
     (dead,) = broker.queue("jobs-dlq").receive()
     assert dead.source["sent_at_ns"] == first.sent_at_ns < dead.sent_at_ns
     assert (dead.source["id"], dead.source["count"]) == (first.id, 1)
+
+
+def test_a_dead_letter_moved_on_keeps_when_it_was_first_sent(broker: Broker) -> None:
+    """A dead-letter queue with a redrive policy of its own moves the dead letter on: its source
+    names the queue it came from last, and the time the message was first sent (it gave the
+    time it was moved, so SQS's SentTimestamp changed on the second move)."""
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+    broker.queue("jobs-dlq", max_receive_count=1, dead_letter_queue="jobs-dlq2")
+    q.send(b"poison")
+    (first,) = q.receive(visibility_timeout=0)
+    time.sleep(0.01)
+    assert q.receive() == []  # moved
+    dlq = broker.queue("jobs-dlq")
+    (dead,) = dlq.receive(visibility_timeout=0)
+    time.sleep(0.01)
+    assert dlq.receive() == []  # moved on
+    (twice,) = broker.queue("jobs-dlq2").receive()
+    assert twice.source["queue"] == "jobs-dlq" and twice.source["id"] == dead.id
+    assert twice.source["sent_at_ns"] == first.sent_at_ns < dead.sent_at_ns < twice.sent_at_ns
 
 
 @pytest.mark.files_only("the ZooKeeper store has one channel per queue")

@@ -60,7 +60,15 @@ from journalq.journal.watch import DirectoryWatch
 from journalq.journal.writer import held
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
-from journalq.queue.envelope import Attribute, Envelope, encode_task_metadata, message_id, parse_message_id, resend
+from journalq.queue.envelope import (
+    Attribute,
+    Envelope,
+    encode_task_metadata,
+    first_sent_ns,
+    message_id,
+    parse_message_id,
+    resend,
+)
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.state import (
     ChannelState,
@@ -915,7 +923,8 @@ class Channel:
                     "channel": self.name,
                     "id": message_id(m.offset),
                     "count": count,
-                    "sent_at_ns": m.timestamp_ns,  # (SQS keeps a dead letter's SentTimestamp)
+                    # SQS keeps a dead letter's SentTimestamp, through every move.
+                    "sent_at_ns": first_sent_ns(env.source, m.timestamp_ns),
                 },
                 dedup_id=self._dead_letter_id(m.offset),
             )

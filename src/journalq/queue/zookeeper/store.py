@@ -84,7 +84,7 @@ from journalq.queue.channel import (
     check_visibility_changes,
     receive_arguments,
 )
-from journalq.queue.envelope import Envelope, resend
+from journalq.queue.envelope import Envelope, first_sent_ns, resend
 from journalq.queue.settings import QueueSettings, check_for_queue, check_name
 from journalq.queue.topic import OutgoingMessage, Topic, message_list
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
@@ -1517,18 +1517,15 @@ class ZooKeeperQueue:
         if not claimed:
             return
         target = self.topic.broker.queue(self.settings.dead_letter_queue or "")
-        target.send_many([
-            resend(
-                envelope.decode_meta(body, meta) or Envelope(body),
-                filters=entry.filters or None,
-                group_id=entry.group,
-                # (sent_at_ns: SQS keeps a dead letter's SentTimestamp; the file store's source has it)
-                source={"queue": self.topic.name, "channel": self.name, "id": task, "count": count,
-                        "sent_at_ns": sent_at_ns(task)},
-                dedup_id=f"dead-letter:{self.topic.name}/{task}",
-            )
-            for task, entry, count, body, meta in claimed
-        ])
+        letters = []
+        for task, entry, count, body, meta in claimed:
+            env = envelope.decode_meta(body, meta) or Envelope(body)
+            # (sent_at_ns: SQS keeps a dead letter's SentTimestamp, as the file store's source does)
+            source = {"queue": self.topic.name, "channel": self.name, "id": task, "count": count,
+                      "sent_at_ns": first_sent_ns(env.source, sent_at_ns(task))}
+            letters.append(resend(env, filters=entry.filters or None, group_id=entry.group, source=source,
+                                  dedup_id=f"dead-letter:{self.topic.name}/{task}"))
+        target.send_many(letters)
         self.topic.ensure_node(self.paths.dead_letters)  # (counted as each is marked dead: ``_apply``)
         self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None),
                   moving=True)
