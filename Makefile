@@ -8,6 +8,7 @@ run: setup
 	.venv/bin/journalq serve --data ./data
 
 test: setup
+	.venv/bin/ruff check src tests bench
 	.venv/bin/python -m pytest
 
 bench: setup

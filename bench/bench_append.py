@@ -151,7 +151,9 @@ def run(ctx: Context) -> list[Result]:
             "pack + os.write each",
             base,
             figure=f"{rate(best)}, {best * MESSAGE_SIZE / 1e6:.1f} MB/s",
-            extra={"messages": single, "runs": [round(r) for r in runs], "baseline_runs": [round(r) for r in base_runs]},
+            extra={
+                "messages": single, "runs": [round(r) for r in runs], "baseline_runs": [round(r) for r in base_runs]
+            },
         )
     )
 
@@ -198,7 +200,9 @@ def run(ctx: Context) -> list[Result]:
             "write + fdatasync each",
             base,
             figure=f"{rate(best)} ({1000 / best:.3f} ms each)",
-            extra={"messages": durable, "runs": [round(r) for r in runs], "baseline_runs": [round(r) for r in base_runs]},
+            extra={
+                "messages": durable, "runs": [round(r) for r in runs], "baseline_runs": [round(r) for r in base_runs]
+            },
         )
     )
     return results

@@ -128,7 +128,10 @@ def run(ctx: Context) -> list[Result]:
             aim=f"median <= {AIM_MS:g} ms",
             aim_met=follow["median"] <= AIM_MS,
         ),
-        row("info: follower polling, sleep(0.001)", summarize(polled), baseline_name="pipe one-way", baseline_value=base["median"]),
+        row(
+            "info: follower polling, sleep(0.001)", summarize(polled),
+            baseline_name="pipe one-way", baseline_value=base["median"],
+        ),
         row("baseline: pipe one-way (OS floor)", base),
         row("info: pipe round trip", summarize(round_trip)),
     ]

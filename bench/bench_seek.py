@@ -142,7 +142,9 @@ def run(ctx: Context) -> list[Result]:
             "ms",
             f"median of {ctx.repeat} rounds x {samples}",
             figure=f"median {ms(raw['median'])}, p90 {ms(raw['p90'])}, p99 {ms(raw['p99'])}",
-            extra={"median_ms": round(raw["median"], 4), "p90_ms": round(raw["p90"], 4), "p99_ms": round(raw["p99"], 4)},
+            extra={
+                "median_ms": round(raw["median"], 4), "p90_ms": round(raw["p90"], 4), "p99_ms": round(raw["p99"], 4)
+            },
         )
     )
     return results

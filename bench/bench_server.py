@@ -129,7 +129,9 @@ class Server:
     def start(self) -> None:
         log = open(self.log_path, "wb")
         try:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         finally:
             log.close()
         deadline = time.monotonic() + 60
@@ -242,7 +244,9 @@ class Cell:
 
     def latency(self) -> dict[str, float]:
         """Each statistic, the median over the runs."""
-        return {name: statistics.median(r[name] for r in self.latency_rounds) for name in ("median", "p90", "p99", "max")}
+        return {
+            name: statistics.median(r[name] for r in self.latency_rounds) for name in ("median", "p90", "p99", "max")
+        }
 
     def best(self) -> dict[str, Any]:
         return max(self.runs, key=lambda r: r["rate"])

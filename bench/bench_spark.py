@@ -52,7 +52,9 @@ def _measure(ctx: Context, spark, path, total: int) -> list[Result]:
         return total, time.perf_counter() - started
 
     def read_journal() -> tuple[int, float]:
-        return timed(lambda: spark.read.format("journalq").load(str(path)).write.format("noop").mode("overwrite").save())
+        return timed(
+            lambda: spark.read.format("journalq").load(str(path)).write.format("noop").mode("overwrite").save()
+        )
 
     def read_parquet() -> tuple[int, float]:
         return timed(lambda: spark.read.parquet(str(parquet)).write.format("noop").mode("overwrite").save())
@@ -82,7 +84,9 @@ def _measure(ctx: Context, spark, path, total: int) -> list[Result]:
             "spark", f"read: data source -> noop ({total:,} rows, 9 columns)", read_best, "msg/s",
             f"best of {ctx.repeat}", "Parquet -> noop", base_best,
             aim=f">= {READ_AIM:,} msg/s", aim_met=read_best >= READ_AIM,
-            extra={"rows": total, "runs": [round(r) for r in read_runs], "baseline_runs": [round(r) for r in base_runs]},
+            extra={
+                "rows": total, "runs": [round(r) for r in read_runs], "baseline_runs": [round(r) for r in base_runs]
+            },
         )
     )
     write_best, write_runs, wbase_best, wbase_runs = _interleaved(ctx.repeat, write_journal, write_parquet)
@@ -91,7 +95,10 @@ def _measure(ctx: Context, spark, path, total: int) -> list[Result]:
             "spark", f"write: sink, append ({total:,} rows)", write_best, "msg/s",
             f"best of {ctx.repeat}", "Spark's Parquet writer", wbase_best,
             aim=f">= {WRITE_AIM:,} msg/s", aim_met=write_best >= WRITE_AIM,
-            extra={"rows": total, "runs": [round(r) for r in write_runs], "baseline_runs": [round(r) for r in wbase_runs]},
+            extra={
+                "rows": total, "runs": [round(r) for r in write_runs],
+                "baseline_runs": [round(r) for r in wbase_runs],
+            },
         )
     )
     low = total // 2

@@ -3,7 +3,8 @@
 It runs in a process of its own, apart from the servers it drives, and takes one JSON command per
 line on stdin, answering each with one JSON line on stdout:
 
-``{"cmd": "prepare", "api": "rest"|"sqs-json"|"sqs", "endpoint": URL, "queue": NAME, "clients": N, "client": "wrk"|"python"}``
+``{"cmd": "prepare", "api": API, "endpoint": URL, "queue": NAME, "clients": N, "client": CLIENT}``
+    API is ``"rest"``, ``"sqs-json"`` or ``"sqs"``; CLIENT is ``"wrk"`` or ``"python"``.
     Make the queue (REST ``PUT /NAME``; SQS ``CreateQueue``) and get N clients ready. Answers
     ``{"ready": true, "queue_url": ..., "extra_min": a, "extra_max": b}``: after the run the queue
     must hold the messages answered plus between a and b more (the untimed warm-up message each
@@ -148,7 +149,10 @@ class Target:
 
     def request(self) -> bytes:
         extra = "".join(f"{name}: {value}\r\n" for name, value in self.headers.items())
-        head = f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{extra}Content-Length: {len(self.body)}\r\n\r\n"
+        head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"{extra}Content-Length: {len(self.body)}\r\n\r\n"
+        )
         return head.encode() + self.body
 
     async def finish(self) -> int:
@@ -162,7 +166,9 @@ class Target:
             if status != 204:
                 raise RuntimeError(f"DELETE /{self.queue}: {status} {body[:200]!r}")
             return stored
-        got = await self._sqs("GetQueueAttributes", {"QueueUrl": self.url, "AttributeNames": ["ApproximateNumberOfMessages"]})
+        got = await self._sqs(
+            "GetQueueAttributes", {"QueueUrl": self.url, "AttributeNames": ["ApproximateNumberOfMessages"]}
+        )
         await self._sqs("DeleteQueue", {"QueueUrl": self.url})
         return int(got["Attributes"]["ApproximateNumberOfMessages"])
 
@@ -262,9 +268,13 @@ class WrkLoad:
     async def go(self, seconds: float) -> dict[str, Any]:
         endpoint = f"http://{self.target.host}:{self.target.port}"
         whole = max(1, round(seconds))  # wrk takes whole seconds; the rate is over the time it reports
-        command = ["wrk", "-t1", f"-c{self.n}", f"-d{whole}s", "--timeout", "60s", "--latency", "-s", self.script, endpoint]
+        command = [
+            "wrk", "-t1", f"-c{self.n}", f"-d{whole}s", "--timeout", "60s", "--latency", "-s", self.script, endpoint
+        ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        process = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
         out, _ = await process.communicate()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         text = out.decode(errors="replace")
@@ -284,7 +294,8 @@ class WrkLoad:
             errors += sum(int(x) for x in sockets.groups())
             statuses.append(sockets[0])
         latency = {name: _wrk_ms(m[1]) for name, m in (
-            (name, re.search(rf"^\s+{p}%\s+(\S+)", text, re.M)) for name, p in (("median", 50), ("p90", 90), ("p99", 99))
+            (name, re.search(rf"^\s+{p}%\s+(\S+)", text, re.M))
+            for name, p in (("median", 50), ("p90", 90), ("p99", 99))
         ) if m}
         top = re.search(r"Latency\s+\S+\s+\S+\s+(\S+)", text)
         if top:

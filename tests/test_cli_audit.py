@@ -182,7 +182,9 @@ def test_send_of_lines_that_fails_part_way_says_which_lines_were_stored(
     )
 
 
-def test_write_that_fails_part_way_says_which_lines_were_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_write_that_fails_part_way_says_which_lines_were_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A full disk in a later batch said only "No space left on device", not that the lines
     before that batch were stored, as a bad line's error does."""
     import errno
@@ -251,7 +253,8 @@ def interrupted_reading(lines: bytes, after: int):  # type: ignore[no-untyped-de
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("write", "{tmp}/j"), "interrupted; nothing from line 4 on was stored; lines before 4 were stored, up to offset 2"),
+        (("write", "{tmp}/j"),
+         "interrupted; nothing from line 4 on was stored; lines before 4 were stored, up to offset 2"),
         (("queue", "send", "jobs", "--data", "{tmp}/data"),
          "interrupted; nothing from line 4 on was sent; the lines before it were sent"),
     ],

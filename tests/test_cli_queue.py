@@ -159,7 +159,10 @@ def test_release_and_change_visibility(data: Path) -> None:
     [third] = receive(data, "jobs", "--visibility-timeout", 60)
     assert third["receive_count"] == 3
     fails(data, "release", "jobs", again["receipt"], needle="delivered again")
-    fails(data, "change-visibility", "jobs", third["receipt"], 50000, needle="visibility timeout is 50000.0; it must be from 0 to 43200")
+    fails(
+        data, "change-visibility", "jobs", third["receipt"], 50000,
+        needle="visibility timeout is 50000.0; it must be from 0 to 43200",
+    )
     fails(data, "release", "jobs", "not-a-receipt", needle="not a receipt")
 
 
@@ -331,7 +334,8 @@ def test_attributes_of_every_type_round_trip(data: Path) -> None:
         (("send", "jobs", "x", "--attributes", '{"n": {"type": "Number", "value": "4x2"}}'),
          "attribute 'n': '4x2' is not a number"),
         (("send", "jobs", "x", "--attributes", '{"n": {"type": "Number", "value": "1e300"}}'), "out of range"),
-        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Date", "value": "1"}}'), "not String, Number or Binary"),
+        (("send", "jobs", "x", "--attributes", '{"n": {"type": "Date", "value": "1"}}'),
+         "not String, Number or Binary"),
         (("send", "jobs", "x", "--attributes", '{"n": {"type": "Binary", "value_b64": "!"}}'), "not base64"),
         (("send", "jobs", "x", "--attributes", '{"n": {"type": "Binary", "value": "1"}}'), "takes bytes"),
         (("send", "jobs", "x", "--attributes", '{"n": {"type": "String", "value": "1"}}', "--attribute", "n=2"),

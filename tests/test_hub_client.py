@@ -61,7 +61,9 @@ def store(tmp_path: Path):
         yield hub
 
 
-def test_a_push_through_failures_before_and_after_storing_copies_every_journal_exactly(tmp_path: Path, store: HubStore) -> None:
+def test_a_push_through_failures_before_and_after_storing_copies_every_journal_exactly(
+    tmp_path: Path, store: HubStore
+) -> None:
     write(tmp_path / "orders", 600)
     with ShardedWriter(tmp_path / "events", prefix="events", bit=2, segment_size=2000) as sharded:
         for i in range(800):
@@ -137,7 +139,9 @@ def test_an_unreachable_hub_is_given_up_on_only_when_asked(tmp_path: Path, store
         now[0] += 1.0
         return now[0]
 
-    with Pusher(FlakyHub(store, 1.0), "c1", [tmp_path / "a"], backoff=no_wait(), give_up_after=10, clock=clock) as pusher:
+    with Pusher(
+        FlakyHub(store, 1.0), "c1", [tmp_path / "a"], backoff=no_wait(), give_up_after=10, clock=clock
+    ) as pusher:
         with pytest.raises(HubUnavailableError, match="gave up after 10 s"):
             pusher.run()
 

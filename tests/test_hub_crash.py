@@ -58,7 +58,10 @@ def test_kills_and_cuts_while_writers_append_leave_every_copy_byte_identical(tmp
     url = f"http://127.0.0.1:{proxy.address[1]}"
     clients = [Client(c, [tmp_path / c / "orders", tmp_path / c / "events"], url) for c in ("c1", "c2")]
     stop = tmp_path / "stop"
-    writers = [writer_command([tmp_path / c / "orders"], [tmp_path / c / "events"], stop, 600, seed) for seed, c in enumerate(("c1", "c2"))]
+    writers = [
+        writer_command([tmp_path / c / "orders"], [tmp_path / c / "events"], stop, 600, seed)
+        for seed, c in enumerate(("c1", "c2"))
+    ]
     try:
         done = run_scenario(
             hub_root=hub_root,
@@ -83,7 +86,10 @@ def test_kills_and_cuts_while_writers_append_leave_every_copy_byte_identical(tmp
         assert len(files) > 1, f"{source} did not grow past one segment: the test would prove little"
         assert segment_files(copy) == files, f"{copy} differs from {source}"
     pushed = sum(len(segment_files(s)) for s, _ in pairs)
-    print(f"{done}, {proxy.cuts} connections cut in all ({proxy.mid_transfer_cuts} mid-transfer), {pushed} segments compared")
+    print(
+        f"{done}, {proxy.cuts} connections cut in all ({proxy.mid_transfer_cuts} mid-transfer), "
+        f"{pushed} segments compared"
+    )
 
 
 @pytest.mark.usefixtures("vectors_untouched")
@@ -94,8 +100,8 @@ def test_the_sharded_vector_is_pushed_byte_for_byte(tmp_path: Path, sej_vectors:
     try:
         wait_until("the hub to answer", lambda: hub_answers(url), 30)
         sharded = sej_vectors / "sharded"
-        pushed = subprocess.run([*JOURNALQ, "hub", "push", "--to", url, "--client-id", "gohost", "--once", str(sharded)],
-                                capture_output=True, env=child_env(), timeout=60)
+        pushed = subprocess.run([*JOURNALQ, "hub", "push", "--to", url, "--client-id", "gohost", "--once",
+                                 str(sharded)], capture_output=True, env=child_env(), timeout=60)
         assert pushed.returncode == 0, pushed.stderr.decode()
         assert b'"event":"caught-up"' in pushed.stdout
         for shard in sorted(sharded.iterdir()):
@@ -108,12 +114,14 @@ def test_the_sharded_vector_is_pushed_byte_for_byte(tmp_path: Path, sej_vectors:
         assert status.stdout.count('"lag":0') == 4 and '"client_id":"gohost","journal":"events.2.003"' in status.stdout
         got = subprocess.run([*JOURNALQ, "hub", "get", "--hub", url, "--client-id", "gohost", "events.2.001", "2",
                               "--count", "2"], capture_output=True, env=child_env(), timeout=30, text=True)
-        assert got.returncode == 0 and [line[:12] for line in got.stdout.splitlines()] == ['{"offset":2,', '{"offset":3,']
+        assert got.returncode == 0 and [line[:12] for line in got.stdout.splitlines()] == [
+            '{"offset":2,', '{"offset":3,'
+        ]
         # A progress bar when asked for one (as on a terminal).
         copy_root = tmp_path / "mine"
         shutil.copytree(sharded, copy_root)
-        bar = subprocess.run([*JOURNALQ, "hub", "push", "--to", url, "--client-id", "bar", "--once", "--progress", "bar",
-                              str(copy_root)], capture_output=True, env=child_env(), timeout=60, text=True)
+        bar = subprocess.run([*JOURNALQ, "hub", "push", "--to", url, "--client-id", "bar", "--once", "--progress",
+                              "bar", str(copy_root)], capture_output=True, env=child_env(), timeout=60, text=True)
         assert bar.returncode == 0 and "lag 0" in bar.stdout and "msg/s" in bar.stdout
     finally:
         kill(hub)
@@ -126,7 +134,8 @@ def test_push_refusals_are_one_line_errors(tmp_path: Path) -> None:
                              str(tmp_path / "j")], capture_output=True, env=child_env(), timeout=30, text=True)
     assert bad_id.returncode == 1 and bad_id.stderr.startswith("journalq: error: client id 'a.b'")
     no_journal = subprocess.run([*JOURNALQ, "hub", "push", "--to", "http://127.0.0.1:9", "--client-id", "a", "--once",
-                                 str(tmp_path / "nothing")], capture_output=True, env=child_env(), timeout=30, text=True)
+                                 str(tmp_path / "nothing")],
+                                capture_output=True, env=child_env(), timeout=30, text=True)
     assert no_journal.returncode == 1 and "no such directory" in no_journal.stderr
     started = time.monotonic()
     unreachable = subprocess.run([*JOURNALQ, "hub", "push", "--to", "http://127.0.0.1:9", "--client-id", "a", "--once",

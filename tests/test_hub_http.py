@@ -68,7 +68,9 @@ def test_push_status_held_and_read_back(tmp_path: Path, http: TestClient) -> Non
     assert answer.json() == {"client_id": "c1", "journal": "j", "first": 0, "next": run.count, "segment": 0,
                              "appended": run.count, "skipped": 0}
     assert http.get(f"{URL}/c1/j").json()["next"] == run.count
-    assert http.get(f"{URL}/c1/unknown").json() == {"client_id": "c1", "journal": "unknown", "first": 0, "next": 0, "segment": 0}
+    assert http.get(f"{URL}/c1/unknown").json() == {
+        "client_id": "c1", "journal": "unknown", "first": 0, "next": 0, "segment": 0
+    }
     assert http.get("/hub/v1/status").json()["clients"] == {"c1": {"j": {"first": 0, "next": run.count, "segment": 0}}}
     got = http.get(f"{URL}/c1/j/messages", params={"offset": 3, "max_bytes": 1})
     assert got.headers["x-journalq-first"] == "3" and got.headers["x-journalq-count"] == "1"
@@ -92,7 +94,9 @@ def test_a_copy_held_by_an_exclusive_writer_is_answered_503_not_waited_for(
         if copy_started:
             exclusive.append(b"not from the source")
         answers: list[httpx.Response] = []
-        pushing = threading.Thread(target=lambda: answers.append(push_run(http, "c1", "j", 0, 0, run.data)), daemon=True)
+        pushing = threading.Thread(
+            target=lambda: answers.append(push_run(http, "c1", "j", 0, 0, run.data)), daemon=True
+        )
         pushing.start()
         pushing.join(timeout=10)
         assert not pushing.is_alive(), "the push waited for the exclusive writer's lock"

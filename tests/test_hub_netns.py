@@ -92,7 +92,9 @@ def test_hub_and_clients_on_hosts_of_their_own(tmp_path: Path, hosts: dict[str, 
         env=child_env(),
     )
     clients = [
-        Client(c, [tmp_path / c / "orders", tmp_path / c / "events"], f"http://10.77.{n}.1:{PROXY_PORT}", in_ns(hosts[c]))
+        Client(
+            c, [tmp_path / c / "orders", tmp_path / c / "events"], f"http://10.77.{n}.1:{PROXY_PORT}", in_ns(hosts[c])
+        )
         for n, c in ((1, "c1"), (2, "c2"))
     ]
     stop = tmp_path / "stop"

@@ -42,7 +42,9 @@ def segments(path: Path) -> dict[str, bytes]:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()
+    }
 
 
 def push_all(store: HubStore, client: str, name: str, source: Path, chunk: int = 1000, start: int = 0) -> Held:
@@ -135,7 +137,9 @@ def test_a_wrong_client_id_is_refused_and_changes_nothing(tmp_path: Path, store:
         _refused(store, tmp_path, InvalidClientIdError, "client id", lambda: Push(bad, "j", 50, 0, data))
 
 
-def test_paths_that_leave_the_root_are_refused_and_change_nothing(tmp_path: Path, store: HubStore, held_copy: Path) -> None:
+def test_paths_that_leave_the_root_are_refused_and_change_nothing(
+    tmp_path: Path, store: HubStore, held_copy: Path
+) -> None:
     data = encode_batch(0, 0, [b"x"])[0]
     for bad in ["/etc", "..", "../../tmp", "x/../../y", "a/b"]:
         _refused(store, tmp_path, InvalidJournalPathError, "journal path", lambda: Push("c1", bad, 0, 0, data))

@@ -260,7 +260,9 @@ def test_truncation_yields_only_whole_messages(messages, data):
     st.one_of(
         st.binary(max_size=300),
         # near-valid input: a valid message with some bytes changed
-        st.tuples(message_lists(max_size=3), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4)).map(
+        st.tuples(
+            message_lists(max_size=3), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4)
+        ).map(
             lambda t: _damage(b"".join(encode(*m) for m in t[0]), t[1])
         ),
     ),

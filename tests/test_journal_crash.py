@@ -141,7 +141,10 @@ def test_sigkill_during_appends_loses_nothing_acknowledged(tmp_path, child_env):
         history = values
 
     segments = sorted((path / "jnl").glob("*.jnl"))
-    print(f"{ROUNDS} rounds: {total_acks} acknowledged, {len(history)} messages, {len(segments)} segments, {recoveries} recoveries")
+    print(
+        f"{ROUNDS} rounds: {total_acks} acknowledged, {len(history)} messages, {len(segments)} segments, "
+        f"{recoveries} recoveries"
+    )
     assert total_acks > ROUNDS, "the children appended too little before being killed"
     assert len(segments) > ROUNDS // 2, "the segments should have rolled many times during the rounds"
     # Seeking still works everywhere after all that (the indexes survived the kills).

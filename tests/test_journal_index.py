@@ -154,7 +154,9 @@ def test_damaged_indexes_change_no_seek(fresh, damage):
         assert w.append(b"after") == len(messages)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(st.data())
 def test_random_damage_to_indexes_changes_no_seek(journal, data):
     source, messages = journal
@@ -170,7 +172,10 @@ def test_random_damage_to_indexes_changes_no_seek(journal, data):
             ):
                 if raw:
                     raw[position] = value
-            cut = data.draw(st.integers(0, len(raw)), label="cut") if data.draw(st.booleans(), label="truncate") else len(raw)
+            cut = (
+                data.draw(st.integers(0, len(raw)), label="cut") if data.draw(st.booleans(), label="truncate")
+                else len(raw)
+            )
             p.write_bytes(bytes(raw[:cut]))
         targets = data.draw(st.lists(st.integers(0, len(messages)), min_size=20, max_size=40), label="targets")
         check_seeks(path, messages, targets)

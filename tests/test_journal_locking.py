@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
-import random
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -344,7 +342,10 @@ def test_held_reopens_again_when_the_reopened_segment_is_collected_too(tmp_path)
         gone.path.unlink()
         gone.index_path.unlink(missing_ok=True)
 
-    with Writer(tmp_path, shared=True, segment_size=200) as mine, Writer(tmp_path, shared=True, segment_size=200) as other:
+    with (
+        Writer(tmp_path, shared=True, segment_size=200) as mine,
+        Writer(tmp_path, shared=True, segment_size=200) as other,
+    ):
         mine.append(b"x")
         grow_roll_and_collect(other)
         reopened = []
@@ -476,7 +477,9 @@ SHARED_CHILD = """
     import journalq.journal.writer as writer_mod
     from journalq.journal import Writer
 
-    path, wid, ops, seed, die_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    path, wid, ops, seed, die_after = (
+        sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    )
 
     class Dying:
         # The writer's os, whose write() puts half the bytes in and then kills the process.
@@ -620,7 +623,10 @@ def test_an_idle_shared_writer_whose_segment_and_the_next_were_collected_appends
     to the deleted segment: the message was answered as stored and lost. Now the hold reopens at
     the journal's end. (Without an early segment a full one is rolled in the append that fills
     it, so a writer that read it to the end finds the next.)"""
-    with Writer(tmp_path, shared=True, segment_size=200) as idle, Writer(tmp_path, shared=True, segment_size=200) as busy:
+    with (
+        Writer(tmp_path, shared=True, segment_size=200) as idle,
+        Writer(tmp_path, shared=True, segment_size=200) as busy,
+    ):
         idle.append(b"early")  # offset 0, segment 0
         busy.append_encoded(encode(1, 5, 0, b"", b"c"), new_segment=True)  # segment 1 begins early
         with idle.hold():

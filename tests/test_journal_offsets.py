@@ -73,11 +73,15 @@ def test_a_second_holder_of_the_same_name_is_refused(tmp_path, child_env):
         "try:\n    ReaderOffset(sys.argv[1], 'alpha')\nexcept LockedError as e:\n    print('LockedError', e)\n"
         "else:\n    print('opened')\n"
     )
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=child_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], env=child_env, capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.startswith("LockedError"), result.stderr
     assert "alpha.lck" in result.stdout
     first.close()
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=child_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], env=child_env, capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.strip() == "opened", result.stderr
     with ReaderOffset(tmp_path, "alpha") as again:
         assert again.value == 0

@@ -48,7 +48,10 @@ def write_journal(path: Path, specs, segment_size: int, index_interval: int) -> 
         i = 0
         while i < len(specs):
             if i % 3 == 2:  # a batch now and then
-                batch = [Message(timestamp_ns=1000 + j, type=t, key=k, value=v) for j, (k, v, t) in enumerate(specs[i : i + 4], i)]
+                batch = [
+                    Message(timestamp_ns=1000 + j, type=t, key=k, value=v)
+                    for j, (k, v, t) in enumerate(specs[i : i + 4], i)
+                ]
                 w.append_many(batch)
                 i += len(batch)
             else:
@@ -195,7 +198,10 @@ def test_torn_last_write(journal, data):
         torn = extra[: data.draw(st.integers(1, len(extra) - 1), label="torn at")]
         damaged = original + torn
         segment.path.write_bytes(damaged)
-        whole = sum(1 for i in range(3) if len(b"".join(encode(len(written) + j, 5, 0, b"key", b"value %d" % j) for j in range(i + 1))) <= len(torn))
+        whole = sum(
+            1 for i in range(3)
+            if len(b"".join(encode(len(written) + j, 5, 0, b"key", b"value %d" % j) for j in range(i + 1))) <= len(torn)
+        )
         expect = written + [Message(len(written) + i, 5, 0, b"key", b"value %d" % i) for i in range(whole)]
         check_recovered(path, expect, len(expect), damaged, segment.path, exact=True)
 
@@ -327,7 +333,9 @@ def test_a_recovery_says_the_last_kept_timestamp_only_when_it_read_one(tmp_path)
     time, as if the last message kept had one)."""
     from journalq.journal.recovery import Recovery
 
-    base = dict(file=tmp_path / "s.jnl", position=40, next_offset=7, cut_bytes=3, saved_to=tmp_path / "cut", reason="torn")
+    base = dict(
+        file=tmp_path / "s.jnl", position=40, next_offset=7, cut_bytes=3, saved_to=tmp_path / "cut", reason="torn"
+    )
     assert "timestamp" not in str(Recovery(last_timestamp_ns=None, **base))
     stamped = str(Recovery(last_timestamp_ns=1_700_000_000_000_000_000, **base))
     assert "(where offset 7 was due; last message kept has timestamp 2023-11-14T22:13:20.000000000Z)" in stamped

@@ -184,7 +184,9 @@ def test_segments_roll_after_the_message_that_reaches_segment_size(tmp_path):
 
 
 def test_buffered_writes_produce_the_same_bytes(tmp_path):
-    items = [Message(timestamp_ns=i, type=i % 256, key=bytes([i % 7]) * (i % 5), value=v(i * 3 % 97)) for i in range(200)]
+    items = [
+        Message(timestamp_ns=i, type=i % 256, key=bytes([i % 7]) * (i % 5), value=v(i * 3 % 97)) for i in range(200)
+    ]
     plain, buffered = tmp_path / "plain", tmp_path / "buffered"
     with Writer(plain, segment_size=700) as w:
         for m in items:

@@ -15,7 +15,6 @@ from journalq.errors import (
     InvalidNameError,
     InvalidSettingError,
     QueueNotFoundError,
-    ReceiptError,
 )
 from journalq.journal import Scanner
 from journalq.queue import Broker, QueueSettings

@@ -122,14 +122,20 @@ def test_a_batch_cut_short_in_its_second_shard_says_which_messages_are_stored(
             raise StorageError("disk full", errno=28, file=q.topic.shards[second].path)
 
         monkeypatch.setattr(q.topic.shards[second], "send_many", full)
-        with pytest.raises(PartialSendError, match=r"of the 12 messages of the batch stored, not those at positions .*: disk full") as failed:
+        with pytest.raises(
+            PartialSendError, match=r"of the 12 messages of the batch stored, not those at positions .*: disk full"
+        ) as failed:
             q.send_many(items)
         error = failed.value
         assert isinstance(error, PartialStorageError) and isinstance(error, StorageError) and error.errno == 28
         assert error.unsent == [i for i, shard in enumerate(shards) if shard != first]
-        assert all(error.ids[i] is not None and shard_of(error.ids[i]) == first for i in range(12) if shards[i] == first)
+        assert all(
+            error.ids[i] is not None and shard_of(error.ids[i]) == first for i in range(12) if shards[i] == first
+        )
         got = drain(q)
-        assert sorted((m.id, m.body) for m in got) == sorted((error.ids[i], items[i]["body"]) for i in range(12) if shards[i] == first)
+        assert sorted((m.id, m.body) for m in got) == sorted(
+            (error.ids[i], items[i]["body"]) for i in range(12) if shards[i] == first
+        )
         # The first shard's part failing stores nothing: its own error, not a partial one.
         monkeypatch.setattr(q.topic.shards[first], "send_many", full)
         with pytest.raises(StorageError) as failed:
@@ -177,7 +183,9 @@ def test_consumers_spread_over_shards_and_stay_where_there_is_work(tmp_path: Pat
         topic = broker.topic("orders", shards=4)
         for i in range(40):
             topic.send(b"%d" % i)
-        consumers = [topic.channel("work")] + [Broker(tmp_path, sync="none").topic("orders").channel("work") for _ in range(3)]
+        consumers = [topic.channel("work")] + [
+            Broker(tmp_path, sync="none").topic("orders").channel("work") for _ in range(3)
+        ]
         try:
             assert sorted(c.home for c in consumers) == [0, 1, 2, 3]  # each claims a shard of its own
             for consumer in consumers:
@@ -325,7 +333,9 @@ def test_visibility_release_and_change_go_to_the_right_shard(tmp_path: Path) -> 
 def test_a_receive_refused_for_a_stale_receipt_takes_no_message(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=2, visibility_timeout=60, dead_letter_queue="dlq", max_receive_count=1)
-        queue.send_many([{"body": b"a%d" % i, "key": "a"} for i in range(3)] + [{"body": b"d%d" % i, "key": "d"} for i in range(3)])
+        queue.send_many(
+            [{"body": b"a%d" % i, "key": "a"} for i in range(3)] + [{"body": b"d%d" % i, "key": "d"} for i in range(3)]
+        )
         batch = queue.receive(6)
         by_shard = {shard_of(m.receipt): m for m in batch}
         assert len(by_shard) == 2
@@ -780,7 +790,9 @@ def test_spark_reads_a_sharded_broker_topic(tmp_path: Path) -> None:
         for i in range(20):
             assert shard_of(queue.send(b"probe", key=f"k{i}")) == zlib.crc32(b"k%d" % i) & 3
         written = [m for m in drain(queue) if m.body != b"probe"]
-        assert sorted(m.body for m in written) == sorted([b"w%d" % i for i in range(20)] + [b"%d" % i for i in range(40)])
+        assert sorted(m.body for m in written) == sorted(
+            [b"w%d" % i for i in range(20)] + [b"%d" % i for i in range(40)]
+        )
         assert broker.names() == ["orders", "plain"]
 
 

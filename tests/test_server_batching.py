@@ -132,7 +132,9 @@ def test_concurrent_sqs_and_rest_sends_share_syncs(tmp_path: Path) -> None:
     assert [a.status_code for a in answers] == [200] * 40 + [201] * 40
     ids = [a.json()["MessageId"] for a in answers[:40]] + [a.headers["X-Message-Id"] for a in answers[40:]]
     assert len(set(ids)) == 80
-    assert sorted(r.content for r in received) == sorted([b"sqs %d" % i for i in range(40)] + [b"rest %d" % i for i in range(40)])
+    assert sorted(r.content for r in received) == sorted(
+        [b"sqs %d" % i for i in range(40)] + [b"rest %d" % i for i in range(40)]
+    )
     # One per batch: a few. (Sent one request per thread, the SQS sends took about 24: the
     # journal's own group commit shares syncs only between threads that overlap.)
     assert 0 < syncs <= 10, syncs

@@ -188,7 +188,8 @@ REQUESTS = [
     post("/q/messages", b"x" * 101),  # over the size limit
     post("/q/messages", b"kept", "Authorization: Bearer wrong"),
     post("/q/messages", b"one-zero", version="1.0"),  # answered, then the connection is closed
-    post("/q/messages?note=1", b"with query"),  # a query (one POST does not take: 400), an escape: uvicorn's request cycle
+    # A query (one POST does not take: 400), an escape: uvicorn's request cycle.
+    post("/q/messages?note=1", b"with query"),
     post("/%71/messages", b"escaped"),
     sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "by sqs"}),
     sqs("SendMessageBatch", {"QueueUrl": "http://test/000000000000/q", "Entries": [

@@ -29,7 +29,9 @@ def test_an_unknown_parameter_is_refused_naming_it(tmp_path: Path, method: str, 
     async def talk(client: httpx.AsyncClient) -> httpx.Response:
         await client.put("/q")
         await client.post("/q/messages", content=b"kept")
-        return await client.request(method, path, params={parameter: "5"}, content=b"body" if method == "POST" else None)
+        return await client.request(
+            method, path, params={parameter: "5"}, content=b"body" if method == "POST" else None
+        )
 
     refused = served(tmp_path, talk)
     assert refused.status_code == 400, refused.text
@@ -49,7 +51,9 @@ def test_the_parameters_taken_still_work(tmp_path: Path) -> None:
     assert [a.status_code for a in answers] == [201, 201, 200]
 
 
-@pytest.mark.parametrize("method, path, query", [("GET", "/q/messages", "wait=0&wait=5"), ("PUT", "/p", "shards=2&shards=4")])
+@pytest.mark.parametrize(
+    "method, path, query", [("GET", "/q/messages", "wait=0&wait=5"), ("PUT", "/p", "shards=2&shards=4")]
+)
 def test_a_parameter_given_twice_is_refused(tmp_path: Path, method: str, path: str, query: str) -> None:
     """One of the two was taken (the last), silently: ``PUT /p?shards=2&shards=4`` made 4 shards."""
 

@@ -385,7 +385,9 @@ def test_openapi_lists_the_six_mq_endpoints(client: httpx.Client) -> None:
     assert len(operations) == 6, operations
 
 
-def test_openapi_gives_every_status_each_endpoint_answers(server: ServerProcess, client: httpx.Client, queue: str) -> None:
+def test_openapi_gives_every_status_each_endpoint_answers(
+    server: ServerProcess, client: httpx.Client, queue: str
+) -> None:
     """Each of the six endpoints driven to the answers it can give here (all but 401, 408 and
     503, checked below and in their own tests): every status met is in the document."""
     other = f"q-{uuid.uuid4().hex[:12]}"
@@ -675,7 +677,9 @@ def test_a_queue_another_process_is_removing_under_long_polls_is_not_found(
     shutil.rmtree(doomed)
 
 
-def test_a_long_poll_whose_client_went_away_takes_nothing(server: ServerProcess, client: httpx.Client, queue: str) -> None:
+def test_a_long_poll_whose_client_went_away_takes_nothing(
+    server: ServerProcess, client: httpx.Client, queue: str
+) -> None:
     """A client that long-polls and disconnects: its poll stops within about a second, so a
     message posted later goes to the next consumer, not to nobody for a visibility timeout; and
     one posted within that second, which the poll takes, it gives back at once."""

@@ -17,7 +17,9 @@ from test_server_harness import ServerProcess, read_all
 from journalq.server.h11_protocol import StoppingH11Protocol
 from journalq.server.protocol import DirectHttpToolsProtocol
 
-PROTOCOLS = pytest.mark.parametrize("protocol", [StoppingH11Protocol, DirectHttpToolsProtocol], ids=["h11", "httptools"])
+PROTOCOLS = pytest.mark.parametrize(
+    "protocol", [StoppingH11Protocol, DirectHttpToolsProtocol], ids=["h11", "httptools"]
+)
 
 
 @PROTOCOLS

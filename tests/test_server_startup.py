@@ -48,7 +48,9 @@ def taken_port() -> Iterator[int]:
         yield s.getsockname()[1]
 
 
-@pytest.mark.parametrize(("command", "workers"), [("serve", ["--workers", "1"]), ("serve", ["--workers", "2"]), ("hub serve", [])])
+@pytest.mark.parametrize(
+    ("command", "workers"), [("serve", ["--workers", "1"]), ("serve", ["--workers", "2"]), ("hub serve", [])]
+)
 def test_a_port_in_use_is_one_line_naming_the_address(
     tmp_path: Path, taken_port: int, command: str, workers: list[str]
 ) -> None:
@@ -150,7 +152,9 @@ def test_a_zookeeper_session_timeout_for_a_directory_is_refused(tmp_path: Path) 
                    f"and {tmp_path / 'data'} is a directory", line
     assert not (tmp_path / "data").exists()
     done = serve(str(tmp_path / "data"), "--zk-session-timeout", "soon")
-    assert done.returncode == 2 and "Invalid value for '--zk-session-timeout': 'soon' is not a valid float" in done.stderr
+    assert done.returncode == 2 and (
+        "Invalid value for '--zk-session-timeout': 'soon' is not a valid float" in done.stderr
+    )
 
 
 @pytest.mark.parametrize("command", SERVERS)

@@ -110,7 +110,9 @@ def test_the_session_timeout_is_an_option_of_serve(zookeeper: Any, tmp_path: Pat
             finally:
                 zookeeper.process.send_signal(signal.SIGCONT)
             assert alive.status_code == 200, alive.text
-            assert all(a.status_code == 503 and a.headers.get("Retry-After") for a in answers), [a.text for a in answers]
+            assert all(a.status_code == 503 and a.headers.get("Retry-After") for a in answers), [
+                a.text for a in answers
+            ]
             errors = [a.json()["error"] for a in answers]
             # (one asked just as the connection went is told so, without the wait)
             assert any("within 2s" in error for error in errors), errors

@@ -198,7 +198,9 @@ def test_offsets_for_unknown_shards_are_option_errors(tmp_path):
     with Writer(path) as w:
         w.append_many([b"x"] * 3)
     for name in ("startingOffsets", "endingOffsets"):
-        with pytest.raises(opts.OptionError, match=f"option {name} names shard\\(s\\) 'events.2.000'; the shards are ''"):
+        with pytest.raises(
+            opts.OptionError, match=f"option {name} names shard\\(s\\) 'events.2.000'; the shards are ''"
+        ):
             plan_batch({"path": str(path), name: '{"events.2.000": 1}'})
     with pytest.raises(opts.OptionError, match="option startingOffsets names shard"):
         JournalStreamReader({"path": str(path), "startingOffsets": '{"x": 1}'}, SCHEMA).initialOffset()

@@ -163,7 +163,10 @@ def test_messages_bigger_than_a_read(tmp_path):
     with Writer(path) as w:
         w.append_many([bytes([i]) * n for i, n in enumerate(sizes)])
     for start in range(5):
-        got = [(int(c.offset[i]), len(c.value(i))) for c in reading.iter_columns(str(path), start, 5) for i in range(len(c))]
+        got = [
+            (int(c.offset[i]), len(c.value(i)))
+            for c in reading.iter_columns(str(path), start, 5) for i in range(len(c))
+        ]
         assert got == [(o, sizes[o]) for o in range(start, 5)]
         assert reading.range_bytes(str(path), start, 4) == sum(n + 26 for n in sizes[start:4])
 
@@ -466,7 +469,9 @@ def test_a_batch_ending_before_it_starts_is_refused(tmp_path):
     with Writer(path) as w:
         w.append_many([b"x"] * 10)
     options = {"path": str(path), "startingOffsets": '{"": 6}', "endingOffsets": '{"": 4}'}
-    with pytest.raises(opts.OptionError, match=r"endingOffsets: offset 4 of shard '' is before where the read starts \(6\)"):
+    with pytest.raises(
+        opts.OptionError, match=r"endingOffsets: offset 4 of shard '' is before where the read starts \(6\)"
+    ):
         plan_batch(options)
     options["endingOffsets"] = '{"": 6}'  # an empty range given as such is fine
     assert [(r.start, r.end) for r in plan_batch(options)] == [(6, 6)]

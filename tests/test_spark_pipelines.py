@@ -106,7 +106,9 @@ def events(start_minute: int, minutes: int) -> list[dict]:
         for s in range(0, 60, 7):
             t = T0 // 1_000_000_000 + 600 + m * 60 + s
             key = "abc"[(m + s) % 3]
-            out.append({"time": dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(), "user": key, "amount": s + m})
+            out.append(
+                {"time": dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(), "user": key, "amount": s + m}
+            )
     return out
 
 
@@ -153,7 +155,8 @@ def test_aggregate_to_topic_and_parquet_exactly_once(spark, tmp_path):
 
     parquet = spark.read.parquet(str(tmp_path / "stats")).where("key != ''").collect()
     from_parquet = {
-        (r.window_start.replace(tzinfo=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z") if r.window_start.tzinfo is None
+        (r.window_start.replace(tzinfo=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+         if r.window_start.tzinfo is None
          else r.window_start.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z"), r.key):
         {"count": r["count"], "sum": r["sum"], "min": r["min"], "max": r["max"]}
         for r in parquet

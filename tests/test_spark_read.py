@@ -164,8 +164,9 @@ def test_reused_dataframes_stay_correct(spark, sej_vectors):
     df = read(spark, sej_vectors / "plain", filterPushdown="true")
     assert df.where("offset < 10").count() == 10
     assert df.count() == 3000  # a later query, no pushable filter: the same plan, read whole
-    assert df.where("type = 1 or offset < 3").count() == read(spark, sej_vectors / "plain", filterPushdown="true").where(
-        "type = 1 or offset < 3").count()
+    assert df.where("type = 1 or offset < 3").count() == read(
+        spark, sej_vectors / "plain", filterPushdown="true"
+    ).where("type = 1 or offset < 3").count()
     both = df.where("offset < 5").union(df.where("offset >= 2990"))
     assert sorted(r.offset for r in both.collect()) == [0, 1, 2, 3, 4] + list(range(2990, 3000))
     # One scan with a pushed filter and one without, in one query: Spark gives both the pruned

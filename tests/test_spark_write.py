@@ -46,7 +46,9 @@ def test_append_values_keys_types_timestamps(spark, tmp_path):
     before = dt.datetime.now(dt.timezone.utc).timestamp() * 1e9
     save(df, path)
     got = messages(path)
-    assert [(m.offset, m.value, m.key, m.type) for m in got] == [(0, b"a", b"k1", 3), (1, b"b", b"", 0), (2, b"c", b"k3", 255)]
+    assert [(m.offset, m.value, m.key, m.type) for m in got] == [
+        (0, b"a", b"k1", 3), (1, b"b", b"", 0), (2, b"c", b"k3", 255)
+    ]
     assert got[0].timestamp_ns == 1_714_564_800_123_456_000
     assert got[1].timestamp_ns == 42  # timestamp_ns is exact and wins
     assert got[2].timestamp_ns >= before  # none given: the time of the append

@@ -12,7 +12,9 @@ from journalq.errors import InvalidSettingError
 from journalq.queue.zookeeper import is_zookeeper_url, parse_url
 
 
-def _refuse_empty(kind: click.ParamType, value: object, param: click.Parameter | None, ctx: click.Context | None) -> None:
+def _refuse_empty(
+    kind: click.ParamType, value: object, param: click.Parameter | None, ctx: click.Context | None
+) -> None:
     """An empty path (``--data "$UNSET"``) would be the current directory: refused instead."""
     if isinstance(value, str) and not value:
         kind.fail("the path is empty (give '.' for the current directory)", param, ctx)

@@ -566,7 +566,9 @@ def scan(
     journals = _journals_at(directory)
     follow = follow or timeout is not None
     if journals[0][0] is not None and start is not None:
-        raise click.UsageError("--from names an offset of one journal, and offsets count per shard: give one shard directory")
+        raise click.UsageError(
+            "--from names an offset of one journal, and offsets count per shard: give one shard directory"
+        )
     keep = _message_filter(since, until, type_)
     render = _RENDERERS[fmt]
     out = sys.stdout.buffer
@@ -635,7 +637,10 @@ def _info_table(journal: JournalInfo) -> Iterator[str]:
             f"  first message {format_timestamp(journal.first_timestamp_ns)}, "
             f"last {format_timestamp(journal.last_timestamp_ns)}"
         )
-    yield f"  {'segment':<22}{'first':>12}{'end':>12}{'messages':>10}{'size':>12}  {'first timestamp':<32}last timestamp"
+    yield (
+        f"  {'segment':<22}{'first':>12}{'end':>12}{'messages':>10}{'size':>12}  "
+        f"{'first timestamp':<32}last timestamp"
+    )
     for s in journal.segments:
         first_ts = format_timestamp(s.first_timestamp_ns) if s.messages else "-"
         last_ts = format_timestamp(s.last_timestamp_ns) if s.messages else "-"
@@ -678,7 +683,9 @@ def _require_stored(path: Path, offset: int) -> None:
     the reader fail when it resumes."""
     first, end = first_offset(path), end_offset(path)
     if offset > end:
-        raise OffsetOutOfRangeError(f"offset {offset} is past the end of the journal (the next offset is {end})", file=path)
+        raise OffsetOutOfRangeError(
+            f"offset {offset} is past the end of the journal (the next offset is {end})", file=path
+        )
     if offset < first:
         raise OffsetOutOfRangeError(f"offset {offset} is no longer stored: the journal starts at {first}", file=path)
 

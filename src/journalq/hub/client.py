@@ -149,7 +149,9 @@ class HubClient(Closing):
             body = answer.json()
             return {c: {j: Held.from_json(h) for j, h in js.items()} for c, js in body["clients"].items()}
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise HubUnavailableError(f"{self.base_url} answered the status with {answer.text[:200]!r}: {exc}") from None
+            raise HubUnavailableError(
+                f"{self.base_url} answered the status with {answer.text[:200]!r}: {exc}"
+            ) from None
 
     def read(self, client_id: str, journal: str, offset: int, max_bytes: int = DEFAULT_CHUNK) -> RawRun:
         """The copy's own bytes from ``offset`` (whole messages, from one segment)."""

@@ -148,7 +148,8 @@ class RawReader(Closing):
             return
         if self._fd >= 0:
             entry = index.lookup(self._segment, offset)
-            if entry is not None and entry[0] >= self._next and confirms(self._fd, *entry):  # the segment's word, not the index's
+            # confirms: the segment's word, not the index's.
+            if entry is not None and entry[0] >= self._next and confirms(self._fd, *entry):
                 self._next, self._pos = entry
             # Skip the messages from there to the one asked for. One larger than a read makes
             # the next read larger (a journal without journalq's index, as sej writes it, is

@@ -114,7 +114,9 @@ def _encode_values(first_offset: int, timestamp_ns: int, values: Sequence[bytes]
     n = lengths[0]
     if lengths.count(n) == len(lengths):  # all of one size, as a queue's often are: a pack each
         pack, size = _run_struct(0, n).pack, OVERHEAD + n
-        data = b"".join([pack(offset, timestamp_ns, 0, 0, b"", n, v, size) for offset, v in zip(count(first_offset), values)])
+        data = b"".join(
+            [pack(offset, timestamp_ns, 0, 0, b"", n, v, size) for offset, v in zip(count(first_offset), values)]
+        )
         return data, lengths
     pack_head, pack_size = _HEADER_NO_KEY.pack, INT32.pack
     data = b"".join(

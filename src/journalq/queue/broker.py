@@ -109,7 +109,9 @@ class Broker(Closing):
                 if isinstance(exc, FileNotFoundError) and settings_file.load(path) is not None:
                     raise
                 # Another process's delete took the directory away after its settings were read.
-                raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted as it was opened") from None
+                raise QueueNotFoundError(
+                    f"queue or topic {name!r} in {self.root} was deleted as it was opened"
+                ) from None
             topic = self._topics[name] = opened
         topic.use_settings(current)
         return topic

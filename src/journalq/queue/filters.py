@@ -24,7 +24,9 @@ METHODS: tuple[Method, ...] = ("absolute", "at_least")
 ConsumerFilters = Mapping[str, "str | tuple[str, Method]"]
 
 
-def normalize(filters: ConsumerFilters | None, enums: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, Method]] | None:
+def normalize(
+    filters: ConsumerFilters | None, enums: Mapping[str, tuple[str, ...]]
+) -> dict[str, tuple[str, Method]] | None:
     """A consumer's filters as {name: (value, method)}, checked; a bare value means ``absolute``."""
     if filters is None:
         return None

@@ -215,7 +215,8 @@ class _ShardTopic(Topic):
         Topic.check_present(self)
         if self._dir_fd < 0 and not self.making and not os.path.isdir(self.path):
             raise QueueNotFoundError(
-                f"queue or topic {self.name!r} was deleted after it was opened here (its shard {self.path.name} is gone)"
+                f"queue or topic {self.name!r} was deleted after it was opened here "
+                f"(its shard {self.path.name} is gone)"
             )
 
     def refresh_settings(self) -> None:

@@ -432,7 +432,8 @@ class ChannelState:
             raise StaleReceipt(offset, "is no longer in flight (finished or gone)")
         if delivery.seq != seq:
             raise StaleReceipt(
-                offset, f"was delivered again (delivery {delivery.seq}) after the delivery {seq} that this receipt belongs to"
+                offset,
+                f"was delivered again (delivery {delivery.seq}) after the delivery {seq} that this receipt belongs to",
             )
         if stamp is not None and delivery.stamp != stamp:
             raise StaleReceipt(

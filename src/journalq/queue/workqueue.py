@@ -47,7 +47,9 @@ class Queue(Channel):
         if max_messages is not None and (
             isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 0
         ):
-            raise InvalidSettingError(f"max_messages must be a whole number from 0 (or None: all), not {max_messages!r}")
+            raise InvalidSettingError(
+                f"max_messages must be a whole number from 0 (or None: all), not {max_messages!r}"
+            )
         broker = self.topic.broker
         if destination is not None:
             if destination == self.topic.name:  # would move each message again, round and round

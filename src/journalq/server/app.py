@@ -285,8 +285,12 @@ def create_app(config: ServerConfig) -> App:
             route = request.scope["route"]
             taken = parameters_taken.get(id(route))
             if taken is None:
-                taken = parameters_taken[id(route)] = frozenset(parameter.alias for parameter in route.dependant.query_params)
-            check_parameters(request.method, route.path, [name for name, _ in request.query_params.multi_items()], taken)
+                taken = parameters_taken[id(route)] = frozenset(
+                    parameter.alias for parameter in route.dependant.query_params
+                )
+            check_parameters(
+                request.method, route.path, [name for name, _ in request.query_params.multi_items()], taken
+            )
 
     parameters_taken: dict[int, frozenset[str]] = {}  # by id of route (the app's, kept): its query parameters
 
@@ -359,7 +363,9 @@ def create_app(config: ServerConfig) -> App:
         "description": "The store does not answer (a ZooKeeper ensemble out of reach, a failing disk): "
                        "requests that need it are answered 503 meanwhile.",
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-        "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before asking again."}},
+        "headers": {
+            "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before asking again."}
+        },
     }})
     async def readyz() -> dict[str, Any]:
         """Readiness: 200 with the number of queues once the store lists them (the data
@@ -626,7 +632,9 @@ def create_app(config: ServerConfig) -> App:
         with storage_failures:  # here, not in the thread that stores: see send_together's ``rules``
             rules = protocol.send_rules(name)
         answers: list[dict[str, Any] | Answer | Exception] = await blocking(
-            functools.partial(protocol.send_together, partly_stored=partly_stored, plain=_plain_sent_answer, rules=rules),
+            functools.partial(
+                protocol.send_together, partly_stored=partly_stored, plain=_plain_sent_answer, rules=rules
+            ),
             name, requests, storing=True)
         counts.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers

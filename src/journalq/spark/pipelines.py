@@ -315,7 +315,10 @@ def aggregate(spark: Any, settings: AggregateSettings, *, wait: bool = True) -> 
     checkpoint = Path(settings.checkpoint)
 
     def trigger(writer: Any) -> Any:
-        return writer.trigger(availableNow=True) if settings.available_now else writer.trigger(processingTime=settings.interval)
+        return (
+            writer.trigger(availableNow=True) if settings.available_now
+            else writer.trigger(processingTime=settings.interval)
+        )
 
     as_json = F.to_json(F.struct(*[F.col(c) for c in stats.columns]))
     key = F.when(F.octet_length("key") <= 127, F.col("key")).otherwise(F.sha1(F.col("key").cast("binary")))

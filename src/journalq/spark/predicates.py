@@ -181,7 +181,9 @@ def _compare(values: np.ndarray, op: str, value: Any) -> np.ndarray:
     raise ValueError(op)
 
 
-def row_mask(conditions: Sequence[Condition], offset: np.ndarray, timestamp_ns: np.ndarray, type_: np.ndarray) -> np.ndarray | None:
+def row_mask(
+    conditions: Sequence[Condition], offset: np.ndarray, timestamp_ns: np.ndarray, type_: np.ndarray
+) -> np.ndarray | None:
     """The rows that satisfy every condition (shard conditions are for ``shard_allowed``); None
     when all do."""
     mask: np.ndarray | None = None
