@@ -176,7 +176,8 @@ def test_a_batch_of_chunks_cut_short_says_which_messages_are_stored(broker, monk
     q = broker.queue("jobs")
     bodies = [b"m%d" % i for i in range(6)]
     _lose_entries_of_chunks(q, monkeypatch, {1})  # the second chunk of three
-    with pytest.raises(PartialSendError, match=r"4 of the 6 messages of the batch stored, not those at positions 2-3: ") as failed:
+    stored_in_part = r"4 of the 6 messages of the batch stored, not those at positions 2-3: "
+    with pytest.raises(PartialSendError, match=stored_in_part) as failed:
         q.send_many(bodies)
     monkeypatch.undo()
     error = failed.value
@@ -269,7 +270,8 @@ def test_messages_too_large_for_zookeeper_are_refused_before_anything_is_written
     # Many messages whose metadata is large only together go out in several transactions.
     q.send_many([{"body": b"%d" % i, "metadata": {"blob": "m" * 30_000}} for i in range(60)])
     assert q.stats().available == 60
-    assert broker.client.get_children(f"{broker.path}/jobs/tasks") == broker.client.get_children(f"{broker.path}/jobs/queue")
+    tasks = broker.client.get_children(f"{broker.path}/jobs/tasks")
+    assert tasks == broker.client.get_children(f"{broker.path}/jobs/queue")
     task = q.receive()[0].id
     with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):
         q.set_metadata(task, {"blob": "m" * 1_100_000})
@@ -524,7 +526,8 @@ CONSUMER = """
             if got:
                 idle = 0
                 errors = q.delete_many([m.receipt for m in got])
-                log.write("".join(m.body.decode() + ("\\n" if e is None else f" error {e}\\n") for m, e in zip(got, errors)))
+                log.write("".join(m.body.decode() + ("\\n" if e is None else f" error {e}\\n")
+                                  for m, e in zip(got, errors)))
                 log.flush()
             elif os.path.exists(done):
                 idle += 1

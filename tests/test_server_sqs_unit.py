@@ -55,7 +55,9 @@ def test_md5_of_body_is_of_the_utf8_bytes() -> None:
     assert md5_of_body("h\u00e9\U0001f600") == hashlib.md5("h\u00e9\U0001f600".encode()).hexdigest()
 
 
-@pytest.mark.parametrize("size", [0, 1, 55, 56, 64, 100, digests._SHORT - 1, digests._SHORT, digests._SHORT + 1, 70_000])
+@pytest.mark.parametrize(
+    "size", [0, 1, 55, 56, 64, 100, digests._SHORT - 1, digests._SHORT, digests._SHORT + 1, 70_000]
+)
 def test_md5_of_utf8_is_hashlib_md5_on_either_side_of_the_short_limit(size: int) -> None:
     """Short input goes through CPython's own MD5, the rest through OpenSSL's: the same digest."""
     data = bytes(i * 7 % 256 for i in range(size))
@@ -281,7 +283,8 @@ def test_sigv4_wrong_secret_unknown_key_and_missing_header() -> None:
         "Bearer abc",
         "AWS4-HMAC-SHA256 Credential=AKIDJOURNALQ/20150830/us-east-1/sqs/aws4_request",
         "AWS4-HMAC-SHA256 Credential=AKIDJOURNALQ/us-east-1/sqs, SignedHeaders=host, Signature=00",
-        "AWS4-HMAC-SHA256 Credential=AKIDJOURNALQ/20150830/us-east-1/sqs/aws4_request, SignedHeaders=x-amz-date, Signature=00",
+        "AWS4-HMAC-SHA256 Credential=AKIDJOURNALQ/20150830/us-east-1/sqs/aws4_request, "
+        "SignedHeaders=x-amz-date, Signature=00",
     ],
 )
 def test_sigv4_malformed_headers(authorization: str) -> None:
@@ -1012,7 +1015,8 @@ def test_fifo_queues(client: Client) -> None:
     again = send(MessageBody="first, again", MessageGroupId="g1", MessageDeduplicationId="d1")
     other = send(MessageBody="other group", MessageGroupId="g2", MessageDeduplicationId="d3")
     assert again["MessageId"] == first["MessageId"] and again["SequenceNumber"] == first["SequenceNumber"]
-    assert first["SequenceNumber"] == f"{int(first['MessageId'].partition('.')[0]):020d}" and len(first["SequenceNumber"]) == 20
+    assert first["SequenceNumber"] == f"{int(first['MessageId'].partition('.')[0]):020d}"
+    assert len(first["SequenceNumber"]) == 20
     assert int(first["SequenceNumber"]) < int(second["SequenceNumber"]) < int(other["SequenceNumber"])
     messages = client.receive(url, MaxNumberOfMessages=10, AttributeNames=["All"])
     assert [m["Body"] for m in messages] == ["first", "other group"]  # one of a group in flight at a time
@@ -1389,7 +1393,9 @@ def test_send_together_answers_each_send_as_it_fared_when_part_is_stored(
     assert answers[2] == {
         "Successful": [{"Id": e, "MessageId": i, "MD5OfMessageBody": md5_of_body(e)} for e, i in (("e0", "102"),
                                                                                                   ("e2", "104"))],
-        "Failed": [{"Id": "e1", "SenderFault": False, "Code": "ServiceUnavailable", "Message": f"not stored: {made[0]}"}],
+        "Failed": [
+            {"Id": "e1", "SenderFault": False, "Code": "ServiceUnavailable", "Message": f"not stored: {made[0]}"}
+        ],
     }
     assert isinstance(answers[3], SqsError) and answers[3].code == "MissingParameter"
 
@@ -1461,8 +1467,11 @@ def test_send_together_of_plain_sends_only_answers_each_as_it_fared_when_part_is
     bodies = ["zero", "one", "two"]
     answers = sqs.send_together("partly", [("SendMessage", {"QueueUrl": url, "MessageBody": b}) for b in bodies],
                                 partly_stored=lambda exc: unsent)
-    assert queue_ids(answers, queue_token(queue)) == [{"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")}, unsent,
-                       {"MessageId": "102", "MD5OfMessageBody": md5_of_body("two")}]
+    assert queue_ids(answers, queue_token(queue)) == [
+        {"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")},
+        unsent,
+        {"MessageId": "102", "MD5OfMessageBody": md5_of_body("two")},
+    ]
 
 
 def test_send_together_of_plain_sends_only_stores_each_alone_when_the_queue_refuses_one(
@@ -1482,7 +1491,8 @@ def test_send_together_of_plain_sends_only_stores_each_alone_when_the_queue_refu
     monkeypatch.setattr(type(queue.topic), "send_many", picky)
     first, refused, last = sqs.send_together("picky", [
         ("SendMessage", {"QueueUrl": url, "MessageBody": b}) for b in ("first", "refused", "last")])
-    assert isinstance(refused, SqsError) and refused.code == "InvalidParameterValue" and "not this one" in refused.message
+    assert isinstance(refused, SqsError) and refused.code == "InvalidParameterValue"
+    assert "not this one" in refused.message
     assert first["MD5OfMessageBody"] == md5_of_body("first") and last["MD5OfMessageBody"] == md5_of_body("last")
     assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["first", "last"]
 

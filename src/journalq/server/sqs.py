@@ -1559,12 +1559,16 @@ class SqsProtocol:
         for sending in sends:
             if isinstance(sending, bytes):  # a plain SendMessage: its body
                 message_id = next(ids)
-                answers.append(unsent if message_id is None else plain(given_id(message_id, token), md5_of_utf8(sending)))
+                answers.append(
+                    unsent if message_id is None else plain(given_id(message_id, token), md5_of_utf8(sending))
+                )
                 continue
             if sending.failed is None:  # SendMessage: one message, its answer alone
                 message_id = next(ids)
                 answers.append(
-                    unsent if message_id is None else self._answer(message_id, token, sending.entries[0][1], sending.fifo))
+                    unsent if message_id is None
+                    else self._answer(message_id, token, sending.entries[0][1], sending.fifo)
+                )
                 continue
             stored, failed = [], list(sending.failed)
             for entry_id, outgoing in sending.entries:

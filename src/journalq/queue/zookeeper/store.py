@@ -739,7 +739,9 @@ class ZooKeeperTopic:
         envelopes = [Topic._envelope(self, item) for item in items]  # type: ignore[arg-type]
         for env in envelopes:
             if len(env.body) > MAX_BODY:
-                raise InvalidMessageError(f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}")
+                raise InvalidMessageError(
+                    f"a message body of {len(env.body)} bytes is over the ZooKeeper store's {MAX_BODY}"
+                )
             for name in env.filters:
                 check_name(name, "filter")  # it names a node: checked before anything is written
         # Metadata has a node of its own, under the same limit (a larger packet makes ZooKeeper
@@ -747,7 +749,9 @@ class ZooKeeperTopic:
         metas = [envelope.encode_meta(env, filters=False) for env in envelopes]
         for env, meta in zip(envelopes, metas):
             if len(meta) > MAX_BODY:
-                raise InvalidMessageError(f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}")
+                raise InvalidMessageError(
+                    f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}"
+                )
             # The metadata step writes the metadata and a node per filter in one transaction, and
             # the queue entry holds the filters and group: each is one packet (measured with an
             # id of the length of those to come).
@@ -1650,8 +1654,8 @@ class ZooKeeperQueue:
         def change(task: str, entry: Entry, version: int, end: str | None, hide: int | None, claim: bool) -> Any:
             # the lock of a live claim (a claim whose consumer closed cleanly has none left)
             locked = claim and entry.by is not None and not entry.kept
-            written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group, entry.filters,
-                            entry.kept and bool(hide))
+            written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group,
+                            entry.filters, entry.kept and bool(hide))
 
             def add(t: Any) -> None:
                 if end is not None:
@@ -1796,7 +1800,9 @@ class ZooKeeperQueue:
                 meta["m"] = metadata
                 data = json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
                 if len(data) > MAX_BODY:
-                    raise InvalidMessageError(f"task metadata of {len(data)} bytes is over the ZooKeeper store's {MAX_BODY}")
+                    raise InvalidMessageError(
+                        f"task metadata of {len(data)} bytes is over the ZooKeeper store's {MAX_BODY}"
+                    )
                 try:
                     zk.set(path, data, stat.version)
                     return
