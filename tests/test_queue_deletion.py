@@ -389,3 +389,32 @@ def test_the_commands_over_every_queue_go_past_a_damaged_one(tmp_path: Path) -> 
 
     assert rows("list", "--format", "jsonl") == [{"name": "a-damaged"}, {"name": "b"}]
     assert [(r["name"], r["available"]) for r in rows("stats", "--format", "jsonl")] == [("b", 1)]
+
+
+def test_a_queue_deleted_as_its_channel_is_opened_is_not_found(tmp_path: Path, monkeypatch) -> None:
+    """Another process deletes the queue after this one checked that it is there and before its
+    channel's journal writer made its directories: the writer made the queue's directory again,
+    with the channel's state in it, or failed with a raw FileNotFoundError (the server answered
+    500 with a traceback to a long poll that began as the queue went)."""
+    from journalq.journal import Writer
+    from journalq.queue import channel as channel_module
+
+    with Broker(tmp_path) as maker:
+        maker.queue("doomed").send(b"x")
+    deleter = Broker(tmp_path)
+    opener = Broker(tmp_path)
+    opener.topic("doomed", create=False)  # opened and checked, its channel not yet
+
+    def deleted_first(*args, **kwargs):
+        deleter.delete("doomed")
+        return Writer(*args, **kwargs)
+
+    monkeypatch.setattr(channel_module, "Writer", deleted_first)
+    with pytest.raises(QueueNotFoundError, match="doomed"):
+        opener.queue("doomed", create=False)
+    # Nothing of it made again: a queue made later with its name would have found the channel's
+    # state (its cursor past the new queue's first messages) and skipped them.
+    assert not (tmp_path / "doomed").exists()
+    monkeypatch.undo()
+    opener.close()
+    deleter.close()

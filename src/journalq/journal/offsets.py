@@ -77,15 +77,16 @@ def read_offset(path: str | os.PathLike[str], name: str) -> int:
     return _UINT64.unpack(data)[0]
 
 
-def write_offset(file: Path, offset: int, *, sync: bool = True) -> None:
+def write_offset(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
     """Replace the offset file ``file`` atomically with ``offset``; durable when ``sync``.
+    ``inside``: as ``Writer``'s, a directory not to make again when it is gone.
 
     Takes no lock: the caller is the one process entitled to the name (``ReaderOffset`` holds its
     ``.lck``; a queue channel commits under its own lock).
     """
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**64:
         raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
-    make_dirs(file.parent, durable=sync)  # a new ofs/ is synced into its parent too
+    make_dirs(file.parent, durable=sync, inside=inside)  # a new ofs/ is synced into its parent too
     # Named by process and thread: two threads' commits must not share (and rename away) one file.
     tmp = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_native_id()}.tmp")
     try:

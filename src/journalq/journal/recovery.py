@@ -9,6 +9,7 @@ unseen), truncates the segment there and reports what it did.
 from __future__ import annotations
 
 import logging
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,11 +67,15 @@ def _fsync(path: str | os.PathLike[str], flags: int) -> None:
         os.close(fd)
 
 
-def make_dirs(directory: Path, durable: bool) -> list[Path]:
+def make_dirs(directory: Path, durable: bool, inside: Path | None = None) -> list[Path]:
     """Create ``directory`` and its missing parents; when ``durable``, sync each new entry.
-    Returns the directories it made, outermost first (empty when ``directory`` was there)."""
+    Returns the directories it made, outermost first (empty when ``directory`` was there).
+    ``inside``: a directory that someone else makes and deletes (a queue's), never made again
+    here: its absence is a ``FileNotFoundError`` naming it, not a new empty one."""
     missing = []
     while not directory.is_dir():
+        if inside is not None and (directory == inside or directory in inside.parents):
+            raise FileNotFoundError(errno.ENOENT, "deleted (not made again here)", str(directory))
         missing.append(directory)
         directory = directory.parent
     missing.reverse()

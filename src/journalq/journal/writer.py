@@ -78,7 +78,9 @@ class Writer(Closing):
     ``"group:10ms,1000"``). ``buffer_size``: gather appends in memory up to this many bytes before
     writing (``0``, the default, writes every append at once; buffered appends are lost if the
     process dies before ``flush``). ``shared``: take the lock per append instead of for the
-    writer's lifetime, so that other processes can append too.
+    writer's lifetime, so that other processes can append too. ``inside``: a directory the journal
+    is in that the writer must not make again when it is gone (a queue's, deleted by another
+    process as this one opens it: ``FileNotFoundError``), only the journal's own directories.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class Writer(Closing):
         shared: bool = False,
         buffer_size: int = 0,
         index_interval: int = DEFAULT_INTERVAL,
+        inside: str | os.PathLike[str] | None = None,
     ) -> None:
         segment_size = check_integer("segment_size", segment_size, 1)
         buffer_size = check_integer("buffer_size", buffer_size, 0)
@@ -171,7 +174,7 @@ class Writer(Closing):
         self._backlog_index_due = False
 
         durable = self.sync_policy.mode == "always"
-        made = make_dirs(journal_dir(self.path), durable=durable)
+        made = make_dirs(journal_dir(self.path), durable=durable, inside=None if inside is None else Path(inside))
         if not made and durable:
             # Its entry, which a writer killed after making the directory (before syncing it)
             # left unsynced: synced appends would go with it in a power cut. Once a writer.

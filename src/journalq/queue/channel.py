@@ -353,7 +353,16 @@ class Channel:
             return self._writer
 
     def _new_writer(self) -> Writer:
-        writer = Writer(self.path, shared=True, sync=self.topic.broker.sync, segment_size=STATE_SEGMENT_SIZE)
+        try:
+            # The topic's directory is not made again (a delete in another process took it since
+            # it was checked): its state would be found by a queue made again with its name.
+            writer = Writer(
+                self.path, shared=True, sync=self.topic.broker.sync, segment_size=STATE_SEGMENT_SIZE,
+                inside=self.topic.path,
+            )
+        except FileNotFoundError:
+            self.topic.check_present()  # QueueNotFoundError, when that is what happened
+            raise
         writer.backlog_taker = self._take_backlog
         return writer
 
@@ -553,7 +562,7 @@ class Channel:
             # and lose it, and with it the state.
             self._writer.sync()
         try:
-            write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable)
+            write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable, inside=self.topic.path)
         except OSError as exc:
             if exc.errno in _DISK_FULL:
                 return  # the pointer names an older snapshot, whose segments all stay: no error
@@ -576,7 +585,9 @@ class Channel:
             cursor = self.state.cursor
             if cursor != self._committed_cursor:
                 try:
-                    write_offset(self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False)
+                    write_offset(
+                        self.topic.path / "ofs" / f"{self.name}.ofs", cursor, sync=False, inside=self.topic.path
+                    )
                 except OSError as exc:
                     if exc.errno in _DISK_FULL:
                         return False

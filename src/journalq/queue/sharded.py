@@ -219,6 +219,10 @@ class _ShardTopic(Topic):
                 f"(its shard {self.path.name} is gone)"
             )
 
+    def _made_elsewhere(self) -> Path | None:
+        """The shard's directory, but while the sharded topic makes it (its writer makes it)."""
+        return None if self.making else self.path
+
     def refresh_settings(self) -> None:
         """Nothing: the sharded topic takes up changed settings for all its shards (its own
         directory holds them)."""

@@ -320,11 +320,21 @@ class Topic(TopicDirectory):
             writer = self._writer
             if writer is None or writer.closed or self.gone:
                 self.check_present()  # a writer of a deleted topic would make its directory again
-                writer = self._writer = Writer(
-                    self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size
-                )
+                try:
+                    writer = self._writer = Writer(
+                        self.path, shared=True, sync=self.broker.sync, segment_size=self.settings.segment_size,
+                        inside=self._made_elsewhere(),  # (nor after the check: deleted meanwhile)
+                    )
+                except FileNotFoundError:
+                    self.check_present()
+                    raise
                 self._hold_directory()
             return writer
+
+    def _made_elsewhere(self) -> Path | None:
+        """The directory that the topic's writer must not make again (``Writer``'s ``inside``):
+        its own, made with its settings by the broker."""
+        return self.path
 
     def _dedup_index(self) -> _DedupIndex:
         if self._dedup is None:
