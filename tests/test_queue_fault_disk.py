@@ -24,7 +24,7 @@ def full_disk_for_cursors(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     file); returns the files refused."""
     refused: list[Path] = []
 
-    def write_offset(file: Path, offset: int, *, sync: bool = True) -> None:
+    def write_offset(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
         refused.append(file)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
 
@@ -142,11 +142,11 @@ def test_compaction_on_a_full_disk_keeps_the_older_snapshot_and_the_call_goes_on
     refused: list[Path] = []
     write_offset = channel_module.write_offset
 
-    def full_for_snapshots(file: Path, offset: int, *, sync: bool = True) -> None:
+    def full_for_snapshots(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
         if file.name == "snapshot.ofs":
             refused.append(file)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
-        write_offset(file, offset, sync=sync)
+        write_offset(file, offset, sync=sync, inside=inside)
 
     with Broker(tmp_path, sync="always") as broker:
         queue = broker.queue("jobs")

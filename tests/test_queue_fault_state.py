@@ -138,14 +138,14 @@ def test_a_snapshot_is_on_stable_storage_before_snapshot_ofs_points_at_it(
     pointed: list[bool] = []
     write_offset = channel_module.write_offset
 
-    def checking(file: Path, offset: int, *, sync: bool = True) -> None:
+    def checking(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
         if file.name == "snapshot.ofs":
             channel = file.parent.parent
             segment = list_segments(channel)[-1].path
             with Scanner(channel, offset) as scanner:
                 assert scanner.read_batch(1)[0].type == EventKind.SNAPSHOT
             pointed.append((str(segment.resolve()), segment.stat().st_size) in synced)
-        write_offset(file, offset, sync=sync)
+        write_offset(file, offset, sync=sync, inside=inside)
 
     monkeypatch.setattr(channel_module, "write_offset", checking)
     with Broker(tmp_path / "data", sync=sync) as broker:
