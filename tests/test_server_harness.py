@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from journalq.queue import Broker
+
 REPO = Path(__file__).resolve().parents[1]
 JOURNALQ = REPO / ".venv" / "bin" / "journalq"
 if not JOURNALQ.exists():  # another environment: the console script beside this interpreter
@@ -408,3 +410,26 @@ def test_port_zero_start_line_names_the_port_bound(tmp_path: Path, workers: str)
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(40) == 0, log_file.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_sent_again_and_again_still_ends_in_a_clean_exit(start_server, sig: int) -> None:
+    """A supervisor (or a test harness) may repeat its stop signal until the process is gone. One
+    that came while Python finalized, after the clean stop, met the default action that Python
+    puts back then: the server died of it (exit -15 or -2) after stopping cleanly, and a SIGINT
+    sent again could hang the stop for good. A second SIGINT is uvicorn's forced exit: the app's
+    shutdown is skipped (what was answered is stored already), and uvicorn logs the lifespan it
+    cancelled, a traceback that is left alone."""
+    server = start_server()
+    httpx.put(f"{server.url}/q").raise_for_status()
+    httpx.post(f"{server.url}/q/messages", content=b"kept").raise_for_status()
+    assert server.process is not None
+    deadline = time.monotonic() + 30
+    while server.process.poll() is None and time.monotonic() < deadline:
+        server.process.send_signal(sig)
+        time.sleep(0.002)
+    assert server.process.wait(10) == 0, server.log()
+    if sig == signal.SIGTERM:
+        assert "Traceback" not in server.log(), server.log()
+    with Broker(server.data) as broker:
+        assert [m.body for m in broker.queue("q", create=False).receive(10)] == [b"kept"]

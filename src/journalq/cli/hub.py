@@ -22,6 +22,8 @@ from journalq.cli.queue import _table
 from journalq.cli.serve import (
     CONNECTION_LIMIT,
     _exit_cleanly,
+    exit_cleanly_on_stop_signals,
+    ignore_stop_signals,
     bind,
     checked_token,
     http_protocol,
@@ -116,10 +118,11 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, max_reques
         http=http_protocol(),
     )
     click.echo(f"journalq hub serving {root} on http://{address(host, config.port)} (sync={sync})", err=True)
-    signal.signal(signal.SIGTERM, _exit_cleanly)
+    exit_cleanly_on_stop_signals()
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # SIGINT: a clean stop, as SIGTERM
         server.run(sockets=[sock])
+    ignore_stop_signals()
     if not server.started:
         raise SystemExit(3)  # uvicorn's startup failure status; it logged why
 

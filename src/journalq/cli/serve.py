@@ -115,10 +115,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
         timeout_graceful_shutdown=30,
         http=http_protocol(),
     )
-    # Uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler it
-    # found: with the default one the process would die of it (exit status 143) after a clean
-    # shutdown. Exit 0 instead, as on SIGINT.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
+    exit_cleanly_on_stop_signals()
     raise_open_files_limit()
     # Bound here, before anything starts: the start line names the port bound (with --port 0,
     # the one the system chose), and the worker processes all accept on this one socket.
@@ -134,6 +131,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
         settle_heap()
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[sock])
+        ignore_stop_signals()  # (a SIGINT's stop ends here; a SIGTERM's in _exit_cleanly)
         if not server.started:
             raise SystemExit(3)  # uvicorn's startup failure status; it logged why
     else:
@@ -151,6 +149,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
             os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
             with contextlib.suppress(KeyboardInterrupt):
                 WorkerSupervisor(uvicorn_config, [sock], metrics_directory).run()
+            ignore_stop_signals()
 
 
 def ready_directory(path: Path, option: str) -> None:
@@ -213,5 +212,23 @@ def http_protocol() -> Any:
     return DirectHttpToolsProtocol
 
 
+def exit_cleanly_on_stop_signals() -> None:
+    """Uvicorn shuts down gracefully on SIGTERM and SIGINT, then raises the signal again with the
+    handler it found: with SIGTERM's default one the process would die of it (exit status 143)
+    after a clean shutdown, and SIGINT's (KeyboardInterrupt) could come out of asyncio's own
+    teardown when the signal was sent again (a stop that then hung). Exit 0 for both instead."""
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, _exit_cleanly)
+
+
 def _exit_cleanly(signum: int, frame: Any) -> None:
+    ignore_stop_signals()
     raise SystemExit(0)
+
+
+def ignore_stop_signals() -> None:
+    """Once the server has stopped (its journals synced and closed), a SIGTERM or SIGINT sent
+    again (a supervisor repeating it, say) must not turn the clean exit into death by that
+    signal: at its finalization Python puts back the default action of the signals it handled."""
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, signal.SIG_IGN)
