@@ -234,12 +234,18 @@ def resend(message: Any, **changes: Any) -> dict[str, Any]:
     }
 
 
+def whole_number(value: Any) -> bool:
+    """Whether ``value`` is an integer, 0 or more (not a bool): a count or a time that a dead
+    letter's ``source`` may hold (whatever a sender gave it)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def first_sent_ns(source: Any, sent_at_ns: int) -> int:
     """When the message that a dead letter stands for was first sent: for a message that was a dead
     letter already (moved on by its own queue's redrive policy), the time its ``source`` keeps;
     else its own ``sent_at_ns``. (``source`` is whatever a sender gave: only an integer counts.)"""
     first = source.get("sent_at_ns") if isinstance(source, dict) else None
-    return first if isinstance(first, int) and not isinstance(first, bool) and first >= 0 else sent_at_ns
+    return first if whole_number(first) else sent_at_ns
 
 
 def message_id(offset: int) -> str:

@@ -87,7 +87,7 @@ from journalq.errors import (
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
 from journalq.queue.channel import ReceivedMessage
-from journalq.queue.envelope import NOT_A_NUMBER, Attribute, number_problem
+from journalq.queue.envelope import NOT_A_NUMBER, Attribute, first_sent_ns, number_problem, whole_number
 from journalq.queue.settings import QueueSettings, check_name
 from journalq.server.digests import (
     md5_of_body,
@@ -383,10 +383,6 @@ def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str
 # -- dead letters: what they keep of the message they were -------------------------------------
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _origin(
     message: ReceivedMessage, own_key: tuple[str, str]
 ) -> tuple[int, int, tuple[str, str], str | None]:
@@ -400,10 +396,10 @@ def _origin(
         return message.sent_at_ns, message.receive_count, own_key, None
     name, first_id = source.get("queue"), source.get("id")
     name = name if isinstance(name, str) else None
-    sent, before = source.get("sent_at_ns"), source.get("count")
+    before = source.get("count")
     # (Not bounded by the dead letter's own send time: on ZooKeeper, each sender's clock stamps.)
-    sent_at_ns = sent if _whole(sent) else message.sent_at_ns
-    if not _whole(before):
+    sent_at_ns = first_sent_ns(source, message.sent_at_ns)
+    if not whole_number(before):
         return sent_at_ns, message.receive_count, own_key, name
     # Its first receive is known only from its queue's SQS receives: the topic's channel default.
     known = isinstance(first_id, str) and source.get("channel") == DEFAULT_CHANNEL
