@@ -27,7 +27,6 @@ from journalq.queue.envelope import Attribute
 from journalq.server import digests
 from journalq.server import sqs as sqs_module
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
-from journalq.server.ids import queue_token
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import ATTEMPT_SECONDS, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
 
@@ -1386,7 +1385,7 @@ def test_send_together_answers_each_send_as_it_fared_when_part_is_stored(
         ("SendMessageBatch", {"QueueUrl": url, "Entries": [{"Id": f"e{i}", "MessageBody": f"e{i}"} for i in range(3)]}),
         ("SendMessage", {"QueueUrl": url}),  # refused by the checks: no message
     ], partly_stored=lambda exc: made.append(exc) or unsent)
-    answers = queue_ids(answers, queue_token(queue))
+    answers = queue_ids(answers, queue.token)
     assert len(made) == 1
     assert answers[0] == {"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")}
     assert answers[1] is unsent
@@ -1445,7 +1444,7 @@ def test_send_together_answers_plain_sends_as_the_full_checks_do(
                 patch.setattr(sqs_module, "_plain_body", lambda entry, settings, rules: None)
             got = sqs.send_together(run, requests)
         answers[run] = [(a.code, a.message) if isinstance(a, SqsError) else a
-                        for a in queue_ids(got, queue_token(sqs.broker.queue(run, create=False)))]
+                        for a in queue_ids(got, sqs.broker.queue(run, create=False).token)]
         bodies[run] = [m["Body"] for m in client.receive(f"{BASE}/000000000000/{run}", MaxNumberOfMessages=10)]
     assert answers["lane"] == answers["full"]
     assert bodies["lane"] == bodies["full"]
@@ -1467,7 +1466,7 @@ def test_send_together_of_plain_sends_only_answers_each_as_it_fared_when_part_is
     bodies = ["zero", "one", "two"]
     answers = sqs.send_together("partly", [("SendMessage", {"QueueUrl": url, "MessageBody": b}) for b in bodies],
                                 partly_stored=lambda exc: unsent)
-    assert queue_ids(answers, queue_token(queue)) == [
+    assert queue_ids(answers, queue.token) == [
         {"MessageId": "100", "MD5OfMessageBody": md5_of_body("zero")},
         unsent,
         {"MessageId": "102", "MD5OfMessageBody": md5_of_body("two")},

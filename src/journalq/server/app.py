@@ -57,7 +57,7 @@ from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
-from journalq.server.ids import given_id, queue_id, queue_token
+from journalq.server.ids import given_id, queue_id
 from journalq.server.polling import poll_slices
 from journalq.server.reading import queue_to_read
 from journalq.server.scopes import header
@@ -155,7 +155,7 @@ def create_app(config: ServerConfig) -> App:
             return [refusal] * len(bodies)
         if on_zookeeper:
             return list(found.send_many(bodies))
-        token = queue_token(found)
+        token = found.token
         try:
             return [given_id(message_id, token) for message_id in found.send_many(bodies)]
         except PartialSendError as exc:  # (the 503 made of it keeps it as its cause: ``store``)
@@ -472,7 +472,7 @@ def create_app(config: ServerConfig) -> App:
             # QueueNotFoundError, answered 404 as anywhere else (SQS's ReceiveMessage: QueueDoesNotExist).
             found = broker().queue(name, create=False)
             got = found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
-            given = "" if not got else got[0].id if on_zookeeper else given_id(got[0].id, queue_token(found))
+            given = "" if not got else got[0].id if on_zookeeper else given_id(got[0].id, found.token)
             return got, found.settings.receive_wait if wait is None else wait, given
 
         # A long poll waits in slices: between two, it ends when the server is stopping (a

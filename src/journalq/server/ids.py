@@ -17,12 +17,6 @@ from journalq.queue import Queue, ShardedQueue
 _TOKEN = re.compile(r"[0-9a-f]{8}")  # what the channel's token is (``journalq.queue.channel``)
 
 
-def queue_token(queue: Queue | ShardedQueue) -> str:
-    """The token of the queue's channel (a sharded queue's: its first shard's), which its
-    receipts carry."""
-    return queue.token
-
-
 def given_id(message_id: str, token: str) -> str:
     """The id the server gives for the queue's ``message_id``, of the queue of ``token``."""
     return f"{message_id}.{token}"
@@ -36,7 +30,7 @@ def queue_id(queue: Queue | ShardedQueue, given: str, queue_name: str) -> str:
     inner, dot, token = given.rpartition(".")
     if not dot or not inner or not _TOKEN.fullmatch(token):
         raise InvalidMessageError(f"message id {given!r} is not one of this queue's ids")
-    if token != queue_token(queue):
+    if token != queue.token:
         raise TaskNotFoundError(f"no message {given!r} in queue {queue_name!r}: the id is of an earlier queue "
                                 "of this name (deleted since, with its messages)")
     return inner

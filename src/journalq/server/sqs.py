@@ -95,7 +95,7 @@ from journalq.server.digests import (
     md5_of_message_system_attributes,
     md5_of_utf8,
 )
-from journalq.server.ids import given_id, queue_token
+from journalq.server.ids import given_id
 from journalq.server.polling import poll_slices
 
 # -- errors -----------------------------------------------------------------------------------
@@ -759,7 +759,7 @@ class SqsProtocol:
             else:
                 queue = self.broker.queue(name, create=False)
         settings = queue.settings
-        token = queue_token(queue)  # (what the message ids carry: journalq.server.ids)
+        token = queue.token  # (what the message ids carry: journalq.server.ids)
         checked: list[_Checked | SqsError] = []
         bodies_only = True  # every request a plain SendMessage (the common batch): see _store
         for action, request in requests:
@@ -1617,7 +1617,7 @@ class SqsProtocol:
         if not received:
             return {}
         now_ms = time.time_ns() // 1_000_000
-        token = queue_token(queue)
+        token = queue.token
         return {"Messages": [self._message(name, m, system, selectors, fifo, now_ms, token) for m in received]}
 
     def _again(self, name: str, queue: Queue, attempt: str, hide: int | None) -> list[ReceivedMessage] | None:
