@@ -22,11 +22,11 @@ from journalq.cli.queue import _table
 from journalq.cli.serve import (
     CONNECTION_LIMIT,
     _exit_cleanly,
-    exit_cleanly_on_stop_signals,
-    ignore_stop_signals,
     bind,
     checked_token,
+    exit_cleanly_on_stop_signals,
     http_protocol,
+    ignore_stop_signals,
     raise_open_files_limit,
     ready_directory,
 )

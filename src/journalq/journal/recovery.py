@@ -8,8 +8,8 @@ unseen), truncates the segment there and reports what it did.
 
 from __future__ import annotations
 
-import logging
 import errno
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path

@@ -15,8 +15,8 @@ message with queue metadata has the type ``ENVELOPE_TYPE`` (0xE0) and a value of
     "g"  group id (FIFO: one message of a group in flight at a time)
     "m"  task metadata, any JSON object
     "s"  where a dead letter came from: {"queue": name, "channel": name, "id": message id,
-         "count": receives, "sent_at_ns": when it was sent there} (the last is missing from
-         dead letters of earlier versions, and of the ZooKeeper store)
+         "count": receives, "sent_at_ns": when it was first sent, before any move} (the last
+         is missing from dead letters of versions before 2026-11-23)
     "c"  the one channel of the topic that the message is for (a dead letter redriven back to the
          channel it came from); every other channel finishes it unseen
 

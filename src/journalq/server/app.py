@@ -906,7 +906,6 @@ def _document_rest(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
         "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
     if token:
         schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-    if token:
         metrics = schema["paths"]["/metrics"]["get"]
         metrics["responses"]["401"] = {"description": _FAILED["401"], "content": error}
         metrics["security"] = [{"bearer": []}]
