@@ -97,6 +97,7 @@ from journalq.server.digests import (
 )
 from journalq.server.ids import given_id
 from journalq.server.polling import poll_slices
+from journalq.server.reading import queue_to_read
 
 # -- errors -----------------------------------------------------------------------------------
 
@@ -1188,11 +1189,15 @@ class SqsProtocol:
             values["CreatedTimestamp"] = str(created)
             values["LastModifiedTimestamp"] = str(modified)
         values["QueueArn"] = self.queue_arn(name)
+        # A topic whose channels are its own (made through the library) has no SQS consumer to
+        # count for: its counts are left out, since a read must not make one (see queue_to_read).
         if every or any(a.startswith("ApproximateNumberOfMessages") for a in wanted):
-            stats = self._queue(name).stats()
-            values["ApproximateNumberOfMessages"] = str(stats.available)
-            values["ApproximateNumberOfMessagesNotVisible"] = str(stats.in_flight)
-            values["ApproximateNumberOfMessagesDelayed"] = str(stats.delayed)
+            found = queue_to_read(self.broker, name)
+            if found is not None:
+                stats = found.stats()
+                values["ApproximateNumberOfMessages"] = str(stats.available)
+                values["ApproximateNumberOfMessagesNotVisible"] = str(stats.in_flight)
+                values["ApproximateNumberOfMessagesDelayed"] = str(stats.delayed)
         if not every:
             values = {k: v for k, v in values.items() if k in wanted}
         return {"Attributes": values} if values else {}
