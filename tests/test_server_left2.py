@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_server_sqs_unit import BASE, Client, broker, client, sqs  # noqa: F401 (fixtures)
+import httpx
+from test_server_direct import serving
+from test_server_sqs_unit import Client, broker, client, sqs  # noqa: F401 (fixtures)
 
 from journalq.queue import Broker
+from journalq.server.h11_protocol import StoppingH11Protocol
+from journalq.server.polling import BUSY_BODY
 
 
 def test_get_queue_attributes_of_a_library_topic_makes_no_channel(client: Client, broker: Broker) -> None:
@@ -25,3 +29,21 @@ def test_get_queue_attributes_of_a_library_topic_makes_no_channel(client: Client
     client("ReceiveMessage", QueueUrl=url, VisibilityTimeout=0)
     attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
     assert attributes == {"Attributes": {"ApproximateNumberOfMessages": "1"}}
+
+
+def test_the_h11_fallback_answers_a_request_past_the_concurrency_limit_as_httptools_does(tmp_path: Path) -> None:
+    """Under h11 (``journalq serve`` without httptools) a request past ``limit_concurrency`` got
+    uvicorn's own plain 503, with no Retry-After; it now gets the server's busy answer, as under
+    httptools. With a limit of one, a request's own connection fills it; below it, all is served."""
+    with serving(tmp_path / "data", StoppingH11Protocol, limit_concurrency=1) as port:
+        base = f"http://127.0.0.1:{port}"
+        for method, path, body in [("PUT", "/q", b""), ("POST", "/q/messages", b"hello"), ("GET", "/healthz", b"")]:
+            answer = httpx.request(method, base + path, content=body)
+            assert answer.status_code == 503, (method, path)
+            assert answer.headers["retry-after"] == "1" and answer.headers["connection"] == "close"
+            assert answer.content == BUSY_BODY
+    assert not (tmp_path / "data" / "q").exists()
+    with serving(tmp_path / "data", StoppingH11Protocol, limit_concurrency=2) as port, \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+        assert [http.put("/q").status_code, http.post("/q/messages", content=b"hi").status_code] == [201, 201]
+        assert http.get("/q/messages").content == b"hi"

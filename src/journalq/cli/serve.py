@@ -23,7 +23,7 @@ BACKLOG = 2048
 """Connections the system holds for the server until it accepts them (uvicorn's default)."""
 
 CONNECTION_LIMIT = 4096
-"""Requests (and connections) the server takes at once; past it, 503 with Retry-After (``protocol.busy``)."""
+"""Requests (and connections) the server takes at once; past it, 503 with Retry-After (``polling.busy``)."""
 
 MAX_OPEN_FILES = 1 << 20
 """The most open files the server asks for (Linux's default ceiling, ``fs.nr_open``)."""
