@@ -3,10 +3,15 @@ channel, the h11 fallback's busy answer, a second stop signal, the SQS protocol 
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from test_server_direct import serving
+from test_server_harness import ServerProcess, start_server  # noqa: F401 (fixture)
 from test_server_sqs_unit import Client, broker, client, sqs  # noqa: F401 (fixtures)
 
 from journalq.queue import Broker
@@ -47,3 +52,31 @@ def test_the_h11_fallback_answers_a_request_past_the_concurrency_limit_as_httpto
             httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
         assert [http.put("/q").status_code, http.post("/q/messages", content=b"hi").status_code] == [201, 201]
         assert http.get("/q/messages").content == b"hi"
+
+
+def test_sigint_sent_again_while_the_server_stops_still_stops_it_gracefully(
+    start_server: Callable[..., ServerProcess],  # noqa: F811 (the fixture)
+) -> None:
+    """A second SIGINT (Ctrl-C pressed twice) was uvicorn's forced exit: the request under way was
+    cut off (a 500 for a long poll that would have ended with 204 within a second), the app's
+    shutdown skipped (journals neither synced nor closed) and its lifespan cancelled, two
+    tracebacks in the log. Every signal now asks for the same graceful stop, as SIGTERM's do."""
+    server = start_server()
+    httpx.put(f"{server.url}/q").raise_for_status()
+    httpx.post(f"{server.url}/q/messages", content=b"kept").raise_for_status()
+    httpx.put(f"{server.url}/empty").raise_for_status()
+    polled: list[int] = []
+    poll = threading.Thread(target=lambda: polled.append(
+        httpx.get(f"{server.url}/empty/messages", params={"wait": 20}, timeout=30).status_code))
+    poll.start()
+    time.sleep(0.5)  # the poll waits
+    assert server.process is not None
+    server.process.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # the stop has begun: the poll is ending
+    server.process.send_signal(signal.SIGINT)
+    assert server.process.wait(30) == 0, server.log()
+    poll.join(30)
+    assert polled == [204], server.log()
+    assert "Traceback" not in server.log(), server.log()
+    with Broker(server.data) as broker:
+        assert [m.body for m in broker.queue("q", create=False).receive(10)] == [b"kept"]
