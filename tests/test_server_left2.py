@@ -3,6 +3,8 @@ channel, the h11 fallback's busy answer, a second stop signal, the SQS protocol 
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import threading
 import time
@@ -14,9 +16,12 @@ from test_server_direct import serving
 from test_server_harness import ServerProcess, start_server  # noqa: F401 (fixture)
 from test_server_sqs_unit import Client, broker, client, sqs  # noqa: F401 (fixtures)
 
+import pytest
+
 from journalq.queue import Broker
 from journalq.server.h11_protocol import StoppingH11Protocol
 from journalq.server.polling import BUSY_BODY
+from journalq.server.sqs import SIDECAR, SqsProtocol
 
 
 def test_get_queue_attributes_of_a_library_topic_makes_no_channel(client: Client, broker: Broker) -> None:
@@ -80,3 +85,65 @@ def test_sigint_sent_again_while_the_server_stops_still_stops_it_gracefully(
     assert "Traceback" not in server.log(), server.log()
     with Broker(server.data) as broker:
         assert [m.body for m in broker.queue("q", create=False).receive(10)] == [b"kept"]
+
+
+def _synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``os.fsync`` is called on from now on."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+@pytest.mark.parametrize("sync", ["always", "none"])
+def test_sqs_json_is_written_as_durably_as_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     sync: str) -> None:
+    """sqs.json (a queue's SQS attributes that journalq has no setting for, its tags, its last
+    purge) was replaced by a file never synced: after a power cut, an empty or partial file that
+    reads as no attributes at all (a FIFO queue's DeduplicationScope messageGroup gone, its
+    RedriveAllowPolicy, MaximumMessageSize and tags too), though CreateQueue and
+    SetQueueAttributes had been answered. With a durable sync policy it is now synced, and its
+    rename with it, as queue.json is."""
+    with Broker(tmp_path / "data", sync=sync) as broker:
+        sqs_client = Client(SqsProtocol(broker))
+        url = sqs_client("CreateQueue", QueueName="q.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+        synced = _synced(monkeypatch)
+        sqs_client("SetQueueAttributes", QueueUrl=url, Attributes={"DeduplicationScope": "messageGroup"})
+        directory = broker.root / "q.fifo"
+        if sync == "always":
+            assert any(p.startswith(str(directory / SIDECAR)) for p in synced), synced  # the file (as its tmp)
+            assert str(directory) in synced  # its rename
+        else:
+            assert synced == []
+        attributes = sqs_client("GetQueueAttributes", QueueUrl=url, AttributeNames=["DeduplicationScope"])
+        assert attributes["Attributes"] == {"DeduplicationScope": "messageGroup"}
+
+
+def test_a_full_disk_leaves_sqs_json_as_it_was_and_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sqs.json that could not be written (a full disk: rename(2) too may answer ENOSPC) left
+    its temporary file behind, one per thread that met the failure; the change is now refused
+    and nothing is left but the file as it was."""
+    with Broker(tmp_path / "data", sync="always") as broker:
+        sqs_client = Client(SqsProtocol(broker))
+        url = sqs_client("CreateQueue", QueueName="q", tags={"team": "a"})["QueueUrl"]
+        directory = broker.root / "q"
+        before = (directory / SIDECAR).read_bytes()
+
+        def replace(source: object, target: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "replace", replace)
+        with pytest.raises(OSError) as failed:
+            sqs_client("TagQueue", QueueUrl=url, Tags={"team": "b"})
+        assert failed.value.errno == errno.ENOSPC
+        monkeypatch.undo()
+        assert sorted(p.name for p in directory.iterdir() if p.name.startswith(SIDECAR)) == [SIDECAR]
+        assert (directory / SIDECAR).read_bytes() == before
+        assert sqs_client("ListQueueTags", QueueUrl=url) == {"Tags": {"team": "a"}}

@@ -84,6 +84,7 @@ from journalq.errors import (
     ReceiptError,
     StaleReceiptError,
 )
+from journalq.journal.recovery import fsync_dir
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
 from journalq.queue.channel import ReceivedMessage
@@ -476,10 +477,12 @@ def _directory_locked(
 
 class _Sidecar:
     """``ROOT/NAME/sqs.json``: a small JSON object per queue, changed under a lock (a ``flock``
-    on the queue's directory, and a mutex for this process's threads)."""
+    on the queue's directory, and a mutex for this process's threads). ``durable``: a change is
+    on stable storage, rename included, when it is answered (as queue.json's, ``Broker.durable``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, durable: bool) -> None:
         self.root = root
+        self.durable = durable
         self._mutex = threading.Lock()
         self._cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
 
@@ -519,12 +522,25 @@ class _Sidecar:
             before = json.dumps(data, sort_keys=True)
             yield data
             if json.dumps(data, sort_keys=True) != before:
-                tmp = directory / f"{SIDECAR}.{os.getpid()}.{threading.get_ident()}.tmp"
-                try:
-                    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-                    os.replace(tmp, directory / SIDECAR)
-                except FileNotFoundError:
-                    raise _no_queue() from None  # deleted meanwhile
+                self._write(directory, data)
+
+    def _write(self, directory: Path, data: dict[str, Any]) -> None:
+        tmp = directory / f"{SIDECAR}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+                if self.durable:  # unsynced, a power cut could leave an empty file: no attributes
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, directory / SIDECAR)
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            raise _no_queue() from None  # deleted meanwhile
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk's refusal leaves no stray file behind
+            raise
+        if self.durable:
+            fsync_dir(directory)
 
 
 # -- the protocol -------------------------------------------------------------------------------
@@ -656,7 +672,7 @@ class SqsProtocol:
         self.account_id = account_id
         self.region = region
         self.max_message_size = max_message_size
-        self._sidecar = _Sidecar(broker.root)
+        self._sidecar = _Sidecar(broker.root, broker.durable)
         self._first_receive: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._first_receive_lock = threading.Lock()
         self._attempts = _ReceiveAttempts()
