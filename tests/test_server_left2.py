@@ -147,3 +147,18 @@ def test_a_full_disk_leaves_sqs_json_as_it_was_and_no_temporary_file(
         assert sorted(p.name for p in directory.iterdir() if p.name.startswith(SIDECAR)) == [SIDECAR]
         assert (directory / SIDECAR).read_bytes() == before
         assert sqs_client("ListQueueTags", QueueUrl=url) == {"Tags": {"team": "a"}}
+
+
+def test_a_query_protocol_request_is_told_that_the_endpoint_speaks_json(tmp_path: Path) -> None:
+    """An SQS client of the older Query protocol (a form-encoded ``Action=...``, no X-Amz-Target:
+    AWS SDK for Java 1.x and boto3 releases from before SQS's JSON protocol) was answered
+    ``X-Amz-Target '' is not an Amazon SQS action``, which does not say what to change. The
+    answer now says that the endpoint speaks SQS's JSON protocol, and not the Query one."""
+    with serving(tmp_path / "data", StoppingH11Protocol) as port:
+        answer = httpx.post(f"http://127.0.0.1:{port}/", content=b"Action=ListQueues&Version=2012-11-05",
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert answer.status_code == 400 and answer.headers["x-amzn-query-error"] == "InvalidAction;Sender"
+        message = answer.json()["message"]
+        assert "X-Amz-Target" in message and "JSON protocol" in message and "Query protocol" in message
+        named = httpx.post(f"http://127.0.0.1:{port}/", content=b"{}", headers={"X-Amz-Target": "Other.Thing"})
+        assert named.json()["message"] == "X-Amz-Target 'Other.Thing' is not an Amazon SQS action"

@@ -646,6 +646,8 @@ def create_app(config: ServerConfig) -> App:
         """The action an SQS request names in its ``X-Amz-Target`` (checked before its body is
         read), or ``SqsRefusal``."""
         service, _, action = target.partition(".")
+        if not target:  # what an SDK of SQS's older Query protocol (a form-encoded Action=...) sends
+            raise SqsRefusal(SqsError("InvalidAction", _NO_TARGET))
         if service != "AmazonSQS" or not action:
             raise SqsRefusal(SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action"))
         return action
@@ -807,6 +809,11 @@ _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
 _REST_ADD = "POST /{queue}/messages"
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
+_NO_TARGET = (
+    "the request names no action (no X-Amz-Target header): this endpoint speaks SQS's JSON protocol "
+    "(X-Amz-Target: AmazonSQS.<Action>, a JSON body), not its older Query protocol (a form-encoded "
+    "Action=...): use an AWS SDK or CLI release that speaks SQS's JSON protocol"
+)
 _request_numbers = itertools.count()
 _request_id_prefix = b""
 
