@@ -59,14 +59,16 @@ def test_the_h11_fallback_answers_a_request_past_the_concurrency_limit_as_httpto
         assert http.get("/q/messages").content == b"hi"
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 def test_sigint_sent_again_while_the_server_stops_still_stops_it_gracefully(
-    start_server: Callable[..., ServerProcess],  # noqa: F811 (the fixture)
+    start_server: Callable[..., ServerProcess], workers: str,  # noqa: F811 (the fixture)
 ) -> None:
-    """A second SIGINT (Ctrl-C pressed twice) was uvicorn's forced exit: the request under way was
-    cut off (a 500 for a long poll that would have ended with 204 within a second), the app's
-    shutdown skipped (journals neither synced nor closed) and its lifespan cancelled, two
-    tracebacks in the log. Every signal now asks for the same graceful stop, as SIGTERM's do."""
-    server = start_server()
+    """A second SIGINT (Ctrl-C pressed twice: the terminal signals every process of the group,
+    the workers of ``--workers`` too) was uvicorn's forced exit: the request under way was cut
+    off (a 500 for a long poll that would have ended with 204 within a second), the app's
+    shutdown skipped (journals neither synced nor closed) and its lifespan cancelled, tracebacks
+    in the log. Every signal now asks for the same graceful stop, as SIGTERM's do."""
+    server = start_server("--workers", workers)
     httpx.put(f"{server.url}/q").raise_for_status()
     httpx.post(f"{server.url}/q/messages", content=b"kept").raise_for_status()
     httpx.put(f"{server.url}/empty").raise_for_status()
@@ -76,9 +78,9 @@ def test_sigint_sent_again_while_the_server_stops_still_stops_it_gracefully(
     poll.start()
     time.sleep(0.5)  # the poll waits
     assert server.process is not None
-    server.process.send_signal(signal.SIGINT)
+    os.killpg(server.process.pid, signal.SIGINT)  # as a terminal does (the server leads its group)
     time.sleep(0.1)  # the stop has begun: the poll is ending
-    server.process.send_signal(signal.SIGINT)
+    os.killpg(server.process.pid, signal.SIGINT)
     assert server.process.wait(30) == 0, server.log()
     poll.join(30)
     assert polled == [204], server.log()

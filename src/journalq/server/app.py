@@ -1148,12 +1148,19 @@ def stop_with_supervisor() -> None:
     went on serving, holding the port (a new server could not bind it) and the data directory.
     multiprocessing's parent sentinel reads the end of a pipe that only the parent holds open:
     it ends whenever and however the parent dies, even before this is called (no pid to reuse,
-    no polling; on any POSIX system, unlike Linux's PR_SET_PDEATHSIG)."""
+    no polling; on any POSIX system, unlike Linux's PR_SET_PDEATHSIG).
+
+    SIGINT is left to the supervisor, which stops its workers with SIGTERM on it: a terminal's
+    Ctrl-C reaches every process of the group, and pressed twice it was the worker's forced exit
+    (uvicorn's, on a second SIGINT: requests under way cut off, journals neither synced nor
+    closed; see ``journalq.server.stopping``). Called by the app's factory, within uvicorn's
+    signal handling, which puts the default back when the worker's server is done."""
     import multiprocessing
 
     parent = multiprocessing.parent_process()  # None in a process that multiprocessing did not start
     if parent is None:
         return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         parent.join()
