@@ -23,7 +23,7 @@ BACKLOG = 2048
 """Connections the system holds for the server until it accepts them (uvicorn's default)."""
 
 CONNECTION_LIMIT = 4096
-"""Requests (and connections) the server takes at once; past it, 503 with Retry-After (``protocol.busy``)."""
+"""Requests (and connections) the server takes at once; past it, 503 with Retry-After (``polling.busy``)."""
 
 MAX_OPEN_FILES = 1 << 20
 """The most open files the server asks for (Linux's default ceiling, ``fs.nr_open``)."""
@@ -86,6 +86,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     from journalq.server.app import create_app, settle_heap
     from journalq.server.config import ENVIRONMENT_VARIABLE, ServerConfig
     from journalq.server.metrics import WorkerSupervisor, worker_metrics_directory
+    from journalq.server.stopping import GracefulServer
 
     SyncPolicy.parse(sync)  # a bad policy fails here, in one line
     try:
@@ -127,7 +128,7 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     # As uvicorn.run does: the server stops cleanly on SIGINT, then raises it again, with the
     # handler it found (KeyboardInterrupt), once it is done.
     if workers == 1:
-        server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=config.port, **options))
+        server = GracefulServer(uvicorn.Config(create_app(config), host=host, port=config.port, **options))
         settle_heap()
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[sock])

@@ -646,6 +646,8 @@ def create_app(config: ServerConfig) -> App:
         """The action an SQS request names in its ``X-Amz-Target`` (checked before its body is
         read), or ``SqsRefusal``."""
         service, _, action = target.partition(".")
+        if not target:  # what an SDK of SQS's older Query protocol (a form-encoded Action=...) sends
+            raise SqsRefusal(SqsError("InvalidAction", _NO_TARGET))
         if service != "AmazonSQS" or not action:
             raise SqsRefusal(SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action"))
         return action
@@ -807,6 +809,11 @@ _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
 _REST_ADD = "POST /{queue}/messages"
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
+_NO_TARGET = (
+    "the request names no action (no X-Amz-Target header): this endpoint speaks SQS's JSON protocol "
+    "(X-Amz-Target: AmazonSQS.<Action>, a JSON body), not its older Query protocol (a form-encoded "
+    "Action=...): use an AWS SDK or CLI release that speaks SQS's JSON protocol"
+)
 _request_numbers = itertools.count()
 _request_id_prefix = b""
 
@@ -1141,12 +1148,19 @@ def stop_with_supervisor() -> None:
     went on serving, holding the port (a new server could not bind it) and the data directory.
     multiprocessing's parent sentinel reads the end of a pipe that only the parent holds open:
     it ends whenever and however the parent dies, even before this is called (no pid to reuse,
-    no polling; on any POSIX system, unlike Linux's PR_SET_PDEATHSIG)."""
+    no polling; on any POSIX system, unlike Linux's PR_SET_PDEATHSIG).
+
+    SIGINT is left to the supervisor, which stops its workers with SIGTERM on it: a terminal's
+    Ctrl-C reaches every process of the group, and pressed twice it was the worker's forced exit
+    (uvicorn's, on a second SIGINT: requests under way cut off, journals neither synced nor
+    closed; see ``journalq.server.stopping``). Called by the app's factory, within uvicorn's
+    signal handling, which puts the default back when the worker's server is done."""
     import multiprocessing
 
     parent = multiprocessing.parent_process()  # None in a process that multiprocessing did not start
     if parent is None:
         return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         parent.join()

@@ -11,6 +11,8 @@ journalq's httptools protocol does:
   connection for as long as it liked.
 - It cuts off a connection whose client has taken nothing of an answer for the head timeout (one
   that never reads would hold the connection, its answers and its request slot for good).
+- A request past the concurrency limit gets the server's busy answer (503 with Retry-After,
+  ``polling.busy``), as under httptools, not uvicorn's plain 503.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from journalq.server.polling import (
     DEFAULT_HEAD_TIMEOUT,
     AnswerStall,
     app_attribute,
+    busy,
     slow_head_message,
     stop_long_polls,
 )
@@ -104,6 +107,25 @@ class StoppingH11Protocol(H11Protocol):
             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(text), text)
         )
         self.transport.close()
+
+    def handle_events(self) -> None:
+        # uvicorn makes its limit_concurrency test inline, with no hook to change its plain 503
+        # (httptools has _start_asgi_task): the same test, made first, runs the busy answer as
+        # the application instead. Connections and tasks cannot change while the events are
+        # handled (no await), and a request that begins within them is answered busy.
+        limit = self.limit_concurrency
+        if limit is None or (len(self.connections) < limit and len(self.tasks) < limit):
+            super().handle_events()
+            return
+        app, self.app, self.limit_concurrency = self.app, self._busy, None
+        try:
+            super().handle_events()
+        finally:
+            self.app, self.limit_concurrency = app, limit
+
+    async def _busy(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.logger.warning("Exceeded concurrency limit.")  # (what uvicorn logs of its own 503)
+        await busy(scope, receive, send)
 
     def shutdown(self) -> None:
         # uvicorn calls this on every connection once the server begins to stop, then waits for

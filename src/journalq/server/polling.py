@@ -1,5 +1,6 @@
 """Long polls taken in slices, so that a poll ends soon after the server begins to stop (or its
-client goes away) instead of holding the stop for the rest of its wait."""
+client goes away) instead of holding the stop for the rest of its wait; and what both HTTP
+protocols (httptools' and the h11 fallback's, which cannot import httptools) answer alike."""
 
 from __future__ import annotations
 
@@ -60,6 +61,21 @@ class AnswerStall:
         if left < self._left:  # it took some since the last look
             self.since, self._left = now, left
         return max(0.0, self.since + self.limit - now)
+
+
+BUSY_BODY = b'{"error": "the server is busy: too many requests under way; send again later", "kind": "busy"}'
+
+
+async def busy(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The answer to a request past the server's concurrency limit (uvicorn's ``limit_concurrency``):
+    503 with ``Retry-After``, a JSON body, and the connection closed (as uvicorn's own)."""
+    await send({
+        "type": "http.response.start",
+        "status": 503,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(BUSY_BODY)).encode()),
+                    (b"retry-after", b"1"), (b"connection", b"close")],
+    })
+    await send({"type": "http.response.body", "body": BUSY_BODY, "more_body": False})
 
 
 def stop_long_polls(app: Any) -> None:

@@ -31,6 +31,7 @@ from journalq.server.polling import (
     DEFAULT_HEAD_TIMEOUT,
     AnswerStall,
     app_attribute,
+    busy,
     slow_head_message,
     stop_long_polls,
 )
@@ -90,21 +91,6 @@ class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
                    (b"content-length", str(len(text)).encode()), _CLOSE]
         self.transport.write(_encoded(status, self.server_state.default_headers, headers, text))
         self.transport.close()
-
-
-BUSY_BODY = b'{"error": "the server is busy: too many requests under way; send again later", "kind": "busy"}'
-
-
-async def busy(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """The answer to a request past the server's concurrency limit (uvicorn's ``limit_concurrency``):
-    503 with ``Retry-After``, a JSON body, and the connection closed (as uvicorn's own)."""
-    await send({
-        "type": "http.response.start",
-        "status": 503,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(BUSY_BODY)).encode()),
-                    (b"retry-after", b"1"), _CLOSE],
-    })
-    await send({"type": "http.response.body", "body": BUSY_BODY, "more_body": False})
 
 
 DirectRoute = Callable[[dict[str, Any]], Any]

@@ -84,6 +84,7 @@ from journalq.errors import (
     ReceiptError,
     StaleReceiptError,
 )
+from journalq.journal.recovery import fsync_dir
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
 from journalq.queue.channel import ReceivedMessage
@@ -97,6 +98,7 @@ from journalq.server.digests import (
 )
 from journalq.server.ids import given_id
 from journalq.server.polling import poll_slices
+from journalq.server.reading import queue_to_read
 
 # -- errors -----------------------------------------------------------------------------------
 
@@ -475,10 +477,12 @@ def _directory_locked(
 
 class _Sidecar:
     """``ROOT/NAME/sqs.json``: a small JSON object per queue, changed under a lock (a ``flock``
-    on the queue's directory, and a mutex for this process's threads)."""
+    on the queue's directory, and a mutex for this process's threads). ``durable``: a change is
+    on stable storage, rename included, when it is answered (as queue.json's, ``Broker.durable``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, durable: bool) -> None:
         self.root = root
+        self.durable = durable
         self._mutex = threading.Lock()
         self._cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
 
@@ -518,12 +522,25 @@ class _Sidecar:
             before = json.dumps(data, sort_keys=True)
             yield data
             if json.dumps(data, sort_keys=True) != before:
-                tmp = directory / f"{SIDECAR}.{os.getpid()}.{threading.get_ident()}.tmp"
-                try:
-                    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-                    os.replace(tmp, directory / SIDECAR)
-                except FileNotFoundError:
-                    raise _no_queue() from None  # deleted meanwhile
+                self._write(directory, data)
+
+    def _write(self, directory: Path, data: dict[str, Any]) -> None:
+        tmp = directory / f"{SIDECAR}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+                if self.durable:  # unsynced, a power cut could leave an empty file: no attributes
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, directory / SIDECAR)
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            raise _no_queue() from None  # deleted meanwhile
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk's refusal leaves no stray file behind
+            raise
+        if self.durable:
+            fsync_dir(directory)
 
 
 # -- the protocol -------------------------------------------------------------------------------
@@ -655,7 +672,7 @@ class SqsProtocol:
         self.account_id = account_id
         self.region = region
         self.max_message_size = max_message_size
-        self._sidecar = _Sidecar(broker.root)
+        self._sidecar = _Sidecar(broker.root, broker.durable)
         self._first_receive: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._first_receive_lock = threading.Lock()
         self._attempts = _ReceiveAttempts()
@@ -1188,11 +1205,15 @@ class SqsProtocol:
             values["CreatedTimestamp"] = str(created)
             values["LastModifiedTimestamp"] = str(modified)
         values["QueueArn"] = self.queue_arn(name)
+        # A topic whose channels are its own (made through the library) has no SQS consumer to
+        # count for: its counts are left out, since a read must not make one (see queue_to_read).
         if every or any(a.startswith("ApproximateNumberOfMessages") for a in wanted):
-            stats = self._queue(name).stats()
-            values["ApproximateNumberOfMessages"] = str(stats.available)
-            values["ApproximateNumberOfMessagesNotVisible"] = str(stats.in_flight)
-            values["ApproximateNumberOfMessagesDelayed"] = str(stats.delayed)
+            found = queue_to_read(self.broker, name)
+            if found is not None:
+                stats = found.stats()
+                values["ApproximateNumberOfMessages"] = str(stats.available)
+                values["ApproximateNumberOfMessagesNotVisible"] = str(stats.in_flight)
+                values["ApproximateNumberOfMessagesDelayed"] = str(stats.delayed)
         if not every:
             values = {k: v for k, v in values.items() if k in wanted}
         return {"Attributes": values} if values else {}
