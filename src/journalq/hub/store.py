@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import HubError, HubUnavailableError, InvalidJournalPathError, StorageError
+from journalq.errors import HubError, HubUnavailableError, InvalidJournalPathError, JournalError, StorageError
 from journalq.hub.protocol import (
     Held,
     Push,
@@ -134,14 +134,20 @@ class HubStore(Closing):
         return _held(self.copy_path(client_id, journal))
 
     def status(self) -> dict[str, dict[str, Held]]:
-        """Every copy: client id -> journal -> what the hub holds, in name order."""
+        """Every copy: client id -> journal -> what the hub holds, in name order. A copy the hub
+        cannot read (a damaged segment, say) is there with the reason (``Held.unreadable``):
+        one bad copy does not hide the others."""
         out: dict[str, dict[str, Held]] = {}
         for name in sorted(os.listdir(self.root)):
             parsed = parse_copy_dir_name(name)
             path = self.root / name
             if parsed is None or path.is_symlink() or journal_dir(path).is_symlink() or not journal_dir(path).is_dir():
                 continue  # not a copy (a link is never one: the hub writes only inside its root)
-            out.setdefault(parsed[0], {})[parsed[1]] = _held(path)
+            try:
+                held = _held(path)
+            except (JournalError, OSError) as exc:
+                held = Held(unreadable=_unreadable(exc, path))
+            out.setdefault(parsed[0], {})[parsed[1]] = held
         return out
 
     # -- pushing --------------------------------------------------------------------------------
@@ -294,6 +300,20 @@ def _start_copy(path: Path, offset: int) -> None:
         fsync_dir(journal_dir(path))
     finally:
         lock.close()
+
+
+def _unreadable(exc: JournalError | OSError, path: Path) -> str:
+    """Why the copy at ``path`` cannot be read, naming its file within the copy, not the hub's
+    root (as the hub's answers never say where it keeps its copies)."""
+    if isinstance(exc, JournalError):
+        reason, file = exc.reason, exc.file
+    else:
+        reason, file = f"cannot read the copy's files: {exc.strerror or exc}", exc.filename
+    try:
+        where = Path(file).relative_to(path) if file is not None else None
+    except ValueError:  # a file outside the copy: not named
+        where = None
+    return f"{reason} ({where})" if where is not None else reason
 
 
 def _closed_error() -> HubUnavailableError:
