@@ -348,24 +348,29 @@ def iter_columns(
                         )
                     break  # on to the next segment
                 buf = pending + data if pending else data
-                try:
-                    cols, used = decode_columns(buf, 0, len(buf), offset, end - offset, keys=keys, values=values)
-                except CorruptionError as exc:
-                    raise exc.located(segment.path, position) from None
+                used = 0
+                while next_offset < end:
+                    # Again from where the last call stopped: it stops at Arrow's 2 GiB of values
+                    # too, with whole messages left in ``buf`` (not read again, nor grown).
+                    try:
+                        cols, stop = decode_columns(buf, used, len(buf), offset, end - offset, keys=keys, values=values)
+                    except CorruptionError as exc:
+                        raise exc.located(segment.path, position) from None
+                    n = len(cols)
+                    if not n:
+                        break
+                    used = stop
+                    offset += n
+                    if skip:
+                        drop = min(skip, n)
+                        skip -= drop
+                        if drop == n:
+                            continue
+                        cols = cols.select(slice(drop, None))
+                    next_offset = offset
+                    yield cols
                 position += used
                 pending = buf[used:]
-                n = len(cols)
-                if not n:
-                    continue
-                offset += n
-                if skip:
-                    drop = min(skip, n)
-                    skip -= drop
-                    if drop == n:
-                        continue
-                    cols = cols.select(slice(drop, None))
-                next_offset = offset
-                yield cols
             os.close(fd)
             fd = -1
             if next_offset < end and not os.path.exists(os.path.join(path, "jnl", segment_name(next_offset))):
