@@ -16,6 +16,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from pathlib import Path
 
 import numpy as np
 
@@ -23,11 +24,13 @@ from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD
 from journalq.journal.offsets import end_offset, first_offset
+from journalq.journal.recovery import fsync_dir, fsync_file
 from journalq.journal.segment import (
     Segment,
     confirms,
     framed_at,
     gap_reason,
+    journal_dir,
     scan_segment,
     segment_at,
     segment_bases,
@@ -392,6 +395,25 @@ def iter_columns(
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def make_durable(path: str, since: int, *, entries: bool = False) -> None:
+    """Sync the segments of the journal at ``path`` that hold offsets ``since`` and later, and
+    the directory listing them (``entries``: the journal's own directory entries too). A stream
+    plans a micro-batch only over messages synced so: a writer under sync none or group leaves
+    its last messages to the page cache, and were a power cut to take those of a batch already
+    planned, the new messages written at their offsets after recovery would be skipped."""
+    bases = segment_bases(path)
+    for base in bases[max(0, bisect_right(bases, since) - 1) :]:
+        try:
+            fsync_file(segment_at(path, base).path)
+        except FileNotFoundError:
+            continue  # deleted since it was listed (retention): nothing of it to keep
+    if bases:
+        fsync_dir(journal_dir(path))
+    if entries:
+        fsync_dir(Path(path))
+        fsync_dir(Path(path).parent)
 
 
 def _lost(path: str, wanted: int, first: int | None) -> JournalError:
