@@ -75,3 +75,19 @@ def test_each_shard_of_a_root_is_synced_with_the_offsets_planned(tmp_path: Path,
     assert sum(ends.values()) == 20
     for shard in ends:
         assert segment_files(root / shard)[0] in synced
+
+
+def test_a_journal_made_again_is_synced_anew(tmp_path: Path, synced) -> None:
+    import shutil
+
+    path = tmp_path / "j"
+    with Writer(path, sync="none", segment_size=300) as writer:
+        writer.append_many([b"m%03d" % i for i in range(30)])
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": "earliest"}, SCHEMA)
+    assert reader.latestOffset({"": 0}, ReadAllAvailable()) == {"": 30}
+    shutil.rmtree(path)
+    with Writer(path, sync="none", segment_size=300) as writer:
+        writer.append_many([b"n%03d" % i for i in range(20)])
+    synced.clear()
+    reader.latestOffset({"": 30}, ReadAllAvailable())  # went back: partitions() says so
+    assert set(segment_files(path)) <= set(synced)  # the new journal's, all of them

@@ -384,15 +384,20 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _durable(self, ends: dict[str, int], since: dict[str, int]) -> None:
         """Sync each shard up to ``ends`` (read before: what was synced holds them), from where
         this reader synced it last, else from ``since`` (the batch's start; the first offset
-        when unknown). Offsets planned, or started after, then outlive a power cut whatever the
+        when unknown), all of it when it went back (made again). Offsets planned, or started after, then outlive a power cut whatever the
         writer's sync policy: a planned batch never covers messages that recovery would cut."""
         for shard, end in ends.items():
             done = self._synced.get(shard)
-            if done is not None and end <= done:
+            if done == end:
                 continue
             path = _shard_path(self.options, shard)
-            low = done if done is not None else since.get(shard, reading.first_offset(path))
-            reading.make_durable(path, low, entries=done is None)
+            if done is None:
+                low = since.get(shard, reading.first_offset(path))
+            elif end < done:
+                low = reading.first_offset(path)  # made again (or cut): what was synced is gone
+            else:
+                low = done
+            reading.make_durable(path, low, entries=done is None or end < done)
             self._synced[shard] = end
 
     def initialOffset(self) -> dict:  # noqa: N802
