@@ -384,8 +384,9 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _durable(self, ends: dict[str, int], since: dict[str, int]) -> None:
         """Sync each shard up to ``ends`` (read before: what was synced holds them), from where
         this reader synced it last, else from ``since`` (the batch's start; the first offset
-        when unknown), all of it when it went back (made again). Offsets planned, or started after, then outlive a power cut whatever the
-        writer's sync policy: a planned batch never covers messages that recovery would cut."""
+        when unknown), all of it when it went back (made again). Offsets planned, or started
+        after, then outlive a power cut whatever the writer's sync policy: a planned batch never
+        covers messages that recovery would cut."""
         for shard, end in ends.items():
             done = self._synced.get(shard)
             if done == end:
