@@ -91,3 +91,28 @@ def test_a_journal_made_again_is_synced_anew(tmp_path: Path, synced) -> None:
     synced.clear()
     reader.latestOffset({"": 30}, ReadAllAvailable())  # went back: partitions() says so
     assert set(segment_files(path)) <= set(synced)  # the new journal's, all of them
+
+
+def test_a_failed_sync_is_a_storage_error_naming_the_file(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from journalq.errors import StorageError
+
+    path = tmp_path / "j"
+    with Writer(path) as writer:
+        writer.append_many([b"x"] * 3)
+
+    def failing(file) -> None:
+        raise OSError(errno.EIO, "Input/output error", str(file))
+
+    monkeypatch.setattr(reading, "fsync_file", failing)
+    reader = JournalStreamReader({"path": str(path), "startingOffsets": "earliest"}, SCHEMA)
+    with pytest.raises(StorageError, match="cannot sync the journal .*Input/output error") as caught:
+        reader.initialOffset()
+    assert caught.value.file == segment_files(path)[0]
+
+    def read_only(file) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(file))
+
+    monkeypatch.setattr(reading, "fsync_file", read_only)
+    assert reader.initialOffset() == {"": 0}  # nothing to sync there: its writer could not either

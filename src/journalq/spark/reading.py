@@ -10,6 +10,7 @@ fields), reads large chunks and decodes them with ``columnar.decode_columns``.
 from __future__ import annotations
 
 import base64
+import errno
 import math
 import os
 from bisect import bisect_right
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
+from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError, StorageError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD
 from journalq.journal.offsets import end_offset, first_offset
@@ -404,16 +405,27 @@ def make_durable(path: str, since: int, *, entries: bool = False) -> None:
     its last messages to the page cache, and were a power cut to take those of a batch already
     planned, the new messages written at their offsets after recovery would be skipped."""
     bases = segment_bases(path)
-    for base in bases[max(0, bisect_right(bases, since) - 1) :]:
-        try:
-            fsync_file(segment_at(path, base).path)
-        except FileNotFoundError:
-            continue  # deleted since it was listed (retention): nothing of it to keep
+    syncs: list[tuple[Callable[[Path], None], Path]] = [
+        (fsync_file, segment_at(path, base).path) for base in bases[max(0, bisect_right(bases, since) - 1) :]
+    ]
     if bases:
-        fsync_dir(journal_dir(path))
+        syncs.append((fsync_dir, journal_dir(path)))
     if entries:
-        fsync_dir(Path(path))
-        fsync_dir(Path(path).parent)
+        syncs += [(fsync_dir, Path(path)), (fsync_dir, Path(path).parent)]
+    for sync, file in syncs:
+        try:
+            sync(file)
+        except FileNotFoundError:
+            continue  # a segment deleted since it was listed (retention): nothing of it to keep
+        except OSError as exc:
+            if exc.errno in (errno.EROFS, errno.EINVAL, errno.EOPNOTSUPP, errno.EACCES, errno.EPERM):
+                # Storage that cannot sync (read-only, no fsync: its writer could not either), or
+                # a directory this reader may not open: reading must go on as before.
+                continue
+            raise StorageError(
+                f"cannot sync the journal before a micro-batch is planned over it: {exc.strerror or exc}",
+                errno=exc.errno, file=file,
+            ) from exc
 
 
 def _lost(path: str, wanted: int, first: int | None) -> JournalError:
