@@ -116,3 +116,19 @@ def test_a_failed_sync_is_a_storage_error_naming_the_file(tmp_path: Path, monkey
 
     monkeypatch.setattr(reading, "fsync_file", read_only)
     assert reader.initialOffset() == {"": 0}  # nothing to sync there: its writer could not either
+
+
+def test_the_segments_directory_is_synced_only_when_a_segment_was_made(tmp_path: Path, synced) -> None:
+    path = tmp_path / "j"
+    with Writer(path, sync="none", segment_size=300) as writer:
+        writer.append_many([b"m%03d" % i for i in range(3)])
+        reader = JournalStreamReader({"path": str(path), "startingOffsets": "earliest"}, SCHEMA)
+        assert reader.latestOffset({"": 0}, ReadAllAvailable()) == {"": 3}
+        synced.clear()
+        writer.append(b"m003")  # into the same segment
+        reader.latestOffset({"": 3}, ReadAllAvailable())
+        assert synced == segment_files(path)
+        synced.clear()
+        writer.append_many([b"m%03d" % i for i in range(4, 30)])  # new segments
+        reader.latestOffset({"": 4}, ReadAllAvailable())
+        assert path / "jnl" in synced

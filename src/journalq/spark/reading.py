@@ -400,7 +400,8 @@ def iter_columns(
 
 def make_durable(path: str, since: int, *, entries: bool = False) -> None:
     """Sync the segments of the journal at ``path`` that hold offsets ``since`` and later, and
-    the directory listing them (``entries``: the journal's own directory entries too). A stream
+    the directory listing them when there are several (``entries``, a journal not synced
+    before: that directory and the journal's own directory entries too). A stream
     plans a micro-batch only over messages synced so: a writer under sync none or group leaves
     its last messages to the page cache, and were a power cut to take those of a batch already
     planned, the new messages written at their offsets after recovery would be skipped."""
@@ -408,7 +409,7 @@ def make_durable(path: str, since: int, *, entries: bool = False) -> None:
     syncs: list[tuple[Callable[[Path], None], Path]] = [
         (fsync_file, segment_at(path, base).path) for base in bases[max(0, bisect_right(bases, since) - 1) :]
     ]
-    if bases:
+    if len(syncs) > 1 or (syncs and entries):  # a segment made since: its directory entry too
         syncs.append((fsync_dir, journal_dir(path)))
     if entries:
         syncs += [(fsync_dir, Path(path)), (fsync_dir, Path(path).parent)]
