@@ -265,7 +265,8 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
 @_token
 def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: str, token: str | None) -> None:
     """Print, per client and journal, the offsets the hub holds and, for the journals at DIR...,
-    the local end and the lag (messages not copied yet)."""
+    the local end and the lag (messages not copied yet). A copy the hub cannot read is listed
+    with the reason (``unreadable``) and named on stderr."""
     if directories and client_id is None:
         # Local journals are one client's; the hub may hold journals of their names of many.
         raise click.UsageError("DIR... are compared with the copies of one client: give its --client-id")
@@ -279,18 +280,30 @@ def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: 
     elif not copies:
         click.echo("the hub holds no journal", err=True)
     rows: list[dict[str, Any]] = []
+    unreadable: list[str] = []
     for cid, journals in copies.items():
         for name, held in journals.items():
             end = local.get(name) if directories else None
+            if held.unreadable is not None:  # its offsets are unknown, not 0
+                unreadable.append(f"{cid}.{name}: {held.unreadable}")
+                rows.append({"client_id": cid, "journal": name, "hub_first": None, "hub_next": None,
+                             "local_next": end, "lag": None, "unreadable": held.unreadable})
+                continue
             rows.append({"client_id": cid, "journal": name, "hub_first": held.first, "hub_next": held.next,
                          "local_next": end, "lag": None if end is None else max(0, end - held.next)})
+    if unreadable:
+        click.echo(f"the hub cannot read {len(unreadable)} copy(ies): {'; '.join(unreadable)}", err=True)
     seen = {r["journal"] for r in rows}
     for name, end in local.items():  # local journals the hub holds nothing of yet
         if name not in seen:
             rows.append({"client_id": client_id, "journal": name, "hub_first": None, "hub_next": None,
                          "local_next": end, "lag": end})
     if _tabular(fmt):
-        for line in _table(rows, ["client_id", "journal", "hub_first", "hub_next", "local_next", "lag"]):
+        columns = ["client_id", "journal", "hub_first", "hub_next", "local_next", "lag"]
+        if unreadable:
+            columns.append("unreadable")
+            rows = [{"unreadable": None, **row} for row in rows]
+        for line in _table(rows, columns):
             click.echo(line)
     else:
         for row in rows:

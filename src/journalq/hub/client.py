@@ -210,15 +210,24 @@ def _held(answer: httpx.Response) -> Held:
 
 def sources_at(directories: Iterable[Path]) -> list[tuple[str, Path]]:
     """The journals that the directories stand for, each named as the hub will name it: a
-    journal by its directory's name, each shard of a root by its shard directory's name.
-    ``JournalError`` for what is neither, ``HubError`` for two journals of one name."""
+    journal by its directory's name, each shard of a root by its shard directory's name. One
+    directory given by several paths (relative and absolute, say) is one journal. ``JournalError``
+    for what is neither, ``HubError`` for two journals of one name or one journal of two names."""
     found: dict[str, Path] = {}
+    names: dict[str, str] = {}  # real path -> name: the directory, however it was given
     for directory in directories:
         for shard, path in journals_at(directory):
             name = shard if shard is not None else Path(os.path.abspath(path)).name
-            if name in found and found[name] != path:
+            real = os.path.realpath(path)
+            if name in found and os.path.realpath(found[name]) != real:
                 raise HubError(f"two journals would have one name on the hub, {name!r}: {found[name]} and {path}")
-            found[name] = path
+            if names.setdefault(real, name) != name:
+                # Two copies of one journal on the hub, each pushed apart.
+                raise HubError(
+                    f"one journal would have two names on the hub, {names[real]!r} and {name!r}: "
+                    f"{found[names[real]]} and {path} are the same directory; give it once"
+                )
+            found.setdefault(name, path)
     return sorted(found.items())
 
 

@@ -128,18 +128,23 @@ def _offset(name: str, value: object) -> int:
 @dataclass(frozen=True)
 class Held:
     """What the hub holds of one journal: offsets ``first`` to ``next - 1`` (none when they are
-    equal), the last of its segments starting at ``segment``."""
+    equal), the last of its segments starting at ``segment``. ``unreadable``: why the hub could
+    not read its copy (the hub's status names it so; its offsets are then 0, unknown)."""
 
     first: int = 0
     next: int = 0
     segment: int = 0
+    unreadable: str | None = None
 
     @property
     def empty(self) -> bool:
         return self.next == self.first
 
-    def to_json(self) -> dict[str, int]:
-        return {"first": self.first, "next": self.next, "segment": self.segment}
+    def to_json(self) -> dict[str, int | str]:
+        out: dict[str, int | str] = {"first": self.first, "next": self.next, "segment": self.segment}
+        if self.unreadable is not None:  # only then: a client that knows no such key reads the rest
+            out["unreadable"] = self.unreadable
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> Held:
@@ -152,7 +157,10 @@ class Held:
         first, next_, segment = values
         if not first <= next_ or segment > max(first, next_):
             raise ValueError(f"offsets out of order: {data!r}")
-        return cls(first, next_, segment)
+        unreadable = data.get("unreadable")
+        if unreadable is not None and not isinstance(unreadable, str):
+            raise ValueError(f"unreadable must be a reason (text): {data!r}")
+        return cls(first, next_, segment, unreadable)
 
 
 @dataclass(frozen=True)
@@ -209,7 +217,7 @@ class PushResult:
     appended: int = 0
     skipped: int = 0
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int | str]:
         return {**self.held.to_json(), "appended": self.appended, "skipped": self.skipped}
 
 

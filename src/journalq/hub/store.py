@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import HubError, HubUnavailableError, InvalidJournalPathError, StorageError
+from journalq.errors import HubError, HubUnavailableError, InvalidJournalPathError, JournalError, StorageError
 from journalq.hub.protocol import (
     Held,
     Push,
@@ -131,17 +131,26 @@ class HubStore(Closing):
 
     def held(self, client_id: str, journal: str) -> Held:
         """What the hub holds of the journal (nothing, at offset 0, for one it never saw)."""
-        return _held(self.copy_path(client_id, journal))
+        path = self.copy_path(client_id, journal)
+        with _reading(path):
+            return _held(path)
 
     def status(self) -> dict[str, dict[str, Held]]:
-        """Every copy: client id -> journal -> what the hub holds, in name order."""
+        """Every copy: client id -> journal -> what the hub holds, in name order. A copy the hub
+        cannot read (a damaged segment, say) is there with the reason (``Held.unreadable``):
+        one bad copy does not hide the others."""
         out: dict[str, dict[str, Held]] = {}
         for name in sorted(os.listdir(self.root)):
             parsed = parse_copy_dir_name(name)
             path = self.root / name
             if parsed is None or path.is_symlink() or journal_dir(path).is_symlink() or not journal_dir(path).is_dir():
                 continue  # not a copy (a link is never one: the hub writes only inside its root)
-            out.setdefault(parsed[0], {})[parsed[1]] = _held(path)
+            try:
+                with _reading(path):
+                    held = _held(path)
+            except JournalError as exc:
+                held = Held(unreadable=_unreadable(exc, path))
+            out.setdefault(parsed[0], {})[parsed[1]] = held
         return out
 
     # -- pushing --------------------------------------------------------------------------------
@@ -212,13 +221,14 @@ class HubStore(Closing):
         """Up to ``max_messages`` messages of the copy from ``offset`` (sej's ``Get``); empty at
         the end. ``OffsetOutOfRangeError`` for an offset not held."""
         path = self._existing(client_id, journal)
-        with Scanner(path, offset) as scanner:
+        with _reading(path), Scanner(path, offset) as scanner:
             return scanner.read_batch(max_messages) if max_messages > 0 else []
 
     def read_raw(self, client_id: str, journal: str, offset: int, max_bytes: int) -> RawRun:
         """The copy's own bytes from ``offset``: whole messages, within ``max_bytes`` (at least
         one), from one segment."""
-        with RawReader(self._existing(client_id, journal)) as reader:
+        path = self._existing(client_id, journal)
+        with _reading(path), RawReader(path) as reader:
             return reader.read(offset, max_bytes)
 
     def close(self) -> None:
@@ -294,6 +304,27 @@ def _start_copy(path: Path, offset: int) -> None:
         fsync_dir(journal_dir(path))
     finally:
         lock.close()
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Reading the copy at ``path``: a file that cannot be read (a segment that is a directory,
+    say) is a ``JournalError`` naming it, which the hub answers 500 and logs, as other damage
+    of its own copies, not an error unknown to it."""
+    try:
+        yield
+    except OSError as exc:
+        raise JournalError(f"cannot read the copy's files: {exc.strerror or exc}", file=exc.filename or path) from exc
+
+
+def _unreadable(exc: JournalError, path: Path) -> str:
+    """Why the copy at ``path`` cannot be read, naming its file within the copy, not the hub's
+    root (as the hub's answers never say where it keeps its copies)."""
+    try:
+        where = exc.file.relative_to(path) if exc.file is not None else None
+    except ValueError:  # a file outside the copy: not named
+        where = None
+    return f"{exc.reason} ({where})" if where is not None and where != Path(".") else exc.reason
 
 
 def _closed_error() -> HubUnavailableError:

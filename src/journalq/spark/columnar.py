@@ -11,6 +11,10 @@ record batches). Here a chunk is split into *runs*:
 
 Every check of ``codec.decode`` is made: negative lengths, the size field, dense offsets. Like it,
 an incomplete message at the end is left for the caller to complete with more bytes. Pure: no I/O.
+
+One call's keys, and its values, stay within ``MAX_BINARY`` bytes (Arrow's binary arrays count
+their bytes in int32): past it decoding stops at a message's start, as at the end of ``buf``, and
+a next call decodes on from there.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from journalq.errors import CorruptionError
+from journalq.errors import CorruptionError, Error
 from journalq.journal.codec import OVERHEAD
 
 __all__ = ["Columns", "decode_columns", "empty_columns"]
@@ -32,6 +36,9 @@ _BE_I64 = np.dtype(">i8")
 _BE_I32 = np.dtype(">i4")
 _UNIFORM_MIN = 8  # a run of equal sizes shorter than this is not worth the vectorized path
 _GENERAL_MAX = 1024  # messages the Python loop takes before looking for a uniform run again
+MAX_BINARY = 2**31 - 1
+"""Bytes of keys, and of values, that one call decodes at most (one message more only when it is
+the first: a message's value, an int32 long, always fits)."""
 
 
 @dataclass
@@ -116,11 +123,17 @@ def _gather(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tupl
     total = int(offsets[-1])
     if total == 0:
         return offsets.astype(np.int32), np.zeros(0, np.uint8)
-    if total > 2**31 - 1:
-        raise CorruptionError(f"{total} bytes of keys or values in one chunk; at most 2 GiB")
     positions = np.repeat(starts - offsets[:-1], lengths)
     positions += np.arange(total, dtype=np.int64)
-    return offsets.astype(np.int32), source[positions]
+    return _int32(offsets), source[positions]
+
+
+def _int32(offsets: np.ndarray) -> np.ndarray:
+    """Arrow's int32 offsets; ``decode_columns`` keeps every chunk within them (``MAX_BINARY``),
+    so this says which invariant broke rather than wrapping round silently."""
+    if len(offsets) and int(offsets[-1]) > 2**31 - 1:
+        raise Error(f"{int(offsets[-1])} bytes of keys or values in one batch of columns: over Arrow's 2 GiB")
+    return offsets.astype(np.int32)
 
 
 def _corrupt(reason: str, position: int, due: int | None, timestamp_ns: int | None = None) -> CorruptionError:
@@ -184,9 +197,7 @@ class _Pieces:
             lens = cat(lengths)
             offsets = np.zeros(len(lens) + 1, np.int64)
             np.cumsum(lens, out=offsets[1:])
-            if offsets[-1] > 2**31 - 1:
-                raise CorruptionError("more than 2 GiB of keys or values in one chunk")
-            return offsets.astype(np.int32), cat(data)
+            return _int32(offsets), cat(data)
 
         key_offsets = key_data = value_offsets = value_data = None
         if self.keys:
@@ -224,6 +235,7 @@ def decode_columns(
     densely from it (otherwise from the first message's). At most ``max_messages`` are decoded.
     Raises ``CorruptionError`` (``position`` relative to ``buf``) for a message whose lengths,
     size field or offset are wrong. ``keys``/``values`` False leave those columns out (cheaper).
+    Keys, and values, past ``MAX_BINARY`` bytes are left for a next call, as an incomplete message.
     """
     if not isinstance(buf, bytes):
         buf = bytes(buf)
@@ -235,7 +247,11 @@ def decode_columns(
     pos = start
     due = expected_offset
     unpack_int = _INT32.unpack_from
-    while remaining != 0 and pos + OVERHEAD <= end:
+    # Bytes of keys and of values still to take (None: a column left out takes none).
+    key_room = MAX_BINARY if keys else None
+    value_room = MAX_BINARY if values else None
+    full = False
+    while remaining != 0 and pos + OVERHEAD <= end and not full:
         key_len = buf[pos + 17]
         if key_len > 127:
             raise _corrupt(f"negative key length {key_len - 256}", pos, due)
@@ -267,6 +283,13 @@ def decode_columns(
             good &= np.ascontiguousarray(block[:, size - 4 :]).view(_BE_I32).ravel() == size
             bad = np.flatnonzero(~good)
             run = int(bad[0]) if len(bad) else fit
+            fits = _fitting(run, key_len, key_room, value_len, value_room, not pieces.offset)
+            full = fits < run
+            run = fits
+            if key_room is not None:
+                key_room -= run * key_len
+            if value_room is not None:
+                value_room -= run * value_len
             if run:
                 block = block[:run]
                 pieces.uniform(block, key_len, value_len)
@@ -275,6 +298,8 @@ def decode_columns(
                 due += run
                 remaining -= run
                 continue
+            if full:
+                break
         # The general path: find the starts of up to _GENERAL_MAX messages.
         starts: list[int] = []
         key_lens: list[int] = []
@@ -304,6 +329,13 @@ def decode_columns(
                 if starts:
                     break
                 raise _corrupt(f"size field says {size} bytes, the message has {nxt - pos}", pos, due)
+            if not _fitting(1, key_len, key_room, value_len, value_room, not (starts or pieces.offset)):
+                full = True
+                break
+            if key_room is not None:
+                key_room -= key_len
+            if value_room is not None:
+                value_room -= value_len
             starts.append(pos)
             key_lens.append(key_len)
             value_lens.append(value_len)
@@ -321,6 +353,18 @@ def decode_columns(
         due += len(starts)
         remaining -= len(starts)
     return pieces.columns(), pos
+
+
+def _fitting(
+    count: int, key_len: int, key_room: int | None, value_len: int, value_room: int | None, first: bool
+) -> int:
+    """How many of ``count`` messages alike fit in the bytes of keys and values left (a room of
+    None: that column is not kept); the ``first`` message of a call always does."""
+    fits = count
+    for length, room in ((key_len, key_room), (value_len, value_room)):
+        if room is not None and length:
+            fits = min(fits, max(room, 0) // length)
+    return max(fits, 1) if first and count else fits
 
 
 def _check_dense(buf: bytes, offsets: np.ndarray, due: int, position_of: Callable[[int], int]) -> None:

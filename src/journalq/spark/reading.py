@@ -10,24 +10,28 @@ fields), reads large chunks and decodes them with ``columnar.decode_columns``.
 from __future__ import annotations
 
 import base64
+import errno
 import math
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from pathlib import Path
 
 import numpy as np
 
-from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError
+from journalq.errors import ZERO_TIMESTAMP, CorruptionError, JournalError, StorageError
 from journalq.journal import index
 from journalq.journal.codec import INT32, OVERHEAD
 from journalq.journal.offsets import end_offset, first_offset
+from journalq.journal.recovery import fsync_dir, fsync_file
 from journalq.journal.segment import (
     Segment,
     confirms,
     framed_at,
     gap_reason,
+    journal_dir,
     scan_segment,
     segment_at,
     segment_bases,
@@ -348,24 +352,29 @@ def iter_columns(
                         )
                     break  # on to the next segment
                 buf = pending + data if pending else data
-                try:
-                    cols, used = decode_columns(buf, 0, len(buf), offset, end - offset, keys=keys, values=values)
-                except CorruptionError as exc:
-                    raise exc.located(segment.path, position) from None
+                used = 0
+                while next_offset < end:
+                    # Again from where the last call stopped: it stops at Arrow's 2 GiB of values
+                    # too, with whole messages left in ``buf`` (not read again, nor grown).
+                    try:
+                        cols, stop = decode_columns(buf, used, len(buf), offset, end - offset, keys=keys, values=values)
+                    except CorruptionError as exc:
+                        raise exc.located(segment.path, position) from None
+                    n = len(cols)
+                    if not n:
+                        break
+                    used = stop
+                    offset += n
+                    if skip:
+                        drop = min(skip, n)
+                        skip -= drop
+                        if drop == n:
+                            continue
+                        cols = cols.select(slice(drop, None))
+                    next_offset = offset
+                    yield cols
                 position += used
                 pending = buf[used:]
-                n = len(cols)
-                if not n:
-                    continue
-                offset += n
-                if skip:
-                    drop = min(skip, n)
-                    skip -= drop
-                    if drop == n:
-                        continue
-                    cols = cols.select(slice(drop, None))
-                next_offset = offset
-                yield cols
             os.close(fd)
             fd = -1
             if next_offset < end and not os.path.exists(os.path.join(path, "jnl", segment_name(next_offset))):
@@ -387,6 +396,37 @@ def iter_columns(
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def make_durable(path: str, since: int, *, entries: bool = False) -> None:
+    """Sync the segments of the journal at ``path`` that hold offsets ``since`` and later, and
+    the directory listing them when there are several (``entries``, a journal not synced
+    before: that directory and the journal's own directory entries too). A stream
+    plans a micro-batch only over messages synced so: a writer under sync none or group leaves
+    its last messages to the page cache, and were a power cut to take those of a batch already
+    planned, the new messages written at their offsets after recovery would be skipped."""
+    bases = segment_bases(path)
+    syncs: list[tuple[Callable[[Path], None], Path]] = [
+        (fsync_file, segment_at(path, base).path) for base in bases[max(0, bisect_right(bases, since) - 1) :]
+    ]
+    if len(syncs) > 1 or (syncs and entries):  # a segment made since: its directory entry too
+        syncs.append((fsync_dir, journal_dir(path)))
+    if entries:
+        syncs += [(fsync_dir, Path(path)), (fsync_dir, Path(path).parent)]
+    for sync, file in syncs:
+        try:
+            sync(file)
+        except FileNotFoundError:
+            continue  # a segment deleted since it was listed (retention): nothing of it to keep
+        except OSError as exc:
+            if exc.errno in (errno.EROFS, errno.EINVAL, errno.EOPNOTSUPP, errno.EACCES, errno.EPERM):
+                # Storage that cannot sync (read-only, no fsync: its writer could not either), or
+                # a directory this reader may not open: reading must go on as before.
+                continue
+            raise StorageError(
+                f"cannot sync the journal before a micro-batch is planned over it: {exc.strerror or exc}",
+                errno=exc.errno, file=file,
+            ) from exc
 
 
 def _lost(path: str, wanted: int, first: int | None) -> JournalError:

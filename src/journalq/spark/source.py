@@ -349,7 +349,9 @@ def _pushdown_disabled_by_spark() -> bool:
 
 
 class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """A streaming read: offsets per shard in the checkpoint, as ``{"<shard>": next offset}``."""
+    """A streaming read: offsets per shard in the checkpoint, as ``{"<shard>": next offset}``.
+    A micro-batch is planned only over messages on stable storage: the reader syncs the segments
+    it reports an end in (once each growth), whatever sync policy their writer chose."""
 
     def __init__(self, options, schema) -> None:
         self.options = dict(options)
@@ -372,11 +374,32 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # When the last batch was planned; None before the first, which (as Kafka's source) does
         # not wait for minOffsetsPerTrigger: the delay counts from a batch.
         self._last_trigger: float | None = None
+        self._synced: dict[str, int] = {}  # per shard, the end up to which it was made durable
 
     # offsets
 
     def _ends(self) -> dict[str, int]:
         return {shard.name: reading.end_offset(shard.path) for shard in _target(self.options).shards}
+
+    def _durable(self, ends: dict[str, int], since: dict[str, int]) -> None:
+        """Sync each shard up to ``ends`` (read before: what was synced holds them), from where
+        this reader synced it last, else from ``since`` (the batch's start; the first offset
+        when unknown), all of it when it went back (made again). Offsets planned, or started
+        after, then outlive a power cut whatever the writer's sync policy: a planned batch never
+        covers messages that recovery would cut."""
+        for shard, end in ends.items():
+            done = self._synced.get(shard)
+            if done == end:
+                continue
+            path = _shard_path(self.options, shard)
+            if done is None:
+                low = since.get(shard, reading.first_offset(path))
+            elif end < done:
+                low = reading.first_offset(path)  # made again (or cut): what was synced is gone
+            else:
+                low = done
+            reading.make_durable(path, low, entries=done is None or end < done)
+            self._synced[shard] = end
 
     def initialOffset(self) -> dict:  # noqa: N802
         target = _target(self.options)
@@ -392,10 +415,13 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if start_ts is not None:
                 offset = reading.first_offset_at(shard.path, start_ts, first, end)
             out[shard.name] = offset
+        # Messages before the start are passed over: lost and written anew, they would be skipped.
+        self._durable(out, out)
         return out
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:  # noqa: N802
         ends = self._ends()
+        self._durable(ends, start or {})
         if self._available_now is not None:
             ends = {s: min(e, self._available_now.get(s, 0)) for s, e in ends.items()}
         if start is None:  # Spark before 4.2: no admission control

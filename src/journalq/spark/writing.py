@@ -283,30 +283,40 @@ class CommitLog:
     def __init__(self, target: Target, query_id: str) -> None:
         self.path = target.commits_dir / log_name(query_id)
         self.query_id = query_id
+        # What ``records`` last read: (since_batch, the offset it read up to, the records). The
+        # log is only appended to, so a later call reads only what came since: a task that
+        # appends to many shards (a writeId import's) reads the log once, not once a shard.
+        self._read: tuple[int, int, list[dict]] | None = None
 
     def records(self, since_batch: int) -> list[dict]:
         """The records of batches ``since_batch`` and later, read backward from the end until an
         older batch's commit (a replay concerns the newest batches only; a batch begins after the
         one before committed). An older batch's intent is passed over, not taken for the end: a
-        task attempt of that batch left running (a zombie) may write one after newer records."""
+        task attempt of that batch left running (a zombie) may write one after newer records.
+        Read again, only the records appended since are read, with the same rule."""
         if not (self.path / "jnl").is_dir():
             return []
-        out: list[dict] = []
         high = end_offset(self.path)
+        out: list[dict] | None = None
+        if self._read is not None and self._read[0] == since_batch and self._read[1] <= high:
+            out = self._read_on(since_batch, self._read[1], high, list(self._read[2]))
+        if out is None:
+            out = self._read_back(since_batch, high)
+        self._read = (since_batch, high, out)
+        return list(out)
+
+    def _read_back(self, since_batch: int, high: int) -> list[dict]:
+        out: list[dict] = []
         bases = segment_bases(self.path)
         first = bases[0] if bases else 0
         window = 256
         while high > first:
             low = max(first, high - window)
-            try:
-                with Scanner(self.path, low) as scanner:
-                    batch = []
-                    while scanner.offset < high and (chunk := scanner.read_batch(high - scanner.offset)):
-                        batch.extend(chunk)
-            except OffsetOutOfRangeError:
+            batch = _messages_at(self.path, low, high - low)
+            if batch is None:
                 break
             done = False
-            for index in range(min(len(batch), high - low) - 1, -1, -1):
+            for index in range(len(batch) - 1, -1, -1):
                 record = self._record(batch[index].value, low + index)
                 if record.get("b", -1) >= since_batch:
                     out.append(record)
@@ -317,6 +327,20 @@ class CommitLog:
                 break
             high, window = low, min(window * 4, 65536)
         out.reverse()
+        return out
+
+    def _read_on(self, since_batch: int, low: int, high: int, out: list[dict]) -> list[dict] | None:
+        """``out`` (the records read up to ``low``) with those from ``low`` to ``high``, as
+        ``_read_back`` would take them; None when they are gone (the log deleted meanwhile)."""
+        batch = _messages_at(self.path, low, high - low)
+        if batch is None or len(batch) < high - low:
+            return None
+        for index, message in enumerate(batch):
+            record = self._record(message.value, low + index)
+            if record.get("b", -1) >= since_batch:
+                out.append(record)
+            elif record.get("k") == "commit":
+                out.clear()  # read backward, reading would stop here
         return out
 
     def _record(self, value: bytes, offset: int) -> dict:
