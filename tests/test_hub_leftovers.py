@@ -5,7 +5,9 @@ bound on requests at once."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -231,5 +233,36 @@ def test_the_hub_server_bounds_the_requests_it_handles_at_once(tmp_path: Path) -
             for s in stalled:
                 s.close()
         wait_until("the places", lambda: httpx.get(f"http://127.0.0.1:{port}/hub/v1/status").status_code == 200, 10)
+    finally:
+        kill(hub)
+
+
+def test_sigint_sent_again_while_the_hub_stops_still_stops_it_gracefully(tmp_path: Path) -> None:
+    """Ctrl-C pressed twice while a push is under way was uvicorn's forced exit: the hub's
+    shutdown (its copies' writers synced and closed) skipped and the request cut off. Every stop
+    signal now asks for the same graceful stop, as with ``journalq serve``."""
+    port = free_port()
+    log = tmp_path / "hub.log"
+    with open(log, "ab") as out:
+        hub = subprocess.Popen(
+            [*JOURNALQ, "hub", "serve", "--root", str(tmp_path / "hub"), "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True,
+        )
+    try:
+        wait_until("the hub", lambda: hub_answers(f"http://127.0.0.1:{port}"), 20)
+        stalled = socket.create_connection(("127.0.0.1", port), timeout=20)
+        try:  # a push whose body comes slowly: the stop waits for it
+            stalled.sendall(b"POST /hub/v1/journals/c1/j?first=0&segment=0 HTTP/1.1\r\nHost: hub\r\n"
+                            b"Content-Length: 1000\r\n\r\nxx")
+            time.sleep(0.5)
+            os.killpg(hub.pid, signal.SIGINT)  # as a terminal does (the hub leads its group)
+            time.sleep(0.3)
+            os.killpg(hub.pid, signal.SIGINT)
+            time.sleep(0.3)
+            assert hub.poll() is None, log.read_text()  # still waiting for the push, not forced out
+        finally:
+            stalled.close()
+        assert hub.wait(20) == 0, log.read_text()
+        assert "Traceback" not in log.read_text(), log.read_text()
     finally:
         kill(hub)

@@ -96,6 +96,7 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, max_reques
 
     from journalq.server.config import address
     from journalq.server.hub import create_hub_app
+    from journalq.server.stopping import GracefulServer
 
     SyncPolicy.parse(sync)
     token = checked_token(token, "hub")
@@ -119,7 +120,7 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, max_reques
     )
     click.echo(f"journalq hub serving {root} on http://{address(host, config.port)} (sync={sync})", err=True)
     exit_cleanly_on_stop_signals()
-    server = uvicorn.Server(config)
+    server = GracefulServer(config)  # a stop signal sent again is no forced exit
     with contextlib.suppress(KeyboardInterrupt):  # SIGINT: a clean stop, as SIGTERM
         server.run(sockets=[sock])
     ignore_stop_signals()
