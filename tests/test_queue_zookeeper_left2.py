@@ -1,0 +1,65 @@
+"""The ZooKeeper store under contention and outages: by-id and by-receipt changes that lose many
+races in a row to other consumers still end as they must (done, or a clear error), never with a
+spurious failure or a success that changed nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from journalq.queue import Broker
+from test_queue_zookeeper import broker, url  # noqa: F401 (fixtures)
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
+
+RACES = 25  # more races lost in a row than any fixed number of tries would take
+
+
+def _changed_meanwhile(q, change, monkeypatch: pytest.MonkeyPatch, times: int = RACES) -> list[int]:
+    """Call ``change`` (another consumer's write of the entry: a new version) between each of
+    ``q``'s reads of its entries and its write of them, ``times`` times; returns a counter."""
+    from journalq.queue.zookeeper.store import ZooKeeperQueue
+
+    apply, done = ZooKeeperQueue._apply, [0]
+
+    def change_first(self, changes, **options):
+        if self is q and changes and done[0] < times:
+            done[0] += 1
+            change()
+        return apply(self, changes, **options)
+
+    monkeypatch.setattr(ZooKeeperQueue, "_apply", change_first)
+    return done
+
+
+@pytest.mark.parametrize("how", ["purge", "delete_id"])
+def test_a_by_id_finish_that_loses_many_races_to_a_heartbeating_consumer_still_finishes(
+    url: str, how: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        q, holder = a.queue("jobs"), b.queue("jobs")
+        task = q.send(b"x")
+        (m,) = holder.receive(visibility_timeout=60)
+        # the holder extends its visibility (a heartbeat) each time between q's read and write
+        done = _changed_meanwhile(q, lambda: holder.change_visibility(m.receipt, 60), monkeypatch)
+        if how == "purge":
+            q.purge()
+        else:
+            q.delete_id(task)
+        assert done[0] == RACES
+        assert q.task(task).state == "finished"
+        assert a.client.get_children(f"{a.path}/jobs/queue") == []
+
+
+def test_a_receipt_delete_that_loses_many_races_to_its_heartbeat_deletes_or_says_why(
+    url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        q, holder = a.queue("jobs"), b.queue("jobs")
+        task = q.send(b"x")
+        (m,) = holder.receive(visibility_timeout=60)
+        # the same delivery's receipt, used by two workers: one heartbeats, the other deletes
+        done = _changed_meanwhile(q, lambda: holder.change_visibility(m.receipt, 60), monkeypatch)
+        assert q.delete_many([m.receipt]) == [None]
+        assert q.task(task).state == "finished"  # (None said it was deleted: it must be)
+        assert done[0] == RACES
+        assert a.client.get_children(f"{a.path}/jobs/queue") == []
