@@ -63,3 +63,18 @@ def test_a_receipt_delete_that_loses_many_races_to_its_heartbeat_deletes_or_says
         assert q.task(task).state == "finished"  # (None said it was deleted: it must be)
         assert done[0] == RACES
         assert a.client.get_children(f"{a.path}/jobs/queue") == []
+
+
+def test_a_dead_letter_queue_deleted_by_another_process_is_made_again_by_the_move(url: str) -> None:  # noqa: F811
+    """As on files: the move sends to the dead-letter queue this broker had open, which another
+    process deleted; the move makes it again rather than failing the source queue's receive
+    with the dead-letter queue's QueueNotFoundError."""
+    with Broker(url, sync="none") as here, Broker(url, sync="none") as there:
+        q = here.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+        here.queue("jobs-dlq").send(b"earlier")
+        poison = q.send(b"poison")
+        q.receive(visibility_timeout=0)
+        there.delete("jobs-dlq")
+        assert q.receive() == []  # moved
+        assert q.task(poison).state == "dead"
+        assert [m.body for m in here.queue("jobs-dlq").receive(10)] == [b"poison"]

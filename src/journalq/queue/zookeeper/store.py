@@ -1530,7 +1530,7 @@ class ZooKeeperQueue:
         ``dedup_window``, as on files (later, it is sent twice, never lost)."""
         if not claimed:
             return
-        target = self.topic.broker.queue(self.settings.dead_letter_queue or "")
+        broker, target = self.topic.broker, self.settings.dead_letter_queue or ""
         letters = []
         for task, entry, count, body, meta in claimed:
             env = envelope.decode_meta(body, meta) or Envelope(body)
@@ -1539,7 +1539,12 @@ class ZooKeeperQueue:
                       "sent_at_ns": first_sent_ns(env.source, sent_at_ns(task))}
             letters.append(resend(env, filters=entry.filters or None, group_id=entry.group, source=source,
                                   dedup_id=f"dead-letter:{self.topic.name}/{task}"))
-        target.send_many(letters)
+        try:
+            broker.queue(target).send_many(letters)
+        except QueueNotFoundError:
+            # Deleted by another process since this broker opened it (its topic now knows): made
+            # again, as a missing one is, rather than failing this receive (as on files).
+            broker.queue(target).send_many(letters)
         self.topic.ensure_node(self.paths.dead_letters)  # (counted as each is marked dead: ``_apply``)
         self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None),
                   moving=True)
