@@ -78,3 +78,17 @@ def test_a_dead_letter_queue_deleted_by_another_process_is_made_again_by_the_mov
         assert q.receive() == []  # moved
         assert q.task(poison).state == "dead"
         assert [m.body for m in here.queue("jobs-dlq").receive(10)] == [b"poison"]
+
+
+def test_a_call_on_a_closed_broker_says_the_broker_was_closed(url: str) -> None:  # noqa: F811
+    """kazoo's error for a closed client is a kind of its session-expired error: the call said
+    that ZooKeeper had ended the session, sending an operator after the ensemble."""
+    from journalq.errors import StoreUnavailableError
+
+    b = Broker(url, sync="none")
+    q = b.queue("jobs")
+    b.close()
+    for call in (lambda: q.send(b"x"), lambda: q.receive(), lambda: b.names()):
+        with pytest.raises(StoreUnavailableError, match="the broker was closed") as raised:
+            call()
+        assert "ended the session" not in str(raised.value)

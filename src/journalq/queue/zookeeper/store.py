@@ -134,10 +134,10 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-_LOST = {
+_LOST = {  # the first that the error is an instance of says it
+    ConnectionClosedError: "is no longer connected (the broker was closed)",  # (kazoo's kind of SessionExpiredError)
     ConnectionLoss: "lost the connection",
     SessionExpiredError: "ended the session",
-    ConnectionClosedError: "is no longer connected (the broker was closed)",
     OperationTimeoutError: "timed out an operation",
 }
 
