@@ -92,3 +92,25 @@ def test_a_call_on_a_closed_broker_says_the_broker_was_closed(url: str) -> None:
         with pytest.raises(StoreUnavailableError, match="the broker was closed") as raised:
             call()
         assert "ended the session" not in str(raised.value)
+
+
+def test_a_settings_change_that_loses_many_races_to_other_processes_still_holds(
+    url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    from journalq.queue.zookeeper.store import ZooKeeperBroker
+
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        a.queue("jobs")
+        save, raced = ZooKeeperBroker._save, []
+
+        def other_saves_first(self, name, settings, *args, **kwargs):
+            if self is a and len(raced) < RACES:  # between each of a's reads of the settings and its write
+                raced.append(b.configure("jobs", delay=len(raced) % 2 + 1))
+            return save(self, name, settings, *args, **kwargs)
+
+        monkeypatch.setattr(ZooKeeperBroker, "_save", other_saves_first)
+        assert a.configure("jobs", visibility_timeout=5).visibility_timeout == 5
+        assert len(raced) == RACES
+    with Broker(url, sync="none") as c:
+        settings = c.queue("jobs").settings
+        assert (settings.visibility_timeout, settings.delay) == (5, (RACES - 1) % 2 + 1)  # (the last of the other's)

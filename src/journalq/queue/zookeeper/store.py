@@ -471,8 +471,12 @@ class ZooKeeperBroker(Closing):
     ) -> tuple[QueueSettings, Any]:
         """Apply ``changes`` to the settings ``loaded`` (with their node's stat), at the version
         read: when another process changed them meanwhile (other settings, say), read them again
-        and apply the changes to those, so that neither change is lost. Returns them as stored."""
-        for _ in range(10):
+        and apply the changes to those, as often as that happens, so that neither change is lost.
+        Returns them as stored."""
+        lost = 0
+        while True:
+            _after_lost_races(lost)
+            lost += 1
             updated = self._check(name, loaded[0].replace(**changes))
             if updated == loaded[0]:
                 return loaded
@@ -484,7 +488,6 @@ class ZooKeeperBroker(Closing):
             if again is None:
                 raise QueueNotFoundError(f"no queue {name!r} in {self.root}")
             loaded = again
-        raise QueueError(f"the settings of queue {name!r} in {self.root} kept changing under this change")
 
     def _save(self, name: str, settings: QueueSettings, version: int) -> None:
         """Write the settings if their node is still at ``version`` (else ``BadVersionError``)."""
