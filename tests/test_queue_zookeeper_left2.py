@@ -114,3 +114,20 @@ def test_a_settings_change_that_loses_many_races_to_other_processes_still_holds(
     with Broker(url, sync="none") as c:
         settings = c.queue("jobs").settings
         assert (settings.visibility_timeout, settings.delay) == (5, (RACES - 1) % 2 + 1)  # (the last of the other's)
+
+
+def test_a_dead_letter_move_that_fails_withholds_none_of_the_messages_received_with_it(broker) -> None:  # noqa: F811
+    """As on files, where a receive records its deliveries after the move: a move that fails
+    (here the dead letter, with its source and id, is over the store's metadata limit) fails
+    the receive, and the messages that it would have delivered stay available, not hidden for
+    their visibility timeout with nobody holding them."""
+    from journalq.errors import InvalidMessageError
+
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq", visibility_timeout=60)
+    poison = q.send(b"poison", metadata="m" * 999_900)  # under the limit here, over it with a source
+    good = q.send(b"good")
+    (m,) = q.receive(visibility_timeout=0)
+    assert m.id == poison
+    with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):
+        q.receive(10)
+    assert [m.id for m in q.receive(10)] == [good]

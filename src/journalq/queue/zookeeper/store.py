@@ -1396,10 +1396,10 @@ class ZooKeeperQueue:
                 blocked.add(group)
             if len(picks) >= max_messages:
                 break
-        won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
-        if dead:
+        if dead:  # moved first (as on files): a move that fails then holds back none of the picks
             self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False,
                                         moving=True))
+        won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
         received = []
         for task, entry, count, body, meta in won:
             env = envelope.decode_meta(body, meta) or Envelope(body)
