@@ -116,18 +116,54 @@ def test_a_settings_change_that_loses_many_races_to_other_processes_still_holds(
         assert (settings.visibility_timeout, settings.delay) == (5, (RACES - 1) % 2 + 1)  # (the last of the other's)
 
 
-def test_a_dead_letter_move_that_fails_withholds_none_of_the_messages_received_with_it(broker) -> None:  # noqa: F811
+def test_a_dead_letter_move_that_fails_withholds_none_of_the_messages_received_with_it(
+    broker, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
     """As on files, where a receive records its deliveries after the move: a move that fails
-    (here the dead letter, with its source and id, is over the store's metadata limit) fails
-    the receive, and the messages that it would have delivered stay available, not hidden for
-    their visibility timeout with nobody holding them."""
-    from journalq.errors import InvalidMessageError
+    (here the dead-letter queue's ensemble stops answering) fails the receive, and the messages
+    that it would have delivered stay available, not hidden for their visibility timeout with
+    nobody holding them."""
+    from journalq.errors import StoreUnavailableError
+    from journalq.queue.zookeeper.store import ZooKeeperTopic
 
     q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq", visibility_timeout=60)
-    poison = q.send(b"poison", metadata="m" * 999_900)  # under the limit here, over it with a source
+    poison = q.send(b"poison")
     good = q.send(b"good")
     (m,) = q.receive(visibility_timeout=0)
     assert m.id == poison
-    with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's"):
+    send_many = ZooKeeperTopic.send_many
+
+    def unavailable_for_the_dead_letters(self, items):
+        if self.name == "jobs-dlq":
+            raise StoreUnavailableError("ZooKeeper did not answer (as in an outage)")
+        return send_many(self, items)
+
+    monkeypatch.setattr(ZooKeeperTopic, "send_many", unavailable_for_the_dead_letters)
+    with pytest.raises(StoreUnavailableError):
         q.receive(10)
     assert [m.id for m in q.receive(10)] == [good]
+
+
+def test_a_message_with_metadata_near_the_limit_can_be_dead_lettered(broker) -> None:  # noqa: F811
+    """The store took the message; its dead letter adds its source and a deduplication id to its
+    metadata, which went over the limit: the move failed every time the message was met (each
+    receive that met it then failed with InvalidMessageError, naming no message of the caller's),
+    and the message never left the queue."""
+    from journalq.errors import InvalidMessageError
+
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")
+    big = "m" * 999_900  # just under the limit
+    poison = q.send(b"poison", metadata=big)
+    (m,) = q.receive(visibility_timeout=0)
+    assert m.id == poison
+    assert q.receive(10) == []  # moved
+    assert q.task(poison).state == "dead"
+    dlq = broker.queue("jobs-dlq")
+    (letter,) = dlq.receive(visibility_timeout=0)
+    assert (letter.body, letter.metadata, letter.source["id"]) == (b"poison", big, poison)
+    dlq.set_metadata(letter.id, big)  # (its source and id count no more here)
+    assert dlq.redrive() == 1  # and back, with a deduplication id of the redrive's
+    (back,) = q.receive()
+    assert (back.body, back.metadata) == (b"poison", big)
+    with pytest.raises(InvalidMessageError, match="over the ZooKeeper store's 1000000"):
+        q.send(b"x", metadata=big + "m" * 100, dedup_id="d")  # the message's own still count

@@ -134,6 +134,16 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _own_metadata_size(env: Envelope, meta: bytes) -> int:
+    """Bytes of ``meta`` (``env``'s metadata node) that count against ``MAX_BODY``: all but its
+    deduplication id and source, which a move (a dead letter, a redrive) adds or replaces, so
+    that every message the store took can be moved (each transaction's packet is checked all
+    the same)."""
+    if env.dedup_id is None and env.source is None:
+        return len(meta)
+    return len(envelope.encode_meta(dataclasses.replace(env, dedup_id=None, source=None), filters=False))
+
+
 _LOST = {  # the first that the error is an instance of says it
     ConnectionClosedError: "is no longer connected (the broker was closed)",  # (kazoo's kind of SessionExpiredError)
     ConnectionLoss: "lost the connection",
@@ -761,9 +771,10 @@ class ZooKeeperTopic:
         # drop the connection: a refusal that would look like an outage, and be retried forever).
         metas = [envelope.encode_meta(env, filters=False) for env in envelopes]
         for env, meta in zip(envelopes, metas):
-            if len(meta) > MAX_BODY:
+            size = _own_metadata_size(env, meta)
+            if size > MAX_BODY:
                 raise InvalidMessageError(
-                    f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}"
+                    f"a message's metadata of {size} bytes is over the ZooKeeper store's {MAX_BODY}"
                 )
             # The metadata step writes the metadata and a node per filter in one transaction, and
             # the queue entry holds the filters and group: each is one packet (measured with an
@@ -1817,9 +1828,10 @@ class ZooKeeperQueue:
                     meta = {}
                 meta["m"] = metadata
                 data = json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-                if len(data) > MAX_BODY:
+                size = _own_metadata_size(envelope.decode_meta(b"", data) or Envelope(b""), data)
+                if size > MAX_BODY:
                     raise InvalidMessageError(
-                        f"task metadata of {len(data)} bytes is over the ZooKeeper store's {MAX_BODY}"
+                        f"task metadata of {size} bytes is over the ZooKeeper store's {MAX_BODY}"
                     )
                 try:
                     zk.set(path, data, stat.version)
