@@ -1,6 +1,8 @@
-"""The ZooKeeper store under contention and outages: by-id and by-receipt changes that lose many
-races in a row to other consumers still end as they must (done, or a clear error), never with a
-spurious failure or a success that changed nothing."""
+"""The ZooKeeper store under contention and outages, and where it must do as the file store does:
+by-id, by-receipt and settings changes that lose many races in a row to other processes still
+end as they must (done, or a clear error), never with a spurious failure or a success that changed
+nothing; dead-letter moves that meet a deleted dead-letter queue, a failure, or metadata near the
+limit; and the error of a call on a closed broker."""
 
 from __future__ import annotations
 
