@@ -35,6 +35,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import secrets
 import socket
 import threading
@@ -133,10 +134,20 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-_LOST = {
+def _own_metadata_size(env: Envelope, meta: bytes) -> int:
+    """Bytes of ``meta`` (``env``'s metadata node) that count against ``MAX_BODY``: all but its
+    deduplication id and source, which a move (a dead letter, a redrive) adds or replaces, so
+    that every message the store took can be moved (each transaction's packet is checked all
+    the same)."""
+    if env.dedup_id is None and env.source is None:
+        return len(meta)
+    return len(envelope.encode_meta(dataclasses.replace(env, dedup_id=None, source=None), filters=False))
+
+
+_LOST = {  # the first that the error is an instance of says it
+    ConnectionClosedError: "is no longer connected (the broker was closed)",  # (kazoo's kind of SessionExpiredError)
     ConnectionLoss: "lost the connection",
     SessionExpiredError: "ended the session",
-    ConnectionClosedError: "is no longer connected (the broker was closed)",
     OperationTimeoutError: "timed out an operation",
 }
 
@@ -238,6 +249,15 @@ def _weight(t: Any) -> int:
 def _participant() -> str:
     """A name for a broker or a consumer that no other process takes: host, process, random."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _after_lost_races(lost: int) -> None:
+    """Pause before trying again a change that lost ``lost`` races in a row to other writers of
+    its nodes (each a version check that failed: the other made progress, so trying again is
+    always right): not at first, then up to 2**lost ms at random, at most 0.1 s, so that writers
+    in lockstep (a consumer's heartbeat and a purge, say) fall out of it."""
+    if lost >= 2:
+        time.sleep(random.uniform(0, min(0.1, 0.001 * 2**lost)))
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
@@ -461,8 +481,12 @@ class ZooKeeperBroker(Closing):
     ) -> tuple[QueueSettings, Any]:
         """Apply ``changes`` to the settings ``loaded`` (with their node's stat), at the version
         read: when another process changed them meanwhile (other settings, say), read them again
-        and apply the changes to those, so that neither change is lost. Returns them as stored."""
-        for _ in range(10):
+        and apply the changes to those, as often as that happens, so that neither change is lost.
+        Returns them as stored."""
+        lost = 0
+        while True:
+            _after_lost_races(lost)
+            lost += 1
             updated = self._check(name, loaded[0].replace(**changes))
             if updated == loaded[0]:
                 return loaded
@@ -474,7 +498,6 @@ class ZooKeeperBroker(Closing):
             if again is None:
                 raise QueueNotFoundError(f"no queue {name!r} in {self.root}")
             loaded = again
-        raise QueueError(f"the settings of queue {name!r} in {self.root} kept changing under this change")
 
     def _save(self, name: str, settings: QueueSettings, version: int) -> None:
         """Write the settings if their node is still at ``version`` (else ``BadVersionError``)."""
@@ -748,9 +771,10 @@ class ZooKeeperTopic:
         # drop the connection: a refusal that would look like an outage, and be retried forever).
         metas = [envelope.encode_meta(env, filters=False) for env in envelopes]
         for env, meta in zip(envelopes, metas):
-            if len(meta) > MAX_BODY:
+            size = _own_metadata_size(env, meta)
+            if size > MAX_BODY:
                 raise InvalidMessageError(
-                    f"a message's metadata of {len(meta)} bytes is over the ZooKeeper store's {MAX_BODY}"
+                    f"a message's metadata of {size} bytes is over the ZooKeeper store's {MAX_BODY}"
                 )
             # The metadata step writes the metadata and a node per filter in one transaction, and
             # the queue entry holds the filters and group: each is one packet (measured with an
@@ -1383,10 +1407,10 @@ class ZooKeeperQueue:
                 blocked.add(group)
             if len(picks) >= max_messages:
                 break
-        won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
-        if dead:
+        if dead:  # moved first (as on files): a move that fails then holds back none of the picks
             self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False,
                                         moving=True))
+        won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
         received = []
         for task, entry, count, body, meta in won:
             env = envelope.decode_meta(body, meta) or Envelope(body)
@@ -1520,7 +1544,7 @@ class ZooKeeperQueue:
         ``dedup_window``, as on files (later, it is sent twice, never lost)."""
         if not claimed:
             return
-        target = self.topic.broker.queue(self.settings.dead_letter_queue or "")
+        broker, target = self.topic.broker, self.settings.dead_letter_queue or ""
         letters = []
         for task, entry, count, body, meta in claimed:
             env = envelope.decode_meta(body, meta) or Envelope(body)
@@ -1529,7 +1553,12 @@ class ZooKeeperQueue:
                       "sent_at_ns": first_sent_ns(env.source, sent_at_ns(task))}
             letters.append(resend(env, filters=entry.filters or None, group_id=entry.group, source=source,
                                   dedup_id=f"dead-letter:{self.topic.name}/{task}"))
-        target.send_many(letters)
+        try:
+            broker.queue(target).send_many(letters)
+        except QueueNotFoundError:
+            # Deleted by another process since this broker opened it (its topic now knows): made
+            # again, as a missing one is, rather than failing this receive (as on files).
+            broker.queue(target).send_many(letters)
         self.topic.ensure_node(self.paths.dead_letters)  # (counted as each is marked dead: ``_apply``)
         self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None),
                   moving=True)
@@ -1581,7 +1610,9 @@ class ZooKeeperQueue:
                 continue
             seen.add(task)
             todo[i] = (task, count)
-        for attempt in range(10):  # again for those whose entry changed between read and write
+        attempt = 0
+        while todo:  # again for those whose entry changed between read and write, until each is settled
+            _after_lost_races(attempt)
             reads = {}
             for i, (task, count) in todo.items():
                 known = self._known.get(task) if attempt == 0 else None
@@ -1633,8 +1664,7 @@ class ZooKeeperQueue:
                 else:
                     raise failed
             todo = retry
-            if not todo:
-                break
+            attempt += 1
         return outcomes
 
     def _apply(
@@ -1709,10 +1739,14 @@ class ZooKeeperQueue:
 
     def finish_ids(self, tasks: list[str], end: str) -> list[str]:
         """End pending tasks whatever their state; returns those that were pending. An entry
-        that changed between its read and its write (a consumer claimed or released the task
-        meanwhile) is read again: by id, a task ends whoever holds it."""
+        that changed between its read and its write (a consumer claimed, released or extended
+        the task meanwhile) is read again, as often as that happens: by id, a task ends whoever
+        holds it, and only its end by another (its entry gone) ends the tries."""
         done: list[str] = []
-        for _ in range(10):
+        lost = 0
+        while tasks:
+            _after_lost_races(lost)
+            lost += 1
             entries = list(self._entries(tasks))
             changes = [(task, entry, version, end, None) for task, entry, version in entries]
             tasks = []
@@ -1723,12 +1757,7 @@ class ZooKeeperQueue:
                     done.append(task)
                 elif isinstance(failed, BadVersionError):
                     tasks.append(task)
-            if not tasks:
-                return done
-        raise QueueError(
-            f"{len(tasks)} task(s) of {self.topic.name!r} changed every time they were to be {end} "
-            f"(others claim them now); {len(done)} were"
-        )
+        return done
 
     def delete_id(self, id: str) -> None:
         """Finish task ``id`` whatever its state: delivered or not (mq deletes by id)."""
@@ -1799,9 +1828,10 @@ class ZooKeeperQueue:
                     meta = {}
                 meta["m"] = metadata
                 data = json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-                if len(data) > MAX_BODY:
+                size = _own_metadata_size(envelope.decode_meta(b"", data) or Envelope(b""), data)
+                if size > MAX_BODY:
                     raise InvalidMessageError(
-                        f"task metadata of {len(data)} bytes is over the ZooKeeper store's {MAX_BODY}"
+                        f"task metadata of {size} bytes is over the ZooKeeper store's {MAX_BODY}"
                     )
                 try:
                     zk.set(path, data, stat.version)
