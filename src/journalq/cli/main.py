@@ -211,6 +211,23 @@ def _journals_at(path: Path) -> list[tuple[str | None, Path]]:
     return journals_at(path)
 
 
+def _unfinished_shard(name: str | None, path: Path) -> bool:
+    """A shard directory of a root without its jnl/ yet: what a writer killed while it made the
+    shard leaves. It holds no message (the scanners read it as empty); a writer finishes it."""
+    return name is not None and not journal_dir(path).is_dir()
+
+
+def _describe(name: str | None, path: Path) -> JournalInfo:
+    if _unfinished_shard(name, path):
+        return JournalInfo(path=path, segments=[], first_offset=0, end_offset=0, size_bytes=0, messages=0)
+    return describe(path)
+
+
+def _check(name: str | None, path: Path, repair: bool) -> CheckReport:
+    # Nothing to check in an unfinished shard, nor to repair: check makes no journal.
+    return CheckReport(path) if _unfinished_shard(name, path) else check(path, repair=repair)
+
+
 def _one_journal(path: Path, what: str) -> Path:
     """DIR as one journal; a root of shards is refused, naming ``what`` cannot span shards."""
     journals = _journals_at(path)
@@ -664,7 +681,7 @@ def info(directory: Path, fmt: str) -> None:
     zero time or when there is no message. For a root, every object starts with dir, the shard.
     """
     for name, path in _journals_at(directory):
-        journal = describe(path)
+        journal = _describe(name, path)
         if _tabular(fmt):
             if name is not None:
                 click.echo(f"[{name}]")
@@ -764,7 +781,7 @@ def check_command(ctx: click.Context, directory: Path, repair: bool, fmt: str) -
     tabular = _tabular(fmt)
     ok = True
     for name, path in _journals_at(directory):
-        report = check(path, repair=repair)
+        report = _check(name, path, repair)
         ok = ok and report.ok
         for line in _report_lines(report, name, tabular):
             click.echo(line)

@@ -1,0 +1,54 @@
+"""Bugs of the ``journalq`` command found by a second audit of the command line: each test here
+failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from journalq.cli.main import cli
+
+
+def run(*args: object, input: bytes | str | None = None) -> Result:
+    """The command in-process; an unexpected exception fails the test with its traceback."""
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input, catch_exceptions=False)
+
+
+def _root_with_an_unfinished_shard(sej_vectors: Path, tmp_path: Path) -> Path:
+    """The vectors' root of four shards, with events.2.003 as a writer killed while making it
+    leaves it: the shard's directory, no jnl/ in it yet."""
+    root = tmp_path / "root"
+    shutil.copytree(sej_vectors / "sharded", root)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)  # the vectors are read-only
+    shutil.rmtree(root / "events.2.003")
+    (root / "events.2.003").mkdir()
+    return root
+
+
+def test_info_and_check_of_a_root_take_a_shard_without_jnl_as_empty(sej_vectors: Path, tmp_path: Path) -> None:
+    """scan reads such a shard as empty; info and check failed on it ("not a journal
+    directory"), after printing the shards before it, and check --repair did not get past it."""
+    root = _root_with_an_unfinished_shard(sej_vectors, tmp_path)
+    scanned = run("scan", root, "--count")
+    assert scanned.exit_code == 0 and scanned.stdout == "782\n"
+
+    result = run("info", root, "--format", "jsonl")
+    assert result.exit_code == 0, result.output
+    summaries = [obj for obj in map(json.loads, result.stdout.splitlines()) if "journal" in obj]
+    assert [s["dir"] for s in summaries] == ["events.2.000", "events.2.001", "events.2.002", "events.2.003"]
+    assert summaries[-1] | {"journal": None} == {
+        "dir": "events.2.003", "journal": None, "segments": 0, "size_bytes": 0, "first_offset": 0,
+        "end_offset": 0, "messages": 0, "first_timestamp_ns": None, "last_timestamp_ns": None,
+    }
+    table = run("info", root, "--format", "table")
+    assert table.exit_code == 0 and "[events.2.003]" in table.stdout
+
+    for repair in ([], ["--repair"]):
+        checked = run("check", root, "--format", "table", *repair)
+        assert "not a journal directory" not in checked.output
+        assert f"{root / 'events.2.003'}: ok; 0 segments, 0 messages checked" in checked.stdout
+    assert not (root / "events.2.003" / "jnl").exists()  # check makes no journal
