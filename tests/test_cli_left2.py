@@ -52,3 +52,19 @@ def test_info_and_check_of_a_root_take_a_shard_without_jnl_as_empty(sej_vectors:
         assert "not a journal directory" not in checked.output
         assert f"{root / 'events.2.003'}: ok; 0 segments, 0 messages checked" in checked.stdout
     assert not (root / "events.2.003" / "jnl").exists()  # check makes no journal
+
+
+def test_scan_timeout_must_be_a_finite_number_of_seconds(tmp_path: Path) -> None:
+    """--timeout inf ended scan in a traceback (OverflowError) once it waited, and nan was taken
+    as an option value and refused later by the scanner (status 1); both are usage errors."""
+    journal = tmp_path / "j"
+    assert run("write", journal, input="a\n").exit_code == 0
+    for shown in (journal, tmp_path):  # a journal, and a root of one shard
+        if shown == tmp_path:
+            journal.rename(tmp_path / "e.1.000")
+        for value in ("inf", "nan", "-inf", "-1"):
+            result = run("scan", shown, "--timeout", value, "--count")
+            assert result.exit_code == 2, (value, result.output)
+            assert result.output.startswith("journalq: error: Invalid value for '--timeout'")
+            assert len(result.output.splitlines()) == 1
+        assert run("scan", shown, "--timeout", "0.2", "--count").stdout == "1\n"

@@ -19,6 +19,7 @@ import errno
 import io
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -51,7 +52,7 @@ from journalq.shard import ShardedScanner
 from journalq.shard.layout import journals_at
 from journalq.shard.naming import list_shards
 
-__all__ = ["cli", "main", "message_json", "parse_time"]
+__all__ = ["SECONDS", "cli", "main", "message_json", "parse_time"]
 
 _LINES_PER_BATCH = 4096
 _BYTES_PER_BATCH = 4 << 20
@@ -185,6 +186,31 @@ class _TimeType(click.ParamType):
 
 
 TIME = _TimeType()
+
+
+class _SecondsType(click.ParamType):
+    """A number of seconds: a finite float, at least ``minimum`` when one is given (the queue's
+    ranges are the queue layer's to check). NaN would pass every range check, and be stored as a
+    setting that no receive accepts; infinity overflows a wait."""
+
+    name = "SECONDS"
+
+    def __init__(self, minimum: float | None = None) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        if self.minimum is not None and seconds < self.minimum:
+            self.fail(f"{value!r} is not a number of seconds from {self.minimum:g} on", param, ctx)
+        return seconds
+
+
+SECONDS = _SecondsType()
 _FORMAT_AUTO = click.Choice(["auto", "table", "jsonl"])
 
 
@@ -566,8 +592,8 @@ def _named_batches(
 @click.option("--type", "type_", type=click.IntRange(0, 255), help="Only messages of this type.")
 @click.option("--count", is_flag=True, help="Print only the number of matching messages.")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (in every shard of a root).")
-@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Follow, and stop after SECONDS with no new message.")
+@click.option("--timeout", type=_SecondsType(minimum=0), metavar="SECONDS",
+              help="Follow, and stop after SECONDS with no new message (--follow: never stop).")
 @click.option("--format", "fmt", type=click.Choice(list(_RENDERERS)), default="jsonl", show_default=True,
               help="jsonl: offset, timestamp_ns, type, key_b64, value_b64 (and first dir, for a "
               "root); text: the value as UTF-8, one per line; raw: the value bytes back to back.")

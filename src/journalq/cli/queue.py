@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ import click
 from journalq.cli.data import DATA
 from journalq.cli.main import (
     _FORMAT_AUTO,
+    SECONDS,
     CommandError,
     Interrupted,
     _error_message,
@@ -175,23 +175,6 @@ def _json_option(text: str | None, option: str) -> Any:
         raise CommandError(f"{option} is not valid JSON: {exc}") from None
 
 
-class _SecondsType(click.ParamType):
-    """A number of seconds: a finite float (ranges are the queue layer's to check). NaN would
-    pass every range check, and be stored as a setting that no receive accepts."""
-
-    name = "SECONDS"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not math.isfinite(seconds):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
-        return seconds
-
-
-SECONDS = _SecondsType()
 
 
 def _retention(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None | str:
