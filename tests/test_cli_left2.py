@@ -68,3 +68,23 @@ def test_scan_timeout_must_be_a_finite_number_of_seconds(tmp_path: Path) -> None
             assert result.output.startswith("journalq: error: Invalid value for '--timeout'")
             assert len(result.output.splitlines()) == 1
         assert run("scan", shown, "--timeout", "0.2", "--count").stdout == "1\n"
+
+
+def queue(data: Path, *args: object, input: str | None = None) -> Result:
+    return run("queue", *args, "--data", data, "--sync", "none", input=input)
+
+
+def test_send_with_a_key_to_a_missing_queue_creates_nothing(tmp_path: Path) -> None:
+    """send --key to a queue that does not exist made the queue (unsharded, as send makes it),
+    then refused the key: the refused send left a queue behind."""
+    data = tmp_path / "data"
+    result = queue(data, "send", "jobs", "hello", "--key", "k")
+    assert result.exit_code == 1
+    assert result.output == "journalq: error: --key picks a shard: queue 'jobs' is not sharded\n"
+    listed = queue(data, "list", "--format", "jsonl")
+    assert listed.exit_code == 0 and listed.stdout == ""
+    # A sharded queue takes the key, an unsharded one refuses it as before.
+    assert queue(data, "create", "orders", "--shards", "2").exit_code == 0
+    assert queue(data, "send", "orders", "hello", "--key", "k").exit_code == 0
+    assert queue(data, "create", "plain").exit_code == 0
+    assert queue(data, "send", "plain", "hello", "--key", "k").exit_code == 1

@@ -342,15 +342,17 @@ def send(
         "metadata": _json_option(metadata, "--metadata"),
     }
     with _broker(data, sync, create=not no_create) as broker:
-        if not broker.exists(name):
-            if no_create:
-                raise QueueNotFoundError(f"no queue {name!r} in {broker.root} (and --no-create)")
-            broker.queue(name)
-        topic = broker.topic(name, create=False)
+        exists = broker.exists(name)
+        if not exists and no_create:
+            raise QueueNotFoundError(f"no queue {name!r} in {broker.root} (and --no-create)")
         if key is not None:
-            if topic.settings.shards == 1:
+            # Checked before a missing queue is made (unsharded), so that a refused send makes none.
+            if not exists or broker.topic(name, create=False).settings.shards == 1:
                 raise CommandError(f"--key picks a shard: queue {name!r} is not sharded")
             options["key"] = key
+        if not exists:
+            broker.queue(name)
+        topic = broker.topic(name, create=False)
         if body is not None or body_file is not None:
             whole = os.fsencode(body) if body is not None else body_file.read()  # type: ignore[union-attr]
             ids = topic.send_many([{"body": whole, **options}])
