@@ -88,3 +88,17 @@ def test_send_with_a_key_to_a_missing_queue_creates_nothing(tmp_path: Path) -> N
     assert queue(data, "send", "orders", "hello", "--key", "k").exit_code == 0
     assert queue(data, "create", "plain").exit_code == 0
     assert queue(data, "send", "plain", "hello", "--key", "k").exit_code == 1
+
+
+def test_a_file_as_the_data_directory_of_a_command_that_makes_nothing(tmp_path: Path) -> None:
+    """send and create said "not a directory (FILE)"; the other subcommands said "no data
+    directory FILE (give --data DIR ...)", as if nothing were there."""
+    file = tmp_path / "notes.txt"
+    file.write_text("kept\n")
+    for args in (("list",), ("stats",), ("receive", "jobs"), ("purge", "jobs"), ("gc",)):
+        result = queue(file, *args)
+        assert result.exit_code == 1
+        assert result.output == f"journalq: error: not a directory ({file})\n", args
+    assert file.read_text() == "kept\n"
+    missing = queue(tmp_path / "none", "list")
+    assert missing.output.startswith(f"journalq: error: no data directory {tmp_path / 'none'} (give --data DIR")

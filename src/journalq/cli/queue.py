@@ -77,6 +77,8 @@ def _broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def _broker(data: Path | str, sync: str, *, create: bool = False) -> Iterator[Broker]:
     """The broker of ``data``; the directory is made only when ``create``."""
     if not create and isinstance(data, Path) and not data.is_dir():
+        if data.exists():
+            raise CommandError(f"not a directory ({data})")  # as the commands that make one say it
         raise CommandError(f"no data directory {data} (give --data DIR or set JOURNALQ_DATA)")
     with Broker(data, sync=sync) as broker:
         yield broker
