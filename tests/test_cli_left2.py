@@ -102,3 +102,20 @@ def test_a_file_as_the_data_directory_of_a_command_that_makes_nothing(tmp_path: 
     assert file.read_text() == "kept\n"
     missing = queue(tmp_path / "none", "list")
     assert missing.output.startswith(f"journalq: error: no data directory {tmp_path / 'none'} (give --data DIR")
+
+
+def test_follow_of_a_root_of_several_sharded_journals_says_what_to_do(tmp_path: Path) -> None:
+    """scan without --follow reads every shard of such a root (a data directory with two
+    sharded queues, say); with --follow it failed with the library's "give a prefix to read one
+    of them", which the command line has no way to give."""
+    root = tmp_path / "root"
+    for shard in ("orders.1.000", "orders.1.001", "events.1.000"):
+        assert run("write", root / shard, input=f"{shard}\n").exit_code == 0
+    assert run("scan", root, "--count").stdout == "3\n"
+    result = run("scan", root, "--timeout", "0.1")
+    assert result.exit_code == 1
+    assert result.output == (
+        f"journalq: error: {root} holds the shards of more than one sharded journal "
+        "(events.1.* (1 shard), orders.1.* (2 shards)): --follow follows one; "
+        "follow one shard directory, or scan the root without --follow\n"
+    )

@@ -49,7 +49,7 @@ from journalq.journal.segment import journal_dir
 from journalq.journal.sync import POLICY_FORMS
 from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
 from journalq.shard import ShardedScanner
-from journalq.shard.layout import journals_at
+from journalq.shard.layout import describe_groups, journals_at, shard_groups
 from journalq.shard.naming import list_shards
 
 __all__ = ["SECONDS", "cli", "main", "message_json", "parse_time"]
@@ -611,6 +611,12 @@ def scan(
     if journals[0][0] is not None and start is not None:
         raise click.UsageError(
             "--from names an offset of one journal, and offsets count per shard: give one shard directory"
+        )
+    if journals[0][0] is not None and follow and len(groups := shard_groups(list_shards(directory))) > 1:
+        # A ShardedScanner follows one sharded journal, and would ask for a prefix, which scan has no way to give.
+        raise CommandError(
+            f"{directory} holds the shards of more than one sharded journal ({describe_groups(groups)}): "
+            "--follow follows one; follow one shard directory, or scan the root without --follow"
         )
     keep = _message_filter(since, until, type_)
     render = _RENDERERS[fmt]
