@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from journalq.cli.main import cli
@@ -119,3 +120,23 @@ def test_follow_of_a_root_of_several_sharded_journals_says_what_to_do(tmp_path: 
         "(events.1.* (1 shard), orders.1.* (2 shards)): --follow follows one; "
         "follow one shard directory, or scan the root without --follow\n"
     )
+
+
+def test_pipeline_import_refuses_a_bad_sync_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--sync was first read by the topic's writers on Spark's executors: a typo cost a Spark
+    start (half a minute here) before its one-line error."""
+    import journalq.cli.pipeline as pipeline
+
+    def no_spark(*args: object) -> None:
+        raise AssertionError("Spark started")
+
+    monkeypatch.setattr(pipeline, "_session", no_spark)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"a": 1}\n')
+    result = run("pipeline", "import", "--format", "jsonl", "--journal", tmp_path / "j", "--sync", "bogus", source)
+    assert result.exit_code == 1
+    assert result.output.startswith("journalq: error: unknown sync policy 'bogus': use none, always, or group")
+    assert len(result.output.splitlines()) == 1
+    assert not (tmp_path / "j").exists()
