@@ -140,3 +140,23 @@ def test_pipeline_import_refuses_a_bad_sync_before_spark_starts(
     assert result.output.startswith("journalq: error: unknown sync policy 'bogus': use none, always, or group")
     assert len(result.output.splitlines()) == 1
     assert not (tmp_path / "j").exists()
+
+
+def test_pipeline_archive_refuses_a_bad_reader_name_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--name was first checked when the archive took its reader offset, once Spark had started."""
+    import journalq.cli.pipeline as pipeline
+
+    def no_spark(*args: object) -> None:
+        raise AssertionError("Spark started")
+
+    monkeypatch.setattr(pipeline, "_session", no_spark)
+    journal = tmp_path / "j"
+    assert run("write", journal, input="a\n").exit_code == 0
+    result = run("pipeline", "archive", "--journal", journal, "--output", tmp_path / "out", "--name", "../x")
+    assert result.exit_code == 1
+    assert result.output == (
+        "journalq: error: reader name '../x' must be letters, digits, '.', '_' or '-', not starting with '.'\n"
+    )
+    assert not (journal / "ofs").exists()

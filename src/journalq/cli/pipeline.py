@@ -17,6 +17,7 @@ import click
 
 from journalq.cli.data import DirectoryPath
 from journalq.cli.main import CommandError
+from journalq.journal.offsets import offset_path
 from journalq.journal.sync import POLICY_FORMS, SyncPolicy
 
 
@@ -128,9 +129,13 @@ def archive(data: Path | None, topic: str | None, journal: Path | None, output: 
     """
     from journalq.spark.pipelines import archive as run_archive, check_source
 
+    def check() -> None:
+        check_source(_str(journal), _str(data), topic)
+        offset_path(".", name)  # checks the reader's name, else first taken once Spark has started
+
     result = _run(spark_settings, "archive", lambda spark: run_archive(
         spark, str(output), journal=_str(journal), data=_str(data), topic=topic, name=name,
-        fail_on_data_loss=not skip_lost), lambda: check_source(_str(journal), _str(data), topic))
+        fail_on_data_loss=not skip_lost), check)
     click.echo(result.to_json())
 
 
