@@ -160,3 +160,16 @@ def test_pipeline_archive_refuses_a_bad_reader_name_before_spark_starts(
         "journalq: error: reader name '../x' must be letters, digits, '.', '_' or '-', not starting with '.'\n"
     )
     assert not (journal / "ofs").exists()
+
+
+def test_a_shard_whose_jnl_is_a_file_is_no_unfinished_shard(tmp_path: Path) -> None:
+    """Only a missing jnl/ is a shard being made: a file in its place is damage, named."""
+    root = tmp_path / "root"
+    assert run("write", root / "e.1.000", input="a\n").exit_code == 0
+    (root / "e.1.001").mkdir()
+    (root / "e.1.001" / "jnl").write_bytes(b"")
+    for command in ("scan", "info", "check"):
+        result = run(command, root)
+        assert result.exit_code == 1, command
+        error = result.output.splitlines()[-1]
+        assert error.startswith("journalq: error: not a ") and str(root / "e.1.001") in error, command

@@ -240,7 +240,7 @@ def _journals_at(path: Path) -> list[tuple[str | None, Path]]:
 def _unfinished_shard(name: str | None, path: Path) -> bool:
     """A shard directory of a root without its jnl/ yet: what a writer killed while it made the
     shard leaves. It holds no message (the scanners read it as empty); a writer finishes it."""
-    return name is not None and not journal_dir(path).is_dir()
+    return name is not None and not os.path.lexists(journal_dir(path))  # a file there is damage
 
 
 def _describe(name: str | None, path: Path) -> JournalInfo:
