@@ -601,7 +601,8 @@ def scan(
     directory: Path, start: int | None, since: int | None, until: int | None, type_: int | None,
     count: bool, follow: bool, timeout: float | None, fmt: str,
 ) -> None:
-    """Print the messages of the journal at DIR, or of every shard of a root in name order.
+    """Print the messages of the journal at DIR, or of every shard of a root in name order
+    (followed, a root's shards are read in turn as messages come: in order within each shard).
 
     TIME is RFC 3339 (2026-01-02T03:04:05.5Z; without a zone, UTC) or nanoseconds since the epoch.
     Timestamps need not rise in a journal, so --since and --until filter a scan rather than seek.
