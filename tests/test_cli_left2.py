@@ -173,3 +173,20 @@ def test_a_shard_whose_jnl_is_a_file_is_no_unfinished_shard(tmp_path: Path) -> N
         assert result.exit_code == 1, command
         error = result.output.splitlines()[-1]
         assert error.startswith("journalq: error: not a ") and str(root / "e.1.001") in error, command
+
+
+def test_a_refused_create_leaves_no_dead_letter_queue(tmp_path: Path) -> None:
+    """create made the dead-letter queue first, then the queue: a queue refused then (a sharded
+    queue's name with a '.', say) left its dead-letter queue behind."""
+    data = tmp_path / "data"
+    for args in (
+        ("a.b", "--shards", "2", "--dead-letter-queue", "dead"),  # refused as the queue is made
+        ("jobs", "--dead-letter-queue", "x.2.001"),  # a dead-letter queue's name that no queue can have
+    ):
+        result = queue(data, "create", *args)
+        assert result.exit_code == 1, args
+        assert queue(data, "list", "--format", "jsonl").stdout == "", args
+    made = queue(data, "create", "jobs", "--dead-letter-queue", "dead")
+    assert made.exit_code == 0
+    assert json.loads(made.stdout)["settings"]["dead_letter_queue"] == "dead"
+    assert queue(data, "list", "--format", "jsonl").stdout == '{"name":"dead"}\n{"name":"jobs"}\n'

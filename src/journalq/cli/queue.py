@@ -53,6 +53,7 @@ from journalq.journal.sync import POLICY_FORMS
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_name
+from journalq.queue.sharded import check_topic_name
 
 __all__ = ["queue", "received_json"]
 
@@ -583,9 +584,13 @@ def create(
             created = False
         else:
             QueueSettings().replace(**given)  # a bad setting fails before anything is made
+            if dead_letter_queue is not None:
+                check_topic_name(dead_letter_queue)
+            # The queue first: a queue refused as it is made (its name, the store) leaves no
+            # dead-letter queue behind. Until that is made, dead letters would make it.
+            wanted = broker.queue(name, **given).settings
             if dead_letter_queue is not None and not broker.exists(dead_letter_queue):
                 broker.queue(dead_letter_queue)
-            wanted = broker.queue(name, **given).settings
             created = True
         _echo_jsonl([{"name": name, "created": created, "settings": wanted.to_json()}])
 
