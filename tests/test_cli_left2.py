@@ -190,14 +190,3 @@ def test_a_refused_create_leaves_no_dead_letter_queue(tmp_path: Path) -> None:
     assert made.exit_code == 0
     assert json.loads(made.stdout)["settings"]["dead_letter_queue"] == "dead"
     assert queue(data, "list", "--format", "jsonl").stdout == '{"name":"dead"}\n{"name":"jobs"}\n'
-
-
-def test_body_and_file_together_is_a_usage_error(tmp_path: Path) -> None:
-    """Two ways to give one message is a usage error (status 2, as offset's --set with
-    --reset-to is), not a failure of the send (status 1)."""
-    body = tmp_path / "body"
-    body.write_bytes(b"x")
-    result = queue(tmp_path / "data", "send", "jobs", "hello", "--file", body)
-    assert result.exit_code == 2
-    assert result.output.startswith("journalq: error: give BODY or --file, not both")
-    assert not (tmp_path / "data").exists()

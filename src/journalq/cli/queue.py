@@ -331,7 +331,7 @@ def send(
     per line of standard input (without its newline) when neither is given. Prints {"id": ...}
     per message, in order."""
     if body is not None and body_file is not None:
-        raise click.UsageError("give BODY or --file, not both")
+        raise CommandError("give BODY or --file, not both")
     strings = _pairs(attributes, "--attribute")
     typed = _attributes_of_json(typed_attributes)
     if both := sorted(strings.keys() & typed.keys()):
