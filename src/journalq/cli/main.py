@@ -19,6 +19,7 @@ import errno
 import io
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -48,10 +49,10 @@ from journalq.journal.segment import journal_dir
 from journalq.journal.sync import POLICY_FORMS
 from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
 from journalq.shard import ShardedScanner
-from journalq.shard.layout import journals_at
+from journalq.shard.layout import describe_groups, journals_at, shard_groups
 from journalq.shard.naming import list_shards
 
-__all__ = ["cli", "main", "message_json", "parse_time"]
+__all__ = ["SECONDS", "cli", "main", "message_json", "parse_time"]
 
 _LINES_PER_BATCH = 4096
 _BYTES_PER_BATCH = 4 << 20
@@ -185,6 +186,31 @@ class _TimeType(click.ParamType):
 
 
 TIME = _TimeType()
+
+
+class _SecondsType(click.ParamType):
+    """A number of seconds: a finite float, at least ``minimum`` when one is given (the queue's
+    ranges are the queue layer's to check). NaN would pass every range check, and be stored as a
+    setting that no receive accepts; infinity overflows a wait."""
+
+    name = "SECONDS"
+
+    def __init__(self, minimum: float | None = None) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        if self.minimum is not None and seconds < self.minimum:
+            self.fail(f"{value!r} is not a number of seconds from {self.minimum:g} on", param, ctx)
+        return seconds
+
+
+SECONDS = _SecondsType()
 _FORMAT_AUTO = click.Choice(["auto", "table", "jsonl"])
 
 
@@ -209,6 +235,23 @@ def _journals_at(path: Path) -> list[tuple[str | None, Path]]:
     """The journals that DIR stands for: DIR itself when it is a journal, else the shards of a
     root in name order, each with its directory name (``journalq.shard.journals_at``)."""
     return journals_at(path)
+
+
+def _unfinished_shard(name: str | None, path: Path) -> bool:
+    """A shard directory of a root without its jnl/ yet: what a writer killed while it made the
+    shard leaves. It holds no message (the scanners read it as empty); a writer finishes it."""
+    return name is not None and not os.path.lexists(journal_dir(path))  # a file there is damage
+
+
+def _describe(name: str | None, path: Path) -> JournalInfo:
+    if _unfinished_shard(name, path):
+        return JournalInfo(path=path, segments=[], first_offset=0, end_offset=0, size_bytes=0, messages=0)
+    return describe(path)
+
+
+def _check(name: str | None, path: Path, repair: bool) -> CheckReport:
+    # Nothing to check in an unfinished shard, nor to repair: check makes no journal.
+    return CheckReport(path) if _unfinished_shard(name, path) else check(path, repair=repair)
 
 
 def _one_journal(path: Path, what: str) -> Path:
@@ -549,8 +592,8 @@ def _named_batches(
 @click.option("--type", "type_", type=click.IntRange(0, 255), help="Only messages of this type.")
 @click.option("--count", is_flag=True, help="Print only the number of matching messages.")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (in every shard of a root).")
-@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Follow, and stop after SECONDS with no new message.")
+@click.option("--timeout", type=_SecondsType(minimum=0), metavar="SECONDS",
+              help="Follow, and stop after SECONDS with no new message (--follow: never stop).")
 @click.option("--format", "fmt", type=click.Choice(list(_RENDERERS)), default="jsonl", show_default=True,
               help="jsonl: offset, timestamp_ns, type, key_b64, value_b64 (and first dir, for a "
               "root); text: the value as UTF-8, one per line; raw: the value bytes back to back.")
@@ -558,7 +601,8 @@ def scan(
     directory: Path, start: int | None, since: int | None, until: int | None, type_: int | None,
     count: bool, follow: bool, timeout: float | None, fmt: str,
 ) -> None:
-    """Print the messages of the journal at DIR, or of every shard of a root in name order.
+    """Print the messages of the journal at DIR, or of every shard of a root in name order
+    (followed, a root's shards are read in turn as messages come: in order within each shard).
 
     TIME is RFC 3339 (2026-01-02T03:04:05.5Z; without a zone, UTC) or nanoseconds since the epoch.
     Timestamps need not rise in a journal, so --since and --until filter a scan rather than seek.
@@ -568,6 +612,12 @@ def scan(
     if journals[0][0] is not None and start is not None:
         raise click.UsageError(
             "--from names an offset of one journal, and offsets count per shard: give one shard directory"
+        )
+    if journals[0][0] is not None and follow and len(groups := shard_groups(list_shards(directory))) > 1:
+        # A ShardedScanner follows one sharded journal, and would ask for a prefix, which scan has no way to give.
+        raise CommandError(
+            f"{directory} holds the shards of more than one sharded journal ({describe_groups(groups)}): "
+            "--follow follows one; follow one shard directory, or scan the root without --follow"
         )
     keep = _message_filter(since, until, type_)
     render = _RENDERERS[fmt]
@@ -664,7 +714,7 @@ def info(directory: Path, fmt: str) -> None:
     zero time or when there is no message. For a root, every object starts with dir, the shard.
     """
     for name, path in _journals_at(directory):
-        journal = describe(path)
+        journal = _describe(name, path)
         if _tabular(fmt):
             if name is not None:
                 click.echo(f"[{name}]")
@@ -764,7 +814,7 @@ def check_command(ctx: click.Context, directory: Path, repair: bool, fmt: str) -
     tabular = _tabular(fmt)
     ok = True
     for name, path in _journals_at(directory):
-        report = check(path, repair=repair)
+        report = _check(name, path, repair)
         ok = ok and report.ok
         for line in _report_lines(report, name, tabular):
             click.echo(line)

@@ -17,6 +17,8 @@ import click
 
 from journalq.cli.data import DirectoryPath
 from journalq.cli.main import CommandError
+from journalq.journal.offsets import offset_path
+from journalq.journal.sync import POLICY_FORMS, SyncPolicy
 
 
 def _spark_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -127,9 +129,13 @@ def archive(data: Path | None, topic: str | None, journal: Path | None, output: 
     """
     from journalq.spark.pipelines import archive as run_archive, check_source
 
+    def check() -> None:
+        check_source(_str(journal), _str(data), topic)
+        offset_path(".", name)  # checks the reader's name, else first taken once Spark has started
+
     result = _run(spark_settings, "archive", lambda spark: run_archive(
         spark, str(output), journal=_str(journal), data=_str(data), topic=topic, name=name,
-        fail_on_data_loss=not skip_lost), lambda: check_source(_str(journal), _str(data), topic))
+        fail_on_data_loss=not skip_lost), check)
     click.echo(result.to_json())
 
 
@@ -196,7 +202,8 @@ def aggregate(data: Path | None, topic: str | None, journal: Path | None, output
 @click.option("--no-header", is_flag=True, help="CSV files have no header line (columns _c0, _c1, ...).")
 @click.option("--infer-schema", is_flag=True, help="CSV: numbers as numbers in the JSON (default: strings).")
 @click.option("--force", is_flag=True, help="Import files again even though they were imported before.")
-@click.option("--sync", default="none", show_default=True, help="The topic writers' sync policy.")
+@click.option("--sync", default="none", show_default=True, metavar="POLICY",
+              help=f"The topic writers' sync policy: {POLICY_FORMS}.")
 @click.argument("inputs", nargs=-1, required=True)
 @_spark_options
 def import_(data: Path | None, topic: str | None, journal: Path | None, fmt: str, key_field: str | None,
@@ -211,8 +218,13 @@ def import_(data: Path | None, topic: str | None, journal: Path | None, fmt: str
 
     if fmt != "csv" and (no_header or infer_schema):  # before Spark starts, and not ignored
         raise click.UsageError(f"--no-header and --infer-schema are for --format csv, not {fmt}")
+
+    def check() -> None:
+        SyncPolicy.parse(sync)  # else first read by the writers, once Spark has started
+        input_files(list(inputs))
+
     result = _run(spark_settings, "import", lambda spark: import_files(
         spark, list(inputs), fmt, journal=_str(journal), data=_str(data), topic=topic,
         key_field=key_field, timestamp_field=timestamp_field, header=not no_header,
-        infer_schema=infer_schema, force=force, sync=sync), lambda: input_files(list(inputs)))
+        infer_schema=infer_schema, force=force, sync=sync), check)
     click.echo(result.to_json())

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ import click
 from journalq.cli.data import DATA
 from journalq.cli.main import (
     _FORMAT_AUTO,
+    SECONDS,
     CommandError,
     Interrupted,
     _error_message,
@@ -53,6 +53,7 @@ from journalq.journal.sync import POLICY_FORMS
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_name
+from journalq.queue.sharded import check_topic_name
 
 __all__ = ["queue", "received_json"]
 
@@ -77,6 +78,8 @@ def _broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def _broker(data: Path | str, sync: str, *, create: bool = False) -> Iterator[Broker]:
     """The broker of ``data``; the directory is made only when ``create``."""
     if not create and isinstance(data, Path) and not data.is_dir():
+        if data.exists():
+            raise CommandError(f"not a directory ({data})")  # as the commands that make one say it
         raise CommandError(f"no data directory {data} (give --data DIR or set JOURNALQ_DATA)")
     with Broker(data, sync=sync) as broker:
         yield broker
@@ -175,23 +178,6 @@ def _json_option(text: str | None, option: str) -> Any:
         raise CommandError(f"{option} is not valid JSON: {exc}") from None
 
 
-class _SecondsType(click.ParamType):
-    """A number of seconds: a finite float (ranges are the queue layer's to check). NaN would
-    pass every range check, and be stored as a setting that no receive accepts."""
-
-    name = "SECONDS"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not math.isfinite(seconds):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
-        return seconds
-
-
-SECONDS = _SecondsType()
 
 
 def _retention(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None | str:
@@ -359,15 +345,17 @@ def send(
         "metadata": _json_option(metadata, "--metadata"),
     }
     with _broker(data, sync, create=not no_create) as broker:
-        if not broker.exists(name):
-            if no_create:
-                raise QueueNotFoundError(f"no queue {name!r} in {broker.root} (and --no-create)")
-            broker.queue(name)
-        topic = broker.topic(name, create=False)
+        exists = broker.exists(name)
+        if not exists and no_create:
+            raise QueueNotFoundError(f"no queue {name!r} in {broker.root} (and --no-create)")
         if key is not None:
-            if topic.settings.shards == 1:
+            # Checked before a missing queue is made (unsharded), so that a refused send makes none.
+            if not exists or broker.topic(name, create=False).settings.shards == 1:
                 raise CommandError(f"--key picks a shard: queue {name!r} is not sharded")
             options["key"] = key
+        if not exists:
+            broker.queue(name)
+        topic = broker.topic(name, create=False)
         if body is not None or body_file is not None:
             whole = os.fsencode(body) if body is not None else body_file.read()  # type: ignore[union-attr]
             ids = topic.send_many([{"body": whole, **options}])
@@ -596,9 +584,13 @@ def create(
             created = False
         else:
             QueueSettings().replace(**given)  # a bad setting fails before anything is made
+            if dead_letter_queue is not None:
+                check_topic_name(dead_letter_queue)
+            # The queue first: a queue refused as it is made (its name, the store) leaves no
+            # dead-letter queue behind. Until that is made, dead letters would make it.
+            wanted = broker.queue(name, **given).settings
             if dead_letter_queue is not None and not broker.exists(dead_letter_queue):
                 broker.queue(dead_letter_queue)
-            wanted = broker.queue(name, **given).settings
             created = True
         _echo_jsonl([{"name": name, "created": created, "settings": wanted.to_json()}])
 

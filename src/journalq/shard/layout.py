@@ -33,10 +33,12 @@ __all__ = [
     "ShardLayoutError",
     "check_bit",
     "check_prefix",
+    "describe_groups",
     "journals_at",
     "parse_shard_dir",
     "read_layout",
     "shard_dir_name",
+    "shard_groups",
 ]
 
 
@@ -74,6 +76,20 @@ def _group_name(prefix: str, bit: int) -> str:
     return f"{prefix}.{bit:x}.*" if prefix else f"{bit:x}.*"
 
 
+def shard_groups(found: list[tuple[ShardName, Path]]) -> dict[tuple[str, int], int]:
+    """How many of the shards ``found`` (as ``list_shards`` gives them) each (prefix, shard bit)
+    has, in name order: a root is one sharded journal when there is one group."""
+    groups: dict[tuple[str, int], int] = {}
+    for name, _ in found:
+        groups[(name.prefix, name.bit)] = groups.get((name.prefix, name.bit), 0) + 1
+    return dict(sorted(groups.items()))
+
+
+def describe_groups(groups: dict[tuple[str, int], int]) -> str:
+    """``shard_groups`` for people: ``events.2.* (4 shards), orders.1.* (1 shard)``."""
+    return ", ".join(f"{_group_name(p, b)} ({n} shard{'s' if n != 1 else ''})" for (p, b), n in groups.items())
+
+
 @dataclass(frozen=True)
 class ShardLayout:
     """The sharded journal found in a root.
@@ -109,13 +125,9 @@ def read_layout(root: str | os.PathLike[str], prefix: str | None = None) -> Shar
         raise JournalError("no such directory", file=root) from None
     if prefix is not None:
         found = [(name, path) for name, path in found if name.prefix == prefix]
-    groups: dict[tuple[str, int], int] = {}
-    for name, _ in found:
-        groups[(name.prefix, name.bit)] = groups.get((name.prefix, name.bit), 0) + 1
+    groups = shard_groups(found)
     if len(groups) > 1:
-        listed = ", ".join(
-            f"{_group_name(p, b)} ({n} shard{'s' if n != 1 else ''})" for (p, b), n in sorted(groups.items())
-        )
+        listed = describe_groups(groups)
         prefixes = {p for p, _ in groups}
         if len(prefixes) > 1:
             hint = "give a prefix to read one of them"

@@ -92,6 +92,7 @@ class ShardedScanner(Closing):
         self._watched: tuple[Path, ...] = ()
         self._has_jnl: set[str] = set()
         self._rescanned = time.monotonic()
+        self._closed = False
         try:
             self._open_new(self._layout)
         except BaseException:
@@ -146,6 +147,7 @@ class ShardedScanner(Closing):
         """The next batch of one shard: ``(shard_name, messages)``, up to ``max_messages``, waiting
         (as the iteration does) when no shard has any; None at the end (or the timeout)."""
         check_batch_size(max_messages)
+        self._check_open()
         if self._i < len(self._batch):  # the rest of a batch that an iteration started
             out = self._batch[self._i : self._i + max_messages]
             self._i += len(out)
@@ -153,6 +155,9 @@ class ShardedScanner(Closing):
         return self._next_batch(max_messages)
 
     def close(self) -> None:
+        """Close the shards' scanners and the watch; ``offsets`` still says where it stopped.
+        Closing twice is harmless; reading after it is an ``Error``."""
+        self._closed = True
         for scanner in self._scanners.values():
             scanner.close()
         if self._watch is not None:
@@ -177,7 +182,13 @@ class ShardedScanner(Closing):
                 return name, batch
         return None
 
+    def _check_open(self) -> None:
+        # A shard's scanner, once closed, would read its journal again from the start.
+        if self._closed:
+            raise Error(f"sharded scanner of {self.root} is closed")
+
     def _next_batch(self, max_messages: int) -> tuple[str, list[Message]] | None:
+        self._check_open()
         self._batch, self._i = [], 0
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:

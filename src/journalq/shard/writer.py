@@ -3,7 +3,8 @@
 ``ShardedWriter(root, "events", 2)`` writes to up to four journals, ``ROOT/events.2.000`` to
 ``ROOT/events.2.003``, each an ordinary journal with its own offsets (written by a
 ``journalq.journal.Writer``). A shard's writer, and with it its directory, is made when the first
-message for that shard comes, as sej does: a root only has the shards that got messages.
+message for that shard comes, as sej does: a root only has the shards that got messages (a message
+refused makes none).
 
 The shard of a message is ``hash(key, bit)``; the default, ``shard_of``, is sej's: the low ``bit``
 bits of the key's CRC-32 (IEEE), so that what this writes, sej's ``shard.Writer`` writes too,
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from journalq.closing import Closing
 from journalq.errors import Error, InvalidMessageError, JournalError
-from journalq.journal.codec import MAX_KEY_SIZE, Message
+from journalq.journal.codec import MAX_KEY_SIZE, Message, encode_batch
 from journalq.journal.segment import check_integer
 from journalq.journal.sync import SyncPolicy
 from journalq.journal.writer import DEFAULT_SEGMENT_SIZE, Writer
@@ -117,10 +118,13 @@ class ShardedWriter(Closing):
             )
         return index
 
-    def _writer(self, index: int) -> Writer:
+    def _writer(self, index: int, items: Sequence[bytes | Message]) -> Writer:
+        """The writer of shard ``index``, for ``items``; opened (and the shard made) only once
+        the format takes them, so that a refused message makes no shard."""
         writer = self._writers[index]
         if writer is not None:
             return writer
+        encode_batch(0, 0, items)  # refuses what the shard's writer would (a new shard's first batch only)
         with self._opening:
             if self._closed:
                 raise Error(f"sharded writer of {self.root} is closed")
@@ -144,7 +148,10 @@ class ShardedWriter(Closing):
         if len(key) > MAX_KEY_SIZE:
             raise InvalidMessageError(f"message key is {len(key)} bytes; the format allows at most {MAX_KEY_SIZE}")
         index = self._index(key)
-        return self._names[index], self._writer(index).append(value, key, type, timestamp_ns)
+        writer = self._writers[index]
+        if writer is None:
+            writer = self._writer(index, [Message(timestamp_ns=timestamp_ns, type=type, key=key, value=value)])
+        return self._names[index], writer.append(value, key, type, timestamp_ns)
 
     def append_many(self, items: Iterable[bytes | Message]) -> list[tuple[str, int]]:
         """Append a batch: values (keyless, so all to the shard of ``b""``) or ``Message``s (their
@@ -177,7 +184,7 @@ class ShardedWriter(Closing):
         names = self._names
         placed = {}
         for index, group in groups.items():
-            last = self._writer(index).append_many(group)
+            last = self._writer(index, group).append_many(group)
             assert last is not None
             placed[index] = zip(repeat(names[index]), count(last - len(group) + 1))
         return list(map(next, map(placed.__getitem__, shards)))
@@ -207,7 +214,7 @@ class ShardedWriter(Closing):
         return shards or list(map(self._index, keys))
 
     def _append_group(self, index: int, items: Sequence[bytes | Message]) -> list[tuple[str, int]]:
-        last = self._writer(index).append_many(items)
+        last = self._writer(index, items).append_many(items)
         assert last is not None
         return list(zip(repeat(self._names[index]), range(last - len(items) + 1, last + 1)))
 
