@@ -31,11 +31,13 @@ import json
 import math
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from journalq.errors import InvalidMessageError
+from journalq.errors import InvalidMessageError, InvalidNameError
+from journalq.queue.settings import check_name
 
 ENVELOPE_TYPE = 0xE0
 _MAGIC = b"JQ1"
@@ -246,6 +248,49 @@ def first_sent_ns(source: Any, sent_at_ns: int) -> int:
     else its own ``sent_at_ns``. (``source`` is whatever a sender gave: only an integer counts.)"""
     first = source.get("sent_at_ns") if isinstance(source, dict) else None
     return first if whole_number(first) else sent_at_ns
+
+
+_SOURCE_FIELDS = {"queue": "a queue name", "channel": "a channel name", "id": "a message id",
+                  "count": "a whole number", "sent_at_ns": "a whole number"}
+
+
+def check_source(source: Any) -> dict[str, Any] | None:
+    """A dead letter's ``source`` to send (None, or the mapping described above, any field
+    left out), or ``InvalidMessageError`` naming what is wrong: a redrive reads it to send the
+    message back, and SQS's attributes read its count and time."""
+    if source is None:
+        return None
+    if not isinstance(source, Mapping):
+        raise InvalidMessageError(f"message source must be a mapping of {sorted(_SOURCE_FIELDS)}, not {source!r}")
+    for name, value in source.items():
+        kind = _SOURCE_FIELDS.get(name)  # type: ignore[call-overload]  # a key of any type is refused here
+        if kind is None:
+            raise InvalidMessageError(f"message source has an unknown field {name!r}: it has {sorted(_SOURCE_FIELDS)}")
+        if kind == "a whole number":
+            good = whole_number(value)
+        elif kind == "a message id":
+            good = isinstance(value, str) and 0 < len(value) <= 128
+        else:
+            try:
+                good = bool(check_name(value))
+            except InvalidNameError:
+                good = False
+        if not good:
+            raise InvalidMessageError(f"message source field {name!r} must be {kind}, not {value!r}")
+    return dict(source)
+
+
+def source_queue(source: Any) -> tuple[str, str | None] | None:
+    """(queue, channel or None) that a stored dead letter's ``source`` names, for a redrive;
+    None when it names no queue, or is malformed (stored by a version that did not check it:
+    ``check_source``), so that nothing is sent where it does not name."""
+    try:
+        checked = check_source(source)
+    except InvalidMessageError:
+        return None
+    if checked is None or "queue" not in checked:
+        return None
+    return checked["queue"], checked.get("channel")
 
 
 def message_id(offset: int) -> str:

@@ -302,7 +302,7 @@ class Topic(TopicDirectory):
             dedup_id=dedup_id,
             group_id=item.get("group_id"),
             metadata=item.get("metadata"),
-            source=item.get("source"),  # set on dead letters: where they came from
+            source=envelope.check_source(item.get("source")),  # set on dead letters: where they came from
             channel=channel,  # set on dead letters redriven: the channel they came from
         )
 
