@@ -83,3 +83,26 @@ def test_redrive_of_a_malformed_source_keeps_it_and_moves_the_rest(
     assert [m.body for m in q.receive(10)] == [b"dead"]
     s = dlq.stats()
     assert (s.available, s.in_flight) == (1, 0)  # given back, nothing lost
+
+
+# -- receive counts across moves ---------------------------------------------------------------
+
+
+def test_a_dead_letter_moved_on_keeps_its_running_receive_count(broker: Broker) -> None:
+    """SQS's ApproximateReceiveCount goes on across a redrive policy's moves: a dead letter
+    moved on by its dead-letter queue's own policy records every receive it had, in each queue
+    (the SQS layer shows ``source["count"]`` plus the receives where it is now). Its
+    dead-letter queue's ``max_receive_count`` counts its receives there only, as SQS does (a
+    lower one would move each letter on unseen)."""
+    q = broker.queue("jobs", max_receive_count=2, dead_letter_queue="dlq")
+    broker.queue("dlq", max_receive_count=1, dead_letter_queue="dlq2")
+    q.send(b"poison")
+    for _ in range(2):
+        q.receive(visibility_timeout=0)
+    assert q.receive() == []  # moved, after 2 receives
+    dlq = broker.queue("dlq")
+    (dead,) = dlq.receive(visibility_timeout=0)  # delivered there, though 2 >= its 1
+    assert dead.source["count"] == 2 and dead.receive_count == 1
+    assert dlq.receive() == []  # moved on
+    (twice,) = broker.queue("dlq2").receive()
+    assert twice.source["queue"] == "dlq" and twice.source["count"] == 3

@@ -67,6 +67,7 @@ from journalq.queue.envelope import (
     first_sent_ns,
     message_id,
     parse_message_id,
+    receives_before,
     resend,
 )
 from journalq.queue.settings import QueueSettings, check_number
@@ -933,8 +934,10 @@ class Channel:
                     "queue": self.topic.name,
                     "channel": self.name,
                     "id": message_id(m.offset),
-                    "count": count,
-                    # SQS keeps a dead letter's SentTimestamp, through every move.
+                    # SQS keeps a dead letter's SentTimestamp and receive count, through every
+                    # move. (Its own max_receive_count counts the receives here only: SQS's
+                    # does, and a lower one would move each letter on unseen.)
+                    "count": count + receives_before(env.source),
                     "sent_at_ns": first_sent_ns(env.source, m.timestamp_ns),
                 },
                 dedup_id=self._dead_letter_id(m.offset),

@@ -16,7 +16,8 @@ message with queue metadata has the type ``ENVELOPE_TYPE`` (0xE0) and a value of
     "m"  task metadata, any JSON object
     "s"  where a dead letter came from: {"queue": name, "channel": name, "id": message id,
          "count": receives, "sent_at_ns": when it was first sent, before any move} (the last
-         is missing from dead letters of versions before 2026-11-23)
+         is missing from dead letters of versions before 2026-11-23; "count" counts the
+         receives in every queue it was moved from, since 2026-11-23)
     "c"  the one channel of the topic that the message is for (a dead letter redriven back to the
          channel it came from); every other channel finishes it unseen
 
@@ -240,6 +241,14 @@ def whole_number(value: Any) -> bool:
     """Whether ``value`` is an integer, 0 or more (not a bool): a count or a time that a dead
     letter's ``source`` may hold (whatever a sender gave it)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def receives_before(source: Any) -> int:
+    """How many times the message that a dead letter stands for was received before it came
+    here (every queue it went through: SQS's ApproximateReceiveCount goes on across moves); 0
+    for a message that is no dead letter, or whose ``source`` holds no count."""
+    count = source.get("count") if isinstance(source, dict) else None
+    return count if whole_number(count) else 0
 
 
 def first_sent_ns(source: Any, sent_at_ns: int) -> int:
