@@ -106,3 +106,53 @@ def test_a_dead_letter_moved_on_keeps_its_running_receive_count(broker: Broker) 
     assert dlq.receive() == []  # moved on
     (twice,) = broker.queue("dlq2").receive()
     assert twice.source["queue"] == "dlq" and twice.source["count"] == 3
+
+
+# -- a dead-letter queue that cannot take its letters ----------------------------------------
+
+
+def test_a_damaged_dead_letter_queue_does_not_block_the_source(
+    broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The dead-letter queue's settings file damaged: the source queue goes on delivering what
+    it can; its dead letters stay in it, not delivered again, not lost (nor their group's
+    followers delivered before them), with a warning naming the file once per
+    ``task_gc_interval``, and move once the dead-letter queue can take them."""
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq", task_gc_interval=0.3)
+    dlq = broker.queue("dlq")
+    dlq.close()
+    broker.forget("dlq")
+    good = (tmp_path / "dlq" / "queue.json").read_text()
+    (tmp_path / "dlq" / "queue.json").write_text("{damaged")
+    poison = q.send(b"poison", group_id="g")
+    q.send(b"after poison", group_id="g")
+    q.send(b"fine")
+    (first,) = q.receive(visibility_timeout=0)
+    assert first.body == b"poison"
+    with caplog.at_level(logging.WARNING, logger="journalq.queue"):
+        (fine,) = q.receive(10)
+        assert fine.body == b"fine"
+        q.delete(fine.receipt)
+        assert q.receive(10) == [] and q.receive(10) == []
+    warnings = [r for r in caplog.records if "cannot move" in r.getMessage()]
+    assert len(warnings) == 1 and str(tmp_path / "dlq" / "queue.json") in warnings[0].getMessage()
+    assert q.task(poison).state == "inserted"  # kept
+    (tmp_path / "dlq" / "queue.json").write_text(good)
+    time.sleep(0.35)
+    assert [m.body for m in q.receive(10)] == [b"after poison"]  # the poison moved first
+    assert q.task(poison).state == "dead"
+    assert [m.body for m in broker.queue("dlq").receive(10)] == [b"poison"]
+
+
+def test_a_message_with_no_time_moves_to_the_dead_letter_queue(broker: Broker) -> None:
+    """A sej message stamped with Go's zero time: its dead letter's ``sent_at_ns`` is that time,
+    which the source's check takes (any integer), so the move does not fail."""
+    from journalq.errors import ZERO_TIMESTAMP
+    from journalq.journal import Message
+
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    q.topic._get_writer().append_many([Message(timestamp_ns=ZERO_TIMESTAMP, value=b"timeless")])
+    assert [m.body for m in q.receive(visibility_timeout=0)] == [b"timeless"]
+    assert q.receive() == []
+    (dead,) = broker.queue("dlq").receive()
+    assert dead.body == b"timeless" and dead.source["sent_at_ns"] == ZERO_TIMESTAMP

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from journalq.errors import (
     CorruptionError,
+    Error,
     InvalidSettingError,
     JournalError,
     OffsetOutOfRangeError,
@@ -288,6 +289,7 @@ class Channel:
         # own receipts are not parsed again); forgotten when finished, all of it when it grows.
         self._issued: dict[str, tuple[int, int, int]] = {}
         self._retry_maintenance_at = 0  # (ns) after a maintenance that failed outside a receive
+        self._retry_dead_letters_at = 0  # (ns) after the dead-letter queue refused its letters
         with self._hold():
             self._token = _channel_token(self.path, topic.broker.durable)
             self._load()
@@ -795,6 +797,10 @@ class Channel:
                     blocked.add(group)
                 return False
             if max_count is not None and count >= max_count:
+                if now < self._retry_dead_letters_at:  # the dead-letter queue failed lately
+                    if group is not None:
+                        blocked.add(group)  # it stays first in its group, undelivered
+                    return False
                 dead.append((message, self._envelope(message) if env is _PLAIN else env, count))
                 return False
             picks.append((message, env, count + 1))
@@ -815,6 +821,12 @@ class Channel:
         if not full:
             with self._ahead_lock:
                 self._take_new(state.frontier, consider, picks, max_messages if wanted is None else 0, kept_from)
+        moved = bool(dead) and self._send_dead(dead)
+        if dead and not moved:
+            # Kept here: what their groups have after them waits for them, as above.
+            kept = {e.group_id for _, e, _ in dead if e.group_id is not None}
+            if kept:
+                picks[:] = [pick for pick in picks if pick[1].group_id not in kept]
         visible_at = now + int(hide * 1e9)
         consumer = self._consumer_key
         plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
@@ -827,15 +839,14 @@ class Channel:
             ]
         else:
             records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
-        if dead:
-            self._send_dead(dead)
+        if moved:
             records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
         if passed:
             records += finish_records(passed, [0] * len(passed))
         stamp = 0
         if records or self._unwritten:
             # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
-            stamp = self._record(records, durable=bool(dead))
+            stamp = self._record(records, durable=moved)
         return picks, wake_at, stamp
 
     def _take_new(
@@ -920,10 +931,18 @@ class Channel:
                 self._envelopes.pop(next(iter(self._envelopes)))
         return env
 
-    def _send_dead(self, dead: list[tuple[Message, Envelope, int]]) -> None:
+    def _send_dead(self, dead: list[tuple[Message, Envelope, int]]) -> bool:
         """Send dead letters to the dead-letter queue, made when missing. Through its topic, not
         ``broker.queue``: that would give a topic with channels of its own a channel ``default``,
-        which takes every message of it and holds its gc for ever."""
+        which takes every message of it and holds its gc for ever.
+
+        False when the dead-letter queue cannot take them (its settings file damaged, its
+        storage failing, ...): as a queue whose dead-letter queue is broken should, this one
+        goes on delivering its other messages, and keeps the dead letters, undelivered (they
+        had their receives) and not lost, first in their FIFO groups. The failure is logged,
+        naming its cause (and the file), and the move tried again ``task_gc_interval`` later,
+        not at every receive. (A move cut short, a sharded dead-letter queue's, say, is sent
+        again whole: its deduplication ids drop what arrived.)"""
         queue_name = self.settings.dead_letter_queue
         assert queue_name is not None
         letters = [
@@ -946,11 +965,22 @@ class Channel:
         ]
         broker = self.topic.broker
         try:
-            broker.topic(queue_name).send_many(letters)
-        except QueueNotFoundError:
-            # Deleted by another process since this one opened it (the topic now knows): made
-            # again, as a missing one is, rather than failing this receive once.
-            broker.topic(queue_name).send_many(letters)
+            try:
+                broker.topic(queue_name).send_many(letters)
+            except QueueNotFoundError:
+                # Deleted by another process since this one opened it (the topic now knows): made
+                # again, as a missing one is, rather than failing this receive once.
+                broker.topic(queue_name).send_many(letters)
+        except (Error, OSError) as exc:
+            interval = self.settings.task_gc_interval
+            self._retry_dead_letters_at = time.time_ns() + int(interval * 1e9)
+            log.warning(
+                "%s/%s: %d dead letter(s) cannot move to dead-letter queue %r; kept here, undelivered, "
+                "and tried again in %g s: %s",
+                self.topic.name, self.name, len(letters), queue_name, interval, exc,
+            )
+            return False
+        return True
 
     def _dead_letter_id(self, offset: int) -> str:
         """The deduplication id of the dead letter of message ``offset``: a process killed after

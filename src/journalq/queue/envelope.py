@@ -260,7 +260,7 @@ def first_sent_ns(source: Any, sent_at_ns: int) -> int:
 
 
 _SOURCE_FIELDS = {"queue": "a queue name", "channel": "a channel name", "id": "a message id",
-                  "count": "a whole number", "sent_at_ns": "a whole number"}
+                  "count": "a whole number", "sent_at_ns": "an integer"}
 
 
 def check_source(source: Any) -> dict[str, Any] | None:
@@ -277,6 +277,8 @@ def check_source(source: Any) -> dict[str, Any] | None:
             raise InvalidMessageError(f"message source has an unknown field {name!r}: it has {sorted(_SOURCE_FIELDS)}")
         if kind == "a whole number":
             good = whole_number(value)
+        elif kind == "an integer":  # a sej message may have no time (0, or Go's zero: negative)
+            good = isinstance(value, int) and not isinstance(value, bool)
         elif kind == "a message id":
             good = isinstance(value, str) and 0 < len(value) <= 128
         else:
