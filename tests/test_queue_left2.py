@@ -156,3 +156,27 @@ def test_a_message_with_no_time_moves_to_the_dead_letter_queue(broker: Broker) -
     assert q.receive() == []
     (dead,) = broker.queue("dlq").receive()
     assert dead.body == b"timeless" and dead.source["sent_at_ns"] == ZERO_TIMESTAMP
+
+
+# -- sharded topics ------------------------------------------------------------------------------
+
+
+def test_a_sharded_receive_collects_the_topic_once_per_interval(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each shard's channel collects when due; the topic's gc, which counts ``retention_bytes``
+    over every shard, runs once for them all (it ran once per shard, each listing every shard)."""
+    from journalq.queue.sharded import ShardedTopic
+
+    queue = broker.queue("orders", shards=4, retention_bytes=10**6, task_gc_interval=0.05)
+    calls: list[int] = []
+    real = ShardedTopic.size_cuts
+    monkeypatch.setattr(ShardedTopic, "size_cuts", lambda self: calls.append(1) or real(self))
+    for _ in range(3):
+        queue.send_many([b"%d" % i for i in range(8)])
+        time.sleep(0.06)
+        calls.clear()
+        got = queue.receive(10)  # from every shard
+        assert len({m.id.split(".")[0] for m in got}) > 1
+        queue.delete_many([m.receipt for m in got])
+        assert len(calls) == 1

@@ -504,18 +504,19 @@ class Channel:
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
             older = now - int(self.settings.task_gc_lifetime * 1e9)
+            collector = self.topic.collected_by  # a shard's: its sharded topic, once for all shards
             try:
                 self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
             except StorageError as exc:
-                if exc.errno in _DISK_FULL and self.topic.gc_due():
+                if exc.errno in _DISK_FULL and collector.gc_due():
                     # The gc frees the space that this event, and every change, waits for: run it
                     # anyway. (``_record`` rebuilt the state as the journal has it, without the
                     # deletes that failed with the event: their messages' segments stay.)
-                    self.topic.gc()
+                    collector.gc()
                 raise
             self.commit_cursor()
-            if self.topic.gc_due():
-                self.topic.gc()
+            if collector.gc_due():
+                collector.gc()
             self._skip_deleted()  # after the gc: what it deleted, and what others' gc did
         if _compaction_due(state):
             self._compact()

@@ -234,9 +234,14 @@ class _ShardTopic(Topic):
             size_kept_from = self.sharded.size_cuts()[self.sharded.shards.index(self)]
         return Topic.gc(self, now, size_kept_from=size_kept_from)
 
+    @property
+    def collected_by(self) -> ShardedTopic:
+        """The sharded topic: its gc collects every shard, counting ``retention_bytes`` over them
+        all once (each shard's own would count it again, for each shard's channel)."""
+        return self.sharded
+
     def gc_when_due(self) -> None:
-        """The sharded topic's, for a send to this shard: its gc collects every shard, counting
-        ``retention_bytes`` over them all once (each shard's own would count it again)."""
+        """The sharded topic's, for a send to this shard (see ``collected_by``)."""
         self.sharded.gc_when_due()
 
 

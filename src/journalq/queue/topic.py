@@ -75,6 +75,12 @@ class TopicDirectory:
         its broker deleted it): it refuses to work, and its broker opens the name anew."""
         self._last_gc = 0.0  # (monotonic) when this process's last ``gc`` began
 
+    @property
+    def collected_by(self) -> TopicDirectory:
+        """The topic whose ``gc`` collects this one (a channel's maintenance runs it): itself; a
+        shard's is its sharded topic, whose gc counts ``retention_bytes`` over every shard once."""
+        return self
+
     def _hold_directory(self) -> None:
         if self._dir_fd < 0:
             self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
