@@ -180,3 +180,49 @@ def test_a_sharded_receive_collects_the_topic_once_per_interval(
         assert len({m.id.split(".")[0] for m in got}) > 1
         queue.delete_many([m.receipt for m in got])
         assert len(calls) == 1
+
+
+@pytest.mark.parametrize("opened", ["every shard", "one shard"])
+def test_a_sharded_long_poll_meets_a_delete_between_shards_and_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opened: str
+) -> None:
+    """``Broker.delete`` removes a sharded topic's shards before its own directory: a long poll of
+    another broker (process) caught in between raises ``QueueNotFoundError`` (the server's 404),
+    not whatever a missing shard's file gave (a 500)."""
+    from journalq.queue import broker as broker_module
+
+    shards_gone, carry_on = threading.Event(), threading.Event()
+    real = broker_module.remove_directory
+
+    def slow_remove(root: Path, name: str) -> bool:
+        shards_gone.set()
+        carry_on.wait(10)
+        return real(root, name)
+
+    outcome: list[object] = []
+    with Broker(tmp_path, sync="none") as polling, Broker(tmp_path, sync="none") as deleting:
+        queue = polling.queue("orders", shards=4)
+        if opened == "every shard":
+            queue.send_many([b"x%d" % i for i in range(16)])
+            queue.delete_many([m.receipt for m in queue.receive(100)])
+        else:
+            queue.receive(1)  # opens its home shard's channel only
+
+        def poll() -> None:
+            try:
+                outcome.append(queue.receive(10, wait=5))
+            except Exception as exc:  # noqa: BLE001 - what it raised is the point
+                outcome.append(exc)
+
+        monkeypatch.setattr(broker_module, "remove_directory", slow_remove)
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.2)  # the poll is waiting
+        deleter = threading.Thread(target=deleting.delete, args=("orders",))
+        deleter.start()
+        assert shards_gone.wait(10)
+        poller.join(10)
+        carry_on.set()
+        deleter.join(10)
+        assert not poller.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], QueueNotFoundError), outcome

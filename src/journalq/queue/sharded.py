@@ -530,6 +530,7 @@ class ShardedChannel:
         received: list[ReceivedMessage] = []
         wake_at: int | None = None
         failed: Exception | None = None
+        failed_shard = 0
         order = self._order()
         for index in ([last, *(i for i in order if i != last)] if last is not None else order):
             mine = deletes.get(index, ()) if index == last else ()
@@ -543,7 +544,8 @@ class ShardedChannel:
                 # A shard that fails (damaged, its storage refusing) must not cost the messages
                 # that the other shards hid for this receive: they are returned, and the failure
                 # is raised when no other shard has anything to give.
-                failed = failed or exc
+                if failed is None:
+                    failed, failed_shard = exc, index
                 continue
             if wake is not None:
                 wake_at = wake if wake_at is None else min(wake_at, wake)
@@ -554,6 +556,10 @@ class ShardedChannel:
                     object.__setattr__(m, "receipt", f"{index}.{m.receipt}")
                 received += got
         if failed is not None and not received:
+            # A delete (of another process) removes the shards before the topic's directory: a
+            # shard that fails for being gone is the topic deleted (QueueNotFoundError), not
+            # whatever its missing files raised.
+            self.topic.shards[failed_shard].check_present()
             raise failed
         return received, wake_at
 
