@@ -226,3 +226,26 @@ def test_a_sharded_long_poll_meets_a_delete_between_shards_and_directory(
         deleter.join(10)
         assert not poller.is_alive()
         assert len(outcome) == 1 and isinstance(outcome[0], QueueNotFoundError), outcome
+
+
+def test_a_sharded_gc_keeps_what_a_channel_of_another_process_has_not_read(tmp_path: Path) -> None:
+    """The gc of a process that only sends (it opened no channel) keeps, in every shard, what a
+    channel that another process made has not read there, also in shards it never received
+    from; and collects once that channel is done."""
+    with Broker(tmp_path, sync="none") as consuming:
+        consuming.topic("events", shards=4, segment_size=4096)
+        slow = consuming.topic("events").channel("slow")
+        with Broker(tmp_path, sync="none") as sending:
+            topic = sending.topic("events")
+            sent = topic.send_many([b"%04d" % i + b"." * 100 for i in range(800)])
+            first = slow.receive(5)  # from its home shard only
+            slow.delete_many([m.receipt for m in first])
+            slow.commit_cursor()
+            topic.gc()
+            rest = []
+            while got := slow.receive(50):
+                rest += got
+                slow.delete_many([m.receipt for m in got])
+            assert sorted(m.id for m in first + rest) == sorted(sent)
+            slow.commit_cursor()
+            assert topic.gc()  # once it is done
