@@ -249,3 +249,17 @@ def test_a_sharded_gc_keeps_what_a_channel_of_another_process_has_not_read(tmp_p
             assert sorted(m.id for m in first + rest) == sorted(sent)
             slow.commit_cursor()
             assert topic.gc()  # once it is done
+
+
+def test_a_dead_letter_of_a_sharded_queue_names_its_message_as_the_queue_does(broker: Broker) -> None:
+    """Its source's id is the id the sharded queue gave ("SHARD.ID"), not the shard's own, which
+    several shards share (the SQS layer keys a dead letter's first receive by it)."""
+    queue = broker.queue("orders", shards=4, max_receive_count=1, dead_letter_queue="dead")
+    ids = queue.send_many([b"%d" % i for i in range(8)])
+    got: list = []
+    while len(got) < 8 and (more := queue.receive(10, visibility_timeout=0)):
+        got += more
+    assert queue.receive(10) == []  # all moved
+    letters = broker.queue("dead").receive(10)
+    assert sorted(m.source["id"] for m in letters) == sorted(ids)
+    assert {m.body: m.source["id"] for m in letters} == {m.body: m.id for m in got}

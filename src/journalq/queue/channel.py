@@ -270,8 +270,9 @@ class Channel:
         self._closed = False
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.receipt_prefix = ""
-        """What the caller's receipts have before this channel's own: errors name a receipt as the
-        caller gave it (a sharded queue's shard channels: the shard's index and a dot)."""
+        """What the caller's receipts and message ids have before this channel's own: errors name
+        a receipt as the caller gave it, and dead letters their message (a sharded queue's shard
+        channels: the shard's index and a dot)."""
         self._writer = self._new_writer()
         self._reopen_lock = threading.Lock()  # threads reopening the writer make one, not one each
         self._token = ""  # ``_channel_token``'s, read under the hold below
@@ -953,7 +954,7 @@ class Channel:
                 source={
                     "queue": self.topic.name,
                     "channel": self.name,
-                    "id": message_id(m.offset),
+                    "id": self.receipt_prefix + message_id(m.offset),  # as the caller knows it
                     # SQS keeps a dead letter's SentTimestamp and receive count, through every
                     # move. (Its own max_receive_count counts the receives here only: SQS's
                     # does, and a lower one would move each letter on unseen.)
