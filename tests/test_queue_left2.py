@@ -263,3 +263,37 @@ def test_a_dead_letter_of_a_sharded_queue_names_its_message_as_the_queue_does(br
     letters = broker.queue("dead").receive(10)
     assert sorted(m.source["id"] for m in letters) == sorted(ids)
     assert {m.body: m.source["id"] for m in letters} == {m.body: m.id for m in got}
+
+
+# -- stored envelopes that no sender could make ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        b'{"g":5}',
+        b'{"g":["a"]}',
+        b'{"i":7}',
+        b'{"d":"inf"}',
+        b'{"d":"nan"}',
+        b'{"d":1e400}',
+        b'{"a":{"x":[1,"v"]}}',
+        b'{"f":{"k":1}}',
+    ],
+)
+def test_a_stored_envelope_that_no_sender_makes_never_fails_a_receive(broker: Broker, meta: bytes) -> None:
+    """sej messages carry no checksum, and other tools write the journal: an envelope whose
+    fields have the wrong kinds is read as damaged (the value as it is, all body), as the
+    format promises, instead of failing every receive of the queue (or storing a bad event)."""
+    import struct
+
+    from journalq.journal import Message
+
+    q = broker.queue("jobs")
+    value = b"JQ1" + struct.pack(">I", len(meta)) + meta + b"body"
+    q.topic._get_writer().append_many([Message(timestamp_ns=time.time_ns(), type=ENVELOPE_TYPE, value=value)])
+    q.send(b"next", group_id="g")
+    got = q.receive(10)
+    assert [m.body for m in got] == [value, b"next"]
+    assert q.delete_many([m.receipt for m in got]) == [None, None]
+    assert q.stats().available == 0

@@ -203,17 +203,32 @@ def decode_meta(body: bytes, raw: bytes) -> Envelope | None:
         meta = json.loads(raw)
         if not isinstance(meta, dict):
             raise ValueError("not an object")
-        attributes = {
-            name: Attribute(kind, base64.b64decode(data) if kind.startswith("Binary") else data)
-            for name, (kind, data) in meta.get("a", {}).items()
-        }
+        attributes = {}
+        for name, (kind, data) in meta.get("a", {}).items():
+            if not isinstance(kind, str) or not isinstance(data, str):
+                return None
+            attributes[name] = Attribute(kind, base64.b64decode(data) if kind.startswith("Binary") else data)
+        delay = meta.get("d", 0.0)
+        filters = meta.get("f", {})
+        dedup_id, group_id = meta.get("i"), meta.get("g")
+        # What a receive computes with must be of its kind (no sender stores anything else; sej
+        # messages carry no checksum, and other tools write journals): a group id hashed and
+        # stored in events, a delay turned into nanoseconds, filters compared as strings.
+        if (
+            isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay)
+            or not isinstance(filters, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in filters.items())
+            or not (dedup_id is None or isinstance(dedup_id, str))
+            or not (group_id is None or isinstance(group_id, str))
+        ):
+            return None
         return Envelope(
             body,
             attributes,
-            float(meta.get("d", 0.0)),
-            dict(meta.get("f", {})),
-            meta.get("i"),
-            meta.get("g"),
+            float(delay),
+            filters,
+            dedup_id,
+            group_id,
             meta.get("m"),
             meta.get("s"),
             # A "c" that names no channel is ignored (the message is every channel's), not
