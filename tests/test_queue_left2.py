@@ -297,3 +297,11 @@ def test_a_stored_envelope_that_no_sender_makes_never_fails_a_receive(broker: Br
     assert [m.body for m in got] == [value, b"next"]
     assert q.delete_many([m.receipt for m in got]) == [None, None]
     assert q.stats().available == 0
+
+
+@pytest.mark.parametrize("filters", ["", [], 0, False, ()])
+def test_message_filters_that_are_no_mapping_are_refused_even_when_empty(broker: Broker, filters: object) -> None:
+    q = broker.queue("jobs")
+    with pytest.raises(InvalidMessageError, match="filters"):
+        q.send(b"x", filters=filters)  # type: ignore[arg-type]
+    assert q.send(b"x", filters={}) == "0"  # an empty mapping is no filter
