@@ -305,3 +305,15 @@ def test_message_filters_that_are_no_mapping_are_refused_even_when_empty(broker:
     with pytest.raises(InvalidMessageError, match="filters"):
         q.send(b"x", filters=filters)  # type: ignore[arg-type]
     assert q.send(b"x", filters={}) == "0"  # an empty mapping is no filter
+
+
+def test_a_dead_letter_queue_named_as_a_shard_is_refused_when_set(broker: Broker) -> None:
+    """No queue can have such a name (kept for shards): every move would fail; refused at once."""
+    from journalq.errors import InvalidSettingError
+
+    with pytest.raises(InvalidSettingError, match="shard"):
+        broker.queue("jobs", max_receive_count=1, dead_letter_queue="orders.2.001")
+    q = broker.queue("jobs")
+    with pytest.raises(InvalidSettingError, match="shard"):
+        q.configure(max_receive_count=1, dead_letter_queue="orders.2.001")
+    assert q.settings.dead_letter_queue is None
