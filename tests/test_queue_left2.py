@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidMessageError, QueueNotFoundError, SettingsFileError
+from journalq.errors import InvalidMessageError, QueueNotFoundError
 from journalq.queue import Broker
-from journalq.queue import settings as settings_file
 from journalq.queue.envelope import ENVELOPE_TYPE, Envelope, encode
 
 

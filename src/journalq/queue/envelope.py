@@ -287,7 +287,7 @@ def check_source(source: Any) -> dict[str, Any] | None:
     if not isinstance(source, Mapping):
         raise InvalidMessageError(f"message source must be a mapping of {sorted(_SOURCE_FIELDS)}, not {source!r}")
     for name, value in source.items():
-        kind = _SOURCE_FIELDS.get(name)  # type: ignore[call-overload]  # a key of any type is refused here
+        kind = _SOURCE_FIELDS.get(name)  # (a key of any other kind is an unknown field)
         if kind is None:
             raise InvalidMessageError(f"message source has an unknown field {name!r}: it has {sorted(_SOURCE_FIELDS)}")
         if kind == "a whole number":
