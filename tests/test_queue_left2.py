@@ -316,3 +316,17 @@ def test_a_dead_letter_queue_named_as_a_shard_is_refused_when_set(broker: Broker
     with pytest.raises(InvalidSettingError, match="shard"):
         q.configure(max_receive_count=1, dead_letter_queue="orders.2.001")
     assert q.settings.dead_letter_queue is None
+
+
+@pytest.mark.parametrize("metadata", [{"x": float("nan")}, {"x": object()}, {1j: 1}])
+def test_a_sharded_batch_with_metadata_that_is_no_json_stores_nothing(broker: Broker, metadata: object) -> None:
+    """Every message of a sharded batch is checked before any shard's part is written: metadata
+    that cannot be stored as JSON was found only when its shard's part was encoded, after the
+    parts of other shards were stored (a PartialSendError for bad input)."""
+    queue = broker.queue("orders", shards=4)
+    items = [{"body": b"%d" % i, "key": b"k%d" % i} for i in range(8)]
+    items.append({"body": b"bad", "key": b"k7", "metadata": metadata})  # the last shard written
+    with pytest.raises(InvalidMessageError, match="JSON") as caught:
+        queue.send_many(items)
+    assert type(caught.value) is InvalidMessageError
+    assert queue.stats().available == 0

@@ -300,6 +300,11 @@ class Topic(TopicDirectory):
         channel = item.get("channel")
         if channel is not None:
             check_name(channel, "channel")
+        metadata = item.get("metadata")
+        if metadata is not None:
+            # JSON, checked here with the rest: a batch spread over shards (or ZooKeeper chunks)
+            # is written part by part, and only the part holding it would find out, too late.
+            envelope.encode_task_metadata(metadata)
         return Envelope(
             body=body,
             attributes=attributes,
@@ -307,7 +312,7 @@ class Topic(TopicDirectory):
             filters=filters.check_message_filters(item.get("filters"), settings.enums),
             dedup_id=dedup_id,
             group_id=item.get("group_id"),
-            metadata=item.get("metadata"),
+            metadata=metadata,
             source=envelope.check_source(item.get("source")),  # set on dead letters: where they came from
             channel=channel,  # set on dead letters redriven: the channel they came from
         )
