@@ -330,3 +330,23 @@ def test_a_sharded_batch_with_metadata_that_is_no_json_stores_nothing(broker: Br
         queue.send_many(items)
     assert type(caught.value) is InvalidMessageError
     assert queue.stats().available == 0
+
+
+# -- retention by another process ------------------------------------------------------------
+
+
+def test_a_receive_goes_past_what_another_process_s_retention_deleted(tmp_path: Path) -> None:
+    """Another process's gc deleted (by retention) segments this channel had not read: the next
+    receive starts at the first message kept. It returned nothing until this process's own
+    collection came due (task_gc_interval, a minute by default), while stats said there were
+    messages."""
+    from journalq.journal.segment import list_segments
+
+    with Broker(tmp_path, sync="none") as mine, Broker(tmp_path, sync="none") as other:
+        queue = mine.queue("jobs", segment_size=4096, retention_bytes=3 * 4096)
+        queue.send_many([b"%04d" % i + b"." * 100 for i in range(300)])
+        assert other.topic("jobs").gc()  # the oldest segments go, unread
+        first = list_segments(tmp_path / "jobs")[0].base
+        assert first > 0 and queue.stats().available == 300 - first
+        got = queue.receive(5)
+        assert [m.offset for m in got] == list(range(first, first + 5))

@@ -282,6 +282,7 @@ class Channel:
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
+        self._tail_lost = False  # the tail's next message was deleted (retention): see ``_read_ahead``
         self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
@@ -821,8 +822,18 @@ class Channel:
                     full = True
                     break
         if not full:
+            plain_up_to = max_messages if wanted is None else 0
             with self._ahead_lock:
-                self._take_new(state.frontier, consider, picks, max_messages if wanted is None else 0, kept_from)
+                self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                if self._tail_lost:
+                    # Retention (another process's gc) deleted what the frontier was to read:
+                    # skipped now, and the rest taken, rather than nothing until this process's
+                    # own collection comes due.
+                    self._tail_lost = False
+                    frontier = state.frontier
+                    self._skip_deleted()
+                    if state.frontier != frontier:
+                        self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
         moved = bool(dead) and self._send_dead(dead)
         if dead and not moved:
             # Kept here: what their groups have after them waits for them, as above.
@@ -917,7 +928,8 @@ class Channel:
                     ahead.extend(more)
             except (OffsetOutOfRangeError, TruncatedError):
                 # Retention deleted messages this channel had not read: ``_skip_deleted`` skips
-                # them at the next collection.
+                # them (the receive, under the hold, told by ``_tail_lost``).
+                self._tail_lost = True
                 if self._tail is not None:
                     self._tail.close()
                     self._tail = None
