@@ -117,7 +117,7 @@ def test_a_damaged_dead_letter_queue_does_not_block_the_source(
     it can; its dead letters stay in it, not delivered again, not lost (nor their group's
     followers delivered before them), with a warning naming the file once per
     ``task_gc_interval``, and move once the dead-letter queue can take them."""
-    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq", task_gc_interval=0.3)
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq", task_gc_interval=1.5)
     dlq = broker.queue("dlq")
     dlq.close()
     broker.forget("dlq")
@@ -137,7 +137,7 @@ def test_a_damaged_dead_letter_queue_does_not_block_the_source(
     assert len(warnings) == 1 and str(tmp_path / "dlq" / "queue.json") in warnings[0].getMessage()
     assert q.task(poison).state == "inserted"  # kept
     (tmp_path / "dlq" / "queue.json").write_text(good)
-    time.sleep(0.35)
+    time.sleep(1.6)
     assert [m.body for m in q.receive(10)] == [b"after poison"]  # the poison moved first
     assert q.task(poison).state == "dead"
     assert [m.body for m in broker.queue("dlq").receive(10)] == [b"poison"]
@@ -167,13 +167,13 @@ def test_a_sharded_receive_collects_the_topic_once_per_interval(
     over every shard, runs once for them all (it ran once per shard, each listing every shard)."""
     from journalq.queue.sharded import ShardedTopic
 
-    queue = broker.queue("orders", shards=4, retention_bytes=10**6, task_gc_interval=0.05)
+    queue = broker.queue("orders", shards=4, retention_bytes=10**6, task_gc_interval=0.5)
     calls: list[int] = []
     real = ShardedTopic.size_cuts
     monkeypatch.setattr(ShardedTopic, "size_cuts", lambda self: calls.append(1) or real(self))
     for _ in range(3):
         queue.send_many([b"%d" % i for i in range(8)])
-        time.sleep(0.06)
+        time.sleep(0.55)
         calls.clear()
         got = queue.receive(10)  # from every shard
         assert len({m.id.split(".")[0] for m in got}) > 1
