@@ -350,3 +350,24 @@ def test_a_receive_goes_past_what_another_process_s_retention_deleted(tmp_path: 
         assert first > 0 and queue.stats().available == 300 - first
         got = queue.receive(5)
         assert [m.offset for m in got] == list(range(first, first + 5))
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_redrive_does_not_move_dead_letters_on_by_the_dead_letter_queue_s_own_policy(
+    broker: Broker, shards: int
+) -> None:
+    """A redrive receives the dead letters to move them back (SQS's StartMessageMoveTask, which
+    is no receive): those already looked at up to the dead-letter queue's own
+    max_receive_count went on to its dead-letter queue instead of back to their queue."""
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dlq")
+    dlq = broker.queue("dlq", max_receive_count=1, dead_letter_queue="dlq2", shards=shards)
+    q.send(b"poison")
+    q.receive(visibility_timeout=0)
+    time.sleep(0.01)
+    assert q.receive() == []  # moved
+    (looked,) = dlq.receive()
+    dlq.release(looked.receipt)  # looked at once, given back
+    assert dlq.redrive() == 1
+    assert [m.body for m in q.receive(5)] == [b"poison"]
+    assert broker.queue("dlq2").receive(5) == []
+    assert dlq.stats().dead == 0

@@ -21,6 +21,7 @@ topic's garbage collection reads.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import hashlib
 import logging
@@ -98,6 +99,10 @@ _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; be
 
 
 _DISK_FULL = frozenset((errno.ENOSPC, errno.EDQUOT))
+REDRIVING: contextvars.ContextVar[bool] = contextvars.ContextVar("journalq_redriving", default=False)
+"""True in a redrive's receives (``Queue.redrive``, this thread's): they move dead letters back,
+which is no receive in SQS (StartMessageMoveTask), so the queue's own max_receive_count does not
+move them on to its dead-letter queue."""
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
@@ -749,6 +754,8 @@ class Channel:
         settings = self.settings
         enums = settings.enums
         max_count = settings.max_receive_count
+        if max_count is not None and REDRIVING.get():
+            max_count = None
         self._apply_new()
         now = time.time_ns()
         state = self.state

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from journalq.errors import InvalidSettingError, QueueNotFoundError
-from journalq.queue.channel import Channel
+from journalq.queue.channel import REDRIVING, Channel
 from journalq.queue.settings import QueueSettings
 from journalq.queue.envelope import resend, source_queue
 
@@ -48,7 +48,9 @@ class Queue(Channel):
         received like the rest, so its receive count grows by one, and it is given back when the
         redrive ends: it stays hidden until then, so that the redrive goes on past it. A source
         that is malformed (stored by a version that did not check it) names no queue: the message
-        stays, with a warning that names it, rather than stopping the redrive of the others."""
+        stays, with a warning that names it, rather than stopping the redrive of the others. The
+        redrive's receives never move a dead letter on by this queue's own max_receive_count (a
+        move is no receive in SQS either): it goes back, however often it was looked at here."""
         if max_messages is not None and (
             isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 0
         ):
@@ -64,6 +66,7 @@ class Queue(Channel):
             broker.topic(destination, create=False)
         moved = 0
         kept: dict[str, str] = {}  # id -> receipt of each message that cannot move
+        redriving = REDRIVING.set(True)  # its receives move nothing on (this queue's own policy)
         try:
             while max_messages is None or moved < max_messages:
                 size = 100 if max_messages is None else min(100, max_messages - moved)
@@ -110,6 +113,7 @@ class Queue(Channel):
                     self.delete_many([m.receipt for m in messages])
                     moved += len(messages)
         finally:
+            REDRIVING.reset(redriving)
             if kept:
                 self.change_visibility_many([(receipt, 0) for receipt in kept.values()])
         return moved
