@@ -19,7 +19,6 @@ from typing import Any
 
 from journalq.errors import InvalidNameError, InvalidSettingError, SettingsFileError, StorageError
 from journalq.journal.recovery import fsync_dir
-from journalq.shard.naming import parse_shard_name
 
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,79}$")
 MAX_NAME_LENGTH = 80
@@ -145,11 +144,6 @@ def check_for_queue(name: str, settings: QueueSettings) -> QueueSettings:
     itself, and never let it go."""
     if settings.dead_letter_queue == name:
         raise InvalidSettingError(f"queue {name!r} cannot be its own dead-letter queue")
-    if settings.dead_letter_queue is not None and parse_shard_name(settings.dead_letter_queue) is not None:
-        # (``sharded.check_topic_name``'s rule: no queue has such a name, every move would fail)
-        raise InvalidSettingError(
-            f"dead-letter queue {settings.dead_letter_queue!r} names a shard of a sharded topic, not a queue"
-        )
     return settings
 
 

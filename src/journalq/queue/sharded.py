@@ -106,6 +106,17 @@ def check_topic_name(name: str) -> str:
     return name
 
 
+def check_dead_letter_queue(settings: QueueSettings) -> QueueSettings:
+    """Refuse a dead-letter queue named as a shard (``check_topic_name``'s rule): no queue of this
+    store can have such a name, so every move to it would fail."""
+    dead_letter_queue = settings.dead_letter_queue
+    if dead_letter_queue is not None and parse_shard_name(dead_letter_queue) is not None:
+        raise InvalidSettingError(
+            f"dead-letter queue {dead_letter_queue!r} names a shard of a sharded topic, not a queue"
+        )
+    return settings
+
+
 def check_new(root: Path, name: str, settings: QueueSettings) -> None:
     """Before creating topic ``name`` with ``settings``: a sharded topic's name must be a shard
     prefix, and shards of that prefix left with another shard count are refused."""
