@@ -371,3 +371,27 @@ def test_a_redrive_does_not_move_dead_letters_on_by_the_dead_letter_queue_s_own_
     assert [m.body for m in q.receive(5)] == [b"poison"]
     assert broker.queue("dlq2").receive(5) == []
     assert dlq.stats().dead == 0
+
+
+def test_a_sharded_gc_collects_the_other_shards_when_one_fails(broker: Broker, tmp_path: Path) -> None:
+    """One shard whose gc fails (a damaged offset file) no longer keeps the shards after it from
+    being collected; its failure is raised once all were tried."""
+    from journalq.errors import JournalError
+    from journalq.journal.segment import list_segments
+
+    topic = broker.topic("events", shards=4, segment_size=4096)
+    channel = topic.channel("c")
+    topic.send_many([{"body": b"%04d" % i + b"." * 100, "key": b"k%d" % i} for i in range(800)])
+    while got := channel.receive(100):
+        channel.delete_many([m.receipt for m in got])
+    channel.commit_cursor()
+    before = [len(list_segments(shard.path)) for shard in topic.shards]
+    assert min(before) > 1
+    damaged = topic.shards[1].path / "ofs" / "c.ofs"
+    damaged.unlink()
+    damaged.mkdir()  # read_offset: "the offset file is a directory"
+    with pytest.raises(JournalError, match="directory"):
+        topic.gc()
+    after = [len(list_segments(shard.path)) for shard in topic.shards]
+    assert after[1] == before[1]
+    assert [after[i] for i in (0, 2, 3)] == [1, 1, 1]

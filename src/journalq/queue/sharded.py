@@ -48,6 +48,7 @@ from journalq.errors import (
     InvalidMessageError,
     InvalidNameError,
     InvalidSettingError,
+    JournalError,
     LockedError,
     PartialSendError,
     QueueNotFoundError,
@@ -377,10 +378,20 @@ class ShardedTopic(TopicDirectory):
 
     def gc(self, now: float | None = None) -> list[Path]:
         """Each shard's ``Topic.gc`` (retention by size counted over them all); returns the files
-        deleted."""
+        deleted. A shard whose gc fails (damaged) does not keep the others from being collected:
+        its failure is raised once every shard was tried."""
         self._last_gc = time.monotonic()
         cuts = self.size_cuts() if self.settings.retention_bytes is not None else [None] * len(self.shards)
-        return [path for shard, cut in zip(self.shards, cuts) for path in shard.gc(now, size_kept_from=cut)]
+        deleted: list[Path] = []
+        failed: Exception | None = None
+        for shard, cut in zip(self.shards, cuts):
+            try:
+                deleted += shard.gc(now, size_kept_from=cut)
+            except (JournalError, OSError) as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return deleted
 
     def size_cuts(self) -> list[int]:
         """``retention_bytes`` over the whole topic: per shard, the offset before which its
