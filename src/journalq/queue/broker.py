@@ -80,7 +80,7 @@ class Broker(Closing):
         if current is None:
             if not create:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-            wanted = check_for_queue(name, QueueSettings().replace(**settings))
+            wanted = sharded.check_dead_letter_queue(check_for_queue(name, QueueSettings().replace(**settings)))
             sharded.check_new(self.root, name, wanted)
             path.mkdir(parents=True, exist_ok=True)
             if settings_file.create(path, wanted, durable=self.durable):
@@ -90,7 +90,7 @@ class Broker(Closing):
                 if current is None:
                     raise QueueNotFoundError(f"queue or topic {name!r} in {self.root} was deleted as it was made")
         if settings:
-            updated = check_for_queue(name, current.replace(**settings))
+            updated = sharded.check_dead_letter_queue(check_for_queue(name, current.replace(**settings)))
             if updated != current:
                 sharded.check_change(name, current, updated)
                 settings_file.save(path, updated, durable=self.durable)

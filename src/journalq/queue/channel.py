@@ -21,6 +21,7 @@ topic's garbage collection reads.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import hashlib
 import logging
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from journalq.errors import (
     CorruptionError,
+    Error,
     InvalidSettingError,
     JournalError,
     OffsetOutOfRangeError,
@@ -67,6 +69,7 @@ from journalq.queue.envelope import (
     first_sent_ns,
     message_id,
     parse_message_id,
+    receives_before,
     resend,
 )
 from journalq.queue.settings import QueueSettings, check_number
@@ -96,6 +99,10 @@ _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; be
 
 
 _DISK_FULL = frozenset((errno.ENOSPC, errno.EDQUOT))
+REDRIVING: contextvars.ContextVar[bool] = contextvars.ContextVar("journalq_redriving", default=False)
+"""True in a redrive's receives (``Queue.redrive``, this thread's): they move dead letters back,
+which is no receive in SQS (StartMessageMoveTask), so the queue's own max_receive_count does not
+move them on to its dead-letter queue."""
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
@@ -268,8 +275,9 @@ class Channel:
         self._closed = False
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.receipt_prefix = ""
-        """What the caller's receipts have before this channel's own: errors name a receipt as the
-        caller gave it (a sharded queue's shard channels: the shard's index and a dot)."""
+        """What the caller's receipts and message ids have before this channel's own: errors name
+        a receipt as the caller gave it, and dead letters their message (a sharded queue's shard
+        channels: the shard's index and a dot)."""
         self._writer = self._new_writer()
         self._reopen_lock = threading.Lock()  # threads reopening the writer make one, not one each
         self._token = ""  # ``_channel_token``'s, read under the hold below
@@ -279,6 +287,7 @@ class Channel:
         self._tail: Scanner | None = None  # reads new topic messages from the frontier
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
+        self._tail_lost = False  # the tail's next message was deleted (retention): see ``_read_ahead``
         self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
@@ -287,6 +296,7 @@ class Channel:
         # own receipts are not parsed again); forgotten when finished, all of it when it grows.
         self._issued: dict[str, tuple[int, int, int]] = {}
         self._retry_maintenance_at = 0  # (ns) after a maintenance that failed outside a receive
+        self._retry_dead_letters_at = 0  # (ns) after the dead-letter queue refused its letters
         with self._hold():
             self._token = _channel_token(self.path, topic.broker.durable)
             self._load()
@@ -501,18 +511,19 @@ class Channel:
         state = self.state
         if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
             older = now - int(self.settings.task_gc_lifetime * 1e9)
+            collector = self.topic.collected_by  # a shard's: its sharded topic, once for all shards
             try:
                 self._record([Event(EventKind.COLLECT, 0, visible_at=older).encode()])
             except StorageError as exc:
-                if exc.errno in _DISK_FULL and self.topic.gc_due():
+                if exc.errno in _DISK_FULL and collector.gc_due():
                     # The gc frees the space that this event, and every change, waits for: run it
                     # anyway. (``_record`` rebuilt the state as the journal has it, without the
                     # deletes that failed with the event: their messages' segments stay.)
-                    self.topic.gc()
+                    collector.gc()
                 raise
             self.commit_cursor()
-            if self.topic.gc_due():
-                self.topic.gc()
+            if collector.gc_due():
+                collector.gc()
             self._skip_deleted()  # after the gc: what it deleted, and what others' gc did
         if _compaction_due(state):
             self._compact()
@@ -743,6 +754,8 @@ class Channel:
         settings = self.settings
         enums = settings.enums
         max_count = settings.max_receive_count
+        if max_count is not None and REDRIVING.get():
+            max_count = None
         self._apply_new()
         now = time.time_ns()
         state = self.state
@@ -794,6 +807,10 @@ class Channel:
                     blocked.add(group)
                 return False
             if max_count is not None and count >= max_count:
+                if now < self._retry_dead_letters_at:  # the dead-letter queue failed lately
+                    if group is not None:
+                        blocked.add(group)  # it stays first in its group, undelivered
+                    return False
                 dead.append((message, self._envelope(message) if env is _PLAIN else env, count))
                 return False
             picks.append((message, env, count + 1))
@@ -812,8 +829,24 @@ class Channel:
                     full = True
                     break
         if not full:
+            plain_up_to = max_messages if wanted is None else 0
             with self._ahead_lock:
-                self._take_new(state.frontier, consider, picks, max_messages if wanted is None else 0, kept_from)
+                self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                if self._tail_lost:
+                    # Retention (another process's gc) deleted what the frontier was to read:
+                    # skipped now, and the rest taken, rather than nothing until this process's
+                    # own collection comes due.
+                    self._tail_lost = False
+                    frontier = state.frontier
+                    self._skip_deleted()
+                    if state.frontier != frontier:
+                        self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+        moved = bool(dead) and self._send_dead(dead)
+        if dead and not moved:
+            # Kept here: what their groups have after them waits for them, as above.
+            kept = {e.group_id for _, e, _ in dead if e.group_id is not None}
+            if kept:
+                picks[:] = [pick for pick in picks if pick[1].group_id not in kept]
         visible_at = now + int(hide * 1e9)
         consumer = self._consumer_key
         plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
@@ -826,15 +859,14 @@ class Channel:
             ]
         else:
             records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
-        if dead:
-            self._send_dead(dead)
+        if moved:
             records += [Event(EventKind.DEAD, m.offset, count).encode() for m, _, count in dead]
         if passed:
             records += finish_records(passed, [0] * len(passed))
         stamp = 0
         if records or self._unwritten:
             # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
-            stamp = self._record(records, durable=bool(dead))
+            stamp = self._record(records, durable=moved)
         return picks, wake_at, stamp
 
     def _take_new(
@@ -903,7 +935,8 @@ class Channel:
                     ahead.extend(more)
             except (OffsetOutOfRangeError, TruncatedError):
                 # Retention deleted messages this channel had not read: ``_skip_deleted`` skips
-                # them at the next collection.
+                # them (the receive, under the hold, told by ``_tail_lost``).
+                self._tail_lost = True
                 if self._tail is not None:
                     self._tail.close()
                     self._tail = None
@@ -919,10 +952,18 @@ class Channel:
                 self._envelopes.pop(next(iter(self._envelopes)))
         return env
 
-    def _send_dead(self, dead: list[tuple[Message, Envelope, int]]) -> None:
+    def _send_dead(self, dead: list[tuple[Message, Envelope, int]]) -> bool:
         """Send dead letters to the dead-letter queue, made when missing. Through its topic, not
         ``broker.queue``: that would give a topic with channels of its own a channel ``default``,
-        which takes every message of it and holds its gc for ever."""
+        which takes every message of it and holds its gc for ever.
+
+        False when the dead-letter queue cannot take them (its settings file damaged, its
+        storage failing, ...): as a queue whose dead-letter queue is broken should, this one
+        goes on delivering its other messages, and keeps the dead letters, undelivered (they
+        had their receives) and not lost, first in their FIFO groups. The failure is logged,
+        naming its cause (and the file), and the move tried again ``task_gc_interval`` later,
+        not at every receive. (A move cut short, a sharded dead-letter queue's, say, is sent
+        again whole: its deduplication ids drop what arrived.)"""
         queue_name = self.settings.dead_letter_queue
         assert queue_name is not None
         letters = [
@@ -932,9 +973,11 @@ class Channel:
                 source={
                     "queue": self.topic.name,
                     "channel": self.name,
-                    "id": message_id(m.offset),
-                    "count": count,
-                    # SQS keeps a dead letter's SentTimestamp, through every move.
+                    "id": self.receipt_prefix + message_id(m.offset),  # as the caller knows it
+                    # SQS keeps a dead letter's SentTimestamp and receive count, through every
+                    # move. (Its own max_receive_count counts the receives here only: SQS's
+                    # does, and a lower one would move each letter on unseen.)
+                    "count": count + receives_before(env.source),
                     "sent_at_ns": first_sent_ns(env.source, m.timestamp_ns),
                 },
                 dedup_id=self._dead_letter_id(m.offset),
@@ -943,11 +986,22 @@ class Channel:
         ]
         broker = self.topic.broker
         try:
-            broker.topic(queue_name).send_many(letters)
-        except QueueNotFoundError:
-            # Deleted by another process since this one opened it (the topic now knows): made
-            # again, as a missing one is, rather than failing this receive once.
-            broker.topic(queue_name).send_many(letters)
+            try:
+                broker.topic(queue_name).send_many(letters)
+            except QueueNotFoundError:
+                # Deleted by another process since this one opened it (the topic now knows): made
+                # again, as a missing one is, rather than failing this receive once.
+                broker.topic(queue_name).send_many(letters)
+        except (Error, OSError) as exc:
+            interval = self.settings.task_gc_interval
+            self._retry_dead_letters_at = time.time_ns() + int(interval * 1e9)
+            log.warning(
+                "%s/%s: %d dead letter(s) cannot move to dead-letter queue %r; kept here, undelivered, "
+                "and tried again in %g s: %s",
+                self.topic.name, self.name, len(letters), queue_name, interval, exc,
+            )
+            return False
+        return True
 
     def _dead_letter_id(self, offset: int) -> str:
         """The deduplication id of the dead letter of message ``offset``: a process killed after

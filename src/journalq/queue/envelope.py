@@ -16,7 +16,8 @@ message with queue metadata has the type ``ENVELOPE_TYPE`` (0xE0) and a value of
     "m"  task metadata, any JSON object
     "s"  where a dead letter came from: {"queue": name, "channel": name, "id": message id,
          "count": receives, "sent_at_ns": when it was first sent, before any move} (the last
-         is missing from dead letters of versions before 2026-11-23)
+         is missing from dead letters of versions before 2026-11-23; "count" counts the
+         receives in every queue it was moved from, since 2026-11-23)
     "c"  the one channel of the topic that the message is for (a dead letter redriven back to the
          channel it came from); every other channel finishes it unseen
 
@@ -31,11 +32,13 @@ import json
 import math
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from journalq.errors import InvalidMessageError
+from journalq.errors import InvalidMessageError, InvalidNameError
+from journalq.queue.settings import check_name
 
 ENVELOPE_TYPE = 0xE0
 _MAGIC = b"JQ1"
@@ -200,17 +203,32 @@ def decode_meta(body: bytes, raw: bytes) -> Envelope | None:
         meta = json.loads(raw)
         if not isinstance(meta, dict):
             raise ValueError("not an object")
-        attributes = {
-            name: Attribute(kind, base64.b64decode(data) if kind.startswith("Binary") else data)
-            for name, (kind, data) in meta.get("a", {}).items()
-        }
+        attributes = {}
+        for name, (kind, data) in meta.get("a", {}).items():
+            if not isinstance(kind, str) or not isinstance(data, str):
+                return None
+            attributes[name] = Attribute(kind, base64.b64decode(data) if kind.startswith("Binary") else data)
+        delay = meta.get("d", 0.0)
+        filters = meta.get("f", {})
+        dedup_id, group_id = meta.get("i"), meta.get("g")
+        # What a receive computes with must be of its kind (no sender stores anything else; sej
+        # messages carry no checksum, and other tools write journals): a group id hashed and
+        # stored in events, a delay turned into nanoseconds, filters compared as strings.
+        if (
+            isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay)
+            or not isinstance(filters, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in filters.items())
+            or not (dedup_id is None or isinstance(dedup_id, str))
+            or not (group_id is None or isinstance(group_id, str))
+        ):
+            return None
         return Envelope(
             body,
             attributes,
-            float(meta.get("d", 0.0)),
-            dict(meta.get("f", {})),
-            meta.get("i"),
-            meta.get("g"),
+            float(delay),
+            filters,
+            dedup_id,
+            group_id,
             meta.get("m"),
             meta.get("s"),
             # A "c" that names no channel is ignored (the message is every channel's), not
@@ -240,12 +258,65 @@ def whole_number(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def receives_before(source: Any) -> int:
+    """How many times the message that a dead letter stands for was received before it came
+    here (every queue it went through: SQS's ApproximateReceiveCount goes on across moves); 0
+    for a message that is no dead letter, or whose ``source`` holds no count."""
+    count = source.get("count") if isinstance(source, dict) else None
+    return count if whole_number(count) else 0
+
+
 def first_sent_ns(source: Any, sent_at_ns: int) -> int:
     """When the message that a dead letter stands for was first sent: for a message that was a dead
     letter already (moved on by its own queue's redrive policy), the time its ``source`` keeps;
     else its own ``sent_at_ns``. (``source`` is whatever a sender gave: only an integer counts.)"""
     first = source.get("sent_at_ns") if isinstance(source, dict) else None
     return first if whole_number(first) else sent_at_ns
+
+
+_SOURCE_FIELDS = {"queue": "a queue name", "channel": "a channel name", "id": "a message id",
+                  "count": "a whole number", "sent_at_ns": "an integer"}
+
+
+def check_source(source: Any) -> dict[str, Any] | None:
+    """A dead letter's ``source`` to send (None, or the mapping described above, any field
+    left out), or ``InvalidMessageError`` naming what is wrong: a redrive reads it to send the
+    message back, and SQS's attributes read its count and time."""
+    if source is None:
+        return None
+    if not isinstance(source, Mapping):
+        raise InvalidMessageError(f"message source must be a mapping of {sorted(_SOURCE_FIELDS)}, not {source!r}")
+    for name, value in source.items():
+        kind = _SOURCE_FIELDS.get(name)  # (a key of any other kind is an unknown field)
+        if kind is None:
+            raise InvalidMessageError(f"message source has an unknown field {name!r}: it has {sorted(_SOURCE_FIELDS)}")
+        if kind == "a whole number":
+            good = whole_number(value)
+        elif kind == "an integer":  # a sej message may have no time (0, or Go's zero: negative)
+            good = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "a message id":
+            good = isinstance(value, str) and 0 < len(value) <= 128
+        else:
+            try:
+                good = bool(check_name(value))
+            except InvalidNameError:
+                good = False
+        if not good:
+            raise InvalidMessageError(f"message source field {name!r} must be {kind}, not {value!r}")
+    return dict(source)
+
+
+def source_queue(source: Any) -> tuple[str, str | None] | None:
+    """(queue, channel or None) that a stored dead letter's ``source`` names, for a redrive;
+    None when it names no queue, or is malformed (stored by a version that did not check it:
+    ``check_source``), so that nothing is sent where it does not name."""
+    try:
+        checked = check_source(source)
+    except InvalidMessageError:
+        return None
+    if checked is None or "queue" not in checked:
+        return None
+    return checked["queue"], checked.get("channel")
 
 
 def message_id(offset: int) -> str:

@@ -58,9 +58,9 @@ def normalize(
 
 def check_message_filters(filters: Mapping[str, str] | None, enums: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
     """A message's filters, checked against the declared enums."""
-    if not filters:
+    if filters is None:
         return {}
-    if not isinstance(filters, Mapping):
+    if not isinstance(filters, Mapping):  # "" or [] too: a mistake, not "no filters"
         raise InvalidMessageError(f"message filters map names to values, not {type(filters).__name__}")
     out = {}
     for name, value in filters.items():

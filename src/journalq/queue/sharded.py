@@ -48,6 +48,7 @@ from journalq.errors import (
     InvalidMessageError,
     InvalidNameError,
     InvalidSettingError,
+    JournalError,
     LockedError,
     PartialSendError,
     QueueNotFoundError,
@@ -104,6 +105,17 @@ def check_topic_name(name: str) -> str:
             "names of the form [prefix].[bit].[index] are kept for shards"
         )
     return name
+
+
+def check_dead_letter_queue(settings: QueueSettings) -> QueueSettings:
+    """Refuse a dead-letter queue named as a shard (``check_topic_name``'s rule): no queue of this
+    store can have such a name, so every move to it would fail."""
+    dead_letter_queue = settings.dead_letter_queue
+    if dead_letter_queue is not None and parse_shard_name(dead_letter_queue) is not None:
+        raise InvalidSettingError(
+            f"dead-letter queue {dead_letter_queue!r} names a shard of a sharded topic, not a queue"
+        )
+    return settings
 
 
 def check_new(root: Path, name: str, settings: QueueSettings) -> None:
@@ -234,9 +246,14 @@ class _ShardTopic(Topic):
             size_kept_from = self.sharded.size_cuts()[self.sharded.shards.index(self)]
         return Topic.gc(self, now, size_kept_from=size_kept_from)
 
+    @property
+    def collected_by(self) -> ShardedTopic:
+        """The sharded topic: its gc collects every shard, counting ``retention_bytes`` over them
+        all once (each shard's own would count it again, for each shard's channel)."""
+        return self.sharded
+
     def gc_when_due(self) -> None:
-        """The sharded topic's, for a send to this shard: its gc collects every shard, counting
-        ``retention_bytes`` over them all once (each shard's own would count it again)."""
+        """The sharded topic's, for a send to this shard (see ``collected_by``)."""
         self.sharded.gc_when_due()
 
 
@@ -361,10 +378,20 @@ class ShardedTopic(TopicDirectory):
 
     def gc(self, now: float | None = None) -> list[Path]:
         """Each shard's ``Topic.gc`` (retention by size counted over them all); returns the files
-        deleted."""
+        deleted. A shard whose gc fails (damaged) does not keep the others from being collected:
+        its failure is raised once every shard was tried."""
         self._last_gc = time.monotonic()
         cuts = self.size_cuts() if self.settings.retention_bytes is not None else [None] * len(self.shards)
-        return [path for shard, cut in zip(self.shards, cuts) for path in shard.gc(now, size_kept_from=cut)]
+        deleted: list[Path] = []
+        failed: Exception | None = None
+        for shard, cut in zip(self.shards, cuts):
+            try:
+                deleted += shard.gc(now, size_kept_from=cut)
+            except (JournalError, OSError) as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return deleted
 
     def size_cuts(self) -> list[int]:
         """``retention_bytes`` over the whole topic: per shard, the offset before which its
@@ -525,6 +552,7 @@ class ShardedChannel:
         received: list[ReceivedMessage] = []
         wake_at: int | None = None
         failed: Exception | None = None
+        failed_shard = 0
         order = self._order()
         for index in ([last, *(i for i in order if i != last)] if last is not None else order):
             mine = deletes.get(index, ()) if index == last else ()
@@ -538,7 +566,8 @@ class ShardedChannel:
                 # A shard that fails (damaged, its storage refusing) must not cost the messages
                 # that the other shards hid for this receive: they are returned, and the failure
                 # is raised when no other shard has anything to give.
-                failed = failed or exc
+                if failed is None:
+                    failed, failed_shard = exc, index
                 continue
             if wake is not None:
                 wake_at = wake if wake_at is None else min(wake_at, wake)
@@ -549,6 +578,10 @@ class ShardedChannel:
                     object.__setattr__(m, "receipt", f"{index}.{m.receipt}")
                 received += got
         if failed is not None and not received:
+            # A delete (of another process) removes the shards before the topic's directory: a
+            # shard that fails for being gone is the topic deleted (QueueNotFoundError), not
+            # whatever its missing files raised.
+            self.topic.shards[failed_shard].check_present()
             raise failed
         return received, wake_at
 

@@ -75,6 +75,12 @@ class TopicDirectory:
         its broker deleted it): it refuses to work, and its broker opens the name anew."""
         self._last_gc = 0.0  # (monotonic) when this process's last ``gc`` began
 
+    @property
+    def collected_by(self) -> TopicDirectory:
+        """The topic whose ``gc`` collects this one (a channel's maintenance runs it): itself; a
+        shard's is its sharded topic, whose gc counts ``retention_bytes`` over every shard once."""
+        return self
+
     def _hold_directory(self) -> None:
         if self._dir_fd < 0:
             self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -294,6 +300,11 @@ class Topic(TopicDirectory):
         channel = item.get("channel")
         if channel is not None:
             check_name(channel, "channel")
+        metadata = item.get("metadata")
+        if metadata is not None:
+            # JSON, checked here with the rest: a batch spread over shards (or ZooKeeper chunks)
+            # is written part by part, and only the part holding it would find out, too late.
+            envelope.encode_task_metadata(metadata)
         return Envelope(
             body=body,
             attributes=attributes,
@@ -301,8 +312,8 @@ class Topic(TopicDirectory):
             filters=filters.check_message_filters(item.get("filters"), settings.enums),
             dedup_id=dedup_id,
             group_id=item.get("group_id"),
-            metadata=item.get("metadata"),
-            source=item.get("source"),  # set on dead letters: where they came from
+            metadata=metadata,
+            source=envelope.check_source(item.get("source")),  # set on dead letters: where they came from
             channel=channel,  # set on dead letters redriven: the channel they came from
         )
 

@@ -7,14 +7,17 @@ reuse its methods without importing the broker, which imports them.
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 from journalq.errors import InvalidSettingError, QueueNotFoundError
-from journalq.queue.channel import Channel
+from journalq.queue.channel import REDRIVING, Channel
 from journalq.queue.settings import QueueSettings
-from journalq.queue.envelope import resend
+from journalq.queue.envelope import resend, source_queue
 
 __all__ = ["DEFAULT_CHANNEL", "Queue"]
+
+log = logging.getLogger("journalq.queue")
 
 DEFAULT_CHANNEL = "default"
 _REDRIVE_VISIBILITY = 60.0  # seconds a redrive hides what it moves: back after that if it dies
@@ -43,7 +46,11 @@ class Queue(Channel):
 
         What cannot move (a message that names no source queue, or one that was deleted since) is
         received like the rest, so its receive count grows by one, and it is given back when the
-        redrive ends: it stays hidden until then, so that the redrive goes on past it."""
+        redrive ends: it stays hidden until then, so that the redrive goes on past it. A source
+        that is malformed (stored by a version that did not check it) names no queue: the message
+        stays, with a warning that names it, rather than stopping the redrive of the others. The
+        redrive's receives never move a dead letter on by this queue's own max_receive_count (a
+        move is no receive in SQS either): it goes back, however often it was looked at here."""
         if max_messages is not None and (
             isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 0
         ):
@@ -59,6 +66,7 @@ class Queue(Channel):
             broker.topic(destination, create=False)
         moved = 0
         kept: dict[str, str] = {}  # id -> receipt of each message that cannot move
+        redriving = REDRIVING.set(True)  # its receives move nothing on (this queue's own policy)
         try:
             while max_messages is None or moved < max_messages:
                 size = 100 if max_messages is None else min(100, max_messages - moved)
@@ -74,11 +82,14 @@ class Queue(Channel):
                 # channels had it), or to ``destination`` as any message.
                 by_target: dict[tuple[str, str | None], list[Any]] = {}
                 for message in batch:
-                    source = message.source or {}
-                    target = destination or source.get("queue")
-                    channel = None if destination else source.get("channel")
-                    if not isinstance(channel, str):
-                        channel = None
+                    named = source_queue(message.source)
+                    if named is None and destination is None and message.source is not None:
+                        log.warning(
+                            "%s: message %s is not redriven: its malformed source %.200r names no queue",
+                            self.topic.name, message.id, message.source,
+                        )
+                    target = destination or (named[0] if named is not None else None)
+                    channel = None if destination or named is None else named[1]
                     if target is None or target == self.topic.name:
                         kept[message.id] = message.receipt
                     else:
@@ -102,6 +113,7 @@ class Queue(Channel):
                     self.delete_many([m.receipt for m in messages])
                     moved += len(messages)
         finally:
+            REDRIVING.reset(redriving)
             if kept:
                 self.change_visibility_many([(receipt, 0) for receipt in kept.values()])
         return moved
