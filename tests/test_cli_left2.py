@@ -190,3 +190,18 @@ def test_a_refused_create_leaves_no_dead_letter_queue(tmp_path: Path) -> None:
     assert made.exit_code == 0
     assert json.loads(made.stdout)["settings"]["dead_letter_queue"] == "dead"
     assert queue(data, "list", "--format", "jsonl").stdout == '{"name":"dead"}\n{"name":"jobs"}\n'
+
+
+@pytest.mark.parametrize("option", ["--give-up-after", "--timeout", "--check-interval"])
+def test_hub_push_seconds_must_be_finite(tmp_path: Path, option: str) -> None:
+    """``hub push --give-up-after nan`` passed the option's range (NaN compares false) and never
+    gave up; ``--timeout inf`` overflowed the wait. Each is a one-line usage error before anything
+    is pushed."""
+    journal = tmp_path / "j"
+    assert run("write", journal, input="a\n").exit_code == 0
+    for value in ("nan", "inf"):
+        result = run("hub", "push", journal, "--to", "http://127.0.0.1:9", "--client-id", "c1", "--once",
+                     option, value)
+        assert result.exit_code == 2, (value, result.output)
+        assert result.output.startswith(f"journalq: error: Invalid value for '{option}'"), result.output
+        assert len(result.output.splitlines()) == 1

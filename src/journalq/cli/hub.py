@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from journalq.cli.data import DirectoryPath
-from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _tabular, message_json
+from journalq.cli.main import _FORMAT_AUTO, CommandError, _Group, _json, _SecondsType, _tabular, message_json
 from journalq.cli.queue import _table
 from journalq.cli.serve import (
     CONNECTION_LIMIT,
@@ -208,14 +208,14 @@ class BarReport:
 @click.option("--once", is_flag=True, help="Stop once the hub holds everything (default: keep following).")
 @click.option("--chunk", type=click.IntRange(64, 64 << 20), default=DEFAULT_CHUNK, show_default=True,
               help="Bytes per push (a larger message goes alone).")
-@click.option("--give-up-after", type=click.FloatRange(min=0), metavar="SECONDS",
+@click.option("--give-up-after", type=_SecondsType(minimum=0), metavar="SECONDS",
               help="Fail once a journal's pushes have failed this long, the hub unreachable say "
                    "(default: keep retrying).")
 @click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Journals pushed at a time (a root of shards has many).")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
+@click.option("--timeout", type=_SecondsType(minimum=0.1), default=30.0, show_default=True, metavar="SECONDS",
               help="How long to wait for an answer of the hub before retrying.")
-@click.option("--check-interval", type=click.FloatRange(min=0.1), default=DEFAULT_CHECK_INTERVAL, show_default=True,
+@click.option("--check-interval", type=_SecondsType(minimum=0.1), default=DEFAULT_CHECK_INTERVAL, show_default=True,
               metavar="SECONDS",
               help="How often to ask the hub about a journal with nothing new to push (a copy it lost is copied anew).")
 @click.option("--progress", "shown", type=click.Choice(["auto", "bar", "jsonl"]), default="auto", show_default=True,
