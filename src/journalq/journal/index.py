@@ -17,7 +17,7 @@ import struct
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from journalq.journal.segment import Segment, SegmentScan, confirms, scan_segment
+from journalq.journal.segment import Segment, SegmentScan, confirms, open_segment, scan_segment
 
 MAGIC = b"JQIDX001"
 HEADER = struct.Struct(">8sQ")
@@ -198,11 +198,14 @@ def last_confirmed(segment: Segment, size: int) -> tuple[int, int, list[Entry]]:
     """
     entries = read_entries(segment)
     if entries:
-        with open(segment.path, "rb", buffering=0) as f:
+        fd = open_segment(segment)
+        try:
             for i in range(len(entries) - 1, -1, -1):
                 offset, position = entries[i]
-                if position < size and confirms(f.fileno(), offset, position):
+                if position < size and confirms(fd, offset, position):
                     return offset, position, entries[: i + 1]
+        finally:
+            os.close(fd)
     return segment.base, 0, []
 
 

@@ -36,6 +36,7 @@ from journalq.journal.segment import (
     gap_reason,
     journal_dir,
     list_segments,
+    open_segment,
     orphan_indexes,
     scan_segment,
 )
@@ -136,11 +137,13 @@ def describe(path: str | os.PathLike[str]) -> JournalInfo:
 
 
 def _describe_segment(segment: Segment, *, sealed: bool) -> SegmentInfo:
-    with open(segment.path, "rb", buffering=0) as f:
-        fd = f.fileno()
+    fd = open_segment(segment)
+    try:
         size = os.fstat(fd).st_size
         first = _message_at(segment, fd, 0, size, segment.base)
         last = _last_message(segment, fd, size) if sealed and first is not None else None
+    finally:
+        os.close(fd)
     if last is not None:
         end_offset, last_ts = last.offset + 1, last.timestamp_ns
     else:
@@ -278,13 +281,18 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     before: tuple[Path, str] | None = None
     if repair:
         listed = list_segments(path)
+        recoverable = True
         if listed:
             last = listed[-1]
-            whole = scan_segment(last, 0, last.base)
-            reason = _index_problem(last, whole, _entries_past_damage(last, whole))
-            before = None if reason is None else (last.index_path, reason)
+            try:
+                whole = scan_segment(last, 0, last.base)
+            except JournalError:
+                recoverable = False  # not a file (a directory): no writer opens it; reported below
+            else:
+                reason = _index_problem(last, whole, _entries_past_damage(last, whole))
+                before = None if reason is None else (last.index_path, reason)
         try:
-            report.recoveries = _recover(path)
+            report.recoveries = _recover(path) if recoverable else []
         except CorruptionError:
             pass  # a misnamed last segment, which recovery refuses to cut: reported below
         report.problems.extend(_recovery_problem(r) for r in report.recoveries)
@@ -294,7 +302,12 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     for i, segment in enumerate(segments):
         if due is not None and segment.base != due:
             report.problems.append(_gap_problem(segment, due))
-        scan = scan_segment(segment, 0, segment.base)
+        try:
+            scan = scan_segment(segment, 0, segment.base)
+        except JournalError as exc:  # not a file (a directory with a segment's name)
+            report.problems.append(Problem("segment", segment.path, None, segment.base, exc.reason))
+            due = None
+            continue
         report.messages += scan.next_offset - segment.base
         if scan.problem is not None:
             report.problems.append(_scan_problem(segment, scan, last=i == len(segments) - 1))

@@ -25,6 +25,7 @@ from journalq.journal.segment import (
     confirms,
     gap_reason,
     journal_dir,
+    open_segment,
     scan_segment,
     segment_at,
     segment_bases,
@@ -226,7 +227,7 @@ class Scanner(Closing):
         self._pos, self._pending, self._next = 0, b"", segment.base
         self._chunk = FIRST_READ
         try:
-            self._fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = open_segment(segment)
         except FileNotFoundError:
             return False
         return True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -121,6 +122,30 @@ def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:
         if _INDEX_NAME.match(name) and segment not in names and not os.path.exists(directory / segment):
             orphans.append(directory / name)
     return orphans
+
+
+def open_segment(segment: Segment, flags: int = os.O_RDONLY) -> int:
+    """``os.open`` of a segment file (``FileNotFoundError`` when it is gone), refusing with a
+    ``JournalError`` naming it what has a segment's name but is no file: a directory would fail
+    later with a bare ``IsADirectoryError``, or be read as an empty segment."""
+    try:
+        fd = os.open(segment.path, flags | os.O_CLOEXEC, 0o644)
+    except IsADirectoryError:
+        raise not_a_file(segment, "a directory") from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise not_a_file(segment, "a directory" if stat.S_ISDIR(mode) else "a special file")
+    return fd
+
+
+def not_a_file(segment: Segment, what: str) -> JournalError:
+    """The error for ``what`` (a directory) that has a segment's name but is not a file."""
+    return JournalError(f"not a segment: {what} has a segment's name", file=segment.path)
 
 
 def unopenable(segment: Segment) -> JournalError:
@@ -255,7 +280,7 @@ def scan_segment(
     kept_bytes: list[bytes] = []
     own = fd is None
     if own:
-        fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_segment(segment)
     try:
         size = os.fstat(fd).st_size
         pending = b""

@@ -52,6 +52,7 @@ from journalq.journal.segment import (
     journal_dir,
     list_segments,
     lock_path,
+    open_segment,
     remove_segment,
     scan_segment,
     segment_at,
@@ -380,7 +381,7 @@ class Writer(Closing):
         self._close_files()
         created = not segment.path.exists()
         # Read too: a shared writer reads what the others appended through it (``_catch_up``).
-        fd = os.open(segment.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_segment(segment, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
             if self.sync_policy.mode == "always":
                 # Made here, or by a writer that may have been killed before it synced the entry
