@@ -3,13 +3,17 @@ full disk under a shared writer's catch-up, the scanner's offset check, macOS's 
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
-from journalq.errors import JournalError
+import journalq.journal.recovery as recovery_mod
+from journalq.errors import JournalError, StorageError
 from journalq.journal import Scanner, Writer, end_offset
+from journalq.journal.codec import encode
 from journalq.journal.inspect import check, describe
 from journalq.journal.segment import segment_at
 
@@ -62,3 +66,109 @@ def test_a_directory_where_the_next_segment_goes_is_refused_by_name(tmp_path: Pa
     # The segments before it are untouched, and read as before.
     with Scanner(tmp_path) as scanner:
         assert [m.offset for m in scanner.read_batch()] == [0, 1, 2]
+
+
+# -- a full disk while a shared writer cuts a dead writer's torn tail --------------------------
+
+
+class _FullFile:
+    """A cut file on a full disk: part of what is written goes in, then ENOSPC."""
+
+    def __init__(self, real: BinaryIO) -> None:
+        self._real = real
+
+    def write(self, data: bytes) -> int:
+        self._real.write(data[: len(data) // 2])
+        self._real.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def __enter__(self) -> _FullFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._real.close()
+
+
+def _torn_tail(writer: Writer, offset: int) -> bytes:
+    """What a shared writer killed mid-append leaves: the first 60 bytes of message ``offset``."""
+    torn = encode(offset, 1, 0, b"", b"x" * 100)[:60]
+    with open(writer.segment.path, "ab") as segment:
+        segment.write(torn)
+    return torn
+
+
+def _values(path: Path) -> list[bytes]:
+    with Scanner(path) as scanner:
+        return [m.value for m in scanner]
+
+
+def test_a_full_disk_while_a_shared_writer_cuts_a_torn_tail_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = Writer(tmp_path, shared=True)
+    writer.append(b"one")
+    size = writer.segment.path.stat().st_size
+    torn = _torn_tail(writer, 1)
+    real_new_file = recovery_mod._new_file
+    monkeypatch.setattr(recovery_mod, "_new_file", lambda *a: (lambda p, f: (p, _FullFile(f)))(*real_new_file(*a)))
+    # It was a bare OSError, naming no file, out of the append.
+    with pytest.raises(StorageError, match="No space left on device") as info:
+        writer.append(b"two")
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.file == writer.segment.path and info.value.position == size
+    assert "nothing was cut" in str(info.value)
+    # Nothing cut, nothing half saved: the segment holds what it held, torn tail too.
+    assert writer.segment.path.read_bytes()[size:] == torn
+    assert not any((tmp_path / "cut").iterdir())
+    assert writer.recoveries == []
+    monkeypatch.setattr(recovery_mod, "_new_file", real_new_file)  # room again
+    assert writer.append(b"two") == 1
+    [recovery] = writer.recoveries
+    assert recovery.saved_to.read_bytes() == torn
+    writer.close()
+    assert _values(tmp_path) == [b"one", b"two"]
+
+
+def test_a_full_disk_while_opening_cuts_a_torn_tail_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Writer(tmp_path) as writer:
+        writer.append(b"one")
+        torn = _torn_tail(writer, 1)
+    real_new_file = recovery_mod._new_file
+    monkeypatch.setattr(recovery_mod, "_new_file", lambda *a: (lambda p, f: (p, _FullFile(f)))(*real_new_file(*a)))
+    with pytest.raises(StorageError, match="No space left on device") as info:
+        Writer(tmp_path)
+    assert info.value.errno == errno.ENOSPC and info.value.file == segment_at(tmp_path, 0).path
+    assert segment_at(tmp_path, 0).path.read_bytes().endswith(torn)
+    assert not any((tmp_path / "cut").iterdir())
+    monkeypatch.setattr(recovery_mod, "_new_file", real_new_file)
+    with Writer(tmp_path) as writer:
+        assert writer.append(b"two") == 1
+    assert _values(tmp_path) == [b"one", b"two"]
+
+
+def test_a_shared_writer_on_a_really_full_disk_cuts_a_torn_tail_once_there_is_room(tmpfs: Path) -> None:
+    writer = Writer(tmpfs / "j", shared=True)
+    writer.append(b"one")
+    torn = _torn_tail(writer, 1)
+    filler = tmpfs / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the disk to its last byte
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    with pytest.raises(StorageError) as info:
+        writer.append(b"two")
+    assert info.value.errno == errno.ENOSPC
+    assert writer.segment.path.read_bytes().endswith(torn)
+    filler.unlink()
+    assert writer.append(b"two") == 1
+    writer.close()
+    assert _values(tmpfs / "j") == [b"one", b"two"]
