@@ -80,12 +80,10 @@ class Scanner(Closing):
         if not self.path.is_dir():
             raise JournalError("no journal directory here", file=self.path)
         if offset is not None:
-            # A float or a string would fail deep in a seek; a NumPy integer is welcome.
-            if isinstance(offset, bool) or not hasattr(offset, "__index__"):
-                raise Error(f"offset must be an integer, not {offset!r}")
-            offset = offset.__index__()
-        if offset is not None and offset < 0:
-            raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
+            # Any integer: a negative one is out of range, which callers look up (LookupError).
+            offset = check_integer("offset", offset, None)
+            if offset < 0:
+                raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
         self._fd = -1
         self._segment: Segment = segment_at(self.path, 0)
         self._pos = 0  # where the bytes not yet decoded start in the segment

@@ -23,10 +23,14 @@ _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")  # as sej names them: %016x
 _INDEX_NAME = re.compile(r"^[0-9a-f]{16}\.idx$")
 
 
-def check_integer(name: str, value: object, minimum: int) -> int:
-    """``value`` when it is an integer (a NumPy one too, not a bool) of ``minimum`` or more; else
-    a clear ``Error`` naming the argument (a string would fail later, deep in a comparison)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < minimum:
+def check_integer(name: str, value: object, minimum: int | None) -> int:
+    """``value`` when it is an integer (a NumPy one too, not a bool) of ``minimum`` or more (any,
+    with None); else a clear ``Error`` naming the argument (a string would fail later, deep in a
+    comparison)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        least = "" if minimum is None else f", {minimum} or more"
+        raise Error(f"{name} must be an integer{least}, not {value!r}")
+    if minimum is not None and value.__index__() < minimum:
         raise Error(f"{name} must be an integer, {minimum} or more, not {value!r}")
     return value.__index__()
 
