@@ -11,8 +11,9 @@ from typing import BinaryIO
 import pytest
 
 import journalq.journal.recovery as recovery_mod
+import journalq.journal.sync as sync_mod
 from journalq.errors import JournalError, StorageError
-from journalq.journal import Scanner, Writer, end_offset
+from journalq.journal import Scanner, Writer, end_offset, set_offset
 from journalq.journal.codec import encode
 from journalq.journal.inspect import check, describe
 from journalq.journal.segment import segment_at
@@ -172,3 +173,73 @@ def test_a_shared_writer_on_a_really_full_disk_cuts_a_torn_tail_once_there_is_ro
     assert writer.append(b"two") == 1
     writer.close()
     assert _values(tmpfs / "j") == [b"one", b"two"]
+
+
+# -- macOS: fsync leaves the data in the drive's cache -----------------------------------------
+
+
+_F_FULLFSYNC = 51  # macOS's number (Linux's fcntl has none)
+
+
+@pytest.fixture
+def on_macos(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """This machine taken for macOS, whose ``fcntl`` has ``F_FULLFSYNC``: the calls made to
+    ``fcntl(fd, F_FULLFSYNC)`` and ``fsync`` are recorded (as ``("full", fd)``, ``("fsync", fd)``),
+    and the sync functions picked again for it."""
+    import fcntl
+
+    calls: list[tuple[str, int]] = []
+    real_fsync = os.fsync
+
+    def fake_fcntl(fd: int, command: int, *args: object) -> int:
+        assert command == _F_FULLFSYNC
+        calls.append(("full", fd))
+        real_fsync(fd)
+        return 0
+
+    def recorded_fsync(fd: int) -> None:
+        calls.append(("fsync", fd))
+        real_fsync(fd)
+
+    monkeypatch.setattr(sync_mod.sys, "platform", "darwin")
+    monkeypatch.setattr(fcntl, "F_FULLFSYNC", _F_FULLFSYNC, raising=False)
+    monkeypatch.setattr(fcntl, "fcntl", fake_fcntl)
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.delattr(os, "fdatasync", raising=False)  # macOS's os has none
+    monkeypatch.setattr(sync_mod, "_os_fdatasync", sync_mod._data_sync())
+    monkeypatch.setattr(sync_mod, "_full_sync", sync_mod._full_sync_here())
+    return calls
+
+
+def test_on_macos_a_writer_syncs_with_f_fullfsync(tmp_path: Path, on_macos: list[tuple[str, int]]) -> None:
+    # It was os.fsync, which on macOS leaves the data in the drive's cache: lost in a power cut.
+    with Writer(tmp_path, sync="always") as writer:
+        on_macos.clear()
+        writer.append(b"one")
+        assert ("full", writer._fd) in on_macos and ("fsync", writer._fd) not in on_macos
+    on_macos.clear()
+    set_offset(tmp_path, "reader", 1)  # an offset's commit, synced too
+    assert [kind for kind, _ in on_macos].count("full") >= 1
+
+
+def test_on_macos_a_file_system_that_refuses_f_fullfsync_gets_fsync(
+    tmp_path: Path, on_macos: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    def refused(fd: int, command: int, *args: object) -> int:
+        on_macos.append(("full", fd))
+        raise OSError(errno.ENOTSUP, os.strerror(errno.ENOTSUP))
+
+    monkeypatch.setattr(fcntl, "fcntl", refused)
+    with open(tmp_path / "f", "wb") as f:
+        f.write(b"x")
+        f.flush()
+        sync_mod.fdatasync(f.fileno())
+        assert on_macos == [("full", f.fileno()), ("fsync", f.fileno())]
+
+
+def test_elsewhere_a_writer_syncs_with_fdatasync(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sync_mod.sys, "platform", "linux")
+    assert sync_mod._data_sync() is os.fdatasync
+    assert not sync_mod._full_sync_here()

@@ -19,6 +19,7 @@ from journalq.errors import CorruptionError, JournalError, StorageError, format_
 from journalq.journal.codec import decode
 from journalq.journal.index import scan_tail
 from journalq.journal.segment import Segment, SegmentScan, segment_at, segment_bases, segment_name
+from journalq.journal.sync import fsync
 
 log = logging.getLogger("journalq.journal")
 
@@ -62,7 +63,7 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
 def _fsync(path: str | os.PathLike[str], flags: int) -> None:
     fd = os.open(path, flags)
     try:
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 
@@ -155,7 +156,7 @@ def cut_tail(root: Path, segment: Segment, scan: SegmentScan) -> Recovery:
             with out:
                 out.write(bad)
                 out.flush()
-                os.fsync(out.fileno())
+                fsync(out.fileno())
             fsync_dir(cut_dir)
         except OSError as exc:
             if saved_to is not None:
@@ -164,7 +165,7 @@ def cut_tail(root: Path, segment: Segment, scan: SegmentScan) -> Recovery:
         try:
             f.truncate(scan.end)
             f.flush()
-            os.fsync(f.fileno())
+            fsync(f.fileno())
         except OSError as exc:
             raise _cut_failed(exc, segment, scan, f"the bytes are kept in {saved_to}") from exc
     problem = scan.problem or CorruptionError("bytes after the last message")
