@@ -243,3 +243,22 @@ def test_elsewhere_a_writer_syncs_with_fdatasync(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(sync_mod.sys, "platform", "linux")
     assert sync_mod._data_sync() is os.fdatasync
     assert not sync_mod._full_sync_here()
+
+
+# -- check while a queue's gc collects segments ----------------------------------------------
+
+
+def test_check_passes_over_a_segment_collected_after_it_was_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import journalq.journal.inspect as inspect_mod
+    from journalq.journal.segment import list_segments, remove_segment
+
+    _journal(tmp_path, 8)  # segments 0, 3 and 6
+    listed = list_segments(tmp_path)
+    remove_segment(listed[0])  # a gc, after check listed the segments
+    monkeypatch.setattr(inspect_mod, "list_segments", lambda path: listed)
+    # It was a bare FileNotFoundError, out of a check of a sound journal.
+    report = check(tmp_path)
+    assert report.ok and report.problems == []
+    assert (report.messages, report.segments) == (5, 2)

@@ -285,11 +285,15 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         if listed:
             last = listed[-1]
             try:
-                whole = scan_segment(last, 0, last.base)
+                fd = open_segment(last)
             except JournalError:
                 recoverable = False  # not a file (a directory): no writer opens it; reported below
             else:
-                reason = _index_problem(last, whole, _entries_past_damage(last, whole))
+                try:
+                    whole = scan_segment(last, 0, last.base, fd=fd)
+                    reason = _index_problem(last, whole, index.entries_past_damage(last, whole, fd), fd)
+                finally:
+                    os.close(fd)
                 before = None if reason is None else (last.index_path, reason)
         try:
             report.recoveries = _recover(path) if recoverable else []
@@ -303,15 +307,23 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         if due is not None and segment.base != due:
             report.problems.append(_gap_problem(segment, due))
         try:
-            scan = scan_segment(segment, 0, segment.base)
+            fd = open_segment(segment)  # once, for the scan and the index's checks
+        except FileNotFoundError:
+            due = None  # collected (a queue's gc) since it was listed: no longer the journal's
+            report.segments -= 1
+            continue
         except JournalError as exc:  # not a file (a directory with a segment's name)
             report.problems.append(Problem("segment", segment.path, None, segment.base, exc.reason))
             due = None
             continue
-        report.messages += scan.next_offset - segment.base
-        if scan.problem is not None:
-            report.problems.append(_scan_problem(segment, scan, last=i == len(segments) - 1))
-        index_problems = _check_index(segment, scan, repair)
+        try:
+            scan = scan_segment(segment, 0, segment.base, fd=fd)
+            report.messages += scan.next_offset - segment.base
+            if scan.problem is not None:
+                report.problems.append(_scan_problem(segment, scan, last=i == len(segments) - 1))
+            index_problems = _check_index(segment, scan, repair, fd)
+        finally:
+            os.close(fd)
         if not index_problems and before is not None and before[0] == segment.index_path:
             rebuilt = f"{before[1]}; rebuilt by the recovery"
             index_problems = [Problem("index", segment.index_path, None, None, rebuilt, True)]
@@ -420,10 +432,11 @@ def _scan_problem(segment: Segment, scan: SegmentScan, *, last: bool) -> Problem
     return Problem(kind, segment.path, scan.end, scan.next_offset, problem.reason)
 
 
-def _check_index(segment: Segment, scan: SegmentScan, repair: bool) -> list[Problem]:
-    """The segment's index problem, if any, rebuilt from ``scan`` when ``repair``."""
-    sound_past = _entries_past_damage(segment, scan)
-    reason = _index_problem(segment, scan, sound_past)
+def _check_index(segment: Segment, scan: SegmentScan, repair: bool, fd: int) -> list[Problem]:
+    """The segment's index problem, if any, rebuilt from ``scan`` when ``repair``. ``fd``: the
+    segment, open."""
+    sound_past = index.entries_past_damage(segment, scan, fd)
+    reason = _index_problem(segment, scan, sound_past, fd)
     if reason is None:
         return []
     fixed = False
@@ -436,9 +449,9 @@ def _check_index(segment: Segment, scan: SegmentScan, repair: bool) -> list[Prob
     return [Problem("index", segment.index_path, None, None, reason, fixed)]
 
 
-def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.Entry]) -> str | None:
+def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.Entry], fd: int) -> str | None:
     """Why the segment's index cannot be trusted, or None when every entry checks out (past
-    damage, those in ``sound_past``: see ``_entries_past_damage``).
+    damage, those in ``sound_past``: see ``index.entries_past_damage``).
 
     An index need not list every entry a rebuild would (one that lags after a crash only makes
     seeks slower, and a writer may use another interval), but each entry it has must point at the
@@ -455,40 +468,31 @@ def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.E
     expected_size = index.HEADER.size + len(entries) * index.ENTRY.size
     if len(data) != expected_size:
         return f"index has {len(data) - expected_size} bytes after its last valid entry (torn or damaged)"
-    bad = next(_bad_entries(segment, scan, entries, set(sound_past)), None)
+    bad = next(_bad_entries(segment, scan, entries, set(sound_past), fd), None)
     if bad is not None:
         (offset, position), why = bad
         return f"index entry (offset {offset}, byte {position}) is stale: {why}"
     return None
 
 
-def _entries_past_damage(segment: Segment, scan: SegmentScan) -> list[index.Entry]:
-    """``index.entries_past_damage``, which a rebuild keeps and ``check`` takes for sound."""
-    if scan.problem is None:
-        return []  # (without opening the segment)
-    with open(segment.path, "rb", buffering=0) as f:
-        return index.entries_past_damage(segment, scan, f.fileno())
-
-
 def _bad_entries(
-    segment: Segment, scan: SegmentScan, entries: list[index.Entry], sound_past: set[index.Entry]
+    segment: Segment, scan: SegmentScan, entries: list[index.Entry], sound_past: set[index.Entry], fd: int
 ) -> Iterator[tuple[index.Entry, str]]:
     """Index entries that do not point at a whole, valid message with their offset (past
-    damage: those not in ``sound_past``)."""
-    with open(segment.path, "rb", buffering=0) as f:
-        for offset, position in entries:
-            if position >= scan.end:
-                if (offset, position) in sound_past:
-                    continue
-                yield (offset, position), f"the valid messages end at byte {scan.end}"
+    damage: those not in ``sound_past``), in the open segment ``fd``."""
+    for offset, position in entries:
+        if position >= scan.end:
+            if (offset, position) in sound_past:
                 continue
-            try:
-                message = _message_at(segment, f.fileno(), position, scan.end, offset)
-            except CorruptionError as exc:
-                yield (offset, position), exc.reason
-                continue
-            if message is None:
-                yield (offset, position), "no whole message starts there"
+            yield (offset, position), f"the valid messages end at byte {scan.end}"
+            continue
+        try:
+            message = _message_at(segment, fd, position, scan.end, offset)
+        except CorruptionError as exc:
+            yield (offset, position), exc.reason
+            continue
+        if message is None:
+            yield (offset, position), "no whole message starts there"
 
 
 # -- finding by time --------------------------------------------------------------------------
