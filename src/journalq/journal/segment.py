@@ -291,7 +291,10 @@ def scan_segment(
         problem = None
         while pos < size:
             # No more than the file holds: a 1 MiB buffer for a few bytes costs more than reading them.
-            chunk = os.pread(fd, min(READ_CHUNK, size - pos - len(pending)), pos + len(pending))
+            # As much as is pending at least: a message larger than a chunk, read a chunk at a
+            # time and joined to all read before, cost time quadratic in its size.
+            want = max(READ_CHUNK, len(pending))
+            chunk = os.pread(fd, min(want, size - pos - len(pending)), pos + len(pending))
             if not chunk:
                 break
             buf = pending + chunk
