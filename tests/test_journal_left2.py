@@ -12,7 +12,7 @@ import pytest
 
 import journalq.journal.recovery as recovery_mod
 import journalq.journal.sync as sync_mod
-from journalq.errors import JournalError, StorageError
+from journalq.errors import JournalError, LockedError, StorageError
 from journalq.journal import Scanner, Writer, end_offset, set_offset
 from journalq.journal.codec import encode
 from journalq.journal.inspect import check, describe
@@ -293,3 +293,40 @@ def test_a_scan_over_a_huge_message_reads_it_in_few_reads(tmp_path: Path, monkey
     assert scan.clean and scan.next_offset == 3
     assert [len(m.value) for m in scan.messages or []] == [1, 1 << 20, 1]
     assert reads <= 16  # log2(1 MiB / 1 KiB) = 10 doublings, and a few more; it was 1,025
+
+
+# -- check --repair beside a live queue's shared writers -------------------------------------
+
+
+def test_check_repair_beside_a_shared_writer_does_not_refuse_its_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repair recovered the last segment through an exclusive writer: an append of a queue's
+    shared writer (another process) meanwhile was refused with LockedError ("an exclusive writer
+    holds the journal"), and a repair run while one appended was refused. The repair now takes
+    the lock as the shared writers do, for its recovery only."""
+    shared = Writer(tmp_path, shared=True)
+    shared.append(b"one")
+    torn = _torn_tail(shared, 1)
+    appended: list[int] = []
+    real_close = Writer.close
+
+    def close_after_an_append(self: Writer) -> None:
+        if self is not shared and not appended:  # the repair's writer: another process appends
+            appended.append(shared.append(b"two"))
+        real_close(self)
+
+    monkeypatch.setattr(Writer, "close", close_after_an_append)
+    report = check(tmp_path, repair=True)
+    assert appended == [1]
+    assert report.ok and [r.saved_to.read_bytes() for r in report.recoveries] == [torn]
+    shared.close()
+    assert _values(tmp_path) == [b"one", b"two"]
+
+
+def test_check_repair_beside_an_exclusive_writer_is_refused(tmp_path: Path) -> None:
+    with Writer(tmp_path) as writer:
+        writer.append(b"one")
+        with pytest.raises(LockedError, match="exclusive writer"):
+            check(tmp_path, repair=True)
+        assert check(tmp_path).ok  # without repair: no lock

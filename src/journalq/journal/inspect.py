@@ -267,10 +267,10 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     Checked: every message decodes, offsets run densely within each segment and from one segment
     to the next, each segment starts at the offset its name says, and every index entry points at
     the message with its offset. With ``repair``, the last segment is first recovered exactly as a
-    writer recovers it on open (which needs the writer's lock: ``LockedError`` while another writer
-    runs), then stale or missing indexes are rebuilt, and indexes of no segment and the temporary
-    files of killed processes removed. Reader offset files that cannot be read are reported too.
-    Nothing else is ever changed.
+    writer recovers it on open (under the journal's lock, taken as shared writers take it, between
+    their appends: ``LockedError`` while an exclusive writer runs), then stale or missing indexes
+    are rebuilt, and indexes of no segment and the temporary files of killed processes removed.
+    Reader offset files that cannot be read are reported too. Nothing else is ever changed.
 
     Run while a writer appends, the message being written may show as an incomplete ``tail``.
     """
@@ -391,8 +391,10 @@ def _offset_problems(path: Path) -> Iterator[Problem]:
 
 
 def _recover(path: Path) -> list[Recovery]:
-    """Recover the last segment the way the writer does, by opening and closing one."""
-    writer = Writer(path)
+    """Recover the last segment the way the writer does, by opening and closing one: a shared
+    one, which holds the lock for its opening only. (An exclusive one made the appends of a
+    live queue's shared writers fail meanwhile, and was refused while one appended.)"""
+    writer = Writer(path, shared=True)
     writer.close()
     return writer.recoveries
 
