@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -12,8 +14,8 @@ import pytest
 
 import journalq.journal.recovery as recovery_mod
 import journalq.journal.sync as sync_mod
-from journalq.errors import JournalError, LockedError, StorageError
-from journalq.journal import Scanner, Writer, end_offset, set_offset
+from journalq.errors import Error, JournalError, LockedError, StorageError
+from journalq.journal import Scanner, SyncPolicy, Writer, end_offset, set_offset
 from journalq.journal.codec import encode
 from journalq.journal.inspect import check, describe
 from journalq.journal.segment import segment_at
@@ -330,3 +332,49 @@ def test_check_repair_beside_an_exclusive_writer_is_refused(tmp_path: Path) -> N
         with pytest.raises(LockedError, match="exclusive writer"):
             check(tmp_path, repair=True)
         assert check(tmp_path).ok  # without repair: no lock
+
+
+# -- a sync policy made directly --------------------------------------------------------------
+
+
+def test_a_group_policy_made_directly_syncs_every_10ms_as_its_string_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SyncPolicy("group") had no interval and no count: a writer with it never synced (until a
+    # roll or close), where the string "group" syncs every 10 ms.
+    assert SyncPolicy("group") == SyncPolicy.parse("group")
+    import journalq.journal.writer as writer_mod
+
+    synced = threading.Event()
+    real = writer_mod.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        real(fd)
+        synced.set()
+
+    monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
+    with Writer(tmp_path, sync=SyncPolicy("group")) as writer:
+        writer.append(b"one")
+        assert synced.wait(5)
+
+
+@pytest.mark.parametrize(
+    ("args", "wrong"),
+    [
+        (("alway",), "unknown sync policy mode 'alway'"),
+        (("group", 0.0), "interval_ms must be a number above 0"),
+        (("group", -5.0), "interval_ms must be a number above 0"),
+        (("group", float("nan")), "interval_ms must be a number above 0"),
+        (("group", float("inf")), "interval_ms must be a number above 0"),
+        (("group", "5ms"), "interval_ms must be a number above 0"),
+        (("group", None, 0), "max_messages must be an integer above 0"),
+        (("group", None, 2.5), "max_messages must be an integer above 0"),
+        (("none", 5.0), "only a group policy has interval_ms or max_messages"),
+        (("always", None, 3), "only a group policy has interval_ms or max_messages"),
+    ],
+)
+def test_a_policy_made_directly_with_bad_fields_is_refused(args: tuple, wrong: str) -> None:
+    # Each was taken as it was: "alway" and "none" with an interval never synced, a group of 0
+    # synced at every append, and a string interval killed the timer's thread (no sync after).
+    with pytest.raises(Error, match=re.escape(wrong)):
+        SyncPolicy(*args)

@@ -14,6 +14,7 @@ As strings: ``"none"``, ``"always"``, ``"group"`` (10 ms), ``"group:5ms"``, ``"g
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import re
 import sys
@@ -81,6 +82,25 @@ class SyncPolicy:
     mode: Literal["none", "group", "always"] = "none"
     interval_ms: float | None = None
     max_messages: int | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a policy made directly with fields that ``parse`` would not give (a writer
+        took "alway" for "none"); a group one with neither part syncs every 10 ms, as "group"."""
+        if self.mode not in ("none", "group", "always"):
+            raise Error(f"unknown sync policy mode {self.mode!r}: use none, group or always")
+        interval, most = self.interval_ms, self.max_messages
+        if self.mode != "group":
+            if interval is not None or most is not None:
+                raise Error(f"only a group policy has interval_ms or max_messages, not {self.mode!r}")
+            return
+        if interval is not None and (
+            isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < math.inf
+        ):
+            raise Error(f"sync policy's interval_ms must be a number above 0 (finite), not {interval!r}")
+        if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most <= 0):
+            raise Error(f"sync policy's max_messages must be an integer above 0, not {most!r}")
+        if interval is None and most is None:
+            object.__setattr__(self, "interval_ms", DEFAULT_GROUP_INTERVAL_MS)  # frozen
 
     @classmethod
     def parse(cls, spec: str | SyncPolicy) -> SyncPolicy:
