@@ -378,3 +378,19 @@ def test_a_policy_made_directly_with_bad_fields_is_refused(args: tuple, wrong: s
     # synced at every append, and a string interval killed the timer's thread (no sync after).
     with pytest.raises(Error, match=re.escape(wrong)):
         SyncPolicy(*args)
+
+
+def test_describe_passes_over_a_segment_collected_after_it_was_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import journalq.journal.inspect as inspect_mod
+    from journalq.journal.segment import list_segments, remove_segment
+
+    _journal(tmp_path, 8)  # segments 0, 3 and 6
+    listed = list_segments(tmp_path)
+    remove_segment(listed[0])  # a gc, after describe listed the segments
+    monkeypatch.setattr(inspect_mod, "list_segments", lambda path: listed)
+    # It was a bare FileNotFoundError (`journalq info` on a live queue's topic).
+    info = describe(tmp_path)
+    assert [s.base for s in info.segments] == [3, 6]
+    assert (info.first_offset, info.end_offset, info.messages) == (3, 8, 5)

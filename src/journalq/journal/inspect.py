@@ -125,7 +125,12 @@ def describe(path: str | os.PathLike[str]) -> JournalInfo:
     """
     path = require_journal(path)
     segments = list_segments(path)
-    infos = [_describe_segment(s, sealed=i < len(segments) - 1) for i, s in enumerate(segments)]
+    infos = []
+    for i, segment in enumerate(segments):
+        try:
+            infos.append(_describe_segment(segment, sealed=i < len(segments) - 1))
+        except FileNotFoundError:
+            continue  # collected (a queue's gc) since it was listed: no longer the journal's
     return JournalInfo(
         path=path,
         segments=infos,
