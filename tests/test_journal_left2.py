@@ -394,3 +394,20 @@ def test_describe_passes_over_a_segment_collected_after_it_was_listed(
     info = describe(tmp_path)
     assert [s.base for s in info.segments] == [3, 6]
     assert (info.first_offset, info.end_offset, info.messages) == (3, 8, 5)
+
+
+def test_first_offset_since_passes_over_a_segment_collected_after_it_was_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import journalq.journal.inspect as inspect_mod
+    from journalq.journal.inspect import first_offset_since
+    from journalq.journal.segment import list_segments, remove_segment
+
+    _journal(tmp_path, 8)
+    listed = list_segments(tmp_path)
+    remove_segment(listed[0])
+    monkeypatch.setattr(inspect_mod, "list_segments", lambda path: listed)
+    # It was OffsetOutOfRangeError ("offset 0 is no longer stored"): the scan began where the
+    # journal had begun, from its own listing, not at the oldest message stored.
+    assert first_offset_since(tmp_path, 0) == 3
+    assert first_offset_since(tmp_path, 2**62) == 8

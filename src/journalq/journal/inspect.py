@@ -507,14 +507,12 @@ def _bad_entries(
 
 def first_offset_since(path: str | os.PathLike[str], timestamp_ns: int, start: int | None = None) -> int:
     """The offset of the first message (from ``start``) whose timestamp is ``timestamp_ns`` or
-    later; the journal's end offset when there is none.
+    later; the journal's end offset when there is none. (Without ``start``: from the oldest
+    message stored, which the scanner finds, past segments collected meanwhile.)
 
     sej does not require timestamps to rise, so this is a scan, not a search.
     """
     path = require_journal(path)
-    segments = list_segments(path)
-    if start is None:
-        start = segments[0].base if segments else 0
     with Scanner(path, start) as scanner:
         while batch := scanner.read_batch():
             for message in batch:
