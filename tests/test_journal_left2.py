@@ -15,7 +15,7 @@ import pytest
 import journalq.journal.recovery as recovery_mod
 import journalq.journal.sync as sync_mod
 from journalq.errors import Error, JournalError, LockedError, StorageError
-from journalq.journal import Scanner, SyncPolicy, Writer, end_offset, set_offset
+from journalq.journal import ReaderOffset, Scanner, SyncPolicy, Writer, end_offset, set_offset
 from journalq.journal.codec import encode
 from journalq.journal.inspect import check, describe
 from journalq.journal.segment import segment_at
@@ -411,3 +411,18 @@ def test_first_offset_since_passes_over_a_segment_collected_after_it_was_listed(
     # journal had begun, from its own listing, not at the oldest message stored.
     assert first_offset_since(tmp_path, 0) == 3
     assert first_offset_since(tmp_path, 2**62) == 8
+
+
+def test_a_directory_where_a_lock_file_goes_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "jnl.lck").mkdir()
+    (tmp_path / "ofs" / "r.lck").mkdir(parents=True)
+    # Each was a bare IsADirectoryError.
+    for call, file in (
+        (lambda: Writer(tmp_path), tmp_path / "jnl.lck"),
+        (lambda: Writer(tmp_path, shared=True), tmp_path / "jnl.lck"),
+        (lambda: ReaderOffset(tmp_path, "r"), tmp_path / "ofs" / "r.lck"),
+        (lambda: set_offset(tmp_path, "r", 0), tmp_path / "ofs" / "r.lck"),
+    ):
+        with pytest.raises(JournalError, match="the lock file is a directory") as info:
+            call()
+        assert info.value.file == file

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from journalq.errors import LockedError
+from journalq.errors import JournalError, LockedError
 
 
 class FileLock:
@@ -29,7 +29,10 @@ class FileLock:
 
     def _open(self) -> int:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except IsADirectoryError:
+                raise JournalError("the lock file is a directory", file=self.path) from None
         return self._fd
 
     def acquire(self, wait: bool = False) -> None:
