@@ -426,3 +426,16 @@ def test_a_directory_where_a_lock_file_goes_is_refused_by_name(tmp_path: Path) -
         with pytest.raises(JournalError, match="the lock file is a directory") as info:
             call()
         assert info.value.file == file
+
+
+@pytest.mark.parametrize("pid", ["0", "4294967296", "99999999999999999999999"])
+def test_check_takes_a_temporary_file_naming_no_possible_process_for_abandoned(tmp_path: Path, pid: str) -> None:
+    _journal(tmp_path)
+    leftover = tmp_path / "jnl" / f"{0:016x}.idx.{pid}.tmp"
+    leftover.write_bytes(b"x")
+    os.utime(leftover, (1, 1))  # long ago
+    # A pid past a C long raised OverflowError out of check; pid 0 (os.kill's "my process
+    # group") was taken for a live process's write in progress, for ever.
+    report = check(tmp_path, repair=True)
+    assert [(p.kind, p.file, p.fixed) for p in report.problems] == [("index", leftover, True)]
+    assert not leftover.exists()

@@ -101,10 +101,14 @@ class FileLock:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine (another user's is taken for alive)."""
+    """Whether process ``pid`` runs on this machine (another user's is taken for alive). A pid no
+    process can have (0 or less: ``kill`` would signal a process group; past a C ``pid_t``) is
+    not alive: names read from files (a note, a temporary file's) can hold anything."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except OSError:
         return True  # there, but not ours to signal
