@@ -14,8 +14,8 @@ import pytest
 
 import journalq.journal.recovery as recovery_mod
 import journalq.journal.sync as sync_mod
-from journalq.errors import Error, JournalError, LockedError, StorageError
-from journalq.journal import ReaderOffset, Scanner, SyncPolicy, Writer, end_offset, set_offset
+from journalq.errors import Error, InvalidMessageError, JournalError, LockedError, StorageError
+from journalq.journal import Message, ReaderOffset, Scanner, SyncPolicy, Writer, end_offset, set_offset
 from journalq.journal.codec import encode
 from journalq.journal.inspect import check, describe
 from journalq.journal.segment import segment_at
@@ -439,3 +439,12 @@ def test_check_takes_a_temporary_file_naming_no_possible_process_for_abandoned(t
     report = check(tmp_path, repair=True)
     assert [(p.kind, p.file, p.fixed) for p in report.problems] == [("index", leftover, True)]
     assert not leftover.exists()
+
+
+@pytest.mark.parametrize("one", [b"abc", bytearray(b"abc"), "abc", Message(value=b"abc")])
+def test_append_many_given_one_message_says_so(tmp_path: Path, one: object) -> None:
+    # It was "item 0 of the batch is a int": the bytes (or the Message's fields) taken for items.
+    with Writer(tmp_path) as writer:
+        with pytest.raises(InvalidMessageError, match="a batch must be an iterable of values or Messages, not one"):
+            writer.append_many(one)  # type: ignore[arg-type]
+        assert writer.next_offset == 0

@@ -261,6 +261,12 @@ class Writer(Closing):
         reaches stable storage with the next durable append's sync (one file, written in order,
         so a sync covers everything before it), a segment roll or ``close``. It is still handed
         to the operating system before the call returns: it survives the death of the process."""
+        if isinstance(items, (bytes, bytearray, memoryview, str, Message)):
+            # Iterable too, as its bytes (or fields): "item 0 is a int" would not say what was wrong.
+            raise InvalidMessageError(
+                f"a batch must be an iterable of values or Messages, not one {type(items).__name__}: "
+                "append() stores one message"
+            )
         if not isinstance(items, (list, tuple)):
             if not isinstance(items, Iterable):
                 raise InvalidMessageError(
