@@ -448,3 +448,35 @@ def test_append_many_given_one_message_says_so(tmp_path: Path, one: object) -> N
         with pytest.raises(InvalidMessageError, match="a batch must be an iterable of values or Messages, not one"):
             writer.append_many(one)  # type: ignore[arg-type]
         assert writer.next_offset == 0
+
+
+def test_a_shared_writer_that_cannot_open_the_segment_another_started_stays_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catch-up that went on to the segment another writer started, and could not open it
+    (too many open files), had closed the segment it was on: every later append failed with
+    EBADF, for good, and ``failed`` did not say so. It now stays on its segment until the next
+    one is open, and the next append goes on."""
+    import journalq.journal.writer as writer_mod
+
+    first = Writer(tmp_path, shared=True, segment_size=100)
+    second = Writer(tmp_path, shared=True, segment_size=100)
+    first.append(b"x" * 40)
+    second.append(b"y" * 40)  # 66 + 66 bytes: the second rolls, and starts segment 2
+    real = writer_mod.IndexAppender
+    failures = [OSError(errno.EMFILE, os.strerror(errno.EMFILE))]
+
+    def index_appender(*args: object) -> object:
+        if failures:
+            raise failures.pop()
+        return real(*args)
+
+    monkeypatch.setattr(writer_mod, "IndexAppender", index_appender)
+    with pytest.raises(OSError, match="Too many open files"):
+        first.append(b"lost")
+    assert not failures and not first.failed
+    assert first.append(b"z") == 2
+    assert second.append(b"w") == 3
+    first.close()
+    second.close()
+    assert _values(tmp_path) == [b"x" * 40, b"y" * 40, b"z", b"w"]

@@ -378,13 +378,9 @@ class Writer(Closing):
     # -- opening and recovery ---------------------------------------------------------------
 
     def _open_segment(self, segment: Segment) -> None:
-        """Make ``segment`` the one appended to, after checking and recovering its tail."""
-        if self._fd >= 0:
-            # Leaving a segment for the next (a roll, or one another writer started early, as a
-            # hub's copy does): no one appends to it again, and no later opening looks at it, so
-            # what anyone reserved past its end is given back now or never. (Under the lock.)
-            release(self._fd)
-        self._close_files()
+        """Make ``segment`` the one appended to, after checking and recovering its tail. The
+        segment appended to so far is closed once this one is open: a failure (too many open
+        files, say) leaves the writer on it, usable."""
         created = not segment.path.exists()
         # Read too: a shared writer reads what the others appended through it (``_catch_up``).
         fd = open_segment(segment, os.O_RDWR | os.O_APPEND | os.O_CREAT)
@@ -401,7 +397,7 @@ class Writer(Closing):
             )
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, segment, scan))
-            self._index = IndexAppender(segment, kept + scan.entries)
+            index = IndexAppender(segment, kept + scan.entries)
             release(fd)  # what a writer that died had reserved (opened under the lock: see ``release``)
         except BaseException:
             os.close(fd)
@@ -409,6 +405,13 @@ class Writer(Closing):
                 # Left empty, it would stand for offsets that the next roll may store elsewhere.
                 remove_segment(segment)
             raise
+        if self._fd >= 0:
+            # Leaving a segment for the next (a roll, or one another writer started early, as a
+            # hub's copy does): no one appends to it again, and no later opening looks at it, so
+            # what anyone reserved past its end is given back now or never. (Under the lock.)
+            release(self._fd)
+        self._close_files()
+        self._index = index
         self._fd = fd
         self._segment = segment
         self._seg_len = scan.end
