@@ -480,3 +480,27 @@ def test_a_shared_writer_that_cannot_open_the_segment_another_started_stays_usab
     first.close()
     second.close()
     assert _values(tmp_path) == [b"x" * 40, b"y" * 40, b"z", b"w"]
+
+
+def test_a_full_disk_at_the_reservation_after_a_shared_writers_cut_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import journalq.journal.writer as writer_mod
+
+    writer = Writer(tmp_path, shared=True)
+    writer.append(b"one")
+    torn = _torn_tail(writer, 1)
+
+    def full(fd: int, offset: int, length: int) -> bool:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer_mod, "reserve", full)
+    with pytest.raises(StorageError, match="nothing of them was stored") as info:
+        writer.append(b"two")
+    assert info.value.errno == errno.ENOSPC and info.value.offset == 1
+    [recovery] = writer.recoveries  # the cut was done, and kept
+    assert recovery.saved_to.read_bytes() == torn
+    monkeypatch.undo()
+    assert writer.append(b"two") == 1
+    writer.close()
+    assert _values(tmp_path) == [b"one", b"two"]
