@@ -504,3 +504,41 @@ def test_a_full_disk_at_the_reservation_after_a_shared_writers_cut_is_a_storage_
     assert writer.append(b"two") == 1
     writer.close()
     assert _values(tmp_path) == [b"one", b"two"]
+
+
+# -- seeking in a journal that cannot be written -----------------------------------------------
+
+
+def test_a_seek_in_a_read_only_journal_does_not_scan_the_whole_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seek into a sealed segment without index scanned all of it to rebuild the index, even
+    where it could not write one: every seek (a reader without write permission, an archive, the
+    sej vectors) read the whole segment, 0.38 s for offset 1,000 of a 32 MiB segment against 2 ms.
+    It now reads from the segment's start to the offset, as with no index."""
+    import journalq.journal.scanner as scanner_mod
+
+    with Writer(tmp_path, segment_size=4096, index_interval=64) as writer:
+        writer.append_many([b"x" * 100] * 80)  # segments of 32 messages of 126 bytes
+    for index_file in (tmp_path / "jnl").glob("*.idx"):
+        index_file.unlink()
+    scans: list[int] = []
+    real = scanner_mod.scan_segment
+
+    def recorded(segment: object, *args: object, **kwargs: object) -> object:
+        scans.append(1)
+        return real(segment, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scanner_mod, "scan_segment", recorded)
+    (tmp_path / "jnl").chmod(0o555)
+    try:
+        for offset in (1, 20, 40):
+            with Scanner(tmp_path, offset) as scanner:
+                assert next(iter(scanner)).offset == offset
+        assert scans == []
+        assert not list((tmp_path / "jnl").glob("*.idx"))
+    finally:
+        (tmp_path / "jnl").chmod(0o755)
+    with Scanner(tmp_path, 20) as scanner:  # writable again: the index is rebuilt once
+        assert next(iter(scanner)).offset == 20
+    assert scans == [1] and (tmp_path / "jnl" / f"{0:016x}.idx").exists()

@@ -132,9 +132,14 @@ def _writable(directory: os.PathLike[str]) -> bool:
         return False
 
 
+def writable(segment: Segment) -> bool:
+    """Whether the segment's index may be written (see ``_writable``)."""
+    return _writable(segment.index_path.parent)
+
+
 def write_index(segment: Segment, entries: Sequence[Entry]) -> bool:
     """Replace the segment's index atomically; False when the directory is read-only."""
-    if not _writable(segment.index_path.parent):
+    if not writable(segment):
         return False
     tmp = segment.index_path.with_name(f"{segment.index_path.name}.{os.getpid()}.tmp")
     try:

@@ -200,9 +200,10 @@ class Scanner(Closing):
         entry = index.lookup(segment, offset)
         if entry is not None and confirms(self._fd, *entry):
             return entry
-        if sealed:
+        if sealed and index.writable(segment):
             # A missing or stale index of a sealed segment (one written by sej, say): rebuild it
-            # once, for every later seek. A read-only journal just goes without.
+            # once, for every later seek. A read-only journal just goes without: a scan of the
+            # whole segment at every seek costs more than reading from its start to the offset.
             scan = scan_segment(segment, 0, segment.base, fd=self._fd)  # open: gc may delete it
             entries = scan.entries + index.entries_past_damage(segment, scan, self._fd)
             if index.write_index(segment, entries) and os.fstat(self._fd).st_nlink == 0:
