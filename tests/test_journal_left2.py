@@ -542,3 +542,33 @@ def test_a_seek_in_a_read_only_journal_does_not_scan_the_whole_segment(
     with Scanner(tmp_path, 20) as scanner:  # writable again: the index is rebuilt once
         assert next(iter(scanner)).offset == 20
     assert scans == [1] and (tmp_path / "jnl" / f"{0:016x}.idx").exists()
+
+
+def test_check_repair_beside_a_writer_that_holds_the_lock_for_good_is_refused_not_hung(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sej's own writer holds jnl.lck for its lifetime and leaves no note: a repair that waited
+    for the lock as a shared writer does (for one append) would wait for ever."""
+    import journalq.journal.inspect as inspect_mod
+    from journalq.journal.lock import FileLock
+
+    _journal(tmp_path)
+    monkeypatch.setattr(inspect_mod, "_LOCK_WAIT", 0.3)
+    sej = FileLock(tmp_path / "jnl.lck")
+    sej.acquire()
+    outcome: list[BaseException | None] = []
+
+    def repair() -> None:
+        try:
+            check(tmp_path, repair=True)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=repair, daemon=True)
+    thread.start()
+    thread.join(10)
+    sej.close()  # lets a hung repair go on
+    thread.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], LockedError), outcome
+    assert "held the lock" in str(outcome[0])

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from journalq.errors import CorruptionError, Error, JournalError
+from journalq.errors import CorruptionError, Error, JournalError, LockedError
 from journalq.journal import index, offsets
 from journalq.journal.codec import INT32, OVERHEAD, Message, decode
-from journalq.journal.lock import process_alive
+from journalq.journal.lock import FileLock, process_alive
 from journalq.journal.recovery import Recovery, misnamed
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import (
@@ -36,11 +36,12 @@ from journalq.journal.segment import (
     gap_reason,
     journal_dir,
     list_segments,
+    lock_path,
     open_segment,
     orphan_indexes,
     scan_segment,
 )
-from journalq.journal.writer import Writer
+from journalq.journal.writer import Writer, held_for_life
 
 __all__ = [
     "CheckReport",
@@ -57,6 +58,9 @@ _ABANDONED_AFTER = 60.0
 """Seconds after which a temporary file of a process not running here is taken for abandoned
 (written in a few milliseconds, it is not another pid namespace's write in progress)."""
 _FIRST_READ = 64 * 1024  # enough for most messages; a larger one is read again whole
+_LOCK_WAIT = 10.0
+"""Seconds a repair waits for the journal's lock held by a writer that left no note: a shared
+writer holds it for one append, but sej's own writer for its lifetime."""
 
 
 # -- describe ---------------------------------------------------------------------------------
@@ -273,8 +277,8 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     to the next, each segment starts at the offset its name says, and every index entry points at
     the message with its offset. With ``repair``, the last segment is first recovered exactly as a
     writer recovers it on open (under the journal's lock, taken as shared writers take it, between
-    their appends: ``LockedError`` while an exclusive writer runs), then stale or missing indexes
-    are rebuilt, and indexes of no segment and the temporary files of killed processes removed.
+    their appends: ``LockedError`` while an exclusive writer, or sej's, runs), then stale or
+    missing indexes are rebuilt, and indexes of no segment and the temporary files of killed processes removed.
     Reader offset files that cannot be read are reported too. Nothing else is ever changed.
 
     Run while a writer appends, the message being written may show as an incomplete ``tail``.
@@ -399,9 +403,31 @@ def _recover(path: Path) -> list[Recovery]:
     """Recover the last segment the way the writer does, by opening and closing one: a shared
     one, which holds the lock for its opening only. (An exclusive one made the appends of a
     live queue's shared writers fail meanwhile, and was refused while one appended.)"""
+    _wait_for_lock(path)
     writer = Writer(path, shared=True)
     writer.close()
     return writer.recoveries
+
+
+def _wait_for_lock(path: Path) -> None:
+    """Return once the journal's lock is free, or held by an exclusive writer (whose note the
+    shared writer's opening then turns into its ``LockedError``); ``LockedError`` when a writer
+    that left no note holds it ``_LOCK_WAIT`` seconds (sej's writer: a shared writer's opening
+    would wait for it for ever)."""
+    lock = FileLock(lock_path(path))
+    try:
+        deadline, delay = time.monotonic() + _LOCK_WAIT, 0.001
+        while not lock.try_acquire(wait=False) and not held_for_life(lock.read_note()):
+            if time.monotonic() >= deadline:
+                raise LockedError(
+                    f"another writer has held the lock for {_LOCK_WAIT:g} s (sej's writer holds it "
+                    "for its lifetime): stop it to repair",
+                    file=lock.path,
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+    finally:
+        lock.close()
 
 
 def _recovery_problem(recovery: Recovery) -> Problem:

@@ -963,7 +963,7 @@ def take_shared_lock(lock: FileLock) -> None:
     if lock.try_acquire(wait=False):
         return
     note = lock.read_note()
-    exclusive = note.startswith(_EXCLUSIVE_NOTE)
+    exclusive = held_for_life(note)
     stale = exclusive and not _note_alive(note)
     if exclusive and not stale:
         raise LockedError(
@@ -972,6 +972,11 @@ def take_shared_lock(lock: FileLock) -> None:
     lock.acquire(wait=True)
     if stale:  # left by an exclusive writer that was killed: we hold the lock now
         lock.write_note("")
+
+
+def held_for_life(note: str) -> bool:
+    """Whether a lock's note is an exclusive writer's, which holds the lock for its lifetime."""
+    return note.startswith(_EXCLUSIVE_NOTE)
 
 
 def _note_alive(note: str) -> bool:
