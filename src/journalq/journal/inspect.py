@@ -278,8 +278,9 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     the message with its offset. With ``repair``, the last segment is first recovered exactly as a
     writer recovers it on open (under the journal's lock, taken as shared writers take it, between
     their appends: ``LockedError`` while an exclusive writer, or sej's, runs), then stale or
-    missing indexes are rebuilt, and indexes of no segment and the temporary files of killed processes removed.
-    Reader offset files that cannot be read are reported too. Nothing else is ever changed.
+    missing indexes are rebuilt, and indexes of no segment and the temporary files of killed
+    processes removed. Reader offset files that cannot be read are reported too. Nothing else is
+    ever changed.
 
     Run while a writer appends, the message being written may show as an incomplete ``tail``.
     """
