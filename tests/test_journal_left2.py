@@ -572,3 +572,18 @@ def test_check_repair_beside_a_writer_that_holds_the_lock_for_good_is_refused_no
     thread.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], LockedError), outcome
     assert "held the lock" in str(outcome[0])
+
+
+def test_a_batch_that_rolls_onto_a_directory_with_the_next_segments_name_stores_nothing(tmp_path: Path) -> None:
+    writer = Writer(tmp_path, segment_size=100)
+    writer.append(b"v" * 20)  # 46 bytes: offsets 0-2 fill segment 0, offset 3 starts the next
+    directory = segment_at(tmp_path, 3).path
+    directory.mkdir()
+    with pytest.raises(JournalError, match="a directory has a segment's name") as info:
+        writer.append_many([b"w" * 20] * 5)
+    assert info.value.file == directory
+    assert writer.next_offset == 1 and not writer.failed
+    directory.rmdir()
+    assert writer.append(b"x") == 1
+    writer.close()
+    assert _values(tmp_path) == [b"v" * 20, b"x"]  # nothing of the batch

@@ -646,8 +646,11 @@ class Writer(Closing):
                     created.append(self._segment)
                     shift = starts[end]
             self._synced_after(count)
-        except OSError as exc:
+        except (OSError, JournalError) as exc:
+            # A JournalError: the next segment cannot be opened (a directory has its name).
             self._take_back(start_segment, start_len, first_offset, created)
+            if isinstance(exc, JournalError):
+                raise
             raise _append_failed(exc, count, self._segment.path, first_offset) from exc
 
     def _room_for_rolls(self, starts: list[int]) -> None:
