@@ -587,3 +587,25 @@ def test_a_batch_that_rolls_onto_a_directory_with_the_next_segments_name_stores_
     assert writer.append(b"x") == 1
     writer.close()
     assert _values(tmp_path) == [b"v" * 20, b"x"]  # nothing of the batch
+
+
+def test_a_directory_where_an_index_goes_is_no_index_and_named(tmp_path: Path) -> None:
+    _journal(tmp_path, 8)  # segments 0, 3 and 6
+    for base in (0, 6):
+        segment_at(tmp_path, base).index_path.unlink()
+        segment_at(tmp_path, base).index_path.mkdir()
+    # Each was a bare IsADirectoryError: the seek's index lookup, check, the writer's opening.
+    with Scanner(tmp_path, 1) as scanner:
+        assert [m.offset for m in scanner] == list(range(1, 8))
+    with Scanner(tmp_path, 7) as scanner:
+        assert [m.offset for m in scanner] == [7]
+    for repair in (False, True):
+        problems = check(tmp_path, repair=repair).remaining
+        assert [(p.kind, p.file) for p in problems] == [
+            ("index", segment_at(tmp_path, 0).index_path),
+            ("index", segment_at(tmp_path, 6).index_path),
+        ]
+        assert all("Is a directory" in p.reason for p in problems)
+    with pytest.raises(JournalError, match="the index is a directory") as info:
+        Writer(tmp_path, segment_size=100)
+    assert info.value.file == segment_at(tmp_path, 6).index_path

@@ -17,6 +17,7 @@ import struct
 from bisect import bisect_left
 from collections.abc import Sequence
 
+from journalq.errors import JournalError
 from journalq.journal.segment import Segment, SegmentScan, confirms, open_segment, scan_segment
 
 MAGIC = b"JQIDX001"
@@ -105,6 +106,8 @@ def lookup(segment: Segment, offset: int) -> Entry | None:
             else:
                 hi = mid
         return best
+    except OSError:
+        return None  # it opens, but does not read (a directory has its name): no index
     finally:
         os.close(fd)
 
@@ -173,7 +176,10 @@ class IndexAppender:
             current = -1
         if current != expected or read_entries(segment) != list(entries):
             write_index(segment, entries)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except IsADirectoryError:
+            raise JournalError("the index is a directory", file=path) from None
 
     def add(self, entries: Sequence[Entry]) -> None:
         """Append entries. A write that fails (a full disk) stops the index where it was, and

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from journalq.errors import CorruptionError, Error, JournalError, LockedError
+from journalq.errors import CorruptionError, Error, JournalError, LockedError, StorageError
 from journalq.journal import index, offsets
 from journalq.journal.codec import INT32, OVERHEAD, Message, decode
 from journalq.journal.lock import FileLock, process_alive
@@ -307,8 +307,12 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
                 before = None if reason is None else (last.index_path, reason)
         try:
             report.recoveries = _recover(path) if recoverable else []
-        except CorruptionError:
-            pass  # a misnamed last segment, which recovery refuses to cut: reported below
+        except (LockedError, StorageError):
+            raise
+        except JournalError:
+            # A misnamed last segment, which recovery refuses to cut, or a directory where its
+            # index goes, which a writer cannot open: reported below.
+            pass
         report.problems.extend(_recovery_problem(r) for r in report.recoveries)
     segments = list_segments(path)
     report.segments = len(segments)
@@ -496,6 +500,8 @@ def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.E
     except FileNotFoundError:
         # Only worth reporting where an index would hold entries: a small segment needs none.
         return "index is missing" if scan.entries else None
+    except OSError as exc:  # a directory has its name, say
+        return f"index cannot be read: {exc.strerror or exc}"
     if data[: index.HEADER.size] != index.HEADER.pack(index.MAGIC, segment.base):
         return f"index is not an index of this segment (its header is {data[: index.HEADER.size].hex()})"
     entries = index.read_entries(segment)
