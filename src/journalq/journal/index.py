@@ -17,7 +17,8 @@ import struct
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from journalq.journal.segment import Segment, SegmentScan, confirms, scan_segment
+from journalq.errors import JournalError
+from journalq.journal.segment import Segment, SegmentScan, confirms, open_segment, scan_segment
 
 MAGIC = b"JQIDX001"
 HEADER = struct.Struct(">8sQ")
@@ -105,6 +106,8 @@ def lookup(segment: Segment, offset: int) -> Entry | None:
             else:
                 hi = mid
         return best
+    except OSError:
+        return None  # it opens, but does not read (a directory has its name): no index
     finally:
         os.close(fd)
 
@@ -132,9 +135,14 @@ def _writable(directory: os.PathLike[str]) -> bool:
         return False
 
 
+def writable(segment: Segment) -> bool:
+    """Whether the segment's index may be written (see ``_writable``)."""
+    return _writable(segment.index_path.parent)
+
+
 def write_index(segment: Segment, entries: Sequence[Entry]) -> bool:
     """Replace the segment's index atomically; False when the directory is read-only."""
-    if not _writable(segment.index_path.parent):
+    if not writable(segment):
         return False
     tmp = segment.index_path.with_name(f"{segment.index_path.name}.{os.getpid()}.tmp")
     try:
@@ -168,7 +176,10 @@ class IndexAppender:
             current = -1
         if current != expected or read_entries(segment) != list(entries):
             write_index(segment, entries)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except IsADirectoryError:
+            raise JournalError("the index is a directory", file=path) from None
 
     def add(self, entries: Sequence[Entry]) -> None:
         """Append entries. A write that fails (a full disk) stops the index where it was, and
@@ -198,11 +209,14 @@ def last_confirmed(segment: Segment, size: int) -> tuple[int, int, list[Entry]]:
     """
     entries = read_entries(segment)
     if entries:
-        with open(segment.path, "rb", buffering=0) as f:
+        fd = open_segment(segment)
+        try:
             for i in range(len(entries) - 1, -1, -1):
                 offset, position = entries[i]
-                if position < size and confirms(f.fileno(), offset, position):
+                if position < size and confirms(fd, offset, position):
                     return offset, position, entries[: i + 1]
+        finally:
+            os.close(fd)
     return segment.base, 0, []
 
 

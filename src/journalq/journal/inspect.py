@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from journalq.errors import CorruptionError, Error, JournalError
+from journalq.errors import CorruptionError, Error, JournalError, LockedError, StorageError
 from journalq.journal import index, offsets
 from journalq.journal.codec import INT32, OVERHEAD, Message, decode
-from journalq.journal.lock import process_alive
+from journalq.journal.lock import FileLock, process_alive
 from journalq.journal.recovery import Recovery, misnamed
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import (
@@ -36,10 +36,12 @@ from journalq.journal.segment import (
     gap_reason,
     journal_dir,
     list_segments,
+    lock_path,
+    open_segment,
     orphan_indexes,
     scan_segment,
 )
-from journalq.journal.writer import Writer
+from journalq.journal.writer import Writer, held_for_life
 
 __all__ = [
     "CheckReport",
@@ -56,6 +58,9 @@ _ABANDONED_AFTER = 60.0
 """Seconds after which a temporary file of a process not running here is taken for abandoned
 (written in a few milliseconds, it is not another pid namespace's write in progress)."""
 _FIRST_READ = 64 * 1024  # enough for most messages; a larger one is read again whole
+_LOCK_WAIT = 10.0
+"""Seconds a repair waits for the journal's lock held by a writer that left no note: a shared
+writer holds it for one append, but sej's own writer for its lifetime."""
 
 
 # -- describe ---------------------------------------------------------------------------------
@@ -124,7 +129,12 @@ def describe(path: str | os.PathLike[str]) -> JournalInfo:
     """
     path = require_journal(path)
     segments = list_segments(path)
-    infos = [_describe_segment(s, sealed=i < len(segments) - 1) for i, s in enumerate(segments)]
+    infos = []
+    for i, segment in enumerate(segments):
+        try:
+            infos.append(_describe_segment(segment, sealed=i < len(segments) - 1))
+        except FileNotFoundError:
+            continue  # collected (a queue's gc) since it was listed: no longer the journal's
     return JournalInfo(
         path=path,
         segments=infos,
@@ -136,11 +146,13 @@ def describe(path: str | os.PathLike[str]) -> JournalInfo:
 
 
 def _describe_segment(segment: Segment, *, sealed: bool) -> SegmentInfo:
-    with open(segment.path, "rb", buffering=0) as f:
-        fd = f.fileno()
+    fd = open_segment(segment)
+    try:
         size = os.fstat(fd).st_size
         first = _message_at(segment, fd, 0, size, segment.base)
         last = _last_message(segment, fd, size) if sealed and first is not None else None
+    finally:
+        os.close(fd)
     if last is not None:
         end_offset, last_ts = last.offset + 1, last.timestamp_ns
     else:
@@ -264,10 +276,11 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     Checked: every message decodes, offsets run densely within each segment and from one segment
     to the next, each segment starts at the offset its name says, and every index entry points at
     the message with its offset. With ``repair``, the last segment is first recovered exactly as a
-    writer recovers it on open (which needs the writer's lock: ``LockedError`` while another writer
-    runs), then stale or missing indexes are rebuilt, and indexes of no segment and the temporary
-    files of killed processes removed. Reader offset files that cannot be read are reported too.
-    Nothing else is ever changed.
+    writer recovers it on open (under the journal's lock, taken as shared writers take it, between
+    their appends: ``LockedError`` while an exclusive writer, or sej's, runs), then stale or
+    missing indexes are rebuilt, and indexes of no segment and the temporary files of killed
+    processes removed. Reader offset files that cannot be read are reported too. Nothing else is
+    ever changed.
 
     Run while a writer appends, the message being written may show as an incomplete ``tail``.
     """
@@ -278,15 +291,28 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     before: tuple[Path, str] | None = None
     if repair:
         listed = list_segments(path)
+        recoverable = True
         if listed:
             last = listed[-1]
-            whole = scan_segment(last, 0, last.base)
-            reason = _index_problem(last, whole, _entries_past_damage(last, whole))
-            before = None if reason is None else (last.index_path, reason)
+            try:
+                fd = open_segment(last)
+            except JournalError:
+                recoverable = False  # not a file (a directory): no writer opens it; reported below
+            else:
+                try:
+                    whole = scan_segment(last, 0, last.base, fd=fd)
+                    reason = _index_problem(last, whole, index.entries_past_damage(last, whole, fd), fd)
+                finally:
+                    os.close(fd)
+                before = None if reason is None else (last.index_path, reason)
         try:
-            report.recoveries = _recover(path)
-        except CorruptionError:
-            pass  # a misnamed last segment, which recovery refuses to cut: reported below
+            report.recoveries = _recover(path) if recoverable else []
+        except (LockedError, StorageError):
+            raise
+        except JournalError:
+            # A misnamed last segment, which recovery refuses to cut, or a directory where its
+            # index goes, which a writer cannot open: reported below.
+            pass
         report.problems.extend(_recovery_problem(r) for r in report.recoveries)
     segments = list_segments(path)
     report.segments = len(segments)
@@ -294,11 +320,24 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     for i, segment in enumerate(segments):
         if due is not None and segment.base != due:
             report.problems.append(_gap_problem(segment, due))
-        scan = scan_segment(segment, 0, segment.base)
-        report.messages += scan.next_offset - segment.base
-        if scan.problem is not None:
-            report.problems.append(_scan_problem(segment, scan, last=i == len(segments) - 1))
-        index_problems = _check_index(segment, scan, repair)
+        try:
+            fd = open_segment(segment)  # once, for the scan and the index's checks
+        except FileNotFoundError:
+            due = None  # collected (a queue's gc) since it was listed: no longer the journal's
+            report.segments -= 1
+            continue
+        except JournalError as exc:  # not a file (a directory with a segment's name)
+            report.problems.append(Problem("segment", segment.path, None, segment.base, exc.reason))
+            due = None
+            continue
+        try:
+            scan = scan_segment(segment, 0, segment.base, fd=fd)
+            report.messages += scan.next_offset - segment.base
+            if scan.problem is not None:
+                report.problems.append(_scan_problem(segment, scan, last=i == len(segments) - 1))
+            index_problems = _check_index(segment, scan, repair, fd)
+        finally:
+            os.close(fd)
         if not index_problems and before is not None and before[0] == segment.index_path:
             rebuilt = f"{before[1]}; rebuilt by the recovery"
             index_problems = [Problem("index", segment.index_path, None, None, rebuilt, True)]
@@ -366,10 +405,34 @@ def _offset_problems(path: Path) -> Iterator[Problem]:
 
 
 def _recover(path: Path) -> list[Recovery]:
-    """Recover the last segment the way the writer does, by opening and closing one."""
-    writer = Writer(path)
+    """Recover the last segment the way the writer does, by opening and closing one: a shared
+    one, which holds the lock for its opening only. (An exclusive one made the appends of a
+    live queue's shared writers fail meanwhile, and was refused while one appended.)"""
+    _wait_for_lock(path)
+    writer = Writer(path, shared=True)
     writer.close()
     return writer.recoveries
+
+
+def _wait_for_lock(path: Path) -> None:
+    """Return once the journal's lock is free, or held by an exclusive writer (whose note the
+    shared writer's opening then turns into its ``LockedError``); ``LockedError`` when a writer
+    that left no note holds it ``_LOCK_WAIT`` seconds (sej's writer: a shared writer's opening
+    would wait for it for ever)."""
+    lock = FileLock(lock_path(path))
+    try:
+        deadline, delay = time.monotonic() + _LOCK_WAIT, 0.001
+        while not lock.try_acquire(wait=False) and not held_for_life(lock.read_note()):
+            if time.monotonic() >= deadline:
+                raise LockedError(
+                    f"another writer has held the lock for {_LOCK_WAIT:g} s (sej's writer holds it "
+                    "for its lifetime): stop it to repair",
+                    file=lock.path,
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+    finally:
+        lock.close()
 
 
 def _recovery_problem(recovery: Recovery) -> Problem:
@@ -407,10 +470,11 @@ def _scan_problem(segment: Segment, scan: SegmentScan, *, last: bool) -> Problem
     return Problem(kind, segment.path, scan.end, scan.next_offset, problem.reason)
 
 
-def _check_index(segment: Segment, scan: SegmentScan, repair: bool) -> list[Problem]:
-    """The segment's index problem, if any, rebuilt from ``scan`` when ``repair``."""
-    sound_past = _entries_past_damage(segment, scan)
-    reason = _index_problem(segment, scan, sound_past)
+def _check_index(segment: Segment, scan: SegmentScan, repair: bool, fd: int) -> list[Problem]:
+    """The segment's index problem, if any, rebuilt from ``scan`` when ``repair``. ``fd``: the
+    segment, open."""
+    sound_past = index.entries_past_damage(segment, scan, fd)
+    reason = _index_problem(segment, scan, sound_past, fd)
     if reason is None:
         return []
     fixed = False
@@ -423,9 +487,9 @@ def _check_index(segment: Segment, scan: SegmentScan, repair: bool) -> list[Prob
     return [Problem("index", segment.index_path, None, None, reason, fixed)]
 
 
-def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.Entry]) -> str | None:
+def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.Entry], fd: int) -> str | None:
     """Why the segment's index cannot be trusted, or None when every entry checks out (past
-    damage, those in ``sound_past``: see ``_entries_past_damage``).
+    damage, those in ``sound_past``: see ``index.entries_past_damage``).
 
     An index need not list every entry a rebuild would (one that lags after a crash only makes
     seeks slower, and a writer may use another interval), but each entry it has must point at the
@@ -436,46 +500,39 @@ def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.E
     except FileNotFoundError:
         # Only worth reporting where an index would hold entries: a small segment needs none.
         return "index is missing" if scan.entries else None
+    except OSError as exc:  # a directory has its name, say
+        return f"index cannot be read: {exc.strerror or exc}"
     if data[: index.HEADER.size] != index.HEADER.pack(index.MAGIC, segment.base):
         return f"index is not an index of this segment (its header is {data[: index.HEADER.size].hex()})"
     entries = index.read_entries(segment)
     expected_size = index.HEADER.size + len(entries) * index.ENTRY.size
     if len(data) != expected_size:
         return f"index has {len(data) - expected_size} bytes after its last valid entry (torn or damaged)"
-    bad = next(_bad_entries(segment, scan, entries, set(sound_past)), None)
+    bad = next(_bad_entries(segment, scan, entries, set(sound_past), fd), None)
     if bad is not None:
         (offset, position), why = bad
         return f"index entry (offset {offset}, byte {position}) is stale: {why}"
     return None
 
 
-def _entries_past_damage(segment: Segment, scan: SegmentScan) -> list[index.Entry]:
-    """``index.entries_past_damage``, which a rebuild keeps and ``check`` takes for sound."""
-    if scan.problem is None:
-        return []  # (without opening the segment)
-    with open(segment.path, "rb", buffering=0) as f:
-        return index.entries_past_damage(segment, scan, f.fileno())
-
-
 def _bad_entries(
-    segment: Segment, scan: SegmentScan, entries: list[index.Entry], sound_past: set[index.Entry]
+    segment: Segment, scan: SegmentScan, entries: list[index.Entry], sound_past: set[index.Entry], fd: int
 ) -> Iterator[tuple[index.Entry, str]]:
     """Index entries that do not point at a whole, valid message with their offset (past
-    damage: those not in ``sound_past``)."""
-    with open(segment.path, "rb", buffering=0) as f:
-        for offset, position in entries:
-            if position >= scan.end:
-                if (offset, position) in sound_past:
-                    continue
-                yield (offset, position), f"the valid messages end at byte {scan.end}"
+    damage: those not in ``sound_past``), in the open segment ``fd``."""
+    for offset, position in entries:
+        if position >= scan.end:
+            if (offset, position) in sound_past:
                 continue
-            try:
-                message = _message_at(segment, f.fileno(), position, scan.end, offset)
-            except CorruptionError as exc:
-                yield (offset, position), exc.reason
-                continue
-            if message is None:
-                yield (offset, position), "no whole message starts there"
+            yield (offset, position), f"the valid messages end at byte {scan.end}"
+            continue
+        try:
+            message = _message_at(segment, fd, position, scan.end, offset)
+        except CorruptionError as exc:
+            yield (offset, position), exc.reason
+            continue
+        if message is None:
+            yield (offset, position), "no whole message starts there"
 
 
 # -- finding by time --------------------------------------------------------------------------
@@ -483,14 +540,12 @@ def _bad_entries(
 
 def first_offset_since(path: str | os.PathLike[str], timestamp_ns: int, start: int | None = None) -> int:
     """The offset of the first message (from ``start``) whose timestamp is ``timestamp_ns`` or
-    later; the journal's end offset when there is none.
+    later; the journal's end offset when there is none. (Without ``start``: from the oldest
+    message stored, which the scanner finds, past segments collected meanwhile.)
 
     sej does not require timestamps to rise, so this is a scan, not a search.
     """
     path = require_journal(path)
-    segments = list_segments(path)
-    if start is None:
-        start = segments[0].base if segments else 0
     with Scanner(path, start) as scanner:
         while batch := scanner.read_batch():
             for message in batch:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from journalq.errors import LockedError
+from journalq.errors import JournalError, LockedError
 
 
 class FileLock:
@@ -29,7 +29,10 @@ class FileLock:
 
     def _open(self) -> int:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except IsADirectoryError:
+                raise JournalError("the lock file is a directory", file=self.path) from None
         return self._fd
 
     def acquire(self, wait: bool = False) -> None:
@@ -98,10 +101,14 @@ class FileLock:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine (another user's is taken for alive)."""
+    """Whether process ``pid`` runs on this machine (another user's is taken for alive). A pid no
+    process can have (0 or less: ``kill`` would signal a process group; past a C ``pid_t``) is
+    not alive: names read from files (a note, a temporary file's) can hold anything."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except OSError:
         return True  # there, but not ours to signal

@@ -20,6 +20,7 @@ from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir, make_dirs
 from journalq.journal.segment import list_segments, unopenable
+from journalq.journal.sync import fsync
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -94,7 +95,7 @@ def write_offset(file: Path, offset: int, *, sync: bool = True, inside: Path | N
             f.write(_UINT64.pack(offset))
             if sync:
                 f.flush()
-                os.fsync(f.fileno())
+                fsync(f.fileno())
         os.replace(tmp, file)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk's refusal leaves no stray file behind

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from journalq.errors import CorruptionError, JournalError, format_timestamp
+from journalq.errors import CorruptionError, JournalError, StorageError, format_timestamp
 from journalq.journal.codec import decode
 from journalq.journal.index import scan_tail
 from journalq.journal.segment import Segment, SegmentScan, segment_at, segment_bases, segment_name
+from journalq.journal.sync import fsync
 
 log = logging.getLogger("journalq.journal")
 
@@ -62,7 +63,7 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
 def _fsync(path: str | os.PathLike[str], flags: int) -> None:
     fd = os.open(path, flags)
     try:
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 
@@ -114,6 +115,16 @@ def misnamed(segment: Segment, data: bytes) -> CorruptionError | None:
     )
 
 
+def _cut_failed(exc: OSError, segment: Segment, scan: SegmentScan, outcome: str) -> StorageError:
+    return StorageError(
+        f"could not cut the bytes after the last whole message: {exc.strerror or exc}; {outcome}",
+        errno=exc.errno,
+        file=segment.path,
+        position=scan.end,
+        offset=scan.next_offset,
+    )
+
+
 def _new_file(directory: Path, name: str) -> tuple[Path, BinaryIO]:
     """A new file ``name`` in ``directory``, or ``name.1``, ``name.2``... when it is taken (a
     second recovery at the same byte, after a crash loop): a cut never writes over another."""
@@ -128,7 +139,9 @@ def _new_file(directory: Path, name: str) -> tuple[Path, BinaryIO]:
 
 def cut_tail(root: Path, segment: Segment, scan: SegmentScan) -> Recovery:
     """Save the bytes of ``segment`` after ``scan.end`` beside the journal, then truncate there.
-    A misnamed segment (see ``misnamed``) is refused with its ``CorruptionError``, untouched."""
+    A misnamed segment (see ``misnamed``) is refused with its ``CorruptionError``, untouched.
+    A failure of the storage (a full disk) is a ``StorageError``: the segment is left whole, and
+    no partial copy is left under ``cut/``, unless the truncation itself failed (it may be done)."""
     with open(segment.path, "r+b") as f:
         f.seek(scan.end)
         bad = f.read()
@@ -136,16 +149,25 @@ def cut_tail(root: Path, segment: Segment, scan: SegmentScan) -> Recovery:
         if refused is not None:
             raise refused
         cut_dir = root / "cut"
-        make_dirs(cut_dir, durable=True)  # its entry too: kept before the segment shrinks
-        saved_to, out = _new_file(cut_dir, f"{segment.path.name}@{scan.end}")
-        with out:
-            out.write(bad)
-            out.flush()
-            os.fsync(out.fileno())
-        fsync_dir(cut_dir)
-        f.truncate(scan.end)
-        f.flush()
-        os.fsync(f.fileno())
+        saved_to: Path | None = None
+        try:
+            make_dirs(cut_dir, durable=True)  # its entry too: kept before the segment shrinks
+            saved_to, out = _new_file(cut_dir, f"{segment.path.name}@{scan.end}")
+            with out:
+                out.write(bad)
+                out.flush()
+                fsync(out.fileno())
+            fsync_dir(cut_dir)
+        except OSError as exc:
+            if saved_to is not None:
+                saved_to.unlink(missing_ok=True)  # a partial copy: it would pass for the bytes
+            raise _cut_failed(exc, segment, scan, "nothing was cut") from exc
+        try:
+            f.truncate(scan.end)
+            f.flush()
+            fsync(f.fileno())
+        except OSError as exc:
+            raise _cut_failed(exc, segment, scan, f"the bytes are kept in {saved_to}") from exc
     problem = scan.problem or CorruptionError("bytes after the last message")
     recovery = Recovery(
         segment.path, scan.end, scan.next_offset, scan.last_timestamp_ns, len(bad), saved_to, problem.reason

@@ -25,6 +25,7 @@ from journalq.journal.segment import (
     confirms,
     gap_reason,
     journal_dir,
+    open_segment,
     scan_segment,
     segment_at,
     segment_bases,
@@ -79,12 +80,10 @@ class Scanner(Closing):
         if not self.path.is_dir():
             raise JournalError("no journal directory here", file=self.path)
         if offset is not None:
-            # A float or a string would fail deep in a seek; a NumPy integer is welcome.
-            if isinstance(offset, bool) or not hasattr(offset, "__index__"):
-                raise Error(f"offset must be an integer, not {offset!r}")
-            offset = offset.__index__()
-        if offset is not None and offset < 0:
-            raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
+            # Any integer: a negative one is out of range, which callers look up (LookupError).
+            offset = check_integer("offset", offset, None)
+            if offset < 0:
+                raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
         self._fd = -1
         self._segment: Segment = segment_at(self.path, 0)
         self._pos = 0  # where the bytes not yet decoded start in the segment
@@ -201,9 +200,10 @@ class Scanner(Closing):
         entry = index.lookup(segment, offset)
         if entry is not None and confirms(self._fd, *entry):
             return entry
-        if sealed:
+        if sealed and index.writable(segment):
             # A missing or stale index of a sealed segment (one written by sej, say): rebuild it
-            # once, for every later seek. A read-only journal just goes without.
+            # once, for every later seek. A read-only journal just goes without: a scan of the
+            # whole segment at every seek costs more than reading from its start to the offset.
             scan = scan_segment(segment, 0, segment.base, fd=self._fd)  # open: gc may delete it
             entries = scan.entries + index.entries_past_damage(segment, scan, self._fd)
             if index.write_index(segment, entries) and os.fstat(self._fd).st_nlink == 0:
@@ -226,7 +226,7 @@ class Scanner(Closing):
         self._pos, self._pending, self._next = 0, b"", segment.base
         self._chunk = FIRST_READ
         try:
-            self._fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = open_segment(segment)
         except FileNotFoundError:
             return False
         return True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -22,10 +23,14 @@ _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")  # as sej names them: %016x
 _INDEX_NAME = re.compile(r"^[0-9a-f]{16}\.idx$")
 
 
-def check_integer(name: str, value: object, minimum: int) -> int:
-    """``value`` when it is an integer (a NumPy one too, not a bool) of ``minimum`` or more; else
-    a clear ``Error`` naming the argument (a string would fail later, deep in a comparison)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < minimum:
+def check_integer(name: str, value: object, minimum: int | None) -> int:
+    """``value`` when it is an integer (a NumPy one too, not a bool) of ``minimum`` or more (any,
+    with None); else a clear ``Error`` naming the argument (a string would fail later, deep in a
+    comparison)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        least = "" if minimum is None else f", {minimum} or more"
+        raise Error(f"{name} must be an integer{least}, not {value!r}")
+    if minimum is not None and value.__index__() < minimum:
         raise Error(f"{name} must be an integer, {minimum} or more, not {value!r}")
     return value.__index__()
 
@@ -121,6 +126,30 @@ def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:
         if _INDEX_NAME.match(name) and segment not in names and not os.path.exists(directory / segment):
             orphans.append(directory / name)
     return orphans
+
+
+def open_segment(segment: Segment, flags: int = os.O_RDONLY) -> int:
+    """``os.open`` of a segment file (``FileNotFoundError`` when it is gone), refusing with a
+    ``JournalError`` naming it what has a segment's name but is no file: a directory would fail
+    later with a bare ``IsADirectoryError``, or be read as an empty segment."""
+    try:
+        fd = os.open(segment.path, flags | os.O_CLOEXEC, 0o644)
+    except IsADirectoryError:
+        raise not_a_file(segment, "a directory") from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise not_a_file(segment, "a directory" if stat.S_ISDIR(mode) else "a special file")
+    return fd
+
+
+def not_a_file(segment: Segment, what: str) -> JournalError:
+    """The error for ``what`` (a directory) that has a segment's name but is not a file."""
+    return JournalError(f"not a segment: {what} has a segment's name", file=segment.path)
 
 
 def unopenable(segment: Segment) -> JournalError:
@@ -255,14 +284,17 @@ def scan_segment(
     kept_bytes: list[bytes] = []
     own = fd is None
     if own:
-        fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_segment(segment)
     try:
         size = os.fstat(fd).st_size
         pending = b""
         problem = None
         while pos < size:
             # No more than the file holds: a 1 MiB buffer for a few bytes costs more than reading them.
-            chunk = os.pread(fd, min(READ_CHUNK, size - pos - len(pending)), pos + len(pending))
+            # As much as is pending at least: a message larger than a chunk, read a chunk at a
+            # time and joined to all read before, cost time quadratic in its size.
+            want = max(READ_CHUNK, len(pending))
+            chunk = os.pread(fd, min(want, size - pos - len(pending)), pos + len(pending))
             if not chunk:
                 break
             buf = pending + chunk

@@ -52,6 +52,7 @@ from journalq.journal.segment import (
     journal_dir,
     list_segments,
     lock_path,
+    open_segment,
     remove_segment,
     scan_segment,
     segment_at,
@@ -260,6 +261,12 @@ class Writer(Closing):
         reaches stable storage with the next durable append's sync (one file, written in order,
         so a sync covers everything before it), a segment roll or ``close``. It is still handed
         to the operating system before the call returns: it survives the death of the process."""
+        if isinstance(items, (bytes, bytearray, memoryview, str, Message)):
+            # Iterable too, as its bytes (or fields): "item 0 is a int" would not say what was wrong.
+            raise InvalidMessageError(
+                f"a batch must be an iterable of values or Messages, not one {type(items).__name__}: "
+                "append() stores one message"
+            )
         if not isinstance(items, (list, tuple)):
             if not isinstance(items, Iterable):
                 raise InvalidMessageError(
@@ -371,16 +378,12 @@ class Writer(Closing):
     # -- opening and recovery ---------------------------------------------------------------
 
     def _open_segment(self, segment: Segment) -> None:
-        """Make ``segment`` the one appended to, after checking and recovering its tail."""
-        if self._fd >= 0:
-            # Leaving a segment for the next (a roll, or one another writer started early, as a
-            # hub's copy does): no one appends to it again, and no later opening looks at it, so
-            # what anyone reserved past its end is given back now or never. (Under the lock.)
-            release(self._fd)
-        self._close_files()
+        """Make ``segment`` the one appended to, after checking and recovering its tail. The
+        segment appended to so far is closed once this one is open: a failure (too many open
+        files, say) leaves the writer on it, usable."""
         created = not segment.path.exists()
         # Read too: a shared writer reads what the others appended through it (``_catch_up``).
-        fd = os.open(segment.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_segment(segment, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
             if self.sync_policy.mode == "always":
                 # Made here, or by a writer that may have been killed before it synced the entry
@@ -394,7 +397,7 @@ class Writer(Closing):
             )
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, segment, scan))
-            self._index = IndexAppender(segment, kept + scan.entries)
+            index = IndexAppender(segment, kept + scan.entries)
             release(fd)  # what a writer that died had reserved (opened under the lock: see ``release``)
         except BaseException:
             os.close(fd)
@@ -402,6 +405,13 @@ class Writer(Closing):
                 # Left empty, it would stand for offsets that the next roll may store elsewhere.
                 remove_segment(segment)
             raise
+        if self._fd >= 0:
+            # Leaving a segment for the next (a roll, or one another writer started early, as a
+            # hub's copy does): no one appends to it again, and no later opening looks at it, so
+            # what anyone reserved past its end is given back now or never. (Under the lock.)
+            release(self._fd)
+        self._close_files()
+        self._index = index
         self._fd = fd
         self._segment = segment
         self._seg_len = scan.end
@@ -636,8 +646,11 @@ class Writer(Closing):
                     created.append(self._segment)
                     shift = starts[end]
             self._synced_after(count)
-        except OSError as exc:
+        except (OSError, JournalError) as exc:
+            # A JournalError: the next segment cannot be opened (a directory has its name).
             self._take_back(start_segment, start_len, first_offset, created)
+            if isinstance(exc, JournalError):
+                raise
             raise _append_failed(exc, count, self._segment.path, first_offset) from exc
 
     def _room_for_rolls(self, starts: list[int]) -> None:
@@ -953,7 +966,7 @@ def take_shared_lock(lock: FileLock) -> None:
     if lock.try_acquire(wait=False):
         return
     note = lock.read_note()
-    exclusive = note.startswith(_EXCLUSIVE_NOTE)
+    exclusive = held_for_life(note)
     stale = exclusive and not _note_alive(note)
     if exclusive and not stale:
         raise LockedError(
@@ -962,6 +975,11 @@ def take_shared_lock(lock: FileLock) -> None:
     lock.acquire(wait=True)
     if stale:  # left by an exclusive writer that was killed: we hold the lock now
         lock.write_note("")
+
+
+def held_for_life(note: str) -> bool:
+    """Whether a lock's note is an exclusive writer's, which holds the lock for its lifetime."""
+    return note.startswith(_EXCLUSIVE_NOTE)
 
 
 def _note_alive(note: str) -> bool:
