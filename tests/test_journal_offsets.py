@@ -183,7 +183,6 @@ def test_a_durable_commit_syncs_the_ofs_directory_it_made(tmp_path, monkeypatch)
     stable storage with the commit, or a power cut takes the committed offset away with it."""
     synced = []
     monkeypatch.setattr(recovery_mod, "fsync_dir", synced.append)
-    monkeypatch.setattr(offsets_mod, "fsync_dir", synced.append)
     with ReaderOffset(tmp_path, "alpha") as ro:
         ro.commit(5)
     assert tmp_path in synced and tmp_path / "ofs" in synced

@@ -391,10 +391,10 @@ def test_injected_enospc_is_503_and_nothing_half_written(tmp_path: Path, monkeyp
     monkeypatch.setattr(writer_mod, "os", fake)
     real_write = settings_mod.write_temporary
 
-    def write_temporary(file: Path, settings: Any, durable: bool) -> Path:  # a queue's settings: outside any journal
+    def write_temporary(file: Path, data: bytes, *, durable: bool) -> Path:  # a queue's settings: outside any journal
         if fake.full:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_write(file, settings, durable)
+        return real_write(file, data, durable=durable)
 
     monkeypatch.setattr(settings_mod, "write_temporary", write_temporary)
 

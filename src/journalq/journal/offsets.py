@@ -11,16 +11,14 @@ from __future__ import annotations
 import os
 import re
 import struct
-import threading
 from pathlib import Path
 
 from journalq.closing import Closing
 from journalq.errors import Error, JournalError, LockedError
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
-from journalq.journal.recovery import fsync_dir, make_dirs
+from journalq.journal.recovery import make_dirs, replace_file
 from journalq.journal.segment import list_segments, unopenable
-from journalq.journal.sync import fsync
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -88,20 +86,7 @@ def write_offset(file: Path, offset: int, *, sync: bool = True, inside: Path | N
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**64:
         raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
     make_dirs(file.parent, durable=sync, inside=inside)  # a new ofs/ is synced into its parent too
-    # Named by process and thread: two threads' commits must not share (and rename away) one file.
-    tmp = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_native_id()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(_UINT64.pack(offset))
-            if sync:
-                f.flush()
-                fsync(f.fileno())
-        os.replace(tmp, file)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk's refusal leaves no stray file behind
-        raise
-    if sync:
-        fsync_dir(file.parent)
+    replace_file(file, _UINT64.pack(offset), durable=sync)
 
 
 def set_offset(path: str | os.PathLike[str], name: str, offset: int, *, sync: bool = True) -> None:

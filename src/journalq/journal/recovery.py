@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -53,6 +54,37 @@ class Recovery:
 
 def fsync_dir(path: Path) -> None:
     _fsync(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def write_temporary(file: Path, data: bytes, *, durable: bool) -> Path:
+    """``data`` in a temporary file beside ``file`` (``NAME.PID.THREAD.tmp``: two threads'
+    writes must not share one, and ``check`` tells an abandoned one by its pid), on stable
+    storage when ``durable``. Nothing is left behind when writing fails (a full disk, say)."""
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_native_id()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def replace_file(file: Path, data: bytes, *, durable: bool) -> None:
+    """Replace ``file`` with ``data`` atomically (a temporary file renamed over it: a reader sees
+    the old bytes or the new, whole); ``durable``: on stable storage, rename included, when this
+    returns."""
+    tmp = write_temporary(file, data, durable=durable)
+    try:
+        os.replace(tmp, file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(file.parent)
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:

@@ -56,7 +56,7 @@ from journalq.errors import (
 )
 from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.offsets import read_offset, write_offset
-from journalq.journal.recovery import fsync_dir
+from journalq.journal.recovery import fsync_dir, write_temporary
 from journalq.journal.segment import list_segments, remove_segment
 from journalq.journal.watch import DirectoryWatch
 from journalq.journal.writer import held
@@ -240,13 +240,8 @@ def _channel_token(path: Path, durable: bool) -> str:
     if found is not None and _TOKEN.fullmatch(found):
         return found.decode()
     token = secrets.token_hex(4)
-    tmp = path / f"channel.id.{os.getpid()}.tmp"
+    tmp = write_temporary(file, f"{token}\n".encode(), durable=durable)
     try:
-        with open(tmp, "w") as f:
-            f.write(token + "\n")
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
         if found is None:
             # Creates it whole, or fails when another process was first (one of an earlier
             # version, which made it out of the hold): its token is read below.

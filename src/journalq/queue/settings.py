@@ -11,14 +11,13 @@ import json
 import math
 import os
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from journalq.errors import InvalidNameError, InvalidSettingError, SettingsFileError, StorageError
-from journalq.journal.recovery import fsync_dir
+from journalq.journal.recovery import fsync_dir, replace_file, write_temporary
 
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,79}$")
 MAX_NAME_LENGTH = 80
@@ -202,15 +201,7 @@ class SettingsFile:
 def save(topic_path: Path, settings: QueueSettings, *, durable: bool = True) -> None:
     """Write the settings atomically (temporary file, then rename); ``durable``: on stable
     storage, rename included, when this returns."""
-    file = topic_path / SETTINGS_FILE
-    tmp = write_temporary(file, settings, durable)
-    try:
-        os.replace(tmp, file)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if durable:
-        fsync_dir(topic_path)
+    replace_file(topic_path / SETTINGS_FILE, _encoded(settings), durable=durable)
 
 
 def create(topic_path: Path, settings: QueueSettings, *, durable: bool = True) -> bool:
@@ -219,7 +210,7 @@ def create(topic_path: Path, settings: QueueSettings, *, durable: bool = True) -
     ``durable``: the file, and the topic's directory in its parent, are on stable storage when
     this returns True (a queue answered as made survives a power cut)."""
     file = topic_path / SETTINGS_FILE
-    tmp = write_temporary(file, settings, durable)
+    tmp = write_temporary(file, _encoded(settings), durable=durable)
     try:
         os.link(tmp, file)  # atomic, and refused when the file exists
     except FileExistsError:
@@ -232,17 +223,6 @@ def create(topic_path: Path, settings: QueueSettings, *, durable: bool = True) -
     return True
 
 
-def write_temporary(file: Path, settings: QueueSettings, durable: bool) -> Path:
-    """The settings in a temporary file beside ``file``, of this process and thread (nothing is
-    left behind when writing it fails, on a full disk say); synced when ``durable``."""
-    tmp = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write((json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n").encode())
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
+def _encoded(settings: QueueSettings) -> bytes:
+    """The settings file's bytes."""
+    return (json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n").encode()

@@ -84,7 +84,7 @@ from journalq.errors import (
     ReceiptError,
     StaleReceiptError,
 )
-from journalq.journal.recovery import fsync_dir
+from journalq.journal.recovery import replace_file
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
 from journalq.queue.channel import ReceivedMessage
@@ -525,22 +525,12 @@ class _Sidecar:
                 self._write(directory, data)
 
     def _write(self, directory: Path, data: dict[str, Any]) -> None:
-        tmp = directory / f"{SIDECAR}.{os.getpid()}.{threading.get_ident()}.tmp"
+        # Unsynced, a power cut could leave an empty file: no attributes.
+        encoded = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-                if self.durable:  # unsynced, a power cut could leave an empty file: no attributes
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, directory / SIDECAR)
+            replace_file(directory / SIDECAR, encoded, durable=self.durable)
         except FileNotFoundError:
-            tmp.unlink(missing_ok=True)
             raise _no_queue() from None  # deleted meanwhile
-        except BaseException:
-            tmp.unlink(missing_ok=True)  # a full disk's refusal leaves no stray file behind
-            raise
-        if self.durable:
-            fsync_dir(directory)
 
 
 # -- the protocol -------------------------------------------------------------------------------
