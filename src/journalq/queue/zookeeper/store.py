@@ -85,7 +85,7 @@ from journalq.queue.channel import (
     check_visibility_changes,
     receive_arguments,
 )
-from journalq.queue.envelope import Envelope, first_sent_ns, resend
+from journalq.queue.envelope import Envelope, first_sent_ns, receives_before, resend
 from journalq.queue.settings import QueueSettings, check_for_queue, check_name
 from journalq.queue.topic import OutgoingMessage, Topic, message_list
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
@@ -1548,8 +1548,10 @@ class ZooKeeperQueue:
         letters = []
         for task, entry, count, body, meta in claimed:
             env = envelope.decode_meta(body, meta) or Envelope(body)
-            # (sent_at_ns: SQS keeps a dead letter's SentTimestamp, as the file store's source does)
-            source = {"queue": self.topic.name, "channel": self.name, "id": task, "count": count,
+            # As the file store's source: SQS keeps a dead letter's SentTimestamp and its running
+            # receive count (a letter moved on counts its receives in every queue it was in).
+            source = {"queue": self.topic.name, "channel": self.name, "id": task,
+                      "count": count + receives_before(env.source),
                       "sent_at_ns": first_sent_ns(env.source, sent_at_ns(task))}
             letters.append(resend(env, filters=entry.filters or None, group_id=entry.group, source=source,
                                   dedup_id=f"dead-letter:{self.topic.name}/{task}"))
