@@ -16,3 +16,8 @@ pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[z
 
 def test_a_dead_letter_moved_on_keeps_its_running_receive_count(broker) -> None:  # noqa: F811
     on_files.test_a_dead_letter_moved_on_keeps_its_running_receive_count(broker)
+
+
+def test_a_redrive_does_not_move_dead_letters_on_by_the_dead_letter_queue_s_own_policy(broker) -> None:  # noqa: F811
+    # (this store has no shards: the file store's test is run with one)
+    on_files.test_a_redrive_does_not_move_dead_letters_on_by_the_dead_letter_queue_s_own_policy(broker, shards=1)

@@ -78,6 +78,7 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.channel import (
+    REDRIVING,
     ChannelStats,
     ReceivedMessage,
     Task,
@@ -1379,6 +1380,8 @@ class ZooKeeperQueue:
         the listing was fresh."""
         zk, paths, settings = self._zk, self.paths, self.settings
         max_count = settings.max_receive_count
+        if max_count is not None and REDRIVING.get():
+            max_count = None  # a redrive's receives (``Queue.redrive``) move nothing on, as on files
         self._register()  # (again after a claim found this consumer's session over)
         consumers = zk.get_children_async(paths.consumers)
         names, fresh = self._pending(relist, watch)
