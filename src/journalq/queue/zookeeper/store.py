@@ -64,6 +64,7 @@ from kazoo.retry import KazooRetry
 
 from journalq.closing import Closing
 from journalq.errors import (
+    Error,
     InvalidMessageError,
     InvalidSettingError,
     PartialSendError,
@@ -78,6 +79,7 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.channel import (
+    REDRIVING,
     ChannelStats,
     ReceivedMessage,
     Task,
@@ -85,7 +87,7 @@ from journalq.queue.channel import (
     check_visibility_changes,
     receive_arguments,
 )
-from journalq.queue.envelope import Envelope, first_sent_ns, resend
+from journalq.queue.envelope import Envelope, first_sent_ns, receives_before, resend
 from journalq.queue.settings import QueueSettings, check_for_queue, check_name
 from journalq.queue.topic import OutgoingMessage, Topic, message_list
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
@@ -1182,6 +1184,7 @@ class ZooKeeperQueue:
         self._listing: list[str] = []  # the pending tasks, sorted, as last listed
         self._listed_at: float | None = None
         self._gone: set[str] = set()  # tasks of the listing known to be no longer pending
+        self._retry_dead_letters_at = 0.0  # (monotonic) after the dead-letter queue refused its letters
         self._changed = threading.Event()
         self._closed = False
 
@@ -1379,6 +1382,8 @@ class ZooKeeperQueue:
         the listing was fresh."""
         zk, paths, settings = self._zk, self.paths, self.settings
         max_count = settings.max_receive_count
+        if max_count is not None and REDRIVING.get():
+            max_count = None  # a redrive's receives (``Queue.redrive``) move nothing on, as on files
         self._register()  # (again after a claim found this consumer's session over)
         consumers = zk.get_children_async(paths.consumers)
         names, fresh = self._pending(relist, watch)
@@ -1399,8 +1404,10 @@ class ZooKeeperQueue:
             elif not filtering.matches(entry.filters, wanted, settings.enums):
                 pass
             elif max_count is not None and entry.count >= max_count:
-                dead.append((task, entry, version))
-                continue
+                if time.monotonic() >= self._retry_dead_letters_at:
+                    dead.append((task, entry, version))
+                    continue
+                # (else the dead-letter queue failed lately: it stays first in its group, undelivered)
             else:
                 picks.append((task, entry, version))
             if group is not None:
@@ -1408,8 +1415,11 @@ class ZooKeeperQueue:
             if len(picks) >= max_messages:
                 break
         if dead:  # moved first (as on files): a move that fails then holds back none of the picks
-            self._send_dead(self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False,
-                                        moving=True))
+            moving = self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False, moving=True)
+            if not self._send_dead(moving):
+                # Kept here: what their groups have after them waits for them, as above.
+                kept = {entry.group for _, entry, _, _, _ in moving if entry.group is not None}
+                picks = [pick for pick in picks if pick[1].group not in kept]
         won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
         received = []
         for task, entry, count, body, meta in won:
@@ -1537,31 +1547,55 @@ class ZooKeeperQueue:
             zk.set_async(current, json.dumps([w[0] for w in won]).encode())
         return won
 
-    def _send_dead(self, claimed: list[tuple[str, Entry, int, bytes, bytes]]) -> None:
+    def _send_dead(self, claimed: list[tuple[str, Entry, int, bytes, bytes]]) -> bool:
         """Move claimed tasks to the dead-letter queue, then finish them as ``dead``. A crash
         between the two leaves a task to move again: its dead letter has a deduplication id of
         its own (the task's), so the dead-letter queue drops the second copy within its
-        ``dedup_window``, as on files (later, it is sent twice, never lost)."""
+        ``dedup_window``, as on files (later, it is sent twice, never lost).
+
+        False when the dead-letter queue cannot take them (its settings damaged, the ensemble
+        refusing its writes, ...), as on files (``Channel._send_dead``): this queue goes on
+        delivering its other tasks, and the claimed ones are given back, undelivered (they had
+        their receives) and not lost, first in their FIFO groups; the failure is logged, naming
+        its cause, and the move tried again ``task_gc_interval`` later, not at every receive. An
+        outage (``StoreUnavailableError``, the ensemble of this queue too) is raised: the receive
+        fails, and the mover's claims end with their 30 s."""
         if not claimed:
-            return
+            return True
         broker, target = self.topic.broker, self.settings.dead_letter_queue or ""
         letters = []
         for task, entry, count, body, meta in claimed:
             env = envelope.decode_meta(body, meta) or Envelope(body)
-            # (sent_at_ns: SQS keeps a dead letter's SentTimestamp, as the file store's source does)
-            source = {"queue": self.topic.name, "channel": self.name, "id": task, "count": count,
+            # As the file store's source: SQS keeps a dead letter's SentTimestamp and its running
+            # receive count (a letter moved on counts its receives in every queue it was in).
+            source = {"queue": self.topic.name, "channel": self.name, "id": task,
+                      "count": count + receives_before(env.source),
                       "sent_at_ns": first_sent_ns(env.source, sent_at_ns(task))}
             letters.append(resend(env, filters=entry.filters or None, group_id=entry.group, source=source,
                                   dedup_id=f"dead-letter:{self.topic.name}/{task}"))
+        receipts = [receipt(task, count) for task, _, count, _, _ in claimed]
         try:
-            broker.queue(target).send_many(letters)
-        except QueueNotFoundError:
-            # Deleted by another process since this broker opened it (its topic now knows): made
-            # again, as a missing one is, rather than failing this receive (as on files).
-            broker.queue(target).send_many(letters)
+            try:
+                broker.queue(target).send_many(letters)
+            except QueueNotFoundError:
+                # Deleted by another process since this broker opened it (its topic now knows): made
+                # again, as a missing one is, rather than failing this receive (as on files).
+                broker.queue(target).send_many(letters)
+        except StoreUnavailableError:
+            raise
+        except Error as exc:
+            interval = self.settings.task_gc_interval
+            self._retry_dead_letters_at = time.monotonic() + interval
+            log.warning(
+                "%s/%s: %d dead letter(s) cannot move to dead-letter queue %r; kept here, undelivered, "
+                "and tried again in %g s: %s",
+                self.topic.name, self.name, len(letters), target, interval, exc,
+            )
+            self._act(receipts, lambda i, entry: (None, 0), moving=True)  # released: available, count kept
+            return False
         self.topic.ensure_node(self.paths.dead_letters)  # (counted as each is marked dead: ``_apply``)
-        self._act([receipt(task, count) for task, _, count, _, _ in claimed], lambda i, entry: (DEAD, None),
-                  moving=True)
+        self._act(receipts, lambda i, entry: (DEAD, None), moving=True)
+        return True
 
     # -- acting on receipts -----------------------------------------------------------------
 
