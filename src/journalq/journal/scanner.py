@@ -85,6 +85,7 @@ class Scanner(Closing):
             if offset < 0:
                 raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
         self._fd = -1
+        self._closed = False
         self._segment: Segment = segment_at(self.path, 0)
         self._pos = 0  # where the bytes not yet decoded start in the segment
         self._pending = b""  # bytes read past _pos that do not make a whole message yet
@@ -135,6 +136,14 @@ class Scanner(Closing):
         return out
 
     def close(self) -> None:
+        """Close the segment and the watch; ``offset`` still says where the scanner stopped.
+        Closing twice is harmless; reading after it is a ``JournalError``."""
+        # The batch decoded but not handed out is dropped (the offset kept), so that every read
+        # reaches ``_fill``, which checks for the close where it would open a segment again: no
+        # check per message or per batch.
+        self._next = self.offset
+        self._batch, self._i = [], 0
+        self._closed = True
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -233,8 +242,11 @@ class Scanner(Closing):
 
     def _fill(self) -> bool:
         """Decode the next chunk into ``_batch``; False when nothing new is there now."""
-        if self._fd < 0 and not self._open(self._segment, self._next_base):
-            return False
+        if self._fd < 0:
+            if self._closed:  # else it would open the segment again, from its start
+                raise JournalError("scanner is closed", file=self.path)
+            if not self._open(self._segment, self._next_base):
+                return False
         while True:
             stat = os.fstat(self._fd)
             size = stat.st_size
