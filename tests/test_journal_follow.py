@@ -2,12 +2,43 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from journalq.errors import JournalError
 from journalq.journal import Scanner, Writer
+from journalq.journal.watch import DirectoryWatch
+from journalq.shard import ShardedScanner, ShardedWriter
+
+
+# Over 2**31 - 1 milliseconds (about 24.8 days), the most one poll() can wait.
+LONG = 3e6
+
+
+def _in_thread(call: Callable[[], Any], then: Callable[[], Any], limit: float = 20.0) -> Any:
+    """``call()`` in a thread, ``then()`` here once it waits; what ``call`` returned, or raised."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(0.2)  # let it wait
+    then()
+    thread.join(limit)
+    assert not thread.is_alive(), "still waiting"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def _journal(path: Path, n: int) -> Path:
@@ -54,3 +85,27 @@ def test_a_closed_following_scanner_of_an_empty_journal_refuses_to_read(tmp_path
     scanner.close()
     with pytest.raises(JournalError, match="scanner is closed"):
         scanner.read_batch()
+
+
+def test_a_watch_waits_longer_than_poll_can(tmp_path: Path) -> None:
+    """A wait over 2**31 - 1 ms raised OverflowError from poll (inotify's read)."""
+    with DirectoryWatch(tmp_path) as watch:
+        assert _in_thread(lambda: watch.wait(LONG), lambda: (tmp_path / "new").write_bytes(b"x")) is True
+
+
+def test_a_scanner_follows_with_a_timeout_longer_than_poll_can_wait(tmp_path: Path) -> None:
+    """``journalq scan J --timeout 3e6`` gave a traceback (OverflowError) instead of waiting."""
+    path = _journal(tmp_path / "j", 2)
+    with Scanner(path, 2, timeout=LONG) as scanner, Writer(path) as writer:
+        batch = _in_thread(scanner.read_batch, lambda: writer.append(b"late"))
+    assert [(m.offset, m.value) for m in batch] == [(2, b"late")]
+
+
+def test_a_sharded_scanner_follows_with_a_timeout_longer_than_poll_can_wait(tmp_path: Path) -> None:
+    with ShardedWriter(tmp_path, "e", 1) as writer:
+        shard, offset = writer.append(b"first", key=b"k")
+        with ShardedScanner(tmp_path, {shard: offset + 1}, timeout=LONG) as scanner:
+            got = _in_thread(scanner.read_batch, lambda: writer.append(b"late", key=b"k"))
+    assert got is not None
+    name, batch = got
+    assert (name, [m.value for m in batch]) == (shard, [b"late"])
