@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from journalq.errors import JournalError
+from journalq.errors import Error, JournalError
 from journalq.journal import Scanner, Writer
 from journalq.journal.watch import DirectoryWatch
 from journalq.shard import ShardedScanner, ShardedWriter
@@ -109,3 +110,14 @@ def test_a_sharded_scanner_follows_with_a_timeout_longer_than_poll_can_wait(tmp_
     assert got is not None
     name, batch = got
     assert (name, [m.value for m in batch]) == (shard, [b"late"])
+
+
+@pytest.mark.parametrize("timeout", [math.inf, -math.inf, math.nan])
+def test_a_timeout_that_is_not_finite_is_refused(tmp_path: Path, timeout: float) -> None:
+    """inf passed the check (and then overflowed the wait), though the command line refuses it
+    and None already means waiting for ever."""
+    path = _journal(tmp_path / "j", 1)
+    with pytest.raises(Error, match=r"timeout must be a finite number of seconds, 0 or more .*not (inf|-inf|nan)"):
+        Scanner(path, timeout=timeout)
+    with pytest.raises(Error, match="timeout must be a finite number of seconds"):
+        ShardedScanner(path, timeout=timeout)

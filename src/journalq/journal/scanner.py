@@ -8,6 +8,7 @@ waited out, a segment that shrinks under the scanner or an offset out of order f
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from bisect import bisect_right
@@ -41,12 +42,13 @@ FIRST_READ = 2 * index.DEFAULT_INTERVAL
 
 
 def check_timeout(timeout: float | None) -> float | None:
-    """``timeout`` when it is None or a number of seconds, 0 or more; else a clear ``Error``
-    (a string would fail later, in the middle of a wait; NaN would never time out)."""
+    """``timeout`` when it is None or a finite number of seconds, 0 or more; else a clear
+    ``Error`` (a string would fail later, in the middle of a wait; NaN would never time out).
+    Waiting for ever is None's to say: inf is refused, as the command line's SECONDS refuses it."""
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf
     ):
-        raise Error(f"timeout must be 0 or more seconds, not {timeout!r}")
+        raise Error(f"timeout must be a finite number of seconds, 0 or more (None waits for ever), not {timeout!r}")
     return timeout
 
 
