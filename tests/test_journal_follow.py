@@ -13,6 +13,7 @@ import pytest
 
 from journalq.errors import Error, JournalError
 from journalq.journal import Scanner, Writer
+from journalq.journal.inspect import check, describe, require_journal
 from journalq.journal.watch import DirectoryWatch
 from journalq.shard import ShardedScanner, ShardedWriter
 
@@ -121,3 +122,14 @@ def test_a_timeout_that_is_not_finite_is_refused(tmp_path: Path, timeout: float)
         Scanner(path, timeout=timeout)
     with pytest.raises(Error, match="timeout must be a finite number of seconds"):
         ShardedScanner(path, timeout=timeout)
+
+
+def test_a_file_where_jnl_goes_is_named_not_a_directory(tmp_path: Path) -> None:
+    """It was called "not a journal directory: it has no jnl/ subdirectory", which it has, as a
+    file; the rest of the journal layer says "not a directory" and names the file."""
+    path = tmp_path / "j"
+    path.mkdir()
+    (path / "jnl").write_bytes(b"")
+    for look in (require_journal, describe, check):
+        with pytest.raises(JournalError, match=r"^not a directory \(.*/j/jnl\)$"):
+            look(path)
