@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from journalq.cli.main import cli
 from journalq.errors import Error, JournalError
 from journalq.journal import Scanner, Writer
 from journalq.journal.inspect import check, describe, require_journal
@@ -133,3 +135,40 @@ def test_a_file_where_jnl_goes_is_named_not_a_directory(tmp_path: Path) -> None:
     for look in (require_journal, describe, check):
         with pytest.raises(JournalError, match=r"^not a directory \(.*/j/jnl\)$"):
             look(path)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "error"),
+    [
+        ((), "give an output topic (--output-topic) or journal (--output-journal)"),
+        (("--output-topic", "stats", "--output-journal", "OUT"), "give an output journal or an output topic, not both"),
+        (("--output-topic", "stats"), "an output topic lives in the data directory: give --data"),
+        (("--output-topic", "../x", "--data", "DATA"), "topic name '../x'"),
+    ],
+)
+def test_pipeline_aggregate_checks_its_output_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outputs: tuple[str, ...], error: str
+) -> None:
+    """The output options were first checked by the pipeline, once Spark had started (half a
+    minute here) before the one-line error."""
+    import journalq.cli.pipeline as pipeline
+
+    def no_spark(*args: object) -> None:
+        raise AssertionError("Spark started")
+
+    monkeypatch.setattr(pipeline, "_session", no_spark)
+    journal = _journal(tmp_path / "j", 1)
+    (tmp_path / "data").mkdir()
+    places = {"OUT": str(tmp_path / "out"), "DATA": str(tmp_path / "data")}
+    args = ["pipeline", "aggregate", "--journal", str(journal), "--parquet", str(tmp_path / "pq"),
+            "--checkpoint", str(tmp_path / "cp"), *(places.get(a, a) for a in outputs)]
+    if "--data" in args:  # the source is then a topic of the data directory, which needs one
+        args[2:4] = ["--topic", "events"]
+        with Writer(tmp_path / "data" / "events") as writer:
+            writer.append(b"{}")
+        (tmp_path / "data" / "events" / "queue.json").write_text("{}")
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 1
+    assert result.output.startswith(f"journalq: error: {error}")
+    assert len(result.output.splitlines()) == 1
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cp").exists()
