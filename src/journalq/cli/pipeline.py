@@ -173,7 +173,7 @@ def aggregate(data: Path | None, topic: str | None, journal: Path | None, output
     Each window's count, sum, min, max and average per key goes to the output topic as a JSON
     message (keyed by the group) and to Parquet, once the watermark has passed the window.
     """
-    from journalq.spark.pipelines import AggregateSettings, aggregate as run_aggregate, check_source
+    from journalq.spark.pipelines import AggregateSettings, aggregate as run_aggregate, check_aggregate
 
     settings = AggregateSettings(
         parquet=str(parquet), checkpoint=str(checkpoint), journal=_str(journal), data=_str(data),
@@ -187,7 +187,7 @@ def aggregate(data: Path | None, topic: str | None, journal: Path | None, output
         queries = run_aggregate(spark, settings)
         return {q.name: sum(p.get("numInputRows", 0) for p in q.recentProgress) for q in queries}
 
-    rows = _run(spark_settings, "aggregate", work, lambda: check_source(_str(journal), _str(data), topic))
+    rows = _run(spark_settings, "aggregate", work, lambda: check_aggregate(settings))
     import json
 
     click.echo(json.dumps({"pipeline": "aggregate", "input_rows": rows}))

@@ -115,7 +115,10 @@ def require_journal(path: str | os.PathLike[str]) -> Path:
         raise JournalError("no such directory", file=path)
     if not path.is_dir():
         raise JournalError("not a directory", file=path)
-    if not journal_dir(path).is_dir():
+    jnl = journal_dir(path)
+    if not jnl.is_dir():
+        if os.path.lexists(jnl):  # a file (or a dangling link) where the segments go: name it
+            raise JournalError("not a directory", file=jnl)
         raise JournalError("not a journal directory: it has no jnl/ subdirectory", file=path)
     return path
 

@@ -8,6 +8,7 @@ waited out, a segment that shrinks under the scanner or an offset out of order f
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from bisect import bisect_right
@@ -41,12 +42,13 @@ FIRST_READ = 2 * index.DEFAULT_INTERVAL
 
 
 def check_timeout(timeout: float | None) -> float | None:
-    """``timeout`` when it is None or a number of seconds, 0 or more; else a clear ``Error``
-    (a string would fail later, in the middle of a wait; NaN would never time out)."""
+    """``timeout`` when it is None or a finite number of seconds, 0 or more; else a clear
+    ``Error`` (a string would fail later, in the middle of a wait; NaN would never time out).
+    Waiting for ever is None's to say: inf is refused, as the command line's SECONDS refuses it."""
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf
     ):
-        raise Error(f"timeout must be 0 or more seconds, not {timeout!r}")
+        raise Error(f"timeout must be a finite number of seconds, 0 or more (None waits for ever), not {timeout!r}")
     return timeout
 
 
@@ -85,6 +87,7 @@ class Scanner(Closing):
             if offset < 0:
                 raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
         self._fd = -1
+        self._closed = False
         self._segment: Segment = segment_at(self.path, 0)
         self._pos = 0  # where the bytes not yet decoded start in the segment
         self._pending = b""  # bytes read past _pos that do not make a whole message yet
@@ -135,6 +138,14 @@ class Scanner(Closing):
         return out
 
     def close(self) -> None:
+        """Close the segment and the watch; ``offset`` still says where the scanner stopped.
+        Closing twice is harmless; reading after it is a ``JournalError``."""
+        # The batch decoded but not handed out is dropped (the offset kept), so that every read
+        # reaches ``_fill``, which checks for the close where it would open a segment again: no
+        # check per message or per batch.
+        self._next = self.offset
+        self._batch, self._i = [], 0
+        self._closed = True
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -233,8 +244,11 @@ class Scanner(Closing):
 
     def _fill(self) -> bool:
         """Decode the next chunk into ``_batch``; False when nothing new is there now."""
-        if self._fd < 0 and not self._open(self._segment, self._next_base):
-            return False
+        if self._fd < 0:
+            if self._closed:  # else it would open the segment again, from its start
+                raise JournalError("scanner is closed", file=self.path)
+            if not self._open(self._segment, self._next_base):
+                return False
         while True:
             stat = os.fstat(self._fd)
             size = stat.st_size

@@ -19,6 +19,9 @@ except ImportError:  # not Linux
     INotify = None  # type: ignore[assignment,misc]
 
 _POLL_MIN, _POLL_MAX = 0.001, 0.05
+# The longest one wait sleeps: poll() takes at most 2**31 - 1 milliseconds (about 24.8 days) and
+# raises OverflowError past it. Callers with a longer timeout loop until their own deadline.
+_MAX_WAIT = (2**31 - 1) / 1000
 
 
 class DirectoryWatch(Closing):
@@ -55,11 +58,15 @@ class DirectoryWatch(Closing):
     def wait(self, timeout: float | None) -> bool:
         """Sleep until something changes or ``timeout`` seconds pass; False on timeout.
 
-        A True may be a change that the caller has already seen: it only means "look again".
+        A True may be a change that the caller has already seen: it only means "look again". So
+        is a wait cut short at the longest one the system allows (``_MAX_WAIT``, about 24.8 days).
         """
+        cut = timeout is not None and timeout > _MAX_WAIT
+        if cut:
+            timeout = _MAX_WAIT
         if self._inotify is not None:
             ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
-            return bool(self._inotify.read(timeout=ms))
+            return bool(self._inotify.read(timeout=ms)) or cut
         delay = self._poll_delay if timeout is None else min(self._poll_delay, timeout)
         time.sleep(delay)
         self._poll_delay = min(self._poll_delay * 2, _POLL_MAX)

@@ -24,6 +24,7 @@ from typing import Any
 from journalq.errors import Error
 from journalq.journal.offsets import ReaderOffset, end_offset
 from journalq.journal.recovery import fsync_dir, fsync_file, make_dirs
+from journalq.queue.settings import check_name
 from journalq.spark.reading import DataLossError, first_offset
 from journalq.spark.targets import for_writing, resolve
 from journalq.spark.writing import CommitLog
@@ -284,6 +285,28 @@ def event_statistics(spark: Any, events: Any, settings: AggregateSettings) -> An
     )
 
 
+def _aggregate_output(settings: AggregateSettings) -> tuple[str, dict[str, str]]:
+    """Where the aggregation writes its statistics: the path and the data source's options."""
+    if settings.output_journal and settings.output_topic:
+        raise PipelineError("give an output journal or an output topic, not both")
+    if settings.output_topic:
+        if not settings.data:
+            raise PipelineError("an output topic lives in the data directory: give --data")
+        return settings.data, {"topic": settings.output_topic}
+    if settings.output_journal:
+        return settings.output_journal, {}
+    raise PipelineError("give an output topic (--output-topic) or journal (--output-journal)")
+
+
+def check_aggregate(settings: AggregateSettings) -> None:
+    """Fail now (before Spark starts) when the source or the output is missing, given twice or
+    misnamed. Creates nothing: the output is made when the aggregation starts."""
+    check_source(settings.journal, settings.data, settings.topic)
+    _, out_options = _aggregate_output(settings)
+    if "topic" in out_options:
+        check_name(out_options["topic"], "topic")  # else first refused by the broker making it
+
+
 def aggregate(spark: Any, settings: AggregateSettings, *, wait: bool = True) -> list[Any]:
     """Start the aggregation: JSON events from a topic, statistics per event-time window (with a
     watermark) to another topic (as JSON, keyed by the group) and to Parquet (partitioned by the
@@ -295,16 +318,7 @@ def aggregate(spark: Any, settings: AggregateSettings, *, wait: bool = True) -> 
     from pyspark.sql import functions as F
 
     path, options = _source_options(settings.journal, settings.data, settings.topic)
-    if settings.output_journal and settings.output_topic:
-        raise PipelineError("give an output journal or an output topic, not both")
-    if settings.output_topic:
-        if not settings.data:
-            raise PipelineError("an output topic lives in the data directory: give --data")
-        out_path, out_options = settings.data, {"topic": settings.output_topic}
-    elif settings.output_journal:
-        out_path, out_options = settings.output_journal, {}
-    else:
-        raise PipelineError("give an output topic (--output-topic) or journal (--output-journal)")
+    out_path, out_options = _aggregate_output(settings)
     resolve(path, options.get("topic"))  # fail now, clearly, when the source is missing
     for_writing(out_path, out_options.get("topic"))
 
