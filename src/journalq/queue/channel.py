@@ -103,6 +103,12 @@ REDRIVING: contextvars.ContextVar[bool] = contextvars.ContextVar("journalq_redri
 """True in a redrive's receives (``Queue.redrive``, this thread's): they move dead letters back,
 which is no receive in SQS (StartMessageMoveTask), so the queue's own max_receive_count does not
 move them on to its dead-letter queue."""
+
+
+def moving_on_after(settings: QueueSettings) -> int | None:
+    """The receive count at which a receive moves a message to the dead-letter queue: the queue's
+    ``max_receive_count``, but none in a redrive's receives (``REDRIVING``). Both stores' rule."""
+    return None if REDRIVING.get() else settings.max_receive_count
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
@@ -748,9 +754,7 @@ class Channel:
         message delivered, when to look again, and the deliveries' stamp."""
         settings = self.settings
         enums = settings.enums
-        max_count = settings.max_receive_count
-        if max_count is not None and REDRIVING.get():
-            max_count = None
+        max_count = moving_on_after(settings)
         self._apply_new()
         now = time.time_ns()
         state = self.state

@@ -183,7 +183,7 @@ class ShardedScanner(Closing):
         return None
 
     def _check_open(self) -> None:
-        # A shard's scanner, once closed, would read its journal again from the start.
+        # Its own batch, read ahead of the caller, is here, not in a shard's (closed) scanner.
         if self._closed:
             raise Error(f"sharded scanner of {self.root} is closed")
 

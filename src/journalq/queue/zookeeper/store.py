@@ -79,12 +79,12 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.channel import (
-    REDRIVING,
     ChannelStats,
     ReceivedMessage,
     Task,
     check_receipt_list,
     check_visibility_changes,
+    moving_on_after,
     receive_arguments,
 )
 from journalq.queue.envelope import Envelope, first_sent_ns, receives_before, resend
@@ -1381,9 +1381,7 @@ class ZooKeeperQueue:
         something hidden comes back, whether other consumers won every claim tried, and whether
         the listing was fresh."""
         zk, paths, settings = self._zk, self.paths, self.settings
-        max_count = settings.max_receive_count
-        if max_count is not None and REDRIVING.get():
-            max_count = None  # a redrive's receives (``Queue.redrive``) move nothing on, as on files
+        max_count = moving_on_after(settings)
         self._register()  # (again after a claim found this consumer's session over)
         consumers = zk.get_children_async(paths.consumers)
         names, fresh = self._pending(relist, watch)
