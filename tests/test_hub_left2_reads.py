@@ -26,15 +26,17 @@ def test_a_copy_the_hub_cannot_read_is_a_journal_error_answered_500_in_json(tmp_
         store.push(Push("c1", "a", 0, 0, encode_batch(0, 1, [b"x" * 40] * 3)[0]))
         segment = root / "c1.a" / "jnl" / "0000000000000000.jnl"
         segment.unlink()
-        segment.mkdir()
+        segment.symlink_to(segment.name)  # a file no open can read (a loop of links)
         for read in (lambda: store.held("c1", "a"), lambda: store.read_raw("c1", "a", 0, 100),
                      lambda: store.get("c1", "a", 0)):
-            with pytest.raises(JournalError, match="cannot read the copy's files: Is a directory"):
+            with pytest.raises(JournalError, match="cannot read the copy's files: Too many levels of symbolic links"):
                 read()
     caplog.set_level(logging.ERROR, "journalq.server")
     with TestClient(create_hub_app(root), raise_server_exceptions=False) as http:
         for url in ("/hub/v1/journals/c1/a", "/hub/v1/journals/c1/a/messages?offset=0"):
             answer = http.get(url)
             assert answer.status_code == 500, answer.text
-            assert answer.json() == {"error": "cannot read the copy's files: Is a directory", "kind": "journal"}
+            assert answer.json() == {
+                "error": "cannot read the copy's files: Too many levels of symbolic links", "kind": "journal",
+            }
     assert str(root / "c1.a") in caplog.text  # logged with where the copy is

@@ -30,13 +30,16 @@ def break_segment(root: Path, copy: str, how: str) -> None:
     segment.unlink()
     if how == "dangling":
         segment.symlink_to(root / "nowhere")
+    elif how == "loop":  # a file no open can read: the hub's own error, naming it
+        segment.symlink_to(segment.name)
     else:
         segment.mkdir()
 
 
 @pytest.mark.parametrize(("how", "reason"), [
     ("dangling", "segment is listed but cannot be opened (jnl/0000000000000000.jnl)"),
-    ("directory", "cannot read the copy's files: Is a directory"),
+    ("directory", "not a segment: a directory has a segment's name (jnl/0000000000000000.jnl)"),
+    ("loop", "cannot read the copy's files: Too many levels of symbolic links (jnl/0000000000000000.jnl)"),
 ])
 def test_status_names_a_copy_it_cannot_read_and_reports_the_others(tmp_path: Path, how: str, reason: str) -> None:
     root = tmp_path / "hub"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import journalq.journal.offsets as offsets_module
+import journalq.journal.recovery as recovery_module
 import journalq.queue.channel as channel_module
 import journalq.queue.topic as topic_module
 from journalq.errors import ZERO_TIMESTAMP, JournalError, StaleReceiptError, TaskNotFoundError
@@ -473,7 +473,7 @@ def test_cursor_commits_of_one_channel_from_two_threads(tmp_path: Path, monkeypa
     paused, resume = threading.Event(), threading.Event()
 
     class PausingOs:
-        """``os`` of ``write_offset``, whose first rename waits until the test says go."""
+        """``os`` of ``write_offset``'s ``replace_file``, whose first rename waits until the test says go."""
 
         def __getattr__(self, name: str) -> object:
             return getattr(os, name)
@@ -490,7 +490,7 @@ def test_cursor_commits_of_one_channel_from_two_threads(tmp_path: Path, monkeypa
         topic.send_many([b"a", b"b"])
         first.delete(first.receive()[0].receipt)
         second.delete(second.receive()[0].receipt)
-        monkeypatch.setattr(offsets_module, "os", PausingOs())
+        monkeypatch.setattr(recovery_module, "os", PausingOs())
         errors: list[BaseException] = []
 
         def noting(call) -> threading.Thread:
