@@ -129,7 +129,13 @@ def test_every_call_during_an_outage_raises_within_the_session_timeout(server: A
         finally:
             bring_back(server, how)
         start = time.monotonic()
-        assert jobs.send(b"after")  # the next call works, within the bound
+        while True:  # calls work again within the bound (a loaded machine's reconnection may
+            try:  # outlast one call's wait of SESSION: that call says so, as it should)
+                assert jobs.send(b"after")
+                break
+            except StoreUnavailableError:
+                if time.monotonic() - start > SESSION + SLACK:
+                    raise
         assert time.monotonic() - start <= SESSION + SLACK
         # The receipts of before: good while the session lives; refused once it ended (ZooKeeper
         # gives a frozen server's sessions, and a restarted one's, time to come back: either may be).

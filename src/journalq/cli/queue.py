@@ -54,6 +54,7 @@ from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSetti
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_name
 from journalq.queue.sharded import check_topic_name
+from journalq.queue.zookeeper.layout import CLIENT_LOG
 
 __all__ = ["queue", "received_json"]
 
@@ -294,8 +295,9 @@ def queue() -> None:
     the dead-letter queue).
     """
     # kazoo's note on each reconnection attempt to a ZooKeeper store (a warning of the logger the
-    # store gives it) would print around the command's one-line error; errors still show.
-    logging.getLogger("journalq.queue.zookeeper").setLevel(logging.ERROR)
+    # store gives it) would print around the command's one-line error; errors still show, and the
+    # store's own warnings.
+    logging.getLogger(CLIENT_LOG).setLevel(logging.ERROR)
 
 
 # -- send -------------------------------------------------------------------------------------

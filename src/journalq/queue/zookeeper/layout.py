@@ -45,6 +45,9 @@ from journalq.queue.envelope import parse_message_id
 from journalq.queue.settings import check_number
 
 SCHEME = "zk://"
+CLIENT_LOG = "journalq.queue.zookeeper.client"
+"""The logger the store gives kazoo: its notes on each reconnection attempt, apart from the
+store's own warnings (a dead-letter queue that cannot take its letters, say)."""
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
 _PATH = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
 

@@ -93,6 +93,7 @@ from journalq.queue.topic import OutgoingMessage, Topic, message_list
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper.layout import (
     CLAIMED,
+    CLIENT_LOG,
     DEAD,
     DedupRecord,
     FINISHED,
@@ -129,7 +130,7 @@ _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, Oper
 T = TypeVar("T")
 
 log = logging.getLogger("journalq.queue.zookeeper")
-log.addHandler(logging.NullHandler())  # kazoo's reconnection notes: for the application's logging only
+log.addHandler(logging.NullHandler())  # for the application's logging only
 
 
 def _now_ms() -> int:
@@ -345,8 +346,8 @@ class ZooKeeperBroker(Closing):
         # long outage would wait that long for this broker. At most a second (a quarter of the
         # session, when shorter), so that the call after the ensemble's return finds it connected.
         retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=min(1.0, session_timeout / 4))
-        self.client = KazooClient(hosts=self.hosts, timeout=session_timeout, logger=log, handler=_Handler(),
-                                  connection_retry=retry)
+        self.client = KazooClient(hosts=self.hosts, timeout=session_timeout, logger=logging.getLogger(CLIENT_LOG),
+                                  handler=_Handler(), connection_retry=retry)
         self.client.add_listener(self._on_state)
         self.participant = _participant()
         self.ids = TaskIds()
