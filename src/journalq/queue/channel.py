@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import repeat
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +109,8 @@ def moving_on_after(settings: QueueSettings) -> int | None:
     """The receive count at which a receive moves a message to the dead-letter queue: the queue's
     ``max_receive_count``, but none in a redrive's receives (``REDRIVING``). Both stores' rule."""
     return None if REDRIVING.get() else settings.max_receive_count
+
+
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
@@ -351,6 +353,16 @@ class Channel:
         if topic.gone:  # deleted by its own broker, which closed the writers
             topic.check_present()
         return held(self._writer, self._reopen_writer, topic.check_present)
+
+    @contextmanager
+    def _held_current(self) -> Iterator[int]:
+        """The hold, with the other processes' events applied and maintenance run when due (the
+        calls other than receive: see ``maintain_when_due``); gives the time (ns) it began."""
+        with self._hold():
+            self._apply_new()
+            now = time.time_ns()
+            self.maintain_when_due(now)
+            yield now
 
     def _reopen_writer(self) -> Writer:
         """``held``'s reopen: a new writer, for one whose segment another process's compaction
@@ -1112,10 +1124,7 @@ class Channel:
     def task(self, id: str) -> Task:
         """The task state and metadata of message ``id``."""
         offset = parse_message_id(id)
-        with self._hold():
-            self._apply_new()
-            now = time.time_ns()
-            self.maintain_when_due(now)
+        with self._held_current() as now:
             state = self.state
             state.expire(now)
             status = state.task_state(offset, now)
@@ -1136,10 +1145,7 @@ class Channel:
     def delete_id(self, id: str) -> None:
         """Finish message ``id`` whatever its state: delivered or not (mq deletes by id)."""
         offset = parse_message_id(id)
-        with self._hold():
-            self._apply_new()
-            now = time.time_ns()
-            self.maintain_when_due(now)
+        with self._held_current() as now:
             state = self.state
             if state.task_state(offset, now) in (None, "finished", "dead") or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}/{self.name}")
@@ -1149,20 +1155,14 @@ class Channel:
         """Replace the JSON metadata of task ``id``."""
         offset = parse_message_id(id)
         payload = encode_task_metadata(metadata)
-        with self._hold():
-            self._apply_new()
-            now = time.time_ns()
-            self.maintain_when_due(now)
+        with self._held_current() as now:
             if self.state.task_state(offset, now) is None or offset >= self._end_offset():
                 raise TaskNotFoundError(f"no task {id!r} in {self.topic.name}/{self.name}")
             self._record([Event(EventKind.METADATA, offset, payload=payload).encode()])
 
     def consumers(self) -> dict[str, list[str]]:
         """Active consumers and the ids of the messages each holds hidden now."""
-        with self._hold():
-            self._apply_new()
-            now = time.time_ns()
-            self.maintain_when_due(now)
+        with self._held_current() as now:
             state = self.state
             state.expire(now)
             held: dict[str, list[str]] = {}
@@ -1173,10 +1173,7 @@ class Channel:
 
     def stats(self) -> ChannelStats:
         """Counts as SQS gives them (approximate beyond ``_STATS_LOOK_AHEAD`` unseen messages)."""
-        with self._hold():  # copy what is needed; read the topic after letting go
-            self._apply_new()
-            now = time.time_ns()
-            self.maintain_when_due(now)
+        with self._held_current() as now:  # copy what is needed; read the topic after letting go
             state = self.state
             if state.cursor < self.topic.first_kept:  # as ``receive`` would
                 self._skip_deleted()
@@ -1242,9 +1239,7 @@ class Channel:
 
     def purge(self) -> None:
         """Finish every message sent so far (SQS's PurgeQueue)."""
-        with self._hold():
-            self._apply_new()
-            self.maintain_when_due(time.time_ns())
+        with self._held_current():
             self._record([Event(EventKind.SKIP_TO, self._end_offset()).encode()])
 
     def close(self) -> None:
