@@ -65,11 +65,10 @@ from journalq.queue import filters as filtering
 from journalq.queue.envelope import (
     Attribute,
     Envelope,
+    dead_letter_source,
     encode_task_metadata,
-    first_sent_ns,
     message_id,
     parse_message_id,
-    receives_before,
     resend,
 )
 from journalq.queue.settings import QueueSettings, check_number
@@ -204,6 +203,16 @@ def retention_horizon(settings: QueueSettings, now: int) -> int:
 def log_failed_collection(path: Path, interval: float, exc: Exception) -> None:
     """Log a garbage collection that failed in a call other than a receive (which raises it)."""
     log.warning("%s: the garbage collection due failed, tried again in %g s: %s", path, interval, exc)
+
+
+def log_dead_letters_kept(channel: str, letters: int, target: str, interval: float, exc: Exception) -> None:
+    """Log dead letters that ``channel`` (QUEUE/CHANNEL) keeps, the dead-letter queue ``target``
+    refusing them, until the move is tried again ``interval`` seconds later (both stores)."""
+    log.warning(
+        "%s: %d dead letter(s) cannot move to dead-letter queue %r; kept here, undelivered, and tried "
+        "again in %g s: %s",
+        channel, letters, target, interval, exc,
+    )
 
 
 def check_receipt_list(name: str, receipts: object) -> None:
@@ -981,16 +990,14 @@ class Channel:
             resend(
                 env,
                 metadata=self.state.metadata.get(m.offset, env.metadata),
-                source={
-                    "queue": self.topic.name,
-                    "channel": self.name,
-                    "id": self.receipt_prefix + message_id(m.offset),  # as the caller knows it
-                    # SQS keeps a dead letter's SentTimestamp and receive count, through every
-                    # move. (Its own max_receive_count counts the receives here only: SQS's
-                    # does, and a lower one would move each letter on unseen.)
-                    "count": count + receives_before(env.source),
-                    "sent_at_ns": first_sent_ns(env.source, m.timestamp_ns),
-                },
+                source=dead_letter_source(
+                    self.topic.name,
+                    self.name,
+                    self.receipt_prefix + message_id(m.offset),  # the id as the caller knows it
+                    count,
+                    env,
+                    m.timestamp_ns,
+                ),
                 dedup_id=self._dead_letter_id(m.offset),
             )
             for m, env, count in dead
@@ -1006,11 +1013,7 @@ class Channel:
         except (Error, OSError) as exc:
             interval = self.settings.task_gc_interval
             self._retry_dead_letters_at = time.time_ns() + int(interval * 1e9)
-            log.warning(
-                "%s/%s: %d dead letter(s) cannot move to dead-letter queue %r; kept here, undelivered, "
-                "and tried again in %g s: %s",
-                self.topic.name, self.name, len(letters), queue_name, interval, exc,
-            )
+            log_dead_letters_kept(f"{self.topic.name}/{self.name}", len(letters), queue_name, interval, exc)
             return False
         return True
 

@@ -274,6 +274,21 @@ def first_sent_ns(source: Any, sent_at_ns: int) -> int:
     return first if whole_number(first) else sent_at_ns
 
 
+def dead_letter_source(queue: str, channel: str, id: str, count: int, env: Envelope, sent_at_ns: int) -> dict[str, Any]:
+    """The ``source`` of the dead letter of message ``id`` (sent at ``sent_at_ns``, enveloped in
+    ``env``) received ``count`` times in ``queue``'s ``channel``: as SQS keeps them through
+    every move, the first send's time and the receives in every queue it went through (a letter
+    moved on by its dead-letter queue's own policy counts those there too; that queue's own
+    max_receive_count counts only its own: SQS's does, and a lower one would move it on unseen)."""
+    return {
+        "queue": queue,
+        "channel": channel,
+        "id": id,
+        "count": count + receives_before(env.source),
+        "sent_at_ns": first_sent_ns(env.source, sent_at_ns),
+    }
+
+
 _SOURCE_FIELDS = {"queue": "a queue name", "channel": "a channel name", "id": "a message id",
                   "count": "a whole number", "sent_at_ns": "an integer"}
 

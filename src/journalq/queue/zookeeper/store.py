@@ -84,10 +84,11 @@ from journalq.queue.channel import (
     Task,
     check_receipt_list,
     check_visibility_changes,
+    log_dead_letters_kept,
     moving_on_after,
     receive_arguments,
 )
-from journalq.queue.envelope import Envelope, first_sent_ns, receives_before, resend
+from journalq.queue.envelope import Envelope, dead_letter_source, resend
 from journalq.queue.settings import QueueSettings, check_for_queue, check_name
 from journalq.queue.topic import OutgoingMessage, Topic, message_list
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
@@ -1565,11 +1566,7 @@ class ZooKeeperQueue:
         letters = []
         for task, entry, count, body, meta in claimed:
             env = envelope.decode_meta(body, meta) or Envelope(body)
-            # As the file store's source: SQS keeps a dead letter's SentTimestamp and its running
-            # receive count (a letter moved on counts its receives in every queue it was in).
-            source = {"queue": self.topic.name, "channel": self.name, "id": task,
-                      "count": count + receives_before(env.source),
-                      "sent_at_ns": first_sent_ns(env.source, sent_at_ns(task))}
+            source = dead_letter_source(self.topic.name, self.name, task, count, env, sent_at_ns(task))
             letters.append(resend(env, filters=entry.filters or None, group_id=entry.group, source=source,
                                   dedup_id=f"dead-letter:{self.topic.name}/{task}"))
         receipts = [receipt(task, count) for task, _, count, _, _ in claimed]
@@ -1585,11 +1582,7 @@ class ZooKeeperQueue:
         except Error as exc:
             interval = self.settings.task_gc_interval
             self._retry_dead_letters_at = time.monotonic() + interval
-            log.warning(
-                "%s/%s: %d dead letter(s) cannot move to dead-letter queue %r; kept here, undelivered, "
-                "and tried again in %g s: %s",
-                self.topic.name, self.name, len(letters), target, interval, exc,
-            )
+            log_dead_letters_kept(f"{self.topic.name}/{self.name}", len(letters), target, interval, exc)
             self._act(receipts, lambda i, entry: (None, 0), moving=True)  # released: available, count kept
             return False
         self.topic.ensure_node(self.paths.dead_letters)  # (counted as each is marked dead: ``_apply``)
