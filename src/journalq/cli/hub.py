@@ -8,7 +8,6 @@ reads messages back from the hub.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -121,8 +120,7 @@ def serve(root: Path, host: str, port: int, sync: str, max_push: int, max_reques
     click.echo(f"journalq hub serving {root} on http://{address(host, config.port)} (sync={sync})", err=True)
     exit_cleanly_on_stop_signals()
     server = GracefulServer(config)  # a stop signal sent again is no forced exit
-    with contextlib.suppress(KeyboardInterrupt):  # SIGINT: a clean stop, as SIGTERM
-        server.run(sockets=[sock])
+    server.run(sockets=[sock])  # a stop signal ends in _exit_cleanly's exit 0 (see journalq serve)
     ignore_stop_signals()
     if not server.started:
         raise SystemExit(3)  # uvicorn's startup failure status; it logged why

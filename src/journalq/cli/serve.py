@@ -125,14 +125,13 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     )
     sock = bind(host, port)
     config = dataclasses.replace(config, port=sock.getsockname()[1])
-    # As uvicorn.run does: the server stops cleanly on SIGINT, then raises it again, with the
-    # handler it found (KeyboardInterrupt), once it is done.
+    # The server stops cleanly on SIGTERM or SIGINT, then raises the signal again with the handler
+    # it found, ``_exit_cleanly``'s (exit 0); it returns by itself only when it did not start.
     if workers == 1:
         server = GracefulServer(uvicorn.Config(create_app(config), host=host, port=config.port, **options))
         settle_heap()
-        with contextlib.suppress(KeyboardInterrupt):
-            server.run(sockets=[sock])
-        ignore_stop_signals()  # (a SIGINT's stop ends here; a SIGTERM's in _exit_cleanly)
+        server.run(sockets=[sock])
+        ignore_stop_signals()
         if not server.started:
             raise SystemExit(3)  # uvicorn's startup failure status; it logged why
     else:
@@ -148,8 +147,9 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
             server_log.info("journalq %s serving %s on http://%s (sync=%s, workers=%d)",
                             __version__, data, config.address, sync, workers)
             os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
-            with contextlib.suppress(KeyboardInterrupt):
-                WorkerSupervisor(uvicorn_config, [sock], metrics_directory).run()
+            # (It handles the stop signals itself, from when it is made: it returns once its
+            # workers have stopped.)
+            WorkerSupervisor(uvicorn_config, [sock], metrics_directory).run()
             ignore_stop_signals()
 
 
