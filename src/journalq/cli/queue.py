@@ -179,8 +179,6 @@ def _json_option(text: str | None, option: str) -> Any:
         raise CommandError(f"{option} is not valid JSON: {exc}") from None
 
 
-
-
 def _retention(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None | str:
     """``--retention-seconds``: seconds, or ``none`` to keep messages until consumed."""
     if value is None:
