@@ -599,13 +599,18 @@ class ZooKeeperBroker(Closing):
         with self.call(f"looking for queue {name!r}"):
             if self.client.exists(paths.dir) is None:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-        opened = self._topics.get(name)
-        self.forget(name)
-        if opened is not None:
-            opened.gone = True  # what was got of it refuses to work (as it would find anyway)
         with self.call(f"deleting queue {name!r}"):
             try:
                 self.client.set(paths.dir, b"")  # no longer a queue, at once
+            except NoNodeError:
+                pass  # deleted meanwhile: what was opened of it goes all the same
+            # Only now, the queue no longer being one: a delete that the ensemble refused or an
+            # outage stopped before this change leaves the queue whole, and its handles working.
+            opened = self._topics.get(name)
+            self.forget(name)
+            if opened is not None:
+                opened.gone = True  # what was got of it refuses to work (as it would find anyway)
+            try:
                 for _ in range(10):
                     try:
                         self.client.delete(paths.dir, recursive=True)  # node by node: not atomic

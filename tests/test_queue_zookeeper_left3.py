@@ -1,0 +1,79 @@
+"""The ZooKeeper store, third audit: a queue delete that an outage cuts short before it changed
+anything, consumer registration raced by the threads of one handle, deduplicated sends that lose
+many races for their record, producers that do not collect, handles that the broker gives after a
+close, and receives that must look past any number of tasks they cannot take."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from conftest import own_zookeeper
+from journalq.errors import StoreUnavailableError
+from journalq.queue import Broker
+from test_queue_zookeeper import broker, url  # noqa: F401 (fixtures)
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
+
+RACES = 25  # more races lost in a row than any fixed number of tries would take
+_paths = iter(range(10**6))
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[Any]:
+    with own_zookeeper() as zk:  # of this module's own: its tests freeze it
+        yield zk
+
+
+def _wait_for(condition: Any, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not {what} within {timeout:g}s"
+        time.sleep(0.05)
+
+
+# -- a queue delete cut short by an outage -------------------------------------------------------
+
+
+def test_a_queue_delete_that_an_outage_stops_before_its_change_leaves_the_handle_working(
+    own_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete marked the handle gone (and closed it) before its change: an outage between its
+    look for the queue and its change left the queue whole and its handle refusing every call
+    (QueueNotFoundError), and the broker's next ``queue(name)`` another handle."""
+    url = own_server.url(f"/left3{os.getpid()}x{next(_paths)}")
+    with Broker(url, session_timeout=1.0, sync="none") as broker:
+        q = broker.queue("jobs")
+        q.send(b"before")
+        client, node, frozen = broker.client, f"{broker.path}/jobs", []
+        exists = client.exists
+
+        def exists_then_outage(path: str, *args: Any, **kwargs: Any) -> Any:
+            stat = exists(path, *args, **kwargs)
+            if path == node and not frozen:  # the delete's look for the queue: then the outage
+                frozen.append(True)
+                own_server.process.send_signal(signal.SIGSTOP)
+                _wait_for(lambda: not broker._connected.is_set(), "disconnected")
+            return stat
+
+        monkeypatch.setattr(client, "exists", exists_then_outage)
+        try:
+            with pytest.raises(StoreUnavailableError, match="deleting queue 'jobs'"):
+                broker.delete("jobs")
+        finally:
+            own_server.process.send_signal(signal.SIGCONT)
+            monkeypatch.undo()
+        assert frozen
+        _wait_for(lambda: broker._connected.is_set(), "reconnected")
+        assert broker.exists("jobs")
+        assert broker.queue("jobs") is q  # the handle of before, working
+        q.send(b"after")
+        assert sorted(m.body for m in q.receive(10)) == [b"after", b"before"]
+        broker.delete("jobs")  # and a delete once the ensemble is back deletes it
+        assert not broker.exists("jobs")
