@@ -77,3 +77,42 @@ def test_a_queue_delete_that_an_outage_stops_before_its_change_leaves_the_handle
         assert sorted(m.body for m in q.receive(10)) == [b"after", b"before"]
         broker.delete("jobs")  # and a delete once the ensemble is back deletes it
         assert not broker.exists("jobs")
+
+
+# -- consumer registration -----------------------------------------------------------------------
+
+
+def test_two_threads_of_one_handle_that_register_at_once_register_one_consumer(
+    broker, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """In a new session, each thread of a handle that found it unregistered made a consumer id of
+    its own and registered it: two consumers for one handle, the first left registered (its
+    ``current`` alive for the session, its name no longer the handle's). Here the second thread
+    registers while the first is between its choice of a name and its registration."""
+    from journalq.queue.zookeeper import store
+
+    q = broker.queue("jobs")
+    q.send(b"x")
+    q.receive(visibility_timeout=0)  # registered in this session
+    first = q.consumer_id
+    q._session = -1  # as after a new session: the handle registers anew, under a new name
+    participant, names, second = store._participant, [], []
+
+    def name_then_other_thread(*args: Any) -> str:
+        name = participant(*args)
+        names.append(name)
+        if len(names) == 1:  # the first thread has its name: the second registers meanwhile
+            thread = threading.Thread(target=q._register)
+            second.append(thread)
+            thread.start()
+            thread.join(1.0)
+        return name
+
+    monkeypatch.setattr(store, "_participant", name_then_other_thread)
+    q._register()
+    second[0].join(10)
+    assert not second[0].is_alive()
+    consumers = broker.client.get_children(f"{broker.path}/jobs/consumers")
+    registered = {c for c in consumers if broker.client.exists(f"{broker.path}/jobs/consumers/{c}/current")}
+    assert registered == {first, q.consumer_id}  # (the first's session is this one: it lives on)
+    assert names == [q.consumer_id]

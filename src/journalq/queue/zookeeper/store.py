@@ -1187,6 +1187,7 @@ class ZooKeeperQueue:
         self.consumer_id = _participant()
         self._session: int | None = None  # the session consumer_id registered in
         self._registrations = 0
+        self._registering = threading.Lock()  # held by the thread that registers (``_register``)
         self._known: dict[str, tuple[Entry, int]] = {}  # task -> (entry, version) this handle wrote
         self._listing: list[str] = []  # the pending tasks, sorted, as last listed
         self._listed_at: float | None = None
@@ -1239,9 +1240,16 @@ class ZooKeeperQueue:
         session after the first, under a new ``consumer_id``: the claims of the one before
         ended with its session (others may hold those tasks now), and would look held again if
         their owner's name came back to life."""
-        session = self._client_session()
-        if session is not None and session == self._session:
+        if self._registered():
             return
+        with self._registering:  # one thread registers: the others then find it done (one name)
+            session = self._client_session()
+            if session is not None and session == self._session:
+                return
+            self._register_in(session)
+
+    def _register_in(self, session: int | None) -> None:
+        """``_register``'s work in ``session``, under ``_registering``."""
         consumer = _participant() if self._registrations else self.consumer_id
         zk, paths = self._zk, self.paths
         node, current = paths.consumer(consumer), paths.consumer(consumer, "current")
