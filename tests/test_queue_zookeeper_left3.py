@@ -116,3 +116,63 @@ def test_two_threads_of_one_handle_that_register_at_once_register_one_consumer(
     registered = {c for c in consumers if broker.client.exists(f"{broker.path}/jobs/consumers/{c}/current")}
     assert registered == {first, q.consumer_id}  # (the first's session is this one: it lives on)
     assert names == [q.consumer_id]
+
+
+# -- deduplication ---------------------------------------------------------------------------------
+
+
+def test_a_deduplicated_send_that_loses_many_races_for_its_record_is_stored(
+    url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """The send gave up after 10 lost races for its deduplication id's record (an error for a
+    send that should have stored its message: a loaded system's). Here another sender's expired
+    record is rewritten (a new version) between each of the send's reads of it and its write."""
+    from journalq.queue.zookeeper.layout import DedupRecord
+    from journalq.queue.zookeeper.store import ZooKeeperTopic
+
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        q = a.queue("jobs")
+        record = a.paths("jobs").dedup_record("d")
+        b.client.ensure_path(f"{b.path}/jobs/dedup")
+        expired = DedupRecord("1" * 24, 0).encode()  # an old send's: the window is over
+        b.client.create(record, expired)
+        write_entries, raced = ZooKeeperTopic._write_entries, []
+
+        def rewritten_meanwhile(self: Any, chunk: Any) -> Any:
+            t = write_entries(self, chunk)
+            if self is q.topic and len(raced) < RACES:
+                raced.append(b.client.set(record, expired))
+            return t
+
+        monkeypatch.setattr(ZooKeeperTopic, "_write_entries", rewritten_meanwhile)
+        task = q.send(b"x", dedup_id="d")
+        assert len(raced) == RACES
+        assert DedupRecord.decode(a.client.get(record)[0]).task == task
+        (m,) = q.receive()
+        assert (m.id, m.body) == (task, b"x")
+        assert q.send(b"again", dedup_id="d") == task  # the record holds
+
+
+def test_a_deduplicated_send_whose_records_node_is_gone_ends_with_an_error(broker) -> None:  # noqa: F811
+    """What a queue delete under way leaves for a moment (node by node): the records' node gone
+    while the tasks are there. The record's create fails there every time: no race to try again
+    (the send must end, with the queue's error, not loop)."""
+    from journalq.errors import QueueNotFoundError
+
+    q = broker.queue("jobs")
+    q.send(b"a", dedup_id="d1")  # (the records' node is made, and known made)
+    broker.client.delete(f"{broker.path}/jobs/dedup", recursive=True)
+    outcome: list[object] = []
+
+    def send() -> None:
+        try:
+            outcome.append(q.send(b"b", dedup_id="d2"))
+        except Exception as exc:  # the outcome checked
+            outcome.append(exc)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert outcome, "the send did not end"
+    assert isinstance(outcome[0], QueueNotFoundError), outcome
+    assert [m.body for m in q.receive(10)] == [b"a"]  # nothing of it can be received

@@ -59,6 +59,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
+from kazoo.protocol.serialization import Create, Delete
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
@@ -868,8 +869,12 @@ class ZooKeeperTopic:
     def _entries_outcome(self, chunk: list[_Outgoing], t: Any, result: Any) -> Exception | None:
         """The error of a chunk's entries transaction, or None once the chunk is stored: when
         it failed on a deduplication record that another sender made (or replaced) meanwhile,
-        the records are read again and the entries of those that are no duplicates written."""
-        for _ in range(10):
+        the records are read again and the entries of those that are no duplicates written, as
+        often as that happens (each such failure is another writer's progress: ``_after_lost_races``)."""
+        lost = 0
+        while True:
+            _after_lost_races(lost)
+            lost += 1
             try:
                 failed = _failure(result.get())
             except Exception as exc:  # kazoo raises the connection's errors from ``get``
@@ -878,15 +883,18 @@ class ZooKeeperTopic:
                 return None
             index, error = failed
             operation = t.operations[index]
-            if not (operation.path.startswith(self.paths.dedup + "/")
-                    and isinstance(error, (NodeExistsError, NoNodeError, BadVersionError))):
+            # Lost to another writer of the record: it made one (the create), or replaced or
+            # deleted the one read (the delete). A create's NoNodeError is no race: the records'
+            # node is gone (the queue being deleted), and trying again would never end.
+            raced = (isinstance(operation, Create) and isinstance(error, NodeExistsError)
+                     or isinstance(operation, Delete) and isinstance(error, (NoNodeError, BadVersionError)))
+            if not (raced and operation.path.startswith(self.paths.dedup + "/")):
                 return error
             rest = self._settle_duplicates(chunk)
             if not rest:
                 return None
             t = self._write_entries(rest)
             result = t.commit_async()
-        return error
 
     def _settle_duplicates(self, chunk: list[_Outgoing]) -> list[_Outgoing]:
         """Read the chunk's deduplication records again (another sender raced it with the same
