@@ -176,3 +176,43 @@ def test_a_deduplicated_send_whose_records_node_is_gone_ends_with_an_error(broke
     assert outcome, "the send did not end"
     assert isinstance(outcome[0], QueueNotFoundError), outcome
     assert [m.body for m in q.receive(10)] == [b"a"]  # nothing of it can be received
+
+
+# -- producers' garbage collection -----------------------------------------------------------------
+
+
+def test_producers_collect_unless_their_broker_is_told_not_to(url: str) -> None:  # noqa: F811
+    """zkmq: "every producer will try and perform this garbage collection (unless explicitly
+    configured not to)"; there was no way to configure it not to."""
+    from journalq.errors import InvalidSettingError, TaskNotFoundError
+
+    with Broker(url, sync="none", producer_gc=False) as quiet, Broker(url, sync="none") as consumer:
+        producer = quiet.queue("jobs", task_gc_lifetime=0, task_gc_interval=0.2)
+        q = consumer.queue("jobs")
+        done = q.send(b"done")
+        (m,) = q.receive()
+        q.delete(m.receipt)
+        time.sleep(0.3)
+        producer.send(b"x")  # the interval is over: a producer of the default would collect
+        assert producer.task(done).state == "finished"
+        assert quiet.client.exists(f"{quiet.path}/jobs/conf/lock") is None
+        time.sleep(0.3)
+        q.receive(visibility_timeout=0)  # consumers still collect
+        with pytest.raises(TaskNotFoundError):
+            producer.task(done)
+        got = q.receive(10)
+        assert sorted(m.body for m in got) == [b"x"]
+        q.delete(got[0].receipt)
+        assert producer.topic.gc() == [got[0].id]  # and a collection asked for runs
+        last = producer.send(b"y")
+    with Broker(url, sync="none") as loud:  # the default collects as it sends
+        p = loud.queue("jobs")
+        (m,) = p.receive(10)
+        assert m.id == last
+        p.delete(m.receipt)
+        time.sleep(0.3)
+        p.send(b"z")
+        with pytest.raises(TaskNotFoundError):
+            p.task(last)
+    with pytest.raises(InvalidSettingError, match="producer_gc is True or False, not 'no'"):
+        Broker(url, producer_gc="no")

@@ -333,14 +333,22 @@ class ZooKeeperBroker(Closing):
     meanwhile), and for each answer (a long poll's waits also end with the poll); when a wait runs
     out, the call raises ``StoreUnavailableError``. ``sync`` is accepted for the file store's
     signature; ZooKeeper acknowledges a write once a quorum has it on disk.
+
+    ``producer_gc``: whether this broker's sends try the garbage collection of their queue every
+    ``task_gc_interval``, as zkmq's producers do unless configured not to (True by default).
+    False leaves it to the consumers (their receives try it in turn) and to ``gc()``: senders
+    that should not spend a collection's round trips, or a producer's short-lived process.
     """
 
     def __init__(self, root: str, *, sync: str = "always", session_timeout: float = 10.0,
-                 connect_timeout: float = 15.0) -> None:
+                 connect_timeout: float = 15.0, producer_gc: bool = True) -> None:
         self.root = root
         self.sync = str(SyncPolicy.parse(sync))
         self.hosts, self.path = parse_url(root)
         check_session_timeout(session_timeout)
+        if not isinstance(producer_gc, bool):
+            raise InvalidSettingError(f"producer_gc is True or False, not {producer_gc!r}")
+        self.producer_gc = producer_gc
         self.limit = session_timeout
         self._connected = threading.Event()
         self._closed = False
@@ -743,7 +751,8 @@ class ZooKeeperTopic:
                 envelopes, metas = self._prepare(items)
             # Collect first: a collection that fails then fails the send before anything is
             # stored (after the writes, it would make a stored send look failed: sent twice).
-            self.maybe_collect()
+            if self.broker.producer_gc:
+                self.maybe_collect()
             earlier, same_as, records = self._deduplicate(envelopes)
             fresh = [i for i in range(len(envelopes)) if i not in earlier and i not in same_as]
             ids = dict(zip(fresh, self.broker.ids.make(len(fresh))))
@@ -982,7 +991,8 @@ class ZooKeeperTopic:
     # -- garbage collection -----------------------------------------------------------------
 
     def maybe_collect(self) -> None:
-        """Every ``task_gc_interval``, try to collect (producers and consumers both call this)."""
+        """Every ``task_gc_interval``, try to collect (consumers call this, and producers unless
+        their broker's ``producer_gc`` is off)."""
         now = time.monotonic()
         if now - self._last_gc_try >= self.settings.task_gc_interval:
             self._last_gc_try = now
