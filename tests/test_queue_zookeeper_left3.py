@@ -216,3 +216,29 @@ def test_producers_collect_unless_their_broker_is_told_not_to(url: str) -> None:
             p.task(last)
     with pytest.raises(InvalidSettingError, match="producer_gc is True or False, not 'no'"):
         Broker(url, producer_gc="no")
+
+
+# -- handles after a close -------------------------------------------------------------------------
+
+
+def test_the_broker_gives_a_working_handle_after_the_one_it_gave_was_closed(broker) -> None:  # noqa: F811
+    """The broker kept the closed handle and gave it again: its long polls returned at once with
+    nothing (a closed handle's poll ends), and its consumer, unregistered by the close, still
+    counted as registered (its first claims failed)."""
+    q = broker.queue("jobs")
+    held = q.send(b"held")
+    (m,) = q.receive(visibility_timeout=60)
+    q.close()
+    again = broker.queue("jobs")
+    assert again is not q and broker.topic("jobs").channel("default") is again
+    sending = threading.Timer(0.5, lambda: again.send(b"later"))
+    sending.start()
+    try:
+        start = time.monotonic()
+        got = again.receive(wait=10)
+    finally:
+        sending.join()
+    assert [x.body for x in got] == [b"later"] and time.monotonic() - start >= 0.4
+    assert again.consumer_id in again.consumers()
+    again.delete(m.receipt)  # the closed handle's delivery was kept: its receipt still good
+    assert again.task(held).state == "finished"

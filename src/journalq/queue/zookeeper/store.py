@@ -980,7 +980,7 @@ class ZooKeeperTopic:
             raise QueueError(
                 f"the ZooKeeper store has one channel per queue ({DEFAULT_CHANNEL!r}), not {name!r}"
             )
-        if self._queue is None:
+        if self._queue is None or self._queue.closed:  # (a closed one's long polls end at once)
             self._queue = ZooKeeperQueue(self)
             self.broker._queues[self.name] = self._queue
         return self._queue
@@ -1217,6 +1217,11 @@ class ZooKeeperQueue:
     @property
     def settings(self) -> QueueSettings:
         return self.topic.settings
+
+    @property
+    def closed(self) -> bool:
+        """Closed (``close``): its broker gives a new handle of the queue from then on."""
+        return self._closed
 
     @property
     def _zk(self) -> KazooClient:
@@ -1950,6 +1955,7 @@ class ZooKeeperQueue:
                 t.delete(current)
                 t.delete(paths.consumer(self.consumer_id))
                 t.commit()
+                self._session = None  # unregistered: a later use registers anew
         except (KazooException, QueueError):
             pass  # its session ends with the client anyway: its tasks come back then
 
