@@ -242,3 +242,33 @@ def test_the_broker_gives_a_working_handle_after_the_one_it_gave_was_closed(brok
     assert again.consumer_id in again.consumers()
     again.delete(m.receipt)  # the closed handle's delivery was kept: its receipt still good
     assert again.task(held).state == "finished"
+
+
+# -- receives that must look past what they cannot take ----------------------------------------------
+
+BEHIND = 2_100  # more than any read-ahead of 1,024 (the file store's was), twice over
+
+
+@pytest.mark.parametrize("ahead", ["other filters", "delayed", "a blocked group"])
+def test_a_receive_finds_the_one_message_it_can_take_behind_thousands_it_cannot(
+    broker, ahead: str  # noqa: F811
+) -> None:
+    q = broker.queue("jobs", enums={"class": ["low", "high"]})
+    if ahead == "a blocked group":
+        q.send(b"head", group_id="a")
+        (head,) = q.receive(visibility_timeout=60)  # its group waits for it
+        assert head.body == b"head"
+    for start in range(0, BEHIND, 500):
+        count = min(500, BEHIND - start)
+        if ahead == "other filters":
+            q.send_many([{"body": b"low", "filters": {"class": "low"}}] * count)
+        elif ahead == "delayed":
+            q.send_many([{"body": b"later", "delay": 600}] * count)
+        else:
+            q.send_many([{"body": b"a", "group_id": "a"}] * count)
+    last = q.send(b"mine", filters={"class": "high"}, group_id="b" if ahead == "a blocked group" else None)
+    wanted = {"class": ("high", "absolute")} if ahead == "other filters" else None
+    got = q.receive(10, filters=wanted)
+    assert [(m.id, m.body) for m in got] == [(last, b"mine")]
+    q.delete(got[0].receipt)
+    assert q.receive(10, filters=wanted) == []  # nothing more to take, none taken wrongly
