@@ -95,7 +95,8 @@ def test_two_threads_of_one_handle_that_register_at_once_register_one_consumer(
     q.send(b"x")
     q.receive(visibility_timeout=0)  # registered in this session
     first = q.consumer_id
-    q._session = -1  # as after a new session: the handle registers anew, under a new name
+    session = broker.client.client_id[0]
+    monkeypatch.setattr(q, "_client_session", lambda: session + 1)  # as in a new session: a new name
     participant, names, second = store._participant, [], []
 
     def name_then_other_thread(*args: Any) -> str:

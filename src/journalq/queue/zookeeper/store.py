@@ -1205,7 +1205,8 @@ class ZooKeeperQueue:
         self.consumer_id = _participant()
         self._session: int | None = None  # the session consumer_id registered in
         self._registrations = 0
-        self._registering = threading.Lock()  # held by the thread that registers (``_register``)
+        self._naming = threading.Lock()  # held while ``_register`` names the consumer of a session
+        self._name_for: tuple[int | None, str] | None = None  # (session, the consumer's name in it)
         self._known: dict[str, tuple[Entry, int]] = {}  # task -> (entry, version) this handle wrote
         self._listing: list[str] = []  # the pending tasks, sorted, as last listed
         self._listed_at: float | None = None
@@ -1263,17 +1264,15 @@ class ZooKeeperQueue:
         session after the first, under a new ``consumer_id``: the claims of the one before
         ended with its session (others may hold those tasks now), and would look held again if
         their owner's name came back to life."""
-        if self._registered():
+        session = self._client_session()
+        if session is not None and session == self._session:
             return
-        with self._registering:  # one thread registers: the others then find it done (one name)
-            session = self._client_session()
-            if session is not None and session == self._session:
-                return
-            self._register_in(session)
-
-    def _register_in(self, session: int | None) -> None:
-        """``_register``'s work in ``session``, under ``_registering``."""
-        consumer = _participant() if self._registrations else self.consumer_id
+        # The threads that register in one session take one name (no I/O under the lock: a wait
+        # for the ensemble there would add to each other thread's); made anew for a new session.
+        with self._naming:
+            if self._name_for is None or self._name_for[0] != session:
+                self._name_for = (session, _participant() if self._registrations else self.consumer_id)
+            consumer = self._name_for[1]
         zk, paths = self._zk, self.paths
         node, current = paths.consumer(consumer), paths.consumer(consumer, "current")
         for _ in range(3):
