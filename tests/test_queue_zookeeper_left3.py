@@ -273,3 +273,43 @@ def test_a_receive_finds_the_one_message_it_can_take_behind_thousands_it_cannot(
     assert [(m.id, m.body) for m in got] == [(last, b"mine")]
     q.delete(got[0].receipt)
     assert q.receive(10, filters=wanted) == []  # nothing more to take, none taken wrongly
+
+
+def test_a_batch_whose_connection_goes_as_a_chunk_settles_its_duplicates_says_what_it_stored(
+    url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """A batch of two chunks: the first stored, the second's entries lost the race for a
+    deduplication record, and the connection went as the records were read again. The error
+    escaped as a plain StoreUnavailableError: the caller, told nothing was stored, sent the first
+    chunk's 200 messages again."""
+    from kazoo.exceptions import ConnectionLoss
+
+    from journalq.errors import PartialSendError
+    from journalq.queue.zookeeper.layout import DedupRecord
+    from journalq.queue.zookeeper.store import ZooKeeperTopic
+
+    with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
+        q = a.queue("jobs")
+        record = a.paths("jobs").dedup_record("d")
+        write_entries = ZooKeeperTopic._write_entries
+
+        def raced(self: Any, chunk: Any) -> Any:
+            t = write_entries(self, chunk)
+            if any(item.dedup is not None for item in chunk) and not b.client.exists(record):
+                b.client.ensure_path(f"{b.path}/jobs/dedup")
+                b.client.create(record, DedupRecord("1" * 24, int(time.time() * 1000)).encode())
+            return t
+
+        def connection_lost(self: Any, chunk: Any) -> Any:
+            raise ConnectionLoss()
+
+        monkeypatch.setattr(ZooKeeperTopic, "_write_entries", raced)
+        monkeypatch.setattr(ZooKeeperTopic, "_settle_duplicates", connection_lost)
+        items = [{"body": b"%d" % i} for i in range(200)] + [{"body": b"last", "dedup_id": "d"}]
+        with pytest.raises(PartialSendError) as raised:
+            q.send_many(items)
+        assert isinstance(raised.value, StoreUnavailableError)
+        assert raised.value.unsent == [200]
+        monkeypatch.undo()
+        stored = {m.id for m in q.receive(10, visibility_timeout=60)}
+        assert stored <= set(raised.value.ids[:200]) and len(stored) == 10

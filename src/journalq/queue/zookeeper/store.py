@@ -899,7 +899,10 @@ class ZooKeeperTopic:
                      or isinstance(operation, Delete) and isinstance(error, (NoNodeError, BadVersionError)))
             if not (raced and operation.path.startswith(self.paths.dedup + "/")):
                 return error
-            rest = self._settle_duplicates(chunk)
+            try:
+                rest = self._settle_duplicates(chunk)
+            except KazooException as exc:  # (the connection's): this chunk's, the others' stand
+                return exc
             if not rest:
                 return None
             t = self._write_entries(rest)
