@@ -59,6 +59,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
+from kazoo.protocol.serialization import Create, Delete
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
@@ -332,14 +333,22 @@ class ZooKeeperBroker(Closing):
     meanwhile), and for each answer (a long poll's waits also end with the poll); when a wait runs
     out, the call raises ``StoreUnavailableError``. ``sync`` is accepted for the file store's
     signature; ZooKeeper acknowledges a write once a quorum has it on disk.
+
+    ``producer_gc``: whether this broker's sends try the garbage collection of their queue every
+    ``task_gc_interval``, as zkmq's producers do unless configured not to (True by default).
+    False leaves it to the consumers (their receives try it in turn) and to ``gc()``: senders
+    that should not spend a collection's round trips, or a producer's short-lived process.
     """
 
     def __init__(self, root: str, *, sync: str = "always", session_timeout: float = 10.0,
-                 connect_timeout: float = 15.0) -> None:
+                 connect_timeout: float = 15.0, producer_gc: bool = True) -> None:
         self.root = root
         self.sync = str(SyncPolicy.parse(sync))
         self.hosts, self.path = parse_url(root)
         check_session_timeout(session_timeout)
+        if not isinstance(producer_gc, bool):
+            raise InvalidSettingError(f"producer_gc is True or False, not {producer_gc!r}")
+        self.producer_gc = producer_gc
         self.limit = session_timeout
         self._connected = threading.Event()
         self._closed = False
@@ -599,13 +608,18 @@ class ZooKeeperBroker(Closing):
         with self.call(f"looking for queue {name!r}"):
             if self.client.exists(paths.dir) is None:
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-        opened = self._topics.get(name)
-        self.forget(name)
-        if opened is not None:
-            opened.gone = True  # what was got of it refuses to work (as it would find anyway)
         with self.call(f"deleting queue {name!r}"):
             try:
                 self.client.set(paths.dir, b"")  # no longer a queue, at once
+            except NoNodeError:
+                pass  # deleted meanwhile: what was opened of it goes all the same
+            # Only now, the queue no longer being one: a delete that the ensemble refused or an
+            # outage stopped before this change leaves the queue whole, and its handles working.
+            opened = self._topics.get(name)
+            self.forget(name)
+            if opened is not None:
+                opened.gone = True  # what was got of it refuses to work (as it would find anyway)
+            try:
                 for _ in range(10):
                     try:
                         self.client.delete(paths.dir, recursive=True)  # node by node: not atomic
@@ -737,7 +751,8 @@ class ZooKeeperTopic:
                 envelopes, metas = self._prepare(items)
             # Collect first: a collection that fails then fails the send before anything is
             # stored (after the writes, it would make a stored send look failed: sent twice).
-            self.maybe_collect()
+            if self.broker.producer_gc:
+                self.maybe_collect()
             earlier, same_as, records = self._deduplicate(envelopes)
             fresh = [i for i in range(len(envelopes)) if i not in earlier and i not in same_as]
             ids = dict(zip(fresh, self.broker.ids.make(len(fresh))))
@@ -863,8 +878,12 @@ class ZooKeeperTopic:
     def _entries_outcome(self, chunk: list[_Outgoing], t: Any, result: Any) -> Exception | None:
         """The error of a chunk's entries transaction, or None once the chunk is stored: when
         it failed on a deduplication record that another sender made (or replaced) meanwhile,
-        the records are read again and the entries of those that are no duplicates written."""
-        for _ in range(10):
+        the records are read again and the entries of those that are no duplicates written, as
+        often as that happens (each such failure is another writer's progress: ``_after_lost_races``)."""
+        lost = 0
+        while True:
+            _after_lost_races(lost)
+            lost += 1
             try:
                 failed = _failure(result.get())
             except Exception as exc:  # kazoo raises the connection's errors from ``get``
@@ -873,15 +892,21 @@ class ZooKeeperTopic:
                 return None
             index, error = failed
             operation = t.operations[index]
-            if not (operation.path.startswith(self.paths.dedup + "/")
-                    and isinstance(error, (NodeExistsError, NoNodeError, BadVersionError))):
+            # Lost to another writer of the record: it made one (the create), or replaced or
+            # deleted the one read (the delete). A create's NoNodeError is no race: the records'
+            # node is gone (the queue being deleted), and trying again would never end.
+            raced = (isinstance(operation, Create) and isinstance(error, NodeExistsError)
+                     or isinstance(operation, Delete) and isinstance(error, (NoNodeError, BadVersionError)))
+            if not (raced and operation.path.startswith(self.paths.dedup + "/")):
                 return error
-            rest = self._settle_duplicates(chunk)
+            try:
+                rest = self._settle_duplicates(chunk)
+            except KazooException as exc:  # (the connection's): this chunk's, the others' stand
+                return exc
             if not rest:
                 return None
             t = self._write_entries(rest)
             result = t.commit_async()
-        return error
 
     def _settle_duplicates(self, chunk: list[_Outgoing]) -> list[_Outgoing]:
         """Read the chunk's deduplication records again (another sender raced it with the same
@@ -958,7 +983,7 @@ class ZooKeeperTopic:
             raise QueueError(
                 f"the ZooKeeper store has one channel per queue ({DEFAULT_CHANNEL!r}), not {name!r}"
             )
-        if self._queue is None:
+        if self._queue is None or self._queue.closed:  # (a closed one's long polls end at once)
             self._queue = ZooKeeperQueue(self)
             self.broker._queues[self.name] = self._queue
         return self._queue
@@ -969,7 +994,8 @@ class ZooKeeperTopic:
     # -- garbage collection -----------------------------------------------------------------
 
     def maybe_collect(self) -> None:
-        """Every ``task_gc_interval``, try to collect (producers and consumers both call this)."""
+        """Every ``task_gc_interval``, try to collect (consumers call this, and producers unless
+        their broker's ``producer_gc`` is off)."""
         now = time.monotonic()
         if now - self._last_gc_try >= self.settings.task_gc_interval:
             self._last_gc_try = now
@@ -1182,6 +1208,8 @@ class ZooKeeperQueue:
         self.consumer_id = _participant()
         self._session: int | None = None  # the session consumer_id registered in
         self._registrations = 0
+        self._naming = threading.Lock()  # held while ``_register`` names the consumer of a session
+        self._name_for: tuple[int | None, str] | None = None  # (session, the consumer's name in it)
         self._known: dict[str, tuple[Entry, int]] = {}  # task -> (entry, version) this handle wrote
         self._listing: list[str] = []  # the pending tasks, sorted, as last listed
         self._listed_at: float | None = None
@@ -1193,6 +1221,11 @@ class ZooKeeperQueue:
     @property
     def settings(self) -> QueueSettings:
         return self.topic.settings
+
+    @property
+    def closed(self) -> bool:
+        """Closed (``close``): its broker gives a new handle of the queue from then on."""
+        return self._closed
 
     @property
     def _zk(self) -> KazooClient:
@@ -1237,7 +1270,12 @@ class ZooKeeperQueue:
         session = self._client_session()
         if session is not None and session == self._session:
             return
-        consumer = _participant() if self._registrations else self.consumer_id
+        # The threads that register in one session take one name (no I/O under the lock: a wait
+        # for the ensemble there would add to each other thread's); made anew for a new session.
+        with self._naming:
+            if self._name_for is None or self._name_for[0] != session:
+                self._name_for = (session, _participant() if self._registrations else self.consumer_id)
+            consumer = self._name_for[1]
         zk, paths = self._zk, self.paths
         node, current = paths.consumer(consumer), paths.consumer(consumer, "current")
         for _ in range(3):
@@ -1919,6 +1957,7 @@ class ZooKeeperQueue:
                 t.delete(current)
                 t.delete(paths.consumer(self.consumer_id))
                 t.commit()
+                self._session = None  # unregistered: a later use registers anew
         except (KazooException, QueueError):
             pass  # its session ends with the client anyway: its tasks come back then
 
