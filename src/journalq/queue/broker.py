@@ -22,7 +22,7 @@ from journalq.queue import settings as settings_file
 from journalq.queue import sharded
 from journalq.queue.removal import remove_directory, remove_leftovers
 from journalq.queue.settings import QueueSettings, check_for_queue, check_name
-from journalq.queue.sharded import ShardedQueue
+from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.queue.topic import Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper import is_zookeeper_url, open_broker
@@ -128,6 +128,23 @@ class Broker(Closing):
                     queue = self._queues[name] = ShardedQueue(topic, DEFAULT_CHANNEL)
                 topic._channels[DEFAULT_CHANNEL] = queue
             return queue
+
+    def queue_if_made(self, name: str) -> Queue | ShardedQueue | None:
+        """The queue ``name`` when its topic has the channel ``default`` (``queue`` made it); None
+        for a topic whose channels are its own, or that has none yet (made with ``topic``):
+        ``queue`` would give it that channel, which takes every message of the topic again and
+        holds its gc back for a consumer that may never come. ``QueueNotFoundError`` when nothing
+        has the name. For what must make no channel: the server's sends, deletes and purges."""
+        with self._lock:
+            topic = self.topic(name, create=False)
+            queue = self._queues.get(name)
+            if queue is not None and queue.topic is topic:
+                return queue  # open here: no look at the directory (the server's every send asks)
+            paths = topic.shard_paths if isinstance(topic, ShardedTopic) else [topic.path]
+            # (Any: the first shard's answers for a queue; a sharded channel is made in every shard.)
+            if not any((path / "channels" / DEFAULT_CHANNEL).is_dir() for path in paths):
+                return None
+            return self.queue(name, create=False)
 
     def forget(self, name: str) -> None:
         """Close what this broker has open of ``name``; the next use opens it again (recovering its

@@ -26,8 +26,12 @@ How SQS maps onto journalq:
   gets the same messages and receipts again, hidden anew, while they are all still in flight
   under those receipts (otherwise it receives anew). The attempts are kept in the memory of the
   process that answered: with ``--workers N``, a retry that reaches another worker receives anew.
-* Message ids are journalq's (the offset, in decimal); FIFO sequence numbers are the offset,
-  zero-padded to 20 digits. Receipt handles are journalq's receipts.
+* Message ids are journalq's (the offset, in decimal) with the queue's token
+  (``journalq.server.ids``); FIFO sequence numbers are the offset, zero-padded to 20 digits.
+  Receipt handles are journalq's receipts. A topic whose channels are its own (made through the
+  library, none named ``default``) is sent to without being given a channel (``sending_to``: its
+  ids are then the topic's own, without a token); its receipts are none of SQS's, and PurgeQueue
+  purges every channel of it.
 * Bodies travel as UTF-8. A body that is not valid UTF-8 (sent through the REST API, which takes
   any bytes) is delivered decoded with ``errors="replace"`` (U+FFFD for each bad byte), and its
   ``MD5OfBody`` is that of the text delivered, so that SDKs that check it accept it.
@@ -87,6 +91,8 @@ from journalq.errors import (
 from journalq.journal.recovery import replace_file
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
+from journalq.queue.sharded import ShardedQueue, ShardedTopic
+from journalq.queue.topic import Topic
 from journalq.queue.channel import ReceivedMessage
 from journalq.queue.envelope import NOT_A_NUMBER, Attribute, first_sent_ns, number_problem, whole_number
 from journalq.queue.settings import QueueSettings, check_name
@@ -632,6 +638,27 @@ _Checked = bytes | _Sending
 _URLS_KEPT = 1024
 
 
+_Target = Queue | ShardedQueue | Topic | ShardedTopic
+"""What a send goes through (``sending_to``)."""
+
+
+def sending_to(broker: Broker, name: str) -> tuple[_Target, str | None]:
+    """What a send to ``name`` goes through, and the token that the ids it answers carry
+    (``journalq.server.ids``): the queue and its token; for a topic whose channels are its own
+    (made through the library, none named ``default``), or that has none, the topic and None: a
+    send gives it no channel (one would take every message again and hold the topic's gc back
+    for ever), and its ids are the topic's own, as its channels' consumers see them."""
+    found = broker.queue_if_made(name)
+    if found is None:
+        return broker.topic(name, create=False), None
+    return found, found.token
+
+
+def answered_id(message_id: str, token: str | None) -> str:
+    """The id a send answers for ``message_id``, with ``sending_to``'s ``token``."""
+    return message_id if token is None else given_id(message_id, token)
+
+
 def _name_in_url(url: str) -> str:
     """The queue a QueueUrl names (its path's last part; the URL may be the path, or the name)."""
     path = urlsplit(url).path if "://" in url else url
@@ -762,11 +789,9 @@ class SqsProtocol:
         to get it back (with 64 clients, the server took ~5 % more SQS sends a second)."""
         with _sqs_errors():  # the queue and its limit: looked up once for all of them
             if rules is None:
-                queue, rules = self._queue(name), self._send_rules(name)
-            else:
-                queue = self.broker.queue(name, create=False)
+                rules = self._send_rules(self._existing(name))
+            queue, token = sending_to(self.broker, name)
         settings = queue.settings
-        token = queue.token  # (what the message ids carry: journalq.server.ids)
         checked: list[_Checked | SqsError] = []
         bodies_only = True  # every request a plain SendMessage (the common batch): see _store
         for action, request in requests:
@@ -800,7 +825,9 @@ class SqsProtocol:
         stored = iter(answers)
         return [c if isinstance(c, SqsError) else next(stored) for c in checked]
 
-    def _store_alone(self, queue: Queue, token: str, send: _Checked, plain: Callable[[str, str], Any]) -> Any:
+    def _store_alone(
+        self, queue: _Target, token: str | None, send: _Checked, plain: Callable[[str, str], Any]
+    ) -> Any:
         try:
             with _sqs_errors():
                 return self._store(queue, token, [send], plain)[0]
@@ -1227,8 +1254,15 @@ class SqsProtocol:
         return {}
 
     def purge_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        name = self._name_of_url(request)
-        queue = self._queue(name)
+        """Finish every message sent so far: the queue's; a topic's whose channels are its own
+        (none named ``default``: the name names the topic), every channel's, none made."""
+        name = self._existing(self._name_of_url(request))
+        found = self.broker.queue_if_made(name)
+        if found is None:
+            topic = self.broker.topic(name, create=False)
+            channels: list[Any] = [topic.channel(channel) for channel in topic.channel_names()]
+        else:
+            channels = [found]
         # The time of the last purge is in sqs.json, so that every worker refuses the next one;
         # checked and purged under its lock, so that two at once are one purge and one refusal.
         with self._sidecar.change(name) as sidecar:
@@ -1239,7 +1273,8 @@ class SqsProtocol:
                     "PurgeQueueInProgress",
                     f"Only one PurgeQueue operation on {name} is allowed every {PURGE_SECONDS} seconds.",
                 )
-            queue.purge()
+            for channel in channels:
+                channel.purge()
             sidecar["purged"] = now
         return {}
 
@@ -1480,9 +1515,9 @@ class SqsProtocol:
             stored.get("DeduplicationScope") == "messageGroup",
         )
 
-    def _answer(self, message_id: str, token: str, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
-        """``message_id``: the queue's; ``token``: the queue's, which the id answered carries."""
-        answer = {"MessageId": given_id(message_id, token), **outgoing.answer}
+    def _answer(self, message_id: str, token: str | None, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
+        """``message_id``: the queue's; ``token``: ``sending_to``'s, which the id answered carries."""
+        answer = {"MessageId": answered_id(message_id, token), **outgoing.answer}
         if fifo:
             answer["SequenceNumber"] = f"{int(message_id):020d}"
         return answer
@@ -1532,7 +1567,7 @@ class SqsProtocol:
         return _Sending(settings.fifo, checked, failed)
 
     def _store(
-        self, queue: Queue, token: str, sends: Sequence[_Checked], plain: Callable[[str, str], Any], *,
+        self, queue: _Target, token: str | None, sends: Sequence[_Checked], plain: Callable[[str, str], Any], *,
         bodies_only: bool = False,
     ) -> list[Any]:
         """Store the messages of checked sends to ``queue`` (of ``token``) in one write; their
@@ -1540,7 +1575,7 @@ class SqsProtocol:
         without its walk: ~0.2 µs a message)."""
         if bodies_only:
             bodies = cast("list[bytes]", sends)
-            return [plain(given_id(message_id, token), md5_of_utf8(body))
+            return [plain(answered_id(message_id, token), md5_of_utf8(body))
                     for message_id, body in zip(queue.send_many(bodies), bodies)]
         items: list[dict[str, Any] | bytes] = []
         for send in sends:
@@ -1552,7 +1587,7 @@ class SqsProtocol:
 
     def _answers(
         self,
-        token: str,
+        token: str | None,
         sends: Sequence[_Checked],
         message_ids: Sequence[str | None],
         plain: Callable[[str, str], Any],
@@ -1567,7 +1602,7 @@ class SqsProtocol:
             if isinstance(sending, bytes):  # a plain SendMessage: its body
                 message_id = next(ids)
                 answers.append(
-                    unsent if message_id is None else plain(given_id(message_id, token), md5_of_utf8(sending))
+                    unsent if message_id is None else plain(answered_id(message_id, token), md5_of_utf8(sending))
                 )
                 continue
             if sending.failed is None:  # SendMessage: one message, its answer alone
@@ -1753,17 +1788,27 @@ class SqsProtocol:
             "ReceiptHandle", receipt, "Message does not exist or is not available for visibility timeout change."
         )
 
+    def _on_receipts(self, name: str, items: list[Any], *, delete: bool) -> list[ReceiptError | None]:
+        """``delete_many(items)`` (or ``change_visibility_many``) of queue ``name``. A topic whose
+        channels are its own (none named ``default``) has no receipt of SQS's, and is given no
+        channel: every receipt is refused."""
+        found = self.broker.queue_if_made(name)
+        if found is None:
+            refused = ReceiptError(f"queue {name!r} is a topic whose channels are its own: its receipts are theirs")
+            return [refused] * len(items)
+        return found.delete_many(items) if delete else found.change_visibility_many(items)
+
     def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        queue = self._queue(self._name_of_url(request))
+        name = self._existing(self._name_of_url(request))
         receipt = _string(request, "ReceiptHandle", required=True)
         assert receipt is not None
-        (error,) = queue.delete_many([receipt])
+        (error,) = self._on_receipts(name, [receipt], delete=True)
         if error is not None and (problem := self._receipt_error(receipt, error, deleting=True)):
             raise problem
         return {}
 
     def delete_message_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        queue = self._queue(self._name_of_url(request))
+        name = self._existing(self._name_of_url(request))
         entries = _entries(request)
         failed: list[dict[str, Any]] = []
         todo: list[tuple[str, str]] = []
@@ -1775,7 +1820,7 @@ class SqsProtocol:
                 todo.append((entry["Id"], receipt))
         successful = []
         if todo:
-            errors = queue.delete_many([receipt for _, receipt in todo])
+            errors = self._on_receipts(name, [receipt for _, receipt in todo], delete=True)
             for (entry_id, receipt), error in zip(todo, errors):
                 problem = error and self._receipt_error(receipt, error, deleting=True)
                 if problem:
@@ -1785,19 +1830,19 @@ class SqsProtocol:
         return {"Successful": successful, "Failed": failed}
 
     def change_message_visibility(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        queue = self._queue(self._name_of_url(request))
+        name = self._existing(self._name_of_url(request))
         receipt = _string(request, "ReceiptHandle", required=True)
         assert receipt is not None
         if request.get("VisibilityTimeout") is None:
             raise _missing("VisibilityTimeout")
         seconds = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
-        (error,) = queue.change_visibility_many([(receipt, seconds)])
+        (error,) = self._on_receipts(name, [(receipt, seconds)], delete=False)
         if error is not None and (problem := self._receipt_error(receipt, error, deleting=False)):
             raise problem
         return {}
 
     def change_message_visibility_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        queue = self._queue(self._name_of_url(request))
+        name = self._existing(self._name_of_url(request))
         entries = _entries(request)
         failed: list[dict[str, Any]] = []
         todo: list[tuple[str, str, int]] = []
@@ -1813,7 +1858,7 @@ class SqsProtocol:
                 failed.append(exc.entry(entry["Id"]))
         successful = []
         if todo:
-            errors = queue.change_visibility_many([(receipt, seconds) for _, receipt, seconds in todo])
+            errors = self._on_receipts(name, [(receipt, seconds) for _, receipt, seconds in todo], delete=False)
             for (entry_id, receipt, _), error in zip(todo, errors):
                 problem = error and self._receipt_error(receipt, error, deleting=False)
                 if problem:
