@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import QueueNotFoundError
+from journalq.errors import InvalidSettingError, QueueNotFoundError
 from journalq.queue import Broker
 
 
@@ -25,3 +25,41 @@ def test_queue_if_made_finds_queues_and_makes_no_channel_on_a_topic(tmp_path: Pa
     with Broker(tmp_path, sync="none") as broker:  # a queue this process has not opened yet
         found = broker.queue_if_made("q")
         assert found is not None and found is broker.queue("q")
+
+
+def test_a_standard_queue_cannot_take_a_fifo_dead_letter_queue_nor_the_reverse(tmp_path: Path) -> None:
+    """SQS's rule: a FIFO queue's dead-letter queue is FIFO, a standard queue's standard. A FIFO
+    dead letter keeps its group, which a standard queue ignores; a standard queue's have none,
+    which a FIFO queue's consumers would get as FIFO messages of no group."""
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("fifo-dlq", fifo=True)
+        broker.queue("dlq")
+        with pytest.raises(InvalidSettingError, match="'fifo-dlq'.*FIFO"):
+            broker.queue("jobs", max_receive_count=2, dead_letter_queue="fifo-dlq")
+        assert not broker.exists("jobs")  # refused before it was made
+        with pytest.raises(InvalidSettingError, match="'dlq'.*standard"):
+            broker.queue("tasks", fifo=True, max_receive_count=2, dead_letter_queue="dlq")
+        jobs = broker.queue("jobs", max_receive_count=2, dead_letter_queue="dlq")
+        with pytest.raises(InvalidSettingError, match="FIFO"):
+            jobs.configure(dead_letter_queue="fifo-dlq")
+        with pytest.raises(InvalidSettingError, match="FIFO"):
+            jobs.configure(fifo=True)  # its dead-letter queue stays standard
+        with pytest.raises(InvalidSettingError, match="'jobs'"):
+            broker.queue("dlq").configure(fifo=True)  # the dead-letter queue of a standard one
+        assert jobs.settings.dead_letter_queue == "dlq" and not jobs.settings.fifo
+        assert not broker.queue("dlq").settings.fifo
+        # The same kind is taken, both ways.
+        tasks = broker.queue("tasks", fifo=True, max_receive_count=2, dead_letter_queue="fifo-dlq")
+        assert tasks.settings.dead_letter_queue == "fifo-dlq"
+
+
+def test_a_fifo_queue_cannot_name_a_dead_letter_queue_that_is_not_there(tmp_path: Path) -> None:
+    """The first move makes a missing dead-letter queue, standard; a standard queue that is to be
+    one of a FIFO queue's is refused too."""
+    with Broker(tmp_path, sync="none") as broker:
+        with pytest.raises(InvalidSettingError, match="'later'.*does not exist"):
+            broker.queue("tasks", fifo=True, max_receive_count=2, dead_letter_queue="later")
+        broker.queue("jobs", max_receive_count=2, dead_letter_queue="later")  # a standard queue may
+        with pytest.raises(InvalidSettingError, match="'jobs'"):
+            broker.queue("later", fifo=True)  # the standard queue's dead-letter queue
+        assert not broker.exists("later")

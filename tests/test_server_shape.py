@@ -160,3 +160,18 @@ def test_a_send_to_a_topic_with_no_channel_makes_none(tmp_path: Path, shards: in
     assert served(tmp_path, talk).status_code == 201
     with Broker(tmp_path) as broker:
         assert broker.topic("t").channel_names() == []
+
+
+def test_sqs_refuses_a_fifo_queue_that_a_standard_queue_names_as_dead_letter_queue(
+    client: Client, broker: Broker,  # noqa: F811
+) -> None:
+    broker.queue("jobs", max_receive_count=2, dead_letter_queue="later.fifo")  # not there yet: made standard
+    error = client.error("CreateQueue", QueueName="later.fifo", Attributes={"FifoQueue": "true"})
+    assert error.code == "InvalidParameterValue" and "'jobs'" in error.message
+    assert not broker.exists("later.fifo")
+    url = client.create("dlq.fifo", FifoQueue="true")
+    policy = '{"deadLetterTargetArn": "arn:aws:sqs:us-east-1:000000000000:dlq.fifo", "maxReceiveCount": 2}'
+    jobs = client("GetQueueUrl", QueueName="jobs")["QueueUrl"]
+    assert client.error("SetQueueAttributes", QueueUrl=jobs, Attributes={"RedrivePolicy": policy}).code == (
+        "InvalidParameterValue")
+    assert url

@@ -21,7 +21,7 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
 from journalq.queue.removal import remove_directory, remove_leftovers
-from journalq.queue.settings import QueueSettings, check_for_queue, check_name
+from journalq.queue.settings import QueueSettings, check_dead_letter_kind, check_for_queue, check_name
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.queue.topic import Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
@@ -82,6 +82,7 @@ class Broker(Closing):
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
             wanted = sharded.check_dead_letter_queue(check_for_queue(name, QueueSettings().replace(**settings)))
             sharded.check_new(self.root, name, wanted)
+            self._check_dead_letter_kinds(name, None, wanted)
             path.mkdir(parents=True, exist_ok=True)
             if settings_file.create(path, wanted, durable=self.durable):
                 current, settings = wanted, {}
@@ -93,6 +94,7 @@ class Broker(Closing):
             updated = sharded.check_dead_letter_queue(check_for_queue(name, current.replace(**settings)))
             if updated != current:
                 sharded.check_change(name, current, updated)
+                self._check_dead_letter_kinds(name, current, updated)
                 settings_file.save(path, updated, durable=self.durable)
                 current = updated
         if topic is None:
@@ -115,6 +117,32 @@ class Broker(Closing):
             topic = self._topics[name] = opened
         topic.use_settings(current)
         return topic
+
+    def _check_dead_letter_kinds(self, name: str, before: QueueSettings | None, after: QueueSettings) -> None:
+        """``check_dead_letter_kind`` of queue ``name`` becoming ``after`` (``before`` None: made):
+        with its dead-letter queue when it names another or changes kind; with the queues whose
+        dead-letter queue it is when it is made FIFO or changes kind (a new standard queue needs
+        no look: no FIFO queue may name one that is not there)."""
+        kind_changed = before is not None and before.fifo != after.fifo
+        target = after.dead_letter_queue
+        if target is not None and (before is None or kind_changed or before.dead_letter_queue != target):
+            check_dead_letter_kind(name, after, target, settings_file.load(self.root / target))
+        if kind_changed or (before is None and after.fifo):
+            for source, settings in self.dead_letter_sources(name):
+                check_dead_letter_kind(source, settings, name, after)
+
+    def dead_letter_sources(self, name: str) -> list[tuple[str, QueueSettings]]:
+        """The queues (name and settings) whose dead-letter queue is ``name``, but ``name`` itself;
+        one whose settings file is damaged is left out (its problem, not this listing's)."""
+        sources = []
+        for other in self.names():
+            try:
+                settings = settings_file.load(self.root / other) if other != name else None
+            except SettingsFileError:
+                continue
+            if settings is not None and settings.dead_letter_queue == name:
+                sources.append((other, settings))
+        return sources
 
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> Queue:
         """The queue ``name``: a topic with the one channel ``default``."""

@@ -146,6 +146,30 @@ def check_for_queue(name: str, settings: QueueSettings) -> QueueSettings:
     return settings
 
 
+def check_dead_letter_kind(
+    name: str, settings: QueueSettings, target: str, target_settings: QueueSettings | None
+) -> None:
+    """SQS's rule for queue ``name`` (``settings``) and its dead-letter queue ``target``
+    (``target_settings``, None when it does not exist yet): a FIFO queue's is FIFO, a standard
+    queue's standard. A dead letter keeps its message group, which a standard queue ignores, and a
+    standard queue's have none, which a FIFO queue's consumers would get as FIFO messages of no
+    group. A FIFO queue cannot name one that does not exist: the first move makes it standard."""
+    def kind(fifo: bool) -> str:
+        return "FIFO" if fifo else "standard"
+
+    if target_settings is None:
+        if settings.fifo:
+            raise InvalidSettingError(
+                f"FIFO queue {name!r} cannot take {target!r} as its dead-letter queue: {target!r} does not exist, "
+                "and the first move would make it a standard queue; make it first, with fifo=True"
+            )
+    elif target_settings.fifo != settings.fifo:
+        raise InvalidSettingError(
+            f"{kind(settings.fifo)} queue {name!r} cannot take the {kind(target_settings.fifo)} queue {target!r} "
+            f"as its dead-letter queue: both must be FIFO queues or both standard ones"
+        )
+
+
 SETTINGS_FILE = "queue.json"
 
 

@@ -95,7 +95,7 @@ from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.queue.topic import Topic
 from journalq.queue.channel import ReceivedMessage
 from journalq.queue.envelope import NOT_A_NUMBER, Attribute, first_sent_ns, number_problem, whole_number
-from journalq.queue.settings import QueueSettings, check_name
+from journalq.queue.settings import QueueSettings, check_dead_letter_kind, check_name
 from journalq.server.digests import (
     md5_of_body,
     md5_of_message_attributes,
@@ -1121,6 +1121,10 @@ class SqsProtocol:
             if current is not None:
                 self._check_same(name, current, changes, stored, attributes)
                 return {"QueueUrl": self.queue_url(base_url, name)}
+            if fifo:  # a queue made elsewhere may name it in its RedrivePolicy: InvalidParameterValue, as any
+                with _sqs_errors():
+                    for source, settings in self.broker.dead_letter_sources(name):
+                        check_dead_letter_kind(source, settings, name, QueueSettings(fifo=True))
             try:
                 self.broker.queue(name, create=True, **changes)
             except InvalidSettingError as exc:
@@ -1293,15 +1297,7 @@ class SqsProtocol:
 
     def _sources_of(self, name: str) -> list[str]:
         """The queues whose RedrivePolicy names ``name``."""
-        sources = []
-        for other in self.broker.names():
-            try:
-                settings = settings_file.load(self.broker.root / other)
-            except InvalidSettingError:
-                continue  # a damaged queue.json is that queue's problem, not this listing's
-            if settings is not None and settings.dead_letter_queue == name:
-                sources.append(other)
-        return sources
+        return [source for source, _ in self.broker.dead_letter_sources(name)]
 
     # -- actions: tags ----------------------------------------------------------------------------------
 
