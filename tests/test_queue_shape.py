@@ -63,3 +63,35 @@ def test_a_fifo_queue_cannot_name_a_dead_letter_queue_that_is_not_there(tmp_path
         with pytest.raises(InvalidSettingError, match="'jobs'"):
             broker.queue("later", fifo=True)  # the standard queue's dead-letter queue
         assert not broker.exists("later")
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_queue_closed_is_opened_anew_by_the_broker(tmp_path: Path, shards: int) -> None:
+    """The broker kept the handle it gave, closed or not: after ``q.close()``, ``broker.queue``
+    gave it again, whose receives returned nothing for ever (a closed channel's long poll ends
+    empty), while its messages waited."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("q", shards=shards)
+        queue.send(b"kept")
+        queue.close()
+        again = broker.queue("q")
+        assert again is not queue
+        got = again.receive(1)
+        assert [m.body for m in got] == [b"kept"]
+        again.delete(got[0].receipt)
+        assert broker.queue("q") is again  # one handle while it is open
+        broker.topic("q").close()  # closes its channels: the queue too
+        reopened = broker.queue("q")
+        reopened.send(b"after")
+        assert [m.body for m in reopened.receive(1)] == [b"after"]
+
+
+def test_a_channel_closed_is_opened_anew_by_its_topic(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("t")
+        channel = topic.channel("a")
+        topic.send(b"kept")
+        channel.close()
+        again = topic.channel("a")
+        assert again is not channel and [m.body for m in again.receive(1)] == [b"kept"]
+        assert topic.channel("a") is again

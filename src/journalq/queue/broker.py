@@ -149,7 +149,9 @@ class Broker(Closing):
         with self._lock:
             topic = self.topic(name, create=create, **settings)
             queue = self._queues.get(name)
-            if queue is None or queue.topic is not topic:  # (reopened: ``_topic``)
+            # Opened anew when its topic was (``_topic``) or it was closed (``close``, or its
+            # topic's): a closed channel's receives return nothing, its messages waiting.
+            if queue is None or queue.topic is not topic or queue._closed:
                 if isinstance(topic, Topic):
                     queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
                 else:
@@ -166,7 +168,7 @@ class Broker(Closing):
         with self._lock:
             topic = self.topic(name, create=False)
             queue = self._queues.get(name)
-            if queue is not None and queue.topic is topic:
+            if queue is not None and queue.topic is topic and not queue._closed:
                 return queue  # open here: no look at the directory (the server's every send asks)
             paths = topic.shard_paths if isinstance(topic, ShardedTopic) else [topic.path]
             # (Any: the first shard's answers for a queue; a sharded channel is made in every shard.)
