@@ -175,3 +175,27 @@ def test_sqs_refuses_a_fifo_queue_that_a_standard_queue_names_as_dead_letter_que
     assert client.error("SetQueueAttributes", QueueUrl=jobs, Attributes={"RedrivePolicy": policy}).code == (
         "InvalidParameterValue")
     assert url
+
+
+def test_sqs_sends_to_a_sharded_fifo_queue_answer_sequence_numbers(client: Client, broker: Broker) -> None:  # noqa: F811
+    """A FIFO queue made through the library with shards: SendMessage stored the message, then
+    failed (500) making its SequenceNumber of the id "SHARD.OFFSET"; the client, told it failed,
+    sent it again. Each shard's offsets start at 0: the shard is the number's first digits."""
+    broker.queue("f", fifo=True, shards=2)
+    url = client("GetQueueUrl", QueueName="f")["QueueUrl"]
+    sent = [client("SendMessage", QueueUrl=url, MessageBody="m", MessageGroupId=f"g{i}",
+                   MessageDeduplicationId=f"d{i}") for i in range(4)]
+    numbers = [answer["SequenceNumber"] for answer in sent]
+    assert all(len(n) == 20 and n.isdigit() for n in numbers) and len(set(numbers)) == 4
+    got = client.receive(url, MaxNumberOfMessages=10, AttributeNames=["SequenceNumber"])
+    by_id = {answer["MessageId"]: answer["SequenceNumber"] for answer in sent}
+    assert {m["MessageId"]: m["Attributes"]["SequenceNumber"] for m in got} == {m["MessageId"]: by_id[m["MessageId"]]
+                                                                               for m in got}
+    assert got
+
+
+def test_sqs_sequence_numbers_of_a_fifo_queue_are_its_offsets(client: Client) -> None:
+    url = client.create("plain.fifo", FifoQueue="true", ContentBasedDeduplication="true")
+    assert client("SendMessage", QueueUrl=url, MessageBody="m", MessageGroupId="g")["SequenceNumber"] == "0" * 20
+    (got,) = client.receive(url, AttributeNames=["SequenceNumber"])
+    assert got["Attributes"]["SequenceNumber"] == "0" * 20

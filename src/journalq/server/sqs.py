@@ -27,7 +27,8 @@ How SQS maps onto journalq:
   under those receipts (otherwise it receives anew). The attempts are kept in the memory of the
   process that answered: with ``--workers N``, a retry that reaches another worker receives anew.
 * Message ids are journalq's (the offset, in decimal) with the queue's token
-  (``journalq.server.ids``); FIFO sequence numbers are the offset, zero-padded to 20 digits.
+  (``journalq.server.ids``); FIFO sequence numbers are the offset, zero-padded to 20 digits (a
+  sharded queue's: the shard's index in 4 digits, then the offset in 16).
   Receipt handles are journalq's receipts. A topic whose channels are its own (made through the
   library, none named ``default``) is sent to without being given a channel (``sending_to``: its
   ids are then the topic's own, without a token); its receipts are none of SQS's, and PurgeQueue
@@ -657,6 +658,13 @@ def sending_to(broker: Broker, name: str) -> tuple[_Target, str | None]:
 def answered_id(message_id: str, token: str | None) -> str:
     """The id a send answers for ``message_id``, with ``sending_to``'s ``token``."""
     return message_id if token is None else given_id(message_id, token)
+
+
+def _sequence_number(message_id: str) -> str:
+    """A FIFO message's SequenceNumber, 20 digits, of its id: the offset; a sharded queue's id
+    "SHARD.OFFSET" (each shard's offsets start at 0) as the shard's 4 digits, then 16 of the offset."""
+    shard, _, offset = message_id.rpartition(".")
+    return f"{int(shard or 0):04d}{int(offset):016d}"
 
 
 def _name_in_url(url: str) -> str:
@@ -1515,7 +1523,7 @@ class SqsProtocol:
         """``message_id``: the queue's; ``token``: ``sending_to``'s, which the id answered carries."""
         answer = {"MessageId": answered_id(message_id, token), **outgoing.answer}
         if fifo:
-            answer["SequenceNumber"] = f"{int(message_id):020d}"
+            answer["SequenceNumber"] = _sequence_number(message_id)
         return answer
 
     def send_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -1735,7 +1743,7 @@ class SqsProtocol:
         else:
             self._first_receive_ms(first_key, count, now_ms)
         if fifo and wanted("SequenceNumber"):
-            attributes["SequenceNumber"] = f"{message.offset:020d}"
+            attributes["SequenceNumber"] = _sequence_number(message.id)
         scoped = message.attributes.get(DEDUP_ATTRIBUTE)
         dedup = message.dedup_id if scoped is None else scoped.value
         if fifo and wanted("MessageDeduplicationId") and isinstance(dedup, str):
