@@ -199,3 +199,15 @@ def test_sqs_sequence_numbers_of_a_fifo_queue_are_its_offsets(client: Client) ->
     assert client("SendMessage", QueueUrl=url, MessageBody="m", MessageGroupId="g")["SequenceNumber"] == "0" * 20
     (got,) = client.receive(url, AttributeNames=["SequenceNumber"])
     assert got["Attributes"]["SequenceNumber"] == "0" * 20
+
+
+def test_a_put_of_a_library_topic_finds_it_and_makes_no_channel(tmp_path: Path) -> None:
+    make_topic(tmp_path)
+
+    async def talk(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await client.put("/t"), await client.put("/t", params={"shards": 2})]
+
+    found, other_shards = served(tmp_path, talk)
+    assert found.status_code == 200 and found.json() == {"name": "t", "created": False}
+    assert other_shards.status_code == 409
+    assert channels_of(tmp_path) == ["a", "b"]

@@ -426,9 +426,10 @@ def create_app(config: ServerConfig) -> App:
             raise HTTPProblem(400, str(exc)) from None
 
         def create() -> bool:
-            """Whether the queue existed."""
+            """Whether the queue existed (found as a topic: a library's, whose channels are its
+            own, is given no channel ``default``, which would hold its gc back for ever)."""
             try:
-                found = broker().queue(name, create=False)
+                found = broker().topic(name, create=False)
             except QueueNotFoundError:
                 if name.endswith(FIFO_SUFFIX):
                     raise HTTPProblem(400, f"{name!r} would be a FIFO queue (SQS gives names ending in "
