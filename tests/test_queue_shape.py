@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidSettingError, QueueNotFoundError
-from journalq.queue import Broker
+from journalq.errors import InvalidSettingError, QueueNotFoundError, SettingsFileError
+from journalq.queue import Broker, QueueSettings
+from journalq.queue import settings as settings_file
+from journalq.queue.settings import check_number
 
 
 @pytest.mark.parametrize("shards", [1, 2])
@@ -95,3 +98,28 @@ def test_a_channel_closed_is_opened_anew_by_its_topic(tmp_path: Path) -> None:
         again = topic.channel("a")
         assert again is not channel and [m.body for m in again.receive(1)] == [b"kept"]
         assert topic.channel("a") is again
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("visibility_timeout", 10**400), ("max_receive_count", 10**400), ("segment_size", -(10**400)),
+     ("retention_bytes", -(10**400)), ("delay", 10**5000)],
+    ids=["visibility_timeout", "max_receive_count", "segment_size", "retention_bytes", "delay"],
+)
+def test_a_number_too_large_for_a_float_is_a_setting_error(tmp_path: Path, setting: str, value: int) -> None:
+    """``math.isfinite`` of an int past a float's range raised OverflowError, not the error that
+    names the setting (a queue.json written by hand with such a number: not SettingsFileError)."""
+    extra = {"dead_letter_queue": "dlq"} if setting == "max_receive_count" else {}
+    with pytest.raises(InvalidSettingError, match=setting):
+        QueueSettings(**{setting: value}, **extra)
+    with pytest.raises(InvalidSettingError, match="wait"):
+        check_number("wait", -value, 0, 20)
+    if value < 10**1000:  # (JSON reads no int of over 4300 digits)
+        (tmp_path / "q").mkdir()
+        (tmp_path / "q" / "queue.json").write_text(json.dumps({setting: value, **extra}))
+        with pytest.raises(SettingsFileError, match=setting):
+            settings_file.load(tmp_path / "q")
+
+
+def test_a_huge_size_is_a_size(tmp_path: Path) -> None:
+    assert QueueSettings(segment_size=10**400).segment_size == 10**400  # no upper bound: nothing overflows

@@ -37,11 +37,17 @@ def check_name(name: str, what: str = "queue") -> str:
 
 def check_number(name: str, value: object, low: float, high: float | None = None) -> float:
     """``value`` as a finite number from ``low`` to ``high``, or ``InvalidSettingError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # (An int is finite: ``math.isfinite`` of one past a float's range raises OverflowError.)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and not math.isfinite(value)
+    ):
         raise InvalidSettingError(f"{name} must be a finite number, not {value!r}")
     if value < low or (high is not None and value > high):
         bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
-        raise InvalidSettingError(f"{name} is {value!r}; it must be {bounds}")
+        # (Not the digits of a huge int: past 4300 of them, ``repr`` itself raises.)
+        huge = isinstance(value, int) and value.bit_length() > 64
+        shown = f"a number of {value.bit_length()} bits" if huge else repr(value)
+        raise InvalidSettingError(f"{name} is {shown}; it must be {bounds}")
     return value
 
 
