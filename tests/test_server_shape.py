@@ -211,3 +211,15 @@ def test_a_put_of_a_library_topic_finds_it_and_makes_no_channel(tmp_path: Path) 
     assert found.status_code == 200 and found.json() == {"name": "t", "created": False}
     assert other_shards.status_code == 409
     assert channels_of(tmp_path) == ["a", "b"]
+
+
+def test_a_refused_sqs_receive_of_a_library_topic_makes_no_channel(client: Client, broker: Broker) -> None:  # noqa: F811
+    topic = broker.topic("t")
+    topic.channel("a")
+    url = client("GetQueueUrl", QueueName="t")["QueueUrl"]
+    for bad in ({"MaxNumberOfMessages": 11}, {"WaitTimeSeconds": 21}, {"VisibilityTimeout": -1},
+                {"AttributeNames": "All"}, {"ReceiveRequestAttemptId": " "}):
+        assert client.error("ReceiveMessage", QueueUrl=url, **bad).code == "InvalidParameterValue", bad
+    assert topic.channel_names() == ["a"]
+    assert client.error("ReceiveMessage", QueueUrl=url + "-missing", MaxNumberOfMessages=11).code == (
+        "QueueDoesNotExist")  # the queue is looked for first, as before

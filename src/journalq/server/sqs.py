@@ -1633,8 +1633,7 @@ class SqsProtocol:
     def receive_message(
         self, request: dict[str, Any], base_url: str, gone: Callable[[], bool] = lambda: False
     ) -> dict[str, Any]:
-        name = self._name_of_url(request)
-        queue = self._queue(name)
+        name = self._existing(self._name_of_url(request))
         count = _integer(request, "MaxNumberOfMessages", 1, 10, "Must be between 1 and 10, if provided")
         hide = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
         wait = _integer(request, "WaitTimeSeconds", 0, 20, "Must be >= 0 and <= 20, if provided")
@@ -1649,8 +1648,11 @@ class SqsProtocol:
         selectors = request.get("MessageAttributeNames") or []
         if not isinstance(selectors, list):
             raise _invalid("MessageAttributeNames must be a list.")
-        fifo = queue.settings.fifo
         attempt = _check_token("ReceiveRequestAttemptId", _string(request, "ReceiveRequestAttemptId"))
+        # Opened once the request is checked: of a topic whose channels are its own, this makes
+        # the SQS queue's channel ``default``, which a refused request must not.
+        queue = self.broker.queue(name, create=False)
+        fifo = queue.settings.fifo
         received = self._again(name, queue, attempt, hide) if fifo and attempt is not None else None
         if received is None:
             # In slices: a poll ends within one once the server begins to stop, or its client
