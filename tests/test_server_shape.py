@@ -223,3 +223,15 @@ def test_a_refused_sqs_receive_of_a_library_topic_makes_no_channel(client: Clien
     assert topic.channel_names() == ["a"]
     assert client.error("ReceiveMessage", QueueUrl=url + "-missing", MaxNumberOfMessages=11).code == (
         "QueueDoesNotExist")  # the queue is looked for first, as before
+
+
+def test_a_refused_rest_fetch_of_a_library_topic_makes_no_channel(tmp_path: Path) -> None:
+    make_topic(tmp_path)
+
+    async def talk(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await client.get("/t/messages", params={"visibility_timeout": value}) for value in (-1, 43201)]
+
+    refused = served(tmp_path, talk)
+    assert [answer.status_code for answer in refused] == [400, 400], [answer.text for answer in refused]
+    assert all("visibility_timeout" in answer.json()["error"] for answer in refused)
+    assert channels_of(tmp_path) == ["a", "b"]

@@ -49,7 +49,7 @@ from journalq.errors import (
     TaskNotFoundError,
 )
 from journalq.queue import DEFAULT_CHANNEL, Broker, ReceivedMessage
-from journalq.queue.channel import MAX_WAIT
+from journalq.queue.channel import MAX_VISIBILITY, MAX_WAIT
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
@@ -470,6 +470,8 @@ def create_app(config: ServerConfig) -> App:
         name = queue_name(queue)
         if wait is not None:
             check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
+        if visibility_timeout is not None:  # before the queue opens: a topic's would get a channel for nothing
+            check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
 
         def receive(seconds: float) -> tuple[list[ReceivedMessage], float, str]:
             """A receive waiting up to ``seconds``, the whole poll's wait (``wait``, or the
