@@ -235,3 +235,28 @@ def test_a_refused_rest_fetch_of_a_library_topic_makes_no_channel(tmp_path: Path
     assert [answer.status_code for answer in refused] == [400, 400], [answer.text for answer in refused]
     assert all("visibility_timeout" in answer.json()["error"] for answer in refused)
     assert channels_of(tmp_path) == ["a", "b"]
+
+
+def test_a_message_move_from_a_dead_letter_topic_with_channels_of_its_own_is_refused(
+    client: Client, broker: Broker,  # noqa: F811
+) -> None:
+    """A move reads the dead-letter queue through the SQS queue's channel ``default``: made on a
+    topic whose own channels had read (and finished) its dead letters, it took them all again and
+    sent every one back to its source, handled already. A dead-letter queue made by the first
+    move (no channel at all) is moved from as before."""
+    dead = broker.topic("dead")
+    dead.channel("audit")
+    source = broker.queue("jobs", max_receive_count=1, dead_letter_queue="dead")
+    source.send(b"poison")
+    source.receive(1, visibility_timeout=0)
+    assert source.receive(1) == []  # moved
+    arn = "arn:aws:sqs:us-east-1:000000000000:"
+    error = client.error("StartMessageMoveTask", SourceArn=arn + "dead")
+    assert error.code == "InvalidParameterValue" and "audit" in error.message
+    assert dead.channel_names() == ["audit"]
+    made = broker.queue("tasks", max_receive_count=1, dead_letter_queue="made-by-move")
+    made.send(b"poison")
+    made.receive(1, visibility_timeout=0)
+    assert made.receive(1) == [] and broker.topic("made-by-move").channel_names() == []
+    client("StartMessageMoveTask", SourceArn=arn + "made-by-move")
+    assert [m.body for m in made.receive(1)] == [b"poison"]

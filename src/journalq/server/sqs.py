@@ -1895,6 +1895,17 @@ class SqsProtocol:
         rate = _integer(request, "MaxNumberOfMessagesPerSecond", 1, 500)
         if not self._sources_of(source):
             raise _invalid("Source queue must be configured as a Dead Letter Queue.")
+        if self.broker.queue_if_made(source) is None:
+            # A move reads through the SQS queue's channel ``default``. Made now, it takes every
+            # message of the topic from the first: of a topic that has channels of its own, the
+            # dead letters they handled already too, which it would send back. (One with no
+            # channel, made by a first move, is read from its first message, as it should be.)
+            channels = self.broker.topic(source, create=False).channel_names()
+            if channels:
+                raise _invalid(
+                    f"Source queue {source} is a topic whose channels are its own ({', '.join(channels)}): "
+                    "a move through a new channel would send back every dead letter, those they handled too."
+                )
         queue = self._queue(source)
         to_move = queue.stats().available
         handle = base64.urlsafe_b64encode(
