@@ -21,8 +21,8 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
 from journalq.queue.removal import remove_directory, remove_leftovers
-from journalq.queue.settings import QueueSettings, check_for_queue, check_name
-from journalq.queue.sharded import ShardedQueue
+from journalq.queue.settings import QueueSettings, check_dead_letter_kind, check_for_queue, check_name
+from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.queue.topic import Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper import is_zookeeper_url, open_broker
@@ -82,6 +82,7 @@ class Broker(Closing):
                 raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
             wanted = sharded.check_dead_letter_queue(check_for_queue(name, QueueSettings().replace(**settings)))
             sharded.check_new(self.root, name, wanted)
+            self._check_dead_letter_kinds(name, None, wanted)
             path.mkdir(parents=True, exist_ok=True)
             if settings_file.create(path, wanted, durable=self.durable):
                 current, settings = wanted, {}
@@ -93,6 +94,7 @@ class Broker(Closing):
             updated = sharded.check_dead_letter_queue(check_for_queue(name, current.replace(**settings)))
             if updated != current:
                 sharded.check_change(name, current, updated)
+                self._check_dead_letter_kinds(name, current, updated)
                 settings_file.save(path, updated, durable=self.durable)
                 current = updated
         if topic is None:
@@ -116,18 +118,63 @@ class Broker(Closing):
         topic.use_settings(current)
         return topic
 
+    def _check_dead_letter_kinds(self, name: str, before: QueueSettings | None, after: QueueSettings) -> None:
+        """``check_dead_letter_kind`` of queue ``name`` becoming ``after`` (``before`` None: made):
+        with its dead-letter queue when it names another or changes kind; with the queues whose
+        dead-letter queue it is when it is made FIFO or changes kind (a new standard queue needs
+        no look: no FIFO queue may name one that is not there)."""
+        kind_changed = before is not None and before.fifo != after.fifo
+        target = after.dead_letter_queue
+        if target is not None and (before is None or kind_changed or before.dead_letter_queue != target):
+            check_dead_letter_kind(name, after, target, settings_file.load(self.root / target))
+        if kind_changed or (before is None and after.fifo):
+            for source, settings in self.dead_letter_sources(name):
+                check_dead_letter_kind(source, settings, name, after)
+
+    def dead_letter_sources(self, name: str) -> list[tuple[str, QueueSettings]]:
+        """The queues (name and settings) whose dead-letter queue is ``name``, but ``name`` itself;
+        one whose settings file is damaged is left out (its problem, not this listing's)."""
+        sources = []
+        for other in self.names():
+            try:
+                settings = settings_file.load(self.root / other) if other != name else None
+            except SettingsFileError:
+                continue
+            if settings is not None and settings.dead_letter_queue == name:
+                sources.append((other, settings))
+        return sources
+
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> Queue:
         """The queue ``name``: a topic with the one channel ``default``."""
         with self._lock:
             topic = self.topic(name, create=create, **settings)
             queue = self._queues.get(name)
-            if queue is None or queue.topic is not topic:  # (reopened: ``_topic``)
+            # Opened anew when its topic was (``_topic``) or it was closed (``close``, or its
+            # topic's): a closed channel's receives return nothing, its messages waiting.
+            if queue is None or queue.topic is not topic or queue._closed:
                 if isinstance(topic, Topic):
                     queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
                 else:
                     queue = self._queues[name] = ShardedQueue(topic, DEFAULT_CHANNEL)
                 topic._channels[DEFAULT_CHANNEL] = queue
             return queue
+
+    def queue_if_made(self, name: str) -> Queue | ShardedQueue | None:
+        """The queue ``name`` when its topic has the channel ``default`` (``queue`` made it); None
+        for a topic whose channels are its own, or that has none yet (made with ``topic``):
+        ``queue`` would give it that channel, which takes every message of the topic again and
+        holds its gc back for a consumer that may never come. ``QueueNotFoundError`` when nothing
+        has the name. For what must make no channel: the server's sends, deletes and purges."""
+        with self._lock:
+            topic = self.topic(name, create=False)
+            queue = self._queues.get(name)
+            if queue is not None and queue.topic is topic and not queue._closed:
+                return queue  # open here: no look at the directory (the server's every send asks)
+            paths = topic.shard_paths if isinstance(topic, ShardedTopic) else [topic.path]
+            # (Any: the first shard's answers for a queue; a sharded channel is made in every shard.)
+            if not any((path / "channels" / DEFAULT_CHANNEL).is_dir() for path in paths):
+                return None
+            return self.queue(name, create=False)
 
     def forget(self, name: str) -> None:
         """Close what this broker has open of ``name``; the next use opens it again (recovering its

@@ -37,11 +37,17 @@ def check_name(name: str, what: str = "queue") -> str:
 
 def check_number(name: str, value: object, low: float, high: float | None = None) -> float:
     """``value`` as a finite number from ``low`` to ``high``, or ``InvalidSettingError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # (An int is finite: ``math.isfinite`` of one past a float's range raises OverflowError.)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and not math.isfinite(value)
+    ):
         raise InvalidSettingError(f"{name} must be a finite number, not {value!r}")
     if value < low or (high is not None and value > high):
         bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
-        raise InvalidSettingError(f"{name} is {value!r}; it must be {bounds}")
+        # (Not the digits of a huge int: past 4300 of them, ``repr`` itself raises.)
+        huge = isinstance(value, int) and value.bit_length() > 64
+        shown = f"a number of {value.bit_length()} bits" if huge else repr(value)
+        raise InvalidSettingError(f"{name} is {shown}; it must be {bounds}")
     return value
 
 
@@ -144,6 +150,30 @@ def check_for_queue(name: str, settings: QueueSettings) -> QueueSettings:
     if settings.dead_letter_queue == name:
         raise InvalidSettingError(f"queue {name!r} cannot be its own dead-letter queue")
     return settings
+
+
+def check_dead_letter_kind(
+    name: str, settings: QueueSettings, target: str, target_settings: QueueSettings | None
+) -> None:
+    """SQS's rule for queue ``name`` (``settings``) and its dead-letter queue ``target``
+    (``target_settings``, None when it does not exist yet): a FIFO queue's is FIFO, a standard
+    queue's standard. A dead letter keeps its message group, which a standard queue ignores, and a
+    standard queue's have none, which a FIFO queue's consumers would get as FIFO messages of no
+    group. A FIFO queue cannot name one that does not exist: the first move makes it standard."""
+    def kind(fifo: bool) -> str:
+        return "FIFO" if fifo else "standard"
+
+    if target_settings is None:
+        if settings.fifo:
+            raise InvalidSettingError(
+                f"FIFO queue {name!r} cannot take {target!r} as its dead-letter queue: {target!r} does not exist, "
+                "and the first move would make it a standard queue; make it first, with fifo=True"
+            )
+    elif target_settings.fifo != settings.fifo:
+        raise InvalidSettingError(
+            f"{kind(settings.fifo)} queue {name!r} cannot take the {kind(target_settings.fifo)} queue {target!r} "
+            f"as its dead-letter queue: both must be FIFO queues or both standard ones"
+        )
 
 
 SETTINGS_FILE = "queue.json"

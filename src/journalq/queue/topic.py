@@ -404,7 +404,7 @@ class Topic(TopicDirectory):
         """The channel ``name`` (created when missing): it gets every message of the topic."""
         check_name(name, "channel")
         channel = self._channels.get(name)
-        if channel is None:
+        if channel is None or channel._closed:  # closed, its receives would return nothing: a new one
             self.check_present()
             channel = self._channels[name] = Channel(self, name)
             self._hold_directory()

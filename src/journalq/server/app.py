@@ -48,8 +48,8 @@ from journalq.errors import (
     StoreUnavailableError,
     TaskNotFoundError,
 )
-from journalq.queue import Broker, ReceivedMessage
-from journalq.queue.channel import MAX_WAIT
+from journalq.queue import DEFAULT_CHANNEL, Broker, ReceivedMessage
+from journalq.queue.channel import MAX_VISIBILITY, MAX_WAIT
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
@@ -62,7 +62,7 @@ from journalq.server.polling import poll_slices
 from journalq.server.reading import queue_to_read
 from journalq.server.scopes import header
 from journalq.server.sigv4 import AuthError, verify
-from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol
+from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol, sending_to
 from journalq.server.tokens import bearer_matches
 
 log = logging.getLogger("journalq.server")
@@ -145,17 +145,23 @@ def create_app(config: ServerConfig) -> App:
     def broker() -> Broker:
         return broker_box[0]
 
+    def sending_to_queue(name: str) -> tuple[Any, str | None]:
+        """``journalq.server.sqs.sending_to``: what a send to ``name`` goes through, and the token
+        its ids carry; on the ZooKeeper store, the queue and None (its ids are never made twice)."""
+        if on_zookeeper:
+            return broker().queue(name, create=False), None
+        return sending_to(broker(), name)
+
     def send_bodies(queue: str, bodies: Sequence[bytes]) -> list[str | Exception]:
-        found = broker().queue(queue, create=False)
+        found, token = sending_to_queue(queue)
         if found.settings.fifo:
             # SQS's FIFO queues take a message only with its group id, which REST has no place
             # for: stored without one, boto3 would receive a FIFO message of no group.
             refusal = HTTPProblem(400, f"queue {queue!r} is a FIFO queue: its messages need a group id, which "
                                   "mq's REST API does not carry; send them with SQS's SendMessage and MessageGroupId")
             return [refusal] * len(bodies)
-        if on_zookeeper:
+        if token is None:
             return list(found.send_many(bodies))
-        token = found.token
         try:
             return [given_id(message_id, token) for message_id in found.send_many(bodies)]
         except PartialSendError as exc:  # (the 503 made of it keeps it as its cause: ``store``)
@@ -420,9 +426,10 @@ def create_app(config: ServerConfig) -> App:
             raise HTTPProblem(400, str(exc)) from None
 
         def create() -> bool:
-            """Whether the queue existed."""
+            """Whether the queue existed (found as a topic: a library's, whose channels are its
+            own, is given no channel ``default``, which would hold its gc back for ever)."""
             try:
-                found = broker().queue(name, create=False)
+                found = broker().topic(name, create=False)
             except QueueNotFoundError:
                 if name.endswith(FIFO_SUFFIX):
                     raise HTTPProblem(400, f"{name!r} would be a FIFO queue (SQS gives names ending in "
@@ -463,6 +470,8 @@ def create_app(config: ServerConfig) -> App:
         name = queue_name(queue)
         if wait is not None:
             check_number("wait", wait, 0, MAX_WAIT)  # the queue's limit: it sees only the slices
+        if visibility_timeout is not None:  # before the queue opens: a topic's would get a channel for nothing
+            check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
 
         def receive(seconds: float) -> tuple[list[ReceivedMessage], float, str]:
             """A receive waiting up to ``seconds``, the whole poll's wait (``wait``, or the
@@ -531,8 +540,18 @@ def create_app(config: ServerConfig) -> App:
         """``delete_id`` of the id as the server gave it (``journalq.server.ids``: of this queue,
         not of one deleted before it; one spelling per message, as ``int()`` reads "007" as 7),
         with errors that name the id as sent (a sharded queue's named the shard's own id)."""
-        found = broker().queue(queue, create=False)
-        inner = message_id if on_zookeeper else queue_id(found, message_id, queue)
+        if on_zookeeper:
+            found, inner = broker().queue(queue, create=False), message_id
+        else:
+            made = broker().queue_if_made(queue)
+            if made is None:  # a topic whose channels are its own: giving it ``default`` would hold its gc
+                channels = ", ".join(broker().topic(queue, create=False).channel_names()) or "none"
+                raise TaskNotFoundError(
+                    f"no message {message_id!r} in queue {queue!r}: it is a topic whose channels are its own "
+                    f"({channels}), read through the library, and a DELETE deletes from the channel "
+                    f"{DEFAULT_CHANNEL!r}, which it does not have"
+                )
+            found, inner = made, queue_id(made, message_id, queue)
         try:
             found.delete_id(inner)
         except TaskNotFoundError:
@@ -561,7 +580,7 @@ def create_app(config: ServerConfig) -> App:
             if headers.get(b"expect", b"").lower() == b"100-continue":
                 # The client waits to be asked for its body (reading it asks): a queue that does
                 # not exist is answered 404 first, and the body is never sent.
-                await blocking(lambda: broker().queue(queue_name(queue), create=False))
+                await blocking(lambda: broker().topic(queue_name(queue), create=False))  # (no channel made)
             body = await body_of(receive, headers.get(b"content-length"), config.max_message_size)
             message_id = await add_message(queue, body)
         except HTTPProblem as exc:

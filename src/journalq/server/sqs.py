@@ -26,8 +26,13 @@ How SQS maps onto journalq:
   gets the same messages and receipts again, hidden anew, while they are all still in flight
   under those receipts (otherwise it receives anew). The attempts are kept in the memory of the
   process that answered: with ``--workers N``, a retry that reaches another worker receives anew.
-* Message ids are journalq's (the offset, in decimal); FIFO sequence numbers are the offset,
-  zero-padded to 20 digits. Receipt handles are journalq's receipts.
+* Message ids are journalq's (the offset, in decimal) with the queue's token
+  (``journalq.server.ids``); FIFO sequence numbers are the offset, zero-padded to 20 digits (a
+  sharded queue's: the shard's index in 4 digits, then the offset in 16).
+  Receipt handles are journalq's receipts. A topic whose channels are its own (made through the
+  library, none named ``default``) is sent to without being given a channel (``sending_to``: its
+  ids are then the topic's own, without a token); its receipts are none of SQS's, and PurgeQueue
+  purges every channel of it.
 * Bodies travel as UTF-8. A body that is not valid UTF-8 (sent through the REST API, which takes
   any bytes) is delivered decoded with ``errors="replace"`` (U+FFFD for each bad byte), and its
   ``MD5OfBody`` is that of the text delivered, so that SDKs that check it accept it.
@@ -87,9 +92,11 @@ from journalq.errors import (
 from journalq.journal.recovery import replace_file
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
+from journalq.queue.sharded import ShardedQueue, ShardedTopic
+from journalq.queue.topic import Topic
 from journalq.queue.channel import ReceivedMessage
 from journalq.queue.envelope import NOT_A_NUMBER, Attribute, first_sent_ns, number_problem, whole_number
-from journalq.queue.settings import QueueSettings, check_name
+from journalq.queue.settings import QueueSettings, check_dead_letter_kind, check_name
 from journalq.server.digests import (
     md5_of_body,
     md5_of_message_attributes,
@@ -632,6 +639,34 @@ _Checked = bytes | _Sending
 _URLS_KEPT = 1024
 
 
+_Target = Queue | ShardedQueue | Topic | ShardedTopic
+"""What a send goes through (``sending_to``)."""
+
+
+def sending_to(broker: Broker, name: str) -> tuple[_Target, str | None]:
+    """What a send to ``name`` goes through, and the token that the ids it answers carry
+    (``journalq.server.ids``): the queue and its token; for a topic whose channels are its own
+    (made through the library, none named ``default``), or that has none, the topic and None: a
+    send gives it no channel (one would take every message again and hold the topic's gc back
+    for ever), and its ids are the topic's own, as its channels' consumers see them."""
+    found = broker.queue_if_made(name)
+    if found is None:
+        return broker.topic(name, create=False), None
+    return found, found.token
+
+
+def answered_id(message_id: str, token: str | None) -> str:
+    """The id a send answers for ``message_id``, with ``sending_to``'s ``token``."""
+    return message_id if token is None else given_id(message_id, token)
+
+
+def _sequence_number(message_id: str) -> str:
+    """A FIFO message's SequenceNumber, 20 digits, of its id: the offset; a sharded queue's id
+    "SHARD.OFFSET" (each shard's offsets start at 0) as the shard's 4 digits, then 16 of the offset."""
+    shard, _, offset = message_id.rpartition(".")
+    return f"{int(shard or 0):04d}{int(offset):016d}"
+
+
 def _name_in_url(url: str) -> str:
     """The queue a QueueUrl names (its path's last part; the URL may be the path, or the name)."""
     path = urlsplit(url).path if "://" in url else url
@@ -762,11 +797,9 @@ class SqsProtocol:
         to get it back (with 64 clients, the server took ~5 % more SQS sends a second)."""
         with _sqs_errors():  # the queue and its limit: looked up once for all of them
             if rules is None:
-                queue, rules = self._queue(name), self._send_rules(name)
-            else:
-                queue = self.broker.queue(name, create=False)
+                rules = self._send_rules(self._existing(name))
+            queue, token = sending_to(self.broker, name)
         settings = queue.settings
-        token = queue.token  # (what the message ids carry: journalq.server.ids)
         checked: list[_Checked | SqsError] = []
         bodies_only = True  # every request a plain SendMessage (the common batch): see _store
         for action, request in requests:
@@ -800,7 +833,9 @@ class SqsProtocol:
         stored = iter(answers)
         return [c if isinstance(c, SqsError) else next(stored) for c in checked]
 
-    def _store_alone(self, queue: Queue, token: str, send: _Checked, plain: Callable[[str, str], Any]) -> Any:
+    def _store_alone(
+        self, queue: _Target, token: str | None, send: _Checked, plain: Callable[[str, str], Any]
+    ) -> Any:
         try:
             with _sqs_errors():
                 return self._store(queue, token, [send], plain)[0]
@@ -1094,6 +1129,10 @@ class SqsProtocol:
             if current is not None:
                 self._check_same(name, current, changes, stored, attributes)
                 return {"QueueUrl": self.queue_url(base_url, name)}
+            if fifo:  # a queue made elsewhere may name it in its RedrivePolicy: InvalidParameterValue, as any
+                with _sqs_errors():
+                    for source, settings in self.broker.dead_letter_sources(name):
+                        check_dead_letter_kind(source, settings, name, QueueSettings(fifo=True))
             try:
                 self.broker.queue(name, create=True, **changes)
             except InvalidSettingError as exc:
@@ -1227,8 +1266,15 @@ class SqsProtocol:
         return {}
 
     def purge_queue(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        name = self._name_of_url(request)
-        queue = self._queue(name)
+        """Finish every message sent so far: the queue's; a topic's whose channels are its own
+        (none named ``default``: the name names the topic), every channel's, none made."""
+        name = self._existing(self._name_of_url(request))
+        found = self.broker.queue_if_made(name)
+        if found is None:
+            topic = self.broker.topic(name, create=False)
+            channels: list[Any] = [topic.channel(channel) for channel in topic.channel_names()]
+        else:
+            channels = [found]
         # The time of the last purge is in sqs.json, so that every worker refuses the next one;
         # checked and purged under its lock, so that two at once are one purge and one refusal.
         with self._sidecar.change(name) as sidecar:
@@ -1239,7 +1285,8 @@ class SqsProtocol:
                     "PurgeQueueInProgress",
                     f"Only one PurgeQueue operation on {name} is allowed every {PURGE_SECONDS} seconds.",
                 )
-            queue.purge()
+            for channel in channels:
+                channel.purge()
             sidecar["purged"] = now
         return {}
 
@@ -1258,15 +1305,7 @@ class SqsProtocol:
 
     def _sources_of(self, name: str) -> list[str]:
         """The queues whose RedrivePolicy names ``name``."""
-        sources = []
-        for other in self.broker.names():
-            try:
-                settings = settings_file.load(self.broker.root / other)
-            except InvalidSettingError:
-                continue  # a damaged queue.json is that queue's problem, not this listing's
-            if settings is not None and settings.dead_letter_queue == name:
-                sources.append(other)
-        return sources
+        return [source for source, _ in self.broker.dead_letter_sources(name)]
 
     # -- actions: tags ----------------------------------------------------------------------------------
 
@@ -1480,11 +1519,11 @@ class SqsProtocol:
             stored.get("DeduplicationScope") == "messageGroup",
         )
 
-    def _answer(self, message_id: str, token: str, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
-        """``message_id``: the queue's; ``token``: the queue's, which the id answered carries."""
-        answer = {"MessageId": given_id(message_id, token), **outgoing.answer}
+    def _answer(self, message_id: str, token: str | None, outgoing: _Outgoing, fifo: bool) -> dict[str, Any]:
+        """``message_id``: the queue's; ``token``: ``sending_to``'s, which the id answered carries."""
+        answer = {"MessageId": answered_id(message_id, token), **outgoing.answer}
         if fifo:
-            answer["SequenceNumber"] = f"{int(message_id):020d}"
+            answer["SequenceNumber"] = _sequence_number(message_id)
         return answer
 
     def send_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -1532,7 +1571,7 @@ class SqsProtocol:
         return _Sending(settings.fifo, checked, failed)
 
     def _store(
-        self, queue: Queue, token: str, sends: Sequence[_Checked], plain: Callable[[str, str], Any], *,
+        self, queue: _Target, token: str | None, sends: Sequence[_Checked], plain: Callable[[str, str], Any], *,
         bodies_only: bool = False,
     ) -> list[Any]:
         """Store the messages of checked sends to ``queue`` (of ``token``) in one write; their
@@ -1540,7 +1579,7 @@ class SqsProtocol:
         without its walk: ~0.2 µs a message)."""
         if bodies_only:
             bodies = cast("list[bytes]", sends)
-            return [plain(given_id(message_id, token), md5_of_utf8(body))
+            return [plain(answered_id(message_id, token), md5_of_utf8(body))
                     for message_id, body in zip(queue.send_many(bodies), bodies)]
         items: list[dict[str, Any] | bytes] = []
         for send in sends:
@@ -1552,7 +1591,7 @@ class SqsProtocol:
 
     def _answers(
         self,
-        token: str,
+        token: str | None,
         sends: Sequence[_Checked],
         message_ids: Sequence[str | None],
         plain: Callable[[str, str], Any],
@@ -1567,7 +1606,7 @@ class SqsProtocol:
             if isinstance(sending, bytes):  # a plain SendMessage: its body
                 message_id = next(ids)
                 answers.append(
-                    unsent if message_id is None else plain(given_id(message_id, token), md5_of_utf8(sending))
+                    unsent if message_id is None else plain(answered_id(message_id, token), md5_of_utf8(sending))
                 )
                 continue
             if sending.failed is None:  # SendMessage: one message, its answer alone
@@ -1594,8 +1633,7 @@ class SqsProtocol:
     def receive_message(
         self, request: dict[str, Any], base_url: str, gone: Callable[[], bool] = lambda: False
     ) -> dict[str, Any]:
-        name = self._name_of_url(request)
-        queue = self._queue(name)
+        name = self._existing(self._name_of_url(request))
         count = _integer(request, "MaxNumberOfMessages", 1, 10, "Must be between 1 and 10, if provided")
         hide = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
         wait = _integer(request, "WaitTimeSeconds", 0, 20, "Must be >= 0 and <= 20, if provided")
@@ -1610,8 +1648,11 @@ class SqsProtocol:
         selectors = request.get("MessageAttributeNames") or []
         if not isinstance(selectors, list):
             raise _invalid("MessageAttributeNames must be a list.")
-        fifo = queue.settings.fifo
         attempt = _check_token("ReceiveRequestAttemptId", _string(request, "ReceiveRequestAttemptId"))
+        # Opened once the request is checked: of a topic whose channels are its own, this makes
+        # the SQS queue's channel ``default``, which a refused request must not.
+        queue = self.broker.queue(name, create=False)
+        fifo = queue.settings.fifo
         received = self._again(name, queue, attempt, hide) if fifo and attempt is not None else None
         if received is None:
             # In slices: a poll ends within one once the server begins to stop, or its client
@@ -1704,7 +1745,7 @@ class SqsProtocol:
         else:
             self._first_receive_ms(first_key, count, now_ms)
         if fifo and wanted("SequenceNumber"):
-            attributes["SequenceNumber"] = f"{message.offset:020d}"
+            attributes["SequenceNumber"] = _sequence_number(message.id)
         scoped = message.attributes.get(DEDUP_ATTRIBUTE)
         dedup = message.dedup_id if scoped is None else scoped.value
         if fifo and wanted("MessageDeduplicationId") and isinstance(dedup, str):
@@ -1753,17 +1794,27 @@ class SqsProtocol:
             "ReceiptHandle", receipt, "Message does not exist or is not available for visibility timeout change."
         )
 
+    def _on_receipts(self, name: str, items: list[Any], *, delete: bool) -> list[ReceiptError | None]:
+        """``delete_many(items)`` (or ``change_visibility_many``) of queue ``name``. A topic whose
+        channels are its own (none named ``default``) has no receipt of SQS's, and is given no
+        channel: every receipt is refused."""
+        found = self.broker.queue_if_made(name)
+        if found is None:
+            refused = ReceiptError(f"queue {name!r} is a topic whose channels are its own: its receipts are theirs")
+            return [refused] * len(items)
+        return found.delete_many(items) if delete else found.change_visibility_many(items)
+
     def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        queue = self._queue(self._name_of_url(request))
+        name = self._existing(self._name_of_url(request))
         receipt = _string(request, "ReceiptHandle", required=True)
         assert receipt is not None
-        (error,) = queue.delete_many([receipt])
+        (error,) = self._on_receipts(name, [receipt], delete=True)
         if error is not None and (problem := self._receipt_error(receipt, error, deleting=True)):
             raise problem
         return {}
 
     def delete_message_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        queue = self._queue(self._name_of_url(request))
+        name = self._existing(self._name_of_url(request))
         entries = _entries(request)
         failed: list[dict[str, Any]] = []
         todo: list[tuple[str, str]] = []
@@ -1775,7 +1826,7 @@ class SqsProtocol:
                 todo.append((entry["Id"], receipt))
         successful = []
         if todo:
-            errors = queue.delete_many([receipt for _, receipt in todo])
+            errors = self._on_receipts(name, [receipt for _, receipt in todo], delete=True)
             for (entry_id, receipt), error in zip(todo, errors):
                 problem = error and self._receipt_error(receipt, error, deleting=True)
                 if problem:
@@ -1785,19 +1836,19 @@ class SqsProtocol:
         return {"Successful": successful, "Failed": failed}
 
     def change_message_visibility(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        queue = self._queue(self._name_of_url(request))
+        name = self._existing(self._name_of_url(request))
         receipt = _string(request, "ReceiptHandle", required=True)
         assert receipt is not None
         if request.get("VisibilityTimeout") is None:
             raise _missing("VisibilityTimeout")
         seconds = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
-        (error,) = queue.change_visibility_many([(receipt, seconds)])
+        (error,) = self._on_receipts(name, [(receipt, seconds)], delete=False)
         if error is not None and (problem := self._receipt_error(receipt, error, deleting=False)):
             raise problem
         return {}
 
     def change_message_visibility_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        queue = self._queue(self._name_of_url(request))
+        name = self._existing(self._name_of_url(request))
         entries = _entries(request)
         failed: list[dict[str, Any]] = []
         todo: list[tuple[str, str, int]] = []
@@ -1813,7 +1864,7 @@ class SqsProtocol:
                 failed.append(exc.entry(entry["Id"]))
         successful = []
         if todo:
-            errors = queue.change_visibility_many([(receipt, seconds) for _, receipt, seconds in todo])
+            errors = self._on_receipts(name, [(receipt, seconds) for _, receipt, seconds in todo], delete=False)
             for (entry_id, receipt, _), error in zip(todo, errors):
                 problem = error and self._receipt_error(receipt, error, deleting=False)
                 if problem:
@@ -1844,6 +1895,17 @@ class SqsProtocol:
         rate = _integer(request, "MaxNumberOfMessagesPerSecond", 1, 500)
         if not self._sources_of(source):
             raise _invalid("Source queue must be configured as a Dead Letter Queue.")
+        if self.broker.queue_if_made(source) is None:
+            # A move reads through the SQS queue's channel ``default``. Made now, it takes every
+            # message of the topic from the first: of a topic that has channels of its own, the
+            # dead letters they handled already too, which it would send back. (One with no
+            # channel, made by a first move, is read from its first message, as it should be.)
+            channels = self.broker.topic(source, create=False).channel_names()
+            if channels:
+                raise _invalid(
+                    f"Source queue {source} is a topic whose channels are its own ({', '.join(channels)}): "
+                    "a move through a new channel would send back every dead letter, those they handled too."
+                )
         queue = self._queue(source)
         to_move = queue.stats().available
         handle = base64.urlsafe_b64encode(
