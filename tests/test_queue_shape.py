@@ -30,11 +30,11 @@ def test_queue_if_made_finds_queues_and_makes_no_channel_on_a_topic(tmp_path: Pa
         assert found is not None and found is broker.queue("q")
 
 
-def test_a_standard_queue_cannot_take_a_fifo_dead_letter_queue_nor_the_reverse(tmp_path: Path) -> None:
+def test_a_standard_queue_cannot_take_a_fifo_dead_letter_queue_nor_the_reverse(store_root: Path | str) -> None:
     """SQS's rule: a FIFO queue's dead-letter queue is FIFO, a standard queue's standard. A FIFO
     dead letter keeps its group, which a standard queue ignores; a standard queue's have none,
     which a FIFO queue's consumers would get as FIFO messages of no group."""
-    with Broker(tmp_path, sync="none") as broker:
+    with Broker(store_root, sync="none") as broker:
         broker.queue("fifo-dlq", fifo=True)
         broker.queue("dlq")
         with pytest.raises(InvalidSettingError, match="'fifo-dlq'.*FIFO"):
@@ -56,10 +56,10 @@ def test_a_standard_queue_cannot_take_a_fifo_dead_letter_queue_nor_the_reverse(t
         assert tasks.settings.dead_letter_queue == "fifo-dlq"
 
 
-def test_a_fifo_queue_cannot_name_a_dead_letter_queue_that_is_not_there(tmp_path: Path) -> None:
+def test_a_fifo_queue_cannot_name_a_dead_letter_queue_that_is_not_there(store_root: Path | str) -> None:
     """The first move makes a missing dead-letter queue, standard; a standard queue that is to be
     one of a FIFO queue's is refused too."""
-    with Broker(tmp_path, sync="none") as broker:
+    with Broker(store_root, sync="none") as broker:
         with pytest.raises(InvalidSettingError, match="'later'.*does not exist"):
             broker.queue("tasks", fifo=True, max_receive_count=2, dead_letter_queue="later")
         broker.queue("jobs", max_receive_count=2, dead_letter_queue="later")  # a standard queue may

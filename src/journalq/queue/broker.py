@@ -21,7 +21,7 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
 from journalq.queue.removal import remove_directory, remove_leftovers
-from journalq.queue.settings import QueueSettings, check_dead_letter_kind, check_for_queue, check_name
+from journalq.queue.settings import QueueSettings, check_dead_letter_kinds, check_for_queue, check_name
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.queue.topic import Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
@@ -119,17 +119,9 @@ class Broker(Closing):
         return topic
 
     def _check_dead_letter_kinds(self, name: str, before: QueueSettings | None, after: QueueSettings) -> None:
-        """``check_dead_letter_kind`` of queue ``name`` becoming ``after`` (``before`` None: made):
-        with its dead-letter queue when it names another or changes kind; with the queues whose
-        dead-letter queue it is when it is made FIFO or changes kind (a new standard queue needs
-        no look: no FIFO queue may name one that is not there)."""
-        kind_changed = before is not None and before.fifo != after.fifo
-        target = after.dead_letter_queue
-        if target is not None and (before is None or kind_changed or before.dead_letter_queue != target):
-            check_dead_letter_kind(name, after, target, settings_file.load(self.root / target))
-        if kind_changed or (before is None and after.fifo):
-            for source, settings in self.dead_letter_sources(name):
-                check_dead_letter_kind(source, settings, name, after)
+        check_dead_letter_kinds(
+            name, before, after, lambda target: settings_file.load(self.root / target), self.dead_letter_sources
+        )
 
     def dead_letter_sources(self, name: str) -> list[tuple[str, QueueSettings]]:
         """The queues (name and settings) whose dead-letter queue is ``name``, but ``name`` itself;

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,27 @@ def check_dead_letter_kind(
             f"as its dead-letter queue: both must be FIFO queues or both standard ones"
         )
 
+
+
+def check_dead_letter_kinds(
+    name: str,
+    before: QueueSettings | None,
+    after: QueueSettings,
+    settings_of: Callable[[str], QueueSettings | None],
+    sources_of: Callable[[str], list[tuple[str, QueueSettings]]],
+) -> None:
+    """``check_dead_letter_kind`` of queue ``name`` becoming ``after`` (``before`` None: being
+    made), as a store checks it: with its dead-letter queue (``settings_of(target)``, None when
+    there is none) when it names another or changes kind; with the queues whose dead-letter queue
+    it is (``sources_of(name)``: name and settings of each) when it is made FIFO or changes kind (a
+    new standard queue needs no look: no FIFO queue may name one that is not there)."""
+    kind_changed = before is not None and before.fifo != after.fifo
+    target = after.dead_letter_queue
+    if target is not None and (before is None or kind_changed or before.dead_letter_queue != target):
+        check_dead_letter_kind(name, after, target, settings_of(target))
+    if kind_changed or (before is None and after.fifo):
+        for source, settings in sources_of(name):
+            check_dead_letter_kind(source, settings, name, after)
 
 SETTINGS_FILE = "queue.json"
 

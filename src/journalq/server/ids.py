@@ -5,6 +5,10 @@ queue's id alone, a ``DELETE /{queue}/messages/0`` that came late (a consumer st
 of the queue before) deleted a message of the new queue. The token is the one its receipts carry
 (its channel's, random, made with the queue), so such an id is refused (404), as its receipts are.
 
+A send to a topic whose channels are its own (made through the library, none named ``default``)
+answers the topic's own id, untagged: the ``id`` its channels' consumers see (it has no channel
+``default`` to take a token of; ``journalq.server.sqs.sending_to``).
+
 A ZooKeeper store's ids are not tagged: they are made of the time and a random part, never again."""
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ from journalq.queue.channel import (
     receive_arguments,
 )
 from journalq.queue.envelope import Envelope, dead_letter_source, resend
-from journalq.queue.settings import QueueSettings, check_for_queue, check_name
+from journalq.queue.settings import QueueSettings, check_dead_letter_kinds, check_for_queue, check_name
 from journalq.queue.topic import OutgoingMessage, Topic, message_list
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper.layout import (
@@ -503,6 +503,7 @@ class ZooKeeperBroker(Closing):
             updated = self._check(name, loaded[0].replace(**changes))
             if updated == loaded[0]:
                 return loaded
+            self._check_dead_letter_kinds(name, loaded[0], updated)
             try:
                 self._save(name, updated, loaded[1].version)
             except BadVersionError:
@@ -511,6 +512,27 @@ class ZooKeeperBroker(Closing):
             if again is None:
                 raise QueueNotFoundError(f"no queue {name!r} in {self.root}")
             loaded = again
+
+    def _check_dead_letter_kinds(self, name: str, before: QueueSettings | None, after: QueueSettings) -> None:
+        def settings_of(target: str) -> QueueSettings | None:
+            loaded = self._load_with_stat(target)
+            return None if loaded is None else loaded[0]
+
+        check_dead_letter_kinds(name, before, after, settings_of, self.dead_letter_sources)
+
+    def dead_letter_sources(self, name: str) -> list[tuple[str, QueueSettings]]:
+        """The queues (name and settings) whose dead-letter queue is ``name``, but ``name`` itself
+        (as the file store's ``Broker.dead_letter_sources``); one whose settings cannot be read is
+        left out (its problem, not this listing's)."""
+        sources = []
+        for other in self.names():
+            try:
+                loaded = self._load_with_stat(other) if other != name else None
+            except InvalidSettingError:
+                continue
+            if loaded is not None and loaded[0].dead_letter_queue == name:
+                sources.append((other, loaded[0]))
+        return sources
 
     def _save(self, name: str, settings: QueueSettings, version: int) -> None:
         """Write the settings if their node is still at ``version`` (else ``BadVersionError``)."""
@@ -546,7 +568,9 @@ class ZooKeeperBroker(Closing):
             if loaded is None:
                 if not create:
                     raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
-                self._create(name, self._check(name, QueueSettings().replace(**settings)))
+                wanted = self._check(name, QueueSettings().replace(**settings))
+                self._check_dead_letter_kinds(name, None, wanted)
+                self._create(name, wanted)
                 loaded = self._load_with_stat(name)
                 if loaded is None:  # made by another meanwhile, but not whole: being deleted
                     raise QueueError(
