@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from journalq.errors import StorageError
 from journalq.queue import Broker
 from journalq.queue import channel as channel_module
 
@@ -130,3 +131,29 @@ def test_a_long_poll_wakes_for_a_message_sent_behind_a_look_ahead_of_delayed_one
         finally:
             timer.join()
     assert [m.body for m in got] == [b"now"] and time.monotonic() - started < 4
+
+
+# -- stats of dead letters kept back ----------------------------------------------------------
+
+
+def test_stats_do_not_count_dead_letters_kept_back_as_available(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message past max_receive_count whose move the dead-letter queue refused is kept,
+    undelivered, until the move is tried again: not available (a receive gives nothing)."""
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq", task_gc_interval=60)
+    q.send(b"poison")
+    (got,) = q.receive(visibility_timeout=0)
+    dlq_topic = broker.topic("jobs-dlq")
+
+    def refuse(items: object) -> list[str]:
+        raise StorageError("the disk is full")
+
+    monkeypatch.setattr(dlq_topic, "send_many", refuse)
+    assert q.receive(wait=0) == []  # the move is refused: kept here
+    stats = q.stats()
+    assert (stats.available, stats.in_flight, stats.delayed, stats.dead) == (0, 0, 1, 0)
+    assert stats.oldest_age is not None
+    monkeypatch.undo()
+    q.send(b"fine")  # (what comes after it goes on meanwhile)
+    assert q.stats().available == 1

@@ -178,6 +178,9 @@ class ChannelStats:
     available: int
     in_flight: int
     delayed: int
+    """Messages not to be delivered yet: sent with a delay not over, and dead letters kept back
+    after the dead-letter queue refused them (moved, not delivered, when the move is tried
+    again; counted so by the process that saw the refusal)."""
     dead: int
     oldest_age: float | None
     """Seconds since the oldest message counted above was sent (None when there is none): not
@@ -1402,6 +1405,14 @@ class Channel:
             hidden = [o for o in state.inflight if o not in state.ready]
             candidates = list(state.candidates())
             frontier, dead = state.frontier, state.dead
+            # Dead letters that the dead-letter queue refused lately (as this process knows):
+            # kept, undelivered, until the move is tried again (``_send_dead``); not available.
+            max_count = moving_on_after(self.settings)
+            kept_back = (
+                {o for o in state.ready if state.receive_count(o) >= max_count}
+                if max_count is not None and now < self._retry_dead_letters_at
+                else set()
+            )
 
         kept_from = retention_horizon(self.settings, now)
 
@@ -1429,7 +1440,7 @@ class Channel:
                 how = waiting(message)
                 if how is not None and not (available or delayed):
                     sent.append(message.timestamp_ns)
-                if how == "delayed":
+                if how == "delayed" or (how is not None and offset in kept_back):
                     delayed += 1
                 elif how is not None:
                     available += 1
