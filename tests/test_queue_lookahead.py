@@ -102,6 +102,10 @@ def test_messages_behind_a_far_delivery_keep_coming_cheaply(broker: Broker) -> N
         assert [m.body for m in q.receive(wait=0)] == [b"n%d" % i]
     assert len(reads) < 20 * 10, f"{len(reads)} messages looked up for 19 receives"
     assert q.receive(wait=0) == []
+    reads.clear()
+    stats = q.stats()  # nor by stats, which counts them
+    assert (stats.available, stats.in_flight, stats.delayed) == (0, 20, 4 * BEYOND)
+    assert len(reads) < 100, f"{len(reads)} messages looked up for stats"
 
 
 def test_delayed_messages_skipped_over_go_out_when_their_delay_ends(broker: Broker) -> None:

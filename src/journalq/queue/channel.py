@@ -1434,7 +1434,13 @@ class Channel:
         if hidden and (message := self.topic.message(min(hidden))) is not None:
             sent.append(message.timestamp_ns)
         available = delayed = 0
+        asleep, k = [run for run in self._asleep if run.wake > now], 0
         for offset in candidates:
+            while k < len(asleep) and asleep[k].end <= offset:
+                k += 1
+            if k < len(asleep) and asleep[k].start <= offset and (available or delayed):
+                delayed += 1  # in a run of delayed messages (``_Asleep``): not read again
+                continue
             message = self.topic.message(offset)
             if message is not None:
                 how = waiting(message)
