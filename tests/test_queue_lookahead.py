@@ -161,3 +161,39 @@ def test_stats_do_not_count_dead_letters_kept_back_as_available(
     monkeypatch.undo()
     q.send(b"fine")  # (what comes after it goes on meanwhile)
     assert q.stats().available == 1
+
+
+def test_consumers_of_two_brokers_share_the_far_messages_once_each(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"later", "delay": 600}] * BEYOND)
+    q.send_many([b"n%d" % i for i in range(60)])
+    seen: list[int] = []
+    with Broker(broker.root, sync="none") as other:
+        r = other.queue("jobs")
+        for _ in range(40):
+            for consumer in (q, r, q):
+                got = consumer.receive(2, wait=0)
+                seen += [m.offset for m in got]
+                consumer.delete_many([m.receipt for m in got[:1]])  # the second stays in flight
+    assert sorted(seen) == list(range(BEYOND, BEYOND + 60))
+
+
+def test_a_far_message_taken_by_another_process_during_the_scan_is_not_given_twice(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"later", "delay": 600}] * BEYOND)
+    q.send_many([b"n0", b"n1"])
+    with Broker(broker.root, sync="none") as other:
+        r = other.queue("jobs")
+        scan = q._scan_far
+        taken = []
+
+        def scan_then_lose_the_race(*args: object):
+            found = scan(*args)  # type: ignore[arg-type]
+            taken.extend(r.receive(wait=0))  # another process takes n0 between the scan and the hold
+            return found
+
+        q._scan_far = scan_then_lose_the_race  # type: ignore[method-assign]
+        got = q.receive(2, wait=0)
+        assert [m.body for m in taken] == [b"n0"]
+        assert [m.body for m in got] == [b"n1"]
+        assert r.receive(10, wait=0) == [] and q.receive(10, wait=0) == []
