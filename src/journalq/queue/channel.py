@@ -973,7 +973,8 @@ class Channel:
     ) -> None:
         """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
         until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
-        then what came since.
+        then what came since. (Past the look-ahead, a receive that took nothing reads on with
+        ``_scan_far``, out of the hold.)
 
         ``plain_up_to`` (``max_messages`` for a consumer without filters, else 0): plain
         messages never seen go out as they are (no delay, group, filters, and a first delivery
