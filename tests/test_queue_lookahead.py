@@ -197,3 +197,26 @@ def test_a_far_message_taken_by_another_process_during_the_scan_is_not_given_twi
         assert [m.body for m in taken] == [b"n0"]
         assert [m.body for m in got] == [b"n1"]
         assert r.receive(10, wait=0) == [] and q.receive(10, wait=0) == []
+
+
+# -- read ahead, then deleted by another process's retention ---------------------------------------
+
+
+def test_what_was_read_ahead_and_deleted_by_another_process_is_not_delivered(tmp_path: Path) -> None:
+    """Another process's gc deletes (retention by size) the segments that this consumer had read
+    ahead: the receive skips them, and gives no more than asked, each with a receipt that works.
+    (It gave the deleted messages, with receipts naming no delivery, and one more than asked.)"""
+    segment = 4096
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=segment, retention_bytes=3 * segment)
+        q.send_many([b"%03d" % i + b"x" * 97 for i in range(10)])
+        q.receive(2, visibility_timeout=60)  # the rest of the 10 read ahead
+        with Broker(tmp_path, sync="none") as other:
+            o = other.queue("jobs")
+            o.send_many([b"%03d" % i + b"x" * 97 for i in range(10, 400)])
+            assert o.topic.gc()
+        first = q.topic.first_offset()
+        assert first > 300
+        got = q.receive(10)
+        assert [m.offset for m in got] == list(range(first, first + 10))
+        assert q.delete_many([m.receipt for m in got]) == [None] * 10

@@ -931,7 +931,14 @@ class Channel:
                         frontier = state.frontier
                         self._skip_deleted()
                         if state.frontier != frontier:
-                            self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                            # What was taken of the deleted messages (read ahead, or cached by the
+                            # topic) is not given: the skip finished it, so its delivery would
+                            # not be recorded, nor its receipt work.
+                            cursor = state.cursor
+                            picks[:] = [pick for pick in picks if pick[0].offset >= cursor]
+                            dead[:] = [letter for letter in dead if letter[0].offset >= cursor]
+                            if len(picks) < max_messages:
+                                self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
                     ahead = self._ahead
                     if not picks and len(ahead) >= _LOOK_AHEAD:
                         reach = _Far(state.frontier, ahead[-1].offset + 1, set(blocked))
