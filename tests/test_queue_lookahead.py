@@ -220,3 +220,27 @@ def test_what_was_read_ahead_and_deleted_by_another_process_is_not_delivered(tmp
         got = q.receive(10)
         assert [m.offset for m in got] == list(range(first, first + 10))
         assert q.delete_many([m.receipt for m in got]) == [None] * 10
+
+
+def test_a_redelivery_taken_before_retention_was_found_to_have_deleted_it_is_not_given(
+    tmp_path: Path,
+) -> None:
+    """Of the messages that come back, the first is still in the topic's cache and the next is
+    not, both deleted by another process's retention: the receive skips them both (it gave the
+    first, with a receipt naming no delivery)."""
+    segment = 4096
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=segment, retention_bytes=3 * segment)
+        q.send_many([b"%03d" % i + b"x" * 97 for i in range(10)])
+        assert len(q.receive(10, visibility_timeout=0)) == 10  # all back at once
+        with Broker(tmp_path, sync="none") as other:
+            o = other.queue("jobs")
+            o.send_many([b"%03d" % i + b"x" * 97 for i in range(10, 400)])
+            assert o.topic.gc()
+        first = q.topic.first_offset()
+        real = q.topic.message
+        # The cache held message 0, and no longer the others (a cache of a few thousand).
+        q.topic.message = lambda offset: real(offset) if offset == 0 or offset >= first else None  # type: ignore[method-assign]
+        got = q.receive(10)
+        assert [m.offset for m in got] == list(range(first, first + 10))
+        assert q.delete_many([m.receipt for m in got]) == [None] * 10

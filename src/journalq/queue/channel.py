@@ -615,6 +615,18 @@ class Channel:
         if self.state.cursor < first:
             self._record([Event(EventKind.SKIP_TO, first).encode()])
 
+    def _skip_deleted_taken(
+        self, picks: list[tuple[Message, Envelope, int]], dead: list[tuple[Message, Envelope, int]]
+    ) -> None:
+        """``_skip_deleted``, under a receive that took messages (``picks``, ``dead``) before it
+        found that retention deleted some: what it took of those (read ahead, or cached by the
+        topic) is dropped, since the skip finished them: their deliveries would not be recorded,
+        nor their receipts work."""
+        self._skip_deleted()
+        cursor = self.state.cursor
+        picks[:] = [pick for pick in picks if pick[0].offset >= cursor]
+        dead[:] = [letter for letter in dead if letter[0].offset >= cursor]
+
     def _compact(self) -> None:
         durable = self.topic.broker.durable
         snapshot_at = self._writer.next_offset
@@ -914,7 +926,7 @@ class Channel:
                 for offset in offsets:
                     message = self.topic.message(offset)
                     if message is None:
-                        self._skip_deleted()  # retention deleted it
+                        self._skip_deleted_taken(picks, dead)  # retention deleted it
                         continue
                     if consider(message, state.receive_count(offset)):
                         full = True
@@ -929,16 +941,9 @@ class Channel:
                         # process's own collection comes due.
                         self._tail_lost = False
                         frontier = state.frontier
-                        self._skip_deleted()
-                        if state.frontier != frontier:
-                            # What was taken of the deleted messages (read ahead, or cached by the
-                            # topic) is not given: the skip finished it, so its delivery would
-                            # not be recorded, nor its receipt work.
-                            cursor = state.cursor
-                            picks[:] = [pick for pick in picks if pick[0].offset >= cursor]
-                            dead[:] = [letter for letter in dead if letter[0].offset >= cursor]
-                            if len(picks) < max_messages:
-                                self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                        self._skip_deleted_taken(picks, dead)
+                        if state.frontier != frontier and len(picks) < max_messages:
+                            self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
                     ahead = self._ahead
                     if not picks and len(ahead) >= _LOOK_AHEAD:
                         reach = _Far(state.frontier, ahead[-1].offset + 1, set(blocked))
