@@ -1055,7 +1055,7 @@ class Channel:
     ) -> Iterator[int]:
         """``state.candidates()``, oldest first, but for the skipped offsets in a run still asleep
         at ``now``: the run is passed over whole, and ``sleeping`` told of it when the walk comes
-        to it (after the offsets before it, which may take what it would hold back).
+        to it (lazily, in order, as ``consider`` sees the offsets: a generator).
 
         Skipped offsets are looked up one at a time in the set, which may change under the walk
         (``_skip_deleted``); ready ones are not in runs (a delivered message was not asleep)."""
