@@ -36,10 +36,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import repeat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from journalq.errors import (
     CorruptionError,
@@ -93,7 +93,9 @@ MAX_RECEIVE = 10_000
 MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
 MAX_WAIT = 3600  # seconds: the longest long poll of one receive
 _ISSUED_MAX = 16_384  # receipts remembered by ``Channel._issued``
-_LOOK_AHEAD = 1024  # new messages examined per receive beyond the frontier
+_LOOK_AHEAD = 1024  # new messages kept read ahead of the frontier (``_read_ahead``); see ``_scan_far``
+_ASLEEP_LEAST = 64  # delayed messages in a row worth remembering as one ``_Asleep`` run
+_ASLEEP_MOST = 4096  # ``_Asleep`` runs a channel remembers
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
 
 
@@ -113,6 +115,27 @@ def moving_on_after(settings: QueueSettings) -> int | None:
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
+
+
+class _Asleep(NamedTuple):
+    """Offsets ``start`` to ``end - 1`` of a topic, each a message that nothing may take before
+    ``wake`` (ns): delayed, in no FIFO group (a group's member would hold its group back, and
+    whether it still does depends on the state). A message's delay never changes, so a receive
+    passes over such a run whole until ``wake`` (``Channel._awake``, ``Channel._scan_far``),
+    rather than reading each of its messages again, under the hold, at every receive."""
+
+    start: int
+    end: int
+    wake: int
+
+
+class _Far(NamedTuple):
+    """What a receive that found nothing in its look-ahead hands ``Channel._scan_far``: the
+    frontier then, the first offset past the look-ahead, and the FIFO groups held back so far."""
+
+    frontier: int
+    start: int
+    blocked: set[str]
 
 
 @dataclass(frozen=True)
@@ -155,6 +178,9 @@ class ChannelStats:
     available: int
     in_flight: int
     delayed: int
+    """Messages not to be delivered yet: sent with a delay not over, and dead letters kept back
+    after the dead-letter queue refused them (moved, not delivered, when the move is tried
+    again; counted so by the process that saw the refusal)."""
     dead: int
     oldest_age: float | None
     """Seconds since the oldest message counted above was sent (None when there is none): not
@@ -300,6 +326,10 @@ class Channel:
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
         self._tail_lost = False  # the tail's next message was deleted (retention): see ``_read_ahead``
+        # Runs of delayed messages found past the frontier, by start (``_Asleep``): replaced whole
+        # (under ``_asleep_lock``), never changed in place, so the hold reads it without a lock.
+        self._asleep: list[_Asleep] = []
+        self._asleep_lock = threading.Lock()
         self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
@@ -585,6 +615,18 @@ class Channel:
         if self.state.cursor < first:
             self._record([Event(EventKind.SKIP_TO, first).encode()])
 
+    def _skip_deleted_taken(
+        self, picks: list[tuple[Message, Envelope, int]], dead: list[tuple[Message, Envelope, int]]
+    ) -> None:
+        """``_skip_deleted``, under a receive that took messages (``picks``, ``dead``) before it
+        found that retention deleted some: what it took of those (read ahead, or cached by the
+        topic) is dropped, since the skip finished them: their deliveries would not be recorded,
+        nor their receipts work."""
+        self._skip_deleted()
+        cursor = self.state.cursor
+        picks[:] = [pick for pick in picks if pick[0].offset >= cursor]
+        dead[:] = [letter for letter in dead if letter[0].offset >= cursor]
+
     def _compact(self) -> None:
         durable = self.topic.broker.durable
         snapshot_at = self._writer.next_offset
@@ -722,10 +764,25 @@ class Channel:
                 self._ahead_lock.release()
         with self._hold():
             try:
-                picks, wake_at, stamp = self._receive_held(max_messages, hide, wanted, delete)
+                picks, wake_at, stamp, far = self._receive_held(max_messages, hide, wanted, delete)
             except BaseException:
                 self._forget_unwritten()
                 raise
+        if far is not None:
+            # Nothing to take in the look-ahead, and more beyond it: read on out of the hold, then
+            # take what was found in a second one (see ``_scan_far``).
+            found, blocked, far_wake = self._scan_far(far, wanted, max_messages)
+            if far_wake is not None:
+                wake_at = far_wake if wake_at is None else min(wake_at, far_wake)
+            if found:
+                with self._hold():
+                    try:
+                        picks, _, stamp, _ = self._receive_held(
+                            max_messages, hide, wanted, (), far=(found, blocked)
+                        )
+                    except BaseException:
+                        self._forget_unwritten()
+                        raise
         if not picks:
             return [], wake_at
         metadata = self.state.metadata
@@ -770,9 +827,15 @@ class Channel:
         hide: float,
         wanted: dict[str, tuple[str, filtering.Method]] | None,
         delete: Sequence[str],
-    ) -> tuple[list[tuple[Message, Envelope, int]], int | None, int]:
+        far: tuple[list[Message], set[str]] | None = None,
+    ) -> tuple[list[tuple[Message, Envelope, int]], int | None, int, _Far | None]:
         """``_receive_now``'s work under the hold: (message, envelope, delivery number) of each
-        message delivered, when to look again, and the deliveries' stamp."""
+        message delivered, when to look again, the deliveries' stamp, and, when nothing was
+        taken and the look-ahead was not all there is, where ``_scan_far`` reads on.
+
+        ``far``: the second hold of such a receive: the messages that ``_scan_far`` found past
+        the look-ahead and the FIFO groups held back before them;
+        the messages already waiting are not looked at again (the first hold did)."""
         settings = self.settings
         enums = settings.enums
         max_count = moving_on_after(settings)
@@ -839,28 +902,51 @@ class Channel:
             return len(picks) >= max_messages
 
         full = False
-        if state.ready or state.skipped:
-            for offset in list(state.candidates()):
-                message = self.topic.message(offset)
-                if message is None:
-                    self._skip_deleted()  # retention deleted it
-                    continue
-                if consider(message, state.receive_count(offset)):
-                    full = True
+        reach: _Far | None = None
+        if far is not None:
+            # Those still never seen: another process may have taken some since (the frontier
+            # is then past them); the groups held back before them stay held back.
+            blocked |= far[1]
+            for message in far[0]:
+                if message.offset >= state.frontier and consider(message, 0):
                     break
-        if not full:
-            plain_up_to = max_messages if wanted is None else 0
-            with self._ahead_lock:
-                self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
-                if self._tail_lost:
-                    # Retention (another process's gc) deleted what the frontier was to read:
-                    # skipped now, and the rest taken, rather than nothing until this process's
-                    # own collection comes due.
-                    self._tail_lost = False
-                    frontier = state.frontier
-                    self._skip_deleted()
-                    if state.frontier != frontier:
-                        self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+        else:
+            if state.ready or state.skipped:
+                offsets: Iterable[int]
+                if self._asleep:
+
+                    def sleeping(run: _Asleep) -> None:
+                        """``_awake`` passed over ``run``: look again when it wakes."""
+                        nonlocal wake_at
+                        wake_at = run.wake if wake_at is None else min(wake_at, run.wake)
+
+                    offsets = self._awake(state, self._asleep, now, sleeping)
+                else:
+                    offsets = list(state.candidates())
+                for offset in offsets:
+                    message = self.topic.message(offset)
+                    if message is None:
+                        self._skip_deleted_taken(picks, dead)  # retention deleted it
+                        continue
+                    if consider(message, state.receive_count(offset)):
+                        full = True
+                        break
+            if not full:
+                plain_up_to = max_messages if wanted is None else 0
+                with self._ahead_lock:
+                    self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                    if self._tail_lost:
+                        # Retention (another process's gc) deleted what the frontier was to read:
+                        # skipped now, and the rest taken, rather than nothing until this
+                        # process's own collection comes due.
+                        self._tail_lost = False
+                        frontier = state.frontier
+                        self._skip_deleted_taken(picks, dead)
+                        if state.frontier != frontier and len(picks) < max_messages:
+                            self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                    ahead = self._ahead
+                    if not picks and len(ahead) >= _LOOK_AHEAD:
+                        reach = _Far(state.frontier, ahead[-1].offset + 1, set(blocked))
         moved = bool(dead) and self._send_dead(dead)
         if dead and not moved:
             # Kept here: what their groups have after them waits for them, as above.
@@ -887,7 +973,7 @@ class Channel:
         if records or self._unwritten:
             # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
             stamp = self._record(records, durable=moved)
-        return picks, wake_at, stamp
+        return picks, wake_at, stamp, reach
 
     def _take_new(
         self,
@@ -899,7 +985,8 @@ class Channel:
     ) -> None:
         """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
         until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
-        then what came since.
+        then what came since. (Past the look-ahead, a receive that took nothing reads on with
+        ``_scan_far``, out of the hold.)
 
         ``plain_up_to`` (``max_messages`` for a consumer without filters, else 0): plain
         messages never seen go out as they are (no delay, group, filters, and a first delivery
@@ -961,6 +1048,153 @@ class Channel:
                     self._tail.close()
                     self._tail = None
         return ahead[start:]
+
+    @staticmethod
+    def _awake(
+        state: ChannelState, runs: list[_Asleep], now: int, sleeping: Callable[[_Asleep], None]
+    ) -> Iterator[int]:
+        """``state.candidates()``, oldest first, but for the skipped offsets in a run still asleep
+        at ``now``: the run is passed over whole, and ``sleeping`` told of it when the walk comes
+        to it (lazily, in order, as ``consider`` sees the offsets: a generator).
+
+        Skipped offsets are looked up one at a time in the set, which may change under the walk
+        (``_skip_deleted``); ready ones are not in runs (a delivered message was not asleep)."""
+        ready, skipped = list(state.ready), state.skipped
+        r = i = position = 0
+        while True:
+            at = skipped.bisect_left(position)
+            offset = skipped[at] if at < len(skipped) else None
+            while i < len(ready) and (offset is None or ready[i] < offset):
+                yield ready[i]
+                i += 1
+            if offset is None:
+                return
+            while r < len(runs) and runs[r].end <= offset:
+                r += 1
+            if r < len(runs) and runs[r].start <= offset and runs[r].wake > now:
+                sleeping(runs[r])
+                position = runs[r].end
+                r += 1
+                continue
+            yield offset
+            position = offset + 1
+
+    def _scan_far(
+        self, far: _Far, wanted: dict[str, tuple[str, filtering.Method]] | None, max_messages: int
+    ) -> tuple[list[Message], set[str], int | None]:
+        """Out of the hold: read the topic past the look-ahead, from ``far.start``, to its end or
+        until ``max_messages`` are found that this consumer may take now (never seen, so no
+        state but the FIFO groups held back decides); returns them, the groups held back before
+        them, and when a delayed message looked at becomes visible.
+
+        Why out of the hold: the look-ahead (``_LOOK_AHEAD`` messages, kept in memory) serves
+        every receive that finds something in it; a consumer behind more than that of messages
+        it cannot take (filtered out, delayed, of a FIFO group in flight) is served by this scan,
+        which may read the whole topic. Topic messages never change, so the reading needs no
+        hold; only the decision does, and the second hold of ``_receive_now`` makes it again for
+        the messages found (``_receive_held``'s ``far``), skipping any another process took
+        meanwhile. Nothing read is kept but what was found, and runs of delayed messages
+        (``_Asleep``): later scans, and the walk of the offsets that a far delivery leaves
+        skipped, pass over those whole until they wake, instead of reading each again."""
+        now = time.time_ns()
+        settings = self.settings
+        kept_from, enums, name = retention_horizon(settings, now), settings.enums, self.name
+        blocked = far.blocked
+        known = [run for run in self._asleep if run.wake > now]
+        made: list[_Asleep] = []
+        found: list[Message] = []
+        taking: set[str] = set()  # the groups of those found
+        wake_at: int | None = None
+        k = 0
+        run_start, run_wake = -1, 0
+
+        def close_run(end: int) -> None:
+            nonlocal run_start
+            if run_start >= 0 and end - run_start >= _ASLEEP_LEAST:
+                made.append(_Asleep(run_start, end, run_wake))
+            run_start = -1
+
+        def step(message: Message) -> int:
+            """0 to read on, -1 when enough were found, or the offset to go on from (past a run
+            known to be asleep)."""
+            nonlocal k, wake_at, run_start, run_wake
+            offset = message.offset
+            while k < len(known) and known[k].end <= offset:
+                k += 1
+            if k < len(known) and known[k].start <= offset:
+                close_run(offset)
+                wake_at = known[k].wake if wake_at is None else min(wake_at, known[k].wake)
+                return known[k].end
+            if 0 < message.timestamp_ns < kept_from:
+                close_run(offset)
+                return 0  # finished unseen when a receive's walk comes to it
+            env = _PLAIN if message.type != _ENVELOPE_TYPE else envelope.decode(message.type, message.value)
+            if env.channel is not None and env.channel != name:
+                close_run(offset)
+                return 0  # (the same)
+            group = env.group_id
+            if env.delay:
+                visible_at = message.timestamp_ns + int(env.delay * 1e9)
+                if visible_at > now:
+                    wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
+                    if group is not None:
+                        close_run(offset)
+                        blocked.add(group)  # as ``consider``: nothing after it in its group goes first
+                    elif run_start < 0:
+                        run_start, run_wake = offset, visible_at
+                    else:
+                        run_wake = min(run_wake, visible_at)
+                    return 0
+            close_run(offset)
+            if group is not None and (group in blocked or group in taking):
+                return 0
+            if offset < far.start or not (wanted is None or filtering.matches(env.filters, wanted, enums)):
+                # (The look-ahead's own were offered under the hold, and not taken.)
+                if group is not None:
+                    blocked.add(group)
+                return 0
+            found.append(message)
+            if group is not None:
+                taking.add(group)  # one of a group at a time; not held back: it goes out
+            return -1 if len(found) >= max_messages else 0
+
+        with self._ahead_lock:  # the look-ahead's messages, for its runs (read ahead already)
+            ahead = self._ahead
+            first = ahead[0].offset if ahead else far.start
+            window = ahead[max(0, far.frontier - first) : max(0, far.start - first)]
+        position = far.frontier
+        for message in window:
+            if message.offset >= position and (position := step(message) or message.offset + 1) < 0:
+                break
+        else:
+            # On from the look-ahead's last message read (or all of it from the frontier, when
+            # another thread's receive has dropped it meanwhile).
+            scanner: Scanner | None = None
+            try:
+                while position >= 0:
+                    if scanner is None or scanner.offset != position:
+                        if scanner is not None:
+                            scanner.close()
+                        scanner = Scanner(self.topic.path, position)
+                    batch = scanner.read_batch()
+                    if not batch:
+                        close_run(position)
+                        break
+                    for message in batch:
+                        position = step(message) or message.offset + 1
+                        if position < 0 or position != message.offset + 1:
+                            break
+            except (OffsetOutOfRangeError, TruncatedError):
+                pass  # retention deleted what was to be read: a receive under the hold skips it
+            finally:
+                if scanner is not None:
+                    scanner.close()
+        if made or len(known) != len(self._asleep):
+            with self._asleep_lock:
+                cursor = self.state.cursor
+                runs = {run for run in self._asleep if run.wake > now and run.end > cursor}
+                self._asleep = sorted(runs.union(made))[:_ASLEEP_MOST]
+        return found, blocked, wake_at
 
     def _envelope(self, message: Message) -> Envelope:
         if message.type != envelope.ENVELOPE_TYPE:
@@ -1184,6 +1418,14 @@ class Channel:
             hidden = [o for o in state.inflight if o not in state.ready]
             candidates = list(state.candidates())
             frontier, dead = state.frontier, state.dead
+            # Dead letters that the dead-letter queue refused lately (as this process knows):
+            # kept, undelivered, until the move is tried again (``_send_dead``); not available.
+            max_count = moving_on_after(self.settings)
+            kept_back = (
+                {o for o in state.ready if state.receive_count(o) >= max_count}
+                if max_count is not None and now < self._retry_dead_letters_at
+                else set()
+            )
 
         kept_from = retention_horizon(self.settings, now)
 
@@ -1205,13 +1447,19 @@ class Channel:
         if hidden and (message := self.topic.message(min(hidden))) is not None:
             sent.append(message.timestamp_ns)
         available = delayed = 0
+        asleep, k = [run for run in self._asleep if run.wake > now], 0
         for offset in candidates:
+            while k < len(asleep) and asleep[k].end <= offset:
+                k += 1
+            if k < len(asleep) and asleep[k].start <= offset and (available or delayed):
+                delayed += 1  # in a run of delayed messages (``_Asleep``): not read again
+                continue
             message = self.topic.message(offset)
             if message is not None:
                 how = waiting(message)
                 if how is not None and not (available or delayed):
                     sent.append(message.timestamp_ns)
-                if how == "delayed":
+                if how == "delayed" or (how is not None and offset in kept_back):
                     delayed += 1
                 elif how is not None:
                     available += 1

@@ -1,0 +1,246 @@
+"""The file store's receive past its look-ahead (``channel._LOOK_AHEAD`` never-seen messages read
+per receive): an eligible message is found wherever it lies in the topic, behind any number of
+messages that this consumer cannot take now (filtered out, delayed, held back by their FIFO
+group), and later receives do not pay for every message skipped over on the way."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from journalq.errors import StorageError
+from journalq.queue import Broker
+from journalq.queue import channel as channel_module
+
+ENUMS = {"cls": ["low", "high"]}
+BEYOND = channel_module._LOOK_AHEAD + 200  # more ineligible messages than one look-ahead
+
+
+@pytest.fixture
+def broker(tmp_path: Path):
+    with Broker(tmp_path / "data", sync="none") as b:
+        yield b
+
+
+def test_a_filtered_consumer_finds_its_message_behind_a_look_ahead_of_others(broker: Broker) -> None:
+    q = broker.queue("tasks", enums=ENUMS)
+    q.send_many([{"body": b"low", "filters": {"cls": "low"}}] * BEYOND)
+    wanted = q.send(b"high", filters={"cls": "high"})
+    (got,) = q.receive(filters={"cls": ("high", "absolute")}, wait=0)
+    assert got.id == wanted and got.body == b"high"
+    # The others are all still there, in order, for a consumer that takes them.
+    taken = q.receive(10, filters={"cls": ("low", "absolute")}, wait=0)
+    assert [m.offset for m in taken] == list(range(10))
+
+
+def test_an_undelayed_message_goes_out_behind_a_look_ahead_of_delayed_ones(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"later", "delay": 600}] * BEYOND)
+    now = q.send(b"now")
+    (got,) = q.receive(wait=0)
+    assert got.id == now
+    assert q.receive(10, wait=0) == []
+    stats = q.stats()
+    assert (stats.available, stats.in_flight, stats.delayed) == (0, 1, BEYOND)
+
+
+def test_a_fifo_group_goes_on_while_another_has_a_look_ahead_queued(broker: Broker) -> None:
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"a%d" % i, "group_id": "A"} for i in range(BEYOND)])
+    q.send_many([{"body": b"b0", "group_id": "B"}, {"body": b"b1", "group_id": "B"}])
+    (a0,) = q.receive(wait=0)
+    assert a0.body == b"a0"
+    (b0,) = q.receive(wait=0)  # A's head is in flight: B goes on
+    assert b0.body == b"b0"
+    assert q.receive(10, wait=0) == []  # one of each group in flight at a time
+    q.delete(b0.receipt)
+    assert [m.body for m in q.receive(10, wait=0)] == [b"b1"]
+    q.delete(a0.receipt)
+    assert [m.body for m in q.receive(10, wait=0)] == [b"a1"]
+
+
+def test_a_delayed_group_head_past_the_look_ahead_still_holds_its_group(broker: Broker) -> None:
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"x", "delay": 600}] * BEYOND)
+    q.send(b"g1", group_id="g", delay=600)
+    q.send(b"g2", group_id="g")
+    q.send(b"h1", group_id="h")
+    assert [m.body for m in q.receive(10, wait=0)] == [b"h1"]
+
+
+def test_a_batch_takes_several_far_messages_and_another_process_sees_them(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"later", "delay": 600}] * BEYOND)
+    q.send_many([b"n0", b"n1", b"n2"])
+    got = q.receive(2, wait=0)
+    assert [m.body for m in got] == [b"n0", b"n1"]
+    with Broker(broker.root, sync="none") as other:
+        (third,) = other.queue("jobs").receive(10, wait=0)
+        assert third.body == b"n2"
+        assert other.queue("jobs").receive(10, wait=0) == []
+
+
+def test_messages_behind_a_far_delivery_keep_coming_cheaply(broker: Broker) -> None:
+    """After a delivery far past the frontier, the delayed messages skipped over are not read
+    again by every receive (each would cost a read of thousands of messages under the lock)."""
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"later", "delay": 600}] * (4 * BEYOND))
+    q.send_many([b"n%d" % i for i in range(20)])
+    assert [m.body for m in q.receive(wait=0)] == [b"n0"]
+    reads = []
+    real = q.topic.message
+
+    def counted(offset: int):
+        reads.append(offset)
+        return real(offset)
+
+    q.topic.message = counted  # type: ignore[method-assign]
+    for i in range(1, 20):
+        assert [m.body for m in q.receive(wait=0)] == [b"n%d" % i]
+    assert len(reads) < 20 * 10, f"{len(reads)} messages looked up for 19 receives"
+    assert q.receive(wait=0) == []
+    reads.clear()
+    stats = q.stats()  # nor by stats, which counts them
+    assert (stats.available, stats.in_flight, stats.delayed) == (0, 20, 4 * BEYOND)
+    assert len(reads) < 100, f"{len(reads)} messages looked up for stats"
+
+
+def test_delayed_messages_skipped_over_go_out_when_their_delay_ends(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"soon", "delay": 0.5}] * BEYOND)
+    q.send(b"now")
+    assert [m.body for m in q.receive(wait=0)] == [b"now"]
+    assert q.receive(wait=0) == []
+    time.sleep(0.55)
+    got = q.receive(10, wait=0)
+    assert [m.offset for m in got] == list(range(10))
+    seen = {m.offset for m in got}
+    while batch := q.receive(10, wait=0):
+        seen.update(m.offset for m in batch)
+    assert seen == set(range(BEYOND))
+
+
+def test_a_long_poll_wakes_for_a_message_sent_behind_a_look_ahead_of_delayed_ones(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"later", "delay": 600}] * BEYOND)
+    with Broker(broker.root, sync="none") as other:
+        timer = threading.Timer(0.3, lambda: other.queue("jobs").send(b"now"))
+        timer.start()
+        try:
+            started = time.monotonic()
+            got = q.receive(wait=5)
+        finally:
+            timer.join()
+    assert [m.body for m in got] == [b"now"] and time.monotonic() - started < 4
+
+
+# -- stats of dead letters kept back ----------------------------------------------------------
+
+
+def test_stats_do_not_count_dead_letters_kept_back_as_available(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message past max_receive_count whose move the dead-letter queue refused is kept,
+    undelivered, until the move is tried again: not available (a receive gives nothing)."""
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq", task_gc_interval=60)
+    q.send(b"poison")
+    (got,) = q.receive(visibility_timeout=0)
+    dlq_topic = broker.topic("jobs-dlq")
+
+    def refuse(items: object) -> list[str]:
+        raise StorageError("the disk is full")
+
+    monkeypatch.setattr(dlq_topic, "send_many", refuse)
+    assert q.receive(wait=0) == []  # the move is refused: kept here
+    stats = q.stats()
+    assert (stats.available, stats.in_flight, stats.delayed, stats.dead) == (0, 0, 1, 0)
+    assert stats.oldest_age is not None
+    monkeypatch.undo()
+    q.send(b"fine")  # (what comes after it goes on meanwhile)
+    assert q.stats().available == 1
+
+
+def test_consumers_of_two_brokers_share_the_far_messages_once_each(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"later", "delay": 600}] * BEYOND)
+    q.send_many([b"n%d" % i for i in range(60)])
+    seen: list[int] = []
+    with Broker(broker.root, sync="none") as other:
+        r = other.queue("jobs")
+        for _ in range(40):
+            for consumer in (q, r, q):
+                got = consumer.receive(2, wait=0)
+                seen += [m.offset for m in got]
+                consumer.delete_many([m.receipt for m in got[:1]])  # the second stays in flight
+    assert sorted(seen) == list(range(BEYOND, BEYOND + 60))
+
+
+def test_a_far_message_taken_by_another_process_during_the_scan_is_not_given_twice(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    q.send_many([{"body": b"later", "delay": 600}] * BEYOND)
+    q.send_many([b"n0", b"n1"])
+    with Broker(broker.root, sync="none") as other:
+        r = other.queue("jobs")
+        scan = q._scan_far
+        taken = []
+
+        def scan_then_lose_the_race(*args: object):
+            found = scan(*args)  # type: ignore[arg-type]
+            taken.extend(r.receive(wait=0))  # another process takes n0 between the scan and the hold
+            return found
+
+        q._scan_far = scan_then_lose_the_race  # type: ignore[method-assign]
+        got = q.receive(2, wait=0)
+        assert [m.body for m in taken] == [b"n0"]
+        assert [m.body for m in got] == [b"n1"]
+        assert r.receive(10, wait=0) == [] and q.receive(10, wait=0) == []
+
+
+# -- read ahead, then deleted by another process's retention ---------------------------------------
+
+
+def test_what_was_read_ahead_and_deleted_by_another_process_is_not_delivered(tmp_path: Path) -> None:
+    """Another process's gc deletes (retention by size) the segments that this consumer had read
+    ahead: the receive skips them, and gives no more than asked, each with a receipt that works.
+    (It gave the deleted messages, with receipts naming no delivery, and one more than asked.)"""
+    segment = 4096
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=segment, retention_bytes=3 * segment)
+        q.send_many([b"%03d" % i + b"x" * 97 for i in range(10)])
+        q.receive(2, visibility_timeout=60)  # the rest of the 10 read ahead
+        with Broker(tmp_path, sync="none") as other:
+            o = other.queue("jobs")
+            o.send_many([b"%03d" % i + b"x" * 97 for i in range(10, 400)])
+            assert o.topic.gc()
+        first = q.topic.first_offset()
+        assert first > 300
+        got = q.receive(10)
+        assert [m.offset for m in got] == list(range(first, first + 10))
+        assert q.delete_many([m.receipt for m in got]) == [None] * 10
+
+
+def test_a_redelivery_taken_before_retention_was_found_to_have_deleted_it_is_not_given(
+    tmp_path: Path,
+) -> None:
+    """Of the messages that come back, the first is still in the topic's cache and the next is
+    not, both deleted by another process's retention: the receive skips them both (it gave the
+    first, with a receipt naming no delivery)."""
+    segment = 4096
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", segment_size=segment, retention_bytes=3 * segment)
+        q.send_many([b"%03d" % i + b"x" * 97 for i in range(10)])
+        assert len(q.receive(10, visibility_timeout=0)) == 10  # all back at once
+        with Broker(tmp_path, sync="none") as other:
+            o = other.queue("jobs")
+            o.send_many([b"%03d" % i + b"x" * 97 for i in range(10, 400)])
+            assert o.topic.gc()
+        first = q.topic.first_offset()
+        real = q.topic.message
+        # The cache held message 0, and no longer the others (a cache of a few thousand).
+        q.topic.message = lambda offset: real(offset) if offset == 0 or offset >= first else None  # type: ignore[method-assign]
+        got = q.receive(10)
+        assert [m.offset for m in got] == list(range(first, first + 10))
+        assert q.delete_many([m.receipt for m in got]) == [None] * 10
