@@ -123,3 +123,20 @@ def test_a_number_too_large_for_a_float_is_a_setting_error(tmp_path: Path, setti
 
 def test_a_huge_size_is_a_size(tmp_path: Path) -> None:
     assert QueueSettings(segment_size=10**400).segment_size == 10**400  # no upper bound: nothing overflows
+
+
+def test_a_dead_letter_queue_made_again_by_a_move_is_of_its_sources_kind(store_root: Path | str) -> None:
+    """A move to a dead-letter queue deleted since it was named makes it again: a FIFO queue's as
+    a FIFO queue (made with default settings, it was standard, whose consumers ignore the groups
+    that its dead letters keep, and which no FIFO queue may name)."""
+    with Broker(store_root, sync="none") as broker:
+        broker.queue("dlq", fifo=True)
+        jobs = broker.queue("jobs", fifo=True, max_receive_count=1, dead_letter_queue="dlq")
+        broker.delete("dlq")
+        jobs.send(b"x", group_id="g")
+        jobs.release(jobs.receive(1)[0].receipt)
+        assert jobs.receive(1) == []  # moved to the dead-letter queue, made again
+        dlq = broker.queue("dlq", create=False)
+        assert dlq.settings.fifo
+        got = dlq.receive(1)
+        assert [(m.body, m.group_id) for m in got] == [(b"x", "g")]

@@ -71,7 +71,7 @@ from journalq.queue.envelope import (
     parse_message_id,
     resend,
 )
-from journalq.queue.settings import QueueSettings, check_number
+from journalq.queue.settings import QueueSettings, check_number, open_dead_letter_queue
 from journalq.queue.state import (
     ChannelState,
     Event,
@@ -1239,11 +1239,11 @@ class Channel:
         broker = self.topic.broker
         try:
             try:
-                broker.topic(queue_name).send_many(letters)
+                open_dead_letter_queue(broker.topic, queue_name, self.settings).send_many(letters)
             except QueueNotFoundError:
                 # Deleted by another process since this one opened it (the topic now knows): made
                 # again, as a missing one is, rather than failing this receive once.
-                broker.topic(queue_name).send_many(letters)
+                open_dead_letter_queue(broker.topic, queue_name, self.settings).send_many(letters)
         except (Error, OSError) as exc:
             interval = self.settings.task_gc_interval
             self._retry_dead_letters_at = time.time_ns() + int(interval * 1e9)

@@ -15,10 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from journalq.errors import InvalidNameError, InvalidSettingError, SettingsFileError, StorageError
+from journalq.errors import InvalidNameError, InvalidSettingError, QueueNotFoundError, SettingsFileError, StorageError
 from journalq.journal.recovery import fsync_dir, replace_file, write_temporary
+
+T = TypeVar("T")
 
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,79}$")
 MAX_NAME_LENGTH = 80
@@ -197,6 +199,17 @@ def check_dead_letter_kinds(
     if kind_changed or (before is None and after.fifo):
         for source, settings in sources_of(name):
             check_dead_letter_kind(source, settings, name, after)
+
+
+def open_dead_letter_queue(open_queue: Callable[..., T], name: str, settings: QueueSettings) -> T:
+    """``open_queue(name)`` (a store's ``topic`` or ``queue``), the dead-letter queue ``name`` of
+    a queue with ``settings``, made when missing (a move's way: named, then deleted since) of the
+    source's kind, as ``check_dead_letter_kind`` requires: made with default settings, a FIFO
+    queue's would be standard, whose consumers ignore the groups that its dead letters keep."""
+    try:
+        return open_queue(name, create=False)
+    except QueueNotFoundError:
+        return open_queue(name, **({"fifo": True} if settings.fifo else {}))
 
 SETTINGS_FILE = "queue.json"
 

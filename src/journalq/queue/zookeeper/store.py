@@ -90,7 +90,13 @@ from journalq.queue.channel import (
     receive_arguments,
 )
 from journalq.queue.envelope import Envelope, dead_letter_source, resend
-from journalq.queue.settings import QueueSettings, check_dead_letter_kinds, check_for_queue, check_name
+from journalq.queue.settings import (
+    QueueSettings,
+    check_dead_letter_kinds,
+    check_for_queue,
+    check_name,
+    open_dead_letter_queue,
+)
 from journalq.queue.topic import OutgoingMessage, Topic, message_list
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper.layout import (
@@ -1634,11 +1640,11 @@ class ZooKeeperQueue:
         receipts = [receipt(task, count) for task, _, count, _, _ in claimed]
         try:
             try:
-                broker.queue(target).send_many(letters)
+                open_dead_letter_queue(broker.queue, target, self.settings).send_many(letters)
             except QueueNotFoundError:
                 # Deleted by another process since this broker opened it (its topic now knows): made
                 # again, as a missing one is, rather than failing this receive (as on files).
-                broker.queue(target).send_many(letters)
+                open_dead_letter_queue(broker.queue, target, self.settings).send_many(letters)
         except StoreUnavailableError:
             raise
         except Error as exc:
