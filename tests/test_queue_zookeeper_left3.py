@@ -313,3 +313,26 @@ def test_a_batch_whose_connection_goes_as_a_chunk_settles_its_duplicates_says_wh
         monkeypatch.undo()
         stored = {m.id for m in q.receive(10, visibility_timeout=60)}
         assert stored <= set(raised.value.ids[:200]) and len(stored) == 10
+
+
+def test_stats_do_not_count_dead_letters_kept_back_as_available(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """As on files: a task past max_receive_count whose move the dead-letter queue refused is
+    kept, undelivered, until the move is tried again: not available (a receive gives nothing)."""
+    from journalq.errors import StorageError
+
+    q = broker.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq", task_gc_interval=60)
+    q.send(b"poison")
+    (got,) = q.receive(visibility_timeout=0)
+
+    def refuse(items: object) -> list[str]:
+        raise StorageError("the disk is full")
+
+    monkeypatch.setattr(broker.queue("jobs-dlq"), "send_many", refuse)
+    assert q.receive(wait=0) == []  # the move is refused: kept here
+    stats = q.stats()
+    assert (stats.available, stats.in_flight, stats.delayed, stats.dead) == (0, 0, 1, 0)
+    monkeypatch.undo()
+    q.send(b"fine")  # (what comes after it goes on meanwhile)
+    assert q.stats().available == 1

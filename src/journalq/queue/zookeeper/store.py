@@ -602,6 +602,11 @@ class ZooKeeperBroker(Closing):
         with self._lock:
             return topic.channel(DEFAULT_CHANNEL)
 
+    def queue_if_made(self, name: str) -> ZooKeeperQueue:
+        """The file store's ``Broker.queue_if_made``: here every queue is one with the channel
+        ``default`` (the store has no other), so ``queue(name, create=False)``."""
+        return self.queue(name, create=False)
+
     def configure(self, name: str, **changes: Any) -> QueueSettings:
         return self.topic(name, create=False, **changes).settings
 
@@ -1941,10 +1946,16 @@ class ZooKeeperQueue:
         with self._call("counting the messages of"):
             names = sorted(zk.get_children(paths.queue))
             now, live = _now_ms(), self._live()
+            # Dead letters that the dead-letter queue refused lately (as this handle knows): kept,
+            # undelivered, until the move is tried again (``_send_dead``); not available.
+            max_count = moving_on_after(self.settings) if time.monotonic() < self._retry_dead_letters_at else None
             available = in_flight = delayed = 0
             for _, entry, _ in self._entries(names):
                 if entry.available(now, live):
-                    available += 1
+                    if max_count is None or entry.count < max_count:
+                        available += 1
+                    else:
+                        delayed += 1
                 elif entry.by is None:
                     delayed += 1
                 else:
