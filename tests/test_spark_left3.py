@@ -1,0 +1,117 @@
+"""The exactly-once commit log's marks: a task's first run reads none of the log (an import of N
+tasks read it N times), and the marks never make a replay append twice: a log without them (an
+older journalq's), a rebuild cut short, a mark left without its record (no Spark session)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from journalq.journal import Message, Scanner  # noqa: E402
+from journalq.spark import writing  # noqa: E402
+from journalq.spark.targets import Target  # noqa: E402
+from journalq.spark.writing import COMMIT, CommitLog  # noqa: E402
+
+
+@pytest.fixture
+def decoded(monkeypatch):
+    """How many commit-log records were decoded."""
+    count = [0]
+    real = CommitLog._record
+
+    def counting(self, value, offset):
+        count[0] += 1
+        return real(self, value, offset)
+
+    monkeypatch.setattr(CommitLog, "_record", counting)
+    return count
+
+
+def rows_of(partition: int, n: int = 3) -> list[Message]:
+    return [Message(0, None, 0, b"", b"row %d of %d" % (i, partition)) for i in range(n)]
+
+
+def run_task(target: Target, query: str, batch: int, partition: int, rows: list[Message]) -> writing.TaskResult:
+    appender = writing.Appender(target, sync="none", segment_size=1 << 20)
+    try:
+        log = CommitLog(target, query)
+        return writing.append_exactly_once(appender, log, batch, partition, rows, [b""] * len(rows))
+    finally:
+        appender.close()
+
+
+def stored(target: Target) -> list[bytes]:
+    with Scanner(target.path, 0) as scanner:
+        return [m.value for m in scanner]
+
+
+def test_a_first_run_reads_none_of_the_log_and_a_retry_appends_nothing(tmp_path, decoded):
+    target = Target(tmp_path / "out", "journal")
+    for p in range(300):  # the tasks before: their intents
+        run_task(target, "import-1", 0, p, rows_of(p))
+    decoded[0] = 0
+    assert run_task(target, "import-1", 0, 300, rows_of(300)).appended == {"": [900, 3]}
+    assert decoded[0] == 0  # was 300 (every intent before, for every task: quadratic)
+    assert not run_task(target, "import-1", 0, 300, rows_of(300)).appended  # run again: read
+    assert decoded[0] > 0
+    writing.commit_batch(CommitLog(target, "import-1"), 0, [])
+    assert run_task(target, "import-1", 0, 7, rows_of(7)).skipped
+    assert sorted(stored(target)) == sorted(m.value for p in range(301) for m in rows_of(p))
+
+
+@pytest.mark.parametrize("damage", ["no marks (an older journalq)", "a rebuild cut short"])
+def test_marks_missing_are_made_again_from_the_log(tmp_path, damage):
+    target = Target(tmp_path / "out", "journal")
+    run_task(target, "q", 0, 0, rows_of(0))
+    writing.commit_batch(CommitLog(target, "q"), 0, [])
+    run_task(target, "q", 1, 0, rows_of(10))
+    run_task(target, "q", 1, 1, rows_of(11))
+    marks = CommitLog(target, "q").marks
+    if damage.startswith("no marks"):
+        shutil.rmtree(marks)
+    else:
+        (marks / "ready").unlink()
+        (marks / "t-1-1").unlink()
+        (marks / "c-0").unlink()
+    assert CommitLog(target, "q").committed(0)
+    assert run_task(target, "q", 0, 0, rows_of(0)).skipped
+    assert not run_task(target, "q", 1, 1, rows_of(11)).appended  # its intent found: not again
+    assert run_task(target, "q", 1, 2, rows_of(12)).appended
+    assert (marks / "ready").exists() and (marks / "t-1-1").exists()
+    assert sorted(stored(target)) == sorted(m.value for p in (0, 10, 11, 12) for m in rows_of(p))
+
+
+def test_a_mark_without_its_record_appends_the_rows_once(tmp_path):
+    """A run killed between its mark and its intent appended nothing: the next appends all."""
+    target = Target(tmp_path / "out", "journal")
+    run_task(target, "q", 0, 0, rows_of(0))
+    log = CommitLog(target, "q")
+    log._mark("t-0-1")
+    log._mark("c-0")  # a driver killed between the mark and the commit's record
+    assert not log.committed(0)
+    assert run_task(target, "q", 0, 1, rows_of(1)).appended
+    assert not run_task(target, "q", 0, 1, rows_of(1)).appended
+    assert sorted(stored(target)) == sorted(m.value for p in (0, 1) for m in rows_of(p))
+
+
+def test_a_commit_drops_its_tasks_marks_and_replays_still_skip(tmp_path, monkeypatch):
+    monkeypatch.setattr(CommitLog, "SEGMENT_SIZE", 4096)
+    monkeypatch.setattr(CommitLog, "KEEP_SEGMENTS", 2)
+    target = Target(tmp_path / "out", "journal")
+    for batch in range(40):
+        for p in range(3):
+            run_task(target, "q", batch, p, rows_of(100 * batch + p, 1))
+        writing.commit_batch(CommitLog(target, "q"), batch, [])
+    log = CommitLog(target, "q")
+    names = sorted(path.name for path in log.marks.iterdir())
+    assert not [n for n in names if n.startswith("t-")]  # every batch committed
+    kept = [int(n[2:]) for n in names if n.startswith("c-")]
+    assert 39 in kept and len(kept) < 40  # those whose records were trimmed went with them
+    for batch in kept:
+        assert log.committed(batch) and run_task(target, "q", batch, 1, rows_of(100 * batch + 1, 1)).skipped
+    assert len(stored(target)) == 120
+    log.append(COMMIT, {"k": "commit", "b": 40})  # a batch with no tasks' marks: nothing to drop
+    assert CommitLog(target, "q").committed(40)
