@@ -1,0 +1,32 @@
+"""Bugs of the journal's readers, locks and commands found by a third audit: each test here
+failed before its fix."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from journalq.errors import ScanTimeout
+from journalq.journal import Scanner, Writer
+
+
+def test_next_message_raises_scan_timeout_when_none_comes_in_time(tmp_path):
+    """``ScanTimeout`` was never raised: a following scanner's iteration ends quietly, and a
+    caller waiting for one message could not tell a timeout from the end."""
+    with Writer(tmp_path) as writer:
+        writer.append(b"first")
+    with Scanner(tmp_path, 0, timeout=0.2) as scanner:
+        assert scanner.next_message().value == b"first"
+        began = time.monotonic()
+        with pytest.raises(ScanTimeout, match=r"no new message within 0\.2 s") as caught:
+            scanner.next_message()
+        assert time.monotonic() - began >= 0.2
+        assert isinstance(caught.value, TimeoutError) and caught.value.offset == 1
+        with Writer(tmp_path) as writer:
+            writer.append(b"second")
+        assert scanner.next_message().value == b"second"  # it goes on after a timeout
+    with Scanner(tmp_path, 1) as scanner:  # not following: it waits no time at all
+        assert scanner.next_message().value == b"second"
+        with pytest.raises(ScanTimeout, match="end of the journal"):
+            scanner.next_message()
