@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from journalq.errors import ScanTimeout
+from journalq.errors import Error, OffsetOutOfRangeError, ScanTimeout
 from journalq.journal import Scanner, Writer
 
 
@@ -30,3 +30,14 @@ def test_next_message_raises_scan_timeout_when_none_comes_in_time(tmp_path):
         assert scanner.next_message().value == b"second"
         with pytest.raises(ScanTimeout, match="end of the journal"):
             scanner.next_message()
+
+
+@pytest.mark.parametrize("offset", [-1, -(2**70)])
+def test_a_negative_offset_is_a_bad_argument_not_out_of_range(tmp_path, offset):
+    """It raised ``OffsetOutOfRangeError``, which says the journal does not hold the offset (now,
+    or any more), and which callers catch to look again elsewhere."""
+    with Writer(tmp_path) as writer:
+        writer.append(b"x")
+    with pytest.raises(Error, match=f"offset must be an integer, 0 or more, not {offset}") as caught:
+        Scanner(tmp_path, offset)
+    assert not isinstance(caught.value, OffsetOutOfRangeError)

@@ -84,10 +84,9 @@ class Scanner(Closing):
         if not self.path.is_dir():
             raise JournalError("no journal directory here", file=self.path)
         if offset is not None:
-            # Any integer: a negative one is out of range, which callers look up (LookupError).
-            offset = check_integer("offset", offset, None)
-            if offset < 0:
-                raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
+            # A bad argument, not an offset out of range: callers catch that one to look again
+            # where the journal starts now, and no journal ever holds a negative offset.
+            offset = check_integer("offset", offset, 0)
         self._fd = -1
         self._closed = False
         self._segment: Segment = segment_at(self.path, 0)
