@@ -3,12 +3,16 @@ failed before its fix."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import pytest
 
 from journalq.errors import Error, OffsetOutOfRangeError, ScanTimeout
 from journalq.journal import Scanner, Writer
+from journalq.journal.lock import FileLock
+from journalq.journal.segment import lock_path
 
 
 def test_next_message_raises_scan_timeout_when_none_comes_in_time(tmp_path):
@@ -41,3 +45,33 @@ def test_a_negative_offset_is_a_bad_argument_not_out_of_range(tmp_path, offset):
     with pytest.raises(Error, match=f"offset must be an integer, 0 or more, not {offset}") as caught:
         Scanner(tmp_path, offset)
     assert not isinstance(caught.value, OffsetOutOfRangeError)
+
+
+def test_a_shared_writer_clears_a_dead_exclusive_writers_note_when_it_takes_the_lock(tmp_path):
+    """The note a killed exclusive writer left in jnl.lck stayed when a shared writer that was
+    open already took the lock for its appends: once the dead writer's pid was reused, a writer
+    that found the lock held (for one append) read the note and refused with a ``LockedError``
+    naming the dead holder, instead of waiting for the append."""
+    shared = Writer(tmp_path, shared=True)
+    try:
+        # What a killed exclusive writer leaves, its pid since reused by a live process (this one).
+        FileLock(lock_path(tmp_path)).write_note(f"exclusive writer, pid {os.getpid()}")
+        shared.append(b"after the exclusive writer died")
+        assert FileLock(lock_path(tmp_path)).read_note() == ""
+        opened: list[object] = []
+
+        def open_another() -> None:
+            try:
+                Writer(tmp_path, shared=True).close()
+                opened.append("opened")
+            except Error as exc:
+                opened.append(exc)
+
+        with shared.hold():  # another shared writer's append in progress
+            other = threading.Thread(target=open_another)
+            other.start()
+            time.sleep(0.2)
+        other.join(10)
+        assert opened == ["opened"]
+    finally:
+        shared.close()
