@@ -3,14 +3,17 @@ failed before its fix."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import threading
 import time
 
 import pytest
 
-from journalq.errors import Error, OffsetOutOfRangeError, ScanTimeout
+from journalq.errors import Error, JournalError, OffsetOutOfRangeError, ScanTimeout
 from journalq.journal import Scanner, Writer
+from journalq.journal.inspect import check
 from journalq.journal.lock import FileLock
 from journalq.journal.segment import lock_path
 
@@ -75,3 +78,48 @@ def test_a_shared_writer_clears_a_dead_exclusive_writers_note_when_it_takes_the_
         assert opened == ["opened"]
     finally:
         shared.close()
+
+
+def _at_once(call):
+    """What ``call`` returns or raises, which it must do within seconds (not block for ever)."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert outcome, "blocked"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("where", ["the only segment", "the last segment", "a segment before the last"])
+def test_a_fifo_with_a_segments_name_is_refused_without_blocking(tmp_path, where):
+    """open() of a FIFO waits for a writer to open its other end: a named pipe with a segment's
+    name blocked the opening of a writer, a scanner or ``check`` for ever."""
+    if where != "the only segment":
+        with Writer(tmp_path, segment_size=100) as writer:
+            writer.append_many([b"v" * 120] * 3)  # one message a segment: 0, 1, 2, then 3 empty
+    base = {"the only segment": 0, "the last segment": 3, "a segment before the last": 1}[where]
+    fifo = tmp_path / "jnl" / f"{base:016x}.jnl"
+    fifo.parent.mkdir(exist_ok=True)
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    try:
+        calls = [lambda: Scanner(tmp_path, base).read_batch()]
+        if where != "a segment before the last":  # a writer opens the last segment only
+            calls += [lambda: Writer(tmp_path).close(), lambda: Writer(tmp_path, shared=True).close()]
+        for call in calls:
+            error = _at_once(call)
+            assert isinstance(error, JournalError) and error.file == fifo, error
+            assert "not a segment: a special file has a segment's name" in str(error)
+        report = _at_once(lambda: check(tmp_path))
+        assert [(p.kind, p.file) for p in report.problems] == [("segment", fifo)]
+        assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it was
+    finally:
+        with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
