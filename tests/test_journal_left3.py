@@ -10,7 +10,9 @@ import threading
 import time
 
 import pytest
+from click.testing import CliRunner, Result
 
+from journalq.cli.main import cli
 from journalq.errors import Error, JournalError, OffsetOutOfRangeError, ScanTimeout
 from journalq.journal import Scanner, Writer
 from journalq.journal.inspect import check
@@ -123,3 +125,23 @@ def test_a_fifo_with_a_segments_name_is_refused_without_blocking(tmp_path, where
     finally:
         with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def run(*args: object) -> Result:
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_one_segment_is_not_said_segments(tmp_path):
+    """info and check said "1 segments" and "1 messages"."""
+    with Writer(tmp_path / "j") as writer:
+        writer.append(b"only")
+    info = run("info", tmp_path / "j", "--format", "table").stdout.splitlines()[0]
+    assert info.startswith(f"{tmp_path / 'j'}: 1 segment, 1 message (offsets 0-0; next 1)")
+    checked = run("check", tmp_path / "j", "--format", "table").stdout
+    assert checked == f"{tmp_path / 'j'}: ok; 1 segment, 1 message checked\n"
+    with Writer(tmp_path / "j", segment_size=10) as writer:
+        writer.append(b"two")  # the first segment is over its size: a second one
+    assert ": 2 segments, 2 messages" in run("info", tmp_path / "j", "--format", "table").stdout

@@ -638,6 +638,11 @@ def scan(
 # -- info -------------------------------------------------------------------------------------
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 segment``, ``2 segments``: for people."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _size(n: int) -> str:
     """A byte count for people: 512 B, 64.1 KiB, 1.8 MiB."""
     if n < 1024:
@@ -679,7 +684,7 @@ def _info_lines(journal: JournalInfo, directory: str | None) -> Iterator[dict[st
 def _info_table(journal: JournalInfo) -> Iterator[str]:
     offsets = f"offsets {journal.first_offset}-{journal.end_offset - 1}; " if journal.messages else ""
     yield (
-        f"{journal.path}: {len(journal.segments)} segments, {journal.messages} messages "
+        f"{journal.path}: {counted(len(journal.segments), 'segment')}, {counted(journal.messages, 'message')} "
         f"({offsets}next {journal.end_offset}), {_size(journal.size_bytes)}"
     )
     if journal.messages:
@@ -786,8 +791,9 @@ def _report_lines(report: CheckReport, directory: str | None, tabular: bool) -> 
                 }
             )
     if tabular:
-        verdict = "ok" if report.ok else f"{len(report.remaining)} problem(s) left"
-        yield f"{report.path}: {verdict}; {report.segments} segments, {report.messages} messages checked"
+        verdict = "ok" if report.ok else f"{counted(len(report.remaining), 'problem')} left"
+        checked = f"{counted(report.segments, 'segment')}, {counted(report.messages, 'message')}"
+        yield f"{report.path}: {verdict}; {checked} checked"
 
 
 @cli.command("check")
