@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -145,3 +149,39 @@ def test_one_segment_is_not_said_segments(tmp_path):
     with Writer(tmp_path / "j", segment_size=10) as writer:
         writer.append(b"two")  # the first segment is over its size: a second one
     assert ": 2 segments, 2 messages" in run("info", tmp_path / "j", "--format", "table").stdout
+
+
+def _output_until(process: subprocess.Popen, expected: bytes, seconds: float = 10) -> bytes:
+    """What ``process`` printed, once it printed ``expected`` (or ``seconds`` passed)."""
+    assert process.stdout is not None
+    fd, out, deadline = process.stdout.fileno(), b"", time.monotonic() + seconds
+    while not out.endswith(expected) and (left := deadline - time.monotonic()) > 0:
+        if select.select([fd], [], [], left)[0]:
+            if not (chunk := os.read(fd, 4096)):
+                break
+            out += chunk
+    return out
+
+
+def test_scan_follow_count_prints_the_count_as_it_changes(tmp_path, child_env):
+    """Following, --count printed nothing, ever: the count came once the scan ended, and a
+    scan that follows without a timeout ends only with Ctrl-C (quietly)."""
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append_many([b"a", b"b"])
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "journalq.cli.main", "scan", str(journal), "--follow", "--count"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
+    )
+    try:
+        assert _output_until(follower, b"2\n") == b"2\n"
+        with Writer(journal) as writer:
+            writer.append(b"c")
+        assert _output_until(follower, b"3\n") == b"3\n"
+    finally:
+        follower.send_signal(signal.SIGINT)
+        _, stderr = follower.communicate(timeout=20)
+    assert follower.returncode == 130, stderr
+    # With a timeout the last line is the count; nothing came: 0, once.
+    assert run("scan", journal, "--timeout", "0.1", "--count").stdout == "3\n"
+    assert run("scan", journal, "--from", "3", "--timeout", "0.1", "--count").stdout == "0\n"

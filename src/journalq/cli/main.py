@@ -590,7 +590,8 @@ def _named_batches(
 @click.option("--since", type=TIME, help="Only messages with timestamp >= TIME.")
 @click.option("--until", type=TIME, help="Only messages with timestamp < TIME.")
 @click.option("--type", "type_", type=click.IntRange(0, 255), help="Only messages of this type.")
-@click.option("--count", is_flag=True, help="Print only the number of matching messages.")
+@click.option("--count", is_flag=True, help="Print only the number of matching messages (following: the "
+              "number so far, each time it grows).")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (in every shard of a root).")
 @click.option("--timeout", type=_SecondsType(minimum=0), metavar="SECONDS",
               help="Follow, and stop after SECONDS with no new message (--follow: never stop).")
@@ -623,14 +624,20 @@ def scan(
     render = _RENDERERS[fmt]
     out = sys.stdout.buffer
     matched = 0
+    shown = None  # the count printed last
     for name, batch in _named_batches(directory, journals, start, follow, timeout):
         selected = batch if keep is None else [m for m in batch if keep(m)]
         matched += len(selected)
-        if selected and not count:
+        if not selected:
+            continue
+        if not count:
             out.write(render(selected, name))
-            if follow:
-                out.flush()
-    if count:
+        elif follow:  # the count so far: a scan that follows may end only with Ctrl-C
+            out.write(f"{matched}\n".encode())
+            shown = matched
+        if follow:
+            out.flush()
+    if count and matched != shown:
         out.write(f"{matched}\n".encode())
     out.flush()
 
