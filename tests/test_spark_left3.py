@@ -4,14 +4,18 @@ older journalq's), a rebuild cut short, a mark left without its record (no Spark
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import threading
 
 import pytest
 
 pytest.importorskip("pyspark")
 
-from journalq.journal import Message, Scanner  # noqa: E402
-from journalq.spark import writing  # noqa: E402
+from journalq.errors import JournalError  # noqa: E402
+from journalq.journal import Message, Scanner, Writer  # noqa: E402
+from journalq.spark import reading, writing  # noqa: E402
 from journalq.spark.targets import Target  # noqa: E402
 from journalq.spark.writing import COMMIT, CommitLog  # noqa: E402
 
@@ -115,3 +119,48 @@ def test_a_commit_drops_its_tasks_marks_and_replays_still_skip(tmp_path, monkeyp
     assert len(stored(target)) == 120
     log.append(COMMIT, {"k": "commit", "b": 40})  # a batch with no tasks' marks: nothing to drop
     assert CommitLog(target, "q").committed(40)
+
+
+# -- a named pipe with a segment's name --------------------------------------------------------
+
+
+def _at_once(call):
+    """What ``call`` returns or raises, which it must do within seconds (not block for ever)."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert outcome, "blocked"
+    return outcome[0]
+
+
+def test_planning_and_reading_refuse_a_fifo_with_a_segments_name(tmp_path):
+    """The planner (a range's bytes, its cuts) and the executors' reads opened segments with a
+    bare open(), which waits for ever on a named pipe: the query hung instead of failing."""
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 120] * 3)  # one message a segment: 0, 1, 2
+    fifo = tmp_path / "jnl" / f"{1:016x}.jnl"
+    fifo.unlink()
+    (tmp_path / "jnl" / f"{1:016x}.idx").unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    try:
+        calls = [
+            lambda: reading.range_bytes(str(tmp_path), 0, 3),
+            lambda: reading.split([reading.ShardRange("", str(tmp_path), 0, 3)], min_partitions=None,
+                                  max_partition_bytes=64),
+            lambda: list(reading.iter_columns(str(tmp_path), 1, 3)),
+        ]
+        for call in calls:
+            error = _at_once(call)
+            assert isinstance(error, JournalError) and error.file == fifo, error
+            assert "a special file has a segment's name" in str(error)
+    finally:
+        with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
