@@ -16,7 +16,7 @@ pytest.importorskip("pyspark")
 from journalq.errors import JournalError  # noqa: E402
 from journalq.journal import Message, Scanner, Writer  # noqa: E402
 from journalq.spark import reading, writing  # noqa: E402
-from journalq.spark.targets import Target  # noqa: E402
+from journalq.spark.targets import Target, for_writing  # noqa: E402
 from journalq.spark.writing import COMMIT, CommitLog  # noqa: E402
 
 
@@ -78,13 +78,13 @@ def test_marks_missing_are_made_again_from_the_log(tmp_path, damage):
         shutil.rmtree(marks)
     else:
         (marks / "ready").unlink()
-        (marks / "t-1-1").unlink()
+        (marks / "t-1-1-").unlink()
         (marks / "c-0").unlink()
     assert CommitLog(target, "q").committed(0)
     assert run_task(target, "q", 0, 0, rows_of(0)).skipped
     assert not run_task(target, "q", 1, 1, rows_of(11)).appended  # its intent found: not again
     assert run_task(target, "q", 1, 2, rows_of(12)).appended
-    assert (marks / "ready").exists() and (marks / "t-1-1").exists()
+    assert (marks / "ready").exists() and (marks / "t-1-1-").exists()
     assert sorted(stored(target)) == sorted(m.value for p in (0, 10, 11, 12) for m in rows_of(p))
 
 
@@ -93,7 +93,7 @@ def test_a_mark_without_its_record_appends_the_rows_once(tmp_path):
     target = Target(tmp_path / "out", "journal")
     run_task(target, "q", 0, 0, rows_of(0))
     log = CommitLog(target, "q")
-    log._mark("t-0-1")
+    log._mark("t-0-1-")
     log._mark("c-0")  # a driver killed between the mark and the commit's record
     assert not log.committed(0)
     assert run_task(target, "q", 0, 1, rows_of(1)).appended
@@ -164,3 +164,26 @@ def test_planning_and_reading_refuse_a_fifo_with_a_segments_name(tmp_path):
     finally:
         with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_task_appending_to_many_shards_reads_none_of_the_log(tmp_path, decoded):
+    """A mark per task only would send a run to read the whole log from its second shard on
+    (its own intent on the first marks the task): an import into a sharded root was quadratic
+    still. A run of the same task elsewhere (speculation) is seen on the shards it reached."""
+    target = for_writing(str(tmp_path / "root"), shard_bit=3)
+    rows = [Message(0, None, 0, b"key %d" % i, b"row %d" % i) for i in range(64)]
+    keys = [m.key for m in rows]
+
+    def task(partition: int, rows: list[Message], keys: list[bytes]) -> writing.TaskResult:
+        appender = writing.Appender(target, sync="none", segment_size=1 << 20)
+        try:
+            return writing.append_exactly_once(appender, CommitLog(target, "import-1"), 0, partition, rows, keys)
+        finally:
+            appender.close()
+
+    for p in range(1, 100):
+        task(p, [Message(0, None, 0, b"k%d" % p, b"other %d" % p)], [b"k%d" % p])
+    decoded[0] = 0
+    assert len(task(0, rows, keys).appended) == 8
+    assert decoded[0] == 0
+    assert not task(0, rows, keys).appended  # run again: it reads, and appends nothing

@@ -275,12 +275,13 @@ def digest(messages: Iterable[Message]) -> str:
 class CommitLog:
     """The commit journal of one query (or write id) on one target.
 
-    Beside its ``jnl/``, ``marks/`` says with empty files which tasks (``t-BATCH-PARTITION``) and
-    which batches' commits (``c-BATCH``) may have records in it. Each mark is on stable storage
-    before the record it stands for is appended, so that a task with no mark (the first run of
-    every task) knows without reading the log that it appended nothing, and a batch with no mark
-    that it is not committed: only a task run again reads the log, and an import of N tasks no
-    longer reads it N times. A mark without its record (a crash in between) only costs a read.
+    Beside its ``jnl/``, ``marks/`` says with empty files which tasks' intents on which shards
+    (``t-BATCH-PARTITION-SHARD``) and which batches' commits (``c-BATCH``) may have records in
+    it. Each mark is on stable storage before the record it stands for is appended, so that a
+    task with no mark (the first run of every task) knows without reading the log that it
+    appended nothing there, and a batch with no mark that it is not committed: only a task run
+    again reads the log, and an import of N tasks no longer reads it N times. A mark without its
+    record (a crash in between) only costs a read.
     The marks are a function of the log: ``marks/ready`` says that they cover it; without it (a
     log that an older journalq wrote, marks deleted, a rebuild cut short) they are made again
     from the log, read once.
@@ -321,11 +322,13 @@ class CommitLog:
         self._read = (since_batch, high, out)
         return list(out)
 
-    def task_records(self, batch: int, partition: int) -> list[dict]:
-        """``records(batch)`` as task ``partition`` of ``batch`` needs them: none, and the log not
-        read, when neither the task nor the batch's commit is marked (no record of either is in
-        it; the other tasks' intents only bound this task's own)."""
-        if self._marked(f"t-{batch}-{partition}") or self._marked(f"c-{batch}"):
+    def task_records(self, batch: int, partition: int, shard: str) -> list[dict]:
+        """``records(batch)`` as task ``partition`` of ``batch`` needs them to append to ``shard``:
+        none, and the log not read, when neither the task's intents there nor the batch's commit
+        are marked (no record of either is in it; the other tasks' intents only bound this task's
+        own). Per shard: a run's own intent on one shard does not send it to read the log for
+        the next one, yet another run of the task (Spark's speculation) is seen."""
+        if self._marked(f"t-{batch}-{partition}-{shard}") or self._marked(f"c-{batch}"):
             return self.records(batch)
         return []
 
@@ -458,7 +461,7 @@ class CommitLog:
 def _mark_of(record: dict) -> str | None:
     """The name of the mark that stands for a record of the commit log (None: no mark)."""
     if record.get("k") == "intent":
-        return f"t-{record['b']}-{record['p']}"
+        return f"t-{record['b']}-{record['p']}-{record.get('s', '')}"
     if record.get("k") == "commit":
         return f"c-{record['b']}"
     return None
@@ -569,7 +572,7 @@ def append_exactly_once(
         expected = digest(group)
         writer = appender.writer(shard, path)
         with writer.hold():  # no other writer appends to this shard until the intent is kept
-            records = log.task_records(batch_id, partition)
+            records = log.task_records(batch_id, partition, shard)
             if log.committed(batch_id, records):
                 result.skipped = True
                 return result
