@@ -187,3 +187,36 @@ def test_a_task_appending_to_many_shards_reads_none_of_the_log(tmp_path, decoded
     assert len(task(0, rows, keys).appended) == 8
     assert decoded[0] == 0
     assert not task(0, rows, keys).appended  # run again: it reads, and appends nothing
+
+
+# -- Trigger.AvailableNow and a shard made meanwhile ---------------------------------------------
+
+
+def test_available_now_reads_nothing_of_a_shard_made_since_and_does_not_go_back(tmp_path):
+    """A shard made after prepareForTriggerAvailableNow was capped at offset 0: one that starts
+    past 0 (a hub's copy, a shard whose old segments retention deleted) was planned at its first
+    offset, then at 0, and the query failed with "shard ... went back" (DataLossError)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalStreamReader
+
+    root = tmp_path / "root"
+    with Writer(root / "e.1.000") as writer:
+        writer.append_many([b"a", b"b"])
+    reader = JournalStreamReader({"path": str(root)}, SCHEMA)
+    start = reader.initialOffset()
+    assert start == {"e.1.000": 2}
+    reader.prepareForTriggerAvailableNow()
+    with Writer(root / "e.1.000") as writer:
+        writer.append(b"after prepare")
+    late = root / "e.1.001"
+    (late / "jnl").mkdir(parents=True)
+    (late / "jnl" / f"{100:016x}.jnl").touch()  # a copy that starts at offset 100
+    with Writer(late) as writer:
+        writer.append_many([b"x", b"y"])
+    for _ in range(2):
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert end == {"e.1.000": 2, "e.1.001": 100}
+        assert sum(p.range.count for p in reader.partitions(start, end)) == 0
+        start = end
