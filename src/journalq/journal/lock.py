@@ -6,6 +6,7 @@ and a process that created a new one both believe they hold the lock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -61,7 +62,9 @@ class FileLock:
                     # A note is its holder's, and the holder is gone (or we could not hold the
                     # lock): one left by a killed writer would name it to every process refused
                     # later, and once its pid is reused, an exclusive writer that is not there.
-                    os.ftruncate(fd, 0)
+                    # (One that cannot be cleared, an append-only file's, is no reason to refuse.)
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, 0)
                 self.held = True
                 return True
             self._close_fd()
