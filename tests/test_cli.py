@@ -450,7 +450,7 @@ def test_check_of_a_root_checks_every_shard(vectors: Path) -> None:
     assert run("check", vectors / "sharded", "--repair").exit_code == 0
     result = run("check", vectors / "sharded", "--format", "table")
     assert result.exit_code == 0
-    assert result.stdout.count(": ok; 1 segments") == 4
+    assert result.stdout.count(": ok; 1 segment,") == 4
 
 
 def damage_middle_segment(journal: Path) -> Path:

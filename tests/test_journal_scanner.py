@@ -14,7 +14,7 @@ from unittest import mock
 
 import pytest
 
-from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, TruncatedError
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal import scanner as scanner_module
 from journalq.journal.codec import encode
@@ -356,7 +356,7 @@ def test_scanner_arguments(tmp_path):
     assert scan_all(tmp_path) == []  # an empty directory: an empty journal
     with pytest.raises(OffsetOutOfRangeError, match="past the end of an empty journal"):
         Scanner(tmp_path, 1)
-    with pytest.raises(OffsetOutOfRangeError, match="negative"):
+    with pytest.raises(Error, match="offset must be an integer, 0 or more, not -1"):
         Scanner(tmp_path, -1)
 
 

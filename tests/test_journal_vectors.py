@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from journalq.errors import Error
 from journalq.journal import (
     ZERO_TIMESTAMP,
     Message,
@@ -133,8 +134,9 @@ def test_seek_past_the_end_is_refused(copy_vector, expected_plain):
     path = copy_vector("plain")
     with pytest.raises(OffsetOutOfRangeError, match="past the end"):
         Scanner(path, offset=len(expected_plain) + 1)
-    with pytest.raises(OffsetOutOfRangeError):
+    with pytest.raises(Error, match="0 or more") as refused:  # a bad argument, not out of range
         Scanner(path, offset=-1)
+    assert not isinstance(refused.value, OffsetOutOfRangeError)
 
 
 READ_ONLY_SEEKS = textwrap.dedent(

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from journalq.cli.main import counted
 from journalq.journal.codec import Message
 from journalq.journal.inspect import describe
 from journalq.journal.offsets import ReaderOffset, read_offset
@@ -85,8 +86,8 @@ def run_demo(path: Path, count: int = 5000) -> Iterator[str]:
 
     journal = describe(path)
     yield (
-        f"wrote {count} messages to {path} (offsets {start}-{start + count - 1}) in {elapsed:.2f} s; "
-        f"the journal now holds {journal.messages} messages in {len(journal.segments)} segments"
+        f"wrote {counted(count, 'message')} to {path} (offsets {start}-{start + count - 1}) in {elapsed:.2f} s; "
+        f"the journal now holds {counted(journal.messages, 'message')} in {counted(len(journal.segments), 'segment')}"
     )
     seen = follower.latencies_ns
     latency = f"; latency median {_ms(statistics.median(seen))}, max {_ms(max(seen))}" if seen else ""

@@ -590,7 +590,8 @@ def _named_batches(
 @click.option("--since", type=TIME, help="Only messages with timestamp >= TIME.")
 @click.option("--until", type=TIME, help="Only messages with timestamp < TIME.")
 @click.option("--type", "type_", type=click.IntRange(0, 255), help="Only messages of this type.")
-@click.option("--count", is_flag=True, help="Print only the number of matching messages.")
+@click.option("--count", is_flag=True, help="Print only the number of matching messages (following: the "
+              "number so far, each time it grows).")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages (in every shard of a root).")
 @click.option("--timeout", type=_SecondsType(minimum=0), metavar="SECONDS",
               help="Follow, and stop after SECONDS with no new message (--follow: never stop).")
@@ -623,19 +624,30 @@ def scan(
     render = _RENDERERS[fmt]
     out = sys.stdout.buffer
     matched = 0
+    shown = None  # the count printed last
     for name, batch in _named_batches(directory, journals, start, follow, timeout):
         selected = batch if keep is None else [m for m in batch if keep(m)]
         matched += len(selected)
-        if selected and not count:
+        if not selected:
+            continue
+        if not count:
             out.write(render(selected, name))
-            if follow:
-                out.flush()
-    if count:
+        elif follow:  # the count so far: a scan that follows may end only with Ctrl-C
+            out.write(f"{matched}\n".encode())
+            shown = matched
+        if follow:
+            out.flush()
+    if count and matched != shown:
         out.write(f"{matched}\n".encode())
     out.flush()
 
 
 # -- info -------------------------------------------------------------------------------------
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 segment``, ``2 segments``: for people."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _size(n: int) -> str:
@@ -679,7 +691,7 @@ def _info_lines(journal: JournalInfo, directory: str | None) -> Iterator[dict[st
 def _info_table(journal: JournalInfo) -> Iterator[str]:
     offsets = f"offsets {journal.first_offset}-{journal.end_offset - 1}; " if journal.messages else ""
     yield (
-        f"{journal.path}: {len(journal.segments)} segments, {journal.messages} messages "
+        f"{journal.path}: {counted(len(journal.segments), 'segment')}, {counted(journal.messages, 'message')} "
         f"({offsets}next {journal.end_offset}), {_size(journal.size_bytes)}"
     )
     if journal.messages:
@@ -786,8 +798,9 @@ def _report_lines(report: CheckReport, directory: str | None, tabular: bool) -> 
                 }
             )
     if tabular:
-        verdict = "ok" if report.ok else f"{len(report.remaining)} problem(s) left"
-        yield f"{report.path}: {verdict}; {report.segments} segments, {report.messages} messages checked"
+        verdict = "ok" if report.ok else f"{counted(len(report.remaining), 'problem')} left"
+        checked = f"{counted(report.segments, 'segment')}, {counted(report.messages, 'message')}"
+        yield f"{report.path}: {verdict}; {checked} checked"
 
 
 @cli.command("check")

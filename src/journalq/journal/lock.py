@@ -6,6 +6,7 @@ and a process that created a new one both believe they hold the lock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -55,7 +56,15 @@ class FileLock:
             # The file may have been deleted (sej's writer deletes it on close) or replaced: a
             # lock on an unlinked file guards nothing, so take the lock again on the file the
             # path names now. (One fstat: cheaper than comparing with a stat of the path.)
-            if os.fstat(fd).st_nlink > 0:
+            status = os.fstat(fd)
+            if status.st_nlink > 0:
+                if status.st_size:
+                    # A note is its holder's, and the holder is gone (or we could not hold the
+                    # lock): one left by a killed writer would name it to every process refused
+                    # later, and once its pid is reused, an exclusive writer that is not there.
+                    # (One that cannot be cleared, an append-only file's, is no reason to refuse.)
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, 0)
                 self.held = True
                 return True
             self._close_fd()
@@ -66,7 +75,8 @@ class FileLock:
         self.held = False
 
     def write_note(self, note: str) -> None:
-        """Say in the lock file who holds it, for the error that a refused process prints."""
+        """Say in the lock file who holds it, for the error that a refused process prints. The
+        next process to take the lock clears it (see ``try_acquire``)."""
         fd = self._open()
         os.ftruncate(fd, 0)
         os.pwrite(fd, note.encode(), 0)

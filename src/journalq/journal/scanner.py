@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, ScanTimeout, TruncatedError
 from journalq.journal import index
 from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
@@ -65,6 +65,8 @@ class Scanner(Closing):
     ``timeout``) it waits for new messages, across new segments, and ends only once ``timeout``
     seconds pass with no new message (never, when ``timeout`` is None). Iterating again after an
     end resumes where the scanner stopped. ``offset`` is always the offset of the next message.
+    ``next_message`` waits for one message the same way, and raises ``ScanTimeout`` where the
+    iteration would end.
     """
 
     def __init__(
@@ -82,10 +84,9 @@ class Scanner(Closing):
         if not self.path.is_dir():
             raise JournalError("no journal directory here", file=self.path)
         if offset is not None:
-            # Any integer: a negative one is out of range, which callers look up (LookupError).
-            offset = check_integer("offset", offset, None)
-            if offset < 0:
-                raise OffsetOutOfRangeError(f"offset {offset} is negative", file=self.path)
+            # A bad argument, not an offset out of range: callers catch that one to look again
+            # where the journal starts now, and no journal ever holds a negative offset.
+            offset = check_integer("offset", offset, 0)
         self._fd = -1
         self._closed = False
         self._segment: Segment = segment_at(self.path, 0)
@@ -136,6 +137,21 @@ class Scanner(Closing):
         out = self._batch[self._i : self._i + max_messages]
         self._i += len(out)
         return out
+
+    def next_message(self) -> Message:
+        """The next message, waiting as the iteration does. Where the iteration would end, raises
+        ``ScanTimeout``: ``timeout`` seconds passed with no new message, or (a scanner that does
+        not follow: it waits no time) the end of the journal was reached. The scanner goes on
+        from there when called again, as sej's does after its ``ErrTimeout``."""
+        batch = self.read_batch(1)
+        if not batch:
+            if self.follow:
+                assert self.timeout is not None  # else read_batch waits for ever
+                reason = f"no new message within {self.timeout:g} s"
+            else:
+                reason = "no new message: the end of the journal (the scanner does not follow)"
+            raise ScanTimeout(reason, file=self.path, offset=self.offset)
+        return batch[0]
 
     def close(self) -> None:
         """Close the segment and the watch; ``offset`` still says where the scanner stopped.

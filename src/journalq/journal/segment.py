@@ -7,10 +7,12 @@ index, ``%016x.idx``, which sej ignores (it only reads ``*.jnl``).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
 from dataclasses import dataclass
+from fcntl import F_SETFL, fcntl
 from itertools import accumulate
 from pathlib import Path
 
@@ -131,20 +133,29 @@ def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:
 def open_segment(segment: Segment, flags: int = os.O_RDONLY) -> int:
     """``os.open`` of a segment file (``FileNotFoundError`` when it is gone), refusing with a
     ``JournalError`` naming it what has a segment's name but is no file: a directory would fail
-    later with a bare ``IsADirectoryError``, or be read as an empty segment."""
+    later with a bare ``IsADirectoryError``, or be read as an empty segment, and the open of a
+    named pipe would wait for ever for the other end (it is opened ``O_NONBLOCK``, then looked
+    at)."""
     try:
-        fd = os.open(segment.path, flags | os.O_CLOEXEC, 0o644)
+        fd = os.open(segment.path, flags | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except IsADirectoryError:
         raise not_a_file(segment, "a directory") from None
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:
+            raise
+        raise not_a_file(segment, "a special file") from None  # a pipe opened to write, no reader
     try:
         mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            # F_SETFL keeps the access mode and creation flags: this clears O_NONBLOCK only
+            # (which a regular file ignores on Linux, not everywhere).
+            fcntl(fd, F_SETFL, flags)
+            return fd
     except BaseException:
         os.close(fd)
         raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise not_a_file(segment, "a directory" if stat.S_ISDIR(mode) else "a special file")
-    return fd
+    os.close(fd)
+    raise not_a_file(segment, "a directory" if stat.S_ISDIR(mode) else "a special file")
 
 
 def not_a_file(segment: Segment, what: str) -> JournalError:

@@ -32,6 +32,7 @@ from journalq.journal.segment import (
     framed_at,
     gap_reason,
     journal_dir,
+    open_segment,
     scan_segment,
     segment_at,
     segment_bases,
@@ -96,7 +97,7 @@ def _spans(path: str, start: int, end: int) -> list[tuple[int | None, int, int, 
             continue
         segment = segment_at(path, base)
         try:
-            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_segment(segment)
         except FileNotFoundError:
             out.append((None, low, high, (high - low) * OVERHEAD))
             continue
@@ -134,7 +135,7 @@ def _offsets_within(path: str, base: int | None, low: int, high: int, budgets: l
     message where the segment is gone."""
     segment = None if base is None else segment_at(path, base)
     try:
-        fd = -1 if segment is None else os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = -1 if segment is None else open_segment(segment)
     except FileNotFoundError:
         fd = -1
     if segment is None or fd < 0:
@@ -334,7 +335,7 @@ def iter_columns(
             which = bisect_right(bases, next_offset) - 1
             segment = segment_at(path, bases[which])
             try:
-                fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = open_segment(segment)
             except FileNotFoundError:
                 continue  # deleted between listing and opening: look again
             position, offset = seek(fd, segment, next_offset)

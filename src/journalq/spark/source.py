@@ -423,7 +423,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = self._ends()
         self._durable(ends, start or {})
         if self._available_now is not None:
-            ends = {s: min(e, self._available_now.get(s, 0)) for s, e in ends.items()}
+            ends = {s: min(e, self._available_now_end(s, start)) for s, e in ends.items()}
         if start is None:  # Spark before 4.2: no admission control
             return ends
         current = dict(start)
@@ -448,6 +448,17 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             available = allocate(available, max_rows)
         self._last_trigger = time.monotonic()
         return {s: current[s] + available[s] for s in current}
+
+    def _available_now_end(self, shard: str, start: dict | None) -> int:
+        """Where Trigger.AvailableNow stops reading ``shard``: its end when it was prepared. A
+        shard made since had nothing then: it stops where it starts (not at 0, which would go
+        back from a shard that starts past 0: a hub's copy, one whose first segments are deleted)."""
+        assert self._available_now is not None
+        if shard in self._available_now:
+            return self._available_now[shard]
+        if start is not None and shard in start:
+            return start[shard]
+        return reading.first_offset(_shard_path(self.options, shard))
 
     def _limits(self, limit) -> tuple[int | None, int | None]:
         if ReadAllAvailable is None or limit is None or isinstance(limit, ReadAllAvailable):

@@ -14,7 +14,9 @@ its (batch, partition, shard), the offset the append starts at, how many message
 of them, all under the shard's writer lock. The driver then records the batch as *committed*. A
 task that Spark runs again for the same batch (after a crash, a retry, a restart from the
 checkpoint) finds the batch committed, or finds its intents and checks the messages at their
-offsets against its rows, and appends only what is not there (see ``_not_appended_yet``).
+offsets against its rows, and appends only what is not there (see ``_not_appended_yet``). Only a
+task run again reads the log: empty files beside it mark the tasks and commits it holds records of
+(see ``CommitLog``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from pathlib import Path
 
 from journalq.errors import ZERO_TIMESTAMP, CorruptionError, Error, InvalidMessageError, OffsetOutOfRangeError
 from journalq.journal import Message, Scanner, Writer
-from journalq.journal.offsets import end_offset
+from journalq.journal.offsets import end_offset, first_offset
+from journalq.journal.recovery import fsync_dir, make_dirs
 from journalq.journal.segment import list_segments, remove_segment, segment_bases
 from journalq.shard.naming import shard_name, shard_of
 from journalq.spark.targets import Target
@@ -270,7 +273,19 @@ def digest(messages: Iterable[Message]) -> str:
 
 
 class CommitLog:
-    """The commit journal of one query (or write id) on one target."""
+    """The commit journal of one query (or write id) on one target.
+
+    Beside its ``jnl/``, ``marks/`` says with empty files which tasks' intents on which shards
+    (``t-BATCH-PARTITION-SHARD``) and which batches' commits (``c-BATCH``) may have records in
+    it. Each mark is on stable storage before the record it stands for is appended, so that a
+    task with no mark (the first run of every task) knows without reading the log that it
+    appended nothing there, and a batch with no mark that it is not committed: only a task run
+    again reads the log, and an import of N tasks no longer reads it N times. A mark without its
+    record (a crash in between) only costs a read.
+    The marks are a function of the log: ``marks/ready`` says that they cover it; without it (a
+    log that an older journalq wrote, marks deleted, a rebuild cut short) they are made again
+    from the log, read once.
+    """
 
     SEGMENT_SIZE = 1 << 20
     KEEP_SEGMENTS = 4  # older segments go: a replay only ever needs the last batch's records
@@ -282,11 +297,13 @@ class CommitLog:
 
     def __init__(self, target: Target, query_id: str) -> None:
         self.path = target.commits_dir / log_name(query_id)
+        self.marks = self.path / "marks"
         self.query_id = query_id
         # What ``records`` last read: (since_batch, the offset it read up to, the records). The
         # log is only appended to, so a later call reads only what came since: a task that
         # appends to many shards (a writeId import's) reads the log once, not once a shard.
         self._read: tuple[int, int, list[dict]] | None = None
+        self._marks_ready = False
 
     def records(self, since_batch: int) -> list[dict]:
         """The records of batches ``since_batch`` and later, read backward from the end until an
@@ -304,6 +321,16 @@ class CommitLog:
             out = self._read_back(since_batch, high)
         self._read = (since_batch, high, out)
         return list(out)
+
+    def task_records(self, batch: int, partition: int, shard: str) -> list[dict]:
+        """``records(batch)`` as task ``partition`` of ``batch`` needs them to append to ``shard``:
+        none, and the log not read, when neither the task's intents there nor the batch's commit
+        are marked (no record of either is in it; the other tasks' intents only bound this task's
+        own). Per shard: a run's own intent on one shard does not send it to read the log for
+        the next one, yet another run of the task (Spark's speculation) is seen."""
+        if self._marked(f"t-{batch}-{partition}-{shard}") or self._marked(f"c-{batch}"):
+            return self.records(batch)
+        return []
 
     def _read_back(self, since_batch: int, high: int) -> list[dict]:
         out: list[dict] = []
@@ -356,18 +383,106 @@ class CommitLog:
         return record
 
     def append(self, kind: int, record: dict) -> None:
+        mark = _mark_of(record)
+        if mark is not None:
+            self._mark(mark)  # before the record: a record is never there without its mark
         with Writer(self.path, shared=True, sync=self.SYNC, segment_size=self.SEGMENT_SIZE) as writer:
             writer.append(json.dumps(record, separators=(",", ":")).encode(), type=kind)
         if kind == COMMIT:
-            self._trim()
+            self._trim(record["b"])
 
-    def _trim(self) -> None:
+    def _trim(self, batch: int) -> None:
         for segment in list_segments(self.path)[: -self.KEEP_SEGMENTS]:
             remove_segment(segment)
+        try:
+            names = os.listdir(self.marks)
+        except FileNotFoundError:
+            return
+        committed = {name[2:] for name in names if name.startswith("c-")}
+        oldest = self._oldest_batch()
+        for name in names:
+            kind, _, rest = name.partition("-")
+            number = rest.partition("-")[0]
+            if not number.isdigit():
+                continue
+            # A committed batch's tasks are sent to the log by its commit's mark; a commit the log
+            # no longer holds (its segments trimmed) would not be found there either.
+            if (kind == "t" and int(number) <= batch and number in committed) or (
+                kind == "c" and oldest is not None and int(number) < oldest
+            ):
+                (self.marks / name).unlink(missing_ok=True)
+
+    def _oldest_batch(self) -> int | None:
+        """The batch of the oldest record the log holds (None when it cannot say)."""
+        found = _messages_at(self.path, first_offset(self.path), 1)
+        if not found:
+            return None
+        batch = self._record(found[0].value, found[0].offset).get("b")
+        return batch if isinstance(batch, int) else None
+
+    def _mark(self, name: str) -> None:
+        """Make the mark ``name``, its directory entry on stable storage when this returns."""
+        self._ready_marks()
+        _touch(self.marks / name)
+        fsync_dir(self.marks)  # also when it was there: made by a run killed before its sync
+
+    def _marked(self, name: str) -> bool:
+        """Whether the mark ``name`` is there (never, in a log with no records yet)."""
+        if not (self.path / "jnl").is_dir():
+            return False
+        self._ready_marks()
+        return os.path.exists(self.marks / name)
+
+    def _ready_marks(self) -> None:
+        """Make the marks cover the log, from the log itself when ``marks/ready`` is missing."""
+        if self._marks_ready:
+            return
+        ready = self.marks / "ready"
+        if not ready.exists():
+            make_dirs(self.marks, durable=True)
+            # Records appended meanwhile are marked by their writers: reading to the end now
+            # covers the others.
+            names = {_mark_of(self._record(m.value, m.offset)) for m in _all_messages(self.path)}
+            for name in names - {None}:
+                _touch(self.marks / name)
+            fsync_dir(self.marks)  # the marks, then the word that they are all there
+            _touch(ready)
+            fsync_dir(self.marks)
+        self._marks_ready = True
 
     def committed(self, batch: int, records: list[dict] | None = None) -> bool:
-        records = self.records(batch) if records is None else records
+        if records is None:
+            if not self._marked(f"c-{batch}"):
+                return False  # a commit's record is never there without its mark
+            records = self.records(batch)
         return any(r.get("k") == "commit" and r.get("b") == batch for r in records)
+
+
+def _mark_of(record: dict) -> str | None:
+    """The name of the mark that stands for a record of the commit log (None: no mark)."""
+    if record.get("k") == "intent":
+        return f"t-{record['b']}-{record['p']}-{record.get('s', '')}"
+    if record.get("k") == "commit":
+        return f"c-{record['b']}"
+    return None
+
+
+def _touch(file: Path) -> None:
+    os.close(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def _all_messages(path: Path) -> Iterator[Message]:
+    """Every message of the journal at ``path``, from the oldest still stored (from the oldest
+    again when a trim deletes what was to be read next)."""
+    if not (path / "jnl").is_dir():
+        return
+    while True:
+        try:
+            with Scanner(path) as scanner:
+                yield from scanner
+            return
+        except OffsetOutOfRangeError:
+            continue
 
 
 def _messages_at(path: Path, start: int, n: int) -> list[Message] | None:
@@ -457,7 +572,7 @@ def append_exactly_once(
         expected = digest(group)
         writer = appender.writer(shard, path)
         with writer.hold():  # no other writer appends to this shard until the intent is kept
-            records = log.records(batch_id)
+            records = log.task_records(batch_id, partition, shard)
             if log.committed(batch_id, records):
                 result.skipped = True
                 return result
