@@ -103,7 +103,9 @@ class OffsetOutOfRangeError(JournalError, LookupError):
 
 
 class ScanTimeout(JournalError, TimeoutError):
-    """A following scanner waited longer than its timeout for the next message."""
+    """``Scanner.next_message`` found no next message: a following scanner waited longer than
+    its timeout, or one that does not follow reached the journal's end. (Iterating a scanner
+    ends there quietly instead.)"""
 
 
 class QueueError(Error):

@@ -190,9 +190,7 @@ class Writer(Closing):
         self._lock = FileLock(lock_path(self.path))
         try:
             if shared:
-                self._take_shared_lock()
-                if self._lock.read_note().startswith(_EXCLUSIVE_NOTE):
-                    self._lock.write_note("")  # left by an exclusive writer that died: we hold the lock
+                self._take_shared_lock()  # (a note an exclusive writer that died left: cleared by taking it)
             else:
                 self._lock.acquire(wait=False)
                 self._lock.write_note(f"{_EXCLUSIVE_NOTE}, pid {os.getpid()}")
@@ -972,9 +970,7 @@ def take_shared_lock(lock: FileLock) -> None:
         raise LockedError(
             f"an exclusive writer holds the journal; shared writers cannot join it ({note})", file=lock.path
         )
-    lock.acquire(wait=True)
-    if stale:  # left by an exclusive writer that was killed: we hold the lock now
-        lock.write_note("")
+    lock.acquire(wait=True)  # (a stale note, an exclusive writer's that was killed: cleared by taking it)
 
 
 def held_for_life(note: str) -> bool:
