@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from journalq.cli.main import cli
-from journalq.errors import Error, JournalError, OffsetOutOfRangeError, ScanTimeout
+from journalq.errors import Error, InvalidArgumentError, JournalError, OffsetOutOfRangeError, ScanTimeout
 from journalq.journal import Scanner, Writer
 from journalq.journal.inspect import check
 from journalq.journal.lock import FileLock
@@ -51,9 +51,10 @@ def test_a_negative_offset_is_a_bad_argument_not_out_of_range(tmp_path, offset):
     or any more), and which callers catch to look again elsewhere."""
     with Writer(tmp_path) as writer:
         writer.append(b"x")
-    with pytest.raises(Error, match=f"offset must be an integer, 0 or more, not {offset}") as caught:
+    with pytest.raises(InvalidArgumentError, match=f"offset must be an integer, 0 or more, not {offset}") as caught:
         Scanner(tmp_path, offset)
     assert not isinstance(caught.value, OffsetOutOfRangeError)
+    assert isinstance(caught.value, ValueError)  # (a bad argument, as Python's own say it)
 
 
 def test_a_shared_writer_clears_a_dead_exclusive_writers_note_when_it_takes_the_lock(tmp_path):

@@ -29,6 +29,11 @@ class Error(Exception):
     """Base class of every error journalq raises."""
 
 
+class InvalidArgumentError(Error, ValueError):
+    """An argument out of its range or of the wrong type (an offset below 0, a timeout of NaN, an
+    unknown sync policy, ...): refused before anything is done."""
+
+
 class InvalidMessageError(Error, ValueError):
     """A message that cannot be stored: a key over 127 bytes, a value that is not bytes, ..."""
 

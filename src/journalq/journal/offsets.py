@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import Error, JournalError, LockedError
+from journalq.errors import Error, InvalidArgumentError, JournalError, LockedError
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import make_dirs, replace_file
@@ -54,7 +54,9 @@ def end_offset(path: str | os.PathLike[str]) -> int:
 
 def offset_path(path: str | os.PathLike[str], name: str) -> Path:
     if not isinstance(name, str) or not _NAME.fullmatch(name):  # match's $ lets a "\n" end it
-        raise Error(f"reader name {name!r} must be letters, digits, '.', '_' or '-', not starting with '.'")
+        raise InvalidArgumentError(
+            f"reader name {name!r} must be letters, digits, '.', '_' or '-', not starting with '.'"
+        )
     return Path(path) / "ofs" / f"{name}.ofs"
 
 
@@ -84,7 +86,7 @@ def write_offset(file: Path, offset: int, *, sync: bool = True, inside: Path | N
     ``.lck``; a queue channel commits under its own lock).
     """
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**64:
-        raise Error(f"offset must be an unsigned 64-bit integer, not {offset!r}")
+        raise InvalidArgumentError(f"offset must be an unsigned 64-bit integer, not {offset!r}")
     make_dirs(file.parent, durable=sync, inside=inside)  # a new ofs/ is synced into its parent too
     replace_file(file, _UINT64.pack(offset), durable=sync)
 

@@ -16,7 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, ScanTimeout, TruncatedError
+from journalq.errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    JournalError,
+    OffsetOutOfRangeError,
+    ScanTimeout,
+    TruncatedError,
+)
 from journalq.journal import index
 from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
@@ -48,7 +55,9 @@ def check_timeout(timeout: float | None) -> float | None:
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf
     ):
-        raise Error(f"timeout must be a finite number of seconds, 0 or more (None waits for ever), not {timeout!r}")
+        raise InvalidArgumentError(
+            f"timeout must be a finite number of seconds, 0 or more (None waits for ever), not {timeout!r}"
+        )
     return timeout
 
 

@@ -16,7 +16,7 @@ from fcntl import F_SETFL, fcntl
 from itertools import accumulate
 from pathlib import Path
 
-from journalq.errors import CorruptionError, Error, JournalError
+from journalq.errors import CorruptionError, InvalidArgumentError, JournalError
 from journalq.journal.codec import HEADER, INT32, OVERHEAD, Message, decode
 
 SEGMENT_SUFFIX = ".jnl"
@@ -31,9 +31,9 @@ def check_integer(name: str, value: object, minimum: int | None) -> int:
     comparison)."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         least = "" if minimum is None else f", {minimum} or more"
-        raise Error(f"{name} must be an integer{least}, not {value!r}")
+        raise InvalidArgumentError(f"{name} must be an integer{least}, not {value!r}")
     if minimum is not None and value.__index__() < minimum:
-        raise Error(f"{name} must be an integer, {minimum} or more, not {value!r}")
+        raise InvalidArgumentError(f"{name} must be an integer, {minimum} or more, not {value!r}")
     return value.__index__()
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
-from journalq.errors import Error
+from journalq.errors import InvalidArgumentError
 
 DEFAULT_GROUP_INTERVAL_MS = 10.0
 _GROUP_PART = re.compile(r"^(?:(?P<ms>\d+(?:\.\d+)?)ms|(?P<n>\d+))$")
@@ -87,18 +87,18 @@ class SyncPolicy:
         """Refuse a policy made directly with fields that ``parse`` would not give (a writer
         took "alway" for "none"); a group one with neither part syncs every 10 ms, as "group"."""
         if self.mode not in ("none", "group", "always"):
-            raise Error(f"unknown sync policy mode {self.mode!r}: use none, group or always")
+            raise InvalidArgumentError(f"unknown sync policy mode {self.mode!r}: use none, group or always")
         interval, most = self.interval_ms, self.max_messages
         if self.mode != "group":
             if interval is not None or most is not None:
-                raise Error(f"only a group policy has interval_ms or max_messages, not {self.mode!r}")
+                raise InvalidArgumentError(f"only a group policy has interval_ms or max_messages, not {self.mode!r}")
             return
         if interval is not None and (
             isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < math.inf
         ):
-            raise Error(f"sync policy's interval_ms must be a number above 0 (finite), not {interval!r}")
+            raise InvalidArgumentError(f"sync policy's interval_ms must be a number above 0 (finite), not {interval!r}")
         if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most <= 0):
-            raise Error(f"sync policy's max_messages must be an integer above 0, not {most!r}")
+            raise InvalidArgumentError(f"sync policy's max_messages must be an integer above 0, not {most!r}")
         if interval is None and most is None:
             object.__setattr__(self, "interval_ms", DEFAULT_GROUP_INTERVAL_MS)  # frozen
 
@@ -107,19 +107,19 @@ class SyncPolicy:
         if isinstance(spec, SyncPolicy):
             return spec
         if not isinstance(spec, str):
-            raise Error(f"sync policy must be a string or SyncPolicy, not {type(spec).__name__}")
+            raise InvalidArgumentError(f"sync policy must be a string or SyncPolicy, not {type(spec).__name__}")
         text = spec.strip().lower()
         if text in ("none", "always"):
             return cls(text)  # type: ignore[arg-type]
         name, _, rest = text.partition(":")
         if name != "group":
-            raise Error(f"unknown sync policy {spec!r}: use {POLICY_FORMS}")
+            raise InvalidArgumentError(f"unknown sync policy {spec!r}: use {POLICY_FORMS}")
         interval_ms: float | None = None
         max_messages: int | None = None
         for part in filter(None, (p.strip() for p in rest.split(","))):
             match = _GROUP_PART.match(part)
             if not match:
-                raise Error(f"bad part {part!r} in sync policy {spec!r}: use e.g. group:10ms,1000")
+                raise InvalidArgumentError(f"bad part {part!r} in sync policy {spec!r}: use e.g. group:10ms,1000")
             if match.group("ms") is not None:
                 interval_ms = float(match.group("ms"))
             else:
@@ -127,7 +127,7 @@ class SyncPolicy:
         if interval_ms is None and max_messages is None:
             interval_ms = DEFAULT_GROUP_INTERVAL_MS
         if (interval_ms is not None and interval_ms <= 0) or (max_messages is not None and max_messages <= 0):
-            raise Error(f"sync policy {spec!r}: interval and message count must be positive")
+            raise InvalidArgumentError(f"sync policy {spec!r}: interval and message count must be positive")
         return cls("group", interval_ms, max_messages)
 
     def __str__(self) -> str:

@@ -28,6 +28,7 @@ from journalq.closing import Closing
 from journalq.errors import (
     CorruptionError,
     Error,
+    InvalidArgumentError,
     InvalidMessageError,
     JournalError,
     LockedError,
@@ -103,7 +104,7 @@ class Writer(Closing):
         self.segment_size = segment_size
         self.sync_policy = SyncPolicy.parse(sync)
         if buffer_size and (shared or self.sync_policy.mode == "always"):
-            raise Error("buffer_size cannot be used with shared=True or sync='always'")
+            raise InvalidArgumentError("buffer_size cannot be used with shared=True or sync='always'")
         self.shared = shared
         self.buffer_size = buffer_size
         self.index_interval = index_interval

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import Error, OffsetOutOfRangeError
+from journalq.errors import Error, InvalidArgumentError, OffsetOutOfRangeError
 from journalq.journal.codec import Message
 from journalq.journal.scanner import Scanner, check_batch_size, check_timeout
 from journalq.journal.segment import journal_dir
@@ -69,13 +69,15 @@ class ShardedScanner(Closing):
         self.timeout = check_timeout(timeout)
         self.follow = follow or timeout is not None
         if offsets is not None and not isinstance(offsets, Mapping):
-            raise Error(f"offsets must map shard names to offsets (a dict), not {type(offsets).__name__}")
+            raise InvalidArgumentError(
+                f"offsets must map shard names to offsets (a dict), not {type(offsets).__name__}"
+            )
         self._layout: ShardLayout = read_layout(self.root, prefix)
         wanted: dict[str, int] = {}
         for name, offset in (offsets or {}).items():
             parse_shard_dir(name, self._layout, prefix)
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-                raise Error(f"the offset of shard {name!r} must be an integer >= 0, not {offset!r}")
+                raise InvalidArgumentError(f"the offset of shard {name!r} must be an integer >= 0, not {offset!r}")
             if offset and name not in self._layout.shards:
                 raise OffsetOutOfRangeError(
                     f"offset {offset} is given for shard {name!r}, which is not in the root", file=self.root

@@ -23,7 +23,7 @@ from itertools import count, repeat
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import Error, InvalidMessageError, JournalError
+from journalq.errors import Error, InvalidArgumentError, InvalidMessageError, JournalError
 from journalq.journal.codec import MAX_KEY_SIZE, Message, encode_batch
 from journalq.journal.segment import check_integer
 from journalq.journal.sync import SyncPolicy
@@ -64,7 +64,7 @@ class ShardedWriter(Closing):
         check_prefix(prefix)
         check_bit(bit)
         if not callable(hash):
-            raise Error(f"hash must be a callable (key, bit) -> shard index, not {hash!r}")
+            raise InvalidArgumentError(f"hash must be a callable (key, bit) -> shard index, not {hash!r}")
         segment_size = check_integer("segment_size", segment_size, 1)
         self.root = Path(root)
         self.prefix = prefix
