@@ -17,7 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import HubError, HubUnavailableError, InvalidJournalPathError, JournalError, StorageError
+from journalq.errors import (
+    CorruptionError,
+    HubError,
+    HubUnavailableError,
+    InvalidJournalPathError,
+    JournalError,
+    StorageError,
+)
 from journalq.hub.protocol import (
     Held,
     Push,
@@ -29,6 +36,7 @@ from journalq.hub.protocol import (
 )
 from journalq.hub.source import RawReader, RawRun
 from journalq.journal.codec import Message
+from journalq.journal.inspect import describe
 from journalq.journal.lock import FileLock
 from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.recovery import fsync_dir
@@ -138,7 +146,9 @@ class HubStore(Closing):
     def status(self) -> dict[str, dict[str, Held]]:
         """Every copy: client id -> journal -> what the hub holds, in name order. A copy the hub
         cannot read (a damaged segment, say) is there with the reason (``Held.unreadable``):
-        one bad copy does not hide the others."""
+        one bad copy does not hide the others. Each segment's first and last messages are checked
+        (``journal.inspect.describe``): a damaged first message would otherwise read as a copy
+        that holds nothing (its tail scan stops at once), not as damage."""
         out: dict[str, dict[str, Held]] = {}
         for name in sorted(os.listdir(self.root)):
             parsed = parse_copy_dir_name(name)
@@ -147,7 +157,8 @@ class HubStore(Closing):
                 continue  # not a copy (a link is never one: the hub writes only inside its root)
             try:
                 with _reading(path):
-                    held = _held(path)
+                    held = _held(path)  # (which names a last segment listed but not there)
+                    describe(path)  # for the damage it raises
             except JournalError as exc:
                 held = Held(unreadable=_unreadable(exc, path))
             out.setdefault(parsed[0], {})[parsed[1]] = held
@@ -319,12 +330,19 @@ def _reading(path: Path) -> Iterator[None]:
 
 def _unreadable(exc: JournalError, path: Path) -> str:
     """Why the copy at ``path`` cannot be read, naming its file within the copy, not the hub's
-    root (as the hub's answers never say where it keeps its copies)."""
+    root (as the hub's answers never say where it keeps its copies); damage says so, and where
+    in the file."""
     try:
-        where = exc.file.relative_to(path) if exc.file is not None else None
+        where = [str(exc.file.relative_to(path))] if exc.file is not None else []
     except ValueError:  # a file outside the copy: not named
-        where = None
-    return f"{exc.reason} ({where})" if where is not None and where != Path(".") else exc.reason
+        where = []
+    if where == ["."]:
+        where = []
+    if not isinstance(exc, CorruptionError):
+        return f"{exc.reason} ({where[0]})" if where else exc.reason
+    where += [f"byte {exc.position}"] if exc.position is not None else []
+    where += [f"offset {exc.offset}"] if exc.offset is not None else []
+    return f"damaged: {exc.reason}" + (f" ({', '.join(where)})" if where else "")
 
 
 def _closed_error() -> HubUnavailableError:
