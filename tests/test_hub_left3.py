@@ -1,15 +1,21 @@
-"""The hub, third audit: the status of a damaged copy says it is damaged and where (not 0/0)."""
+"""The hub, third audit: the status of a damaged copy says it is damaged and where (not 0/0);
+the hub answers an error of its store that is not journalq's (a full disk, a bug) clearly."""
 
 from __future__ import annotations
 
+import errno
 import warnings
 from pathlib import Path
+
+import pytest
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
+from journalq.errors import HubUnavailableError
 from journalq.hub import HubStore, Push
+from journalq.hub.client import HubClient
 from journalq.hub.protocol import Held
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
@@ -77,3 +83,49 @@ def test_status_over_http_shows_the_damaged_copy(tmp_path: Path) -> None:
     copy = answer.json()["clients"]["c1"]["j"]
     assert copy["unreadable"].startswith("damaged: offset 255 where 0 was due"), copy
     assert str(root) not in answer.text  # where the hub keeps its copies is not said
+
+
+# -- errors of the store that are not journalq's --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "says"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), 503, "No space left on device"),
+        (OSError(errno.EIO, "Input/output error"), 503, "Input/output error"),
+        (PermissionError(errno.EACCES, "Permission denied", "/secret/hub/c1.j"), 500, "Permission denied"),
+        (ValueError("a bug"), 500, "ValueError"),
+    ],
+)
+def test_an_unexpected_error_of_the_store_is_a_clear_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, status: int, says: str
+) -> None:
+    def fail(self: HubStore, *args: object) -> None:
+        raise error
+
+    for method in ("status", "held", "push", "read_raw"):
+        monkeypatch.setattr(HubStore, method, fail)
+    with TestClient(create_hub_app(tmp_path / "hub"), raise_server_exceptions=False) as http:
+        answers = [
+            http.get("/hub/v1/status"),
+            http.get(f"{URL}/c1/j"),
+            http.post(f"{URL}/c1/j", params={"first": 0, "segment": 0}, content=FIRST),
+            http.get(f"{URL}/c1/j/messages", params={"offset": 0}),
+        ]
+        for answer in answers:
+            assert answer.status_code == status, answer.text
+            assert says in answer.json()["error"] and answer.json()["kind"], answer.text
+            assert ("Retry-After" in answer.headers) == (status == 503)
+            assert "/secret" not in answer.text
+        client = HubClient("http://hub", http=http)
+        with pytest.raises(HubUnavailableError, match=f"answered {status}: .*{says}"):
+            client.held("c1", "j")
+
+
+def test_a_hub_root_that_cannot_be_made_is_a_clear_answer(tmp_path: Path) -> None:
+    root = tmp_path / "hub"
+    root.write_text("a file where the hub's root should be")
+    with TestClient(create_hub_app(root), raise_server_exceptions=False) as http:
+        answer = http.get("/hub/v1/status")
+    assert answer.status_code == 500, answer.text
+    assert "File exists" in answer.json()["error"] and str(tmp_path) not in answer.text
