@@ -4,6 +4,7 @@ the hub answers an error of its store that is not journalq's (a full disk, a bug
 from __future__ import annotations
 
 import errno
+import time
 import warnings
 from pathlib import Path
 
@@ -15,8 +16,9 @@ with warnings.catch_warnings():
 
 from journalq.errors import HubUnavailableError
 from journalq.hub import HubStore, Push
-from journalq.hub.client import HubClient
+from journalq.hub.client import HubClient, Pusher
 from journalq.hub.protocol import Held
+from journalq.journal import Scanner, Writer
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
 
@@ -129,3 +131,35 @@ def test_a_hub_root_that_cannot_be_made_is_a_clear_answer(tmp_path: Path) -> Non
         answer = http.get("/hub/v1/status")
     assert answer.status_code == 500, answer.text
     assert "File exists" in answer.json()["error"] and str(tmp_path) not in answer.text
+
+
+# -- a copy damaged under the writer the hub holds open ------------------------------------------
+
+
+@pytest.mark.parametrize("segment_size", [200, 1 << 20], ids=["last-of-two-segments", "only-segment"])
+def test_a_copy_damaged_under_the_hubs_open_writer_is_recovered_not_pushed_for_ever(
+    tmp_path: Path, segment_size: int
+) -> None:
+    """The hub's answer to "what do you hold" read the damaged copy (up to the damage), its
+    pushes went through the writer it held open (past it): the pusher resumed from the one,
+    was answered the other, asked again, and so on for ever, spinning, with no retry to give up."""
+    source, root = tmp_path / "j", tmp_path / "hub"
+    with Writer(source, segment_size=segment_size) as writer:
+        writer.append_many([b"value-%d" % i for i in range(12)])
+    with HubStore(root) as store:
+        Pusher(store, "c1", [source], parallel=1).run()
+        last = sorted((root / "c1.j" / "jnl").glob("*.jnl"))[-1]
+        flip(last, 7)  # the first message of the copy's last segment: its offset
+        with Writer(source, segment_size=segment_size) as writer:
+            writer.append_many([b"more-%d" % i for i in range(3)])
+        deadline = time.monotonic() + 20
+        copies = Pusher(store, "c1", [source], parallel=1, give_up_after=10).run(
+            stop=lambda: time.monotonic() > deadline
+        )
+        assert time.monotonic() < deadline, "the pusher went round and round"
+        assert copies[0].caught_up and copies[0].failed is None
+        assert store.held("c1", "j").next == 15
+        with Scanner(source) as scanner, Scanner(root / "c1.j") as copy:
+            assert list(copy) == list(scanner)
+        assert store.status()["c1"]["j"].unreadable is None
+    assert list((root / "c1.j" / "cut").iterdir())  # the damaged bytes, kept

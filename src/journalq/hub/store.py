@@ -138,10 +138,23 @@ class HubStore(Closing):
         return path
 
     def held(self, client_id: str, journal: str) -> Held:
-        """What the hub holds of the journal (nothing, at offset 0, for one it never saw)."""
+        """What the hub holds of the journal (nothing, at offset 0, for one it never saw): what
+        its files hold, up to the first damage in its last segment. A writer of this store open
+        on the copy that appended past that (the damage came under it) is let go: the next push
+        opens the copy anew, which recovers it (cuts the damage, kept under ``cut/``), and is
+        answered what this answers. Kept, it would go on past the damage, and a pusher would be
+        told two ends, resume from the one, be answered the other, ask again, for ever."""
         path = self.copy_path(client_id, journal)
-        with _reading(path):
-            return _held(path)
+        key = path.name
+        with self._copy_locks.hold(key):  # not while a push of this store appends to it
+            with _reading(path):
+                held = _held(path)
+            with self._mutex:
+                writer = self._writers.get(key)
+            # (A copy deleted is not this: its writer's next push finds its files gone, 503.)
+            if writer is not None and held.next < writer.next_offset and journal_dir(path).is_dir():
+                self._close_writer(key)
+        return held
 
     def status(self) -> dict[str, dict[str, Held]]:
         """Every copy: client id -> journal -> what the hub holds, in name order. A copy the hub
