@@ -163,3 +163,25 @@ def test_a_copy_damaged_under_the_hubs_open_writer_is_recovered_not_pushed_for_e
             assert list(copy) == list(scanner)
         assert store.status()["c1"]["j"].unreadable is None
     assert list((root / "c1.j" / "cut").iterdir())  # the damaged bytes, kept
+
+
+# -- what a pusher is told of a damaged copy ---------------------------------------------------------
+
+
+def test_a_push_or_read_meeting_a_damaged_copy_is_told_the_copy_is_damaged_and_where(tmp_path: Path) -> None:
+    """``hub push`` retries a copy the hub cannot read (documented): what it shows meanwhile says
+    that the hub's copy is damaged, and where, not only the codec's reason (which reads as if
+    the pusher's own journal were damaged)."""
+    root = tmp_path / "hub"
+    with TestClient(create_hub_app(root), raise_server_exceptions=False) as http:
+        assert http.post(f"{URL}/c1/j", params={"first": 0, "segment": 0}, content=FIRST).status_code == 200
+        assert http.post(f"{URL}/c1/j", params={"first": 3, "segment": 3}, content=SECOND).status_code == 200
+        flip(segment(root, "c1.j", 0), 7)  # not the last segment: no recovery cuts it
+        client = HubClient("http://hub", http=http)
+        where = r"\(c1\.j/jnl/0000000000000000\.jnl, byte 0, offset 0\)"
+        with pytest.raises(HubUnavailableError, match=rf"answered 500: the copy is damaged: offset 255 where 0 was due {where}"):
+            client.push(Push("c1", "j", 0, 0, FIRST))
+        with pytest.raises(HubUnavailableError, match=rf"answered 500: the copy is damaged: .* {where}"):
+            client.read("c1", "j", 0)
+        answer = http.get(f"{URL}/c1/j/messages", params={"offset": 0})
+    assert answer.json()["kind"] == "journal" and str(tmp_path) not in answer.text

@@ -44,7 +44,7 @@ from journalq.journal.scanner import Scanner
 from journalq.journal.segment import journal_dir, list_segments, lock_path, remove_segment, segment_at
 from journalq.journal.writer import Writer, take_shared_lock
 
-__all__ = ["HubStore", "KeyedLocks"]
+__all__ = ["HubStore", "KeyedLocks", "damage_reason"]
 
 # A copy starts a new segment only where its source did (the push says where): its own writer
 # never rolls by size.
@@ -343,19 +343,29 @@ def _reading(path: Path) -> Iterator[None]:
 
 def _unreadable(exc: JournalError, path: Path) -> str:
     """Why the copy at ``path`` cannot be read, naming its file within the copy, not the hub's
-    root (as the hub's answers never say where it keeps its copies); damage says so, and where
-    in the file."""
-    try:
-        where = [str(exc.file.relative_to(path))] if exc.file is not None else []
-    except ValueError:  # a file outside the copy: not named
-        where = []
-    if where == ["."]:
-        where = []
-    if not isinstance(exc, CorruptionError):
-        return f"{exc.reason} ({where[0]})" if where else exc.reason
+    root (as the hub's answers never say where it keeps its copies)."""
+    if isinstance(exc, CorruptionError):
+        return damage_reason(exc, path)
+    where = _inside(exc.file, path)
+    return f"{exc.reason} ({where})" if where is not None else exc.reason
+
+
+def damage_reason(exc: CorruptionError, inside: Path) -> str:
+    """``damaged: REASON (FILE, byte N, offset M)``: damage of a copy, its file named within
+    ``inside`` (a copy, or the hub's root), never where that is."""
+    where = [str(file)] if (file := _inside(exc.file, inside)) is not None else []
     where += [f"byte {exc.position}"] if exc.position is not None else []
     where += [f"offset {exc.offset}"] if exc.offset is not None else []
     return f"damaged: {exc.reason}" + (f" ({', '.join(where)})" if where else "")
+
+
+def _inside(file: Path | None, directory: Path) -> Path | None:
+    """``file`` relative to ``directory``; None when it is not in it (or is it)."""
+    try:
+        where = file.relative_to(directory) if file is not None else None
+    except ValueError:
+        return None
+    return where if where != Path(".") else None
 
 
 def _closed_error() -> HubUnavailableError:

@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse
 
 from journalq import __version__
 from journalq.errors import (
+    CorruptionError,
     Error,
     HubConflictError,
     HubError,
@@ -47,7 +48,7 @@ from journalq.errors import (
     StorageError,
 )
 from journalq.hub.protocol import API_PREFIX, Push
-from journalq.hub.store import HubStore
+from journalq.hub.store import HubStore, damage_reason
 from journalq.server.config import ServerConfig
 from journalq.server.tokens import bearer_matches
 
@@ -75,9 +76,10 @@ class _Refused(Exception):
         self.status, self.body, self.headers = status, body, headers or {}
 
 
-def _refusal(exc: Exception) -> _Refused:
-    """The answer to an error of the store. A journal's error says what is wrong (its reason),
-    not the file: as journalq serve's answers, they never name where the data is kept."""
+def _refusal(exc: Exception, root: Path) -> _Refused:
+    """The answer to an error of the store whose copies are in ``root``. A journal's error says
+    what is wrong (its reason; damage, in which copy's file), never where the data is kept: as
+    journalq serve's answers."""
     if isinstance(exc, StorageError):
         return _Refused(503, {"error": f"not stored: {exc.reason}", "kind": "storage"}, {"Retry-After": "1"})
     if isinstance(exc, LockedError):  # another program's lock
@@ -96,6 +98,8 @@ def _refusal(exc: Exception) -> _Refused:
     # which a pusher waits out and pushes again, never a 4xx it would take as a refusal for good.
     if isinstance(exc, JournalError):
         log.error("hub journal failure: %s", exc)  # logged whole, with its file
+        if isinstance(exc, CorruptionError):  # said so: a pusher would take it for its own journal's
+            return _Refused(500, {"error": f"the copy is {damage_reason(exc, root)}", "kind": "journal"})
         return _Refused(500, {"error": exc.reason, "kind": "journal"})
     if isinstance(exc, OSError):  # met outside a journal: its message would name the file
         log.error("hub storage failure: %s", exc)
@@ -159,7 +163,7 @@ def hub_router(
         except Exception as exc:  # every error an answer (``_refusal``), never a bare 500
             if isinstance(exc, StorageError):
                 log.error("hub storage failure: %s", exc)
-            refused = _refusal(exc)
+            refused = _refusal(exc, Path(root))
             raise refused from exc
 
     def answer(refused: _Refused) -> Response:
