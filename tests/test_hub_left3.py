@@ -17,7 +17,7 @@ with warnings.catch_warnings():
 from journalq.errors import HubUnavailableError
 from journalq.hub import HubStore, Push
 from journalq.hub.client import HubClient, Pusher
-from journalq.hub.protocol import Held
+from journalq.hub.protocol import Held, PushResult
 from journalq.journal import Scanner, Writer
 from journalq.journal.codec import encode_batch
 from journalq.server.hub import create_hub_app
@@ -185,3 +185,36 @@ def test_a_push_or_read_meeting_a_damaged_copy_is_told_the_copy_is_damaged_and_w
             client.read("c1", "j", 0)
         answer = http.get(f"{URL}/c1/j/messages", params={"offset": 0})
     assert answer.json()["kind"] == "journal" and str(tmp_path) not in answer.text
+
+
+class _TwoProcesses:
+    """Two hub processes serving one root (as several may): what it holds asked of the one,
+    pushes sent to the other."""
+
+    def __init__(self, asked: HubStore, pushed: HubStore) -> None:
+        self.asked, self.pushed = asked, pushed
+
+    def held(self, client_id: str, journal: str) -> Held:
+        return self.asked.held(client_id, journal)
+
+    def push(self, push: Push) -> PushResult:
+        return self.pushed.push(push)
+
+
+def test_a_copy_damaged_under_another_hub_process_s_open_writer_is_recovered_by_its_next_push(tmp_path: Path) -> None:
+    source, root = tmp_path / "j", tmp_path / "hub"
+    with Writer(source, segment_size=200) as writer:
+        writer.append_many([b"value-%d" % i for i in range(12)])
+    with HubStore(root) as asked, HubStore(root) as pushed:
+        hub = _TwoProcesses(asked, pushed)
+        Pusher(hub, "c1", [source], parallel=1).run()
+        flip(sorted((root / "c1.j" / "jnl").glob("*.jnl"))[-1], 7)  # under ``pushed``'s writer
+        with Writer(source, segment_size=200) as writer:
+            writer.append_many([b"more-%d" % i for i in range(3)])
+        deadline = time.monotonic() + 20
+        copies = Pusher(hub, "c1", [source], parallel=1, give_up_after=10).run(stop=lambda: time.monotonic() > deadline)
+        assert time.monotonic() < deadline, "the pusher went round and round"
+        assert copies[0].caught_up and copies[0].failed is None
+        assert asked.held("c1", "j").next == pushed.held("c1", "j").next == 15
+    with Scanner(source) as scanner, Scanner(root / "c1.j") as copy:
+        assert list(copy) == list(scanner)

@@ -138,23 +138,10 @@ class HubStore(Closing):
         return path
 
     def held(self, client_id: str, journal: str) -> Held:
-        """What the hub holds of the journal (nothing, at offset 0, for one it never saw): what
-        its files hold, up to the first damage in its last segment. A writer of this store open
-        on the copy that appended past that (the damage came under it) is let go: the next push
-        opens the copy anew, which recovers it (cuts the damage, kept under ``cut/``), and is
-        answered what this answers. Kept, it would go on past the damage, and a pusher would be
-        told two ends, resume from the one, be answered the other, ask again, for ever."""
+        """What the hub holds of the journal (nothing, at offset 0, for one it never saw)."""
         path = self.copy_path(client_id, journal)
-        key = path.name
-        with self._copy_locks.hold(key):  # not while a push of this store appends to it
-            with _reading(path):
-                held = _held(path)
-            with self._mutex:
-                writer = self._writers.get(key)
-            # (A copy deleted is not this: its writer's next push finds its files gone, 503.)
-            if writer is not None and held.next < writer.next_offset and journal_dir(path).is_dir():
-                self._close_writer(key)
-        return held
+        with _reading(path):
+            return _held(path)
 
     def status(self) -> dict[str, dict[str, Held]]:
         """Every copy: client id -> journal -> what the hub holds, in name order. A copy the hub
@@ -192,7 +179,12 @@ class HubStore(Closing):
                 raise _closed_error()
         with self._copy_locks.hold(key):
             try:
-                result = self._push(push, path, key)
+                try:
+                    result = self._push(push, path, key)
+                except _WriterPastTheFiles:
+                    # Let go by ``_push``: the copy opened anew is recovered (the damage cut,
+                    # kept under ``cut/``), and the push is planned against what it holds then.
+                    result = self._push(push, path, key)
                 if result is None:
                     # The copy is empty at another offset than the push starts (its first segment
                     # was created by a push whose append then failed): start it again where asked.
@@ -209,6 +201,7 @@ class HubStore(Closing):
             writer = self._writers.get(key)
             if writer is not None:
                 self._writers.move_to_end(key)
+        kept = writer is not None
         if writer is None:
             held = _held(path)
             if not push.data:
@@ -220,6 +213,11 @@ class HubStore(Closing):
         try:
             with writer.hold():
                 held = Held(first_offset(path), writer.next_offset, writer.segment.base)
+                if kept and end_offset(path) < held.next:
+                    # Damage came under the writer kept open (in the copy's last segment, which
+                    # ``held()`` reads up to it): going on past it, the push would answer one end
+                    # and ``held()`` another, and a pusher would go back and forth for ever.
+                    raise _WriterPastTheFiles()
                 plan = plan_push(push, held)
                 if plan.start_at is not None:
                     return None
@@ -296,6 +294,11 @@ class HubStore(Closing):
                 writer.close()
             except OSError:
                 pass  # a failed writer's sync fails again; a new writer recovers
+
+
+class _WriterPastTheFiles(Exception):
+    """A writer kept open holds more than the copy's files do, up to damage that came under it:
+    let go (as after any error not the hub's), for the push to open the copy anew."""
 
 
 def _held(path: Path) -> Held:
