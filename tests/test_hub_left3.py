@@ -16,7 +16,7 @@ with warnings.catch_warnings():
 
 from journalq.errors import HubUnavailableError
 from journalq.hub import HubStore, Push
-from journalq.hub.client import HubClient, Pusher
+from journalq.hub.client import Backoff, HubClient, Pusher
 from journalq.hub.protocol import Held, PushResult
 from journalq.journal import Scanner, Writer
 from journalq.journal.codec import encode_batch
@@ -218,3 +218,19 @@ def test_a_copy_damaged_under_another_hub_process_s_open_writer_is_recovered_by_
         assert asked.held("c1", "j").next == pushed.held("c1", "j").next == 15
     with Scanner(source) as scanner, Scanner(root / "c1.j") as copy:
         assert list(copy) == list(scanner)
+
+
+def test_a_pusher_told_two_ends_by_the_hub_retries_and_gives_up_instead_of_spinning(tmp_path: Path) -> None:
+    """Two hubs of separate roots behind one address (or any hub whose answers disagree): the
+    pusher went back and forth between them at full speed, for ever, saying nothing."""
+    source = tmp_path / "j"
+    with Writer(source, segment_size=200) as writer:
+        writer.append_many([b"value-%d" % i for i in range(12)])
+    with HubStore(tmp_path / "one") as one, HubStore(tmp_path / "other") as other:
+        deadline = time.monotonic() + 20
+        pusher = Pusher(_TwoProcesses(one, other), "c1", [source], parallel=1, give_up_after=0.3,
+                        backoff=Backoff(initial=0.01, maximum=0.05))
+        with pytest.raises(HubUnavailableError, match=r"gave up after 0\.3 s: the hub said it holds c1\.j up to "
+                                                      r"offset 7 .* then up to 0 .*disagree"):
+            pusher.run(stop=lambda: time.monotonic() > deadline)
+        assert time.monotonic() < deadline
