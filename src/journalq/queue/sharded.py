@@ -61,7 +61,7 @@ from journalq.errors import (
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir
-from journalq.journal.segment import journal_dir, list_segments
+from journalq.journal.segment import journal_dir, list_segments, unopenable
 from journalq.journal.writer import held
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
@@ -480,9 +480,14 @@ class ShardedTopic(TopicDirectory):
         deleted. A shard whose gc fails (damaged) does not keep the others from being collected:
         its failure is raised once every shard was tried."""
         self._last_gc = time.monotonic()
-        cuts = self.size_cuts() if self.settings.retention_bytes is not None else [None] * len(self.shards)
         deleted: list[Path] = []
         failed: Exception | None = None
+        cuts: list[int | None] = [None] * len(self.shards)
+        if self.settings.retention_bytes is not None:
+            try:
+                cuts = list(self.size_cuts())
+            except (JournalError, OSError) as exc:
+                failed, cuts = exc, [0] * len(cuts)  # no retention by size, the rest all the same
         for shard, cut in zip(self.shards, cuts):
             try:
                 deleted += shard.gc(now, size_kept_from=cut)
@@ -498,11 +503,17 @@ class ShardedTopic(TopicDirectory):
         newest message), and never a shard's last one, until the shards hold no more than the
         limit together."""
         limit = self.settings.retention_bytes
+        listed = [list_segments(shard.path) for shard in self.shards]
         while True:
             try:
-                return size_cuts([list_segments(shard.path) for shard in self.shards], limit or 0)
-            except FileNotFoundError:
-                continue  # a segment listed was deleted meanwhile (another process's gc): list again
+                return size_cuts(listed, limit or 0)
+            except FileNotFoundError as exc:
+                # A segment listed was deleted meanwhile (another process's gc): list again. One
+                # listed again that is not there (a dangling link) would have this look for ever.
+                listed = [list_segments(shard.path) for shard in self.shards]
+                missing = [s for segments in listed for s in segments if str(s.path) == exc.filename]
+                if missing and not os.path.exists(missing[0].path):
+                    raise unopenable(missing[0]) from None
 
     def first_offset(self) -> dict[str, int]:
         return {name: shard.first_offset() for name, shard in zip(self.shard_names, self.shards)}
