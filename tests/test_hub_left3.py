@@ -179,7 +179,8 @@ def test_a_push_or_read_meeting_a_damaged_copy_is_told_the_copy_is_damaged_and_w
         flip(segment(root, "c1.j", 0), 7)  # not the last segment: no recovery cuts it
         client = HubClient("http://hub", http=http)
         where = r"\(c1\.j/jnl/0000000000000000\.jnl, byte 0, offset 0\)"
-        with pytest.raises(HubUnavailableError, match=rf"answered 500: the copy is damaged: offset 255 where 0 was due {where}"):
+        damaged = rf"answered 500: the copy is damaged: offset 255 where 0 was due {where}"
+        with pytest.raises(HubUnavailableError, match=damaged):
             client.push(Push("c1", "j", 0, 0, FIRST))
         with pytest.raises(HubUnavailableError, match=rf"answered 500: the copy is damaged: .* {where}"):
             client.read("c1", "j", 0)

@@ -355,8 +355,9 @@ class ShardedTopic(TopicDirectory):
         self.gc_when_due()  # not under the holds
         copies: dict[int, int] = {}  # position -> the position of the first of its dedup id
         failed: Exception | None = None
+        hashed = {_shard_of(dedup_id.encode("utf-8"), mask) for dedup_id in dedup_ids if dedup_id is not None}
         with ExitStack() as holds:
-            for index in sorted({i for i, _ in routed} | {_shard_of(d.encode("utf-8"), mask) for d in dedup_ids if d is not None}):
+            for index in sorted(hashed | {index for index, _ in routed}):  # in one order: no deadlock
                 shard = self.shards[index]
                 holds.enter_context(held(shard._get_writer(), shard._reopen_writer, shard.check_present))
             sent_before = self._sent_before({dedup_id for dedup_id in dedup_ids if dedup_id is not None})
@@ -387,7 +388,9 @@ class ShardedTopic(TopicDirectory):
             raise partial from failed
         return ids  # type: ignore[return-value]  # every one is set by now
 
-    def _send_parts(self, routed: list[tuple[int, Mapping[str, Any]]], positions: Iterable[int], ids: list[str | None]) -> None:
+    def _send_parts(
+        self, routed: list[tuple[int, Mapping[str, Any]]], positions: Iterable[int], ids: list[str | None]
+    ) -> None:
         """Write the messages of ``routed`` at ``positions``, one ``send_many`` per shard, and
         set their ids in ``ids``. A failure after a part was written is a ``PartialSendError``."""
         groups: dict[int, list[int]] = {}
