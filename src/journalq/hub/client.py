@@ -250,6 +250,7 @@ class JournalCopy:
     retry_at: float | None = None  # the pusher's clock: not pushed before then
     failing_since: float | None = None
     checked_at: float = float("-inf")  # when the hub last said what it holds (the pusher's clock)
+    disagreement: tuple[int, int] | None = None  # the ends a push and ``held`` gave, resumed from
 
     @property
     def lag(self) -> int:
@@ -451,7 +452,17 @@ class Pusher(Closing):
             # So it is asked first (once a source segment); anything unexpected: resume anew.
             held = self.hub.held(self.client_id, copy.name)
             if held.empty or held.next != run.first:
-                copy.hub_next = None
+                told, copy.hub_next = (copy.hub_next, held.next), None
+                if copy.disagreement == told:
+                    # Resumed from what it holds, pushed, told the same two ends again: going
+                    # on would go back and forth for ever, at full speed. A failure instead,
+                    # waited out (and given up, after ``give_up_after``) as the hub's.
+                    raise HubUnavailableError(
+                        f"the hub said it holds {self.client_id}.{copy.name} up to offset {told[0]} (answering a "
+                        f"push), then up to {told[1]} (asked), twice: its answers disagree (two hubs of different "
+                        "roots at one address, or a copy it cannot read)"
+                    )
+                copy.disagreement = told
                 return True
         try:
             result = self.hub.push(Push(self.client_id, copy.name, run.first, run.segment, run.data))
@@ -464,6 +475,8 @@ class Pusher(Closing):
             copy.hub_next = None  # after any failure, resume from what the hub says it holds
             raise
         copy.hub_next, copy.hub_empty, copy.checked_at = result.held.next, result.held.empty, self._clock()
+        if result.appended:
+            copy.disagreement = None  # the copy moved on: whatever the hub said before is past
         copy.local_end = max(copy.local_end, run.next)
         copy.sent_messages += result.appended
         copy.sent_bytes += len(run.data)

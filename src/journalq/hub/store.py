@@ -17,7 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from journalq.closing import Closing
-from journalq.errors import HubError, HubUnavailableError, InvalidJournalPathError, JournalError, StorageError
+from journalq.errors import (
+    CorruptionError,
+    HubError,
+    HubUnavailableError,
+    InvalidJournalPathError,
+    JournalError,
+    StorageError,
+)
 from journalq.hub.protocol import (
     Held,
     Push,
@@ -29,6 +36,7 @@ from journalq.hub.protocol import (
 )
 from journalq.hub.source import RawReader, RawRun
 from journalq.journal.codec import Message
+from journalq.journal.inspect import describe
 from journalq.journal.lock import FileLock
 from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.recovery import fsync_dir
@@ -36,7 +44,7 @@ from journalq.journal.scanner import Scanner
 from journalq.journal.segment import journal_dir, list_segments, lock_path, remove_segment, segment_at
 from journalq.journal.writer import Writer, take_shared_lock
 
-__all__ = ["HubStore", "KeyedLocks"]
+__all__ = ["HubStore", "KeyedLocks", "damage_reason"]
 
 # A copy starts a new segment only where its source did (the push says where): its own writer
 # never rolls by size.
@@ -138,7 +146,9 @@ class HubStore(Closing):
     def status(self) -> dict[str, dict[str, Held]]:
         """Every copy: client id -> journal -> what the hub holds, in name order. A copy the hub
         cannot read (a damaged segment, say) is there with the reason (``Held.unreadable``):
-        one bad copy does not hide the others."""
+        one bad copy does not hide the others. Each segment's first and last messages are checked
+        (``journal.inspect.describe``): a damaged first message would otherwise read as a copy
+        that holds nothing (its tail scan stops at once), not as damage."""
         out: dict[str, dict[str, Held]] = {}
         for name in sorted(os.listdir(self.root)):
             parsed = parse_copy_dir_name(name)
@@ -147,7 +157,8 @@ class HubStore(Closing):
                 continue  # not a copy (a link is never one: the hub writes only inside its root)
             try:
                 with _reading(path):
-                    held = _held(path)
+                    held = _held(path)  # (which names a last segment listed but not there)
+                    describe(path)  # for the damage it raises
             except JournalError as exc:
                 held = Held(unreadable=_unreadable(exc, path))
             out.setdefault(parsed[0], {})[parsed[1]] = held
@@ -168,7 +179,12 @@ class HubStore(Closing):
                 raise _closed_error()
         with self._copy_locks.hold(key):
             try:
-                result = self._push(push, path, key)
+                try:
+                    result = self._push(push, path, key)
+                except _WriterPastTheFiles:
+                    # Let go by ``_push``: the copy opened anew is recovered (the damage cut,
+                    # kept under ``cut/``), and the push is planned against what it holds then.
+                    result = self._push(push, path, key)
                 if result is None:
                     # The copy is empty at another offset than the push starts (its first segment
                     # was created by a push whose append then failed): start it again where asked.
@@ -185,6 +201,7 @@ class HubStore(Closing):
             writer = self._writers.get(key)
             if writer is not None:
                 self._writers.move_to_end(key)
+        kept = writer is not None
         if writer is None:
             held = _held(path)
             if not push.data:
@@ -196,6 +213,11 @@ class HubStore(Closing):
         try:
             with writer.hold():
                 held = Held(first_offset(path), writer.next_offset, writer.segment.base)
+                if kept and end_offset(path) < held.next:
+                    # Damage came under the writer kept open (in the copy's last segment, which
+                    # ``held()`` reads up to it): going on past it, the push would answer one end
+                    # and ``held()`` another, and a pusher would go back and forth for ever.
+                    raise _WriterPastTheFiles()
                 plan = plan_push(push, held)
                 if plan.start_at is not None:
                     return None
@@ -274,6 +296,11 @@ class HubStore(Closing):
                 pass  # a failed writer's sync fails again; a new writer recovers
 
 
+class _WriterPastTheFiles(Exception):
+    """A writer kept open holds more than the copy's files do, up to damage that came under it:
+    let go (as after any error not the hub's), for the push to open the copy anew."""
+
+
 def _held(path: Path) -> Held:
     segments = list_segments(path)
     if not segments:
@@ -320,11 +347,28 @@ def _reading(path: Path) -> Iterator[None]:
 def _unreadable(exc: JournalError, path: Path) -> str:
     """Why the copy at ``path`` cannot be read, naming its file within the copy, not the hub's
     root (as the hub's answers never say where it keeps its copies)."""
+    if isinstance(exc, CorruptionError):
+        return damage_reason(exc, path)
+    where = _inside(exc.file, path)
+    return f"{exc.reason} ({where})" if where is not None else exc.reason
+
+
+def damage_reason(exc: CorruptionError, inside: Path) -> str:
+    """``damaged: REASON (FILE, byte N, offset M)``: damage of a copy, its file named within
+    ``inside`` (a copy, or the hub's root), never where that is."""
+    where = [str(file)] if (file := _inside(exc.file, inside)) is not None else []
+    where += [f"byte {exc.position}"] if exc.position is not None else []
+    where += [f"offset {exc.offset}"] if exc.offset is not None else []
+    return f"damaged: {exc.reason}" + (f" ({', '.join(where)})" if where else "")
+
+
+def _inside(file: Path | None, directory: Path) -> Path | None:
+    """``file`` relative to ``directory``; None when it is not in it (or is it)."""
     try:
-        where = exc.file.relative_to(path) if exc.file is not None else None
-    except ValueError:  # a file outside the copy: not named
-        where = None
-    return f"{exc.reason} ({where})" if where is not None and where != Path(".") else exc.reason
+        where = file.relative_to(directory) if file is not None else None
+    except ValueError:
+        return None
+    return where if where != Path(".") else None
 
 
 def _closed_error() -> HubUnavailableError:

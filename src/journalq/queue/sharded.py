@@ -11,9 +11,12 @@ is repeated here. What a sharded topic adds is routing:
 * Sending: a message goes to the shard of its routing key, sej's ``crc32_ieee(key) & mask``. The
   key is the message's ``group_id`` when it has one (a FIFO group stays in one shard, so its order
   holds), else the ``key`` given to ``send`` (bytes or str; used for routing only, not stored),
-  else its deduplication id (so that a retry meets the first send in the same shard, where the
-  duplicate is caught), else none: keyless messages are spread round robin, each process starting
-  at a shard picked from its pid.
+  else its deduplication id, else none: keyless messages are spread round robin, each process
+  starting at a shard picked from its pid. Deduplication is the queue's, as SQS's default scope:
+  a duplicate sent with another group or key, so to another shard, is dropped all the same. The
+  sends of one deduplication id take the hold of the shard of its hash (the shards they write to
+  too, all in index order) and look for it in every shard's journal, where the messages
+  themselves record it (nothing else to keep in step, across ``kill -9`` too).
 * Receiving: each consumer (a ``ShardedChannel`` object) claims a home shard, from one picked by
   its pid on the first that no other live consumer of the channel holds (a lock file in
   ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
@@ -34,12 +37,14 @@ hidden message of any shard comes back.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -56,7 +61,8 @@ from journalq.errors import (
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir
-from journalq.journal.segment import journal_dir, list_segments
+from journalq.journal.segment import journal_dir, list_segments, unopenable
+from journalq.journal.writer import held
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
 from journalq.queue.channel import (
@@ -67,14 +73,18 @@ from journalq.queue.channel import (
     check_receipt_list,
     check_visibility_changes,
 )
+from journalq.queue.envelope import message_id
 from journalq.queue.removal import remove_directory
 from journalq.queue.settings import QueueSettings
 from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory, message_list, size_cuts
+from journalq.queue.topic import _DedupIndex as DedupIndex
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
 if TYPE_CHECKING:
     from journalq.queue.broker import Broker  # which imports this module
+
+log = logging.getLogger("journalq.queue")
 
 _PREFIX = re.compile(r"[A-Za-z0-9_-]+")
 _SHARDED_ID = re.compile(r"(0|[1-9][0-9]{0,3})\.(.+)", re.DOTALL)  # one spelling per shard
@@ -190,6 +200,11 @@ def _route_key(value: bytes | str, what: str) -> bytes:
     raise InvalidMessageError(f"{what} must be bytes or a string, not {type(value).__name__}")
 
 
+def _shard_of(route: bytes, mask: int) -> int:
+    """The shard of routing key ``route``: sej's hash."""
+    return zlib.crc32(route) & mask
+
+
 def _split(text: object, shards: int, what: str, error: type[Exception]) -> tuple[int, str]:
     """``"INDEX.REST"`` -> (index, rest), or ``error`` naming what ``text`` should have been."""
     match = _SHARDED_ID.fullmatch(text) if isinstance(text, str) else None
@@ -270,6 +285,9 @@ class ShardedTopic(TopicDirectory):
         self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
         self.settings = settings
         self._channels: dict[str, ShardedChannel] = {}
+        # Each shard's deduplication ids, read by ``_sent_before`` (a lock each: threads share them).
+        self._dedup: list[DedupIndex | None] = [None] * len(self.shards)
+        self._dedup_locks = [threading.Lock() for _ in self.shards]
         self._turn = os.getpid()  # round robin of keyless messages, from a shard of this process
 
     def use_settings(self, settings: QueueSettings) -> None:
@@ -291,7 +309,9 @@ class ShardedTopic(TopicDirectory):
 
     def send_many(self, items: Iterable[OutgoingMessage]) -> list[str]:
         """Append a batch: each shard's part in one write, in the order given. Every message is
-        checked before anything is written; returns the ids in the order given.
+        checked before anything is written; returns the ids in the order given. A message whose
+        deduplication id was sent within the window to any shard, or comes earlier in the batch,
+        is dropped: its id is the first one's.
 
         Not all or nothing across shards: when the write of one shard's part fails after another
         shard's part was written, ``PartialSendError`` (of the cause's kind: ``StorageError`` for a
@@ -300,6 +320,7 @@ class ShardedTopic(TopicDirectory):
         part was written raises its own error, with nothing stored."""
         items = message_list(items)
         routed: list[tuple[int, Mapping[str, Any]]] = []
+        dedup_ids: list[str | None] = []
         self.refresh_settings()
         first = self.shards[0]
         mask = len(self.shards) - 1
@@ -321,23 +342,104 @@ class ShardedTopic(TopicDirectory):
                 index = self._turn & mask
                 self._turn += 1
             else:
-                index = zlib.crc32(route) & mask
+                index = _shard_of(route, mask)
             routed.append((index, item))
-        groups: dict[int, list[int]] = {}
-        for position, (index, _) in enumerate(routed):
-            groups.setdefault(index, []).append(position)
+            dedup_ids.append(envelope.dedup_id)
         ids: list[str | None] = [None] * len(routed)
-        for index, positions in groups.items():
+        if not any(dedup_id is not None for dedup_id in dedup_ids):
+            self._send_parts(routed, range(len(routed)), ids)
+            return ids  # type: ignore[return-value]  # every one is set by now
+        # A group or key may route a dedup id to any shard, so the shards' own deduplication
+        # would miss a duplicate sent with another group: the sends of one dedup id go one at a
+        # time, under the hold of the shard of its hash, and look for it in every shard.
+        self.gc_when_due()  # not under the holds
+        copies: dict[int, int] = {}  # position -> the position of the first of its dedup id
+        failed: Exception | None = None
+        hashed = {_shard_of(dedup_id.encode("utf-8"), mask) for dedup_id in dedup_ids if dedup_id is not None}
+        with ExitStack() as holds:
+            for index in sorted(hashed | {index for index, _ in routed}):  # in one order: no deadlock
+                shard = self.shards[index]
+                holds.enter_context(held(shard._get_writer(), shard._reopen_writer, shard.check_present))
+            sent_before = self._sent_before({dedup_id for dedup_id in dedup_ids if dedup_id is not None})
+            first_of: dict[str, int] = {}
+            fresh: list[int] = []
+            for position, dedup_id in enumerate(dedup_ids):
+                if dedup_id is None:
+                    fresh.append(position)
+                elif dedup_id in sent_before:
+                    ids[position] = sent_before[dedup_id]
+                elif dedup_id in first_of:
+                    copies[position] = first_of[dedup_id]
+                else:
+                    first_of[dedup_id] = position
+                    fresh.append(position)
             try:
-                sent = self.shards[index].send_many([routed[p][1] for p in positions])
+                self._send_parts(routed, fresh, ids)
+            except Exception as exc:
+                # Raised once the holds end without error: they then sync what was written
+                # (``sync="always"``), which the error says is stored.
+                failed = exc
+        for position, earlier in copies.items():
+            ids[position] = ids[earlier]
+        if failed is not None:
+            partial = PartialSendError.after(ids, failed)
+            if partial is None:
+                raise failed
+            raise partial from failed
+        return ids  # type: ignore[return-value]  # every one is set by now
+
+    def _send_parts(
+        self, routed: list[tuple[int, Mapping[str, Any]]], positions: Iterable[int], ids: list[str | None]
+    ) -> None:
+        """Write the messages of ``routed`` at ``positions``, one ``send_many`` per shard, and
+        set their ids in ``ids``. A failure after a part was written is a ``PartialSendError``."""
+        groups: dict[int, list[int]] = {}
+        for position in positions:
+            groups.setdefault(routed[position][0], []).append(position)
+        for index, part in groups.items():
+            try:
+                sent = self.shards[index].send_many([routed[p][1] for p in part])
             except Exception as exc:
                 partial = PartialSendError.after(ids, exc)
                 if partial is None:
                     raise
                 raise partial from exc
-            for position, inner in zip(positions, sent):
+            for position, inner in zip(part, sent):
                 ids[position] = f"{index}.{inner}"
-        return ids  # type: ignore[return-value]  # every one is set by now
+
+    def _sent_before(self, dedup_ids: set[str]) -> dict[str, str]:
+        """The ids of ``dedup_ids`` sent within the window to any shard: the earliest when there
+        are several (sent while deduplication went per shard). Each shard's ids are caught up
+        from its journal here, by this object's own reading of it (a shard's own is used under
+        its hold alone). A shard that cannot be read (damaged) is left out, with a warning: a
+        receive from it raises its damage, and the sends to the others go on."""
+        window_ns = int(self.settings.dedup_window * 1e9)
+        found: dict[str, tuple[int, str]] = {}  # dedup id -> (time sent, id)
+        for index, shard in enumerate(self.shards):
+            with self._dedup_locks[index]:
+                dedup = self._dedup[index]
+                if dedup is None or dedup.window_ns != window_ns:
+                    self._forget_dedup(index)
+                    dedup = self._dedup[index] = DedupIndex(shard.path, self.settings.dedup_window)
+                try:
+                    dedup.catch_up()
+                except (JournalError, OSError) as exc:
+                    log.warning("%s: deduplication cannot read this shard, left out: %s", shard.path, exc)
+                    continue
+                for dedup_id in dedup_ids:
+                    offset = dedup.lookup(dedup_id)
+                    if offset is not None:
+                        sent_at = dedup.seen[dedup_id][1]
+                        if dedup_id not in found or sent_at < found[dedup_id][0]:
+                            found[dedup_id] = (sent_at, f"{index}.{message_id(offset)}")
+        return {dedup_id: id for dedup_id, (_, id) in found.items()}
+
+    def _forget_dedup(self, index: int) -> None:
+        """Drop shard ``index``'s deduplication ids read by ``_sent_before``, closing its reading
+        (a segment held open per shard)."""
+        dedup, self._dedup[index] = self._dedup[index], None
+        if dedup is not None and dedup._scanner is not None:
+            dedup._scanner.close()
 
     def _get_writer(self) -> None:
         """Make every shard's journal that is missing (at creation), so that readers of the
@@ -381,9 +483,14 @@ class ShardedTopic(TopicDirectory):
         deleted. A shard whose gc fails (damaged) does not keep the others from being collected:
         its failure is raised once every shard was tried."""
         self._last_gc = time.monotonic()
-        cuts = self.size_cuts() if self.settings.retention_bytes is not None else [None] * len(self.shards)
         deleted: list[Path] = []
         failed: Exception | None = None
+        cuts: list[int | None] = [None] * len(self.shards)
+        if self.settings.retention_bytes is not None:
+            try:
+                cuts = list(self.size_cuts())
+            except (JournalError, OSError) as exc:
+                failed, cuts = exc, [0] * len(cuts)  # no retention by size, the rest all the same
         for shard, cut in zip(self.shards, cuts):
             try:
                 deleted += shard.gc(now, size_kept_from=cut)
@@ -399,11 +506,17 @@ class ShardedTopic(TopicDirectory):
         newest message), and never a shard's last one, until the shards hold no more than the
         limit together."""
         limit = self.settings.retention_bytes
+        listed = [list_segments(shard.path) for shard in self.shards]
         while True:
             try:
-                return size_cuts([list_segments(shard.path) for shard in self.shards], limit or 0)
-            except FileNotFoundError:
-                continue  # a segment listed was deleted meanwhile (another process's gc): list again
+                return size_cuts(listed, limit or 0)
+            except FileNotFoundError as exc:
+                # A segment listed was deleted meanwhile (another process's gc): list again. One
+                # listed again that is not there (a dangling link) would have this look for ever.
+                listed = [list_segments(shard.path) for shard in self.shards]
+                missing = [s for segments in listed for s in segments if str(s.path) == exc.filename]
+                if missing and not os.path.exists(missing[0].path):
+                    raise unopenable(missing[0]) from None
 
     def first_offset(self) -> dict[str, int]:
         return {name: shard.first_offset() for name, shard in zip(self.shard_names, self.shards)}
@@ -419,6 +532,8 @@ class ShardedTopic(TopicDirectory):
         self._channels.clear()
         for shard in self.shards:
             shard.close()
+        for index in range(len(self._dedup)):
+            self._forget_dedup(index)
         self._let_go_of_directory()
 
 

@@ -15,10 +15,15 @@ up to) or messages that differ from the ones held, 503 with ``Retry-After`` when
 or another program (an exclusive writer) holds the copy's lock for now, the hub is shutting down,
 or it is handling ``max_requests`` requests already (``kind`` busy, the connection closed),
 500 for trouble with the hub's own copy (damaged, say: logged, and pushed again by the pusher).
+An error of the operating system met outside a journal (listing the copies, making the root) is
+503 ``storage`` for a full disk, a quota or an I/O error (``STORAGE_ERRNOS``, as ``journalq
+serve`` answers them), else 500 ``storage`` naming it; any other error is 500 ``internal``,
+logged with its traceback. No answer names where the hub keeps its copies.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -31,6 +36,7 @@ from fastapi.responses import JSONResponse
 
 from journalq import __version__
 from journalq.errors import (
+    CorruptionError,
     Error,
     HubConflictError,
     HubError,
@@ -42,7 +48,7 @@ from journalq.errors import (
     StorageError,
 )
 from journalq.hub.protocol import API_PREFIX, Push
-from journalq.hub.store import HubStore
+from journalq.hub.store import HubStore, damage_reason
 from journalq.server.config import ServerConfig
 from journalq.server.tokens import bearer_matches
 
@@ -61,6 +67,8 @@ push body (up to ``max_push`` bytes) and, to store it, a thread (anyio lends 40)
 DEFAULT_BODY_TIMEOUT = ServerConfig.body_timeout
 """Seconds a push body may bring no bytes before it is answered 408 (``journalq serve``'s)."""
 BYTES_TYPE = "application/octet-stream"
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+"""Errors of the storage (a full disk, a quota, an I/O error) answered 503: they may pass."""
 
 
 class _Refused(Exception):
@@ -68,9 +76,10 @@ class _Refused(Exception):
         self.status, self.body, self.headers = status, body, headers or {}
 
 
-def _refusal(exc: Exception) -> _Refused:
-    """The answer to an error of the store. A journal's error says what is wrong (its reason),
-    not the file: as journalq serve's answers, they never name where the data is kept."""
+def _refusal(exc: Exception, root: Path) -> _Refused:
+    """The answer to an error of the store whose copies are in ``root``. A journal's error says
+    what is wrong (its reason; damage, in which copy's file), never where the data is kept: as
+    journalq serve's answers."""
     if isinstance(exc, StorageError):
         return _Refused(503, {"error": f"not stored: {exc.reason}", "kind": "storage"}, {"Retry-After": "1"})
     if isinstance(exc, LockedError):  # another program's lock
@@ -89,9 +98,22 @@ def _refusal(exc: Exception) -> _Refused:
     # which a pusher waits out and pushes again, never a 4xx it would take as a refusal for good.
     if isinstance(exc, JournalError):
         log.error("hub journal failure: %s", exc)  # logged whole, with its file
+        if isinstance(exc, CorruptionError):  # said so: a pusher would take it for its own journal's
+            return _Refused(500, {"error": f"the copy is {damage_reason(exc, root)}", "kind": "journal"})
         return _Refused(500, {"error": exc.reason, "kind": "journal"})
-    log.error("hub failure: %s", exc)
-    return _Refused(500, {"error": str(exc), "kind": "journal"})
+    if isinstance(exc, OSError):  # met outside a journal: its message would name the file
+        log.error("hub storage failure: %s", exc)
+        reason = exc.strerror or type(exc).__name__
+        if exc.errno in STORAGE_ERRNOS:
+            return _Refused(503, {"error": f"not done: {reason}", "kind": "storage"}, {"Retry-After": "1"})
+        return _Refused(500, {"error": f"the hub's storage failed: {reason}", "kind": "storage"})
+    if isinstance(exc, Error):
+        log.error("hub failure: %s", exc)
+        return _Refused(500, {"error": str(exc), "kind": "journal"})
+    log.error("hub failure", exc_info=exc)  # a bug: its traceback in the log, not in the answer
+    return _Refused(
+        500, {"error": f"the hub failed unexpectedly ({type(exc).__name__}); its log says more", "kind": "internal"}
+    )
 
 
 def hub_router(
@@ -132,16 +154,16 @@ def hub_router(
         if not box:
             async with opening:
                 if not box:
-                    box.append(await anyio.to_thread.run_sync(lambda: HubStore(root, sync=sync)))
+                    box.append(await blocking(lambda: HubStore(root, sync=sync)))  # makes the root
         return box[0]
 
     async def blocking(fn: Callable[..., T], *args: Any) -> T:
         try:
             return await anyio.to_thread.run_sync(fn, *args)
-        except Error as exc:
+        except Exception as exc:  # every error an answer (``_refusal``), never a bare 500
             if isinstance(exc, StorageError):
                 log.error("hub storage failure: %s", exc)
-            refused = _refusal(exc)
+            refused = _refusal(exc, Path(root))
             raise refused from exc
 
     def answer(refused: _Refused) -> Response:
