@@ -195,3 +195,43 @@ def test_gc_of_a_sharded_topic_with_a_segment_that_cannot_be_opened_raises_not_s
     assert raised.startswith("raised: segment is listed but cannot be opened") and "orders.1.001" in raised, out
     before, after = map(int, other.removeprefix("other shard: ").split(" -> "))
     assert after == 1 < before, out  # the other shard collected all the same
+
+
+GC_OF_A_TOPIC_WITH_A_DANGLING_SEGMENT = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from journalq.errors import JournalError
+    from journalq.queue import Broker
+
+    root = Path(sys.argv[1])
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("orders", segment_size=4096, retention_bytes=100_000)
+        queue.send_many([b"y" * 500 for _ in range(40)])
+        while got := queue.receive(10):
+            queue.delete_many([m.receipt for m in got])
+        queue.commit_cursor()
+        segments = sorted((root / "orders" / "jnl").glob("*.jnl"))
+        segments[1].unlink()
+        segments[1].symlink_to(root / "nowhere")  # listed, but no open can read it
+        try:
+            broker.topic("orders").gc()
+        except JournalError as exc:
+            print("raised:", exc)
+    """
+)
+
+
+def test_gc_of_a_topic_with_a_segment_that_cannot_be_opened_raises_not_spins(tmp_path: Path, child_env: dict) -> None:
+    """As a sharded topic's: an unsharded topic's gc listed its segments again and again, for
+    ever, while one of them could not be opened (a dangling link), taking it for one deleted
+    meanwhile by another process's gc."""
+    child = spawn(GC_OF_A_TOPIC_WITH_A_DANGLING_SEGMENT, tmp_path, env=child_env, stdout=-1, stderr=-1, text=True)
+    try:
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    assert out.startswith("raised: segment is listed but cannot be opened") and "orders/jnl" in out, out

@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fcntl import F_SETFL, fcntl
 from itertools import accumulate
@@ -167,6 +168,16 @@ def unopenable(segment: Segment) -> JournalError:
     """The error for a segment that is listed but cannot be opened (a dangling link, say):
     readers that took it for one deleted meanwhile would look again for ever."""
     return JournalError("segment is listed but cannot be opened", file=segment.path)
+
+
+def raise_if_unopenable(exc: FileNotFoundError, listed: Iterable[Segment]) -> None:
+    """After ``exc`` from a segment of a journal's listing: a ``JournalError`` when the segment
+    it names is still ``listed`` (listed again) and still cannot be opened (a dangling link, say),
+    where a caller that took it for one deleted meanwhile (another process's gc) would list the
+    segments again for ever; else nothing (it was deleted: list again)."""
+    for segment in listed:
+        if str(segment.path) == exc.filename and not os.path.exists(segment.path):
+            raise unopenable(segment) from None
 
 
 class _Near:

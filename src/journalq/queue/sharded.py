@@ -61,7 +61,7 @@ from journalq.errors import (
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import fsync_dir
-from journalq.journal.segment import journal_dir, list_segments, unopenable
+from journalq.journal.segment import journal_dir, list_segments, raise_if_unopenable
 from journalq.journal.writer import held
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
@@ -514,9 +514,7 @@ class ShardedTopic(TopicDirectory):
                 # A segment listed was deleted meanwhile (another process's gc): list again. One
                 # listed again that is not there (a dangling link) would have this look for ever.
                 listed = [list_segments(shard.path) for shard in self.shards]
-                missing = [s for segments in listed for s in segments if str(s.path) == exc.filename]
-                if missing and not os.path.exists(missing[0].path):
-                    raise unopenable(missing[0]) from None
+                raise_if_unopenable(exc, (segment for segments in listed for segment in segments))
 
     def first_offset(self) -> dict[str, int]:
         return {name: shard.first_offset() for name, shard in zip(self.shard_names, self.shards)}

@@ -29,7 +29,7 @@ from journalq.journal import Message, Scanner, Writer
 from journalq.journal.writer import held
 from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
-from journalq.journal.segment import Segment, list_segments, remove_segment
+from journalq.journal.segment import Segment, list_segments, raise_if_unopenable, remove_segment
 from journalq.queue import envelope, filters
 from journalq.queue.channel import Channel, log_failed_collection, retention_horizon
 from journalq.queue.envelope import Attribute, Envelope, message_id
@@ -441,8 +441,10 @@ class Topic(TopicDirectory):
             try:
                 kept_from = max(kept_from, self._delete_segments(now, needed_from, deleted, size_kept_from))
                 break
-            except FileNotFoundError:
-                continue  # a segment listed was deleted meanwhile (another process's gc): list again
+            except FileNotFoundError as exc:
+                # A segment listed was deleted meanwhile (another process's gc): list again (unless
+                # it is listed still, and cannot be opened: looking again would never end).
+                raise_if_unopenable(exc, list_segments(self.path))
         if deleted:
             self.first_kept = max(self.first_kept, kept_from)
             with self._cache_lock:  # deleted: not to be delivered from the cache
