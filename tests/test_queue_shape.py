@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,34 @@ def test_a_dead_letter_queue_made_again_by_a_move_is_of_its_sources_kind(store_r
         assert dlq.settings.fifo
         got = dlq.receive(1)
         assert [(m.body, m.group_id) for m in got] == [(b"x", "g")]
+
+
+def _open_segments(topic_path: Path) -> list[str]:
+    """The segments of ``topic_path`` that this process holds open."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # (the listing's own descriptor, closed by now)
+        if target.startswith(str(topic_path)) and target.endswith(".jnl"):
+            found.append(target)
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc (Linux)")
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_topic_closed_after_deduplicated_sends_holds_no_segment_open(tmp_path: Path, shards: int) -> None:
+    """A topic's deduplication reads its journal with a scanner of its own, which its close (and
+    a change of dedup_window) left open: a descriptor leaked per topic opened and closed."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("q", shards=shards)
+        queue.send(b"x", dedup_id="a")
+        queue.send(b"x", dedup_id="a")
+        broker.topic("q").close()
+        assert _open_segments(tmp_path / "q") == []
+        broker.queue("q").send(b"y", dedup_id="b")
+        broker.configure("q", dedup_window=60)  # its deduplication read again, with the new window
+        broker.queue("q").send(b"y", dedup_id="b")
+        broker.topic("q").close()
+        assert _open_segments(tmp_path / "q") == []

@@ -76,8 +76,7 @@ from journalq.queue.channel import (
 from journalq.queue.envelope import message_id
 from journalq.queue.removal import remove_directory
 from journalq.queue.settings import QueueSettings
-from journalq.queue.topic import OutgoingMessage, Topic, TopicDirectory, message_list, size_cuts
-from journalq.queue.topic import _DedupIndex as DedupIndex
+from journalq.queue.topic import DedupIndex, OutgoingMessage, Topic, TopicDirectory, message_list, size_cuts
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
@@ -438,8 +437,8 @@ class ShardedTopic(TopicDirectory):
         """Drop shard ``index``'s deduplication ids read by ``_sent_before``, closing its reading
         (a segment held open per shard)."""
         dedup, self._dedup[index] = self._dedup[index], None
-        if dedup is not None and dedup._scanner is not None:
-            dedup._scanner.close()
+        if dedup is not None:
+            dedup.close()
 
     def _get_writer(self) -> None:
         """Make every shard's journal that is missing (at creation), so that readers of the

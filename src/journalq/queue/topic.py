@@ -152,7 +152,7 @@ class Topic(TopicDirectory):
         self._writer: Writer | None = None
         self._writer_lock = threading.Lock()  # threads of the first send (or a reopen) make one writer
         self._channels: dict[str, Channel] = {}
-        self._dedup: _DedupIndex | None = None
+        self._dedup: DedupIndex | None = None
         self.settings = settings
         # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
         # entry per read of ~500, not one per message), up to ``_CACHED_MESSAGES`` in all.
@@ -171,6 +171,7 @@ class Topic(TopicDirectory):
         if self._writer is not None:
             self._writer.segment_size = settings.segment_size
         if self._dedup is not None and int(settings.dedup_window * 1e9) != self._dedup.window_ns:
+            self._dedup.close()
             self._dedup = None  # read again with the new window at the next deduplicated send
 
     # -- sending ----------------------------------------------------------------------------
@@ -347,9 +348,9 @@ class Topic(TopicDirectory):
         its own, made with its settings by the broker."""
         return self.path
 
-    def _dedup_index(self) -> _DedupIndex:
+    def _dedup_index(self) -> DedupIndex:
         if self._dedup is None:
-            self._dedup = _DedupIndex(self.path, self.settings.dedup_window)
+            self._dedup = DedupIndex(self.path, self.settings.dedup_window)
         return self._dedup
 
     # -- reading ----------------------------------------------------------------------------
@@ -488,6 +489,9 @@ class Topic(TopicDirectory):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._dedup is not None:
+            self._dedup.close()
+            self._dedup = None
         self._let_go_of_directory()
 
 
@@ -531,7 +535,7 @@ def last_timestamp(segment: Segment) -> int:
         raise JournalError(f"cannot read the last message of a segment: {exc}", file=segment.path) from None
 
 
-class _DedupIndex:
+class DedupIndex:
     """Deduplication ids sent within the window, caught up from the topic itself.
 
     The ids travel in the messages' envelopes, so every producer process learns the others' by
@@ -561,6 +565,14 @@ class _DedupIndex:
             if len(header) == HEADER.size and HEADER.unpack(header)[1] <= horizon:
                 break
         return Scanner(self.path, start)
+
+    def close(self) -> None:
+        """Close its reading of the topic (a segment held open); a later ``catch_up`` reads the
+        window again."""
+        if self._scanner is not None:
+            self._scanner.close()
+            self._scanner = None
+        self.seen.clear()
 
     def catch_up(self) -> None:
         if self._scanner is None:
