@@ -90,9 +90,10 @@ def test_a_queue_closed_is_opened_anew_by_the_broker(tmp_path: Path, shards: int
         assert [m.body for m in reopened.receive(1)] == [b"after"]
 
 
-def test_a_channel_closed_is_opened_anew_by_its_topic(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_channel_closed_is_opened_anew_by_its_topic(tmp_path: Path, shards: int) -> None:
     with Broker(tmp_path, sync="none") as broker:
-        topic = broker.topic("t")
+        topic = broker.topic("t", shards=shards)
         channel = topic.channel("a")
         topic.send(b"kept")
         channel.close()

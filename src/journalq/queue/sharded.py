@@ -457,7 +457,7 @@ class ShardedTopic(TopicDirectory):
     def channel(self, name: str) -> ShardedChannel:
         """The channel ``name`` of every shard, as one (created when missing)."""
         channel = self._channels.get(name)
-        if channel is None:
+        if channel is None or channel._closed:  # closed, its receives would return nothing: a new one
             channel = self._channels[name] = ShardedChannel(self, name)
         return channel
 
