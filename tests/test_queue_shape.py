@@ -173,3 +173,15 @@ def test_a_topic_closed_after_deduplicated_sends_holds_no_segment_open(tmp_path:
         broker.queue("q").send(b"y", dedup_id="b")
         broker.topic("q").close()
         assert _open_segments(tmp_path / "q") == []
+
+
+def test_dead_letter_ids_of_two_shards_differ_whatever_their_tokens(tmp_path: Path) -> None:
+    """A dead letter's deduplication id named the sharded queue, the channel, the channel's token
+    and the offset: the same offset in two shards differed by the random token alone, and when
+    those met, the dead-letter queue dropped the second shard's letter as a duplicate."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("q", shards=2)
+        first, second = (broker.topic("q").shards[i].channel("default") for i in range(2))
+        second._token = first._token  # (the 1 in 2**32 that a pair of channels meets)
+        assert first._dead_letter_id(0) != second._dead_letter_id(0)
+        queue.close()

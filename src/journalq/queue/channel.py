@@ -1254,8 +1254,10 @@ class Channel:
     def _dead_letter_id(self, offset: int) -> str:
         """The deduplication id of the dead letter of message ``offset``: a process killed after
         it moved the message but before it recorded the move (the DEAD event, appended next)
-        leaves it to move again; the dead-letter queue drops that copy (within its dedup_window)."""
-        identity = f"{self.topic.name}/{self.name}/{self._token}/{offset}"
+        leaves it to move again; the dead-letter queue drops that copy (within its dedup_window).
+        Named by the topic's directory: each shard of a sharded queue has its own offsets (by
+        the queue's name, only their channels' random tokens told two shards' apart)."""
+        identity = f"{self.topic.path.name}/{self.name}/{self._token}/{offset}"
         return "dead-letter:" + hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     # -- acting on receipts -----------------------------------------------------------------
