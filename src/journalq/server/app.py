@@ -10,7 +10,6 @@ with ``Retry-After``, the write leaves nothing half-done, and reads go on being 
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import gc
 import itertools
@@ -56,7 +55,7 @@ from journalq.server import metrics
 from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
-from journalq.server.hub import HUB_DIR, hub_router
+from journalq.server.hub import HUB_DIR, STORAGE_ERRNOS, hub_router
 from journalq.server.ids import given_id, queue_id
 from journalq.server.polling import poll_slices
 from journalq.server.reading import queue_to_read
@@ -67,9 +66,6 @@ from journalq.server.tokens import bearer_matches
 
 log = logging.getLogger("journalq.server")
 T = TypeVar("T")
-
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
-"""Errors of the storage (a full disk, a quota, an I/O error) answered 503 wherever they arise."""
 
 RESERVED = {"metrics", "healthz", "readyz", "docs", "redoc", "openapi.json"}
 """Paths of the server's own that no queue can be reached at through the REST API."""
@@ -223,7 +219,7 @@ def create_app(config: ServerConfig) -> App:
                 raise storage_problem(exc) from exc
             # An OSError is the same failure met outside a journal (a queue's settings file, its
             # channel's token, an offset file): still the storage's, not a bug of the server's.
-            if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+            if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
                 raise storage_problem(exc) from exc
             return False
 
