@@ -411,6 +411,7 @@ def test_sqs_error_shapes() -> None:
     )
     assert SqsError("SignatureDoesNotMatch", "no", status=403).status == 403
     assert SqsError("ResourceNotFoundException", "x").status == 404
+    assert SqsError("ReceiptHandleIsInvalid", "x").status == 404  # as AWS answers (the SDKs say so)
 
 
 def test_create_get_list_and_delete_queues(client: Client) -> None:

@@ -122,7 +122,7 @@ _QUERY_ERRORS: dict[str, tuple[str, int]] = {
     "MessageNotInflight": ("AWS.SimpleQueueService.MessageNotInflight", 400),
     "PurgeQueueInProgress": ("AWS.SimpleQueueService.PurgeQueueInProgress", 403),
     "UnsupportedOperation": ("AWS.SimpleQueueService.UnsupportedOperation", 400),
-    "ReceiptHandleIsInvalid": ("ReceiptHandleIsInvalid", 400),
+    "ReceiptHandleIsInvalid": ("ReceiptHandleIsInvalid", 404),  # (as AWS: the SDKs report "Status Code: 404")
     "InvalidAttributeName": ("InvalidAttributeName", 400),
     "InvalidAttributeValue": ("InvalidAttributeValue", 400),
     "InvalidMessageContents": ("InvalidMessageContents", 400),
