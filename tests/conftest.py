@@ -16,6 +16,7 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,37 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mount_point)], check=False)
         if os.path.ismount(mount_point):
             subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def returned_at_once(call: Any, seconds: float = 5.0) -> Any:
+    """What ``call()`` returns or raises, which it must do within ``seconds`` (a call that would
+    block for ever fails the test instead of hanging it)."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, "blocked"
+    return outcome[0]
+
+
+@pytest.fixture
+def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many records of Spark's commit logs (``journalq.spark.writing.CommitLog``) were decoded."""
+    from journalq.spark.writing import CommitLog
+
+    count = [0]
+    real = CommitLog._record
+
+    def counting(self: Any, value: Any, offset: Any) -> Any:
+        count[0] += 1
+        return real(self, value, offset)
+
+    monkeypatch.setattr(CommitLog, "_record", counting)
+    return count

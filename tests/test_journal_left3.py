@@ -22,6 +22,7 @@ from journalq.journal import Scanner, Writer
 from journalq.journal.inspect import check
 from journalq.journal.lock import FileLock
 from journalq.journal.segment import lock_path
+from conftest import returned_at_once
 
 
 def test_next_message_raises_scan_timeout_when_none_comes_in_time(tmp_path):
@@ -87,22 +88,6 @@ def test_a_shared_writer_clears_a_dead_exclusive_writers_note_when_it_takes_the_
         shared.close()
 
 
-def _at_once(call):
-    """What ``call`` returns or raises, which it must do within seconds (not block for ever)."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(5)
-    assert outcome, "blocked"
-    return outcome[0]
-
 
 @pytest.mark.parametrize("where", ["the only segment", "the last segment", "a segment before the last"])
 def test_a_fifo_with_a_segments_name_is_refused_without_blocking(tmp_path, where):
@@ -121,10 +106,10 @@ def test_a_fifo_with_a_segments_name_is_refused_without_blocking(tmp_path, where
         if where != "a segment before the last":  # a writer opens the last segment only
             calls += [lambda: Writer(tmp_path).close(), lambda: Writer(tmp_path, shared=True).close()]
         for call in calls:
-            error = _at_once(call)
+            error = returned_at_once(call)
             assert isinstance(error, JournalError) and error.file == fifo, error
             assert "not a segment: a special file has a segment's name" in str(error)
-        report = _at_once(lambda: check(tmp_path))
+        report = returned_at_once(lambda: check(tmp_path))
         assert [(p.kind, p.file) for p in report.problems] == [("segment", fifo)]
         assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it was
     finally:

@@ -150,6 +150,20 @@ def test_threads_sending_the_same_dedup_ids_with_other_groups_store_each_once(tm
 
 # -- garbage collection with a shard's segment that cannot be opened ------------------------------
 
+def _printed_by(script: str, tmp_path: Path, child_env: dict) -> str:
+    """What ``script``, run in a child process with ``tmp_path``, printed; it must end well
+    within 30 s (a gc that lists segments for ever would not)."""
+    child = spawn(script, tmp_path, env=child_env, stdout=-1, stderr=-1, text=True)
+    try:
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    return out
+
+
 GC_WITH_A_DANGLING_SEGMENT = textwrap.dedent(
     """
     import sys
@@ -183,14 +197,7 @@ def test_gc_of_a_sharded_topic_with_a_segment_that_cannot_be_opened_raises_not_s
 ) -> None:
     """Retention by size listed every shard's segments again and again, for ever, while one of
     them could not be stat'ed (a dangling link): a send, once its gc was due, never returned."""
-    child = spawn(GC_WITH_A_DANGLING_SEGMENT, tmp_path, env=child_env, stdout=-1, stderr=-1, text=True)
-    try:
-        out, err = child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 0, err
+    out = _printed_by(GC_WITH_A_DANGLING_SEGMENT, tmp_path, child_env)
     raised, other = out.splitlines()
     assert raised.startswith("raised: segment is listed but cannot be opened") and "orders.1.001" in raised, out
     before, after = map(int, other.removeprefix("other shard: ").split(" -> "))
@@ -226,12 +233,5 @@ def test_gc_of_a_topic_with_a_segment_that_cannot_be_opened_raises_not_spins(tmp
     """As a sharded topic's: an unsharded topic's gc listed its segments again and again, for
     ever, while one of them could not be opened (a dangling link), taking it for one deleted
     meanwhile by another process's gc."""
-    child = spawn(GC_OF_A_TOPIC_WITH_A_DANGLING_SEGMENT, tmp_path, env=child_env, stdout=-1, stderr=-1, text=True)
-    try:
-        out, err = child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 0, err
+    out = _printed_by(GC_OF_A_TOPIC_WITH_A_DANGLING_SEGMENT, tmp_path, child_env)
     assert out.startswith("raised: segment is listed but cannot be opened") and "orders/jnl" in out, out

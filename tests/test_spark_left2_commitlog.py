@@ -14,19 +14,6 @@ from journalq.spark.targets import Target, for_writing  # noqa: E402
 from journalq.spark.writing import COMMIT, INTENT, CommitLog  # noqa: E402
 
 
-@pytest.fixture
-def decoded(monkeypatch):
-    """How many commit-log records were decoded."""
-    count = [0]
-    real = CommitLog._record
-
-    def counting(self, value, offset):
-        count[0] += 1
-        return real(self, value, offset)
-
-    monkeypatch.setattr(CommitLog, "_record", counting)
-    return count
-
 
 def test_records_read_again_decode_only_what_was_appended_since(tmp_path, decoded):
     log = CommitLog(Target(tmp_path, "journal"), "import-1")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import threading
 
 import pytest
 
@@ -18,20 +17,8 @@ from journalq.journal import Message, Scanner, Writer  # noqa: E402
 from journalq.spark import reading, writing  # noqa: E402
 from journalq.spark.targets import Target, for_writing  # noqa: E402
 from journalq.spark.writing import COMMIT, CommitLog  # noqa: E402
+from conftest import returned_at_once  # noqa: E402
 
-
-@pytest.fixture
-def decoded(monkeypatch):
-    """How many commit-log records were decoded."""
-    count = [0]
-    real = CommitLog._record
-
-    def counting(self, value, offset):
-        count[0] += 1
-        return real(self, value, offset)
-
-    monkeypatch.setattr(CommitLog, "_record", counting)
-    return count
 
 
 def rows_of(partition: int, n: int = 3) -> list[Message]:
@@ -124,22 +111,6 @@ def test_a_commit_drops_its_tasks_marks_and_replays_still_skip(tmp_path, monkeyp
 # -- a named pipe with a segment's name --------------------------------------------------------
 
 
-def _at_once(call):
-    """What ``call`` returns or raises, which it must do within seconds (not block for ever)."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(5)
-    assert outcome, "blocked"
-    return outcome[0]
-
 
 def test_planning_and_reading_refuse_a_fifo_with_a_segments_name(tmp_path):
     """The planner (a range's bytes, its cuts) and the executors' reads opened segments with a
@@ -158,7 +129,7 @@ def test_planning_and_reading_refuse_a_fifo_with_a_segments_name(tmp_path):
             lambda: list(reading.iter_columns(str(tmp_path), 1, 3)),
         ]
         for call in calls:
-            error = _at_once(call)
+            error = returned_at_once(call)
             assert isinstance(error, JournalError) and error.file == fifo, error
             assert "a special file has a segment's name" in str(error)
     finally:
