@@ -21,7 +21,13 @@ from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
 from journalq.queue.removal import remove_directory, remove_leftovers
-from journalq.queue.settings import QueueSettings, check_dead_letter_kinds, check_for_queue, check_name
+from journalq.queue.settings import (
+    QueueSettings,
+    check_dead_letter_kinds,
+    check_for_queue,
+    check_name,
+    dead_letter_sources,
+)
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.queue.topic import Topic
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
@@ -119,22 +125,15 @@ class Broker(Closing):
         return topic
 
     def _check_dead_letter_kinds(self, name: str, before: QueueSettings | None, after: QueueSettings) -> None:
-        check_dead_letter_kinds(
-            name, before, after, lambda target: settings_file.load(self.root / target), self.dead_letter_sources
-        )
+        check_dead_letter_kinds(name, before, after, self._settings_of, self.dead_letter_sources)
+
+    def _settings_of(self, name: str) -> QueueSettings | None:
+        return settings_file.load(self.root / name)
 
     def dead_letter_sources(self, name: str) -> list[tuple[str, QueueSettings]]:
         """The queues (name and settings) whose dead-letter queue is ``name``, but ``name`` itself;
         one whose settings file is damaged is left out (its problem, not this listing's)."""
-        sources = []
-        for other in self.names():
-            try:
-                settings = settings_file.load(self.root / other) if other != name else None
-            except SettingsFileError:
-                continue
-            if settings is not None and settings.dead_letter_queue == name:
-                sources.append((other, settings))
-        return sources
+        return dead_letter_sources(name, self.names(), self._settings_of)
 
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> Queue:
         """The queue ``name``: a topic with the one channel ``default``."""

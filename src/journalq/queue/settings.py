@@ -179,7 +179,6 @@ def check_dead_letter_kind(
         )
 
 
-
 def check_dead_letter_kinds(
     name: str,
     before: QueueSettings | None,
@@ -201,6 +200,25 @@ def check_dead_letter_kinds(
             check_dead_letter_kind(source, settings, name, after)
 
 
+def dead_letter_sources(
+    name: str, names: list[str], settings_of: Callable[[str], QueueSettings | None]
+) -> list[tuple[str, QueueSettings]]:
+    """The queues among ``names`` (name and settings, read by ``settings_of``, a store's) whose
+    dead-letter queue is ``name``, but ``name`` itself; one whose settings cannot be read as
+    settings (damaged) is left out: its problem, not this listing's."""
+    sources = []
+    for other in names:
+        if other == name:
+            continue
+        try:
+            settings = settings_of(other)
+        except InvalidSettingError:  # (a SettingsFileError, on files)
+            continue
+        if settings is not None and settings.dead_letter_queue == name:
+            sources.append((other, settings))
+    return sources
+
+
 def open_dead_letter_queue(open_queue: Callable[..., T], name: str, settings: QueueSettings) -> T:
     """``open_queue(name)`` (a store's ``topic`` or ``queue``), the dead-letter queue ``name`` of
     a queue with ``settings``, made when missing (a move's way: named, then deleted since) of the
@@ -210,6 +228,7 @@ def open_dead_letter_queue(open_queue: Callable[..., T], name: str, settings: Qu
         return open_queue(name, create=False)
     except QueueNotFoundError:
         return open_queue(name, **({"fifo": True} if settings.fifo else {}))
+
 
 SETTINGS_FILE = "queue.json"
 

@@ -95,6 +95,7 @@ from journalq.queue.settings import (
     check_dead_letter_kinds,
     check_for_queue,
     check_name,
+    dead_letter_sources,
     open_dead_letter_queue,
 )
 from journalq.queue.topic import OutgoingMessage, Topic, message_list
@@ -520,25 +521,12 @@ class ZooKeeperBroker(Closing):
             loaded = again
 
     def _check_dead_letter_kinds(self, name: str, before: QueueSettings | None, after: QueueSettings) -> None:
-        def settings_of(target: str) -> QueueSettings | None:
-            loaded = self._load_with_stat(target)
-            return None if loaded is None else loaded[0]
-
-        check_dead_letter_kinds(name, before, after, settings_of, self.dead_letter_sources)
+        check_dead_letter_kinds(name, before, after, self._load, self.dead_letter_sources)
 
     def dead_letter_sources(self, name: str) -> list[tuple[str, QueueSettings]]:
         """The queues (name and settings) whose dead-letter queue is ``name``, but ``name`` itself
-        (as the file store's ``Broker.dead_letter_sources``); one whose settings cannot be read is
-        left out (its problem, not this listing's)."""
-        sources = []
-        for other in self.names():
-            try:
-                loaded = self._load_with_stat(other) if other != name else None
-            except InvalidSettingError:
-                continue
-            if loaded is not None and loaded[0].dead_letter_queue == name:
-                sources.append((other, loaded[0]))
-        return sources
+        (as the file store's ``Broker.dead_letter_sources``)."""
+        return dead_letter_sources(name, self.names(), self._load)
 
     def _save(self, name: str, settings: QueueSettings, version: int) -> None:
         """Write the settings if their node is still at ``version`` (else ``BadVersionError``)."""
