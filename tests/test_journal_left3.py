@@ -21,7 +21,7 @@ from journalq.errors import Error, InvalidArgumentError, JournalError, OffsetOut
 from journalq.journal import Scanner, Writer
 from journalq.journal.inspect import check
 from journalq.journal.lock import FileLock
-from journalq.journal.segment import lock_path
+from journalq.journal.segment import lock_path, segment_at
 from conftest import returned_at_once
 
 
@@ -88,7 +88,6 @@ def test_a_shared_writer_clears_a_dead_exclusive_writers_note_when_it_takes_the_
         shared.close()
 
 
-
 @pytest.mark.parametrize("where", ["the only segment", "the last segment", "a segment before the last"])
 def test_a_fifo_with_a_segments_name_is_refused_without_blocking(tmp_path, where):
     """open() of a FIFO waits for a writer to open its other end: a named pipe with a segment's
@@ -112,6 +111,32 @@ def test_a_fifo_with_a_segments_name_is_refused_without_blocking(tmp_path, where
         report = returned_at_once(lambda: check(tmp_path))
         assert [(p.kind, p.file) for p in report.problems] == [("segment", fifo)]
         assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it was
+    finally:
+        with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_the_other_readers_of_segments_refuse_a_fifo_without_blocking(tmp_path):
+    """The same for the readers that opened segments by their path rather than through
+    ``open_segment``: a topic's look at a segment's last message (its gc), its deduplication's
+    look at a segment's first, and the hub's raw reader (a push's)."""
+    from journalq.hub.source import RawReader
+    from journalq.queue.topic import DedupIndex, last_timestamp
+
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 120] * 3)  # one message a segment: 0, 1, 2, then 3 empty
+    fifo = tmp_path / "jnl" / f"{1:016x}.jnl"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    try:
+        for call in (
+            lambda: last_timestamp(segment_at(tmp_path, 1)),
+            lambda: DedupIndex(tmp_path, 3600).catch_up(),  # the window reaches back to segment 1
+            lambda: RawReader(tmp_path).read(1),
+        ):
+            error = returned_at_once(call)
+            assert isinstance(error, JournalError) and error.file == fifo, error
+            assert "not a segment: a special file has a segment's name" in str(error)
     finally:
         with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))

@@ -18,7 +18,15 @@ from journalq.closing import Closing
 from journalq.errors import CorruptionError, JournalError, OffsetOutOfRangeError
 from journalq.journal import index
 from journalq.journal.codec import frame_sizes
-from journalq.journal.segment import READ_CHUNK, Segment, confirms, segment_at, segment_bases, segment_name
+from journalq.journal.segment import (
+    READ_CHUNK,
+    Segment,
+    confirms,
+    open_segment,
+    segment_at,
+    segment_bases,
+    segment_name,
+)
 
 __all__ = ["RawReader", "RawRun"]
 
@@ -130,7 +138,7 @@ class RawReader(Closing):
             self._fd = -1
         self._segment, self._pos, self._next = segment, 0, segment.base
         try:
-            self._fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = open_segment(segment)
         except FileNotFoundError:
             self._fd = -1  # an empty journal: its first segment is not there yet
 

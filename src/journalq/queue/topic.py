@@ -29,7 +29,7 @@ from journalq.journal import Message, Scanner, Writer
 from journalq.journal.writer import held
 from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
-from journalq.journal.segment import Segment, list_segments, raise_if_unopenable, remove_segment
+from journalq.journal.segment import Segment, list_segments, open_segment, raise_if_unopenable, remove_segment
 from journalq.queue import envelope, filters
 from journalq.queue.channel import Channel, log_failed_collection, retention_horizon
 from journalq.queue.envelope import Attribute, Envelope, message_id
@@ -522,13 +522,16 @@ def size_cuts(listed: list[list[Segment]], limit: int) -> list[int]:
 def last_timestamp(segment: Segment) -> int:
     """The timestamp of a segment's last message, read backward through its size field."""
     try:
-        with open(segment.path, "rb", buffering=0) as f:
-            end = os.fstat(f.fileno()).st_size
+        fd = open_segment(segment)
+        try:
+            end = os.fstat(fd).st_size
             if end < 4:
                 return 2**63 - 1
-            (size,) = INT32.unpack(os.pread(f.fileno(), 4, end - 4))
-            header = os.pread(f.fileno(), HEADER.size, end - size)
+            (size,) = INT32.unpack(os.pread(fd, 4, end - 4))
+            header = os.pread(fd, HEADER.size, end - size)
             return HEADER.unpack(header)[1] if len(header) == HEADER.size else 2**63 - 1
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise  # deleted meanwhile (another process's gc): ``Topic.gc`` lists the segments again
     except (OSError, ValueError) as exc:
@@ -555,8 +558,11 @@ class DedupIndex:
         start = segments[0].base if segments else 0
         for segment in reversed(segments):
             try:
-                with open(segment.path, "rb", buffering=0) as f:
-                    header = os.pread(f.fileno(), HEADER.size, 0)
+                fd = open_segment(segment)
+                try:
+                    header = os.pread(fd, HEADER.size, 0)
+                finally:
+                    os.close(fd)
             except FileNotFoundError:
                 # Deleted since it was listed (another process's gc, which goes oldest first):
                 # so are those before it; the window starts in the next one at the latest.
