@@ -241,11 +241,15 @@ def interrupted_reading(lines: bytes, after: int):  # type: ignore[no-untyped-de
     import io
 
     class Interrupted(io.BytesIO):
-        def __iter__(self):  # type: ignore[no-untyped-def]
-            for number, line in enumerate(lines.splitlines(keepends=True), 1):
-                yield line
-                if number == after:
-                    raise KeyboardInterrupt
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines = iter(lines.splitlines(keepends=True)[:after])
+
+        def read(self, size: int | None = -1) -> bytes:
+            line = next(self.lines, None)
+            if line is None:
+                raise KeyboardInterrupt
+            return line
 
     return Interrupted()
 

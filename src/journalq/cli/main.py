@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import re
+import select
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -406,18 +407,51 @@ def _jsonl_parser(key: bytes, type_: int) -> Callable[[bytes], bytes | Message |
 
 
 def _line_batches(stream: BinaryIO) -> Iterator[tuple[int, list[bytes]]]:
-    """Lines in batches of a few thousand (or a few MiB), each with its first line's number."""
+    """Lines in batches, each with its first line's number: a batch ends at a few thousand lines
+    (or a few MiB), and also whenever the input pauses (nothing more to read at once), so that a
+    slow producer's lines (``tail -f log | journalq write``) are stored as they come, not when a
+    batch fills. A file or a fast pipe still gives full batches."""
     batch: list[bytes] = []
     size = 0
-    first = 1
-    for number, line in enumerate(stream, 1):
-        batch.append(line)
-        size += len(line)
-        if len(batch) >= _LINES_PER_BATCH or size >= _BYTES_PER_BATCH:
+    number = first = 1
+    partial = b""  # a line whose end has not been read yet
+    for chunk, more_ready in _chunks(stream):
+        *lines, partial = (partial + chunk).split(b"\n")
+        for line in lines:
+            line += b"\n"
+            batch.append(line)
+            size += len(line)
+            number += 1
+            if len(batch) >= _LINES_PER_BATCH or size >= _BYTES_PER_BATCH:
+                yield first, batch
+                batch, size, first = [], 0, number
+        if batch and not more_ready:
             yield first, batch
-            batch, size, first = [], 0, number + 1
+            batch, size, first = [], 0, number
+    if partial:
+        batch.append(partial)  # the last line, with no newline
     if batch:
         yield first, batch
+
+
+def _chunks(stream: BinaryIO, size: int = 1 << 16) -> Iterator[tuple[bytes, bool]]:
+    """What ``stream`` holds, as it can be read at once (never waiting for a chunk to fill), each
+    with whether more can be read at once after it. A stream with no descriptor (in memory) is
+    always ready."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        fd = -1
+    if fd < 0:
+        while chunk := stream.read(size):
+            yield chunk, True
+        return
+    # Read from the descriptor, not through the stream's buffer (which would wait to fill it):
+    # nothing has read the stream before (standard input, at the command's start).
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    while chunk := os.read(fd, size):
+        yield chunk, bool(poll.poll(0))
 
 
 def _invalid_item(items: Sequence[bytes | Message]) -> tuple[int, str] | None:
@@ -496,7 +530,8 @@ def write(
 ) -> None:
     """Append one message per line of standard input to the journal at DIR (created if missing).
 
-    Lines are appended in batches of a few thousand; a bad line stops the command with its line
+    Lines are appended in batches: of a few thousand, or of what came before the input paused (a
+    slow producer's lines are stored as they come). A bad line stops the command with its line
     number, and nothing of its batch is stored (earlier batches are).
     """
     key_bytes = os.fsencode(key) if key is not None else b""
