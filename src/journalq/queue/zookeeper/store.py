@@ -108,7 +108,9 @@ from journalq.queue.zookeeper.layout import (
     FINISHED,
     INSERTED,
     Entry,
+    KnownTasks,
     Paths,
+    SentFacts,
     TaskFacts,
     TaskIds,
     check_session_timeout,
@@ -368,6 +370,7 @@ class ZooKeeperBroker(Closing):
         self.client.add_listener(self._on_state)
         self.participant = _participant()
         self.ids = TaskIds()
+        self.known_tasks = KnownTasks()  # what the receives read of tasks that never changes
         self._topics: dict[str, ZooKeeperTopic] = {}
         self._queues: dict[str, ZooKeeperQueue] = {}
         self._lock = threading.RLock()
@@ -640,6 +643,7 @@ class ZooKeeperBroker(Closing):
             # outage stopped before this change leaves the queue whole, and its handles working.
             opened = self._topics.get(name)
             self.forget(name)
+            self.known_tasks.drop(paths.dir)
             if opened is not None:
                 opened.gone = True  # what was got of it refuses to work (as it would find anyway)
             try:
@@ -1350,27 +1354,63 @@ class ZooKeeperQueue:
             self._gone.clear()
             self._listing = sorted(self._zk.get_children(self.paths.queue, watch=self._on_change if watch else None))
             self._listed_at = now
+            self.topic.broker.known_tasks.retain(self._incarnation, self._listing)
             return self._listing, True
         if self._gone:
             gone, self._gone = self._gone, set()
             self._listing = [task for task in self._listing if task not in gone]
         return self._listing, False
 
+    @property
+    def _incarnation(self) -> tuple[str, int]:
+        """Which queue this is, for the broker's ``known_tasks``: a queue made again under the
+        name is another."""
+        return self.paths.dir, self.topic.created
+
+    def _went(self, task: str) -> None:
+        """``task`` is no longer pending (ended, or found gone): out of the listing and of what
+        the broker knows of the queue's tasks."""
+        self._gone.add(task)
+        self.topic.broker.known_tasks.forget(self._incarnation, task)
+
     def _entries(self, tasks: list[str], first: int = 512) -> Iterator[tuple[str, Entry, int]]:
         """(task, entry, version) of each task still pending, read together: ``first`` at first,
         then twice as many each time (a receive of a few reads a few)."""
+        for task, _, read in self._look(tasks, first, lambda task: None):
+            assert read is not None
+            yield task, *read
+
+    def _look(
+        self, tasks: list[str], first: int, settled: Callable[[str], SentFacts | None]
+    ) -> Iterator[tuple[str, SentFacts, tuple[Entry, int] | None]]:
+        """(task, its facts, (entry, version) as read) of each task still pending, read together
+        as ``_entries`` says, but for those whose facts ``settled`` gives (asked as the reads of
+        their chunk go out): their entry is not read (None), as they settle what the caller
+        does with the task. The facts of each entry read are kept in the broker's
+        ``known_tasks``, for ``settled`` to find in later calls."""
         zk, size, start = self._zk, first, 0
+        known, queue, now = self.topic.broker.known_tasks, self._incarnation, _now_ms()
         while start < len(tasks):
             chunk = tasks[start : start + size]
             start += size
             size = min(size * 2, 1024)
-            for task, result in [(task, zk.get_async(self.paths.entry(task))) for task in chunk]:
+            looks = [(task, settled(task)) for task in chunk]
+            reads = [(task, facts, zk.get_async(self.paths.entry(task)) if facts is None else None)
+                     for task, facts in looks]
+            for task, facts, result in reads:
+                if result is None:
+                    assert facts is not None
+                    yield task, facts, None
+                    continue
                 try:
                     raw, stat = result.get()
                 except NoNodeError:
-                    self._gone.add(task)
+                    self._went(task)
                     continue
-                yield task, Entry.decode(raw), stat.version
+                entry = Entry.decode(raw)
+                facts = SentFacts.of(entry, stat.version, now)
+                known.add(queue, task, facts)
+                yield task, facts, (entry, stat.version)
 
     def _on_change(self, event: Any) -> None:
         self._changed.set()
@@ -1454,23 +1494,36 @@ class ZooKeeperQueue:
         dead: list[tuple[str, Entry, int]] = []
         blocked: set[str] = set()  # groups whose head is held, delayed or not for this consumer
         wake_at: int | None = None
-        for task, entry, version in self._entries(names, first=max(8, 2 * max_messages)):
-            group = entry.group
+        known = self.topic.broker.known_tasks.facts(self._incarnation)
+
+        def settled(task: str) -> SentFacts | None:
+            """The facts of a task whose entry this look need not read: in a blocked group, not
+            for this consumer, or delayed still (its entry is as sent)."""
+            facts = known.get(task)
+            if facts is not None and (facts.group in blocked or facts.delayed(now)
+                                      or not filtering.matches(facts.filters, wanted, settings.enums)):
+                return facts
+            return None
+
+        for task, facts, read in self._look(names, max(8, 2 * max_messages), settled):
+            group = facts.group
             if group is not None and group in blocked:
                 continue
             if task in taken:
                 pass  # received by this call already (a visibility of 0 makes it available again)
-            elif not entry.available(now, live):
-                wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
-            elif not filtering.matches(entry.filters, wanted, settings.enums):
-                pass
-            elif max_count is not None and entry.count >= max_count:
-                if time.monotonic() >= self._retry_dead_letters_at:
-                    dead.append((task, entry, version))
-                    continue
-                # (else the dead-letter queue failed lately: it stays first in its group, undelivered)
+            elif not filtering.matches(facts.filters, wanted, settings.enums):
+                pass  # (whatever its state: its filters never change)
             else:
-                picks.append((task, entry, version))
+                entry, version = read if read is not None else (facts.unclaimed_entry(), 0)  # (delayed)
+                if not entry.available(now, live):
+                    wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
+                elif max_count is not None and entry.count >= max_count:
+                    if time.monotonic() >= self._retry_dead_letters_at:
+                        dead.append((task, entry, version))
+                        continue
+                    # (else the dead-letter queue failed lately: it stays first in its group, undelivered)
+                else:
+                    picks.append((task, entry, version))
             if group is not None:
                 blocked.add(group)
             if len(picks) >= max_messages:
@@ -1743,7 +1796,7 @@ class ZooKeeperQueue:
                 elif failed is None:
                     if new is None:
                         self._known.pop(task, None)
-                        self._gone.add(task)
+                        self._went(task)
                     else:
                         self._remember(task, new[0], new[1])
                 elif isinstance(failed, (BadVersionError, NoNodeError)):
@@ -1840,7 +1893,7 @@ class ZooKeeperQueue:
             for (task, _, _), (failed, _) in zip(entries, self._apply(changes, fenced=False)):
                 if failed is None:
                     self._known.pop(task, None)
-                    self._gone.add(task)
+                    self._went(task)
                     done.append(task)
                 elif isinstance(failed, BadVersionError):
                     tasks.append(task)

@@ -1,0 +1,127 @@
+"""The ZooKeeper store, fourth audit: receives that read again, at each call, the entries of the
+tasks they cannot take (delayed, for other filters, behind a blocked group), though what such an
+entry holds never changes but its state."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from journalq.errors import QueueNotFoundError
+from journalq.queue import Broker
+from test_queue_zookeeper import broker, url  # noqa: F401 (fixtures)
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
+
+
+class Reads:
+    """Counts the reads of queue entries (``.../queue/<task>``) that a broker's client makes."""
+
+    def __init__(self, broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        client = broker.client
+        for name in ("get", "get_async"):
+            monkeypatch.setattr(client, name, self._counting(getattr(client, name)))
+
+    def _counting(self, read: Any) -> Any:
+        def counted(path: str, *args: Any, **kwargs: Any) -> Any:
+            if "/queue/" in path:
+                self.count += 1
+            return read(path, *args, **kwargs)
+        return counted
+
+    def during(self, call: Any) -> tuple[Any, int]:
+        before = self.count
+        result = call()
+        return result, self.count - before
+
+
+def _send(q: Any, count: int, **options: Any) -> list[str]:
+    ids: list[str] = []
+    for start in range(0, count, 500):
+        ids += q.send_many([{"body": b"x", **options}] * min(500, count - start))
+    return ids
+
+
+BEHIND = 2_000
+
+
+@pytest.mark.parametrize("ahead", ["delayed", "other filters", "a blocked group"])
+def test_receives_behind_tasks_they_cannot_take_do_not_read_those_again(
+    broker, ahead: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    q = broker.queue("jobs", enums={"class": ["low", "high"]})
+    wanted = {"class": ("high", "absolute")} if ahead == "other filters" else None
+    if ahead == "a blocked group":
+        q.send(b"head", group_id="a")
+        (head,) = q.receive(visibility_timeout=60)
+        _send(q, BEHIND, group_id="a")
+    elif ahead == "delayed":
+        _send(q, BEHIND, delay=600)
+    else:
+        _send(q, BEHIND, filters={"class": "low"})
+    reads = Reads(broker, monkeypatch)
+    got, first = reads.during(lambda: q.receive(10, filters=wanted))
+    assert got == [] and first >= BEHIND  # the first receive reads them all
+    for _ in range(3):
+        got, again = reads.during(lambda: q.receive(10, filters=wanted))
+        # (at most the read-ahead of the first chunk, 20 for a receive of 10, in each look)
+        assert got == [] and again < 100, f"{again} entries read again behind {BEHIND} {ahead} tasks"
+    mine = q.send(b"mine", filters={"class": "high"})
+    (got,) = q.receive(10, filters=wanted)  # the one it can take is found, behind them
+    assert got.id == mine
+
+
+def _same_ids(broker: Any, monkeypatch: pytest.MonkeyPatch, ids: list[str]) -> None:
+    """The broker's next sends take ``ids`` (with the times they say), as if made again."""
+    given = iter(ids)
+    monkeypatch.setattr(broker.ids, "make", lambda count: [(t, int(t[:19])) for t in itertools.islice(given, count)])
+
+
+def test_a_queue_made_again_by_another_broker_with_the_same_task_names_is_not_taken_for_the_first(
+    url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    with Broker(url, sync="none") as mine, Broker(url, sync="none") as other:
+        q = mine.queue("jobs")
+        (task,) = q.send_many([{"body": b"later", "delay": 600}])
+        assert q.receive() == [] and len(mine.known_tasks) == 1  # known: delayed
+        other.delete("jobs")
+        _same_ids(other, monkeypatch, [task])
+        assert other.queue("jobs").send(b"now") == task  # another queue, its task of the same name
+        with pytest.raises(QueueNotFoundError):
+            q.receive()  # (the handle of the first refuses; the broker opens the name anew)
+        got = mine.queue("jobs").receive()
+        assert [(m.id, m.body) for m in got] == [(task, b"now")]
+
+
+def test_a_delayed_task_ended_by_another_broker_holds_back_neither_its_group_nor_memory(
+    url: str,  # noqa: F811
+) -> None:
+    with Broker(url, sync="none") as mine, Broker(url, sync="none") as other:
+        q = mine.queue("jobs")
+        head = q.send(b"later", group_id="g", delay=600)
+        assert q.receive() == [] and len(mine.known_tasks) == 1  # known: delayed, at its group's head
+        next_in_group = other.queue("jobs").send(b"next", group_id="g")
+        other.queue("jobs").delete_id(head)
+        got = q.receive()  # (its listing of before is looked at again: the head is known gone)
+        assert [m.id for m in got] == [next_in_group]
+        assert len(mine.known_tasks) == 1  # the head forgotten; the one received known
+
+
+def test_what_a_broker_knows_of_tasks_is_bounded_and_forgotten_with_its_queue() -> None:
+    from journalq.queue.zookeeper.layout import KnownTasks, SentFacts
+
+    known, first, again = KnownTasks(limit=3), ("/q", 1), ("/q", 2)
+    facts = SentFacts(None, {}, due=10)
+    for task in "abcde":
+        known.add(first, task, facts)
+    assert len(known) == 3 and sorted(known.facts(first)) == ["a", "b", "c"]
+    known.retain(first, ["b", "c", "e"])
+    known.add(first, "e", facts)
+    assert sorted(known.facts(first)) == ["b", "c", "e"]
+    assert known.facts(again) == {} and len(known) == 0  # the queue made again: none of the first's
+    known.add(again, "x", facts)
+    known.drop("/q")
+    assert len(known) == 0 and known.facts(again) == {}
