@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from journalq.errors import QueueNotFoundError
+from journalq.errors import QueueError, QueueNotFoundError
+from conftest import returned_at_once
 from journalq.queue import Broker
 from test_queue_zookeeper import broker, url  # noqa: F401 (fixtures)
 
@@ -125,3 +126,56 @@ def test_what_a_broker_knows_of_tasks_is_bounded_and_forgotten_with_its_queue() 
     known.add(again, "x", facts)
     known.drop("/q")
     assert len(known) == 0 and known.facts(again) == {}
+
+
+# -- a queue delete raced by senders -------------------------------------------------------------
+
+RACES = 25  # more than any fixed number of tries (the delete gave up after 10)
+
+
+def test_a_queue_delete_raced_by_a_sender_many_times_deletes_what_it_adds(
+    url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """A sender whose writes were in flight as the delete began adds task nodes under the queue
+    while it is being deleted: each is a lost race for the delete (its node not empty), and
+    each is progress (a node it deletes in its next look)."""
+    with Broker(url, sync="none") as mine, Broker(url, sync="none") as sender:
+        sender.queue("jobs").send(b"before")
+        tasks, delete, added = f"{mine.path}/jobs/tasks", mine.client.delete, []
+
+        def delete_raced(path: str, *args: Any, **kwargs: Any) -> Any:
+            if path == tasks and len(added) < RACES:  # the sender's next node lands first
+                added.append(sender.client.create(f"{tasks}/{len(added):024d}", b""))
+            return delete(path, *args, **kwargs)
+
+        monkeypatch.setattr(mine.client, "delete", delete_raced)
+        mine.delete("jobs")
+        assert len(added) == RACES
+        assert not mine.exists("jobs") and sender.client.exists(f"{mine.path}/jobs") is None
+
+
+def test_a_queue_delete_that_cannot_empty_a_node_fails_naming_the_queue(
+    broker, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """A node that stays not empty though each look finds nothing under it to delete: no
+    endless loop, but an error that names the queue and the node."""
+    from kazoo.exceptions import NotEmptyError
+
+    broker.queue("jobs").send(b"x")
+    consumers, client = f"{broker.path}/jobs/consumers", broker.client
+    delete, looks = client.delete, []
+
+    def never_empty(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == consumers:
+            looks.append(path)
+            raise NotEmptyError()
+        return delete(path, *args, **kwargs)
+
+    monkeypatch.setattr(client, "delete", never_empty)
+    error = returned_at_once(lambda: broker.delete("jobs"))
+    assert isinstance(error, QueueError)
+    assert str(error).startswith(f"queue 'jobs' in {broker.root} could not be deleted: {consumers} ")
+    assert 1 < len(looks) < 10
+    monkeypatch.undo()
+    broker.delete("jobs")  # a delete cut short is finished by the next
+    assert not broker.exists("jobs")

@@ -136,6 +136,9 @@ ORPHAN_GRACE = 60.0
 _GC_SETTINGS = ("task_gc_lifetime", "task_gc_interval")
 _POLL = 1.0  # a long poll looks again at least this often (releases, sessions that end)
 _RELIST = 1.0  # seconds a receive may reuse the listing of pending tasks (new ones sort after it)
+_IDLE_LOOKS = 3
+"""Looks at a node that a queue delete finds not empty, in a row, that neither delete anything nor
+find new children under it, after which the delete fails (``ZooKeeperBroker._delete_tree``)."""
 _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError, KazooTimeoutError)
 
 T = TypeVar("T")
@@ -646,16 +649,36 @@ class ZooKeeperBroker(Closing):
             self.known_tasks.drop(paths.dir)
             if opened is not None:
                 opened.gone = True  # what was got of it refuses to work (as it would find anyway)
+            self._delete_tree(paths.dir, name)
+
+    def _delete_tree(self, path: str, queue: str) -> int:
+        """Delete ``path`` and everything under it, node by node (not atomic: a delete cut short
+        is finished by the next); returns how many nodes it deleted. A node that gains children
+        while its own are deleted (a send or a registration of queue ``queue`` in flight as the
+        delete began: new calls find the queue emptied and stop) is looked at again, as long as
+        the looks make progress: they delete something, or find children other than the last
+        look's. After ``_IDLE_LOOKS`` looks in a row that make none, ``QueueError``."""
+        zk, deleted, idle, last = self.client, 0, 0, None
+        while True:
             try:
-                for _ in range(10):
-                    try:
-                        self.client.delete(paths.dir, recursive=True)  # node by node: not atomic
-                        return
-                    except NotEmptyError:
-                        continue  # a sender or consumer added a node meanwhile: delete it too
+                children = zk.get_children(path)
             except NoNodeError:
-                return
-        raise QueueError(f"queue {name!r} in {self.root} could not be deleted: nodes kept coming under it")
+                return deleted
+            went = sum(self._delete_tree(f"{path}/{child}", queue) for child in children)
+            deleted += went
+            try:
+                zk.delete(path)
+                return deleted + 1
+            except NoNodeError:
+                return deleted  # (another delete of the queue took it)
+            except NotEmptyError:
+                idle = 0 if went or set(children) != last else idle + 1
+                last = set(children)
+                if idle >= _IDLE_LOOKS:
+                    raise QueueError(
+                        f"queue {queue!r} in {self.root} could not be deleted: {path} stayed not empty though "
+                        f"{_IDLE_LOOKS} looks in a row found nothing new under it to delete (delete it again)"
+                    ) from None
 
     def forget(self, name: str) -> None:
         with self._lock:
