@@ -5,6 +5,7 @@ entry holds never changes but its state."""
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any
 
 import pytest
@@ -179,3 +180,48 @@ def test_a_queue_delete_that_cannot_empty_a_node_fails_naming_the_queue(
     monkeypatch.undo()
     broker.delete("jobs")  # a delete cut short is finished by the next
     assert not broker.exists("jobs")
+
+
+# -- a handle closed under a receive --------------------------------------------------------------
+
+
+def test_a_handle_closed_while_its_receive_registers_leaves_no_consumer(
+    broker, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """One thread receives; another closes the handle as the receive registers its consumer (the
+    close found nothing to unregister): the receive registered it after the close, for the
+    rest of the session, and claimed with it."""
+    q = broker.queue("jobs")
+    sent = q.send(b"x")
+    transaction, at_register, closed = broker.client.transaction, threading.Event(), threading.Event()
+    receiving: list[threading.Thread] = []
+
+    def closed_meanwhile() -> Any:
+        if threading.current_thread() in receiving and not at_register.is_set():
+            at_register.set()  # the receive's registration: the handle is closed now
+            assert closed.wait(10)
+        return transaction()
+
+    monkeypatch.setattr(broker.client, "transaction", closed_meanwhile)
+    got: list[Any] = []
+    receiving.append(threading.Thread(target=lambda: got.append(q.receive(visibility_timeout=60))))
+    receiving[0].start()
+    assert at_register.wait(10)
+    q.close()
+    closed.set()
+    receiving[0].join(10)
+    assert got == [[]]
+    monkeypatch.undo()
+    assert broker.client.get_children(f"{broker.path}/jobs/consumers") == []
+    again = broker.queue("jobs")
+    assert again.consumers() == {} and [m.id for m in again.receive()] == [sent]
+
+
+def test_a_closed_handle_receives_nothing_and_registers_no_consumer(broker) -> None:  # noqa: F811
+    q = broker.queue("jobs")
+    sent = q.send(b"x")
+    assert q.receive(visibility_timeout=0) != []  # registered
+    q.close()
+    assert q.receive() == []  # (as a receive whose handle is closed under it)
+    assert broker.client.get_children(f"{broker.path}/jobs/consumers") == []
+    assert [m.id for m in broker.queue("jobs").receive()] == [sent]

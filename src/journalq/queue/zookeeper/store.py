@@ -1312,14 +1312,19 @@ class ZooKeeperQueue:
         """Whether ``consumer_id`` is registered in the client's current session."""
         return self._session is not None and self._session == self._client_session()
 
-    def _register(self) -> None:
+    def _register(self) -> bool:
         """Make ``/consumers/<id>/current`` (ephemeral) for this session, once per session. In a
         session after the first, under a new ``consumer_id``: the claims of the one before
         ended with its session (others may hold those tasks now), and would look held again if
-        their owner's name came back to life."""
+        their owner's name came back to life.
+
+        False, and no consumer left registered, once the handle is closed: a closed handle
+        never registers (a receive in another thread may get here as it closes)."""
+        if self._closed:
+            return False
         session = self._client_session()
         if session is not None and session == self._session:
-            return
+            return True
         # The threads that register in one session take one name (no I/O under the lock: a wait
         # for the ensemble there would add to each other thread's); made anew for a new session.
         with self._naming:
@@ -1348,6 +1353,19 @@ class ZooKeeperQueue:
             raise QueueError(f"consumer {consumer} of {self.topic.name!r} could not register: its node kept going")
         self.consumer_id, self._session = consumer, session
         self._registrations += 1
+        if self._closed:  # closed meanwhile: its close may have found nothing registered to undo
+            self._unregister()
+            return False
+        return True
+
+    def _unregister(self) -> None:
+        """Delete the registration of ``consumer_id`` (its ``current``, then its node), if it is
+        still there (the handle is then registered in no session)."""
+        t = self._zk.transaction()
+        t.delete(self.paths.consumer(self.consumer_id, "current"))
+        t.delete(self.paths.consumer(self.consumer_id))
+        t.commit()  # (failed, and changed nothing, when a close or the collector deleted them)
+        self._session = None
 
     def _live(self, consumers: list[str] | None = None) -> _Live:
         """The consumers whose session is alive (this one among them once it registered in the
@@ -1508,7 +1526,8 @@ class ZooKeeperQueue:
         the listing was fresh."""
         zk, paths, settings = self._zk, self.paths, self.settings
         max_count = moving_on_after(settings)
-        self._register()  # (again after a claim found this consumer's session over)
+        if not self._register():  # (again after a claim found this consumer's session over)
+            return [], None, False, True  # closed: receives nothing
         consumers = zk.get_children_async(paths.consumers)
         names, fresh = self._pending(relist, watch)
         now = _now_ms()
@@ -2036,7 +2055,8 @@ class ZooKeeperQueue:
         """Leave cleanly: the tasks this handle holds stay hidden for the rest of their
         visibility timeout (marked ``kept``: its locks end with its session, and the receipts of
         those deliveries stay good, as they would on files), and its consumer node goes. (A
-        consumer that dies gives its tasks back as soon as its session ends.)"""
+        consumer that dies gives its tasks back as soon as its session ends.) A closed handle
+        receives nothing and registers no consumer (``_register``); its broker gives a new one."""
         if self._closed:
             return
         self._closed = True
@@ -2058,11 +2078,7 @@ class ZooKeeperQueue:
                     t.check(current, -1)  # kept only while the session that claimed it lives
                 for result in [t.commit_async() for t in writes]:
                     result.get()  # one that changed meanwhile (deleted, taken over) is left as it is
-                t = zk.transaction()
-                t.delete(current)
-                t.delete(paths.consumer(self.consumer_id))
-                t.commit()
-                self._session = None  # unregistered: a later use registers anew
+                self._unregister()
         except (KazooException, QueueError):
             pass  # its session ends with the client anyway: its tasks come back then
 
