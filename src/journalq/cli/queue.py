@@ -75,14 +75,28 @@ def _broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+def _producer_gc_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--zk-producer-gc/--no-zk-producer-gc``, of the commands that send (``producer_gc``)."""
+    return click.option(
+        "--zk-producer-gc/--no-zk-producer-gc", "producer_gc", default=None,
+        help="With --data zk://...: whether the command's sends also collect the queue's finished tasks "
+             "every task_gc_interval, as zkmq's producers do (else consumers and gc do).  [default: yes]",
+    )(command)
+
+
 @contextmanager
-def _broker(data: Path | str, sync: str, *, create: bool = False) -> Iterator[Broker]:
-    """The broker of ``data``; the directory is made only when ``create``."""
+def _broker(data: Path | str, sync: str, *, create: bool = False, producer_gc: bool | None = None) -> Iterator[Broker]:
+    """The broker of ``data``; the directory is made only when ``create``. ``producer_gc``: the
+    ZooKeeper store's ``Broker(..., producer_gc=)`` (None: its default), refused with a directory."""
+    if producer_gc is not None and isinstance(data, Path):
+        flag = "--zk-producer-gc" if producer_gc else "--no-zk-producer-gc"
+        raise CommandError(f"{flag} is an option of the ZooKeeper store (--data zk://...), and {data} is a directory")
     if not create and isinstance(data, Path) and not data.is_dir():
         if data.exists():
             raise CommandError(f"not a directory ({data})")  # as the commands that make one say it
         raise CommandError(f"no data directory {data} (give --data DIR or set JOURNALQ_DATA)")
-    with Broker(data, sync=sync) as broker:
+    options = {} if producer_gc is None else {"producer_gc": producer_gc}
+    with Broker(data, sync=sync, **options) as broker:
         yield broker
 
 
@@ -320,12 +334,13 @@ def queue() -> None:
 @click.option("--no-create", is_flag=True, help="Fail when the queue does not exist (default: create it).")
 @click.option("--file", "body_file", type=click.File("rb"), metavar="PATH",
               help="Send the whole of PATH (- for standard input) as one message: any bytes, newlines too.")
+@_producer_gc_option
 @_broker_options
 def send(
     name: str, body: str | None, attributes: tuple[str, ...], typed_attributes: str | None,
     delay: float | None, filters: tuple[str, ...], dedup_id: str | None, group_id: str | None,
     metadata: str | None, key: str | None, no_create: bool, body_file: BinaryIO | None, data: Path,
-    sync: str,
+    sync: str, producer_gc: bool | None,
 ) -> None:
     """Send BODY to QUEUE; or the whole of a file as one message (--file PATH); or one message
     per line of standard input (without its newline) when neither is given. Prints {"id": ...}
@@ -344,7 +359,7 @@ def send(
         "group_id": group_id,
         "metadata": _json_option(metadata, "--metadata"),
     }
-    with _broker(data, sync, create=not no_create) as broker:
+    with _broker(data, sync, create=not no_create, producer_gc=producer_gc) as broker:
         exists = broker.exists(name)
         if not exists and no_create:
             raise QueueNotFoundError(f"no queue {name!r} in {broker.root} (and --no-create)")
@@ -624,10 +639,13 @@ def purge(name: str, data: Path, sync: str) -> None:
 @click.option("--to", "destination", metavar="QUEUE",
               help="Move every message here (default: back to the queue each came from).")
 @click.option("--max", "max_messages", type=click.IntRange(min=1), metavar="N", help="Move at most N messages.")
+@_producer_gc_option
 @_broker_options
-def redrive(name: str, destination: str | None, max_messages: int | None, data: Path, sync: str) -> None:
+def redrive(
+    name: str, destination: str | None, max_messages: int | None, data: Path, sync: str, producer_gc: bool | None
+) -> None:
     """Move the dead letters of DLQ back, oldest first; prints {"name", "to", "moved"}."""
-    with _broker(data, sync) as broker:
+    with _broker(data, sync, producer_gc=producer_gc) as broker:
         dlq = _queue(broker, name)
         if destination is not None:
             if destination == name:

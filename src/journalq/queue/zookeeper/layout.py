@@ -36,7 +36,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Container
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,6 +217,102 @@ class Entry:
     def available(self, now_ms: int, live: Container[str]) -> bool:
         """Receivable now: its time came, or the consumer that held it died (session over)."""
         return self.at <= now_ms or (self.by is not None and not self.kept and self.by not in live)
+
+
+@dataclass(frozen=True)
+class SentFacts:
+    """What a pending task's queue entry says that never changes: its FIFO group and filters
+    (every rewrite of the entry keeps them: a claim, a release, a close), and ``due``, when it
+    becomes visible (ms) as its sender wrote it, known only while that is to come (else None).
+    Until then its entry stays as written (version 0) or goes (ended by id): nobody can claim
+    it before ``due``, and nothing but a claim rewrites an entry. (A consumer whose clock is
+    ahead of its sender's may claim it early; the others see that at ``due``.)"""
+
+    group: str | None
+    filters: dict[str, str]
+    due: int | None = None
+
+    @classmethod
+    def of(cls, entry: Entry, version: int, now_ms: int) -> SentFacts:
+        """The facts of ``entry``, read at ``version`` (0: as its sender made it) at ``now_ms``."""
+        return cls(entry.group, entry.filters, entry.at if version == 0 and entry.at > now_ms else None)
+
+    def delayed(self, now_ms: int) -> bool:
+        """Not visible yet, as sent: its entry is still the sender's (``unclaimed_entry``)."""
+        return self.due is not None and self.due > now_ms
+
+    def unclaimed_entry(self) -> Entry:
+        """The entry (version 0) as its sender wrote it, for a task ``delayed`` still."""
+        assert self.due is not None
+        return Entry(self.due, 0, None, self.group, self.filters)
+
+
+class KnownTasks:
+    """A broker's ``SentFacts`` of the pending tasks its receives read, so that later receives
+    read again only the entries that can say something new (50,000 delayed tasks were 50,000
+    reads per receive). Per queue incarnation: ``queue`` is (its node's path, the node's czxid),
+    as a queue deleted and made again under its name is another queue, whose task names may be
+    those of the first's (its tasks and consumers nodes are made anew). Within one, a task name
+    is never made twice (``TaskIds``: the sender's clock in ns, strictly rising, and 5 random
+    digits; and a send of an existing name fails on its task node). A task is forgotten when it
+    is known to be gone and when a fresh listing of the queue lacks it (``retain``).
+
+    At most ``limit`` tasks in all: once full, no more are added until some are forgotten (a
+    receive scans its queue in one order each time: evicting the oldest would evict each task
+    before its next use). Readers use ``facts``'s mapping without a lock (one ``get`` each);
+    the changes hold the lock."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._queues: dict[str, tuple[int, dict[str, SentFacts]]] = {}
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def _of(self, queue: tuple[str, int]) -> dict[str, SentFacts]:
+        """(Under the lock.) The incarnation's facts; an older incarnation's are dropped."""
+        path, created = queue
+        known = self._queues.get(path)
+        if known is None or known[0] != created:
+            if known is not None:
+                self._size -= len(known[1])
+            known = self._queues[path] = (created, {})
+        return known[1]
+
+    def facts(self, queue: tuple[str, int]) -> Mapping[str, SentFacts]:
+        with self._lock:
+            return self._of(queue)
+
+    def add(self, queue: tuple[str, int], task: str, facts: SentFacts) -> None:
+        with self._lock:
+            known = self._of(queue)
+            if task not in known and self._size < self.limit:
+                known[task] = facts
+                self._size += 1
+
+    def forget(self, queue: tuple[str, int], task: str) -> None:
+        with self._lock:
+            if self._of(queue).pop(task, None) is not None:
+                self._size -= 1
+
+    def retain(self, queue: tuple[str, int], pending: Iterable[str]) -> None:
+        """Forget the tasks of ``queue`` that are not ``pending`` (a fresh listing)."""
+        with self._lock:
+            known = self._of(queue)
+            if not known:
+                return  # (nothing to compare the listing with: spared a set of it)
+            for task in known.keys() - set(pending):
+                del known[task]
+                self._size -= 1
+
+    def drop(self, path: str) -> None:
+        """Forget the queue at ``path`` (deleted)."""
+        with self._lock:
+            known = self._queues.pop(path, None)
+            if known is not None:
+                self._size -= len(known[1])
 
 
 _RECEIPT = re.compile(r"([0-9]{1,40})\.([1-9][0-9]{0,9})")

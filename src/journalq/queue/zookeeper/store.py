@@ -108,7 +108,9 @@ from journalq.queue.zookeeper.layout import (
     FINISHED,
     INSERTED,
     Entry,
+    KnownTasks,
     Paths,
+    SentFacts,
     TaskFacts,
     TaskIds,
     check_session_timeout,
@@ -134,6 +136,9 @@ ORPHAN_GRACE = 60.0
 _GC_SETTINGS = ("task_gc_lifetime", "task_gc_interval")
 _POLL = 1.0  # a long poll looks again at least this often (releases, sessions that end)
 _RELIST = 1.0  # seconds a receive may reuse the listing of pending tasks (new ones sort after it)
+_IDLE_LOOKS = 3
+"""Looks at a node that a queue delete finds not empty, in a row, that neither delete anything nor
+find new children under it, after which the delete fails (``ZooKeeperBroker._delete_tree``)."""
 _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError, KazooTimeoutError)
 
 T = TypeVar("T")
@@ -368,6 +373,7 @@ class ZooKeeperBroker(Closing):
         self.client.add_listener(self._on_state)
         self.participant = _participant()
         self.ids = TaskIds()
+        self.known_tasks = KnownTasks()  # what the receives read of tasks that never changes
         self._topics: dict[str, ZooKeeperTopic] = {}
         self._queues: dict[str, ZooKeeperQueue] = {}
         self._lock = threading.RLock()
@@ -640,18 +646,39 @@ class ZooKeeperBroker(Closing):
             # outage stopped before this change leaves the queue whole, and its handles working.
             opened = self._topics.get(name)
             self.forget(name)
+            self.known_tasks.drop(paths.dir)
             if opened is not None:
                 opened.gone = True  # what was got of it refuses to work (as it would find anyway)
+            self._delete_tree(paths.dir, name)
+
+    def _delete_tree(self, path: str, queue: str) -> int:
+        """Delete ``path`` and everything under it, node by node (not atomic: a delete cut short
+        is finished by the next); returns how many nodes it deleted. A node that gains children
+        while its own are deleted (a send or a registration of queue ``queue`` in flight as the
+        delete began: new calls find the queue emptied and stop) is looked at again, as long as
+        the looks make progress: they delete something, or find children other than the last
+        look's. After ``_IDLE_LOOKS`` looks in a row that make none, ``QueueError``."""
+        zk, deleted, idle, last = self.client, 0, 0, None
+        while True:
             try:
-                for _ in range(10):
-                    try:
-                        self.client.delete(paths.dir, recursive=True)  # node by node: not atomic
-                        return
-                    except NotEmptyError:
-                        continue  # a sender or consumer added a node meanwhile: delete it too
+                children = zk.get_children(path)
             except NoNodeError:
-                return
-        raise QueueError(f"queue {name!r} in {self.root} could not be deleted: nodes kept coming under it")
+                return deleted
+            went = sum(self._delete_tree(f"{path}/{child}", queue) for child in children)
+            deleted += went
+            try:
+                zk.delete(path)
+                return deleted + 1
+            except NoNodeError:
+                return deleted  # (another delete of the queue took it)
+            except NotEmptyError:
+                idle = 0 if went or set(children) != last else idle + 1
+                last = set(children)
+                if idle >= _IDLE_LOOKS:
+                    raise QueueError(
+                        f"queue {queue!r} in {self.root} could not be deleted: {path} stayed not empty though "
+                        f"{_IDLE_LOOKS} looks in a row found nothing new under it to delete (delete it again)"
+                    ) from None
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -1285,14 +1312,19 @@ class ZooKeeperQueue:
         """Whether ``consumer_id`` is registered in the client's current session."""
         return self._session is not None and self._session == self._client_session()
 
-    def _register(self) -> None:
+    def _register(self) -> bool:
         """Make ``/consumers/<id>/current`` (ephemeral) for this session, once per session. In a
         session after the first, under a new ``consumer_id``: the claims of the one before
         ended with its session (others may hold those tasks now), and would look held again if
-        their owner's name came back to life."""
+        their owner's name came back to life.
+
+        False, and no consumer left registered, once the handle is closed: a closed handle
+        never registers (a receive in another thread may get here as it closes)."""
+        if self._closed:
+            return False
         session = self._client_session()
         if session is not None and session == self._session:
-            return
+            return True
         # The threads that register in one session take one name (no I/O under the lock: a wait
         # for the ensemble there would add to each other thread's); made anew for a new session.
         with self._naming:
@@ -1321,6 +1353,19 @@ class ZooKeeperQueue:
             raise QueueError(f"consumer {consumer} of {self.topic.name!r} could not register: its node kept going")
         self.consumer_id, self._session = consumer, session
         self._registrations += 1
+        if self._closed:  # closed meanwhile: its close may have found nothing registered to undo
+            self._unregister()
+            return False
+        return True
+
+    def _unregister(self) -> None:
+        """Delete the registration of ``consumer_id`` (its ``current``, then its node), if it is
+        still there (the handle is then registered in no session)."""
+        t = self._zk.transaction()
+        t.delete(self.paths.consumer(self.consumer_id, "current"))
+        t.delete(self.paths.consumer(self.consumer_id))
+        t.commit()  # (failed, and changed nothing, when a close or the collector deleted them)
+        self._session = None
 
     def _live(self, consumers: list[str] | None = None) -> _Live:
         """The consumers whose session is alive (this one among them once it registered in the
@@ -1350,27 +1395,63 @@ class ZooKeeperQueue:
             self._gone.clear()
             self._listing = sorted(self._zk.get_children(self.paths.queue, watch=self._on_change if watch else None))
             self._listed_at = now
+            self.topic.broker.known_tasks.retain(self._incarnation, self._listing)
             return self._listing, True
         if self._gone:
             gone, self._gone = self._gone, set()
             self._listing = [task for task in self._listing if task not in gone]
         return self._listing, False
 
+    @property
+    def _incarnation(self) -> tuple[str, int]:
+        """Which queue this is, for the broker's ``known_tasks``: a queue made again under the
+        name is another."""
+        return self.paths.dir, self.topic.created
+
+    def _went(self, task: str) -> None:
+        """``task`` is no longer pending (ended, or found gone): out of the listing and of what
+        the broker knows of the queue's tasks."""
+        self._gone.add(task)
+        self.topic.broker.known_tasks.forget(self._incarnation, task)
+
     def _entries(self, tasks: list[str], first: int = 512) -> Iterator[tuple[str, Entry, int]]:
         """(task, entry, version) of each task still pending, read together: ``first`` at first,
         then twice as many each time (a receive of a few reads a few)."""
+        for task, _, read in self._look(tasks, first, lambda task: None):
+            assert read is not None
+            yield task, *read
+
+    def _look(
+        self, tasks: list[str], first: int, settled: Callable[[str], SentFacts | None]
+    ) -> Iterator[tuple[str, SentFacts, tuple[Entry, int] | None]]:
+        """(task, its facts, (entry, version) as read) of each task still pending, read together
+        as ``_entries`` says, but for those whose facts ``settled`` gives (asked as the reads of
+        their chunk go out): their entry is not read (None), as they settle what the caller
+        does with the task. The facts of each entry read are kept in the broker's
+        ``known_tasks``, for ``settled`` to find in later calls."""
         zk, size, start = self._zk, first, 0
+        known, queue, now = self.topic.broker.known_tasks, self._incarnation, _now_ms()
         while start < len(tasks):
             chunk = tasks[start : start + size]
             start += size
             size = min(size * 2, 1024)
-            for task, result in [(task, zk.get_async(self.paths.entry(task))) for task in chunk]:
+            looks = [(task, settled(task)) for task in chunk]
+            reads = [(task, facts, zk.get_async(self.paths.entry(task)) if facts is None else None)
+                     for task, facts in looks]
+            for task, facts, result in reads:
+                if result is None:
+                    assert facts is not None
+                    yield task, facts, None
+                    continue
                 try:
                     raw, stat = result.get()
                 except NoNodeError:
-                    self._gone.add(task)
+                    self._went(task)
                     continue
-                yield task, Entry.decode(raw), stat.version
+                entry = Entry.decode(raw)
+                facts = SentFacts.of(entry, stat.version, now)
+                known.add(queue, task, facts)
+                yield task, facts, (entry, stat.version)
 
     def _on_change(self, event: Any) -> None:
         self._changed.set()
@@ -1445,7 +1526,8 @@ class ZooKeeperQueue:
         the listing was fresh."""
         zk, paths, settings = self._zk, self.paths, self.settings
         max_count = moving_on_after(settings)
-        self._register()  # (again after a claim found this consumer's session over)
+        if not self._register():  # (again after a claim found this consumer's session over)
+            return [], None, False, True  # closed: receives nothing
         consumers = zk.get_children_async(paths.consumers)
         names, fresh = self._pending(relist, watch)
         now = _now_ms()
@@ -1454,23 +1536,36 @@ class ZooKeeperQueue:
         dead: list[tuple[str, Entry, int]] = []
         blocked: set[str] = set()  # groups whose head is held, delayed or not for this consumer
         wake_at: int | None = None
-        for task, entry, version in self._entries(names, first=max(8, 2 * max_messages)):
-            group = entry.group
+        known = self.topic.broker.known_tasks.facts(self._incarnation)
+
+        def settled(task: str) -> SentFacts | None:
+            """The facts of a task whose entry this look need not read: in a blocked group, not
+            for this consumer, or delayed still (its entry is as sent)."""
+            facts = known.get(task)
+            if facts is not None and (facts.group in blocked or facts.delayed(now)
+                                      or not filtering.matches(facts.filters, wanted, settings.enums)):
+                return facts
+            return None
+
+        for task, facts, read in self._look(names, max(8, 2 * max_messages), settled):
+            group = facts.group
             if group is not None and group in blocked:
                 continue
             if task in taken:
                 pass  # received by this call already (a visibility of 0 makes it available again)
-            elif not entry.available(now, live):
-                wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
-            elif not filtering.matches(entry.filters, wanted, settings.enums):
-                pass
-            elif max_count is not None and entry.count >= max_count:
-                if time.monotonic() >= self._retry_dead_letters_at:
-                    dead.append((task, entry, version))
-                    continue
-                # (else the dead-letter queue failed lately: it stays first in its group, undelivered)
+            elif not filtering.matches(facts.filters, wanted, settings.enums):
+                pass  # (whatever its state: its filters never change)
             else:
-                picks.append((task, entry, version))
+                entry, version = read if read is not None else (facts.unclaimed_entry(), 0)  # (delayed)
+                if not entry.available(now, live):
+                    wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
+                elif max_count is not None and entry.count >= max_count:
+                    if time.monotonic() >= self._retry_dead_letters_at:
+                        dead.append((task, entry, version))
+                        continue
+                    # (else the dead-letter queue failed lately: it stays first in its group, undelivered)
+                else:
+                    picks.append((task, entry, version))
             if group is not None:
                 blocked.add(group)
             if len(picks) >= max_messages:
@@ -1743,7 +1838,7 @@ class ZooKeeperQueue:
                 elif failed is None:
                     if new is None:
                         self._known.pop(task, None)
-                        self._gone.add(task)
+                        self._went(task)
                     else:
                         self._remember(task, new[0], new[1])
                 elif isinstance(failed, (BadVersionError, NoNodeError)):
@@ -1840,7 +1935,7 @@ class ZooKeeperQueue:
             for (task, _, _), (failed, _) in zip(entries, self._apply(changes, fenced=False)):
                 if failed is None:
                     self._known.pop(task, None)
-                    self._gone.add(task)
+                    self._went(task)
                     done.append(task)
                 elif isinstance(failed, BadVersionError):
                     tasks.append(task)
@@ -1960,7 +2055,8 @@ class ZooKeeperQueue:
         """Leave cleanly: the tasks this handle holds stay hidden for the rest of their
         visibility timeout (marked ``kept``: its locks end with its session, and the receipts of
         those deliveries stay good, as they would on files), and its consumer node goes. (A
-        consumer that dies gives its tasks back as soon as its session ends.)"""
+        consumer that dies gives its tasks back as soon as its session ends.) A closed handle
+        receives nothing and registers no consumer (``_register``); its broker gives a new one."""
         if self._closed:
             return
         self._closed = True
@@ -1982,11 +2078,7 @@ class ZooKeeperQueue:
                     t.check(current, -1)  # kept only while the session that claimed it lives
                 for result in [t.commit_async() for t in writes]:
                     result.get()  # one that changed meanwhile (deleted, taken over) is left as it is
-                t = zk.transaction()
-                t.delete(current)
-                t.delete(paths.consumer(self.consumer_id))
-                t.commit()
-                self._session = None  # unregistered: a later use registers anew
+                self._unregister()
         except (KazooException, QueueError):
             pass  # its session ends with the client anyway: its tasks come back then
 
