@@ -499,12 +499,14 @@ def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.E
     start of the message with its offset, inside the valid part of the segment.
     """
     try:
-        data = segment.index_path.read_bytes()
+        data = index.index_bytes(segment)
     except FileNotFoundError:
         # Only worth reporting where an index would hold entries: a small segment needs none.
         return "index is missing" if scan.entries else None
-    except OSError as exc:  # a directory has its name, say
+    except OSError as exc:
         return f"index cannot be read: {exc.strerror or exc}"
+    except JournalError as exc:  # no file (a directory, a named pipe) has its name
+        return exc.reason
     if data[: index.HEADER.size] != index.HEADER.pack(index.MAGIC, segment.base):
         return f"index is not an index of this segment (its header is {data[: index.HEADER.size].hex()})"
     entries = index.read_entries(segment)
