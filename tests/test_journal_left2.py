@@ -250,6 +250,18 @@ def test_elsewhere_a_writer_syncs_with_fdatasync(monkeypatch: pytest.MonkeyPatch
 # -- check while a queue's gc collects segments ----------------------------------------------
 
 
+def _collected_after_listing(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first segment of the journal at ``path`` collected (a gc) just after ``inspect``'s
+    first listing of its segments, which names it still; its later listings do not (one that
+    names it still is a segment that cannot be opened, such as a dangling link: not collected)."""
+    import journalq.journal.inspect as inspect_mod
+    from journalq.journal.segment import list_segments, remove_segment
+
+    stale = [list_segments(path)]
+    remove_segment(stale[0][0])
+    monkeypatch.setattr(inspect_mod, "list_segments", lambda p: stale.pop() if stale else list_segments(p))
+
+
 def test_check_passes_over_a_segment_collected_after_it_was_listed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -383,13 +395,8 @@ def test_a_policy_made_directly_with_bad_fields_is_refused(args: tuple, wrong: s
 def test_describe_passes_over_a_segment_collected_after_it_was_listed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import journalq.journal.inspect as inspect_mod
-    from journalq.journal.segment import list_segments, remove_segment
-
     _journal(tmp_path, 8)  # segments 0, 3 and 6
-    listed = list_segments(tmp_path)
-    remove_segment(listed[0])  # a gc, after describe listed the segments
-    monkeypatch.setattr(inspect_mod, "list_segments", lambda path: listed)
+    _collected_after_listing(tmp_path, monkeypatch)
     # It was a bare FileNotFoundError (`journalq info` on a live queue's topic).
     info = describe(tmp_path)
     assert [s.base for s in info.segments] == [3, 6]

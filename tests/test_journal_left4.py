@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from journalq.cli.main import cli
 from journalq.errors import JournalError
 from journalq.journal import Scanner, Writer, index
-from journalq.journal.inspect import check
+from journalq.journal.inspect import check, describe
 from journalq.journal.segment import Segment, list_segments, segment_at
 from conftest import returned_at_once
 
@@ -112,3 +114,32 @@ def test_an_index_that_is_a_directory_is_named_as_a_fifo_is(tmp_path: Path) -> N
     with pytest.raises(JournalError) as info:
         Writer(tmp_path)
     assert (info.value.reason, info.value.file) == ("not an index: a directory has an index's name", last.index_path)
+
+
+# -- a dangling link with a segment's name -----------------------------------------------------
+
+
+@pytest.fixture
+def dangling(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A journal of segments 0, 2, 4, 6 and 8 (the last, empty) where one of them, as
+    ``request.param`` says, is a link to nowhere: the link."""
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 9)  # two messages a segment
+    assert [s.base for s in list_segments(tmp_path)] == [0, 2, 4, 6, 8]
+    link = segment_at(tmp_path, request.param).path
+    link.unlink()
+    link.symlink_to(tmp_path / "nowhere")
+    return link
+
+
+@pytest.mark.parametrize("dangling", [0, 4, 8], indirect=True, ids=["first", "middle", "last"])
+def test_describe_names_a_segment_that_is_a_dangling_link(tmp_path: Path, dangling: Path) -> None:
+    """``describe`` (``journalq info``, the hub's status) skipped it as a segment collected since
+    the listing: the journal read as whole without it (a last one gone, its end one segment
+    early). A segment listed still that cannot be opened is refused by name, as one that is a
+    directory."""
+    with pytest.raises(JournalError) as info:
+        describe(tmp_path)
+    assert (info.value.reason, info.value.file) == ("segment is listed but cannot be opened", dangling)
+    result = CliRunner().invoke(cli, ["info", str(tmp_path), "--format", "jsonl"])
+    assert result.exit_code != 0 and str(dangling) in result.output, result.output

@@ -39,6 +39,7 @@ from journalq.journal.segment import (
     lock_path,
     open_segment,
     orphan_indexes,
+    raise_if_unopenable,
     scan_segment,
 )
 from journalq.journal.writer import Writer, held_for_life
@@ -136,7 +137,9 @@ def describe(path: str | os.PathLike[str]) -> JournalInfo:
     for i, segment in enumerate(segments):
         try:
             infos.append(_describe_segment(segment, sealed=i < len(segments) - 1))
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            # Listed still, it cannot be opened (a dangling link): named, not taken for collected.
+            raise_if_unopenable(exc, list_segments(path))
             continue  # collected (a queue's gc) since it was listed: no longer the journal's
     return JournalInfo(
         path=path,
