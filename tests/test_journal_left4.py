@@ -143,3 +143,17 @@ def test_describe_names_a_segment_that_is_a_dangling_link(tmp_path: Path, dangli
     assert (info.value.reason, info.value.file) == ("segment is listed but cannot be opened", dangling)
     result = CliRunner().invoke(cli, ["info", str(tmp_path), "--format", "jsonl"])
     assert result.exit_code != 0 and str(dangling) in result.output, result.output
+
+
+@pytest.mark.parametrize("dangling", [0, 4, 8], indirect=True, ids=["first", "middle", "last"])
+@pytest.mark.parametrize("repair", [False, True])
+def test_check_reports_a_segment_that_is_a_dangling_link(tmp_path: Path, dangling: Path, repair: bool) -> None:
+    """``check`` skipped it the same way, and said the journal was ok; with ``repair`` and the
+    last segment the link, it failed with a bare FileNotFoundError. It is a segment problem,
+    named, never repaired (a directory there is one too)."""
+    report = check(tmp_path, repair=repair)
+    assert not report.ok
+    assert [(p.kind, p.file, p.reason, p.fixed) for p in report.problems] == [
+        ("segment", dangling, "segment is listed but cannot be opened", False)
+    ]
+    assert dangling.is_symlink()
