@@ -157,3 +157,16 @@ def test_check_reports_a_segment_that_is_a_dangling_link(tmp_path: Path, danglin
         ("segment", dangling, "segment is listed but cannot be opened", False)
     ]
     assert dangling.is_symlink()
+
+
+def test_an_index_rebuild_is_given_up_where_a_fifo_has_its_temporary_files_name(tmp_path: Path) -> None:
+    """``write_index`` wrote the new index to ``NAME.idx.PID.tmp`` with a plain open(), which
+    waited for ever for the reader of a named pipe with that name. A rebuild that cannot be
+    written is given up (False), as in a read-only directory: the index is a hint."""
+    last = _journal(tmp_path)
+    entries = index.read_entries(last)
+    temporary = last.index_path.with_name(f"{last.index_path.name}.{os.getpid()}.tmp")
+    with fifo_at(temporary):
+        assert returned_at_once(lambda: index.write_index(last, entries)) is False
+        assert stat.S_ISFIFO(temporary.lstat().st_mode)
+    assert index.read_entries(last) == entries  # the index as it was

@@ -153,12 +153,17 @@ def writable(segment: Segment) -> bool:
 
 
 def write_index(segment: Segment, entries: Sequence[Entry]) -> bool:
-    """Replace the segment's index atomically; False when the directory is read-only."""
+    """Replace the segment's index atomically; False when it cannot (the directory read-only, a
+    named pipe with the name of its temporary file, which a plain open would wait on for ever)."""
     if not writable(segment):
         return False
     tmp = segment.index_path.with_name(f"{segment.index_path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        fd = open_journal_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "an index")
+    except (OSError, JournalError):
+        return False  # (nothing of its own to remove: what has the name is left as it is)
+    try:
+        with os.fdopen(fd, "wb") as f:
             f.write(HEADER.pack(MAGIC, segment.base) + encode_entries(entries))
         os.replace(tmp, segment.index_path)
         return True
