@@ -19,6 +19,7 @@ from journalq.errors import (
     HubUnavailableError,
     InvalidClientIdError,
     InvalidJournalPathError,
+    JournalError,
     OffsetOutOfRangeError,
     StorageError,
 )
@@ -27,7 +28,9 @@ from journalq.hub import store as store_module
 from journalq.hub.protocol import Held
 from journalq.journal import Writer
 from journalq.journal.codec import decode, encode_batch
-from journalq.journal.segment import READ_CHUNK
+from journalq.journal.segment import READ_CHUNK, segment_at
+from conftest import returned_at_once
+from test_journal_left4 import fifo_at
 
 
 def write(path: Path, count: int, segment_size: int = 4000, start: int = 0) -> None:
@@ -432,3 +435,15 @@ def test_a_raw_reader_takes_no_index_entry_that_the_segment_does_not_confirm(tmp
             run = reader.read(offset)
         messages, _ = decode(run.data, 0, len(run.data), offset)
         assert run.first == offset and messages[0].value == values[offset]
+
+
+def test_a_copy_started_where_a_fifo_has_its_first_segments_name_is_refused_by_name(store: HubStore) -> None:
+    """Starting a copy creates its first segment with a plain open, which waited for ever for the
+    reader of a named pipe found with that name (made since the copy's listing): the one refusal
+    of what has a segment's name but is no file, as every other opening of a segment."""
+    copy = store.copy_path("c1", "j")
+    segment_at(copy, 5).path.parent.mkdir(parents=True)
+    with fifo_at(segment_at(copy, 5).path) as fifo:
+        error = returned_at_once(lambda: store_module._start_copy(copy, 5))
+        assert isinstance(error, JournalError) and error.file == fifo, error
+        assert error.reason == "not a segment: a special file has a segment's name"

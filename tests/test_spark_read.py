@@ -86,6 +86,8 @@ def test_a_user_schema_picks_columns(spark, sej_vectors, expected_plain):
     assert [(r.offset, bytes(r.value)) for r in rows] == [(m.offset, m.value) for m in expected_plain]
     with pytest.raises(Exception, match="no column 'nope'"):
         spark.read.format("journalq").schema("nope int").load(str(sej_vectors / "plain")).collect()
+    with pytest.raises(Exception, match=r"column\(s\) value appear more than once in the schema"):
+        spark.read.format("journalq").schema("value binary, value binary").load(str(sej_vectors / "plain")).collect()
 
 
 # -- offsets, timestamps, partitions ----------------------------------------------------------

@@ -41,7 +41,7 @@ from journalq.journal.lock import FileLock
 from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.recovery import fsync_dir
 from journalq.journal.scanner import Scanner
-from journalq.journal.segment import journal_dir, list_segments, lock_path, remove_segment, segment_at
+from journalq.journal.segment import journal_dir, list_segments, lock_path, open_segment, remove_segment, segment_at
 from journalq.journal.writer import Writer, take_shared_lock
 
 __all__ = ["HubStore", "KeyedLocks", "damage_reason"]
@@ -326,8 +326,7 @@ def _start_copy(path: Path, offset: int) -> None:
         for segment in segments:
             if segment != wanted:
                 remove_segment(segment)
-        fd = os.open(wanted.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        os.close(fd)
+        os.close(open_segment(wanted, os.O_WRONLY | os.O_CREAT))  # (refusing a named pipe: it would block)
         fsync_dir(journal_dir(path))
     finally:
         lock.close()

@@ -18,7 +18,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 
 from journalq.errors import JournalError
-from journalq.journal.segment import Segment, SegmentScan, confirms, open_segment, scan_segment
+from journalq.journal.segment import Segment, SegmentScan, confirms, open_journal_file, open_segment, scan_segment
 
 MAGIC = b"JQIDX001"
 HEADER = struct.Struct(">8sQ")
@@ -62,12 +62,24 @@ def _valid_header(header: bytes, segment: Segment) -> bool:
     return magic == MAGIC and base == segment.base
 
 
+def open_index(segment: Segment, flags: int = os.O_RDONLY) -> int:
+    """``os.open`` of the segment's index, refusing with a ``JournalError`` naming it what has its
+    name but is no file (a directory; a named pipe, whose plain open would wait for ever)."""
+    return open_journal_file(segment.index_path, flags, "an index")
+
+
+def index_bytes(segment: Segment) -> bytes:
+    """The whole of the segment's index file (raising as ``open_index``)."""
+    with os.fdopen(open_index(segment), "rb") as f:
+        return f.read()
+
+
 def read_entries(segment: Segment) -> list[Entry]:
-    """All entries of the segment's index; none when it is missing or not an index of it."""
+    """All entries of the segment's index; none when it is missing, cannot be read, is no file
+    or is not an index of it (a hint: the segment has what it would say)."""
     try:
-        with open(segment.index_path, "rb") as f:
-            data = f.read()
-    except OSError:
+        data = index_bytes(segment)
+    except (OSError, JournalError):
         return []
     if not _valid_header(data[: HEADER.size], segment):
         return []
@@ -89,8 +101,8 @@ def lookup(segment: Segment, offset: int) -> Entry | None:
     index but no entry at or before ``offset``, the answer is the segment's start.
     """
     try:
-        fd = os.open(segment.index_path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = open_index(segment)
+    except (OSError, JournalError):  # missing, or no file: no index
         return None
     try:
         if not _valid_header(os.pread(fd, HEADER.size, 0), segment):
@@ -107,7 +119,7 @@ def lookup(segment: Segment, offset: int) -> Entry | None:
                 hi = mid
         return best
     except OSError:
-        return None  # it opens, but does not read (a directory has its name): no index
+        return None  # it opens, but does not read: no index
     finally:
         os.close(fd)
 
@@ -115,13 +127,13 @@ def lookup(segment: Segment, offset: int) -> Entry | None:
 def last_position(segment: Segment) -> int:
     """The position of the index's last entry (0 without one), reading only that entry."""
     try:
-        with open(segment.index_path, "rb", buffering=0) as f:
+        with os.fdopen(open_index(segment), "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             whole = (size - HEADER.size) // ENTRY.size
             if whole <= 0 or not _valid_header(f.read(HEADER.size), segment):
                 return 0
             return ENTRY.unpack(os.pread(f.fileno(), ENTRY.size, HEADER.size + (whole - 1) * ENTRY.size))[1]
-    except OSError:
+    except (OSError, JournalError):
         return 0
 
 
@@ -141,12 +153,17 @@ def writable(segment: Segment) -> bool:
 
 
 def write_index(segment: Segment, entries: Sequence[Entry]) -> bool:
-    """Replace the segment's index atomically; False when the directory is read-only."""
+    """Replace the segment's index atomically; False when it cannot (the directory read-only, a
+    named pipe with the name of its temporary file, which a plain open would wait on for ever)."""
     if not writable(segment):
         return False
     tmp = segment.index_path.with_name(f"{segment.index_path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        fd = open_journal_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "an index")
+    except (OSError, JournalError):
+        return False  # (nothing of its own to remove: what has the name is left as it is)
+    try:
+        with os.fdopen(fd, "wb") as f:
             f.write(HEADER.pack(MAGIC, segment.base) + encode_entries(entries))
         os.replace(tmp, segment.index_path)
         return True
@@ -175,11 +192,9 @@ class IndexAppender:
         except FileNotFoundError:
             current = -1
         if current != expected or read_entries(segment) != list(entries):
+            # (Over a damaged index, or a named pipe with its name; a directory stays, refused.)
             write_index(segment, entries)
-        try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except IsADirectoryError:
-            raise JournalError("the index is a directory", file=path) from None
+        self._fd = open_index(segment, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     def add(self, entries: Sequence[Entry]) -> None:
         """Append entries. A write that fails (a full disk) stops the index where it was, and

@@ -39,6 +39,7 @@ from journalq.journal.segment import (
     lock_path,
     open_segment,
     orphan_indexes,
+    raise_if_unopenable,
     scan_segment,
 )
 from journalq.journal.writer import Writer, held_for_life
@@ -136,7 +137,9 @@ def describe(path: str | os.PathLike[str]) -> JournalInfo:
     for i, segment in enumerate(segments):
         try:
             infos.append(_describe_segment(segment, sealed=i < len(segments) - 1))
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            # Listed still, it cannot be opened (a dangling link): named, not taken for collected.
+            raise_if_unopenable(exc, list_segments(path))
             continue  # collected (a queue's gc) since it was listed: no longer the journal's
     return JournalInfo(
         path=path,
@@ -298,9 +301,9 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         if listed:
             last = listed[-1]
             try:
-                fd = open_segment(last)
+                fd = _open_listed(path, last)
             except JournalError:
-                recoverable = False  # not a file (a directory): no writer opens it; reported below
+                recoverable = False  # no file (a directory, a dangling link): no writer opens it; reported below
             else:
                 try:
                     whole = scan_segment(last, 0, last.base, fd=fd)
@@ -324,12 +327,12 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         if due is not None and segment.base != due:
             report.problems.append(_gap_problem(segment, due))
         try:
-            fd = open_segment(segment)  # once, for the scan and the index's checks
+            fd = _open_listed(path, segment)  # once, for the scan and the index's checks
         except FileNotFoundError:
             due = None  # collected (a queue's gc) since it was listed: no longer the journal's
             report.segments -= 1
             continue
-        except JournalError as exc:  # not a file (a directory with a segment's name)
+        except JournalError as exc:  # no file (a directory, a dangling link with a segment's name)
             report.problems.append(Problem("segment", segment.path, None, segment.base, exc.reason))
             due = None
             continue
@@ -353,6 +356,17 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     report.problems.extend(_abandoned("offset", path / "ofs", offsets.TEMPORARY, repair))
     report.problems.extend(_offset_problems(path))
     return report
+
+
+def _open_listed(path: Path, segment: Segment) -> int:
+    """``open_segment`` of a segment listed in the journal at ``path``: ``FileNotFoundError`` when it
+    was collected since (a queue's gc), a ``JournalError`` naming it when it is listed still but
+    cannot be opened (a dangling link), or it would be taken for collected."""
+    try:
+        return open_segment(segment)
+    except FileNotFoundError as exc:
+        raise_if_unopenable(exc, list_segments(path))
+        raise
 
 
 def _leftover(kind: ProblemKind, file: Path, reason: str, repair: bool) -> Problem:
@@ -499,12 +513,14 @@ def _index_problem(segment: Segment, scan: SegmentScan, sound_past: list[index.E
     start of the message with its offset, inside the valid part of the segment.
     """
     try:
-        data = segment.index_path.read_bytes()
+        data = index.index_bytes(segment)
     except FileNotFoundError:
         # Only worth reporting where an index would hold entries: a small segment needs none.
         return "index is missing" if scan.entries else None
-    except OSError as exc:  # a directory has its name, say
+    except OSError as exc:
         return f"index cannot be read: {exc.strerror or exc}"
+    except JournalError as exc:  # no file (a directory, a named pipe) has its name
+        return exc.reason
     if data[: index.HEADER.size] != index.HEADER.pack(index.MAGIC, segment.base):
         return f"index is not an index of this segment (its header is {data[: index.HEADER.size].hex()})"
     entries = index.read_entries(segment)

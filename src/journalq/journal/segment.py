@@ -132,19 +132,25 @@ def orphan_indexes(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def open_segment(segment: Segment, flags: int = os.O_RDONLY) -> int:
-    """``os.open`` of a segment file (``FileNotFoundError`` when it is gone), refusing with a
-    ``JournalError`` naming it what has a segment's name but is no file: a directory would fail
-    later with a bare ``IsADirectoryError``, or be read as an empty segment, and the open of a
-    named pipe would wait for ever for the other end (it is opened ``O_NONBLOCK``, then looked
-    at)."""
+    """``os.open`` of a segment file, refusing what has its name but is no file (see
+    ``open_journal_file``)."""
+    return open_journal_file(segment.path, flags, "a segment")
+
+
+def open_journal_file(path: Path, flags: int, name: str) -> int:
+    """``os.open`` of a file of a journal (``FileNotFoundError`` when it is gone), refusing with a
+    ``JournalError`` naming it what has the name of ``name`` ("a segment", "an index") but is no
+    file: a directory would fail later with a bare ``IsADirectoryError``, or be read as an empty
+    file, and the open of a named pipe would wait for ever for the other end (it is opened
+    ``O_NONBLOCK``, then looked at)."""
     try:
-        fd = os.open(segment.path, flags | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except IsADirectoryError:
-        raise not_a_file(segment, "a directory") from None
+        raise not_a_file(path, "a directory", name) from None
     except OSError as exc:
         if exc.errno != errno.ENXIO:
             raise
-        raise not_a_file(segment, "a special file") from None  # a pipe opened to write, no reader
+        raise not_a_file(path, "a special file", name) from None  # a pipe opened to write, no reader
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISREG(mode):
@@ -156,12 +162,13 @@ def open_segment(segment: Segment, flags: int = os.O_RDONLY) -> int:
         os.close(fd)
         raise
     os.close(fd)
-    raise not_a_file(segment, "a directory" if stat.S_ISDIR(mode) else "a special file")
+    raise not_a_file(path, "a directory" if stat.S_ISDIR(mode) else "a special file", name)
 
 
-def not_a_file(segment: Segment, what: str) -> JournalError:
-    """The error for ``what`` (a directory) that has a segment's name but is not a file."""
-    return JournalError(f"not a segment: {what} has a segment's name", file=segment.path)
+def not_a_file(path: Path, what: str, name: str) -> JournalError:
+    """The error for ``what`` (a directory) at ``path``, which has the name of ``name`` (a
+    segment) but is not a file."""
+    return JournalError(f"not {name}: {what} has {name}'s name", file=path)
 
 
 def unopenable(segment: Segment) -> JournalError:

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pyspark.sql.types import (
     BinaryType,
     DataType,
@@ -52,6 +54,9 @@ def check_read_schema(schema: StructType) -> StructType:
 
     if schema is None or not schema.fields:
         return SCHEMA
+    twice = repeated_columns(schema)
+    if twice:  # (else a column read twice failed in the read's tasks, with pyarrow's KeyError)
+        raise Error(f"column(s) {', '.join(twice)} appear more than once in the schema; name each column once")
     for field in schema.fields:
         ours = _BY_NAME.get(field.name)
         if ours is None:
@@ -66,6 +71,11 @@ def check_read_schema(schema: StructType) -> StructType:
         if ours.nullable and not field.nullable:
             raise Error(f"column {field.name!r} may be NULL; it cannot be declared NOT NULL")
     return schema
+
+
+def repeated_columns(schema: StructType) -> list[str]:
+    """The names that ``schema`` gives more than one column, in name order."""
+    return sorted(name for name, count in Counter(schema.fieldNames()).items() if count > 1)
 
 
 def _same_type(a: DataType, b: DataType) -> bool:

@@ -73,8 +73,10 @@ def check_schema(schema) -> WriteSpec:
         TimestampType,
     )
 
+    from journalq.spark.schema import repeated_columns
+
     fields = {f.name: f.dataType for f in schema.fields}
-    twice = sorted(name for name, count in Counter(schema.fieldNames()).items() if count > 1 and name in WRITABLE)
+    twice = [name for name in repeated_columns(schema) if name in WRITABLE]  # (others: ignored)
     if twice:
         raise WriteError(
             f"column(s) {', '.join(twice)} appear more than once (a join's?): "
