@@ -425,7 +425,7 @@ def test_a_directory_where_a_lock_file_goes_is_refused_by_name(tmp_path: Path) -
         (lambda: ReaderOffset(tmp_path, "r"), tmp_path / "ofs" / "r.lck"),
         (lambda: set_offset(tmp_path, "r", 0), tmp_path / "ofs" / "r.lck"),
     ):
-        with pytest.raises(JournalError, match="the lock file is a directory") as info:
+        with pytest.raises(JournalError, match="not a lock file: a directory has a lock file.s name") as info:
             call()
         assert info.value.file == file
 

@@ -170,3 +170,35 @@ def test_an_index_rebuild_is_given_up_where_a_fifo_has_its_temporary_files_name(
         assert returned_at_once(lambda: index.write_index(last, entries)) is False
         assert stat.S_ISFIFO(temporary.lstat().st_mode)
     assert index.read_entries(last) == entries  # the index as it was
+
+
+# -- a named pipe with an offset file's or the lock file's name ----------------------------------
+
+
+def test_a_fifo_with_an_offset_files_name_is_refused_by_name(tmp_path: Path) -> None:
+    """``read_offset`` read the file with a plain open(), which waited for ever for the pipe's
+    other end: so did ``check`` (it reads every offset) and a reader opening with the name."""
+    from journalq.journal.offsets import read_offset
+
+    _journal(tmp_path)
+    path = tmp_path / "ofs" / "r.ofs"
+    path.parent.mkdir(exist_ok=True)
+    with fifo_at(path):
+        error = returned_at_once(lambda: read_offset(tmp_path, "r"))
+        assert isinstance(error, JournalError) and error.file == path
+        assert str(error).startswith("not an offset file: a special file has an offset file's name")
+        assert any("r.ofs" in str(problem) for problem in returned_at_once(lambda: check(tmp_path)).problems)
+
+
+def test_a_fifo_with_the_lock_files_name_is_refused_by_name(tmp_path: Path) -> None:
+    """A writer failed with a bare OSError(22, 'Invalid argument') from flock, naming no file;
+    the lock's note (read for a refused writer's error) waited for ever on the pipe."""
+    from journalq.journal.lock import FileLock
+    from journalq.journal.segment import lock_path
+
+    _journal(tmp_path)
+    with fifo_at(lock_path(tmp_path)) as path:
+        error = returned_at_once(lambda: Writer(tmp_path))
+        assert isinstance(error, JournalError) and error.file == path
+        assert str(error).startswith("not a lock file: a special file has a lock file's name")
+        assert returned_at_once(lambda: FileLock(path).read_note()) == ""

@@ -134,10 +134,10 @@ def test_an_offset_file_that_cannot_be_read_is_a_journal_error_naming_it(tmp_pat
     IsADirectoryError/NotADirectoryError, which no caller expects of a journalq call."""
     path = tmp_path / "ofs" / "alpha.ofs"
     path.mkdir(parents=True)
-    with pytest.raises(JournalError, match="is a directory") as info:
+    with pytest.raises(JournalError, match="a directory has an offset file.s name") as info:
         read_offset(tmp_path, "alpha")
     assert info.value.file == path
-    with pytest.raises(JournalError, match="is a directory"):
+    with pytest.raises(JournalError, match="a directory has an offset file.s name"):
         ReaderOffset(tmp_path, "alpha")
     other = tmp_path / "other"
     other.mkdir()

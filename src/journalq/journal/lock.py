@@ -13,6 +13,7 @@ from pathlib import Path
 from types import TracebackType
 
 from journalq.errors import JournalError, LockedError
+from journalq.journal.segment import open_journal_file
 
 
 class FileLock:
@@ -30,10 +31,9 @@ class FileLock:
 
     def _open(self) -> int:
         if self._fd is None:
-            try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except IsADirectoryError:
-                raise JournalError("the lock file is a directory", file=self.path) from None
+            # (Refusing by name what is no file: a directory, a named pipe, on which flock fails
+            # with a bare EINVAL and a plain open to read waits for ever.)
+            self._fd = open_journal_file(self.path, os.O_RDWR | os.O_CREAT, "a lock file")
         return self._fd
 
     def acquire(self, wait: bool = False) -> None:
@@ -85,9 +85,9 @@ class FileLock:
         try:
             if self._fd is not None:  # one system call, not three: shared writers read it often
                 return os.pread(self._fd, 200, 0).decode("utf-8", "replace").strip()
-            with open(self.path, "rb") as f:
+            with os.fdopen(open_journal_file(self.path, os.O_RDONLY, "a lock file"), "rb") as f:
                 return f.read(200).decode("utf-8", "replace").strip()
-        except OSError:
+        except (OSError, JournalError):
             return ""
 
     def _close_fd(self) -> None:

@@ -18,7 +18,7 @@ from journalq.errors import Error, InvalidArgumentError, JournalError, LockedErr
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import make_dirs, replace_file
-from journalq.journal.segment import list_segments, unopenable
+from journalq.journal.segment import list_segments, open_journal_file, unopenable
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -64,11 +64,11 @@ def read_offset(path: str | os.PathLike[str], name: str) -> int:
     """The committed value of the named offset, 0 when it was never committed (as sej reads it)."""
     file = offset_path(path, name)
     try:
-        data = file.read_bytes()
+        # (Refusing by name what is no file: a named pipe's plain open would wait for ever.)
+        with os.fdopen(open_journal_file(file, os.O_RDONLY, "an offset file"), "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         return 0
-    except IsADirectoryError:
-        raise JournalError("the offset file is a directory", file=file) from None
     except OSError as exc:  # ``ofs`` not a directory, no permission, an I/O error
         raise JournalError(f"cannot read the offset file: {exc.strerror or exc}", file=file) from exc
     if not data:
