@@ -202,3 +202,18 @@ def test_a_fifo_with_the_lock_files_name_is_refused_by_name(tmp_path: Path) -> N
         assert isinstance(error, JournalError) and error.file == path
         assert str(error).startswith("not a lock file: a special file has a lock file's name")
         assert returned_at_once(lambda: FileLock(path).read_note()) == ""
+
+
+def test_a_fifo_with_a_queue_settings_files_name_is_refused_by_name(tmp_path: Path) -> None:
+    """Opening the queue read its ``queue.json`` with a plain open(), which waited for ever for
+    the pipe's other end (a server's worker with it)."""
+    from journalq.errors import SettingsFileError
+    from journalq.queue import Broker
+    from journalq.queue.settings import SETTINGS_FILE
+
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("q").send(b"kept")
+    with fifo_at(tmp_path / "q" / SETTINGS_FILE) as path, Broker(tmp_path, sync="none") as broker:
+        error = returned_at_once(lambda: broker.queue("q"))
+        assert isinstance(error, SettingsFileError) and error.file == path
+        assert str(error).startswith("cannot read queue settings: not a settings file: a special file has")

@@ -17,8 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from journalq.errors import InvalidNameError, InvalidSettingError, QueueNotFoundError, SettingsFileError, StorageError
+from journalq.errors import (
+    InvalidNameError,
+    InvalidSettingError,
+    JournalError,
+    QueueNotFoundError,
+    SettingsFileError,
+    StorageError,
+)
 from journalq.journal.recovery import fsync_dir, replace_file, write_temporary
+from journalq.journal.segment import open_journal_file
 
 T = TypeVar("T")
 
@@ -237,9 +245,13 @@ def load(topic_path: Path) -> QueueSettings | None:
     """The settings of the topic at ``topic_path``; None when it has none (a plain journal)."""
     file = topic_path / SETTINGS_FILE
     try:
-        data = json.loads(file.read_text())
+        # (Refusing what is no file: a named pipe's plain open would wait for ever.)
+        with os.fdopen(open_journal_file(file, os.O_RDONLY, "a settings file"), "rb") as f:
+            data = json.loads(f.read())
     except FileNotFoundError:
         return None
+    except JournalError as exc:
+        raise SettingsFileError(f"cannot read queue settings: {exc.reason}", file=file) from None
     except OSError as exc:
         if exc.errno == errno.EIO:  # the storage failing, not the file
             raise StorageError(f"cannot read queue settings: {exc.strerror}", errno=exc.errno, file=file) from None
