@@ -1019,6 +1019,10 @@ class SqsProtocol:
                 "both inclusive."
             )
         target = self.name_of_arn(policy["deadLetterTargetArn"], "RedrivePolicy")
+        if target == source:
+            # Refused here, in the shape AWS gives every RedrivePolicy it refuses, not left to the
+            # queue's settings (check_for_queue), whose error answered InvalidAttributeValue.
+            raise refused("Dead-letter target can't be the source queue itself.")
         try:
             target_settings = settings_file.load(self.broker.root / target) if check_name(target) else None
         except InvalidNameError:
