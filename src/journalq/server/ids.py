@@ -17,6 +17,7 @@ import re
 
 from journalq.errors import InvalidMessageError, TaskNotFoundError
 from journalq.queue import Queue, ShardedQueue
+from journalq.queue.broker import DEFAULT_CHANNEL
 
 _TOKEN = re.compile(r"[0-9a-f]{8}")  # what the channel's token is (``journalq.queue.channel``)
 
@@ -26,12 +27,33 @@ def given_id(message_id: str, token: str) -> str:
     return f"{message_id}.{token}"
 
 
+def _untagged(queue: Queue | ShardedQueue, given: str) -> bool:
+    """Whether ``given`` is spelled as the queue's own ids are (an offset; a sharded queue's
+    ``SHARD.OFFSET``), with no token: what a send to a topic without the channel ``default``
+    answers (``journalq.server.sqs.answered_id``)."""
+    parts = given.split(".")
+    return len(parts) == (2 if isinstance(queue, ShardedQueue) else 1) and all(
+        part.isascii() and part.isdigit() for part in parts
+    )
+
+
 def queue_id(queue: Queue | ShardedQueue, given: str, queue_name: str) -> str:
     """The queue's own id of ``given``, an id the server gave: ``InvalidMessageError`` for a text
     with no token (the queue refuses the spelling of another id itself: "007", a sharded queue's
-    "1.05"), ``TaskNotFoundError`` for an id of an earlier queue of the name (deleted since: its
-    message with it)."""
+    "1.05"), saying why and what to do when it is one of the queue's ids untagged (given by a send
+    before the topic had its channel ``default``: it cannot be told from an id of an earlier topic
+    of the name, the hole the token closes), ``TaskNotFoundError`` for an id of an earlier queue
+    of the name (deleted since: its message with it)."""
     inner, dot, token = given.rpartition(".")
+    if _untagged(queue, given):
+        raise InvalidMessageError(
+            f"message id {given!r} carries no token of queue {queue_name!r} (the ids the server gives end in a "
+            "dot and the queue's token): an id without one is a topic's own, as a send answers it while the "
+            f"topic has no channel {DEFAULT_CHANNEL!r} (its channels its own, made through the library), and it "
+            "cannot tell this queue's message from one of an earlier queue or topic of this name (deleted "
+            f"since), so it is not taken: fetch the message (GET /{queue_name}/messages) and delete it by the "
+            "X-Message-Id that the fetch answers"
+        )
     if not dot or not inner or not _TOKEN.fullmatch(token):
         raise InvalidMessageError(f"message id {given!r} is not one of this queue's ids")
     if token != queue.token:
