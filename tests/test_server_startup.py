@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from test_server_harness import JOURNALQ
 
+from journalq.errors import InvalidSettingError
+
 
 SERVERS = {"serve": ("serve", "--data"), "hub serve": ("hub", "serve", "--root")}
 """Each server command, with the option that names its directory (both start the same way)."""
@@ -164,3 +166,25 @@ def test_a_token_that_guards_nothing_is_refused(tmp_path: Path, token: str, comm
     line = one_line_error(serve(str(tmp_path / "data"), "--port", "0", "--token", token, command=command))
     assert line.startswith("journalq: error: --token is empty or holds a space or control character"), line
     assert line.endswith("leave --token out for an open hub" if "hub" in command else "open REST API"), line
+
+
+@pytest.mark.parametrize("flag", ["--zk-producer-gc", "--no-zk-producer-gc"])
+def test_producer_gc_for_a_directory_is_refused(tmp_path: Path, flag: str) -> None:
+    """``serve`` could not set the ZooKeeper store's ``producer_gc`` at all; now it can, and a data
+    directory, whose store has no such option, refuses it in the words of ``queue send``."""
+    line = one_line_error(serve(str(tmp_path / "data"), "--port", "0", flag))
+    assert line == f"journalq: error: {flag} is an option of the ZooKeeper store (--data zk://...), and " \
+                   f"{tmp_path / 'data'} is a directory", line
+    assert not (tmp_path / "data").exists()
+
+
+def test_producer_gc_reaches_every_workers_broker() -> None:
+    """The workers rebuild the configuration from the environment: the option goes with it."""
+    from journalq.server.config import ENVIRONMENT_VARIABLE, ServerConfig
+
+    for producer_gc, options in ((False, {"producer_gc": False}), (True, {"producer_gc": True}), (None, {})):
+        config = ServerConfig(data="zk://127.0.0.1:2181/jq", producer_gc=producer_gc)
+        rebuilt = ServerConfig.from_environment({ENVIRONMENT_VARIABLE: config.to_environment()})
+        assert rebuilt == config and rebuilt.store_options() == options
+    with pytest.raises(InvalidSettingError, match="producer_gc is the ZooKeeper store's"):
+        ServerConfig(data=Path("data"), producer_gc=False)

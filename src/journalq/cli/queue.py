@@ -75,27 +75,35 @@ def _broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
-def _producer_gc_option(command: Callable[..., Any]) -> Callable[..., Any]:
+def producer_gc_option(command: Callable[..., Any]) -> Callable[..., Any]:
     """``--zk-producer-gc/--no-zk-producer-gc``, of the commands that send (``producer_gc``)."""
     return click.option(
         "--zk-producer-gc/--no-zk-producer-gc", "producer_gc", default=None,
-        help="With --data zk://...: whether the command's sends also collect the queue's finished tasks "
+        help="With --data zk://...: whether sends also collect the queue's finished tasks "
              "every task_gc_interval, as zkmq's producers do (else consumers and gc do).  [default: yes]",
     )(command)
+
+
+def producer_gc_options(data: Path | str, producer_gc: bool | None) -> dict[str, bool]:
+    """What ``Broker(data, ...)`` takes of ``producer_gc_option`` (nothing when not given);
+    ``CommandError`` when given with a data directory, whose store has no such option."""
+    if producer_gc is None:
+        return {}
+    if isinstance(data, Path):
+        flag = "--zk-producer-gc" if producer_gc else "--no-zk-producer-gc"
+        raise CommandError(f"{flag} is an option of the ZooKeeper store (--data zk://...), and {data} is a directory")
+    return {"producer_gc": producer_gc}
 
 
 @contextmanager
 def _broker(data: Path | str, sync: str, *, create: bool = False, producer_gc: bool | None = None) -> Iterator[Broker]:
     """The broker of ``data``; the directory is made only when ``create``. ``producer_gc``: the
     ZooKeeper store's ``Broker(..., producer_gc=)`` (None: its default), refused with a directory."""
-    if producer_gc is not None and isinstance(data, Path):
-        flag = "--zk-producer-gc" if producer_gc else "--no-zk-producer-gc"
-        raise CommandError(f"{flag} is an option of the ZooKeeper store (--data zk://...), and {data} is a directory")
+    options = producer_gc_options(data, producer_gc)
     if not create and isinstance(data, Path) and not data.is_dir():
         if data.exists():
             raise CommandError(f"not a directory ({data})")  # as the commands that make one say it
         raise CommandError(f"no data directory {data} (give --data DIR or set JOURNALQ_DATA)")
-    options = {} if producer_gc is None else {"producer_gc": producer_gc}
     with Broker(data, sync=sync, **options) as broker:
         yield broker
 
@@ -334,7 +342,7 @@ def queue() -> None:
 @click.option("--no-create", is_flag=True, help="Fail when the queue does not exist (default: create it).")
 @click.option("--file", "body_file", type=click.File("rb"), metavar="PATH",
               help="Send the whole of PATH (- for standard input) as one message: any bytes, newlines too.")
-@_producer_gc_option
+@producer_gc_option
 @_broker_options
 def send(
     name: str, body: str | None, attributes: tuple[str, ...], typed_attributes: str | None,
@@ -639,7 +647,7 @@ def purge(name: str, data: Path, sync: str) -> None:
 @click.option("--to", "destination", metavar="QUEUE",
               help="Move every message here (default: back to the queue each came from).")
 @click.option("--max", "max_messages", type=click.IntRange(min=1), metavar="N", help="Move at most N messages.")
-@_producer_gc_option
+@producer_gc_option
 @_broker_options
 def redrive(
     name: str, destination: str | None, max_messages: int | None, data: Path, sync: str, producer_gc: bool | None

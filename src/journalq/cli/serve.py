@@ -16,6 +16,7 @@ import click
 
 from journalq.cli.data import DATA
 from journalq.cli.main import CommandError
+from journalq.cli.queue import producer_gc_option, producer_gc_options
 from journalq.errors import InvalidSettingError
 from journalq.journal.sync import SyncPolicy
 
@@ -69,8 +70,10 @@ def checked_token(token: str | None, guarded: str = "REST API") -> str | None:
               metavar="SECONDS",
               help="With --data zk://...: the ZooKeeper session timeout, how long a request waits for an ensemble "
                    "out of reach before its 503 (and how soon a dead consumer's tasks come back).  [default: 10]")
+@producer_gc_option
 def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token: str | None,
-          aws_keys: tuple[str, ...], max_message_size: int, session_timeout: float | None) -> None:
+          aws_keys: tuple[str, ...], max_message_size: int, session_timeout: float | None,
+          producer_gc: bool | None) -> None:
     """Serve mq's REST API and the Amazon SQS JSON protocol (POST /) over DIR's queues.
 
     Shuts down cleanly on SIGTERM and SIGINT: requests under way finish, journals are synced and
@@ -89,11 +92,13 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
     from journalq.server.stopping import GracefulServer
 
     SyncPolicy.parse(sync)  # a bad policy fails here, in one line
+    producer_gc_options(data, producer_gc)  # refused with a directory, in the flag's words
     try:
         config = ServerConfig(
             data=data, host=host, port=port, workers=workers, sync=sync, rest_token=checked_token(token),
             aws_credentials=_credentials(aws_keys), max_message_size=max_message_size,
             max_request_size=max(2 * 1024 * 1024, 2 * max_message_size), session_timeout=session_timeout,
+            producer_gc=producer_gc,
         )
     except InvalidSettingError as exc:  # (the one setting ServerConfig checks itself)
         raise CommandError(f"--zk-session-timeout {session_timeout:g}: {exc}") from None

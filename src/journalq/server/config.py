@@ -46,16 +46,22 @@ class ServerConfig:
     """Seconds a 503 (storage full or failing) tells clients to wait before trying again."""
     session_timeout: float | None = None
     """The ZooKeeper store's session timeout in seconds (None: the store's default, 10)."""
+    producer_gc: bool | None = None
+    """Whether the ZooKeeper store's sends also collect finished tasks (None: its default, yes)."""
 
     def __post_init__(self) -> None:
         if self.session_timeout is not None:
             if not is_zookeeper_url(str(self.data)):
                 raise InvalidSettingError(f"a session timeout is the ZooKeeper store's, and {self.data} is a directory")
             check_session_timeout(self.session_timeout, "the session timeout")
+        if self.producer_gc is not None and not is_zookeeper_url(str(self.data)):
+            raise InvalidSettingError(f"producer_gc is the ZooKeeper store's, and {self.data} is a directory")
 
     def store_options(self) -> dict[str, Any]:
-        """What ``Broker(data, ...)`` takes besides ``sync``: the session timeout, for a ZooKeeper store."""
-        return {} if self.session_timeout is None else {"session_timeout": self.session_timeout}
+        """What ``Broker(data, ...)`` takes besides ``sync``: a ZooKeeper store's session timeout
+        and producer gc, when given."""
+        options: dict[str, Any] = {"session_timeout": self.session_timeout, "producer_gc": self.producer_gc}
+        return {name: value for name, value in options.items() if value is not None}
 
     @property
     def address(self) -> str:
