@@ -287,7 +287,10 @@ class ShardedTopic(TopicDirectory):
         # Each shard's deduplication ids, read by ``_sent_before`` (a lock each: threads share them).
         self._dedup: list[DedupIndex | None] = [None] * len(self.shards)
         self._dedup_locks = [threading.Lock() for _ in self.shards]
-        self._turn = os.getpid()  # round robin of keyless messages, from a shard of this process
+        # The round robin of keyless messages, from a shard of this process's: next() of a count
+        # is one step, so threads sending at once take a turn each (a read then an increment of
+        # an int let two take the same shard, and skip one, once a thread switch fell between).
+        self._turn = count(os.getpid())
 
     def use_settings(self, settings: QueueSettings) -> None:
         """New settings, for every shard too."""
@@ -337,11 +340,7 @@ class ShardedTopic(TopicDirectory):
                 route = envelope.dedup_id.encode("utf-8")
             else:
                 route = None
-            if route is None:
-                index = self._turn & mask
-                self._turn += 1
-            else:
-                index = _shard_of(route, mask)
+            index = next(self._turn) & mask if route is None else _shard_of(route, mask)
             routed.append((index, item))
             dedup_ids.append(envelope.dedup_id)
         ids: list[str | None] = [None] * len(routed)
