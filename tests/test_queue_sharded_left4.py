@@ -4,8 +4,10 @@ descriptors that deduplication keeps open per shard, and threads sharing one sha
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -82,3 +84,52 @@ def test_threads_sending_keyless_messages_fill_every_shard_evenly(tmp_path: Path
         assert {name: s.available for name, s in queue.shard_stats().items()} == {
             name: threads * sends // shards for name in queue.topic.shard_names
         }
+
+
+# -- the descriptors that deduplication holds open ----------------------------------------------
+
+
+def deduplication_readings(root: Path) -> collections.Counter[str]:
+    """The segments of topics' journals under ``root`` open for reading here, counted by the
+    directory of their topic (deduplication reads them; writers open theirs read-write, and
+    channels are left out: their journals are under ``channels/``)."""
+    found: collections.Counter[str] = collections.Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            with open(f"/proc/self/fdinfo/{fd}") as info:
+                flags = next(int(line.split()[1], 8) for line in info if line.startswith("flags:"))
+        except OSError:
+            continue  # (the listing's own descriptor, closed by now)
+        topic = target.parent.parent
+        if target.suffix == ".jnl" and topic.parent == root and flags & os.O_ACCMODE == os.O_RDONLY:
+            found[topic.name] += 1
+    return found
+
+
+def dedup_ids_in_every_shard(shards: int) -> list[str]:
+    """Deduplication ids that route to each of ``shards`` shards, one each."""
+    found: dict[int, str] = {}
+    for n in range(10_000):
+        found.setdefault(zlib.crc32(b"id-%d" % n) & (shards - 1), f"id-{n}")
+        if len(found) == shards:
+            return list(found.values())
+    raise AssertionError("no id for some shard")
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="needs /proc (Linux)")
+
+
+@needs_proc
+def test_deduplicated_sends_read_each_shard_once(tmp_path: Path) -> None:
+    """The sharded topic looks for a dedup id in every shard; the shard sent to looked again
+    with a reading of its own (a second open segment per shard, and a second read per send)."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        first = [queue.send(b"x", dedup_id=dedup_id) for dedup_id in dedup_ids_in_every_shard(4)]
+        assert sorted(shard_of(id) for id in first) == [0, 1, 2, 3]
+        again = [queue.send(b"y", dedup_id=dedup_id, key="other") for dedup_id in dedup_ids_in_every_shard(4)]
+        assert again == first
+        assert deduplication_readings(tmp_path) == {name: 1 for name in queue.topic.shard_names}
+    assert deduplication_readings(tmp_path) == {}
+

@@ -223,6 +223,8 @@ class _ShardTopic(Topic):
     errors name the sharded topic (dead letters record it as their source queue, so a redrive sends
     them back to the sharded queue)."""
 
+    deduplicates = False  # ``ShardedTopic.send_many`` does, over every shard, before it sends to one
+
     def __init__(self, sharded: ShardedTopic, directory: str, settings: QueueSettings) -> None:
         super().__init__(sharded.broker, directory, settings)
         self.name = sharded.name

@@ -145,6 +145,10 @@ class TopicDirectory:
 class Topic(TopicDirectory):
     """The topic ``name`` of a broker; use ``Broker.topic`` or ``Broker.queue`` to get one."""
 
+    deduplicates = True
+    """Whether ``send_many`` drops the duplicates of deduplication ids sent before (a shard of a
+    sharded topic leaves it to its sharded topic, which looks in every shard first)."""
+
     def __init__(self, broker: Broker, name: str, settings: QueueSettings) -> None:
         super().__init__(broker.root / name)
         self.broker = broker
@@ -217,8 +221,9 @@ class Topic(TopicDirectory):
         earlier: dict[int, int] = {}  # batch index -> offset already holding its dedup id
         first_in_batch: dict[int, int] = {}  # batch index -> index of the same id earlier in it
         fresh: list[int] = []
+        deduplicating = self.deduplicates and any(e.dedup_id is not None for e in envelopes)
         with held(self._get_writer(), self._reopen_writer, self.check_present) as writer:
-            if any(e.dedup_id is not None for e in envelopes):
+            if deduplicating:
                 dedup = self._dedup_index()
                 dedup.catch_up()
                 batch_seen: dict[str, int] = {}
@@ -245,7 +250,7 @@ class Topic(TopicDirectory):
         offsets = dict(earlier)
         for n, i in enumerate(fresh):
             offsets[i] = first + n
-            if envelopes[i].dedup_id is not None:
+            if deduplicating and envelopes[i].dedup_id is not None:
                 self._dedup_index().remember(envelopes[i].dedup_id, first + n, now)
         for i, j in first_in_batch.items():
             offsets[i] = offsets[j]
