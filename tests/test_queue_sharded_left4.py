@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from journalq.journal.segment import list_segments
 from journalq.queue import Broker, sharded
+from journalq.queue.topic import DedupIndex
 
 
 @pytest.fixture
@@ -107,6 +109,11 @@ def deduplication_readings(root: Path) -> collections.Counter[str]:
     return found
 
 
+def topics_reading(root: Path) -> set[str]:
+    """The sharded topics under ``root`` whose shards have a segment open for reading here."""
+    return {shard.split(".")[0] for shard in deduplication_readings(root)}
+
+
 def dedup_ids_in_every_shard(shards: int) -> list[str]:
     """Deduplication ids that route to each of ``shards`` shards, one each."""
     found: dict[int, str] = {}
@@ -133,3 +140,47 @@ def test_deduplicated_sends_read_each_shard_once(tmp_path: Path) -> None:
         assert deduplication_readings(tmp_path) == {name: 1 for name in queue.topic.shard_names}
     assert deduplication_readings(tmp_path) == {}
 
+
+@needs_proc
+def test_the_readings_of_topics_that_stopped_deduplicating_are_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each sharded topic kept a reading of every shard open for ever once it deduplicated: a
+    process with many such topics ran out of descriptors. Those of a topic idle for
+    ``DEDUP_IDLE_SECONDS`` are closed, and read on where they stopped when used again."""
+    monkeypatch.setattr(sharded, "DEDUP_IDLE_SECONDS", 1.0)
+    with Broker(tmp_path, sync="none") as broker:
+        queues = [broker.queue(f"q{n}", shards=4) for n in range(5)]
+        first = [queue.send(b"x", dedup_id="a") for queue in queues[:4]]
+        assert topics_reading(tmp_path) == {"q0", "q1", "q2", "q3"}
+        time.sleep(1.2)
+        queues[4].send(b"x", dedup_id="a")
+        assert topics_reading(tmp_path) == {"q4"}
+        queues[0].send(b"z", dedup_id="b")  # a reading again, from where it was closed
+        assert queues[0].send(b"x again", dedup_id="a") == first[0]
+        assert queues[0].stats().available == 2
+        assert topics_reading(tmp_path) == {"q0", "q4"}
+        broker.topic("q4").close()
+        assert topics_reading(tmp_path) == {"q0"}
+        assert [queue.send(b"x again", dedup_id="a") for queue in queues[1:4]] == first[1:4]
+        assert topics_reading(tmp_path) == {"q0", "q1", "q2", "q3"}
+
+
+def test_a_closed_reading_resumes_after_gc_collected_where_it_stopped(tmp_path: Path) -> None:
+    """A deduplication reading closed (``DedupIndex.rest``) opens again where it stopped; when gc
+    has collected that place since, it reads the window again (what is left of it)."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("t", segment_size=4096, retention_bytes=8192)
+        topic.send_many([{"body": b"x" * 1000, "dedup_id": f"early-{n}"} for n in range(3)])
+        dedup = DedupIndex(topic.path, 3600)
+        dedup.catch_up()
+        dedup.rest()
+        later = [topic.send(b"y" * 1000, dedup_id=f"later-{n}") for n in range(40)]
+        topic.gc()
+        kept_from = list_segments(topic.path)[0].base
+        assert kept_from > 3  # where the reading stopped is collected
+        dedup.catch_up()
+        assert dedup.lookup("later-39") == int(later[-1])
+        assert dedup.lookup("early-0") == 0  # read before: still known
+        assert dedup.lookup(f"later-{kept_from - 3}") == kept_from  # (the later ones from offset 3)
+        dedup.close()

@@ -16,7 +16,9 @@ is repeated here. What a sharded topic adds is routing:
   a duplicate sent with another group or key, so to another shard, is dropped all the same. The
   sends of one deduplication id take the hold of the shard of its hash (the shards they write to
   too, all in index order) and look for it in every shard's journal, where the messages
-  themselves record it (nothing else to keep in step, across ``kill -9`` too).
+  themselves record it (nothing else to keep in step, across ``kill -9`` too). The readings of
+  the shards that this looks through (one open segment each) are closed once the topic has not
+  deduplicated for ``DEDUP_IDLE_SECONDS``.
 * Receiving: each consumer (a ``ShardedChannel`` object) claims a home shard, from one picked by
   its pid on the first that no other live consumer of the channel holds (a lock file in
   ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
@@ -43,6 +45,7 @@ import re
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from itertools import count
@@ -215,6 +218,50 @@ def _split(text: object, shards: int, what: str, error: type[Exception]) -> tupl
     return int(match[1]), match[2]
 
 
+# -- deduplication's readings of the shards -----------------------------------------------------
+
+DEDUP_IDLE_SECONDS = 10.0
+"""How long a sharded topic that no longer deduplicates keeps its shards' deduplication readings
+(``ShardedTopic._sent_before``'s, a segment held open each) open: once idle that long, the next
+deduplicated send of any sharded topic of the process closes them (they read on from where they
+stopped, at the topic's next deduplicated send: a seek per shard, paid once per idle spell)."""
+
+
+class _RecentDeduplication:
+    """The sharded topics of this process whose deduplication holds its shards' readings open,
+    by when they last deduplicated (monotonic), the least recently first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_used: OrderedDict[ShardedTopic, float] = OrderedDict()
+
+    def use(self, topic: ShardedTopic) -> None:
+        """Note a deduplicated send of ``topic``, and close the readings of the topics idle for
+        ``DEDUP_IDLE_SECONDS``. (Not under ``topic``'s holds: closing takes other topics'
+        deduplication locks.)"""
+        now = time.monotonic()
+        idle: list[ShardedTopic] = []
+        with self._lock:
+            self._last_used[topic] = now
+            self._last_used.move_to_end(topic)
+            for other, last_used in self._last_used.items():
+                if now - last_used < DEDUP_IDLE_SECONDS:
+                    break  # and so are the ones after it
+                idle.append(other)
+            for other in idle:
+                del self._last_used[other]
+        for other in idle:
+            other._rest_dedup()
+
+    def forget(self, topic: ShardedTopic) -> None:
+        """``topic`` closed: its readings are."""
+        with self._lock:
+            self._last_used.pop(topic, None)
+
+
+_recent_deduplication = _RecentDeduplication()
+
+
 # -- the topic ----------------------------------------------------------------------------------
 
 
@@ -286,7 +333,9 @@ class ShardedTopic(TopicDirectory):
         self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
         self.settings = settings
         self._channels: dict[str, ShardedChannel] = {}
-        # Each shard's deduplication ids, read by ``_sent_before`` (a lock each: threads share them).
+        # Each shard's deduplication ids, read by ``_sent_before`` (a lock each: threads share
+        # them); their readings are closed once the topic has not deduplicated for a while
+        # (``DEDUP_IDLE_SECONDS``).
         self._dedup: list[DedupIndex | None] = [None] * len(self.shards)
         self._dedup_locks = [threading.Lock() for _ in self.shards]
         # The round robin of keyless messages, from a shard of this process's: next() of a count
@@ -353,6 +402,7 @@ class ShardedTopic(TopicDirectory):
         # would miss a duplicate sent with another group: the sends of one dedup id go one at a
         # time, under the hold of the shard of its hash, and look for it in every shard.
         self.gc_when_due()  # not under the holds
+        _recent_deduplication.use(self)  # closes idle topics' readings: not under the holds either
         copies: dict[int, int] = {}  # position -> the position of the first of its dedup id
         failed: Exception | None = None
         hashed = {_shard_of(dedup_id.encode("utf-8"), mask) for dedup_id in dedup_ids if dedup_id is not None}
@@ -433,6 +483,15 @@ class ShardedTopic(TopicDirectory):
                         if dedup_id not in found or sent_at < found[dedup_id][0]:
                             found[dedup_id] = (sent_at, f"{index}.{message_id(offset)}")
         return {dedup_id: id for dedup_id, (_, id) in found.items()}
+
+    def _rest_dedup(self) -> None:
+        """Close every shard's deduplication reading, keeping the ids read (``DedupIndex.rest``):
+        ``_recent_deduplication`` closes those of a topic that has not deduplicated lately."""
+        for index, lock in enumerate(self._dedup_locks):
+            with lock:
+                dedup = self._dedup[index]
+                if dedup is not None:
+                    dedup.rest()
 
     def _forget_dedup(self, index: int) -> None:
         """Drop shard ``index``'s deduplication ids read by ``_sent_before``, closing its reading
@@ -530,6 +589,7 @@ class ShardedTopic(TopicDirectory):
         self._channels.clear()
         for shard in self.shards:
             shard.close()
+        _recent_deduplication.forget(self)
         for index in range(len(self._dedup)):
             self._forget_dedup(index)
         self._let_go_of_directory()

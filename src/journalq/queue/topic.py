@@ -555,6 +555,7 @@ class DedupIndex:
         self.window_ns = int(window * 1e9)
         self.seen: OrderedDict[str, tuple[int, int]] = OrderedDict()  # id -> (offset, time)
         self._scanner: Scanner | None = None
+        self._resume_at: int | None = None  # where ``rest`` stopped reading (None: read the window)
 
     def _start(self) -> Scanner:
         """Start reading at the newest segment that begins before the window."""
@@ -583,11 +584,29 @@ class DedupIndex:
         if self._scanner is not None:
             self._scanner.close()
             self._scanner = None
+        self._resume_at = None
         self.seen.clear()
+
+    def rest(self) -> None:
+        """Close its reading of the topic (a segment held open), keeping the ids read: the next
+        ``catch_up`` opens it again where it stopped (costlier than reading on: a seek)."""
+        if self._scanner is not None:
+            self._resume_at = self._scanner.offset
+            self._scanner.close()
+            self._scanner = None
+
+    def _resume(self) -> Scanner:
+        """A reading from where ``rest`` stopped, or of the whole window."""
+        if self._resume_at is not None:
+            try:
+                return Scanner(self.path, self._resume_at)
+            except OffsetOutOfRangeError:
+                pass  # collected since (or taken back): read the window again
+        return self._start()
 
     def catch_up(self) -> None:
         if self._scanner is None:
-            self._scanner = self._start()
+            self._scanner = self._resume()
         try:
             self._read_new()
         except (OffsetOutOfRangeError, TruncatedError):
