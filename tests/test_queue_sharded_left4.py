@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from journalq.journal import Scanner
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker, sharded
-from journalq.queue.topic import DedupIndex
+from journalq.queue.envelope import decode
+from journalq.queue.topic import DedupIndex, DedupSend
 
 
 @pytest.fixture
@@ -166,6 +168,12 @@ def test_the_readings_of_topics_that_stopped_deduplicating_are_closed(
         assert topics_reading(tmp_path) == {"q0", "q1", "q2", "q3"}
 
 
+def sent_at(dedup: DedupIndex, dedup_id: str) -> int | None:
+    """The offset that ``dedup`` says ``dedup_id`` was sent at, if any."""
+    sent = dedup.sent(dedup_id)
+    return None if sent is None else sent.offset
+
+
 def test_a_closed_reading_resumes_after_gc_collected_where_it_stopped(tmp_path: Path) -> None:
     """A deduplication reading closed (``DedupIndex.rest``) opens again where it stopped; when gc
     has collected that place since, it reads the window again (what is left of it)."""
@@ -180,7 +188,30 @@ def test_a_closed_reading_resumes_after_gc_collected_where_it_stopped(tmp_path: 
         kept_from = list_segments(topic.path)[0].base
         assert kept_from > 3  # where the reading stopped is collected
         dedup.catch_up()
-        assert dedup.lookup("later-39") == int(later[-1])
-        assert dedup.lookup("early-0") == 0  # read before: still known
-        assert dedup.lookup(f"later-{kept_from - 3}") == kept_from  # (the later ones from offset 3)
+        assert sent_at(dedup, "later-39") == int(later[-1])
+        assert sent_at(dedup, "early-0") == 0  # read before: still known
+        assert sent_at(dedup, f"later-{kept_from - 3}") == kept_from  # (the later ones from offset 3)
         dedup.close()
+
+
+def test_the_deduplication_index_says_where_and_when_an_id_was_sent(tmp_path: Path) -> None:
+    """``DedupIndex.sent``: the offset and time of an id's send within the window, what a sharded
+    topic compares across its shards (it read the index's own dictionary for the time)."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("t")
+        topic.send(b"a", dedup_id="first")
+        topic.send(b"b", dedup_id="second")
+        topic.send(b"b again", dedup_id="second")  # dropped: no message
+        dedup = DedupIndex(topic.path, 3600)
+        dedup.catch_up()
+        with Scanner(topic.path) as scanner:
+            stored = {decode(m.type, m.value).dedup_id: (m.offset, m.timestamp_ns) for m in scanner}
+        assert dedup.sent("first") == DedupSend(*stored["first"])
+        assert dedup.sent("second") == DedupSend(offset=1, timestamp_ns=stored["second"][1])
+        assert dedup.sent("never") is None
+        dedup.close()
+        expired = DedupIndex(topic.path, 0.001)
+        time.sleep(0.01)
+        expired.catch_up()
+        assert expired.sent("first") is None
+        expired.close()

@@ -477,11 +477,9 @@ class ShardedTopic(TopicDirectory):
                     log.warning("%s: deduplication cannot read this shard, left out: %s", shard.path, exc)
                     continue
                 for dedup_id in dedup_ids:
-                    offset = dedup.lookup(dedup_id)
-                    if offset is not None:
-                        sent_at = dedup.seen[dedup_id][1]
-                        if dedup_id not in found or sent_at < found[dedup_id][0]:
-                            found[dedup_id] = (sent_at, f"{index}.{message_id(offset)}")
+                    sent = dedup.sent(dedup_id)
+                    if sent is not None and (dedup_id not in found or sent.timestamp_ns < found[dedup_id][0]):
+                        found[dedup_id] = (sent.timestamp_ns, f"{index}.{message_id(sent.offset)}")
         return {dedup_id: id for dedup_id, (_, id) in found.items()}
 
     def _rest_dedup(self) -> None:
