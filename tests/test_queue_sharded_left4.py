@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from journalq.journal import Scanner
+from journalq.journal.lock import FileLock
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker, sharded
 from journalq.queue.envelope import decode
@@ -215,3 +216,25 @@ def test_the_deduplication_index_says_where_and_when_an_id_was_sent(tmp_path: Pa
         expired.catch_up()
         assert expired.sent("first") is None
         expired.close()
+
+
+# -- a sharded queue closed under its users --------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_queue_closed_by_its_topic_receives_nothing_and_claims_nothing(tmp_path: Path, shards: int) -> None:
+    """The broker closes a topic under the queue objects given out (``Broker.forget``, a delete):
+    an unsharded queue's receive then gets nothing; a sharded one opened its shards' channels
+    again, claimed a home shard that nothing let go of, and hid the messages it took."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=shards)
+        queue.send_many([b"m%d" % n for n in range(8)])
+        broker.topic("orders").close()
+        assert queue.receive(10) == []
+        claims = sorted((tmp_path / "orders" / "consumers").glob("*.lck"))
+        for path in claims:  # none held: each can be taken at once
+            claim = FileLock(path)
+            claim.acquire(wait=False)
+            claim.close()
+    with Broker(tmp_path, sync="none") as broker:
+        assert len(broker.queue("orders").receive(10, visibility_timeout=60)) == 8

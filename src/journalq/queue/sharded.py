@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from journalq.errors import (
+    Error,
     InvalidMessageError,
     InvalidNameError,
     InvalidSettingError,
@@ -582,8 +583,7 @@ class ShardedTopic(TopicDirectory):
 
     def close(self) -> None:
         for channel in self._channels.values():
-            channel._closed = True  # the shards close the channels of each shard
-            channel._let_go()
+            channel._shut()  # the shards close the channels of each shard
         self._channels.clear()
         for shard in self.shards:
             shard.close()
@@ -623,8 +623,18 @@ class ShardedChannel:
         if self._home is None:
             with self._opening:
                 if self._home is None:
+                    self._refuse_when_closed()
                     self._home = self._current = self._claim_home()
         return self._home
+
+    def _refuse_when_closed(self) -> None:
+        """Under ``_opening``: a closed channel opens no shard's channel and claims no home again
+        (``close`` would not close nor let go of them). Its receive then gets nothing, as a
+        closed ``Channel``'s does (``Channel.receive``: an error of a closed channel); the topic
+        deleted is said first (``QueueNotFoundError``), as a channel opened would."""
+        if self._closed:
+            self.topic.check_present()
+            raise Error(f"channel {self.name!r} of sharded topic {self.topic.name!r} is closed")
 
     def _claim_home(self) -> int:
         """From the shard picked by the pid on, the first that no other consumer of the channel
@@ -672,6 +682,7 @@ class ShardedChannel:
             with self._opening:  # threads of a server share one queue object
                 channel = self._shard_channels[index]
                 if channel is None:
+                    self._refuse_when_closed()
                     channel = self._shard_channel(index)
                     channel.consumer_id = self.consumer_id
                     self._shard_channels[index] = channel
@@ -879,16 +890,19 @@ class ShardedChannel:
                 channel.commit_cursor()
 
     def close(self) -> None:
-        self._closed = True
-        for channel in self._shard_channels:
-            if channel is not None:
-                channel.close()
-        self._let_go()
+        for channel in self._shut():
+            channel.close()
 
-    def _let_go(self) -> None:
+    def _shut(self) -> list[Channel]:
+        """Mark it closed (under ``_opening``: no shard's channel opens, and no home is claimed,
+        after it) and let go of its home; returns the shards' channels it opened, to close."""
+        with self._opening:
+            self._closed = True
+            opened = [channel for channel in self._shard_channels if channel is not None]
         if self._claim is not None:
             self._claim.close()
             self._claim = None
+        return opened
 
 
 def _raise(error: ReceiptError | None) -> None:
