@@ -169,6 +169,21 @@ def test_the_readings_of_topics_that_stopped_deduplicating_are_closed(
         assert topics_reading(tmp_path) == {"q0", "q1", "q2", "q3"}
 
 
+
+def test_a_topic_deduplicating_keeps_its_own_readings_whatever_the_idle_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``DEDUP_IDLE_SECONDS`` at 0 every other topic is idle at once, but not the one
+    sending: it took itself for idle, closed its own readings (to open them again at once) and
+    left the topics noted, so that nothing closed them once it was idle."""
+    monkeypatch.setattr(sharded, "DEDUP_IDLE_SECONDS", 0.0)
+    with Broker(tmp_path, sync="none") as broker:
+        first, second = broker.queue("first", shards=2), broker.queue("second", shards=2)
+        first.send(b"x", dedup_id="a")
+        assert topics_reading(tmp_path) == {"first"}
+        second.send(b"y", dedup_id="b")
+        assert topics_reading(tmp_path) == {"second"}
+
 def sent_at(dedup: DedupIndex, dedup_id: str) -> int | None:
     """The offset that ``dedup`` says ``dedup_id`` was sent at, if any."""
     sent = dedup.sent(dedup_id)
@@ -238,3 +253,4 @@ def test_a_queue_closed_by_its_topic_receives_nothing_and_claims_nothing(tmp_pat
             claim.close()
     with Broker(tmp_path, sync="none") as broker:
         assert len(broker.queue("orders").receive(10, visibility_timeout=60)) == 8
+

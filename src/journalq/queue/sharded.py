@@ -246,8 +246,8 @@ class _RecentDeduplication:
             self._last_used[topic] = now
             self._last_used.move_to_end(topic)
             for other, last_used in self._last_used.items():
-                if now - last_used < DEDUP_IDLE_SECONDS:
-                    break  # and so are the ones after it
+                if other is topic or now - last_used < DEDUP_IDLE_SECONDS:
+                    break  # and so are the ones after it (``topic`` is the last)
                 idle.append(other)
             for other in idle:
                 del self._last_used[other]
