@@ -20,6 +20,7 @@ from journalq.journal.lock import FileLock
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker, sharded
 from journalq.queue.envelope import decode
+from journalq.queue import topic as topic_module
 from journalq.queue.topic import DedupIndex, DedupSend
 
 
@@ -254,3 +255,46 @@ def test_a_queue_closed_by_its_topic_receives_nothing_and_claims_nothing(tmp_pat
     with Broker(tmp_path, sync="none") as broker:
         assert len(broker.queue("orders").receive(10, visibility_timeout=60)) == 8
 
+
+
+def test_a_topic_closed_while_another_thread_closes_its_idle_readings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send to one sharded topic closes the idle readings of another, under that topic's
+    deduplication locks; the other's ``close`` closed them without the locks, under the first
+    one's feet (its send failed on a reading gone None, and a descriptor could be closed twice)."""
+    monkeypatch.setattr(sharded, "DEDUP_IDLE_SECONDS", 0.0)
+    resting, closed = threading.Event(), threading.Event()
+
+    class PausingScanner(Scanner):
+        @property
+        def offset(self) -> int:
+            if threading.current_thread().name == "sender" and not resting.is_set():
+                resting.set()  # the sender is closing a reading of the idle topic: close it now
+                closed.wait(5)
+            return super().offset
+
+    monkeypatch.setattr(topic_module, "Scanner", PausingScanner)
+    with Broker(tmp_path, sync="none") as broker:
+        idle, busy = broker.queue("idle", shards=2), broker.queue("busy", shards=2)
+        idle.send(b"x", dedup_id="a")
+        failures: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                busy.send(b"y", dedup_id="b")
+            except BaseException as exc:  # re-raised below, in the test's thread
+                failures.append(exc)
+
+        sender = threading.Thread(target=send, name="sender")
+        sender.start()
+        assert resting.wait(5)
+        closer = threading.Thread(target=broker.topic("idle").close)
+        closer.start()
+        closer.join(0.5)  # done at once when it does not wait for the sender's closing
+        closed.set()
+        sender.join()
+        closer.join()
+        if failures:
+            raise failures[0]
+        assert topics_reading(tmp_path) == {"busy"}

@@ -494,7 +494,7 @@ class ShardedTopic(TopicDirectory):
 
     def _forget_dedup(self, index: int) -> None:
         """Drop shard ``index``'s deduplication ids read by ``_sent_before``, closing its reading
-        (a segment held open per shard)."""
+        (a segment held open per shard). Under the shard's deduplication lock."""
         dedup, self._dedup[index] = self._dedup[index], None
         if dedup is not None:
             dedup.close()
@@ -588,8 +588,9 @@ class ShardedTopic(TopicDirectory):
         for shard in self.shards:
             shard.close()
         _recent_deduplication.forget(self)
-        for index in range(len(self._dedup)):
-            self._forget_dedup(index)
+        for index, lock in enumerate(self._dedup_locks):
+            with lock:  # another thread may be closing it for being idle (``_rest_dedup``)
+                self._forget_dedup(index)
         self._let_go_of_directory()
 
 
