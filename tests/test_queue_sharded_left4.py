@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from journalq.errors import LockedError
 from journalq.journal import Scanner
 from journalq.journal.lock import FileLock
 from journalq.journal.segment import list_segments
@@ -298,3 +299,38 @@ def test_a_topic_closed_while_another_thread_closes_its_idle_readings(
         if failures:
             raise failures[0]
         assert topics_reading(tmp_path) == {"busy"}
+
+
+def claims_held(root: Path, name: str) -> list[str]:
+    """The consumers' home-shard claims of sharded topic ``name`` held now (by this process: a
+    lock of another file description refuses at once)."""
+    held: list[str] = []
+    for path in sorted((root / name / "consumers").glob("*.lck")):
+        claim = FileLock(path)
+        try:
+            claim.acquire(wait=False)
+        except LockedError:
+            held.append(path.name)
+        finally:
+            claim.close()
+    return held
+
+
+@pytest.mark.usefixtures("threads_taking_turns")
+def test_threads_asking_for_one_channel_at_once_get_one(tmp_path: Path) -> None:
+    """Two threads asking a sharded topic for a new channel each made one: the one not kept by
+    the topic was never closed with it, and the home shard it claimed stayed claimed."""
+    with Broker(tmp_path, sync="none") as broker:
+        topic = broker.topic("orders", shards=4)
+        got: list[object] = [None, None]
+        start = threading.Barrier(2)
+
+        def take(n: int) -> None:
+            start.wait()
+            channel = got[n] = topic.channel("billing")
+            channel.receive(1, wait=0)  # claims a home shard
+
+        run_threads(2, take)
+        assert got[0] is got[1]
+        topic.close()
+        assert claims_held(tmp_path, "orders") == []

@@ -334,6 +334,7 @@ class ShardedTopic(TopicDirectory):
         self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
         self.settings = settings
         self._channels: dict[str, ShardedChannel] = {}
+        self._making_channel = threading.Lock()
         # Each shard's deduplication ids, read by ``_sent_before`` (a lock each: threads share
         # them); their readings are closed once the topic has not deduplicated for a while
         # (``DEDUP_IDLE_SECONDS``).
@@ -517,7 +518,10 @@ class ShardedTopic(TopicDirectory):
         """The channel ``name`` of every shard, as one (created when missing)."""
         channel = self._channels.get(name)
         if channel is None or channel._closed:  # closed, its receives would return nothing: a new one
-            channel = self._channels[name] = ShardedChannel(self, name)
+            with self._making_channel:  # one per name: ``close`` closes only the one kept
+                channel = self._channels.get(name)
+                if channel is None or channel._closed:
+                    channel = self._channels[name] = ShardedChannel(self, name)
         return channel
 
     def channel_names(self) -> list[str]:
