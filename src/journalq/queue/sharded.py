@@ -16,7 +16,9 @@ is repeated here. What a sharded topic adds is routing:
   a duplicate sent with another group or key, so to another shard, is dropped all the same. The
   sends of one deduplication id take the hold of the shard of its hash (the shards they write to
   too, all in index order) and look for it in every shard's journal, where the messages
-  themselves record it (nothing else to keep in step, across ``kill -9`` too).
+  themselves record it (nothing else to keep in step, across ``kill -9`` too). The readings of
+  the shards that this looks through (one open segment each) are closed once the topic has not
+  deduplicated for ``DEDUP_IDLE_SECONDS``.
 * Receiving: each consumer (a ``ShardedChannel`` object) claims a home shard, from one picked by
   its pid on the first that no other live consumer of the channel holds (a lock file in
   ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
@@ -43,6 +45,7 @@ import re
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from itertools import count
@@ -50,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from journalq.errors import (
+    Error,
     InvalidMessageError,
     InvalidNameError,
     InvalidSettingError,
@@ -215,6 +219,50 @@ def _split(text: object, shards: int, what: str, error: type[Exception]) -> tupl
     return int(match[1]), match[2]
 
 
+# -- deduplication's readings of the shards -----------------------------------------------------
+
+DEDUP_IDLE_SECONDS = 10.0
+"""How long a sharded topic that no longer deduplicates keeps its shards' deduplication readings
+(``ShardedTopic._sent_before``'s, a segment held open each) open: once idle that long, the next
+deduplicated send of any sharded topic of the process closes them (they read on from where they
+stopped, at the topic's next deduplicated send: a seek per shard, paid once per idle spell)."""
+
+
+class _RecentDeduplication:
+    """The sharded topics of this process whose deduplication holds its shards' readings open,
+    by when they last deduplicated (monotonic), the least recently first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_used: OrderedDict[ShardedTopic, float] = OrderedDict()
+
+    def use(self, topic: ShardedTopic) -> None:
+        """Note a deduplicated send of ``topic``, and close the readings of the topics idle for
+        ``DEDUP_IDLE_SECONDS``. (Not under ``topic``'s holds: closing takes other topics'
+        deduplication locks.)"""
+        now = time.monotonic()
+        idle: list[ShardedTopic] = []
+        with self._lock:
+            self._last_used[topic] = now
+            self._last_used.move_to_end(topic)
+            for other, last_used in self._last_used.items():
+                if other is topic or now - last_used < DEDUP_IDLE_SECONDS:
+                    break  # and so are the ones after it (``topic`` is the last)
+                idle.append(other)
+            for other in idle:
+                del self._last_used[other]
+        for other in idle:
+            other._rest_dedup()
+
+    def forget(self, topic: ShardedTopic) -> None:
+        """``topic`` closed: its readings are."""
+        with self._lock:
+            self._last_used.pop(topic, None)
+
+
+_recent_deduplication = _RecentDeduplication()
+
+
 # -- the topic ----------------------------------------------------------------------------------
 
 
@@ -222,6 +270,8 @@ class _ShardTopic(Topic):
     """One shard of a sharded topic: a ``Topic`` in ``ROOT/NAME.[bit].[index]`` whose messages and
     errors name the sharded topic (dead letters record it as their source queue, so a redrive sends
     them back to the sharded queue)."""
+
+    deduplicates = False  # ``ShardedTopic.send_many`` does, over every shard, before it sends to one
 
     def __init__(self, sharded: ShardedTopic, directory: str, settings: QueueSettings) -> None:
         super().__init__(sharded.broker, directory, settings)
@@ -284,10 +334,16 @@ class ShardedTopic(TopicDirectory):
         self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
         self.settings = settings
         self._channels: dict[str, ShardedChannel] = {}
-        # Each shard's deduplication ids, read by ``_sent_before`` (a lock each: threads share them).
+        self._making_channel = threading.Lock()
+        # Each shard's deduplication ids, read by ``_sent_before`` (a lock each: threads share
+        # them); their readings are closed once the topic has not deduplicated for a while
+        # (``DEDUP_IDLE_SECONDS``).
         self._dedup: list[DedupIndex | None] = [None] * len(self.shards)
         self._dedup_locks = [threading.Lock() for _ in self.shards]
-        self._turn = os.getpid()  # round robin of keyless messages, from a shard of this process
+        # The round robin of keyless messages, from a shard of this process's: next() of a count
+        # is one step, so threads sending at once take a turn each (a read then an increment of
+        # an int let two take the same shard, and skip one, once a thread switch fell between).
+        self._turn = count(os.getpid())
 
     def use_settings(self, settings: QueueSettings) -> None:
         """New settings, for every shard too."""
@@ -337,11 +393,7 @@ class ShardedTopic(TopicDirectory):
                 route = envelope.dedup_id.encode("utf-8")
             else:
                 route = None
-            if route is None:
-                index = self._turn & mask
-                self._turn += 1
-            else:
-                index = _shard_of(route, mask)
+            index = next(self._turn) & mask if route is None else _shard_of(route, mask)
             routed.append((index, item))
             dedup_ids.append(envelope.dedup_id)
         ids: list[str | None] = [None] * len(routed)
@@ -352,6 +404,7 @@ class ShardedTopic(TopicDirectory):
         # would miss a duplicate sent with another group: the sends of one dedup id go one at a
         # time, under the hold of the shard of its hash, and look for it in every shard.
         self.gc_when_due()  # not under the holds
+        _recent_deduplication.use(self)  # closes idle topics' readings: not under the holds either
         copies: dict[int, int] = {}  # position -> the position of the first of its dedup id
         failed: Exception | None = None
         hashed = {_shard_of(dedup_id.encode("utf-8"), mask) for dedup_id in dedup_ids if dedup_id is not None}
@@ -426,16 +479,23 @@ class ShardedTopic(TopicDirectory):
                     log.warning("%s: deduplication cannot read this shard, left out: %s", shard.path, exc)
                     continue
                 for dedup_id in dedup_ids:
-                    offset = dedup.lookup(dedup_id)
-                    if offset is not None:
-                        sent_at = dedup.seen[dedup_id][1]
-                        if dedup_id not in found or sent_at < found[dedup_id][0]:
-                            found[dedup_id] = (sent_at, f"{index}.{message_id(offset)}")
+                    sent = dedup.sent(dedup_id)
+                    if sent is not None and (dedup_id not in found or sent.timestamp_ns < found[dedup_id][0]):
+                        found[dedup_id] = (sent.timestamp_ns, f"{index}.{message_id(sent.offset)}")
         return {dedup_id: id for dedup_id, (_, id) in found.items()}
+
+    def _rest_dedup(self) -> None:
+        """Close every shard's deduplication reading, keeping the ids read (``DedupIndex.rest``):
+        ``_recent_deduplication`` closes those of a topic that has not deduplicated lately."""
+        for index, lock in enumerate(self._dedup_locks):
+            with lock:
+                dedup = self._dedup[index]
+                if dedup is not None:
+                    dedup.rest()
 
     def _forget_dedup(self, index: int) -> None:
         """Drop shard ``index``'s deduplication ids read by ``_sent_before``, closing its reading
-        (a segment held open per shard)."""
+        (a segment held open per shard). Under the shard's deduplication lock."""
         dedup, self._dedup[index] = self._dedup[index], None
         if dedup is not None:
             dedup.close()
@@ -458,7 +518,10 @@ class ShardedTopic(TopicDirectory):
         """The channel ``name`` of every shard, as one (created when missing)."""
         channel = self._channels.get(name)
         if channel is None or channel._closed:  # closed, its receives would return nothing: a new one
-            channel = self._channels[name] = ShardedChannel(self, name)
+            with self._making_channel:  # one per name: ``close`` closes only the one kept
+                channel = self._channels.get(name)
+                if channel is None or channel._closed:
+                    channel = self._channels[name] = ShardedChannel(self, name)
         return channel
 
     def channel_names(self) -> list[str]:
@@ -524,13 +587,14 @@ class ShardedTopic(TopicDirectory):
 
     def close(self) -> None:
         for channel in self._channels.values():
-            channel._closed = True  # the shards close the channels of each shard
-            channel._let_go()
+            channel._shut()  # the shards close the channels of each shard
         self._channels.clear()
         for shard in self.shards:
             shard.close()
-        for index in range(len(self._dedup)):
-            self._forget_dedup(index)
+        _recent_deduplication.forget(self)
+        for index, lock in enumerate(self._dedup_locks):
+            with lock:  # another thread may be closing it for being idle (``_rest_dedup``)
+                self._forget_dedup(index)
         self._let_go_of_directory()
 
 
@@ -564,8 +628,18 @@ class ShardedChannel:
         if self._home is None:
             with self._opening:
                 if self._home is None:
+                    self._refuse_when_closed()
                     self._home = self._current = self._claim_home()
         return self._home
+
+    def _refuse_when_closed(self) -> None:
+        """Under ``_opening``: a closed channel opens no shard's channel and claims no home again
+        (``close`` would not close nor let go of them). Its receive then gets nothing, as a
+        closed ``Channel``'s does (``Channel.receive``: an error of a closed channel); the topic
+        deleted is said first (``QueueNotFoundError``), as a channel opened would."""
+        if self._closed:
+            self.topic.check_present()
+            raise Error(f"channel {self.name!r} of sharded topic {self.topic.name!r} is closed")
 
     def _claim_home(self) -> int:
         """From the shard picked by the pid on, the first that no other consumer of the channel
@@ -613,6 +687,7 @@ class ShardedChannel:
             with self._opening:  # threads of a server share one queue object
                 channel = self._shard_channels[index]
                 if channel is None:
+                    self._refuse_when_closed()
                     channel = self._shard_channel(index)
                     channel.consumer_id = self.consumer_id
                     self._shard_channels[index] = channel
@@ -820,16 +895,19 @@ class ShardedChannel:
                 channel.commit_cursor()
 
     def close(self) -> None:
-        self._closed = True
-        for channel in self._shard_channels:
-            if channel is not None:
-                channel.close()
-        self._let_go()
+        for channel in self._shut():
+            channel.close()
 
-    def _let_go(self) -> None:
+    def _shut(self) -> list[Channel]:
+        """Mark it closed (under ``_opening``: no shard's channel opens, and no home is claimed,
+        after it) and let go of its home; returns the shards' channels it opened, to close."""
+        with self._opening:
+            self._closed = True
+            opened = [channel for channel in self._shard_channels if channel is not None]
         if self._claim is not None:
             self._claim.close()
             self._claim = None
+        return opened
 
 
 def _raise(error: ReceiptError | None) -> None:

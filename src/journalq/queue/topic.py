@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from journalq.errors import (
     InvalidMessageError,
@@ -145,6 +145,10 @@ class TopicDirectory:
 class Topic(TopicDirectory):
     """The topic ``name`` of a broker; use ``Broker.topic`` or ``Broker.queue`` to get one."""
 
+    deduplicates = True
+    """Whether ``send_many`` drops the duplicates of deduplication ids sent before (a shard of a
+    sharded topic leaves it to its sharded topic, which looks in every shard first)."""
+
     def __init__(self, broker: Broker, name: str, settings: QueueSettings) -> None:
         super().__init__(broker.root / name)
         self.broker = broker
@@ -217,15 +221,16 @@ class Topic(TopicDirectory):
         earlier: dict[int, int] = {}  # batch index -> offset already holding its dedup id
         first_in_batch: dict[int, int] = {}  # batch index -> index of the same id earlier in it
         fresh: list[int] = []
+        deduplicating = self.deduplicates and any(e.dedup_id is not None for e in envelopes)
         with held(self._get_writer(), self._reopen_writer, self.check_present) as writer:
-            if any(e.dedup_id is not None for e in envelopes):
+            if deduplicating:
                 dedup = self._dedup_index()
                 dedup.catch_up()
                 batch_seen: dict[str, int] = {}
                 for i, env in enumerate(envelopes):
-                    known = None if env.dedup_id is None else dedup.lookup(env.dedup_id)
+                    known = None if env.dedup_id is None else dedup.sent(env.dedup_id)
                     if known is not None:
-                        earlier[i] = known
+                        earlier[i] = known.offset
                     elif env.dedup_id is not None and env.dedup_id in batch_seen:
                         first_in_batch[i] = batch_seen[env.dedup_id]
                     else:
@@ -245,7 +250,7 @@ class Topic(TopicDirectory):
         offsets = dict(earlier)
         for n, i in enumerate(fresh):
             offsets[i] = first + n
-            if envelopes[i].dedup_id is not None:
+            if deduplicating and envelopes[i].dedup_id is not None:
                 self._dedup_index().remember(envelopes[i].dedup_id, first + n, now)
         for i, j in first_in_batch.items():
             offsets[i] = offsets[j]
@@ -538,6 +543,13 @@ def last_timestamp(segment: Segment) -> int:
         raise JournalError(f"cannot read the last message of a segment: {exc}", file=segment.path) from None
 
 
+class DedupSend(NamedTuple):
+    """Where and when a deduplication id was sent (``DedupIndex.sent``)."""
+
+    offset: int
+    timestamp_ns: int
+
+
 class DedupIndex:
     """Deduplication ids sent within the window, caught up from the topic itself.
 
@@ -548,8 +560,9 @@ class DedupIndex:
     def __init__(self, path: Path, window: float) -> None:
         self.path = path
         self.window_ns = int(window * 1e9)
-        self.seen: OrderedDict[str, tuple[int, int]] = OrderedDict()  # id -> (offset, time)
+        self._seen: OrderedDict[str, DedupSend] = OrderedDict()  # in time order, oldest first
         self._scanner: Scanner | None = None
+        self._resume_at: int | None = None  # where ``rest`` stopped reading (None: read the window)
 
     def _start(self) -> Scanner:
         """Start reading at the newest segment that begins before the window."""
@@ -578,11 +591,29 @@ class DedupIndex:
         if self._scanner is not None:
             self._scanner.close()
             self._scanner = None
-        self.seen.clear()
+        self._resume_at = None
+        self._seen.clear()
+
+    def rest(self) -> None:
+        """Close its reading of the topic (a segment held open), keeping the ids read: the next
+        ``catch_up`` opens it again where it stopped (costlier than reading on: a seek)."""
+        if self._scanner is not None:
+            self._resume_at = self._scanner.offset
+            self._scanner.close()
+            self._scanner = None
+
+    def _resume(self) -> Scanner:
+        """A reading from where ``rest`` stopped, or of the whole window."""
+        if self._resume_at is not None:
+            try:
+                return Scanner(self.path, self._resume_at)
+            except OffsetOutOfRangeError:
+                pass  # collected since (or taken back): read the window again
+        return self._start()
 
     def catch_up(self) -> None:
         if self._scanner is None:
-            self._scanner = self._start()
+            self._scanner = self._resume()
         try:
             self._read_new()
         except (OffsetOutOfRangeError, TruncatedError):
@@ -604,19 +635,21 @@ class DedupIndex:
         """Note a send of ``dedup_id`` at ``offset``: its first, or one accepted after the window
         of the send noted (the id's window starts again there; kept, the old one would be found
         expired and the id taken as new once more)."""
-        seen = self.seen
+        seen = self._seen
         noted = seen.get(dedup_id)
-        if noted is None or noted[1] < timestamp_ns - self.window_ns:
+        if noted is None or noted.timestamp_ns < timestamp_ns - self.window_ns:
             seen.pop(dedup_id, None)
-            seen[dedup_id] = (offset, timestamp_ns)  # at the end: ``seen`` stays in time order
+            seen[dedup_id] = DedupSend(offset, timestamp_ns)  # at the end: ``_seen`` stays in time order
 
-    def lookup(self, dedup_id: str) -> int | None:
+    def sent(self, dedup_id: str) -> DedupSend | None:
+        """Where and when ``dedup_id`` was sent within the window (as far as ``catch_up`` and
+        ``remember`` told), or None; forgets the sends whose window is over."""
         horizon = time.time_ns() - self.window_ns
-        seen = self.seen
+        seen = self._seen
         while seen:
             oldest = next(iter(seen.values()))
-            if oldest[1] >= horizon:
+            if oldest.timestamp_ns >= horizon:
                 break
             seen.popitem(last=False)
         found = seen.get(dedup_id)
-        return found[0] if found is not None and found[1] >= horizon else None
+        return found if found is not None and found.timestamp_ns >= horizon else None
