@@ -80,7 +80,15 @@ from journalq.queue.channel import (
 from journalq.queue.envelope import message_id
 from journalq.queue.removal import remove_directory
 from journalq.queue.settings import QueueSettings
-from journalq.queue.topic import DedupIndex, OutgoingMessage, Topic, TopicDirectory, message_list, size_cuts
+from journalq.queue.topic import (
+    DedupIndex,
+    OutgoingMessage,
+    Topic,
+    TopicDirectory,
+    channel_once,
+    message_list,
+    size_cuts,
+)
 from journalq.queue.workqueue import Queue
 from journalq.shard.naming import list_shards, parse_shard_name, shard_name
 
@@ -516,13 +524,7 @@ class ShardedTopic(TopicDirectory):
 
     def channel(self, name: str) -> ShardedChannel:
         """The channel ``name`` of every shard, as one (created when missing)."""
-        channel = self._channels.get(name)
-        if channel is None or channel._closed:  # closed, its receives would return nothing: a new one
-            with self._making_channel:  # one per name: ``close`` closes only the one kept
-                channel = self._channels.get(name)
-                if channel is None or channel._closed:
-                    channel = self._channels[name] = ShardedChannel(self, name)
-        return channel
+        return channel_once(self._channels, self._making_channel, name, lambda: ShardedChannel(self, name))
 
     def channel_names(self) -> list[str]:
         return sorted({name for shard in self.shards for name in shard.channel_names()})

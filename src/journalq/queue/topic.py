@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from journalq.errors import (
     InvalidMessageError,
@@ -37,6 +37,7 @@ from journalq.queue.settings import QueueSettings, SettingsFile, check_name
 
 if TYPE_CHECKING:
     from journalq.queue.broker import Broker
+    from journalq.queue.sharded import ShardedChannel
 
 OutgoingMessage = bytes | Mapping[str, Any]
 """What ``send_many`` takes: a body, or a mapping with ``body`` and any of the keyword arguments
@@ -156,6 +157,7 @@ class Topic(TopicDirectory):
         self._writer: Writer | None = None
         self._writer_lock = threading.Lock()  # threads of the first send (or a reopen) make one writer
         self._channels: dict[str, Channel] = {}
+        self._making_channel = threading.Lock()  # (see ``channel_once``)
         self._dedup: DedupIndex | None = None
         self.settings = settings
         # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
@@ -409,12 +411,14 @@ class Topic(TopicDirectory):
     def channel(self, name: str) -> Channel:
         """The channel ``name`` (created when missing): it gets every message of the topic."""
         check_name(name, "channel")
-        channel = self._channels.get(name)
-        if channel is None or channel._closed:  # closed, its receives would return nothing: a new one
+
+        def make() -> Channel:
             self.check_present()
-            channel = self._channels[name] = Channel(self, name)
+            channel = Channel(self, name)
             self._hold_directory()
-        return channel
+            return channel
+
+        return channel_once(self._channels, self._making_channel, name, make)
 
     def channel_names(self) -> list[str]:
         try:
@@ -522,6 +526,23 @@ def size_cuts(listed: list[list[Segment]], limit: int) -> list[int]:
         if first[i] < len(listed[i]) - 1:
             heapq.heappush(candidates, (age(listed[i][first[i]]), i))
     return cuts
+
+
+_Opened = TypeVar("_Opened", bound="Channel | ShardedChannel")
+
+
+def channel_once(channels: dict[str, _Opened], lock: threading.Lock, name: str, make: Callable[[], _Opened]) -> _Opened:
+    """The open channel ``name`` of a topic's ``channels``, made by ``make`` when missing or closed
+    (a closed one's receives would return nothing): under ``lock``, so that threads asking at
+    once make one, the one the topic keeps and closes (two made each held a writer of the
+    channel's state, a sharded one a home shard, and one of them was never closed)."""
+    channel = channels.get(name)
+    if channel is None or channel._closed:
+        with lock:
+            channel = channels.get(name)
+            if channel is None or channel._closed:
+                channel = channels[name] = make()
+    return channel
 
 
 def last_timestamp(segment: Segment) -> int:
