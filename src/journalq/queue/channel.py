@@ -113,6 +113,7 @@ def moving_on_after(settings: QueueSettings) -> int | None:
 
 
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
+_timestamp_of = operator.itemgetter(1)  # a ``Message``'s timestamp (ns)
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
 
@@ -991,14 +992,15 @@ class Channel:
         ``plain_up_to`` (``max_messages`` for a consumer without filters, else 0): plain
         messages never seen go out as they are (no delay, group, filters, and a first delivery
         cannot be a dead letter), so a run of them is taken whole, without ``consider``, until
-        ``picks`` holds that many, when the run's first is within retention (from ``kept_from``
-        on: the others, stored after it, are too)."""
+        ``picks`` holds that many, when every one of them is within retention (from ``kept_from``
+        on). Every one: timestamps are the writers' clocks, so a message stored after another
+        can be older (a writer whose clock is behind, or stepped back)."""
         ahead = self._read_ahead(frontier, 0)
         start = 0
         if plain_up_to:
             want = plain_up_to - len(picks)
             run = ahead[:want]
-            if run and run[0].timestamp_ns >= kept_from and _ENVELOPE_TYPE not in map(_type_of, run):
+            if run and _ENVELOPE_TYPE not in map(_type_of, run) and min(map(_timestamp_of, run)) >= kept_from:
                 picks += zip(run, repeat(_PLAIN), repeat(1))
                 if len(run) == want:
                     return
