@@ -49,6 +49,19 @@ def _lows(count: int, **more: object) -> list[dict[str, object]]:
     return [{"body": b"low", "filters": {"cls": "low"}, **more}] * count
 
 
+# -- the far scan's FIFO groups -----------------------------------------------------------------
+
+
+def test_a_far_group_head_goes_out_when_its_group_s_next_is_delayed(broker: Broker) -> None:
+    """The far scan found g1 and read on to g2, delayed: it held group g back, after g1, so the
+    second hold refused g1 too and the receive gave nothing."""
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"later", "delay": 600}] * BEYOND)
+    q.send(b"g1", group_id="g")
+    q.send(b"g2", group_id="g", delay=600)
+    assert [m.body for m in q.receive(10, wait=0)] == [b"g1"]
+
+
 # -- retention on the fast path of new plain messages ---------------------------------------------
 
 

@@ -1135,6 +1135,11 @@ class Channel:
                 close_run(offset)
                 return 0  # (the same)
             group = env.group_id
+            if group is not None and (group in blocked or group in taking):
+                # First, as ``consider``: a group with one found already is not held back (that
+                # one goes out) by what comes after it, which waits for it anyway.
+                close_run(offset)
+                return 0
             if env.delay:
                 visible_at = message.timestamp_ns + int(env.delay * 1e9)
                 if visible_at > now:
@@ -1148,8 +1153,6 @@ class Channel:
                         run_wake = min(run_wake, visible_at)
                     return 0
             close_run(offset)
-            if group is not None and (group in blocked or group in taking):
-                return 0
             if offset < far.start or not (wanted is None or filtering.matches(env.filters, wanted, enums)):
                 # (The look-ahead's own were offered under the hold, and not taken.)
                 if group is not None:
