@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import repeat
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -128,6 +128,53 @@ class _Asleep(NamedTuple):
     start: int
     end: int
     wake: int
+
+
+# What a ``_decider``'s function says of a message: one of these, or (positive) the time (ns) at
+# which its delay ends.
+_TAKE = 0  # the consumer may take it now (dead letters aside: its receive count decides)
+_GONE = -1  # past retention, or for another channel: a receive finishes it unseen
+_HELD = -2  # its FIFO group is held back
+_MISS = -3  # the consumer's filters do not match it
+
+
+def _decider(
+    now: int,
+    kept_from: int,
+    channel: str,
+    blocked: set[str],
+    wanted: dict[str, tuple[str, filtering.Method]] | None,
+    enums: Mapping[str, tuple[str, ...]],
+) -> Callable[[Message, Envelope], int]:
+    """The rules of a receive at ``now`` (retention from ``kept_from`` on) in ``channel``, for a
+    consumer with filters ``wanted``, the FIFO groups ``blocked`` held back: a function of a
+    message and its envelope that gives ``_TAKE``, why not (``_GONE``, ``_HELD``, ``_MISS``), or
+    when its delay ends. A message it refuses for its filters or delay holds its group back
+    (added to ``blocked``): nothing after it in its group goes first. The one decision of the
+    receive under the hold (``consider``, which decides plain messages itself: of these rules
+    only retention concerns them) and of ``_scan_far``."""
+    matches = filtering.matches
+
+    def decide(message: Message, env: Envelope) -> int:
+        if 0 < message.timestamp_ns < kept_from:
+            return _GONE
+        if env.channel is not None and env.channel != channel:
+            return _GONE
+        group = env.group_id
+        if group is not None and group in blocked:
+            return _HELD
+        # Filters before the delay: a message never to go to this consumer wakes none of its polls.
+        if wanted is not None and not matches(env.filters, wanted, enums):
+            verdict = _MISS
+        elif env.delay and (visible_at := message.timestamp_ns + int(env.delay * 1e9)) > now:
+            verdict = visible_at
+        else:
+            return _TAKE
+        if group is not None:
+            blocked.add(group)
+        return verdict
+
+    return decide
 
 
 class _Far(NamedTuple):
@@ -863,33 +910,28 @@ class Channel:
         # Offsets finished unseen: messages for another channel, and those past retention.
         passed: list[int] = []
         kept_from = retention_horizon(settings, now)
-        name = self.name
         wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
+        decide = _decider(now, kept_from, self.name, blocked, wanted, enums)
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
             nonlocal wake_at
-            if 0 < message.timestamp_ns < kept_from:
-                passed.append(message.offset)
-                return False
-            env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
-            if env.channel is not None and env.channel != name:
-                passed.append(message.offset)
-                return False
-            group = env.group_id
-            if group is not None and group in blocked:
-                return False
-            if env.delay:
-                visible_at = message.timestamp_ns + int(env.delay * 1e9)
-                if visible_at > now:
-                    wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
-                    if group is not None:
-                        blocked.add(group)  # keep the group's order: nothing after it goes first
+            if message.type != _ENVELOPE_TYPE:
+                # Plain: no channel, group, delay or filters; of ``decide``'s rules, retention only.
+                if 0 < message.timestamp_ns < kept_from:
+                    passed.append(message.offset)
                     return False
-            if wanted is not None and not filtering.matches(env.filters, wanted, enums):
-                if group is not None:
-                    blocked.add(group)
-                return False
+                env = _PLAIN
+            else:
+                env = self._envelope(message)
+                verdict = decide(message, env)
+                if verdict:
+                    if verdict == _GONE:
+                        passed.append(message.offset)
+                    elif verdict > 0:
+                        wake_at = verdict if wake_at is None else min(wake_at, verdict)
+                    return False
+            group = env.group_id
             if max_count is not None and count >= max_count:
                 if now < self._retry_dead_letters_at:  # the dead-letter queue failed lately
                     if group is not None:
@@ -1100,8 +1142,9 @@ class Channel:
         skipped, pass over those whole until they wake, instead of reading each again."""
         now = time.time_ns()
         settings = self.settings
-        kept_from, enums, name = retention_horizon(settings, now), settings.enums, self.name
-        blocked = far.blocked
+        kept_from = retention_horizon(settings, now)
+        blocked = set(far.blocked)
+        decide = _decider(now, kept_from, self.name, blocked, wanted, settings.enums)
         known = [run for run in self._asleep if run.wake > now]
         made: list[_Asleep] = []
         found: list[Message] = []
@@ -1127,40 +1170,29 @@ class Channel:
                 close_run(offset)
                 wake_at = known[k].wake if wake_at is None else min(wake_at, known[k].wake)
                 return known[k].end
-            if 0 < message.timestamp_ns < kept_from:
-                close_run(offset)
-                return 0  # finished unseen when a receive's walk comes to it
             env = _PLAIN if message.type != _ENVELOPE_TYPE else envelope.decode(message.type, message.value)
-            if env.channel is not None and env.channel != name:
-                close_run(offset)
-                return 0  # (the same)
+            verdict = decide(message, env)
             group = env.group_id
-            if group is not None and (group in blocked or group in taking):
-                # First, as ``consider``: a group with one found already is not held back (that
-                # one goes out) by what comes after it, which waits for it anyway.
-                close_run(offset)
-                return 0
-            if env.delay:
-                visible_at = message.timestamp_ns + int(env.delay * 1e9)
-                if visible_at > now:
-                    wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
-                    if group is not None:
-                        close_run(offset)
-                        blocked.add(group)  # as ``consider``: nothing after it in its group goes first
-                    elif run_start < 0:
-                        run_start, run_wake = offset, visible_at
+            if verdict > 0:
+                if group is None:
+                    if run_start < 0:
+                        run_start, run_wake = offset, verdict
                     else:
-                        run_wake = min(run_wake, visible_at)
-                    return 0
-            close_run(offset)
-            if offset < far.start or not (wanted is None or filtering.matches(env.filters, wanted, enums)):
-                # (The look-ahead's own were offered under the hold, and not taken.)
-                if group is not None:
-                    blocked.add(group)
+                        run_wake = min(run_wake, verdict)
+                else:
+                    close_run(offset)
+                wake_at = verdict if wake_at is None else min(wake_at, verdict)
                 return 0
+            close_run(offset)
+            if verdict != _TAKE:
+                return 0  # (those past retention or for another channel: finished by a receive's walk)
+            if group is not None:
+                blocked.add(group)  # as ``consider``: one of a group at a time
+            if offset < far.start:
+                return 0  # the look-ahead's own were offered under the hold, and not taken
             found.append(message)
             if group is not None:
-                taking.add(group)  # one of a group at a time; not held back: it goes out
+                taking.add(group)  # not held back: it goes out
             return -1 if len(found) >= max_messages else 0
 
         with self._ahead_lock:  # the look-ahead's messages, for its runs (read ahead already)
@@ -1199,7 +1231,7 @@ class Channel:
                 cursor = self.state.cursor
                 runs = {run for run in self._asleep if run.wake > now and run.end > cursor}
                 self._asleep = sorted(runs.union(made))[:_ASLEEP_MOST]
-        return found, blocked, wake_at
+        return found, blocked - taking, wake_at
 
     def _envelope(self, message: Message) -> Envelope:
         if message.type != envelope.ENVELOPE_TYPE:
