@@ -49,6 +49,66 @@ def _lows(count: int, **more: object) -> list[dict[str, object]]:
     return [{"body": b"low", "filters": {"cls": "low"}, **more}] * count
 
 
+# -- filter misses remembered --------------------------------------------------------------------
+
+
+def test_an_empty_filtered_receive_does_not_read_the_topic_again(
+    broker: Broker, counted_reads: type[_CountingScanner]
+) -> None:
+    """The second empty receive with the same filters passes over what the first found not
+    matching (it read the whole topic again, out of the lock, at every receive)."""
+    q = broker.queue("tasks", enums=ENUMS)
+    q.send_many(_lows(4 * BEYOND))
+    assert q.receive(filters=HIGH, wait=0) == []
+    counted_reads.read = 0
+    assert q.receive(filters=HIGH, wait=0) == []
+    assert counted_reads.read < 100, f"{counted_reads.read} messages read again"
+    # What comes after is still found, and what the filters match among the misses' neighbours.
+    wanted = q.send(b"high", filters={"cls": "high"})
+    (got,) = q.receive(filters=HIGH, wait=0)
+    assert got.id == wanted
+    # The misses are still there, in order, for a consumer without filters and one they match.
+    assert [m.offset for m in q.receive(10, wait=0)] == list(range(10))
+    assert [m.offset for m in q.receive(10, filters={"cls": ("low", "absolute")}, wait=0)] == list(range(10, 20))
+
+
+def test_other_filters_are_not_passed_over_by_one_consumer_s_misses(broker: Broker) -> None:
+    q = broker.queue("tasks", enums=ENUMS)
+    q.send_many(_lows(4 * BEYOND))
+    q.send(b"high", filters={"cls": "high"})
+    assert [m.body for m in q.receive(filters={"cls": ("low", "at_least")}, wait=0)] == [b"low"]
+    # "low at_least" matches the lows only: a miss of it, the high, is no miss of "high at_least".
+    assert q.receive(filters={"cls": ("low", "at_least")}, visibility_timeout=60, wait=0)[0].offset == 1
+    got = q.receive(filters={"cls": ("high", "at_least")}, wait=0)
+    assert [m.offset for m in got] == [2]
+
+
+def test_a_grouped_miss_still_holds_its_group_back(broker: Broker) -> None:
+    """A FIFO group's message that the filters do not match holds back its group's later ones,
+    whether or not the misses around it are remembered."""
+    q = broker.queue("fifo", enums=ENUMS)
+    q.send_many(_lows(4 * BEYOND))
+    q.send(b"g-low", group_id="g", filters={"cls": "low"})
+    q.send_many(_lows(4 * BEYOND))
+    q.send(b"g-high", group_id="g", filters={"cls": "high"})
+    for _ in range(3):
+        assert q.receive(filters=HIGH, wait=0) == []
+
+
+def test_a_miss_that_passed_retention_is_read_again_and_finished(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Misses remembered while within retention are read again once their oldest passes it, so
+    that a receive finishes them unseen as retention says."""
+    q = broker.queue("tasks", enums=ENUMS, retention_seconds=3600)
+    q.send_many(_lows(4 * BEYOND))
+    assert q.receive(filters=HIGH, wait=0) == []
+    later = time.time_ns() + 2 * 3600 * 10**9
+    monkeypatch.setattr(channel_module, "time", types.SimpleNamespace(time_ns=lambda: later, monotonic=time.monotonic))
+    assert q.receive(filters=HIGH, wait=0) == []
+    assert q.task("0").state == "finished"  # by the filtered receive, unseen
+
+
 # -- the far scan's FIFO groups -----------------------------------------------------------------
 
 

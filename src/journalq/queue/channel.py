@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import errno
 import hashlib
+import heapq
 import logging
 import operator
 import os
@@ -94,8 +95,10 @@ MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
 MAX_WAIT = 3600  # seconds: the longest long poll of one receive
 _ISSUED_MAX = 16_384  # receipts remembered by ``Channel._issued``
 _LOOK_AHEAD = 1024  # new messages kept read ahead of the frontier (``_read_ahead``); see ``_scan_far``
-_ASLEEP_LEAST = 64  # delayed messages in a row worth remembering as one ``_Asleep`` run
-_ASLEEP_MOST = 4096  # ``_Asleep`` runs a channel remembers
+_ASLEEP_LEAST = 64  # messages in a row worth remembering as one ``_Asleep`` (or ``_Missed``) run
+_ASLEEP_MOST = 4096  # ``_Asleep`` runs a channel remembers, and ``_Missed`` runs for one set of filters
+_MISSED_FILTER_SETS = 16  # consumers' sets of filters whose ``_Missed`` runs a channel remembers
+_NEVER = 2**63 - 1  # (ns) a ``_Missed`` run's ``wake`` when retention never reaches its messages
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
 
 
@@ -128,6 +131,87 @@ class _Asleep(NamedTuple):
     start: int
     end: int
     wake: int
+
+
+class _Missed(NamedTuple):
+    """Offsets ``start`` to ``end - 1`` of a topic, each a message that a consumer with one set of
+    filters never takes (``Channel._missed``): its filters do not match those (a message's filters
+    never change, so a miss stays one), it is in no FIFO group (a group's member holds its group
+    back, which depends on the state), for this channel, and was within retention when found.
+    A receive with those filters passes over such a run whole (``Channel._take_new``,
+    ``_scan_far``) until ``wake``: when its oldest message passes retention (as
+    retention was then: the runs are forgotten when it changes), and a receive must look at it
+    again to finish it unseen. Consumers with other filters, or none, are not concerned."""
+
+    start: int
+    end: int
+    wake: int
+
+
+_Run = _Asleep | _Missed
+
+
+class _RunMaker:
+    """Makes the runs of one kind (``_Asleep`` or ``_Missed``) as ``Channel._scan_far`` reads a
+    topic in order: each offset read either extends the run under way or ends it."""
+
+    def __init__(self, kind: type[_Asleep] | type[_Missed]) -> None:
+        self.kind = kind
+        self.made: list[_Run] = []
+        self._start = -1  # of the run under way; -1: none
+        self._wake = 0
+
+    def extend(self, start: int, wake: int) -> None:
+        """The run under way goes on to cover ``start`` (an offset read, or a known run of this
+        kind, passed over whole, that reaches the offset read), which must wake by ``wake``."""
+        if self._start < 0:
+            self._start, self._wake = start, wake
+        elif wake < self._wake:
+            self._wake = wake
+
+    def end(self, end: int) -> None:
+        """The run under way ends before offset ``end``; kept when it is long enough."""
+        if self._start >= 0 and end - self._start >= _ASLEEP_LEAST:
+            self.made.append(self.kind(self._start, end, self._wake))
+        self._start = -1
+
+
+def _kept_runs(old: Iterable[_Run], made: Iterable[_Run], now: int, cursor: int) -> list[_Run]:
+    """The runs worth keeping of ``old`` and ``made``: by start, still asleep at ``now``, not all
+    below the channel's ``cursor`` (finished), none inside another (a run made by extending one
+    known covers it), the first ``_ASLEEP_MOST``."""
+    kept: list[_Run] = []
+    for run in sorted(
+        (run for runs in (old, made) for run in runs if run.wake > now and run.end > cursor),
+        key=lambda run: (run.start, -run.end),
+    ):
+        if not kept or run.end > kept[-1].end:
+            kept.append(run)
+    return kept[:_ASLEEP_MOST]
+
+
+def _outside(messages: list[Message], runs: Sequence[_Run]) -> Iterator[Message]:
+    """``messages`` (offsets dense and rising) but for those in ``runs`` (by start)."""
+    if not messages:
+        return
+    base, i, r = messages[0].offset, 0, 0
+    while i < len(messages):
+        offset = base + i
+        while r < len(runs) and runs[r].end <= offset:
+            r += 1
+        if r < len(runs) and runs[r].start <= offset:
+            i = runs[r].end - base
+            continue
+        yield messages[i]
+        i += 1
+
+
+_FiltersKey = tuple[tuple[str, tuple[str, filtering.Method]], ...]
+
+
+def _filters_key(wanted: dict[str, tuple[str, filtering.Method]]) -> _FiltersKey:
+    """A consumer's filters as a key of ``Channel._missed``: the same filters, the same key."""
+    return tuple(sorted(wanted.items()))
 
 
 # What a ``_decider``'s function says of a message: one of these, or (positive) the time (ns) at
@@ -378,6 +462,11 @@ class Channel:
         # (under ``_asleep_lock``), never changed in place, so the hold reads it without a lock.
         self._asleep: list[_Asleep] = []
         self._asleep_lock = threading.Lock()
+        # Runs of filter misses (``_Missed``), by start, for each set of consumer filters (its
+        # items, sorted), as retention and the filters' enums were when they were found
+        # (``_missed_rules``); replaced whole, as ``_asleep``, under its lock.
+        self._missed: dict[_FiltersKey, list[_Missed]] = {}
+        self._missed_rules: tuple[float | None, dict[str, tuple[str, ...]]] = (None, {})
         self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
@@ -912,6 +1001,8 @@ class Channel:
         kept_from = retention_horizon(settings, now)
         wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
         decide = _decider(now, kept_from, self.name, blocked, wanted, enums)
+        # This consumer's filter misses still known (none without filters): passed over.
+        missed = [] if wanted is None else [run for run in self._missed_runs(wanted) if run.wake > now]
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
@@ -977,7 +1068,7 @@ class Channel:
             if not full:
                 plain_up_to = max_messages if wanted is None else 0
                 with self._ahead_lock:
-                    self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                    self._take_new(state.frontier, consider, picks, plain_up_to, kept_from, missed)
                     if self._tail_lost:
                         # Retention (another process's gc) deleted what the frontier was to read:
                         # skipped now, and the rest taken, rather than nothing until this
@@ -986,7 +1077,7 @@ class Channel:
                         frontier = state.frontier
                         self._skip_deleted_taken(picks, dead)
                         if state.frontier != frontier and len(picks) < max_messages:
-                            self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                            self._take_new(state.frontier, consider, picks, plain_up_to, kept_from, missed)
                     ahead = self._ahead
                     if not picks and len(ahead) >= _LOOK_AHEAD:
                         reach = _Far(state.frontier, ahead[-1].offset + 1, set(blocked))
@@ -1025,11 +1116,13 @@ class Channel:
         picks: list[tuple[Message, Envelope, int]],
         plain_up_to: int,
         kept_from: int,
+        missed: Sequence[_Missed] = (),
     ) -> None:
         """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
         until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
         then what came since. (Past the look-ahead, a receive that took nothing reads on with
-        ``_scan_far``, out of the hold.)
+        ``_scan_far``, out of the hold.) Those in ``missed`` (runs still known of the consumer's
+        filter misses) are passed over: ``consider`` would refuse each.
 
         ``plain_up_to`` (``max_messages`` for a consumer without filters, else 0): plain
         messages never seen go out as they are (no delay, group, filters, and a first delivery
@@ -1047,11 +1140,12 @@ class Channel:
                 if len(run) == want:
                     return
                 start = len(run)
-        for message in ahead[start:] if start else ahead:
+        offered = ahead[start:] if start else ahead
+        for message in _outside(offered, missed) if missed else offered:
             if consider(message, 0):
                 return
         while more := self._read_ahead(frontier):
-            for message in more:
+            for message in _outside(more, missed) if missed else more:
                 if consider(message, 0):
                     return
 
@@ -1137,53 +1231,61 @@ class Channel:
         which may read the whole topic. Topic messages never change, so the reading needs no
         hold; only the decision does, and the second hold of ``_receive_now`` makes it again for
         the messages found (``_receive_held``'s ``far``), skipping any another process took
-        meanwhile. Nothing read is kept but what was found, and runs of delayed messages
-        (``_Asleep``): later scans, and the walk of the offsets that a far delivery leaves
-        skipped, pass over those whole until they wake, instead of reading each again."""
+        meanwhile. Nothing read is kept but what was found, runs of delayed messages
+        (``_Asleep``), and runs of messages that this consumer's filters do not match
+        (``_Missed``, kept for those filters): later scans, the look-ahead's offer (of misses)
+        and the walk of the offsets that a far delivery leaves skipped (of delayed messages)
+        pass over those whole until they wake, instead of reading each again."""
         now = time.time_ns()
         settings = self.settings
+        rules = (settings.retention_seconds, settings.enums)
         kept_from = retention_horizon(settings, now)
+        retention = None if settings.retention_seconds is None else int(settings.retention_seconds * 1e9)
         blocked = set(far.blocked)
         decide = _decider(now, kept_from, self.name, blocked, wanted, settings.enums)
-        known = [run for run in self._asleep if run.wake > now]
-        made: list[_Asleep] = []
+        asleep = [run for run in self._asleep if run.wake > now]
+        missed = [] if wanted is None else [run for run in self._missed_runs(wanted) if run.wake > now]
+        known: list[_Run] = list(heapq.merge(asleep, missed)) if missed else asleep
+        asleep_made, missed_made = _RunMaker(_Asleep), _RunMaker(_Missed)
         found: list[Message] = []
         taking: set[str] = set()  # the groups of those found
         wake_at: int | None = None
         k = 0
-        run_start, run_wake = -1, 0
-
-        def close_run(end: int) -> None:
-            nonlocal run_start
-            if run_start >= 0 and end - run_start >= _ASLEEP_LEAST:
-                made.append(_Asleep(run_start, end, run_wake))
-            run_start = -1
 
         def step(message: Message) -> int:
             """0 to read on, -1 when enough were found, or the offset to go on from (past a run
-            known to be asleep)."""
-            nonlocal k, wake_at, run_start, run_wake
+            known to be asleep, or missed)."""
+            nonlocal k, wake_at
             offset = message.offset
             while k < len(known) and known[k].end <= offset:
                 k += 1
             if k < len(known) and known[k].start <= offset:
-                close_run(offset)
-                wake_at = known[k].wake if wake_at is None else min(wake_at, known[k].wake)
-                return known[k].end
+                run = known[k]
+                if type(run) is _Missed:
+                    asleep_made.end(offset)
+                    missed_made.extend(run.start, run.wake)  # (a run made goes on through it)
+                else:
+                    missed_made.end(offset)
+                    asleep_made.extend(run.start, run.wake)
+                    wake_at = run.wake if wake_at is None else min(wake_at, run.wake)
+                return run.end
             env = _PLAIN if message.type != _ENVELOPE_TYPE else envelope.decode(message.type, message.value)
             verdict = decide(message, env)
             group = env.group_id
+            if verdict == _MISS and group is None:
+                sent = message.timestamp_ns
+                # Until it passes retention: then a receive must finish it unseen.
+                missed_made.extend(offset, sent + retention if sent > 0 and retention is not None else _NEVER)
+            else:
+                missed_made.end(offset)
             if verdict > 0:
                 if group is None:
-                    if run_start < 0:
-                        run_start, run_wake = offset, verdict
-                    else:
-                        run_wake = min(run_wake, verdict)
+                    asleep_made.extend(offset, verdict)
                 else:
-                    close_run(offset)
+                    asleep_made.end(offset)
                 wake_at = verdict if wake_at is None else min(wake_at, verdict)
                 return 0
-            close_run(offset)
+            asleep_made.end(offset)
             if verdict != _TAKE:
                 return 0  # (those past retention or for another channel: finished by a receive's walk)
             if group is not None:
@@ -1215,7 +1317,8 @@ class Channel:
                         scanner = Scanner(self.topic.path, position)
                     batch = scanner.read_batch()
                     if not batch:
-                        close_run(position)
+                        asleep_made.end(position)
+                        missed_made.end(position)
                         break
                     for message in batch:
                         position = step(message) or message.offset + 1
@@ -1226,12 +1329,40 @@ class Channel:
             finally:
                 if scanner is not None:
                     scanner.close()
-        if made or len(known) != len(self._asleep):
+        if asleep_made.made or len(asleep) != len(self._asleep) or missed_made.made:
             with self._asleep_lock:
                 cursor = self.state.cursor
-                runs = {run for run in self._asleep if run.wake > now and run.end > cursor}
-                self._asleep = sorted(runs.union(made))[:_ASLEEP_MOST]
+                if asleep_made.made or len(asleep) != len(self._asleep):
+                    self._asleep = _kept_runs(self._asleep, asleep_made.made, now, cursor)  # type: ignore[assignment]
+                if wanted is not None and missed_made.made:
+                    kept = _kept_runs(self._missed_runs(wanted), missed_made.made, now, cursor)
+                    self._remember_missed(wanted, rules, kept)  # type: ignore[arg-type]
         return found, blocked - taking, wake_at
+
+    def _missed_runs(self, wanted: dict[str, tuple[str, filtering.Method]]) -> list[_Missed]:
+        """The ``_Missed`` runs known of a consumer with filters ``wanted``, by start (none once
+        retention or the filters' enums changed since they were found)."""
+        settings = self.settings
+        if not self._missed or self._missed_rules != (settings.retention_seconds, settings.enums):
+            return []
+        return self._missed.get(_filters_key(wanted), [])
+
+    def _remember_missed(
+        self,
+        wanted: dict[str, tuple[str, filtering.Method]],
+        rules: tuple[float | None, dict[str, tuple[str, ...]]],
+        runs: list[_Missed],
+    ) -> None:
+        """Under ``_asleep_lock``: keep ``runs`` as the ``_Missed`` runs of filters ``wanted``,
+        found under ``rules`` (retention, enums), forgetting those of other rules, and of the
+        filters used least lately beyond ``_MISSED_FILTER_SETS``."""
+        remembered = dict(self._missed) if rules == self._missed_rules else {}
+        key = _filters_key(wanted)
+        remembered.pop(key, None)  # (put back last: the latest used)
+        remembered[key] = runs
+        while len(remembered) > _MISSED_FILTER_SETS:
+            del remembered[next(iter(remembered))]
+        self._missed, self._missed_rules = remembered, rules
 
     def _envelope(self, message: Message) -> Envelope:
         if message.type != envelope.ENVELOPE_TYPE:
