@@ -109,6 +109,32 @@ def test_a_miss_that_passed_retention_is_read_again_and_finished(
     assert q.task("0").state == "finished"  # by the filtered receive, unseen
 
 
+def test_misses_skipped_by_a_far_delivery_are_not_walked_again(broker: Broker) -> None:
+    """A far delivery leaves the misses before it skipped: later receives with the same filters
+    pass over them, under the hold, rather than look up each one again; a consumer without
+    filters still receives them all, in order."""
+    q = broker.queue("tasks", enums=ENUMS)
+    q.send_many(_lows(4 * BEYOND))
+    q.send_many([{"body": b"h%d" % i, "filters": {"cls": "high"}} for i in range(5)])
+    assert [m.body for m in q.receive(filters=HIGH, wait=0)] == [b"h0"]
+    looked_up: list[int] = []
+    real = q.topic.message
+
+    def counted(offset: int):
+        looked_up.append(offset)
+        return real(offset)
+
+    q.topic.message = counted  # type: ignore[method-assign]
+    for i in range(1, 5):
+        assert [m.body for m in q.receive(filters=HIGH, wait=0)] == [b"h%d" % i]
+    assert q.receive(filters=HIGH, wait=0) == []
+    assert len(looked_up) < 5 * 100, f"{len(looked_up)} messages looked up for 5 receives"
+    seen = []
+    while batch := q.receive(100, wait=0):
+        seen += [m.offset for m in batch]
+    assert seen == list(range(4 * BEYOND))
+
+
 # -- the far scan's FIFO groups -----------------------------------------------------------------
 
 

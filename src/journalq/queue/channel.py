@@ -139,7 +139,7 @@ class _Missed(NamedTuple):
     never change, so a miss stays one), it is in no FIFO group (a group's member holds its group
     back, which depends on the state), for this channel, and was within retention when found.
     A receive with those filters passes over such a run whole (``Channel._take_new``,
-    ``_scan_far``) until ``wake``: when its oldest message passes retention (as
+    ``_awake``, ``_scan_far``) until ``wake``: when its oldest message passes retention (as
     retention was then: the runs are forgotten when it changes), and a receive must look at it
     again to finish it unseen. Consumers with other filters, or none, are not concerned."""
 
@@ -1047,14 +1047,17 @@ class Channel:
         else:
             if state.ready or state.skipped:
                 offsets: Iterable[int]
-                if self._asleep:
+                runs: list[_Run] = list(heapq.merge(self._asleep, missed)) if missed else self._asleep
+                if runs:
 
-                    def sleeping(run: _Asleep) -> None:
-                        """``_awake`` passed over ``run``: look again when it wakes."""
+                    def sleeping(run: _Run) -> None:
+                        """``_awake`` passed over ``run``: when it is asleep, look again when it
+                        wakes (a filter miss never goes to this consumer)."""
                         nonlocal wake_at
-                        wake_at = run.wake if wake_at is None else min(wake_at, run.wake)
+                        if type(run) is _Asleep:
+                            wake_at = run.wake if wake_at is None else min(wake_at, run.wake)
 
-                    offsets = self._awake(state, self._asleep, now, sleeping)
+                    offsets = self._awake(state, runs, now, sleeping)
                 else:
                     offsets = list(state.candidates())
                 for offset in offsets:
@@ -1189,14 +1192,16 @@ class Channel:
 
     @staticmethod
     def _awake(
-        state: ChannelState, runs: list[_Asleep], now: int, sleeping: Callable[[_Asleep], None]
+        state: ChannelState, runs: list[_Run], now: int, sleeping: Callable[[_Run], None]
     ) -> Iterator[int]:
-        """``state.candidates()``, oldest first, but for the skipped offsets in a run still asleep
-        at ``now``: the run is passed over whole, and ``sleeping`` told of it when the walk comes
-        to it (lazily, in order, as ``consider`` sees the offsets: a generator).
+        """``state.candidates()``, oldest first, but for the skipped offsets in a run (by start:
+        ``_Asleep``, or the consumer's ``_Missed``) still asleep at ``now``: the run is passed
+        over whole, and ``sleeping`` told of it when the walk comes to it (lazily, in order, as
+        ``consider`` sees the offsets: a generator).
 
         Skipped offsets are looked up one at a time in the set, which may change under the walk
-        (``_skip_deleted``); ready ones are not in runs (a delivered message was not asleep)."""
+        (``_skip_deleted``); ready ones are all given (a delivered message was not asleep; one
+        the filters miss went to another consumer, and ``consider`` refuses it)."""
         ready, skipped = list(state.ready), state.skipped
         r = i = position = 0
         while True:
@@ -1234,8 +1239,8 @@ class Channel:
         meanwhile. Nothing read is kept but what was found, runs of delayed messages
         (``_Asleep``), and runs of messages that this consumer's filters do not match
         (``_Missed``, kept for those filters): later scans, the look-ahead's offer (of misses)
-        and the walk of the offsets that a far delivery leaves skipped (of delayed messages)
-        pass over those whole until they wake, instead of reading each again."""
+        and the walk of the offsets that a far delivery leaves skipped pass over those whole
+        until they wake, instead of reading each again."""
         now = time.time_ns()
         settings = self.settings
         rules = (settings.retention_seconds, settings.enums)
