@@ -4,6 +4,7 @@ fast path of new plain messages."""
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 from pathlib import Path
@@ -107,6 +108,37 @@ def test_a_miss_that_passed_retention_is_read_again_and_finished(
     monkeypatch.setattr(channel_module, "time", types.SimpleNamespace(time_ns=lambda: later, monotonic=time.monotonic))
     assert q.receive(filters=HIGH, wait=0) == []
     assert q.task("0").state == "finished"  # by the filtered receive, unseen
+
+
+def test_the_misses_remembered_are_bounded(broker: Broker) -> None:
+    q = broker.queue("tasks", enums=ENUMS)
+    q.send_many(_lows(2 * BEYOND))
+    for i in range(channel_module._MISSED_FILTER_SETS + 4):
+        assert q.receive(filters={f"f{i}": "x"}, wait=0) == []  # none offers cls: all missed
+    assert len(q._missed) == channel_module._MISSED_FILTER_SETS
+    assert all(len(runs) <= channel_module._ASLEEP_MOST for runs in q._missed.values())
+    assert q.receive(filters={"f0": "x", "cls": "low"}, wait=0)[0].offset == 0
+
+
+def test_a_filtered_long_poll_gets_what_comes_behind_misses(broker: Broker) -> None:
+    q = broker.queue("tasks", enums=ENUMS)
+    q.send_many(_lows(2 * BEYOND))
+    with Broker(broker.root, sync="none") as other:
+        sender = other.queue("tasks")
+
+        def send() -> None:
+            for _ in range(3):
+                sender.send_many(_lows(100))
+                time.sleep(0.05)
+            sender.send(b"high", filters={"cls": "high"})
+
+        timer = threading.Timer(0.2, send)
+        timer.start()
+        try:
+            got = q.receive(filters=HIGH, wait=5)
+        finally:
+            timer.join()
+    assert [m.body for m in got] == [b"high"]
 
 
 def test_misses_skipped_by_a_far_delivery_are_not_walked_again(broker: Broker) -> None:

@@ -1359,8 +1359,8 @@ class Channel:
         runs: list[_Missed],
     ) -> None:
         """Under ``_asleep_lock``: keep ``runs`` as the ``_Missed`` runs of filters ``wanted``,
-        found under ``rules`` (retention, enums), forgetting those of other rules, and of the
-        filters used least lately beyond ``_MISSED_FILTER_SETS``."""
+        found under ``rules`` (retention, enums), forgetting those of other rules, and beyond
+        ``_MISSED_FILTER_SETS`` sets of filters, those whose runs were stored longest ago."""
         remembered = dict(self._missed) if rules == self._missed_rules else {}
         key = _filters_key(wanted)
         remembered.pop(key, None)  # (put back last: the latest used)
