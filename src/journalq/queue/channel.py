@@ -1000,13 +1000,14 @@ class Channel:
         passed: list[int] = []
         kept_from = retention_horizon(settings, now)
         wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
-        decide = _decider(now, kept_from, self.name, blocked, wanted, enums)
+        # Made at the first envelope met: a receive of plain messages makes none (``consider``).
+        decide: Callable[[Message, Envelope], int] | None = None
         # This consumer's filter misses still known (none without filters): passed over.
         missed = [] if wanted is None else [run for run in self._missed_runs(wanted) if run.wake > now]
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
-            nonlocal wake_at
+            nonlocal wake_at, decide
             if message.type != _ENVELOPE_TYPE:
                 # Plain: no channel, group, delay or filters; of ``decide``'s rules, retention only.
                 if 0 < message.timestamp_ns < kept_from:
@@ -1015,6 +1016,8 @@ class Channel:
                 env = _PLAIN
             else:
                 env = self._envelope(message)
+                if decide is None:
+                    decide = _decider(now, kept_from, self.name, blocked, wanted, enums)
                 verdict = decide(message, env)
                 if verdict:
                     if verdict == _GONE:
