@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import errno
 import hashlib
+import heapq
 import logging
 import operator
 import os
@@ -36,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import repeat
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -94,8 +95,10 @@ MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
 MAX_WAIT = 3600  # seconds: the longest long poll of one receive
 _ISSUED_MAX = 16_384  # receipts remembered by ``Channel._issued``
 _LOOK_AHEAD = 1024  # new messages kept read ahead of the frontier (``_read_ahead``); see ``_scan_far``
-_ASLEEP_LEAST = 64  # delayed messages in a row worth remembering as one ``_Asleep`` run
-_ASLEEP_MOST = 4096  # ``_Asleep`` runs a channel remembers
+_ASLEEP_LEAST = 64  # messages in a row worth remembering as one ``_Asleep`` (or ``_Missed``) run
+_ASLEEP_MOST = 4096  # ``_Asleep`` runs a channel remembers, and ``_Missed`` runs for one set of filters
+_MISSED_FILTER_SETS = 16  # consumers' sets of filters whose ``_Missed`` runs a channel remembers
+_NEVER = 2**63 - 1  # (ns) a ``_Missed`` run's ``wake`` when retention never reaches its messages
 _STATS_LOOK_AHEAD = 100_000  # unseen messages that stats() reads for delays; beyond, approximate
 
 
@@ -113,6 +116,7 @@ def moving_on_after(settings: QueueSettings) -> int | None:
 
 
 _new, _set_attribute, _new_tuple = object.__new__, object.__setattr__, tuple.__new__
+_timestamp_of = operator.itemgetter(1)  # a ``Message``'s timestamp (ns)
 _type_of = operator.itemgetter(2)  # a ``Message``'s type
 _ENVELOPE_TYPE = envelope.ENVELOPE_TYPE
 
@@ -127,6 +131,134 @@ class _Asleep(NamedTuple):
     start: int
     end: int
     wake: int
+
+
+class _Missed(NamedTuple):
+    """Offsets ``start`` to ``end - 1`` of a topic, each a message that a consumer with one set of
+    filters never takes (``Channel._missed``): its filters do not match those (a message's filters
+    never change, so a miss stays one), it is in no FIFO group (a group's member holds its group
+    back, which depends on the state), for this channel, and was within retention when found.
+    A receive with those filters passes over such a run whole (``Channel._take_new``,
+    ``_awake``, ``_scan_far``) until ``wake``: when its oldest message passes retention (as
+    retention was then: the runs are forgotten when it changes), and a receive must look at it
+    again to finish it unseen. Consumers with other filters, or none, are not concerned."""
+
+    start: int
+    end: int
+    wake: int
+
+
+_Run = _Asleep | _Missed
+
+
+class _RunMaker:
+    """Makes the runs of one kind (``_Asleep`` or ``_Missed``) as ``Channel._scan_far`` reads a
+    topic in order: each offset read either extends the run under way or ends it."""
+
+    def __init__(self, kind: type[_Asleep] | type[_Missed]) -> None:
+        self.kind = kind
+        self.made: list[_Run] = []
+        self._start = -1  # of the run under way; -1: none
+        self._wake = 0
+
+    def extend(self, start: int, wake: int) -> None:
+        """The run under way goes on to cover ``start`` (an offset read, or a known run of this
+        kind, passed over whole, that reaches the offset read), which must wake by ``wake``."""
+        if self._start < 0:
+            self._start, self._wake = start, wake
+        elif wake < self._wake:
+            self._wake = wake
+
+    def end(self, end: int) -> None:
+        """The run under way ends before offset ``end``; kept when it is long enough."""
+        if self._start >= 0 and end - self._start >= _ASLEEP_LEAST:
+            self.made.append(self.kind(self._start, end, self._wake))
+        self._start = -1
+
+
+def _kept_runs(old: Iterable[_Run], made: Iterable[_Run], now: int, cursor: int) -> list[_Run]:
+    """The runs worth keeping of ``old`` and ``made``: by start, still asleep at ``now``, not all
+    below the channel's ``cursor`` (finished), none inside another (a run made by extending one
+    known covers it), the first ``_ASLEEP_MOST``."""
+    kept: list[_Run] = []
+    for run in sorted(
+        (run for runs in (old, made) for run in runs if run.wake > now and run.end > cursor),
+        key=lambda run: (run.start, -run.end),
+    ):
+        if not kept or run.end > kept[-1].end:
+            kept.append(run)
+    return kept[:_ASLEEP_MOST]
+
+
+def _outside(messages: list[Message], runs: Sequence[_Run]) -> Iterator[Message]:
+    """``messages`` (offsets dense and rising) but for those in ``runs`` (by start)."""
+    if not messages:
+        return
+    base, i, r = messages[0].offset, 0, 0
+    while i < len(messages):
+        offset = base + i
+        while r < len(runs) and runs[r].end <= offset:
+            r += 1
+        if r < len(runs) and runs[r].start <= offset:
+            i = runs[r].end - base
+            continue
+        yield messages[i]
+        i += 1
+
+
+_FiltersKey = tuple[tuple[str, tuple[str, filtering.Method]], ...]
+
+
+def _filters_key(wanted: dict[str, tuple[str, filtering.Method]]) -> _FiltersKey:
+    """A consumer's filters as a key of ``Channel._missed``: the same filters, the same key."""
+    return tuple(sorted(wanted.items()))
+
+
+# What a ``_decider``'s function says of a message: one of these, or (positive) the time (ns) at
+# which its delay ends.
+_TAKE = 0  # the consumer may take it now (dead letters aside: its receive count decides)
+_GONE = -1  # past retention, or for another channel: a receive finishes it unseen
+_HELD = -2  # its FIFO group is held back
+_MISS = -3  # the consumer's filters do not match it
+
+
+def _decider(
+    now: int,
+    kept_from: int,
+    channel: str,
+    blocked: set[str],
+    wanted: dict[str, tuple[str, filtering.Method]] | None,
+    enums: Mapping[str, tuple[str, ...]],
+) -> Callable[[Message, Envelope], int]:
+    """The rules of a receive at ``now`` (retention from ``kept_from`` on) in ``channel``, for a
+    consumer with filters ``wanted``, the FIFO groups ``blocked`` held back: a function of a
+    message and its envelope that gives ``_TAKE``, why not (``_GONE``, ``_HELD``, ``_MISS``), or
+    when its delay ends. A message it refuses for its filters or delay holds its group back
+    (added to ``blocked``): nothing after it in its group goes first. The one decision of the
+    receive under the hold (``consider``, which decides plain messages itself: of these rules
+    only retention concerns them) and of ``_scan_far``."""
+    matches = filtering.matches
+
+    def decide(message: Message, env: Envelope) -> int:
+        if 0 < message.timestamp_ns < kept_from:
+            return _GONE
+        if env.channel is not None and env.channel != channel:
+            return _GONE
+        group = env.group_id
+        if group is not None and group in blocked:
+            return _HELD
+        # Filters before the delay: a message never to go to this consumer wakes none of its polls.
+        if wanted is not None and not matches(env.filters, wanted, enums):
+            verdict = _MISS
+        elif env.delay and (visible_at := message.timestamp_ns + int(env.delay * 1e9)) > now:
+            verdict = visible_at
+        else:
+            return _TAKE
+        if group is not None:
+            blocked.add(group)
+        return verdict
+
+    return decide
 
 
 class _Far(NamedTuple):
@@ -330,6 +462,11 @@ class Channel:
         # (under ``_asleep_lock``), never changed in place, so the hold reads it without a lock.
         self._asleep: list[_Asleep] = []
         self._asleep_lock = threading.Lock()
+        # Runs of filter misses (``_Missed``), by start, for each set of consumer filters (its
+        # items, sorted), as retention and the filters' enums were when they were found
+        # (``_missed_rules``); replaced whole, as ``_asleep``, under its lock.
+        self._missed: dict[_FiltersKey, list[_Missed]] = {}
+        self._missed_rules: tuple[float | None, dict[str, tuple[str, ...]]] = (None, {})
         self._unwritten: list[Message] = []  # events applied, to append with the next ``_record``
         self._envelopes: dict[int, Envelope] = {}
         self._committed_cursor = -1
@@ -862,33 +999,33 @@ class Channel:
         # Offsets finished unseen: messages for another channel, and those past retention.
         passed: list[int] = []
         kept_from = retention_horizon(settings, now)
-        name = self.name
         wake_at = state.next_expiry()  # (which also prunes the deliveries finished since)
+        # Made at the first envelope met: a receive of plain messages makes none (``consider``).
+        decide: Callable[[Message, Envelope], int] | None = None
+        # This consumer's filter misses still known (none without filters): passed over.
+        missed = [] if wanted is None else [run for run in self._missed_runs(wanted) if run.wake > now]
 
         def consider(message: Message, count: int) -> bool:
             """Take ``message`` if it may go to this consumer now; True when full."""
-            nonlocal wake_at
-            if 0 < message.timestamp_ns < kept_from:
-                passed.append(message.offset)
-                return False
-            env = _PLAIN if message.type != envelope.ENVELOPE_TYPE else self._envelope(message)
-            if env.channel is not None and env.channel != name:
-                passed.append(message.offset)
-                return False
-            group = env.group_id
-            if group is not None and group in blocked:
-                return False
-            if env.delay:
-                visible_at = message.timestamp_ns + int(env.delay * 1e9)
-                if visible_at > now:
-                    wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
-                    if group is not None:
-                        blocked.add(group)  # keep the group's order: nothing after it goes first
+            nonlocal wake_at, decide
+            if message.type != _ENVELOPE_TYPE:
+                # Plain: no channel, group, delay or filters; of ``decide``'s rules, retention only.
+                if 0 < message.timestamp_ns < kept_from:
+                    passed.append(message.offset)
                     return False
-            if wanted is not None and not filtering.matches(env.filters, wanted, enums):
-                if group is not None:
-                    blocked.add(group)
-                return False
+                env = _PLAIN
+            else:
+                env = self._envelope(message)
+                if decide is None:
+                    decide = _decider(now, kept_from, self.name, blocked, wanted, enums)
+                verdict = decide(message, env)
+                if verdict:
+                    if verdict == _GONE:
+                        passed.append(message.offset)
+                    elif verdict > 0:
+                        wake_at = verdict if wake_at is None else min(wake_at, verdict)
+                    return False
+            group = env.group_id
             if max_count is not None and count >= max_count:
                 if now < self._retry_dead_letters_at:  # the dead-letter queue failed lately
                     if group is not None:
@@ -913,14 +1050,17 @@ class Channel:
         else:
             if state.ready or state.skipped:
                 offsets: Iterable[int]
-                if self._asleep:
+                runs: list[_Run] = list(heapq.merge(self._asleep, missed)) if missed else self._asleep
+                if runs:
 
-                    def sleeping(run: _Asleep) -> None:
-                        """``_awake`` passed over ``run``: look again when it wakes."""
+                    def sleeping(run: _Run) -> None:
+                        """``_awake`` passed over ``run``: when it is asleep, look again when it
+                        wakes (a filter miss never goes to this consumer)."""
                         nonlocal wake_at
-                        wake_at = run.wake if wake_at is None else min(wake_at, run.wake)
+                        if type(run) is _Asleep:
+                            wake_at = run.wake if wake_at is None else min(wake_at, run.wake)
 
-                    offsets = self._awake(state, self._asleep, now, sleeping)
+                    offsets = self._awake(state, runs, now, sleeping)
                 else:
                     offsets = list(state.candidates())
                 for offset in offsets:
@@ -934,7 +1074,7 @@ class Channel:
             if not full:
                 plain_up_to = max_messages if wanted is None else 0
                 with self._ahead_lock:
-                    self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                    self._take_new(state.frontier, consider, picks, plain_up_to, kept_from, missed)
                     if self._tail_lost:
                         # Retention (another process's gc) deleted what the frontier was to read:
                         # skipped now, and the rest taken, rather than nothing until this
@@ -943,7 +1083,7 @@ class Channel:
                         frontier = state.frontier
                         self._skip_deleted_taken(picks, dead)
                         if state.frontier != frontier and len(picks) < max_messages:
-                            self._take_new(state.frontier, consider, picks, plain_up_to, kept_from)
+                            self._take_new(state.frontier, consider, picks, plain_up_to, kept_from, missed)
                     ahead = self._ahead
                     if not picks and len(ahead) >= _LOOK_AHEAD:
                         reach = _Far(state.frontier, ahead[-1].offset + 1, set(blocked))
@@ -982,32 +1122,36 @@ class Channel:
         picks: list[tuple[Message, Envelope, int]],
         plain_up_to: int,
         kept_from: int,
+        missed: Sequence[_Missed] = (),
     ) -> None:
         """Under the hold: offer ``consider`` the messages from the frontier on, oldest first,
         until it is full, up to a look-ahead's worth; what was read ahead (out of the hold) first,
         then what came since. (Past the look-ahead, a receive that took nothing reads on with
-        ``_scan_far``, out of the hold.)
+        ``_scan_far``, out of the hold.) Those in ``missed`` (runs still known of the consumer's
+        filter misses) are passed over: ``consider`` would refuse each.
 
         ``plain_up_to`` (``max_messages`` for a consumer without filters, else 0): plain
         messages never seen go out as they are (no delay, group, filters, and a first delivery
         cannot be a dead letter), so a run of them is taken whole, without ``consider``, until
-        ``picks`` holds that many, when the run's first is within retention (from ``kept_from``
-        on: the others, stored after it, are too)."""
+        ``picks`` holds that many, when every one of them is within retention (from ``kept_from``
+        on). Every one: timestamps are the writers' clocks, so a message stored after another
+        can be older (a writer whose clock is behind, or stepped back)."""
         ahead = self._read_ahead(frontier, 0)
         start = 0
         if plain_up_to:
             want = plain_up_to - len(picks)
             run = ahead[:want]
-            if run and run[0].timestamp_ns >= kept_from and _ENVELOPE_TYPE not in map(_type_of, run):
+            if run and _ENVELOPE_TYPE not in map(_type_of, run) and min(map(_timestamp_of, run)) >= kept_from:
                 picks += zip(run, repeat(_PLAIN), repeat(1))
                 if len(run) == want:
                     return
                 start = len(run)
-        for message in ahead[start:] if start else ahead:
+        offered = ahead[start:] if start else ahead
+        for message in _outside(offered, missed) if missed else offered:
             if consider(message, 0):
                 return
         while more := self._read_ahead(frontier):
-            for message in more:
+            for message in _outside(more, missed) if missed else more:
                 if consider(message, 0):
                     return
 
@@ -1051,14 +1195,16 @@ class Channel:
 
     @staticmethod
     def _awake(
-        state: ChannelState, runs: list[_Asleep], now: int, sleeping: Callable[[_Asleep], None]
+        state: ChannelState, runs: list[_Run], now: int, sleeping: Callable[[_Run], None]
     ) -> Iterator[int]:
-        """``state.candidates()``, oldest first, but for the skipped offsets in a run still asleep
-        at ``now``: the run is passed over whole, and ``sleeping`` told of it when the walk comes
-        to it (lazily, in order, as ``consider`` sees the offsets: a generator).
+        """``state.candidates()``, oldest first, but for the skipped offsets in a run (by start:
+        ``_Asleep``, or the consumer's ``_Missed``) still asleep at ``now``: the run is passed
+        over whole, and ``sleeping`` told of it when the walk comes to it (lazily, in order, as
+        ``consider`` sees the offsets: a generator).
 
         Skipped offsets are looked up one at a time in the set, which may change under the walk
-        (``_skip_deleted``); ready ones are not in runs (a delivered message was not asleep)."""
+        (``_skip_deleted``); ready ones are all given (a delivered message was not asleep; one
+        the filters miss went to another consumer, and ``consider`` refuses it)."""
         ready, skipped = list(state.ready), state.skipped
         r = i = position = 0
         while True:
@@ -1093,69 +1239,70 @@ class Channel:
         which may read the whole topic. Topic messages never change, so the reading needs no
         hold; only the decision does, and the second hold of ``_receive_now`` makes it again for
         the messages found (``_receive_held``'s ``far``), skipping any another process took
-        meanwhile. Nothing read is kept but what was found, and runs of delayed messages
-        (``_Asleep``): later scans, and the walk of the offsets that a far delivery leaves
-        skipped, pass over those whole until they wake, instead of reading each again."""
+        meanwhile. Nothing read is kept but what was found, runs of delayed messages
+        (``_Asleep``), and runs of messages that this consumer's filters do not match
+        (``_Missed``, kept for those filters): later scans, the look-ahead's offer (of misses)
+        and the walk of the offsets that a far delivery leaves skipped pass over those whole
+        until they wake, instead of reading each again."""
         now = time.time_ns()
         settings = self.settings
-        kept_from, enums, name = retention_horizon(settings, now), settings.enums, self.name
-        blocked = far.blocked
-        known = [run for run in self._asleep if run.wake > now]
-        made: list[_Asleep] = []
+        rules = (settings.retention_seconds, settings.enums)
+        kept_from = retention_horizon(settings, now)
+        retention = None if settings.retention_seconds is None else int(settings.retention_seconds * 1e9)
+        blocked = set(far.blocked)
+        decide = _decider(now, kept_from, self.name, blocked, wanted, settings.enums)
+        asleep = [run for run in self._asleep if run.wake > now]
+        missed = [] if wanted is None else [run for run in self._missed_runs(wanted) if run.wake > now]
+        known: list[_Run] = list(heapq.merge(asleep, missed)) if missed else asleep
+        asleep_made, missed_made = _RunMaker(_Asleep), _RunMaker(_Missed)
         found: list[Message] = []
         taking: set[str] = set()  # the groups of those found
         wake_at: int | None = None
         k = 0
-        run_start, run_wake = -1, 0
-
-        def close_run(end: int) -> None:
-            nonlocal run_start
-            if run_start >= 0 and end - run_start >= _ASLEEP_LEAST:
-                made.append(_Asleep(run_start, end, run_wake))
-            run_start = -1
 
         def step(message: Message) -> int:
             """0 to read on, -1 when enough were found, or the offset to go on from (past a run
-            known to be asleep)."""
-            nonlocal k, wake_at, run_start, run_wake
+            known to be asleep, or missed)."""
+            nonlocal k, wake_at
             offset = message.offset
             while k < len(known) and known[k].end <= offset:
                 k += 1
             if k < len(known) and known[k].start <= offset:
-                close_run(offset)
-                wake_at = known[k].wake if wake_at is None else min(wake_at, known[k].wake)
-                return known[k].end
-            if 0 < message.timestamp_ns < kept_from:
-                close_run(offset)
-                return 0  # finished unseen when a receive's walk comes to it
+                run = known[k]
+                if type(run) is _Missed:
+                    asleep_made.end(offset)
+                    missed_made.extend(run.start, run.wake)  # (a run made goes on through it)
+                else:
+                    missed_made.end(offset)
+                    asleep_made.extend(run.start, run.wake)
+                    wake_at = run.wake if wake_at is None else min(wake_at, run.wake)
+                return run.end
             env = _PLAIN if message.type != _ENVELOPE_TYPE else envelope.decode(message.type, message.value)
-            if env.channel is not None and env.channel != name:
-                close_run(offset)
-                return 0  # (the same)
+            verdict = decide(message, env)
             group = env.group_id
-            if env.delay:
-                visible_at = message.timestamp_ns + int(env.delay * 1e9)
-                if visible_at > now:
-                    wake_at = visible_at if wake_at is None else min(wake_at, visible_at)
-                    if group is not None:
-                        close_run(offset)
-                        blocked.add(group)  # as ``consider``: nothing after it in its group goes first
-                    elif run_start < 0:
-                        run_start, run_wake = offset, visible_at
-                    else:
-                        run_wake = min(run_wake, visible_at)
-                    return 0
-            close_run(offset)
-            if group is not None and (group in blocked or group in taking):
+            if verdict == _MISS and group is None:
+                sent = message.timestamp_ns
+                # Until it passes retention: then a receive must finish it unseen.
+                missed_made.extend(offset, sent + retention if sent > 0 and retention is not None else _NEVER)
+            else:
+                missed_made.end(offset)
+            if verdict > 0:
+                if group is None:
+                    asleep_made.extend(offset, verdict)
+                else:
+                    asleep_made.end(offset)
+                wake_at = verdict if wake_at is None else min(wake_at, verdict)
                 return 0
-            if offset < far.start or not (wanted is None or filtering.matches(env.filters, wanted, enums)):
-                # (The look-ahead's own were offered under the hold, and not taken.)
-                if group is not None:
-                    blocked.add(group)
-                return 0
+            asleep_made.end(offset)
+            if verdict != _TAKE:
+                return 0  # (those past retention or for another channel: finished by a receive's walk)
+            if group is not None:
+                blocked.add(group)  # as ``consider``: one of a group at a time
+            if offset < far.start:
+                return 0  # the look-ahead's own were offered under the hold, and not taken
             found.append(message)
             if group is not None:
-                taking.add(group)  # one of a group at a time; not held back: it goes out
+                taking.add(group)  # not held back: it goes out
             return -1 if len(found) >= max_messages else 0
 
         with self._ahead_lock:  # the look-ahead's messages, for its runs (read ahead already)
@@ -1178,7 +1325,8 @@ class Channel:
                         scanner = Scanner(self.topic.path, position)
                     batch = scanner.read_batch()
                     if not batch:
-                        close_run(position)
+                        asleep_made.end(position)
+                        missed_made.end(position)
                         break
                     for message in batch:
                         position = step(message) or message.offset + 1
@@ -1189,12 +1337,40 @@ class Channel:
             finally:
                 if scanner is not None:
                     scanner.close()
-        if made or len(known) != len(self._asleep):
+        if asleep_made.made or len(asleep) != len(self._asleep) or missed_made.made:
             with self._asleep_lock:
                 cursor = self.state.cursor
-                runs = {run for run in self._asleep if run.wake > now and run.end > cursor}
-                self._asleep = sorted(runs.union(made))[:_ASLEEP_MOST]
-        return found, blocked, wake_at
+                if asleep_made.made or len(asleep) != len(self._asleep):
+                    self._asleep = _kept_runs(self._asleep, asleep_made.made, now, cursor)  # type: ignore[assignment]
+                if wanted is not None and missed_made.made:
+                    kept = _kept_runs(self._missed_runs(wanted), missed_made.made, now, cursor)
+                    self._remember_missed(wanted, rules, kept)  # type: ignore[arg-type]
+        return found, blocked - taking, wake_at
+
+    def _missed_runs(self, wanted: dict[str, tuple[str, filtering.Method]]) -> list[_Missed]:
+        """The ``_Missed`` runs known of a consumer with filters ``wanted``, by start (none once
+        retention or the filters' enums changed since they were found)."""
+        settings = self.settings
+        if not self._missed or self._missed_rules != (settings.retention_seconds, settings.enums):
+            return []
+        return self._missed.get(_filters_key(wanted), [])
+
+    def _remember_missed(
+        self,
+        wanted: dict[str, tuple[str, filtering.Method]],
+        rules: tuple[float | None, dict[str, tuple[str, ...]]],
+        runs: list[_Missed],
+    ) -> None:
+        """Under ``_asleep_lock``: keep ``runs`` as the ``_Missed`` runs of filters ``wanted``,
+        found under ``rules`` (retention, enums), forgetting those of other rules, and beyond
+        ``_MISSED_FILTER_SETS`` sets of filters, those whose runs were stored longest ago."""
+        remembered = dict(self._missed) if rules == self._missed_rules else {}
+        key = _filters_key(wanted)
+        remembered.pop(key, None)  # (put back last: the latest used)
+        remembered[key] = runs
+        while len(remembered) > _MISSED_FILTER_SETS:
+            del remembered[next(iter(remembered))]
+        self._missed, self._missed_rules = remembered, rules
 
     def _envelope(self, message: Message) -> Envelope:
         if message.type != envelope.ENVELOPE_TYPE:
