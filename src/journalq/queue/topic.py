@@ -8,6 +8,7 @@ segments once every channel is done with them, or once retention says they have 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import heapq
 import os
@@ -158,6 +159,7 @@ class Topic(TopicDirectory):
         self._writer_lock = threading.Lock()  # threads of the first send (or a reopen) make one writer
         self._channels: dict[str, Channel] = {}
         self._making_channel = threading.Lock()  # (see ``channel_once``)
+        self._newest: dict[int, int] = {}  # segment base -> newest timestamp (``_newest_timestamp``)
         self._dedup: DedupIndex | None = None
         self.settings = settings
         # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
@@ -477,13 +479,43 @@ class Topic(TopicDirectory):
         for segment, following in zip(segments, segments[1:]):
             consumed = needed_from is not None and following.base <= needed_from
             # Past retention as a receive has it: a message with no time (0 or less) never is.
-            too_old = settings.retention_seconds is not None and 0 < last_timestamp(segment) < horizon
+            # Every message of the segment: the last is read first (cheap), and only a segment it
+            # says is past retention is read whole (writers' clocks may be out of step: a later
+            # message can be older, so the last one alone would let fresh ones go).
+            too_old = (
+                settings.retention_seconds is not None
+                and 0 < last_timestamp(segment) < horizon
+                and 0 < self._newest_timestamp(segment, following.base) < horizon
+            )
             too_big = size_kept_from is not None and following.base <= size_kept_from
             if not (consumed or too_old or too_big):
                 break
             deleted += remove_segment(segment)
             kept_from = following.base
         return kept_from
+
+    def _newest_timestamp(self, segment: Segment, end: int) -> int:
+        """The newest timestamp of the messages of ``segment`` (offsets up to ``end``, the next
+        segment's base: it is no longer written), or 0 when one has no time (it is never past
+        retention). Remembered per segment: a segment kept for a fresh message is not read again
+        at every gc."""
+        newest = self._newest.get(segment.base)
+        if newest is None:
+            newest = 0
+            try:
+                with Scanner(self.path, segment.base) as scanner:
+                    while scanner.offset < end and (batch := scanner.read_batch(end - scanner.offset)):
+                        stamps = [m.timestamp_ns for m in batch if m.offset < end]
+                        if min(stamps) <= 0:
+                            newest = 0
+                            break
+                        newest = max(newest, *stamps)
+            except OffsetOutOfRangeError:  # collected meanwhile (another process's gc): as ``last_timestamp``
+                raise FileNotFoundError(errno.ENOENT, "segment collected meanwhile", str(segment.path)) from None
+            if len(self._newest) >= 1024:
+                self._newest.clear()  # (bases of segments deleted since, mostly)
+            self._newest[segment.base] = newest
+        return newest
 
     @property
     def failed(self) -> bool:
