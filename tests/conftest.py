@@ -268,3 +268,17 @@ def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(CommitLog, "_record", counting)
     return count
+
+
+def counted_lookups(topic: Any) -> list[int]:
+    """The offsets that ``topic.message`` is asked for from now on (the messages a receive looks
+    at under the hold), in order: the topic's lookup is wrapped to note them."""
+    asked: list[int] = []
+    real = topic.message
+
+    def counted(offset: int) -> Any:
+        asked.append(offset)
+        return real(offset)
+
+    topic.message = counted
+    return asked

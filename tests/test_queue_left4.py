@@ -15,6 +15,7 @@ from journalq.journal import Scanner
 from journalq.queue import Broker
 from journalq.queue import channel as channel_module
 from journalq.queue import topic as topic_module
+from conftest import counted_lookups
 
 ENUMS = {"cls": ["low", "high"]}
 HIGH = {"cls": ("high", "absolute")}
@@ -149,14 +150,7 @@ def test_misses_skipped_by_a_far_delivery_are_not_walked_again(broker: Broker) -
     q.send_many(_lows(4 * BEYOND))
     q.send_many([{"body": b"h%d" % i, "filters": {"cls": "high"}} for i in range(5)])
     assert [m.body for m in q.receive(filters=HIGH, wait=0)] == [b"h0"]
-    looked_up: list[int] = []
-    real = q.topic.message
-
-    def counted(offset: int):
-        looked_up.append(offset)
-        return real(offset)
-
-    q.topic.message = counted  # type: ignore[method-assign]
+    looked_up = counted_lookups(q.topic)
     for i in range(1, 5):
         assert [m.body for m in q.receive(filters=HIGH, wait=0)] == [b"h%d" % i]
     assert q.receive(filters=HIGH, wait=0) == []

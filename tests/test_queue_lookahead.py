@@ -14,6 +14,7 @@ import pytest
 from journalq.errors import StorageError
 from journalq.queue import Broker
 from journalq.queue import channel as channel_module
+from conftest import counted_lookups
 
 ENUMS = {"cls": ["low", "high"]}
 BEYOND = channel_module._LOOK_AHEAD + 200  # more ineligible messages than one look-ahead
@@ -90,14 +91,7 @@ def test_messages_behind_a_far_delivery_keep_coming_cheaply(broker: Broker) -> N
     q.send_many([{"body": b"later", "delay": 600}] * (4 * BEYOND))
     q.send_many([b"n%d" % i for i in range(20)])
     assert [m.body for m in q.receive(wait=0)] == [b"n0"]
-    reads = []
-    real = q.topic.message
-
-    def counted(offset: int):
-        reads.append(offset)
-        return real(offset)
-
-    q.topic.message = counted  # type: ignore[method-assign]
+    reads = counted_lookups(q.topic)
     for i in range(1, 20):
         assert [m.body for m in q.receive(wait=0)] == [b"n%d" % i]
     assert len(reads) < 20 * 10, f"{len(reads)} messages looked up for 19 receives"
