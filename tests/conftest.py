@@ -282,3 +282,17 @@ def counted_lookups(topic: Any) -> list[int]:
 
     topic.message = counted
     return asked
+
+
+@contextlib.contextmanager
+def fifo_at(path: Path) -> Iterator[Path]:
+    """A named pipe at ``path`` (a file there replaced); afterwards an open of it blocked by the
+    code under test (before its fix) is let go, whichever end it waits for."""
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    try:
+        yield path
+    finally:
+        for other_end in (os.O_WRONLY, os.O_RDONLY):
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, other_end | os.O_NONBLOCK))

@@ -3,7 +3,6 @@ failed before its fix."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
@@ -22,7 +21,7 @@ from journalq.journal import Scanner, Writer
 from journalq.journal.inspect import check
 from journalq.journal.lock import FileLock
 from journalq.journal.segment import lock_path, segment_at
-from conftest import returned_at_once
+from conftest import fifo_at, returned_at_once
 
 
 def test_next_message_raises_scan_timeout_when_none_comes_in_time(tmp_path):
@@ -98,9 +97,7 @@ def test_a_fifo_with_a_segments_name_is_refused_without_blocking(tmp_path, where
     base = {"the only segment": 0, "the last segment": 3, "a segment before the last": 1}[where]
     fifo = tmp_path / "jnl" / f"{base:016x}.jnl"
     fifo.parent.mkdir(exist_ok=True)
-    fifo.unlink(missing_ok=True)
-    os.mkfifo(fifo)
-    try:
+    with fifo_at(fifo):
         calls = [lambda: Scanner(tmp_path, base).read_batch()]
         if where != "a segment before the last":  # a writer opens the last segment only
             calls += [lambda: Writer(tmp_path).close(), lambda: Writer(tmp_path, shared=True).close()]
@@ -111,9 +108,6 @@ def test_a_fifo_with_a_segments_name_is_refused_without_blocking(tmp_path, where
         report = returned_at_once(lambda: check(tmp_path))
         assert [(p.kind, p.file) for p in report.problems] == [("segment", fifo)]
         assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it was
-    finally:
-        with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_the_other_readers_of_segments_refuse_a_fifo_without_blocking(tmp_path):
@@ -126,9 +120,7 @@ def test_the_other_readers_of_segments_refuse_a_fifo_without_blocking(tmp_path):
     with Writer(tmp_path, segment_size=100) as writer:
         writer.append_many([b"v" * 120] * 3)  # one message a segment: 0, 1, 2, then 3 empty
     fifo = tmp_path / "jnl" / f"{1:016x}.jnl"
-    fifo.unlink()
-    os.mkfifo(fifo)
-    try:
+    with fifo_at(fifo):
         for call in (
             lambda: last_timestamp(segment_at(tmp_path, 1)),
             lambda: DedupIndex(tmp_path, 3600).catch_up(),  # the window reaches back to segment 1
@@ -137,9 +129,6 @@ def test_the_other_readers_of_segments_refuse_a_fifo_without_blocking(tmp_path):
             error = returned_at_once(call)
             assert isinstance(error, JournalError) and error.file == fifo, error
             assert "not a segment: a special file has a segment's name" in str(error)
-    finally:
-        with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 # -- the command line --------------------------------------------------------------------------

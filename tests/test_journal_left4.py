@@ -3,10 +3,8 @@ before its fix."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,21 +15,7 @@ from journalq.errors import JournalError
 from journalq.journal import Scanner, Writer, index
 from journalq.journal.inspect import check, describe
 from journalq.journal.segment import Segment, list_segments, segment_at
-from conftest import returned_at_once
-
-
-@contextlib.contextmanager
-def fifo_at(path: Path) -> Iterator[Path]:
-    """A named pipe at ``path`` (a file there replaced); afterwards an open of it blocked by the
-    code under test (before its fix) is let go, whichever end it waits for."""
-    path.unlink(missing_ok=True)
-    os.mkfifo(path)
-    try:
-        yield path
-    finally:
-        for other_end in (os.O_WRONLY, os.O_RDONLY):
-            with contextlib.suppress(OSError):
-                os.close(os.open(path, other_end | os.O_NONBLOCK))
+from conftest import fifo_at, returned_at_once
 
 
 def _journal(path: Path) -> Segment:

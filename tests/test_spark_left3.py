@@ -4,8 +4,6 @@ older journalq's), a rebuild cut short, a mark left without its record (no Spark
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 
 import pytest
@@ -17,7 +15,7 @@ from journalq.journal import Message, Scanner, Writer  # noqa: E402
 from journalq.spark import reading, writing  # noqa: E402
 from journalq.spark.targets import Target, for_writing  # noqa: E402
 from journalq.spark.writing import COMMIT, CommitLog  # noqa: E402
-from conftest import returned_at_once  # noqa: E402
+from conftest import fifo_at, returned_at_once  # noqa: E402
 
 
 
@@ -118,10 +116,8 @@ def test_planning_and_reading_refuse_a_fifo_with_a_segments_name(tmp_path):
     with Writer(tmp_path, segment_size=100) as writer:
         writer.append_many([b"v" * 120] * 3)  # one message a segment: 0, 1, 2
     fifo = tmp_path / "jnl" / f"{1:016x}.jnl"
-    fifo.unlink()
     (tmp_path / "jnl" / f"{1:016x}.idx").unlink(missing_ok=True)
-    os.mkfifo(fifo)
-    try:
+    with fifo_at(fifo):
         calls = [
             lambda: reading.range_bytes(str(tmp_path), 0, 3),
             lambda: reading.split([reading.ShardRange("", str(tmp_path), 0, 3)], min_partitions=None,
@@ -132,9 +128,6 @@ def test_planning_and_reading_refuse_a_fifo_with_a_segments_name(tmp_path):
             error = returned_at_once(call)
             assert isinstance(error, JournalError) and error.file == fifo, error
             assert "a special file has a segment's name" in str(error)
-    finally:
-        with contextlib.suppress(OSError):  # let a blocked open (before the fix) go on
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_a_task_appending_to_many_shards_reads_none_of_the_log(tmp_path, decoded):
