@@ -418,3 +418,39 @@ def test_a_queue_deleted_as_its_channel_is_opened_is_not_found(tmp_path: Path, m
     monkeypatch.undo()
     opener.close()
     deleter.close()
+
+
+@pytest.mark.parametrize("when", ["opening", "receiving"])
+def test_a_queue_deleted_as_its_journals_are_read_is_not_found(tmp_path: Path, monkeypatch, when: str) -> None:
+    """Another process deletes the queue after this one's channel writer was made, as a scanner
+    of the channel's state (its opening) or of the topic (a receive's read-ahead) starts: the
+    scanner found no directory, and the JournalError ("no journal directory here") was answered
+    500 to a REST long poll whose queue was deleted under it. It is QueueNotFoundError, and
+    nothing of the channel stays open."""
+    from journalq.journal import Scanner
+    from journalq.queue import channel as channel_module
+
+    with Broker(tmp_path) as maker:
+        maker.queue("doomed").send(b"x")
+    deleter = Broker(tmp_path)
+    opener = Broker(tmp_path)
+    if when == "receiving":
+        q = opener.queue("doomed", create=False)
+    opened: list[Scanner] = []
+
+    def deleted_first(*args, **kwargs):
+        if not opened:
+            deleter.delete("doomed")
+        opened.append(None)
+        return Scanner(*args, **kwargs)
+
+    monkeypatch.setattr(channel_module, "Scanner", deleted_first)
+    with pytest.raises(QueueNotFoundError, match="doomed"):
+        if when == "opening":
+            opener.queue("doomed", create=False)
+        else:
+            q.receive(wait=0)
+    assert opened and not (tmp_path / "doomed").exists()
+    monkeypatch.undo()
+    opener.close()
+    deleter.close()

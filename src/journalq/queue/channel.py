@@ -476,9 +476,17 @@ class Channel:
         self._issued: dict[str, tuple[int, int, int]] = {}
         self._retry_maintenance_at = 0  # (ns) after a maintenance that failed outside a receive
         self._retry_dead_letters_at = 0  # (ns) after the dead-letter queue refused its letters
-        with self._hold():
-            self._token = _channel_token(self.path, topic.broker.durable)
-            self._load()
+        try:
+            with self._hold():
+                self._token = _channel_token(self.path, topic.broker.durable)
+                self._load()
+        except BaseException:
+            self._closed = True
+            self._close_files()
+            # A topic deleted while the channel opened took its files one by one: what failed to
+            # be read (a scanner of a directory gone, events missing) says so as QueueNotFoundError.
+            topic.check_present()
+            raise
 
     @property
     def consumer_id(self) -> str:
@@ -852,6 +860,10 @@ class Channel:
                 except Exception:
                     if self._closed:  # closed under this receive (a long poll, most likely)
                         return self._closed_under_receive()
+                    # Deleted under this receive by a delete that did not close this object (another
+                    # process's, or one that began before this handle was opened): its files went
+                    # one by one, and what failed to be read says so as QueueNotFoundError.
+                    self.topic.check_present()
                     raise
                 delete = ()  # done in the first attempt
                 if got or not wait:
@@ -1678,6 +1690,9 @@ class Channel:
             self.commit_cursor()
         except (OSError, QueueNotFoundError):
             pass
+        self._close_files()
+
+    def _close_files(self) -> None:
         for scanner in (self._events, self._tail):
             if scanner is not None:
                 scanner.close()
