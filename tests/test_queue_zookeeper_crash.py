@@ -224,7 +224,13 @@ CHILD = f"SESSION = {SESSION}\nGROUPS = {GROUPS}\nFILTERS = {FILTERS!r}\nPROFILE
                 lost.set()
                 note("lost")
         broker.client.add_listener(listen)
-        q = broker.queue("jobs")
+        while True:  # started as the server restarts: opening meets the outage as any call does
+            try:
+                q = broker.queue("jobs")
+                break
+            except StoreUnavailableError:
+                note("unavailable")
+                time.sleep(0.1)
         if role == "producer":
             produce()
         note("consumer " + q.consumer_id)
