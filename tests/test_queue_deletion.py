@@ -454,3 +454,32 @@ def test_a_queue_deleted_as_its_journals_are_read_is_not_found(tmp_path: Path, m
     monkeypatch.undo()
     opener.close()
     deleter.close()
+
+
+def test_a_sharded_queue_deleted_as_a_shard_channel_is_opened_is_not_found(tmp_path: Path, monkeypatch) -> None:
+    """Another process deletes a sharded queue just as this one made a shard's channel: the
+    shard's directory was held after its channel was made, and a raw FileNotFoundError (which
+    the server's long poll answered 500) came out of the opening. The directory is held first;
+    the queue opens, and its receive finds the queue deleted (QueueNotFoundError)."""
+    from journalq.queue import topic as topic_module
+
+    with Broker(tmp_path) as maker:
+        maker.queue("doomed", shards=2).send(b"x")
+    deleter = Broker(tmp_path)
+    opener = Broker(tmp_path)
+    sharded = opener.topic("doomed", create=False)
+    real_channel = topic_module.Channel
+
+    def deleted_after(*args, **kwargs):
+        channel = real_channel(*args, **kwargs)
+        if (tmp_path / "doomed").exists():
+            deleter.delete("doomed")
+        return channel
+
+    monkeypatch.setattr(topic_module, "Channel", deleted_after)
+    with pytest.raises(QueueNotFoundError, match="doomed"):
+        sharded.channel("default").receive(wait=0)
+    assert not (tmp_path / "doomed").exists()
+    monkeypatch.undo()
+    opener.close()
+    deleter.close()

@@ -85,7 +85,10 @@ class TopicDirectory:
 
     def _hold_directory(self) -> None:
         if self._dir_fd < 0:
-            self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                raise self._deleted() from exc
 
     def _let_go_of_directory(self) -> None:
         if self._dir_fd >= 0:
@@ -99,8 +102,12 @@ class TopicDirectory:
         ``stat``: called when a writer or channel is opened, and by their holds when they find
         their segment deleted (``held``'s check)."""
         if self.gone or (self._dir_fd >= 0 and not self._still_at_path()):
-            self.gone = True
-            raise QueueNotFoundError(f"queue or topic {self.name!r} was deleted after it was opened here")
+            raise self._deleted()
+
+    def _deleted(self) -> QueueNotFoundError:
+        """The error for the topic found deleted since it was opened (and from then on: ``gone``)."""
+        self.gone = True
+        return QueueNotFoundError(f"queue or topic {self.name!r} was deleted after it was opened here")
 
     def _still_at_path(self) -> bool:
         """Whether the directory held open is still the topic's: a delete renames it away before
@@ -416,9 +423,8 @@ class Topic(TopicDirectory):
 
         def make() -> Channel:
             self.check_present()
-            channel = Channel(self, name)
-            self._hold_directory()
-            return channel
+            self._hold_directory()  # first: the channel's opening tells a delete under it by this
+            return Channel(self, name)
 
         return channel_once(self._channels, self._making_channel, name, make)
 
