@@ -213,7 +213,11 @@ _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _FIFO_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
 _BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-_DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[A-Za-z0-9_.-]{1,250})?")
+_DATA_TYPE = re.compile(r"(String|Number|Binary)(\..+)?", re.DOTALL)
+"""A message attribute's DataType: the base type, then any custom label (SQS's rule for the label
+is the message body's: any character ``_check_characters`` allows, "Binary.image/png" too)."""
+MAX_DATA_TYPE = 256
+_BASE_TYPES = frozenset(("String", "Number", "Binary"))
 _GROUP_OR_DEDUP_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _BAD_CHARACTER = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _VALID_CHARACTERS = "#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF"
@@ -1509,10 +1513,13 @@ class SqsProtocol:
         data_type = value.get("DataType")
         if not data_type:
             raise _invalid(f"The {what} '{name}' must contain a non-empty attribute type.")
-        if not isinstance(data_type, str) or len(data_type) > 256 or not _DATA_TYPE.fullmatch(data_type):
-            raise _invalid(
-                f"The type of {what} '{name}' is invalid: String, Number or Binary, with an optional custom suffix."
-            )
+        if type(data_type) is not str or data_type not in _BASE_TYPES:  # (the common ones: no label to check)
+            if not isinstance(data_type, str) or len(data_type) > MAX_DATA_TYPE or not _DATA_TYPE.fullmatch(data_type):
+                raise _invalid(
+                    f"The type of {what} '{name}' is invalid: String, Number or Binary, with an optional custom "
+                    f"label ('.' and the label), {MAX_DATA_TYPE} characters at most."
+                )
+            _check_characters(data_type, f"the type of {what} '{name}'", code="InvalidParameterValue")
         if value.get("StringListValues") or value.get("BinaryListValues"):
             raise _invalid(f"The {what} '{name}': StringListValues and BinaryListValues are not supported.")
         base = data_type.split(".", 1)[0]
