@@ -239,3 +239,27 @@ def test_a_custom_type_label_takes_what_a_message_body_takes(sqs: Any) -> None:
                 QueueUrl=url, MessageBody="b", MessageAttributes={"a": {"DataType": data_type, "StringValue": "v"}}
             )
         assert error_of(info) == ("InvalidParameterValue", 400), data_type
+
+
+def test_fifo_throughput_per_message_group_needs_deduplication_per_message_group(sqs: Any) -> None:
+    """FifoThroughputLimit perMessageGroupId is allowed only with DeduplicationScope messageGroup
+    (SQS's CreateQueue and SetQueueAttributes): CreateQueue and SetQueueAttributes that would
+    pair it with the queue scope are InvalidAttributeValue and change nothing (they were taken)."""
+    name = new_name() + ".fifo"
+    with pytest.raises(ClientError) as info:
+        sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true", "FifoThroughputLimit": "perMessageGroupId"})
+    assert error_of(info) == ("InvalidAttributeValue", 400)
+    high = {"DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"}
+    url = sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true", **high})["QueueUrl"]
+    for attributes in ({"DeduplicationScope": "queue"}, {"DeduplicationScope": "queue", "VisibilityTimeout": "5"}):
+        with pytest.raises(ClientError) as info:
+            sqs.set_queue_attributes(QueueUrl=url, Attributes=attributes)
+        assert error_of(info) == ("InvalidAttributeValue", 400)
+    got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (got["DeduplicationScope"], got["FifoThroughputLimit"], got["VisibilityTimeout"]) == (
+        "messageGroup", "perMessageGroupId", "30"
+    )
+    # both back to the queue's scope at once, or the limit first: taken
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"FifoThroughputLimit": "perQueue"})
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"DeduplicationScope": "queue"})
+    sqs.set_queue_attributes(QueueUrl=url, Attributes=high)

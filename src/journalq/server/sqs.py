@@ -44,7 +44,8 @@ How SQS maps onto journalq:
   (one message of a group in flight at a time). journalq does not reorder for fairness: every
   tenant's messages go out oldest first. A FIFO queue whose DeduplicationScope is messageGroup
   deduplicates by a hash of the group and the deduplication id, and keeps the client's id as
-  ``AWS.MessageDeduplicationId`` to deliver it. FifoThroughputLimit is stored and echoed.
+  ``AWS.MessageDeduplicationId`` to deliver it. FifoThroughputLimit is stored and echoed (its
+  perMessageGroupId only with DeduplicationScope messageGroup, as SQS takes it).
 * ``DeleteMessage`` with the receipt of a delivery that is over (the message was deleted, or
   received again since) succeeds without deleting anything, as on SQS (``ChangeMessageVisibility``
   with one is ``InvalidParameterValue``, as on SQS); a receipt that is not one of the queue's is
@@ -359,6 +360,20 @@ def _json_object(parameter: str, value: Any, what: str) -> dict[str, Any]:
     if not isinstance(policy, dict):
         raise _invalid_value(parameter, value, f"{what} is not a JSON object.")
     return policy
+
+
+def _check_throughput_limit(attributes: Mapping[str, Any]) -> None:
+    """A FIFO queue's FifoThroughputLimit perMessageGroupId needs DeduplicationScope messageGroup
+    (each absent is its default, perQueue and queue), as SQS's CreateQueue and SetQueueAttributes say."""
+    if (
+        attributes.get("FifoThroughputLimit") == "perMessageGroupId"
+        and attributes.get("DeduplicationScope", "queue") != "messageGroup"
+    ):
+        raise SqsError(
+            "InvalidAttributeValue",
+            "Invalid value for the parameter FifoThroughputLimit: perMessageGroupId is allowed only when "
+            "DeduplicationScope is messageGroup.",
+        )
 
 
 def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str, Any]]:
@@ -1154,6 +1169,7 @@ class SqsProtocol:
         tags = request.get("tags", request.get("Tags")) or {}
         self._check_tags(tags)
         changes, stored = self._parse_attributes(attributes, name, fifo=fifo, creating=True)
+        _check_throughput_limit(stored)
         with self._creating():
             current = settings_file.load(self.broker.root / name)
             if current is not None:
@@ -1284,6 +1300,8 @@ class SqsProtocol:
             raise _missing("Attributes")
         current = self._settings(name)
         changes, stored = self._parse_attributes(attributes, name, fifo=current.fifo, creating=False)
+        if stored:  # before any change is made: the pair as it would be, what is set over what is
+            _check_throughput_limit({**self._sidecar.read(name).get("attributes", {}), **stored})
         if changes:
             try:
                 self.broker.configure(name, **changes)
