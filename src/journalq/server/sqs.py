@@ -57,7 +57,8 @@ How SQS maps onto journalq:
   current receive. ``SenderId`` is the account id.
 * A dead letter (moved by a RedrivePolicy) keeps its SentTimestamp, ApproximateReceiveCount (going
   on from the receives in its queue) and ApproximateFirstReceiveTimestamp, as on SQS, but has a new
-  MessageId: journalq sends it to the dead-letter queue as a new message.
+  MessageId: journalq sends it to the dead-letter queue as a new message (whose retention counts
+  from the move, where SQS counts a standard queue's from the first send).
 """
 
 from __future__ import annotations
