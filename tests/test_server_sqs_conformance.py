@@ -4,6 +4,7 @@ boto3 against the real server: each test pins one place where the endpoint used 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 import uuid
@@ -197,3 +198,68 @@ def test_a_queue_whose_settings_file_is_damaged_is_an_internal_failure_naming_no
         assert error_of(info)[1] == 500
         message = info.value.response["Error"]["Message"]
         assert "visibility_timeout" in message and str(server.data) not in message
+
+
+def _aws_md5_of_attributes(attributes: dict[str, dict[str, Any]]) -> str:
+    """MD5OfMessageAttributes as AWS's developer guide gives it, computed here on its own."""
+    def field(data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + data
+
+    digest = hashlib.md5()
+    for name in sorted(attributes):
+        value = attributes[name]
+        digest.update(field(name.encode()) + field(value["DataType"].encode()))
+        if "BinaryValue" in value:
+            digest.update(b"\x02" + field(value["BinaryValue"]))
+        else:
+            digest.update(b"\x01" + field(value["StringValue"].encode()))
+    return digest.hexdigest()
+
+
+def test_a_custom_type_label_takes_what_a_message_body_takes(sqs: Any) -> None:
+    """A message attribute's custom type label has the message body's restrictions (AWS's
+    "Message attribute data types"): "Binary.image/png" or "String.JSON; charset=utf-8" are
+    taken, and delivered as given, with the MD5 the SDKs compute (they were refused: only
+    letters, digits, '_', '-' and '.'). A character a body may not have is still refused."""
+    url = sqs.create_queue(QueueName=new_name())["QueueUrl"]
+    attributes = {
+        "picture": {"DataType": "Binary.image/png", "BinaryValue": b"\x89PNG"},
+        "doc": {"DataType": "String.JSON; charset=utf-8", "StringValue": "{}"},
+        "count": {"DataType": "Number.int:32 é", "StringValue": "7"},
+        "longest": {"DataType": "String." + "x" * 249, "StringValue": "v"},
+    }
+    sent = sqs.send_message(QueueUrl=url, MessageBody="b", MessageAttributes=attributes)
+    assert sent["MD5OfMessageAttributes"] == _aws_md5_of_attributes(attributes)
+    (message,) = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    assert message["MessageAttributes"] == attributes
+    assert message["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    for data_type in ("String.a\x01b", "String." + "x" * 250, "Strings", "string.x", "String."):
+        with pytest.raises(ClientError) as info:
+            sqs.send_message(
+                QueueUrl=url, MessageBody="b", MessageAttributes={"a": {"DataType": data_type, "StringValue": "v"}}
+            )
+        assert error_of(info) == ("InvalidParameterValue", 400), data_type
+
+
+def test_fifo_throughput_per_message_group_needs_deduplication_per_message_group(sqs: Any) -> None:
+    """FifoThroughputLimit perMessageGroupId is allowed only with DeduplicationScope messageGroup
+    (SQS's CreateQueue and SetQueueAttributes): CreateQueue and SetQueueAttributes that would
+    pair it with the queue scope are InvalidAttributeValue and change nothing (they were taken)."""
+    name = new_name() + ".fifo"
+    with pytest.raises(ClientError) as info:
+        sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true", "FifoThroughputLimit": "perMessageGroupId"})
+    assert error_of(info) == ("InvalidAttributeValue", 400)
+    high = {"DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"}
+    url = sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true", **high})["QueueUrl"]
+    for attributes in ({"DeduplicationScope": "queue"}, {"DeduplicationScope": "queue", "VisibilityTimeout": "5"}):
+        with pytest.raises(ClientError) as info:
+            sqs.set_queue_attributes(QueueUrl=url, Attributes=attributes)
+        assert error_of(info) == ("InvalidAttributeValue", 400)
+    got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (got["DeduplicationScope"], got["FifoThroughputLimit"], got["VisibilityTimeout"]) == (
+        "messageGroup", "perMessageGroupId", "30"
+    )
+    # both back to the queue's scope at once, or the limit first: taken
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"FifoThroughputLimit": "perQueue"})
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"DeduplicationScope": "queue"})
+    sqs.set_queue_attributes(QueueUrl=url, Attributes=high)

@@ -1053,7 +1053,11 @@ def test_fifo_queues(client: Client) -> None:
         client(
             "SetQueueAttributes",
             QueueUrl=cbd,
-            Attributes={"ContentBasedDeduplication": "false", "FifoThroughputLimit": "perMessageGroupId"},
+            Attributes={
+                "ContentBasedDeduplication": "false",
+                "DeduplicationScope": "messageGroup",  # which perMessageGroupId needs
+                "FifoThroughputLimit": "perMessageGroupId",
+            },
         )
         == {}
     )
@@ -1601,7 +1605,9 @@ def test_deduplication_per_message_group(client: Client) -> None:
     (m,) = [m for m in received if m["MessageId"] == c]
     assert m["Attributes"]["MessageDeduplicationId"] == hashlib.sha256(b"body").hexdigest()
     # Back to one scope for the queue: the same id in another group is a duplicate again.
-    client("SetQueueAttributes", QueueUrl=url, Attributes={"DeduplicationScope": "queue"})
+    # (with the throughput limit per queue again: perMessageGroupId needs the messageGroup scope)
+    one_scope = {"DeduplicationScope": "queue", "FifoThroughputLimit": "perQueue"}
+    client("SetQueueAttributes", QueueUrl=url, Attributes=one_scope)
     assert send("x", "g5", "q") == send("y", "g6", "q")
     # What the existing queue is, CreateQueue compares with.
     assert client.error("CreateQueue", QueueName="scoped.fifo", Attributes={

@@ -44,7 +44,8 @@ How SQS maps onto journalq:
   (one message of a group in flight at a time). journalq does not reorder for fairness: every
   tenant's messages go out oldest first. A FIFO queue whose DeduplicationScope is messageGroup
   deduplicates by a hash of the group and the deduplication id, and keeps the client's id as
-  ``AWS.MessageDeduplicationId`` to deliver it. FifoThroughputLimit is stored and echoed.
+  ``AWS.MessageDeduplicationId`` to deliver it. FifoThroughputLimit is stored and echoed (its
+  perMessageGroupId only with DeduplicationScope messageGroup, as SQS takes it).
 * ``DeleteMessage`` with the receipt of a delivery that is over (the message was deleted, or
   received again since) succeeds without deleting anything, as on SQS (``ChangeMessageVisibility``
   with one is ``InvalidParameterValue``, as on SQS); a receipt that is not one of the queue's is
@@ -56,7 +57,8 @@ How SQS maps onto journalq:
   current receive. ``SenderId`` is the account id.
 * A dead letter (moved by a RedrivePolicy) keeps its SentTimestamp, ApproximateReceiveCount (going
   on from the receives in its queue) and ApproximateFirstReceiveTimestamp, as on SQS, but has a new
-  MessageId: journalq sends it to the dead-letter queue as a new message.
+  MessageId: journalq sends it to the dead-letter queue as a new message (whose retention counts
+  from the move, where SQS counts a standard queue's from the first send).
 """
 
 from __future__ import annotations
@@ -213,7 +215,11 @@ _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _FIFO_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
 _BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-_DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[A-Za-z0-9_.-]{1,250})?")
+_DATA_TYPE = re.compile(r"(String|Number|Binary)(\..+)?", re.DOTALL)
+"""A message attribute's DataType: the base type, then any custom label (SQS's rule for the label
+is the message body's: any character ``_check_characters`` allows, "Binary.image/png" too)."""
+MAX_DATA_TYPE = 256
+_BASE_TYPES = frozenset(("String", "Number", "Binary"))
 _GROUP_OR_DEDUP_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _BAD_CHARACTER = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _VALID_CHARACTERS = "#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF"
@@ -355,6 +361,20 @@ def _json_object(parameter: str, value: Any, what: str) -> dict[str, Any]:
     if not isinstance(policy, dict):
         raise _invalid_value(parameter, value, f"{what} is not a JSON object.")
     return policy
+
+
+def _check_throughput_limit(attributes: Mapping[str, Any]) -> None:
+    """A FIFO queue's FifoThroughputLimit perMessageGroupId needs DeduplicationScope messageGroup
+    (each absent is its default, perQueue and queue), as SQS's CreateQueue and SetQueueAttributes say."""
+    if (
+        attributes.get("FifoThroughputLimit") == "perMessageGroupId"
+        and attributes.get("DeduplicationScope", "queue") != "messageGroup"
+    ):
+        raise SqsError(
+            "InvalidAttributeValue",
+            "Invalid value for the parameter FifoThroughputLimit: perMessageGroupId is allowed only when "
+            "DeduplicationScope is messageGroup.",
+        )
 
 
 def _entries(request: Mapping[str, Any], *, send: bool = False) -> list[dict[str, Any]]:
@@ -1150,6 +1170,7 @@ class SqsProtocol:
         tags = request.get("tags", request.get("Tags")) or {}
         self._check_tags(tags)
         changes, stored = self._parse_attributes(attributes, name, fifo=fifo, creating=True)
+        _check_throughput_limit(stored)
         with self._creating():
             current = settings_file.load(self.broker.root / name)
             if current is not None:
@@ -1280,6 +1301,8 @@ class SqsProtocol:
             raise _missing("Attributes")
         current = self._settings(name)
         changes, stored = self._parse_attributes(attributes, name, fifo=current.fifo, creating=False)
+        if stored:  # before any change is made: the pair as it would be, what is set over what is
+            _check_throughput_limit({**self._sidecar.read(name).get("attributes", {}), **stored})
         if changes:
             try:
                 self.broker.configure(name, **changes)
@@ -1509,10 +1532,13 @@ class SqsProtocol:
         data_type = value.get("DataType")
         if not data_type:
             raise _invalid(f"The {what} '{name}' must contain a non-empty attribute type.")
-        if not isinstance(data_type, str) or len(data_type) > 256 or not _DATA_TYPE.fullmatch(data_type):
-            raise _invalid(
-                f"The type of {what} '{name}' is invalid: String, Number or Binary, with an optional custom suffix."
-            )
+        if type(data_type) is not str or data_type not in _BASE_TYPES:  # (the common ones: no label to check)
+            if not isinstance(data_type, str) or len(data_type) > MAX_DATA_TYPE or not _DATA_TYPE.fullmatch(data_type):
+                raise _invalid(
+                    f"The type of {what} '{name}' is invalid: String, Number or Binary, with an optional custom "
+                    f"label ('.' and the label), {MAX_DATA_TYPE} characters at most."
+                )
+            _check_characters(data_type, f"the type of {what} '{name}'", code="InvalidParameterValue")
         if value.get("StringListValues") or value.get("BinaryListValues"):
             raise _invalid(f"The {what} '{name}': StringListValues and BinaryListValues are not supported.")
         base = data_type.split(".", 1)[0]
