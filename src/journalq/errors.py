@@ -7,7 +7,11 @@ known, the offset and timestamp of the message involved, so that an operator can
 from __future__ import annotations
 
 import datetime as _dt
+import errno as _errno
 from pathlib import Path
+
+STORAGE_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT, _errno.EIO})
+"""Errors of the storage (a full disk, a quota, an I/O error): they may pass (the server answers 503)."""
 
 ZERO_TIMESTAMP = -(2**63)
 """How the format stores Go's zero ``time.Time``: the minimum int64."""

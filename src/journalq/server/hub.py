@@ -23,7 +23,6 @@ logged with its traceback. No answer names where the hub keeps its copies.
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -36,6 +35,7 @@ from fastapi.responses import JSONResponse
 
 from journalq import __version__
 from journalq.errors import (
+    STORAGE_ERRNOS,
     CorruptionError,
     Error,
     HubConflictError,
@@ -67,8 +67,6 @@ push body (up to ``max_push`` bytes) and, to store it, a thread (anyio lends 40)
 DEFAULT_BODY_TIMEOUT = ServerConfig.body_timeout
 """Seconds a push body may bring no bytes before it is answered 408 (``journalq serve``'s)."""
 BYTES_TYPE = "application/octet-stream"
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
-"""Errors of the storage (a full disk, a quota, an I/O error) answered 503: they may pass."""
 
 
 class _Refused(Exception):
