@@ -216,6 +216,12 @@ class HubUnavailableError(HubError):
     kind = "unavailable"
 
 
+class DamagedCopyError(HubUnavailableError):
+    """The hub answered that its own copy of the journal is damaged (a 500 saying where): a retry
+    does not mend it, a repair of the copy on the hub does. A following pusher waits it out as
+    any failure of the hub's; one that is not (``hub push --once``) stops that journal at once."""
+
+
 class PartialSendError(QueueError):
     """A batch send that stored some of its messages and not the others. A sharded queue writes
     each shard's part of a batch on its own, and the ZooKeeper store writes a large batch in chunks

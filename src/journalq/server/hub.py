@@ -14,7 +14,8 @@ client id, journal path or damaged message, 409 for a gap (with ``next``, the of
 up to) or messages that differ from the ones held, 503 with ``Retry-After`` when the storage fails
 or another program (an exclusive writer) holds the copy's lock for now, the hub is shutting down,
 or it is handling ``max_requests`` requests already (``kind`` busy, the connection closed),
-500 for trouble with the hub's own copy (damaged, say: logged, and pushed again by the pusher).
+500 for trouble with the hub's own copy (damaged, say, with ``damaged`` true: logged, and pushed
+again by a following pusher; one that is not following stops that journal).
 An error of the operating system met outside a journal (listing the copies, making the root) is
 503 ``storage`` for a full disk, a quota or an I/O error (``STORAGE_ERRNOS``, as ``journalq
 serve`` answers them), else 500 ``storage`` naming it; any other error is 500 ``internal``,
@@ -97,7 +98,8 @@ def _refusal(exc: Exception, root: Path) -> _Refused:
     if isinstance(exc, JournalError):
         log.error("hub journal failure: %s", exc)  # logged whole, with its file
         if isinstance(exc, CorruptionError):  # said so: a pusher would take it for its own journal's
-            return _Refused(500, {"error": f"the copy is {damage_reason(exc, root)}", "kind": "journal"})
+            body = {"error": f"the copy is {damage_reason(exc, root)}", "kind": "journal", "damaged": True}
+            return _Refused(500, body)
         return _Refused(500, {"error": exc.reason, "kind": "journal"})
     if isinstance(exc, OSError):  # met outside a journal: its message would name the file
         log.error("hub storage failure: %s", exc)
