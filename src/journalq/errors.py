@@ -7,7 +7,11 @@ known, the offset and timestamp of the message involved, so that an operator can
 from __future__ import annotations
 
 import datetime as _dt
+import errno as _errno
 from pathlib import Path
+
+STORAGE_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT, _errno.EIO})
+"""Errors of the storage (a full disk, a quota, an I/O error): they may pass (the server answers 503)."""
 
 ZERO_TIMESTAMP = -(2**63)
 """How the format stores Go's zero ``time.Time``: the minimum int64."""
@@ -210,6 +214,12 @@ class HubUnavailableError(HubError):
     """The hub could not be reached, or answered with something that is not the hub protocol."""
 
     kind = "unavailable"
+
+
+class DamagedCopyError(HubUnavailableError):
+    """The hub answered that its own copy of the journal is damaged (a 500 saying where): a retry
+    does not mend it, a repair of the copy on the hub does. A following pusher waits it out as
+    any failure of the hub's; one that is not (``hub push --once``) stops that journal at once."""
 
 
 class PartialSendError(QueueError):

@@ -226,8 +226,9 @@ def push(directories: tuple[Path, ...], url: str, client_id: str, once: bool, ch
 
     DIR is a journal (copied as [client-id].[its directory name]) or a root of shards (each shard
     copied as [client-id].[shard directory name], new shards included). Connection errors and
-    5xx and 408 answers are retried with backoff, resuming from what the hub holds. Exit status 1 when a
-    journal was refused (its messages differ from the ones the hub holds, say).
+    5xx and 408 answers are retried with backoff, resuming from what the hub holds (with --once,
+    not a copy the hub says is damaged). Exit status 1 when a journal was refused (its messages
+    differ from the ones the hub holds, say) or, with --once, its copy is damaged.
     """
     signal.signal(signal.SIGTERM, _exit_cleanly)
     raise_open_files_limit()  # a descriptor per journal followed: a root has up to 1024 shards

@@ -28,6 +28,7 @@ import httpx
 
 from journalq.closing import Closing
 from journalq.errors import (
+    DamagedCopyError,
     DamagedPushError,
     Error,
     HubConflictError,
@@ -186,6 +187,7 @@ class HubClient(Closing):
             raise HubUnavailableError(f"hub {self.base_url} unreachable: {type(exc).__name__}: {exc}") from None
         if answer.status_code < 300:
             return answer
+        body: Any = None
         try:
             body = answer.json()
             message, kind = str(body["error"]), str(body.get("kind", ""))
@@ -193,7 +195,10 @@ class HubClient(Closing):
             message, kind = answer.text[:200] or answer.reason_phrase, ""
         if answer.status_code >= 500 or answer.status_code == 408:
             # 408: the request stopped arriving (a stalled network), which a retry may not meet.
-            raise HubUnavailableError(f"hub {self.base_url} answered {answer.status_code}: {message}")
+            damaged = answer.status_code == 500 and isinstance(body, dict) and body.get("damaged") is True
+            raise (DamagedCopyError if damaged else HubUnavailableError)(
+                f"hub {self.base_url} answered {answer.status_code}: {message}"
+            )
         if kind == HubGapError.kind and isinstance(body.get("next"), int):
             raise HubGapError(message, held=body["next"])
         if answer.status_code == 416:
@@ -294,7 +299,9 @@ class Pusher(Closing):
     other journals go on meanwhile), after which the pusher asks the hub what it holds and resumes
     from there; a journal failing for ``give_up_after`` seconds in a row ends the run with
     ``HubUnavailableError``. A journal the hub refuses (its messages differ from the ones held,
-    say) is reported and left; ``run()`` returns the copies, whose ``failed`` says which.
+    say) is reported and left, and so, when not following, is one whose copy the hub says is
+    damaged (``DamagedCopyError``: no retry mends it); ``run()`` returns the copies, whose
+    ``failed`` says which.
     ``parallel`` journals are pushed at a time (each by one thread, never one journal by two).
     A journal with nothing to push is checked every ``check_interval`` seconds (one question,
     none of its bytes): a copy the hub lost meanwhile is copied anew, not only at the next append.
@@ -331,6 +338,7 @@ class Pusher(Closing):
         # Journals are pushed side by side: the hub syncs each push, and copies sync apart.
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="journalq-push") if parallel > 1 else None
         self._closing = False
+        self._following = True  # (``run`` says; a damaged copy is waited out unless it says not)
         self.copies: dict[str, JournalCopy] = {}
         self._refresh(strict=True)
 
@@ -338,6 +346,7 @@ class Pusher(Closing):
 
     def run(self, *, follow: bool = False, stop: Callable[[], bool] = lambda: False) -> list[JournalCopy]:
         watch: DirectoryWatch | None = None
+        self._following = follow
         try:
             while not stop():
                 if self.round():
@@ -394,7 +403,11 @@ class Pusher(Closing):
                     break
                 sent = True
         except HubUnavailableError as exc:
-            return sent, exc
+            if not isinstance(exc, DamagedCopyError) or self._following:
+                return sent, exc
+            # Not following: nothing would repair the copy before the run gives up (if ever).
+            copy.failed = exc
+            self._event("error", copy, error=str(exc))
         except (HubError, JournalError) as exc:
             copy.failed = exc
             self._event("error", copy, error=str(exc))

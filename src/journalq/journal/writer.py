@@ -26,6 +26,7 @@ from pathlib import Path
 
 from journalq.closing import Closing
 from journalq.errors import (
+    STORAGE_ERRNOS,
     CorruptionError,
     Error,
     InvalidArgumentError,
@@ -521,8 +522,13 @@ class Writer(Closing):
                 if not self._catch_up(self.backlog_taker):
                     self._take_shared_lock()  # after a backlog taken in out of it: once
                     self._catch_up(None)
-            except BaseException:
+            except BaseException as exc:
                 self._lock.release()
+                if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+                    # Reading the others' appends, opening a segment one of them started: the
+                    # storage's failure, as an append's is (others, EMFILE say, stay as they are).
+                    file = Path(exc.filename) if isinstance(exc.filename, str) else self._segment.path
+                    raise _catch_up_failed(exc, file, self._next_offset) from exc
                 raise
 
     def _read_backlog(self, take: Callable[[list[Message]], object]) -> None:
@@ -989,6 +995,15 @@ def _note_alive(note: str) -> bool:
 def _sync_failed(exc: OSError, file: Path) -> StorageError:
     return StorageError(
         f"could not sync: {exc.strerror or exc}; the last appends may not be stored", errno=exc.errno, file=file
+    )
+
+
+def _catch_up_failed(exc: OSError, file: Path, offset: int) -> StorageError:
+    return StorageError(
+        f"could not read what the other writers appended: {exc.strerror or exc}; nothing was appended",
+        errno=exc.errno,
+        file=file,
+        offset=offset,
     )
 
 

@@ -14,7 +14,8 @@ client id, journal path or damaged message, 409 for a gap (with ``next``, the of
 up to) or messages that differ from the ones held, 503 with ``Retry-After`` when the storage fails
 or another program (an exclusive writer) holds the copy's lock for now, the hub is shutting down,
 or it is handling ``max_requests`` requests already (``kind`` busy, the connection closed),
-500 for trouble with the hub's own copy (damaged, say: logged, and pushed again by the pusher).
+500 for trouble with the hub's own copy (damaged, say, with ``damaged`` true: logged, and pushed
+again by a following pusher; one that is not following stops that journal).
 An error of the operating system met outside a journal (listing the copies, making the root) is
 503 ``storage`` for a full disk, a quota or an I/O error (``STORAGE_ERRNOS``, as ``journalq
 serve`` answers them), else 500 ``storage`` naming it; any other error is 500 ``internal``,
@@ -23,7 +24,6 @@ logged with its traceback. No answer names where the hub keeps its copies.
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse
 
 from journalq import __version__
 from journalq.errors import (
+    STORAGE_ERRNOS,
     CorruptionError,
     Error,
     HubConflictError,
@@ -67,8 +68,6 @@ push body (up to ``max_push`` bytes) and, to store it, a thread (anyio lends 40)
 DEFAULT_BODY_TIMEOUT = ServerConfig.body_timeout
 """Seconds a push body may bring no bytes before it is answered 408 (``journalq serve``'s)."""
 BYTES_TYPE = "application/octet-stream"
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
-"""Errors of the storage (a full disk, a quota, an I/O error) answered 503: they may pass."""
 
 
 class _Refused(Exception):
@@ -99,7 +98,8 @@ def _refusal(exc: Exception, root: Path) -> _Refused:
     if isinstance(exc, JournalError):
         log.error("hub journal failure: %s", exc)  # logged whole, with its file
         if isinstance(exc, CorruptionError):  # said so: a pusher would take it for its own journal's
-            return _Refused(500, {"error": f"the copy is {damage_reason(exc, root)}", "kind": "journal"})
+            body = {"error": f"the copy is {damage_reason(exc, root)}", "kind": "journal", "damaged": True}
+            return _Refused(500, body)
         return _Refused(500, {"error": exc.reason, "kind": "journal"})
     if isinstance(exc, OSError):  # met outside a journal: its message would name the file
         log.error("hub storage failure: %s", exc)

@@ -38,7 +38,7 @@ from journalq.journal.segment import (
     segment_bases,
     segment_name,
 )
-from journalq.spark import predicates
+from journalq.spark import columnar, predicates
 from journalq.spark.columnar import Columns, decode_columns
 from journalq.spark.options import EARLIEST, LATEST, OptionError
 from journalq.spark.targets import Shard
@@ -307,8 +307,10 @@ def iter_columns(
     keys: bool = True,
     values: bool = True,
     fail_on_data_loss: bool = True,
+    max_rows: int | None = None,
 ) -> Iterator[Columns]:
-    """The messages ``[start, end)`` of the journal at ``path``, a chunk of columns at a time.
+    """The messages ``[start, end)`` of the journal at ``path``, a chunk of columns at a time
+    (of ``max_rows`` messages at most).
 
     When messages from ``start`` on are no longer stored, raises ``DataLossError``, or with
     ``fail_on_data_loss=False`` goes on from the first message still there. Raises
@@ -358,7 +360,8 @@ def iter_columns(
                     # Again from where the last call stopped: it stops at Arrow's 2 GiB of values
                     # too, with whole messages left in ``buf`` (not read again, nor grown).
                     try:
-                        cols, stop = decode_columns(buf, used, len(buf), offset, end - offset, keys=keys, values=values)
+                        wanted = end - offset if max_rows is None else min(end - offset, max_rows)
+                        cols, stop = decode_columns(buf, used, len(buf), offset, wanted, keys=keys, values=values)
                     except CorruptionError as exc:
                         raise exc.located(segment.path, position) from None
                     n = len(cols)
@@ -477,6 +480,10 @@ class BatchBuilder:
         self.shard = shard
         self.keys = "key" in self.names
         self.values = bool({"value", "body", "attributes"} & set(self.names))
+        # The shard column repeats the name on every row, in int32 offsets as keys and values
+        # are: rows past MAX_BINARY bytes of it wait for the next batch (their offsets would wrap).
+        named = len(shard.encode()) if "shard" in self.names else 0
+        self.max_rows = columnar.MAX_BINARY // named if named else None
 
     def batch(self, cols: Columns):
         pa = self.pa
@@ -571,7 +578,8 @@ def read_range(r: ShardRange, spec: ReadSpec) -> Iterator:
     builder = BatchBuilder(spec, r.shard)
     rows = predicates.needs_rows(conditions)
     for cols in iter_columns(
-        r.path, start, end, keys=builder.keys, values=builder.values, fail_on_data_loss=spec.fail_on_data_loss
+        r.path, start, end, keys=builder.keys, values=builder.values, fail_on_data_loss=spec.fail_on_data_loss,
+        max_rows=builder.max_rows,
     ):
         if rows:
             mask = predicates.row_mask(conditions, cols.offset, cols.timestamp_ns, cols.type)
