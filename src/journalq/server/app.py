@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from journalq import __version__
 from journalq.errors import (
+    STORAGE_ERRNOS,
     Error,
     InvalidMessageError,
     InvalidSettingError,
@@ -55,7 +56,7 @@ from journalq.server import metrics
 from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
-from journalq.server.hub import HUB_DIR, STORAGE_ERRNOS, hub_router
+from journalq.server.hub import HUB_DIR, hub_router
 from journalq.server.ids import given_id, queue_id
 from journalq.server.polling import poll_slices
 from journalq.server.reading import queue_to_read
