@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -145,6 +147,28 @@ def test_a_closed_standard_stream_is_a_one_line_error(tmp_path: Path, command: s
     assert run("scan", journal, "--count").stdout == "1\n"
     stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
     assert stats["available"] + stats["in_flight"] == 1  # not deleted unseen
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_receive_delete_whose_reader_goes_mid_write_deletes_nothing(tmp_path: Path, unbuffered: str) -> None:
+    """With PYTHONUNBUFFERED (``python -u``), stdout wrote straight to the pipe, and what a write cut
+    short by the reader's going was dropped silently: ``receive --delete`` then deleted, with exit
+    status 0, the messages it never printed."""
+    data = tmp_path / "data"
+    lines = "".join(f"{n:0200d}\n" for n in range(1000))  # far more than a pipe holds
+    assert run("queue", "send", "jobs", "--data", data, "--sync", "none", input=lines).exit_code == 0
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    process = subprocess.Popen([*COMMAND, "queue", "receive", "jobs", "-n", "1000", "--delete", "--data", data],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert process.stdout is not None
+    assert process.stdout.read(100)  # the receive is writing, and waits for room in the pipe
+    time.sleep(0.5)
+    process.stdout.close()  # the reader goes, as ``| head -1`` does
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, stderr
+    assert b"Traceback" not in stderr
+    stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
+    assert stats["in_flight"] == 1000  # received, not deleted: each comes back
 
 
 # -- queue send of many lines, failing part way -------------------------------------------------

@@ -301,12 +301,25 @@ class _ClosedStream(io.TextIOBase):
         return False
 
 
+def _whole_writes(stream: Any) -> Any:
+    """``stream`` (stdout, stderr) over a ``BufferedWriter`` when it writes to the raw file
+    (PYTHONUNBUFFERED, ``python -u``): a TextIOWrapper straight over it drops, silently, what a
+    partial write left (a reader gone mid-write, a full disk), so ``receive --delete | head``
+    deleted messages it never printed. A BufferedWriter writes the rest, or raises. (Each line
+    is flushed as it comes, as unbuffered output would show it.)"""
+    if not isinstance(getattr(stream, "buffer", None), io.RawIOBase):
+        return stream
+    raw = io.FileIO(stream.fileno(), "w", closefd=False)
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors,
+                            line_buffering=True, write_through=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The console-script entry point."""
     if sys.stdin is None:
         sys.stdin = _ClosedStream("input")
-    if sys.stdout is None:
-        sys.stdout = _ClosedStream("output")
+    sys.stdout = _ClosedStream("output") if sys.stdout is None else _whole_writes(sys.stdout)
+    sys.stderr = _whole_writes(sys.stderr)
     logging.basicConfig(format="journalq: warning: %(message)s", level=logging.WARNING)
     try:
         cli.main(args=argv, prog_name="journalq")
