@@ -338,14 +338,19 @@ class Scanner(Closing):
                     raise TruncatedError(
                         "the segment was removed under the scanner", file=self._segment.path, offset=self._next
                     )
-                if self._next_base is not None and not self._pending:
+                if self._next_base is not None:
                     # A finished segment that ends where no segment begins: not the journal's
                     # end, which a scanner would wait at for ever, but segments missing or
-                    # misnamed (``journalq check`` lists them). Unless the segment after it was
-                    # taken back with a failed append since it was listed: look again.
+                    # misnamed (``journalq check`` lists them), or a finished segment cut short
+                    # inside a message. Unless the segment after it was taken back with a failed
+                    # append since it was listed: look again.
                     self._next_base = self._base_after(self._segment.base)
                     if os.fstat(self._fd).st_size != size:
                         continue
+                    if self._pending:
+                        if self._next_base is None:
+                            return False  # the last segment again: a message being written
+                        raise self._incomplete_end()  # no writer appends to a segment with one after it
                     if self._next_base == self._next:
                         following = segment_at(self.path, self._next)
                         if os.path.exists(following.path):
@@ -359,12 +364,7 @@ class Scanner(Closing):
             if os.fstat(self._fd).st_size != size:
                 continue  # the writer finished this segment meanwhile
             if self._pending:
-                raise CorruptionError(
-                    f"incomplete message ({len(self._pending)} bytes) at the end of a finished segment",
-                    file=self._segment.path,
-                    position=self._pos,
-                    offset=self._next,
-                )
+                raise self._incomplete_end()
             if not self._open(following, self._base_after(following.base)):
                 raise OffsetOutOfRangeError(
                     f"offset {self._next} is no longer stored: its segment was deleted before the scanner reached it",
@@ -378,6 +378,14 @@ class Scanner(Closing):
         bases = segment_bases(self.path)
         which = bisect_right(bases, base)
         return bases[which] if which < len(bases) else None
+
+    def _incomplete_end(self) -> CorruptionError:
+        return CorruptionError(
+            f"incomplete message ({len(self._pending)} bytes) at the end of a finished segment",
+            file=self._segment.path,
+            position=self._pos,
+            offset=self._next,
+        )
 
     def _gap(self) -> CorruptionError:
         due, base = self._next, self._next_base
