@@ -212,6 +212,29 @@ class _SecondsType(click.ParamType):
 
 
 SECONDS = _SecondsType()
+
+
+class _TextType(click.ParamType):
+    """Text that must be UTF-8: what goes into JSON or is encoded as UTF-8 (ids, receipts,
+    attributes, filters, settings). Python keeps an argument's bytes that are not UTF-8 as lone
+    surrogates, which JSON writes as escapes no reader takes for text (and UTF-8 refuses: a
+    traceback); refused here, naming the option."""
+
+    name = "TEXT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                at = len(value[: exc.start].encode("utf-8")) + 1
+                byte = ord(value[exc.start]) - 0xDC00  # surrogateescape: U+DC80-U+DCFF stand for 0x80-0xff
+                what = f"byte {at} is {byte:#04x}" if 0x80 <= byte <= 0xFF else f"character {exc.start + 1}"
+                self.fail(f"not UTF-8: {what}", param, ctx)
+        return value
+
+
+TEXT = _TextType()
 _FORMAT_AUTO = click.Choice(["auto", "table", "jsonl"])
 
 

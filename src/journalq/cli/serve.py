@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from journalq.cli.data import DATA
-from journalq.cli.main import CommandError
+from journalq.cli.main import TEXT, CommandError
 from journalq.cli.queue import producer_gc_option, producer_gc_options
 from journalq.errors import InvalidSettingError
 from journalq.journal.sync import SyncPolicy
@@ -62,7 +62,7 @@ def checked_token(token: str | None, guarded: str = "REST API") -> str | None:
               help="none, always or group:Nms: 'always' answers only once data is on stable storage.")
 @click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
               help="Bearer token the REST API requires (env JOURNALQ_TOKEN).")
-@click.option("--aws-key", "aws_keys", multiple=True, envvar="JOURNALQ_AWS_KEYS",
+@click.option("--aws-key", "aws_keys", type=TEXT, multiple=True, envvar="JOURNALQ_AWS_KEYS",
               help="ACCESS_KEY_ID:SECRET that SigV4 signatures of the SQS API must match (repeatable).")
 @click.option("--max-message-size", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024, show_default=True,
               help="Largest message of the REST API and of the SQS protocol (its body and attributes), in bytes.")
