@@ -303,13 +303,15 @@ def test_ctrl_c_part_way_through_the_input_says_what_was_stored(
 # -- the ZooKeeper store out of reach -----------------------------------------------------------
 
 
-def test_a_zookeeper_store_out_of_reach_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [("queue", "list"), ("serve", "--port", "0")])
+def test_a_zookeeper_store_out_of_reach_is_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
     """kazoo's note on every reconnection attempt (a warning of the logger the store gives it)
-    was printed too: some twenty 'journalq: warning: Connection dropped' lines around the error."""
+    was printed too: some twenty 'journalq: warning: Connection dropped' lines around the error;
+    serve printed sixty, then uvicorn's traceback of the app's failed start (exit status 3)."""
     with socket.socket() as unused:  # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
-    process = subprocess.run([*COMMAND, "queue", "list", "--data", f"zk://127.0.0.1:{port}/jq"],
+    process = subprocess.run([*COMMAND, *command, "--data", f"zk://127.0.0.1:{port}/jq"],
                              capture_output=True, timeout=120, check=False)
     assert process.returncode == 1
     assert process.stderr.decode() == f"journalq: error: no ZooKeeper answered at 127.0.0.1:{port} within 15s\n"
