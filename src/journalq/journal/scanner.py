@@ -29,9 +29,11 @@ from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
+    base_after,
     check_integer,
     confirms,
-    gap_reason,
+    gap_error,
+    incomplete_end_error,
     journal_dir,
     open_segment,
     scan_segment,
@@ -344,7 +346,7 @@ class Scanner(Closing):
                     # misnamed (``journalq check`` lists them), or a finished segment cut short
                     # inside a message. Unless the segment after it was taken back with a failed
                     # append since it was listed: look again.
-                    self._next_base = self._base_after(self._segment.base)
+                    self._next_base = base_after(self.path, self._segment.base)
                     if os.fstat(self._fd).st_size != size:
                         continue
                     if self._pending:
@@ -365,38 +367,19 @@ class Scanner(Closing):
                 continue  # the writer finished this segment meanwhile
             if self._pending:
                 raise self._incomplete_end()
-            if not self._open(following, self._base_after(following.base)):
+            if not self._open(following, base_after(self.path, following.base)):
                 raise OffsetOutOfRangeError(
                     f"offset {self._next} is no longer stored: its segment was deleted before the scanner reached it",
                     file=following.path,
                     offset=self._next,
                 )
 
-    def _base_after(self, base: int) -> int | None:
-        """Where the first segment after the one at ``base`` starts, if one is there. (Listed
-        once a segment: at a roll, not at every end reached.)"""
-        bases = segment_bases(self.path)
-        which = bisect_right(bases, base)
-        return bases[which] if which < len(bases) else None
-
     def _incomplete_end(self) -> CorruptionError:
-        return CorruptionError(
-            f"incomplete message ({len(self._pending)} bytes) at the end of a finished segment",
-            file=self._segment.path,
-            position=self._pos,
-            offset=self._next,
-        )
+        return incomplete_end_error(self._segment, self._pos, self._next, len(self._pending))
 
     def _gap(self) -> CorruptionError:
-        due, base = self._next, self._next_base
-        assert base is not None
-        return CorruptionError(
-            f"the segment ends before offset {due} but the next one starts at offset {base}: "
-            f"{gap_reason(due, base)}",
-            file=self._segment.path,
-            position=self._pos,
-            offset=due,
-        )
+        assert self._next_base is not None
+        return gap_error(self._segment, self._pos, self._next, self._next_base)
 
     def _advance(self) -> bool:
         """Refill the batch, waiting when following; False at the end or on timeout."""
