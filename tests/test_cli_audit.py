@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -169,6 +170,26 @@ def test_receive_delete_whose_reader_goes_mid_write_deletes_nothing(tmp_path: Pa
     assert b"Traceback" not in stderr
     stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
     assert stats["in_flight"] == 1000  # received, not deleted: each comes back
+
+
+def test_send_of_lines_whose_output_is_closed_says_which_lines_were_sent(tmp_path: Path) -> None:
+    """``journalq queue send jobs < lines | head -1`` stopped at the first batch whose ids it could
+    not print, silently: the lines after it were never sent, and nothing said so."""
+    data, lines = tmp_path / "data", tmp_path / "lines"
+    lines.write_text("".join(f"line {n}\n" for n in range(20000)))  # ids far beyond what a pipe holds
+    with lines.open("rb") as stdin:
+        process = subprocess.Popen([*COMMAND, "queue", "send", "jobs", "--data", data, "--sync", "none"],
+                                   stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert process.stdout is not None
+        assert process.stdout.readline() == b'{"id":"0"}\n'
+        process.stdout.close()
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    error = re.fullmatch(rb"journalq: error: standard output was closed; nothing from line (\d+) on was sent; "
+                         rb"the lines before it were sent\n", stderr)
+    assert error is not None, stderr
+    stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
+    assert stats["available"] == int(error[1]) - 1 < 20000
 
 
 # -- queue send of many lines, failing part way -------------------------------------------------

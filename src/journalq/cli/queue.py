@@ -37,6 +37,7 @@ from journalq.cli.main import (
     _Group,
     _json,
     _line_batches,
+    _silence_stdout,
     _tabular,
 )
 from journalq.errors import (
@@ -401,8 +402,12 @@ def send(
                 except (Error, OSError) as exc:
                     raise _not_sent(_error_message(exc), first) from exc
                 unsent = first + len(lines)
-                _echo_jsonl([{"id": i} for i in ids])
-                sys.stdout.flush()
+                try:
+                    _echo_jsonl([{"id": i} for i in ids])
+                    sys.stdout.flush()
+                except BrokenPipeError:  # ``| head -1``: the rest of the input is not sent, which must be said
+                    _silence_stdout()
+                    raise _not_sent("standard output was closed", unsent) from None
         except KeyboardInterrupt:  # Ctrl-C at a terminal: the lines typed since the last batch are not sent
             raise _not_sent("interrupted", unsent, Interrupted) from None
 
