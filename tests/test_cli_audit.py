@@ -398,3 +398,30 @@ def test_an_option_that_is_not_utf8_is_refused_by_name(tmp_path: Path, args: tup
     stats = json.loads(run("queue", "stats", "sharded", "--data", data, "--format", "jsonl").stdout)
     assert stats["available"] == 0
     assert run("queue", "list", "--data", data, "--format", "jsonl").stdout == '{"name":"sharded"}\n'  # none made
+
+
+# -- a refused send ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error"),
+    [
+        ("--delay", "5000", "message delay must be 0 to 900 seconds, not 5000.0"),
+        ("--group-id", "", "group_id must be a string of 1 to 128 characters, not ''"),
+        ("--metadata", "NaN", "task metadata must be JSON: Out of range float values are not JSON compliant"),
+        ("--attributes", '{"n": {"type": "Number", "value": "ten"}}', "attribute 'n': 'ten' is not a number"),
+    ],
+)
+def test_a_send_refused_for_its_message_makes_no_queue(tmp_path: Path, option: str, value: str, error: str) -> None:
+    """send made the missing queue (and the data directory) first, then refused the message: the
+    refused send left an empty queue behind."""
+    data = tmp_path / "data"
+    result = run("queue", "send", "jobs", "hello", option, value, "--data", data, "--sync", "none")
+    assert result.exit_code == 1
+    assert result.stderr == f"journalq: error: {error}\n"
+    assert not data.exists()
+    assert run("queue", "create", "jobs", "--data", data, "--sync", "none").exit_code == 0
+    result = run("queue", "send", "jobs", "hello", option, value, "--data", data, "--sync", "none")
+    assert (result.exit_code, result.stderr) == (1, f"journalq: error: {error}\n")  # as before, to a queue there
+    assert json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)["available"] == 0
+

@@ -56,6 +56,7 @@ from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSetti
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_name
 from journalq.queue.sharded import check_topic_name
+from journalq.queue.topic import make_envelope
 from journalq.queue.zookeeper.layout import CLIENT_LOG
 
 __all__ = ["queue", "received_json"]
@@ -369,6 +370,9 @@ def send(
         "group_id": group_id,
         "metadata": _json_option(metadata, "--metadata"),
     }
+    # Refused here what every queue refuses (a delay past 900 s, say), before the queue and the
+    # data directory are made: a refused send makes neither.
+    make_envelope({"body": b"", **options}, QueueSettings())
     with _broker(data, sync, create=not no_create, producer_gc=producer_gc) as broker:
         exists = broker.exists(name)
         if not exists and no_create:
