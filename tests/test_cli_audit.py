@@ -425,3 +425,15 @@ def test_a_send_refused_for_its_message_makes_no_queue(tmp_path: Path, option: s
     assert (result.exit_code, result.stderr) == (1, f"journalq: error: {error}\n")  # as before, to a queue there
     assert json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)["available"] == 0
 
+
+# -- hub get ----------------------------------------------------------------------------------
+
+
+def test_hub_get_of_an_offset_past_what_offsets_hold_is_a_usage_error() -> None:
+    """An OFFSET of 2**64 or more went to the hub, whose refusal was printed as its raw JSON:
+    'refused: {"detail":[{"type":"less_than",...'."""
+    result = run("hub", "get", "j", 2**64, "--hub", "http://127.0.0.1:1", "--client-id", "c")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        f"journalq: error: Invalid value for 'OFFSET': {2**64} is not in the range 0<=x<={2**64 - 1}."
+    )

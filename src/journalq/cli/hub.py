@@ -311,7 +311,7 @@ def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: 
 
 @hub.command()
 @click.argument("journal")
-@click.argument("offset", type=click.IntRange(min=0))
+@click.argument("offset", type=click.IntRange(0, 2**64 - 1))  # the hub's range: past it, its 422 as raw JSON
 @click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.", callback=_hub_url)
 @click.option("--client-id", required=True, metavar="ID")
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many messages.")
