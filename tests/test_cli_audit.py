@@ -437,3 +437,16 @@ def test_hub_get_of_an_offset_past_what_offsets_hold_is_a_usage_error() -> None:
     assert result.stderr.startswith(
         f"journalq: error: Invalid value for 'OFFSET': {2**64} is not in the range 0<=x<={2**64 - 1}."
     )
+
+
+@pytest.mark.parametrize("command", [("push", "{journal}", "--to"), ("get", "j", "0", "--hub"), ("status", "--hub")])
+def test_a_bad_client_id_is_a_usage_error_in_every_hub_command(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """status refused a client id the hub would refuse as a usage error (status 2); push and get
+    as a failure (status 1), in other words, and push only after it had begun."""
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append(b"kept")
+    args = [arg.format(journal=journal) for arg in command]
+    result = run("hub", *args, "http://127.0.0.1:1", "--client-id", "a b")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("journalq: error: Invalid value for '--client-id': client id 'a b' must be ")
