@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,6 +150,48 @@ def test_a_closed_standard_stream_is_a_one_line_error(tmp_path: Path, command: s
     assert stats["available"] + stats["in_flight"] == 1  # not deleted unseen
 
 
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_receive_delete_whose_reader_goes_mid_write_deletes_nothing(tmp_path: Path, unbuffered: str) -> None:
+    """With PYTHONUNBUFFERED (``python -u``), stdout wrote straight to the pipe, and what a write cut
+    short by the reader's going was dropped silently: ``receive --delete`` then deleted, with exit
+    status 0, the messages it never printed."""
+    data = tmp_path / "data"
+    lines = "".join(f"{n:0200d}\n" for n in range(1000))  # far more than a pipe holds
+    assert run("queue", "send", "jobs", "--data", data, "--sync", "none", input=lines).exit_code == 0
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    process = subprocess.Popen([*COMMAND, "queue", "receive", "jobs", "-n", "1000", "--delete", "--data", data],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert process.stdout is not None
+    assert process.stdout.read(100)  # the receive is writing, and waits for room in the pipe
+    time.sleep(0.5)
+    process.stdout.close()  # the reader goes, as ``| head -1`` does
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, stderr
+    assert b"Traceback" not in stderr
+    stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
+    assert stats["in_flight"] == 1000  # received, not deleted: each comes back
+
+
+def test_send_of_lines_whose_output_is_closed_says_which_lines_were_sent(tmp_path: Path) -> None:
+    """``journalq queue send jobs < lines | head -1`` stopped at the first batch whose ids it could
+    not print, silently: the lines after it were never sent, and nothing said so."""
+    data, lines = tmp_path / "data", tmp_path / "lines"
+    lines.write_text("".join(f"line {n}\n" for n in range(20000)))  # ids far beyond what a pipe holds
+    with lines.open("rb") as stdin:
+        process = subprocess.Popen([*COMMAND, "queue", "send", "jobs", "--data", data, "--sync", "none"],
+                                   stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert process.stdout is not None
+        assert process.stdout.readline() == b'{"id":"0"}\n'
+        process.stdout.close()
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    error = re.fullmatch(rb"journalq: error: standard output was closed; nothing from line (\d+) on was sent; "
+                         rb"the lines before it were sent\n", stderr)
+    assert error is not None, stderr
+    stats = json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)
+    assert stats["available"] == int(error[1]) - 1 < 20000
+
+
 # -- queue send of many lines, failing part way -------------------------------------------------
 
 
@@ -279,13 +324,15 @@ def test_ctrl_c_part_way_through_the_input_says_what_was_stored(
 # -- the ZooKeeper store out of reach -----------------------------------------------------------
 
 
-def test_a_zookeeper_store_out_of_reach_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [("queue", "list"), ("serve", "--port", "0")])
+def test_a_zookeeper_store_out_of_reach_is_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
     """kazoo's note on every reconnection attempt (a warning of the logger the store gives it)
-    was printed too: some twenty 'journalq: warning: Connection dropped' lines around the error."""
+    was printed too: some twenty 'journalq: warning: Connection dropped' lines around the error;
+    serve printed sixty, then uvicorn's traceback of the app's failed start (exit status 3)."""
     with socket.socket() as unused:  # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
-    process = subprocess.run([*COMMAND, "queue", "list", "--data", f"zk://127.0.0.1:{port}/jq"],
+    process = subprocess.run([*COMMAND, *command, "--data", f"zk://127.0.0.1:{port}/jq"],
                              capture_output=True, timeout=120, check=False)
     assert process.returncode == 1
     assert process.stderr.decode() == f"journalq: error: no ZooKeeper answered at 127.0.0.1:{port} within 15s\n"
@@ -318,3 +365,88 @@ def test_an_empty_path_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.Monk
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("journalq: error: Invalid value for ") and "is empty" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# -- arguments that are not UTF-8 ---------------------------------------------------------------
+
+_NOT_UTF8 = "ab\udcff"  # how Python passes the argument bytes b"ab\xff" (surrogateescape)
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("send", "sharded", "x", "--key", _NOT_UTF8), "--key"),
+        (("send", "sharded", "x", "--attribute", f"a={_NOT_UTF8}"), "--attribute"),
+        (("send", "sharded", "x", "--dedup-id", _NOT_UTF8), "--dedup-id"),
+        (("send", "sharded", "x", "--metadata", f'"{_NOT_UTF8}"'), "--metadata"),
+        (("receive", "sharded", "--filter", f"a={_NOT_UTF8}"), "--filter"),
+        (("delete", "sharded", _NOT_UTF8), "RECEIPT..."),
+        (("create", "other", "--enum", f"level=low,{_NOT_UTF8}"), "--enum"),
+    ],
+)
+def test_an_option_that_is_not_utf8_is_refused_by_name(tmp_path: Path, args: tuple[str, ...], option: str) -> None:
+    """Bytes that are not UTF-8 in an argument stored as text failed a sharded queue's send --key
+    with a traceback, the others with "message metadata cannot be stored as JSON: ... surrogates
+    not allowed", naming no option; create --enum stored them in queue.json, as escapes no JSON
+    reader takes for text."""
+    data = tmp_path / "data"
+    assert run("queue", "create", "sharded", "--shards", "2", "--data", data, "--sync", "none").exit_code == 0
+    result = run("queue", *args, "--data", data, "--sync", "none")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"journalq: error: Invalid value for '{option}': not UTF-8: byte ")
+    assert len(result.stderr.splitlines()) == 1
+    stats = json.loads(run("queue", "stats", "sharded", "--data", data, "--format", "jsonl").stdout)
+    assert stats["available"] == 0
+    assert run("queue", "list", "--data", data, "--format", "jsonl").stdout == '{"name":"sharded"}\n'  # none made
+
+
+# -- a refused send ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error"),
+    [
+        ("--delay", "5000", "message delay must be 0 to 900 seconds, not 5000.0"),
+        ("--group-id", "", "group_id must be a string of 1 to 128 characters, not ''"),
+        ("--metadata", "NaN", "task metadata must be JSON: Out of range float values are not JSON compliant"),
+        ("--attributes", '{"n": {"type": "Number", "value": "ten"}}', "attribute 'n': 'ten' is not a number"),
+    ],
+)
+def test_a_send_refused_for_its_message_makes_no_queue(tmp_path: Path, option: str, value: str, error: str) -> None:
+    """send made the missing queue (and the data directory) first, then refused the message: the
+    refused send left an empty queue behind."""
+    data = tmp_path / "data"
+    result = run("queue", "send", "jobs", "hello", option, value, "--data", data, "--sync", "none")
+    assert result.exit_code == 1
+    assert result.stderr == f"journalq: error: {error}\n"
+    assert not data.exists()
+    assert run("queue", "create", "jobs", "--data", data, "--sync", "none").exit_code == 0
+    result = run("queue", "send", "jobs", "hello", option, value, "--data", data, "--sync", "none")
+    assert (result.exit_code, result.stderr) == (1, f"journalq: error: {error}\n")  # as before, to a queue there
+    assert json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)["available"] == 0
+
+
+# -- hub get ----------------------------------------------------------------------------------
+
+
+def test_hub_get_of_an_offset_past_what_offsets_hold_is_a_usage_error() -> None:
+    """An OFFSET of 2**64 or more went to the hub, whose refusal was printed as its raw JSON:
+    'refused: {"detail":[{"type":"less_than",...'."""
+    result = run("hub", "get", "j", 2**64, "--hub", "http://127.0.0.1:1", "--client-id", "c")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        f"journalq: error: Invalid value for 'OFFSET': {2**64} is not in the range 0<=x<={2**64 - 1}."
+    )
+
+
+@pytest.mark.parametrize("command", [("push", "{journal}", "--to"), ("get", "j", "0", "--hub"), ("status", "--hub")])
+def test_a_bad_client_id_is_a_usage_error_in_every_hub_command(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """status refused a client id the hub would refuse as a usage error (status 2); push and get
+    as a failure (status 1), in other words, and push only after it had begun."""
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append(b"kept")
+    args = [arg.format(journal=journal) for arg in command]
+    result = run("hub", *args, "http://127.0.0.1:1", "--client-id", "a b")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("journalq: error: Invalid value for '--client-id': client id 'a b' must be ")

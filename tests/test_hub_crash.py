@@ -132,7 +132,8 @@ def test_push_refusals_are_one_line_errors(tmp_path: Path) -> None:
         writer.append(b"x")
     bad_id = subprocess.run([*JOURNALQ, "hub", "push", "--to", "http://127.0.0.1:9", "--client-id", "a.b", "--once",
                              str(tmp_path / "j")], capture_output=True, env=child_env(), timeout=30, text=True)
-    assert bad_id.returncode == 1 and bad_id.stderr.startswith("journalq: error: client id 'a.b'")
+    assert bad_id.returncode == 2  # a usage error, as hub status says it
+    assert bad_id.stderr.startswith("journalq: error: Invalid value for '--client-id': client id 'a.b'")
     no_journal = subprocess.run([*JOURNALQ, "hub", "push", "--to", "http://127.0.0.1:9", "--client-id", "a", "--once",
                                  str(tmp_path / "nothing")],
                                 capture_output=True, env=child_env(), timeout=30, text=True)

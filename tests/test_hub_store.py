@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from journalq.errors import (
+    CorruptionError,
     DamagedPushError,
     HubConflictError,
     HubError,
@@ -360,6 +361,31 @@ def test_a_raw_reader_finds_the_first_segment_made_after_it_looked(tmp_path: Pat
         with pytest.raises(OffsetOutOfRangeError, match="starts at 10"):
             reader.read(0)
         assert reader.read(10).count == 1
+
+
+@pytest.mark.parametrize("damage", ["segment missing", "cut inside a message"])
+def test_a_raw_reader_at_damage_before_the_last_segment_says_so(tmp_path: Path, damage: str) -> None:
+    """A finished segment that ends where no segment starts (one lost, or itself cut short inside
+    a message) was read as the journal's end: ``hub push --once`` said "caught-up" and exited 0
+    with the rest never copied, and a push that follows waited there for ever."""
+    with Writer(tmp_path / "j", segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 10)  # 2 messages per segment: 0, 2, 4, 6, 8
+    segment = tmp_path / "j" / "jnl" / "0000000000000002.jnl"
+    if damage == "segment missing":
+        (tmp_path / "j" / "jnl" / "0000000000000004.jnl").unlink()
+        reason, due = "offsets 4-5 are missing", 4
+    else:
+        os.truncate(segment, segment.stat().st_size - 10)  # offset 3 cut short
+        reason, due = "incomplete message .* at the end of a finished segment", 3
+    for start in (0, 2):  # a segment reached by a roll, or sought
+        with RawReader(tmp_path / "j") as reader:
+            got = 0
+            with pytest.raises(CorruptionError, match=reason) as info:
+                while True:
+                    run = reader.read(start + got)
+                    assert run.count, f"offset {start + got} read as the journal's end"
+                    got += run.count
+            assert start + got == due and info.value.file == segment
 
 
 def test_a_raw_reader_seeks_past_a_message_larger_than_one_read(tmp_path: Path) -> None:

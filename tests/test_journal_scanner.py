@@ -436,6 +436,27 @@ def test_a_missing_middle_segment_is_an_error_not_the_end(tmp_path):
         Scanner(tmp_path, 5)  # an offset in the gap
 
 
+def test_a_finished_segment_cut_inside_a_message_before_a_gap_is_an_error(tmp_path):
+    """A finished segment cut short inside a message (its later messages lost with it) was taken
+    for a last segment with a message being written: ``journalq scan`` printed the messages before
+    the cut and exited 0, a seek past it said the journal ended there, and a follower waited at it
+    for ever. As for a gap, every message before the damage comes first."""
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 30] * 10)  # 2 messages per segment: 0, 2, 4, 6, 8
+    segment = tmp_path / "jnl" / "0000000000000002.jnl"
+    os.truncate(segment, segment.stat().st_size - 10)  # offset 3 cut short; 4 starts the next one
+    for start, timeout in ((0, None), (2, None), (0, 5.0)):
+        got = []
+        with Scanner(tmp_path, start, timeout=timeout) as s:
+            with pytest.raises(CorruptionError, match="incomplete message .* at the end of a finished") as info:
+                for m in s:
+                    got.append(m.offset)
+        assert got == list(range(start, 3))
+        assert info.value.file == segment and info.value.offset == 3
+    with pytest.raises(CorruptionError, match="incomplete message"):
+        Scanner(tmp_path, 3)  # the message cut: not "past the end of the journal"
+
+
 def test_a_segment_overlapping_the_next_is_an_error(tmp_path):
     hand_segment(tmp_path, 0, [0, 1, 2])
     hand_segment(tmp_path, 2, [2, 3])

@@ -202,7 +202,8 @@ class BarReport:
 @hub.command()
 @click.argument("directories", metavar="DIR...", nargs=-1, required=True, type=DirectoryPath())
 @click.option("--to", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.", callback=_hub_url)
-@click.option("--client-id", required=True, metavar="ID", help="This client's id ([a-zA-Z0-9_-]+).")
+@click.option("--client-id", required=True, metavar="ID", callback=_client_id,
+              help="This client's id ([a-zA-Z0-9_-]+).")
 @click.option("--once", is_flag=True, help="Stop once the hub holds everything (default: keep following).")
 @click.option("--chunk", type=click.IntRange(64, 64 << 20), default=DEFAULT_CHUNK, show_default=True,
               help="Bytes per push (a larger message goes alone).")
@@ -312,9 +313,9 @@ def status(directories: tuple[Path, ...], url: str, client_id: str | None, fmt: 
 
 @hub.command()
 @click.argument("journal")
-@click.argument("offset", type=click.IntRange(min=0))
+@click.argument("offset", type=click.IntRange(0, 2**64 - 1))  # the hub's range: past it, its 422 as raw JSON
 @click.option("--hub", "url", required=True, metavar="URL", help="The hub, http://HOST:PORT.", callback=_hub_url)
-@click.option("--client-id", required=True, metavar="ID")
+@click.option("--client-id", required=True, metavar="ID", callback=_client_id)
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many messages.")
 @_token
 def get(journal: str, offset: int, url: str, client_id: str, count: int, token: str | None) -> None:

@@ -212,6 +212,29 @@ class _SecondsType(click.ParamType):
 
 
 SECONDS = _SecondsType()
+
+
+class _TextType(click.ParamType):
+    """Text that must be UTF-8: what goes into JSON or is encoded as UTF-8 (ids, receipts,
+    attributes, filters, settings). Python keeps an argument's bytes that are not UTF-8 as lone
+    surrogates, which JSON writes as escapes no reader takes for text (and UTF-8 refuses: a
+    traceback); refused here, naming the option."""
+
+    name = "TEXT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                at = len(value[: exc.start].encode("utf-8")) + 1
+                byte = ord(value[exc.start]) - 0xDC00  # surrogateescape: U+DC80-U+DCFF stand for 0x80-0xff
+                what = f"byte {at} is {byte:#04x}" if 0x80 <= byte <= 0xFF else f"character {exc.start + 1}"
+                self.fail(f"not UTF-8: {what}", param, ctx)
+        return value
+
+
+TEXT = _TextType()
 _FORMAT_AUTO = click.Choice(["auto", "table", "jsonl"])
 
 
@@ -301,12 +324,25 @@ class _ClosedStream(io.TextIOBase):
         return False
 
 
+def _whole_writes(stream: Any) -> Any:
+    """``stream`` (stdout, stderr) over a ``BufferedWriter`` when it writes to the raw file
+    (PYTHONUNBUFFERED, ``python -u``): a TextIOWrapper straight over it drops, silently, what a
+    partial write left (a reader gone mid-write, a full disk), so ``receive --delete | head``
+    deleted messages it never printed. A BufferedWriter writes the rest, or raises. (Each line
+    is flushed as it comes, as unbuffered output would show it.)"""
+    if not isinstance(getattr(stream, "buffer", None), io.RawIOBase):
+        return stream
+    raw = io.FileIO(stream.fileno(), "w", closefd=False)
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors,
+                            line_buffering=True, write_through=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The console-script entry point."""
     if sys.stdin is None:
         sys.stdin = _ClosedStream("input")
-    if sys.stdout is None:
-        sys.stdout = _ClosedStream("output")
+    sys.stdout = _ClosedStream("output") if sys.stdout is None else _whole_writes(sys.stdout)
+    sys.stderr = _whole_writes(sys.stderr)
     logging.basicConfig(format="journalq: warning: %(message)s", level=logging.WARNING)
     try:
         cli.main(args=argv, prog_name="journalq")

@@ -30,12 +30,14 @@ from journalq.cli.data import DATA
 from journalq.cli.main import (
     _FORMAT_AUTO,
     SECONDS,
+    TEXT,
     CommandError,
     Interrupted,
     _error_message,
     _Group,
     _json,
     _line_batches,
+    _silence_stdout,
     _tabular,
 )
 from journalq.errors import (
@@ -54,6 +56,7 @@ from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSetti
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_name
 from journalq.queue.sharded import check_topic_name
+from journalq.queue.topic import make_envelope
 from journalq.queue.zookeeper.layout import CLIENT_LOG
 
 __all__ = ["queue", "received_json"]
@@ -326,19 +329,19 @@ def queue() -> None:
 @queue.command()
 @click.argument("name", metavar="QUEUE")
 @click.argument("body", required=False)
-@click.option("--attribute", "attributes", multiple=True, metavar="NAME=VALUE",
+@click.option("--attribute", "attributes", type=TEXT, multiple=True, metavar="NAME=VALUE",
               help="A String attribute (repeatable).")
-@click.option("--attributes", "typed_attributes", metavar="JSON",
+@click.option("--attributes", "typed_attributes", type=TEXT, metavar="JSON",
               help='Attributes of any type, as receive prints them: {"NAME": {"type": "Number", "value": "42"}, '
                    '"NAME2": {"type": "Binary", "value_b64": "AAE="}}.')
 @click.option("--delay", type=SECONDS, metavar="SECONDS",
               help="Hide the message this long (0 to 900; default: the queue's delay).")
-@click.option("--filter", "filters", multiple=True, metavar="NAME=VALUE",
+@click.option("--filter", "filters", type=TEXT, multiple=True, metavar="NAME=VALUE",
               help="What a consumer must offer to take the message (repeatable).")
-@click.option("--dedup-id", help="Deduplication id: a second send within the queue's window is dropped.")
-@click.option("--group-id", help="Group id: one message of a group in flight at a time, in order.")
-@click.option("--metadata", metavar="JSON", help="Task metadata, any JSON value.")
-@click.option("--key", help="Sharded queues: the key that picks the message's shard (a group id wins).")
+@click.option("--dedup-id", type=TEXT, help="Deduplication id: a second send within the queue's window is dropped.")
+@click.option("--group-id", type=TEXT, help="Group id: one message of a group in flight at a time, in order.")
+@click.option("--metadata", type=TEXT, metavar="JSON", help="Task metadata, any JSON value.")
+@click.option("--key", type=TEXT, help="Sharded queues: the key that picks the message's shard (a group id wins).")
 @click.option("--no-create", is_flag=True, help="Fail when the queue does not exist (default: create it).")
 @click.option("--file", "body_file", type=click.File("rb"), metavar="PATH",
               help="Send the whole of PATH (- for standard input) as one message: any bytes, newlines too.")
@@ -367,6 +370,9 @@ def send(
         "group_id": group_id,
         "metadata": _json_option(metadata, "--metadata"),
     }
+    # Refused here what every queue refuses (a delay past 900 s, say), before the queue and the
+    # data directory are made: a refused send makes neither.
+    make_envelope({"body": b"", **options}, QueueSettings())
     with _broker(data, sync, create=not no_create, producer_gc=producer_gc) as broker:
         exists = broker.exists(name)
         if not exists and no_create:
@@ -400,8 +406,12 @@ def send(
                 except (Error, OSError) as exc:
                     raise _not_sent(_error_message(exc), first) from exc
                 unsent = first + len(lines)
-                _echo_jsonl([{"id": i} for i in ids])
-                sys.stdout.flush()
+                try:
+                    _echo_jsonl([{"id": i} for i in ids])
+                    sys.stdout.flush()
+                except BrokenPipeError:  # ``| head -1``: the rest of the input is not sent, which must be said
+                    _silence_stdout()
+                    raise _not_sent("standard output was closed", unsent) from None
         except KeyboardInterrupt:  # Ctrl-C at a terminal: the lines typed since the last batch are not sent
             raise _not_sent("interrupted", unsent, Interrupted) from None
 
@@ -422,7 +432,7 @@ def _not_sent(problem: str, first: int, error: type[CommandError] = CommandError
               help="Hide the messages this long unless deleted (default: the queue's).")
 @click.option("--wait", type=SECONDS, metavar="SECONDS",
               help="With nothing available, wait up to this long for a message (default: the queue's).")
-@click.option("--filter", "filters", multiple=True, metavar="NAME=VALUE[:at_least]",
+@click.option("--filter", "filters", type=TEXT, multiple=True, metavar="NAME=VALUE[:at_least]",
               help="What this consumer offers (repeatable): a message whose filters it does not "
               "meet is left for others. at_least compares in the queue's --enum order.")
 @click.option("--delete", is_flag=True, help="Delete the messages once printed (at most once delivery).")
@@ -450,7 +460,7 @@ def receive(
 
 @queue.command("delete")
 @click.argument("name", metavar="QUEUE")
-@click.argument("receipts", metavar="RECEIPT...", nargs=-1, required=True)
+@click.argument("receipts", metavar="RECEIPT...", type=TEXT, nargs=-1, required=True)
 @_broker_options
 def delete_command(name: str, receipts: tuple[str, ...], data: Path, sync: str) -> None:
     """Delete the messages of these deliveries: {"receipt": ..., "deleted": true} per receipt
@@ -462,7 +472,7 @@ def delete_command(name: str, receipts: tuple[str, ...], data: Path, sync: str) 
 
 @queue.command()
 @click.argument("name", metavar="QUEUE")
-@click.argument("receipt")
+@click.argument("receipt", type=TEXT)
 @click.option("--delay", type=SECONDS, default=0.0, show_default=True, metavar="SECONDS",
               help="Available again after this long.")
 @_broker_options
@@ -475,7 +485,7 @@ def release(name: str, receipt: str, delay: float, data: Path, sync: str) -> Non
 
 @queue.command("change-visibility")
 @click.argument("name", metavar="QUEUE")
-@click.argument("receipt")
+@click.argument("receipt", type=TEXT)
 @click.argument("seconds", type=SECONDS)
 @_broker_options
 def change_visibility(name: str, receipt: str, seconds: float, data: Path, sync: str) -> None:
@@ -487,7 +497,7 @@ def change_visibility(name: str, receipt: str, seconds: float, data: Path, sync:
 
 @queue.command()
 @click.argument("name", metavar="QUEUE")
-@click.argument("message_id", metavar="ID")
+@click.argument("message_id", metavar="ID", type=TEXT)
 @_broker_options
 def task(name: str, message_id: str, data: Path, sync: str) -> None:
     """The task state of message ID (inserted, claimed, finished or dead), with its metadata,
@@ -560,7 +570,7 @@ def list_command(fmt: str, data: Path, sync: str) -> None:
 @click.option("--fifo", is_flag=True, default=None, help="A FIFO queue.")
 @click.option("--content-based-dedup", is_flag=True, default=None,
               help="Deduplicate by the SHA-256 of the body when no --dedup-id is given.")
-@click.option("--enum", "enums", multiple=True, metavar="NAME=v1,v2,v3",
+@click.option("--enum", "enums", type=TEXT, multiple=True, metavar="NAME=v1,v2,v3",
               help="Ordered values of filter NAME, lowest first, for receive's at_least (repeatable).")
 @click.option("--shards", type=int, metavar="N",
               help="Spread the queue over N shards (a power of two up to 1024; default 1: not sharded). "

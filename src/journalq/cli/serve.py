@@ -10,15 +10,18 @@ import resource
 import signal
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from journalq.cli.data import DATA
-from journalq.cli.main import CommandError
+from journalq.cli.main import TEXT, CommandError
 from journalq.cli.queue import producer_gc_option, producer_gc_options
 from journalq.errors import InvalidSettingError
 from journalq.journal.sync import SyncPolicy
+
+if TYPE_CHECKING:
+    from journalq.server.config import ServerConfig
 
 BACKLOG = 2048
 """Connections the system holds for the server until it accepts them (uvicorn's default)."""
@@ -62,7 +65,7 @@ def checked_token(token: str | None, guarded: str = "REST API") -> str | None:
               help="none, always or group:Nms: 'always' answers only once data is on stable storage.")
 @click.option("--token", envvar="JOURNALQ_TOKEN", default=None,
               help="Bearer token the REST API requires (env JOURNALQ_TOKEN).")
-@click.option("--aws-key", "aws_keys", multiple=True, envvar="JOURNALQ_AWS_KEYS",
+@click.option("--aws-key", "aws_keys", type=TEXT, multiple=True, envvar="JOURNALQ_AWS_KEYS",
               help="ACCESS_KEY_ID:SECRET that SigV4 signatures of the SQS API must match (repeatable).")
 @click.option("--max-message-size", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024, show_default=True,
               help="Largest message of the REST API and of the SQS protocol (its body and attributes), in bytes.")
@@ -104,6 +107,8 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
         raise CommandError(f"--zk-session-timeout {session_timeout:g}: {exc}") from None
     if isinstance(data, Path):
         ready_directory(data, "--data")
+    else:
+        reach_store(config)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     server_log = logging.getLogger("journalq.server")
@@ -171,6 +176,23 @@ def ready_directory(path: Path, option: str) -> None:
     # access(2) answers for the real user, and with EROFS on a read-only file system (root too).
     if not os.access(path, os.W_OK | os.X_OK):
         raise CommandError(f"{option} {path} is not writable")
+
+
+def reach_store(config: ServerConfig) -> None:
+    """Open the ZooKeeper store of ``config`` once, before serving: an ensemble out of reach is
+    then the one line of any command's error, where the app's start failed with uvicorn's
+    traceback after kazoo's note on each reconnection attempt (quieted here, as in ``queue``)."""
+    from journalq.queue import Broker
+    from journalq.queue.zookeeper.layout import CLIENT_LOG
+
+    client_log = logging.getLogger(CLIENT_LOG)
+    level = client_log.level
+    client_log.setLevel(logging.ERROR)
+    try:
+        with Broker(config.data, sync=config.sync, **config.store_options()):
+            pass
+    finally:
+        client_log.setLevel(level)  # a server's own reconnections are worth a note
 
 
 def raise_open_files_limit() -> None:

@@ -21,7 +21,10 @@ from journalq.journal.codec import frame_sizes
 from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
+    base_after,
     confirms,
+    gap_error,
+    incomplete_end_error,
     open_segment,
     segment_at,
     segment_bases,
@@ -56,6 +59,9 @@ class RawReader(Closing):
         self._segment: Segment = segment_at(self.path, 0)
         self._pos = 0  # where message ``_next`` starts in ``_segment``
         self._next = -1  # -1: not positioned
+        # Where the segment after ``_segment`` starts, when one was listed after it (it is
+        # finished, then): a segment that ends elsewhere is damage, not the journal's end.
+        self._next_base: int | None = None
 
     def read(self, offset: int, max_bytes: int = READ_CHUNK) -> RawRun:
         """The whole messages from ``offset`` within ``max_bytes`` (at least one message when
@@ -78,6 +84,7 @@ class RawReader(Closing):
             following = self._jnl / segment_name(self._next)
             if self._next == self._segment.base or not following.exists():
                 if self._fd < 0 or os.fstat(self._fd).st_nlink:
+                    self._refuse_damaged_end(size)
                     return RawRun(self._next, self._segment.base, b"", 0)
                 # Deleted, and (looked at again, for a roll just before gc) none after it: gc
                 # never deletes the newest segment, so the journal itself was deleted or replaced.
@@ -92,13 +99,8 @@ class RawReader(Closing):
             if self._fd >= 0 and os.fstat(self._fd).st_size != size:
                 continue  # the writer finished this segment meanwhile
             if size != self._pos:
-                raise CorruptionError(
-                    f"incomplete message ({size - self._pos} bytes) at the end of a finished segment",
-                    file=self._segment.path,
-                    position=self._pos,
-                    offset=self._next,
-                )
-            self._open(segment_at(self.path, self._next))
+                raise incomplete_end_error(self._segment, self._pos, self._next, size - self._pos)
+            self._open(segment_at(self.path, self._next), base_after(self.path, self._next))
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -130,13 +132,28 @@ class RawReader(Closing):
                 return None  # the message is still being written (or torn, for recovery to cut)
             want *= 2  # one message larger than max_bytes: read it whole
 
+    def _refuse_damaged_end(self, size: int) -> None:
+        """At the end of a segment that no segment follows at the offset due: the journal's end,
+        unless a segment is listed after it, which a copy would never reach (a push stopped
+        there for good, "caught-up", exit status 0): the segment was cut inside a message, or
+        segments are missing. (Listed again: a failed append may have taken that one back.)"""
+        if self._next_base is None:
+            return
+        self._next_base = base_after(self.path, self._segment.base)
+        if self._next_base is None or os.fstat(self._fd).st_size != size:
+            return
+        if size != self._pos:
+            raise incomplete_end_error(self._segment, self._pos, self._next, size - self._pos)
+        raise gap_error(self._segment, self._pos, self._next, self._next_base)
+
     # -- seeking ------------------------------------------------------------------------------
 
-    def _open(self, segment: Segment) -> None:
+    def _open(self, segment: Segment, next_base: int | None = None) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._segment, self._pos, self._next = segment, 0, segment.base
+        self._next_base = next_base
         try:
             self._fd = open_segment(segment)
         except FileNotFoundError:
@@ -151,7 +168,9 @@ class RawReader(Closing):
             raise OffsetOutOfRangeError(
                 f"offset {offset} is no longer stored: the journal starts at {first}", file=self.path
             )
-        self._open(segment_at(self.path, bases[bisect_right(bases, offset) - 1] if bases else 0))
+        which = bisect_right(bases, offset) - 1  # -1: no segment yet
+        after = bases[which + 1] if 0 <= which < len(bases) - 1 else None
+        self._open(segment_at(self.path, bases[which] if bases else 0), after)
         if offset == self._segment.base:
             return
         if self._fd >= 0:

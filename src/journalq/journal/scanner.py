@@ -29,9 +29,11 @@ from journalq.journal.codec import Message, decode
 from journalq.journal.segment import (
     READ_CHUNK,
     Segment,
+    base_after,
     check_integer,
     confirms,
-    gap_reason,
+    gap_error,
+    incomplete_end_error,
     journal_dir,
     open_segment,
     scan_segment,
@@ -338,14 +340,19 @@ class Scanner(Closing):
                     raise TruncatedError(
                         "the segment was removed under the scanner", file=self._segment.path, offset=self._next
                     )
-                if self._next_base is not None and not self._pending:
+                if self._next_base is not None:
                     # A finished segment that ends where no segment begins: not the journal's
                     # end, which a scanner would wait at for ever, but segments missing or
-                    # misnamed (``journalq check`` lists them). Unless the segment after it was
-                    # taken back with a failed append since it was listed: look again.
-                    self._next_base = self._base_after(self._segment.base)
+                    # misnamed (``journalq check`` lists them), or a finished segment cut short
+                    # inside a message. Unless the segment after it was taken back with a failed
+                    # append since it was listed: look again.
+                    self._next_base = base_after(self.path, self._segment.base)
                     if os.fstat(self._fd).st_size != size:
                         continue
+                    if self._pending:
+                        if self._next_base is None:
+                            return False  # the last segment again: a message being written
+                        raise self._incomplete_end()  # no writer appends to a segment with one after it
                     if self._next_base == self._next:
                         following = segment_at(self.path, self._next)
                         if os.path.exists(following.path):
@@ -359,36 +366,20 @@ class Scanner(Closing):
             if os.fstat(self._fd).st_size != size:
                 continue  # the writer finished this segment meanwhile
             if self._pending:
-                raise CorruptionError(
-                    f"incomplete message ({len(self._pending)} bytes) at the end of a finished segment",
-                    file=self._segment.path,
-                    position=self._pos,
-                    offset=self._next,
-                )
-            if not self._open(following, self._base_after(following.base)):
+                raise self._incomplete_end()
+            if not self._open(following, base_after(self.path, following.base)):
                 raise OffsetOutOfRangeError(
                     f"offset {self._next} is no longer stored: its segment was deleted before the scanner reached it",
                     file=following.path,
                     offset=self._next,
                 )
 
-    def _base_after(self, base: int) -> int | None:
-        """Where the first segment after the one at ``base`` starts, if one is there. (Listed
-        once a segment: at a roll, not at every end reached.)"""
-        bases = segment_bases(self.path)
-        which = bisect_right(bases, base)
-        return bases[which] if which < len(bases) else None
+    def _incomplete_end(self) -> CorruptionError:
+        return incomplete_end_error(self._segment, self._pos, self._next, len(self._pending))
 
     def _gap(self) -> CorruptionError:
-        due, base = self._next, self._next_base
-        assert base is not None
-        return CorruptionError(
-            f"the segment ends before offset {due} but the next one starts at offset {base}: "
-            f"{gap_reason(due, base)}",
-            file=self._segment.path,
-            position=self._pos,
-            offset=due,
-        )
+        assert self._next_base is not None
+        return gap_error(self._segment, self._pos, self._next, self._next_base)
 
     def _advance(self) -> bool:
         """Refill the batch, waiting when following; False at the end or on timeout."""

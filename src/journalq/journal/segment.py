@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import stat
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fcntl import F_SETFL, fcntl
@@ -90,6 +91,15 @@ def segment_bases(path: str | os.PathLike[str]) -> list[int]:
                 bases.append(int(match.group(1), 16))
     bases.sort()
     return bases
+
+
+def base_after(path: str | os.PathLike[str], base: int) -> int | None:
+    """Where the first segment after the one at ``base`` starts, if one is there: a reader lists
+    it once a segment (at a roll, not at every end reached), to tell the end of a finished
+    segment from the journal's end."""
+    bases = segment_bases(path)
+    which = bisect_right(bases, base)
+    return bases[which] if which < len(bases) else None
 
 
 def list_segments(path: str | os.PathLike[str]) -> list[Segment]:
@@ -259,6 +269,28 @@ def gap_reason(due: int, base: int) -> str:
     again): for the scanner's error and ``check``'s problem alike."""
     what = "missing" if base > due else "stored twice"
     return f"offsets {min(due, base)}-{max(due, base) - 1} are {what}"
+
+
+def gap_error(segment: Segment, position: int, due: int, base: int) -> CorruptionError:
+    """A finished segment that ends (at ``position``) before offset ``due``, with the next one
+    starting at ``base``: the readers' error (the scanner's, the hub's)."""
+    return CorruptionError(
+        f"the segment ends before offset {due} but the next one starts at offset {base}: {gap_reason(due, base)}",
+        file=segment.path,
+        position=position,
+        offset=due,
+    )
+
+
+def incomplete_end_error(segment: Segment, position: int, due: int, pending: int) -> CorruptionError:
+    """A finished segment (one with a segment after it) that ends with ``pending`` bytes of an
+    incomplete message at ``position``: damage, not a message being written."""
+    return CorruptionError(
+        f"incomplete message ({pending} bytes) at the end of a finished segment",
+        file=segment.path,
+        position=position,
+        offset=due,
+    )
 
 
 READ_CHUNK = 1 << 20

@@ -56,6 +56,65 @@ def message_list(items: object) -> list[OutgoingMessage]:
     return items if isinstance(items, list) else list(items)
 
 
+def make_envelope(item: OutgoingMessage, settings: QueueSettings) -> Envelope:
+    """The envelope of a message to send to a topic with ``settings``, the message checked
+    (``InvalidMessageError``). With ``QueueSettings()`` it refuses only what every topic refuses
+    (no enums, no default delay): ``journalq queue send`` checks a message so before it makes
+    the queue it is for."""
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        item = {"body": bytes(item)}
+    if not isinstance(item, Mapping):
+        raise InvalidMessageError(f"a message to send is bytes or a mapping, not {type(item).__name__}")
+    unknown = set(item) - {
+        "body", "attributes", "delay", "filters", "dedup_id", "group_id", "metadata", "source", "channel"
+    }
+    if unknown:
+        raise InvalidMessageError(f"unknown message field(s): {', '.join(sorted(unknown))}")
+    body = item.get("body")
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise InvalidMessageError(f"message body must be bytes, not {type(body).__name__}")
+    body = bytes(body)
+    # What the settings add to a message (a default delay, content-based dedup): ``Topic.send_many``
+    # sends bare bodies through ``_send_plain`` only when they add nothing; keep both in step.
+    delay = settings.delay if item.get("delay") is None else item["delay"]
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 900:
+        raise InvalidMessageError(f"message delay must be 0 to 900 seconds, not {delay!r}")
+    dedup_id = item.get("dedup_id")
+    if dedup_id is None and settings.content_based_dedup:
+        dedup_id = hashlib.sha256(body).hexdigest()
+    for name in ("dedup_id", "group_id"):
+        value = dedup_id if name == "dedup_id" else item.get(name)
+        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 128):
+            raise InvalidMessageError(f"{name} must be a string of 1 to 128 characters, not {value!r}")
+    given = item.get("attributes") or {}
+    if not isinstance(given, Mapping):
+        raise InvalidMessageError(f"message attributes map names to values, not {type(given).__name__}")
+    attributes = {}
+    for name, value in given.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidMessageError(f"attribute names are non-empty strings, not {name!r}")
+        attributes[name] = envelope.checked_attribute(name, value)
+    channel = item.get("channel")
+    if channel is not None:
+        check_name(channel, "channel")
+    metadata = item.get("metadata")
+    if metadata is not None:
+        # JSON, checked here with the rest: a batch spread over shards (or ZooKeeper chunks)
+        # is written part by part, and only the part holding it would find out, too late.
+        envelope.encode_task_metadata(metadata)
+    return Envelope(
+        body=body,
+        attributes=attributes,
+        delay=float(delay),
+        filters=filters.check_message_filters(item.get("filters"), settings.enums),
+        dedup_id=dedup_id,
+        group_id=item.get("group_id"),
+        metadata=metadata,
+        source=envelope.check_source(item.get("source")),  # set on dead letters: where they came from
+        channel=channel,  # set on dead letters redriven: the channel they came from
+    )
+
+
 class TopicDirectory:
     """What ``Topic`` and ``ShardedTopic`` share: the topic's directory held open (to tell when
     the topic is deleted, or deleted and made again, under an object that has it open) and its
@@ -280,59 +339,7 @@ class Topic(TopicDirectory):
         return [message_id(offset) for offset in range(first, first + len(bodies))]
 
     def _envelope(self, item: OutgoingMessage) -> Envelope:
-        if isinstance(item, (bytes, bytearray, memoryview)):
-            item = {"body": bytes(item)}
-        if not isinstance(item, Mapping):
-            raise InvalidMessageError(f"a message to send is bytes or a mapping, not {type(item).__name__}")
-        unknown = set(item) - {
-            "body", "attributes", "delay", "filters", "dedup_id", "group_id", "metadata", "source", "channel"
-        }
-        if unknown:
-            raise InvalidMessageError(f"unknown message field(s): {', '.join(sorted(unknown))}")
-        body = item.get("body")
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise InvalidMessageError(f"message body must be bytes, not {type(body).__name__}")
-        body = bytes(body)
-        # What the settings add to a message (a default delay, content-based dedup): ``send_many``
-        # sends bare bodies through ``_send_plain`` only when they add nothing; keep both in step.
-        settings = self.settings
-        delay = settings.delay if item.get("delay") is None else item["delay"]
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 900:
-            raise InvalidMessageError(f"message delay must be 0 to 900 seconds, not {delay!r}")
-        dedup_id = item.get("dedup_id")
-        if dedup_id is None and settings.content_based_dedup:
-            dedup_id = hashlib.sha256(body).hexdigest()
-        for name in ("dedup_id", "group_id"):
-            value = dedup_id if name == "dedup_id" else item.get(name)
-            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 128):
-                raise InvalidMessageError(f"{name} must be a string of 1 to 128 characters, not {value!r}")
-        given = item.get("attributes") or {}
-        if not isinstance(given, Mapping):
-            raise InvalidMessageError(f"message attributes map names to values, not {type(given).__name__}")
-        attributes = {}
-        for name, value in given.items():
-            if not isinstance(name, str) or not name:
-                raise InvalidMessageError(f"attribute names are non-empty strings, not {name!r}")
-            attributes[name] = envelope.checked_attribute(name, value)
-        channel = item.get("channel")
-        if channel is not None:
-            check_name(channel, "channel")
-        metadata = item.get("metadata")
-        if metadata is not None:
-            # JSON, checked here with the rest: a batch spread over shards (or ZooKeeper chunks)
-            # is written part by part, and only the part holding it would find out, too late.
-            envelope.encode_task_metadata(metadata)
-        return Envelope(
-            body=body,
-            attributes=attributes,
-            delay=float(delay),
-            filters=filters.check_message_filters(item.get("filters"), settings.enums),
-            dedup_id=dedup_id,
-            group_id=item.get("group_id"),
-            metadata=metadata,
-            source=envelope.check_source(item.get("source")),  # set on dead letters: where they came from
-            channel=channel,  # set on dead letters redriven: the channel they came from
-        )
+        return make_envelope(item, self.settings)
 
     def _get_writer(self) -> Writer:
         writer = self._writer
