@@ -28,9 +28,11 @@ from journalq.journal.offsets import end_offset, first_offset
 from journalq.journal.recovery import fsync_dir, fsync_file
 from journalq.journal.segment import (
     Segment,
+    base_after,
     confirms,
     framed_at,
-    gap_reason,
+    gap_error,
+    incomplete_end_error,
     journal_dir,
     open_segment,
     scan_segment,
@@ -349,10 +351,7 @@ def iter_columns(
                 chunk = READ_CHUNK
                 if not data:
                     if pending and os.path.exists(os.path.join(path, "jnl", segment_name(offset))):
-                        raise CorruptionError(
-                            f"incomplete message ({len(pending)} bytes) at the end of a finished segment",
-                            file=segment.path, position=position, offset=offset,
-                        )
+                        raise incomplete_end_error(segment, position, offset, len(pending))
                     break  # on to the next segment
                 buf = pending + data if pending else data
                 used = 0
@@ -384,14 +383,9 @@ def iter_columns(
             if next_offset < end and not os.path.exists(os.path.join(path, "jnl", segment_name(next_offset))):
                 if first_offset(path) > next_offset:
                     continue  # deleted meanwhile: the top of the loop decides
-                bases = segment_bases(path)
-                after = bisect_right(bases, segment.base)
-                if after < len(bases):  # a hole (or an overlap) in the middle, not the end
-                    raise CorruptionError(
-                        f"the segment ends before offset {offset} but the next one starts at offset "
-                        f"{bases[after]}: {gap_reason(offset, bases[after])}",
-                        file=segment.path, position=position, offset=offset,
-                    )
+                after = base_after(path, segment.base)
+                if after is not None:  # a hole (or an overlap) in the middle, not the end
+                    raise gap_error(segment, position, offset, after)
                 raise JournalError(
                     f"the journal ends at offset {next_offset}, before offset {end} that was planned "
                     "(it was cut short since the query was planned)",
