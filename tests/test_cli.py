@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+import select
+import signal
 
 import pytest
 from click.testing import CliRunner, Result
@@ -651,3 +653,55 @@ def test_zero_time_is_null_in_json(vectors: Path) -> None:
     records = scan_records(vectors / "plain")
     zero = [r for r in records if r["timestamp_ns"] is None]
     assert zero and ZERO_TIMESTAMP < 0
+
+
+# -- counts in words, and --count when following ------------------------------------------------
+
+
+def test_one_segment_is_not_said_segments(tmp_path):
+    """info and check said "1 segments" and "1 messages"."""
+    with Writer(tmp_path / "j") as writer:
+        writer.append(b"only")
+    info = run("info", tmp_path / "j", "--format", "table").stdout.splitlines()[0]
+    assert info.startswith(f"{tmp_path / 'j'}: 1 segment, 1 message (offsets 0-0; next 1)")
+    checked = run("check", tmp_path / "j", "--format", "table").stdout
+    assert checked == f"{tmp_path / 'j'}: ok; 1 segment, 1 message checked\n"
+    with Writer(tmp_path / "j", segment_size=10) as writer:
+        writer.append(b"two")  # the first segment is over its size: a second one
+    assert ": 2 segments, 2 messages" in run("info", tmp_path / "j", "--format", "table").stdout
+
+
+def _output_until(process: subprocess.Popen, expected: bytes, seconds: float = 10) -> bytes:
+    """What ``process`` printed, once it printed ``expected`` (or ``seconds`` passed)."""
+    assert process.stdout is not None
+    fd, out, deadline = process.stdout.fileno(), b"", time.monotonic() + seconds
+    while not out.endswith(expected) and (left := deadline - time.monotonic()) > 0:
+        if select.select([fd], [], [], left)[0]:
+            if not (chunk := os.read(fd, 4096)):
+                break
+            out += chunk
+    return out
+
+
+def test_scan_follow_count_prints_the_count_as_it_changes(tmp_path, child_env):
+    """Following, --count printed nothing, ever: the count came once the scan ended, and a
+    scan that follows without a timeout ends only with Ctrl-C (quietly)."""
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append_many([b"a", b"b"])
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "journalq.cli.main", "scan", str(journal), "--follow", "--count"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
+    )
+    try:
+        assert _output_until(follower, b"2\n") == b"2\n"
+        with Writer(journal) as writer:
+            writer.append(b"c")
+        assert _output_until(follower, b"3\n") == b"3\n"
+    finally:
+        follower.send_signal(signal.SIGINT)
+        _, stderr = follower.communicate(timeout=20)
+    assert follower.returncode == 130, stderr
+    # With a timeout the last line is the count; nothing came: 0, once.
+    assert run("scan", journal, "--timeout", "0.1", "--count").stdout == "3\n"
+    assert run("scan", journal, "--from", "3", "--timeout", "0.1", "--count").stdout == "0\n"

@@ -30,8 +30,7 @@ from journalq.hub.protocol import Held
 from journalq.journal import Writer
 from journalq.journal.codec import decode, encode_batch
 from journalq.journal.segment import READ_CHUNK, segment_at
-from conftest import returned_at_once
-from test_journal_left4 import fifo_at
+from conftest import fifo_at, returned_at_once
 
 
 def write(path: Path, count: int, segment_size: int = 4000, start: int = 0) -> None:
