@@ -310,3 +310,9 @@ def journal_values(path: Path) -> list[bytes]:
     """The values of the journal at ``path``, from its first offset to its end."""
     with Scanner(path) as scanner:
         return [m.value for m in scanner]
+
+
+def write_numbered(path: Path, count: int, segment_size: int = 2500) -> None:
+    """A journal at ``path`` of ``count`` messages ``value-0``, ``value-1``, ..."""
+    with Writer(path, segment_size=segment_size) as writer:
+        writer.append_many([b"value-%d" % i for i in range(count)])

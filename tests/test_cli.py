@@ -11,14 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
-import select
-import signal
 
 import pytest
 from click.testing import CliRunner, Result

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journalq.errors import ZERO_TIMESTAMP, CorruptionError, InvalidMessageError
+from journalq.journal import Scanner, Writer, codec
 from journalq.journal.codec import (
     MAX_KEY_SIZE,
     OVERHEAD,
@@ -19,7 +20,6 @@ from journalq.journal.codec import (
     encode_batch,
     message_size,
 )
-from journalq.journal import Scanner, Writer, codec
 from journalq.journal.inspect import check
 from journalq.journal.segment import list_segments
 

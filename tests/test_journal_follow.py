@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-import os
 
 import pytest
 from click.testing import CliRunner
@@ -17,9 +17,9 @@ from journalq.cli.main import cli
 from journalq.errors import Error, JournalError, TruncatedError
 from journalq.journal import Scanner, Writer
 from journalq.journal.inspect import check, describe, require_journal
+from journalq.journal.segment import list_segments
 from journalq.journal.watch import DirectoryWatch
 from journalq.shard import ShardedScanner, ShardedWriter
-from journalq.journal.segment import list_segments
 
 
 # Over 2**31 - 1 milliseconds (about 24.8 days), the most one poll() can wait.

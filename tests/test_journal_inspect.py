@@ -4,16 +4,16 @@ segment collected since it was listed, a dangling link, damage before an index's
 
 from __future__ import annotations
 
-from pathlib import Path
 import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from journalq.journal.inspect import check, describe
+from journalq.cli.main import cli
 from journalq.errors import JournalError
 from journalq.journal import Scanner, Writer, index
-from journalq.cli.main import cli
+from journalq.journal.inspect import check, describe
 from journalq.journal.segment import list_segments, segment_at
 
 from conftest import small_journal

@@ -17,15 +17,15 @@ from typing import BinaryIO
 import pytest
 
 import journalq.journal.index as index_mod
+import journalq.journal.recovery as recovery_mod
 from journalq.errors import Error, LockedError, StorageError
 from journalq.journal import Scanner, Writer
 from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode
+from journalq.journal.inspect import check
 from journalq.journal.lock import FileLock
 from journalq.journal.segment import list_segments, lock_path, segment_at
 from journalq.journal.writer import BACKLOG_BYTES, held
-import journalq.journal.recovery as recovery_mod
-from journalq.journal.inspect import check
 from conftest import journal_values, small_journal
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")

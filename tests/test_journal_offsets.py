@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-import signal
 
 import pytest
 

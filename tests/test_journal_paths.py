@@ -5,9 +5,9 @@ naming the path, and a named pipe is never opened to wait for its other end."""
 
 from __future__ import annotations
 
-from pathlib import Path
-import stat
 import os
+import stat
+from pathlib import Path
 
 import pytest
 

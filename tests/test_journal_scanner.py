@@ -15,11 +15,11 @@ from unittest import mock
 import pytest
 
 from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import InvalidArgumentError, ScanTimeout
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal import scanner as scanner_module
 from journalq.journal.codec import encode
 from journalq.journal.segment import list_segments, segment_bases
-from journalq.errors import InvalidArgumentError, ScanTimeout
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 

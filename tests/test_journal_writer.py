@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import struct
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-import re
 
 import pytest
 
+import journalq.journal.sync as sync_mod
 from journalq.errors import ZERO_TIMESTAMP, Error, InvalidMessageError, JournalError, StorageError, TruncatedError
 from journalq.journal import Message, Scanner, SyncPolicy, Writer, end_offset, set_offset
 from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode_batch
 from journalq.journal.sync import DEFAULT_GROUP_INTERVAL_MS
-import journalq.journal.sync as sync_mod
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
