@@ -31,6 +31,7 @@ from journalq.shard import ShardedWriter
 
 from conftest import write_numbered
 from hub_processes import JOURNALQ, child_env, free_port, kill, start_hub, wait_until
+from test_cli import run
 from test_hub_crash import hub_answers
 
 URL = "/hub/v1/journals"
@@ -198,3 +199,44 @@ def test_hub_push_of_a_root_of_many_shards_is_not_held_back_by_the_soft_open_fil
     assert pushed.returncode == 0, pushed.stderr[-500:]
     with HubStore(tmp_path / "hub") as store:
         assert sum(held.next for held in store.status()["c1"].values()) == 2000
+
+
+# -- hub get's OFFSET, client ids ----------------------------------------------------------------
+
+
+def test_hub_get_of_an_offset_past_what_offsets_hold_is_a_usage_error() -> None:
+    """An OFFSET of 2**64 or more went to the hub, whose refusal was printed as its raw JSON:
+    'refused: {"detail":[{"type":"less_than",...'."""
+    result = run("hub", "get", "j", 2**64, "--hub", "http://127.0.0.1:1", "--client-id", "c")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        f"journalq: error: Invalid value for 'OFFSET': {2**64} is not in the range 0<=x<={2**64 - 1}."
+    )
+
+
+@pytest.mark.parametrize("command", [("push", "{journal}", "--to"), ("get", "j", "0", "--hub"), ("status", "--hub")])
+def test_a_bad_client_id_is_a_usage_error_in_every_hub_command(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """status refused a client id the hub would refuse as a usage error (status 2); push and get
+    as a failure (status 1), in other words, and push only after it had begun."""
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append(b"kept")
+    args = [arg.format(journal=journal) for arg in command]
+    result = run("hub", *args, "http://127.0.0.1:1", "--client-id", "a b")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("journalq: error: Invalid value for '--client-id': client id 'a b' must be ")
+
+
+@pytest.mark.parametrize("option", ["--give-up-after", "--timeout", "--check-interval"])
+def test_hub_push_seconds_must_be_finite(tmp_path: Path, option: str) -> None:
+    """``hub push --give-up-after nan`` passed the option's range (NaN compares false) and never
+    gave up; ``--timeout inf`` overflowed the wait. Each is a one-line usage error before anything
+    is pushed."""
+    journal = tmp_path / "j"
+    assert run("write", journal, input="a\n").exit_code == 0
+    for value in ("nan", "inf"):
+        result = run("hub", "push", journal, "--to", "http://127.0.0.1:9", "--client-id", "c1", "--once",
+                     option, value)
+        assert result.exit_code == 2, (value, result.output)
+        assert result.output.startswith(f"journalq: error: Invalid value for '{option}'"), result.output
+        assert len(result.output.splitlines()) == 1
