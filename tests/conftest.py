@@ -316,3 +316,8 @@ def write_numbered(path: Path, count: int, segment_size: int = 2500) -> None:
     """A journal at ``path`` of ``count`` messages ``value-0``, ``value-1``, ..."""
     with Writer(path, segment_size=segment_size) as writer:
         writer.append_many([b"value-%d" % i for i in range(count)])
+
+
+def shard_of(id_or_receipt: str) -> int:
+    """The index of the shard that a sharded queue's message id or receipt names."""
+    return int(id_or_receipt.split(".", 1)[0])
