@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from journalq.errors import ZERO_TIMESTAMP
+from journalq.journal import Scanner, Writer
 from journalq.journal.codec import Message
 
 REPO = Path(__file__).resolve().parents[1]
@@ -296,3 +297,27 @@ def fifo_at(path: Path) -> Iterator[Path]:
         for other_end in (os.O_WRONLY, os.O_RDONLY):
             with contextlib.suppress(OSError):
                 os.close(os.open(path, other_end | os.O_NONBLOCK))
+
+
+def small_journal(path: Path, count: int = 5) -> None:
+    """``count`` messages of 46 bytes in segments of 100 bytes (three messages each)."""
+    with Writer(path, segment_size=100) as writer:
+        for i in range(count):
+            writer.append(b"v%019d" % i)
+
+
+def journal_values(path: Path) -> list[bytes]:
+    """The values of the journal at ``path``, from its first offset to its end."""
+    with Scanner(path) as scanner:
+        return [m.value for m in scanner]
+
+
+def write_numbered(path: Path, count: int, segment_size: int = 2500) -> None:
+    """A journal at ``path`` of ``count`` messages ``value-0``, ``value-1``, ..."""
+    with Writer(path, segment_size=segment_size) as writer:
+        writer.append_many([b"value-%d" % i for i in range(count)])
+
+
+def shard_of(id_or_receipt: str) -> int:
+    """The index of the shard that a sharded queue's message id or receipt names."""
+    return int(id_or_receipt.split(".", 1)[0])

@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -651,3 +653,182 @@ def test_zero_time_is_null_in_json(vectors: Path) -> None:
     records = scan_records(vectors / "plain")
     zero = [r for r in records if r["timestamp_ns"] is None]
     assert zero and ZERO_TIMESTAMP < 0
+
+
+# -- counts in words, and --count when following ------------------------------------------------
+
+
+def test_one_segment_is_not_said_segments(tmp_path):
+    """info and check said "1 segments" and "1 messages"."""
+    with Writer(tmp_path / "j") as writer:
+        writer.append(b"only")
+    info = run("info", tmp_path / "j", "--format", "table").stdout.splitlines()[0]
+    assert info.startswith(f"{tmp_path / 'j'}: 1 segment, 1 message (offsets 0-0; next 1)")
+    checked = run("check", tmp_path / "j", "--format", "table").stdout
+    assert checked == f"{tmp_path / 'j'}: ok; 1 segment, 1 message checked\n"
+    with Writer(tmp_path / "j", segment_size=10) as writer:
+        writer.append(b"two")  # the first segment is over its size: a second one
+    assert ": 2 segments, 2 messages" in run("info", tmp_path / "j", "--format", "table").stdout
+
+
+def _output_until(process: subprocess.Popen, expected: bytes, seconds: float = 10) -> bytes:
+    """What ``process`` printed, once it printed ``expected`` (or ``seconds`` passed)."""
+    assert process.stdout is not None
+    fd, out, deadline = process.stdout.fileno(), b"", time.monotonic() + seconds
+    while not out.endswith(expected) and (left := deadline - time.monotonic()) > 0:
+        if select.select([fd], [], [], left)[0]:
+            if not (chunk := os.read(fd, 4096)):
+                break
+            out += chunk
+    return out
+
+
+def test_scan_follow_count_prints_the_count_as_it_changes(tmp_path, child_env):
+    """Following, --count printed nothing, ever: the count came once the scan ended, and a
+    scan that follows without a timeout ends only with Ctrl-C (quietly)."""
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append_many([b"a", b"b"])
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "journalq.cli.main", "scan", str(journal), "--follow", "--count"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
+    )
+    try:
+        assert _output_until(follower, b"2\n") == b"2\n"
+        with Writer(journal) as writer:
+            writer.append(b"c")
+        assert _output_until(follower, b"3\n") == b"3\n"
+    finally:
+        follower.send_signal(signal.SIGINT)
+        _, stderr = follower.communicate(timeout=20)
+    assert follower.returncode == 130, stderr
+    # With a timeout the last line is the count; nothing came: 0, once.
+    assert run("scan", journal, "--timeout", "0.1", "--count").stdout == "3\n"
+    assert run("scan", journal, "--from", "3", "--timeout", "0.1", "--count").stdout == "0\n"
+
+
+# -- write --format jsonl: not UTF-8, a byte order mark; offset --set beside a reader ------------
+
+
+def test_a_jsonl_line_that_is_not_utf8_is_refused_as_such(tmp_path: Path) -> None:
+    """JSON lines are UTF-8: a line of other bytes is named as not UTF-8 (it was blamed on a
+    'utf-16-le' codec), and a line in UTF-16 is refused rather than stored."""
+    journal = tmp_path / "j"
+    result = run("write", journal, "--format", "jsonl", input=b'{"value":"ok"}\n\xff\xfe\x00bin\n')
+    assert result.exit_code == 1
+    assert result.stderr.startswith("journalq: error: line 2: not UTF-8: byte 1 is 0xff")
+    result = run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"\xff"}\n')
+    assert "line 1: not UTF-8: byte 14 is 0xff" in result.stderr
+    utf16 = '{"value":"sixteen"}'.encode("utf-16-le")
+    result = run("write", journal, "--format", "jsonl", input=utf16 + b"\n")
+    assert result.exit_code == 1 and "line 1: not valid JSON" in result.stderr
+    assert run("scan", journal, "--count").stdout == "0\n"
+
+
+def test_a_jsonl_line_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
+    journal = tmp_path / "j"
+    assert run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"a"}\n').exit_code == 0
+    assert run("scan", journal, "--format", "text").stdout == "a\n"
+
+
+def test_offset_set_while_a_reader_holds_the_name_names_the_reader(tmp_path: Path) -> None:
+    """It said "another writer holds the lock", of a reader offset."""
+    from journalq.journal import ReaderOffset
+
+    journal = tmp_path / "j"
+    with Writer(journal) as writer:
+        writer.append_many([b"a", b"b"])
+    with ReaderOffset(journal, "billing"):
+        result = run("offset", journal, "billing", "--set", "1")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"journalq: error: reader 'billing' is in use: another process holds {journal / 'ofs' / 'billing.lck'}; "
+        "stop that reader first\n"
+    )
+    assert run("offset", journal, "billing").stdout == "0\n"
+
+
+# -- roots with a shard being made or damaged; scan's --timeout; following a root -----------------
+
+
+def _root_with_an_unfinished_shard(sej_vectors: Path, tmp_path: Path) -> Path:
+    """The vectors' root of four shards, with events.2.003 as a writer killed while making it
+    leaves it: the shard's directory, no jnl/ in it yet."""
+    root = tmp_path / "root"
+    shutil.copytree(sej_vectors / "sharded", root)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)  # the vectors are read-only
+    shutil.rmtree(root / "events.2.003")
+    (root / "events.2.003").mkdir()
+    return root
+
+
+def test_info_and_check_of_a_root_take_a_shard_without_jnl_as_empty(sej_vectors: Path, tmp_path: Path) -> None:
+    """scan reads such a shard as empty; info and check failed on it ("not a journal
+    directory"), after printing the shards before it, and check --repair did not get past it."""
+    root = _root_with_an_unfinished_shard(sej_vectors, tmp_path)
+    scanned = run("scan", root, "--count")
+    assert scanned.exit_code == 0 and scanned.stdout == "782\n"
+
+    result = run("info", root, "--format", "jsonl")
+    assert result.exit_code == 0, result.output
+    summaries = [obj for obj in map(json.loads, result.stdout.splitlines()) if "journal" in obj]
+    assert [s["dir"] for s in summaries] == ["events.2.000", "events.2.001", "events.2.002", "events.2.003"]
+    assert summaries[-1] | {"journal": None} == {
+        "dir": "events.2.003", "journal": None, "segments": 0, "size_bytes": 0, "first_offset": 0,
+        "end_offset": 0, "messages": 0, "first_timestamp_ns": None, "last_timestamp_ns": None,
+    }
+    table = run("info", root, "--format", "table")
+    assert table.exit_code == 0 and "[events.2.003]" in table.stdout
+
+    for repair in ([], ["--repair"]):
+        checked = run("check", root, "--format", "table", *repair)
+        assert "not a journal directory" not in checked.output
+        assert f"{root / 'events.2.003'}: ok; 0 segments, 0 messages checked" in checked.stdout
+    assert not (root / "events.2.003" / "jnl").exists()  # check makes no journal
+
+
+def test_scan_timeout_must_be_a_finite_number_of_seconds(tmp_path: Path) -> None:
+    """--timeout inf ended scan in a traceback (OverflowError) once it waited, and nan was taken
+    as an option value and refused later by the scanner (status 1); both are usage errors."""
+    journal = tmp_path / "j"
+    assert run("write", journal, input="a\n").exit_code == 0
+    for shown in (journal, tmp_path):  # a journal, and a root of one shard
+        if shown == tmp_path:
+            journal.rename(tmp_path / "e.1.000")
+        for value in ("inf", "nan", "-inf", "-1"):
+            result = run("scan", shown, "--timeout", value, "--count")
+            assert result.exit_code == 2, (value, result.output)
+            assert result.output.startswith("journalq: error: Invalid value for '--timeout'")
+            assert len(result.output.splitlines()) == 1
+        assert run("scan", shown, "--timeout", "0.2", "--count").stdout == "1\n"
+
+
+def test_follow_of_a_root_of_several_sharded_journals_says_what_to_do(tmp_path: Path) -> None:
+    """scan without --follow reads every shard of such a root (a data directory with two
+    sharded queues, say); with --follow it failed with the library's "give a prefix to read one
+    of them", which the command line has no way to give."""
+    root = tmp_path / "root"
+    for shard in ("orders.1.000", "orders.1.001", "events.1.000"):
+        assert run("write", root / shard, input=f"{shard}\n").exit_code == 0
+    assert run("scan", root, "--count").stdout == "3\n"
+    result = run("scan", root, "--timeout", "0.1")
+    assert result.exit_code == 1
+    assert result.output == (
+        f"journalq: error: {root} holds the shards of more than one sharded journal "
+        "(events.1.* (1 shard), orders.1.* (2 shards)): --follow follows one; "
+        "follow one shard directory, or scan the root without --follow\n"
+    )
+
+
+def test_a_shard_whose_jnl_is_a_file_is_no_unfinished_shard(tmp_path: Path) -> None:
+    """Only a missing jnl/ is a shard being made: a file in its place is damage, named."""
+    root = tmp_path / "root"
+    assert run("write", root / "e.1.000", input="a\n").exit_code == 0
+    (root / "e.1.001").mkdir()
+    (root / "e.1.001" / "jnl").write_bytes(b"")
+    for command in ("scan", "info", "check"):
+        result = run(command, root)
+        assert result.exit_code == 1, command
+        error = result.output.splitlines()[-1]
+        assert error.startswith("journalq: error: not a ") and str(root / "e.1.001") in error, command

@@ -4,6 +4,7 @@ them at DATA/.hub), and the client over them."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import select
 import socket
 import threading
@@ -26,7 +27,7 @@ from journalq.errors import (
     InvalidClientIdError,
     InvalidJournalPathError,
 )
-from journalq.hub import Push, RawReader
+from journalq.hub import HubStore, Push, RawReader
 from journalq.hub.client import HubClient, Pusher
 from journalq.journal import Writer
 from journalq.journal.codec import encode_batch
@@ -35,6 +36,7 @@ from journalq.server.config import ServerConfig
 from journalq.server.hub import create_hub_app
 
 from hub_processes import free_port, kill, start_hub, wait_until
+from test_hub_damaged_copies import FIRST
 from test_server_harness import read_all
 
 URL = "/hub/v1/journals"
@@ -297,3 +299,68 @@ def _answers(port: int) -> bool:
     except httpx.HTTPError:
         return False
 
+
+# -- errors of the store that are not journalq's --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "says"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), 503, "No space left on device"),
+        (OSError(errno.EIO, "Input/output error"), 503, "Input/output error"),
+        (PermissionError(errno.EACCES, "Permission denied", "/secret/hub/c1.j"), 500, "Permission denied"),
+        (ValueError("a bug"), 500, "ValueError"),
+    ],
+)
+def test_an_unexpected_error_of_the_store_is_a_clear_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, status: int, says: str
+) -> None:
+    def fail(self: HubStore, *args: object) -> None:
+        raise error
+
+    for method in ("status", "held", "push", "read_raw"):
+        monkeypatch.setattr(HubStore, method, fail)
+    with TestClient(create_hub_app(tmp_path / "hub"), raise_server_exceptions=False) as http:
+        answers = [
+            http.get("/hub/v1/status"),
+            http.get(f"{URL}/c1/j"),
+            http.post(f"{URL}/c1/j", params={"first": 0, "segment": 0}, content=FIRST),
+            http.get(f"{URL}/c1/j/messages", params={"offset": 0}),
+        ]
+        for answer in answers:
+            assert answer.status_code == status, answer.text
+            assert says in answer.json()["error"] and answer.json()["kind"], answer.text
+            assert ("Retry-After" in answer.headers) == (status == 503)
+            assert "/secret" not in answer.text
+        client = HubClient("http://hub", http=http)
+        with pytest.raises(HubUnavailableError, match=f"answered {status}: .*{says}"):
+            client.held("c1", "j")
+
+
+def test_a_hub_root_that_cannot_be_made_is_a_clear_answer(tmp_path: Path) -> None:
+    root = tmp_path / "hub"
+    root.write_text("a file where the hub's root should be")
+    with TestClient(create_hub_app(root), raise_server_exceptions=False) as http:
+        answer = http.get("/hub/v1/status")
+    assert answer.status_code == 500, answer.text
+    assert "File exists" in answer.json()["error"] and str(tmp_path) not in answer.text
+
+
+def test_hub_answers_do_not_name_the_data_directory(tmp_path: Path) -> None:
+    """As the rest of journalq serve's answers: a refusal about a copy's files (an offset not
+    held, a damaged copy) says what is wrong, not where the server keeps its data."""
+    data = tmp_path / "secret-place"
+    with TestClient(create_app(ServerConfig(data=data)), raise_server_exceptions=False) as http:
+        answer = http.post(f"{URL}/c1/j", params={"first": 0, "segment": 0},
+                           content=encode_batch(0, 1, [b"a" * 40, b"b" * 40, b"c" * 40])[0])
+        assert answer.status_code == 200
+        past = http.get(f"{URL}/c1/j/messages", params={"offset": 7})
+        assert past.status_code == 416 and "offset 7" in past.json()["error"]
+        segment = data / ".hub" / "c1.j" / "jnl" / "0000000000000000.jnl"
+        damaged = bytearray(segment.read_bytes())
+        damaged[3] ^= 0xFF  # the first message's offset
+        segment.write_bytes(bytes(damaged))
+        broken = http.get(f"{URL}/c1/j/messages", params={"offset": 0})
+        assert broken.status_code >= 400 and broken.json()["error"]
+        for refused in (past, broken):
+            assert "secret-place" not in refused.text, refused.text

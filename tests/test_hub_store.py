@@ -1,15 +1,21 @@
-"""The hub's store: copies byte-identical to their sources, read back by offset, and bad pushes
-refused with nothing changed."""
+"""The hub's store: copies byte-identical to their sources, read back by offset, bad pushes
+refused with nothing changed, and storage failures and shutdowns under a push."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
 
 from journalq.errors import (
     CorruptionError,
@@ -30,8 +36,8 @@ from journalq.hub.protocol import Held
 from journalq.journal import Writer
 from journalq.journal.codec import decode, encode_batch
 from journalq.journal.segment import READ_CHUNK, segment_at
-from conftest import returned_at_once
-from test_journal_left4 import fifo_at
+from journalq.server.hub import create_hub_app
+from conftest import fifo_at, returned_at_once
 
 
 def write(path: Path, count: int, segment_size: int = 4000, start: int = 0) -> None:
@@ -473,3 +479,79 @@ def test_a_copy_started_where_a_fifo_has_its_first_segments_name_is_refused_by_n
         error = returned_at_once(lambda: store_module._start_copy(copy, 5))
         assert isinstance(error, JournalError) and error.file == fifo, error
         assert error.reason == "not a segment: a special file has a segment's name"
+
+
+# -- storage failures and shutdowns of the store ---------------------------------------------------
+
+
+def test_a_full_disk_when_a_copy_starts_is_answered_503_and_the_copy_starts_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting a copy (its directory and first segment) on a full disk is a storage failure as
+    any other of a push: ``StorageError``, answered 503 naming the problem, which the pusher
+    waits out. It was an ``OSError`` out of the store: a bare 500 'Internal Server Error'."""
+    real = store_module.fsync_dir
+    full = [True]
+
+    def fsync_dir(path: Path) -> None:
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path)
+
+    monkeypatch.setattr(store_module, "fsync_dir", fsync_dir)
+    data = encode_batch(0, 1, [b"a", b"b"])[0]
+    with HubStore(tmp_path / "hub") as store:
+        with pytest.raises(StorageError, match="No space left"):
+            store.push(Push("c1", "j", 0, 0, data))
+    with TestClient(create_hub_app(tmp_path / "hub2"), raise_server_exceptions=False) as http:
+        answer = http.post("/hub/v1/journals/c1/j", params={"first": 0, "segment": 0}, content=data)
+        assert answer.status_code == 503 and answer.json()["kind"] == "storage"
+        assert "No space left" in answer.json()["error"] and answer.headers["retry-after"] == "1"
+        full[0] = False
+        answer = http.post("/hub/v1/journals/c1/j", params={"first": 0, "segment": 0}, content=data)
+        assert answer.status_code == 200 and answer.json()["next"] == 2
+
+
+def test_a_copy_started_again_after_a_failed_start_syncs_its_entry_in_the_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first push that made the copy's directory but failed (or died) before syncing the
+    root: the push that starts the copy later syncs the root, or a power cut could take the
+    copy's directory, with every push acknowledged into it, away."""
+    real = store_module.fsync_dir
+    synced: list[Path] = []
+    fail = [True]
+
+    def fsync_dir(path: Path) -> None:
+        if fail[0]:
+            fail[0] = False
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(store_module, "fsync_dir", fsync_dir)
+    data = encode_batch(0, 1, [b"a", b"b"])[0]
+    with HubStore(tmp_path / "hub") as store:
+        with pytest.raises(StorageError):
+            store.push(Push("c1", "j", 0, 0, data))
+        assert store.push(Push("c1", "j", 0, 0, data)).held.next == 2
+    assert store.root in synced and store.root / "c1.j" in synced
+
+
+def test_a_push_whose_writer_the_closing_store_closed_is_answered_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub shutting down (``close``) just as a push takes the copy's open writer: the push is
+    'unavailable' (503: push again), not the writer's 'is closed' error, which the hub answered
+    400 and the pusher took for a refusal of the journal."""
+    store = HubStore(tmp_path / "hub")
+    store.push(Push("c1", "j", 0, 0, encode_batch(0, 1, [b"a"])[0]))
+    real_hold = Writer.hold
+
+    def hold_after_close(writer: Writer):
+        store.close()
+        return real_hold(writer)
+
+    monkeypatch.setattr(Writer, "hold", hold_after_close)
+    with pytest.raises(HubUnavailableError, match="shutting down"):
+        store.push(Push("c1", "j", 1, 0, encode_batch(1, 1, [b"b"])[0]))

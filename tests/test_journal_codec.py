@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journalq.errors import ZERO_TIMESTAMP, CorruptionError, InvalidMessageError
+from journalq.journal import Scanner, Writer, codec
 from journalq.journal.codec import (
     MAX_KEY_SIZE,
     OVERHEAD,
@@ -19,6 +20,8 @@ from journalq.journal.codec import (
     encode_batch,
     message_size,
 )
+from journalq.journal.inspect import check
+from journalq.journal.segment import list_segments
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -339,3 +342,24 @@ def test_uniform_runs_decode_and_fail_as_one_by_one(
     for most in (1, 9, count - 1):
         got, end = decode(buf, expected_offset=expected, max_messages=most)
         assert got == want[0][:most]
+
+
+@pytest.mark.parametrize("key_len", [0, 5])
+def test_a_value_length_that_makes_the_size_zero_is_damage(tmp_path, key_len):
+    # A value length of -(26 + key length) made the message's size 0, and decode's look for a
+    # run of messages of one size divided by it: ZeroDivisionError in every reader, in check and
+    # in the recovery of a writer opening the journal, which then could not open it at all.
+    head = codec.HEADER.pack(0, 1, 0, key_len) + b"k" * key_len
+    damaged = head + codec.INT32.pack(-(codec.OVERHEAD + key_len)) + bytes(100)
+    with pytest.raises(CorruptionError, match="negative value length"):
+        codec.decode(damaged, 0, None, 0)
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b"])
+    segment = list_segments(tmp_path)[0]
+    sound = segment.path.read_bytes()
+    segment.path.write_bytes(sound + codec.HEADER.pack(2, 1, 0, key_len) + damaged[18:])
+    assert [p.kind for p in check(tmp_path).problems] == ["tail"]
+    with Writer(tmp_path) as writer:  # recovers: cuts the damaged tail, keeps its bytes
+        assert writer.append(b"c") == 2
+    with Scanner(tmp_path) as scanner:
+        assert [m.value for m in scanner.read_batch()] == [b"a", b"b", b"c"]

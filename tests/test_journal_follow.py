@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -13,9 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from journalq.cli.main import cli
-from journalq.errors import Error, JournalError
+from journalq.errors import Error, JournalError, TruncatedError
 from journalq.journal import Scanner, Writer
 from journalq.journal.inspect import check, describe, require_journal
+from journalq.journal.segment import list_segments
 from journalq.journal.watch import DirectoryWatch
 from journalq.shard import ShardedScanner, ShardedWriter
 
@@ -172,3 +174,23 @@ def test_pipeline_aggregate_checks_its_output_before_spark_starts(
     assert result.output.startswith(f"journalq: error: {error}")
     assert len(result.output.splitlines()) == 1
     assert not (tmp_path / "out").exists() and not (tmp_path / "cp").exists()
+
+
+def test_a_follower_learns_at_once_that_its_segment_was_removed(tmp_path):
+    # A failed append's new segment is taken back by unlinking it. The watch did not wake for a
+    # deletion: a follower in that segment slept until the next append, or its timeout, and then
+    # ended as if nothing had happened, the messages it returned from it being gone.
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b", b"c"])
+    segment = list_segments(tmp_path)[-1]
+    with Scanner(tmp_path, 0, timeout=3) as scanner:
+        assert len(scanner.read_batch()) == 3
+        timer = threading.Timer(0.2, os.unlink, [segment.path])
+        timer.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(TruncatedError, match="removed under the scanner"):
+                scanner.read_batch()
+        finally:
+            timer.join()
+        assert time.monotonic() - started < 2

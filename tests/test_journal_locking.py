@@ -9,18 +9,24 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
-from journalq.errors import LockedError
+import journalq.journal.index as index_mod
+import journalq.journal.recovery as recovery_mod
+from journalq.errors import Error, LockedError, StorageError
 from journalq.journal import Scanner, Writer
 from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode
+from journalq.journal.inspect import check
 from journalq.journal.lock import FileLock
-from journalq.journal.segment import list_segments
+from journalq.journal.segment import list_segments, lock_path, segment_at
 from journalq.journal.writer import BACKLOG_BYTES, held
+from conftest import journal_values, small_journal
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -693,3 +699,317 @@ def test_a_backlog_taken_back_before_its_segment_was_deleted_is_reported_lost(tm
     b.close()
     with Scanner(tmp_path, 41) as rest:
         assert [(m.offset, m.value) for m in rest] == [(41, b"snapshot"), (42, b"a1")]
+
+
+# -- a storage failure while a shared writer catches up ----------------------------------------
+
+
+def _failing(err: int) -> object:
+    def fail(*args: object, **kwargs: object) -> object:
+        raise OSError(err, os.strerror(err))
+
+    return fail
+
+
+def test_a_read_failure_at_a_shared_writers_catch_up_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine, other = Writer(tmp_path, shared=True), Writer(tmp_path, shared=True)
+    mine.append(b"one")
+    other.append(b"two")  # read by ``mine`` at its next append
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "pread", _failing(errno.EIO))
+        # It was the bare OSError, naming no file.
+        with pytest.raises(StorageError, match="Input/output error") as info:
+            mine.append(b"three")
+    assert info.value.errno == errno.EIO
+    assert info.value.file == mine.segment.path and info.value.offset == 1
+    assert "nothing was appended" in str(info.value)
+    assert not mine.failed
+    assert mine.append(b"three") == 2  # the lock was let go, and the catch-up is done again
+    other.append(b"four")
+    for writer in (mine, other):
+        writer.close()
+    with Scanner(tmp_path) as scanner:
+        assert [m.value for m in scanner] == [b"one", b"two", b"three", b"four"]
+
+
+def test_a_full_disk_opening_the_segment_another_shared_writer_started_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine, other = Writer(tmp_path, shared=True, segment_size=100), Writer(tmp_path, shared=True, segment_size=100)
+    mine.append(b"v" * 20)
+    other.append_many([b"w" * 20] * 3)  # 46 bytes each: offset 3 starts the next segment
+    assert other.segment.base == 3 and mine.segment.base == 0
+    real_open_index = index_mod.open_index
+
+    def full_disk(segment: object, flags: int = os.O_RDONLY) -> int:
+        if flags & os.O_CREAT:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(other.segment.index_path))
+        return real_open_index(segment, flags)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(index_mod, "open_index", full_disk)
+        with pytest.raises(StorageError, match="No space left on device") as info:
+            mine.append(b"x")
+    assert info.value.errno == errno.ENOSPC
+    assert (info.value.file, info.value.offset) == (other.segment.index_path, 3)
+    assert mine.append(b"x") == 4 and mine.segment.base == 3
+    for writer in (mine, other):
+        writer.close()
+    with Scanner(tmp_path) as scanner:
+        assert [m.offset for m in scanner] == [0, 1, 2, 3, 4]
+
+
+def test_a_shared_writer_that_cannot_open_the_segment_another_started_stays_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catch-up that went on to the segment another writer started, and could not open it
+    (too many open files), had closed the segment it was on: every later append failed with
+    EBADF, for good, and ``failed`` did not say so. It now stays on its segment until the next
+    one is open, and the next append goes on."""
+    import journalq.journal.writer as writer_mod
+
+    first = Writer(tmp_path, shared=True, segment_size=100)
+    second = Writer(tmp_path, shared=True, segment_size=100)
+    first.append(b"x" * 40)
+    second.append(b"y" * 40)  # 66 + 66 bytes: the second rolls, and starts segment 2
+    real = writer_mod.IndexAppender
+    failures = [OSError(errno.EMFILE, os.strerror(errno.EMFILE))]
+
+    def index_appender(*args: object) -> object:
+        if failures:
+            raise failures.pop()
+        return real(*args)
+
+    monkeypatch.setattr(writer_mod, "IndexAppender", index_appender)
+    with pytest.raises(OSError, match="Too many open files"):
+        first.append(b"lost")
+    assert not failures and not first.failed
+    assert first.append(b"z") == 2
+    assert second.append(b"w") == 3
+    first.close()
+    second.close()
+    assert journal_values(tmp_path) == [b"x" * 40, b"y" * 40, b"z", b"w"]
+
+
+def test_a_shared_writer_clears_a_dead_exclusive_writers_note_when_it_takes_the_lock(tmp_path):
+    """The note a killed exclusive writer left in jnl.lck stayed when a shared writer that was
+    open already took the lock for its appends: once the dead writer's pid was reused, a writer
+    that found the lock held (for one append) read the note and refused with a ``LockedError``
+    naming the dead holder, instead of waiting for the append."""
+    shared = Writer(tmp_path, shared=True)
+    try:
+        # What a killed exclusive writer leaves, its pid since reused by a live process (this one).
+        FileLock(lock_path(tmp_path)).write_note(f"exclusive writer, pid {os.getpid()}")
+        shared.append(b"after the exclusive writer died")
+        assert FileLock(lock_path(tmp_path)).read_note() == ""
+        opened: list[object] = []
+
+        def open_another() -> None:
+            try:
+                Writer(tmp_path, shared=True).close()
+                opened.append("opened")
+            except Error as exc:
+                opened.append(exc)
+
+        with shared.hold():  # another shared writer's append in progress
+            other = threading.Thread(target=open_another)
+            other.start()
+            time.sleep(0.2)
+        other.join(10)
+        assert opened == ["opened"]
+    finally:
+        shared.close()
+
+
+# -- a torn tail cut on a full disk: a shared writer's catch-up, a writer's opening -------------
+
+
+class _FullFile:
+    """A cut file on a full disk: part of what is written goes in, then ENOSPC."""
+
+    def __init__(self, real: BinaryIO) -> None:
+        self._real = real
+
+    def write(self, data: bytes) -> int:
+        self._real.write(data[: len(data) // 2])
+        self._real.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def __enter__(self) -> _FullFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._real.close()
+
+
+def _torn_tail(writer: Writer, offset: int) -> bytes:
+    """What a shared writer killed mid-append leaves: the first 60 bytes of message ``offset``."""
+    torn = encode(offset, 1, 0, b"", b"x" * 100)[:60]
+    with open(writer.segment.path, "ab") as segment:
+        segment.write(torn)
+    return torn
+
+
+def test_a_full_disk_while_a_shared_writer_cuts_a_torn_tail_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = Writer(tmp_path, shared=True)
+    writer.append(b"one")
+    size = writer.segment.path.stat().st_size
+    torn = _torn_tail(writer, 1)
+    real_new_file = recovery_mod._new_file
+    monkeypatch.setattr(recovery_mod, "_new_file", lambda *a: (lambda p, f: (p, _FullFile(f)))(*real_new_file(*a)))
+    # It was a bare OSError, naming no file, out of the append.
+    with pytest.raises(StorageError, match="No space left on device") as info:
+        writer.append(b"two")
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.file == writer.segment.path and info.value.position == size
+    assert "nothing was cut" in str(info.value)
+    # Nothing cut, nothing half saved: the segment holds what it held, torn tail too.
+    assert writer.segment.path.read_bytes()[size:] == torn
+    assert not any((tmp_path / "cut").iterdir())
+    assert writer.recoveries == []
+    monkeypatch.setattr(recovery_mod, "_new_file", real_new_file)  # room again
+    assert writer.append(b"two") == 1
+    [recovery] = writer.recoveries
+    assert recovery.saved_to.read_bytes() == torn
+    writer.close()
+    assert journal_values(tmp_path) == [b"one", b"two"]
+
+
+def test_a_full_disk_while_opening_cuts_a_torn_tail_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Writer(tmp_path) as writer:
+        writer.append(b"one")
+        torn = _torn_tail(writer, 1)
+    real_new_file = recovery_mod._new_file
+    monkeypatch.setattr(recovery_mod, "_new_file", lambda *a: (lambda p, f: (p, _FullFile(f)))(*real_new_file(*a)))
+    with pytest.raises(StorageError, match="No space left on device") as info:
+        Writer(tmp_path)
+    assert info.value.errno == errno.ENOSPC and info.value.file == segment_at(tmp_path, 0).path
+    assert segment_at(tmp_path, 0).path.read_bytes().endswith(torn)
+    assert not any((tmp_path / "cut").iterdir())
+    monkeypatch.setattr(recovery_mod, "_new_file", real_new_file)
+    with Writer(tmp_path) as writer:
+        assert writer.append(b"two") == 1
+    assert journal_values(tmp_path) == [b"one", b"two"]
+
+
+def test_a_shared_writer_on_a_really_full_disk_cuts_a_torn_tail_once_there_is_room(tmpfs: Path) -> None:
+    writer = Writer(tmpfs / "j", shared=True)
+    writer.append(b"one")
+    torn = _torn_tail(writer, 1)
+    filler = tmpfs / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the disk to its last byte
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    with pytest.raises(StorageError) as info:
+        writer.append(b"two")
+    assert info.value.errno == errno.ENOSPC
+    assert writer.segment.path.read_bytes().endswith(torn)
+    filler.unlink()
+    assert writer.append(b"two") == 1
+    writer.close()
+    assert journal_values(tmpfs / "j") == [b"one", b"two"]
+
+
+def test_a_full_disk_at_the_reservation_after_a_shared_writers_cut_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import journalq.journal.writer as writer_mod
+
+    writer = Writer(tmp_path, shared=True)
+    writer.append(b"one")
+    torn = _torn_tail(writer, 1)
+
+    def full(fd: int, offset: int, length: int) -> bool:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer_mod, "reserve", full)
+    with pytest.raises(StorageError, match="nothing of them was stored") as info:
+        writer.append(b"two")
+    assert info.value.errno == errno.ENOSPC and info.value.offset == 1
+    [recovery] = writer.recoveries  # the cut was done, and kept
+    assert recovery.saved_to.read_bytes() == torn
+    monkeypatch.undo()
+    assert writer.append(b"two") == 1
+    writer.close()
+    assert journal_values(tmp_path) == [b"one", b"two"]
+
+
+# -- check --repair beside writers: it locks as a shared writer does ----------------------------
+
+
+def test_check_repair_beside_a_shared_writer_does_not_refuse_its_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repair recovered the last segment through an exclusive writer: an append of a queue's
+    shared writer (another process) meanwhile was refused with LockedError ("an exclusive writer
+    holds the journal"), and a repair run while one appended was refused. The repair now takes
+    the lock as the shared writers do, for its recovery only."""
+    shared = Writer(tmp_path, shared=True)
+    shared.append(b"one")
+    torn = _torn_tail(shared, 1)
+    appended: list[int] = []
+    real_close = Writer.close
+
+    def close_after_an_append(self: Writer) -> None:
+        if self is not shared and not appended:  # the repair's writer: another process appends
+            appended.append(shared.append(b"two"))
+        real_close(self)
+
+    monkeypatch.setattr(Writer, "close", close_after_an_append)
+    report = check(tmp_path, repair=True)
+    assert appended == [1]
+    assert report.ok and [r.saved_to.read_bytes() for r in report.recoveries] == [torn]
+    shared.close()
+    assert journal_values(tmp_path) == [b"one", b"two"]
+
+
+def test_check_repair_beside_an_exclusive_writer_is_refused(tmp_path: Path) -> None:
+    with Writer(tmp_path) as writer:
+        writer.append(b"one")
+        with pytest.raises(LockedError, match="exclusive writer"):
+            check(tmp_path, repair=True)
+        assert check(tmp_path).ok  # without repair: no lock
+
+
+def test_check_repair_beside_a_writer_that_holds_the_lock_for_good_is_refused_not_hung(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sej's own writer holds jnl.lck for its lifetime and leaves no note: a repair that waited
+    for the lock as a shared writer does (for one append) would wait for ever."""
+    import journalq.journal.inspect as inspect_mod
+    from journalq.journal.lock import FileLock
+
+    small_journal(tmp_path)
+    monkeypatch.setattr(inspect_mod, "_LOCK_WAIT", 0.3)
+    sej = FileLock(tmp_path / "jnl.lck")
+    sej.acquire()
+    outcome: list[BaseException | None] = []
+
+    def repair() -> None:
+        try:
+            check(tmp_path, repair=True)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=repair, daemon=True)
+    thread.start()
+    thread.join(10)
+    sej.close()  # lets a hung repair go on
+    thread.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], LockedError), outcome
+    assert "held the lock" in str(outcome[0])

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -247,3 +249,57 @@ def test_end_offset_reads_on_when_the_last_segment_is_taken_back_meanwhile(tmp_p
     monkeypatch.setattr(offsets_mod, "scan_tail", scan_tail)
     assert end_offset(tmp_path) == 2
     assert taken == ["0000000000000002.jnl"]
+
+
+# -- arguments refused, a dangling last segment ----------------------------------------------------
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    """Fail a test that hangs (a loop that never ends) instead of hanging the suite."""
+
+    def hung(signum: int, frame: object) -> None:
+        raise AssertionError("hung for 5 seconds")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_end_offset_names_a_dangling_last_segment(tmp_path, alarm):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b", b"c"])
+    os.symlink(tmp_path / "nowhere", tmp_path / "jnl" / f"{3:016x}.jnl")
+    with pytest.raises(JournalError, match="listed but cannot be opened"):
+        end_offset(tmp_path)
+
+
+def test_commit_after_close_is_refused(tmp_path):
+    # A closed ReaderOffset no longer holds the name's lock: its commit would overwrite the
+    # offset of the process that took the name since.
+    reader = ReaderOffset(tmp_path, "r")
+    reader.commit(3)
+    reader.close()
+    with ReaderOffset(tmp_path, "r") as other:
+        other.commit(10)
+        with pytest.raises(Error, match="closed"):
+            reader.commit(5)
+        assert read_offset(tmp_path, "r") == 10
+
+
+@pytest.mark.parametrize("name", ["reader\n", "a\nb"])
+def test_reader_name_with_a_newline_is_refused(tmp_path, name):
+    with pytest.raises(Error, match="reader name"):
+        ReaderOffset(tmp_path, name)
+    assert not (tmp_path / "ofs").exists() or not list((tmp_path / "ofs").iterdir())
+
+
+@pytest.mark.parametrize("bad", [True, 1.0])
+def test_commit_refuses_what_is_no_integer(tmp_path, bad):
+    with ReaderOffset(tmp_path, "r") as reader:
+        with pytest.raises(Error, match="offset must be an unsigned 64-bit integer"):
+            reader.commit(bad)
+        assert reader.value == 0
+    assert read_offset(tmp_path, "r") == 0

@@ -15,10 +15,11 @@ from unittest import mock
 import pytest
 
 from journalq.errors import CorruptionError, Error, JournalError, OffsetOutOfRangeError, TruncatedError
+from journalq.errors import InvalidArgumentError, ScanTimeout
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal import scanner as scanner_module
 from journalq.journal.codec import encode
-from journalq.journal.segment import segment_bases
+from journalq.journal.segment import list_segments, segment_bases
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -492,3 +493,103 @@ def test_an_iteration_goes_on_after_what_read_batch_took_meanwhile(tmp_path):
             writer.append_many([b"more"] * 5)
         assert [m.offset for m in s.read_batch(2)] == [10, 11]  # a new batch, with read_batch
         assert [m.offset for m in iteration] == [12, 13, 14]
+
+
+# -- a timeout of next_message, a negative offset -----------------------------------------------
+
+
+def test_next_message_raises_scan_timeout_when_none_comes_in_time(tmp_path):
+    """``ScanTimeout`` was never raised: a following scanner's iteration ends quietly, and a
+    caller waiting for one message could not tell a timeout from the end."""
+    with Writer(tmp_path) as writer:
+        writer.append(b"first")
+    with Scanner(tmp_path, 0, timeout=0.2) as scanner:
+        assert scanner.next_message().value == b"first"
+        began = time.monotonic()
+        with pytest.raises(ScanTimeout, match=r"no new message within 0\.2 s") as caught:
+            scanner.next_message()
+        assert time.monotonic() - began >= 0.2
+        assert isinstance(caught.value, TimeoutError) and caught.value.offset == 1
+        with Writer(tmp_path) as writer:
+            writer.append(b"second")
+        assert scanner.next_message().value == b"second"  # it goes on after a timeout
+    with Scanner(tmp_path, 1) as scanner:  # not following: it waits no time at all
+        assert scanner.next_message().value == b"second"
+        with pytest.raises(ScanTimeout, match="end of the journal"):
+            scanner.next_message()
+
+
+@pytest.mark.parametrize("offset", [-1, -(2**70)])
+def test_a_negative_offset_is_a_bad_argument_not_out_of_range(tmp_path, offset):
+    """It raised ``OffsetOutOfRangeError``, which says the journal does not hold the offset (now,
+    or any more), and which callers catch to look again elsewhere."""
+    with Writer(tmp_path) as writer:
+        writer.append(b"x")
+    with pytest.raises(InvalidArgumentError, match=f"offset must be an integer, 0 or more, not {offset}") as caught:
+        Scanner(tmp_path, offset)
+    assert not isinstance(caught.value, OffsetOutOfRangeError)
+    assert isinstance(caught.value, ValueError)  # (a bad argument, as Python's own say it)
+
+
+# -- arguments refused, segments gone or unreadable under a scanner --------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "3", True])
+def test_read_batch_refuses_a_bad_size(tmp_path, bad):
+    # read_batch(0) answered [] (the end's answer), read_batch(-1) all but the last message.
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b", b"c"])
+    with Scanner(tmp_path) as scanner:
+        with pytest.raises(Error, match="max_messages must be an integer, 1 or more"):
+            scanner.read_batch(bad)
+        assert scanner.offset == 0
+        assert [m.value for m in scanner.read_batch(2)] == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("offset", [1.5, "1", True])
+def test_scanner_refuses_an_offset_that_is_no_integer(tmp_path, offset):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b", b"c"])
+    with pytest.raises(Error, match="offset must be an integer"):
+        Scanner(tmp_path, offset)
+
+
+@pytest.mark.parametrize("timeout", [-1, "1", float("nan")])
+def test_scanner_refuses_a_bad_timeout(tmp_path, timeout):
+    with Writer(tmp_path) as writer:
+        writer.append(b"a")
+    with pytest.raises(Error, match="timeout must be"):
+        Scanner(tmp_path, timeout=timeout)
+
+
+def test_segments_collected_under_a_reader_are_no_longer_stored(tmp_path):
+    # Retention deletes the oldest segments, the one a slow reader has open among them: past its
+    # end the offsets it wants are gone. That is OffsetOutOfRangeError (what a hub client and
+    # Spark's failOnDataLoss handle), not a TruncatedError about a failed append taken back.
+    with Writer(tmp_path, segment_size=300) as writer:
+        writer.append_many([b"v" * 20] * 40)
+    segments = list_segments(tmp_path)
+    assert len(segments) > 4
+    with Scanner(tmp_path, 0) as scanner:
+        assert [m.offset for m in scanner.read_batch(1)] == [0]
+        for segment in segments[:3]:
+            os.unlink(segment.path)
+            segment.index_path.unlink(missing_ok=True)
+        gone = rf"no longer stored.*starts at {segments[3].base}"
+        with pytest.raises(OffsetOutOfRangeError, match=gone):
+            while scanner.read_batch():
+                pass
+
+
+def test_a_next_segment_that_cannot_be_opened_is_named(tmp_path):
+    # A segment listed where the next offset is due but that cannot be opened (a dangling link)
+    # was reported as a gap: "offsets 2-1 are stored twice".
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"a", b"b"])
+    dangling = tmp_path / "jnl" / f"{2:016x}.jnl"
+    os.symlink(tmp_path / "nowhere", dangling)
+    with Scanner(tmp_path, 0) as scanner:
+        assert len(scanner.read_batch()) == 2
+        with pytest.raises(JournalError, match="listed but cannot be opened") as caught:
+            scanner.read_batch()
+    assert caught.value.file == dangling

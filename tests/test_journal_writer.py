@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import struct
 import sys
 import threading
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import journalq.journal.sync as sync_mod
 from journalq.errors import ZERO_TIMESTAMP, Error, InvalidMessageError, JournalError, StorageError, TruncatedError
-from journalq.journal import Message, Scanner, SyncPolicy, Writer, end_offset
+from journalq.journal import Message, Scanner, SyncPolicy, Writer, end_offset, set_offset
 from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode_batch
 from journalq.journal.sync import DEFAULT_GROUP_INTERVAL_MS
@@ -754,3 +756,128 @@ def test_sync_stores_the_entries_of_the_directories_and_segments_it_made(tmp_pat
         w.append(b"z" * 100)  # another segment made
     # Closing syncs the data; the new entries too, unless the policy promises nothing at all.
     assert synced == ([] if sync == "none" else [root / "jnl"])
+
+
+# -- macOS: fsync leaves the data in the drive's cache -----------------------------------------
+
+
+_F_FULLFSYNC = 51  # macOS's number (Linux's fcntl has none)
+
+
+@pytest.fixture
+def on_macos(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """This machine taken for macOS, whose ``fcntl`` has ``F_FULLFSYNC``: the calls made to
+    ``fcntl(fd, F_FULLFSYNC)`` and ``fsync`` are recorded (as ``("full", fd)``, ``("fsync", fd)``),
+    and the sync functions picked again for it."""
+    import fcntl
+
+    calls: list[tuple[str, int]] = []
+    real_fsync = os.fsync
+
+    def fake_fcntl(fd: int, command: int, *args: object) -> int:
+        assert command == _F_FULLFSYNC
+        calls.append(("full", fd))
+        real_fsync(fd)
+        return 0
+
+    def recorded_fsync(fd: int) -> None:
+        calls.append(("fsync", fd))
+        real_fsync(fd)
+
+    monkeypatch.setattr(sync_mod.sys, "platform", "darwin")
+    monkeypatch.setattr(fcntl, "F_FULLFSYNC", _F_FULLFSYNC, raising=False)
+    monkeypatch.setattr(fcntl, "fcntl", fake_fcntl)
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.delattr(os, "fdatasync", raising=False)  # macOS's os has none
+    monkeypatch.setattr(sync_mod, "_os_fdatasync", sync_mod._data_sync())
+    monkeypatch.setattr(sync_mod, "_full_sync", sync_mod._full_sync_here())
+    return calls
+
+
+def test_on_macos_a_writer_syncs_with_f_fullfsync(tmp_path: Path, on_macos: list[tuple[str, int]]) -> None:
+    # It was os.fsync, which on macOS leaves the data in the drive's cache: lost in a power cut.
+    with Writer(tmp_path, sync="always") as writer:
+        on_macos.clear()
+        writer.append(b"one")
+        assert ("full", writer._fd) in on_macos and ("fsync", writer._fd) not in on_macos
+    on_macos.clear()
+    set_offset(tmp_path, "reader", 1)  # an offset's commit, synced too
+    assert [kind for kind, _ in on_macos].count("full") >= 1
+
+
+def test_on_macos_a_file_system_that_refuses_f_fullfsync_gets_fsync(
+    tmp_path: Path, on_macos: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    def refused(fd: int, command: int, *args: object) -> int:
+        on_macos.append(("full", fd))
+        raise OSError(errno.ENOTSUP, os.strerror(errno.ENOTSUP))
+
+    monkeypatch.setattr(fcntl, "fcntl", refused)
+    with open(tmp_path / "f", "wb") as f:
+        f.write(b"x")
+        f.flush()
+        sync_mod.fdatasync(f.fileno())
+        assert on_macos == [("full", f.fileno()), ("fsync", f.fileno())]
+
+
+def test_elsewhere_a_writer_syncs_with_fdatasync(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sync_mod.sys, "platform", "linux")
+    assert sync_mod._data_sync() is os.fdatasync
+    assert not sync_mod._full_sync_here()
+
+
+# -- a sync policy made directly --------------------------------------------------------------
+
+
+def test_a_group_policy_made_directly_syncs_every_10ms_as_its_string_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SyncPolicy("group") had no interval and no count: a writer with it never synced (until a
+    # roll or close), where the string "group" syncs every 10 ms.
+    assert SyncPolicy("group") == SyncPolicy.parse("group")
+    import journalq.journal.writer as writer_mod
+
+    synced = threading.Event()
+    real = writer_mod.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        real(fd)
+        synced.set()
+
+    monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
+    with Writer(tmp_path, sync=SyncPolicy("group")) as writer:
+        writer.append(b"one")
+        assert synced.wait(5)
+
+
+@pytest.mark.parametrize(
+    ("args", "wrong"),
+    [
+        (("alway",), "unknown sync policy mode 'alway'"),
+        (("group", 0.0), "interval_ms must be a number above 0"),
+        (("group", -5.0), "interval_ms must be a number above 0"),
+        (("group", float("nan")), "interval_ms must be a number above 0"),
+        (("group", float("inf")), "interval_ms must be a number above 0"),
+        (("group", "5ms"), "interval_ms must be a number above 0"),
+        (("group", None, 0), "max_messages must be an integer above 0"),
+        (("group", None, 2.5), "max_messages must be an integer above 0"),
+        (("none", 5.0), "only a group policy has interval_ms or max_messages"),
+        (("always", None, 3), "only a group policy has interval_ms or max_messages"),
+    ],
+)
+def test_a_policy_made_directly_with_bad_fields_is_refused(args: tuple, wrong: str) -> None:
+    # Each was taken as it was: "alway" and "none" with an interval never synced, a group of 0
+    # synced at every append, and a string interval killed the timer's thread (no sync after).
+    with pytest.raises(Error, match=re.escape(wrong)):
+        SyncPolicy(*args)
+
+
+@pytest.mark.parametrize("one", [b"abc", bytearray(b"abc"), "abc", Message(value=b"abc")])
+def test_append_many_given_one_message_says_so(tmp_path: Path, one: object) -> None:
+    # It was "item 0 of the batch is a int": the bytes (or the Message's fields) taken for items.
+    with Writer(tmp_path) as writer:
+        with pytest.raises(InvalidMessageError, match="a batch must be an iterable of values or Messages, not one"):
+            writer.append_many(one)  # type: ignore[arg-type]
+        assert writer.next_offset == 0

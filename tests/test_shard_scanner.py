@@ -373,3 +373,22 @@ def test_follow_resumes_from_offsets_with_new_shards(tmp_path: Path) -> None:
     assert Counter(name for name, _ in seen) == {"p.2.000": 10, "p.2.001": 30, "p.2.002": 35}
     assert len(set(seen)) == len(seen)
     assert len(written["p.2.002"]) + len(more["p.2.002"]) == 35
+
+
+def test_a_closed_sharded_scanner_refuses_to_read_rather_than_read_again(tmp_path: Path) -> None:
+    """Its shards' scanners read their journals again from the start once closed, so iterating
+    a closed sharded scanner gave every message a second time, with no error."""
+    with ShardedWriter(tmp_path, "e", 1) as writer:
+        placed = [writer.append(b"%d" % i, key=b"k%d" % i) for i in range(20)]
+    with ShardedScanner(tmp_path) as scanner:
+        read = [(name, message.offset) for name, message in scanner]
+    assert sorted(read) == sorted(placed)
+    checkpoint = scanner.offsets  # still there after close: what to resume from
+    assert checkpoint == {shard: sum(n == shard for n, _ in placed) for shard in ("e.1.000", "e.1.001")}
+    with pytest.raises(Error, match="sharded scanner of .* is closed"):
+        list(scanner)
+    with pytest.raises(Error, match="is closed"):
+        scanner.read_batch()
+    scanner.close()  # twice is harmless
+    with ShardedScanner(tmp_path, checkpoint) as resumed:
+        assert list(resumed) == []

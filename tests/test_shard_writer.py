@@ -251,3 +251,26 @@ def test_a_root_with_the_same_prefix_and_another_bit_is_refused(tmp_path: Path) 
         ShardedWriter(tmp_path / "plain", "", 2)
     with pytest.raises(JournalError):
         ShardedWriter(tmp_path / "plain" / "jnl" / "0000000000000000.jnl", "x", 1)  # not a directory
+
+
+def test_a_refused_message_makes_no_shard(tmp_path: Path) -> None:
+    """A refused key made no shard, but a refused value, type or timestamp did: the shard's
+    directory, an empty journal that then held the root to its shard bit."""
+    root = tmp_path / "r"
+    with ShardedWriter(root, "k", 2) as writer:
+        with pytest.raises(InvalidMessageError, match="type"):
+            writer.append(b"v", b"k", type=256)
+        with pytest.raises(InvalidMessageError, match="value"):
+            writer.append("text", b"k")  # type: ignore[arg-type]
+        with pytest.raises(InvalidMessageError, match="timestamp"):
+            writer.append(b"v", b"k", timestamp_ns=2**63)
+        with pytest.raises(InvalidMessageError):
+            writer.append_many([Message(key=b"a", value=b"v", type=-1)])
+        with pytest.raises(InvalidMessageError):
+            # The group of the first shard in the batch is refused: nothing is stored.
+            writer.append_many([Message(key=b"b", value="text"), Message(key=b"a", value=b"v")])  # type: ignore[arg-type]
+        assert writer.writers == {}
+    assert not root.exists() or list(root.iterdir()) == []
+    with ShardedWriter(root, "k", 3) as writer:  # the root is not held to shard bit 2
+        name, offset = writer.append(b"v", b"k")
+    assert offset == 0 and name.startswith("k.3.")

@@ -52,3 +52,17 @@ def test_the_first_batch_does_not_wait_for_max_trigger_delay(tmp_path, monkeypat
     clock[0] += 31
     assert reader.latestOffset({"": 10}, ReadMinRows(20)) == {"": 15}
     assert reader.latestOffset({"": 15}, ReadMinRows(20)) == {"": 15}
+
+
+@pytest.mark.usefixtures("vectors_untouched")  # as in the file it came from
+def test_a_small_shard_is_not_starved_by_a_big_one():
+    """A shard's share of maxOffsetsPerTrigger rounds down to 0 beside a shard with a far bigger
+    backlog; the offsets left over went to the fullest shard first, so while the big shard stayed
+    behind the small one's messages were never read. Shards that got nothing now come first (as
+    Kafka's source gives every partition with data at least one), within the limit."""
+    from journalq.spark.source import allocate
+
+    assert allocate({"small": 1, "big": 10**6}, 1000) == {"small": 1, "big": 999}
+    assert allocate({"a": 3, "b": 10**6, "c": 10**6}, 10) == {"a": 1, "b": 5, "c": 4}
+    assert allocate({"a": 2, "b": 2, "c": 10**6}, 2) == {"a": 1, "b": 0, "c": 1}  # the limit holds
+    assert allocate({"a": 10, "b": 30}, 8) == {"a": 2, "b": 6}

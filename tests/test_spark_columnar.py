@@ -1,6 +1,7 @@
 """The column-wise decoder and the pure parts of the Spark data source (no Spark session):
 ``columnar.decode_columns`` against the codec and the Go vectors, predicates, option parsing,
-splitting, admission control, and the writer's digest and commit log."""
+splitting, admission control, and the writer's digest and commit log; a chunk of columns bounded
+under Arrow's int32 offsets (keys, values and the shard column), the rest going in the next."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
+from pyspark.sql.types import StructType  # noqa: E402
+
 from journalq.errors import ZERO_TIMESTAMP, CorruptionError  # noqa: E402
 from journalq.journal import Message, Writer  # noqa: E402
 from journalq.journal.codec import decode, encode  # noqa: E402
 from journalq.spark import options as opts  # noqa: E402
 from journalq.spark import predicates, reading  # noqa: E402
+from journalq.spark import columnar  # noqa: E402
 from journalq.spark.columnar import decode_columns  # noqa: E402
+from journalq.spark.schema import SCHEMA  # noqa: E402
 from journalq.spark.source import JournalStreamReader, allocate  # noqa: E402
 from journalq.spark.targets import Target, for_writing, resolve  # noqa: E402
 from journalq.spark.writing import COMMIT, INTENT, CommitLog, digest, log_name  # noqa: E402
@@ -661,3 +666,87 @@ def test_register_without_a_session_is_a_journalq_error(monkeypatch):
     monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
     with pytest.raises(Error, match="no active Spark session"):
         journalq.spark.register()
+
+
+# -- a chunk bounded under Arrow's int32 offsets (MAX_BINARY made small here, not the data huge) -----
+
+
+LIMIT = 1000
+
+
+@pytest.fixture
+def small_limit(monkeypatch):
+    monkeypatch.setattr(columnar, "MAX_BINARY", LIMIT, raising=False)
+
+
+def values_of(cols) -> list[bytes]:
+    return [cols.value(i) for i in range(len(cols))]
+
+
+def test_a_uniform_run_stops_at_the_limit_and_the_next_call_goes_on(small_limit):
+    values = [b"%099d" % i for i in range(50)]  # 100 bytes each: 10 a call
+    buf = b"".join(encode(i, 1, 0, b"k", v) for i, v in enumerate(values))
+    got, pos, calls = [], 0, 0
+    while pos < len(buf):
+        cols, pos = decode_columns(buf, pos, len(buf), len(got))
+        assert len(cols) == 10 and int(cols.value_offsets[-1]) <= LIMIT
+        got += values_of(cols)
+        calls += 1
+    assert got == values and calls == 5
+
+
+def test_messages_of_many_sizes_stop_at_the_limit_keys_too(small_limit):
+    values = [b"v" * (1 + i * 37 % 300) for i in range(60)]
+    keys = [b"k" * (i % 100) for i in range(60)]
+    buf = b"".join(encode(i, 1, 0, k, v) for i, (k, v) in enumerate(zip(keys, values)))
+    for wanted in ({"keys": True, "values": True}, {"keys": True, "values": False}):
+        got_keys, pos = [], 0
+        while pos < len(buf):
+            cols, pos = decode_columns(buf, pos, len(buf), len(got_keys), **wanted)
+            assert int(cols.key_offsets[-1]) <= LIMIT
+            if wanted["values"]:
+                assert int(cols.value_offsets[-1]) <= LIMIT
+                assert values_of(cols) == values[len(got_keys) : len(got_keys) + len(cols)]
+            got_keys += [cols.key(i) for i in range(len(cols))]
+        assert got_keys == keys
+
+
+def test_a_message_larger_than_the_limit_is_decoded_alone(small_limit):
+    values = [b"a" * 10, b"b" * 3000, b"c" * 10]
+    buf = b"".join(encode(i, 1, 0, b"", v) for i, v in enumerate(values))
+    first, pos = decode_columns(buf, 0, len(buf), 0)
+    second, pos = decode_columns(buf, pos, len(buf), 1)
+    third, pos = decode_columns(buf, pos, len(buf), 2)
+    assert [values_of(c) for c in (first, second, third)] == [[values[0]], [values[1]], [values[2]]]
+    assert pos == len(buf)
+
+
+def test_a_journal_with_more_values_than_a_chunk_holds_is_read_whole_not_called_corrupt(tmp_path, small_limit):
+    values = [b"%0*d" % (50 + i % 200, i) for i in range(3000)]  # 450 KB, in one 4 MiB read
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many(values)
+    batches = list(reading.iter_columns(str(tmp_path / "j"), 0, len(values)))
+    assert all(int(c.value_offsets[-1]) <= LIMIT for c in batches)
+    assert [v for c in batches for v in values_of(c)] == values
+    # From inside a segment's chunk: the messages before are passed over across several stops.
+    inside = list(reading.iter_columns(str(tmp_path / "j"), 1234, 2900))
+    assert [int(o) for c in inside for o in c.offset] == list(range(1234, 2900))
+    assert [v for c in inside for v in values_of(c)] == values[1234:2900]
+
+
+def test_the_shard_column_of_a_batch_stays_within_arrows_offsets(tmp_path, monkeypatch) -> None:
+    """The shard column repeats the shard's name on every row, counted in int32 offsets as keys
+    and values are: a batch of many small messages (empty values, after a large one had grown
+    the read) with a long name passed 2 GiB there, where the offsets wrapped round without a
+    word (an Arrow array with negative offsets). Batches now stop at as many rows as the column
+    holds. The limit is made small here (``columnar.MAX_BINARY``), not the data huge."""
+    monkeypatch.setattr(columnar, "MAX_BINARY", LIMIT)
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b""] * 300)  # 26 bytes each: one read, one call of decode_columns
+    shard = "events.1.000"  # 12 bytes a row: 83 rows a batch
+    spec = reading.ReadSpec(StructType([SCHEMA["offset"], SCHEMA["shard"]]))
+    batches = list(reading.read_range(reading.ShardRange(shard, str(tmp_path / "j"), 0, 300), spec))
+    offsets = [np.frombuffer(b.column(1).buffers()[1], np.int32)[b.column(1).offset :] for b in batches]
+    assert all(int(o[len(b)]) <= LIMIT for o, b in zip(offsets, batches))
+    assert [o for b in batches for o in b.column(0).to_pylist()] == list(range(300))
+    assert {s for b in batches for s in b.column(1).to_pylist()} == {shard}

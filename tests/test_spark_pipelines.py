@@ -1,6 +1,7 @@
 """The pipelines end to end on generated data, on a real local Spark session: archive (resumable,
 exactly once, leftovers of a dead run cleaned up), aggregate (event-time windows to a topic and to
-Parquet, exactly once across runs), import (JSON lines, CSV, Parquet; once per set of files)."""
+Parquet, exactly once across runs), import (JSON lines, CSV, Parquet; once per set of files; file
+names taken literally); and, without a session, the archive's syncs and waiting for queries."""
 
 from __future__ import annotations
 
@@ -209,3 +210,93 @@ def test_import_jsonl_csv_parquet_once(spark, tmp_path):
         pipelines.import_files(spark, [str(parquet)], "parquet", journal=str(tmp_path / "x"), key_field="nope")
     with pytest.raises(pipelines.PipelineError, match="does not exist"):
         pipelines.import_files(spark, [str(tmp_path / "missing.csv")], "csv", journal=str(tmp_path / "x"))
+
+
+# -- archive syncs before its offset commits; waiting for several queries (no Spark session) -------
+
+
+def test_archived_files_are_synced_before_the_offset_commits(tmp_path: Path, monkeypatch) -> None:
+    # Spark's local file writes are not fsynced: the archiver committed its reader offset while
+    # the Parquet files' data (and a new date directory's entry in the output) could still be
+    # lost in a power cut, losing those messages from the archive for good.
+    from journalq.spark import pipelines
+
+    staging, out = tmp_path / "out" / "_staging" / "run", tmp_path / "out"
+    (staging / "date=2026-01-02").mkdir(parents=True)
+    (staging / "date=2026-01-02" / "part-0.parquet").write_bytes(b"data")
+    (staging / "date=2026-01-02" / ".part-0.parquet.crc").write_bytes(b"crc")
+    from test_queue_deletion import _synced_paths
+
+    synced = _synced_paths(monkeypatch)
+    moved, dates = pipelines._move_into_place(staging, out, "jq-1-2-")
+    assert (moved, dates) == (1, ["2026-01-02"])
+    placed = out / "date=2026-01-02" / "jq-1-2-part-0.parquet"
+    assert placed.read_bytes() == b"data"
+    assert str(placed) in synced or str(staging / "date=2026-01-02" / "part-0.parquet") in synced
+    assert str(out) in synced  # the new date directory's entry
+    assert str(out / "date=2026-01-02") in synced
+
+
+class _Failed(Exception):
+    pass
+
+
+class _Query:
+    """A streaming query's waiting methods: ``runs_forever`` (a processing-time trigger), or
+    failed with ``error``."""
+
+    def __init__(self, *, runs_forever: bool = False, error: Exception | None = None) -> None:
+        self.runs_forever, self.error, self.stopped = runs_forever, error, False
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        if self.error is not None:
+            raise self.error
+        if self.runs_forever and not self.stopped:
+            if timeout is None:
+                raise AssertionError("waited without end on a running query")
+            return False
+        return True if timeout is not None else None
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_wait_for_sees_the_second_query_fail_while_the_first_runs() -> None:
+    # wait_for waited on the first query (which never ends under a processing-time trigger)
+    # before looking at the second: aggregate hung with its Parquet query dead.
+    from journalq.spark.pipelines import wait_for
+
+    running, failed = _Query(runs_forever=True), _Query(error=_Failed("parquet sink failed"))
+    with pytest.raises(_Failed, match="parquet sink failed"):
+        wait_for(None, [running, failed])
+    assert running.stopped
+
+
+def test_wait_for_returns_when_every_query_ended() -> None:
+    from journalq.spark.pipelines import wait_for
+
+    queries = [_Query(), _Query()]
+    wait_for(None, queries)
+    assert not any(q.stopped for q in queries)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_import_takes_file_names_literally_not_as_globs(tmp_path: Path, fmt: str) -> None:
+    # Spark expanded "x[1].jsonl" as a Hadoop glob, which matches x1.jsonl: that file was
+    # imported twice and x[1].jsonl never.
+    spark = local_session()
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    if fmt == "jsonl":
+        (inputs / "x[1].jsonl").write_text('{"n": "bracket"}\n')
+        (inputs / "x1.jsonl").write_text('{"n": "plain"}\n')
+    else:
+        (inputs / "x[1].csv").write_text("n\nbracket\n")
+        (inputs / "x1.csv").write_text("n\nplain\n")
+    result = pipelines.import_files(spark, [str(inputs)], fmt, journal=str(tmp_path / "j"))
+    with Scanner(tmp_path / "j") as scanner:
+        values = sorted(m.value for m in scanner)
+    assert (result.files, result.messages) == (2, 2)
+    bracket, plain = (b'{"n":"bracket"}', b'{"n":"plain"}') if fmt == "csv" else (
+        b'{"n": "bracket"}', b'{"n": "plain"}')
+    assert values == [bracket, plain]

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import datetime as dt
 import zlib
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pyspark")
 
+from journalq.errors import Error  # noqa: E402
 from journalq.journal import Scanner  # noqa: E402
 from journalq.journal.offsets import end_offset  # noqa: E402
 from journalq.queue import Broker  # noqa: E402
 from journalq.queue.settings import load as load_settings  # noqa: E402
+from journalq.spark.targets import for_writing  # noqa: E402
 from journalq.spark.testing import local_session  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
@@ -135,3 +138,64 @@ def test_write_id_appends_once(spark, tmp_path):
     save(df, path, writeId="load-2024-05-02")
     assert end_offset(path) == 2000
     assert (path / "_spark_commits").is_dir()
+
+
+# -- refused, not ignored: a shard bit for a topic, a timestamp sej cannot hold, an empty write id --
+
+
+def test_shard_bit_for_a_topic_is_refused_not_ignored(tmp_path: Path) -> None:
+    # A topic's shards are its settings: shardBit/shardPrefix were silently dropped.
+    with pytest.raises(Error, match="shardBit"):
+        for_writing(str(tmp_path), "events", shard_bit=2)
+    assert not (tmp_path / "events").exists()  # refused before the topic is made
+    for_writing(str(tmp_path), "events")
+    with pytest.raises(Error, match="shardBit"):
+        for_writing(str(tmp_path), "events", shard_bit=2)
+
+
+def test_a_timestamp_sej_cannot_hold_is_refused_before_any_append(tmp_path: Path) -> None:
+    # TIMESTAMP reaches year 9999; sej's nanoseconds end in 2262. The row failed only in the
+    # append, after the task's other shards (and earlier Arrow batches) were already appended.
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from journalq.spark.writing import WriteError, WriteSpec, batch_messages
+
+    spec = WriteSpec(("value", "timestamp"))
+    utc = dt.timezone.utc
+    stamps = [dt.datetime(2020, 1, 1, tzinfo=utc), dt.datetime(3000, 1, 1, tzinfo=utc)]
+    batch = pa.RecordBatch.from_pydict(
+        {"value": [b"a", b"b"], "timestamp": pa.array(stamps, pa.timestamp("us", tz="UTC"))}
+    )
+    with pytest.raises(WriteError, match="timestamp .*3000-01-01.* 2262"):
+        batch_messages(batch, spec)
+    # timestamp_ns wins over timestamp: then the row is fine.
+    spec_ns = WriteSpec(("value", "timestamp", "timestamp_ns"))
+    with_ns = batch.append_column("timestamp_ns", pa.array([None, 5], pa.int64()))
+    messages, _ = batch_messages(with_ns, spec_ns)
+    assert [m.timestamp_ns for m in messages] == [1_577_836_800_000_000_000, 5]
+    # The zero time (sej's "no timestamp", int64's least) as a read gives it back: a NULL
+    # timestamp and its timestamp_ns. A copy of a journal writes it as it was.
+    from journalq.errors import ZERO_TIMESTAMP
+
+    zero = pa.RecordBatch.from_pydict({
+        "value": [b"a"],
+        "timestamp": pa.array([None], pa.timestamp("us", tz="UTC")),
+        "timestamp_ns": pa.array([ZERO_TIMESTAMP], pa.int64()),
+    })
+    messages, _ = batch_messages(zero, spec_ns)
+    assert [m.timestamp_ns for m in messages] == [ZERO_TIMESTAMP]
+
+
+def test_an_empty_write_id_is_refused_not_ignored(tmp_path: Path) -> None:
+    # writeId="" (an id from an empty variable) silently made the write a plain append, so a
+    # rerun appended everything again.
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from journalq.spark.source import JournalWriter
+
+    schema = StructType([StructField("value", BinaryType())])
+    with pytest.raises(Error, match="writeId"):
+        JournalWriter({"path": str(tmp_path / "j"), "writeId": ""}, schema, False)
+    assert JournalWriter({"path": str(tmp_path / "j"), "writeId": "w1"}, schema, False).write_id == "w1"

@@ -1,99 +1,158 @@
-"""Sharded queues, fourth audit: the round robin of keyless messages under threads, the
-descriptors that deduplication keeps open per shard, and threads sharing one sharded queue."""
+"""Deduplication on sharded queues: a duplicate ``dedup_id`` sent with another group or key, which
+routes it to another shard, is dropped as on an unsharded queue and as SQS's DeduplicationScope
+"queue" does (in one process, in a batch, from threads and from two processes at once); the
+readings of every shard that deduplication keeps open, closed when idle (under another thread's
+send too) and resumed after gc; the deduplication index's answer of where and when an id was sent."""
 
 from __future__ import annotations
 
 import collections
 import os
+import textwrap
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 import pytest
 
-from journalq.errors import LockedError
 from journalq.journal import Scanner
-from journalq.journal.lock import FileLock
 from journalq.journal.segment import list_segments
-from journalq.queue import Broker, sharded
+from journalq.queue import Broker, sharded, topic as topic_module
 from journalq.queue.envelope import decode
-from journalq.queue import topic as topic_module
 from journalq.queue.topic import DedupIndex, DedupSend
 
-
-@pytest.fixture
-def threads_taking_turns() -> Iterator[None]:
-    """Threads started meanwhile give way to the others at every line of ``sharded.py`` (a
-    tracer, as coverage or a debugger sets, that sleeps 0 s): a race between two of its lines
-    shows at once. (CPython with its GIL seldom switches threads between two lines with no call
-    between them; a tracer, or a build without the GIL, does.)"""
-
-    def give_way(frame: FrameType, event: str, arg: object) -> Any:
-        if frame.f_code.co_filename != sharded.__file__:
-            return None
-        if event == "line":
-            time.sleep(0)
-        return give_way
-
-    threading.settrace(give_way)
-    try:
-        yield
-    finally:
-        threading.settrace(None)  # type: ignore[arg-type]  # None takes the tracer away
+from conftest import shard_of
+from test_queue_processes import spawn
 
 
-def run_threads(count: int, work: Callable[[int], None]) -> None:
-    """``work(n)`` for n in range(count), each in its own thread; the first failure re-raised."""
-    failures: list[BaseException] = []
-
-    def run(n: int) -> None:
-        try:
-            work(n)
-        except BaseException as exc:  # re-raised below, in the test's thread
-            failures.append(exc)
-
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise failures[0]
+def groups_in_other_shards(shards: int, count: int) -> list[str]:
+    """``count`` group ids that route to ``count`` different shards."""
+    found: dict[int, str] = {}
+    for n in range(10_000):
+        group = f"group-{n}"
+        found.setdefault(zlib.crc32(group.encode()) & (shards - 1), group)
+        if len(found) == count:
+            return list(found.values())
+    raise AssertionError("not enough shards")
 
 
-def shard_of(id_or_receipt: str) -> int:
-    return int(id_or_receipt.split(".", 1)[0])
+def stored_dedup_ids(root: Path, name: str, shards: int) -> collections.Counter[str]:
+    """The dedup ids of every message stored in every shard of ``name``, counted."""
+    counted: collections.Counter[str] = collections.Counter()
+    bit = shards.bit_length() - 1
+    for index in range(shards):
+        with Scanner(root / f"{name}.{bit:x}.{index:03d}") as scanner:
+            for message in scanner:
+                counted[decode(message.type, message.value).dedup_id] += 1
+    return counted
 
 
-# -- the round robin of keyless messages --------------------------------------------------------
-
-
-@pytest.mark.usefixtures("threads_taking_turns")
-def test_threads_sending_keyless_messages_fill_every_shard_evenly(tmp_path: Path) -> None:
-    """Each keyless message takes the next shard: 8 threads of 100 sends, 800 messages over 4
-    shards, are 200 per shard exactly (two threads once took the same turn, and one skipped)."""
-    threads, sends, shards = 8, 100, 4
+def test_a_duplicate_sent_with_another_group_is_dropped(tmp_path: Path) -> None:
+    a, b, c = groups_in_other_shards(4, 3)
     with Broker(tmp_path, sync="none") as broker:
-        queue = broker.queue("orders", shards=shards)
-        ids: list[str] = []
-
-        def send(n: int) -> None:
-            for i in range(sends):
-                ids.append(queue.send(b"%d.%d" % (n, i)))
-
-        run_threads(threads, send)
-        per_shard = collections.Counter(shard_of(id) for id in ids)
-        assert per_shard == {index: threads * sends // shards for index in range(shards)}
-        assert {name: s.available for name, s in queue.shard_stats().items()} == {
-            name: threads * sends // shards for name in queue.topic.shard_names
-        }
+        queue = broker.queue("orders", shards=4)
+        first = queue.send(b"paid", dedup_id="order-1", group_id=a)
+        assert shard_of(first) == zlib.crc32(a.encode()) & 3
+        assert queue.send(b"paid again", dedup_id="order-1", group_id=b) == first
+        assert queue.send(b"paid by key", dedup_id="order-1", key="customer-9") == first
+        assert queue.send(b"paid bare", dedup_id="order-1") == first
+        assert queue.send(b"other", dedup_id="order-2", group_id=c) != first
+        assert queue.stats().available == 2
+        assert sorted(m.body for m in queue.receive(10)) == [b"other", b"paid"]
+    assert stored_dedup_ids(tmp_path, "orders", 4) == {"order-1": 1, "order-2": 1}
 
 
-# -- the descriptors that deduplication holds open ----------------------------------------------
+def test_a_duplicate_in_another_shard_is_dropped_from_a_batch(tmp_path: Path) -> None:
+    a, b, c = groups_in_other_shards(8, 3)
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=8)
+        first = queue.send(b"one", dedup_id="x", group_id=a)
+        ids = queue.send_many(
+            [
+                {"body": b"two", "dedup_id": "y", "group_id": b},  # new, and again in c below
+                {"body": b"one again", "dedup_id": "x", "group_id": b},  # sent before, to a
+                {"body": b"two again", "dedup_id": "y", "group_id": c},
+                {"body": b"three", "group_id": c},
+            ]
+        )
+        assert ids[1] == first
+        assert ids[2] == ids[0] and shard_of(ids[0]) == zlib.crc32(b.encode()) & 7
+        assert len(set(ids)) == 3
+        assert queue.stats().available == 3
+    assert stored_dedup_ids(tmp_path, "orders", 8) == {"x": 1, "y": 1, None: 1}
+
+
+def test_a_duplicate_in_another_shard_is_taken_again_after_the_window(tmp_path: Path) -> None:
+    a, b = groups_in_other_shards(4, 2)
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4, dedup_window=0.5)
+        first = queue.send(b"one", dedup_id="x", group_id=a)
+        time.sleep(0.6)
+        second = queue.send(b"one later", dedup_id="x", group_id=b)
+        assert second != first and shard_of(second) == zlib.crc32(b.encode()) & 3
+        assert queue.send(b"one again", dedup_id="x", group_id=a) == second  # its window now
+        assert queue.stats().available == 2
+
+
+SENDER = textwrap.dedent(
+    """
+    import sys, time
+    from journalq.queue import Broker
+
+    root, group, start, count = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("orders")
+        time.sleep(max(0.0, start - time.time()))  # both senders start together
+        for n in range(count):
+            if n % 2:
+                print(queue.send(b"%d" % n, dedup_id=str(n), group_id=group))
+            else:  # a batch of one: the duplicate of the other process, or of the one before
+                print(*queue.send_many([{"body": b"%d" % n, "dedup_id": str(n), "group_id": group},
+                                        {"body": b"%d" % n, "dedup_id": str(n), "group_id": group + "x"}]))
+    """
+)
+
+
+def test_two_processes_sending_the_same_dedup_ids_with_other_groups_store_each_once(
+    tmp_path: Path, child_env: dict
+) -> None:
+    a, b = groups_in_other_shards(4, 2)
+    with Broker(tmp_path, sync="none") as broker:
+        broker.queue("orders", shards=4)
+    count, start = 300, time.time() + 1.5
+    senders = [spawn(SENDER, tmp_path, group, start, count, env=child_env, stdout=-1, text=True) for group in (a, b)]
+    outputs = []
+    for sender in senders:
+        out, _ = sender.communicate(timeout=120)
+        assert sender.returncode == 0
+        outputs.append(out.splitlines())
+    stored = stored_dedup_ids(tmp_path, "orders", 4)
+    assert stored == {str(n): 1 for n in range(count)}
+    # Both processes were given the id of the one message stored for each dedup id.
+    for n, (mine, theirs) in enumerate(zip(*outputs)):
+        assert len(set(mine.split() + theirs.split())) == 1, n
+
+
+def test_threads_sending_the_same_dedup_ids_with_other_groups_store_each_once(tmp_path: Path) -> None:
+    groups = groups_in_other_shards(4, 4)
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        results: dict[str, list[str]] = {}
+
+        def send(group: str) -> None:
+            results[group] = [queue.send(b"%d" % n, dedup_id=str(n), group_id=group) for n in range(100)]
+
+        threads = [threading.Thread(target=send, args=(group,)) for group in groups]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert all(len({results[g][n] for g in groups}) == 1 for n in range(100))
+    assert stored_dedup_ids(tmp_path, "orders", 4) == {str(n): 1 for n in range(100)}
+
+
+# -- the readings of every shard that deduplication keeps open ----------------------------------
 
 
 def deduplication_readings(root: Path) -> collections.Counter[str]:
@@ -171,7 +230,6 @@ def test_the_readings_of_topics_that_stopped_deduplicating_are_closed(
         assert topics_reading(tmp_path) == {"q0", "q1", "q2", "q3"}
 
 
-
 def test_a_topic_deduplicating_keeps_its_own_readings_whatever_the_idle_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -185,6 +243,7 @@ def test_a_topic_deduplicating_keeps_its_own_readings_whatever_the_idle_time(
         assert topics_reading(tmp_path) == {"first"}
         second.send(b"y", dedup_id="b")
         assert topics_reading(tmp_path) == {"second"}
+
 
 def sent_at(dedup: DedupIndex, dedup_id: str) -> int | None:
     """The offset that ``dedup`` says ``dedup_id`` was sent at, if any."""
@@ -235,29 +294,6 @@ def test_the_deduplication_index_says_where_and_when_an_id_was_sent(tmp_path: Pa
         expired.close()
 
 
-# -- a sharded queue closed under its users --------------------------------------------------------
-
-
-@pytest.mark.parametrize("shards", [1, 4])
-def test_a_queue_closed_by_its_topic_receives_nothing_and_claims_nothing(tmp_path: Path, shards: int) -> None:
-    """The broker closes a topic under the queue objects given out (``Broker.forget``, a delete):
-    an unsharded queue's receive then gets nothing; a sharded one opened its shards' channels
-    again, claimed a home shard that nothing let go of, and hid the messages it took."""
-    with Broker(tmp_path, sync="none") as broker:
-        queue = broker.queue("orders", shards=shards)
-        queue.send_many([b"m%d" % n for n in range(8)])
-        broker.topic("orders").close()
-        assert queue.receive(10) == []
-        claims = sorted((tmp_path / "orders" / "consumers").glob("*.lck"))
-        for path in claims:  # none held: each can be taken at once
-            claim = FileLock(path)
-            claim.acquire(wait=False)
-            claim.close()
-    with Broker(tmp_path, sync="none") as broker:
-        assert len(broker.queue("orders").receive(10, visibility_timeout=60)) == 8
-
-
-
 def test_a_topic_closed_while_another_thread_closes_its_idle_readings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -299,38 +335,3 @@ def test_a_topic_closed_while_another_thread_closes_its_idle_readings(
         if failures:
             raise failures[0]
         assert topics_reading(tmp_path) == {"busy"}
-
-
-def claims_held(root: Path, name: str) -> list[str]:
-    """The consumers' home-shard claims of sharded topic ``name`` held now (by this process: a
-    lock of another file description refuses at once)."""
-    held: list[str] = []
-    for path in sorted((root / name / "consumers").glob("*.lck")):
-        claim = FileLock(path)
-        try:
-            claim.acquire(wait=False)
-        except LockedError:
-            held.append(path.name)
-        finally:
-            claim.close()
-    return held
-
-
-@pytest.mark.usefixtures("threads_taking_turns")
-def test_threads_asking_for_one_channel_at_once_get_one(tmp_path: Path) -> None:
-    """Two threads asking a sharded topic for a new channel each made one: the one not kept by
-    the topic was never closed with it, and the home shard it claimed stayed claimed."""
-    with Broker(tmp_path, sync="none") as broker:
-        topic = broker.topic("orders", shards=4)
-        got: list[object] = [None, None]
-        start = threading.Barrier(2)
-
-        def take(n: int) -> None:
-            start.wait()
-            channel = got[n] = topic.channel("billing")
-            channel.receive(1, wait=0)  # claims a home shard
-
-        run_threads(2, take)
-        assert got[0] is got[1]
-        topic.close()
-        assert claims_held(tmp_path, "orders") == []

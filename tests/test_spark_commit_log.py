@@ -1,22 +1,22 @@
-"""The exactly-once commit log's marks: a task's first run reads none of the log (an import of N
-tasks read it N times), and the marks never make a replay append twice: a log without them (an
-older journalq's), a rebuild cut short, a mark left without its record (no Spark session)."""
+"""The exactly-once commit log (no Spark session): read once per ``CommitLog``, then only what was
+appended since; its marks, by which a task's first run reads none of the log (an import of N tasks
+read it N times) and which never make a replay append twice: a log without them (an older
+journalq's), a rebuild cut short, a mark left without its record; a damaged record."""
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pyspark")
 
-from journalq.errors import JournalError  # noqa: E402
-from journalq.journal import Message, Scanner, Writer  # noqa: E402
-from journalq.spark import reading, writing  # noqa: E402
+from journalq.errors import Error  # noqa: E402
+from journalq.journal import Message, Scanner  # noqa: E402
+from journalq.spark import writing  # noqa: E402
 from journalq.spark.targets import Target, for_writing  # noqa: E402
-from journalq.spark.writing import COMMIT, CommitLog  # noqa: E402
-from conftest import fifo_at, returned_at_once  # noqa: E402
-
+from journalq.spark.writing import COMMIT, INTENT, CommitLog  # noqa: E402
 
 
 def rows_of(partition: int, n: int = 3) -> list[Message]:
@@ -109,27 +109,6 @@ def test_a_commit_drops_its_tasks_marks_and_replays_still_skip(tmp_path, monkeyp
 # -- a named pipe with a segment's name --------------------------------------------------------
 
 
-
-def test_planning_and_reading_refuse_a_fifo_with_a_segments_name(tmp_path):
-    """The planner (a range's bytes, its cuts) and the executors' reads opened segments with a
-    bare open(), which waits for ever on a named pipe: the query hung instead of failing."""
-    with Writer(tmp_path, segment_size=100) as writer:
-        writer.append_many([b"v" * 120] * 3)  # one message a segment: 0, 1, 2
-    fifo = tmp_path / "jnl" / f"{1:016x}.jnl"
-    (tmp_path / "jnl" / f"{1:016x}.idx").unlink(missing_ok=True)
-    with fifo_at(fifo):
-        calls = [
-            lambda: reading.range_bytes(str(tmp_path), 0, 3),
-            lambda: reading.split([reading.ShardRange("", str(tmp_path), 0, 3)], min_partitions=None,
-                                  max_partition_bytes=64),
-            lambda: list(reading.iter_columns(str(tmp_path), 1, 3)),
-        ]
-        for call in calls:
-            error = returned_at_once(call)
-            assert isinstance(error, JournalError) and error.file == fifo, error
-            assert "a special file has a segment's name" in str(error)
-
-
 def test_a_task_appending_to_many_shards_reads_none_of_the_log(tmp_path, decoded):
     """A mark per task only would send a run to read the whole log from its second shard on
     (its own intent on the first marks the task): an import into a sharded root was quadratic
@@ -156,31 +135,89 @@ def test_a_task_appending_to_many_shards_reads_none_of_the_log(tmp_path, decoded
 # -- Trigger.AvailableNow and a shard made meanwhile ---------------------------------------------
 
 
-def test_available_now_reads_nothing_of_a_shard_made_since_and_does_not_go_back(tmp_path):
-    """A shard made after prepareForTriggerAvailableNow was capped at offset 0: one that starts
-    past 0 (a hub's copy, a shard whose old segments retention deleted) was planned at its first
-    offset, then at 0, and the query failed with "shard ... went back" (DataLossError)."""
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
+# -- the log read once, then only what was appended since ----------------------------------------
 
-    from journalq.spark.schema import SCHEMA
-    from journalq.spark.source import JournalStreamReader
 
-    root = tmp_path / "root"
-    with Writer(root / "e.1.000") as writer:
-        writer.append_many([b"a", b"b"])
-    reader = JournalStreamReader({"path": str(root)}, SCHEMA)
-    start = reader.initialOffset()
-    assert start == {"e.1.000": 2}
-    reader.prepareForTriggerAvailableNow()
-    with Writer(root / "e.1.000") as writer:
-        writer.append(b"after prepare")
-    late = root / "e.1.001"
-    (late / "jnl").mkdir(parents=True)
-    (late / "jnl" / f"{100:016x}.jnl").touch()  # a copy that starts at offset 100
-    with Writer(late) as writer:
-        writer.append_many([b"x", b"y"])
-    for _ in range(2):
-        end = reader.latestOffset(start, ReadAllAvailable())
-        assert end == {"e.1.000": 2, "e.1.001": 100}
-        assert sum(p.range.count for p in reader.partitions(start, end)) == 0
-        start = end
+def test_records_read_again_decode_only_what_was_appended_since(tmp_path, decoded):
+    log = CommitLog(Target(tmp_path, "journal"), "import-1")
+    for p in range(600):
+        log.append(INTENT, {"k": "intent", "b": 0, "p": p, "s": "", "e": p, "n": 1, "d": "1:0"})
+    assert len(log.records(0)) == 600
+    decoded[0] = 0
+    for p in range(600, 650):
+        log.append(INTENT, {"k": "intent", "b": 0, "p": p, "s": "", "e": p, "n": 1, "d": "1:0"})
+        assert [r["p"] for r in log.records(0)] == list(range(p + 1))
+    assert decoded[0] == 50  # not 50 reads of the whole log (31,000 records)
+    # Another writer's records (another CommitLog, as another task's) are seen too.
+    CommitLog(Target(tmp_path, "journal"), "import-1").append(COMMIT, {"k": "commit", "b": 0})
+    assert log.committed(0) and decoded[0] < 50 + 700
+
+
+def test_reading_on_keeps_the_zombie_rule(tmp_path):
+    """Read forward from where it was, the records are the ones read backward anew: those of
+    batches since the one asked for, after the newest commit of an older batch, with a late
+    intent of an older batch (a zombie's) passed over."""
+    target = Target(tmp_path, "journal")
+    log = CommitLog(target, "query-1")
+    for batch in (0, 1):
+        log.append(INTENT, {"k": "intent", "b": batch, "p": 0})
+        assert [(r["k"], r["b"]) for r in log.records(1)] == [("intent", 1)] * batch
+        log.append(COMMIT, {"k": "commit", "b": batch})
+    assert [(r["k"], r["b"]) for r in log.records(2)] == []
+    log.append(INTENT, {"k": "intent", "b": 2, "p": 0})
+    log.append(INTENT, {"k": "intent", "b": 1, "p": 1})  # the zombie's
+    assert [(r["k"], r["b"]) for r in log.records(2)] == [("intent", 2)]
+    log.append(COMMIT, {"k": "commit", "b": 2})
+    got = [(r["k"], r["b"]) for r in log.records(2)]
+    assert got == [("intent", 2), ("commit", 2)] == [(r["k"], r["b"]) for r in CommitLog(target, "query-1").records(2)]
+    since_1 = [("intent", 1), ("commit", 1), ("intent", 2), ("intent", 1), ("commit", 2)]
+    assert [(r["k"], r["b"]) for r in log.records(1)] == since_1
+    assert log.records(3) == []
+    log.append(COMMIT, {"k": "commit", "b": 1})  # an older batch's commit, late: reading stops there
+    assert log.records(2) == [] == CommitLog(target, "query-1").records(2)
+
+
+def test_a_task_decodes_the_log_once_whatever_its_shards(tmp_path, decoded):
+    """A task of a writeId import appends to every shard of a root: it read the whole log for
+    each one (and once more before), so that an import's tasks read it quadratically often."""
+    target = for_writing(str(tmp_path / "root"), shard_bit=3)
+    earlier = CommitLog(target, "import-1")
+    for p in range(1, 400):  # other tasks' intents
+        earlier.append(INTENT, {"k": "intent", "b": 0, "p": p, "s": "x", "e": 0, "n": 1, "d": "1:0"})
+    rows = [Message(0, None, 0, b"key %d" % i, b"row %d" % i) for i in range(64)]
+    keys = [m.key for m in rows]
+    decoded[0] = 0
+    appender = writing.Appender(target, sync="none", segment_size=1 << 20)
+    try:
+        result = writing.append_exactly_once(appender, CommitLog(target, "import-1"), 0, 0, rows, keys)
+    finally:
+        appender.close()
+    assert len(result.appended) == 8 and sum(n for _, n in result.appended.values()) == 64
+    assert decoded[0] <= 399 + 8  # the log once, then each shard's intent: not 9 x 399
+    again = writing.Appender(target, sync="none", segment_size=1 << 20)
+    try:  # run again (a retried task): nothing appended twice
+        assert not writing.append_exactly_once(again, CommitLog(target, "import-1"), 0, 0, rows, keys).appended
+    finally:
+        again.close()
+    values = []
+    for shard in target.path.iterdir():
+        if shard.name.startswith("_"):
+            continue
+        with Scanner(shard, 0) as scanner:
+            values += [m.value for m in scanner.read_batch()]
+    assert sorted(values) == sorted(m.value for m in rows)
+
+
+@pytest.mark.parametrize("value", [b"not json", b"[1, 2]", b"\xff\xfe"])
+def test_a_damaged_commit_log_record_is_a_clear_error(tmp_path: Path, value: bytes) -> None:
+    # A record that is not a JSON object raised a bare JSONDecodeError/AttributeError.
+    from journalq.journal import Writer
+    from journalq.spark.targets import Target
+    from journalq.spark.writing import INTENT, CommitLog
+
+    log = CommitLog(Target(tmp_path, "journal"), "q1")
+    log.append(INTENT, {"k": "intent", "b": 0, "p": 0, "s": "", "e": 0, "n": 1, "d": "1:0"})
+    with Writer(log.path) as writer:
+        writer.append(value, type=INTENT)
+    with pytest.raises(Error, match=r"commit log .*_spark_commits.*offset 1"):
+        log.records(0)

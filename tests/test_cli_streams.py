@@ -1,5 +1,6 @@
-"""Bugs found by using the ``journalq`` command as a person and a script would: each test here
-failed before its fix."""
+"""The command's standard streams and interruptions: Ctrl-C, a closed standard input or output, a
+reader gone mid-write, a failure part way through the input. The command stops with one line that
+says what was stored (or sent, or deleted), and the status a script can act on."""
 
 from __future__ import annotations
 
@@ -8,26 +9,18 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from journalq.cli.main import cli
 from journalq.journal import Writer
 from journalq.queue import Queue
 
-_SCRIPT = Path(sys.executable).parent / "journalq"
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "journalq.cli.main"]
-
-
-def run(*args: object, input: bytes | str | None = None) -> Result:
-    """The command in-process; an unexpected exception fails the test with its traceback."""
-    return CliRunner().invoke(cli, [str(a) for a in args], input=input, catch_exceptions=False)
+from test_cli import COMMAND, run
 
 
 # -- Ctrl-C -----------------------------------------------------------------------------------
@@ -63,53 +56,6 @@ def test_ctrl_c_during_receive_wait_is_status_130(tmp_path: Path, monkeypatch: p
     result = run("queue", "receive", "jobs", "--wait", "20", "--data", tmp_path, "--sync", "none")
     assert result.exit_code == 130
     assert result.stderr == "" and result.stdout == ""
-
-
-# -- write --format jsonl ---------------------------------------------------------------------
-
-
-def test_a_jsonl_line_that_is_not_utf8_is_refused_as_such(tmp_path: Path) -> None:
-    """JSON lines are UTF-8: a line of other bytes is named as not UTF-8 (it was blamed on a
-    'utf-16-le' codec), and a line in UTF-16 is refused rather than stored."""
-    journal = tmp_path / "j"
-    result = run("write", journal, "--format", "jsonl", input=b'{"value":"ok"}\n\xff\xfe\x00bin\n')
-    assert result.exit_code == 1
-    assert result.stderr.startswith("journalq: error: line 2: not UTF-8: byte 1 is 0xff")
-    result = run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"\xff"}\n')
-    assert "line 1: not UTF-8: byte 14 is 0xff" in result.stderr
-    utf16 = '{"value":"sixteen"}'.encode("utf-16-le")
-    result = run("write", journal, "--format", "jsonl", input=utf16 + b"\n")
-    assert result.exit_code == 1 and "line 1: not valid JSON" in result.stderr
-    assert run("scan", journal, "--count").stdout == "0\n"
-
-
-def test_a_jsonl_line_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
-    journal = tmp_path / "j"
-    assert run("write", journal, "--format", "jsonl", input=b'\xef\xbb\xbf{"value":"a"}\n').exit_code == 0
-    assert run("scan", journal, "--format", "text").stdout == "a\n"
-
-
-# -- a file where a directory is due ----------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("write", "{file}"),
-        ("write", "{file}/journal"),
-        ("demo", "--data", "{file}", "--messages", "1"),
-        ("queue", "send", "jobs", "x", "--data", "{file}"),
-        ("queue", "create", "jobs", "--data", "{file}"),
-    ],
-)
-def test_a_file_given_as_a_directory_is_named_as_not_a_directory(tmp_path: Path, args: tuple[str, ...]) -> None:
-    """It said "File exists: FILE", which reads as a refusal to overwrite it."""
-    file = tmp_path / "notes.txt"
-    file.write_text("kept\n")
-    result = run(*(arg.format(file=file) for arg in args), input="a\n")
-    assert result.exit_code == 1
-    assert result.stderr == f"journalq: error: not a directory ({file})\n"
-    assert file.read_text() == "kept\n"
 
 
 # -- closed standard streams ------------------------------------------------------------------
@@ -192,7 +138,7 @@ def test_send_of_lines_whose_output_is_closed_says_which_lines_were_sent(tmp_pat
     assert stats["available"] == int(error[1]) - 1 < 20000
 
 
-# -- queue send of many lines, failing part way -------------------------------------------------
+# -- failing part way through many lines ---------------------------------------------------------
 
 
 def test_send_of_lines_that_fails_part_way_says_which_lines_were_stored(
@@ -257,26 +203,6 @@ def test_write_that_fails_part_way_says_which_lines_were_stored(
     assert run("scan", journal, "--format", "text").stdout == "1\n2\n3\n"
 
 
-# -- offset -----------------------------------------------------------------------------------
-
-
-def test_offset_set_while_a_reader_holds_the_name_names_the_reader(tmp_path: Path) -> None:
-    """It said "another writer holds the lock", of a reader offset."""
-    from journalq.journal import ReaderOffset
-
-    journal = tmp_path / "j"
-    with Writer(journal) as writer:
-        writer.append_many([b"a", b"b"])
-    with ReaderOffset(journal, "billing"):
-        result = run("offset", journal, "billing", "--set", "1")
-    assert result.exit_code == 1
-    assert result.stderr == (
-        f"journalq: error: reader 'billing' is in use: another process holds {journal / 'ofs' / 'billing.lck'}; "
-        "stop that reader first\n"
-    )
-    assert run("offset", journal, "billing").stdout == "0\n"
-
-
 # -- Ctrl-C part way through the input ----------------------------------------------------------
 
 
@@ -319,134 +245,3 @@ def test_ctrl_c_part_way_through_the_input_says_what_was_stored(
     result = CliRunner().invoke(cli, [a.format(tmp=tmp_path) for a in args], input=stdin, catch_exceptions=False)
     assert result.exit_code == 130
     assert result.stderr == f"journalq: error: {said}\n"
-
-
-# -- the ZooKeeper store out of reach -----------------------------------------------------------
-
-
-@pytest.mark.parametrize("command", [("queue", "list"), ("serve", "--port", "0")])
-def test_a_zookeeper_store_out_of_reach_is_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
-    """kazoo's note on every reconnection attempt (a warning of the logger the store gives it)
-    was printed too: some twenty 'journalq: warning: Connection dropped' lines around the error;
-    serve printed sixty, then uvicorn's traceback of the app's failed start (exit status 3)."""
-    with socket.socket() as unused:  # a port nothing listens on
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
-    process = subprocess.run([*COMMAND, *command, "--data", f"zk://127.0.0.1:{port}/jq"],
-                             capture_output=True, timeout=120, check=False)
-    assert process.returncode == 1
-    assert process.stderr.decode() == f"journalq: error: no ZooKeeper answered at 127.0.0.1:{port} within 15s\n"
-
-
-# -- an empty path ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("write", ""),
-        ("scan", ""),
-        ("info", ""),
-        ("check", "", "--repair"),
-        ("offset", "", "reader", "--set", "0"),
-        ("demo", "--data", "", "--messages", "1"),
-        ("queue", "send", "jobs", "x", "--data", ""),
-        ("queue", "create", "jobs", "--data", ""),
-        ("hub", "push", "--to", "http://127.0.0.1:1", "--client-id", "c", "--once", ""),
-        ("hub", "serve", "--root", "", "--port", "0"),
-        ("pipeline", "archive", "--journal", "", "--output", "out"),
-    ],
-)
-def test_an_empty_path_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]) -> None:
-    """An empty DIR or --data ("$UNSET_VARIABLE") was the current directory: write made a
-    journal in it, queue send a queue."""
-    monkeypatch.chdir(tmp_path)
-    result = run(*args, input="a\n")
-    assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("journalq: error: Invalid value for ") and "is empty" in result.stderr
-    assert list(tmp_path.iterdir()) == []
-
-
-# -- arguments that are not UTF-8 ---------------------------------------------------------------
-
-_NOT_UTF8 = "ab\udcff"  # how Python passes the argument bytes b"ab\xff" (surrogateescape)
-
-
-@pytest.mark.parametrize(
-    ("args", "option"),
-    [
-        (("send", "sharded", "x", "--key", _NOT_UTF8), "--key"),
-        (("send", "sharded", "x", "--attribute", f"a={_NOT_UTF8}"), "--attribute"),
-        (("send", "sharded", "x", "--dedup-id", _NOT_UTF8), "--dedup-id"),
-        (("send", "sharded", "x", "--metadata", f'"{_NOT_UTF8}"'), "--metadata"),
-        (("receive", "sharded", "--filter", f"a={_NOT_UTF8}"), "--filter"),
-        (("delete", "sharded", _NOT_UTF8), "RECEIPT..."),
-        (("create", "other", "--enum", f"level=low,{_NOT_UTF8}"), "--enum"),
-    ],
-)
-def test_an_option_that_is_not_utf8_is_refused_by_name(tmp_path: Path, args: tuple[str, ...], option: str) -> None:
-    """Bytes that are not UTF-8 in an argument stored as text failed a sharded queue's send --key
-    with a traceback, the others with "message metadata cannot be stored as JSON: ... surrogates
-    not allowed", naming no option; create --enum stored them in queue.json, as escapes no JSON
-    reader takes for text."""
-    data = tmp_path / "data"
-    assert run("queue", "create", "sharded", "--shards", "2", "--data", data, "--sync", "none").exit_code == 0
-    result = run("queue", *args, "--data", data, "--sync", "none")
-    assert result.exit_code == 2
-    assert result.stderr.startswith(f"journalq: error: Invalid value for '{option}': not UTF-8: byte ")
-    assert len(result.stderr.splitlines()) == 1
-    stats = json.loads(run("queue", "stats", "sharded", "--data", data, "--format", "jsonl").stdout)
-    assert stats["available"] == 0
-    assert run("queue", "list", "--data", data, "--format", "jsonl").stdout == '{"name":"sharded"}\n'  # none made
-
-
-# -- a refused send ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("option", "value", "error"),
-    [
-        ("--delay", "5000", "message delay must be 0 to 900 seconds, not 5000.0"),
-        ("--group-id", "", "group_id must be a string of 1 to 128 characters, not ''"),
-        ("--metadata", "NaN", "task metadata must be JSON: Out of range float values are not JSON compliant"),
-        ("--attributes", '{"n": {"type": "Number", "value": "ten"}}', "attribute 'n': 'ten' is not a number"),
-    ],
-)
-def test_a_send_refused_for_its_message_makes_no_queue(tmp_path: Path, option: str, value: str, error: str) -> None:
-    """send made the missing queue (and the data directory) first, then refused the message: the
-    refused send left an empty queue behind."""
-    data = tmp_path / "data"
-    result = run("queue", "send", "jobs", "hello", option, value, "--data", data, "--sync", "none")
-    assert result.exit_code == 1
-    assert result.stderr == f"journalq: error: {error}\n"
-    assert not data.exists()
-    assert run("queue", "create", "jobs", "--data", data, "--sync", "none").exit_code == 0
-    result = run("queue", "send", "jobs", "hello", option, value, "--data", data, "--sync", "none")
-    assert (result.exit_code, result.stderr) == (1, f"journalq: error: {error}\n")  # as before, to a queue there
-    assert json.loads(run("queue", "stats", "jobs", "--data", data, "--format", "jsonl").stdout)["available"] == 0
-
-
-# -- hub get ----------------------------------------------------------------------------------
-
-
-def test_hub_get_of_an_offset_past_what_offsets_hold_is_a_usage_error() -> None:
-    """An OFFSET of 2**64 or more went to the hub, whose refusal was printed as its raw JSON:
-    'refused: {"detail":[{"type":"less_than",...'."""
-    result = run("hub", "get", "j", 2**64, "--hub", "http://127.0.0.1:1", "--client-id", "c")
-    assert result.exit_code == 2
-    assert result.stderr.startswith(
-        f"journalq: error: Invalid value for 'OFFSET': {2**64} is not in the range 0<=x<={2**64 - 1}."
-    )
-
-
-@pytest.mark.parametrize("command", [("push", "{journal}", "--to"), ("get", "j", "0", "--hub"), ("status", "--hub")])
-def test_a_bad_client_id_is_a_usage_error_in_every_hub_command(tmp_path: Path, command: tuple[str, ...]) -> None:
-    """status refused a client id the hub would refuse as a usage error (status 2); push and get
-    as a failure (status 1), in other words, and push only after it had begun."""
-    journal = tmp_path / "j"
-    with Writer(journal) as writer:
-        writer.append(b"kept")
-    args = [arg.format(journal=journal) for arg in command]
-    result = run("hub", *args, "http://127.0.0.1:1", "--client-id", "a b")
-    assert result.exit_code == 2
-    assert result.stderr.startswith("journalq: error: Invalid value for '--client-id': client id 'a b' must be ")

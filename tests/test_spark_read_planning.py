@@ -1,5 +1,7 @@
-"""The audit of the read side of the ``journalq`` data source: options, planning and reading
-without a Spark session (the classes Spark drives are called directly)."""
+"""The read side of the ``journalq`` data source without a Spark session (the classes Spark drives
+are called directly): its options, the plan of a read over a journal's segments (a gap, an overlap,
+a journal cut short since, a named pipe with a segment's name), streams' batches after retention
+and under Trigger.AvailableNow, and predicates on literals beyond int64."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from journalq.journal.segment import segment_bases, segment_name  # noqa: E402
 from journalq.spark import options as opts  # noqa: E402
 from journalq.spark import reading  # noqa: E402
 from journalq.spark.source import plan_batch  # noqa: E402
+
+from conftest import fifo_at, returned_at_once  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -209,19 +213,6 @@ def test_offsets_for_unknown_shards_are_option_errors(tmp_path):
 # -- maxOffsetsPerTrigger shared among shards -----------------------------------------------------
 
 
-def test_a_small_shard_is_not_starved_by_a_big_one():
-    """A shard's share of maxOffsetsPerTrigger rounds down to 0 beside a shard with a far bigger
-    backlog; the offsets left over went to the fullest shard first, so while the big shard stayed
-    behind the small one's messages were never read. Shards that got nothing now come first (as
-    Kafka's source gives every partition with data at least one), within the limit."""
-    from journalq.spark.source import allocate
-
-    assert allocate({"small": 1, "big": 10**6}, 1000) == {"small": 1, "big": 999}
-    assert allocate({"a": 3, "b": 10**6, "c": 10**6}, 10) == {"a": 1, "b": 5, "c": 4}
-    assert allocate({"a": 2, "b": 2, "c": 10**6}, 2) == {"a": 1, "b": 0, "c": 1}  # the limit holds
-    assert allocate({"a": 10, "b": 30}, 8) == {"a": 2, "b": 6}
-
-
 def test_a_path_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
     from journalq.spark.targets import resolve
 
@@ -231,3 +222,56 @@ def test_a_path_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
         resolve(str(file))
     with pytest.raises(Error, match="does not exist"):
         resolve(str(tmp_path / "missing"))
+
+
+# -- a named pipe with a segment's name; a shard made since prepareForTriggerAvailableNow ---------
+
+
+def test_planning_and_reading_refuse_a_fifo_with_a_segments_name(tmp_path):
+    """The planner (a range's bytes, its cuts) and the executors' reads opened segments with a
+    bare open(), which waits for ever on a named pipe: the query hung instead of failing."""
+    with Writer(tmp_path, segment_size=100) as writer:
+        writer.append_many([b"v" * 120] * 3)  # one message a segment: 0, 1, 2
+    fifo = tmp_path / "jnl" / f"{1:016x}.jnl"
+    (tmp_path / "jnl" / f"{1:016x}.idx").unlink(missing_ok=True)
+    with fifo_at(fifo):
+        calls = [
+            lambda: reading.range_bytes(str(tmp_path), 0, 3),
+            lambda: reading.split([reading.ShardRange("", str(tmp_path), 0, 3)], min_partitions=None,
+                                  max_partition_bytes=64),
+            lambda: list(reading.iter_columns(str(tmp_path), 1, 3)),
+        ]
+        for call in calls:
+            error = returned_at_once(call)
+            assert isinstance(error, JournalError) and error.file == fifo, error
+            assert "a special file has a segment's name" in str(error)
+
+
+def test_available_now_reads_nothing_of_a_shard_made_since_and_does_not_go_back(tmp_path):
+    """A shard made after prepareForTriggerAvailableNow was capped at offset 0: one that starts
+    past 0 (a hub's copy, a shard whose old segments retention deleted) was planned at its first
+    offset, then at 0, and the query failed with "shard ... went back" (DataLossError)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from journalq.spark.schema import SCHEMA
+    from journalq.spark.source import JournalStreamReader
+
+    root = tmp_path / "root"
+    with Writer(root / "e.1.000") as writer:
+        writer.append_many([b"a", b"b"])
+    reader = JournalStreamReader({"path": str(root)}, SCHEMA)
+    start = reader.initialOffset()
+    assert start == {"e.1.000": 2}
+    reader.prepareForTriggerAvailableNow()
+    with Writer(root / "e.1.000") as writer:
+        writer.append(b"after prepare")
+    late = root / "e.1.001"
+    (late / "jnl").mkdir(parents=True)
+    (late / "jnl" / f"{100:016x}.jnl").touch()  # a copy that starts at offset 100
+    with Writer(late) as writer:
+        writer.append_many([b"x", b"y"])
+    for _ in range(2):
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert end == {"e.1.000": 2, "e.1.001": 100}
+        assert sum(p.range.count for p in reader.partitions(start, end)) == 0
+        start = end

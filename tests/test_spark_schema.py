@@ -1,4 +1,5 @@
-"""Bugs of the Spark data source found by a fourth audit: each test here failed before its fix."""
+"""The schemas given to the data source (no Spark session): a column named twice is refused,
+naming it, on the read side and the write side; each column named once is taken."""
 
 from __future__ import annotations
 
@@ -47,3 +48,15 @@ def test_a_write_schema_naming_a_column_twice_is_still_refused_the_same_way() ->
     with pytest.raises(WriteError, match=r"^column\(s\) key appear more than once \(a join's\?\)"):
         check_schema(schema_of("value binary, key binary, key string, shard string, shard string"))
     assert check_schema(schema_of("value binary, shard string, shard string")).columns == ("value",)
+
+
+def test_a_column_named_twice_is_refused() -> None:
+    # A join's two "key" (or "value") columns: the write silently took the first one.
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    from journalq.spark.writing import WriteError, check_schema
+
+    schema = StructType([StructField("value", BinaryType()), StructField("key", StringType()),
+                         StructField("key", BinaryType())])
+    with pytest.raises(WriteError, match="key .*more than once"):
+        check_schema(schema)

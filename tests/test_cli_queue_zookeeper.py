@@ -24,7 +24,7 @@ def run(data: Path | str, *args: str) -> Result:
 def test_the_commands_that_send_give_their_broker_the_option(
     url: str, command: list[str], monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
-    """(That such a broker's sends leave the collection to others: test_queue_zookeeper_left3.)"""
+    """(That such a broker's sends leave the collection to others: test_queue_zookeeper_collection.)"""
     import journalq.cli.queue as queue_cli
 
     with Broker(url, sync="none") as broker:
