@@ -83,6 +83,10 @@ class Writer(Closing):
     writer's lifetime, so that other processes can append too. ``inside``: a directory the journal
     is in that the writer must not make again when it is gone (a queue's, deleted by another
     process as this one opens it: ``FileNotFoundError``), only the journal's own directories.
+    ``rolls_only`` (shared): the caller's promise that no writer of the journal starts a segment
+    but by filling the one before (none calls ``append_encoded(new_segment=True)``, as a hub's
+    copies do): a hold that finds the segment as this writer last left it then does not look
+    for a new one (a lookup of a new name in the directory at every hold otherwise).
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class Writer(Closing):
         buffer_size: int = 0,
         index_interval: int = DEFAULT_INTERVAL,
         inside: str | os.PathLike[str] | None = None,
+        rolls_only: bool = False,
     ) -> None:
         segment_size = check_integer("segment_size", segment_size, 1)
         buffer_size = check_integer("buffer_size", buffer_size, 0)
@@ -145,6 +150,10 @@ class Writer(Closing):
         self._segment: Segment = segment_at(self.path, 0)
         self._seg_len = 0
         self._next_offset = 0
+        self._rolls_only = rolls_only
+        # (``rolls_only``) The length of the segment at which this writer last knew that no other
+        # segment begins at its next offset: after its own append, or after it looked.
+        self._looked_at = -1
         # Blocks of the segment allocated below this position (``space.reserve``): a write
         # that ends past it reserves first, unless the file system cannot (``_reserving``).
         self._reserved = 0
@@ -416,6 +425,7 @@ class Writer(Closing):
         self._seg_len = scan.end
         self._next_offset = scan.next_offset
         self._reserved = 0
+        self._looked_at = -1
 
     def _take_shared_lock(self) -> None:
         take_shared_lock(self._lock)
@@ -484,15 +494,19 @@ class Writer(Closing):
         # several times as much). Only a segment found there is looked for at the path too,
         # which is where it is opened: if the directory was moved away (a queue deleted) or
         # another put in its place, a segment of that other directory is never taken for ours.
+        # With ``rolls_only``, only a writer that appended to this segment can have started the
+        # next: one found as this writer left it (its own append, or its last look) has none.
         segment = self._segment
-        while self._next_offset != self._segment.base:
-            name = segment_name(self._next_offset)
-            if not (
-                os.access(name, os.F_OK, dir_fd=self._dir_fd)
-                and os.access(self._jnl_prefix + name, os.F_OK)
-            ):
-                break
-            self._open_segment(segment_at(self.path, self._next_offset))
+        if not (self._rolls_only and size == self._looked_at == self._seg_len and backlog_at < 0):
+            while self._next_offset != self._segment.base:
+                name = segment_name(self._next_offset)
+                if not (
+                    os.access(name, os.F_OK, dir_fd=self._dir_fd)
+                    and os.access(self._jnl_prefix + name, os.F_OK)
+                ):
+                    break
+                self._open_segment(segment_at(self.path, self._next_offset))
+            self._looked_at = self._seg_len
         if unlinked and self._segment is segment:
             # Deleted, and no segment begins where it ends: the one that did was collected too
             # (the newest never is), or the whole journal was deleted. Appended to, it would
@@ -606,7 +620,7 @@ class Writer(Closing):
                 if end_len > self._reserved:
                     self._reserve(end_len)
                 _write_all(self._fd, memoryview(data))
-                self._seg_len = end_len
+                self._seg_len = self._looked_at = end_len
                 self._next_offset = first_offset + count
                 self._synced_after(count)
                 return
@@ -644,6 +658,7 @@ class Writer(Closing):
                     self._roll()
                     created.append(self._segment)
                     shift = starts[end]
+            self._looked_at = self._seg_len
             self._synced_after(count)
         except (OSError, JournalError) as exc:
             # A JournalError: the next segment cannot be opened (a directory has its name).

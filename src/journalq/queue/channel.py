@@ -565,7 +565,7 @@ class Channel:
             # it was checked): its state would be found by a queue made again with its name.
             writer = Writer(
                 self.path, shared=True, sync=self.topic.broker.sync, segment_size=STATE_SEGMENT_SIZE,
-                inside=self.topic.path,
+                inside=self.topic.path, rolls_only=True,  # (its writers are all channels': none starts one early)
             )
         except FileNotFoundError:
             self.topic.check_present()  # QueueNotFoundError, when that is what happened
