@@ -376,8 +376,10 @@ def log_dead_letters_kept(channel: str, letters: int, target: str, interval: flo
 def check_receipt_list(name: str, receipts: object) -> None:
     """Refuse anything but a list of receipts: one receipt (a string would be taken letter by
     letter), None, ..."""
-    if type(receipts) is list:
-        return  # the common case, first: this runs for every delete and receive of a consumer loop
+    if type(receipts) is list or type(receipts) is tuple:
+        # The common cases first (a list, receive's default ``()``): this runs for every delete and
+        # receive, and ``isinstance`` against ``Sequence`` is three Python-level calls of ``abc``.
+        return
     if isinstance(receipts, str):
         raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
     if isinstance(receipts, (bytes, bytearray)) or not isinstance(receipts, Sequence):
