@@ -946,7 +946,8 @@ class Channel:
         received = []
         for m, e, count in picks:
             offset = m.offset
-            receipt = f"{offset}.{count}{tail}"
+            id_ = str(offset)  # message_id(offset), and the receipt's first part (one conversion)
+            receipt = f"{id_}.{count}{tail}"
             issued[receipt] = (offset, count, stamp)
             # What ``ReceivedMessage(...)`` makes, without its frozen ``__init__``'s
             # ``object.__setattr__`` per field (several times cheaper; one per message).
@@ -955,7 +956,7 @@ class Channel:
                 message,
                 "__dict__",
                 {
-                    "id": str(offset),  # message_id(offset)
+                    "id": id_,
                     "receipt": receipt,
                     "body": m.value if e is _PLAIN else e.body,
                     "attributes": {} if e is _PLAIN else e.attributes,
