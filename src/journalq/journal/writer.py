@@ -269,18 +269,19 @@ class Writer(Closing):
         reaches stable storage with the next durable append's sync (one file, written in order,
         so a sync covers everything before it), a segment roll or ``close``. It is still handed
         to the operating system before the call returns: it survives the death of the process."""
-        if isinstance(items, (bytes, bytearray, memoryview, str, Message)):
-            # Iterable too, as its bytes (or fields): "item 0 is a int" would not say what was wrong.
-            raise InvalidMessageError(
-                f"a batch must be an iterable of values or Messages, not one {type(items).__name__}: "
-                "append() stores one message"
-            )
-        if not isinstance(items, (list, tuple)):
-            if not isinstance(items, Iterable):
+        if type(items) is not list:  # (a list, the common case, is none of these: not checked)
+            if isinstance(items, (bytes, bytearray, memoryview, str, Message)):
+                # Iterable too, as its bytes (or fields): "item 0 is a int" would not say what was wrong.
                 raise InvalidMessageError(
-                    f"a batch must be an iterable of values or Messages, not {type(items).__name__}"
+                    f"a batch must be an iterable of values or Messages, not one {type(items).__name__}: "
+                    "append() stores one message"
                 )
-            items = list(items)
+            if not isinstance(items, (list, tuple)):
+                if not isinstance(items, Iterable):
+                    raise InvalidMessageError(
+                        f"a batch must be an iterable of values or Messages, not {type(items).__name__}"
+                    )
+                items = list(items)
         ts = time.time_ns()
         with self._mutex:
             self._begin()
@@ -528,7 +529,8 @@ class Writer(Closing):
             )
 
     def _begin(self) -> None:
-        self._check_usable()
+        if self._closed or self._failed is not None:  # (inline: every append and hold begins here)
+            self._check_usable()
         if self.shared and not self._held:
             self._take_shared_lock()
             try:
@@ -619,7 +621,7 @@ class Writer(Closing):
             try:
                 if end_len > self._reserved:
                     self._reserve(end_len)
-                _write_all(self._fd, memoryview(data))
+                _write_all(self._fd, data)
                 self._seg_len = self._looked_at = end_len
                 self._next_offset = first_offset + count
                 self._synced_after(count)
@@ -1016,7 +1018,10 @@ def _append_failed(exc: OSError, count: int, file: Path, offset: int) -> Storage
     )
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        written = os.write(fd, data)
-        data = data[written:]
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    written = os.write(fd, data)
+    if written == len(data):
+        return  # (nearly always: a view, and a loop, only for the rest of a short write)
+    view = memoryview(data)[written:]
+    while view:
+        view = view[os.write(fd, view) :]
