@@ -186,10 +186,8 @@ def encode_batch(
 
 _RUN_MIN = 8  # messages of one size in a row before ``decode`` reads on as a uniform run
 _RUN_MAX = 1024  # rows unpacked per uniform attempt (what a wrong guess can waste)
-_run_fields = operator.itemgetter(3, 5, 7)  # key length, value length, size of an unpacked row
-_message_fields = operator.itemgetter(0, 1, 2, 4, 6)  # offset, timestamp, type, key, value
 _first = operator.itemgetter(0)
-_new_message = functools.partial(tuple.__new__, Message)
+_new_tuple = tuple.__new__
 
 
 def _first_false(flags: Iterable[bool], default: int) -> int:
@@ -202,6 +200,19 @@ def _first_false(flags: Iterable[bool], default: int) -> int:
 def _run_struct(key_len: int, value_len: int) -> struct.Struct:
     """The layout of one message with a key and value of these lengths."""
     return struct.Struct(f">QqBb{key_len}si{value_len}si")
+
+
+@functools.lru_cache(maxsize=64)
+def _run_layout(key_len: int, value_len: int) -> tuple[struct.Struct, tuple[tuple[int, int], ...]]:
+    """What ``_uniform_run`` reads of a message with a key and value of these lengths: a layout
+    that unpacks a ``Message``'s fields (offset, timestamp, type, key, value) and passes over
+    the rest, and that rest, byte by byte, as it must be: (position in the message, byte) for
+    the key length, the value length and the size field."""
+    frame = ((17, key_len),)
+    frame += tuple((18 + key_len + i, byte) for i, byte in enumerate(INT32.pack(value_len)))
+    size = OVERHEAD + key_len + value_len
+    frame += tuple((size - 4 + i, byte) for i, byte in enumerate(INT32.pack(size)))
+    return struct.Struct(f">QqBx{key_len}s4x{value_len}s4x"), frame
 
 
 def _uniform_run(
@@ -226,17 +237,23 @@ def _uniform_run(
     # Cheaply first: the next message has the same lengths (else this is no run).
     if buf[pos + size + 17] != key_len or INT32.unpack_from(buf, pos + size + 18 + key_len)[0] != value_len:
         return None
-    layout = _run_struct(key_len, value_len)
-    rows = list(layout.iter_unpack(memoryview(buf)[pos : pos + count * size]))
-    expected = (key_len, value_len, size)
-    good = _first_false(map(operator.eq, map(_run_fields, rows), itertools.repeat(expected)), count)
+    layout, frame = _run_layout(key_len, value_len)
+    # The framing bytes of every message, each a strided slice of ``buf`` (one byte per
+    # message) that must repeat one byte: the run ends before the first message where one
+    # does not (in C: no Python loop over the messages, and they are not unpacked).
+    end_of_run = pos + count * size
+    good = count
+    for at, byte in frame:
+        column = buf[pos + at : end_of_run : size]
+        if column.count(byte) != count:
+            good = min(good, count - len(column.lstrip(bytes((byte,)))))
+    rows = list(layout.iter_unpack(memoryview(buf)[pos : pos + good * size]))
     if next_offset is not None:
-        offsets = list(map(_first, rows[:good] if good < count else rows))
+        offsets = list(map(_first, rows))
         if offsets != list(range(next_offset, next_offset + good)):
             good = _first_false(map(operator.eq, offsets, itertools.count(next_offset)), good)
-    if good < count:
-        del rows[good:]
-    return list(map(_new_message, map(_message_fields, rows))), pos + good * size
+            del rows[good:]
+    return list(map(_new_tuple, itertools.repeat(Message), rows)), pos + good * size
 
 
 def decode(

@@ -84,6 +84,10 @@ class Writer(Closing):
     writer's lifetime, so that other processes can append too. ``inside``: a directory the journal
     is in that the writer must not make again when it is gone (a queue's, deleted by another
     process as this one opens it: ``FileNotFoundError``), only the journal's own directories.
+    ``rolls_only`` (shared): the caller's promise that no writer of the journal starts a segment
+    but by filling the one before (none calls ``append_encoded(new_segment=True)``, as a hub's
+    copies do): a hold that finds the segment as this writer last left it then does not look
+    for a new one (a lookup of a new name in the directory at every hold otherwise).
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class Writer(Closing):
         buffer_size: int = 0,
         index_interval: int = DEFAULT_INTERVAL,
         inside: str | os.PathLike[str] | None = None,
+        rolls_only: bool = False,
     ) -> None:
         segment_size = check_integer("segment_size", segment_size, 1)
         buffer_size = check_integer("buffer_size", buffer_size, 0)
@@ -146,6 +151,10 @@ class Writer(Closing):
         self._segment: Segment = segment_at(self.path, 0)
         self._seg_len = 0
         self._next_offset = 0
+        self._rolls_only = rolls_only
+        # (``rolls_only``) The length of the segment at which this writer last knew that no other
+        # segment begins at its next offset: after its own append, or after it looked.
+        self._looked_at = -1
         # Blocks of the segment allocated below this position (``space.reserve``): a write
         # that ends past it reserves first, unless the file system cannot (``_reserving``).
         self._reserved = 0
@@ -261,18 +270,19 @@ class Writer(Closing):
         reaches stable storage with the next durable append's sync (one file, written in order,
         so a sync covers everything before it), a segment roll or ``close``. It is still handed
         to the operating system before the call returns: it survives the death of the process."""
-        if isinstance(items, (bytes, bytearray, memoryview, str, Message)):
-            # Iterable too, as its bytes (or fields): "item 0 is a int" would not say what was wrong.
-            raise InvalidMessageError(
-                f"a batch must be an iterable of values or Messages, not one {type(items).__name__}: "
-                "append() stores one message"
-            )
-        if not isinstance(items, (list, tuple)):
-            if not isinstance(items, Iterable):
+        if type(items) is not list:  # (a list, the common case, is none of these: not checked)
+            if isinstance(items, (bytes, bytearray, memoryview, str, Message)):
+                # Iterable too, as its bytes (or fields): "item 0 is a int" would not say what was wrong.
                 raise InvalidMessageError(
-                    f"a batch must be an iterable of values or Messages, not {type(items).__name__}"
+                    f"a batch must be an iterable of values or Messages, not one {type(items).__name__}: "
+                    "append() stores one message"
                 )
-            items = list(items)
+            if not isinstance(items, (list, tuple)):
+                if not isinstance(items, Iterable):
+                    raise InvalidMessageError(
+                        f"a batch must be an iterable of values or Messages, not {type(items).__name__}"
+                    )
+                items = list(items)
         ts = time.time_ns()
         with self._mutex:
             self._begin()
@@ -417,6 +427,7 @@ class Writer(Closing):
         self._seg_len = scan.end
         self._next_offset = scan.next_offset
         self._reserved = 0
+        self._looked_at = -1
 
     def _take_shared_lock(self) -> None:
         take_shared_lock(self._lock)
@@ -485,15 +496,19 @@ class Writer(Closing):
         # several times as much). Only a segment found there is looked for at the path too,
         # which is where it is opened: if the directory was moved away (a queue deleted) or
         # another put in its place, a segment of that other directory is never taken for ours.
+        # With ``rolls_only``, only a writer that appended to this segment can have started the
+        # next: one found as this writer left it (its own append, or its last look) has none.
         segment = self._segment
-        while self._next_offset != self._segment.base:
-            name = segment_name(self._next_offset)
-            if not (
-                os.access(name, os.F_OK, dir_fd=self._dir_fd)
-                and os.access(self._jnl_prefix + name, os.F_OK)
-            ):
-                break
-            self._open_segment(segment_at(self.path, self._next_offset))
+        if not (self._rolls_only and size == self._looked_at == self._seg_len and backlog_at < 0):
+            while self._next_offset != self._segment.base:
+                name = segment_name(self._next_offset)
+                if not (
+                    os.access(name, os.F_OK, dir_fd=self._dir_fd)
+                    and os.access(self._jnl_prefix + name, os.F_OK)
+                ):
+                    break
+                self._open_segment(segment_at(self.path, self._next_offset))
+            self._looked_at = self._seg_len
         if unlinked and self._segment is segment:
             # Deleted, and no segment begins where it ends: the one that did was collected too
             # (the newest never is), or the whole journal was deleted. Appended to, it would
@@ -515,7 +530,8 @@ class Writer(Closing):
             )
 
     def _begin(self) -> None:
-        self._check_usable()
+        if self._closed or self._failed is not None:  # (inline: every append and hold begins here)
+            self._check_usable()
         if self.shared and not self._held:
             self._take_shared_lock()
             try:
@@ -611,8 +627,8 @@ class Writer(Closing):
             try:
                 if end_len > self._reserved:
                     self._reserve(end_len)
-                _write_all(self._fd, memoryview(data))
-                self._seg_len = end_len
+                _write_all(self._fd, data)
+                self._seg_len = self._looked_at = end_len
                 self._next_offset = first_offset + count
                 self._synced_after(count)
                 return
@@ -650,6 +666,7 @@ class Writer(Closing):
                     self._roll()
                     created.append(self._segment)
                     shift = starts[end]
+            self._looked_at = self._seg_len
             self._synced_after(count)
         except (OSError, JournalError) as exc:
             # A JournalError: the next segment cannot be opened (a directory has its name).
@@ -1016,7 +1033,10 @@ def _append_failed(exc: OSError, count: int, file: Path, offset: int) -> Storage
     )
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        written = os.write(fd, data)
-        data = data[written:]
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    written = os.write(fd, data)
+    if written == len(data):
+        return  # (nearly always: a view, and a loop, only for the rest of a short write)
+    view = memoryview(data)[written:]
+    while view:
+        view = view[os.write(fd, view) :]

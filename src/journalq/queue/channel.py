@@ -376,8 +376,10 @@ def log_dead_letters_kept(channel: str, letters: int, target: str, interval: flo
 def check_receipt_list(name: str, receipts: object) -> None:
     """Refuse anything but a list of receipts: one receipt (a string would be taken letter by
     letter), None, ..."""
-    if type(receipts) is list:
-        return  # the common case, first: this runs for every delete and receive of a consumer loop
+    if type(receipts) is list or type(receipts) is tuple:
+        # The common cases first (a list, receive's default ``()``): this runs for every delete and
+        # receive, and ``isinstance`` against ``Sequence`` is three Python-level calls of ``abc``.
+        return
     if isinstance(receipts, str):
         raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
     if isinstance(receipts, (bytes, bytearray)) or not isinstance(receipts, Sequence):
@@ -565,7 +567,7 @@ class Channel:
             # it was checked): its state would be found by a queue made again with its name.
             writer = Writer(
                 self.path, shared=True, sync=self.topic.broker.sync, segment_size=STATE_SEGMENT_SIZE,
-                inside=self.topic.path,
+                inside=self.topic.path, rolls_only=True,  # (its writers are all channels': none starts one early)
             )
         except FileNotFoundError:
             self.topic.check_present()  # QueueNotFoundError, when that is what happened
@@ -944,7 +946,8 @@ class Channel:
         received = []
         for m, e, count in picks:
             offset = m.offset
-            receipt = f"{offset}.{count}{tail}"
+            id_ = str(offset)  # message_id(offset), and the receipt's first part (one conversion)
+            receipt = f"{id_}.{count}{tail}"
             issued[receipt] = (offset, count, stamp)
             # What ``ReceivedMessage(...)`` makes, without its frozen ``__init__``'s
             # ``object.__setattr__`` per field (several times cheaper; one per message).
@@ -953,7 +956,7 @@ class Channel:
                 message,
                 "__dict__",
                 {
-                    "id": str(offset),  # message_id(offset)
+                    "id": id_,
                     "receipt": receipt,
                     "body": m.value if e is _PLAIN else e.body,
                     "attributes": {} if e is _PLAIN else e.attributes,
@@ -998,7 +1001,7 @@ class Channel:
                 raise ReceiptError(f"nothing deleted, nothing received: {error}")
             # Applied now, so that nothing they finish goes out again; appended with what this
             # receive records next (one write; the hold's end syncs once for everything).
-            self._apply_unwritten(finish_records([o for _, o, _ in current], [q for _, _, q in current]), now)
+            self._apply_unwritten(_finishing(current), now)
         collect_due = now - state.last_collect >= int(settings.task_gc_interval * 1e9)
         if collect_due or _compaction_due(state):
             self._maintain(now)
@@ -1107,14 +1110,16 @@ class Channel:
                 picks[:] = [pick for pick in picks if pick[1].group_id not in kept]
         visible_at = now + int(hide * 1e9)
         consumer = self._consumer_key
-        plain = [(m.offset, count) for m, e, count in picks if e.group_id is None]
+        plain = [m.offset for m, e, _ in picks if e.group_id is None]
         if len(plain) > 1:
-            records = [deliver_many_record([o for o, _ in plain], [c for _, c in plain], visible_at, consumer)]
-            records += [
-                deliver_record(m.offset, count, visible_at, consumer, e.group_id)
-                for m, e, count in picks
-                if e.group_id is not None
-            ]
+            counts = [count for _, e, count in picks if e.group_id is None]
+            records = [deliver_many_record(plain, counts, visible_at, consumer)]
+            if len(plain) < len(picks):
+                records += [
+                    deliver_record(m.offset, count, visible_at, consumer, e.group_id)
+                    for m, e, count in picks
+                    if e.group_id is not None
+                ]
         else:
             records = [deliver_record(m.offset, count, visible_at, consumer, e.group_id) for m, e, count in picks]
         if moved:
@@ -1459,7 +1464,7 @@ class Channel:
         check_receipt_list("receipts", receipts)
         return self._act(
             receipts,
-            lambda current, now: finish_records([o for _, o, _ in current], [s for _, _, s in current]),
+            lambda current, now: _finishing(current),
             finishing=True,
         )
 
@@ -1698,6 +1703,15 @@ class Channel:
                 scanner.close()
         with self._reopen_lock:  # after a reopen under way: the writer it made is closed, not left open
             self._writer.close()
+
+
+def _finishing(current: list[tuple[int, int, int]]) -> list[Record]:
+    """The events that finish the deliveries ``Channel._current`` found current: (index, offset,
+    delivery number) each. (Taken apart by one ``zip``: two comprehensions were two calls.)"""
+    if not current:
+        return []
+    _, offsets, seqs = zip(*current)
+    return finish_records(offsets, seqs)
 
 
 def _compaction_due(state: ChannelState) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -128,7 +128,7 @@ def deliver_many_record(
     return _DELIVER_MANY, consumer, _TIME.pack(visible_at) + b"".join(map(_pack_offset_seq, offsets, seqs))
 
 
-def finish_records(offsets: list[int], seqs: list[int]) -> list[tuple[int, bytes, bytes]]:
+def finish_records(offsets: Sequence[int], seqs: Sequence[int]) -> list[tuple[int, bytes, bytes]]:
     """The records that finish these deliveries: one FINISH, or one FINISH_MANY for several."""
     if len(offsets) == 1:
         return [(_FINISH, b"", _pack_offset_seq(offsets[0], seqs[0]))]
