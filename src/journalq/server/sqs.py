@@ -282,6 +282,24 @@ def _check_characters(text: str, what: str, code: str = "InvalidMessageContents"
         )
 
 
+_ALLOWED_ASCII_AS_LETTERS = bytes(0x61 if byte in (0x09, 0x0A, 0x0D) or 0x20 <= byte < 0x80 else 0x30
+                                  for byte in range(256))
+"""A ``bytes.translate`` table: each ASCII character that SQS allows (tab, LF, CR, 0x20-0x7F) to a
+letter, any other byte to a digit."""
+
+
+def _encoded_body(body: str) -> bytes:
+    """A message body in UTF-8, its characters checked as ``_check_characters`` does (the same
+    ``SqsError``). An ASCII body is checked in its bytes by two C passes (a translation, then
+    ``isalpha``): ``isprintable`` costs ~3x as much, and sends tab, LF, CR and DEL to the regex."""
+    if body.isascii():
+        encoded = body.encode()
+        if encoded.translate(_ALLOWED_ASCII_AS_LETTERS).isalpha():
+            return encoded
+    _check_characters(body, "the message body")  # first: it refuses the surrogates that encode() would raise on
+    return body.encode()
+
+
 def _integer(
     request: Mapping[str, Any], name: str, low: int, high: int, reason: str | None = None
 ) -> int | None:
@@ -616,8 +634,7 @@ def _plain_body(entry: Mapping[str, Any], settings: QueueSettings, rules: SendRu
     body = entry.get("MessageBody")
     if settings.fifo or not isinstance(body, str) or not body or not _SEND_OPTIONS.isdisjoint(entry):
         return None
-    _check_characters(body, "the message body")  # the full path's first check of a non-empty string body
-    encoded = body.encode("utf-8")
+    encoded = _encoded_body(body)  # the full path's first check of a non-empty string body
     return encoded if len(encoded) <= rules.limit else None
 
 
@@ -1392,8 +1409,7 @@ class SqsProtocol:
             raise _missing("MessageBody")
         if not isinstance(body, str):
             raise _invalid("MessageBody must be a string.")
-        _check_characters(body, "the message body")
-        encoded = body.encode("utf-8")
+        encoded = _encoded_body(body)
         size = len(encoded)
 
         delay = _integer(entry, "DelaySeconds", 0, 900)
