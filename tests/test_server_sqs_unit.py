@@ -1274,18 +1274,23 @@ def test_send_together_stores_requests_in_one_write_and_refuses_bad_ones_alone(
     assert [m["Body"] for m in client.receive(url, MaxNumberOfMessages=10)] == ["one", "two", "three"]
 
 
-def test_the_character_check_refuses_what_the_pattern_refuses_and_no_more() -> None:
-    """``_check_characters`` passes printable ASCII without its pattern: every ASCII character,
-    alone and in printable text, is judged as the pattern judges it."""
+@pytest.mark.parametrize(
+    "check", [lambda text: sqs_module._check_characters(text, "the message body"), sqs_module._encoded_body]
+)
+def test_the_character_check_refuses_what_the_pattern_refuses_and_no_more(check: Any) -> None:
+    """``_check_characters`` passes printable ASCII without its pattern, and ``_encoded_body`` checks
+    ASCII in its bytes: every ASCII character, alone and in printable text, is judged as the
+    pattern judges it."""
     for code in range(128):
         for text in (chr(code), f"ab{chr(code)}cd"):
             refused = sqs_module._BAD_CHARACTER.search(text) is not None
             try:
-                sqs_module._check_characters(text, "the message body")
+                encoded = check(text)
             except SqsError as exc:
                 assert refused and exc.message.startswith(f"Invalid binary character '#x{code:X}'"), repr(text)
             else:
                 assert not refused, repr(text)
+                assert encoded in (None, text.encode()), repr(text)
 
 
 def _outcome(make: Any, *args: Any) -> Any:

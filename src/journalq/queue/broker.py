@@ -58,6 +58,7 @@ class Broker(Closing):
 
     def __init__(self, root: str | os.PathLike[str], *, sync: str | SyncPolicy = "always") -> None:
         self.root = Path(root)
+        self._root_text = os.fspath(self.root)  # for exists(): os.path.join of a Path costs ~10,000 instructions
         self.sync = str(SyncPolicy.parse(sync))
         self.durable = SyncPolicy.parse(sync).mode != "none"
         """Whether making, changing and deleting queues is synced too (unless ``sync="none"``)."""
@@ -205,9 +206,9 @@ class Broker(Closing):
     def exists(self, name: str) -> bool:
         check_name(name)
         # ``Path.is_file`` as it answers (and fails), of a str: the Path built per call cost ~3 of
-        # the ~4.8 µs (the server's SQS sends ask once a batch).
+        # the ~4.8 µs (the server's SQS sends ask once a batch). The name is checked: no separator.
         try:
-            mode = os.stat(os.path.join(self.root, name, settings_file.SETTINGS_FILE)).st_mode
+            mode = os.stat(f"{self._root_text}/{name}/{settings_file.SETTINGS_FILE}").st_mode
         except OSError as exc:
             if exc.errno in _NO_FILE:
                 return False

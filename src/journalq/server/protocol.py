@@ -174,19 +174,21 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
             or parser.get_http_version() != "1.1"
             or parser.should_upgrade()
             or url[:1] != b"/"
-            or b"?" in url
-            or b"%" in url
-            or b"#" in url
             or self.root_path
             or (self.limit_concurrency is not None
                 and (len(self.connections) >= self.limit_concurrency or len(self.tasks) >= self.limit_concurrency))
         ):
             return False
-        scope = self.scope
         try:
-            scope["path"] = url.decode("ascii")
+            path = url.decode("ascii")
         except UnicodeDecodeError:
             return False
+        # Looked for in the text, not in ``url``: ``bytes in bytes`` first tries its operand as an
+        # int, raising and clearing a TypeError each time (~1,800 instructions, three a request).
+        if "?" in path or "%" in path or "#" in path:
+            return False
+        scope = self.scope
+        scope["path"] = path
         scope["method"] = "POST"
         scope["raw_path"] = url
         scope["query_string"] = b""
