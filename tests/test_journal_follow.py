@@ -1,4 +1,8 @@
-"""Bugs of following and reading journals found by an audit: each test here failed before its fix."""
+"""Following and reading journals: a closed scanner (plain, sharded, following an empty journal)
+refuses to read rather than read again; follows with timeouts longer than poll(2) can wait, and
+timeouts that are not finite refused; a follower told at once that its segment was removed; a file
+where jnl/ goes named as not a directory; pipeline aggregate's output options checked before Spark
+starts. Each test here failed before its fix."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Deleting queues and topics: what a deleter that was SIGKILLed between renaming a directory and
 removing it left behind is removed by the next broker that opens (or the next delete), never under
-a deleter that is still at work; a queue made again with the name of a half-deleted one works."""
+a deleter that is still at work; a queue made again with the name of a half-deleted one works; a
+long poll caught between a sharded topic's shards and its directory going ends as not found."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -483,3 +486,49 @@ def test_a_sharded_queue_deleted_as_a_shard_channel_is_opened_is_not_found(tmp_p
     monkeypatch.undo()
     opener.close()
     deleter.close()
+
+
+@pytest.mark.parametrize("opened", ["every shard", "one shard"])
+def test_a_sharded_long_poll_meets_a_delete_between_shards_and_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opened: str
+) -> None:
+    """``Broker.delete`` removes a sharded topic's shards before its own directory: a long poll of
+    another broker (process) caught in between raises ``QueueNotFoundError`` (the server's 404),
+    not whatever a missing shard's file gave (a 500)."""
+    from journalq.queue import broker as broker_module
+
+    shards_gone, carry_on = threading.Event(), threading.Event()
+    real = broker_module.remove_directory
+
+    def slow_remove(root: Path, name: str) -> bool:
+        shards_gone.set()
+        carry_on.wait(10)
+        return real(root, name)
+
+    outcome: list[object] = []
+    with Broker(tmp_path, sync="none") as polling, Broker(tmp_path, sync="none") as deleting:
+        queue = polling.queue("orders", shards=4)
+        if opened == "every shard":
+            queue.send_many([b"x%d" % i for i in range(16)])
+            queue.delete_many([m.receipt for m in queue.receive(100)])
+        else:
+            queue.receive(1)  # opens its home shard's channel only
+
+        def poll() -> None:
+            try:
+                outcome.append(queue.receive(10, wait=5))
+            except Exception as exc:  # noqa: BLE001 - what it raised is the point
+                outcome.append(exc)
+
+        monkeypatch.setattr(broker_module, "remove_directory", slow_remove)
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.2)  # the poll is waiting
+        deleter = threading.Thread(target=deleting.delete, args=("orders",))
+        deleter.start()
+        assert shards_gone.wait(10)
+        poller.join(10)
+        carry_on.set()
+        deleter.join(10)
+        assert not poller.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], QueueNotFoundError), outcome

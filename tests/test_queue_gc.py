@@ -1,6 +1,8 @@
 """Garbage collection: topic segments deleted once every channel is done with them (and never one
 a slower channel still needs), retention by age and by size, and compaction of channel state
-(snapshots) that another process rebuilds to the same state."""
+(snapshots) that another process rebuilds to the same state; finished and dead tasks collected
+while an older one is in flight, and receives that go past what another process's retention
+deleted."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_queue_lookahead import broker  # noqa: F401 (fixture)
 
 import journalq.journal.recovery as recovery_module
 import journalq.queue.channel as channel_module
@@ -732,3 +735,60 @@ def test_a_damaged_queue_does_not_stop_the_gc_of_the_others(tmp_path: Path, capl
     assert result.exit_code == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [row["name"] for row in rows] == ["b", "c"] and rows[0]["deleted_files"] > 0
+
+
+# -- task collection while an older task is in flight ----------------------------------------------
+
+
+def _collect(q, rounds: int = 4) -> None:
+    """Let a few task collections run (each receive collects once ``task_gc_interval`` passed)."""
+    for _ in range(rounds):
+        time.sleep(0.06)
+        q.receive(1, visibility_timeout=30)
+
+
+@pytest.mark.parametrize("how", ["dead", "finished with metadata"])
+def test_a_collected_task_is_gone_not_finished_while_an_older_one_is_in_flight(
+    broker: Broker, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 3)  # the state read back from snapshots
+    q = broker.queue(
+        "tasks", max_receive_count=1, dead_letter_queue="tasks-dead", task_gc_interval=0.05, task_gc_lifetime=0.1
+    )
+    q.send(b"held")  # in flight all along: the channel's cursor stays before the task
+    task = q.send(b"task")
+    held, received = q.receive(2, visibility_timeout=30)
+    if how == "dead":
+        q.change_visibility(received.receipt, 0)
+        assert q.receive(1) == []  # received once already: moved to the dead-letter queue
+    else:
+        q.set_metadata(task, {"step": 2})
+        q.delete(received.receipt)
+    assert q.task(task).state == how.split()[0]
+    _collect(q)
+    with pytest.raises(TaskNotFoundError):
+        q.task(task)  # was: "finished" (a dead task), with the metadata it was sent with
+    with Broker(broker.root, sync="none") as other:  # rebuilt from the last snapshot (see below)
+        with pytest.raises(TaskNotFoundError):
+            other.queue("tasks").task(task)
+    q.delete(held.receipt)
+
+
+# -- retention by another process ------------------------------------------------------------------
+
+
+def test_a_receive_goes_past_what_another_process_s_retention_deleted(tmp_path: Path) -> None:
+    """Another process's gc deleted (by retention) segments this channel had not read: the next
+    receive starts at the first message kept. It returned nothing until this process's own
+    collection came due (task_gc_interval, a minute by default), while stats said there were
+    messages."""
+    from journalq.journal.segment import list_segments
+
+    with Broker(tmp_path, sync="none") as mine, Broker(tmp_path, sync="none") as other:
+        queue = mine.queue("jobs", segment_size=4096, retention_bytes=3 * 4096)
+        queue.send_many([b"%04d" % i + b"." * 100 for i in range(300)])
+        assert other.topic("jobs").gc()  # the oldest segments go, unread
+        first = list_segments(tmp_path / "jobs")[0].base
+        assert first > 0 and queue.stats().available == 300 - first
+        got = queue.receive(5)
+        assert [m.offset for m in got] == list(range(first, first + 5))

@@ -1,13 +1,17 @@
-"""Bad input: invalid names, bad settings, bad messages, bad receive arguments. Each gives its
-own clear error, and nothing already stored (messages, settings, channel state) is lost."""
+"""Bad input: invalid names, bad settings, bad messages, bad receive arguments, lists that are not
+lists (on both stores), filters that are no mapping. Each gives its own clear error, and nothing
+already stored (messages, settings, channel state) is lost."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from test_queue_lookahead import broker  # noqa: F401 (fixture)
 
 from journalq.errors import (
     Error,
@@ -316,3 +320,50 @@ def test_number_attributes_within_bounds_are_sent(store_root: Path | str) -> Non
         [got] = q.receive()
         assert got.attributes == {"price": Attribute("Number.eur", "12.5"), "n": Attribute("Number", "1" + "0" * 40),
                                   "f": Attribute("Number", "0.25")}
+
+
+# -- lists that are not lists ----------------------------------------------------------------------
+
+
+NOT_LISTS = [
+    (lambda q, r: q.delete_many(None), InvalidSettingError),
+    (lambda q, r: q.receive(1, delete=None), InvalidSettingError),
+    (lambda q, r: q.change_visibility_many(None), InvalidSettingError),
+    (lambda q, r: q.change_visibility_many(r), InvalidSettingError),  # one receipt, not pairs
+    (lambda q, r: q.change_visibility_many([r]), InvalidSettingError),
+    (lambda q, r: q.change_visibility_many([(r, 1, 2)]), InvalidSettingError),
+    (lambda q, r: q.send_many(None), InvalidMessageError),
+    (lambda q, r: q.send_many({"body": b"one message"}), InvalidMessageError),
+    (lambda q, r: q.send_many(b"one body"), InvalidMessageError),
+]
+
+
+@pytest.mark.parametrize("call, error", NOT_LISTS)
+@pytest.mark.parametrize("shards", [1, 2])
+def test_lists_of_receipts_changes_and_messages_that_are_not_lists_are_refused_clearly(
+    broker: Broker, shards: int, call, error: type
+) -> None:
+    check_refused(broker.queue("jobs", shards=shards), call, error)
+
+
+@pytest.mark.parametrize("call, error", NOT_LISTS)
+def test_the_zookeeper_store_refuses_them_too(zookeeper_server: Any, call, error: type) -> None:
+    with Broker(zookeeper_server.url(f"/audit{time.monotonic_ns()}")) as broker:
+        check_refused(broker.queue("jobs"), call, error)
+
+
+def check_refused(q: Any, call: Any, error: type) -> None:
+    q.send(b"x")
+    (received,) = q.receive(1)
+    with pytest.raises(error, match="list|pair"):
+        call(q, received.receipt)
+    q.delete(received.receipt)  # nothing was done with it
+    assert q.stats().available == 0
+
+
+@pytest.mark.parametrize("filters", ["", [], 0, False, ()])
+def test_message_filters_that_are_no_mapping_are_refused_even_when_empty(broker: Broker, filters: object) -> None:
+    q = broker.queue("jobs")
+    with pytest.raises(InvalidMessageError, match="filters"):
+        q.send(b"x", filters=filters)  # type: ignore[arg-type]
+    assert q.send(b"x", filters={}) == "0"  # an empty mapping is no filter

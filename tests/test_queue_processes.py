@@ -1,7 +1,8 @@
 """Many processes, no daemon: producers and consumers in separate processes share one data
 directory. Exactly-once delivery while no visibility timeout expires; a consumer killed with
 SIGKILL loses nothing (its messages come back to another consumer); a process killed while
-writing channel state leaves it recoverable."""
+writing channel state leaves it recoverable; a dedup id sent again after its window is
+deduplicated alike in every process."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_queue_lookahead import broker  # noqa: F401 (fixture)
 
 from journalq.journal import end_offset
 from journalq.journal.codec import encode
@@ -369,3 +371,20 @@ def test_a_backlog_whose_taking_in_failed_part_way_is_applied_once(tmp_path: Pat
             fresh = c.queue("jobs").state
             assert qb.state.events_applied == fresh.events_applied
             assert qb.state.snapshot() == fresh.snapshot()
+
+
+# -- deduplication in every process ----------------------------------------------------------------
+
+
+def test_a_dedup_id_sent_again_after_its_window_is_deduplicated_in_every_process(broker: Broker) -> None:
+    q = broker.queue("jobs", dedup_window=1.0)
+    with Broker(broker.root, sync="none") as other_broker:
+        other = other_broker.queue("jobs")
+        assert q.send(b"a", dedup_id="X") == other.send(b"a again", dedup_id="X") == "0"
+        time.sleep(1.1)  # the window of the first send is over: the id may be sent again
+        again = q.send(b"b", dedup_id="X")
+        assert again == "1"
+        assert other.send(b"b again", dedup_id="X") == again  # was "2": stored twice
+        with Broker(broker.root, sync="none") as fresh:  # one that reads the window from the journal
+            assert fresh.queue("jobs").send(b"b once more", dedup_id="X") == again
+    assert [m.body for m in q.receive(10)] == [b"a", b"b"]

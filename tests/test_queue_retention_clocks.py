@@ -1,11 +1,15 @@
 """Retention with writers' clocks out of step: a segment goes when its newest message is past
-retention (as Kafka's log retention has it), not its last stored one."""
+retention (as Kafka's log retention has it), not its last stored one; a message past retention
+stored after one within it is not delivered."""
 
 from __future__ import annotations
 
+import time
+import types
 from pathlib import Path
 
 import pytest
+from test_queue_lookahead import broker  # noqa: F401 (fixture)
 
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
@@ -50,3 +54,20 @@ def test_a_segment_whose_messages_are_all_past_retention_still_goes(
         queue.topic.gc()
         assert len(list_segments(tmp_path / "jobs")) == 1
         assert [m.body for m in queue.receive(10)] == [b"next"]
+
+
+def test_a_plain_message_past_retention_after_one_within_is_not_delivered(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timestamps are the writers' clocks: a writer whose clock is behind (or stepped back)
+    stores, after a message within retention, one past it. The run taken whole checked only its
+    first message, and delivered the other too."""
+    q = broker.queue("jobs", retention_seconds=3600)
+    q.send(b"now")
+    behind = time.time_ns() - 2 * 3600 * 10**9
+    with monkeypatch.context() as patched:
+        patched.setattr(topic_module, "time", types.SimpleNamespace(time_ns=lambda: behind, monotonic=time.monotonic))
+        q.send(b"two hours ago")
+    q.send(b"later")
+    assert [m.body for m in q.receive(10, wait=0)] == [b"now", b"later"]
+    assert q.receive(10, visibility_timeout=0, wait=0) == []

@@ -35,6 +35,7 @@ from journalq.queue import Broker, Queue, QueueSettings, settings as settings_fi
 from journalq.queue.envelope import decode
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
 from journalq.shard import ShardedScanner, read_layout
+from test_queue_dead_letter_moves import broker  # noqa: F401 (fixture)
 from test_queue_processes import CONSUMER, spawn
 
 
@@ -105,6 +106,20 @@ def test_a_bad_message_in_a_batch_stores_nothing(tmp_path: Path) -> None:
         with pytest.raises(InvalidMessageError, match="body must be bytes"):
             queue.send_many([b"a", b"b", b"c", {"body": "not bytes"}])
         assert queue.stats().available == 0
+
+
+@pytest.mark.parametrize("metadata", [{"x": float("nan")}, {"x": object()}, {1j: 1}])
+def test_a_sharded_batch_with_metadata_that_is_no_json_stores_nothing(broker: Broker, metadata: object) -> None:
+    """Every message of a sharded batch is checked before any shard's part is written: metadata
+    that cannot be stored as JSON was found only when its shard's part was encoded, after the
+    parts of other shards were stored (a PartialSendError for bad input)."""
+    queue = broker.queue("orders", shards=4)
+    items = [{"body": b"%d" % i, "key": b"k%d" % i} for i in range(8)]
+    items.append({"body": b"bad", "key": b"k7", "metadata": metadata})  # the last shard written
+    with pytest.raises(InvalidMessageError, match="JSON") as caught:
+        queue.send_many(items)
+    assert type(caught.value) is InvalidMessageError
+    assert queue.stats().available == 0
 
 
 def test_a_batch_cut_short_in_its_second_shard_says_which_messages_are_stored(

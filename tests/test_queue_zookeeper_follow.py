@@ -1,4 +1,4 @@
-"""The ZooKeeper store doing as the file store does since its second audit (``test_queue_left2``):
+"""The ZooKeeper store doing with dead letters as the file store does (``test_queue_dead_letter_moves``):
 a dead letter moved on keeps its running receive count; a redrive's receives move nothing on by
 the dead-letter queue's own policy; a dead-letter queue that cannot take its letters does not
 block its source. Where the file store's test reads the same on this store, it is run here as
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-import test_queue_left2 as on_files
+import test_queue_dead_letter_moves as on_files
 from test_queue_zookeeper import broker, url  # noqa: F401 (fixtures)
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")

@@ -2,7 +2,8 @@
 ``test_server_*`` modules import, and the tests of the server's life cycle itself — loopback by
 default, one start line with its address, a clean exit (code 0) on SIGTERM and SIGINT with the
 requests under way finished (a POST whose body is still arriving; a long poll ended at once, 204),
-``--workers``.
+also when SIGINT comes again while it stops, ``--workers``; a send that comes after the stores
+stopped is a 503.
 """
 
 from __future__ import annotations
@@ -429,6 +430,66 @@ def test_a_stop_signal_sent_again_and_again_still_ends_in_a_clean_exit(start_ser
         server.process.send_signal(sig)
         time.sleep(0.002)
     assert server.process.wait(10) == 0, server.log()
+    assert "Traceback" not in server.log(), server.log()
+    with Broker(server.data) as broker:
+        assert [m.body for m in broker.queue("q", create=False).receive(10)] == [b"kept"]
+
+
+def test_a_send_that_comes_after_the_stores_stopped_is_503(tmp_path) -> None:
+    """A request still open when the server stops (uvicorn's graceful wait over) reaches a store
+    pool that is shut down: a 503 with Retry-After, nothing stored (it was a 500 and a traceback)."""
+    import asyncio
+
+    import httpx
+
+    from journalq.queue import Broker
+    from journalq.server.app import create_app
+    from journalq.server.config import ServerConfig
+
+    async def run() -> list[httpx.Response]:
+        app = create_app(ServerConfig(data=tmp_path, retry_after=3))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            async with app.router.lifespan_context(app):
+                assert (await client.put("/q")).status_code == 201
+            return [await client.post("/q/messages", content=b"late"),
+                    await client.post("/", content=b'{"QueueUrl": "http://testserver/000000000000/q",'
+                                      b' "MessageBody": "late"}',
+                                      headers={"X-Amz-Target": "AmazonSQS.SendMessage",
+                                               "Content-Type": "application/x-amz-json-1.0"})]
+
+    answers = asyncio.run(run())
+    assert [a.status_code for a in answers] == [503, 503]
+    assert all(a.headers["retry-after"] == "3" for a in answers)
+    with Broker(tmp_path) as broker:
+        assert broker.queue("q").stats().available == 0
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigint_sent_again_while_the_server_stops_still_stops_it_gracefully(
+    start_server: Callable[..., ServerProcess], workers: str,
+) -> None:
+    """A second SIGINT (Ctrl-C pressed twice: the terminal signals every process of the group,
+    the workers of ``--workers`` too) was uvicorn's forced exit: the request under way was cut
+    off (a 500 for a long poll that would have ended with 204 within a second), the app's
+    shutdown skipped (journals neither synced nor closed) and its lifespan cancelled, tracebacks
+    in the log. Every signal now asks for the same graceful stop, as SIGTERM's do."""
+    server = start_server("--workers", workers)
+    httpx.put(f"{server.url}/q").raise_for_status()
+    httpx.post(f"{server.url}/q/messages", content=b"kept").raise_for_status()
+    httpx.put(f"{server.url}/empty").raise_for_status()
+    polled: list[int] = []
+    poll = threading.Thread(target=lambda: polled.append(
+        httpx.get(f"{server.url}/empty/messages", params={"wait": 20}, timeout=30).status_code))
+    poll.start()
+    time.sleep(0.5)  # the poll waits
+    assert server.process is not None
+    os.killpg(server.process.pid, signal.SIGINT)  # as a terminal does (the server leads its group)
+    time.sleep(0.1)  # the stop has begun: the poll is ending
+    os.killpg(server.process.pid, signal.SIGINT)
+    assert server.process.wait(30) == 0, server.log()
+    poll.join(30)
+    assert polled == [204], server.log()
     assert "Traceback" not in server.log(), server.log()
     with Broker(server.data) as broker:
         assert [m.body for m in broker.queue("q", create=False).receive(10)] == [b"kept"]

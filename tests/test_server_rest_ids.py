@@ -130,3 +130,48 @@ def test_an_id_as_given_is_still_deleted(tmp_path: Path) -> None:
     assert (first.status_code, sharded.status_code, again.status_code) == (204, 204, 404)
     with Broker(tmp_path) as broker:
         assert broker.queue("q").stats().available == 1
+
+
+# -- ids given before a library topic had its channel ``default`` ----------------------------------
+
+
+def test_an_untagged_id_of_a_topic_that_got_its_default_channel_since_is_refused_saying_why(tmp_path: Path) -> None:
+    """A send to a topic whose channels are its own answers the topic's own id, with no token (no
+    channel ``default`` to take one of); a fetch then gives the topic that channel. A DELETE of
+    the untagged id cannot tell this topic's message from one of an earlier topic of the name
+    (the token is what tells them apart), so it is refused: the 400 says why and what to do,
+    and doing it (fetch, then delete by the id the fetch answers) deletes the message."""
+    data = tmp_path / "data"
+    with Broker(data, sync="none") as broker:
+        broker.topic("t").channel("audit")  # a library topic: its channels are its own
+
+    async def talk(client: httpx.AsyncClient) -> list[httpx.Response]:
+        sent = await client.post("/t/messages", content=b"m")
+        fetched = await client.get("/t/messages")  # makes the channel default: a REST consumer
+        refused = await client.delete(f"/t/messages/{sent.headers['x-message-id']}")
+        deleted = await client.delete(f"/t/messages/{fetched.headers['x-message-id']}")
+        return [sent, fetched, refused, deleted, await client.get("/t")]
+
+    sent, fetched, refused, deleted, info = served(data, talk)
+    untagged = sent.headers["x-message-id"]
+    assert "." not in untagged  # the topic's own id, as its channels' consumers see it
+    assert fetched.status_code == 200 and fetched.headers["x-message-id"].startswith(f"{untagged}.")
+    assert refused.status_code == 400, refused.text
+    detail = refused.json()["error"]
+    assert f"message id {untagged!r} carries no token of queue 't'" in detail
+    assert "no channel 'default'" in detail  # why it has none
+    assert "earlier queue or topic of this name" in detail  # why it is not taken
+    assert "GET /t/messages" in detail and "X-Message-Id" in detail  # what to do
+    assert deleted.status_code == 204, deleted.text
+    assert info.json()["available"] == 0 and info.json()["in_flight"] == 0
+
+
+def test_an_id_with_a_malformed_token_keeps_its_plain_refusal(tmp_path: Path) -> None:
+    async def talk(client: httpx.AsyncClient) -> httpx.Response:
+        await client.put("/q")
+        given = (await client.post("/q/messages", content=b"m")).headers["x-message-id"]
+        return await client.delete(f"/q/messages/{given.rpartition('.')[0]}.XYZ")
+
+    refused = served(tmp_path / "data", talk)
+    assert refused.status_code == 400
+    assert "is not one of this queue's ids" in refused.json()["error"]

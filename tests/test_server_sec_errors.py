@@ -1,4 +1,6 @@
-"""What error answers tell clients: the problem, never where the server keeps its data."""
+"""What error answers tell clients: the problem, never where the server keeps its data; the busy
+answer past the concurrency limit (under httptools and the h11 fallback alike); a Query-protocol
+request told that the endpoint speaks SQS's JSON protocol."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from pathlib import Path
 import httpx
 from test_server_direct import serving
 
+from journalq.server.h11_protocol import StoppingH11Protocol
+from journalq.server.polling import BUSY_BODY
 from journalq.server.protocol import DirectHttpToolsProtocol
 
 
@@ -115,3 +119,36 @@ def test_a_request_past_the_concurrency_limit_is_answered_503_with_retry_after(t
             assert answer.json() == {"error": "the server is busy: too many requests under way; send again later",
                                      "kind": "busy"}
     assert not (tmp_path / "data" / "q").exists()
+
+
+def test_the_h11_fallback_answers_a_request_past_the_concurrency_limit_as_httptools_does(tmp_path: Path) -> None:
+    """Under h11 (``journalq serve`` without httptools) a request past ``limit_concurrency`` got
+    uvicorn's own plain 503, with no Retry-After; it now gets the server's busy answer, as under
+    httptools. With a limit of one, a request's own connection fills it; below it, all is served."""
+    with serving(tmp_path / "data", StoppingH11Protocol, limit_concurrency=1) as port:
+        base = f"http://127.0.0.1:{port}"
+        for method, path, body in [("PUT", "/q", b""), ("POST", "/q/messages", b"hello"), ("GET", "/healthz", b"")]:
+            answer = httpx.request(method, base + path, content=body)
+            assert answer.status_code == 503, (method, path)
+            assert answer.headers["retry-after"] == "1" and answer.headers["connection"] == "close"
+            assert answer.content == BUSY_BODY
+    assert not (tmp_path / "data" / "q").exists()
+    with serving(tmp_path / "data", StoppingH11Protocol, limit_concurrency=2) as port, \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+        assert [http.put("/q").status_code, http.post("/q/messages", content=b"hi").status_code] == [201, 201]
+        assert http.get("/q/messages").content == b"hi"
+
+
+def test_a_query_protocol_request_is_told_that_the_endpoint_speaks_json(tmp_path: Path) -> None:
+    """An SQS client of the older Query protocol (a form-encoded ``Action=...``, no X-Amz-Target:
+    AWS SDK for Java 1.x and boto3 releases from before SQS's JSON protocol) was answered
+    ``X-Amz-Target '' is not an Amazon SQS action``, which does not say what to change. The
+    answer now says that the endpoint speaks SQS's JSON protocol, and not the Query one."""
+    with serving(tmp_path / "data", StoppingH11Protocol) as port:
+        answer = httpx.post(f"http://127.0.0.1:{port}/", content=b"Action=ListQueues&Version=2012-11-05",
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert answer.status_code == 400 and answer.headers["x-amzn-query-error"] == "InvalidAction;Sender"
+        message = answer.json()["message"]
+        assert "X-Amz-Target" in message and "JSON protocol" in message and "Query protocol" in message
+        named = httpx.post(f"http://127.0.0.1:{port}/", content=b"{}", headers={"X-Amz-Target": "Other.Thing"})
+        assert named.json()["message"] == "X-Amz-Target 'Other.Thing' is not an Amazon SQS action"

@@ -260,3 +260,20 @@ def test_a_message_move_from_a_dead_letter_topic_with_channels_of_its_own_is_ref
     assert made.receive(1) == [] and broker.topic("made-by-move").channel_names() == []
     client("StartMessageMoveTask", SourceArn=arn + "made-by-move")
     assert [m.body for m in made.receive(1)] == [b"poison"]
+
+
+def test_get_queue_attributes_of_a_library_topic_makes_no_channel(client: Client, broker: Broker) -> None:
+    topic = broker.topic("events")
+    topic.channel("billing")
+    topic.send(b"one")
+    url = client("GetQueueUrl", QueueName="events")["QueueUrl"]
+    for names in (["All"], ["ApproximateNumberOfMessages"], ["QueueArn"]):
+        client("GetQueueAttributes", QueueUrl=url, AttributeNames=names)
+        assert topic.channel_names() == ["billing"], names
+    attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["QueueArn"].endswith(":events")
+    assert not any(name.startswith("ApproximateNumberOfMessages") for name in attributes)  # no consumer to count
+    # A queue's counts are there, and the same topic counts once SQS has a consumer on it.
+    client("ReceiveMessage", QueueUrl=url, VisibilityTimeout=0)
+    attributes = client("GetQueueAttributes", QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+    assert attributes == {"Attributes": {"ApproximateNumberOfMessages": "1"}}

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import calendar
+import errno
 import hashlib
 import json
+import os
 import struct
 import threading
 import time
@@ -28,7 +30,7 @@ from journalq.server import digests
 from journalq.server import sqs as sqs_module
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
 from journalq.server.sigv4 import AuthError, verify
-from journalq.server.sqs import ATTEMPT_SECONDS, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
+from journalq.server.sqs import ATTEMPT_SECONDS, SIDECAR, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
 
 BASE = "http://127.0.0.1:8080"
 
@@ -1634,3 +1636,122 @@ def test_the_urls_remembered_are_bounded(sqs: SqsProtocol) -> None:
     for i in range(sqs_module._URLS_KEPT * 2 + 1):
         assert sqs.queue_of({"QueueUrl": f"http://h/0/q{i}"}) == f"q{i}"
         assert len(sqs._names_of_urls) <= sqs_module._URLS_KEPT
+
+
+# -- a queue named as its own dead-letter queue ----------------------------------------------------
+
+
+def _refusal(sqs: SqsProtocol, action: str, **request: Any) -> SqsError:
+    with pytest.raises(SqsError) as caught:
+        sqs.handle(action, request, BASE)
+    return caught.value
+
+
+_OWN_REASON = "Dead-letter target can't be the source queue itself."
+
+
+def _own_policy(name: str) -> str:
+    return json.dumps({"deadLetterTargetArn": f"arn:aws:sqs:us-east-1:000000000000:{name}", "maxReceiveCount": 3})
+
+
+def _assert_own_queue_refused(error: SqsError, policy: str) -> None:
+    """As AWS refuses every RedrivePolicy it does not take: InvalidParameterValue, 400, the
+    sender's fault, "Value <policy> for parameter RedrivePolicy is invalid. Reason: <why>."."""
+    assert error.code == "InvalidParameterValue"
+    assert error.status == 400
+    assert error.query_error == "InvalidParameterValue;Sender"
+    assert error.message == f"Value {policy} for parameter RedrivePolicy is invalid. Reason: {_OWN_REASON}"
+
+
+def test_set_queue_attributes_naming_the_queue_as_its_own_dead_letter_queue(sqs: SqsProtocol) -> None:
+    url = sqs.handle("CreateQueue", {"QueueName": "jobs"}, BASE)["QueueUrl"]
+    policy = _own_policy("jobs")
+    error = _refusal(sqs, "SetQueueAttributes", QueueUrl=url, Attributes={"RedrivePolicy": policy})
+    _assert_own_queue_refused(error, policy)
+    # Nothing was changed: the queue has no redrive policy.
+    attributes = sqs.handle("GetQueueAttributes", {"QueueUrl": url, "AttributeNames": ["All"]}, BASE)["Attributes"]
+    assert "RedrivePolicy" not in attributes
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "existing"])
+def test_create_queue_naming_itself_as_its_own_dead_letter_queue(sqs: SqsProtocol, exists: bool) -> None:
+    if exists:
+        sqs.handle("CreateQueue", {"QueueName": "jobs"}, BASE)
+    policy = _own_policy("jobs")
+    error = _refusal(sqs, "CreateQueue", QueueName="jobs", Attributes={"RedrivePolicy": policy})
+    _assert_own_queue_refused(error, policy)
+    names = sqs.handle("ListQueues", {}, BASE).get("QueueUrls", [])
+    assert names == ([f"{BASE}/000000000000/jobs"] if exists else [])  # none made by the refused create
+
+
+def test_own_queue_is_refused_whatever_region_and_account_the_arn_names(sqs: SqsProtocol) -> None:
+    """Any ARN whose name is the queue's names the queue (as URLs do: ``name_of_arn``)."""
+    url = sqs.handle("CreateQueue", {"QueueName": "jobs"}, BASE)["QueueUrl"]
+    policy = json.dumps({"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:123456789012:jobs", "maxReceiveCount": 1})
+    error = _refusal(sqs, "SetQueueAttributes", QueueUrl=url, Attributes={"RedrivePolicy": policy})
+    _assert_own_queue_refused(error, policy)
+
+
+# -- sqs.json on stable storage and on a full disk -------------------------------------------------
+
+
+def _synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``os.fsync`` is called on from now on."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+@pytest.mark.parametrize("sync", ["always", "none"])
+def test_sqs_json_is_written_as_durably_as_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     sync: str) -> None:
+    """sqs.json (a queue's SQS attributes that journalq has no setting for, its tags, its last
+    purge) was replaced by a file never synced: after a power cut, an empty or partial file that
+    reads as no attributes at all (a FIFO queue's DeduplicationScope messageGroup gone, its
+    RedriveAllowPolicy, MaximumMessageSize and tags too), though CreateQueue and
+    SetQueueAttributes had been answered. With a durable sync policy it is now synced, and its
+    rename with it, as queue.json is."""
+    with Broker(tmp_path / "data", sync=sync) as broker:
+        sqs_client = Client(SqsProtocol(broker))
+        url = sqs_client("CreateQueue", QueueName="q.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+        synced = _synced(monkeypatch)
+        sqs_client("SetQueueAttributes", QueueUrl=url, Attributes={"DeduplicationScope": "messageGroup"})
+        directory = broker.root / "q.fifo"
+        if sync == "always":
+            assert any(p.startswith(str(directory / SIDECAR)) for p in synced), synced  # the file (as its tmp)
+            assert str(directory) in synced  # its rename
+        else:
+            assert synced == []
+        attributes = sqs_client("GetQueueAttributes", QueueUrl=url, AttributeNames=["DeduplicationScope"])
+        assert attributes["Attributes"] == {"DeduplicationScope": "messageGroup"}
+
+
+def test_a_full_disk_leaves_sqs_json_as_it_was_and_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sqs.json that could not be written (a full disk: rename(2) too may answer ENOSPC) left
+    its temporary file behind, one per thread that met the failure; the change is now refused
+    and nothing is left but the file as it was."""
+    with Broker(tmp_path / "data", sync="always") as broker:
+        sqs_client = Client(SqsProtocol(broker))
+        url = sqs_client("CreateQueue", QueueName="q", tags={"team": "a"})["QueueUrl"]
+        directory = broker.root / "q"
+        before = (directory / SIDECAR).read_bytes()
+
+        def replace(source: object, target: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "replace", replace)
+        with pytest.raises(OSError) as failed:
+            sqs_client("TagQueue", QueueUrl=url, Tags={"team": "b"})
+        assert failed.value.errno == errno.ENOSPC
+        monkeypatch.undo()
+        assert sorted(p.name for p in directory.iterdir() if p.name.startswith(SIDECAR)) == [SIDECAR]
+        assert (directory / SIDECAR).read_bytes() == before
+        assert sqs_client("ListQueueTags", QueueUrl=url) == {"Tags": {"team": "a"}}
