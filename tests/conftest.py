@@ -321,3 +321,16 @@ def write_numbered(path: Path, count: int, segment_size: int = 2500) -> None:
 def shard_of(id_or_receipt: str) -> int:
     """The index of the shard that a sharded queue's message id or receipt names."""
     return int(id_or_receipt.split(".", 1)[0])
+
+
+def synced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``os.fsync`` is called on from now on (read from the file descriptors)."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def noting(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", noting)
+    return synced

@@ -19,6 +19,7 @@ import pytest
 
 from journalq.errors import InvalidNameError, QueueNotFoundError, SettingsFileError
 from journalq.queue import Broker
+from conftest import synced_paths
 
 # Deletes queue ARGV[2] of ARGV[1]; stops once the first directory is renamed, before anything in
 # it is removed: "crash" SIGKILLs itself there, "wait" waits for its stdin to close, then goes on.
@@ -252,19 +253,6 @@ def test_closing_a_broker_after_another_deleted_its_queue_leaves_nothing(tmp_pat
     assert not (tmp_path / "jobs").exists()
 
 
-def _synced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths ``os.fsync`` is called on from now on (read from the file descriptors)."""
-    synced: list[str] = []
-    fsync = os.fsync
-
-    def noting(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", noting)
-    return synced
-
-
 @pytest.mark.parametrize("sync", ["always", "group:5ms", "none"])
 def test_making_changing_and_deleting_a_queue_reach_stable_storage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str
@@ -274,7 +262,7 @@ def test_making_changing_and_deleting_a_queue_reach_stable_storage(
     rename of a delete are synced before the call returns."""
     root = (tmp_path / "data").resolve()
     with Broker(root, sync=sync) as broker:
-        synced = _synced_paths(monkeypatch)
+        synced = synced_paths(monkeypatch)
         broker.queue("q")
         made = list(synced)
         broker.configure("q", visibility_timeout=5)

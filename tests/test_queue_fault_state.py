@@ -18,7 +18,7 @@ from journalq.journal.codec import OVERHEAD
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
 from journalq.queue.state import EventKind
-from test_queue_deletion import _synced_paths
+from conftest import synced_paths
 
 
 # -- the channel's token (channel.id) ----------------------------------------------------------------
@@ -49,7 +49,7 @@ def test_a_new_channel_token_reaches_stable_storage(tmp_path: Path, monkeypatch:
     receipts given out before it refused, so it is synced, file and entry, unless ``sync="none"``."""
     root = (tmp_path / "data").resolve()
     with Broker(root, sync=sync) as broker:
-        synced = _synced_paths(monkeypatch)
+        synced = synced_paths(monkeypatch)
         broker.queue("jobs")
     channel = root / "jobs" / "channels" / "default"
     if sync == "none":

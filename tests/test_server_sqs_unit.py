@@ -31,6 +31,7 @@ from journalq.server import sqs as sqs_module
 from journalq.server.digests import md5_of_body, md5_of_message_attributes, md5_of_message_system_attributes
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import ATTEMPT_SECONDS, SIDECAR, TRACE_ATTRIBUTE, SqsError, SqsProtocol, _ReceiveAttempts
+from conftest import synced_paths
 
 BASE = "http://127.0.0.1:8080"
 
@@ -1695,19 +1696,6 @@ def test_own_queue_is_refused_whatever_region_and_account_the_arn_names(sqs: Sqs
 # -- sqs.json on stable storage and on a full disk -------------------------------------------------
 
 
-def _synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths ``os.fsync`` is called on from now on."""
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    return synced
-
-
 @pytest.mark.parametrize("sync", ["always", "none"])
 def test_sqs_json_is_written_as_durably_as_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      sync: str) -> None:
@@ -1720,7 +1708,7 @@ def test_sqs_json_is_written_as_durably_as_the_queue(tmp_path: Path, monkeypatch
     with Broker(tmp_path / "data", sync=sync) as broker:
         sqs_client = Client(SqsProtocol(broker))
         url = sqs_client("CreateQueue", QueueName="q.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
-        synced = _synced(monkeypatch)
+        synced = synced_paths(monkeypatch)
         sqs_client("SetQueueAttributes", QueueUrl=url, Attributes={"DeduplicationScope": "messageGroup"})
         directory = broker.root / "q.fifo"
         if sync == "always":

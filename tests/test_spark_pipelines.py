@@ -225,9 +225,9 @@ def test_archived_files_are_synced_before_the_offset_commits(tmp_path: Path, mon
     (staging / "date=2026-01-02").mkdir(parents=True)
     (staging / "date=2026-01-02" / "part-0.parquet").write_bytes(b"data")
     (staging / "date=2026-01-02" / ".part-0.parquet.crc").write_bytes(b"crc")
-    from test_queue_deletion import _synced_paths
+    from conftest import synced_paths
 
-    synced = _synced_paths(monkeypatch)
+    synced = synced_paths(monkeypatch)
     moved, dates = pipelines._move_into_place(staging, out, "jq-1-2-")
     assert (moved, dates) == (1, ["2026-01-02"])
     placed = out / "date=2026-01-02" / "jq-1-2-part-0.parquet"
