@@ -199,6 +199,29 @@ def test_a_refused_create_leaves_no_dead_letter_queue(tmp_path: Path) -> None:
     assert queue(data, "list", "--format", "jsonl").stdout == '{"name":"dead"}\n{"name":"jobs"}\n'
 
 
+def test_a_refused_fifo_create_makes_no_data_directory(tmp_path: Path) -> None:
+    """A FIFO queue naming a dead-letter queue that is not there is refused, as before; the data
+    directory it named, not there either, was made first and left behind empty."""
+    data = tmp_path / "data"
+    result = queue(data, "create", "jobs.fifo", "--fifo", "--dead-letter-queue", "dead")
+    assert result.exit_code == 1
+    assert result.output.startswith("journalq: error: FIFO queue 'jobs.fifo' cannot take 'dead' as its dead-letter")
+    assert not data.exists()
+    assert queue(data, "create", "dead.fifo", "--fifo").exit_code == 0
+    assert queue(data, "create", "jobs.fifo", "--fifo", "--dead-letter-queue", "dead.fifo").exit_code == 0
+
+
+def test_a_negative_release_delay_is_refused_by_its_name(tmp_path: Path) -> None:
+    """release --delay -1 said "visibility timeout is -1.0", an option it was not given."""
+    data = tmp_path / "data"
+    assert queue(data, "send", "jobs", "hello").exit_code == 0
+    (got,) = [json.loads(line) for line in queue(data, "receive", "jobs").stdout.splitlines()]
+    result = queue(data, "release", "jobs", got["receipt"], "--delay", "-1")
+    assert result.exit_code == 1
+    assert result.output == "journalq: error: delay is -1.0; it must be from 0 to 43200\n"
+    assert queue(data, "release", "jobs", got["receipt"], "--delay", "0").exit_code == 0
+
+
 # -- pipeline options checked before Spark starts ------------------------------------------------
 
 

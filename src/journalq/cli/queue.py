@@ -54,7 +54,7 @@ from journalq.errors import (
 from journalq.journal.sync import POLICY_FORMS
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
-from journalq.queue.settings import check_name
+from journalq.queue.settings import check_dead_letter_kinds, check_name
 from journalq.queue.sharded import check_topic_name
 from journalq.queue.topic import make_envelope
 from journalq.queue.zookeeper.layout import CLIENT_LOG
@@ -601,7 +601,10 @@ def create(
     if dead_letter_queue == name:
         raise CommandError(f"queue {name!r} cannot be its own dead-letter queue")
     if not isinstance(data, Path) or not data.is_dir():
-        QueueSettings().replace(**given)  # a bad setting fails before the data directory is made
+        # A bad setting fails before the data directory is made, and so does a FIFO queue naming
+        # a dead-letter queue, which a data directory not made yet cannot hold.
+        wanted = QueueSettings().replace(**given)
+        check_dead_letter_kinds(name, None, wanted, lambda target: None, lambda target: [])
     with _broker(data, sync, create=True) as broker:
         if broker.exists(name):
             _require(broker, name)

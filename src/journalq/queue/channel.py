@@ -386,6 +386,12 @@ def check_receipt_list(name: str, receipts: object) -> None:
         raise InvalidSettingError(f"{name} must be a list of receipts, not {type(receipts).__name__}")
 
 
+def check_release_delay(delay: object) -> None:
+    """Refuse a release's ``delay`` out of range, by its name (every store's ``release``, which is
+    a change of visibility: that one's error would speak of a visibility timeout)."""
+    check_number("delay", delay, 0, MAX_VISIBILITY)
+
+
 def check_visibility_changes(changes: object) -> None:
     """Refuse anything but a list of (receipt, seconds) pairs, with seconds in range (every
     store's ``change_visibility_many``, before it changes anything)."""
@@ -1484,6 +1490,7 @@ class Channel:
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
         """Give the message back: available again after ``delay`` seconds (mq's redelivery)."""
+        check_release_delay(delay)
         self.change_visibility(receipt, delay)
 
     def _act(

@@ -75,6 +75,7 @@ from journalq.queue.channel import (
     ReceivedMessage,
     Task,
     check_receipt_list,
+    check_release_delay,
     check_visibility_changes,
 )
 from journalq.queue.envelope import message_id
@@ -821,6 +822,7 @@ class ShardedChannel:
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
         """Give the message back: available again after ``delay`` seconds (mq's redelivery)."""
+        check_release_delay(delay)
         self.change_visibility(receipt, delay)
 
     def _act(

@@ -84,6 +84,7 @@ from journalq.queue.channel import (
     ReceivedMessage,
     Task,
     check_receipt_list,
+    check_release_delay,
     check_visibility_changes,
     log_dead_letters_kept,
     moving_on_after,
@@ -1768,6 +1769,7 @@ class ZooKeeperQueue:
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
         """Give the task back: available again after ``delay`` seconds (mq's redelivery)."""
+        check_release_delay(delay)
         self.change_visibility(receipt, delay)
 
     def _act(
