@@ -2,6 +2,7 @@
 topic the broker closes under its users, and threads asking for one channel at once."""
 
 from __future__ import annotations
+
 import collections
 import threading
 import time

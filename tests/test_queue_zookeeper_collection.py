@@ -3,6 +3,7 @@ producers that collect unless told not to, two objects of one queue never collec
 send whose entry lands as the collector deletes its task as an orphan."""
 
 from __future__ import annotations
+
 import time
 
 import pytest

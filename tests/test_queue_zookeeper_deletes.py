@@ -3,6 +3,7 @@ short (finished by the next, or leaving the handle working), raced by senders, t
 node; a broker whose path was deleted under it; a queue made again with the same task names."""
 
 from __future__ import annotations
+
 import itertools
 import os
 import signal

@@ -3,6 +3,7 @@ closed broker says so, a closed handle receives nothing and registers no consume
 a working handle after the one it gave was closed; kazoo's errors come out as journalq's."""
 
 from __future__ import annotations
+
 import threading
 import time
 from typing import Any

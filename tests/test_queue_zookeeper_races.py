@@ -4,6 +4,7 @@ still end as they must (done, or a clear error), never with a spurious failure o
 changed nothing; a batch whose connection goes part way says what it stored."""
 
 from __future__ import annotations
+
 import threading
 import time
 from typing import Any

@@ -4,6 +4,7 @@ again, what a broker remembers of tasks, and dead-letter moves that meet a delet
 queue or fail, as on files."""
 
 from __future__ import annotations
+
 from typing import Any
 
 import pytest
