@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -152,6 +153,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "files_only(reason): a queue test that only makes sense on the file-system store"
     )
+    # A shell without job control starts a background job (`pytest &`) with SIGINT ignored, and
+    # children inherit that: a Python child then never installs its KeyboardInterrupt handler, and
+    # the tests that stop a command with SIGINT, as Ctrl-C does, would wait for it in vain.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager
