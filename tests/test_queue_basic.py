@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import ReceiptError, StaleReceiptError
+from journalq.errors import InvalidSettingError, ReceiptError, StaleReceiptError, VisibilityLimitError
 from journalq.journal import Scanner
 from journalq.queue import ENVELOPE_TYPE, Attribute, Broker, ReceivedMessage
 
@@ -167,6 +167,25 @@ def test_change_visibility_and_release(broker: Broker) -> None:
     time.sleep(0.55)
     (m4,) = q.receive()
     assert m4.receive_count == 4 and m4.body == b"x"
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_change_within_a_limit_after_the_delivery(store_root: Path | str, broker: Broker, shards: int) -> None:
+    """``within`` (SQS's 12 hours): a change that would hide the message past that many seconds
+    after its delivery is refused and changes nothing; the others in the call are made."""
+    if shards > 1 and not isinstance(store_root, Path):
+        pytest.skip("the ZooKeeper store has no shards")
+    q = broker.queue("jobs", shards=shards)
+    q.send_many([b"a", b"b"])
+    a, b = q.receive(2, visibility_timeout=30)
+    time.sleep(0.2)
+    past, kept = q.change_visibility_many([(a.receipt, 5), (b.receipt, 4)], within=5)
+    assert isinstance(past, VisibilityLimitError) and repr(a.receipt) in str(past) and kept is None
+    assert q.change_visibility_many([(a.receipt, 4)], within=5) == [None]
+    with pytest.raises(InvalidSettingError, match="within"):
+        q.change_visibility_many([(a.receipt, 4)], within=-1)
+    assert q.change_visibility_many([(b.receipt, 0), (a.receipt, 0)]) == [None, None]  # no limit by default
+    assert sorted(m.body for m in q.receive(2)) == [b"a", b"b"]
 
 
 BAD_RECEIPTS = [

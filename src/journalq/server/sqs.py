@@ -90,6 +90,7 @@ from journalq.errors import (
     QueueNotFoundError,
     ReceiptError,
     StaleReceiptError,
+    VisibilityLimitError,
 )
 from journalq.journal.recovery import replace_file
 from journalq.queue import settings as settings_file
@@ -1852,9 +1853,16 @@ class SqsProtocol:
     # -- actions: receipts ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _receipt_error(receipt: str, error: ReceiptError, *, deleting: bool) -> SqsError | None:
+    def _receipt_error(
+        receipt: str, error: ReceiptError, *, deleting: bool, seconds: int | None = None
+    ) -> SqsError | None:
         """SQS's answer to a receipt that journalq refused: an error, or None (success) for a
-        delete whose delivery is over, as on SQS."""
+        delete whose delivery is over, as on SQS. ``seconds``: the visibility timeout asked for."""
+        if isinstance(error, VisibilityLimitError):
+            return _invalid_value(
+                "VisibilityTimeout", seconds,
+                f"Total VisibilityTimeout for the message is beyond the limit [{MAX_VISIBILITY} seconds]",
+            )
         if not isinstance(error, StaleReceiptError):  # malformed, or not one of the queue's
             return SqsError(
                 "ReceiptHandleIsInvalid",
@@ -1869,12 +1877,13 @@ class SqsProtocol:
     def _on_receipts(self, name: str, items: list[Any], *, delete: bool) -> list[ReceiptError | None]:
         """``delete_many(items)`` (or ``change_visibility_many``) of queue ``name``. A topic whose
         channels are its own (none named ``default``) has no receipt of SQS's, and is given no
-        channel: every receipt is refused."""
+        channel: every receipt is refused. A change may not hide a message past 12 hours after
+        its receive (SQS's limit on its total visibility)."""
         found = self.broker.queue_if_made(name)
         if found is None:
             refused = ReceiptError(f"queue {name!r} is a topic whose channels are its own: its receipts are theirs")
             return [refused] * len(items)
-        return found.delete_many(items) if delete else found.change_visibility_many(items)
+        return found.delete_many(items) if delete else found.change_visibility_many(items, within=MAX_VISIBILITY)
 
     def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
         name = self._existing(self._name_of_url(request))
@@ -1915,7 +1924,7 @@ class SqsProtocol:
             raise _missing("VisibilityTimeout")
         seconds = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
         (error,) = self._on_receipts(name, [(receipt, seconds)], delete=False)
-        if error is not None and (problem := self._receipt_error(receipt, error, deleting=False)):
+        if error is not None and (problem := self._receipt_error(receipt, error, deleting=False, seconds=seconds)):
             raise problem
         return {}
 
@@ -1937,8 +1946,8 @@ class SqsProtocol:
         successful = []
         if todo:
             errors = self._on_receipts(name, [(receipt, seconds) for _, receipt, seconds in todo], delete=False)
-            for (entry_id, receipt, _), error in zip(todo, errors):
-                problem = error and self._receipt_error(receipt, error, deleting=False)
+            for (entry_id, receipt, seconds), error in zip(todo, errors):
+                problem = error and self._receipt_error(receipt, error, deleting=False, seconds=seconds)
                 if problem:
                     failed.append(problem.entry(entry_id))
                 else:
