@@ -29,7 +29,7 @@ from journalq.queue.settings import (
     dead_letter_sources,
 )
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
-from journalq.queue.topic import Topic
+from journalq.queue.topic import Topic, channel_names_in
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper import is_zookeeper_url, open_broker
 
@@ -150,6 +150,17 @@ class Broker(Closing):
                     queue = self._queues[name] = ShardedQueue(topic, DEFAULT_CHANNEL)
                 topic._channels[DEFAULT_CHANNEL] = queue
             return queue
+
+    def channel_names(self, name: str) -> list[str]:
+        """The channels of topic ``name`` (of every shard), read from its directories: nothing is
+        opened (no journal, no lock), so that a read-only data directory can be listed.
+        ``QueueNotFoundError`` when nothing has the name."""
+        check_name(name)
+        current = settings_file.load(self.root / name)
+        if current is None:
+            raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        directories = [name] if current.shards == 1 else sharded.shard_dirs(name, current.shards)
+        return sorted({channel for d in directories for channel in channel_names_in(self.root / d)})
 
     def queue_if_made(self, name: str) -> Queue | ShardedQueue | None:
         """The queue ``name`` when its topic has the channel ``default`` (``queue`` made it); None

@@ -599,6 +599,10 @@ class ZooKeeperBroker(Closing):
         with self._lock:
             return topic.channel(DEFAULT_CHANNEL)
 
+    def channel_names(self, name: str) -> list[str]:
+        """The channels of queue ``name`` (``default``), as the file store's ``Broker.channel_names``."""
+        return self.topic(name, create=False).channel_names()
+
     def queue_if_made(self, name: str) -> ZooKeeperQueue:
         """The file store's ``Broker.queue_if_made``: here every queue is one with the channel
         ``default`` (the store has no other), so ``queue(name, create=False)``."""
