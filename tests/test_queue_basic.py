@@ -4,7 +4,9 @@ order, groups, deduplication, delays, long polling, fan-out and stats."""
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 from journalq.errors import InvalidSettingError, ReceiptError, StaleReceiptError, VisibilityLimitError
 from journalq.journal import Scanner
 from journalq.queue import ENVELOPE_TYPE, Attribute, Broker, ReceivedMessage
+from journalq.queue.topic import Topic
 
 
 @pytest.fixture
@@ -583,3 +586,35 @@ def test_the_same_receipt_twice_in_one_call(tmp_path: Path) -> None:
         first, second = q.delete_many([receipt, receipt])
         assert first is None
         assert isinstance(second, ReceiptError) and "twice" in str(second)
+
+
+@pytest.mark.files_only("a topic's directory held open")
+def test_a_topic_whose_writer_cannot_open_leaves_no_descriptor_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer refused (a read-only directory, a full disk): the topic's directory, held before
+    the writer opens, is let go (a read-only bind mount of the data could not be unmounted)."""
+    with Broker(tmp_path, sync="none") as b:
+        b.queue("jobs").send(b"x")
+    path = os.fspath(tmp_path / "jobs")
+
+    def held() -> int:
+        """The descriptors of this process open on the topic's directory."""
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass  # (listdir's own, closed since)
+        return links.count(path)
+
+    def refused(self: Topic) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path + "/jnl.lck")
+
+    before = held()
+    with Broker(tmp_path, sync="none") as b, monkeypatch.context() as patched:
+        patched.setattr(Topic, "_get_writer", refused)
+        for _ in range(3):  # one left open each time, it was
+            with pytest.raises(OSError, match="Read-only file system"):
+                b.queue("jobs", create=False)
+        assert held() == before

@@ -112,9 +112,11 @@ class Broker(Closing):
                 # followers can watch it): a writer would make a directory deleted meanwhile again.
                 opened._hold_directory()
                 opened._get_writer()
-            except (FileNotFoundError, QueueNotFoundError) as exc:
+            except BaseException as exc:
                 if opened is not None:
-                    opened.close()
+                    opened.close()  # and its directory's descriptor, held above, with it
+                if not isinstance(exc, (FileNotFoundError, QueueNotFoundError)):
+                    raise
                 if isinstance(exc, FileNotFoundError) and settings_file.load(path) is not None:
                     raise
                 # Another process's delete took the directory away after its settings were read.
