@@ -224,6 +224,16 @@ def test_create_list_and_delete_queue(data: Path) -> None:
     fails(data, "delete-queue", "jobs", needle="no queue 'jobs'")
 
 
+def test_a_fifo_queue_naming_a_missing_dead_letter_queue_is_refused_in_words_every_caller_knows(data: Path) -> None:
+    """The refusal said "make it first, with fifo=True": the library's spelling, which neither
+    --fifo (here) nor SQS's FifoQueue is (SQS's own check answers first, in AWS's words)."""
+    ok(data, "create", "other")
+    line = fails(data, "create", "jobs", "--fifo", "--dead-letter-queue", "missing", "--max-receive-count", 3,
+                 needle="'missing' does not exist")
+    assert line.endswith("make it first, as a FIFO queue")
+    assert ok(data, "list") == [{"name": "other"}]
+
+
 @contextmanager
 def read_only(path: Path) -> Iterator[Path]:
     """``path`` where nothing can be written: its directories made read-only by chmod (not as
