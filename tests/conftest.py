@@ -146,6 +146,9 @@ def child_env() -> dict[str, str]:
 # -- the two stores of the queue layer ---------------------------------------------------------
 
 STORES = ["files", "zookeeper"]
+RACES = 25
+"""Races a ZooKeeper store's call is made to lose in a row: more than any fixed number of tries
+would take (a delete once gave up after 10)."""
 _zk_paths = itertools.count()
 
 

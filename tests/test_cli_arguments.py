@@ -263,3 +263,46 @@ def test_pipeline_archive_refuses_a_bad_reader_name_before_spark_starts(
         "journalq: error: reader name '../x' must be letters, digits, '.', '_' or '-', not starting with '.'\n"
     )
     assert not (journal / "ofs").exists()
+
+
+# What Spark 4's IntervalUtils.fromIntervalString took and refused (tried through py4j): each
+# taken text must pass the check; each refused one is refused (but the few Spark refuses for
+# their values, not their form, that the check leaves to it).
+SPARK_TAKES = [
+    "1 minute", "10 minutes", "  10 minutes  ", "interval 10 minutes", "INTERVAL 10 MINUTES", "10 Minutes",
+    "INTERVAL '10 minutes'", "interval'10 minutes'", "1 hour 30 minutes", "-5 seconds", "+ 5 seconds", "- 5 seconds",
+    "1.5 seconds", "1. seconds", ".5 seconds", "2 weeks", "1 month", "1 YEARS", "5 milliseconds", "1 microsecond",
+    "INTERVAL '1' DAY", "INTERVAL '1:30' HOUR TO MINUTE", "interval 1 hour '30' minutes", "interval -'5' seconds",
+    "1 minute 1 minute", "10\tminutes", "10 minutes\n", "00005 seconds",
+]
+SPARK_REFUSES = [
+    "bogus", "", "'10 minutes'", "10minutes", "10 min", "10 mins", "10 s", "10 ms", "1 h", "10", "interval",
+    "1 hour, 30 minutes", "1.5 minutes", "1.5 microseconds", "1 nanosecond", "P1D", "PT10M", "1e3 seconds",
+    "1_000 seconds", "10 minutes;", "10 minutes interval", "1 hour30 minutes", "+-5 seconds", "5.seconds",
+    "1 second 1", "1 hour '30' minutes", "\u00a010 minutes",
+]
+
+
+@pytest.mark.parametrize("option", ["--window", "--watermark"])
+def test_pipeline_aggregate_checks_its_intervals_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str
+) -> None:
+    """--window and --watermark were first refused by Spark, once it had started, in its words."""
+    import journalq.cli.pipeline as pipeline
+
+    def no_spark(*args: object) -> None:
+        raise AssertionError("Spark started")
+
+    monkeypatch.setattr(pipeline, "_session", no_spark)
+    journal = tmp_path / "j"
+    assert run("write", journal, input="{}\n").exit_code == 0
+    args = ("pipeline", "aggregate", "--journal", journal, "--output-journal", tmp_path / "out",
+            "--parquet", tmp_path / "pq", "--checkpoint", tmp_path / "cp")
+    for text in SPARK_REFUSES:
+        result = run(*args, option, text)
+        assert result.exit_code == 2, (text, result.output)
+        assert result.output.startswith(f"journalq: error: {option}: {text!r} is not an interval"), result.output
+    for text in SPARK_TAKES:
+        with pytest.raises(AssertionError, match="Spark started"):
+            run(*args, option, text)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cp").exists()

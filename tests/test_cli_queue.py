@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -219,6 +222,58 @@ def test_create_list_and_delete_queue(data: Path) -> None:
     assert ok(data, "delete-queue", "jobs") == [{"name": "jobs", "deleted": True}]
     assert ok(data, "list") == [{"name": "other"}]
     fails(data, "delete-queue", "jobs", needle="no queue 'jobs'")
+
+
+def test_a_fifo_queue_naming_a_missing_dead_letter_queue_is_refused_in_words_every_caller_knows(data: Path) -> None:
+    """The refusal said "make it first, with fifo=True": the library's spelling, which neither
+    --fifo (here) nor SQS's FifoQueue is (SQS's own check answers first, in AWS's words)."""
+    ok(data, "create", "other")
+    line = fails(data, "create", "jobs", "--fifo", "--dead-letter-queue", "missing", "--max-receive-count", 3,
+                 needle="'missing' does not exist")
+    assert line.endswith("make it first, as a FIFO queue")
+    assert ok(data, "list") == [{"name": "other"}]
+
+
+@contextmanager
+def read_only(path: Path) -> Iterator[Path]:
+    """``path`` where nothing can be written: its directories made read-only by chmod (not as
+    root, whom chmod does not stop) or, as root, a read-only bind mount of it; skips when
+    neither can be had."""
+    if os.geteuid() != 0:
+        directories = [path, *(p for p in path.rglob("*") if p.is_dir())]
+        for directory in directories:
+            directory.chmod(0o555)
+        try:
+            yield path
+        finally:
+            for directory in directories:
+                directory.chmod(0o755)
+        return
+    view = path.parent / "read-only"
+    view.mkdir()
+    done = subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(view)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"as root, chmod does not stop writes, and no read-only bind mount here ({done.stderr.strip()})")
+    try:
+        yield view
+    finally:
+        subprocess.run(["umount", str(view)], check=False)
+
+
+@pytest.mark.files_only("a read-only data directory")
+def test_a_read_only_data_directory_is_listed_and_stats_says_it_must_write(data: Path) -> None:
+    ok(data, "create", "jobs")
+    ok(data, "create", "wide", "--shards", 2)
+    ok(data, "send", "jobs", "x")
+    receive(data, "jobs")
+    with read_only(data) as view:
+        # It failed on the lock file, jnl.lck, which it opened for writing.
+        assert ok(view, "list") == [{"name": "jobs"}, {"name": "wide"}]
+        for names in (["jobs"], []):
+            line = fails(view, "stats", *names, needle=f"queue stats must write in {view / 'jobs'}")
+            assert "jnl.lck" in line
+    [jobs] = ok(data, "stats", "jobs")
+    assert (jobs["available"], jobs["in_flight"]) == (0, 1)
 
 
 def test_the_data_directory_comes_from_the_environment(tmp_path: Path) -> None:

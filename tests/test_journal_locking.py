@@ -798,6 +798,25 @@ def test_a_read_failure_at_a_shared_writers_catch_up_is_a_storage_error(
         assert [m.value for m in scanner] == [b"one", b"two", b"three", b"four"]
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_read_failure_opening_a_writer_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    with Writer(tmp_path) as first:
+        first.append_many([b"one", b"two"])
+        segment = first.segment.path
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "pread", _failing(errno.EIO))
+        # It was the bare OSError, naming no file.
+        with pytest.raises(StorageError, match="Input/output error") as info:
+            Writer(tmp_path, shared=shared)
+    assert info.value.errno == errno.EIO and info.value.file == segment
+    with Writer(tmp_path, shared=shared) as again:  # nothing held, nothing lost
+        assert again.append(b"three") == 2
+    with Scanner(tmp_path) as scanner:
+        assert [m.value for m in scanner] == [b"one", b"two", b"three"]
+
+
 def test_a_full_disk_opening_the_segment_another_shared_writer_started_is_a_storage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

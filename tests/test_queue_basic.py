@@ -4,7 +4,9 @@ order, groups, deduplication, delays, long polling, fan-out and stats."""
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -14,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import ReceiptError, StaleReceiptError
+from journalq.errors import InvalidSettingError, ReceiptError, StaleReceiptError, VisibilityLimitError
 from journalq.journal import Scanner
 from journalq.queue import ENVELOPE_TYPE, Attribute, Broker, ReceivedMessage
+from journalq.queue.topic import Topic
 
 
 @pytest.fixture
@@ -167,6 +170,25 @@ def test_change_visibility_and_release(broker: Broker) -> None:
     time.sleep(0.55)
     (m4,) = q.receive()
     assert m4.receive_count == 4 and m4.body == b"x"
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_change_within_a_limit_after_the_delivery(store_root: Path | str, broker: Broker, shards: int) -> None:
+    """``within`` (SQS's 12 hours): a change that would hide the message past that many seconds
+    after its delivery is refused and changes nothing; the others in the call are made."""
+    if shards > 1 and not isinstance(store_root, Path):
+        pytest.skip("the ZooKeeper store has no shards")
+    q = broker.queue("jobs", shards=shards)
+    q.send_many([b"a", b"b"])
+    a, b = q.receive(2, visibility_timeout=30)
+    time.sleep(0.2)
+    past, kept = q.change_visibility_many([(a.receipt, 5), (b.receipt, 4)], within=5)
+    assert isinstance(past, VisibilityLimitError) and repr(a.receipt) in str(past) and kept is None
+    assert q.change_visibility_many([(a.receipt, 4)], within=5) == [None]
+    with pytest.raises(InvalidSettingError, match="within"):
+        q.change_visibility_many([(a.receipt, 4)], within=-1)
+    assert q.change_visibility_many([(b.receipt, 0), (a.receipt, 0)]) == [None, None]  # no limit by default
+    assert sorted(m.body for m in q.receive(2)) == [b"a", b"b"]
 
 
 BAD_RECEIPTS = [
@@ -564,3 +586,35 @@ def test_the_same_receipt_twice_in_one_call(tmp_path: Path) -> None:
         first, second = q.delete_many([receipt, receipt])
         assert first is None
         assert isinstance(second, ReceiptError) and "twice" in str(second)
+
+
+@pytest.mark.files_only("a topic's directory held open")
+def test_a_topic_whose_writer_cannot_open_leaves_no_descriptor_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer refused (a read-only directory, a full disk): the topic's directory, held before
+    the writer opens, is let go (a read-only bind mount of the data could not be unmounted)."""
+    with Broker(tmp_path, sync="none") as b:
+        b.queue("jobs").send(b"x")
+    path = os.fspath(tmp_path / "jobs")
+
+    def held() -> int:
+        """The descriptors of this process open on the topic's directory."""
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass  # (listdir's own, closed since)
+        return links.count(path)
+
+    def refused(self: Topic) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path + "/jnl.lck")
+
+    before = held()
+    with Broker(tmp_path, sync="none") as b, monkeypatch.context() as patched:
+        patched.setattr(Topic, "_get_writer", refused)
+        for _ in range(3):  # one left open each time, it was
+            with pytest.raises(OSError, match="Read-only file system"):
+                b.queue("jobs", create=False)
+        assert held() == before

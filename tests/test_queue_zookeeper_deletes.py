@@ -17,7 +17,7 @@ import pytest
 from journalq.errors import QueueError, QueueNotFoundError, StoreUnavailableError
 from journalq.queue import Broker
 
-from conftest import own_zookeeper, returned_at_once
+from conftest import RACES, own_zookeeper, returned_at_once
 from test_queue_zookeeper import broker, url  # noqa: F401 (fixtures)
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
@@ -148,9 +148,6 @@ def test_a_queue_made_again_by_another_broker_with_the_same_task_names_is_not_ta
             q.receive()  # (the handle of the first refuses; the broker opens the name anew)
         got = mine.queue("jobs").receive()
         assert [(m.id, m.body) for m in got] == [(task, b"now")]
-
-
-RACES = 25  # more than any fixed number of tries (the delete gave up after 10)
 
 
 def test_a_queue_delete_raced_by_a_sender_many_times_deletes_what_it_adds(

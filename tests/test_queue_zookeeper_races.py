@@ -14,12 +14,10 @@ import pytest
 from journalq.errors import StoreUnavailableError
 from journalq.queue import Broker
 
+from conftest import RACES
 from test_queue_zookeeper import broker, url  # noqa: F401 (fixtures)
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install -e '.[zookeeper]')")
-
-
-RACES = 25  # more races lost in a row than any fixed number of tries would take
 
 
 def _changed_meanwhile(q, change, monkeypatch: pytest.MonkeyPatch, times: int = RACES) -> list[int]:

@@ -404,6 +404,34 @@ def test_change_message_visibility_and_batch(sqs: Any, queue_url: str) -> None:
         sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle="garbage", VisibilityTimeout=5)
 
 
+def test_a_change_of_visibility_past_12_hours_after_the_receive_is_refused(sqs: Any, queue_url: str) -> None:
+    """As on SQS: a message's visibility may not end more than 12 hours after its receive."""
+    sqs.send_message_batch(QueueUrl=queue_url, Entries=[{"Id": str(i), "MessageBody": f"v{i}"} for i in range(2)])
+    got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, VisibilityTimeout=60)["Messages"]
+    assert len(got) == 2
+    time.sleep(1.1)
+    receipt = got[0]["ReceiptHandle"]
+    with pytest.raises(ClientError) as info:
+        sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=receipt, VisibilityTimeout=43199)
+    assert error_code(info) == "InvalidParameterValue"
+    assert info.value.response["Error"]["Message"] == (
+        "Value 43199 for parameter VisibilityTimeout is invalid. Reason: Total VisibilityTimeout for the message is "
+        "beyond the limit [43200 seconds]"
+    )
+    sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=receipt, VisibilityTimeout=43000)
+    answer = sqs.change_message_visibility_batch(
+        QueueUrl=queue_url,
+        Entries=[
+            {"Id": "past", "ReceiptHandle": receipt, "VisibilityTimeout": 43200},
+            {"Id": "back", "ReceiptHandle": got[1]["ReceiptHandle"], "VisibilityTimeout": 0},
+        ],
+    )
+    assert [e["Id"] for e in answer["Successful"]] == ["back"]
+    assert [(f["Id"], f["Code"]) for f in answer["Failed"]] == [("past", "InvalidParameterValue")]
+    (again,) = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10)["Messages"]
+    assert again["MessageId"] == got[1]["MessageId"]  # the other still hidden, for its 43,000 s
+
+
 def test_fifo_groups_and_deduplication(sqs: Any) -> None:
     url = sqs.create_queue(QueueName=new_name("order") + ".fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
     first = sqs.send_message(QueueUrl=url, MessageBody="a1", MessageGroupId="a", MessageDeduplicationId="d1")

@@ -150,6 +150,11 @@ class StaleReceiptError(ReceiptError):
     success)."""
 
 
+class VisibilityLimitError(ReceiptError):
+    """A change of visibility refused because it would hide the message past the limit asked
+    for (``within``) after the delivery of its receipt (SQS's 12 hours); nothing was changed."""
+
+
 class TaskNotFoundError(QueueError, LookupError):
     """A message id that names no task: never sent, or garbage-collected after it finished."""
 

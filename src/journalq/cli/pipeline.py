@@ -139,6 +139,17 @@ def archive(data: Path | None, topic: str | None, journal: Path | None, output: 
     click.echo(result.to_json())
 
 
+def _interval(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """An interval as Spark takes it, checked before Spark starts (as a usage error naming the option)."""
+    from journalq.errors import InvalidArgumentError
+    from journalq.spark.pipelines import check_interval
+
+    try:
+        return check_interval(f"--{param.name}", value)
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc), ctx) from None
+
+
 @pipeline.command()
 @_source
 @click.option("--output-topic", default=None, help="The topic (in --data) that receives the statistics.")
@@ -148,8 +159,9 @@ def archive(data: Path | None, topic: str | None, journal: Path | None, output: 
               help="The Parquet directory that receives the statistics too (partitioned by date).")
 @click.option("--checkpoint", type=DirectoryPath(file_okay=False), required=True,
               help="Spark's checkpoint directory: keep it to resume where the job stopped.")
-@click.option("--window", default="1 minute", show_default=True, help="Length of the event-time windows.")
-@click.option("--watermark", default="10 minutes", show_default=True,
+@click.option("--window", default="1 minute", show_default=True, callback=_interval,
+              help="Length of the event-time windows.")
+@click.option("--watermark", default="10 minutes", show_default=True, callback=_interval,
               help="How late an event may be; a window is written once the watermark passes its end.")
 @click.option("--time-field", default="time", show_default=True,
               help="The JSON field with the event time (ISO 8601 or seconds); the message time without it.")

@@ -15,6 +15,7 @@ parses arguments and renders results.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
 import os
@@ -112,7 +113,7 @@ def _broker(data: Path | str, sync: str, *, create: bool = False, producer_gc: b
 
 
 def _channels(broker: Broker, name: str) -> list[str]:
-    return broker.topic(name, create=False).channel_names()
+    return broker.channel_names(name)  # opening nothing: a read-only data directory is listed too
 
 
 def _is_queue(broker: Broker, name: str) -> bool:
@@ -529,7 +530,17 @@ def stats(names: tuple[str, ...], fmt: str, data: Path, sync: str) -> None:
             _require(broker, name)  # every name before any output
         rows = []
         for name in names or _queue_names(broker):
-            s = broker.queue(name, create=False).stats()
+            try:
+                s = broker.queue(name, create=False).stats()
+            except OSError as exc:
+                if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise
+                # A channel's counts are its state journal's, read under its lock, which runs the
+                # maintenance due (gc, dead-letter moves): they cannot be had without writing.
+                raise CommandError(
+                    f"queue stats must write in {os.path.join(broker.root, name)} (it reads the queue's state "
+                    f"under its locks, and runs the maintenance due), and cannot: {exc.strerror}: {exc.filename}"
+                ) from None
             rows.append({
                 "name": name, "available": s.available, "in_flight": s.in_flight, "delayed": s.delayed,
                 "dead": s.dead, "oldest_age": None if s.oldest_age is None else round(s.oldest_age, 3),

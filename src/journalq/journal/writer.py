@@ -207,7 +207,16 @@ class Writer(Closing):
                 self._lock.write_note(f"{_EXCLUSIVE_NOTE}, pid {os.getpid()}")
             try:
                 segments = list_segments(self.path)
-                self._open_segment(segments[-1] if segments else segment_at(self.path, 0))
+                segment = segments[-1] if segments else segment_at(self.path, 0)
+                try:
+                    self._open_segment(segment)
+                except OSError as exc:
+                    if exc.errno not in STORAGE_ERRNOS:
+                        raise
+                    # Reading the tail to recover it, syncing its directory: the storage's
+                    # failure, as an append's or a catch-up's is (others, EMFILE say, stay).
+                    file = Path(exc.filename) if isinstance(exc.filename, str) else segment.path
+                    raise _open_failed(exc, file) from exc
             finally:
                 if shared:
                     self._lock.release()
@@ -1012,6 +1021,14 @@ def _note_alive(note: str) -> bool:
 def _sync_failed(exc: OSError, file: Path) -> StorageError:
     return StorageError(
         f"could not sync: {exc.strerror or exc}; the last appends may not be stored", errno=exc.errno, file=file
+    )
+
+
+def _open_failed(exc: OSError, file: Path) -> StorageError:
+    return StorageError(
+        f"could not open the journal for appending (checking its last segment): {exc.strerror or exc}",
+        errno=exc.errno,
+        file=file,
     )
 
 

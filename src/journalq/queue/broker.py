@@ -29,7 +29,7 @@ from journalq.queue.settings import (
     dead_letter_sources,
 )
 from journalq.queue.sharded import ShardedQueue, ShardedTopic
-from journalq.queue.topic import Topic
+from journalq.queue.topic import Topic, channel_names_in
 from journalq.queue.workqueue import DEFAULT_CHANNEL, Queue
 from journalq.queue.zookeeper import is_zookeeper_url, open_broker
 
@@ -112,9 +112,11 @@ class Broker(Closing):
                 # followers can watch it): a writer would make a directory deleted meanwhile again.
                 opened._hold_directory()
                 opened._get_writer()
-            except (FileNotFoundError, QueueNotFoundError) as exc:
+            except BaseException as exc:
                 if opened is not None:
-                    opened.close()
+                    opened.close()  # and its directory's descriptor, held above, with it
+                if not isinstance(exc, (FileNotFoundError, QueueNotFoundError)):
+                    raise
                 if isinstance(exc, FileNotFoundError) and settings_file.load(path) is not None:
                     raise
                 # Another process's delete took the directory away after its settings were read.
@@ -150,6 +152,17 @@ class Broker(Closing):
                     queue = self._queues[name] = ShardedQueue(topic, DEFAULT_CHANNEL)
                 topic._channels[DEFAULT_CHANNEL] = queue
             return queue
+
+    def channel_names(self, name: str) -> list[str]:
+        """The channels of topic ``name`` (of every shard), read from its directories: nothing is
+        opened (no journal, no lock), so that a read-only data directory can be listed.
+        ``QueueNotFoundError`` when nothing has the name."""
+        check_name(name)
+        current = settings_file.load(self.root / name)
+        if current is None:
+            raise QueueNotFoundError(f"no queue or topic {name!r} in {self.root}")
+        directories = [name] if current.shards == 1 else sharded.shard_dirs(name, current.shards)
+        return sorted({channel for d in directories for channel in channel_names_in(self.root / d)})
 
     def queue_if_made(self, name: str) -> Queue | ShardedQueue | None:
         """The queue ``name`` when its topic has the channel ``default`` (``queue`` made it); None

@@ -54,6 +54,7 @@ from journalq.errors import (
     StorageError,
     TaskNotFoundError,
     TruncatedError,
+    VisibilityLimitError,
 )
 from journalq.journal import Message, Scanner, Writer, end_offset
 from journalq.journal.offsets import read_offset, write_offset
@@ -401,6 +402,28 @@ def check_visibility_changes(changes: object) -> None:
         if isinstance(change, str) or not isinstance(change, Sequence) or len(change) != 2:
             raise InvalidSettingError(f"changes must be a list of (receipt, seconds) pairs, not one of {change!r}")
         check_number("visibility timeout", change[1], 0, MAX_VISIBILITY)
+
+
+def check_within(within: object) -> None:
+    """Refuse a ``within`` (``change_visibility_many``'s limit) that is neither None nor a number
+    of seconds up to ``MAX_VISIBILITY``."""
+    if within is not None:
+        check_number("within", within, 0, MAX_VISIBILITY)
+
+
+def past_limit(
+    shown: str, seconds: float, received_ns: int, now_ns: int, within: float | None
+) -> ReceiptError | None:
+    """The error (of receipt ``shown``, quoted) of a change of visibility to ``seconds`` from
+    ``now_ns`` that would end more than ``within`` seconds after the delivery (received at
+    ``received_ns``; 0: not known, as for deliveries recorded before their time was), or None
+    (every store's ``change_visibility_many``)."""
+    if within is None or not received_ns or now_ns + seconds * 1e9 <= received_ns + within * 1e9:
+        return None
+    return VisibilityLimitError(
+        f"receipt {shown}: hiding its message for {seconds:g} s would end more than {within:g} s after "
+        "its delivery"
+    )
 
 
 _TOKEN = re.compile(rb"[0-9a-f]{8}")
@@ -1478,14 +1501,26 @@ class Channel:
         """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
-    def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
+    def change_visibility_many(
+        self, changes: list[tuple[str, float]], *, within: float | None = None
+    ) -> list[ReceiptError | None]:
+        """Change several; for each receipt, None or the error that kept it from being changed.
+        ``within``: refuse (``VisibilityLimitError``) a change that would hide its message more
+        than that many seconds after its delivery (SQS's 12-hour limit)."""
         check_visibility_changes(changes)
+        check_within(within)
+
+        def refused(i: int, offset: int, now: int) -> ReceiptError | None:
+            receipt, seconds = changes[i]
+            return past_limit(self._shown(receipt), seconds, self.state.inflight[offset].stamp, now, within)
+
         return self._act(
             [receipt for receipt, _ in changes],
             lambda current, now: [
                 Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)).encode()
                 for i, offset, seq in current
             ],
+            refuse=None if within is None else refused,
         )
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
@@ -1499,14 +1534,23 @@ class Channel:
         make: Callable[[list[tuple[int, int, int]], int], list[Record]],
         *,
         finishing: bool = False,
+        refuse: Callable[[int, int, int], ReceiptError | None] | None = None,
     ) -> list[ReceiptError | None]:
         """Under the lock, turn the receipts that name current deliveries, as (index, offset,
-        delivery number), into ``make``'s events (``finishing``: see ``_current``)."""
+        delivery number), into ``make``'s events (``finishing``: see ``_current``). ``refuse``
+        (index, offset, now): an error for a current delivery that is not to be acted on."""
         with self._hold():
             self._apply_new()
             now = time.time_ns()
             self.state.expire(now)
             outcomes, current = self._current(receipts, finishing=finishing)
+            if refuse is not None:
+                kept = []
+                for item in current:
+                    outcomes[item[0]] = error = refuse(item[0], item[1], now)
+                    if error is None:
+                        kept.append(item)
+                current = kept
             if current:
                 self._record(make(current, now))
         return outcomes

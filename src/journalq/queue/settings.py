@@ -178,7 +178,7 @@ def check_dead_letter_kind(
         if settings.fifo:
             raise InvalidSettingError(
                 f"FIFO queue {name!r} cannot take {target!r} as its dead-letter queue: {target!r} does not exist, "
-                "and the first move would make it a standard queue; make it first, with fifo=True"
+                "and the first move would make it a standard queue; make it first, as a FIFO queue"
             )
     elif target_settings.fifo != settings.fifo:
         raise InvalidSettingError(

@@ -77,6 +77,7 @@ from journalq.queue.channel import (
     check_receipt_list,
     check_release_delay,
     check_visibility_changes,
+    check_within,
 )
 from journalq.queue.envelope import message_id
 from journalq.queue.removal import remove_directory
@@ -810,13 +811,17 @@ class ShardedChannel:
         """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
-    def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
+    def change_visibility_many(
+        self, changes: list[tuple[str, float]], *, within: float | None = None
+    ) -> list[ReceiptError | None]:
+        """As ``Channel.change_visibility_many``, each shard's receipts by their shard."""
         check_visibility_changes(changes)  # all first
+        check_within(within)
         seconds = [s for _, s in changes]
         return self._act(
             [receipt for receipt, _ in changes],
             lambda channel, inner, positions: channel.change_visibility_many(
-                [(receipt, seconds[p]) for receipt, p in zip(inner, positions)]
+                [(receipt, seconds[p]) for receipt, p in zip(inner, positions)], within=within
             ),
         )
 

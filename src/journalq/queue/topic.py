@@ -115,6 +115,14 @@ def make_envelope(item: OutgoingMessage, settings: QueueSettings) -> Envelope:
     )
 
 
+
+def channel_names_in(path: Path) -> list[str]:
+    """The channels of the topic (or shard) directory ``path``: its ``channels`` directories."""
+    try:
+        return sorted(p.name for p in (path / "channels").iterdir() if p.is_dir())
+    except FileNotFoundError:
+        return []
+
 class TopicDirectory:
     """What ``Topic`` and ``ShardedTopic`` share: the topic's directory held open (to tell when
     the topic is deleted, or deleted and made again, under an object that has it open) and its
@@ -436,10 +444,7 @@ class Topic(TopicDirectory):
         return channel_once(self._channels, self._making_channel, name, make)
 
     def channel_names(self) -> list[str]:
-        try:
-            return sorted(p.name for p in (self.path / "channels").iterdir() if p.is_dir())
-        except FileNotFoundError:
-            return []
+        return channel_names_in(self.path)
 
     def gc(self, now: float | None = None, *, size_kept_from: int | None = None) -> list[Path]:
         """Delete the oldest segments that no channel needs or that retention lets go.

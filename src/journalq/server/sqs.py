@@ -90,6 +90,7 @@ from journalq.errors import (
     QueueNotFoundError,
     ReceiptError,
     StaleReceiptError,
+    VisibilityLimitError,
 )
 from journalq.journal.recovery import replace_file
 from journalq.queue import settings as settings_file
@@ -542,25 +543,35 @@ class _Sidecar:
         self._root_text = os.fspath(root)  # for read's path: os.path.join of a Path costs ~10,000 instructions
         self.durable = durable
         self._mutex = threading.Lock()
-        self._cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        # Per queue, its file's (inode, mtime, size) and data; (None, {}) when it had none.
+        self._cache: dict[str, tuple[tuple[int, int, int] | None, dict[str, Any]]] = {}
 
     def read(self, name: str) -> dict[str, Any]:
         """The queue's data, read-only (cached while the file stays the same: every change
         replaces the file, so its inode tells)."""
-        try:  # os.stat of a str: a Path built per read cost ~2 µs of the ~4.4 (names have no separator)
-            st = os.stat(f"{self._root_text}/{name}/{SIDECAR}")
+        path = f"{self._root_text}/{name}/{SIDECAR}"  # a str: a Path built per read cost ~2 µs (no separator)
+        cached = self._cache.get(name)
+        # A queue made through REST or the library has none, and a failing os.stat raises and
+        # catches an OSError (~0.9 µs more). Found missing last time: asked with os.access, which
+        # answers False instead (the file system still, so one made since is seen).
+        if cached is not None and cached[0] is None and not os.access(path, os.F_OK):
+            return {}
+        try:
+            st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
-            self._cache.pop(name, None)
+            self._remember(name, None, {})
             return {}
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        cached = self._cache.get(name)
         if cached is not None and cached[0] == key:
             return cached[1]
         data = self._load(name)
+        self._remember(name, key, data)
+        return data
+
+    def _remember(self, name: str, key: tuple[int, int, int] | None, data: dict[str, Any]) -> None:
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[name] = (key, data)
-        return data
 
     def _load(self, name: str) -> dict[str, Any]:
         try:
@@ -1852,9 +1863,16 @@ class SqsProtocol:
     # -- actions: receipts ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _receipt_error(receipt: str, error: ReceiptError, *, deleting: bool) -> SqsError | None:
+    def _receipt_error(
+        receipt: str, error: ReceiptError, *, deleting: bool, seconds: int | None = None
+    ) -> SqsError | None:
         """SQS's answer to a receipt that journalq refused: an error, or None (success) for a
-        delete whose delivery is over, as on SQS."""
+        delete whose delivery is over, as on SQS. ``seconds``: the visibility timeout asked for."""
+        if isinstance(error, VisibilityLimitError):
+            return _invalid_value(
+                "VisibilityTimeout", seconds,
+                f"Total VisibilityTimeout for the message is beyond the limit [{MAX_VISIBILITY} seconds]",
+            )
         if not isinstance(error, StaleReceiptError):  # malformed, or not one of the queue's
             return SqsError(
                 "ReceiptHandleIsInvalid",
@@ -1869,12 +1887,13 @@ class SqsProtocol:
     def _on_receipts(self, name: str, items: list[Any], *, delete: bool) -> list[ReceiptError | None]:
         """``delete_many(items)`` (or ``change_visibility_many``) of queue ``name``. A topic whose
         channels are its own (none named ``default``) has no receipt of SQS's, and is given no
-        channel: every receipt is refused."""
+        channel: every receipt is refused. A change may not hide a message past 12 hours after
+        its receive (SQS's limit on its total visibility)."""
         found = self.broker.queue_if_made(name)
         if found is None:
             refused = ReceiptError(f"queue {name!r} is a topic whose channels are its own: its receipts are theirs")
             return [refused] * len(items)
-        return found.delete_many(items) if delete else found.change_visibility_many(items)
+        return found.delete_many(items) if delete else found.change_visibility_many(items, within=MAX_VISIBILITY)
 
     def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
         name = self._existing(self._name_of_url(request))
@@ -1915,7 +1934,7 @@ class SqsProtocol:
             raise _missing("VisibilityTimeout")
         seconds = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
         (error,) = self._on_receipts(name, [(receipt, seconds)], delete=False)
-        if error is not None and (problem := self._receipt_error(receipt, error, deleting=False)):
+        if error is not None and (problem := self._receipt_error(receipt, error, deleting=False, seconds=seconds)):
             raise problem
         return {}
 
@@ -1937,8 +1956,8 @@ class SqsProtocol:
         successful = []
         if todo:
             errors = self._on_receipts(name, [(receipt, seconds) for _, receipt, seconds in todo], delete=False)
-            for (entry_id, receipt, _), error in zip(todo, errors):
-                problem = error and self._receipt_error(receipt, error, deleting=False)
+            for (entry_id, receipt, seconds), error in zip(todo, errors):
+                problem = error and self._receipt_error(receipt, error, deleting=False, seconds=seconds)
                 if problem:
                     failed.append(problem.entry(entry_id))
                 else:

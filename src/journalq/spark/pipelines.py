@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journalq.errors import Error
+from journalq.errors import Error, InvalidArgumentError
 from journalq.journal.offsets import ReaderOffset, end_offset
 from journalq.journal.recovery import fsync_dir, fsync_file, make_dirs
 from journalq.queue.settings import check_name
@@ -212,6 +212,30 @@ def _move_into_place(staging: Path, out: Path, prefix: str) -> tuple[int, list[s
 
 # -- aggregate ------------------------------------------------------------------------------------
 
+_UNITS = r"(?:years?|months?|weeks?|days?|hours?|minutes?|seconds?|milliseconds?|microseconds?)"
+# Spark's interval text (``IntervalUtils.fromIntervalString``, tried on Spark 4): ``[interval] N
+# unit [N unit]...``, N signed, a fraction only of seconds, case ignored; or SQL's INTERVAL with
+# quoted parts (``INTERVAL '10 minutes'``, ``INTERVAL '1:30' HOUR TO MINUTE``), left for Spark to
+# judge: this check must refuse nothing that Spark takes.
+_PLAIN_INTERVAL = re.compile(
+    rf"\s*(?:interval\s+)?(?:[+-]?\s*(?:\d+\s+{_UNITS}|(?:\d+\.\d*|\.\d+)\s+seconds?)(?:\s+|$))+",
+    re.IGNORECASE | re.ASCII,
+)
+_SQL_INTERVAL = re.compile(r"\s*interval\b.*'.*'.*", re.IGNORECASE | re.ASCII | re.DOTALL)
+
+
+def check_interval(name: str, text: object) -> str:
+    """Refuse ``text`` for the interval ``name`` (an aggregation's window or watermark) unless it
+    is in the form Spark takes ("10 minutes", "1 hour 30 minutes", "INTERVAL '10 minutes'"), so
+    that it is refused before Spark starts, by name; returns it."""
+    if not isinstance(text, str) or not (_PLAIN_INTERVAL.fullmatch(text) or _SQL_INTERVAL.fullmatch(text)):
+        raise InvalidArgumentError(
+            f"{name}: {text!r} is not an interval as Spark writes one: a number and a unit (year, month, week, "
+            "day, hour, minute, second, millisecond, microsecond) once or more, as '10 minutes' or "
+            "'1 hour 30 minutes', or INTERVAL '...'"
+        )
+    return text
+
 
 @dataclass
 class AggregateSettings:
@@ -302,6 +326,8 @@ def check_aggregate(settings: AggregateSettings) -> None:
     """Fail now (before Spark starts) when the source or the output is missing, given twice or
     misnamed. Creates nothing: the output is made when the aggregation starts."""
     check_source(settings.journal, settings.data, settings.topic)
+    check_interval("window", settings.window)
+    check_interval("watermark", settings.watermark)
     _, out_options = _aggregate_output(settings)
     if "topic" in out_options:
         check_name(out_options["topic"], "topic")  # else first refused by the broker making it

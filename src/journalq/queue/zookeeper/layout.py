@@ -186,6 +186,9 @@ class Entry:
     filters: dict[str, str] = field(default_factory=dict)
     kept: bool = False
     moving: bool = False
+    received: int = 0
+    """When the claim was made (ms; 0: not claimed, or by a version that did not write it), for
+    ``change_visibility_many``'s ``within``."""
 
     def encode(self) -> bytes:
         data: dict[str, Any] = {"at": self.at, "n": self.count}
@@ -199,6 +202,8 @@ class Entry:
             data["k"] = 1
         if self.moving:
             data["mv"] = 1
+        if self.received:
+            data["r"] = self.received
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
@@ -206,7 +211,7 @@ class Entry:
         try:
             data = json.loads(raw)
             return cls(int(data["at"]), int(data.get("n", 0)), data.get("by"), data.get("g"), dict(data.get("f", {})),
-                       bool(data.get("k")), bool(data.get("mv")))
+                       bool(data.get("k")), bool(data.get("mv")), int(data.get("r", 0)))
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls(0)  # a damaged entry is delivered rather than stuck: at least once
 

@@ -86,8 +86,10 @@ from journalq.queue.channel import (
     check_receipt_list,
     check_release_delay,
     check_visibility_changes,
+    check_within,
     log_dead_letters_kept,
     moving_on_after,
+    past_limit,
     receive_arguments,
 )
 from journalq.queue.envelope import Envelope, dead_letter_source, resend
@@ -596,6 +598,10 @@ class ZooKeeperBroker(Closing):
         topic = self.topic(name, create=create, **settings)
         with self._lock:
             return topic.channel(DEFAULT_CHANNEL)
+
+    def channel_names(self, name: str) -> list[str]:
+        """The channels of queue ``name`` (``default``), as the file store's ``Broker.channel_names``."""
+        return self.topic(name, create=False).channel_names()
 
     def queue_if_made(self, name: str) -> ZooKeeperQueue:
         """The file store's ``Broker.queue_if_made``: here every queue is one with the channel
@@ -1667,7 +1673,7 @@ class ZooKeeperQueue:
 
         planned = []
         for task, entry, version, count, hide_ms in wanted:
-            new = Entry(now + hide_ms, count, me, entry.group, entry.filters, moving=moving)
+            new = Entry(now + hide_ms, count, me, entry.group, entry.filters, moving=moving, received=now)
             expired = entry.at <= now
             replace = expired and entry.by is not None and not entry.kept and entry.by in live
             planned.append((task, new, version, expired, replace,
@@ -1762,10 +1768,22 @@ class ZooKeeperQueue:
         """Hide the task of this delivery for ``seconds`` from now (0: give it back at once)."""
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
-    def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[ReceiptError | None]:
+    def change_visibility_many(
+        self, changes: list[tuple[str, float]], *, within: float | None = None
+    ) -> list[ReceiptError | None]:
+        """As ``Channel.change_visibility_many`` (``within`` from the claim's time in the entry)."""
         check_visibility_changes(changes)
+        check_within(within)
+
+        def change(i: int, entry: Entry) -> tuple[str | None, int | None]:
+            receipt, seconds = changes[i]
+            error = past_limit(repr(receipt), seconds, entry.received * 1_000_000, time.time_ns(), within)
+            if error is not None:
+                raise error
+            return None, int(seconds * 1000)
+
         with self._call(f"changing the visibility of {len(changes)} delivery(ies) in"):
-            return self._act([r for r, _ in changes], lambda i, entry: (None, int(changes[i][1] * 1000)))
+            return self._act([r for r, _ in changes], change)
 
     def release(self, receipt: str, delay: float = 0.0) -> None:
         """Give the task back: available again after ``delay`` seconds (mq's redelivery)."""
@@ -1829,7 +1847,11 @@ class ZooKeeperQueue:
                         f"visibility timeout ran out after its last receive of {count})"
                     )
                     continue
-                end, hide = change(i, entry)
+                try:
+                    end, hide = change(i, entry)
+                except ReceiptError as exc:  # refused by the change (``within``)
+                    outcomes[i] = exc
+                    continue
                 commits[i] = (task, entry, version, end, hide)
             retry = {}
             for i, (failed, new) in zip(commits, self._apply(list(commits.values()), fenced=True)):
@@ -1869,7 +1891,7 @@ class ZooKeeperQueue:
             # the lock of a live claim (a claim whose consumer closed cleanly has none left)
             locked = claim and entry.by is not None and not entry.kept
             written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group,
-                            entry.filters, entry.kept and bool(hide))
+                            entry.filters, entry.kept and bool(hide), received=entry.received)
 
             def add(t: Any) -> None:
                 if end is not None:
