@@ -115,13 +115,13 @@ def make_envelope(item: OutgoingMessage, settings: QueueSettings) -> Envelope:
     )
 
 
-
 def channel_names_in(path: Path) -> list[str]:
     """The channels of the topic (or shard) directory ``path``: its ``channels`` directories."""
     try:
         return sorted(p.name for p in (path / "channels").iterdir() if p.is_dir())
     except FileNotFoundError:
         return []
+
 
 class TopicDirectory:
     """What ``Topic`` and ``ShardedTopic`` share: the topic's directory held open (to tell when
