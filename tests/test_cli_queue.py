@@ -257,7 +257,7 @@ def read_only(path: Path) -> Iterator[Path]:
     try:
         yield view
     finally:
-        subprocess.run(["umount", str(view)], check=False)
+        subprocess.run(["umount", "--lazy", str(view)], check=False)  # lazy: a file left open cannot keep it mounted
 
 
 @pytest.mark.files_only("a read-only data directory")
