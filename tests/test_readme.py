@@ -7,10 +7,11 @@ instead, and a ``zk://`` URL the session's ZooKeeper server. A fenced ```sh bloc
 its ``curl`` lines are checked for the status their comment gives, a comment that is JSON is the
 output expected, and the sample values listed in ``SAMPLES`` stand for what an earlier line printed).
 Every ``journalq`` command line of the README, in its blocks and its inline code, names a command that
-exists and options that it takes, and bench/README.md's commands name scripts, benchmarks and options
-that exist. A marker comment on the line before a block changes what is done with it:
-``<!-- readme-test: skip (why) -->`` skips it, ``<!-- readme-test: continues -->`` runs a python block
-after the block before it, in the same namespace. A failure names the README's line.
+exists and options that it takes; bench/README.md's commands name scripts, benchmarks and options
+that exist; the "Layout" table names every module of each package, and only those. A marker comment
+on the line before a block changes what is done with it: ``<!-- readme-test: skip (why) -->`` skips
+it, ``<!-- readme-test: continues -->`` runs a python block after the block before it, in the same
+namespace. A failure names the README's line.
 """
 
 from __future__ import annotations
@@ -325,3 +326,29 @@ def test_the_benchmarks_commands_exist() -> None:
                 problems.append(f"bench/README.md:{number}: {script} has no benchmark {arg}")
     assert helps, "bench/README.md names no bench/ command"
     assert not problems, "\n".join(problems)
+
+
+def test_the_layout_table_names_every_module_and_only_modules_there_are() -> None:
+    """Each package's row in "## Layout" names its modules (and sub-packages, ``name/``): one added
+    or renamed without the table saying so is reported, as is a name the table gives that is no
+    module of the package (``journalq``, the command's name, aside)."""
+    text = README.read_text()
+    table = text[text.index("## Layout") : text.index("## Tests and benchmarks")]
+    src = REPO / "src"
+    problems = []
+    rows = re.findall(r"(?m)^\| `(journalq\.\w+)` \| (.*) \|$", table)
+    assert rows, "no package rows under ## Layout"
+    for package, description in rows:
+        base = src / package.replace(".", "/")
+        named = {n.rstrip("/") for n in re.findall(r"`([a-z][a-z0-9_]*/?)`", description)} - {"journalq"}
+        for dotted in re.findall(r"`(journalq\.[a-z_.]+)`", description):
+            named.add(dotted)
+            if not (src / (dotted.replace(".", "/") + ".py")).exists() and dotted != "journalq.Error":
+                problems.append(f"{package}: `{dotted}` is no module")
+        if not base.is_dir():
+            continue
+        there = {p.stem for p in base.glob("*.py")} | {p.name for p in base.iterdir() if (p / "__init__.py").exists()}
+        everywhere = {p.stem for p in base.rglob("*.py")}
+        problems += [f"{package}: `{n}` is no module of it" for n in sorted(named - everywhere - there) if "." not in n]
+        problems += [f"{package}: its module `{n}` is not in the table" for n in sorted(there - named - {"__init__"})]
+    assert not problems, "README.md, ## Layout:\n" + "\n".join(problems)
