@@ -519,6 +519,19 @@ def test_next_message_raises_scan_timeout_when_none_comes_in_time(tmp_path):
             scanner.next_message()
 
 
+def test_scan_timeout_is_one_of_the_journals_errors(tmp_path):
+    """``journalq.journal`` gave every error its scanner raises (``TruncatedError``,
+    ``CorruptionError``, ...) but ``ScanTimeout``, which ``next_message`` raises (the README's
+    journal example names it): importing it from there failed."""
+    import journalq.journal
+
+    with Writer(tmp_path) as writer:
+        writer.append(b"only")
+    with Scanner(tmp_path, 1) as scanner, pytest.raises(journalq.journal.ScanTimeout):
+        scanner.next_message()
+    assert "ScanTimeout" in journalq.journal.__all__
+
+
 @pytest.mark.parametrize("offset", [-1, -(2**70)])
 def test_a_negative_offset_is_a_bad_argument_not_out_of_range(tmp_path, offset):
     """It raised ``OffsetOutOfRangeError``, which says the journal does not hold the offset (now,

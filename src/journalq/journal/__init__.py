@@ -10,6 +10,7 @@ from journalq.errors import (
     JournalError,
     LockedError,
     OffsetOutOfRangeError,
+    ScanTimeout,
     TruncatedError,
 )
 from journalq.journal.codec import MAX_KEY_SIZE, Message
@@ -31,6 +32,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "ReaderOffset",
     "Recovery",
+    "ScanTimeout",
     "Scanner",
     "SyncPolicy",
     "TruncatedError",
