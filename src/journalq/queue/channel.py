@@ -669,13 +669,13 @@ class Channel:
             self._load()
 
     def _record(self, records: list[Record], *, durable: bool = True) -> int:
-        """Append events (under the hold) and apply them, exactly as every other process will.
+        """Append events (under the hold, after its ``_apply_new``: no one else appends until it
+        ends) and apply them, exactly as every other process will.
 
         Events applied already by ``_apply_unwritten`` go first, in the same write. ``durable=
         False`` for deliveries alone: under ``sync="always"`` they are not synced before the call
         returns, but with the next durable change (see ``receive``). Returns the events' time:
         deliveries' stamps."""
-        self._apply_new()
         now = time.time_ns()
         # ``Message(0, now, *record)`` without the NamedTuple's Python-level ``__new__``.
         messages = [_new_tuple(Message, (0, now, *record)) for record in records]
