@@ -197,6 +197,36 @@ def test_a_far_message_taken_by_another_process_during_the_scan_is_not_given_twi
         assert r.receive(10, wait=0) == [] and q.receive(10, wait=0) == []
 
 
+def test_a_consumer_that_others_overran_reads_under_the_hold_only_what_it_takes(broker: Broker) -> None:
+    """Another process took all that this consumer had read ahead: the receive reads on, under the
+    hold, only as far as it takes (``_HELD_READ`` at a time), not a whole look-ahead while the
+    others wait for the lock; the next receive reads the rest out of the hold."""
+    look_ahead = channel_module._LOOK_AHEAD
+    q = broker.queue("jobs")
+    q.send_many([b"m%d" % i for i in range(3 * look_ahead)])
+    assert [m.offset for m in q.receive(wait=0)] == [0]  # and a look-ahead read
+    with Broker(broker.root, sync="none") as other:
+        r = other.queue("jobs")
+        while r.receive(10, wait=0)[-1].offset < look_ahead:  # past all that q read ahead
+            pass
+        frontier = r.receive(wait=0)[0].offset + 1
+    reads: list[tuple[bool, int]] = []
+    read_ahead = q._read_ahead
+
+    def recorded(at: int, most: int = look_ahead) -> list:
+        got = read_ahead(at, most)
+        if most:
+            reads.append((q._writer._held > 0, len(got)))  # (under the hold, messages read)
+        return got
+
+    q._read_ahead = recorded  # type: ignore[method-assign]
+    assert [m.offset for m in q.receive(2, wait=0)] == [frontier, frontier + 1]
+    assert 2 <= sum(n for held, n in reads if held) < look_ahead // 4  # (``_HELD_READ``; a whole one before)
+    reads.clear()
+    assert [m.offset for m in q.receive(2, wait=0)] == [frontier + 2, frontier + 3]
+    assert [held for held, n in reads if n] == [False]  # the rest of a look-ahead, out of the hold
+
+
 # -- read ahead, then deleted by another process's retention ---------------------------------------
 
 

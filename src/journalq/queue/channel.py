@@ -96,6 +96,7 @@ MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
 MAX_WAIT = 3600  # seconds: the longest long poll of one receive
 _ISSUED_MAX = 16_384  # receipts remembered by ``Channel._issued``
 _LOOK_AHEAD = 1024  # new messages kept read ahead of the frontier (``_read_ahead``); see ``_scan_far``
+_HELD_READ = 64  # new messages read at a time under the hold when the look-ahead falls short (``_take_new``)
 _ASLEEP_LEAST = 64  # messages in a row worth remembering as one ``_Asleep`` (or ``_Missed``) run
 _ASLEEP_MOST = 4096  # ``_Asleep`` runs a channel remembers, and ``_Missed`` runs for one set of filters
 _MISSED_FILTER_SETS = 16  # consumers' sets of filters whose ``_Missed`` runs a channel remembers
@@ -692,13 +693,13 @@ class Channel:
             self._load()
 
     def _record(self, records: list[Record], *, durable: bool = True) -> int:
-        """Append events (under the hold) and apply them, exactly as every other process will.
+        """Append events (under the hold, after its ``_apply_new``: no one else appends until it
+        ends) and apply them, exactly as every other process will.
 
         Events applied already by ``_apply_unwritten`` go first, in the same write. ``durable=
         False`` for deliveries alone: under ``sync="always"`` they are not synced before the call
         returns, but with the next durable change (see ``receive``). Returns the events' time:
         deliveries' stamps."""
-        self._apply_new()
         now = time.time_ns()
         # ``Message(0, now, *record)`` without the NamedTuple's Python-level ``__new__``.
         messages = [_new_tuple(Message, (0, now, *record)) for record in records]
@@ -1196,7 +1197,11 @@ class Channel:
         for message in _outside(offered, missed) if missed else offered:
             if consider(message, 0):
                 return
-        while more := self._read_ahead(frontier):
+        # What the look-ahead lacks is read here, under the hold, only as far as ``consider``
+        # takes (``_HELD_READ`` at a time); the rest of a look-ahead is read out of the hold,
+        # by the next receive. (A consumer that others overran, its look-ahead all taken by
+        # them, read a whole one here while they waited for the lock.)
+        while more := self._read_ahead(frontier, min(len(ahead) + _HELD_READ, _LOOK_AHEAD)):
             for message in _outside(more, missed) if missed else more:
                 if consider(message, 0):
                     return
