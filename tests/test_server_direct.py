@@ -707,3 +707,22 @@ def test_an_answer_to_a_connection_that_is_closing_is_not_written() -> None:
     cycle = SimpleNamespace(disconnected=False, response_complete=False, keep_alive=True)
     DirectHttpToolsProtocol._answer(protocol, cycle, 200, [], b"{}")  # type: ignore[arg-type]
     assert not cycle.response_complete
+
+
+def test_a_direct_answer_carries_the_default_headers_it_is_given() -> None:
+    """``_encoded`` joins each status's line with uvicorn's default headers once while uvicorn
+    keeps them (it makes new ones each second, for the date): an answer still carries the ones
+    it is given, after a change and back, for each status."""
+    from journalq.server.protocol import _encoded
+
+    first = [(b"date", b"Sun, 29 Nov 2026 04:00:00 GMT"), (b"server", b"uvicorn")]
+    later = [(b"date", b"Sun, 29 Nov 2026 04:00:01 GMT"), (b"server", b"uvicorn")]
+    own = [(b"x-message-id", b"7.0badcafe"), (b"content-length", b"0")]
+
+    def expected(line: bytes, defaults: list[tuple[bytes, bytes]]) -> bytes:
+        return line + b"".join(b"%s: %s\r\n" % header for header in [*defaults, *own]) + b"\r\n"
+
+    for defaults in (first, later, first):
+        for status, line in ((201, b"HTTP/1.1 201 Created\r\n"), (503, b"HTTP/1.1 503 Service Unavailable\r\n")):
+            assert _encoded(status, defaults, own, b"") == expected(line, defaults)
+    assert _encoded(201, [], own, b"body") == expected(b"HTTP/1.1 201 Created\r\n", [])[:-2] + b"\r\nbody"
