@@ -661,6 +661,35 @@ def without_request_id(answer: app_module.Answer) -> app_module.Answer:
     return status, [header for header in headers if header[0] != b"x-amzn-requestid"], body
 
 
+def test_request_ids_stay_unique_and_uuid_shaped_across_blocks_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request ids come in blocks of 4,096 (a head formatted once, a table's last digits):
+    across blocks, with several threads taking them at once (the store thread answers plain
+    SendMessages while the event loop answers errors), each is given once, in a UUID's shape,
+    and one thread's run counts on in hex as ``b"%012x"`` of a count did."""
+    import uuid
+
+    taken: list[list[bytes]] = [[] for _ in range(4)]
+
+    def take(into: list[bytes]) -> None:
+        for _ in range(5000):
+            into.append(app_module._request_id())
+
+    threads = [threading.Thread(target=take, args=(into,)) for into in taken]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ids = [request_id for into in taken for request_id in into]
+    assert len(set(ids)) == len(ids) == 20_000
+    for request_id in ids:
+        assert str(uuid.UUID(request_id.decode())).encode() == request_id
+    monkeypatch.setattr(app_module, "_request_ids", iter(()))  # (a block a thread left half used)
+    run = [app_module._request_id() for _ in range(5000)]  # one thread: the count goes on by one
+    numbers = [int(request_id[-12:], 16) for request_id in run]
+    assert numbers == list(range(numbers[0], numbers[0] + 5000))
+    assert {request_id[:-12] for request_id in run} == {app_module._request_id_prefix}
+
+
 def test_an_answer_to_a_connection_that_is_closing_is_not_written() -> None:
     """A pipelined request's cycle is not told that its client went away (uvicorn marks the one
     under way), but the transport is closing: its direct answer is not written, since uvloop
@@ -678,3 +707,22 @@ def test_an_answer_to_a_connection_that_is_closing_is_not_written() -> None:
     cycle = SimpleNamespace(disconnected=False, response_complete=False, keep_alive=True)
     DirectHttpToolsProtocol._answer(protocol, cycle, 200, [], b"{}")  # type: ignore[arg-type]
     assert not cycle.response_complete
+
+
+def test_a_direct_answer_carries_the_default_headers_it_is_given() -> None:
+    """``_encoded`` joins each status's line with uvicorn's default headers once while uvicorn
+    keeps them (it makes new ones each second, for the date): an answer still carries the ones
+    it is given, after a change and back, for each status."""
+    from journalq.server.protocol import _encoded
+
+    first = [(b"date", b"Sun, 29 Nov 2026 04:00:00 GMT"), (b"server", b"uvicorn")]
+    later = [(b"date", b"Sun, 29 Nov 2026 04:00:01 GMT"), (b"server", b"uvicorn")]
+    own = [(b"x-message-id", b"7.0badcafe"), (b"content-length", b"0")]
+
+    def expected(line: bytes, defaults: list[tuple[bytes, bytes]]) -> bytes:
+        return line + b"".join(b"%s: %s\r\n" % header for header in [*defaults, *own]) + b"\r\n"
+
+    for defaults in (first, later, first):
+        for status, line in ((201, b"HTTP/1.1 201 Created\r\n"), (503, b"HTTP/1.1 503 Service Unavailable\r\n")):
+            assert _encoded(status, defaults, own, b"") == expected(line, defaults)
+    assert _encoded(201, [], own, b"body") == expected(b"HTTP/1.1 201 Created\r\n", [])[:-2] + b"\r\nbody"

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
@@ -239,7 +239,9 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
+        flow = self.flow
+        if flow.read_paused:  # (what resume_reading looks at first: a call less per answer)
+            flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
@@ -270,8 +272,23 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
                     return
         super()._start_asgi_task(cycle, app)
 
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is not _DirectCycle:
+            super().on_body(body)
+        elif not cycle.response_complete:
+            # uvicorn's, for a request on its way to the direct path: with no upgrade to look for
+            # (``_begin_direct`` takes none) and no reader to wake (``_NoWaiter``).
+            cycle.body += body
+            if len(cycle.body) > HIGH_WATER_LIMIT:
+                self.flow.pause_reading()
+
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        cycle = self.cycle
+        if type(cycle) is not _DirectCycle:
+            super().on_message_complete()
+        elif not cycle.response_complete:  # as on_body
+            cycle.more_body = False
         pending = self._pending
         if pending is not None and pending[0] is self.cycle:
             self._pending = None
@@ -314,7 +331,8 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
             headers = [*headers, _CLOSE]
         self.transport.write(_encoded(status, cycle.default_headers, headers, body))
         cycle.response_complete = True
-        cycle.message_event.set()
+        if type(cycle) is not _DirectCycle:  # (whose event wakes nobody)
+            cycle.message_event.set()
         if not cycle.keep_alive:
             self.transport.close()
         cycle.on_response()
@@ -398,13 +416,32 @@ def _encoded(
 ) -> bytes:
     """A whole HTTP/1.1 answer as uvicorn writes it: status line, its default headers (server,
     date), the answer's own, and the body."""
-    content = [STATUS_LINE[status]]
-    for name, value in default_headers:
-        content += (name, b": ", value, b"\r\n")
+    heads = _heads
+    if heads[0] is not default_headers:
+        heads = _new_heads(default_headers)
+    head = heads[1].get(status)
+    if head is None:
+        head = heads[1][status] = b"".join(
+            [STATUS_LINE[status], *(b"%s: %s\r\n" % (name, value) for name, value in default_headers)]
+        )
+    content = [head]
     for name, value in headers:
         content += (name, b": ", value, b"\r\n")
     content += (b"\r\n", body)
     return b"".join(content)
+
+
+_heads: tuple[object, dict[int, bytes]] = (None, {})
+"""(uvicorn's default headers, each status's line with them): what begins an answer, joined
+once per status while uvicorn keeps the same headers (it makes new ones each second, for the
+date), not at each answer. One tuple, read and replaced whole: the servers of other threads
+(their own default headers) never use each other's."""
+
+
+def _new_heads(default_headers: list[tuple[bytes, bytes]]) -> tuple[object, dict[int, bytes]]:
+    global _heads
+    _heads = (default_headers, {})
+    return _heads
 
 
 __all__ = [
