@@ -6,11 +6,12 @@
 ``DirectHttpToolsProtocol`` (what ``journalq serve`` runs) gets 64 connections whose transports
 only count what is written to them; each round feeds one 100-byte ``POST /q/messages`` (or an SQS
 ``SendMessage``) to each connection and waits until all 64 are answered. What is timed is this
-process's CPU (``time.process_time``, the store thread's included) per request: the HTTP parsing,
-the protocol and the app's Python, the batch's thread hop and store, without the kernel's share of
-a socket's reads and writes and without the disk (the broker runs with ``sync="none"``). The
-figures repeat within a few per cent from run to run, unlike the server benchmark's on a shared
-machine, so a change to the direct path can be weighed here first.
+process's CPU (``time.process_time``, every thread's) per request: the HTTP parsing, the protocol
+and the app's Python, the batch's store, without the kernel's share of a socket's reads and writes
+and without the disk (the broker runs with ``sync="none"``; ``--sync always`` adds each batch's
+``fdatasync`` and the worker thread it waits in, at the disk's pace: noisier). The figures repeat
+within a few per cent from run to run, unlike the server benchmark's on a shared machine, so a
+change to the direct path can be weighed here first.
 
 ``--stage``: ``http`` answers each request as it is taken from the parser (the protocol alone:
 uvicorn's parser callbacks, the request cycle, the answer); ``batch`` runs the app's direct path
@@ -103,9 +104,9 @@ def _batchers(app: Any) -> list[SendBatcher[Any, Any]]:
     return found
 
 
-async def run(api: str, stage: str, requests: int, data: Path) -> float:
+async def run(api: str, stage: str, requests: int, data: Path, sync: str = "none") -> float:
     """CPU seconds per request."""
-    app = create_app(ServerConfig(data=data, sync="none"))
+    app = create_app(ServerConfig(data=data, sync=sync))
     config = uvicorn.Config(app, http=DirectHttpToolsProtocol, log_level="warning", access_log=False,
                             timeout_keep_alive=5, limit_concurrency=4096, h11_max_incomplete_event_size=64 * 1024)
     config.load()
@@ -161,6 +162,8 @@ def main() -> int:
     parser.add_argument("--plain-gc", action="store_true", help="leave the garbage collector as Python sets it")
     parser.add_argument("--profile", action="store_true", help="one run under cProfile; prints the top functions")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--sync", default="none",
+                        help="the broker's sync policy (always: each batch's fdatasync and thread hop counted too)")
     args = parser.parse_args()
     try:
         import uvloop
@@ -177,7 +180,7 @@ def main() -> int:
                 if args.profile:
                     profiler = cProfile.Profile()
                     profiler.enable()
-                best = min(best, runner.run(run(args.api, args.stage, args.requests, data)))
+                best = min(best, runner.run(run(args.api, args.stage, args.requests, data, args.sync)))
                 if args.profile:
                     profiler.disable()
         finally:

@@ -881,3 +881,61 @@ def test_append_many_given_one_message_says_so(tmp_path: Path, one: object) -> N
         with pytest.raises(InvalidMessageError, match="a batch must be an iterable of values or Messages, not one"):
             writer.append_many(one)  # type: ignore[arg-type]
         assert writer.next_offset == 0
+
+
+def test_deferred_syncs_write_at_once_and_sync_later_in_another_thread(tmp_path, syncs):
+    # An event loop appends itself and only the syncs wait in a thread (the server's group
+    # commit): the appends are written (readable) in the block, synced once by ``sync()``.
+    a = Writer(tmp_path / "a", sync="always", segment_size=BIG)
+    b = Writer(tmp_path / "b", sync="always", segment_size=BIG)
+    none = Writer(tmp_path / "n", sync="none", segment_size=BIG)
+    with writer_mod.DeferredSyncs() as deferred:
+        a.append(b"1")
+        a.append_many([b"2", b"3"])
+        with a.hold():
+            a.append(b"4")
+        b.append(b"x")
+        none.append(b"not synced: sync='none'")
+    assert syncs == []
+    assert [m.value for m in scan_all(a.path)] == [b"1", b"2", b"3", b"4"]
+    assert deferred.due == {a: 4, b: 1}
+    thread = threading.Thread(target=deferred.sync)
+    thread.start()
+    thread.join()
+    assert len(syncs) == 2 and not deferred
+    assert a._durable_offset == 4 and b._durable_offset == 1
+    a.append(b"5")  # out of the block: synced as before
+    assert len(syncs) == 3
+    for w in (a, b, none):
+        w.close()
+
+
+def test_deferred_syncs_a_failed_sync_raises_and_fails_the_writer(tmp_path, monkeypatch):
+    w = Writer(tmp_path, sync="always", segment_size=BIG)
+    with writer_mod.DeferredSyncs() as deferred:
+        w.append(b"1")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(writer_mod, "fdatasync", failing)
+    with pytest.raises(StorageError, match="Input/output error"):
+        deferred.sync()
+    assert w.failed
+    with pytest.raises(JournalError, match="failed earlier"):
+        w.append(b"2")
+    w.close()
+
+
+def test_deferred_syncs_do_not_nest_and_are_of_their_thread(tmp_path, syncs):
+    w = Writer(tmp_path, sync="always", segment_size=BIG)
+    with writer_mod.DeferredSyncs():
+        with pytest.raises(Error, match="do not nest"), writer_mod.DeferredSyncs():
+            pass
+        other = threading.Thread(target=w.append, args=(b"another thread's: synced",))
+        other.start()
+        other.join()
+        assert len(syncs) == 1
+    with writer_mod.DeferredSyncs():  # the block left: one may begin again
+        pass
+    w.close()

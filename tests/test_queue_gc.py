@@ -792,3 +792,25 @@ def test_a_receive_goes_past_what_another_process_s_retention_deleted(tmp_path: 
         assert first > 0 and queue.stats().available == 300 - first
         got = queue.receive(5)
         assert [m.offset for m in got] == list(range(first, first + 5))
+
+
+@pytest.mark.parametrize("shards", [None, 2])
+def test_upkeep_due_says_whether_a_send_would_collect_too(tmp_path: Path, shards: int | None) -> None:
+    # The server sends on its event loop only when the send will not collect (a gc, a
+    # compaction: milliseconds): upkeep_due must say so for a queue, its topic, a sharded one.
+    with Broker(tmp_path) as broker:
+        queue = broker.queue("q", task_gc_interval=60.0, **({} if shards is None else {"shards": shards}))
+        topic = broker.topic("t", task_gc_interval=60.0)
+        assert queue.upkeep_due() and topic.upkeep_due()  # never collected by this process
+        queue.send(b"x")
+        topic.send(b"x")
+        assert not queue.upkeep_due() and not topic.upkeep_due()
+        queue.topic._last_gc -= 61  # its topic's gc falls due
+        topic._last_gc -= 61
+        assert queue.upkeep_due() and topic.upkeep_due()
+        queue.send(b"y")
+        assert not queue.upkeep_due()
+        maintained = queue if shards is None else queue._shard_channels[queue._current]
+        assert maintained is not None
+        maintained.state.last_collect -= 61 * 10**9  # its channel's maintenance falls due
+        assert queue.upkeep_due()

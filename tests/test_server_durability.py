@@ -579,3 +579,95 @@ def test_a_batch_partly_stored_in_a_sharded_queue_answers_each_send_as_it_fared(
             assert got == stored  # every send answered as stored is there, and no other
 
     asyncio.run(scenario())
+
+
+def test_a_batch_is_written_on_the_event_loop_and_only_synced_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's append (lock, catch-up, write) is made on the event loop, its fdatasync in a
+    worker thread, and each send answered once that sync returned: REST and SQS. (Whole in a
+    thread, each of the append's system calls handed the GIL to the loop and waited for it.)
+    Not a send that collects too (the first of a process, then one every task_gc_interval):
+    that one goes whole to the thread."""
+    where: list[tuple[str, int]] = []
+    real_write, real_sync = writer_mod._write_all, writer_mod.fdatasync
+
+    def write_all(fd: int, data: bytes | memoryview) -> None:
+        where.append(("write", threading.get_ident()))
+        real_write(fd, data)
+
+    def fdatasync(fd: int) -> None:
+        real_sync(fd)
+        where.append(("sync", threading.get_ident()))
+
+    monkeypatch.setattr(writer_mod, "_write_all", write_all)
+    monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
+
+    async def scenario() -> None:
+        loop_thread = threading.get_ident()
+        async with app_client(tmp_path) as client:
+            assert (await client.put("/q")).status_code == 201
+            assert (await client.post("/q/messages", content=b"the first: it collects")).status_code == 201
+            assert where and all(thread != loop_thread for _, thread in where)
+            where.clear()
+            answers = await asyncio.gather(*(client.post("/q/messages", content=b"%d" % i) for i in range(8)))
+            assert [answer.status_code for answer in answers] == [201] * 8
+            url = "http://testserver/000000000000/q"
+            sent = await client.post("/", content=json.dumps({"QueueUrl": url, "MessageBody": "sqs"}),
+                                     headers={**SQS_HEADERS, "X-Amz-Target": "AmazonSQS.SendMessage"})
+            assert sent.status_code == 200, sent.text
+        writes = [thread for what, thread in where if what == "write"]
+        syncs = [thread for what, thread in where if what == "sync"]
+        assert writes and set(writes) == {loop_thread}
+        assert syncs and loop_thread not in syncs
+        assert where[-1][0] == "sync"  # the SQS send's, before its answer
+
+    asyncio.run(scenario())
+
+
+def test_under_group_sync_a_batch_is_still_stored_in_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--sync group``: the writer's timer syncs holding its mutex, which an append on the event
+    loop would wait for: there the whole store stays in the worker thread."""
+    writers: list[int] = []
+    real_write = writer_mod._write_all
+
+    def write_all(fd: int, data: bytes | memoryview) -> None:
+        writers.append(threading.get_ident())
+        real_write(fd, data)
+
+    monkeypatch.setattr(writer_mod, "_write_all", write_all)
+
+    async def scenario() -> None:
+        app = create_app(ServerConfig(data=tmp_path, sync="group:5ms"))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+                assert (await client.put("/q")).status_code == 201
+                writers.clear()
+                assert (await client.post("/q/messages", content=b"one")).status_code == 201
+        assert writers and threading.get_ident() not in writers
+
+    asyncio.run(scenario())
+
+
+def test_a_send_that_collects_too_is_stored_in_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send due to maintain its queue (collect finished tasks, gc, compact: milliseconds, or
+    more) is stored whole in the worker thread, not on the event loop: every one, here."""
+    Broker(tmp_path).queue("q", task_gc_interval=0.001).topic.broker.close()
+    writers: list[int] = []
+    real_write = writer_mod._write_all
+
+    def write_all(fd: int, data: bytes | memoryview) -> None:
+        writers.append(threading.get_ident())
+        real_write(fd, data)
+
+    monkeypatch.setattr(writer_mod, "_write_all", write_all)
+
+    async def scenario() -> None:
+        async with app_client(tmp_path) as client:
+            for i in range(3):
+                assert (await client.post("/q/messages", content=b"%d" % i)).status_code == 201
+                await asyncio.sleep(0.002)
+        assert writers and threading.get_ident() not in writers
+
+    asyncio.run(scenario())

@@ -599,6 +599,10 @@ class Writer(Closing):
         if self.shared:
             self._lock.release()
         if self.sync_policy.mode == "always" and self._must_sync > self._durable_offset:
+            deferred = _deferring.syncs
+            if deferred is not None:
+                deferred.due[self] = self._next_offset
+                return None
             return self._next_offset
         return None
 
@@ -898,6 +902,47 @@ class Writer(Closing):
             else:
                 os.close(self._fd)
             self._fd = -1
+
+
+class _Deferring(threading.local):
+    syncs: DeferredSyncs | None = None
+
+
+_deferring = _Deferring()  # the ``DeferredSyncs`` block this thread is in, if any
+
+
+class DeferredSyncs:
+    """``with DeferredSyncs() as syncs:`` the durable appends of any writer under ``sync="always"``
+    made in the block, by this thread, return once written, not synced; ``syncs.sync()`` (in any
+    thread, after the block) returns once they are all on stable storage, or raises. For an event
+    loop that appends itself (a write is tens of µs) and has only the syncs wait in a thread: each
+    system call of a thread's append lets the GIL go to the loop and waits to get it back.
+
+    The caller must not count such an append as stored before ``sync()`` returns. (The writer's
+    own group commit still applies: a sync under way covers what it finds written.)"""
+
+    __slots__ = ("due",)
+
+    def __init__(self) -> None:
+        self.due: dict[Writer, int] = {}  # writer -> the offset below which it must be durable
+
+    def __enter__(self) -> DeferredSyncs:
+        if _deferring.syncs is not None:
+            raise InvalidArgumentError("DeferredSyncs blocks do not nest: the outer one's sync would miss the inner's")
+        _deferring.syncs = self
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        _deferring.syncs = None
+
+    def __bool__(self) -> bool:
+        return bool(self.due)
+
+    def sync(self) -> None:
+        """Make what the block appended durable (``StorageError`` if a sync fails)."""
+        while self.due:
+            writer, target = self.due.popitem()
+            writer._make_durable(target)
 
 
 class _Hold:

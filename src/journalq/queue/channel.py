@@ -779,6 +779,10 @@ class Channel:
             self._retry_maintenance_at = time.time_ns() + int(interval * 1e9)
             log_failed_collection(self.path, interval, exc)
 
+    def upkeep_due(self) -> bool:
+        """Whether a send now would maintain or collect too (``TopicDirectory.upkeep_due``)."""
+        return self._maintenance_due(time.time_ns()) or self.topic.upkeep_due()
+
     def _maintenance_due(self, now: int) -> bool:
         """Whether a collection is due, as far as this process knows."""
         return (

@@ -206,6 +206,11 @@ class TopicDirectory:
         """Whether ``task_gc_interval`` passed since this process's last ``gc`` began."""
         return time.monotonic() - self._last_gc >= self.settings.task_gc_interval
 
+    def upkeep_due(self) -> bool:
+        """Whether a send now would collect too (``gc_when_due``): a caller that must not wait
+        long (the server's event loop, which appends itself) sends in a thread then."""
+        return self.collected_by.gc_due()
+
     def gc_when_due(self) -> None:
         """``gc`` when due, for a send: so that retention holds on a topic that no one receives
         from (zkmq's producers collect too). A clock check until then; a failure is logged and

@@ -48,6 +48,8 @@ from journalq.errors import (
     StoreUnavailableError,
     TaskNotFoundError,
 )
+from journalq.journal.sync import SyncPolicy
+from journalq.journal.writer import DeferredSyncs
 from journalq.queue import DEFAULT_CHANNEL, Broker, ReceivedMessage
 from journalq.queue.channel import MAX_VISIBILITY, MAX_WAIT
 from journalq.queue.settings import QueueSettings, check_number
@@ -95,11 +97,14 @@ def create_app(config: ServerConfig) -> App:
     # Receives may long-poll (up to 20 s for SQS, ``wait`` for REST): with one pool for all, a few
     # hundred waiting consumers would hold up every write, and the messages they wait for.
     receive_limiter = anyio.CapacityLimiter(1024)
-    # The batches' stores (one at a time per queue) go straight to threads of their own:
+    # The batches' syncs (one at a time per queue; their whole stores where ``appended`` says)
+    # go straight to threads of their own:
     # anyio's run_sync first yields to the event loop for a whole iteration, which under load
     # (the loop reading and answering dozens of requests) held each batch back ~0.3 ms, and the
     # requests of the next batch with it; the loop then idled ~20 % of the time waiting.
     store_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="journalq-store")
+    stores_open = threading.Event()  # set until the store pool shuts down (see ``appended``)
+    stores_open.set()
     body_deadlines = Deadlines(config.body_timeout)  # slow bodies: 408
     stopping = asyncio.Event()  # set once the server begins to stop: long polls end
     on_zookeeper = is_zookeeper_url(config.data)  # what Broker(config.data) decides too
@@ -118,6 +123,7 @@ def create_app(config: ServerConfig) -> App:
         finally:
             watchdog.cancel()
             syncs.cancel()
+            stores_open.clear()  # before the shutdown: no batch is appended on the loop past it
             await anyio.to_thread.run_sync(store_pool.shutdown)  # no store may outlive the broker
             await anyio.to_thread.run_sync(broker.close)  # syncs and closes every journal
             app.state.metrics.publish_syncs()  # a worker retired alone (SIGHUP, SIGTTOU): its last ones count
@@ -167,7 +173,7 @@ def create_app(config: ServerConfig) -> App:
 
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str | Exception]:
         try:
-            ids: list[str | Exception] = await blocking(send_bodies, queue, bodies, storing=True)
+            ids: list[str | Exception] = await appended(send_bodies, queue, bodies)
         except (HTTPProblem, PartialSendError) as exc:
             partial = exc if isinstance(exc, PartialSendError) else exc.__cause__
             if not isinstance(partial, PartialSendError):
@@ -200,6 +206,44 @@ def create_app(config: ServerConfig) -> App:
                         stored.exception()  # its failure, if any, goes with the cancellation
                     raise
             return await anyio.to_thread.run_sync(fn, *args, limiter=receive_limiter if receiving else limiter)
+
+    appends_on_loop = not on_zookeeper and SyncPolicy.parse(config.sync).mode != "group"
+
+    def upkeep_due(queue: str) -> bool:
+        try:
+            found, _ = sending_to_queue(queue)
+        except (Error, OSError):
+            return False  # (the store raises it again, on the loop: no upkeep for it to do)
+        return found.upkeep_due()
+
+    async def appended(fn: Callable[..., T], queue: str, *args: Any) -> T:
+        """A batch's store ``fn(queue, *args)``: run on the event loop with its syncs deferred,
+        then those syncs in ``store_pool``; returns (or raises) once what it appended is on stable
+        storage. Run whole in a thread (``blocking``), its system calls (lock, catch-up, write,
+        sync: seven a batch) each let the GIL go to the busy loop and waited to get it back. A
+        failure of the append still syncs what it did append (a sharded queue's stored part,
+        answered as stored) first: a sync that fails fails the whole batch.
+
+        All of it in the thread, as before: on ZooKeeper (the network); under ``group`` (its
+        timer syncs holding the writer's mutex, which the loop would wait for); and when the
+        send would also collect the queue (``upkeep_due``: a gc, a compaction, for milliseconds);
+        and once the store pool is shut down (the server stopped), which refuses the batch with
+        nothing stored: appended here, it would be stored and answered 503. (Between the append
+        and the sync's submission to the pool the loop does nothing else: no shutdown between.)"""
+        if not appends_on_loop or not stores_open.is_set() or upkeep_due(queue):
+            return await blocking(fn, queue, *args, storing=True)
+        failure: Exception | None = None
+        with DeferredSyncs() as syncs:
+            try:
+                with storage_failures:
+                    result = fn(queue, *args)
+            except Exception as exc:
+                failure = exc
+        if syncs:
+            await blocking(syncs.sync, storing=True)
+        if failure is not None:
+            raise failure
+        return result
 
     class StorageFailures:
         """``with storage_failures:`` a failure of the storage raised in the block raises as its
@@ -647,11 +691,11 @@ def create_app(config: ServerConfig) -> App:
         protocol = sqs_protocol()
         with storage_failures:  # here, not in the thread that stores: see send_together's ``rules``
             rules = protocol.send_rules(name)
-        answers: list[dict[str, Any] | Answer | Exception] = await blocking(
+        answers: list[dict[str, Any] | Answer | Exception] = await appended(
             functools.partial(
                 protocol.send_together, partly_stored=partly_stored, plain=_plain_sent_answer, rules=rules
             ),
-            name, requests, storing=True)
+            name, requests)
         counts.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers
 

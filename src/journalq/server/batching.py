@@ -1,9 +1,10 @@
 """Group commit at the request level: concurrent sends to one queue become one store call.
 
-Each queue has at most one batch being stored at a time (in a worker thread: one write, one sync).
-Sends that arrive meanwhile wait on the event loop, not in threads, and go together as the next
-batch. So under load the cost of a thread hop, a lock and a sync is shared by every request of a
-batch, and each request is still answered only once its message is stored.
+Each queue has at most one batch being stored at a time (the server's: one write, on the event
+loop, and one sync, in a worker thread). Sends that arrive meanwhile wait on the event loop, not in
+threads, and go together as the next batch. So under load the cost of a thread hop, a lock and a
+sync is shared by every request of a batch, and each request is still answered only once its
+message is stored.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ log = logging.getLogger("journalq.server")
 class SendBatcher(Generic[Item, Result]):
     """``send(queue, item)`` resolves to the item's result once the batch holding it is stored.
 
-    ``store(queue, items)`` runs the blocking store (in a thread) and returns one result per item,
+    ``store(queue, items)`` stores the batch (waiting for its sync in a thread) and returns one result per item,
     in order: a value, or an exception that only that item's send raises (an item refused by
     itself, as a bad SQS request). If ``store`` raises, every send of that batch raises the same
     error (a failed batch keeps nothing). REST sends are bodies and get message ids; SQS sends are
