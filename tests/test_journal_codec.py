@@ -244,6 +244,65 @@ def test_batches_of_values_of_one_size_and_of_many(first, batch_ts, values, one_
         assert (lengths, count) == ([len(v) for v in values], len(values))
 
 
+def _outcome(encoder, *fields):
+    """What an encoder makes of these fields: its bytes, or its error's type and words."""
+    try:
+        return encoder(*fields)
+    except Exception as exc:  # noqa: BLE001 (which error, if any, is the point)
+        return type(exc), str(exc)
+
+
+def _as_buffer(data_and_kind):
+    """The same bytes as each kind of buffer a key or value may be (and a memoryview of wide
+    items, whose len() counts items)."""
+    data, kind = data_and_kind
+    if kind == "wide":
+        return memoryview(array.array("h", data[: len(data) // 2 * 2]))
+    return {"bytes": bytes, "bytearray": bytearray, "memoryview": memoryview}[kind](data)
+
+
+def _buffers(max_size: int):
+    return st.tuples(
+        st.binary(max_size=max_size), st.sampled_from(["bytes", "bytearray", "memoryview", "wide"])
+    ).map(_as_buffer)
+
+
+_fields_near_and_out_of_range = st.tuples(
+    st.one_of(st.integers(min_value=-2, max_value=2**64 + 1), st.integers(min_value=0, max_value=50)),
+    st.one_of(timestamps, st.sampled_from([ZERO_TIMESTAMP - 1, 2**63, 1.5, None])),
+    st.one_of(types, st.sampled_from([-1, 256, "1", None, True])),
+    st.one_of(_buffers(130), st.sampled_from(["text", 5, None])),
+    st.one_of(_buffers(300), st.sampled_from(["text", 5, None, [1, 2]])),
+)
+
+
+@FAST
+@given(_fields_near_and_out_of_range)
+def test_encode_is_its_checked_path_for_any_fields(fields):
+    """``encode`` tries one unchecked pack first: for any fields, valid or not, it gives the
+    bytes or the error that checking each field first gives."""
+    assert _outcome(encode, *fields) == _outcome(codec._encode_checked, *fields)
+
+
+@FAST
+@given(_fields_near_and_out_of_range, st.booleans(), st.integers(min_value=ZERO_TIMESTAMP, max_value=2**63 - 1))
+def test_a_batch_of_one_message_is_encoded_as_in_a_longer_batch(fields, own_time, batch_ts):
+    """A batch of one ``Message`` (each append of a queue's channel) skips the loop over the
+    items: the same bytes, lengths or error as the message in a batch of two."""
+    offset, ts, type_, key, value = fields
+    message = Message(0, ts if own_time else None, type_, key, value)
+    offset = min(max(offset, 0), 2**64 - 2)
+    one = _outcome(encode_batch, offset, batch_ts, [message])
+    two = _outcome(encode_batch, offset, batch_ts, [message, Message(value=b"v")])
+    if isinstance(two[0], bytes):
+        data, lengths, count = two
+        assert one == (data[: -OVERHEAD - 1], lengths[:1], 1)
+        ts = batch_ts if ts is None or not own_time else ts
+        assert one[0] == hand_encode(offset, ts, type_, bytes(key), bytes(value))
+    else:
+        assert one == two
+
+
 @FAST
 @given(message_lists(max_size=8), st.data())
 def test_truncation_yields_only_whole_messages(messages, data):

@@ -92,6 +92,22 @@ def _check(key: bytes, value: bytes, type_: int, timestamp_ns: int) -> None:
 
 def encode(offset: int, timestamp_ns: int, type: int, key: bytes, value: bytes) -> bytes:
     """The bytes of one message."""
+    try:
+        # The common case unchecked, in one pack (~9 k instructions less than the checks and five
+        # pieces joined): struct refuses every field out of its range, and a key or value that is
+        # not bytes or bytearray (a memoryview's len() may count items, not bytes).
+        key_len, value_len = len(key), len(value)
+        if value_len <= MAX_VALUE_SIZE:
+            pack, size = _run_struct(key_len, value_len).pack, OVERHEAD + key_len + value_len
+            return pack(offset, timestamp_ns, type, key_len, key, value_len, value, size)
+    except (TypeError, ValueError, OverflowError, struct.error):
+        pass
+    return _encode_checked(offset, timestamp_ns, type, key, value)
+
+
+def _encode_checked(offset: int, timestamp_ns: int, type: int, key: bytes, value: bytes) -> bytes:
+    """``encode`` field by field: ``InvalidMessageError`` saying what makes the message
+    unstorable, or its bytes."""
     _check(key, value, type, timestamp_ns)
     key, value = bytes(key), bytes(value)  # a memoryview's len() counts items, not bytes
     if offset < 0 or offset >= 2**64:
@@ -157,6 +173,11 @@ def encode_batch(
     message's key plus value (the rest is ``OVERHEAD``), and the number of messages.
     """
     items = items if isinstance(items, (list, tuple)) else list(items)
+    if len(items) == 1 and type(items[0]) is Message:
+        # One message (a queue's event, each append of a channel): no lists or loop to build.
+        _, ts, type_, key, value = items[0]
+        data = encode(first_offset, timestamp_ns if ts is None else ts, type_, key, value)
+        return data, [len(data) - OVERHEAD], 1
     if not items:
         return b"", [], 0
     fast = _encode_messages if isinstance(items[0], Message) else _encode_values
@@ -196,7 +217,7 @@ def _first_false(flags: Iterable[bool], default: int) -> int:
     return next(itertools.compress(itertools.count(), map(operator.not_, flags)), default)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)  # a queue's events are of a few sizes each (see ``encode``)
 def _run_struct(key_len: int, value_len: int) -> struct.Struct:
     """The layout of one message with a key and value of these lengths."""
     return struct.Struct(f">QqBb{key_len}si{value_len}si")
