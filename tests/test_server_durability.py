@@ -625,9 +625,8 @@ def test_a_batch_is_written_on_the_event_loop_and_only_synced_in_a_thread(
     asyncio.run(scenario())
 
 
-def test_under_group_sync_a_batch_is_still_stored_in_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--sync group``: the writer's timer syncs holding its mutex, which an append on the event
-    loop would wait for: there the whole store stays in the worker thread."""
+def _writing_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The threads that write to a journal from now on, one entry a write, in a list kept up to date."""
     writers: list[int] = []
     real_write = writer_mod._write_all
 
@@ -636,6 +635,13 @@ def test_under_group_sync_a_batch_is_still_stored_in_a_thread(tmp_path: Path, mo
         real_write(fd, data)
 
     monkeypatch.setattr(writer_mod, "_write_all", write_all)
+    return writers
+
+
+def test_under_group_sync_a_batch_is_still_stored_in_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--sync group``: the writer's timer syncs holding its mutex, which an append on the event
+    loop would wait for: there the whole store stays in the worker thread."""
+    writers = _writing_threads(monkeypatch)
 
     async def scenario() -> None:
         app = create_app(ServerConfig(data=tmp_path, sync="group:5ms"))
@@ -654,14 +660,7 @@ def test_a_send_that_collects_too_is_stored_in_a_thread(tmp_path: Path, monkeypa
     """A send due to maintain its queue (collect finished tasks, gc, compact: milliseconds, or
     more) is stored whole in the worker thread, not on the event loop: every one, here."""
     Broker(tmp_path).queue("q", task_gc_interval=0.001).topic.broker.close()
-    writers: list[int] = []
-    real_write = writer_mod._write_all
-
-    def write_all(fd: int, data: bytes | memoryview) -> None:
-        writers.append(threading.get_ident())
-        real_write(fd, data)
-
-    monkeypatch.setattr(writer_mod, "_write_all", write_all)
+    writers = _writing_threads(monkeypatch)
 
     async def scenario() -> None:
         async with app_client(tmp_path) as client:
