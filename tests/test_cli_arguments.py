@@ -225,17 +225,20 @@ def test_a_negative_release_delay_is_refused_by_its_name(tmp_path: Path) -> None
 # -- pipeline options checked before Spark starts ------------------------------------------------
 
 
-def test_pipeline_import_refuses_a_bad_sync_before_spark_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """--sync was first read by the topic's writers on Spark's executors: a typo cost a Spark
-    start (half a minute here) before its one-line error."""
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline command that starts Spark fails the test: its options must be refused first."""
     import journalq.cli.pipeline as pipeline
 
-    def no_spark(*args: object) -> None:
+    def refuse(*args: object) -> None:
         raise AssertionError("Spark started")
 
-    monkeypatch.setattr(pipeline, "_session", no_spark)
+    monkeypatch.setattr(pipeline, "_session", refuse)
+
+
+def test_pipeline_import_refuses_a_bad_sync_before_spark_starts(tmp_path: Path, no_spark: None) -> None:
+    """--sync was first read by the topic's writers on Spark's executors: a typo cost a Spark
+    start (half a minute here) before its one-line error."""
     source = tmp_path / "in.jsonl"
     source.write_text('{"a": 1}\n')
     result = run("pipeline", "import", "--format", "jsonl", "--journal", tmp_path / "j", "--sync", "bogus", source)
@@ -245,16 +248,8 @@ def test_pipeline_import_refuses_a_bad_sync_before_spark_starts(
     assert not (tmp_path / "j").exists()
 
 
-def test_pipeline_archive_refuses_a_bad_reader_name_before_spark_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_pipeline_archive_refuses_a_bad_reader_name_before_spark_starts(tmp_path: Path, no_spark: None) -> None:
     """--name was first checked when the archive took its reader offset, once Spark had started."""
-    import journalq.cli.pipeline as pipeline
-
-    def no_spark(*args: object) -> None:
-        raise AssertionError("Spark started")
-
-    monkeypatch.setattr(pipeline, "_session", no_spark)
     journal = tmp_path / "j"
     assert run("write", journal, input="a\n").exit_code == 0
     result = run("pipeline", "archive", "--journal", journal, "--output", tmp_path / "out", "--name", "../x")
@@ -285,15 +280,9 @@ SPARK_REFUSES = [
 
 @pytest.mark.parametrize("option", ["--window", "--watermark"])
 def test_pipeline_aggregate_checks_its_intervals_before_spark_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str
+    tmp_path: Path, no_spark: None, option: str
 ) -> None:
     """--window and --watermark were first refused by Spark, once it had started, in its words."""
-    import journalq.cli.pipeline as pipeline
-
-    def no_spark(*args: object) -> None:
-        raise AssertionError("Spark started")
-
-    monkeypatch.setattr(pipeline, "_session", no_spark)
     journal = tmp_path / "j"
     assert run("write", journal, input="{}\n").exit_code == 0
     args = ("pipeline", "aggregate", "--journal", journal, "--output-journal", tmp_path / "out",
