@@ -59,7 +59,7 @@ from journalq.server.batching import SendBatcher
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
-from journalq.server.ids import given_id, queue_id
+from journalq.server.ids import given_id, given_ids, queue_id
 from journalq.server.polling import poll_slices
 from journalq.server.reading import queue_to_read
 from journalq.server.scopes import header
@@ -166,7 +166,7 @@ def create_app(config: ServerConfig) -> App:
         if token is None:
             return list(found.send_many(bodies))
         try:
-            return [given_id(message_id, token) for message_id in found.send_many(bodies)]
+            return given_ids(found.send_many(bodies), token)
         except PartialSendError as exc:  # (the 503 made of it keeps it as its cause: ``store``)
             exc.ids = [None if message_id is None else given_id(message_id, token) for message_id in exc.ids]
             raise
