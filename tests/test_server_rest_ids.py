@@ -175,3 +175,12 @@ def test_an_id_with_a_malformed_token_keeps_its_plain_refusal(tmp_path: Path) ->
     refused = served(tmp_path / "data", talk)
     assert refused.status_code == 400
     assert "is not one of this queue's ids" in refused.json()["error"]
+
+
+def test_a_batch_of_ids_is_given_as_each_alone() -> None:
+    """``given_ids`` (a batch's sends, both APIs) spells each id as ``given_id`` (``queue_id`` reads)."""
+    from journalq.server.ids import given_id, given_ids
+
+    ids = ["0", "17", "3.5", "12345678901234"]
+    assert given_ids(iter(ids), "1a2b3c4d") == [given_id(message_id, "1a2b3c4d") for message_id in ids]
+    assert given_ids([], "1a2b3c4d") == []

@@ -106,7 +106,7 @@ from journalq.server.digests import (
     md5_of_message_system_attributes,
     md5_of_utf8,
 )
-from journalq.server.ids import given_id
+from journalq.server.ids import given_id, given_ids
 from journalq.server.polling import poll_slices
 from journalq.server.reading import queue_to_read
 
@@ -1662,8 +1662,9 @@ class SqsProtocol:
         without its walk: ~0.2 µs a message)."""
         if bodies_only:
             bodies = cast("list[bytes]", sends)
-            return [plain(answered_id(message_id, token), md5_of_utf8(body))
-                    for message_id, body in zip(queue.send_many(bodies), bodies)]
+            message_ids = queue.send_many(bodies)
+            answered = message_ids if token is None else given_ids(message_ids, token)
+            return [plain(message_id, md5_of_utf8(body)) for message_id, body in zip(answered, bodies)]
         items: list[dict[str, Any] | bytes] = []
         for send in sends:
             if isinstance(send, bytes):  # a plain SendMessage: its body
