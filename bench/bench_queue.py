@@ -27,6 +27,12 @@ one write, one sync), against
 * the vsqs design (``bench/vsqs.py``): one file per message, renamed between states; with sync
   the file and the directory are fsynced at each change.
 
+With four processes, journalq is also measured on the same queue made in four shards
+(``broker.queue("q", shards=4)``, both APIs): each consumer keeps to a shard of its own while it
+has messages, so the four mostly take different locks, where on one queue they take turns at one.
+Its order is FIFO per shard, not across the queue (the other rows keep strict FIFO): how a user
+who needs more consumers than one lock serves would make the queue, as with Kafka's partitions.
+
 Beside each configuration, the ceiling: the most messages/s that the design's system calls allow
 at that moment, with no Python work (``ceiling``): locked appends/s (``flock``, ``fstat``,
 ``write``, unlock; one lock for all processes) under sync="none", synced appends/s (a write under
@@ -216,7 +222,12 @@ def run_channels(ctx: Context) -> list[Result]:
 # -- receive ------------------------------------------------------------------------------------
 
 IMPLEMENTATIONS = ("journalq", "journalq-loop", "persist-queue", "vsqs")
-JOURNALQ = ("journalq", "journalq-loop")
+SHARDS = 4
+# With several consumer processes, the same queue made with ``shards=SHARDS``: each consumer keeps
+# to a shard of its own while it has messages, so they mostly take different locks (FIFO holds per
+# shard, not across the queue).
+SHARDED = ("journalq-sharded", "journalq-sharded-loop")
+JOURNALQ = ("journalq", "journalq-loop", *SHARDED)
 BASELINES = ("persist-queue", "vsqs")
 RECEIVE_BODY = 100
 ID_DIGITS = 10
@@ -228,14 +239,15 @@ def _receive_bodies(count: int) -> list[bytes]:
     return [b"%010d" % i + filler for i in range(count)]
 
 
-def _fill(impl: str, path: Path, bodies: list[bytes], template: Path) -> None:
+def _fill(impl: str, path: Path, bodies: list[bytes], template: Path | None = None) -> None:
     """Put the messages in (not timed), then sync everything, so every run starts alike."""
     if impl in JOURNALQ:
         with Broker(path, sync="none") as broker:
-            queue = broker.queue("q")
+            queue = broker.queue("q", shards=SHARDS if impl in SHARDED else 1)
             for i in range(0, len(bodies), 1000):
                 queue.send_many(bodies[i : i + 1000])
     elif impl == "persist-queue":
+        assert template is not None, "persist-queue is filled from its template"
         shutil.copytree(template, path)  # filled once by put(); a copy is the same queue
     else:
         queue = VsqsQueue(path, sync=False)
@@ -395,11 +407,12 @@ def run_receive(ctx: Context) -> list[Result]:
                 how = "receive(1)+delete" if batch == 1 else f"receive({batch})+delete_many"
                 case = f"{processes} process{'es' if processes > 1 else ''}, sync={sync}, {how}"
                 ctx.log(f"  {case}: {count:,} messages, best of {ctx.repeat}")
-                runs: dict[str, list[float]] = {impl: [] for impl in IMPLEMENTATIONS}
+                impls = IMPLEMENTATIONS + (SHARDED if processes > 1 else ())
+                runs: dict[str, list[float]] = {impl: [] for impl in impls}
                 settings: dict[str, dict] = {}
                 floors: list[float] = []
                 for _ in range(ctx.repeat):
-                    for impl in IMPLEMENTATIONS:
+                    for impl in impls:
                         path = ctx.scratch(f"receive-{impl}")
                         _fill(impl, path, bodies, template)
                         seconds, settings[impl] = _consume(impl, path, sync, batch, processes, count)
@@ -407,18 +420,26 @@ def run_receive(ctx: Context) -> list[Result]:
                     floors.append(receive_floor(ctx, processes, sync))  # the disk's pace changes
                 best = {impl: max(r) for impl, r in runs.items()}
                 floor = max(floors)
-                ctx.log("    " + ", ".join(f"{impl} {rate(best[impl])}" for impl in IMPLEMENTATIONS))
+                ctx.log("    " + ", ".join(f"{impl} {rate(best[impl])}" for impl in impls))
                 top = max(BASELINES, key=best.__getitem__)
                 other = next(b for b in BASELINES if b != top)
                 config = {"messages": count, "processes": processes, "sync": sync, "batch": batch}
                 extra = {
                     **config,
-                    **{f"{impl}_msg_per_s": round(best[impl]) for impl in IMPLEMENTATIONS},
-                    **{f"{impl}_runs": [round(r) for r in runs[impl]] for impl in IMPLEMENTATIONS},
+                    **{f"{impl}_msg_per_s": round(best[impl]) for impl in impls},
+                    **{f"{impl}_runs": [round(r) for r in runs[impl]] for impl in impls},
                     "settings": settings,
                 }
-                loop = f"  same, consumer loop: receive({batch}, delete=last round's receipts)"
-                for impl, label in (("journalq", case), ("journalq-loop", loop)):
+                rows = [
+                    ("journalq", case),
+                    ("journalq-loop", f"  same, consumer loop: receive({batch}, delete=last round's receipts)"),
+                ]
+                if processes > 1:
+                    rows += [
+                        ("journalq-sharded", f"  same, the queue in {SHARDS} shards (FIFO per shard)"),
+                        ("journalq-sharded-loop", f"  same, {SHARDS} shards, consumer loop"),
+                    ]
+                for impl, label in rows:
                     results.append(
                         Result(
                             "receive",
@@ -430,7 +451,11 @@ def run_receive(ctx: Context) -> list[Result]:
                             best[top],
                             aim=f">= {AIM_TIMES}x best baseline",
                             aim_met=best[impl] >= AIM_TIMES * best[top],
-                            extra={**extra, "journalq_api": "loop" if impl == "journalq-loop" else "plain"},
+                            extra={
+                                **extra,
+                                "journalq_api": "loop" if impl.endswith("-loop") else "plain",
+                                "shards": SHARDS if impl in SHARDED else 1,
+                            },
                         )
                     )
                 for loop_row in (False, True) if sync == "none" else (None,):

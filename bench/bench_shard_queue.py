@@ -15,25 +15,11 @@ unsharded interleaved. Aim: the sharded queue faster than the unsharded one (rat
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from bench_queue import _consume, _receive_bodies
+from bench_queue import SHARDS, _consume, _fill, _receive_bodies
 from harness import Context, Result, rate
-from journalq.queue import Broker
 
 PROCESSES = 4
-SHARDS = 4
 CASES = (("none", 1), ("none", 10), ("always", 10))  # (sync, batch)
-
-
-def _fill(path: Path, bodies: list[bytes], shards: int) -> None:
-    import os
-
-    with Broker(path, sync="none") as broker:
-        queue = broker.queue("q", shards=shards)
-        for i in range(0, len(bodies), 1000):
-            queue.send_many(bodies[i : i + 1000])
-    os.sync()
 
 
 def run(ctx: Context) -> list[Result]:
@@ -49,7 +35,7 @@ def run(ctx: Context) -> list[Result]:
         for _ in range(ctx.repeat):
             for shards in runs:
                 path = ctx.scratch(f"shard-queue-{shards}")
-                _fill(path, bodies, shards)
+                _fill("journalq-sharded" if shards > 1 else "journalq", path, bodies)
                 seconds, settings = _consume("journalq", path, sync, batch, PROCESSES, count)
                 runs[shards].append(count / seconds)
                 if shards > 1:

@@ -3,7 +3,8 @@
     queue_child.py IMPL PATH SYNC BATCH PROCESSES
 
 IMPL is ``journalq``, ``journalq-loop`` (the consumer loop: ``receive(BATCH, delete=the last
-round's receipts)``), ``persist-queue`` or ``vsqs``; PATH the queue (a broker's root, a
+round's receipts)``), ``journalq-sharded`` and ``journalq-sharded-loop`` (the same on a sharded
+queue: the consumer opens whatever queue ``q`` is), ``persist-queue`` or ``vsqs``; PATH the queue (a broker's root, a
 persist-queue directory or a vsqs directory) already filled; SYNC ``always`` or ``none``; BATCH 1
 (receive one, delete it) or more (receive up to BATCH, delete them in one call); PROCESSES how many
 consumers share the queue.
@@ -169,6 +170,8 @@ def run_vsqs(path: str, sync: str, batch: int, processes: int) -> tuple[list[int
 IMPLEMENTATIONS = {
     "journalq": run_journalq,
     "journalq-loop": lambda *args: run_journalq(*args, loop=True),
+    "journalq-sharded": run_journalq,
+    "journalq-sharded-loop": lambda *args: run_journalq(*args, loop=True),
     "persist-queue": run_persist_queue,
     "vsqs": run_vsqs,
 }
