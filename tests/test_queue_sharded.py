@@ -493,7 +493,9 @@ def test_bad_receipts_and_ids_get_clear_errors(tmp_path: Path) -> None:
             queue.delete(mine.receipt)  # finished already
         with pytest.raises(ReceiptError):
             plain.delete(mine.receipt)  # a sharded receipt on a plain queue
-        for bad in ("12", "7.0", "x.1", "", "01.0"):
+        # One spelling per shard (ASCII digits, no sign, space or leading zero), and no number so
+        # long that reading it fails otherwise.
+        for bad in ("12", "7.0", "x.1", "", "01.0", "1.", "\u0663.0", "+1.0", " 1.0", "1" * 5000 + ".0"):
             with pytest.raises(InvalidMessageError, match="message id"):
                 queue.task(bad)
 
