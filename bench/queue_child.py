@@ -4,10 +4,10 @@
 
 IMPL is ``journalq``, ``journalq-loop`` (the consumer loop: ``receive(BATCH, delete=the last
 round's receipts)``), ``journalq-sharded`` and ``journalq-sharded-loop`` (the same on a sharded
-queue: the consumer opens whatever queue ``q`` is), ``persist-queue`` or ``vsqs``; PATH the queue (a broker's root, a
-persist-queue directory or a vsqs directory) already filled; SYNC ``always`` or ``none``; BATCH 1
-(receive one, delete it) or more (receive up to BATCH, delete them in one call); PROCESSES how many
-consumers share the queue.
+queue: the consumer opens whatever queue ``q`` is), ``persist-queue`` or ``vsqs``; PATH the queue
+(a broker's root, a persist-queue directory or a vsqs directory) already filled; SYNC ``always``
+or ``none``; BATCH 1 (receive one, delete it) or more (receive up to BATCH, delete them in one
+call); PROCESSES how many consumers share the queue.
 
 The process opens the queue, prints ``ready``, waits for a line on stdin, then receives and deletes
 until the queue is empty and prints one JSON object: ``start`` and ``end`` (``time.monotonic()``,

@@ -219,8 +219,9 @@ def _shard_of(route: bytes, mask: int) -> int:
 
 def _split(text: object, shards: int, what: str, error: type[Exception]) -> tuple[int, str]:
     """``"INDEX.REST"`` -> (index, rest), or ``error`` naming what ``text`` should have been.
-    INDEX has one spelling per shard: ASCII digits, no sign, no leading zero. (Checked by hand,
-    not by a regular expression: every receipt a sharded consumer deletes comes through here.)"""
+    INDEX has one spelling per shard: at most four ASCII digits, no sign, no leading zero.
+    (Checked by hand, not by a regular expression: every receipt a sharded consumer deletes comes
+    through here.)"""
     if isinstance(text, str):
         head, dot, rest = text.partition(".")
         if rest and len(head) <= 4 and head.isdecimal() and head.isascii() and (head[0] != "0" or head == "0"):
