@@ -897,10 +897,10 @@ def _request_id() -> bytes:
     """A new request id: the process's random prefix and 12 hex digits, a block's number (9) and
     the id's place in the block (3), unique without ``uuid4``'s cost. The ids of a block come
     from one iterator, each its head and a table's last digits, where formatting each id whole
-    (``b"%s%012x"`` of a count) cost ~2,500 instructions. Thread-safe (the store thread answers
-    plain SendMessages): taking the next id is one C call under the GIL, and each block has a
-    number of its own; two threads that both find the block used up each make one, and the ids
-    left in the one replaced are never given."""
+    (``b"%s%012x"`` of a count) cost ~2,500 instructions. Thread-safe (a batch stored whole in
+    the store thread answers its plain SendMessages there): taking the next id is one C call
+    under the GIL, and each block has a number of its own; two threads that both find the block
+    used up each make one, and the ids left in the one replaced are never given."""
     global _request_ids
     request_id = next(_request_ids, None)
     if request_id is None:
@@ -1089,11 +1089,12 @@ _json_text = _dumps_without_setup()
 
 
 def _plain_sent_answer(message_id: str, md5: str) -> Answer:
-    """The answer to a plain SendMessage (``SqsProtocol.send_together``'s ``plain``), made in the
-    store thread: the JSON text of ``plain_answer(message_id, md5)``, formatted rather than encoded
-    (~0.4 µs less; journalq's message ids, decimal digits or a shard's index, a dot and those, and a
-    hex digest have nothing to escape). ``_whole`` of ``_sqs_headers()``'s, without their two calls
-    (~0.1 µs: one a message): the body is under 1 KiB (an id of a few dozen characters)."""
+    """The answer to a plain SendMessage (``SqsProtocol.send_together``'s ``plain``), made where
+    its batch is stored (on the event loop, or in the store thread: see ``appended``): the JSON
+    text of ``plain_answer(message_id, md5)``, formatted rather than encoded (~0.4 µs less;
+    journalq's message ids, decimal digits or a shard's index, a dot and those, and a hex digest
+    have nothing to escape). ``_whole`` of ``_sqs_headers()``'s, without their two calls (~0.1 µs:
+    one a message): the body is under 1 KiB (an id of a few dozen characters)."""
     body = ('{"MessageId": "%s", "MD5OfMessageBody": "%s"}' % (message_id, md5)).encode()
     return 200, [(b"x-amzn-requestid", _request_id()), _AMZ_JSON, _CONTENT_LENGTHS[len(body)]], body
 
