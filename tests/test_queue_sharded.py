@@ -6,6 +6,7 @@ the command line, the server's create paths and the Spark source."""
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import re
@@ -221,6 +222,37 @@ def test_consumers_spread_over_shards_and_stay_where_there_is_work(tmp_path: Pat
             received.extend(got)
             lone.delete_many([m.receipt for m in got])
         assert len(received) == 40 - 4 * 5  # the first five of each consumer are in flight
+
+
+def test_a_consumer_passes_a_shard_run_dry_without_opening_its_channel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a shard's channel replays its state journal: a consumer whose home runs dry looks
+    first at the cursor that the shard's consumers publish when they run it dry, and goes in
+    only when the shard has more than that (new messages, or messages in flight that may come
+    back)."""
+    with Broker(tmp_path, sync="none") as first, Broker(tmp_path, sync="none") as second:
+        topic = first.topic("jobs", shards=2)
+        keys = {index: next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 1 == index) for index in (0, 1)}
+        # A consumer opens the channel of the shard it starts at, picked by its pid: b at 1, a at 0.
+        monkeypatch.setattr(sharded, "_instances", itertools.count((1 - os.getpid()) % 2))
+        b = second.topic("jobs").channel("work")
+        a = topic.channel("work")
+        assert (b.home, a.home) == (1, 0) and b._shard_channels[0] is None and a._shard_channels[1] is None
+        topic.send_many([{"body": b"%d" % i, "key": keys[1]} for i in range(5)])
+        assert len(drain(b)) == 5  # its last receive found shard 1 dry, and shard 0 empty
+        assert b._shard_channels[0] is None
+        for _ in range(2):  # (the second time from what the first found: no more appended)
+            assert a.receive(10) == [] and a._shard_channels[1] is None  # passed by, not opened
+        (late,) = topic.send_many([{"body": b"late", "key": keys[1]}])
+        (got,) = a.receive(10, visibility_timeout=0.2)  # shard 1 has more than its cursor says
+        assert got.id == late and a._shard_channels[1] is not None
+        assert b.receive(10) == []  # in flight
+        time.sleep(0.3)
+        (again,) = b.receive(10)  # back in shard 1 after its visibility
+        assert again.id == late and again.receive_count == 2
+        b.delete(again.receipt)
+        assert b.receive(10) == [] and a.receive(10) == []
 
 
 def test_every_channel_of_a_sharded_topic_gets_every_message(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from journalq.errors import Error, InvalidArgumentError, JournalError, LockedErr
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import make_dirs, replace_file
-from journalq.journal.segment import list_segments, open_journal_file, unopenable
+from journalq.journal.segment import SegmentScan, list_segments, open_journal_file, unopenable
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -37,12 +37,27 @@ def end_offset(path: str | os.PathLike[str]) -> int:
 
     An incomplete message at the end (one being written, or a torn write) is not counted.
     """
+    scan = _scan_last(path)
+    return 0 if scan is None else scan.next_offset
+
+
+def clean_end_offset(path: str | os.PathLike[str]) -> int | None:
+    """``end_offset`` when the journal ends with a whole message; None when bytes follow its last
+    one that are not a whole message (one being written, a torn write, or damage)."""
+    scan = _scan_last(path)
+    if scan is None:
+        return 0
+    return scan.next_offset if scan.clean else None
+
+
+def _scan_last(path: str | os.PathLike[str]) -> SegmentScan | None:
+    """``scan_tail`` of the journal's last segment; None when it has none."""
     while True:
         segments = list_segments(path)
         if not segments:
-            return 0
+            return None
         try:
-            return scan_tail(segments[-1]).next_offset
+            return scan_tail(segments[-1])
         except FileNotFoundError:
             # Removed since it was listed: a segment that a failed append had started, taken
             # back (the newest is never collected). The one before it is the last again. Still

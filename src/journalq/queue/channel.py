@@ -13,10 +13,11 @@ reach the disk with the next synced change (one file written in order: a sync co
 it). A delivery lost in a power cut only means the message goes out again; its receipt carries the
 delivery's stamp (``Delivery.stamp``) and so can never act on that later delivery.
 
-The state journal is compacted: every ``SNAPSHOT_EVERY`` events a snapshot of the whole state is
-appended, ``ofs/snapshot.ofs`` is pointed at it, and the state segments before it are deleted.
-The channel's cursor is committed as a plain sej reader offset, ``TOPIC/ofs/NAME.ofs``, which the
-topic's garbage collection reads.
+The state journal is compacted: every ``SNAPSHOT_EVERY`` changes (``SNAPSHOT_SMALL_EVERY`` while
+the state is small) a snapshot of the whole state is appended, ``ofs/snapshot.ofs`` is pointed at
+it, and the state segments before it are deleted. The channel's cursor is committed as a plain
+sej reader offset, ``TOPIC/ofs/NAME.ofs``, which the topic's garbage collection reads: at each
+collection, and whenever a receive finds the channel run dry.
 """
 
 from __future__ import annotations
@@ -90,11 +91,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("journalq.queue")
 
 SNAPSHOT_EVERY = 20_000
+"""Changes (a message delivered, finished, ...) after which the state journal is compacted."""
+SNAPSHOT_SMALL_EVERY = 2_000
+"""Changes after which it is compacted when its state is small (``_compaction_due``)."""
+SNAPSHOT_SAVES = 8
+"""... small: the changes since the last snapshot at least this many times its entries."""
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
 MAX_RECEIVE = 10_000
 MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
 MAX_WAIT = 3600  # seconds: the longest long poll of one receive
-_ISSUED_MAX = 16_384  # receipts remembered by ``Channel._issued``
+ISSUED_MAX = 16_384  # receipts remembered by ``Channel._issued`` (and ``ShardedChannel._issued``)
 _LOOK_AHEAD = 1024  # new messages kept read ahead of the frontier (``_read_ahead``); see ``_scan_far``
 _HELD_READ = 64  # new messages read at a time under the hold when the look-ahead falls short (``_take_new``)
 _ASLEEP_LEAST = 64  # messages in a row worth remembering as one ``_Asleep`` (or ``_Missed``) run
@@ -817,16 +823,22 @@ class Channel:
             # at its end (and a group policy later), and a power cut in between would keep them
             # and lose it, and with it the state.
             self._writer.sync()
+        segments = list_segments(self.path)
+        # The segments wholly before the snapshot: the next one begins at or before it.
+        doomed = [segment for segment, following in zip(segments, segments[1:]) if following.base <= snapshot_at]
         try:
-            write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable, inside=self.topic.path)
+            # Synced when segments go after it. Else a pointer lost in a power cut leaves an
+            # older one (or none: the first segment), whose snapshot and everything after it are
+            # still there: replayed, that is all; and a compaction, which most small ones are,
+            # costs no sync of its own.
+            write_offset(
+                self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable and bool(doomed), inside=self.topic.path
+            )
         except OSError as exc:
             if exc.errno in _DISK_FULL:
                 return  # the pointer names an older snapshot, whose segments all stay: no error
             raise
-        segments = list_segments(self.path)
-        for segment, following in zip(segments, segments[1:]):
-            if following.base > snapshot_at:
-                break
+        for segment in doomed:
             remove_segment(segment)
 
     def commit_cursor(self) -> bool:
@@ -919,6 +931,19 @@ class Channel:
             if watch is not None:
                 watch.close()
 
+    def surely_empty(self) -> bool:
+        """Whether the channel has nothing to give, as far as this process can tell without its
+        lock: every message it has seen is finished (its cursor is at its frontier) and the topic
+        has none after them. Its state may lag the other processes' changes, which only finish
+        more: a lagging one says False more often, never True wrongly."""
+        state = self.state
+        if state.cursor < state.frontier or self._ahead or not self._ahead_lock.acquire(blocking=False):
+            return False
+        try:
+            return not self._read_ahead(state.frontier) and not self._tail_lost
+        finally:
+            self._ahead_lock.release()
+
     def _watch(self) -> DirectoryWatch:
         """What a long poll sleeps on: the topic's segments and the channel's state journal."""
         return DirectoryWatch(self.topic.path / "jnl", self.path / "jnl")
@@ -975,7 +1000,7 @@ class Channel:
         # made once (``_receipt`` makes the same strings).
         tail = self._receipt(0, 0, stamp)[3:]
         issued = self._issued
-        if len(issued) > _ISSUED_MAX:
+        if len(issued) > ISSUED_MAX:
             issued.clear()  # receipts given out long ago are parsed again, that is all
         received = []
         for m, e, count in picks:
@@ -1164,6 +1189,11 @@ class Channel:
         if records or self._unwritten:
             # Deliveries alone need no sync (see ``receive``); deletes and dead letters do.
             stamp = self._record(records, durable=moved)
+        if not picks and state.cursor == state.frontier:
+            # Everything seen is finished: published now, not at the next collection, so that
+            # whoever looks without the lock (a sharded queue's other consumers, another
+            # process's gc) knows it at once. A write only when the cursor moved.
+            self.commit_cursor()
         return picks, wake_at, stamp, reach
 
     def _take_new(
@@ -1775,10 +1805,14 @@ def _finishing(current: list[tuple[int, int, int]]) -> list[Record]:
 
 
 def _compaction_due(state: ChannelState) -> bool:
-    """Whether ``SNAPSHOT_EVERY`` changes came after the journal's last snapshot. (Counted from
-    the last one any process appended: with several processes, one of them compacts, not each
-    in turn, each applying all the others' snapshots too.)"""
-    return state.events_applied - state.applied_at_snapshot >= SNAPSHOT_EVERY
+    """Whether ``SNAPSHOT_EVERY`` changes came after the journal's last snapshot, or
+    ``SNAPSHOT_SMALL_EVERY`` while the state is small next to them: a process that opens the
+    channel (a sharded queue's consumer taking over another's shard, say) replays the changes
+    since the last snapshot, ~1 µs each, and a small snapshot costs little more than their
+    append. (Counted from the last one any process appended: with several processes, one of
+    them compacts, not each in turn, each applying all the others' snapshots too.)"""
+    since = state.events_applied - state.applied_at_snapshot
+    return since >= SNAPSHOT_EVERY or (since >= SNAPSHOT_SMALL_EVERY and state.entries() * SNAPSHOT_SAVES <= since)
 
 
 def _raise(error: ReceiptError | None) -> None:

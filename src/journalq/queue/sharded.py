@@ -46,9 +46,9 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from itertools import count
+from itertools import chain, count
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -64,6 +64,7 @@ from journalq.errors import (
     ReceiptError,
 )
 from journalq.journal.lock import FileLock
+from journalq.journal.offsets import clean_end_offset, read_offset
 from journalq.journal.recovery import fsync_dir
 from journalq.journal.segment import journal_dir, list_segments, raise_if_unopenable
 from journalq.journal.writer import held
@@ -73,6 +74,7 @@ from journalq.queue.channel import (
     Channel,
     ChannelStats,
     ReceivedMessage,
+    ISSUED_MAX,
     Task,
     check_receipt_list,
     check_release_delay,
@@ -625,6 +627,12 @@ class ShardedChannel:
         self._opening = threading.Lock()
         self._claim: FileLock | None = None
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
+        # The receipts given out here lately: (shard, the shard channel's receipt), so that their
+        # deletes do not split them again (see ``_shard_receipt``); cleared when it grows.
+        self._issued: dict[str, tuple[int, str]] = {}
+        # Shards whose channel is not open here, found run dry: their last segment and its size
+        # then (``_surely_empty``: while they stay so, the shard is, without reading more).
+        self._dry: dict[int, tuple[Path, int]] = {}
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
         first = self._shard_channels[self._current] = self._shard_channel(self._current)  # checks the name
         topic._enter_channel(name)
@@ -754,11 +762,14 @@ class ShardedChannel:
         wake_at: int | None = None
         failed: Exception | None = None
         failed_shard = 0
-        order = self._order()
-        for index in ([last, *(i for i in order if i != last)] if last is not None else order):
+        home = self.home  # claims it at the first receive
+        order = self._order(home, self._current)
+        for index in chain((last,), (i for i in order if i != last)) if last is not None else order:
             mine = deletes.get(index, ()) if index == last else ()
             if len(received) >= max_messages:
                 break
+            if index != home and not mine and self._surely_empty(index):
+                continue
             try:
                 got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
             except Exception as exc:
@@ -775,10 +786,15 @@ class ShardedChannel:
             if got:
                 self._current = index  # stay where there is work
                 prefix = f"{index}."
+                issued = self._issued
+                if len(issued) > ISSUED_MAX:
+                    issued.clear()  # receipts given out long ago are split again, that is all
                 for m in got:  # made for this call alone: name the shard in place (replace() is slow)
                     fields = m.__dict__
                     fields["id"] = prefix + fields["id"]
-                    fields["receipt"] = prefix + fields["receipt"]
+                    inner = fields["receipt"]
+                    fields["receipt"] = receipt = prefix + inner
+                    issued[receipt] = (index, inner)
                 received += got
         if failed is not None and not received:
             # A delete (of another process) removes the shards before the topic's directory: a
@@ -788,25 +804,67 @@ class ShardedChannel:
             raise failed
         return received, wake_at
 
+    def _surely_empty(self, index: int) -> bool:
+        """Whether shard ``index`` has nothing for this channel, as far as can be told without
+        its lock: ``Channel.surely_empty`` once its channel is open here; before, without
+        opening it (which replays the channel's state journal), whether the cursor that the
+        shard's consumers publish when they run it dry (``Channel.commit_cursor``) is at the
+        shard's end. Finished stays finished, so a cursor read after the end, and at or past it,
+        proves that nothing was there at that read (what is appended since is as if it came
+        after this receive, which does not see the shards at one instant anyway); an old
+        cursor only sends the receive to look."""
+        channel = self._shard_channels[index]
+        shard = self.topic.shards[index]
+        try:
+            if channel is not None:
+                return channel.surely_empty()
+            segments = list_segments(shard.path)
+            last = (segments[-1].path, os.stat(segments[-1].path).st_size) if segments else None
+            if last is not None and self._dry.get(index) == last:
+                return True  # found dry, and nothing appended since (nor a segment begun)
+            end = clean_end_offset(shard.path)
+            # None: a message being written, or damage: the receive looks, and says which.
+            empty = end is not None and read_offset(shard.path, self.name) >= end
+        except (JournalError, OSError):
+            return False  # the receive looks, and says what is wrong
+        if empty and last is not None:
+            self._dry[index] = last  # (as it was before the end was read: what came since is seen)
+        return empty
+
     def _deletes_by_shard(self, receipts: Sequence[str]) -> dict[int, list[str]]:
         """``receipts`` by shard, without their shard; ``ReceiptError`` for one that names none."""
         by_shard: dict[int, list[str]] = {}
         for receipt in receipts:
-            index, inner = _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
+            index, inner = self._shard_receipt(receipt, finishing=True)
             by_shard.setdefault(index, []).append(inner)
         return by_shard
+
+    def _shard_receipt(self, receipt: object, *, finishing: bool = False) -> tuple[int, str]:
+        """(shard, the shard channel's receipt) of ``receipt``: as remembered when it was given
+        out here (forgotten when ``finishing``: it is for a delete), else split (``ReceiptError``
+        when it names no shard of this queue)."""
+        if type(receipt) is str:
+            known = self._issued.pop(receipt, None) if finishing else self._issued.get(receipt)
+            if known is not None:
+                return known
+        return _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
 
     def _watch(self) -> DirectoryWatch:
         """A long poll wakes on an append to any shard or to any shard's channel state."""
         return DirectoryWatch(*(path for c in self._all() for path in (c.topic.path / "jnl", c.path / "jnl")))
 
-    def _order(self) -> list[int]:
-        """Home first (so that consumers stay spread), then the shard that had work last, then
-        the ones after it."""
-        home = self.home  # claims it at the first receive, which also moves ``_current`` there
-        shards, current = len(self._shard_channels), self._current
-        rest = [(current + step) % shards for step in range(1, shards)]
-        return [home] + ([current] if current != home else []) + [i for i in rest if i != home]
+    def _order(self, home: int, current: int) -> Iterator[int]:
+        """Home first (so that consumers stay spread), then ``current``, the shard that had work
+        last, then the ones after it. (Made as taken: a receive that its home fills looks at no
+        other.)"""
+        yield home
+        shards = len(self._shard_channels)
+        if current != home:
+            yield current
+        for step in range(1, shards):
+            index = (current + step) % shards
+            if index != home:
+                yield index
 
     # -- acting on receipts -----------------------------------------------------------------
 
@@ -817,7 +875,7 @@ class ShardedChannel:
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
         check_receipt_list("receipts", receipts)
-        return self._act(receipts, lambda channel, inner, positions: channel.delete_many(inner))
+        return self._act(receipts, lambda channel, inner, positions: channel.delete_many(inner), finishing=True)
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
         """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
@@ -843,15 +901,20 @@ class ShardedChannel:
         self.change_visibility(receipt, delay)
 
     def _act(
-        self, receipts: list[str], act: Callable[[Channel, list[str], list[int]], list[ReceiptError | None]]
+        self,
+        receipts: list[str],
+        act: Callable[[Channel, list[str], list[int]], list[ReceiptError | None]],
+        *,
+        finishing: bool = False,
     ) -> list[ReceiptError | None]:
         """Send each receipt to its shard's channel, one ``act`` per shard (with the receipts
-        without their shard, and their positions in ``receipts``); the outcomes in order."""
+        without their shard, and their positions in ``receipts``); the outcomes in order.
+        ``finishing``: ``act`` deletes (``_shard_receipt``)."""
         outcomes: list[ReceiptError | None] = [None] * len(receipts)
         by_shard: dict[int, list[tuple[int, str]]] = {}
         for position, receipt in enumerate(receipts):
             try:
-                index, inner = _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
+                index, inner = self._shard_receipt(receipt, finishing=finishing)
             except ReceiptError as exc:
                 outcomes[position] = exc
                 continue
