@@ -345,58 +345,6 @@ def test_one_snapshot_per_interval_with_several_consumers(tmp_path: Path, monkey
     assert len({id(channel) for channel in compacted}) == 3  # whoever came when it was due
 
 
-def test_a_small_state_is_compacted_sooner_and_its_pointer_synced_only_before_deletes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A state small next to the changes since its last snapshot is compacted every
-    ``SNAPSHOT_SMALL_EVERY`` changes (what a process opening the channel replays), a large one
-    not until ``SNAPSHOT_EVERY``. The pointer to a snapshot is synced when state segments are
-    deleted after it, and only then: a pointer lost in a power cut is an older one, whose
-    snapshot is still there."""
-    monkeypatch.setattr(channel_module, "SNAPSHOT_SMALL_EVERY", 40)
-    monkeypatch.setattr(channel_module, "STATE_SEGMENT_SIZE", 4096)
-    steps: list[str] = []  # "pointer", "synced pointer", "delete", in order
-    write_offset, remove_segment = channel_module.write_offset, channel_module.remove_segment
-
-    def pointing(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
-        if file.name == "snapshot.ofs":
-            steps.append("synced pointer" if sync else "pointer")
-        write_offset(file, offset, sync=sync, inside=inside)
-
-    def deleting(segment: Any) -> None:
-        steps.append("delete")
-        remove_segment(segment)
-
-    monkeypatch.setattr(channel_module, "write_offset", pointing)
-    monkeypatch.setattr(channel_module, "remove_segment", deleting)
-    with Broker(tmp_path, sync="always") as broker:
-        q = broker.queue("jobs")
-        q.send_many([b"%d" % i for i in range(3000)])
-        done = []
-        for _ in range(200):  # 2,000 changes, five messages in flight at most
-            got = q.receive(5, delete=done)
-            done = [m.receipt for m in got]
-        compactions = [step for step in steps if step != "delete"]
-        assert 40 <= len(compactions) <= 50
-        assert "delete" in steps and "pointer" in steps
-        for i, step in enumerate(steps):  # each delete comes after a synced pointer, and only they
-            if step == "synced pointer":
-                assert steps[i + 1] == "delete"
-            if step == "delete":
-                assert steps[i - 1] in ("delete", "synced pointer")
-        held = q.receive(1000, visibility_timeout=600, delete=done)  # a large state now
-        steps.clear()  # (that receive may compact, before it delivers)
-        for _ in range(20):  # 200 changes
-            got = q.receive(5)
-            q.delete_many([m.receipt for m in got])
-        assert steps == []
-        assert len(held) == 1000
-        rest = drain(q, batch=500)
-    with Broker(tmp_path, sync="none") as again:  # and another opening rebuilds the same state
-        assert again.queue("jobs").stats().in_flight == 1000
-    assert len(rest) == 3000 - 1000 - 5 * 200 - 5 * 20
-
-
 def test_a_channel_that_runs_dry_publishes_its_cursor_at_once(tmp_path: Path) -> None:
     """Not at its next collection only: other processes' gc, and the other consumers of a sharded
     queue, see without its lock that nothing is left (``ShardedChannel._surely_empty``)."""

@@ -13,11 +13,11 @@ reach the disk with the next synced change (one file written in order: a sync co
 it). A delivery lost in a power cut only means the message goes out again; its receipt carries the
 delivery's stamp (``Delivery.stamp``) and so can never act on that later delivery.
 
-The state journal is compacted: every ``SNAPSHOT_EVERY`` changes (``SNAPSHOT_SMALL_EVERY`` while
-the state is small) a snapshot of the whole state is appended, ``ofs/snapshot.ofs`` is pointed at
-it, and the state segments before it are deleted. The channel's cursor is committed as a plain
-sej reader offset, ``TOPIC/ofs/NAME.ofs``, which the topic's garbage collection reads: at each
-collection, and whenever a receive finds the channel run dry.
+The state journal is compacted: every ``SNAPSHOT_EVERY`` events a snapshot of the whole state is
+appended, ``ofs/snapshot.ofs`` is pointed at it, and the state segments before it are deleted.
+The channel's cursor is committed as a plain sej reader offset, ``TOPIC/ofs/NAME.ofs``, which the
+topic's garbage collection reads: at each collection, and whenever a receive finds the channel run
+dry.
 """
 
 from __future__ import annotations
@@ -91,11 +91,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("journalq.queue")
 
 SNAPSHOT_EVERY = 20_000
-"""Changes (a message delivered, finished, ...) after which the state journal is compacted."""
-SNAPSHOT_SMALL_EVERY = 2_000
-"""Changes after which it is compacted when its state is small (``_compaction_due``)."""
-SNAPSHOT_SAVES = 8
-"""... small: the changes since the last snapshot at least this many times its entries."""
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
 MAX_RECEIVE = 10_000
 MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
@@ -823,22 +818,16 @@ class Channel:
             # at its end (and a group policy later), and a power cut in between would keep them
             # and lose it, and with it the state.
             self._writer.sync()
-        segments = list_segments(self.path)
-        # The segments wholly before the snapshot: the next one begins at or before it.
-        doomed = [segment for segment, following in zip(segments, segments[1:]) if following.base <= snapshot_at]
         try:
-            # Synced when segments go after it. Else a pointer lost in a power cut leaves an
-            # older one (or none: the first segment), whose snapshot and everything after it are
-            # still there: replayed, that is all; and a compaction, which most small ones are,
-            # costs no sync of its own.
-            write_offset(
-                self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable and bool(doomed), inside=self.topic.path
-            )
+            write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable, inside=self.topic.path)
         except OSError as exc:
             if exc.errno in _DISK_FULL:
                 return  # the pointer names an older snapshot, whose segments all stay: no error
             raise
-        for segment in doomed:
+        segments = list_segments(self.path)
+        for segment, following in zip(segments, segments[1:]):
+            if following.base > snapshot_at:
+                break
             remove_segment(segment)
 
     def commit_cursor(self) -> bool:
@@ -1805,14 +1794,10 @@ def _finishing(current: list[tuple[int, int, int]]) -> list[Record]:
 
 
 def _compaction_due(state: ChannelState) -> bool:
-    """Whether ``SNAPSHOT_EVERY`` changes came after the journal's last snapshot, or
-    ``SNAPSHOT_SMALL_EVERY`` while the state is small next to them: a process that opens the
-    channel (a sharded queue's consumer taking over another's shard, say) replays the changes
-    since the last snapshot, ~1 µs each, and a small snapshot costs little more than their
-    append. (Counted from the last one any process appended: with several processes, one of
-    them compacts, not each in turn, each applying all the others' snapshots too.)"""
-    since = state.events_applied - state.applied_at_snapshot
-    return since >= SNAPSHOT_EVERY or (since >= SNAPSHOT_SMALL_EVERY and state.entries() * SNAPSHOT_SAVES <= since)
+    """Whether ``SNAPSHOT_EVERY`` changes came after the journal's last snapshot. (Counted from
+    the last one any process appended: with several processes, one of them compacts, not each
+    in turn, each applying all the others' snapshots too.)"""
+    return state.events_applied - state.applied_at_snapshot >= SNAPSHOT_EVERY
 
 
 def _raise(error: ReceiptError | None) -> None:
