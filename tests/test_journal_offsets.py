@@ -180,6 +180,16 @@ def test_first_and_end_offsets(tmp_path):
     assert end_offset(tmp_path) == 8
 
 
+def test_clean_end_offset_is_none_when_bytes_that_are_no_message_follow(tmp_path):
+    assert offsets_mod.clean_end_offset(tmp_path) == 0  # no segment yet
+    with Writer(tmp_path) as w:
+        w.append_many([b"v" * 30] * 3)
+    assert offsets_mod.clean_end_offset(tmp_path) == end_offset(tmp_path) == 3
+    with open(tmp_path / "jnl" / "0000000000000000.jnl", "ab") as f:
+        f.write(b"\x00" * 12)  # a message being written, or torn
+    assert offsets_mod.clean_end_offset(tmp_path) is None and end_offset(tmp_path) == 3
+
+
 def test_a_durable_commit_syncs_the_ofs_directory_it_made(tmp_path, monkeypatch):
     """The first commit of a journal makes ofs/: its entry in the journal directory must reach
     stable storage with the commit, or a power cut takes the committed offset away with it."""
