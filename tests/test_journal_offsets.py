@@ -190,6 +190,23 @@ def test_clean_end_offset_is_none_when_bytes_that_are_no_message_follow(tmp_path
     assert offsets_mod.clean_end_offset(tmp_path) is None and end_offset(tmp_path) == 3
 
 
+def test_overwrite_offset_writes_in_place_and_makes_a_missing_file(tmp_path, monkeypatch):
+    file = tmp_path / "ofs" / "snapshot.ofs"
+    offsets_mod.overwrite_offset(file, 5, sync=False)  # made as write_offset makes it
+    inode = file.stat().st_ino
+    synced = []
+    fdatasync = os.fdatasync
+    monkeypatch.setattr(offsets_mod.os, "fdatasync", lambda fd: (synced.append(fd), fdatasync(fd)))
+    offsets_mod.overwrite_offset(file, 2**64 - 1, sync=True)
+    assert file.stat().st_ino == inode and read_offset(tmp_path, "snapshot") == 2**64 - 1 and len(synced) == 1
+    offsets_mod.overwrite_offset(file, 7, sync=False)
+    assert file.read_bytes() == (7).to_bytes(8, "big") and len(synced) == 1
+    for bad in (-1, 2**64, True, 1.0):
+        with pytest.raises(Error, match="unsigned 64-bit"):
+            offsets_mod.overwrite_offset(file, bad)
+    assert read_offset(tmp_path, "snapshot") == 7
+
+
 def test_a_durable_commit_syncs_the_ofs_directory_it_made(tmp_path, monkeypatch):
     """The first commit of a journal makes ofs/: its entry in the journal directory must reach
     stable storage with the commit, or a power cut takes the committed offset away with it."""

@@ -140,19 +140,19 @@ def test_compaction_on_a_full_disk_keeps_the_older_snapshot_and_the_call_goes_on
     monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 10)
     monkeypatch.setattr(channel_module, "STATE_SEGMENT_SIZE", 4096)
     refused: list[Path] = []
-    write_offset = channel_module.write_offset
+    overwrite_offset = channel_module.overwrite_offset
 
     def full_for_snapshots(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
         if file.name == "snapshot.ofs":
             refused.append(file)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
-        write_offset(file, offset, sync=sync, inside=inside)
+        overwrite_offset(file, offset, sync=sync, inside=inside)
 
     with Broker(tmp_path, sync="always") as broker:
         queue = broker.queue("jobs")
         queue.send_many([body(i) for i in range(100)])
         got = queue.receive(9)
-        monkeypatch.setattr(channel_module, "write_offset", full_for_snapshots)
+        monkeypatch.setattr(channel_module, "overwrite_offset", full_for_snapshots)
         state_segments = len(list_segments(queue.path))
         while got:  # compacts on the way; the last receive deletes the last batch and gets none
             got = queue.receive(9, delete=[m.receipt for m in got])

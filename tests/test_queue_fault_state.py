@@ -136,7 +136,7 @@ def test_a_snapshot_is_on_stable_storage_before_snapshot_ofs_points_at_it(
 
     monkeypatch.setattr(writer_module, "fdatasync", noting)
     pointed: list[bool] = []
-    write_offset = channel_module.write_offset
+    overwrite_offset = channel_module.overwrite_offset
 
     def checking(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
         if file.name == "snapshot.ofs":
@@ -145,9 +145,9 @@ def test_a_snapshot_is_on_stable_storage_before_snapshot_ofs_points_at_it(
             with Scanner(channel, offset) as scanner:
                 assert scanner.read_batch(1)[0].type == EventKind.SNAPSHOT
             pointed.append((str(segment.resolve()), segment.stat().st_size) in synced)
-        write_offset(file, offset, sync=sync, inside=inside)
+        overwrite_offset(file, offset, sync=sync, inside=inside)
 
-    monkeypatch.setattr(channel_module, "write_offset", checking)
+    monkeypatch.setattr(channel_module, "overwrite_offset", checking)
     with Broker(tmp_path / "data", sync=sync) as broker:
         queue = broker.queue("jobs")
         queue.send_many([b"%d" % i for i in range(20)])

@@ -345,6 +345,56 @@ def test_one_snapshot_per_interval_with_several_consumers(tmp_path: Path, monkey
     assert len({id(channel) for channel in compacted}) == 3  # whoever came when it was due
 
 
+def test_a_small_state_is_compacted_sooner_and_its_pointer_written_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state small next to the changes since its last snapshot is compacted every
+    ``SNAPSHOT_SMALL_EVERY`` changes (what a process opening the channel replays), a large one
+    not until ``SNAPSHOT_EVERY``. The pointer to the snapshot is written over in place (no new
+    file, no rename: a small compaction costs little), synced before any state segment goes."""
+    monkeypatch.setattr(channel_module, "SNAPSHOT_SMALL_EVERY", 40)
+    monkeypatch.setattr(channel_module, "STATE_SEGMENT_SIZE", 4096)
+    steps: list[tuple[str, int]] = []  # ("pointer", its inode) and ("delete", 0), in order
+    overwrite_offset, remove_segment = channel_module.overwrite_offset, channel_module.remove_segment
+
+    def pointing(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
+        assert sync  # sync="always"
+        overwrite_offset(file, offset, sync=sync, inside=inside)
+        steps.append(("pointer", file.stat().st_ino))
+
+    def deleting(segment: Any) -> None:
+        steps.append(("delete", 0))
+        remove_segment(segment)
+
+    monkeypatch.setattr(channel_module, "overwrite_offset", pointing)
+    monkeypatch.setattr(channel_module, "remove_segment", deleting)
+    with Broker(tmp_path, sync="always") as broker:
+        q = broker.queue("jobs")
+        q.send_many([b"%d" % i for i in range(3000)])
+        done: list[str] = []
+        for _ in range(200):  # 2,000 changes, five messages in flight at most
+            got = q.receive(5, delete=done)
+            done = [m.receipt for m in got]
+        assert 45 <= sum(step == "pointer" for step, _ in steps) <= 50
+        assert len({inode for step, inode in steps if step == "pointer"}) == 1  # one file, written over
+        assert ("delete", 0) in steps and steps[0][0] == "pointer"
+        assert len(list_segments(q.path)) <= 2
+        held = q.receive(1000, visibility_timeout=600, delete=done)  # a large state now
+        steps.clear()  # (that receive may compact, before it delivers)
+        for _ in range(20):  # 200 changes
+            got = q.receive(5)
+            q.delete_many([m.receipt for m in got])
+        assert steps == []
+        assert len(held) == 1000
+        rest = drain(q, batch=500)
+        sample = [held[0].id, held[-1].id, "0", "2999"]
+        mine = json.loads(json.dumps(view(q, sample)))
+    with Broker(tmp_path, sync="none") as again:  # another opening rebuilds the same state
+        assert json.loads(json.dumps(view(again.queue("jobs"), sample))) == mine
+        assert again.queue("jobs").stats().in_flight == 1000
+    assert len(rest) == 3000 - 1000 - 5 * 200 - 5 * 20
+
+
 def test_a_channel_that_runs_dry_publishes_its_cursor_at_once(tmp_path: Path) -> None:
     """Not at its next collection only: other processes' gc, and the other consumers of a sharded
     queue, see without its lock that nothing is left (``ShardedChannel._surely_empty``)."""

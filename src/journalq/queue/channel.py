@@ -13,8 +13,9 @@ reach the disk with the next synced change (one file written in order: a sync co
 it). A delivery lost in a power cut only means the message goes out again; its receipt carries the
 delivery's stamp (``Delivery.stamp``) and so can never act on that later delivery.
 
-The state journal is compacted: every ``SNAPSHOT_EVERY`` events a snapshot of the whole state is
-appended, ``ofs/snapshot.ofs`` is pointed at it, and the state segments before it are deleted.
+The state journal is compacted: every ``SNAPSHOT_EVERY`` changes (``SNAPSHOT_SMALL_EVERY`` while
+the state is small) a snapshot of the whole state is appended, ``ofs/snapshot.ofs`` is pointed at
+it, and the state segments before it are deleted.
 The channel's cursor is committed as a plain sej reader offset, ``TOPIC/ofs/NAME.ofs``, which the
 topic's garbage collection reads: at each collection, and whenever a receive finds the channel run
 dry.
@@ -58,7 +59,7 @@ from journalq.errors import (
     VisibilityLimitError,
 )
 from journalq.journal import Message, Scanner, Writer, end_offset
-from journalq.journal.offsets import read_offset, write_offset
+from journalq.journal.offsets import overwrite_offset, read_offset, write_offset
 from journalq.journal.recovery import fsync_dir, write_temporary
 from journalq.journal.segment import list_segments, remove_segment
 from journalq.journal.watch import DirectoryWatch
@@ -91,6 +92,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("journalq.queue")
 
 SNAPSHOT_EVERY = 20_000
+"""Changes (a message delivered, finished, ...) after which the state journal is compacted."""
+SNAPSHOT_SMALL_EVERY = 2_000
+"""Changes after which it is compacted when its state is small (``_compaction_due``)."""
+SNAPSHOT_SAVES = 8
+"""... small: the changes since the last snapshot at least this many times its entries."""
 STATE_SEGMENT_SIZE = 4 * 1024 * 1024
 MAX_RECEIVE = 10_000
 MAX_VISIBILITY = 12 * 3600  # seconds, as SQS
@@ -509,6 +515,7 @@ class Channel:
         self._issued: dict[str, tuple[int, int, int]] = {}
         self._retry_maintenance_at = 0  # (ns) after a maintenance that failed outside a receive
         self._retry_dead_letters_at = 0  # (ns) after the dead-letter queue refused its letters
+        self._oldest_segment = -1  # the state journal's first segment as ``_compact`` last saw it
         try:
             with self._hold():
                 self._token = _channel_token(self.path, topic.broker.durable)
@@ -693,14 +700,14 @@ class Channel:
                 raise JournalError("events missing from the state journal", file=self.path, offset=self._applied)
             self._load()
 
-    def _record(self, records: list[Record], *, durable: bool = True) -> int:
+    def _record(self, records: list[Record], *, durable: bool = True, apply: bool = True) -> int:
         """Append events (under the hold, after its ``_apply_new``: no one else appends until it
         ends) and apply them, exactly as every other process will.
 
         Events applied already by ``_apply_unwritten`` go first, in the same write. ``durable=
         False`` for deliveries alone: under ``sync="always"`` they are not synced before the call
-        returns, but with the next durable change (see ``receive``). Returns the events' time:
-        deliveries' stamps."""
+        returns, but with the next durable change (see ``receive``). ``apply=False``: the caller
+        applies them its own way (``_compact``). Returns the events' time: deliveries' stamps."""
         now = time.time_ns()
         # ``Message(0, now, *record)`` without the NamedTuple's Python-level ``__new__``.
         messages = [_new_tuple(Message, (0, now, *record)) for record in records]
@@ -714,9 +721,10 @@ class Channel:
             self._forget_unwritten()
             raise
         self._unwritten = []
-        apply = self.state.apply_record
-        for type_, key, value in records:
-            apply(type_, key, value, now)
+        if apply:
+            apply_record = self.state.apply_record
+            for type_, key, value in records:
+                apply_record(type_, key, value, now)
         self._applied += len(messages)
         return now
 
@@ -811,24 +819,36 @@ class Channel:
 
     def _compact(self) -> None:
         durable = self.topic.broker.durable
+        state = self.state
         snapshot_at = self._writer.next_offset
-        self._record([Event(EventKind.SNAPSHOT, 0, payload=self.state.snapshot()).encode()])
+        # Not applied here: it is this very state, which applying would rebuild from its JSON.
+        # Counted as ``ChannelState.apply`` counts a snapshot applied.
+        self._record([Event(EventKind.SNAPSHOT, 0, payload=state.snapshot()).encode()], apply=False)
+        state.events_applied += 1
+        state.applied_at_snapshot = state.events_applied
         if durable:
             # On stable storage before the pointer to it and the deletes below: a hold syncs
             # at its end (and a group policy later), and a power cut in between would keep them
             # and lose it, and with it the state.
             self._writer.sync()
         try:
-            write_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable, inside=self.topic.path)
+            # In place: its readers hold the hold too (``_load``), and a new file and a rename
+            # cost more than all the rest of a small compaction.
+            overwrite_offset(self.path / "ofs" / "snapshot.ofs", snapshot_at, sync=durable, inside=self.topic.path)
         except OSError as exc:
             if exc.errno in _DISK_FULL:
                 return  # the pointer names an older snapshot, whose segments all stay: no error
             raise
+        if self._writer.segment.base == self._oldest_segment:
+            return  # the journal is one segment (a new one comes only after it): none to delete
         segments = list_segments(self.path)
         for segment, following in zip(segments, segments[1:]):
             if following.base > snapshot_at:
+                self._oldest_segment = segment.base
                 break
             remove_segment(segment)
+        else:
+            self._oldest_segment = segments[-1].base if segments else -1
 
     def commit_cursor(self) -> bool:
         """Publish the cursor as the sej reader offset ``TOPIC/ofs/NAME.ofs`` (for the topic's gc).
@@ -1794,10 +1814,14 @@ def _finishing(current: list[tuple[int, int, int]]) -> list[Record]:
 
 
 def _compaction_due(state: ChannelState) -> bool:
-    """Whether ``SNAPSHOT_EVERY`` changes came after the journal's last snapshot. (Counted from
-    the last one any process appended: with several processes, one of them compacts, not each
-    in turn, each applying all the others' snapshots too.)"""
-    return state.events_applied - state.applied_at_snapshot >= SNAPSHOT_EVERY
+    """Whether ``SNAPSHOT_EVERY`` changes came after the journal's last snapshot, or
+    ``SNAPSHOT_SMALL_EVERY`` while the state is small next to them: a process that opens the
+    channel (a sharded queue's consumer taking over another's shard, say) replays the changes
+    since the last snapshot, ~1 µs each, and a small snapshot costs little more than an append.
+    (Counted from the last one any process appended: with several processes, one of them
+    compacts, not each in turn, each applying all the others' snapshots too.)"""
+    since = state.events_applied - state.applied_at_snapshot
+    return since >= SNAPSHOT_EVERY or (since >= SNAPSHOT_SMALL_EVERY and state.entries() * SNAPSHOT_SAVES <= since)
 
 
 def _raise(error: ReceiptError | None) -> None:

@@ -486,6 +486,13 @@ class ChannelState:
 
     # -- snapshots ---------------------------------------------------------------------------
 
+    def entries(self) -> int:
+        """How many entries a snapshot of the state would list (what its size grows with)."""
+        return (
+            len(self.inflight) + len(self.skipped) + len(self.finished) + len(self.metadata)
+            + len(self.finished_at) + len(self.collected) + len(self.cursor_marks)
+        )
+
     def snapshot(self) -> bytes:
         """The whole state as JSON bytes, for a SNAPSHOT event that lets the journal be compacted."""
         return json.dumps(
