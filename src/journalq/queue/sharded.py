@@ -23,8 +23,9 @@ is repeated here. What a sharded topic adds is routing:
   its pid on the first that no other live consumer of the channel holds (a lock file in
   ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
   tries the shard that had work last, then the others in turn (mq's peers: consumers mostly work
-  different shards, so they seldom wait for one another's locks). Order holds within a shard, not
-  across shards. A receive returns nothing only once every shard had nothing. A shard that fails
+  different shards, so they seldom wait for one another's locks), passing by those it can tell
+  are run dry without their lock (``_surely_empty``). Order holds within a shard, not across
+  shards. A receive returns nothing only once every shard had nothing. A shard that fails
   (damaged, its storage refusing) does not stop the others: what they gave is returned, and the
   failure is raised by a receive that gets nothing elsewhere.
 * Ids and receipts name the shard: ``"INDEX.ID"`` and ``"INDEX.RECEIPT"`` (the shard's index in
