@@ -93,6 +93,11 @@ def read_offset(path: str | os.PathLike[str], name: str) -> int:
     return _UINT64.unpack(data)[0]
 
 
+def _check_offset(offset: object) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**64:
+        raise InvalidArgumentError(f"offset must be an unsigned 64-bit integer, not {offset!r}")
+
+
 def overwrite_offset(file: Path, offset: int, *, sync: bool = True, inside: Path | None = None) -> None:
     """Write ``offset`` over the offset file ``file`` in place (``write_offset`` makes it when it
     is missing); durable when ``sync``. Many times cheaper than ``write_offset``'s new file and
@@ -100,8 +105,7 @@ def overwrite_offset(file: Path, offset: int, *, sync: bool = True, inside: Path
     writers all hold one lock (a channel's ``snapshot.ofs``). Eight bytes at the start of the
     file's first sector: a crash leaves the old value or the new one, as PostgreSQL trusts for
     its ``pg_control``."""
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**64:
-        raise InvalidArgumentError(f"offset must be an unsigned 64-bit integer, not {offset!r}")
+    _check_offset(offset)
     try:
         fd = open_journal_file(file, os.O_WRONLY, "an offset file")
     except FileNotFoundError:
@@ -122,8 +126,7 @@ def write_offset(file: Path, offset: int, *, sync: bool = True, inside: Path | N
     Takes no lock: the caller is the one process entitled to the name (``ReaderOffset`` holds its
     ``.lck``; a queue channel commits under its own lock).
     """
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**64:
-        raise InvalidArgumentError(f"offset must be an unsigned 64-bit integer, not {offset!r}")
+    _check_offset(offset)
     make_dirs(file.parent, durable=sync, inside=inside)  # a new ofs/ is synced into its parent too
     replace_file(file, _UINT64.pack(offset), durable=sync)
 
