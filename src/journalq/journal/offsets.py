@@ -18,7 +18,7 @@ from journalq.errors import Error, InvalidArgumentError, JournalError, LockedErr
 from journalq.journal.index import scan_tail
 from journalq.journal.lock import FileLock
 from journalq.journal.recovery import make_dirs, replace_file
-from journalq.journal.segment import SegmentScan, list_segments, open_journal_file, unopenable
+from journalq.journal.segment import Segment, SegmentScan, list_segments, open_journal_file, unopenable
 
 _UINT64 = struct.Struct(">Q")
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
@@ -41,19 +41,22 @@ def end_offset(path: str | os.PathLike[str]) -> int:
     return 0 if scan is None else scan.next_offset
 
 
-def clean_end_offset(path: str | os.PathLike[str]) -> int | None:
+def clean_end_offset(path: str | os.PathLike[str], segments: list[Segment] | None = None) -> int | None:
     """``end_offset`` when the journal ends with a whole message; None when bytes follow its last
-    one that are not a whole message (one being written, a torn write, or damage)."""
-    scan = _scan_last(path)
+    one that are not a whole message (one being written, a torn write, or damage). ``segments``:
+    the journal's, as the caller just listed them (not listed again)."""
+    scan = _scan_last(path, segments)
     if scan is None:
         return 0
     return scan.next_offset if scan.clean else None
 
 
-def _scan_last(path: str | os.PathLike[str]) -> SegmentScan | None:
-    """``scan_tail`` of the journal's last segment; None when it has none."""
+def _scan_last(path: str | os.PathLike[str], segments: list[Segment] | None = None) -> SegmentScan | None:
+    """``scan_tail`` of the journal's last segment; None when it has none. ``segments``: as
+    listed by the caller (listed here when None, and again when the last is gone)."""
     while True:
-        segments = list_segments(path)
+        if segments is None:
+            segments = list_segments(path)
         if not segments:
             return None
         try:
@@ -62,9 +65,10 @@ def _scan_last(path: str | os.PathLike[str]) -> SegmentScan | None:
             # Removed since it was listed: a segment that a failed append had started, taken
             # back (the newest is never collected). The one before it is the last again. Still
             # listed, it is a dangling link, which looking again would never get past.
-            if list_segments(path)[-1:] == segments[-1:] and not segments[-1].path.exists():
+            again = list_segments(path)
+            if again[-1:] == segments[-1:] and not segments[-1].path.exists():
                 raise unopenable(segments[-1]) from None
-            continue
+            segments = again
 
 
 def offset_path(path: str | os.PathLike[str], name: str) -> Path:

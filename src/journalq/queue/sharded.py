@@ -823,7 +823,7 @@ class ShardedChannel:
             last = (segments[-1].path, os.stat(segments[-1].path).st_size) if segments else None
             if last is not None and self._dry.get(index) == last:
                 return True  # found dry, and nothing appended since (nor a segment begun)
-            end = clean_end_offset(shard.path)
+            end = clean_end_offset(shard.path, segments)
             # None: a message being written, or damage: the receive looks, and says which.
             empty = end is not None and read_offset(shard.path, self.name) >= end
         except (JournalError, OSError):
