@@ -821,11 +821,8 @@ class Channel:
         durable = self.topic.broker.durable
         state = self.state
         snapshot_at = self._writer.next_offset
-        # Not applied here: it is this very state, which applying would rebuild from its JSON.
-        # Counted as ``ChannelState.apply`` counts a snapshot applied.
         self._record([Event(EventKind.SNAPSHOT, 0, payload=state.snapshot()).encode()], apply=False)
-        state.events_applied += 1
-        state.applied_at_snapshot = state.events_applied
+        state.snapshot_appended()
         if durable:
             # On stable storage before the pointer to it and the deletes below: a hold syncs
             # at its end (and a group policy later), and a power cut in between would keep them

@@ -515,6 +515,13 @@ class ChannelState:
             separators=(",", ":"),
         ).encode()
 
+    def snapshot_appended(self) -> None:
+        """Count a snapshot of this very state, appended by its own process, which need not
+        apply it (``restore`` would rebuild the same state from its JSON): as ``apply`` counts a
+        SNAPSHOT event applied."""
+        self.events_applied += 1
+        self.applied_at_snapshot = self.events_applied
+
     def restore(self, payload: bytes) -> None:
         data = json.loads(payload)
         applied = self.events_applied
