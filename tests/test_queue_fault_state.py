@@ -15,6 +15,7 @@ import journalq.queue.channel as channel_module
 from journalq.errors import CorruptionError
 from journalq.journal import Message, Scanner
 from journalq.journal.codec import OVERHEAD
+from journalq.journal.offsets import read_offset
 from journalq.journal.segment import list_segments
 from journalq.queue import Broker
 from journalq.queue.state import EventKind
@@ -156,12 +157,15 @@ def test_a_snapshot_is_on_stable_storage_before_snapshot_ofs_points_at_it(
     assert pointed and all(pointed), pointed
 
 
-def test_a_snapshot_pointer_past_the_journal_end_is_replayed_from_what_is_left(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("where", ["past the end", "at the end", "at a later event"])
+def test_a_snapshot_pointer_that_names_no_snapshot_is_replayed_from_what_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str
 ) -> None:
-    """Under ``sync="none"`` a power cut can keep ``snapshot.ofs`` and lose the snapshot it names:
-    the channel replays the events that are left (deleted messages may come again: at least
-    once) and says so, instead of refusing to open for good."""
+    """Under ``sync="none"`` a power cut can keep ``snapshot.ofs`` and lose the snapshot it names,
+    and the events appended after the restart then take its offsets: wherever the pointer lands
+    (past the end, at it, or at an event that is no snapshot), the channel replays the events
+    that are left and says so, instead of refusing to open for good or starting its state at an
+    event in the middle (which would give out again everything deleted before it)."""
     monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 6)
     root = tmp_path / "data"
     with Broker(root, sync="none") as broker:
@@ -171,10 +175,47 @@ def test_a_snapshot_pointer_past_the_journal_end_is_replayed_from_what_is_left(
             queue.delete(queue.receive(1)[0].receipt)
     channel = root / "jobs" / "channels" / "default"
     pointer = channel / "ofs" / "snapshot.ofs"
-    pointer.write_bytes((10**6).to_bytes(8, "big"))  # the snapshot, and what came after, lost
+    with Scanner(channel, read_offset(channel, "snapshot")) as scanner:
+        events = scanner.read_batch()
+    assert events[0].type == EventKind.SNAPSHOT and len(events) > 1
+    end = events[-1].offset + 1
+    lost_at = {"past the end": end + 4, "at the end": end, "at a later event": events[1].offset}[where]
+    pointer.write_bytes(lost_at.to_bytes(8, "big"))
     with caplog.at_level("WARNING", logger="journalq.queue"), Broker(root, sync="none") as broker:
         bodies = []
         while got := broker.queue("jobs").receive(10):
             bodies += [m.body for m in got]
-    assert {b"%d" % i for i in range(10, 20)} <= set(bodies)  # nothing lost
-    assert "past the state journal's end" in caplog.text and str(pointer) in caplog.text
+    # The snapshot is still there, in the events replayed: nothing deleted comes again.
+    assert sorted(bodies) == sorted(b"%d" % i for i in range(10, 20))
+    assert "holds no snapshot" in caplog.text and str(pointer) in caplog.text
+
+
+def test_a_snapshot_pointer_before_its_snapshot_is_taken_without_a_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Versions before 2026-11-29 pointed ``snapshot.ofs`` at the deletes that compaction wrote
+    just before its snapshot: the snapshot found after them is taken, with no warning."""
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 6)
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs")
+        queue.send_many([b"%d" % i for i in range(20)])
+        for _ in range(10):
+            queue.delete(queue.receive(1)[0].receipt)
+    channel = root / "jobs" / "channels" / "default"
+    snapshot_at = read_offset(channel, "snapshot")
+    assert snapshot_at > list_segments(channel)[0].base + 1
+    (channel / "ofs" / "snapshot.ofs").write_bytes((snapshot_at - 2).to_bytes(8, "big"))
+    replayed: list[int] = []
+    apply_events = channel_module.Channel._apply_events
+
+    def noting(self: channel_module.Channel, batch: list[Message]) -> None:
+        replayed.append(batch[0].offset)
+        apply_events(self, batch)
+
+    monkeypatch.setattr(channel_module.Channel, "_apply_events", noting)
+    with caplog.at_level("WARNING", logger="journalq.queue"), Broker(root, sync="none") as broker:
+        bodies = [m.body for m in broker.queue("jobs").receive(10)]
+    assert replayed[0] == snapshot_at
+    assert sorted(bodies) == sorted(b"%d" % i for i in range(10, 20))
+    assert "snapshot" not in caplog.text

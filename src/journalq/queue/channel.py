@@ -618,24 +618,44 @@ class Channel:
     def _load(self) -> None:
         """Rebuild the state from the latest snapshot and the events after it."""
         self.state = ChannelState()
-        start = read_offset(self.path, "snapshot")
         segments = list_segments(self.path)
         first = segments[0].base if segments else 0
-        if start < first:
-            start = first
-        elif start and start > (end := end_offset(self.path)):
+        self._applied = start = max(read_offset(self.path, "snapshot"), first)
+        if start == first:
+            self._seek_events(start)
+        elif not self._apply_snapshot(start):
             # Under sync="none", a power cut can keep the pointer and lose the snapshot it names
-            # (and events before it): what is left is replayed, rather than the channel refused
-            # for good. Deleted messages may come again (at least once), none is lost.
+            # (and events before it), and events appended since can take its place: what is
+            # left is replayed, rather than a state begun mid-journal or the channel refused for
+            # good. Deleted messages may come again (at least once), none is lost.
             log.warning(
-                "%s points at offset %d, past the state journal's end (%d): the snapshot was lost "
-                "(a power cut under sync='none'?); the channel's state is rebuilt from offset %d",
-                self.path / "ofs" / "snapshot.ofs", start, end, first,
+                "%s points at offset %d, where the state journal (next offset %d) holds no snapshot: "
+                "it was lost (a power cut under sync='none'?); the channel's state is rebuilt from offset %d",
+                self.path / "ofs" / "snapshot.ofs", start, end_offset(self.path), first,
             )
-            start = first
-        self._applied = start
-        self._seek_events(start)
+            self._applied = first
+            self._seek_events(first)
         self._apply_new(reload=False)
+
+    def _apply_snapshot(self, offset: int) -> bool:
+        """Where ``snapshot.ofs`` points: apply the SNAPSHOT event at ``offset`` and what was read
+        with it, leaving the events scanner after them; False, with nothing applied, when no
+        snapshot is there.
+
+        A snapshot is the whole state: one found a little after ``offset`` serves as well, which
+        is where pointers of versions before 2026-11-29 name it (after deletes written with it)."""
+        try:
+            self._seek_events(offset)
+            assert self._events is not None
+            batch = self._events.read_batch()
+        except (OffsetOutOfRangeError, TruncatedError):
+            return False  # past the end
+        for i, message in enumerate(batch):
+            if message.type == EventKind.SNAPSHOT:
+                self._applied = message.offset
+                self._apply_events(batch[i:] if i else batch)
+                return True
+        return False
 
     def _seek_events(self, offset: int) -> None:
         if self._events is not None:
@@ -820,7 +840,9 @@ class Channel:
     def _compact(self) -> None:
         durable = self.topic.broker.durable
         state = self.state
-        snapshot_at = self._writer.next_offset
+        # Its own offset, after the deletes that ``_record`` writes first: ``_load`` checks
+        # that the pointer names a snapshot.
+        snapshot_at = self._writer.next_offset + len(self._unwritten)
         self._record([Event(EventKind.SNAPSHOT, 0, payload=state.snapshot()).encode()], apply=False)
         state.snapshot_appended()
         if durable:
