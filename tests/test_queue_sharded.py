@@ -255,6 +255,25 @@ def test_a_consumer_passes_a_shard_run_dry_without_opening_its_channel(
         assert b.receive(10) == [] and a.receive(10) == []
 
 
+def test_a_consumer_opens_no_shard_channel_but_its_home_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a shard's channel replays its state journal: a sharded channel opens none when
+    made (a producer needs none), and its first receive opens its home's only, even when the
+    shard its pid picked is another consumer's home."""
+    with Broker(tmp_path, sync="none") as first, Broker(tmp_path, sync="none") as second:
+        topic = first.topic("jobs", shards=4)
+        topic.send_many([b"%d" % i for i in range(8)])
+        monkeypatch.setattr(sharded, "_instances", itertools.count((2 - os.getpid()) % 4))
+        a = topic.channel("work")
+        assert a._shard_channels == [None] * 4 and a.home == 2
+        monkeypatch.setattr(sharded, "_instances", itertools.count((2 - os.getpid()) % 4))
+        b = second.topic("jobs").channel("work")  # picked 2 too: its home is the next free one
+        assert b._shard_channels == [None] * 4
+        got = b.receive(1)
+        assert b.home == 3 and [c is not None for c in b._shard_channels] == [False, False, False, True]
+        assert got and got[0].id.startswith("3.")
+        assert {c.consumer_id for c in b._shard_channels if c is not None} == {b.consumer_id}
+
+
 def test_every_channel_of_a_sharded_topic_gets_every_message(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         topic = broker.topic("events", shards=2)

@@ -474,6 +474,12 @@ def _channel_token(path: Path, durable: bool) -> str:
     return token
 
 
+def new_consumer_id() -> str:
+    """A consumer's id, as ``consumers()`` lists it: host, process, and a few random bytes for
+    each channel object of the process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
 class Channel:
     """The channel ``name`` of ``topic``; get one with ``Topic.channel`` or ``Broker.queue``."""
 
@@ -482,7 +488,7 @@ class Channel:
         self.name = name
         self.path = topic.path / "channels" / name
         self._closed = False
-        self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.consumer_id = new_consumer_id()
         self.receipt_prefix = ""
         """What the caller's receipts and message ids have before this channel's own: errors name
         a receipt as the caller gave it, and dead letters their message (a sharded queue's shard

@@ -81,10 +81,11 @@ from journalq.queue.channel import (
     check_release_delay,
     check_visibility_changes,
     check_within,
+    new_consumer_id,
 )
 from journalq.queue.envelope import message_id
 from journalq.queue.removal import remove_directory
-from journalq.queue.settings import QueueSettings
+from journalq.queue.settings import QueueSettings, check_name
 from journalq.queue.topic import (
     DedupIndex,
     OutgoingMessage,
@@ -549,8 +550,12 @@ class ShardedTopic(TopicDirectory):
         durable = self.broker.durable
         for shard in self.shards:
             channels = shard.path / "channels"
-            if not _make_dir(channels / name, durable) and _make_dir(channels, durable):
+            if _make_dir(channels / name, durable):
+                continue
+            if _make_dir(channels, durable):
                 _make_dir(channels / name, durable)
+            else:
+                shard.check_present()  # the shard is gone: the topic is being deleted (QueueNotFoundError)
 
     def gc(self, now: float | None = None) -> list[Path]:
         """Each shard's ``Topic.gc`` (retention by size counted over them all); returns the files
@@ -635,10 +640,13 @@ class ShardedChannel:
         # then (``_surely_empty``: while they stay so, the shard is, without reading more).
         self._dry: dict[int, tuple[Path, int]] = {}
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
-        first = self._shard_channels[self._current] = self._shard_channel(self._current)  # checks the name
+        # No shard's channel is opened yet (opening one replays its state): the first receive
+        # opens its home's, which need not be the shard picked above (see ``_claim_home``).
+        check_name(name, "channel")
+        topic.check_present()
         topic._enter_channel(name)
         # One consumer id over every shard, so that ``consumers()`` shows each consumer once.
-        self.consumer_id = first.consumer_id
+        self.consumer_id = new_consumer_id()
 
     @property
     def home(self) -> int:
