@@ -366,6 +366,29 @@ def test_long_poll_wakes_on_any_shard(tmp_path: Path) -> None:
         assert time.monotonic() - started < 10
 
 
+def test_a_long_poll_opens_no_shard_channel_to_watch_and_wakes_on_a_release_in_one(tmp_path: Path) -> None:
+    """A long poll watches every shard and every shard's channel state, by path: it opens no
+    shard's channel for that (each would replay its state: with 1,024 shards, a second of CPU
+    and thousands of files held). A release by another process's consumer, in a shard whose
+    channel this one has not opened, wakes it."""
+    with Broker(tmp_path, sync="none") as broker, Broker(tmp_path, sync="none") as elsewhere:
+        queue = broker.queue("orders", shards=4)
+        home = queue.home
+        key = next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 3 != home)
+        sent = queue.send(b"held", key=key)
+        (held,) = elsewhere.queue("orders").receive(1, visibility_timeout=60)
+        assert held.id == sent
+        timer = threading.Timer(0.3, lambda: elsewhere.queue("orders").release(held.receipt))
+        timer.start()
+        started = time.monotonic()
+        got = queue.receive(1, wait=10)
+        timer.join()
+        assert [(m.id, m.receive_count) for m in got] == [(sent, 2)]
+        assert time.monotonic() - started < 5
+        opened = {i for i, c in enumerate(queue._shard_channels) if c is not None}
+        assert opened == {home, shard_of(sent)}  # the one holding a message in flight, looked into
+
+
 def test_long_poll_wakes_when_a_hidden_message_comes_back(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4)

@@ -550,12 +550,16 @@ class ShardedTopic(TopicDirectory):
         durable = self.broker.durable
         for shard in self.shards:
             channels = shard.path / "channels"
-            if _make_dir(channels / name, durable):
-                continue
-            if _make_dir(channels, durable):
-                _make_dir(channels / name, durable)
-            else:
-                shard.check_present()  # the shard is gone: the topic is being deleted (QueueNotFoundError)
+            state = channels / name
+            if not _make_dir(state, durable):
+                if not _make_dir(channels, durable):
+                    shard.check_present()  # the shard is gone: the topic is being deleted (QueueNotFoundError)
+                    continue
+                _make_dir(state, durable)
+            # Its state journal's directory too (its writer makes it, else): a long poll watches
+            # it without opening the channel (``ShardedChannel._watch``). Not synced: lost, it is
+            # made again here or by the writer.
+            _make_dir(journal_dir(state), False)
 
     def gc(self, now: float | None = None) -> list[Path]:
         """Each shard's ``Topic.gc`` (retention by size counted over them all); returns the files
@@ -859,8 +863,16 @@ class ShardedChannel:
         return _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
 
     def _watch(self) -> DirectoryWatch:
-        """A long poll wakes on an append to any shard or to any shard's channel state."""
-        return DirectoryWatch(*(path for c in self._all() for path in (c.topic.path / "jnl", c.path / "jnl")))
+        """A long poll wakes on an append to any shard or to any shard's channel state. Watched
+        by path: a shard's channel is not opened for it (that replays its state; 1,024 shards,
+        1,024 replays and writers), and ``_enter_channel`` made their journals' directories."""
+        return DirectoryWatch(
+            *(
+                journal_dir(path)
+                for shard in self.topic.shards
+                for path in (shard.path, shard.path / "channels" / self.name)
+            )
+        )
 
     def _order(self, home: int, current: int) -> Iterator[int]:
         """Home first (so that consumers stay spread), then ``current``, the shard that had work
