@@ -44,7 +44,7 @@ def end_offset(path: str | os.PathLike[str]) -> int:
 def clean_end_offset(path: str | os.PathLike[str], segments: list[Segment] | None = None) -> int | None:
     """``end_offset`` when the journal ends with a whole message; None when bytes follow its last
     one that are not a whole message (one being written, a torn write, or damage). ``segments``:
-    the journal's, as the caller just listed them (not listed again)."""
+    the journal's, as the caller just listed them (not listed again; the last one is enough)."""
     scan = _scan_last(path, segments)
     if scan is None:
         return 0

@@ -39,9 +39,12 @@ def check_integer(name: str, value: object, minimum: int | None) -> int:
     return value.__index__()
 
 
+JOURNAL_DIR = "jnl"
+
+
 def journal_dir(path: str | os.PathLike[str]) -> Path:
     """``DIR/jnl``: where the segments of the journal at ``DIR`` live."""
-    return Path(path) / "jnl"
+    return Path(path) / JOURNAL_DIR
 
 
 def lock_path(path: str | os.PathLike[str]) -> Path:
@@ -77,7 +80,7 @@ def segment_bases(path: str | os.PathLike[str]) -> list[int]:
     seeking cost more the more segments there are.
     """
     try:
-        names = os.listdir(journal_dir(path))
+        names = os.listdir(os.path.join(path, JOURNAL_DIR))  # (no ``Path``: a third of the cost)
     except FileNotFoundError:
         return []
     except NotADirectoryError:
