@@ -10,8 +10,10 @@ import itertools
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -272,6 +274,48 @@ def test_a_consumer_opens_no_shard_channel_but_its_home_s(tmp_path: Path, monkey
         assert b.home == 3 and [c is not None for c in b._shard_channels] == [False, False, False, True]
         assert got and got[0].id.startswith("3.")
         assert {c.consumer_id for c in b._shard_channels if c is not None} == {b.consumer_id}
+
+
+def test_a_process_under_the_usual_open_files_limit_uses_every_shard(tmp_path: Path) -> None:
+    """Each shard's writer holds five files, and a consumer's channel of it ~11: under a soft
+    limit on open files of 256 (1,024, the usual one, is met at 128 shards), a process ran out of
+    descriptors (EMFILE) while sending to a 32-shard queue and draining it, or appending to a
+    64-shard journal and scanning it. Opening one raises the soft limit as far as the hard one
+    lets it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit on open files is {hard}: no room above the soft one to test")
+    script = textwrap.dedent(
+        f"""
+        import resource
+        from journalq.queue import Broker
+        from journalq.shard import ShardedScanner, ShardedWriter
+        with Broker({str(tmp_path / "data")!r}, sync="none") as broker:
+            queue = broker.queue("jobs", shards=32)
+            queue.send_many([b"%d" % i for i in range(64)])
+            got = 0
+            while batch := queue.receive(10):
+                queue.delete_many([m.receipt for m in batch])
+                got += len(batch)
+            assert got == 64, got
+        with ShardedWriter({str(tmp_path / "events")!r}, prefix="events", bit=6) as writer:
+            for i in range(128):
+                writer.append(b"e%d" % i, key=b"k%d" % i)
+            with ShardedScanner({str(tmp_path / "events")!r}, prefix="events") as scanner:
+                assert len(list(scanner)) == 128
+        print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) > 256
+    assert len(os.listdir(tmp_path / "events")) == len({zlib.crc32(b"k%d" % i) & 63 for i in range(128)})
 
 
 def test_every_channel_of_a_sharded_topic_gets_every_message(tmp_path: Path) -> None:

@@ -26,9 +26,9 @@ from journalq.cli.serve import (
     exit_cleanly_on_stop_signals,
     http_protocol,
     ignore_stop_signals,
-    raise_open_files_limit,
     ready_directory,
 )
+from journalq.closing import raise_open_files_limit
 from journalq.errors import HubError
 from journalq.hub.client import (
     DEFAULT_CHECK_INTERVAL,

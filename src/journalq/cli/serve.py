@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import resource
 import signal
 import socket
 from pathlib import Path
@@ -17,6 +15,7 @@ import click
 from journalq.cli.data import DATA
 from journalq.cli.main import TEXT, CommandError
 from journalq.cli.queue import producer_gc_option, producer_gc_options
+from journalq.closing import raise_open_files_limit
 from journalq.errors import InvalidSettingError
 from journalq.journal.sync import SyncPolicy
 
@@ -29,7 +28,6 @@ BACKLOG = 2048
 CONNECTION_LIMIT = 4096
 """Requests (and connections) the server takes at once; past it, 503 with Retry-After (``polling.busy``)."""
 
-MAX_OPEN_FILES = 1 << 20
 """The most open files the server asks for (Linux's default ceiling, ``fs.nr_open``)."""
 
 
@@ -127,6 +125,9 @@ def serve(data: Path | str, host: str, port: int, workers: int, sync: str, token
         http=http_protocol(),
     )
     exit_cleanly_on_stop_signals()
+    # Under the usual soft limit, 1024, a few hundred idle connections, which anyone can open,
+    # took every descriptor well before the concurrency limit: the next clients' connections
+    # were dropped unanswered. (The worker processes of --workers inherit it.)
     raise_open_files_limit()
     # Bound here, before anything starts: the start line names the port bound (with --port 0,
     # the one the system chose), and the worker processes all accept on this one socket.
@@ -193,19 +194,6 @@ def reach_store(config: ServerConfig) -> None:
             pass
     finally:
         client_log.setLevel(level)  # a server's own reconnections are worth a note
-
-
-def raise_open_files_limit() -> None:
-    """Raise the soft limit on open files to the hard one (as Go's runtime does at start; the
-    worker processes of ``--workers`` inherit it). Under the usual soft limit, 1024, a few hundred
-    idle connections, which anyone can open, took every descriptor well before the concurrency
-    limit: the next clients' connections were dropped unanswered. Left as it is when it cannot
-    be raised."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        with contextlib.suppress(ValueError, OSError):  # a ceiling lower than ours (fs.nr_open)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -53,6 +53,7 @@ from itertools import chain, count
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from journalq.closing import make_room_for_shards
 from journalq.errors import (
     Error,
     InvalidMessageError,
@@ -357,6 +358,7 @@ class ShardedTopic(TopicDirectory):
         self.broker = broker
         self.name = name
         self.shard_names = shard_dirs(name, settings.shards)
+        make_room_for_shards(settings.shards)
         self._hold_directory()  # (see ``check_present``)
         self.shards = [_ShardTopic(self, directory, settings) for directory in self.shard_names]
         self.settings = settings

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from journalq.closing import Closing
+from journalq.closing import Closing, make_room_for_shards
 from journalq.errors import Error, InvalidArgumentError, OffsetOutOfRangeError
 from journalq.journal.codec import Message
 from journalq.journal.scanner import Scanner, check_batch_size, check_timeout
@@ -73,6 +73,7 @@ class ShardedScanner(Closing):
                 f"offsets must map shard names to offsets (a dict), not {type(offsets).__name__}"
             )
         self._layout: ShardLayout = read_layout(self.root, prefix)
+        make_room_for_shards(len(self._layout.shards))
         wanted: dict[str, int] = {}
         for name, offset in (offsets or {}).items():
             parse_shard_dir(name, self._layout, prefix)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import count, repeat
 from pathlib import Path
 
-from journalq.closing import Closing
+from journalq.closing import Closing, make_room_for_shards
 from journalq.errors import Error, InvalidArgumentError, InvalidMessageError, JournalError
 from journalq.journal.codec import MAX_KEY_SIZE, Message, encode_batch
 from journalq.journal.segment import check_integer
@@ -71,6 +71,7 @@ class ShardedWriter(Closing):
         self.bit = bit
         self.hash = hash
         self.count = 1 << bit
+        make_room_for_shards(self.count)
         self._options = {"segment_size": segment_size, "sync": SyncPolicy.parse(sync), "shared": shared}
         self._mask = self.count - 1
         self._default_hash = hash is shard_of
