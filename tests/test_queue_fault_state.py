@@ -157,6 +157,18 @@ def test_a_snapshot_is_on_stable_storage_before_snapshot_ofs_points_at_it(
     assert pointed and all(pointed), pointed
 
 
+def compacted_channel(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The channel directory of a queue ``jobs`` under ``root`` (sync="none"): 20 messages sent,
+    10 received and deleted one by one, its state compacted every 6 changes."""
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 6)
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs")
+        queue.send_many([b"%d" % i for i in range(20)])
+        for _ in range(10):
+            queue.delete(queue.receive(1)[0].receipt)
+    return root / "jobs" / "channels" / "default"
+
+
 @pytest.mark.parametrize("where", ["past the end", "at the end", "at a later event"])
 def test_a_snapshot_pointer_that_names_no_snapshot_is_replayed_from_what_is_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str
@@ -166,14 +178,8 @@ def test_a_snapshot_pointer_that_names_no_snapshot_is_replayed_from_what_is_left
     (past the end, at it, or at an event that is no snapshot), the channel replays the events
     that are left and says so, instead of refusing to open for good or starting its state at an
     event in the middle (which would give out again everything deleted before it)."""
-    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 6)
     root = tmp_path / "data"
-    with Broker(root, sync="none") as broker:
-        queue = broker.queue("jobs")
-        queue.send_many([b"%d" % i for i in range(20)])
-        for _ in range(10):
-            queue.delete(queue.receive(1)[0].receipt)
-    channel = root / "jobs" / "channels" / "default"
+    channel = compacted_channel(root, monkeypatch)
     pointer = channel / "ofs" / "snapshot.ofs"
     with Scanner(channel, read_offset(channel, "snapshot")) as scanner:
         events = scanner.read_batch()
@@ -195,14 +201,8 @@ def test_a_snapshot_pointer_before_its_snapshot_is_taken_without_a_replay(
 ) -> None:
     """Versions before 2026-11-29 pointed ``snapshot.ofs`` at the deletes that compaction wrote
     just before its snapshot: the snapshot found after them is taken, with no warning."""
-    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 6)
     root = tmp_path / "data"
-    with Broker(root, sync="none") as broker:
-        queue = broker.queue("jobs")
-        queue.send_many([b"%d" % i for i in range(20)])
-        for _ in range(10):
-            queue.delete(queue.receive(1)[0].receipt)
-    channel = root / "jobs" / "channels" / "default"
+    channel = compacted_channel(root, monkeypatch)
     snapshot_at = read_offset(channel, "snapshot")
     assert snapshot_at > list_segments(channel)[0].base + 1
     (channel / "ofs" / "snapshot.ofs").write_bytes((snapshot_at - 2).to_bytes(8, "big"))
