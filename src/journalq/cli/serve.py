@@ -28,8 +28,6 @@ BACKLOG = 2048
 CONNECTION_LIMIT = 4096
 """Requests (and connections) the server takes at once; past it, 503 with Retry-After (``polling.busy``)."""
 
-"""The most open files the server asks for (Linux's default ceiling, ``fs.nr_open``)."""
-
 
 def _credentials(pairs: tuple[str, ...]) -> dict[str, str]:
     credentials = {}

@@ -652,7 +652,7 @@ class ShardedChannel:
         self._issued: dict[str, tuple[int, str]] = {}
         # Shards whose channel is not open here, found run dry: their last segment and its size
         # then (``_surely_empty``: while they stay so, the shard is, without reading more).
-        self._dry: dict[int, tuple[Path, int]] = {}
+        self._dry: dict[int, tuple[str, int]] = {}
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
         # No shard's channel is opened yet (opening one replays its state): the first receive
         # opens its home's, which need not be the shard picked above (see ``_claim_home``).
