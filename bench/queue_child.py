@@ -52,6 +52,9 @@ def run_journalq(
     settings = {"sync": broker.sync, "visibility_timeout": queue.settings.visibility_timeout}
     if queue.settings.shards > 1:
         settings["first_shard"] = queue.home  # the shard this consumer claimed
+        # Its channel opened before the clock starts, as each baseline opens its queue (a sharded
+        # consumer opens it at its first receive).
+        queue._channel(queue.home)
     ids: list[int] = []
     failed = 0
     ready()
