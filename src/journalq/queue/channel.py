@@ -846,11 +846,11 @@ class Channel:
     def _compact(self) -> None:
         durable = self.topic.broker.durable
         state = self.state
-        # Its own offset, after the deletes that ``_record`` writes first: ``_load`` checks
-        # that the pointer names a snapshot.
-        snapshot_at = self._writer.next_offset + len(self._unwritten)
         self._record([Event(EventKind.SNAPSHOT, 0, payload=state.snapshot()).encode()], apply=False)
         state.snapshot_appended()
+        # The last event appended (after any deletes ``_record`` wrote first): the pointer names
+        # the snapshot itself, which ``_load`` checks.
+        snapshot_at = self._writer.next_offset - 1
         if durable:
             # On stable storage before the pointer to it and the deletes below: a hold syncs
             # at its end (and a group policy later), and a power cut in between would keep them
