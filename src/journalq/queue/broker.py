@@ -20,6 +20,7 @@ from journalq.journal.recovery import fsync_dir
 from journalq.journal.sync import SyncPolicy
 from journalq.queue import settings as settings_file
 from journalq.queue import sharded
+from journalq.queue.channel import channel_dir
 from journalq.queue.removal import remove_directory, remove_leftovers
 from journalq.queue.settings import (
     QueueSettings,
@@ -177,7 +178,7 @@ class Broker(Closing):
                 return queue  # open here: no look at the directory (the server's every send asks)
             paths = topic.shard_paths if isinstance(topic, ShardedTopic) else [topic.path]
             # (Any: the first shard's answers for a queue; a sharded channel is made in every shard.)
-            if not any((path / "channels" / DEFAULT_CHANNEL).is_dir() for path in paths):
+            if not any(channel_dir(path, DEFAULT_CHANNEL).is_dir() for path in paths):
                 return None
             return self.queue(name, create=False)
 

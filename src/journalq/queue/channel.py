@@ -474,6 +474,12 @@ def _channel_token(path: Path, durable: bool) -> str:
     return token
 
 
+def channel_dir(topic_path: Path, name: str) -> Path:
+    """``TOPIC/channels/NAME``: where channel ``name`` of the topic (or shard) at ``topic_path``
+    keeps its state journal."""
+    return topic_path / "channels" / name
+
+
 def new_consumer_id() -> str:
     """A consumer's id, as ``consumers()`` lists it: host, process, and a few random bytes for
     each channel object of the process."""
@@ -486,7 +492,7 @@ class Channel:
     def __init__(self, topic: Topic, name: str) -> None:
         self.topic = topic
         self.name = name
-        self.path = topic.path / "channels" / name
+        self.path = channel_dir(topic.path, name)
         self._closed = False
         self.consumer_id = new_consumer_id()
         self.receipt_prefix = ""

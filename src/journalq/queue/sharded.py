@@ -86,6 +86,7 @@ from journalq.queue.channel import (
     ReceivedMessage,
     ISSUED_MAX,
     Task,
+    channel_dir,
     check_receipt_list,
     check_release_delay,
     check_visibility_changes,
@@ -559,10 +560,9 @@ class ShardedTopic(TopicDirectory):
         open writers.)"""
         durable = self.broker.durable
         for shard in self.shards:
-            channels = shard.path / "channels"
-            state = channels / name
+            state = channel_dir(shard.path, name)
             if not _make_dir(state, durable):
-                if not _make_dir(channels, durable):
+                if not _make_dir(state.parent, durable):
                     shard.check_present()  # the shard is gone: the topic is being deleted (QueueNotFoundError)
                     continue
                 _make_dir(state, durable)
@@ -885,7 +885,7 @@ class ShardedChannel:
             *(
                 journal_dir(path)
                 for shard in self.topic.shards
-                for path in (shard.path, shard.path / "channels" / self.name)
+                for path in (shard.path, channel_dir(shard.path, self.name))
             )
         )
 
