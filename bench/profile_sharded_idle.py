@@ -28,11 +28,15 @@ except ImportError:
 from journalq.queue import Broker  # noqa: E402
 
 
-def timed(action: object) -> tuple[float, float]:
-    """(wall, CPU) seconds of ``action()``."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    action()  # type: ignore[operator]
-    return time.perf_counter() - wall, time.process_time() - cpu
+def clocks() -> tuple[float, float]:
+    """Wall and CPU time now (seconds)."""
+    return time.perf_counter(), time.process_time()
+
+
+def since(start: tuple[float, float]) -> tuple[float, float]:
+    """Wall and CPU seconds since ``start`` (``clocks()``)."""
+    wall, cpu = clocks()
+    return wall - start[0], cpu - start[1]
 
 
 def run_once(shards: int, wait: float) -> str:
@@ -45,11 +49,17 @@ def run_once(shards: int, wait: float) -> str:
             while got := queue.receive(10):
                 queue.delete_many([m.receipt for m in got])
         with Broker(root, sync="none") as broker:
-            opened: list = []
-            first = timed(lambda: opened.append(broker.queue("q", create=False)) or opened[0].receive(10))
-            queue = opened[0]
-            later = timed(lambda: [queue.receive(10) for _ in range(10)])
-            idle = timed(lambda: queue.receive(10, wait=wait))
+            start = clocks()
+            queue = broker.queue("q", create=False)
+            queue.receive(10)
+            first = since(start)
+            start = clocks()
+            for _ in range(10):
+                queue.receive(10)
+            later = since(start)
+            start = clocks()
+            queue.receive(10, wait=wait)
+            idle = since(start)
             files = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1
     finally:
         shutil.rmtree(root, ignore_errors=True)
