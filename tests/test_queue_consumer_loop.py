@@ -211,25 +211,36 @@ def test_many_events_do_what_single_events_do() -> None:
         assert via_event.snapshot() == direct.snapshot()
 
 
-def test_received_messages_are_whole_frozen_dataclasses(tmp_path: Path) -> None:
-    import dataclasses
-
+@pytest.mark.parametrize("shards", [1, 2])
+def test_received_messages_are_whole_immutable_records(tmp_path: Path, shards: int) -> None:
+    """A receive builds its messages without ``ReceivedMessage``'s constructor: each is one all
+    the same, every field set, immutable; a sharded queue's name their shard."""
     from journalq.queue.channel import ReceivedMessage
 
     with Broker(tmp_path) as broker:
-        queue = broker.queue("q")
-        queue.send(b"plain")
-        queue.send(b"rich", attributes={"a": "1"}, filters={"f": "x"})
+        queue = broker.queue("q", shards=shards)
+        route = {"key": "k"} if shards > 1 else {}  # both in one shard, in order
+        queue.send(b"plain", **route)
+        queue.send(b"rich", attributes={"a": "1"}, filters={"f": "x"}, **route)
         plain, rich = queue.receive(2)
+        queue.delete_many([plain.receipt, rich.receipt])  # the receipts given out are the queue's
+        assert queue.stats().available == queue.stats().in_flight == 0
     for message in (plain, rich):
-        fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(ReceivedMessage)}
-        assert list(vars(message)) == list(fields)  # the receive set every field, in order, and nothing else
+        assert type(message) is ReceivedMessage
+        fields = message._asdict()
+        assert list(fields) == list(ReceivedMessage._fields)
         assert ReceivedMessage(**fields) == message
-        with pytest.raises(dataclasses.FrozenInstanceError):
+        with pytest.raises(AttributeError):
             message.body = b"changed"  # type: ignore[misc]
+        shard, _, own_id = message.id.rpartition(".")
+        assert own_id == str(message.offset) and message.receipt.startswith(message.id + ".")
+        assert shard.isdecimal() if shards > 1 else shard == ""
     assert (plain.body, plain.attributes, plain.filters) == (b"plain", {}, {})
     assert rich.body == b"rich" and rich.filters == {"f": "x"} and "a" in rich.attributes
     assert plain.attributes is not rich.attributes
+    made = [ReceivedMessage("1", "r", b"", {}, 1, 0, 1) for _ in range(2)]
+    assert made[0].filters == {} and made[0].filters is not made[1].filters  # a fresh default each
+    assert made[0].sent_at.timestamp() == 0
 
 
 def test_a_receive_that_fails_after_applying_its_deletes_leaves_them_undone(

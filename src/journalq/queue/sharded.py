@@ -735,7 +735,7 @@ class ShardedChannel:
 
     def _shard_channel(self, index: int) -> Channel:
         channel = self.topic.shards[index].channel(self.name)
-        channel.receipt_prefix = f"{index}."  # its errors name receipts as this queue's
+        channel.receipt_prefix = f"{index}."  # what it gives out and its errors name the shard
         return channel
 
     def upkeep_due(self) -> bool:
@@ -808,16 +808,13 @@ class ShardedChannel:
                 wake_at = wake if wake_at is None else min(wake_at, wake)
             if got:
                 self._current = index  # stay where there is work
-                prefix = f"{index}."
                 issued = self._issued
                 if len(issued) > ISSUED_MAX:
                     issued.clear()  # receipts given out long ago are split again, that is all
-                for m in got:  # made for this call alone: name the shard in place (replace() is slow)
-                    fields = m.__dict__
-                    fields["id"] = prefix + fields["id"]
-                    inner = fields["receipt"]
-                    fields["receipt"] = receipt = prefix + inner
-                    issued[receipt] = (index, inner)
+                # The shard's channel named the shard in the ids and receipts (its ``receipt_prefix``).
+                skip = len(self._channel(index).receipt_prefix)
+                for m in got:
+                    issued[m.receipt] = (index, m.receipt[skip:])
                 received += got
         if failed is not None and not received:
             # A delete (of another process) removes the shards before the topic's directory: a
