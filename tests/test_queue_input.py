@@ -248,6 +248,8 @@ def test_one_receipt_where_a_list_is_due(filled) -> None:
     _, q, m1 = filled
     with pytest.raises(InvalidSettingError, match="not one receipt"):
         q.delete_many(m1.receipt)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSettingError, match=r"not a message \(its receipt is .receipt\)"):
+        q.delete_many(m1)  # type: ignore[arg-type]
     assert q.consumers() == {q.consumer_id: [m1.id]}
 
 

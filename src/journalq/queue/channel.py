@@ -416,6 +416,8 @@ def check_receipt_list(name: str, receipts: object) -> None:
         return
     if isinstance(receipts, str):
         raise InvalidSettingError(f"{name} must be a list of receipts, not one receipt")
+    if isinstance(receipts, ReceivedMessage):  # a tuple, which would be taken field by field
+        raise InvalidSettingError(f"{name} must be a list of receipts, not a message (its receipt is .receipt)")
     if isinstance(receipts, (bytes, bytearray)) or not isinstance(receipts, Sequence):
         raise InvalidSettingError(f"{name} must be a list of receipts, not {type(receipts).__name__}")
 
