@@ -105,12 +105,13 @@ def consume(queue: Any, args: argparse.Namespace) -> int:
     return received
 
 
-def fill(args: argparse.Namespace) -> Path:
-    """A scratch broker root holding a queue ``q`` of ``args.messages`` 100-byte messages."""
+def fill(args: argparse.Namespace, shards: int = 1) -> Path:
+    """A scratch broker root holding a queue ``q`` (in ``shards`` shards) of ``args.messages``
+    100-byte messages."""
     (HERE / ".data").mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="profile-receive-", dir=HERE / ".data"))
     with Broker(root, sync="none") as broker:
-        queue = broker.queue("q")
+        queue = broker.queue("q", shards=shards)
         for i in range(0, args.messages, 1000):
             queue.send_many([b"%010d" % n + bytes(90) for n in range(i, min(i + 1000, args.messages))])
     return root

@@ -37,6 +37,12 @@ if ! command -v wrk >/dev/null 2>&1; then
     apt_install "the server benchmark prefers wrk" wrk \
         || echo "warning: wrk not installed; the server benchmark uses its Python client" >&2
 fi
+# bench/count_instructions.py counts a consumer's instructions with valgrind (a timing on a shared
+# machine cannot see a change of a few per cent; a count can).
+if ! command -v valgrind >/dev/null 2>&1; then
+    apt_install "bench/count_instructions.py needs valgrind" valgrind \
+        || echo "warning: valgrind not installed; bench/count_instructions.py will not run" >&2
+fi
 # The hub's test on separate hosts (tests/test_hub_netns.py) makes network namespaces with `ip`
 # (iproute2) and checks listening ports with `ss`; it is skipped where they are missing.
 if ! command -v ip >/dev/null 2>&1; then
