@@ -618,6 +618,29 @@ def test_bad_receipts_and_ids_get_clear_errors(tmp_path: Path) -> None:
                 queue.task(bad)
 
 
+def test_a_consumer_loop_deletes_receipts_of_several_shards_remembered_or_not(tmp_path: Path) -> None:
+    """``receive(delete=...)`` finds each receipt's shard whether or not the consumer still
+    remembers giving it out (that memory is only a cache), several shards in one call; a receipt
+    that is no string refuses the call and changes nothing."""
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        queue.send_many([{"body": b"%d" % i, "key": str(i)} for i in range(40)])
+        got = []
+        while batch := queue.receive(10):
+            got += batch
+        shards = {m.receipt.split(".", 1)[0] for m in got}
+        assert len(got) == 40 and len(shards) == 4
+        receipts = [m.receipt for m in got]
+        queue._issued.clear()  # the first half forgotten: read from the receipts
+        queue.receive(1, delete=receipts[:20])
+        assert queue.stats().in_flight == 20
+        with pytest.raises(ReceiptError, match="not one of this sharded queue's"):
+            queue.receive(1, delete=[*receipts[20:30], ["not", "a", "receipt"]])  # type: ignore[list-item]
+        assert queue.stats().in_flight == 20
+        assert queue.receive(1, delete=receipts[20:]) == []
+        assert queue.stats().in_flight == queue.stats().available == 0
+
+
 # -- tasks, filters, metadata, dead letters, purge ---------------------------------------------------
 
 

@@ -523,10 +523,9 @@ class Channel:
         self._closed = False
         self.consumer_id = new_consumer_id()
         self.receipt_prefix = ""
-        """What the caller's receipts and message ids have before this channel's own: a receive
-        gives them so, errors name a receipt as the caller gave it, and dead letters their message
-        (a sharded queue's shard channels: the shard's index and a dot). The calls that take
-        receipts take this channel's own, without it."""
+        """What the caller's receipts and message ids have before this channel's own (a sharded
+        queue's shard channels: the shard's index and a dot): a receive gives them so, the calls
+        that take receipts take them so, and dead letters name their message so."""
         self._writer = self._new_writer()
         self._reopen_lock = threading.Lock()  # threads reopening the writer make one, not one each
         self._token = ""  # ``_channel_token``'s, read under the hold below
@@ -594,8 +593,11 @@ class Channel:
         return f"{offset}.{seq}.{self._token}.{stamp:x}"
 
     def _parse_receipt(self, receipt: str) -> tuple[int, int, int]:
-        """(offset, delivery number, delivery stamp) of one of this channel's receipts."""
-        match = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
+        """(offset, delivery number, delivery stamp) of one of this channel's receipts (as it gives
+        them out: after its ``receipt_prefix``)."""
+        match = None
+        if isinstance(receipt, str) and receipt.startswith(self.receipt_prefix):
+            match = _RECEIPT.fullmatch(receipt, len(self.receipt_prefix))
         if match is None:
             raise ReceiptError(f"receipt {self._shown(receipt)} is not a receipt of this queue")
         if match[3] != self._token:
@@ -606,8 +608,8 @@ class Channel:
         return int(match[1]), int(match[2]), int(match[4], 16)
 
     def _shown(self, receipt: object) -> str:
-        """A receipt in an error: as the caller gave it (``receipt_prefix``), quoted."""
-        return repr(self.receipt_prefix + receipt if isinstance(receipt, str) else receipt)
+        """A receipt in an error, quoted."""
+        return repr(receipt)
 
     def _hold(self) -> AbstractContextManager[Writer]:
         """Hold the state journal: no other process changes the channel until the block ends."""
@@ -1075,7 +1077,7 @@ class Channel:
         for m, e, count in picks:
             offset = m.offset
             id_ = str(offset)  # message_id(offset), and the receipt's first part (one conversion)
-            receipt = f"{id_}.{count}{tail}"
+            receipt = f"{prefix}{id_}.{count}{tail}"
             issued[receipt] = (offset, count, stamp)
             if e is _PLAIN:
                 body, attributes, filters = m.value, {}, {}
@@ -1087,7 +1089,7 @@ class Channel:
                     ReceivedMessage,
                     (
                         prefix + id_,
-                        prefix + receipt,
+                        receipt,
                         body,
                         attributes,
                         count,

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import re
 import threading
@@ -49,7 +50,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from itertools import chain, count
+from itertools import count, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -115,6 +116,7 @@ log = logging.getLogger("journalq.queue")
 
 _PREFIX = re.compile(r"[A-Za-z0-9_-]+")
 _instances = count()  # consumers made in this process: each starts at another shard
+_receipt_of = operator.attrgetter("receipt")
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -647,9 +649,9 @@ class ShardedChannel:
         self._opening = threading.Lock()
         self._claim: FileLock | None = None
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
-        # The receipts given out here lately: (shard, the shard channel's receipt), so that their
-        # deletes do not split them again (see ``_shard_receipt``); cleared when it grows.
-        self._issued: dict[str, tuple[int, str]] = {}
+        # The receipts given out here lately and their shard, so that their deletes do not split
+        # them again (see ``_shard_of``); cleared when it grows.
+        self._issued: dict[str, int] = {}
         # Shards whose channel is not open here, found run dry: their last segment and its size
         # then (``_surely_empty``: while they stay so, the shard is, without reading more).
         self._dry: dict[int, tuple[str, int]] = {}
@@ -786,8 +788,7 @@ class ShardedChannel:
         failed: Exception | None = None
         failed_shard = 0
         home = self.home  # claims it at the first receive
-        order = self._order(home, self._current)
-        for index in chain((last,), (i for i in order if i != last)) if last is not None else order:
+        for index in self._order(last, home, self._current):
             mine = deletes.get(index, ()) if index == last else ()
             if len(received) >= max_messages:
                 break
@@ -811,10 +812,8 @@ class ShardedChannel:
                 issued = self._issued
                 if len(issued) > ISSUED_MAX:
                     issued.clear()  # receipts given out long ago are split again, that is all
-                # The shard's channel named the shard in the ids and receipts (its ``receipt_prefix``).
-                skip = len(self._channel(index).receipt_prefix)
-                for m in got:
-                    issued[m.receipt] = (index, m.receipt[skip:])
+                # (The shard's channel named the shard in the receipts: its ``receipt_prefix``.)
+                issued.update(zip(map(_receipt_of, got), repeat(index)))
                 received += got
         if failed is not None and not received:
             # A delete (of another process) removes the shards before the topic's directory: a
@@ -857,22 +856,28 @@ class ShardedChannel:
         return empty
 
     def _deletes_by_shard(self, receipts: Sequence[str]) -> dict[int, list[str]]:
-        """``receipts`` by shard, without their shard; ``ReceiptError`` for one that names none."""
+        """``receipts`` by shard; ``ReceiptError`` for one that names none. (A consumer loop
+        deletes what one shard gave it: that case costs no Python step per receipt.)"""
+        try:
+            known = list(map(self._issued.pop, receipts, repeat(None)))
+        except TypeError:  # an unhashable one: each is split, and that one refused
+            known = [None] * len(receipts)
+        if known and known[0] is not None and known.count(known[0]) == len(known):
+            return {known[0]: list(receipts)}
         by_shard: dict[int, list[str]] = {}
-        for receipt in receipts:
-            index, inner = self._shard_receipt(receipt, finishing=True)
-            by_shard.setdefault(index, []).append(inner)
+        for receipt, index in zip(receipts, known):
+            by_shard.setdefault(self._shard_of(receipt) if index is None else index, []).append(receipt)
         return by_shard
 
-    def _shard_receipt(self, receipt: object, *, finishing: bool = False) -> tuple[int, str]:
-        """(shard, the shard channel's receipt) of ``receipt``: as remembered when it was given
-        out here (forgotten when ``finishing``: it is for a delete), else split (``ReceiptError``
-        when it names no shard of this queue)."""
+    def _shard_of(self, receipt: object, *, finishing: bool = False) -> int:
+        """The shard of ``receipt``: as remembered when it was given out here (forgotten when
+        ``finishing``: it is for a delete), else read from it (``ReceiptError`` when it names no
+        shard of this queue)."""
         if type(receipt) is str:
             known = self._issued.pop(receipt, None) if finishing else self._issued.get(receipt)
             if known is not None:
                 return known
-        return _split(receipt, len(self._shard_channels), "receipt", ReceiptError)
+        return _split(receipt, len(self._shard_channels), "receipt", ReceiptError)[0]
 
     def _watch(self) -> DirectoryWatch:
         """A long poll wakes on an append to any shard or to any shard's channel state. Watched
@@ -886,17 +891,18 @@ class ShardedChannel:
             )
         )
 
-    def _order(self, home: int, current: int) -> Iterator[int]:
-        """Home first (so that consumers stay spread), then ``current``, the shard that had work
-        last, then the ones after it. (Made as taken: a receive that its home fills looks at no
-        other.)"""
-        yield home
+    def _order(self, first: int | None, home: int, current: int) -> Iterator[int]:
+        """Each shard once: ``first`` (the shard of the receive's deletes, if any), home (so that
+        consumers stay spread), then ``current``, the shard that had work last, and the ones after
+        it. (Made as taken: a receive that its first shard fills looks at no other.)"""
+        if first is not None:
+            yield first
+        if home != first:
+            yield home
         shards = len(self._shard_channels)
-        if current != home:
-            yield current
-        for step in range(1, shards):
+        for step in range(shards):
             index = (current + step) % shards
-            if index != home:
+            if index != home and index != first:
                 yield index
 
     # -- acting on receipts -----------------------------------------------------------------
@@ -940,22 +946,22 @@ class ShardedChannel:
         *,
         finishing: bool = False,
     ) -> list[ReceiptError | None]:
-        """Send each receipt to its shard's channel, one ``act`` per shard (with the receipts
-        without their shard, and their positions in ``receipts``); the outcomes in order.
-        ``finishing``: ``act`` deletes (``_shard_receipt``)."""
+        """Send each receipt to its shard's channel, one ``act`` per shard (with the receipts and
+        their positions in ``receipts``); the outcomes in order. ``finishing``: ``act`` deletes
+        (``_shard_of``)."""
         outcomes: list[ReceiptError | None] = [None] * len(receipts)
         by_shard: dict[int, list[tuple[int, str]]] = {}
         for position, receipt in enumerate(receipts):
             try:
-                index, inner = self._shard_receipt(receipt, finishing=finishing)
+                index = self._shard_of(receipt, finishing=finishing)
             except ReceiptError as exc:
                 outcomes[position] = exc
                 continue
-            by_shard.setdefault(index, []).append((position, inner))
+            by_shard.setdefault(index, []).append((position, receipt))
         for index, items in by_shard.items():
             positions = [position for position, _ in items]
-            inner = [receipt for _, receipt in items]
-            for position, error in zip(positions, act(self._channel(index), inner, positions)):
+            theirs = [receipt for _, receipt in items]
+            for position, error in zip(positions, act(self._channel(index), theirs, positions)):
                 outcomes[position] = error
         return outcomes
 
