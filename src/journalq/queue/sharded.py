@@ -914,7 +914,7 @@ class ShardedChannel:
     def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
         """Delete several; for each receipt, None or the error that kept it from being deleted."""
         check_receipt_list("receipts", receipts)
-        return self._act(receipts, lambda channel, inner, positions: channel.delete_many(inner), finishing=True)
+        return self._act(receipts, lambda channel, theirs, positions: channel.delete_many(theirs), finishing=True)
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
         """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
@@ -929,8 +929,8 @@ class ShardedChannel:
         seconds = [s for _, s in changes]
         return self._act(
             [receipt for receipt, _ in changes],
-            lambda channel, inner, positions: channel.change_visibility_many(
-                [(receipt, seconds[p]) for receipt, p in zip(inner, positions)], within=within
+            lambda channel, theirs, positions: channel.change_visibility_many(
+                [(receipt, seconds[p]) for receipt, p in zip(theirs, positions)], within=within
             ),
         )
 
