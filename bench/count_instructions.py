@@ -27,17 +27,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from profile_receive import consume, fill
+from profile_receive import add_workload_options, consume, fill
 
 from journalq.queue import Broker
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=10_000)
-    parser.add_argument("--sync", default="none", choices=("none", "always"))
-    parser.add_argument("--batch", type=int, default=10, help="receive(B) + delete_many (1: delete)")
-    parser.add_argument("--loop", action="store_true", help="receive(B, delete=last round's receipts)")
+    add_workload_options(parser, messages=10_000, batch=10)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--child", metavar="ROOT", help=argparse.SUPPRESS)  # the consumer, under valgrind
     args = parser.parse_args()

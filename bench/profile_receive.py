@@ -35,10 +35,7 @@ from journalq.queue import Broker  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--sync", default="none", choices=("none", "always"))
-    parser.add_argument("--batch", type=int, default=1, help="receive(B) + delete_many (default 1: delete)")
-    parser.add_argument("--loop", action="store_true", help="receive(B, delete=last round's receipts)")
+    add_workload_options(parser, messages=20_000, batch=1)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument(
         "--cpu",
@@ -84,6 +81,17 @@ def main() -> int:
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats(args.top)
     return 0
+
+
+def add_workload_options(parser: argparse.ArgumentParser, *, messages: int, batch: int) -> None:
+    """The options that ``fill`` and ``consume`` read, with these defaults: how many messages,
+    the sync policy, and how they are received and deleted."""
+    parser.add_argument("--messages", type=int, default=messages)
+    parser.add_argument("--sync", default="none", choices=("none", "always"))
+    parser.add_argument(
+        "--batch", type=int, default=batch, help=f"receive(B) + delete_many (1: delete; default {batch})"
+    )
+    parser.add_argument("--loop", action="store_true", help="receive(B, delete=last round's receipts)")
 
 
 def consume(queue: Any, args: argparse.Namespace) -> int:
