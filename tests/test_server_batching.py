@@ -15,10 +15,11 @@ import pytest
 from test_server_metrics import value
 from test_server_rest import _families
 
+import journalq.server.batching as batching_mod
 from journalq.errors import LockedError, StorageError, TaskNotFoundError
 from journalq.journal.sync import syncs_done
 from journalq.server.app import create_app
-from journalq.server.batching import SendBatcher
+from journalq.server.batching import SendBatcher, SyncPlacement
 from journalq.server.config import ServerConfig
 
 
@@ -44,6 +45,67 @@ def test_concurrent_sends_share_store_calls_and_keep_their_ids() -> None:
     for i, message_id in enumerate(ids):
         queue, offset = message_id.split(":")
         assert stored[queue][int(offset)] == b"%d" % i  # every id names its own body
+
+
+def _syncs_until_threads(placement: SyncPlacement, seconds: float, now: float = 0.0, most: int = 100) -> int:
+    """How many syncs of ``seconds`` on the loop, from ``now``, until the syncs go to threads."""
+    for count in range(1, most + 1):
+        placement.took(seconds, now)
+        if not placement.on_loop(now):
+            return count
+    return 0
+
+
+def test_an_outlier_among_quick_syncs_keeps_them_on_the_loop() -> None:
+    placement = SyncPlacement(quick=0.002, backoff=1.0)
+    assert placement.on_loop(0.0)  # no sync yet: quick until shown otherwise
+    assert _syncs_until_threads(placement, 0.0003, most=50) == 0
+    placement.took(0.012, 0.0)  # the disk busy for a moment
+    assert placement.on_loop(0.0)
+    assert _syncs_until_threads(placement, 0.0003, most=50) == 0
+
+
+def test_syncs_that_stay_slow_go_to_threads_after_a_few_and_a_very_slow_one_at_once() -> None:
+    slow_disk = SyncPlacement(quick=0.002, backoff=1.0)
+    assert _syncs_until_threads(slow_disk, 0.008) == 3  # 8 ms each: a spinning disk
+    assert not slow_disk.on_loop(0.999) and slow_disk.on_loop(1.0)
+    stuck = SyncPlacement(quick=0.002, backoff=1.0)
+    assert _syncs_until_threads(stuck, 0.0003, most=50) == 0
+    assert _syncs_until_threads(stuck, 0.5) == 1
+
+
+def test_a_disk_that_stays_slow_is_tried_on_the_loop_ever_less_often() -> None:
+    placement = SyncPlacement(quick=0.002, backoff=1.0, longest=8.0)
+    now = 0.0
+    waits = []
+    for _ in range(6):  # each time the syncs are tried on the loop, the first is slow
+        assert placement.on_loop(now)
+        assert _syncs_until_threads(placement, 0.5, now) == 1
+        wait = 0.0
+        while not placement.on_loop(now + wait):
+            wait += 0.25
+        waits.append(wait)
+        now += wait
+    assert waits == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    placement.took(0.0005, now)  # quick when tried: they stay on the loop, the streak ended
+    assert placement.on_loop(now)
+    assert _syncs_until_threads(placement, 0.5, now) == 1
+    assert not placement.on_loop(now + 0.75) and placement.on_loop(now + 1.0)
+
+
+def test_the_thresholds_default_to_the_module_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batching_mod, "QUICK_SYNC", 0.5)
+    monkeypatch.setattr(batching_mod, "SLOW_SYNC_BACKOFF", 7.0)
+    monkeypatch.setattr(batching_mod, "SLOW_SYNC_BACKOFF_MAX", 10.0)
+    monkeypatch.setattr(batching_mod, "SYNC_WEIGHT", 1.0)  # each sync judged alone
+    placement = SyncPlacement()
+    assert (placement.quick, placement.first_backoff, placement.longest) == (0.5, 7.0, 10.0)
+    placement.took(0.4, 0.0)
+    assert placement.on_loop(0.0)
+    placement.took(0.6, 1.0)
+    assert not placement.on_loop(7.9) and placement.on_loop(8.0)
+    placement.took(0.6, 8.0)
+    assert not placement.on_loop(17.9) and placement.on_loop(18.0)  # 14 s, but at most 10
 
 
 def test_a_failed_batch_fails_each_of_its_sends_and_the_next_batch_goes_on() -> None:

@@ -32,6 +32,7 @@ from test_server_harness import ServerProcess, sqs_client
 
 import journalq.journal.writer as writer_mod
 import journalq.queue.settings as settings_mod
+import journalq.server.batching as batching_mod
 from journalq.journal.codec import OVERHEAD
 from journalq.journal.inspect import check
 from journalq.journal.scanner import Scanner
@@ -581,14 +582,9 @@ def test_a_batch_partly_stored_in_a_sharded_queue_answers_each_send_as_it_fared(
     asyncio.run(scenario())
 
 
-def test_a_batch_is_written_on_the_event_loop_and_only_synced_in_a_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch's append (lock, catch-up, write) is made on the event loop, its fdatasync in a
-    worker thread, and each send answered once that sync returned: REST and SQS. (Whole in a
-    thread, each of the append's system calls handed the GIL to the loop and waited for it.)
-    Not a send that collects too (the first of a process, then one every task_gc_interval):
-    that one goes whole to the thread."""
+def _where_stored(monkeypatch: pytest.MonkeyPatch, pause: dict[str, float]) -> list[tuple[str, int]]:
+    """("write" or "sync", thread) of each journal write and fdatasync from now on, in a list kept
+    up to date; each sync first sleeps ``pause["sync"]`` seconds (a slow disk, when set)."""
     where: list[tuple[str, int]] = []
     real_write, real_sync = writer_mod._write_all, writer_mod.fdatasync
 
@@ -597,11 +593,34 @@ def test_a_batch_is_written_on_the_event_loop_and_only_synced_in_a_thread(
         real_write(fd, data)
 
     def fdatasync(fd: int) -> None:
+        time.sleep(pause.get("sync", 0.0))
         real_sync(fd)
         where.append(("sync", threading.get_ident()))
 
     monkeypatch.setattr(writer_mod, "_write_all", write_all)
     monkeypatch.setattr(writer_mod, "fdatasync", fdatasync)
+    return where
+
+
+async def _send_rest_and_sqs(client: httpx.AsyncClient, queue: str = "q") -> None:
+    answers = await asyncio.gather(*(client.post(f"/{queue}/messages", content=b"%d" % i) for i in range(8)))
+    assert [answer.status_code for answer in answers] == [201] * 8
+    url = f"http://testserver/000000000000/{queue}"
+    sent = await client.post("/", content=json.dumps({"QueueUrl": url, "MessageBody": "sqs"}),
+                             headers={**SQS_HEADERS, "X-Amz-Target": "AmazonSQS.SendMessage"})
+    assert sent.status_code == 200, sent.text
+
+
+def test_a_batch_is_written_on_the_event_loop_and_synced_there_while_syncs_are_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's append (lock, catch-up, write) is made on the event loop, and so is its
+    fdatasync while syncs are quick (no thread hop), each send answered once that sync returned:
+    REST and SQS. (Whole in a thread, each of the append's system calls handed the GIL to the
+    loop and waited for it.) Not a send that collects too (the first of a process, then one every
+    task_gc_interval): that one goes whole to the thread."""
+    monkeypatch.setattr(batching_mod, "QUICK_SYNC", 60.0)  # every sync is quick, on any disk
+    where = _where_stored(monkeypatch, {})
 
     async def scenario() -> None:
         loop_thread = threading.get_ident()
@@ -610,17 +629,73 @@ def test_a_batch_is_written_on_the_event_loop_and_only_synced_in_a_thread(
             assert (await client.post("/q/messages", content=b"the first: it collects")).status_code == 201
             assert where and all(thread != loop_thread for _, thread in where)
             where.clear()
-            answers = await asyncio.gather(*(client.post("/q/messages", content=b"%d" % i) for i in range(8)))
+            await _send_rest_and_sqs(client)
+            assert {thread for _, thread in where} == {loop_thread}
+            assert [what for what, _ in where].count("sync") >= 2
+            assert where[-1][0] == "sync"  # the SQS send's, before its answer
+
+    asyncio.run(scenario())
+
+
+def test_after_a_slow_sync_the_syncs_go_to_a_thread_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Syncs on the event loop slower than QUICK_SYNC (here one is enough) stall it once: the
+    next batches' syncs run in a worker thread (their appends stay on the loop) for
+    SLOW_SYNC_BACKOFF, then on the loop again."""
+    monkeypatch.setattr(batching_mod, "QUICK_SYNC", 0.02)
+    monkeypatch.setattr(batching_mod, "SYNC_WEIGHT", 1.0)  # each sync judged alone
+    monkeypatch.setattr(batching_mod, "SLOW_SYNC_BACKOFF", 0.3)
+    pause: dict[str, float] = {}
+    where = _where_stored(monkeypatch, pause)
+
+    def syncs_in(thread: int) -> int:
+        return sum(1 for what, t in where if what == "sync" and t == thread)
+
+    async def scenario() -> None:
+        loop_thread = threading.get_ident()
+        async with app_client(tmp_path) as client:
+            assert (await client.put("/q")).status_code == 201
+            assert (await client.post("/q/messages", content=b"the first: it collects")).status_code == 201
+            where.clear()
+            pause["sync"] = 0.05  # the disk turns slow
+            assert (await client.post("/q/messages", content=b"synced slowly, on the loop")).status_code == 201
+            assert syncs_in(loop_thread) == 1
+            where.clear()
+            await _send_rest_and_sqs(client)
+            writes = [thread for what, thread in where if what == "write"]
+            assert writes and set(writes) == {loop_thread}
+            assert syncs_in(loop_thread) == 0 and len([w for w, _ in where if w == "sync"]) >= 2
+            pause["sync"] = 0.0  # quick again
+            await asyncio.sleep(0.35)  # the backoff has passed
+            where.clear()
+            await _send_rest_and_sqs(client)
+            assert {thread for _, thread in where} == {loop_thread}
+
+    asyncio.run(scenario())
+
+
+def test_while_another_queue_is_being_stored_a_batch_is_synced_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sends to two queues at once: a sync on the loop would hold back the other queue's batch,
+    whose sync can run meanwhile in a thread, so neither is synced on the loop."""
+    monkeypatch.setattr(batching_mod, "QUICK_SYNC", 60.0)
+    where = _where_stored(monkeypatch, {})
+
+    async def scenario() -> None:
+        loop_thread = threading.get_ident()
+        async with app_client(tmp_path) as client:
+            for queue in ("a", "b"):
+                assert (await client.put(f"/{queue}")).status_code == 201
+                assert (await client.post(f"/{queue}/messages", content=b"collects")).status_code == 201
+            where.clear()
+            answers = await asyncio.gather(
+                *(client.post(f"/{'ab'[i % 2]}/messages", content=b"%d" % i) for i in range(8))
+            )
             assert [answer.status_code for answer in answers] == [201] * 8
-            url = "http://testserver/000000000000/q"
-            sent = await client.post("/", content=json.dumps({"QueueUrl": url, "MessageBody": "sqs"}),
-                                     headers={**SQS_HEADERS, "X-Amz-Target": "AmazonSQS.SendMessage"})
-            assert sent.status_code == 200, sent.text
-        writes = [thread for what, thread in where if what == "write"]
-        syncs = [thread for what, thread in where if what == "sync"]
-        assert writes and set(writes) == {loop_thread}
-        assert syncs and loop_thread not in syncs
-        assert where[-1][0] == "sync"  # the SQS send's, before its answer
+            syncs = [thread for what, thread in where if what == "sync"]
+            assert syncs and loop_thread not in syncs
 
     asyncio.run(scenario())
 

@@ -55,7 +55,7 @@ from journalq.queue.channel import MAX_VISIBILITY, MAX_WAIT
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
-from journalq.server.batching import SendBatcher
+from journalq.server.batching import SendBatcher, SyncPlacement
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
@@ -97,8 +97,8 @@ def create_app(config: ServerConfig) -> App:
     # Receives may long-poll (up to 20 s for SQS, ``wait`` for REST): with one pool for all, a few
     # hundred waiting consumers would hold up every write, and the messages they wait for.
     receive_limiter = anyio.CapacityLimiter(1024)
-    # The batches' syncs (one at a time per queue; their whole stores where ``appended`` says)
-    # go straight to threads of their own:
+    # The batches' syncs that do not run on the loop (one at a time per queue; their whole
+    # stores where ``appended`` says) go straight to threads of their own:
     # anyio's run_sync first yields to the event loop for a whole iteration, which under load
     # (the loop reading and answering dozens of requests) held each batch back ~0.3 ms, and the
     # requests of the next batch with it; the loop then idled ~20 % of the time waiting.
@@ -216,13 +216,17 @@ def create_app(config: ServerConfig) -> App:
             return False  # (the store raises it again, on the loop: no upkeep for it to do)
         return found.upkeep_due()
 
+    sync_placement = SyncPlacement()
+
     async def appended(fn: Callable[..., T], queue: str, *args: Any) -> T:
         """A batch's store ``fn(queue, *args)``: run on the event loop with its syncs deferred,
-        then those syncs in ``store_pool``; returns (or raises) once what it appended is on stable
-        storage. Run whole in a thread (``blocking``), its system calls (lock, catch-up, write,
-        sync: seven a batch) each let the GIL go to the busy loop and waited to get it back. A
-        failure of the append still syncs what it did append (a sharded queue's stored part,
-        answered as stored) first: a sync that fails fails the whole batch.
+        then those syncs, on the loop while they are quick (``SyncPlacement``) and no other
+        queue's batch is being stored (whose sync could run meanwhile, in a thread), else in
+        ``store_pool``; returns (or raises) once what it appended is on stable storage. Run whole
+        in a thread (``blocking``), its system calls (lock, catch-up, write, sync: seven a batch)
+        each let the GIL go to the busy loop and waited to get it back. A failure of the append
+        still syncs what it did append (a sharded queue's stored part, answered as stored) first:
+        a sync that fails fails the whole batch.
 
         All of it in the thread, as before: on ZooKeeper (the network); under ``group`` (its
         timer syncs holding the writer's mutex, which the loop would wait for); and when the
@@ -240,7 +244,16 @@ def create_app(config: ServerConfig) -> App:
             except Exception as exc:
                 failure = exc
         if syncs:
-            await blocking(syncs.sync, storing=True)
+            started = time.monotonic()
+            if sends.storing + sqs_sends.storing <= 1 and sync_placement.on_loop(started):
+                try:
+                    with storage_failures:
+                        syncs.sync()
+                finally:
+                    ended = time.monotonic()
+                    sync_placement.took(ended - started, ended)
+            else:
+                await blocking(syncs.sync, storing=True)
         if failure is not None:
             raise failure
         return result
