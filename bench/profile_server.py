@@ -9,7 +9,7 @@ only count what is written to them; each round feeds one 100-byte ``POST /q/mess
 process's CPU (``time.process_time``, every thread's) per request: the HTTP parsing, the protocol
 and the app's Python, the batch's store, without the kernel's share of a socket's reads and writes
 and without the disk (the broker runs with ``sync="none"``; ``--sync always`` adds each batch's
-``fdatasync`` and the worker thread it waits in, at the disk's pace: noisier). The figures repeat
+``fdatasync``, on the event loop while syncs are quick, at the disk's pace: noisier). The figures repeat
 within a few per cent from run to run, unlike the server benchmark's on a shared machine, so a
 change to the direct path can be weighed here first.
 

@@ -915,8 +915,9 @@ class DeferredSyncs:
     """``with DeferredSyncs() as syncs:`` the durable appends of any writer under ``sync="always"``
     made in the block, by this thread, return once written, not synced; ``syncs.sync()`` (in any
     thread, after the block) returns once they are all on stable storage, or raises. For an event
-    loop that appends itself (a write is tens of µs) and has only the syncs wait in a thread: each
-    system call of a thread's append lets the GIL go to the loop and waits to get it back.
+    loop that appends itself (a write is tens of µs) and then syncs, itself or in a thread when
+    the disk is slow: each system call of a thread's append lets the GIL go to the loop and waits
+    to get it back.
 
     The caller must not count such an append as stored before ``sync()`` returns. (The writer's
     own group commit still applies: a sync under way covers what it finds written.)"""
