@@ -645,7 +645,7 @@ def test_after_a_slow_sync_the_syncs_go_to_a_thread_for_a_while(
     SLOW_SYNC_BACKOFF, then on the loop again."""
     monkeypatch.setattr(batching_mod, "QUICK_SYNC", 0.02)
     monkeypatch.setattr(batching_mod, "SYNC_WEIGHT", 1.0)  # each sync judged alone
-    monkeypatch.setattr(batching_mod, "SLOW_SYNC_BACKOFF", 0.3)
+    monkeypatch.setattr(batching_mod, "SLOW_SYNC_BACKOFF", 1.5)  # long enough for a slow machine's sends
     pause: dict[str, float] = {}
     where = _where_stored(monkeypatch, pause)
 
@@ -667,7 +667,7 @@ def test_after_a_slow_sync_the_syncs_go_to_a_thread_for_a_while(
             assert writes and set(writes) == {loop_thread}
             assert syncs_in(loop_thread) == 0 and len([w for w, _ in where if w == "sync"]) >= 2
             pause["sync"] = 0.0  # quick again
-            await asyncio.sleep(0.35)  # the backoff has passed
+            await asyncio.sleep(1.6)  # the backoff has passed
             where.clear()
             await _send_rest_and_sqs(client)
             assert {thread for _, thread in where} == {loop_thread}
