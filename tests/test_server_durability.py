@@ -582,9 +582,10 @@ def test_a_batch_partly_stored_in_a_sharded_queue_answers_each_send_as_it_fared(
     asyncio.run(scenario())
 
 
-def _where_stored(monkeypatch: pytest.MonkeyPatch, pause: dict[str, float]) -> list[tuple[str, int]]:
+def _where_stored(monkeypatch: pytest.MonkeyPatch, pause: dict[str, float] | None = None) -> list[tuple[str, int]]:
     """("write" or "sync", thread) of each journal write and fdatasync from now on, in a list kept
     up to date; each sync first sleeps ``pause["sync"]`` seconds (a slow disk, when set)."""
+    pause = {} if pause is None else pause
     where: list[tuple[str, int]] = []
     real_write, real_sync = writer_mod._write_all, writer_mod.fdatasync
 
@@ -620,7 +621,7 @@ def test_a_batch_is_written_on_the_event_loop_and_synced_there_while_syncs_are_q
     loop and waited for it.) Not a send that collects too (the first of a process, then one every
     task_gc_interval): that one goes whole to the thread."""
     monkeypatch.setattr(batching_mod, "QUICK_SYNC", 60.0)  # every sync is quick, on any disk
-    where = _where_stored(monkeypatch, {})
+    where = _where_stored(monkeypatch)
 
     async def scenario() -> None:
         loop_thread = threading.get_ident()
@@ -681,7 +682,7 @@ def test_while_another_queue_is_being_stored_a_batch_is_synced_in_a_thread(
     """Sends to two queues at once: a sync on the loop would hold back the other queue's batch,
     whose sync can run meanwhile in a thread, so neither is synced on the loop."""
     monkeypatch.setattr(batching_mod, "QUICK_SYNC", 60.0)
-    where = _where_stored(monkeypatch, {})
+    where = _where_stored(monkeypatch)
 
     async def scenario() -> None:
         loop_thread = threading.get_ident()
@@ -700,23 +701,10 @@ def test_while_another_queue_is_being_stored_a_batch_is_synced_in_a_thread(
     asyncio.run(scenario())
 
 
-def _writing_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads that write to a journal from now on, one entry a write, in a list kept up to date."""
-    writers: list[int] = []
-    real_write = writer_mod._write_all
-
-    def write_all(fd: int, data: bytes | memoryview) -> None:
-        writers.append(threading.get_ident())
-        real_write(fd, data)
-
-    monkeypatch.setattr(writer_mod, "_write_all", write_all)
-    return writers
-
-
 def test_under_group_sync_a_batch_is_still_stored_in_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--sync group``: the writer's timer syncs holding its mutex, which an append on the event
     loop would wait for: there the whole store stays in the worker thread."""
-    writers = _writing_threads(monkeypatch)
+    where = _where_stored(monkeypatch)
 
     async def scenario() -> None:
         app = create_app(ServerConfig(data=tmp_path, sync="group:5ms"))
@@ -724,8 +712,9 @@ def test_under_group_sync_a_batch_is_still_stored_in_a_thread(tmp_path: Path, mo
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
                 assert (await client.put("/q")).status_code == 201
-                writers.clear()
+                where.clear()
                 assert (await client.post("/q/messages", content=b"one")).status_code == 201
+        writers = [thread for what, thread in where if what == "write"]
         assert writers and threading.get_ident() not in writers
 
     asyncio.run(scenario())
@@ -735,13 +724,14 @@ def test_a_send_that_collects_too_is_stored_in_a_thread(tmp_path: Path, monkeypa
     """A send due to maintain its queue (collect finished tasks, gc, compact: milliseconds, or
     more) is stored whole in the worker thread, not on the event loop: every one, here."""
     Broker(tmp_path).queue("q", task_gc_interval=0.001).topic.broker.close()
-    writers = _writing_threads(monkeypatch)
+    where = _where_stored(monkeypatch)
 
     async def scenario() -> None:
         async with app_client(tmp_path) as client:
             for i in range(3):
                 assert (await client.post("/q/messages", content=b"%d" % i)).status_code == 201
                 await asyncio.sleep(0.002)
+        writers = [thread for what, thread in where if what == "write"]
         assert writers and threading.get_ident() not in writers
 
     asyncio.run(scenario())
