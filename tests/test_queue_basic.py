@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidSettingError, ReceiptError, StaleReceiptError, VisibilityLimitError
+import journalq.queue.channel as channel_module
+from journalq.errors import (
+    InvalidSettingError,
+    ReceiptError,
+    StaleReceiptError,
+    TaskNotFoundError,
+    VisibilityLimitError,
+)
 from journalq.journal import Scanner
 from journalq.queue import ENVELOPE_TYPE, Attribute, Broker, ReceivedMessage
 from journalq.queue.topic import Topic
@@ -541,6 +548,30 @@ def test_stats_after_each_operation(broker: Broker) -> None:
     q.purge()
     s = q.stats()
     assert (s.available, s.in_flight, s.delayed, s.dead, s.oldest_age) == (0, 0, 0, 0, None)
+
+
+def test_by_id_a_delivered_message_is_found_without_looking_for_the_topics_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mq deletes each message it fetched by its id. A delivered message is below the channel's
+    frontier, stored for sure: its delete and its metadata do not look for the topic's end (a scan
+    from the last index entry of the last segment, slower the more messages that segment holds).
+    An id past the frontier still is checked against the end, and one past the end refused."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs")
+        ids = q.send_many([b"a", b"b", b"c"])
+        (got,) = q.receive()
+        looked: list[object] = []
+        real = channel_module.end_offset
+        monkeypatch.setattr(channel_module, "end_offset", lambda path: looked.append(path) or real(path))
+        q.set_metadata(got.id, {"step": 1})
+        q.delete_id(got.id)
+        assert looked == []
+        q.delete_id(ids[2])  # never delivered: past the frontier
+        assert len(looked) == 1
+        with pytest.raises(TaskNotFoundError, match="no message '3' waiting"):
+            q.delete_id("3")  # the next id, not sent yet
+        assert [m.body for m in q.receive(10)] == [b"b"]
 
 
 def test_purge_finishes_everything_sent_so_far(broker: Broker) -> None:
