@@ -18,6 +18,7 @@ import pytest
 
 import journalq.queue.channel as channel_module
 from journalq.errors import (
+    InvalidMessageError,
     InvalidSettingError,
     ReceiptError,
     StaleReceiptError,
@@ -572,6 +573,22 @@ def test_by_id_a_delivered_message_is_found_without_looking_for_the_topics_end(
         with pytest.raises(TaskNotFoundError, match="no message '3' waiting"):
             q.delete_id("3")  # the next id, not sent yet
         assert [m.body for m in q.receive(10)] == [b"b"]
+
+
+def test_delete_ids_deletes_by_id_in_one_step_and_says_which_it_could_not(broker: Broker) -> None:
+    q = broker.queue("jobs")
+    ids = q.send_many([b"a", b"b", b"c", b"d"])
+    (got,) = q.receive()  # a delivered, the others waiting: both are deleted by id
+    unsent = str(max(int(i) for i in ids) + 1)
+    outcomes = q.delete_ids([got.id, ids[2], "not-an-id", ids[2], unsent, got.id])
+    assert outcomes[:2] == [None, None]
+    assert isinstance(outcomes[2], InvalidMessageError)
+    assert [type(o) for o in outcomes[3:]] == [TaskNotFoundError] * 3  # twice, never sent, twice
+    assert f"no message {unsent!r} waiting" in str(outcomes[4])
+    assert [m.body for m in q.receive(10)] == [b"b", b"d"]
+    assert q.delete_ids([]) == []
+    with pytest.raises(TaskNotFoundError):
+        q.delete_id(ids[2])  # finished: as delete_ids said of it the second time
 
 
 def test_purge_finishes_everything_sent_so_far(broker: Broker) -> None:

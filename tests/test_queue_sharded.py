@@ -31,6 +31,7 @@ from journalq.errors import (
     QueueNotFoundError,
     ReceiptError,
     StorageError,
+    TaskNotFoundError,
 )
 from journalq.journal.lock import FileLock
 from journalq.journal import Scanner
@@ -664,6 +665,19 @@ def test_tasks_filters_metadata_and_purge(tmp_path: Path) -> None:
         queue.send_many([b"%d" % i for i in range(20)])
         queue.purge()
         assert queue.stats().available == 0 and queue.receive(10) == []
+
+
+def test_delete_ids_sends_each_id_to_its_shard(tmp_path: Path) -> None:
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        ids = [queue.send(b"%d" % i, key=str(i)) for i in range(8)]
+        assert len({id.split(".")[0] for id in ids}) > 1  # over several shards
+        outcomes = queue.delete_ids([*ids[:4], "9.1", ids[0], "0.x"])
+        assert outcomes[:4] == [None] * 4
+        assert "is not one of this sharded queue's" in str(outcomes[4])  # no shard 9
+        assert isinstance(outcomes[5], TaskNotFoundError)  # given twice
+        assert "is not one of this queue's ids" in str(outcomes[6])
+        assert sorted(m.body for m in queue.receive(10)) == [b"4", b"5", b"6", b"7"]
 
 
 def test_dead_letters_and_redrive(tmp_path: Path) -> None:

@@ -979,6 +979,22 @@ class ShardedChannel:
         """Finish message ``id`` whatever its state (mq deletes by id)."""
         self._by_id(id, Channel.delete_id)
 
+    def delete_ids(self, ids: Sequence[str]) -> list[Error | None]:
+        """``Channel.delete_ids``, each shard's ids by their shard (one step a shard)."""
+        outcomes: list[Error | None] = [None] * len(ids)
+        by_shard: dict[int, list[tuple[int, str]]] = {}
+        for position, id in enumerate(ids):
+            try:
+                index, inner = _split(id, len(self._shard_channels), "message id", InvalidMessageError)
+            except InvalidMessageError as exc:
+                outcomes[position] = exc
+                continue
+            by_shard.setdefault(index, []).append((position, inner))
+        for index, items in by_shard.items():
+            for (position, _), error in zip(items, self._channel(index).delete_ids([inner for _, inner in items])):
+                outcomes[position] = error
+        return outcomes
+
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
         self._by_id(id, lambda channel, inner: channel.set_metadata(inner, metadata))

@@ -1967,10 +1967,31 @@ class ZooKeeperQueue:
 
     def delete_id(self, id: str) -> None:
         """Finish task ``id`` whatever its state: delivered or not (mq deletes by id)."""
-        task = check_task_id(id)
-        with self._call(f"deleting message {id} of"):
-            if not self.finish_ids([task], FINISHED):
-                raise TaskNotFoundError(f"no message {id!r} waiting in {self.topic.name}")
+        _raise(self.delete_ids([id])[0])
+
+    def delete_ids(self, ids: Sequence[str]) -> list[Error | None]:
+        """``delete_id`` of each, their entries read and ended together; for each id, None or
+        the error that kept it from being deleted (as the file store's ``Channel.delete_ids``)."""
+        outcomes: list[Error | None] = [None] * len(ids)
+        tasks: dict[str, int] = {}  # task -> its position in ``ids``
+        refused: list[int] = []
+        for position, id in enumerate(ids):
+            try:
+                task = check_task_id(id)
+            except InvalidMessageError as exc:
+                outcomes[position] = exc
+                continue
+            if task in tasks:
+                refused.append(position)
+            else:
+                tasks[task] = position
+        if tasks:
+            with self._call(f"deleting message {ids[0]} of" if len(ids) == 1 else f"deleting {len(ids)} messages of"):
+                done = set(self.finish_ids(list(tasks), FINISHED))
+            refused += [position for task, position in tasks.items() if task not in done]
+        for position in refused:
+            outcomes[position] = TaskNotFoundError(f"no message {ids[position]!r} waiting in {self.topic.name}")
+        return outcomes
 
     def purge(self) -> None:
         """Finish every task sent so far (SQS's PurgeQueue)."""
@@ -2107,6 +2128,6 @@ class ZooKeeperQueue:
             pass  # its session ends with the client anyway: its tasks come back then
 
 
-def _raise(error: ReceiptError | None) -> None:
+def _raise(error: Error | None) -> None:
     if error is not None:
         raise error
