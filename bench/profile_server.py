@@ -46,7 +46,7 @@ from uvicorn.server import ServerState  # noqa: E402
 
 from journalq.queue import Broker  # noqa: E402
 from journalq.server.app import _plain_sent_answer, create_app, settle_heap  # noqa: E402
-from journalq.server.batching import SendBatcher  # noqa: E402
+from journalq.server.batching import Batcher  # noqa: E402
 from journalq.server.config import ServerConfig  # noqa: E402
 from journalq.server.protocol import DirectHttpToolsProtocol  # noqa: E402
 
@@ -93,13 +93,13 @@ class CountingTransport(asyncio.Transport):
         pass
 
 
-def _batchers(app: Any) -> list[SendBatcher[Any, Any]]:
+def _batchers(app: Any) -> list[Batcher[Any, Any]]:
     """The app's send batchers (REST's and SQS's), found in its direct handlers' closures."""
     found = []
     for handler in (app.direct_route({"method": "POST", "path": "/q/messages", "headers": []}),
                     app.direct_route({"method": "POST", "path": "/", "headers": []})):
         for cell in handler.__closure__ or ():
-            if isinstance(cell.cell_contents, SendBatcher):
+            if isinstance(cell.cell_contents, Batcher):
                 found.append(cell.cell_contents)
     return found
 

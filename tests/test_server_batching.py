@@ -19,7 +19,7 @@ import journalq.server.batching as batching_mod
 from journalq.errors import LockedError, StorageError, TaskNotFoundError
 from journalq.journal.sync import syncs_done
 from journalq.server.app import create_app
-from journalq.server.batching import SendBatcher, SyncPlacement
+from journalq.server.batching import Batcher, SyncPlacement
 from journalq.server.config import ServerConfig
 
 
@@ -36,8 +36,8 @@ def test_concurrent_sends_share_store_calls_and_keep_their_ids() -> None:
         return [f"{queue}:{first + i}" for i in range(len(bodies))]
 
     async def main() -> list[str]:
-        batcher = SendBatcher(store)
-        return await asyncio.gather(*(batcher.send("q" if i % 2 else "r", b"%d" % i) for i in range(200)))
+        batcher = Batcher(store)
+        return await asyncio.gather(*(batcher.call("q" if i % 2 else "r", b"%d" % i) for i in range(200)))
 
     ids = asyncio.run(main())
     assert len(calls) < 20  # 200 sends, a few batches per queue
@@ -120,9 +120,9 @@ def test_a_failed_batch_fails_each_of_its_sends_and_the_next_batch_goes_on() -> 
         return [str(i) for i in range(len(bodies))]
 
     async def main() -> tuple[list[object], str]:
-        batcher = SendBatcher(store)
-        first = await asyncio.gather(*(batcher.send("q", b"x") for _ in range(5)), return_exceptions=True)
-        return first, await batcher.send("q", b"y")
+        batcher = Batcher(store)
+        first = await asyncio.gather(*(batcher.call("q", b"x") for _ in range(5)), return_exceptions=True)
+        return first, await batcher.call("q", b"y")
 
     first, later = asyncio.run(main())
     assert all(isinstance(result, StorageError) for result in first)
@@ -138,8 +138,8 @@ def test_batches_are_bounded() -> None:
         return ["i"] * len(bodies)
 
     async def main() -> None:
-        batcher = SendBatcher(store, max_batch=10)
-        await asyncio.gather(*(batcher.send("q", b"x") for _ in range(35)))
+        batcher = Batcher(store, max_batch=10)
+        await asyncio.gather(*(batcher.call("q", b"x") for _ in range(35)))
 
     asyncio.run(main())
     assert sum(sizes) == 35 and max(sizes) <= 10
@@ -151,8 +151,8 @@ def test_a_send_refused_by_itself_fails_alone() -> None:
         return [TaskNotFoundError("refused") if item == b"bad" else item.decode() for item in items]
 
     async def main() -> list[object]:
-        batcher: SendBatcher[bytes, str] = SendBatcher(store)
-        return await asyncio.gather(*(batcher.send("q", b) for b in (b"a", b"bad", b"c")), return_exceptions=True)
+        batcher: Batcher[bytes, str] = Batcher(store)
+        return await asyncio.gather(*(batcher.call("q", b) for b in (b"a", b"bad", b"c")), return_exceptions=True)
 
     a, bad, c = asyncio.run(main())
     assert (a, c) == ("a", "c") and isinstance(bad, TaskNotFoundError)
@@ -163,8 +163,8 @@ def test_a_store_giving_too_few_results_fails_its_batch_not_hangs() -> None:
         return ["only one"]
 
     async def main() -> list[object]:
-        batcher: SendBatcher[bytes, str] = SendBatcher(store)
-        return await asyncio.gather(*(batcher.send("q", b"x") for _ in range(3)), return_exceptions=True)
+        batcher: Batcher[bytes, str] = Batcher(store)
+        return await asyncio.gather(*(batcher.call("q", b"x") for _ in range(3)), return_exceptions=True)
 
     assert all(isinstance(r, RuntimeError) for r in asyncio.run(main()))
 
@@ -263,7 +263,7 @@ def test_an_answer_that_cannot_be_given_keeps_no_other_request_of_its_batch_wait
     went away raises (uvloop: "the handler is closed", for a request pipelined before another
     whose cycle took the disconnection). Before, that exception left ``_drain``: the requests
     after it in the batch, and those that came meanwhile, were never answered."""
-    from journalq.server.batching import SendBatcher
+    from journalq.server.batching import Batcher
 
     async def store(queue: str, bodies: Sequence[bytes]) -> list[str]:
         await asyncio.sleep(0)
@@ -272,7 +272,7 @@ def test_an_answer_that_cannot_be_given_keeps_no_other_request_of_its_batch_wait
         return [body.decode() for body in bodies]
 
     async def main() -> dict[str, object]:
-        batcher: SendBatcher[bytes, str] = SendBatcher(store)
+        batcher: Batcher[bytes, str] = Batcher(store)
         answered: dict[str, object] = {}
         every = asyncio.Event()
 

@@ -110,20 +110,33 @@ def test_serve_runs_h11_that_ends_long_polls_when_httptools_is_missing(monkeypat
     assert http_protocol() is StoppingH11Protocol
 
 
-@pytest.fixture
-def taken(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The bodies that the direct path took (so a test can tell that it was used)."""
-    bodies: list[bytes] = []
+def _note_direct(monkeypatch: pytest.MonkeyPatch, note: Any) -> None:
+    """``note(cycle)`` of each request that the direct path takes."""
     real = DirectHttpToolsProtocol._direct
 
     def direct(self: DirectHttpToolsProtocol, cycle: Any, handler: Any) -> bool:
         took = real(self, cycle, handler)
         if took:
-            bodies.append(bytes(cycle.body))
+            note(cycle)
         return took
 
     monkeypatch.setattr(DirectHttpToolsProtocol, "_direct", direct)
+
+
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The bodies that the direct path took (so a test can tell that it was used)."""
+    bodies: list[bytes] = []
+    _note_direct(monkeypatch, lambda cycle: bodies.append(bytes(cycle.body)))
     return bodies
+
+
+@pytest.fixture
+def taken_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The method and path of each request that the direct path took."""
+    requests: list[str] = []
+    _note_direct(monkeypatch, lambda cycle: requests.append(f"{cycle.scope['method']} {cycle.scope['path']}"))
+    return requests
 
 
 def post(path: str, body: bytes, *headers: str, version: str = "1.1") -> bytes:
@@ -230,6 +243,89 @@ def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[by
     assert [body[:30] for body in taken] == [b"hello", b"", b"nowhere", b"one-zero", b"escaped",
                                              b'{"QueueUrl": "http://test/0000',
                                              b'{"QueueUrl": "http://test/0000', b'{"QueueUrl": "http://test/0000']
+
+
+def _consumer_run(port: int) -> list[bytes]:
+    """mq's consumer requests, fetches and deletes with their refusals, on a new server; the
+    answers without what differs from one server to another (ids, receipts, tokens)."""
+    auth = "Authorization: Bearer secret"
+
+    def request(method: str, path: str, *headers: str) -> bytes:
+        return ("\r\n".join([f"{method} {path} HTTP/1.1", "Host: t", *headers]) + "\r\n\r\n").encode()
+
+    def go(method: str, path: str, *headers: str) -> bytes:
+        return exchange(port, request(method, path, *headers))[0]
+
+    assert status_of(go("PUT", "/q", auth, "Content-Length: 0")) == 201
+    for body in (b"m0", b"m1", b"m2"):
+        assert status_of(exchange(port, post("/q/messages", body, auth))[0]) == 201
+    answers = [go("GET", "/q/messages", auth)]  # the first: FastAPI's, which learns the queue's wait
+    answers += [go("GET", "/q/messages", auth), go("GET", "/q/messages?visibility_timeout=0", auth)]
+    first, second = (re.search(rb"x-message-id: ([\w.]+)", a)[1].decode() for a in answers[:2])
+    answers += [
+        go("GET", "/q/messages"),  # no token
+        go("GET", "/nope/messages", auth),
+        go("DELETE", f"/q/messages/{first}", auth),
+        go("DELETE", f"/q/messages/{first}", auth),  # again: not waiting
+        go("DELETE", "/q/messages/0.zz", auth),
+        go("DELETE", f"/q/messages/{second}"),  # no token
+        go("DELETE", f"/q/messages/{second}?note=1", auth),
+        go("DELETE", "/nope/messages/1", auth),
+        go("DELETE", "/metrics/messages/1", auth),
+        go("GET", "/q/messages", auth),  # m2 again (its visibility was 0)
+        go("GET", "/q/messages", auth),  # none: m1 and m2 are hidden
+        go("HEAD", "/q/messages", auth),
+        go("DELETE", f"/q/messages/{second}", auth),
+    ]
+    metrics = go("GET", "/metrics", auth)
+    counts = sorted(re.findall(rb'journalq_(?:request_seconds_count\{api="rest",[^}]*\}'
+                               rb'|messages_(?:out|deleted)_total\{[^}]*\}) \S+', metrics))
+    answers.append(b"\n".join(counts))
+    return [re.sub(rb"x-receipt: [\w.]+|'\d+\.[0-9a-f]{8}'", b"R", normalized(a)) for a in answers]
+
+
+def test_fetches_and_deletes_on_the_direct_path_answer_as_the_asgi_path(
+    tmp_path: Path, taken_requests: list[str]
+) -> None:
+    """``GET /{queue}/messages`` and ``DELETE /{queue}/messages/{id}`` taken straight from the
+    parser (and batched: one receive, or one delete and its sync, for the requests under way)
+    answer byte for byte what FastAPI's routes answer, and count the same; a fetch that may wait
+    (a queue not looked at yet, a query) and a refused request go on to those routes."""
+    answers = {}
+    for protocol in (HeadLimitedHttpToolsProtocol, DirectHttpToolsProtocol):
+        data = tmp_path / "data"  # the same path for both: 404's message names it
+        with serving(data, protocol, rest_token="secret") as port:
+            answers[protocol] = _consumer_run(port)
+        data.rename(tmp_path / protocol.__name__)
+    assert answers[DirectHttpToolsProtocol] == answers[HeadLimitedHttpToolsProtocol]
+    statuses = [status_of(a) for a in answers[DirectHttpToolsProtocol][:-1]]
+    assert statuses == [200, 200, 200, 401, 404, 204, 404, 400, 401, 400, 404, 400, 200, 204, 405, 204]
+    assert b"x-receive-count: 2" in answers[DirectHttpToolsProtocol][12]
+    assert b'messages_out_total{queue="q"} 4.0' in answers[DirectHttpToolsProtocol][-1]
+    assert b'messages_deleted_total{queue="q"} 2.0' in answers[DirectHttpToolsProtocol][-1]
+    assert [re.sub(r"\d+\.[0-9a-f]{8}", "ID", request) for request in taken_requests] == [
+        *["POST /q/messages"] * 3, "GET /q/messages", "DELETE /q/messages/ID", "DELETE /q/messages/ID",
+        "DELETE /q/messages/0.zz", "DELETE /nope/messages/1", "GET /q/messages", "GET /q/messages",
+        "DELETE /q/messages/ID",
+    ]
+
+
+def test_a_direct_fetch_waits_once_an_sqs_call_gives_the_queue_a_wait(
+    tmp_path: Path, taken_requests: list[str]
+) -> None:
+    """The direct path fetches only from a queue whose own wait was 0 when last looked at: once
+    SQS's SetQueueAttributes gives the queue a wait, a fetch goes to FastAPI's route, which waits."""
+    with serving(tmp_path, DirectHttpToolsProtocol) as port:
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.put(f"{url}/w").status_code == 201
+        assert [httpx.get(f"{url}/w/messages").status_code for _ in range(2)] == [204, 204]
+        assert taken_requests == ["GET /w/messages"]  # the second: the first learned the queue's wait
+        sqs = sqs_client(url)
+        sqs.set_queue_attributes(QueueUrl=f"{url}/000000000000/w", Attributes={"ReceiveMessageWaitTimeSeconds": "1"})
+        started = time.monotonic()
+        assert httpx.get(f"{url}/w/messages", timeout=10).status_code == 204
+        assert time.monotonic() - started >= 0.9
+        assert taken_requests == ["GET /w/messages"]
 
 
 def test_pipelined_requests_are_answered_in_order(tmp_path: Path, taken: list[bytes]) -> None:

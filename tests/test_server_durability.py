@@ -37,6 +37,7 @@ from journalq.journal.codec import OVERHEAD
 from journalq.journal.inspect import check
 from journalq.journal.scanner import Scanner
 from journalq.queue import Broker
+from journalq.queue.channel import Channel
 from journalq.server.app import create_app
 from journalq.server.config import ServerConfig
 
@@ -463,6 +464,45 @@ def test_a_delete_on_a_full_disk_is_503_and_deletes_nothing(tmp_path: Path, monk
             assert got.status_code == 200 and got.content == b"kept"
             assert (await client.delete(f"/q/messages/{message_id}")).status_code == 204
             assert (await client.get("/q")).json()["in_flight"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_fetches_share_a_receive_and_concurrent_deletes_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mq's consumers: concurrent fetches of a queue are taken in batches, one receive each, every
+    fetch its own message; concurrent deletes (writes too) in batches, one sync each (group commit),
+    each answered 204, or 404 for an id given twice (one of the two)."""
+    with Broker(tmp_path) as broker:
+        broker.queue("q").send_many([b"%d" % i for i in range(16)])
+    asked: list[int] = []
+    real_receive = Channel.receive
+
+    def receive(self: Channel, max_messages: int = 1, **options: Any) -> Any:
+        asked.append(max_messages)
+        return real_receive(self, max_messages, **options)
+
+    monkeypatch.setattr(Channel, "receive", receive)
+    pause: dict[str, float] = {}
+    where = _where_stored(monkeypatch, pause)
+
+    async def scenario() -> None:
+        async with app_client(tmp_path) as client:
+            fetched = await asyncio.gather(*(client.get("/q/messages") for _ in range(16)))
+            assert [answer.status_code for answer in fetched] == [200] * 16
+            assert sorted(answer.content for answer in fetched) == sorted(b"%d" % i for i in range(16))
+            assert sum(asked) == 16 and len(asked) < 16, asked
+            ids = [answer.headers["X-Message-Id"] for answer in fetched]
+            where.clear()
+            pause["sync"] = 0.1
+            deleted = await asyncio.gather(*(client.delete(f"/q/messages/{i}") for i in [*ids, ids[0]]))
+            assert sorted(answer.status_code for answer in deleted) == [204] * 16 + [404]
+            assert 1 <= [what for what, _ in where].count("sync") <= 4, where
+            assert (await client.get("/q")).json()["in_flight"] == 0
+            metrics = (await client.get("/metrics")).text
+            assert 'journalq_messages_out_total{queue="q"} 16.0' in metrics
+            assert 'journalq_messages_deleted_total{queue="q"} 16.0' in metrics
 
     asyncio.run(scenario())
 

@@ -1,10 +1,12 @@
 """The HTTP application: mq's REST API, the Amazon SQS JSON protocol at ``POST /``, metrics.
 
-Every queue operation is blocking file I/O, so it runs in a worker thread; the threads of
-concurrent requests share their syncs (the journal writer's group commit), so a durable answer
-costs little throughput. Nothing is answered as stored before it is on stable storage (with the
-default ``sync="always"``); when the storage refuses (a full disk, an I/O error) the answer is 503
-with ``Retry-After``, the write leaves nothing half-done, and reads go on being served.
+The busiest requests (mq's sends, fetches and deletes, SQS's sends) to a queue are taken in
+batches (``journalq.server.batching``): one store call for the requests under way together, its
+append made on the event loop and its one sync on the loop or in a worker thread, so a durable
+answer costs little throughput. Every other queue operation is blocking file I/O, run in a worker
+thread. Nothing is answered as stored before it is on stable storage (with the default
+``sync="always"``); when the storage refuses (a full disk, an I/O error) the answer is 503 with
+``Retry-After``, the write leaves nothing half-done, and reads go on being served.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from journalq.queue.channel import MAX_VISIBILITY, MAX_WAIT
 from journalq.queue.settings import QueueSettings, check_number
 from journalq.queue.zookeeper import is_zookeeper_url
 from journalq.server import metrics
-from journalq.server.batching import SendBatcher, SyncPlacement
+from journalq.server.batching import Batcher, SyncPlacement
 from journalq.server.config import ServerConfig
 from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
@@ -186,7 +188,7 @@ def create_app(config: ServerConfig) -> App:
         counts.counted(counts.messages_in, queue).inc(sum(isinstance(i, str) for i in ids))  # once a batch
         return ids
 
-    sends = SendBatcher(store)
+    sends = Batcher(store)
 
     async def blocking(fn: Callable[..., T], *args: Any, receiving: bool = False, storing: bool = False) -> T:
         """Run a queue operation in a worker thread, mapping storage failures to 503.
@@ -218,19 +220,25 @@ def create_app(config: ServerConfig) -> App:
 
     sync_placement = SyncPlacement()
 
+    def batches_storing() -> int:
+        """How many batches that sync are being stored, over every queue (``Batcher.storing``):
+        not fetches, whose deliveries are not synced."""
+        return sends.storing + sqs_sends.storing + deletes.storing
+
     async def appended(fn: Callable[..., T], queue: str, *args: Any) -> T:
-        """A batch's store ``fn(queue, *args)``: run on the event loop with its syncs deferred,
-        then those syncs, on the loop while they are quick (``SyncPlacement``) and no other
-        queue's batch is being stored (whose sync could run meanwhile, in a thread), else in
-        ``store_pool``; returns (or raises) once what it appended is on stable storage. Run whole
-        in a thread (``blocking``), its system calls (lock, catch-up, write, sync: seven a batch)
-        each let the GIL go to the busy loop and waited to get it back. A failure of the append
+        """A batch's store ``fn(queue, *args)`` (sends, fetches, deletes): run on the event loop
+        with its syncs deferred, then those syncs (a fetch has none, but for a dead letter), on
+        the loop while they are quick (``SyncPlacement``) and no other batch is being stored
+        (whose sync could run meanwhile, in a thread), else in ``store_pool``; returns (or
+        raises) once what it appended is on stable storage. Run whole in a thread
+        (``blocking``), its system calls (lock, catch-up, write, sync: seven a batch) each let
+        the GIL go to the busy loop and waited to get it back. A failure of the append
         still syncs what it did append (a sharded queue's stored part, answered as stored) first:
         a sync that fails fails the whole batch.
 
         All of it in the thread, as before: on ZooKeeper (the network); under ``group`` (its
         timer syncs holding the writer's mutex, which the loop would wait for); and when the
-        send would also collect the queue (``upkeep_due``: a gc, a compaction, for milliseconds);
+        call would also collect the queue (``upkeep_due``: a gc, a compaction, for milliseconds);
         and once the store pool is shut down (the server stopped), which refuses the batch with
         nothing stored: appended here, it would be stored and answered 503. (Between the append
         and the sync's submission to the pool the loop does nothing else: no shutdown between.)"""
@@ -245,7 +253,7 @@ def create_app(config: ServerConfig) -> App:
                 failure = exc
         if syncs:
             started = time.monotonic()
-            if sends.storing + sqs_sends.storing <= 1 and sync_placement.on_loop(started):
+            if batches_storing() <= 1 and sync_placement.on_loop(started):
                 try:
                     with storage_failures:
                         syncs.sync()
@@ -511,6 +519,7 @@ def create_app(config: ServerConfig) -> App:
     async def delete_queue(queue: str) -> Response:
         """Delete the queue and all its messages."""
         await blocking(broker().delete, queue_name(queue))
+        waitless.discard(queue)
         return Response(status_code=204)
 
     @app.get("/{queue}/messages", tags=["mq"], dependencies=[Depends(rest_checks)])
@@ -527,31 +536,30 @@ def create_app(config: ServerConfig) -> App:
         if visibility_timeout is not None:  # before the queue opens: a topic's would get a channel for nothing
             check_number("visibility_timeout", visibility_timeout, 0, MAX_VISIBILITY)
 
-        def receive(seconds: float) -> tuple[list[ReceivedMessage], float, str]:
-            """A receive waiting up to ``seconds``, the whole poll's wait (``wait``, or the
-            queue's own, as SQS's ReceiveMessage and the library's receive take it), and the id
-            the server gives for what it got (``journalq.server.ids``)."""
+        def receive(seconds: float) -> tuple[list[ReceivedMessage], str]:
+            """A receive waiting up to ``seconds``, and the id the server gives for what it got."""
             # A queue deleted under the poll (by this server or another process) raises
             # QueueNotFoundError, answered 404 as anywhere else (SQS's ReceiveMessage: QueueDoesNotExist).
             found = broker().queue(name, create=False)
             got = found.receive(1, wait=seconds, visibility_timeout=visibility_timeout)
-            given = "" if not got else got[0].id if on_zookeeper else given_id(got[0].id, found.token)
-            return got, found.settings.receive_wait if wait is None else wait, given
+            return got, given_of(found, got[0]) if got else ""
 
         # A long poll waits in slices: between two, it ends when the server is stopping (a
         # SIGTERM waits for requests under way, and a poll may have up to an hour left) or when
         # its client went away (who would never see the message it took). Without ``wait``, a
-        # first look tells the queue's own (no thread hop more for it); with one, the first
-        # slice is the first look (one call less to a store that may hang: a frozen ZooKeeper).
+        # first look (with the other fetches of the queue under way: ``fetches``) tells the
+        # queue's own; with one, the first slice is the first look (one call less to a store
+        # that may hang: a frozen ZooKeeper).
         slices: Iterable[float] = ()
         if wait is None:
-            got, whole, given = await blocking(receive, 0, receiving=True)
+            message, given, whole = await fetches.call(name, visibility_timeout)
+            got = [] if message is None else [message]
             if not got and whole and not stopping.is_set():
                 slices = poll_slices(whole)
         else:
             got, whole, given, slices = [], wait, "", poll_slices(wait)
         for seconds in slices:
-            got, _, given = await blocking(receive, seconds, receiving=True)
+            got, given = await blocking(receive, seconds, receiving=True)
             if got or stopping.is_set() or await request.is_disconnected():
                 break
         if got and whole and await request.is_disconnected():
@@ -586,35 +594,82 @@ def create_app(config: ServerConfig) -> App:
     @app.delete("/{queue}/messages/{message_id}", tags=["mq"], dependencies=[Depends(rest_checks)], status_code=204)
     async def remove(queue: str, message_id: str) -> Response:
         """Delete a message by the id that adding or fetching it gave, whatever its state."""
-        await blocking(delete_by_id, queue_name(queue), message_id)
-        counts.counted(counts.messages_deleted, queue).inc()
+        await deletes.call(queue_name(queue), message_id)
         return Response(status_code=204)
 
-    def delete_by_id(queue: str, message_id: str) -> None:
-        """``delete_id`` of the id as the server gave it (``journalq.server.ids``: of this queue,
+    # -- fetches and deletes, in batches (``Batcher``): one receive, or one delete and one sync,
+    # for the requests to a queue under way together, each answered with its own outcome.
+
+    def given_of(found: Any, message: ReceivedMessage) -> str:
+        """The id the server gives for a message received from ``found`` (``journalq.server.ids``)."""
+        return message.id if on_zookeeper else given_id(message.id, found.token)
+
+    Fetched = tuple[ReceivedMessage | None, str, float]
+
+    def fetch_now(queue: str, timeouts: Sequence[float | None]) -> list[Fetched]:
+        """The first looks (no wait) of a batch of fetches, one receive a visibility timeout asked
+        (None: the queue's), the oldest messages to the earliest requests: for each, the message
+        or None, the id the server gives for it, and the queue's own wait (``receive_wait``),
+        which is also noted for the direct path (``waitless``)."""
+        found = broker().queue(queue, create=False)
+        asked: dict[float | None, list[int]] = {}
+        for position, timeout in enumerate(timeouts):
+            asked.setdefault(timeout, []).append(position)
+        messages: list[ReceivedMessage | None] = [None] * len(timeouts)
+        for timeout, positions in asked.items():
+            for position, message in zip(positions, found.receive(len(positions), wait=0, visibility_timeout=timeout)):
+                messages[position] = message
+        whole = found.settings.receive_wait
+        (waitless.add if whole == 0 else waitless.discard)(queue)
+        return [(None, "", whole) if m is None else (m, given_of(found, m), whole) for m in messages]
+
+    def delete_now(queue: str, message_ids: Sequence[str]) -> list[Exception | None]:
+        """``delete_ids`` of ids as the server gave them (``journalq.server.ids``: of this queue,
         not of one deleted before it; one spelling per message, as ``int()`` reads "007" as 7),
-        with errors that name the id as sent (a sharded queue's named the shard's own id)."""
+        with errors that name each id as sent (a sharded queue's named the shard's own id)."""
+        inner: list[str | Exception]
         if on_zookeeper:
-            found, inner = broker().queue(queue, create=False), message_id
+            found, inner = broker().queue(queue, create=False), list(message_ids)
         else:
-            made = broker().queue_if_made(queue)
-            if made is None:  # a topic whose channels are its own: giving it ``default`` would hold its gc
+            found = broker().queue_if_made(queue)
+            if found is None:  # a topic whose channels are its own: giving it ``default`` would hold its gc
                 channels = ", ".join(broker().topic(queue, create=False).channel_names()) or "none"
-                raise TaskNotFoundError(
+                return [TaskNotFoundError(
                     f"no message {message_id!r} in queue {queue!r}: it is a topic whose channels are its own "
                     f"({channels}), read through the library, and a DELETE deletes from the channel "
                     f"{DEFAULT_CHANNEL!r}, which it does not have"
-                )
-            found, inner = made, queue_id(made, message_id, queue)
-        try:
-            found.delete_id(inner)
-        except TaskNotFoundError:
-            raise TaskNotFoundError(f"no message {message_id!r} waiting in queue {queue!r}") from None
-        except InvalidMessageError:
-            raise InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids") from None
+                ) for message_id in message_ids]
+            inner = []
+            for message_id in message_ids:
+                try:
+                    inner.append(queue_id(found, message_id, queue))
+                except (InvalidMessageError, TaskNotFoundError) as exc:
+                    inner.append(exc)
+        outcomes = iter(found.delete_ids([i for i in inner if isinstance(i, str)]))
+        answered: list[Exception | None] = []
+        for message_id, mine in zip(message_ids, inner):
+            error = mine if isinstance(mine, Exception) else next(outcomes)
+            if type(error) is TaskNotFoundError and isinstance(mine, str):
+                error = TaskNotFoundError(f"no message {message_id!r} waiting in queue {queue!r}")
+            elif type(error) is InvalidMessageError and isinstance(mine, str):
+                error = InvalidMessageError(f"message id {message_id!r} is not one of this queue's ids")
+            answered.append(error)
+        return answered
+
+    async def store_deletes(queue: str, message_ids: Sequence[str]) -> list[Exception | None]:
+        outcomes = await appended(delete_now, queue, message_ids)
+        counts.counted(counts.messages_deleted, queue).inc(outcomes.count(None))  # once a batch
+        return outcomes
+
+    fetches: Batcher[float | None, Fetched] = Batcher(functools.partial(appended, fetch_now))
+    deletes: Batcher[str, None] = Batcher(store_deletes)
+    waitless: set[str] = set()
+    """Queues whose own wait was 0 at the last look (``fetch_now``): the direct path fetches from
+    them (a fetch that may long-poll goes through FastAPI). Emptied when this server changes or
+    deletes a queue; a change by another process is seen by the next batch of fetches."""
 
     async def add_message(queue: str, body: bytes) -> str:
-        return await sends.send(queue_name(queue), body)
+        return await sends.call(queue_name(queue), body)
 
     # -- the hot path: POST /{queue}/messages and the SQS protocol, as plain ASGI -----------------
     #
@@ -649,15 +704,56 @@ def create_app(config: ServerConfig) -> App:
         joins the next batch, and ``respond(status, headers, body)`` answers once it is stored (or
         with the same failure answers as ``hot_add``). Returns False, having done nothing, for a
         request that is to be refused (token, size, name): ``hot_add`` answers those."""
+        queue = scope["path"][1:-_MESSAGES_SUFFIX]
+        if len(body) > config.max_message_size or queue in RESERVED or scope["query_string"] or not token_given(scope):
+            return False  # (a query: the POST takes no parameter, and hot_add refuses it)
+        sends.submit(queue, body, answering(respond, "rest", _REST_ADD, rest_answer))
+        return True
+
+    def token_given(scope: Scope) -> bool:
+        """Whether the request carries the REST API's token, when it has one."""
         if config.rest_token is not None:
             try:
                 check_token(header(scope, b"authorization") or b"")
             except HTTPProblem:
                 return False
+        return True
+
+    def direct_fetch(scope: Scope, body: bytes, respond: Respond) -> bool:
+        """``GET /{queue}/messages`` with no query, taken straight from the HTTP protocol as
+        ``direct_add``, from a queue whose own wait is 0 (``waitless``): its first look, which is
+        all of it, joins the queue's next batch of fetches. Anything else (a wait, a visibility
+        timeout, a refusal) goes through FastAPI's ``fetch``: False, having done nothing."""
         queue = scope["path"][1:-_MESSAGES_SUFFIX]
-        if len(body) > config.max_message_size or queue in RESERVED or scope["query_string"]:
-            return False  # (a query: the POST takes no parameter, and hot_add refuses it)
-        sends.submit(queue, body, answering(respond, "rest", _REST_ADD, rest_answer))
+        if queue not in waitless or scope["query_string"] or not token_given(scope):
+            return False
+        fetches.submit(queue, None, answering(respond, "rest", _REST_FETCH, functools.partial(fetched_answer, queue)))
+        return True
+
+    def fetched_answer(queue: str, outcome: Fetched | BaseException) -> Answer:
+        """What ``fetch`` answers to a first look that got ``outcome``, for the direct path."""
+        if isinstance(outcome, BaseException):
+            return _failure_answer(outcome)
+        message, given, _ = outcome
+        if message is None:
+            return 204, [], b""
+        counts.counted(counts.messages_out, queue).inc()
+        answer = _whole(200, message.body, [
+            (b"x-message-id", given.encode()),
+            (b"x-receipt", message.receipt.encode()),
+            (b"x-receive-count", str(message.receive_count).encode()),
+        ])
+        answer[1].append(_OCTET_STREAM)  # after the length, as Starlette's Response has them
+        return answer
+
+    def direct_remove(scope: Scope, body: bytes, respond: Respond) -> bool:
+        """``DELETE /{queue}/messages/{id}`` with no query, taken straight from the HTTP protocol
+        as ``direct_add``: the id joins the queue's next batch of deletes. A refused request
+        goes through FastAPI's ``remove``: False, having done nothing."""
+        _, queue, _, message_id = scope["path"].split("/")
+        if queue in RESERVED or scope["query_string"] or not token_given(scope):
+            return False
+        deletes.submit(queue, message_id, answering(respond, "rest", _REST_DELETE, _deleted_answer))
         return True
 
     def rest_answer(outcome: str | BaseException) -> Answer:
@@ -712,7 +808,7 @@ def create_app(config: ServerConfig) -> App:
         counts.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers
 
-    sqs_sends = SendBatcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
+    sqs_sends = Batcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
     sqs_checks_headers = bool(config.aws_credentials) or config.rest_token is not None
 
     def sqs_action(target: str) -> str:
@@ -812,11 +908,15 @@ def create_app(config: ServerConfig) -> App:
         outcome: dict[str, Any] | BaseException
         try:
             if action in SqsProtocol.SEND_ACTIONS:
-                outcome = await sqs_sends.send(sqs_protocol().queue_of(payload), (action, payload))
+                outcome = await sqs_sends.call(sqs_protocol().queue_of(payload), (action, payload))
             elif action == "ReceiveMessage":
                 outcome = await sqs_receive(receive, payload, base_url)
             else:
-                outcome = await blocking(sqs_protocol().handle, action, payload, base_url)
+                try:
+                    outcome = await blocking(sqs_protocol().handle, action, payload, base_url)
+                finally:
+                    if action in _QUEUE_CHANGES:
+                        waitless.clear()  # (its queue's wait may have changed: each is looked at again)
         except (SqsError, HTTPProblem, Error) as exc:
             outcome = exc
         return await _send_answer(send, sqs_answer(action, payload, outcome))
@@ -868,6 +968,11 @@ def create_app(config: ServerConfig) -> App:
         return None
 
     def direct_route(scope: Scope) -> DirectHandler | None:
+        method = scope["method"]
+        if method == "GET":
+            return direct_fetch if _is_messages(scope["path"]) else None
+        if method == "DELETE":
+            return direct_remove if _is_message(scope["path"]) else None
         handler = hot_route(scope)
         return direct_add if handler is hot_add else direct_sqs if handler is hot_sqs else None
 
@@ -881,6 +986,11 @@ def create_app(config: ServerConfig) -> App:
 _MESSAGES = "/messages"
 _MESSAGES_SUFFIX = len(_MESSAGES)
 _REST_ADD = "POST /{queue}/messages"
+_REST_FETCH = "GET /{queue}/messages"
+_REST_DELETE = "DELETE /{queue}/messages/{message_id}"
+_OCTET_STREAM = (b"content-type", b"application/octet-stream")
+_QUEUE_CHANGES = frozenset({"CreateQueue", "SetQueueAttributes", "DeleteQueue"})
+"""SQS actions that may change a queue's own wait (``waitless``)."""
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
 _NO_TARGET = (
     "the request names no action (no X-Amz-Target header): this endpoint speaks SQS's JSON protocol "
@@ -1050,6 +1160,17 @@ def _is_messages(path: str) -> bool:
     return path.endswith(_MESSAGES) and path.count("/") == 2 and len(path) > len(_MESSAGES) + 1
 
 
+def _is_message(path: str) -> bool:
+    """Whether ``path`` is one message of a queue, ``/{queue}/messages/{message_id}``."""
+    parts = path.split("/")
+    return len(parts) == 4 and parts[2] == "messages" and bool(parts[1]) and bool(parts[3])
+
+
+def _deleted_answer(outcome: BaseException | None) -> Answer:
+    """The direct path's answer to a delete: what ``remove`` answers to the same."""
+    return (204, [], b"") if outcome is None else _failure_answer(outcome)
+
+
 def _problem_response(exc: HTTPProblem) -> Response:
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
@@ -1069,13 +1190,14 @@ def _journal_problem(exc: JournalError) -> str:
 
 
 def _failure_answer(exc: BaseException) -> Answer:
-    """The direct path's answer to a send that failed: what ``hot_add`` answers to the same."""
+    """The direct path's answer to a request that failed: what its route (``hot_add``, ``fetch``,
+    ``remove``) answers to the same."""
     if isinstance(exc, HTTPProblem):
         response = _problem_response(exc)
     elif isinstance(exc, Error):
         response = _error_response(exc)
     else:
-        log.error("storing a message failed", exc_info=exc)
+        log.error("a request failed", exc_info=exc)
         return _INTERNAL_ERROR
     return response.status_code, response.raw_headers, bytes(response.body)
 

@@ -1,10 +1,11 @@
-"""Group commit at the request level: concurrent sends to one queue become one store call.
+"""Group commit at the request level: concurrent requests of one kind to one queue (sends,
+fetches, deletes) become one store call.
 
-Each queue has at most one batch being stored at a time (the server's: one write, on the event
-loop, and one sync, on the loop or in a worker thread as ``SyncPlacement`` says). Sends that arrive
-meanwhile wait on the event loop, not in threads, and go together as the next batch. So under load
-the cost of a lock and a sync is shared by every request of a batch, and each request is still
-answered only once its message is stored.
+Each queue has at most one batch of a kind being stored at a time (the server's: one write, on
+the event loop, and one sync, on the loop or in a worker thread as ``SyncPlacement`` says).
+Requests that arrive meanwhile wait on the event loop, not in threads, and go together as the
+next batch. So under load the cost of a lock and a sync is shared by every request of a batch,
+and each request is still answered only once what it changed is stored.
 """
 
 from __future__ import annotations
@@ -78,14 +79,15 @@ class SyncPlacement:
         self._retry = True
 
 
-class SendBatcher(Generic[Item, Result]):
-    """``send(queue, item)`` resolves to the item's result once the batch holding it is stored.
+class Batcher(Generic[Item, Result]):
+    """``call(queue, item)`` resolves to the item's result once the batch holding it is stored.
 
     ``store(queue, items)`` stores the batch (waiting for its sync) and returns one result per item,
-    in order: a value, or an exception that only that item's send raises (an item refused by
-    itself, as a bad SQS request). If ``store`` raises, every send of that batch raises the same
-    error (a failed batch keeps nothing). REST sends are bodies and get message ids; SQS sends are
-    whole SendMessage requests and get their answers.
+    in order: a value, or an exception that only that item's call raises (an item refused by
+    itself, as a bad SQS request). If ``store`` raises, every call of that batch raises the same
+    error (a failed batch keeps nothing). The server's batchers: REST sends (bodies, which get
+    message ids), SQS sends (whole SendMessage requests, which get their answers), REST fetches
+    (their visibility timeouts; each gets a message or none) and REST deletes (message ids).
     """
 
     def __init__(
@@ -103,16 +105,16 @@ class SendBatcher(Generic[Item, Result]):
         """How many queues have a batch being stored, or about to be (its task made)."""
         return len(self._storing)
 
-    async def send(self, queue: str, item: Item) -> Result:
+    async def call(self, queue: str, item: Item) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self.submit(queue, item, functools.partial(_settle, future))
         return await future
 
     def submit(self, queue: str, item: Item, done: Callable[[Result | BaseException], None]) -> None:
-        """``send`` without a future: ``done(outcome)`` is called on the event loop once the batch
+        """``call`` without a future: ``done(outcome)`` is called on the event loop once the batch
         holding ``item`` is stored, with its result or the exception that refused it (for the
         server's direct path, which answers from a callback instead of a task). ``done`` should
-        not raise: one that does is logged, and the other sends of its batch are answered all the
+        not raise: one that does is logged, and the other calls of its batch are answered all the
         same."""
         self._waiting.setdefault(queue, []).append((item, done))
         if queue not in self._storing:
@@ -128,8 +130,8 @@ class SendBatcher(Generic[Item, Result]):
                 try:
                     results = await self._store(queue, [item for item, _ in batch])
                     if len(results) != len(batch):
-                        raise RuntimeError(f"storing {len(batch)} sends to {queue!r} gave {len(results)} results")
-                except BaseException as exc:  # the batch failed as a whole: so does each send
+                        raise RuntimeError(f"storing a batch of {len(batch)} for {queue!r} gave {len(results)} results")
+                except BaseException as exc:  # the batch failed as a whole: so does each call
                     _settle_each(batch, itertools.repeat(exc), queue)
                     if not isinstance(exc, Exception):
                         raise
@@ -142,18 +144,18 @@ class SendBatcher(Generic[Item, Result]):
 def _settle_each(
     batch: Sequence[tuple[object, Done[Result]]], outcomes: Iterable[Result | BaseException], queue: str
 ) -> None:
-    """``done(outcome)`` for each send of ``batch``. A ``done`` that raises (the direct path
+    """``done(outcome)`` for each call of ``batch``. A ``done`` that raises (the direct path
     writing to a connection its client closed) is logged: leaving ``_drain`` on it left the rest
     of the batch, and the sends that came meanwhile, never answered."""
     for (_, done), outcome in zip(batch, outcomes):
         try:
             done(outcome)
         except Exception:
-            log.exception("answering a send to %r failed", queue)
+            log.exception("answering a request to %r failed", queue)
 
 
 def _settle(future: asyncio.Future[Result], outcome: Result | BaseException) -> None:
-    if future.done():  # its send was cancelled meanwhile
+    if future.done():  # its call was cancelled meanwhile
         return
     if isinstance(outcome, BaseException):
         future.set_exception(outcome)

@@ -1,5 +1,5 @@
 """Uvicorn's httptools protocol with a limit on the request head, and a direct path for the
-busiest request.
+busiest requests.
 
 httptools keeps a header line that has not ended in memory however long it grows (a 13 MB header
 line was taken whole), and uvicorn sets no limit on it (only its h11 protocol has one,
@@ -7,13 +7,14 @@ line was taken whole), and uvicorn sets no limit on it (only its h11 protocol ha
 connection once a request's head (request line and headers) passes the limit that uvicorn gives
 its h11 protocol (``h11_max_incomplete_event_size``), so that both protocols take the same heads.
 
-``DirectHttpToolsProtocol`` (what ``journalq serve`` runs) also hands ``POST /{queue}/messages``
-to the application without ASGI when its whole body came with its head: uvicorn's ASGI layer
-(a task, a request cycle's coroutines, two ``send`` calls) costs more CPU per request than
-journalq's own work on it, and with durable writes sharing their syncs, CPU per request is what
-bounds throughput. Everything else goes through ASGI as before. It also closes connections that
-wait too long for a request (idle ones, and heads that do not end: 408) with one timer for all
-of them (``_IdleSweep``) instead of uvicorn's timer per answer.
+``DirectHttpToolsProtocol`` (what ``journalq serve`` runs) also hands the busiest requests
+(``POST /{queue}/messages`` and SQS's sends, mq's fetches and deletes: those the application's
+``direct_route`` takes) to the application without ASGI when the whole body came with the head:
+uvicorn's ASGI layer (a task, a request cycle's coroutines, two ``send`` calls) costs more CPU
+per request than journalq's own work on it, and with durable writes sharing their syncs, CPU
+per request is what bounds throughput. Everything else goes through ASGI as before. It also
+closes connections that wait too long for a request (idle ones, and heads that do not end: 408)
+with one timer for all of them (``_IdleSweep``) instead of uvicorn's timer per answer.
 """
 
 from __future__ import annotations
