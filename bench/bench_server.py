@@ -147,9 +147,12 @@ class Server:
                 time.sleep(0.1)
 
     def get(self, path: str) -> tuple[int, bytes]:
+        return self.request("GET", path)
+
+    def request(self, method: str, path: str) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
         try:
-            conn.request("GET", path)
+            conn.request(method, path)
             response = conn.getresponse()
             return response.status, response.read()
         finally:

@@ -1,7 +1,7 @@
 """Run journalq's benchmarks: ``bench/run.py [--quick] [--repeat N] [NAME ...]``.
 
-Names: append, scan, seek, follow, channels, receive, server, shard, shard-queue, spark, zookeeper, hub (all by
-default). Prints a table
+Names: append, scan, seek, follow, channels, receive, server, consumers, shard, shard-queue, spark, zookeeper, hub
+(all by default). Prints a table
 (figure, baseline measured in the same run, ratio, aim), then one JSON object per result, one per
 line, for machines. Progress goes to stderr. See bench/README.md for what each benchmark measures and why.
 """
@@ -21,6 +21,7 @@ except ImportError:  # not installed: use the source tree
     sys.path.insert(0, str(HERE.parent / "src"))
 
 import bench_append  # noqa: E402
+import bench_consumers  # noqa: E402
 import bench_follow  # noqa: E402
 import bench_hub  # noqa: E402
 import bench_queue  # noqa: E402
@@ -41,6 +42,7 @@ BENCHMARKS = {
     "channels": bench_queue.run_channels,
     "receive": bench_queue.run_receive,
     "server": bench_server.run,
+    "consumers": bench_consumers.run,
     "shard": bench_shard.run,
     "shard-queue": bench_shard_queue.run,
     "hub": bench_hub.run,

@@ -42,7 +42,7 @@ from itertools import repeat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from journalq.errors import (
     CorruptionError,
@@ -90,6 +90,7 @@ from journalq.queue.state import (
 if TYPE_CHECKING:
     from journalq.queue.topic import Topic
 
+_Key = TypeVar("_Key")  # what ``IdDeletes`` knows a message by: its offset, a ZooKeeper task
 log = logging.getLogger("journalq.queue")
 
 SNAPSHOT_EVERY = 20_000
@@ -1747,19 +1748,8 @@ class Channel:
         one sync); for each id, None or the error that kept it from being deleted: not an id of
         this queue's (``InvalidMessageError``), or no message of that id waiting, never sent,
         finished, dead or collected (``TaskNotFoundError``; an id given twice, the second time)."""
-        outcomes: list[Error | None] = [None] * len(ids)
-        offsets: dict[int, int] = {}  # offset -> its position in ``ids``
-        refused: list[int] = []
-        for position, id in enumerate(ids):
-            try:
-                offset = parse_message_id(id)
-            except InvalidMessageError as exc:
-                outcomes[position] = exc
-                continue
-            if offset in offsets:
-                refused.append(position)
-            else:
-                offsets[offset] = position
+        deletes = IdDeletes(ids, parse_message_id)
+        offsets = deletes.todo
         if offsets:
             with self._held_current() as now:
                 state = self.state
@@ -1767,14 +1757,10 @@ class Channel:
                 for offset, position in list(offsets.items()):
                     if offset >= end or state.task_state(offset, now) in (None, "finished", "dead"):
                         del offsets[offset]
-                        refused.append(position)
+                        deletes.refused.append(position)
                 if offsets:
                     self._record(finish_records(list(offsets), [state.receive_count(o) for o in offsets]))
-        for position in refused:
-            outcomes[position] = TaskNotFoundError(
-                f"no message {ids[position]!r} waiting in {self.topic.name}/{self.name}"
-            )
-        return outcomes
+        return deletes.outcomes_in(f"{self.topic.name}/{self.name}")
 
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""
@@ -1925,6 +1911,35 @@ def _compaction_due(state: ChannelState) -> bool:
     compacts, not each in turn, each applying all the others' snapshots too.)"""
     since = state.events_applied - state.applied_at_snapshot
     return since >= SNAPSHOT_EVERY or (since >= SNAPSHOT_SMALL_EVERY and state.entries() * SNAPSHOT_SAVES <= since)
+
+
+class IdDeletes(Generic[_Key]):
+    """A ``delete_ids`` call's bookkeeping (the file store's and the ZooKeeper store's): each id
+    parsed by ``parse`` (its ``InvalidMessageError`` is its outcome), ``todo``: each message to
+    delete by its key, with the position of its id in ``ids``; ``refused``: the positions of ids
+    given again, and of those the caller finds not waiting. Pure: no I/O."""
+
+    def __init__(self, ids: Sequence[str], parse: Callable[[str], _Key]) -> None:
+        self.ids = ids
+        self.outcomes: list[Error | None] = [None] * len(ids)
+        self.todo: dict[_Key, int] = {}
+        self.refused: list[int] = []
+        for position, id in enumerate(ids):
+            try:
+                key = parse(id)
+            except InvalidMessageError as exc:
+                self.outcomes[position] = exc
+                continue
+            if key in self.todo:
+                self.refused.append(position)
+            else:
+                self.todo[key] = position
+
+    def outcomes_in(self, where: str) -> list[Error | None]:
+        """For each id, None or why it was not deleted (``where``: the queue, as errors name it)."""
+        for position in self.refused:
+            self.outcomes[position] = TaskNotFoundError(f"no message {self.ids[position]!r} waiting in {where}")
+        return self.outcomes
 
 
 def _raise(error: Error | None) -> None:

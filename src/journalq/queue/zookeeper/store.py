@@ -81,6 +81,7 @@ from journalq.queue import envelope
 from journalq.queue import filters as filtering
 from journalq.queue.channel import (
     ChannelStats,
+    IdDeletes,
     ReceivedMessage,
     Task,
     check_receipt_list,
@@ -1972,26 +1973,12 @@ class ZooKeeperQueue:
     def delete_ids(self, ids: Sequence[str]) -> list[Error | None]:
         """``delete_id`` of each, their entries read and ended together; for each id, None or
         the error that kept it from being deleted (as the file store's ``Channel.delete_ids``)."""
-        outcomes: list[Error | None] = [None] * len(ids)
-        tasks: dict[str, int] = {}  # task -> its position in ``ids``
-        refused: list[int] = []
-        for position, id in enumerate(ids):
-            try:
-                task = check_task_id(id)
-            except InvalidMessageError as exc:
-                outcomes[position] = exc
-                continue
-            if task in tasks:
-                refused.append(position)
-            else:
-                tasks[task] = position
-        if tasks:
+        deletes = IdDeletes(ids, check_task_id)
+        if deletes.todo:
             with self._call(f"deleting message {ids[0]} of" if len(ids) == 1 else f"deleting {len(ids)} messages of"):
-                done = set(self.finish_ids(list(tasks), FINISHED))
-            refused += [position for task, position in tasks.items() if task not in done]
-        for position in refused:
-            outcomes[position] = TaskNotFoundError(f"no message {ids[position]!r} waiting in {self.topic.name}")
-        return outcomes
+                done = set(self.finish_ids(list(deletes.todo), FINISHED))
+            deletes.refused += [position for task, position in deletes.todo.items() if task not in done]
+        return deletes.outcomes_in(self.topic.name)
 
     def purge(self) -> None:
         """Finish every task sent so far (SQS's PurgeQueue)."""

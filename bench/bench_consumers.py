@@ -1,0 +1,239 @@
+"""consumers: mq's REST consumers against the server (``journalq serve --sync always``).
+
+Each client fetches a message (``GET /{queue}/messages``) and deletes it by the id the fetch gave
+(``DELETE /{queue}/messages/{id}``), again and again, for a fixed time (5 s; 1.5 s with
+``--quick``), from a queue filled beforehand (through the library, by this process, while the
+server runs: many processes share a data directory), with 1, 16 and 64 clients. A delete is a
+durable write (a fetch's delivery is not synced), so concurrent consumers share syncs as senders
+do; the server takes both in batches per queue (one receive, or one delete and its sync, for the
+requests under way). Beside it, in the same run, the physical limit: write 100 bytes + fdatasync
+of one file, one after another (as the server benchmark's).
+
+The client: ``wrk`` when it is on PATH, with a Lua script (a fetched id goes into a list; a
+connection's next request deletes one from it if any, else fetches), else a Python asyncio client
+(one connection per client, a fetch then its delete). The figure is the messages consumed per
+second: the server's ``journalq_messages_deleted_total`` over the run (with wrk, up to one a client
+more: the requests under way when it stops, which it does not count), over the run's time.
+
+Each run is checked: the queue's available and in-flight messages and those deleted add up to
+what was filled (nothing lost, nothing deleted twice), and the queue did not run dry (which
+would make the figure a floor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_server import CLIENTS, Server, _fsync_loop, _free_port, _tool
+from harness import Context, Result, ms, rate, summarize
+from server_load import _stats, _wrk_ms
+
+from journalq.queue import Broker
+
+BODY = b"x" * 100
+
+WRK_SCRIPT = """
+local ids = {{}}
+function request()
+  local n = #ids
+  if n > 0 then
+    local id = ids[n]
+    ids[n] = nil
+    return wrk.format("DELETE", "/{queue}/messages/" .. id)
+  end
+  return wrk.format("GET", "/{queue}/messages")
+end
+function response(status, headers, body)
+  if status == 200 then
+    ids[#ids + 1] = headers["x-message-id"]
+  end
+end
+"""
+
+
+class Consumers:
+    """One run: a fresh queue filled with ``filled`` messages, ``clients`` consumers for
+    ``seconds``; the result with the server's counts before and after."""
+
+    def __init__(self, server: Server, data: Path, queue: str, clients: int, filled: int) -> None:
+        self.server, self.data, self.queue, self.clients, self.filled = server, data, queue, clients, filled
+
+    def fill(self) -> None:
+        status, body = self.server.request("PUT", f"/{self.queue}")
+        if status != 201:
+            raise RuntimeError(f"PUT /{self.queue}: {status} {body[:200]!r}")
+        with Broker(self.data, sync="none") as broker:  # beside the server, as another process
+            queue = broker.queue(self.queue, create=False)
+            for start in range(0, self.filled, 1000):
+                queue.send_many([BODY] * min(1000, self.filled - start))
+        os.sync()  # (off the clock: the server then reads what the page cache holds)
+
+    def run(self, seconds: float, client: str) -> dict[str, Any]:
+        self.fill()
+        deleted_before, syncs_before = self._deleted(), self.server.syncs() or 0.0
+        cpu_before = self.server.cpu()
+        if client == "wrk":
+            outcome = self._wrk(seconds)
+        else:
+            outcome = asyncio.run(self._python(seconds))
+        cpu = self.server.cpu() - cpu_before
+        deleted = self._deleted() - deleted_before
+        syncs = (self.server.syncs() or 0.0) - syncs_before
+        status, body = self.server.request("GET", f"/{self.queue}")
+        stats = json.loads(body)
+        if status != 200 or stats["available"] + stats["in_flight"] + deleted != self.filled:
+            raise RuntimeError(f"queue {self.queue}: filled {self.filled}, deleted {deleted:.0f}, now {stats}: "
+                               "messages lost or deleted twice")
+        if stats["available"] == 0:
+            raise RuntimeError(f"queue {self.queue} ran dry ({self.filled} filled): fill more")
+        if outcome["errors"]:
+            raise RuntimeError(f"{self.clients} consumers of {self.queue}: {outcome['errors']} requests failed")
+        self.server.request("DELETE", f"/{self.queue}")
+        requests = outcome["requests"]
+        return {
+            "rate": deleted / outcome["seconds"],
+            "requests_per_s": round(requests / outcome["seconds"], 1),
+            "deleted": int(deleted),
+            "seconds": round(outcome["seconds"], 3),
+            "median_ms": outcome["latency"].get("median", float("nan")),
+            "p99_ms": outcome["latency"].get("p99", float("nan")),
+            "server_cores": round(cpu / outcome["seconds"], 3),
+            "server_us_per_request": round(cpu / requests * 1e6, 2) if requests else None,
+            "syncs_per_msg": round(syncs / deleted, 5) if deleted else None,
+        }
+
+    def _deleted(self) -> float:
+        status, body = self.server.request("GET", "/metrics")
+        if status != 200:
+            raise RuntimeError(f"GET /metrics: {status}")
+        found = re.search(rf'^journalq_messages_deleted_total\{{queue="{re.escape(self.queue)}"\}} (\S+)$',
+                          body.decode(), re.M)
+        return float(found[1]) if found else 0.0
+
+    def _wrk(self, seconds: float) -> dict[str, Any]:
+        fd, script = tempfile.mkstemp(suffix=".lua", prefix="journalq-consume-")
+        with os.fdopen(fd, "w") as f:
+            f.write(WRK_SCRIPT.format(queue=self.queue))
+        try:
+            whole = max(1, round(seconds))  # wrk takes whole seconds; the rate is over the time it reports
+            finished = _run(["wrk", "-t1", f"-c{self.clients}", f"-d{whole}s", "--timeout", "60s", "--latency",
+                             "-s", script, self.server.endpoint])
+        finally:
+            os.unlink(script)
+        answered = re.search(r"(\d+) requests in ([\d.]+)(m?s)", finished)
+        if answered is None:
+            raise RuntimeError(f"no request count in wrk's output: {finished}")
+        failed = re.search(r"Non-2xx or 3xx responses: (\d+)", finished)
+        latency = {name: _wrk_ms(m[1]) for name, m in (
+            (name, re.search(rf"^\s+{p}%\s+(\S+)", finished, re.M)) for name, p in (("median", 50), ("p99", 99))
+        ) if m}
+        return {"requests": int(answered[1]), "errors": int(failed[1]) if failed else 0,
+                "seconds": float(answered[2]) * (1e-3 if answered[3] == "ms" else 1.0), "latency": latency}
+
+    async def _python(self, seconds: float) -> dict[str, Any]:
+        host, port = "127.0.0.1", self.server.port
+        latencies: list[float] = []
+        counts = {"requests": 0, "errors": 0}
+        fetch = f"GET /{self.queue}/messages HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+
+        async def call(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> tuple[int, bytes]:
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            if length:
+                await reader.readexactly(int(length[1]))
+            latencies.append((time.perf_counter() - started) * 1000)
+            counts["requests"] += 1
+            return int(head[9:12]), head
+
+        async def consumer(deadline: float) -> None:
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                while time.perf_counter() < deadline:
+                    status, head = await call(reader, writer, fetch)
+                    if status == 200:
+                        given = re.search(rb"(?im)^x-message-id:\s*(\S+)", head)[1].decode()
+                        delete = f"DELETE /{self.queue}/messages/{given} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+                        status, _ = await call(reader, writer, delete)
+                    if status >= 300:
+                        counts["errors"] += 1
+            finally:
+                writer.close()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(consumer(started + seconds) for _ in range(self.clients)))
+        return {**counts, "seconds": time.perf_counter() - started, "latency": _stats(latencies)}
+
+
+def _run(command: list[str]) -> str:
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if finished.returncode != 0:
+        raise RuntimeError(f"{command[0]} failed ({finished.returncode}): {finished.stdout}{finished.stderr}")
+    return finished.stdout
+
+
+def run(ctx: Context) -> list[Result]:
+    seconds = 1.5 if ctx.quick else 5.0
+    loop_seconds = 1.0 if ctx.quick else 2.0
+    filled = 60_000 if ctx.quick else 200_000
+    root = ctx.scratch("consumers")
+    root.mkdir(parents=True)
+    data = root / "data"
+    client = "wrk" if shutil.which("wrk") else "python"
+    port = _free_port()
+    server = Server("journalq-always", [_tool("journalq"), "serve", "--data", str(data), "--port", str(port),
+                                        "--sync", "always"], root / "server.log", port)
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in CLIENTS}
+    loop_rates: list[float] = []
+    loop_rounds: list[list[float]] = []
+    try:
+        server.start()
+        ctx.log(f"  server up :{port}; {len(CLIENTS)} configurations x {seconds:g} s, {ctx.repeat} rounds, "
+                f"{filled} messages a queue; client: {client}")
+        for r in range(ctx.repeat):
+            loop_rate, loop_lat = _fsync_loop(root / "fsync-loop", loop_seconds)
+            loop_rates.append(loop_rate)
+            loop_rounds.append(loop_lat)
+            ctx.log(f"  round {r + 1}: fdatasync loop {loop_rate:.0f} syncs/s")
+            for n in CLIENTS:
+                outcome = Consumers(server, data, f"consume-{n}-r{r}", n, filled).run(seconds, client)
+                runs[n].append(outcome)
+                ctx.log(f"    x{n:<2}: {rate(outcome['rate']):>12} consumed "
+                        f"({outcome['requests_per_s']:.0f} requests/s), "
+                        f"p50 {ms(outcome['median_ms'])}, p99 {ms(outcome['p99_ms'])}, "
+                        f"{outcome['syncs_per_msg']} syncs/msg, server {outcome['server_cores']:.2f} cores "
+                        f"({outcome['server_us_per_request']} µs/req)")
+    finally:
+        server.stop()
+
+    loop_best = max(loop_rates)
+    loop_lat = summarize(loop_rounds)
+    results = [Result(
+        "consumers", "physical limit: write 100 B + fdatasync, one file, one after another",
+        loop_best, "msg/s", f"best of {ctx.repeat}",
+        figure=f"{loop_best:.0f} syncs/s, p50 {ms(loop_lat['median'])}, p99 {ms(loop_lat['p99'])}",
+        extra={"seconds_per_run": loop_seconds, "runs": [round(x, 1) for x in loop_rates]},
+    )]
+    for n in CLIENTS:
+        best = max(runs[n], key=lambda outcome: outcome["rate"])
+        median = sorted(outcome["median_ms"] for outcome in runs[n])[len(runs[n]) // 2]
+        p99 = sorted(outcome["p99_ms"] for outcome in runs[n])[len(runs[n]) // 2]
+        results.append(Result(
+            "consumers", f"sync always, REST fetch + delete by id ({client}), {n} clients",
+            best["rate"], "msg/s", f"best of {ctx.repeat}", "fdatasync loop", loop_best,
+            figure=f"{rate(best['rate'])} ({best['requests_per_s'] / 1000:.1f} k req/s), p50 {ms(median)}, "
+                   f"p99 {ms(p99)}; {best['syncs_per_msg']} syncs/msg",
+            extra={"clients": n, "seconds_per_run": seconds, "filled": filled, "median_ms": median, "p99_ms": p99,
+                   "runs": runs[n]},
+        ))
+    return results
