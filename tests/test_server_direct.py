@@ -212,8 +212,11 @@ REQUESTS = [
     sqs("SendMessage", b"not json"),
     sqs("SendMessage", {"QueueUrl": "http://test/000000000000/q", "MessageBody": "x"}, "Authorization: Bearer wrong"),
     sqs("GetQueueAttributes", {"QueueUrl": "http://test/000000000000/q", "AttributeNames": ["All"]}),
+    sqs("DeleteMessage", {"QueueUrl": "http://test/000000000000/q", "ReceiptHandle": "0.1.nothing.here"}),
+    sqs("DeleteMessage", {"QueueUrl": "http://test/000000000000/q"}),
+    sqs("DeleteMessage", {"QueueUrl": "http://test/000000000000/nope", "ReceiptHandle": "0.1.nothing.here"}),
 ]
-STATUSES = [201, 201, 404, 400, 413, 401, 201, 400, 201, 200, 200, 400, 400, 400, 401, 200]
+STATUSES = [201, 201, 404, 400, 413, 401, 201, 400, 201, 200, 200, 400, 400, 400, 401, 200, 404, 400, 400]
 
 
 def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[bytes]) -> None:
@@ -241,8 +244,10 @@ def test_the_direct_path_answers_as_the_asgi_path(tmp_path: Path, taken: list[by
     assert b"QueueDoesNotExist" in answers[DirectHttpToolsProtocol][11]
     # Sends that reached a queue went the direct way; the refused ones, and other actions, to ASGI.
     assert [body[:30] for body in taken] == [b"hello", b"", b"nowhere", b"one-zero", b"escaped",
-                                             b'{"QueueUrl": "http://test/0000',
-                                             b'{"QueueUrl": "http://test/0000', b'{"QueueUrl": "http://test/0000']
+                                             *[b'{"QueueUrl": "http://test/0000'] * 6]
+    assert b"ReceiptHandleIsInvalid" in answers[DirectHttpToolsProtocol][16]
+    assert b"MissingParameter" in answers[DirectHttpToolsProtocol][17]
+    assert b"QueueDoesNotExist" in answers[DirectHttpToolsProtocol][18]
 
 
 def _consumer_run(port: int) -> list[bytes]:

@@ -507,6 +507,56 @@ def test_concurrent_fetches_share_a_receive_and_concurrent_deletes_a_sync(
     asyncio.run(scenario())
 
 
+def test_concurrent_sqs_receives_share_a_receive_and_deletes_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQS's consumers, as mq's: concurrent ReceiveMessages of a standard queue take their first
+    look in batches, one receive each, every message to one of them; concurrent DeleteMessages
+    are stored in batches, one sync each, each answered as alone: a receipt given twice is
+    deleted once and both are answered success (as SQS answers a delivery that is over), a
+    malformed one ReceiptHandleIsInvalid, a missing one MissingParameter."""
+    with Broker(tmp_path) as broker:
+        broker.queue("q").send_many([b"%d" % i for i in range(24)])
+    asked: list[int] = []
+    real_receive = Channel.receive
+
+    def receive(self: Channel, max_messages: int = 1, **options: Any) -> Any:
+        asked.append(max_messages)
+        return real_receive(self, max_messages, **options)
+
+    monkeypatch.setattr(Channel, "receive", receive)
+    pause: dict[str, float] = {}
+    where = _where_stored(monkeypatch, pause)
+    url = "http://testserver/000000000000/q"
+
+    async def call(client: httpx.AsyncClient, action: str, payload: dict[str, Any]) -> httpx.Response:
+        return await client.post("/", content=json.dumps({"QueueUrl": url, **payload}),
+                                 headers={**SQS_HEADERS, "X-Amz-Target": f"AmazonSQS.{action}"})
+
+    async def scenario() -> None:
+        async with app_client(tmp_path) as client:
+            got = await asyncio.gather(*(call(client, "ReceiveMessage", {"MaxNumberOfMessages": 2}) for _ in range(12)))
+            assert [answer.status_code for answer in got] == [200] * 12
+            messages = [m for answer in got for m in answer.json()["Messages"]]
+            assert sorted(m["Body"] for m in messages) == sorted(str(i) for i in range(24))
+            assert sum(asked) == 24 and len(asked) < 12, asked
+            receipts = [m["ReceiptHandle"] for m in messages]
+            where.clear()
+            pause["sync"] = 0.1
+            payloads = [{"ReceiptHandle": r} for r in [*receipts, receipts[0], "0.1.nothing.here"]] + [{}]
+            deleted = await asyncio.gather(*(call(client, "DeleteMessage", payload) for payload in payloads))
+            assert [answer.status_code for answer in deleted[:25]] == [200] * 25
+            assert deleted[25].json()["__type"].endswith("ReceiptHandleIsInvalid"), deleted[25].text
+            assert deleted[26].json()["__type"].endswith("MissingParameter"), deleted[26].text
+            assert 1 <= [what for what, _ in where].count("sync") <= 4, where
+            assert (await client.get("/q")).json()["in_flight"] == 0
+            metrics = (await client.get("/metrics")).text
+            assert 'journalq_messages_out_total{queue="q"} 24.0' in metrics
+            assert 'journalq_messages_deleted_total{queue="q"} 25.0' in metrics
+
+    asyncio.run(scenario())
+
+
 def test_injected_eio_on_sync_is_503_and_the_queue_is_reopened(tmp_path: Path, sync_fault: SyncFault) -> None:
     """A failed fdatasync leaves the writer unusable by design; the server answers 503, closes
     it, and the next request reopens (and recovers) the journal."""

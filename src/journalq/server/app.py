@@ -223,7 +223,7 @@ def create_app(config: ServerConfig) -> App:
     def batches_storing() -> int:
         """How many batches that sync are being stored, over every queue (``Batcher.storing``):
         not fetches, whose deliveries are not synced."""
-        return sends.storing + sqs_sends.storing + deletes.storing
+        return sends.storing + sqs_sends.storing + deletes.storing + sqs_deletes.storing
 
     async def appended(fn: Callable[..., T], queue: str, *args: Any) -> T:
         """A batch's store ``fn(queue, *args)`` (sends, fetches, deletes): run on the event loop
@@ -809,6 +809,16 @@ def create_app(config: ServerConfig) -> App:
         return answers
 
     sqs_sends = Batcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
+
+    async def store_sqs_deletes(name: str, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any] | Exception]:
+        return await appended(sqs_protocol().delete_together, name, requests)
+
+    sqs_deletes = Batcher(store_sqs_deletes)  # DeleteMessage: one step, and one sync, a batch
+
+    async def receive_sqs(name: str, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any] | Exception | None]:
+        return await appended(sqs_protocol().receive_together, name, requests)
+
+    sqs_fetches = Batcher(receive_sqs)  # ReceiveMessage's first look (``SqsProtocol.receive_together``)
     sqs_checks_headers = bool(config.aws_credentials) or config.rest_token is not None
 
     def sqs_action(target: str) -> str:
@@ -909,8 +919,11 @@ def create_app(config: ServerConfig) -> App:
         try:
             if action in SqsProtocol.SEND_ACTIONS:
                 outcome = await sqs_sends.call(sqs_protocol().queue_of(payload), (action, payload))
+            elif action == "DeleteMessage":
+                outcome = await sqs_deletes.call(sqs_protocol().queue_of(payload), payload)
             elif action == "ReceiveMessage":
-                outcome = await sqs_receive(receive, payload, base_url)
+                first = await sqs_fetches.call(sqs_protocol().queue_of(payload), payload)
+                outcome = first if first is not None else await sqs_receive(receive, payload, base_url)
             else:
                 try:
                     outcome = await blocking(sqs_protocol().handle, action, payload, base_url)
@@ -940,19 +953,23 @@ def create_app(config: ServerConfig) -> App:
             watcher.cancel()
 
     def direct_sqs(scope: Scope, body: bytes, respond: Respond) -> bool:
-        """SendMessage and SendMessageBatch taken straight from the HTTP protocol, as
-        ``direct_add``; every other request, and any refused one, goes to ``hot_sqs``."""
+        """SendMessage, SendMessageBatch and DeleteMessage taken straight from the HTTP protocol,
+        as ``direct_add``; every other request, and any refused one, goes to ``hot_sqs``."""
         if len(body) > config.max_request_size:
             return False
         try:
             target = (header(scope, b"x-amz-target") or b"").decode("latin-1")
             action, payload = sqs_request(scope, target, body)
-            if action not in SqsProtocol.SEND_ACTIONS:
+            if action not in SqsProtocol.SEND_ACTIONS and action != "DeleteMessage":
                 return False
             queue = sqs_protocol().queue_of(payload)
         except (SqsRefusal, SqsError):
             return False
-        sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, sqs_outcome_answer))
+        if action == "DeleteMessage":
+            sqs_deletes.submit(queue, payload, answering(respond, "sqs", action,
+                                                         functools.partial(sqs_answer, action, payload)))
+        else:
+            sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, sqs_outcome_answer))
         return True
 
     def hot_route(scope: Scope) -> Handler | None:

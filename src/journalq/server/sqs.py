@@ -78,7 +78,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
 from journalq.errors import (
@@ -640,6 +640,36 @@ class _SqsErrors:
 
 
 _sqs_errors = _SqsErrors()
+
+
+class _ReceiveAsked(NamedTuple):
+    """What a ReceiveMessage request asks, checked (``of``)."""
+
+    count: int
+    hide: int | None  # VisibilityTimeout (None: the queue's)
+    wait: int | None  # WaitTimeSeconds (None: the queue's)
+    system: set[str]  # the system attributes to answer
+    selectors: list[Any]  # MessageAttributeNames
+    attempt: str | None  # ReceiveRequestAttemptId (FIFO)
+
+    @classmethod
+    def of(cls, request: Mapping[str, Any]) -> _ReceiveAsked:
+        count = _integer(request, "MaxNumberOfMessages", 1, 10, "Must be between 1 and 10, if provided")
+        hide = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
+        wait = _integer(request, "WaitTimeSeconds", 0, 20, "Must be >= 0 and <= 20, if provided")
+        system: set[str] = set()
+        for parameter in ("AttributeNames", "MessageSystemAttributeNames"):
+            names = request.get(parameter) or []
+            if not isinstance(names, list):
+                raise _invalid(f"{parameter} must be a list.")
+            system.update(n for n in names if isinstance(n, str))
+        if "All" in system:
+            system = set(_SYSTEM_ATTRIBUTES)
+        selectors = request.get("MessageAttributeNames") or []
+        if not isinstance(selectors, list):
+            raise _invalid("MessageAttributeNames must be a list.")
+        attempt = _check_token("ReceiveRequestAttemptId", _string(request, "ReceiveRequestAttemptId"))
+        return cls(count or 1, hide, wait, system, selectors, attempt)
 
 
 @dataclass(slots=True)  # not frozen: a frozen one took 0.25 µs more to make, once a message
@@ -1718,31 +1748,17 @@ class SqsProtocol:
         self, request: dict[str, Any], base_url: str, gone: Callable[[], bool] = lambda: False
     ) -> dict[str, Any]:
         name = self._existing(self._name_of_url(request))
-        count = _integer(request, "MaxNumberOfMessages", 1, 10, "Must be between 1 and 10, if provided")
-        hide = _integer(request, "VisibilityTimeout", 0, MAX_VISIBILITY)
-        wait = _integer(request, "WaitTimeSeconds", 0, 20, "Must be >= 0 and <= 20, if provided")
-        system = set()
-        for parameter in ("AttributeNames", "MessageSystemAttributeNames"):
-            names = request.get(parameter) or []
-            if not isinstance(names, list):
-                raise _invalid(f"{parameter} must be a list.")
-            system.update(n for n in names if isinstance(n, str))
-        if "All" in system:
-            system = set(_SYSTEM_ATTRIBUTES)
-        selectors = request.get("MessageAttributeNames") or []
-        if not isinstance(selectors, list):
-            raise _invalid("MessageAttributeNames must be a list.")
-        attempt = _check_token("ReceiveRequestAttemptId", _string(request, "ReceiveRequestAttemptId"))
+        asked = _ReceiveAsked.of(request)
         # Opened once the request is checked: of a topic whose channels are its own, this makes
         # the SQS queue's channel ``default``, which a refused request must not.
         queue = self.broker.queue(name, create=False)
-        fifo = queue.settings.fifo
-        received = self._again(name, queue, attempt, hide) if fifo and attempt is not None else None
+        fifo, attempt = queue.settings.fifo, asked.attempt
+        received = self._again(name, queue, attempt, asked.hide) if fifo and attempt is not None else None
         if received is None:
             # In slices: a poll ends within one once the server begins to stop, or its client
             # goes away (a poll left to take messages for no one would hide them for nothing).
-            for seconds in poll_slices(queue.settings.receive_wait if wait is None else wait):
-                received = queue.receive(count or 1, visibility_timeout=hide, wait=seconds)
+            for seconds in poll_slices(queue.settings.receive_wait if asked.wait is None else asked.wait):
+                received = queue.receive(asked.count, visibility_timeout=asked.hide, wait=seconds)
                 if received or self.stopping() or gone():
                     break
             if received and gone():  # taken in the slice the client went away in: given back
@@ -1750,11 +1766,54 @@ class SqsProtocol:
                 return {}
             if fifo and attempt is not None and received:
                 self._attempts.remember(name, attempt, received, time.monotonic())
+        return self._received(name, queue, asked, received)
+
+    def receive_together(
+        self, name: str, requests: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any] | SqsError | None]:
+        """The first looks (no wait) of several ReceiveMessage requests to queue ``name``, one
+        receive for each visibility timeout asked, the oldest messages to the earliest requests:
+        for each, its answer, the ``SqsError`` that refused it, or None for a request to be made
+        whole by ``receive_message``: one that got nothing and is to wait (its WaitTimeSeconds, or
+        the queue's own), and every one of a FIFO queue's (whose retried receives give the same
+        messages again). A queue that is not there refuses them all: raised."""
+        with _sqs_errors:
+            self._existing(name)
+            answers: list[dict[str, Any] | SqsError | None] = [None] * len(requests)
+            by_hide: dict[int | None, list[tuple[int, _ReceiveAsked]]] = {}
+            for position, request in enumerate(requests):
+                try:
+                    asked = _ReceiveAsked.of(request)
+                except SqsError as exc:
+                    answers[position] = exc
+                    continue
+                by_hide.setdefault(asked.hide, []).append((position, asked))
+            if not by_hide:
+                return answers
+            queue = self.broker.queue(name, create=False)  # (as receive_message: once they are checked)
+            if queue.settings.fifo:
+                return answers
+            for hide, group in by_hide.items():
+                got = queue.receive(sum(asked.count for _, asked in group), visibility_timeout=hide, wait=0)
+                taken = 0
+                for position, asked in group:
+                    mine, taken = got[taken : taken + asked.count], taken + asked.count
+                    waits = queue.settings.receive_wait if asked.wait is None else asked.wait
+                    if mine or not waits:
+                        answers[position] = self._received(name, queue, asked, mine)
+            return answers
+
+    def _received(
+        self, name: str, queue: Queue, asked: _ReceiveAsked, received: list[ReceivedMessage]
+    ) -> dict[str, Any]:
+        """A ReceiveMessage's answer, with the messages it ``received`` (none: ``{}``)."""
         if not received:
             return {}
         now_ms = time.time_ns() // 1_000_000
-        token = queue.token
-        return {"Messages": [self._message(name, m, system, selectors, fifo, now_ms, token) for m in received]}
+        fifo, token = queue.settings.fifo, queue.token
+        return {"Messages": [
+            self._message(name, m, asked.system, asked.selectors, fifo, now_ms, token) for m in received
+        ]}
 
     def _again(self, name: str, queue: Queue, attempt: str, hide: int | None) -> list[ReceivedMessage] | None:
         """A retried FIFO receive (the same ``ReceiveRequestAttemptId`` within 5 minutes): the
@@ -1897,13 +1956,37 @@ class SqsProtocol:
         return found.delete_many(items) if delete else found.change_visibility_many(items, within=MAX_VISIBILITY)
 
     def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
-        name = self._existing(self._name_of_url(request))
-        receipt = _string(request, "ReceiptHandle", required=True)
-        assert receipt is not None
-        (error,) = self._on_receipts(name, [receipt], delete=True)
-        if error is not None and (problem := self._receipt_error(receipt, error, deleting=True)):
-            raise problem
-        return {}
+        (answer,) = self.delete_together(self._name_of_url(request), [request])
+        if isinstance(answer, SqsError):
+            raise answer
+        return answer
+
+    def delete_together(
+        self, name: str, requests: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any] | SqsError]:
+        """Several DeleteMessage requests to queue ``name`` in one step (one lock, one append and
+        one sync): for each, its answer or the ``SqsError`` that refused it (a receipt given twice
+        is deleted once, and both are answered success, as two DeleteMessages one after the other
+        are). A queue that is not there refuses them all: raised."""
+        with _sqs_errors:
+            self._existing(name)
+            answers: list[dict[str, Any] | SqsError] = []
+            receipts: list[tuple[int, str]] = []  # (position, receipt)
+            for request in requests:
+                try:
+                    receipt = _string(request, "ReceiptHandle", required=True)
+                except SqsError as exc:
+                    answers.append(exc)
+                    continue
+                assert receipt is not None
+                receipts.append((len(answers), receipt))
+                answers.append({})
+            if receipts:
+                errors = self._on_receipts(name, [receipt for _, receipt in receipts], delete=True)
+                for (position, receipt), error in zip(receipts, errors):
+                    if error is not None and (problem := self._receipt_error(receipt, error, deleting=True)):
+                        answers[position] = problem
+            return answers
 
     def delete_message_batch(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
         name = self._existing(self._name_of_url(request))
