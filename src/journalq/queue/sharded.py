@@ -980,7 +980,9 @@ class ShardedChannel:
         self._by_id(id, Channel.delete_id)
 
     def delete_ids(self, ids: Sequence[str]) -> list[Error | None]:
-        """``Channel.delete_ids``, each shard's ids by their shard (one step a shard)."""
+        """``Channel.delete_ids``, each shard's ids by their shard (one step a shard). A failure
+        of the storage raises, the deletes of the shards done before it kept: an id of theirs
+        deleted again is then not waiting (``TaskNotFoundError``)."""
         outcomes: list[Error | None] = [None] * len(ids)
         by_shard: dict[int, list[tuple[int, str]]] = {}
         for position, id in enumerate(ids):

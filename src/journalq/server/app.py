@@ -1,10 +1,10 @@
 """The HTTP application: mq's REST API, the Amazon SQS JSON protocol at ``POST /``, metrics.
 
-The busiest requests (mq's sends, fetches and deletes, SQS's sends) to a queue are taken in
-batches (``journalq.server.batching``): one store call for the requests under way together, its
-append made on the event loop and its one sync on the loop or in a worker thread, so a durable
-answer costs little throughput. Every other queue operation is blocking file I/O, run in a worker
-thread. Nothing is answered as stored before it is on stable storage (with the default
+The busiest requests (mq's sends, fetches and deletes; SQS's sends, receives and deletes) to a
+queue are taken in batches (``journalq.server.batching``): one store call for the requests under
+way together, its append made on the event loop and its one sync on the loop or in a worker
+thread, so a durable answer costs little throughput. Every other queue operation is blocking file
+I/O, run in a worker thread. Nothing is answered as stored before it is on stable storage (with the default
 ``sync="always"``); when the storage refuses (a full disk, an I/O error) the answer is 503 with
 ``Retry-After``, the write leaves nothing half-done, and reads go on being served.
 """
