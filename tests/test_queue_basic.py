@@ -591,6 +591,21 @@ def test_delete_ids_deletes_by_id_in_one_step_and_says_which_it_could_not(broker
         q.delete_id(ids[2])  # finished: as delete_ids said of it the second time
 
 
+def test_stats_reads_a_bounded_look_ahead_of_unseen_messages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stats()`` tells delayed messages apart among the first ``_STATS_LOOK_AHEAD`` that no
+    receive has looked at; those beyond count as available (as SQS's counts, approximate): each
+    scrape of the server's metrics calls it for every queue."""
+    monkeypatch.setattr(channel_module, "_STATS_LOOK_AHEAD", 5)
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs")
+        q.send_many([{"body": b"%d" % i, "delay": 600} for i in range(8)] + [b"now"])
+        s = q.stats()
+        assert (s.available, s.delayed) == (4, 5)
+        assert [m.body for m in q.receive(10)] == [b"now"]  # a receive looks at them all
+        s = q.stats()
+        assert (s.available, s.delayed, s.in_flight) == (0, 8, 1)
+
+
 def test_purge_finishes_everything_sent_so_far(broker: Broker) -> None:
     q = broker.queue("jobs")
     q.send_many([b"0", b"1", b"2"])

@@ -424,6 +424,32 @@ def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[byt
     assert [b for b in got if b != b"unsure"] == [b"kept", b"after"]
 
 
+def test_a_failed_sync_of_a_direct_delete_is_503_and_the_delete_can_be_made_again(
+    tmp_path: Path, taken_requests: list[str], sync_fault: SyncFault
+) -> None:
+    """A delete taken by the direct path whose sync fails is answered 503 with Retry-After, as
+    FastAPI's route answers it; the queue is reopened, and the delete made again passes (or
+    finds the message gone: a 503 after an EIO means "maybe done")."""
+    with serving(tmp_path, DirectHttpToolsProtocol, retry_after=3) as port:
+        exchange(port, b"PUT /f HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        assert status_of(exchange(port, post("/f/messages", b"kept"))[0]) == 201
+        assert status_of(exchange(port, post("/f/messages", b"done"))[0]) == 201
+        fetched = exchange(port, b"GET /f/messages HTTP/1.1\r\nHost: t\r\n\r\n")[0]  # learns the queue's wait
+        first = re.search(rb"x-message-id: ([\w.]+)", fetched)[1].decode()
+        sync_fault.armed = True
+        refused = exchange(port, f"DELETE /f/messages/{first} HTTP/1.1\r\nHost: t\r\n\r\n".encode())[0]
+        assert sync_fault.count == 1, "the fault did not happen"
+        assert status_of(refused) == 503 and b"retry-after: 3\r\n" in refused and b"Input/output error" in refused
+        again = exchange(port, f"DELETE /f/messages/{first} HTTP/1.1\r\nHost: t\r\n\r\n".encode())[0]
+        assert status_of(again) in (204, 404), again
+        left = exchange(port, b"GET /f/messages HTTP/1.1\r\nHost: t\r\n\r\n")[0]
+        assert status_of(left) == 200 and left.endswith(b"\r\n\r\ndone")
+    assert [request.split("/")[1] + " " + request.split(" ")[0] for request in taken_requests] == [
+        "f POST", "f POST", "f DELETE", "f DELETE", "f GET"]
+    report = check(tmp_path / "f")
+    assert report.ok, report.remaining
+
+
 @pytest.mark.parametrize("failure", [
     OSError(errno.EIO, "Input/output error"),
     StoreUnavailableError("the store is out of reach"),  # a ConnectionError: an OSError with no errno
