@@ -1,21 +1,22 @@
-"""consumers: mq's REST consumers against the server (``journalq serve --sync always``).
+"""consumers: REST and SQS consumers against the server (``journalq serve --sync always``).
 
 Each client fetches a message (``GET /{queue}/messages``) and deletes it by the id the fetch gave
 (``DELETE /{queue}/messages/{id}``), or, through SQS's JSON protocol, receives one
 (``ReceiveMessage``) and deletes it by its receipt (``DeleteMessage``), again and again, for a
-fixed time (5 s; 1.5 s with
-``--quick``), from a queue filled beforehand (through the library, by this process, while the
-server runs: many processes share a data directory), with 1, 16 and 64 clients. A delete is a
-durable write (a fetch's delivery is not synced), so concurrent consumers share syncs as senders
-do; the server takes both in batches per queue (one receive, or one delete and its sync, for the
-requests under way). Beside it, in the same run, the physical limit: write 100 bytes + fdatasync
-of one file, one after another (as the server benchmark's).
+fixed time (5 s; 1.5 s with ``--quick``), from a queue filled beforehand (through the library,
+by this process, while the server runs: many processes share a data directory), with 1, 16 and
+64 clients. A delete is a durable write (a fetch's delivery is not synced), so concurrent
+consumers share syncs as senders do; the server takes both in batches per queue (one receive,
+or one delete and its sync, for the requests under way). Beside it, in the same run, the
+physical limit: write 100 bytes + fdatasync of one file, one after another (as the server
+benchmark's).
 
 The client: ``wrk`` when it is on PATH, with a Lua script (a fetched id or receipt goes into a
 list; a connection's next request deletes one from it if any, else fetches), else a Python
-asyncio client (one connection per client, a fetch then its delete). The figure is the messages consumed per
-second: the server's ``journalq_messages_deleted_total`` over the run (with wrk, up to one a client
-more: the requests under way when it stops, which it does not count), over the run's time.
+asyncio client (one connection per client, a fetch then its delete). The figure is the messages
+consumed per second: the server's ``journalq_messages_deleted_total`` over the run (with wrk, up
+to one a client more: the requests under way when it stops, which it does not count), over the
+run's time.
 
 Each run is checked: the queue's available and in-flight messages and those deleted add up to
 what was filled (nothing lost, nothing deleted twice), and the queue did not run dry (which
@@ -37,7 +38,7 @@ from typing import Any
 
 from bench_server import CLIENTS, Server, _fsync_loop, _free_port, _tool
 from harness import Context, Result, ms, rate, summarize
-from server_load import _stats, _wrk_ms
+from server_load import _stats, wrk_outcome
 
 from journalq.queue import Broker
 
@@ -170,15 +171,8 @@ class Consumers:
                              "-s", script, self.server.endpoint])
         finally:
             os.unlink(script)
-        answered = re.search(r"(\d+) requests in ([\d.]+)(m?s)", finished)
-        if answered is None:
-            raise RuntimeError(f"no request count in wrk's output: {finished}")
-        failed = re.search(r"Non-2xx or 3xx responses: (\d+)", finished)
-        latency = {name: _wrk_ms(m[1]) for name, m in (
-            (name, re.search(rf"^\s+{p}%\s+(\S+)", finished, re.M)) for name, p in (("median", 50), ("p99", 99))
-        ) if m}
-        return {"requests": int(answered[1]), "errors": int(failed[1]) if failed else 0,
-                "seconds": float(answered[2]) * (1e-3 if answered[3] == "ms" else 1.0), "latency": latency}
+        outcome = wrk_outcome(finished)
+        return {**outcome, "requests": outcome["count"] + outcome["errors"]}
 
     async def _python(self, seconds: float) -> dict[str, Any]:
         host, port = "127.0.0.1", self.server.port

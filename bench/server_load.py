@@ -245,6 +245,32 @@ def _wrk_ms(text: str) -> float:
     raise ValueError(f"not a wrk duration: {text!r}")
 
 
+def wrk_outcome(text: str) -> dict[str, Any]:
+    """What wrk's output (with ``--latency``) says of a run: ``count`` (requests answered 2xx or
+    3xx), ``errors`` (the others, and socket errors), ``error_statuses``, ``seconds`` (the run's
+    time as wrk reports it) and ``latency`` (ms: median, p90, p99, max)."""
+    answered = re.search(r"(\d+) requests in ([\d.]+)(m?s)", text)
+    if answered is None:
+        raise RuntimeError(f"no request count in wrk's output: {text}")
+    wall = float(answered[2]) * (1e-3 if answered[3] == "ms" else 1.0)
+    failed = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    sockets = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    errors = int(failed[1]) if failed else 0
+    statuses = [f"{errors} non-2xx"] if errors else []
+    if sockets and any(int(x) for x in sockets.groups()):
+        errors += sum(int(x) for x in sockets.groups())
+        statuses.append(sockets[0])
+    latency = {name: _wrk_ms(m[1]) for name, m in (
+        (name, re.search(rf"^\s+{p}%\s+(\S+)", text, re.M))
+        for name, p in (("median", 50), ("p90", 90), ("p99", 99))
+    ) if m}
+    top = re.search(r"Latency\s+\S+\s+\S+\s+(\S+)", text)
+    if top:
+        latency["max"] = _wrk_ms(top[1])
+    return {"count": int(answered[1]) - errors, "errors": errors, "error_statuses": statuses, "seconds": wall,
+            "latency": latency}
+
+
 class WrkLoad:
     """wrk (C, one thread, event loop on epoll): N keep-alive connections, each sending its next
     request as soon as the last is answered, for the run's time. It costs a few µs of CPU per
@@ -281,28 +307,8 @@ class WrkLoad:
         if process.returncode != 0:
             raise RuntimeError(f"wrk failed ({process.returncode}): {text}")
         os.unlink(self.script)
-        answered = re.search(r"(\d+) requests in ([\d.]+)(m?s)", text)
-        if answered is None:
-            raise RuntimeError(f"no request count in wrk's output: {text}")
-        wall = float(answered[2]) * (1e-3 if answered[3] == "ms" else 1.0)
-        count = int(answered[1])
-        failed = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-        sockets = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
-        errors = int(failed[1]) if failed else 0
-        statuses = [f"{errors} non-2xx"] if errors else []
-        if sockets and any(int(x) for x in sockets.groups()):
-            errors += sum(int(x) for x in sockets.groups())
-            statuses.append(sockets[0])
-        latency = {name: _wrk_ms(m[1]) for name, m in (
-            (name, re.search(rf"^\s+{p}%\s+(\S+)", text, re.M))
-            for name, p in (("median", 50), ("p90", 90), ("p99", 99))
-        ) if m}
-        top = re.search(r"Latency\s+\S+\s+\S+\s+(\S+)", text)
-        if top:
-            latency["max"] = _wrk_ms(top[1])
         cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-        return {"count": count - errors, "errors": errors, "error_statuses": statuses, "seconds": wall,
-                "latency": latency, "cpu": cpu}
+        return {**wrk_outcome(text), "cpu": cpu}
 
     async def finish(self) -> int:
         return await self.target.finish()
