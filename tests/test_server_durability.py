@@ -468,14 +468,8 @@ def test_a_delete_on_a_full_disk_is_503_and_deletes_nothing(tmp_path: Path, monk
     asyncio.run(scenario())
 
 
-def test_concurrent_fetches_share_a_receive_and_concurrent_deletes_a_sync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """mq's consumers: concurrent fetches of a queue are taken in batches, one receive each, every
-    fetch its own message; concurrent deletes (writes too) in batches, one sync each (group commit),
-    each answered 204, or 404 for an id given twice (one of the two)."""
-    with Broker(tmp_path) as broker:
-        broker.queue("q").send_many([b"%d" % i for i in range(16)])
+def _receives_asked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ``max_messages`` of each ``Channel.receive`` from now on, in a list kept up to date."""
     asked: list[int] = []
     real_receive = Channel.receive
 
@@ -484,6 +478,18 @@ def test_concurrent_fetches_share_a_receive_and_concurrent_deletes_a_sync(
         return real_receive(self, max_messages, **options)
 
     monkeypatch.setattr(Channel, "receive", receive)
+    return asked
+
+
+def test_concurrent_fetches_share_a_receive_and_concurrent_deletes_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mq's consumers: concurrent fetches of a queue are taken in batches, one receive each, every
+    fetch its own message; concurrent deletes (writes too) in batches, one sync each (group commit),
+    each answered 204, or 404 for an id given twice (one of the two)."""
+    with Broker(tmp_path) as broker:
+        broker.queue("q").send_many([b"%d" % i for i in range(16)])
+    asked = _receives_asked(monkeypatch)
     pause: dict[str, float] = {}
     where = _where_stored(monkeypatch, pause)
 
@@ -517,14 +523,7 @@ def test_concurrent_sqs_receives_share_a_receive_and_deletes_a_sync(
     malformed one ReceiptHandleIsInvalid, a missing one MissingParameter."""
     with Broker(tmp_path) as broker:
         broker.queue("q").send_many([b"%d" % i for i in range(24)])
-    asked: list[int] = []
-    real_receive = Channel.receive
-
-    def receive(self: Channel, max_messages: int = 1, **options: Any) -> Any:
-        asked.append(max_messages)
-        return real_receive(self, max_messages, **options)
-
-    monkeypatch.setattr(Channel, "receive", receive)
+    asked = _receives_asked(monkeypatch)
     pause: dict[str, float] = {}
     where = _where_stored(monkeypatch, pause)
     url = "http://testserver/000000000000/q"
