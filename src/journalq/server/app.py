@@ -63,7 +63,7 @@ from journalq.server.deadlines import Deadlines
 from journalq.server.hub import HUB_DIR, hub_router
 from journalq.server.ids import given_id, given_ids, queue_id
 from journalq.server.polling import poll_slices
-from journalq.server.reading import queue_to_read
+from journalq.server.reading import queue_to_read, received_in_turn
 from journalq.server.scopes import header
 from journalq.server.sigv4 import AuthError, verify
 from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol, sending_to
@@ -612,16 +612,10 @@ def create_app(config: ServerConfig) -> App:
         or None, the id the server gives for it, and the queue's own wait (``receive_wait``),
         which is also noted for the direct path (``waitless``)."""
         found = broker().queue(queue, create=False)
-        asked: dict[float | None, list[int]] = {}
-        for position, timeout in enumerate(timeouts):
-            asked.setdefault(timeout, []).append(position)
-        messages: list[ReceivedMessage | None] = [None] * len(timeouts)
-        for timeout, positions in asked.items():
-            for position, message in zip(positions, found.receive(len(positions), wait=0, visibility_timeout=timeout)):
-                messages[position] = message
+        received = received_in_turn(found, [(timeout, 1) for timeout in timeouts])
         whole = found.settings.receive_wait
         (waitless.add if whole == 0 else waitless.discard)(queue)
-        return [(None, "", whole) if m is None else (m, given_of(found, m), whole) for m in messages]
+        return [(m[0], given_of(found, m[0]), whole) if m else (None, "", whole) for m in received]
 
     def delete_now(queue: str, message_ids: Sequence[str]) -> list[Exception | None]:
         """``delete_ids`` of ids as the server gave them (``journalq.server.ids``: of this queue,

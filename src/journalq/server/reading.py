@@ -1,9 +1,11 @@
-"""What the server's reads (``GET /{queue}``, a ``/metrics`` scrape) open of a queue: nothing
-that a read would make."""
+"""The server's reads of queues: what ``GET /{queue}`` and a ``/metrics`` scrape open of a queue
+(nothing that a read would make), and the first looks of fetches that came together."""
 
 from __future__ import annotations
 
-from journalq.queue import Broker, Queue, ShardedQueue
+from collections.abc import Sequence
+
+from journalq.queue import Broker, Queue, ReceivedMessage, ShardedQueue
 
 
 def queue_to_read(broker: Broker, name: str) -> Queue | ShardedQueue | None:
@@ -17,3 +19,23 @@ def queue_to_read(broker: Broker, name: str) -> Queue | ShardedQueue | None:
         # No channel found: also what a topic whose directory was removed from outside shows.
         broker.topic(name, create=False).check_present()
     return found
+
+
+def received_in_turn(
+    queue: Queue | ShardedQueue, asked: Sequence[tuple[float | None, int]]
+) -> list[list[ReceivedMessage]]:
+    """Receives of ``queue`` that came together (mq's fetches, SQS's ReceiveMessages), each asking
+    (visibility timeout, count), made as one receive with no wait for each timeout asked, the
+    oldest messages to the earliest: each one's messages (fewer than it asked, or none, when the
+    queue had fewer)."""
+    by_timeout: dict[float | None, list[int]] = {}
+    for position, (timeout, _) in enumerate(asked):
+        by_timeout.setdefault(timeout, []).append(position)
+    received: list[list[ReceivedMessage]] = [[] for _ in asked]
+    for timeout, positions in by_timeout.items():
+        got = queue.receive(sum(asked[p][1] for p in positions), wait=0, visibility_timeout=timeout)
+        taken = 0
+        for position in positions:
+            count = asked[position][1]
+            received[position], taken = got[taken : taken + count], taken + count
+    return received

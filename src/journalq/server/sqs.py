@@ -108,7 +108,7 @@ from journalq.server.digests import (
 )
 from journalq.server.ids import given_id, given_ids
 from journalq.server.polling import poll_slices
-from journalq.server.reading import queue_to_read
+from journalq.server.reading import queue_to_read, received_in_turn
 
 # -- errors -----------------------------------------------------------------------------------
 
@@ -1780,27 +1780,22 @@ class SqsProtocol:
         with _sqs_errors:
             self._existing(name)
             answers: list[dict[str, Any] | SqsError | None] = [None] * len(requests)
-            by_hide: dict[int | None, list[tuple[int, _ReceiveAsked]]] = {}
+            checked: list[tuple[int, _ReceiveAsked]] = []
             for position, request in enumerate(requests):
                 try:
-                    asked = _ReceiveAsked.of(request)
+                    checked.append((position, _ReceiveAsked.of(request)))
                 except SqsError as exc:
                     answers[position] = exc
-                    continue
-                by_hide.setdefault(asked.hide, []).append((position, asked))
-            if not by_hide:
+            if not checked:
                 return answers
             queue = self.broker.queue(name, create=False)  # (as receive_message: once they are checked)
             if queue.settings.fifo:
                 return answers
-            for hide, group in by_hide.items():
-                got = queue.receive(sum(asked.count for _, asked in group), visibility_timeout=hide, wait=0)
-                taken = 0
-                for position, asked in group:
-                    mine, taken = got[taken : taken + asked.count], taken + asked.count
-                    waits = queue.settings.receive_wait if asked.wait is None else asked.wait
-                    if mine or not waits:
-                        answers[position] = self._received(name, queue, asked, mine)
+            received = received_in_turn(queue, [(asked.hide, asked.count) for _, asked in checked])
+            for (position, asked), mine in zip(checked, received):
+                waits = queue.settings.receive_wait if asked.wait is None else asked.wait
+                if mine or not waits:
+                    answers[position] = self._received(name, queue, asked, mine)
             return answers
 
     def _received(
