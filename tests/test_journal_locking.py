@@ -18,7 +18,7 @@ import pytest
 
 import journalq.journal.index as index_mod
 import journalq.journal.recovery as recovery_mod
-from journalq.errors import Error, LockedError, StorageError
+from journalq.errors import BusyError, Error, LockedError, StorageError
 from journalq.journal import Scanner, Writer
 from journalq.journal import writer as writer_mod
 from journalq.journal.codec import encode
@@ -1096,3 +1096,75 @@ def test_check_repair_beside_a_writer_that_holds_the_lock_for_good_is_refused_no
     thread.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], LockedError), outcome
     assert "held the lock" in str(outcome[0])
+
+
+# -- DeferredSyncs(wait=False): an event loop's appends do not wait for another holder -----------
+
+
+def test_in_a_block_that_does_not_wait_a_journal_another_process_holds_is_busy_at_once(tmp_path: Path) -> None:
+    """Another process's hold (here another open file description's ``flock``, as a process
+    has): the block's first append raises ``BusyError`` instead of waiting, having stored
+    nothing, and takes the journal as soon as it is free."""
+    with Writer(tmp_path, shared=True) as writer:
+        writer.append(b"before")
+        other = FileLock(lock_path(tmp_path))
+        assert other.try_acquire()
+        try:
+            with writer_mod.DeferredSyncs(wait=False):
+                with pytest.raises(BusyError, match="another process holds the journal's lock"):
+                    writer.append_many([b"refused"])
+                with pytest.raises(BusyError):
+                    with writer.hold():
+                        pass
+            assert writer.next_offset == 1
+        finally:
+            other.close()
+        with writer_mod.DeferredSyncs(wait=False):
+            writer.append(b"taken")
+    assert [m.value for m in scan_all(tmp_path)] == [b"before", b"taken"]
+
+
+def test_in_a_block_that_does_not_wait_a_writer_another_thread_holds_is_busy_at_once(tmp_path: Path) -> None:
+    """The writer's mutex, held by another thread of the process (its collection, say): busy too."""
+    with Writer(tmp_path, shared=True) as writer:
+        holding, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with writer.hold():
+                holding.set()
+                done.wait(30)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        try:
+            assert holding.wait(30)
+            with writer_mod.DeferredSyncs(wait=False):
+                with pytest.raises(BusyError, match="another thread of this process"):
+                    writer.append(b"refused")
+        finally:
+            done.set()
+            thread.join()
+        assert writer.next_offset == 0
+
+
+def test_after_the_blocks_first_hold_the_next_ones_wait(tmp_path: Path) -> None:
+    """Once the block took a hold, it may have changed something: a later hold that finds its
+    journal held waits for it, as outside the block (and so does every hold of a block that
+    waits, the default)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    with Writer(first, shared=True) as a, Writer(second, shared=True) as b:
+        for wait in (False, True):
+            other = FileLock(lock_path(second))
+            assert other.try_acquire()
+            timer = threading.Timer(0.3, other.close)
+            timer.start()
+            try:
+                with writer_mod.DeferredSyncs(wait=wait):
+                    if not wait:
+                        a.append(b"the first hold")
+                    started = time.monotonic()
+                    b.append(b"waited for")
+                    assert time.monotonic() - started > 0.1
+            finally:
+                timer.join()
+        assert b.next_offset == 2

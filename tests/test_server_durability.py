@@ -35,6 +35,7 @@ import journalq.queue.settings as settings_mod
 import journalq.server.batching as batching_mod
 from journalq.journal.codec import OVERHEAD
 from journalq.journal.inspect import check
+from journalq.journal.lock import FileLock
 from journalq.journal.scanner import Scanner
 from journalq.queue import Broker
 from journalq.queue.channel import Channel
@@ -822,5 +823,64 @@ def test_a_send_that_collects_too_is_stored_in_a_thread(tmp_path: Path, monkeypa
                 await asyncio.sleep(0.002)
         writers = [thread for what, thread in where if what == "write"]
         assert writers and threading.get_ident() not in writers
+
+    asyncio.run(scenario())
+
+
+def test_a_queue_another_process_holds_waits_in_a_thread_while_the_loop_answers_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue's journal held by another process (its compaction: hundreds of ms at a deep
+    backlog): the batch that finds it held waits for it in a thread, not on the event loop,
+    which meanwhile answers the requests to other queues; then it is stored and answered as
+    usual. For sends (the topic's lock), fetches and deletes (the channel's). (Before, the loop
+    waited on the lock: every queue's requests with it; a timer lets go after 10 s.)"""
+    where = _where_stored(monkeypatch)
+    topic_lock, channel_lock = tmp_path / "q" / "jnl.lck", tmp_path / "q" / "channels" / "default" / "jnl.lck"
+
+    async def scenario() -> None:
+        loop_thread = threading.get_ident()
+        async with app_client(tmp_path) as client:
+            for queue in ("q", "r"):  # (the first send and fetch of a queue collect: in a thread)
+                assert (await client.put(f"/{queue}")).status_code == 201
+                for body in (b"collects", b"fetched", b"deleted", b"left"):
+                    assert (await client.post(f"/{queue}/messages", content=body)).status_code == 201
+                assert (await client.get(f"/{queue}/messages")).content == b"collects"
+            fetched = await client.get("/q/messages")
+            assert fetched.content == b"fetched"
+            deleted = await client.get("/q/messages")
+            assert deleted.content == b"deleted"
+            cases = (
+                (topic_lock, client.post("/q/messages", content=b"sent"), 201),
+                (channel_lock, client.get("/q/messages"), 200),
+                (channel_lock, client.delete(f"/q/messages/{deleted.headers['X-Message-Id']}"), 204),
+            )
+            for path, request, status in cases:
+                other = FileLock(path)
+                assert other.try_acquire()
+                let_go = threading.Event()
+
+                def after_ten_seconds(other: FileLock = other, let_go: threading.Event = let_go) -> None:
+                    let_go.set()
+                    other.close()
+
+                timer = threading.Timer(10.0, after_ten_seconds)
+                timer.start()
+                try:
+                    where.clear()
+                    waiting = asyncio.ensure_future(request)
+                    await asyncio.sleep(0.2)  # its batch found the lock held
+                    assert not waiting.done(), "answered after the lock was let go: the loop waited for it"
+                    assert (await client.post("/r/messages", content=b"meanwhile")).status_code == 201
+                    assert not let_go.is_set(), "the loop waited for the other process's lock"
+                finally:
+                    timer.cancel()
+                    other.close()
+                answer = await waiting
+                assert answer.status_code == status, answer.text
+                writes = [thread for what, thread in where if what == "write"]
+                assert writes.count(loop_thread) == 1  # r's send; q's batch wrote in a thread
+                assert len(writes) > 1
+            assert (await client.get("/q/messages")).content in (b"left", b"sent")
 
     asyncio.run(scenario())

@@ -107,6 +107,12 @@ class LockedError(JournalError):
     """Another writer holds the journal's lock."""
 
 
+class BusyError(LockedError):
+    """Another thread or process holds the journal now, and the call was made not to wait for it
+    (in a ``DeferredSyncs(wait=False)`` block): nothing was done. Make the call again where
+    waiting is harmless (an event loop hands it to a thread)."""
+
+
 class OffsetOutOfRangeError(JournalError, LookupError):
     """An offset before the first message still stored, or past the end of the journal."""
 

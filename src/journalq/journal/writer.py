@@ -27,6 +27,7 @@ from pathlib import Path
 from journalq.closing import Closing
 from journalq.errors import (
     STORAGE_ERRNOS,
+    BusyError,
     CorruptionError,
     Error,
     InvalidArgumentError,
@@ -257,7 +258,9 @@ class Writer(Closing):
     def append(self, value: bytes, key: bytes = b"", type: int = 0, timestamp_ns: int | None = None) -> int:
         """Append one message; returns its offset."""
         ts = time.time_ns() if timestamp_ns is None else timestamp_ns
-        with self._mutex:
+        if not self._mutex.acquire(False):
+            self._wait_for_mutex()
+        try:
             self._begin()
             try:
                 offset = self._next_offset + len(self._pending_lengths)
@@ -266,6 +269,8 @@ class Writer(Closing):
                 self._must_sync = self._next_offset
             finally:
                 durable_to = self._end()
+        finally:
+            self._mutex.release()
         if durable_to is not None:
             self._make_durable(durable_to)
         return offset
@@ -293,7 +298,9 @@ class Writer(Closing):
                     )
                 items = list(items)
         ts = time.time_ns()
-        with self._mutex:
+        if not self._mutex.acquire(False):
+            self._wait_for_mutex()
+        try:
             self._begin()
             try:
                 first = self._next_offset + len(self._pending_lengths)
@@ -304,6 +311,8 @@ class Writer(Closing):
                         self._must_sync = self._next_offset
             finally:
                 durable_to = self._end()
+        finally:
+            self._mutex.release()
         if durable_to is not None:
             self._make_durable(durable_to)
         return first + count - 1 if count else None
@@ -317,7 +326,9 @@ class Writer(Closing):
         for no bytes."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidMessageError(f"encoded messages must be bytes, not {type(data).__name__}")
-        with self._mutex:
+        if not self._mutex.acquire(False):
+            self._wait_for_mutex()
+        try:
             self._begin()
             try:
                 first = self._next_offset + len(self._pending_lengths)
@@ -341,6 +352,8 @@ class Writer(Closing):
                     self._must_sync = self._next_offset
             finally:
                 durable_to = self._end()
+        finally:
+            self._mutex.release()
         if durable_to is not None:
             self._make_durable(durable_to)
         return first + len(sizes) - 1 if sizes else None
@@ -538,23 +551,38 @@ class Writer(Closing):
                 f"writer of {self.path} failed earlier ({self._failed}); open a new writer to recover"
             )
 
+    def _wait_for_mutex(self) -> None:
+        """The writer's mutex, which another thread holds: wait for it, or in a
+        ``DeferredSyncs(wait=False)`` block that took no hold yet, raise ``BusyError``."""
+        if _deferring.refusing:
+            raise BusyError("another thread of this process holds the journal", file=self.path)
+        self._mutex.acquire()
+
     def _begin(self) -> None:
+        """Begin an operation (an append, a hold), the writer's mutex held: a shared writer
+        takes the lock and catches up. In a ``DeferredSyncs(wait=False)`` block, the lock that
+        another process holds is ``BusyError`` (see ``take_shared_lock``) until the block's first
+        hold is taken: its later ones may be part of a change begun, and wait."""
         if self._closed or self._failed is not None:  # (inline: every append and hold begins here)
             self._check_usable()
-        if self.shared and not self._held:
-            self._take_shared_lock()
-            try:
-                if not self._catch_up(self.backlog_taker):
-                    self._take_shared_lock()  # after a backlog taken in out of it: once
-                    self._catch_up(None)
-            except BaseException as exc:
-                self._lock.release()
-                if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
-                    # Reading the others' appends, opening a segment one of them started: the
-                    # storage's failure, as an append's is (others, EMFILE say, stay as they are).
-                    file = Path(exc.filename) if isinstance(exc.filename, str) else self._segment.path
-                    raise _catch_up_failed(exc, file, self._next_offset) from exc
-                raise
+        if not self._held:
+            if self.shared:
+                self._take_shared_lock()
+                try:
+                    if not self._catch_up(self.backlog_taker):
+                        _deferring.refusing = False  # (the backlog is taken in: no refusal now)
+                        self._take_shared_lock()  # after a backlog taken in out of it: once
+                        self._catch_up(None)
+                except BaseException as exc:
+                    self._lock.release()
+                    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+                        # Reading the others' appends, opening a segment one of them started: the
+                        # storage's failure, as an append's is (others, EMFILE say, stay as they are).
+                        file = Path(exc.filename) if isinstance(exc.filename, str) else self._segment.path
+                        raise _catch_up_failed(exc, file, self._next_offset) from exc
+                    raise
+            if _deferring.refusing:
+                _deferring.refusing = False
 
     def _read_backlog(self, take: Callable[[list[Message]], object]) -> None:
         """Let the lock go, read the whole messages the others appended and give them to
@@ -906,6 +934,7 @@ class Writer(Closing):
 
 class _Deferring(threading.local):
     syncs: DeferredSyncs | None = None
+    refusing = False  # in a ``DeferredSyncs(wait=False)`` block that took no hold yet
 
 
 _deferring = _Deferring()  # the ``DeferredSyncs`` block this thread is in, if any
@@ -920,21 +949,30 @@ class DeferredSyncs:
     to get it back.
 
     The caller must not count such an append as stored before ``sync()`` returns. (The writer's
-    own group commit still applies: a sync under way covers what it finds written.)"""
+    own group commit still applies: a sync under way covers what it finds written.)
 
-    __slots__ = ("due",)
+    ``wait=False``: the block's first hold of a writer (an append, a ``hold()``) that another
+    thread or process holds raises ``BusyError`` at once, before anything was done, instead of
+    waiting: an event loop must not stop for another process's compaction (hundreds of ms at a
+    deep backlog) or a thread's collection; it runs the call again in a thread. Later holds in
+    the block wait as usual: the call may have changed something by then."""
 
-    def __init__(self) -> None:
+    __slots__ = ("due", "wait")
+
+    def __init__(self, *, wait: bool = True) -> None:
         self.due: dict[Writer, int] = {}  # writer -> the offset below which it must be durable
+        self.wait = wait
 
     def __enter__(self) -> DeferredSyncs:
         if _deferring.syncs is not None:
             raise InvalidArgumentError("DeferredSyncs blocks do not nest: the outer one's sync would miss the inner's")
         _deferring.syncs = self
+        _deferring.refusing = not self.wait
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         _deferring.syncs = None
+        _deferring.refusing = False
 
     def __bool__(self) -> bool:
         return bool(self.due)
@@ -957,7 +995,8 @@ class _Hold:
 
     def __enter__(self) -> None:
         writer = self._writer
-        writer._mutex.acquire()
+        if not writer._mutex.acquire(False):
+            writer._wait_for_mutex()
         try:
             writer._begin()
         except BaseException:
@@ -1039,7 +1078,8 @@ class held(_Hold):
 def take_shared_lock(lock: FileLock) -> None:
     """Take a journal's lock as a shared writer does: wait while other shared writers hold it
     (each for one append), but refuse with ``LockedError``, at once, while an exclusive writer
-    that still runs holds it (for its lifetime: the wait could last for ever)."""
+    that still runs holds it (for its lifetime: the wait could last for ever). In a
+    ``DeferredSyncs(wait=False)`` block that took no hold yet: ``BusyError`` rather than wait."""
     if lock.try_acquire(wait=False):
         return
     note = lock.read_note()
@@ -1049,6 +1089,8 @@ def take_shared_lock(lock: FileLock) -> None:
         raise LockedError(
             f"an exclusive writer holds the journal; shared writers cannot join it ({note})", file=lock.path
         )
+    if _deferring.refusing:
+        raise BusyError("another process holds the journal's lock", file=lock.path)
     lock.acquire(wait=True)  # (a stale note, an exclusive writer's that was killed: cleared by taking it)
 
 

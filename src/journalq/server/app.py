@@ -40,6 +40,7 @@ from starlette.types import Receive, Scope, Send
 from journalq import __version__
 from journalq.errors import (
     STORAGE_ERRNOS,
+    BusyError,
     Error,
     InvalidMessageError,
     InvalidSettingError,
@@ -241,14 +242,20 @@ def create_app(config: ServerConfig) -> App:
         call would also collect the queue (``upkeep_due``: a gc, a compaction, for milliseconds);
         and once the store pool is shut down (the server stopped), which refuses the batch with
         nothing stored: appended here, it would be stored and answered 503. (Between the append
-        and the sync's submission to the pool the loop does nothing else: no shutdown between.)"""
+        and the sync's submission to the pool the loop does nothing else: no shutdown between.)
+        And when the queue's journal is held by another process (its compaction: hundreds of ms
+        at a deep backlog) or by a thread of this one: the loop does not wait for it
+        (``DeferredSyncs(wait=False)``: ``BusyError`` before anything was done)."""
         if not appends_on_loop or not stores_open.is_set() or upkeep_due(queue):
             return await blocking(fn, queue, *args, storing=True)
         failure: Exception | None = None
-        with DeferredSyncs() as syncs:
+        busy = False
+        with DeferredSyncs(wait=False) as syncs:
             try:
                 with storage_failures:
                     result = fn(queue, *args)
+            except BusyError:
+                busy = True
             except Exception as exc:
                 failure = exc
         if syncs:
@@ -262,6 +269,8 @@ def create_app(config: ServerConfig) -> App:
                     sync_placement.took(ended - started, ended)
             else:
                 await blocking(syncs.sync, storing=True)
+        if busy:  # (having synced what it did append: a sharded receive's other shards, say)
+            return await blocking(fn, queue, *args, storing=True)
         if failure is not None:
             raise failure
         return result
