@@ -680,6 +680,45 @@ def test_delete_ids_sends_each_id_to_its_shard(tmp_path: Path) -> None:
         assert sorted(m.body for m in queue.receive(10)) == [b"4", b"5", b"6", b"7"]
 
 
+def test_delete_ids_in_a_shard_that_fails_tell_each_id_how_it_fared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard whose step fails for the storage deleted none of its ids, and each of them gets
+    that error; the other shards' deletes are stored, so the caller deletes again just those
+    (one told "failed" that was deleted would be "not waiting" the second time). When no
+    shard's step is stored, the error raises, as an unsharded queue's."""
+    from journalq.queue.channel import Channel
+
+    real = Channel.delete_ids
+    failing: set[str] = set()
+
+    def delete_ids(self: Channel, ids: list[str]) -> list:
+        if self.receipt_prefix in failing:
+            raise StorageError("no space left", file=self.path)
+        return real(self, ids)
+
+    monkeypatch.setattr(Channel, "delete_ids", delete_ids)
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("orders", shards=4)
+        ids = [queue.send(b"%d" % i, key=str(i)) for i in range(16)]
+        shards = sorted({id.split(".")[0] for id in ids})
+        assert len(shards) > 2
+        failing.add(f"{shards[1]}.")
+        outcomes = queue.delete_ids(ids)
+        failed = [id for id, outcome in zip(ids, outcomes) if outcome is not None]
+        assert failed and {id.split(".")[0] for id in failed} == {shards[1]}
+        assert all(isinstance(outcome, StorageError) for outcome in outcomes if outcome is not None)
+        assert [queue.task(id).state for id in ids] == [
+            "inserted" if id in failed else "finished" for id in ids
+        ]
+        failing.update(f"{shard}." for shard in shards)
+        with pytest.raises(StorageError, match="no space left"):
+            queue.delete_ids(failed)
+        failing.clear()
+        assert queue.delete_ids(failed) == [None] * len(failed)
+        assert queue.stats().available == 0
+
+
 def test_dead_letters_and_redrive(tmp_path: Path) -> None:
     with Broker(tmp_path, sync="none") as broker:
         broker.queue("dead", shards=2)

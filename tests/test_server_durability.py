@@ -672,6 +672,53 @@ def test_a_batch_partly_stored_in_a_sharded_queue_answers_each_send_as_it_fared(
     asyncio.run(scenario())
 
 
+def test_a_batch_of_deletes_partly_stored_in_a_sharded_queue_answers_each_as_it_fared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of mq deletes over a sharded queue's shards, one of which fails for the storage:
+    the ids deleted in the other shards are answered 204, only the failed shard's get the 503,
+    so that a client deletes again just those (an id answered 503 that was deleted would be a
+    404 the second time)."""
+    from journalq.queue import sharded
+
+    real_shard, real_batch = Channel.delete_ids, sharded.ShardedChannel.delete_ids
+    failing: set[str] = set()
+    mixed: list[bool] = []
+
+    def shard_step(self: Channel, ids: list[str]) -> list:
+        if self.receipt_prefix in failing:
+            raise writer_mod.StorageError("no space left", errno=errno.ENOSPC, file=self.path)
+        return real_shard(self, ids)
+
+    def batch(self: Any, ids: list[str]) -> list:
+        outcomes = real_batch(self, ids)
+        mixed.append(None in outcomes and any(isinstance(o, writer_mod.StorageError) for o in outcomes))
+        return outcomes
+
+    monkeypatch.setattr(Channel, "delete_ids", shard_step)
+    monkeypatch.setattr(sharded.ShardedChannel, "delete_ids", batch)
+
+    async def scenario() -> None:
+        async with app_client(tmp_path) as client:
+            assert (await client.put("/s", params={"shards": 4})).status_code == 201
+            sent = await asyncio.gather(*(client.post("/s/messages", content=b"%d" % i) for i in range(24)))
+            ids = [answer.headers["X-Message-Id"] for answer in sent]
+            first, last = ids[0].split(".")[0], ids[-1].split(".")[0]
+            assert first != last
+            failing.add(f"{last}.")  # (a batch's shards go in the order its ids came)
+            answers = await asyncio.gather(*(client.delete(f"/s/messages/{id}") for id in ids))
+            assert any(mixed), "no batch had a shard stored and one failed"
+            refused = [id for id, answer in zip(ids, answers) if answer.status_code == 503]
+            assert refused and {id.split(".")[0] for id in refused} == {last}
+            assert all(a.headers["Retry-After"] == "3" for a in answers if a.status_code == 503)
+            assert {a.status_code for a in answers} == {204, 503}
+            failing.clear()
+            again = await asyncio.gather(*(client.delete(f"/s/messages/{id}") for id in ids))
+            assert [a.status_code for a in again] == [204 if id in refused else 404 for id in ids]
+
+    asyncio.run(scenario())
+
+
 def _where_stored(monkeypatch: pytest.MonkeyPatch, pause: dict[str, float] | None = None) -> list[tuple[str, int]]:
     """("write" or "sync", thread) of each journal write and fdatasync from now on, in a list kept
     up to date; each sync first sleeps ``pause["sync"]`` seconds (a slow disk, when set)."""

@@ -65,6 +65,7 @@ from journalq.errors import (
     PartialSendError,
     QueueNotFoundError,
     ReceiptError,
+    StorageError,
 )
 from journalq.journal.lock import FileLock
 from journalq.journal.offsets import clean_end_offset, read_offset
@@ -980,9 +981,12 @@ class ShardedChannel:
         self._by_id(id, Channel.delete_id)
 
     def delete_ids(self, ids: Sequence[str]) -> list[Error | None]:
-        """``Channel.delete_ids``, each shard's ids by their shard (one step a shard). A failure
-        of the storage raises, the deletes of the shards done before it kept: an id of theirs
-        deleted again is then not waiting (``TaskNotFoundError``)."""
+        """``Channel.delete_ids``, each shard's ids by their shard (one step a shard). A shard
+        whose step fails for the storage (``StorageError``: a full disk, an I/O error) deleted
+        none of its ids, and that error is each one's outcome; the other shards' steps go on, so
+        each id tells whether it was deleted (a caller that was told "failed" for an id that was
+        deleted would delete it again, and be told it is not waiting). The error raises only when
+        no shard's step was stored, as an unsharded queue's does."""
         outcomes: list[Error | None] = [None] * len(ids)
         by_shard: dict[int, list[tuple[int, str]]] = {}
         for position, id in enumerate(ids):
@@ -992,9 +996,20 @@ class ShardedChannel:
                 outcomes[position] = exc
                 continue
             by_shard.setdefault(index, []).append((position, inner))
+        failure: StorageError | None = None
+        stored = False
         for index, items in by_shard.items():
-            for (position, _), error in zip(items, self._channel(index).delete_ids([inner for _, inner in items])):
+            errors: Sequence[Error | None]
+            try:
+                errors = self._channel(index).delete_ids([inner for _, inner in items])
+                stored = True
+            except StorageError as exc:
+                failure = failure or exc
+                errors = [exc] * len(items)
+            for (position, _), error in zip(items, errors):
                 outcomes[position] = error
+        if failure is not None and not stored:
+            raise failure
         return outcomes
 
     def set_metadata(self, id: str, metadata: Any) -> None:

@@ -662,6 +662,12 @@ def create_app(config: ServerConfig) -> App:
     async def store_deletes(queue: str, message_ids: Sequence[str]) -> list[Exception | None]:
         outcomes = await appended(delete_now, queue, message_ids)
         counts.counted(counts.messages_deleted, queue).inc(outcomes.count(None))  # once a batch
+        failed = next((error for error in outcomes if isinstance(error, StorageError)), None)
+        if failed is not None:
+            # A sharded queue's shard that failed, the others' deletes stored (``delete_ids``):
+            # its ids get the 503, the others their own outcome.
+            problem = storage_problem(failed)
+            return [problem if isinstance(error, StorageError) else error for error in outcomes]
         return outcomes
 
     fetches: Batcher[float | None, Fetched] = Batcher(functools.partial(appended, fetch_now))
