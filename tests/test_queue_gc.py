@@ -345,6 +345,27 @@ def test_one_snapshot_per_interval_with_several_consumers(tmp_path: Path, monkey
     assert len({id(channel) for channel in compacted}) == 3  # whoever came when it was due
 
 
+def test_a_large_state_is_compacted_after_as_many_changes_as_it_has_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot writes every entry of the state under the channel's lock (200,000 deliveries
+    in flight: ~0.5 s). Up to ``SNAPSHOT_ENTRIES`` entries, one comes every ``SNAPSHOT_EVERY``
+    changes; a larger state waits for as many changes as it has entries (at the defaults), so
+    that each change pays for one entry written, not ten; a state small next to the changes,
+    every ``SNAPSHOT_SMALL_EVERY``."""
+    from journalq.queue.state import ChannelState
+
+    state = ChannelState()
+
+    def due(changes: int, entries: int) -> bool:
+        state.events_applied = state.applied_at_snapshot + changes
+        monkeypatch.setattr(state, "entries", lambda: entries)
+        return channel_module._compaction_due(state)
+
+    assert channel_module.SNAPSHOT_EVERY == channel_module.SNAPSHOT_ENTRIES == 20_000
+    assert not due(19_999, 15_000) and due(20_000, 15_000) and due(20_000, 20_000)
+    assert not due(20_000, 200_000) and not due(199_999, 200_000) and due(200_000, 200_000)
+    assert not due(1_999, 10) and due(2_000, 250) and not due(2_000, 251)
+
+
 def test_a_small_state_is_compacted_sooner_and_its_pointer_written_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -261,7 +261,8 @@ def test_snapshot_restore_round_trip() -> None:
     s.apply(Event(EventKind.METADATA, 3, payload=b'{"k":[1,2]}'), 0)
     s.apply(Event(EventKind.COLLECT, 0, visible_at=0), 1 * S)
     payload = s.snapshot()
-    json.loads(payload)  # plain JSON
+    # Plain JSON; each delivery in flight an array [offset, seq, visible_at, consumer, group, stamp].
+    assert json.loads(payload)["inflight"] == [[0, 2, 30 * S, "a", "g", 0], [3, 1, 5 * S, "b", None, 0]]
     r = ChannelState()
     r.apply(Event(EventKind.SNAPSHOT, 0, payload=payload), 2 * S)
     for now in (2 * S, 6 * S, 31 * S):
