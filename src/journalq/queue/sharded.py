@@ -742,9 +742,9 @@ class ShardedChannel:
         return channel
 
     def upkeep_due(self) -> bool:
-        """Whether a send now would maintain or collect too (``TopicDirectory.upkeep_due``)."""
+        """Whether a call now would maintain, compact or collect too (``Channel.upkeep_due``)."""
         now = time.time_ns()
-        return self.topic.upkeep_due() or any(c is not None and c._maintenance_due(now) for c in self._shard_channels)
+        return self.topic.upkeep_due() or any(c is not None and c._own_upkeep_due(now) for c in self._shard_channels)
 
     def _all(self) -> list[Channel]:
         return [self._channel(index) for index in range(len(self._shard_channels))]
