@@ -951,11 +951,12 @@ class DeferredSyncs:
     The caller must not count such an append as stored before ``sync()`` returns. (The writer's
     own group commit still applies: a sync under way covers what it finds written.)
 
-    ``wait=False``: the block's first hold of a writer (an append, a ``hold()``) that another
-    thread or process holds raises ``BusyError`` at once, before anything was done, instead of
-    waiting: an event loop must not stop for another process's compaction (hundreds of ms at a
-    deep backlog) or a thread's collection; it runs the call again in a thread. Later holds in
-    the block wait as usual: the call may have changed something by then."""
+    ``wait=False``: the block's first hold of a writer (an append, a ``hold()``; or the opening
+    of a shared writer) that another thread or process holds raises ``BusyError`` at once,
+    before anything was done, instead of waiting: an event loop must not stop for another
+    process's compaction (hundreds of ms at a deep backlog) or a thread's collection; it runs
+    the call again in a thread. Later holds in the block wait as usual: the call may have
+    changed something by then."""
 
     __slots__ = ("due", "wait")
 
