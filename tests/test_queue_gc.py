@@ -366,6 +366,32 @@ def test_a_large_state_is_compacted_after_as_many_changes_as_it_has_entries(monk
     assert not due(1_999, 10) and due(2_000, 250) and not due(2_000, 251)
 
 
+def test_a_send_makes_the_compaction_its_process_saw_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction that came due with a call's own changes (after its check) is made by the
+    next call, a send too: ``upkeep_due`` then clears. The server reads it before every batch
+    and stores the batch in a thread while it holds; a process that went on sending only kept
+    it set for good, and sent every batch through a thread."""
+    monkeypatch.setattr(channel_module, "SNAPSHOT_EVERY", 4)
+    compactions: list[int] = []
+    real_compact = channel_module.Channel._compact
+
+    def compact(self: channel_module.Channel) -> None:
+        compactions.append(1)
+        real_compact(self)
+
+    monkeypatch.setattr(channel_module.Channel, "_compact", compact)
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs")
+        q.send_many([b"%d" % i for i in range(10)])
+        got = q.receive(3)
+        q.delete_many([m.receipt for m in got])  # 6 changes, the last 3 after its check
+        assert q.upkeep_due() and not compactions
+        q.send(b"more")
+        assert compactions == [1] and not q.upkeep_due()
+        q.send(b"and more")
+        assert compactions == [1]
+
+
 def test_a_small_state_is_compacted_sooner_and_its_pointer_written_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -840,19 +840,21 @@ class Channel:
     def maintain_when_due(self, now: int | None = None) -> None:
         """``_maintain`` when due, for the calls other than receive (which runs it itself): a
         queue's send, stats, task reads, ... so that finished tasks and consumed segments are
-        collected when no one receives (zkmq's producers collect too). A clock check until then.
+        collected when no one receives (zkmq's producers collect too), and a compaction this
+        process saw due is made (or found made by another: ``upkeep_due`` then clears, which
+        the server reads before each batch, its sends too). A clock check until then.
         ``now``: called under the hold, after ``_apply_new``; None: it takes the hold.
 
         What the call does does not depend on it: a failure is logged and tried again an
         interval later (a receive, which runs it too, raises it)."""
-        if now is None and not self._maintenance_due(time.time_ns()):
-            return  # (the common case first: a queue's send checks this, ~0.2 µs)
+        if now is None and not self._own_upkeep_due(time.time_ns()):
+            return  # (the common case first: a queue's send checks this, ~0.3 µs)
         try:
             if now is None:
                 with self._hold():
                     self._apply_new()
                     self._maintain(time.time_ns())  # (due as this process knew: checked again)
-            elif self._maintenance_due(now):
+            elif self._own_upkeep_due(now):
                 self._maintain(now)
         except (JournalError, OSError) as exc:
             interval = self.settings.task_gc_interval
@@ -866,8 +868,9 @@ class Channel:
 
     def _own_upkeep_due(self, now: int) -> bool:
         """``upkeep_due`` of the channel's own state: a collection or a compaction (a snapshot
-        of 200,000 deliveries in flight holds the lock 0.2-0.3 s)."""
-        return self._maintenance_due(now) or _compaction_due(self.state)
+        of 200,000 deliveries in flight holds the lock 0.2-0.3 s); after a failed one, not until
+        an interval has passed (``maintain_when_due``)."""
+        return self._maintenance_due(now) or (now >= self._retry_maintenance_at and _compaction_due(self.state))
 
     def _maintenance_due(self, now: int) -> bool:
         """Whether a collection is due, as far as this process knows."""
