@@ -680,43 +680,54 @@ def test_delete_ids_sends_each_id_to_its_shard(tmp_path: Path) -> None:
         assert sorted(m.body for m in queue.receive(10)) == [b"4", b"5", b"6", b"7"]
 
 
-def test_delete_ids_in_a_shard_that_fails_tell_each_id_how_it_fared(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("operation", ["delete_ids", "delete_many", "change_visibility_many"])
+def test_a_batch_in_a_shard_that_fails_tells_each_item_how_it_fared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operation: str
 ) -> None:
-    """A shard whose step fails for the storage deleted none of its ids, and each of them gets
-    that error; the other shards' deletes are stored, so the caller deletes again just those
-    (one told "failed" that was deleted would be "not waiting" the second time). When no
-    shard's step is stored, the error raises, as an unsharded queue's."""
+    """A shard whose step fails for the storage changed none of its items, and each of them gets
+    that error; the other shards' steps are stored, so the caller makes again just those (a
+    delete told "failed" that was stored would be refused the second time). When no shard's
+    step is stored, the error raises, as an unsharded queue's."""
     from journalq.queue.channel import Channel
 
-    real = Channel.delete_ids
+    real = getattr(Channel, operation)
     failing: set[str] = set()
 
-    def delete_ids(self: Channel, ids: list[str]) -> list:
+    def step(self: Channel, *args: object, **kwargs: object) -> list:
         if self.receipt_prefix in failing:
             raise StorageError("no space left", file=self.path)
-        return real(self, ids)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Channel, "delete_ids", delete_ids)
+    monkeypatch.setattr(Channel, operation, step)
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("orders", shards=4)
         ids = [queue.send(b"%d" % i, key=str(i)) for i in range(16)]
+        receipts = {m.id: m.receipt for m in queue.receive(16, visibility_timeout=60)}
+        assert sorted(receipts) == sorted(ids)
+        items: dict[str, object] = {
+            "delete_ids": dict(zip(ids, ids)),
+            "delete_many": receipts,
+            "change_visibility_many": {id: (receipt, 0) for id, receipt in receipts.items()},
+        }[operation]
+        act = getattr(queue, operation)
         shards = sorted({id.split(".")[0] for id in ids})
         assert len(shards) > 2
         failing.add(f"{shards[1]}.")
-        outcomes = queue.delete_ids(ids)
+        outcomes = act([items[id] for id in ids])
         failed = [id for id, outcome in zip(ids, outcomes) if outcome is not None]
         assert failed and {id.split(".")[0] for id in failed} == {shards[1]}
         assert all(isinstance(outcome, StorageError) for outcome in outcomes if outcome is not None)
-        assert [queue.task(id).state for id in ids] == [
-            "inserted" if id in failed else "finished" for id in ids
-        ]
+        if operation == "change_visibility_many":  # the others' messages are back, the failed hidden
+            assert sorted(m.id for m in queue.receive(16)) == sorted(set(ids) - set(failed))
+        else:
+            assert [queue.task(id).state for id in ids] == ["claimed" if id in failed else "finished" for id in ids]
         failing.update(f"{shard}." for shard in shards)
         with pytest.raises(StorageError, match="no space left"):
-            queue.delete_ids(failed)
+            act([items[id] for id in failed])
         failing.clear()
-        assert queue.delete_ids(failed) == [None] * len(failed)
-        assert queue.stats().available == 0
+        assert act([items[id] for id in failed]) == [None] * len(failed)
+        if operation != "change_visibility_many":
+            assert queue.stats().in_flight == queue.stats().available == 0
 
 
 def test_dead_letters_and_redrive(tmp_path: Path) -> None:
@@ -740,6 +751,49 @@ def test_dead_letters_and_redrive(tmp_path: Path) -> None:
         assert dead.redrive() == 8
         assert sorted(m.body for m in drain(queue)) == sorted(b"%d" % i for i in range(8))
         assert len(ids) == 8
+
+
+def test_a_redrive_whose_delete_fails_in_a_shard_raises_and_a_second_one_moves_each_letter_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redrive sends the dead letters back, then deletes them from the dead-letter queue: when
+    that delete fails in one shard (the others' stored), it raises, and the failed shard's letters
+    stay. A redrive made again moves them, and the queue gets each message once (a letter sent
+    back twice is a duplicate of its redrive's own deduplication id)."""
+    from journalq.queue import workqueue
+    from journalq.queue.channel import Channel
+
+    real = Channel.delete_many
+    failing: set[str] = set()
+
+    def delete_many(self: Channel, receipts: list[str]) -> list:
+        if self.receipt_prefix in failing:
+            raise StorageError("no space left", file=self.path)
+        return real(self, receipts)
+
+    monkeypatch.setattr(Channel, "delete_many", delete_many)
+    # What a failed redrive held comes back in a second, not after its minute (within that
+    # second, a redrive that went on past the failure would find nothing more and return 16).
+    monkeypatch.setattr(workqueue, "_REDRIVE_VISIBILITY", 1.0)
+    with Broker(tmp_path, sync="none") as broker:
+        dead = broker.queue("dead", shards=2)
+        queue = broker.queue("orders", shards=4, max_receive_count=1, dead_letter_queue="dead")
+        queue.send_many([b"%d" % i for i in range(16)])
+        while queue.receive(10, visibility_timeout=0):
+            pass
+        assert queue.stats().dead == 16 and dead.stats().available == 16
+        failing.add("1.")
+        with pytest.raises(StorageError, match="no space left"):
+            dead.redrive()
+        left = dead.stats().available + dead.stats().in_flight
+        assert 0 < left < 16  # shard 0's letters were deleted, shard 1's are still there
+        failing.clear()
+        deadline = time.monotonic() + 30
+        while dead.stats().available < left and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dead.redrive() == left
+        assert sorted(m.body for m in drain(queue)) == sorted(b"%d" % i for i in range(16))
+        assert dead.stats().available == dead.stats().in_flight == 0
 
 
 def drain_without_delete(queue) -> list:

@@ -719,6 +719,53 @@ def test_a_batch_of_deletes_partly_stored_in_a_sharded_queue_answers_each_as_it_
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("action", ["DeleteMessageBatch", "ChangeMessageVisibilityBatch"])
+def test_sqs_receipts_in_a_sharded_queue_whose_shard_fails_are_a_503_and_can_be_sent_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    """A sharded queue gives the receipts of a shard whose step failed for the storage that error
+    as their outcome, the other shards' steps stored. SQS answers the request 503 with
+    Retry-After, as it does an unsharded queue's failure (never ReceiptHandleIsInvalid): sent
+    again, the entries stored the first time succeed again, and the rest are done."""
+    real = getattr(Channel, "delete_many" if action == "DeleteMessageBatch" else "change_visibility_many")
+    failing: set[str] = set()
+
+    def shard_step(self: Channel, *args: Any, **kwargs: Any) -> list:
+        if self.receipt_prefix in failing:
+            raise writer_mod.StorageError("no space left", errno=errno.ENOSPC, file=self.path)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Channel, real.__name__, shard_step)
+
+    async def call(client: httpx.AsyncClient, name: str, payload: dict[str, Any]) -> httpx.Response:
+        return await client.post("/", content=json.dumps({"QueueUrl": "/000000000000/s", **payload}),
+                                 headers={**SQS_HEADERS, "X-Amz-Target": f"AmazonSQS.{name}"})
+
+    async def scenario() -> None:
+        async with app_client(tmp_path) as client:
+            assert (await client.put("/s", params={"shards": 4})).status_code == 201
+            for i in range(10):
+                assert (await client.post("/s/messages", content=b"%d" % i)).status_code == 201
+            got = (await call(client, "ReceiveMessage", {"MaxNumberOfMessages": 10, "VisibilityTimeout": 60})).json()
+            receipts = [m["ReceiptHandle"] for m in got["Messages"]]
+            shards = sorted({receipt.split(".")[0] for receipt in receipts})
+            assert len(receipts) == 10 and len(shards) > 1
+            failing.add(f"{shards[-1]}.")
+            entries = [{"Id": f"e{i}", "ReceiptHandle": r, "VisibilityTimeout": 0} for i, r in enumerate(receipts)]
+            refused = await call(client, action, {"Entries": entries})
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["Retry-After"] == "3"
+            assert refused.json()["__type"].endswith("ServiceUnavailable")
+            failing.clear()
+            again = await call(client, action, {"Entries": entries})
+            assert again.status_code == 200 and again.json()["Failed"] == [], again.text
+            assert len(again.json()["Successful"]) == 10
+            left = (await call(client, "ReceiveMessage", {"MaxNumberOfMessages": 10})).json().get("Messages", [])
+            assert len(left) == (0 if action == "DeleteMessageBatch" else 10)
+
+    asyncio.run(scenario())
+
+
 def _where_stored(monkeypatch: pytest.MonkeyPatch, pause: dict[str, float] | None = None) -> list[tuple[str, int]]:
     """("write" or "sync", thread) of each journal write and fdatasync from now on, in a list kept
     up to date; each sync first sleeps ``pause["sync"]`` seconds (a slow disk, when set)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno as _errno
+from collections.abc import Iterable
 from pathlib import Path
 
 STORAGE_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT, _errno.EIO})
@@ -97,6 +98,15 @@ class StorageError(JournalError):
         located = super().located(file, base_position)
         located.errno = self.errno  # type: ignore[attr-defined]
         return located
+
+
+def raise_storage_failure(outcomes: Iterable[object]) -> None:
+    """Raise the first ``StorageError`` among a batch's outcomes, for a caller that answers for
+    the batch as one. (A sharded queue gives that error as the outcome of each item of a shard
+    whose step failed, the other shards' steps being stored.)"""
+    for outcome in outcomes:
+        if isinstance(outcome, StorageError):
+            raise outcome
 
 
 class TruncatedError(JournalError):

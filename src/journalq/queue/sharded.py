@@ -651,7 +651,7 @@ class ShardedChannel:
         self._claim: FileLock | None = None
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
         # The receipts given out here lately and their shard, so that their deletes do not split
-        # them again (see ``_shard_of``); cleared when it grows.
+        # them again (see ``_known_shards``); cleared when it grows.
         self._issued: dict[str, int] = {}
         # Shards whose channel is not open here, found run dry: their last segment and its size
         # then (``_surely_empty``: while they stay so, the shard is, without reading more).
@@ -859,25 +859,25 @@ class ShardedChannel:
     def _deletes_by_shard(self, receipts: Sequence[str]) -> dict[int, list[str]]:
         """``receipts`` by shard; ``ReceiptError`` for one that names none. (A consumer loop
         deletes what one shard gave it: that case costs no Python step per receipt.)"""
-        try:
-            known = list(map(self._issued.pop, receipts, repeat(None)))
-        except TypeError:  # an unhashable one: each is split, and that one refused
-            known = [None] * len(receipts)
+        known = self._known_shards(receipts, finishing=True)
         if known and known[0] is not None and known.count(known[0]) == len(known):
             return {known[0]: list(receipts)}
         by_shard: dict[int, list[str]] = {}
         for receipt, index in zip(receipts, known):
-            by_shard.setdefault(self._shard_of(receipt) if index is None else index, []).append(receipt)
+            by_shard.setdefault(self._shard_named(receipt) if index is None else index, []).append(receipt)
         return by_shard
 
-    def _shard_of(self, receipt: object, *, finishing: bool = False) -> int:
-        """The shard of ``receipt``: as remembered when it was given out here (forgotten when
-        ``finishing``: it is for a delete), else read from it (``ReceiptError`` when it names no
-        shard of this queue)."""
-        if type(receipt) is str:
-            known = self._issued.pop(receipt, None) if finishing else self._issued.get(receipt)
-            if known is not None:
-                return known
+    def _known_shards(self, receipts: Sequence[str], *, finishing: bool) -> list[int | None]:
+        """The shard of each receipt as remembered when it was given out here (forgotten when
+        ``finishing``: they are deleted), or None (given out before, or by another consumer)."""
+        issued = self._issued
+        try:
+            return list(map(issued.pop if finishing else issued.get, receipts, repeat(None)))
+        except TypeError:  # an unhashable one: each is read (``_shard_named``), and that one refused
+            return [None] * len(receipts)
+
+    def _shard_named(self, receipt: object) -> int:
+        """The shard that ``receipt`` names (``ReceiptError`` when it names none of this queue's)."""
         return _split(receipt, len(self._shard_channels), "receipt", ReceiptError)[0]
 
     def _watch(self) -> DirectoryWatch:
@@ -912,10 +912,13 @@ class ShardedChannel:
         """Finish the message of this delivery: it will not be delivered again."""
         _raise(self.delete_many([receipt])[0])
 
-    def delete_many(self, receipts: list[str]) -> list[ReceiptError | None]:
-        """Delete several; for each receipt, None or the error that kept it from being deleted."""
+    def delete_many(self, receipts: list[str]) -> list[ReceiptError | StorageError | None]:
+        """Delete several; for each receipt, None or the error that kept it from being deleted
+        (a shard's ``StorageError`` too: see ``_per_shard``)."""
         check_receipt_list("receipts", receipts)
-        return self._act(receipts, lambda channel, theirs, positions: channel.delete_many(theirs), finishing=True)
+        return self._receipts_per_shard(
+            receipts, lambda channel, theirs, positions: channel.delete_many(theirs), finishing=True
+        )
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
         """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
@@ -923,12 +926,13 @@ class ShardedChannel:
 
     def change_visibility_many(
         self, changes: list[tuple[str, float]], *, within: float | None = None
-    ) -> list[ReceiptError | None]:
-        """As ``Channel.change_visibility_many``, each shard's receipts by their shard."""
+    ) -> list[ReceiptError | StorageError | None]:
+        """As ``Channel.change_visibility_many``, each shard's receipts by their shard (a shard's
+        ``StorageError`` as their outcome: see ``_per_shard``)."""
         check_visibility_changes(changes)  # all first
         check_within(within)
         seconds = [s for _, s in changes]
-        return self._act(
+        return self._receipts_per_shard(
             [receipt for receipt, _ in changes],
             lambda channel, theirs, positions: channel.change_visibility_many(
                 [(receipt, seconds[p]) for receipt, p in zip(theirs, positions)], within=within
@@ -940,30 +944,73 @@ class ShardedChannel:
         check_release_delay(delay)
         self.change_visibility(receipt, delay)
 
-    def _act(
+    def _receipts_per_shard(
         self,
         receipts: list[str],
-        act: Callable[[Channel, list[str], list[int]], list[ReceiptError | None]],
+        step: Callable[[Channel, list[str], Sequence[int]], Sequence[Error | None]],
         *,
         finishing: bool = False,
-    ) -> list[ReceiptError | None]:
-        """Send each receipt to its shard's channel, one ``act`` per shard (with the receipts and
-        their positions in ``receipts``); the outcomes in order. ``finishing``: ``act`` deletes
-        (``_shard_of``)."""
-        outcomes: list[ReceiptError | None] = [None] * len(receipts)
+    ) -> list[Any]:
+        """``_per_shard`` of receipts, each to the shard it was given out from here (remembered;
+        forgotten when ``finishing``: they are deleted), else to the one it names. The receipts of
+        one consumer's receive, all of one shard, go without a Python step each."""
+        known = self._known_shards(receipts, finishing=finishing)
+        if known and known[0] is not None and known.count(known[0]) == len(known):
+            return self._per_shard(receipts, step, one_shard=known[0])
+        remembered = iter(known)
+
+        def locate(receipt: str) -> tuple[int, str]:  # (called once a receipt, in order)
+            index = next(remembered)
+            return (self._shard_named(receipt) if index is None else index), receipt
+
+        return self._per_shard(receipts, step, locate)
+
+    def _per_shard(
+        self,
+        items: Sequence[str],
+        step: Callable[[Channel, list[str], Sequence[int]], Sequence[Error | None]],
+        locate: Callable[[str], tuple[int, str]] | None = None,
+        *,
+        one_shard: int | None = None,
+    ) -> list[Any]:
+        """The outcome of each of ``items`` (receipts, ids), in order: ``locate(item)`` gives its
+        shard and what that shard's channel takes for it (or raises the error that is its
+        outcome: it names no shard), then ``step`` runs once a shard, on its channel, with that
+        shard's items and their positions in ``items``, and gives their outcomes. ``one_shard``
+        instead of ``locate``: every item goes to that shard as it is.
+
+        A shard whose step fails for the storage (``StorageError``: a full disk, an I/O error)
+        changed none of its items, and that error is each one's outcome; the other shards' steps
+        go on, so that every item tells whether it was done (a caller told "failed" of a delete
+        that was stored would delete it again, and be told it is no longer there). The error
+        raises only when no shard's step was stored, as an unsharded queue's does."""
+        if one_shard is not None:
+            return list(step(self._channel(one_shard), list(items), range(len(items))))
+        assert locate is not None
+        outcomes: list[Any] = [None] * len(items)
         by_shard: dict[int, list[tuple[int, str]]] = {}
-        for position, receipt in enumerate(receipts):
+        for position, item in enumerate(items):
             try:
-                index = self._shard_of(receipt, finishing=finishing)
-            except ReceiptError as exc:
+                index, inner = locate(item)
+            except (ReceiptError, InvalidMessageError) as exc:
                 outcomes[position] = exc
                 continue
-            by_shard.setdefault(index, []).append((position, receipt))
-        for index, items in by_shard.items():
-            positions = [position for position, _ in items]
-            theirs = [receipt for _, receipt in items]
-            for position, error in zip(positions, act(self._channel(index), theirs, positions)):
+            by_shard.setdefault(index, []).append((position, inner))
+        failure: StorageError | None = None
+        stored = False
+        for index, located in by_shard.items():
+            positions = [position for position, _ in located]
+            errors: Iterable[Error | None]
+            try:
+                errors = step(self._channel(index), [inner for _, inner in located], positions)
+                stored = True
+            except StorageError as exc:
+                failure = failure or exc
+                errors = repeat(exc)
+            for position, error in zip(positions, errors):
                 outcomes[position] = error
+        if failure is not None and not stored:
+            raise failure
         return outcomes
 
     # -- tasks, consumers, stats ----------------------------------------------------------------
@@ -981,36 +1028,14 @@ class ShardedChannel:
         self._by_id(id, Channel.delete_id)
 
     def delete_ids(self, ids: Sequence[str]) -> list[Error | None]:
-        """``Channel.delete_ids``, each shard's ids by their shard (one step a shard). A shard
-        whose step fails for the storage (``StorageError``: a full disk, an I/O error) deleted
-        none of its ids, and that error is each one's outcome; the other shards' steps go on, so
-        each id tells whether it was deleted (a caller that was told "failed" for an id that was
-        deleted would delete it again, and be told it is not waiting). The error raises only when
-        no shard's step was stored, as an unsharded queue's does."""
-        outcomes: list[Error | None] = [None] * len(ids)
-        by_shard: dict[int, list[tuple[int, str]]] = {}
-        for position, id in enumerate(ids):
-            try:
-                index, inner = _split(id, len(self._shard_channels), "message id", InvalidMessageError)
-            except InvalidMessageError as exc:
-                outcomes[position] = exc
-                continue
-            by_shard.setdefault(index, []).append((position, inner))
-        failure: StorageError | None = None
-        stored = False
-        for index, items in by_shard.items():
-            errors: Sequence[Error | None]
-            try:
-                errors = self._channel(index).delete_ids([inner for _, inner in items])
-                stored = True
-            except StorageError as exc:
-                failure = failure or exc
-                errors = [exc] * len(items)
-            for (position, _), error in zip(items, errors):
-                outcomes[position] = error
-        if failure is not None and not stored:
-            raise failure
-        return outcomes
+        """``Channel.delete_ids``, each shard's ids by their shard (one step a shard; a shard's
+        ``StorageError`` as their outcome: see ``_per_shard``)."""
+        shards = len(self._shard_channels)
+        return self._per_shard(
+            ids,
+            lambda channel, inner, positions: channel.delete_ids(inner),
+            lambda id: _split(id, shards, "message id", InvalidMessageError),
+        )
 
     def set_metadata(self, id: str, metadata: Any) -> None:
         """Replace the JSON metadata of task ``id``."""

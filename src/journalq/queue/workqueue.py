@@ -10,7 +10,7 @@ import hashlib
 import logging
 from typing import Any
 
-from journalq.errors import InvalidSettingError, QueueNotFoundError
+from journalq.errors import InvalidSettingError, QueueNotFoundError, raise_storage_failure
 from journalq.queue.channel import REDRIVING, Channel
 from journalq.queue.settings import QueueSettings
 from journalq.queue.envelope import resend, source_queue
@@ -110,7 +110,7 @@ class Queue(Channel):
                     sink.send_many(
                         [resend(m, dedup_id=_redrive_id(self.topic.name, m), **addressed) for m in messages]
                     )
-                    self.delete_many([m.receipt for m in messages])
+                    raise_storage_failure(self.delete_many([m.receipt for m in messages]))
                     moved += len(messages)
         finally:
             REDRIVING.reset(redriving)

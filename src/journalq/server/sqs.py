@@ -91,6 +91,7 @@ from journalq.errors import (
     ReceiptError,
     StaleReceiptError,
     VisibilityLimitError,
+    raise_storage_failure,
 )
 from journalq.journal.recovery import replace_file
 from journalq.queue import settings as settings_file
@@ -1943,12 +1944,18 @@ class SqsProtocol:
         """``delete_many(items)`` (or ``change_visibility_many``) of queue ``name``. A topic whose
         channels are its own (none named ``default``) has no receipt of SQS's, and is given no
         channel: every receipt is refused. A change may not hide a message past 12 hours after
-        its receive (SQS's limit on its total visibility)."""
+        its receive (SQS's limit on its total visibility).
+
+        A sharded queue's shard that failed for the storage, the others' changes stored, fails
+        the whole request (503), as an unsharded queue's failure does: made again, each delete or
+        change of those stored succeeds again (a delivery that is over: SQS's success)."""
         found = self.broker.queue_if_made(name)
         if found is None:
             refused = ReceiptError(f"queue {name!r} is a topic whose channels are its own: its receipts are theirs")
             return [refused] * len(items)
-        return found.delete_many(items) if delete else found.change_visibility_many(items, within=MAX_VISIBILITY)
+        outcomes = found.delete_many(items) if delete else found.change_visibility_many(items, within=MAX_VISIBILITY)
+        raise_storage_failure(outcomes)
+        return outcomes  # type: ignore[return-value]  # (no StorageError left)
 
     def delete_message(self, request: dict[str, Any], base_url: str) -> dict[str, Any]:
         (answer,) = self.delete_together(self._name_of_url(request), [request])
