@@ -24,7 +24,9 @@ is repeated here. What a sharded topic adds is routing:
   ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
   tries the shard that had work last, then the others in turn (mq's peers: consumers mostly work
   different shards, so they seldom wait for one another's locks), passing by those it can tell
-  are run dry without their lock (``_surely_empty``). Order holds within a shard, not across
+  are run dry without their lock (``_surely_empty``), home too (a consumer of a queue run dry,
+  or one that drains the other shards, does not lock an empty home at every receive; nor opens
+  its channel until it has something). Order holds within a shard, not across
   shards. A receive returns nothing only once every shard had nothing. A shard that fails
   (damaged, its storage refusing) does not stop the others: what they gave is returned, and the
   failure is raised by a receive that gets nothing elsewhere.
@@ -658,7 +660,8 @@ class ShardedChannel:
         self._dry: dict[int, tuple[str, int]] = {}
         self._current = (os.getpid() + next(_instances)) % len(topic.shards)
         # No shard's channel is opened yet (opening one replays its state): the first receive
-        # opens its home's, which need not be the shard picked above (see ``_claim_home``).
+        # that finds something in its home opens its home's, which need not be the shard picked
+        # above (see ``_claim_home``).
         check_name(name, "channel")
         topic.check_present()
         topic._enter_channel(name)
@@ -793,7 +796,7 @@ class ShardedChannel:
             mine = deletes.get(index, ()) if index == last else ()
             if len(received) >= max_messages:
                 break
-            if index != home and not mine and self._surely_empty(index):
+            if not mine and self._surely_empty(index):
                 continue
             try:
                 got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
