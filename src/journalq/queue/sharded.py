@@ -850,6 +850,8 @@ class ShardedChannel:
                 last = (name, os.stat(name).st_size)
                 if self._dry.get(index) == last:
                     return True  # found dry, and nothing appended since (nor a segment begun)
+            elif not os.path.isdir(os.path.join(shard.path, JOURNAL_DIR)):
+                return False  # no journal: the topic is being deleted (the receive looks, and says so)
             end = clean_end_offset(shard.path, [segment_at(shard.path, bases[-1])] if bases else [])
             # None: a message being written, or damage: the receive looks, and says which.
             empty = end is not None and read_offset(shard.path, self.name) >= end
