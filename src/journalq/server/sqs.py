@@ -1947,8 +1947,9 @@ class SqsProtocol:
         its receive (SQS's limit on its total visibility).
 
         A sharded queue's shard that failed for the storage, the others' changes stored, fails
-        the whole request (503), as an unsharded queue's failure does: made again, each delete or
-        change of those stored succeeds again (a delivery that is over: SQS's success)."""
+        the whole request (503), as an unsharded queue's failure does: made again, those stored
+        succeed again (a delete of a delivery that is over is SQS's success; a change is made
+        anew)."""
         found = self.broker.queue_if_made(name)
         if found is None:
             refused = ReceiptError(f"queue {name!r} is a topic whose channels are its own: its receipts are theirs")
