@@ -720,6 +720,27 @@ def test_finished_tasks_are_collected_when_no_one_receives(tmp_path: Path, call:
 
 
 @pytest.mark.parametrize("shards", [1, 4])
+def test_finished_tasks_are_collected_by_receives_that_find_nothing(tmp_path: Path, shards: int) -> None:
+    """An idle consumer's polls collect too. A sharded receive passes by the shards it can tell
+    are run dry, without their lock (home too): it still collects their channels when due, as
+    a receive under their lock would."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", task_gc_interval=0.05, task_gc_lifetime=0.1, shards=shards)
+        q.send_many([b"%d" % i for i in range(8)])
+        got = q.receive(10)
+        assert len(got) == 8 and not any(q.delete_many([m.receipt for m in got]))
+        states = [q.state] if shards == 1 else [c.state for c in q._shard_channels if c is not None]
+        assert sum(state.cursor for state in states) == 8
+        assert [state.collected_below for state in states] == [0] * len(states)
+        for _ in range(6):  # receives alone, finding nothing (a task read would collect by itself)
+            time.sleep(0.06)
+            assert q.receive(10) == []
+        # (Plain finished tasks carry no record: a collection forgets those below the cursor
+        # that an earlier one noted, task_gc_lifetime before.)
+        assert [state.collected_below for state in states] == [state.cursor for state in states]
+
+
+@pytest.mark.parametrize("shards", [1, 4])
 def test_a_topic_that_only_gets_sends_keeps_to_its_retention(
     tmp_path: Path, shards: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -797,6 +797,11 @@ class ShardedChannel:
             if len(received) >= max_messages:
                 break
             if not mine and self._surely_empty(index):
+                # Passed by, but collected when due all the same, as a receive there would: an
+                # idle consumer's polls keep finished tasks and consumed segments collected.
+                channel = self._shard_channels[index]
+                if channel is not None:
+                    channel.maintain_when_due()
                 continue
             try:
                 got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
