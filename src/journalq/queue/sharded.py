@@ -870,8 +870,9 @@ class ShardedChannel:
         """``receipts`` by shard; ``ReceiptError`` for one that names none. (A consumer loop
         deletes what one shard gave it: that case costs no Python step per receipt.)"""
         known = self._known_shards(receipts, finishing=True)
-        if known and known[0] is not None and known.count(known[0]) == len(known):
-            return {known[0]: list(receipts)}
+        one = _one_shard(known)
+        if one is not None:
+            return {one: list(receipts)}
         by_shard: dict[int, list[str]] = {}
         for receipt, index in zip(receipts, known):
             by_shard.setdefault(self._shard_named(receipt) if index is None else index, []).append(receipt)
@@ -965,8 +966,9 @@ class ShardedChannel:
         forgotten when ``finishing``: they are deleted), else to the one it names. The receipts of
         one consumer's receive, all of one shard, go without a Python step each."""
         known = self._known_shards(receipts, finishing=finishing)
-        if known and known[0] is not None and known.count(known[0]) == len(known):
-            return self._per_shard(receipts, step, one_shard=known[0])
+        one = _one_shard(known)
+        if one is not None:
+            return self._per_shard(receipts, step, one_shard=one)
         remembered = iter(known)
 
         def locate(receipt: str) -> tuple[int, str]:  # (called once a receipt, in order)
@@ -1099,6 +1101,13 @@ class ShardedChannel:
             self._claim.close()
             self._claim = None
         return opened
+
+
+def _one_shard(known: list[int | None]) -> int | None:
+    """The shard of every receipt when ``_known_shards`` remembered them all in the same one (a
+    consumer's batch, from one receive), else None."""
+    first = known[0] if known else None
+    return first if first is not None and known.count(first) == len(known) else None
 
 
 def _raise(error: ReceiptError | None) -> None:
