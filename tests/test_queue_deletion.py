@@ -208,6 +208,31 @@ def test_a_queue_that_another_process_is_removing_is_not_found(tmp_path: Path) -
                 call()
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize("wait", [0, 5])
+def test_an_idle_poller_is_told_when_another_process_deletes_the_queue(
+    tmp_path: Path, shards: int, wait: float
+) -> None:
+    """A consumer of a queue run dry receives without the channel's lock (it can tell there is
+    nothing to give): it is told all the same, at once, when another process deletes the queue,
+    waiting (a long poll) or not."""
+    with Broker(tmp_path, sync="none") as broker, Broker(tmp_path, sync="none") as other:
+        q = broker.queue("jobs", shards=shards)
+        q.send_many([b"a", b"b"])
+        got = q.receive(10)
+        assert not any(q.delete_many([m.receipt for m in got]))
+        assert q.receive(10) == [] and q.receive(10) == []  # the second passes the channel by
+        deleting = threading.Timer(0.3 if wait else 0, lambda: other.delete("jobs"))
+        deleting.start()
+        if not wait:
+            deleting.join()
+        started = time.monotonic()
+        with pytest.raises(QueueNotFoundError, match="deleted"):
+            q.receive(10, wait=wait)
+        deleting.join()
+        assert time.monotonic() - started < 4
+
+
 def test_a_queue_deleted_while_it_is_being_opened_is_not_found(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from test_queue_lookahead import broker  # noqa: F401 (fixture)
 import journalq.queue.channel as channel_module
 from journalq.journal import end_offset
 from journalq.journal.codec import encode
-from journalq.journal.segment import list_segments
+from journalq.journal.lock import FileLock
+from journalq.journal.offsets import read_offset
+from journalq.journal.segment import list_segments, lock_path
 from journalq.queue import Broker
 from journalq.queue.state import ChannelState, Event, EventKind
 
@@ -390,3 +393,44 @@ def test_a_dedup_id_sent_again_after_its_window_is_deduplicated_in_every_process
         with Broker(broker.root, sync="none") as fresh:  # one that reads the window from the journal
             assert fresh.queue("jobs").send(b"b once more", dedup_id="X") == again
     assert [m.body for m in q.receive(10)] == [b"a", b"b"]
+
+
+def test_an_idle_poll_of_a_queue_run_dry_waits_for_no_lock(tmp_path: Path) -> None:
+    """A receive that can tell, without the channel's lock, that there is nothing to give (every
+    message it saw finished, none sent since) takes no lock: an idle poller neither waits for nor
+    holds up the consumers at work (here another process's, holding the lock). It still
+    publishes the cursor. A message sent since, and one in flight that may come back, are looked
+    for under the lock."""
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs")
+        q.send_many([b"one", b"two"])
+        got = q.receive(2, visibility_timeout=0.2)
+        q.delete_many([m.receipt for m in got])  # finished by a delete: the cursor not published
+        assert read_offset(q.topic.path, q.name) == 0
+        other_process = FileLock(lock_path(q.path))  # a lock of its own, as another process's
+        assert other_process.try_acquire(wait=False)
+        try:
+            idle, got = _receiving(q)
+            idle.join(5)
+            assert got == [[]]
+            assert read_offset(q.topic.path, q.name) == 2  # published all the same
+            q.send(b"three")
+            looking, got = _receiving(q)
+            looking.join(0.5)
+            assert looking.is_alive()  # looks for it under the lock: waits for it
+        finally:
+            other_process.release()
+        looking.join(5)
+        assert [[m.body for m in messages] for messages in got] == [[b"three"]]
+        assert q.receive(1) == []  # in flight: looked for under the lock
+        time.sleep(0.3)
+        assert [m.body for m in q.receive(1)] == [b"three"]  # it came back
+
+
+def _receiving(q: object) -> tuple[threading.Thread, list]:
+    """``q.receive(1, visibility_timeout=0.2)`` started in a thread, and the list that gets what
+    it returns."""
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(q.receive(1, visibility_timeout=0.2)), daemon=True)
+    thread.start()
+    return thread, got

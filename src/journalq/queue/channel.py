@@ -1023,14 +1023,31 @@ class Channel:
         """Whether the channel has nothing to give, as far as this process can tell without its
         lock: every message it has seen is finished (its cursor is at its frontier) and the topic
         has none after them. Its state may lag the other processes' changes, which only finish
-        more: a lagging one says False more often, never True wrongly."""
+        more: a lagging one says False more often, never True wrongly. Nor once another process
+        deleted the queue: the topic's segment read to its end is found unlinked then (as
+        ``_tail_lost``), and the hold says that the queue was deleted."""
         state = self.state
-        if state.cursor < state.frontier or self._ahead or not self._ahead_lock.acquire(blocking=False):
+        frontier = state.frontier
+        if state.cursor < frontier:
+            return False
+        # Read ahead and never taken (what is below the frontier was taken): not empty. A slice,
+        # since another thread may empty the list meanwhile; the look-ahead's lock decides.
+        last = self._ahead[-1:]
+        if last and last[0].offset >= frontier or not self._ahead_lock.acquire(blocking=False):
             return False
         try:
-            return not self._read_ahead(state.frontier) and not self._tail_lost
+            self._read_ahead(frontier)  # drops what was taken, reads what came since
+            return not self._ahead and not self._tail_lost
         finally:
             self._ahead_lock.release()
+
+    def pass_by(self) -> None:
+        """What a receive that finds nothing does besides, for one that passed the channel by
+        (``surely_empty``) without its lock: collect when due, and publish the cursor (for the
+        topic's gc, and a sharded queue's consumers that look without opening the channel)."""
+        self.maintain_when_due()
+        if self.state.cursor != self._committed_cursor:  # (the commit's lock costs more than this)
+            self.commit_cursor()
 
     def _watch(self) -> DirectoryWatch:
         """What a long poll sleeps on: the topic's segments and the channel's state journal."""
@@ -1050,7 +1067,24 @@ class Channel:
         wanted: dict[str, tuple[str, filtering.Method]] | None,
         delete: Sequence[str] = (),
     ) -> tuple[list[ReceivedMessage], int | None]:
-        """One attempt under the lock; also returns when something hidden comes back."""
+        """One attempt; also returns when something hidden comes back."""
+        if not delete and not self.topic.gone and self.surely_empty():
+            # Nothing to give and nothing to delete: no hold. An idle poller's receives take no
+            # lock that the consumers at work wait for, and cost a few system calls. (A queue
+            # deleted by its own broker is said by the hold: its files may be gone already.)
+            self.pass_by()
+            return [], None
+        return self._receive_under_lock(max_messages, hide, wanted, delete)
+
+    def _receive_under_lock(
+        self,
+        max_messages: int,
+        hide: float,
+        wanted: dict[str, tuple[str, filtering.Method]] | None,
+        delete: Sequence[str] = (),
+    ) -> tuple[list[ReceivedMessage], int | None]:
+        """``_receive_now`` once it has to look: one attempt under the lock (a sharded queue
+        calls it for a shard it found not surely empty itself)."""
         # Read new topic messages before taking the lock (the topic's messages never change):
         # other processes wait for this channel's lock, not for this read.
         # Topped up by half a look-ahead at a time, not by each receive's few messages: one read
@@ -1131,8 +1165,8 @@ class Channel:
         delete: Sequence[str],
         far: tuple[list[Message], set[str]] | None = None,
     ) -> tuple[list[tuple[Message, Envelope, int]], int | None, int, _Far | None]:
-        """``_receive_now``'s work under the hold: (message, envelope, delivery number) of each
-        message delivered, when to look again, the deliveries' stamp, and, when nothing was
+        """``_receive_under_lock``'s work under the hold: (message, envelope, delivery number) of
+        each message delivered, when to look again, the deliveries' stamp, and, when nothing was
         taken and the look-ahead was not all there is, where ``_scan_far`` reads on.
 
         ``far``: the second hold of such a receive: the messages that ``_scan_far`` found past
@@ -1413,9 +1447,9 @@ class Channel:
         every receive that finds something in it; a consumer behind more than that of messages
         it cannot take (filtered out, delayed, of a FIFO group in flight) is served by this scan,
         which may read the whole topic. Topic messages never change, so the reading needs no
-        hold; only the decision does, and the second hold of ``_receive_now`` makes it again for
-        the messages found (``_receive_held``'s ``far``), skipping any another process took
-        meanwhile. Nothing read is kept but what was found, runs of delayed messages
+        hold; only the decision does, and the second hold of ``_receive_under_lock`` makes it
+        again for the messages found (``_receive_held``'s ``far``), skipping any another process
+        took meanwhile. Nothing read is kept but what was found, runs of delayed messages
         (``_Asleep``), and runs of messages that this consumer's filters do not match
         (``_Missed``, kept for those filters): later scans, the look-ahead's offer (of misses)
         and the walk of the offsets that a far delivery leaves skipped pass over those whole
