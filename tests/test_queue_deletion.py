@@ -190,15 +190,20 @@ def test_what_was_got_of_a_deleted_queue_refuses_to_work(store_root: Path | str,
         assert again.receive(10) == [] and again.stats().available == 0
 
 
-def test_a_queue_that_another_process_is_removing_is_not_found(tmp_path: Path) -> None:
+@pytest.mark.parametrize("run_dry", [False, True])
+def test_a_queue_that_another_process_is_removing_is_not_found(tmp_path: Path, run_dry: bool) -> None:
     """Another process's delete renames the directory away, then removes its files one by one:
     a receive or send of a process that has the queue open, and finds a file gone meanwhile, is
     told that the queue was deleted (QueueNotFoundError), not of the file (FileNotFoundError,
-    which the server answered 500 to an SQS ReceiveMessage)."""
+    which the server answered 500 to an SQS ReceiveMessage). So is a receive of a queue run dry,
+    which takes no lock (the first files removed)."""
     with Broker(tmp_path, sync="none") as broker:
         q = broker.queue("jobs")
         q.send(b"before")
-        assert q.receive(visibility_timeout=60)
+        (got,) = q.receive(visibility_timeout=60)
+        if run_dry:
+            q.delete(got.receipt)
+            assert q.receive() == [] and q.receive() == []
         doomed = tmp_path / ".deleted-jobs-1-0badcafe"
         os.replace(tmp_path / "jobs", doomed)  # the deleter's first step (``removal``)
         for lock in (doomed / "channels" / "default" / "jnl.lck", doomed / "jnl.lck"):

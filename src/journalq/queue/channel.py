@@ -1068,10 +1068,12 @@ class Channel:
         delete: Sequence[str] = (),
     ) -> tuple[list[ReceivedMessage], int | None]:
         """One attempt; also returns when something hidden comes back."""
-        if not delete and not self.topic.gone and self.surely_empty():
+        if not delete and self.surely_empty():
             # Nothing to give and nothing to delete: no hold. An idle poller's receives take no
-            # lock that the consumers at work wait for, and cost a few system calls. (A queue
-            # deleted by its own broker is said by the hold: its files may be gone already.)
+            # lock that the consumers at work wait for, and cost a few system calls. The queue
+            # deleted meanwhile, by any process, is said as the hold would (from the rename of
+            # its directory on, which the hold sees only once the lock's file is removed).
+            self.topic.check_present()
             self.pass_by()
             return [], None
         return self._receive_under_lock(max_messages, hide, wanted, delete)
