@@ -797,8 +797,9 @@ class ShardedChannel:
             if len(received) >= max_messages:
                 break
             if not mine and self._surely_empty(index):
-                # Passed by, but collected when due all the same, as a receive there would: an
-                # idle consumer's polls keep finished tasks and consumed segments collected.
+                # Passed by, but collected when due and its cursor published all the same, as a
+                # receive there would: an idle consumer's polls keep finished tasks and consumed
+                # segments collected.
                 channel = self._shard_channels[index]
                 if channel is not None:
                     channel.pass_by()
