@@ -391,7 +391,7 @@ def test_a_receive_whose_deletes_fail_raises_even_when_other_shards_have_message
         def refuse(*args: object, **kwargs: object) -> object:
             raise StorageError("no space left on device", file=failing.path)
 
-        monkeypatch.setattr(failing, "_receive_under_lock", refuse)
+        monkeypatch.setattr(failing, "_receive_now", refuse)
         with pytest.raises(StorageError):
             queue.receive(10, delete=[m.receipt for m in held])
 
@@ -429,8 +429,8 @@ def test_a_receive_passes_by_its_home_run_dry_without_taking_its_lock(tmp_path: 
         queue.delete(first.receipt)
         looked: list[int] = []
         channel = queue._channel(home)
-        real = channel._receive_under_lock
-        channel._receive_under_lock = lambda *args: looked.append(1) or real(*args)  # type: ignore[method-assign]
+        real = channel._receive_now
+        channel._receive_now = lambda *args: looked.append(1) or real(*args)  # type: ignore[method-assign]
         # (The first may look once: home's look-ahead still held the message it delivered.)
         assert [m.body for m in queue.receive(2)] == [b"other 0", b"other 1"]
         looked.clear()

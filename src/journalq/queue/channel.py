@@ -1076,17 +1076,6 @@ class Channel:
             self.topic.check_present()
             self.pass_by()
             return [], None
-        return self._receive_under_lock(max_messages, hide, wanted, delete)
-
-    def _receive_under_lock(
-        self,
-        max_messages: int,
-        hide: float,
-        wanted: dict[str, tuple[str, filtering.Method]] | None,
-        delete: Sequence[str] = (),
-    ) -> tuple[list[ReceivedMessage], int | None]:
-        """``_receive_now`` once it has to look: one attempt under the lock (a sharded queue
-        calls it for a shard it found not surely empty itself)."""
         # Read new topic messages before taking the lock (the topic's messages never change):
         # other processes wait for this channel's lock, not for this read.
         # Topped up by half a look-ahead at a time, not by each receive's few messages: one read
@@ -1167,7 +1156,7 @@ class Channel:
         delete: Sequence[str],
         far: tuple[list[Message], set[str]] | None = None,
     ) -> tuple[list[tuple[Message, Envelope, int]], int | None, int, _Far | None]:
-        """``_receive_under_lock``'s work under the hold: (message, envelope, delivery number) of
+        """``_receive_now``'s work under the hold: (message, envelope, delivery number) of
         each message delivered, when to look again, the deliveries' stamp, and, when nothing was
         taken and the look-ahead was not all there is, where ``_scan_far`` reads on.
 
@@ -1449,7 +1438,7 @@ class Channel:
         every receive that finds something in it; a consumer behind more than that of messages
         it cannot take (filtered out, delayed, of a FIFO group in flight) is served by this scan,
         which may read the whole topic. Topic messages never change, so the reading needs no
-        hold; only the decision does, and the second hold of ``_receive_under_lock`` makes it
+        hold; only the decision does, and the second hold of ``_receive_now`` makes it
         again for the messages found (``_receive_held``'s ``far``), skipping any another process
         took meanwhile. Nothing read is kept but what was found, runs of delayed messages
         (``_Asleep``), and runs of messages that this consumer's filters do not match

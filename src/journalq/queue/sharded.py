@@ -805,7 +805,7 @@ class ShardedChannel:
                     channel.pass_by()
                 continue
             try:
-                got, wake = self._channel(index)._receive_under_lock(max_messages - len(received), hide, wanted, mine)
+                got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
             except Exception as exc:
                 if mine or isinstance(exc, ReceiptError):
                     raise  # the deletes are not stored: nothing may be returned as if they were
