@@ -1156,8 +1156,8 @@ class Channel:
         delete: Sequence[str],
         far: tuple[list[Message], set[str]] | None = None,
     ) -> tuple[list[tuple[Message, Envelope, int]], int | None, int, _Far | None]:
-        """``_receive_now``'s work under the hold: (message, envelope, delivery number) of
-        each message delivered, when to look again, the deliveries' stamp, and, when nothing was
+        """``_receive_now``'s work under the hold: (message, envelope, delivery number) of each
+        message delivered, when to look again, the deliveries' stamp, and, when nothing was
         taken and the look-ahead was not all there is, where ``_scan_far`` reads on.
 
         ``far``: the second hold of such a receive: the messages that ``_scan_far`` found past
@@ -1438,9 +1438,9 @@ class Channel:
         every receive that finds something in it; a consumer behind more than that of messages
         it cannot take (filtered out, delayed, of a FIFO group in flight) is served by this scan,
         which may read the whole topic. Topic messages never change, so the reading needs no
-        hold; only the decision does, and the second hold of ``_receive_now`` makes it
-        again for the messages found (``_receive_held``'s ``far``), skipping any another process
-        took meanwhile. Nothing read is kept but what was found, runs of delayed messages
+        hold; only the decision does, and the second hold of ``_receive_now`` makes it again for
+        the messages found (``_receive_held``'s ``far``), skipping any another process took
+        meanwhile. Nothing read is kept but what was found, runs of delayed messages
         (``_Asleep``), and runs of messages that this consumer's filters do not match
         (``_Missed``, kept for those filters): later scans, the look-ahead's offer (of misses)
         and the walk of the offsets that a far delivery leaves skipped pass over those whole
