@@ -935,6 +935,8 @@ class Channel:
         False when the disk is full (the commit writes a new file): the cursor published before
         stays, which only makes other processes' gc keep more, and the commit is tried again
         next time. Not an error: the gc, which frees the space, must go on (``Topic.gc``)."""
+        if self.state.cursor == self._committed_cursor:
+            return True  # published already (read without the lock, which costs more than this)
         # One commit at a time: a topic's gc publishes its channels' cursors from whichever
         # thread runs it, and of two commits at once the older cursor could be renamed in last.
         with self._commit_lock:
@@ -1046,8 +1048,7 @@ class Channel:
         (``surely_empty``) without its lock: collect when due, and publish the cursor (for the
         topic's gc, and a sharded queue's consumers that look without opening the channel)."""
         self.maintain_when_due()
-        if self.state.cursor != self._committed_cursor:  # (the commit's lock costs more than this)
-            self.commit_cursor()
+        self.commit_cursor()
 
     def _watch(self) -> DirectoryWatch:
         """What a long poll sleeps on: the topic's segments and the channel's state journal."""
