@@ -32,6 +32,8 @@ from test_server_harness import sqs_client, status_of
 from journalq.errors import StoreUnavailableError
 from journalq.journal.inspect import check
 from journalq.queue import Broker
+from journalq.queue import sharded as sharded_module
+from journalq.queue.channel import Channel
 from journalq.server import app as app_module
 from journalq.server import sqs as sqs_module
 from journalq.server.app import create_app
@@ -402,6 +404,47 @@ def test_a_client_gone_before_its_answer_leaves_the_connection_and_the_server_we
     assert taken == [b"left early", b"after", b"again"]
     with Broker(tmp_path) as broker:
         assert [m.body for m in broker.queue("g", create=False).receive(10)] == [b"left early", b"after", b"again"]
+
+
+def test_the_first_send_to_a_queue_after_a_start_opens_it_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taken_requests: list[str]
+) -> None:
+    """A queue is opened (its topic's journal recovered, its channel's state loaded: up to
+    hundreds of ms at a deep backlog) by the first request that uses it after the server starts:
+    in a store thread, not on the event loop, which every other client waits for meanwhile.
+    Before, a send taken by the direct path opened it on the loop. (A topic whose channels are
+    its own is opened alike: ``Broker.opened``'s other answer.)"""
+    with serving(tmp_path, DirectHttpToolsProtocol) as port:
+        assert status_of(exchange(port, sqs("CreateQueue", {"QueueName": "q"}))[0]) == 200
+    with Broker(tmp_path) as broker:
+        broker.topic("t").channel("own").receive()
+    opened_in: list[tuple[str, str]] = []
+
+    def noted(what: str, real: Any) -> Any:
+        def opening(*args: Any) -> Any:
+            opened_in.append((what, threading.current_thread().name))
+            return real(*args)
+        return opening
+
+    monkeypatch.setattr(sharded_module, "open_topic", noted("topic", sharded_module.open_topic))
+    monkeypatch.setattr(Channel, "_load", noted("channel", Channel._load))
+    url = "http://test/000000000000/q"
+    cases = [
+        (post("/q/messages", b"rest"), 201, ["topic", "channel"]),
+        (sqs("SendMessage", {"QueueUrl": url, "MessageBody": "sqs"}), 200, ["topic", "channel"]),
+        (post("/t/messages", b"to the topic"), 201, ["topic"]),
+    ]
+    for request, status, opened in cases:
+        opened_in.clear()
+        taken_requests.clear()
+        with serving(tmp_path, DirectHttpToolsProtocol) as port:
+            assert [status_of(a) for a in exchange(port, request, request)] == [status, status]
+        assert len(taken_requests) == 2, taken_requests  # both on the direct path
+        assert [what for what, _ in opened_in] == opened, opened_in
+        assert all(thread.startswith("journalq-store") for _, thread in opened_in), opened_in
+    with Broker(tmp_path) as broker:
+        assert [m.body for m in broker.queue("q", create=False).receive(10)] == [b"rest"] * 2 + [b"sqs"] * 2
+        assert [m.body for m in broker.topic("t").channel("own").receive(10)] == [b"to the topic"] * 2
 
 
 def test_a_failed_sync_on_the_direct_path_is_503(tmp_path: Path, taken: list[bytes], sync_fault: SyncFault) -> None:

@@ -176,11 +176,24 @@ class Broker(Closing):
             queue = self._queues.get(name)
             if queue is not None and queue.topic is topic and not queue._closed:
                 return queue  # open here: no look at the directory (the server's every send asks)
-            paths = topic.shard_paths if isinstance(topic, ShardedTopic) else [topic.path]
-            # (Any: the first shard's answers for a queue; a sharded channel is made in every shard.)
-            if not any(channel_dir(path, DEFAULT_CHANNEL).is_dir() for path in paths):
+            if not _has_default_channel(topic):
                 return None
             return self.queue(name, create=False)
+
+    def opened(self, name: str) -> Queue | ShardedQueue | Topic | None:
+        """What a send to ``name`` goes through (``queue_if_made``'s queue, else the topic) when
+        this broker has it open already; None when using it would open something first: recover
+        its journals and load its channel's state, which at a deep backlog takes tens to hundreds
+        of milliseconds (a caller that must not wait, the server's event loop, lets a thread do
+        that). Opens nothing and takes no lock: for the loop, as it goes; another thread may be
+        opening it meanwhile."""
+        topic = self._topics.get(name)
+        if topic is None or topic.gone:
+            return None
+        queue = self._queues.get(name)
+        if queue is not None and queue.topic is topic and not queue._closed:
+            return queue
+        return None if _has_default_channel(topic) else topic
 
     def forget(self, name: str) -> None:
         """Close what this broker has open of ``name``; the next use opens it again (recovering its
@@ -270,3 +283,10 @@ class Broker(Closing):
             topic.close()
         self._topics.clear()
         self._queues.clear()
+
+
+def _has_default_channel(topic: Topic | ShardedTopic) -> bool:
+    """Whether the queue's channel ``default`` was made in ``topic`` (``Broker.queue``): a stat of
+    its directory; any shard's answers (a sharded channel is made in every shard)."""
+    paths = topic.shard_paths if isinstance(topic, ShardedTopic) else [topic.path]
+    return any(channel_dir(path, DEFAULT_CHANNEL).is_dir() for path in paths)

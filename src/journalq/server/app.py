@@ -213,11 +213,14 @@ def create_app(config: ServerConfig) -> App:
     appends_on_loop = not on_zookeeper and SyncPolicy.parse(config.sync).mode != "group"
 
     def upkeep_due(queue: str) -> bool:
+        """Whether a batch's store for ``queue`` would do more than its own appends: open the
+        queue (its first use in this process recovers its journals and loads its channel's state,
+        for up to hundreds of ms at a deep backlog) or collect it (``Channel.upkeep_due``)."""
         try:
-            found, _ = sending_to_queue(queue)
-        except (Error, OSError):
+            found = broker().opened(queue)
+        except OSError:
             return False  # (the store raises it again, on the loop: no upkeep for it to do)
-        return found.upkeep_due()
+        return found is None or found.upkeep_due()
 
     sync_placement = SyncPlacement()
 
@@ -239,7 +242,8 @@ def create_app(config: ServerConfig) -> App:
 
         All of it in the thread, as before: on ZooKeeper (the network); under ``group`` (its
         timer syncs holding the writer's mutex, which the loop would wait for); and when the
-        call would also collect the queue (``upkeep_due``: a gc, a compaction, for milliseconds);
+        call would also open the queue or collect it (``upkeep_due``: the first request to a
+        queue after a start, a gc, a compaction);
         and once the store pool is shut down (the server stopped), which refuses the batch with
         nothing stored: appended here, it would be stored and answered 503. (Between the append
         and the sync's submission to the pool the loop does nothing else: no shutdown between.)
