@@ -524,11 +524,44 @@ def test_dedup_after_gc_deleted_what_the_producer_had_not_read(tmp_path: Path) -
         qb.send_many([body(i) for i in range(300)])
         late = qb.send(b"late", dedup_id="late")
         assert len(drain(qb, batch=100)) == 302
-        qb.topic.gc()
+        qb.topic.gc(now=time.time() + 301)  # once "early" is past its window (the last segment stays)
         assert first_offset(qb.topic.path) > 250
         assert qa.send(b"late again", dedup_id="late") == late  # b's id, still in the window
         assert qa.send(b"new", dedup_id="new") != late
         assert drain(qb) == [b"new"]
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize("how", ["dedup_id", "content_based_dedup"])
+def test_consumed_segments_stay_while_a_deduplication_id_in_them_is_within_its_window(
+    tmp_path: Path, shards: int, how: str
+) -> None:
+    """Deduplication ids are known from the messages alone: a gc that deleted a consumed segment
+    holding one still within its window let a process opened after it take a second send of the
+    id for new, and deliver it again. Such segments stay until the ids are past their window;
+    a shard whose messages have none is collected at once (as a queue that never had one: the
+    tests above)."""
+    content = how == "content_based_dedup"
+    with Broker(tmp_path, sync="none") as broker:
+        queue = broker.queue("jobs", segment_size=SEGMENT, shards=shards, content_based_dedup=content)
+        paths = queue.topic.shard_paths if shards > 1 else [queue.topic.path]
+        once = {"body": b"once"} if content else {"body": b"once", "dedup_id": "d"}
+        first = queue.send_many([once])[0]
+        queue.send_many([body(i) for i in range(300)])  # (with content_based_dedup, each has an id)
+        assert len(drain(queue, batch=100)) == 301
+        queue.commit_cursor()
+        before = [len(list_segments(path)) for path in paths]
+        assert min(before) > 1
+        broker.gc()
+        home = int(first.partition(".")[0]) if shards > 1 else 0  # the shard of "once"
+        kept = [count if content or i == home else 1 for i, count in enumerate(before)]
+        assert [len(list_segments(path)) for path in paths] == kept
+    with Broker(tmp_path, sync="none") as broker:  # another process, after the gc
+        queue = broker.queue("jobs", create=False)
+        assert queue.send_many([dict(once)])[0] == first
+        assert queue.receive(10) == []
+        queue.topic.gc(now=time.time() + 301)  # the ids' window over: their segments go
+        assert [len(list_segments(path)) for path in paths] == [1] * shards
 
 
 @pytest.fixture

@@ -460,6 +460,8 @@ class ShardedTopic(TopicDirectory):
                 else:
                     first_of[dedup_id] = position
                     fresh.append(position)
+            for index in {routed[position][0] for position in fresh if dedup_ids[position] is not None}:
+                self.shards[index].mark_deduplication()
             try:
                 self._send_parts(routed, fresh, ids)
             except Exception as exc:

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -30,6 +30,7 @@ from journalq.journal import Message, Scanner, Writer
 from journalq.journal.writer import held
 from journalq.journal.codec import HEADER, INT32
 from journalq.journal.offsets import read_offset
+from journalq.journal.recovery import fsync_dir
 from journalq.journal.segment import Segment, list_segments, open_segment, raise_if_unopenable, remove_segment
 from journalq.queue import envelope, filters
 from journalq.queue.channel import Channel, log_failed_collection, retention_horizon
@@ -46,6 +47,12 @@ of ``Topic.send``."""
 
 
 _CACHED_MESSAGES = 8192  # a topic keeps this many recently read messages for redelivery
+
+DEDUP_MARK = "dedup.mark"
+"""An empty file in a topic's (or shard's) directory, made before its first message with a
+deduplication id is appended. Those ids are known only from the messages themselves
+(``DedupIndex``), so while the mark is there ``gc`` keeps a consumed segment until the ids in it
+are past their window: deleted, a process opened later would take them for new."""
 
 
 def message_list(items: object) -> list[OutgoingMessage]:
@@ -239,6 +246,8 @@ class Topic(TopicDirectory):
         self._channels: dict[str, Channel] = {}
         self._making_channel = threading.Lock()  # (see ``channel_once``)
         self._newest: dict[int, int] = {}  # segment base -> newest timestamp (``_newest_timestamp``)
+        self._newest_dedup: dict[int, int] = {}  # segment base -> ``_newest_dedup_timestamp``
+        self._dedup_marked = False  # ``DEDUP_MARK`` known to be there
         self._dedup: DedupIndex | None = None
         self.settings = settings
         # Runs of messages read lately, by first offset, oldest first: kept whole as read (one
@@ -307,6 +316,7 @@ class Topic(TopicDirectory):
         deduplicating = self.deduplicates and any(e.dedup_id is not None for e in envelopes)
         with held(self._get_writer(), self._reopen_writer, self.check_present) as writer:
             if deduplicating:
+                self.mark_deduplication()
                 dedup = self._dedup_index()
                 dedup.catch_up()
                 batch_seen: dict[str, int] = {}
@@ -383,6 +393,18 @@ class Topic(TopicDirectory):
         """The directory that the topic's writer must not make again (``Writer``'s ``inside``):
         its own, made with its settings by the broker."""
         return self.path
+
+    def mark_deduplication(self) -> None:
+        """Before a message with a deduplication id is appended here (under the writer's hold):
+        make ``DEDUP_MARK``, once (synced with its directory unless ``sync="none"``)."""
+        if self._dedup_marked:
+            return
+        mark = self.path / DEDUP_MARK
+        if not mark.exists():
+            os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            if self.broker.durable:
+                fsync_dir(self.path)
+        self._dedup_marked = True
 
     def _dedup_index(self) -> DedupIndex:
         if self._dedup is None:
@@ -499,6 +521,8 @@ class Topic(TopicDirectory):
             size_kept_from = size_cuts([segments], settings.retention_bytes)[0]
         kept_from = 0
         horizon = retention_horizon(settings, int(now * 1e9))
+        # (A stat at each gc: the mark may have been made by another process since.)
+        dedup_horizon = int(now * 1e9) - int(settings.dedup_window * 1e9) if (self.path / DEDUP_MARK).exists() else None
         for segment, following in zip(segments, segments[1:]):
             consumed = needed_from is not None and following.base <= needed_from
             # Past retention as a receive has it: a message with no time (0 or less) never is.
@@ -513,6 +537,12 @@ class Topic(TopicDirectory):
             too_big = size_kept_from is not None and following.base <= size_kept_from
             if not (consumed or too_old or too_big):
                 break
+            if (
+                dedup_horizon is not None
+                and not (too_old or too_big)  # (what retention lets go, deduplication does not keep)
+                and self._newest_dedup_timestamp(segment, following.base) >= dedup_horizon
+            ):
+                break  # consumed, but a deduplication id in it is still within its window
             deleted += remove_segment(segment)
             kept_from = following.base
         return kept_from
@@ -525,20 +555,43 @@ class Topic(TopicDirectory):
         newest = self._newest.get(segment.base)
         if newest is None:
             newest = 0
-            try:
-                with Scanner(self.path, segment.base) as scanner:
-                    while scanner.offset < end and (batch := scanner.read_batch(end - scanner.offset)):
-                        stamps = [m.timestamp_ns for m in batch if m.offset < end]
-                        if min(stamps) <= 0:
-                            newest = 0
-                            break
-                        newest = max(newest, *stamps)
-            except OffsetOutOfRangeError:  # collected meanwhile (another process's gc): as ``last_timestamp``
-                raise FileNotFoundError(errno.ENOENT, "segment collected meanwhile", str(segment.path)) from None
-            if len(self._newest) >= 1024:
-                self._newest.clear()  # (bases of segments deleted since, mostly)
-            self._newest[segment.base] = newest
+            for batch in self._segment_batches(segment, end):
+                stamps = [m.timestamp_ns for m in batch]
+                if min(stamps) <= 0:
+                    newest = 0
+                    break
+                newest = max(newest, *stamps)
+            _remember(self._newest, segment.base, newest)
         return newest
+
+    def _newest_dedup_timestamp(self, segment: Segment, end: int) -> int:
+        """The newest timestamp of the messages of ``segment`` (offsets up to ``end``) that carry a
+        deduplication id, or 0 when none does (``DedupIndex`` counts an id sent at no time as past
+        its window); remembered per segment, as ``_newest_timestamp``."""
+        newest = self._newest_dedup.get(segment.base)
+        if newest is None:
+            newest = 0
+            for batch in self._segment_batches(segment, end):
+                for m in batch:
+                    if (
+                        m.type == envelope.ENVELOPE_TYPE
+                        and m.timestamp_ns > newest
+                        and envelope.decode(m.type, m.value).dedup_id is not None
+                    ):
+                        newest = m.timestamp_ns
+            _remember(self._newest_dedup, segment.base, newest)
+        return newest
+
+    def _segment_batches(self, segment: Segment, end: int) -> Iterator[list[Message]]:
+        """The messages of ``segment`` (offsets up to ``end``, the next segment's base: it is no
+        longer written), a batch at a time. ``FileNotFoundError`` when it was collected meanwhile
+        (another process's gc), as ``last_timestamp`` says it."""
+        try:
+            with Scanner(self.path, segment.base) as scanner:
+                while scanner.offset < end and (batch := scanner.read_batch(end - scanner.offset)):
+                    yield [m for m in batch if m.offset < end]
+        except OffsetOutOfRangeError:
+            raise FileNotFoundError(errno.ENOENT, "segment collected meanwhile", str(segment.path)) from None
 
     @property
     def failed(self) -> bool:
@@ -557,6 +610,13 @@ class Topic(TopicDirectory):
             self._dedup.close()
             self._dedup = None
         self._let_go_of_directory()
+
+
+def _remember(per_segment: dict[int, int], base: int, value: int) -> None:
+    """Note what was read of the segment at ``base`` (``_newest_timestamp`` and its kin)."""
+    if len(per_segment) >= 1024:
+        per_segment.clear()  # (bases of segments deleted since, mostly)
+    per_segment[base] = value
 
 
 def size_cuts(listed: list[list[Segment]], limit: int) -> list[int]:
