@@ -1,0 +1,338 @@
+"""A queue shared by several processes, against a model of what it must do: random sends,
+receives, deletes, releases, consumer loops, catch-ups, restarts and collections, each by one of
+three ``Broker`` objects on one data directory (each opens its own files and takes its own locks,
+as another process would), and after each step the answer the model gives.
+
+The rules checked: FIFO (a receive gives the oldest messages available, a released one before
+newer ones; in a sharded queue, per shard, and as many as there are up to the number asked for),
+message groups (one message of a group in flight at a time, in order), each message given to one
+consumer at a time, dense message ids, a receipt works in any process until its message is
+delivered again or deleted (then it is stale, and a consumer loop that carries it does nothing),
+deleted messages never come back, the receive counts and the counts of ``stats``; none of it
+changed by a restart or by the collection of finished tasks and consumed segments. The channels'
+state journals are made to compact every few changes and the topic to roll its segments every
+few messages, so that the snapshots, the catch-ups across them and the deletion of consumed
+segments are met in most runs. Nothing expires by the clock: messages are hidden for an hour,
+and released by ``change_visibility(0)``."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from journalq.errors import ReceiptError, StaleReceiptError
+from journalq.queue import Broker
+from journalq.queue import channel as channel_module
+from journalq.queue import sharded as sharded_module
+
+PROCESSES = 3
+HIDE = 3600.0  # no visibility ends during a run
+BODY = 180  # bytes: a topic segment of 4 KiB holds about 20 messages
+PATCHED = {"SNAPSHOT_EVERY": 7, "SNAPSHOT_SMALL_EVERY": 3, "STATE_SEGMENT_SIZE": 4096}
+
+AVAILABLE, IN_FLIGHT, DELETED, MOVED = "available", "in flight", "deleted", "moved to the dead-letter queue"
+
+
+class SharedQueue(RuleBasedStateMachine):
+    """The model: message ``n`` (the ``n``-th sent; its body starts with ``n``) has an id, a
+    shard, a group, a status, its latest receipt and how many times it was received."""
+
+    SHARDS = 1
+    GROUPS: tuple[str, ...] = ()
+    """The message groups that sends draw from, beside none."""
+    DEDUP_IDS: tuple[str, ...] = ()
+    """The deduplication ids that sends draw from, beside none."""
+    MAX_RECEIVES: int | None = None
+    """The queue's ``max_receive_count``: a message received that many times goes to the
+    dead-letter queue ``dlq`` when a receive next comes to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patched = {name: getattr(channel_module, name) for name in PATCHED}
+        for name, value in PATCHED.items():
+            setattr(channel_module, name, value)
+        # Where a sharded queue's consumers begin counts the instances made in the process: from
+        # 0 in every example, so that a run replays alike (as hypothesis needs to shrink one).
+        self.instances = sharded_module._instances
+        sharded_module._instances = itertools.count()
+        self.root = Path(tempfile.mkdtemp(prefix="journalq-model-"))
+        self.brokers = [Broker(self.root, sync="none") for _ in range(PROCESSES)]
+        dead_letters = {}
+        if self.MAX_RECEIVES is not None:
+            self.brokers[0].queue("dlq")
+            dead_letters = {"max_receive_count": self.MAX_RECEIVES, "dead_letter_queue": "dlq"}
+        self.brokers[0].queue(
+            "q", visibility_timeout=HIDE, segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS,
+            **dead_letters,
+        )
+        self.moved: list[int] = []  # the messages in the dead-letter queue, in the order moved
+        self.id: list[str] = []
+        self.shard: list[int] = []
+        self.group: list[str | None] = []
+        self.status: list[str] = []
+        self.receipt: list[str | None] = []
+        self.count: list[int] = []
+        self.next_offset = [0] * self.SHARDS
+        self.dedup: dict[str, int] = {}  # deduplication id -> the message sent with it
+        self.stale: list[tuple[int, str]] = []  # (message, a receipt of an earlier delivery)
+
+    def teardown(self) -> None:
+        try:
+            for broker in self.brokers:
+                broker.close()
+        finally:
+            for name, value in self.patched.items():
+                setattr(channel_module, name, value)
+            sharded_module._instances = self.instances
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def queue(self, process: int) -> Any:  # a Queue or a ShardedQueue
+        return self.brokers[process].queue("q", create=False)
+
+    def with_status(self, status: str) -> list[int]:
+        return [n for n, s in enumerate(self.status) if s == status]
+
+    def expected(self, wanted: int) -> tuple[list[int], list[int]]:
+        """What a receive of ``wanted`` may give, oldest first: the available messages, but for
+        one whose group has a message in flight, or one taken by this receive already; and what
+        it moves to the dead-letter queue: each one received ``MAX_RECEIVES`` times already that
+        it comes to before it has ``wanted``."""
+        blocked = {self.group[n] for n in self.with_status(IN_FLIGHT)}
+        taken: list[int] = []
+        moved: list[int] = []
+        for n in self.with_status(AVAILABLE):
+            if len(taken) == wanted:
+                break
+            group = self.group[n]
+            if group is None or group not in blocked:
+                if self.MAX_RECEIVES is not None and self.count[n] >= self.MAX_RECEIVES:
+                    moved.append(n)
+                    continue
+                taken.append(n)
+                blocked.add(group)
+        return taken, moved
+
+    def received(self, got: list, wanted: int) -> None:
+        """Check a receive's messages against the model, then note them as delivered. One queue:
+        exactly ``expected``. Sharded (no groups): as many as are available up to ``wanted``,
+        each shard's the oldest available of that shard, in order."""
+        numbers = [int(m.body[:6]) for m in got]
+        assert [m.id for m in got] == [self.id[n] for n in numbers]
+        taken, moved = self.expected(wanted)
+        if self.SHARDS == 1:
+            assert numbers == taken, "not the oldest available, in order"
+        else:
+            assert len(numbers) == len(taken), "fewer than asked for, with more available"
+            for shard in set(self.shard[n] for n in numbers):
+                taken = [n for n in numbers if self.shard[n] == shard]
+                available = [n for n in self.with_status(AVAILABLE) if self.shard[n] == shard]
+                assert taken == available[: len(taken)], f"shard {shard}: not its oldest available, in order"
+        for m, n in zip(got, numbers):
+            assert m.body == _body(n) and m.group_id == self.group[n]
+            self.count[n] += 1
+            assert m.receive_count == self.count[n]
+            if self.receipt[n] is not None:
+                self.stale.append((n, self.receipt[n]))
+            self.status[n], self.receipt[n] = IN_FLIGHT, m.receipt
+        for n in moved:
+            self.finished(n, MOVED)
+        self.moved += moved
+
+    def finished(self, n: int, how: str = DELETED) -> None:
+        if self.receipt[n] is not None:
+            self.stale.append((n, self.receipt[n]))
+        self.status[n], self.receipt[n] = how, None
+
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def send(self, process: int, data: st.DataObject) -> None:
+        """A batch; a message whose deduplication id was sent before (or earlier in the batch) is
+        dropped, and its id is the first one's."""
+        drawn = data.draw(st.lists(
+            st.tuples(st.sampled_from((None, *self.GROUPS)), st.sampled_from((None, *self.DEDUP_IDS))),
+            min_size=1, max_size=12,
+        ))
+        items: list[bytes | dict[str, Any]] = []
+        kept: list[bool] = []  # for each item: stored (as message ``number[i]``), or a duplicate
+        number: list[int] = []
+        first = n = len(self.status)
+        for group, dedup in drawn:
+            duplicate = dedup is not None and dedup in self.dedup
+            if not duplicate:
+                number.append(n)
+                if dedup is not None:
+                    self.dedup[dedup] = n
+                self.group.append(group)
+                n += 1
+            else:
+                number.append(self.dedup[dedup])
+            kept.append(not duplicate)
+            body = b"duplicate" if duplicate else _body(number[-1])
+            plain = group is None and dedup is None
+            items.append(body if plain else {"body": body, "group_id": group, "dedup_id": dedup})
+        ids = self.queue(process).send_many(items)
+        for message_id, stored, k in zip(ids, kept, number):
+            if not stored:
+                assert message_id == self.id[k], f"a duplicate of message {k} was answered {message_id}"
+                continue
+            shard, _, offset = message_id.rpartition(".")  # dense: each shard's offsets go up by one
+            index = int(shard or 0)
+            assert int(offset) == self.next_offset[index], (message_id, self.next_offset)
+            self.next_offset[index] += 1
+            self.shard.append(index)
+            self.id.append(message_id)
+        count = n - first
+        self.status += [AVAILABLE] * count
+        self.receipt += [None] * count
+        self.count += [0] * count
+
+    @rule(process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5))
+    def receive(self, process: int, wanted: int) -> None:
+        self.received(self.queue(process).receive(wanted), wanted)
+
+    @precondition(lambda self: IN_FLIGHT in self.status)
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def delete(self, process: int, data: st.DataObject) -> None:
+        chosen = data.draw(st.lists(st.sampled_from(self.with_status(IN_FLIGHT)), min_size=1, max_size=4, unique=True))
+        assert self.queue(process).delete_many([self.receipt[n] for n in chosen]) == [None] * len(chosen)
+        for n in chosen:
+            self.finished(n)
+
+    @precondition(lambda self: IN_FLIGHT in self.status)
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def release(self, process: int, data: st.DataObject) -> None:
+        n = data.draw(st.sampled_from(self.with_status(IN_FLIGHT)))
+        self.queue(process).change_visibility(self.receipt[n], 0)
+        self.status[n] = AVAILABLE  # its receipt holds until it is delivered again
+
+    @rule(process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), data=st.data())
+    def consumer_loop(self, process: int, wanted: int, data: st.DataObject) -> None:
+        """``receive(delete=...)``: the deletes first, then the receive, in one step."""
+        in_flight = self.with_status(IN_FLIGHT)
+        chosen = data.draw(st.lists(st.sampled_from(in_flight), max_size=4, unique=True)) if in_flight else []
+        got = self.queue(process).receive(wanted, delete=[self.receipt[n] for n in chosen])
+        for n in chosen:
+            self.finished(n)
+        self.received(got, wanted)
+
+    @rule(process=st.integers(0, PROCESSES - 1), everything=st.booleans())
+    def drain(self, process: int, everything: bool) -> None:
+        """A consumer that catches up: receives and deletes all that is available (with
+        ``everything``, what is in flight too, released first), so that the cursor passes whole
+        segments, which the collections then delete."""
+        queue = self.queue(process)
+        if everything:
+            for n in self.with_status(IN_FLIGHT):
+                queue.change_visibility(self.receipt[n], 0)
+                self.status[n] = AVAILABLE
+        while True:
+            got = queue.receive(10)
+            self.received(got, 10)
+            if not got:
+                break
+            assert queue.delete_many([m.receipt for m in got]) == [None] * len(got)
+            for m in got:
+                self.finished(int(m.body[:6]))
+        assert self.expected(10) == ([], [])
+
+    @precondition(lambda self: bool(self.stale))
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def stale_receipt(self, process: int, data: st.DataObject) -> None:
+        """A receipt of an earlier delivery changes nothing: refused in a delete, and a consumer
+        loop that carries it receives nothing (its other deletes are not made either)."""
+        n, receipt = data.draw(st.sampled_from(self.stale))
+        queue = self.queue(process)
+        (outcome,) = queue.delete_many([receipt])
+        assert isinstance(outcome, StaleReceiptError), outcome
+        try:
+            queue.receive(1, delete=[receipt])
+        except ReceiptError as exc:
+            assert "nothing received" in str(exc)
+        else:
+            raise AssertionError(f"a consumer loop with the stale receipt of message {n} went on")
+
+    @rule(process=st.integers(0, PROCESSES - 1))
+    def restart(self, process: int) -> None:
+        self.brokers[process].close()
+        self.brokers[process] = Broker(self.root, sync="none")
+
+    @rule(process=st.integers(0, PROCESSES - 1))
+    def collect(self, process: int) -> None:
+        self.brokers[process].gc()
+
+    @rule(process=st.integers(0, PROCESSES - 1))
+    def drain_dead_letters(self, process: int) -> None:
+        """The dead-letter queue holds the messages moved, in the order moved, once each, with
+        their groups. (Received one at a time: a receive of more takes one message a group.)"""
+        if self.MAX_RECEIVES is None:
+            return
+        letters = self.brokers[process].queue("dlq", create=False)
+        found = []
+        while got := letters.receive(1):
+            (m,) = got
+            n = int(m.body[:6])
+            assert m.body == _body(n) and m.group_id == self.group[n]
+            found.append(n)
+            letters.delete(m.receipt)
+        assert found == self.moved, f"the dead-letter queue holds {found}, not {self.moved}, the messages moved"
+        self.moved.clear()
+
+    @invariant()
+    def counts(self) -> None:
+        stats = self.queue(0).stats()
+        assert (stats.available, stats.in_flight) == (self.status.count(AVAILABLE), self.status.count(IN_FLIGHT))
+        if self.MAX_RECEIVES is not None:
+            assert stats.dead == self.status.count(MOVED)
+            assert self.brokers[0].queue("dlq", create=False).stats().available == len(self.moved)
+
+
+def _body(n: int) -> bytes:
+    return b"%06d" % n + bytes(BODY - 6)
+
+
+SETTINGS = settings(
+    max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+SharedQueue.TestCase.settings = SETTINGS
+TestSharedQueue = SharedQueue.TestCase
+
+
+class SharedQueueWithGroups(SharedQueue):
+    """The same, its messages in two groups or none, some with deduplication ids."""
+
+    GROUPS = ("a", "b")
+    DEDUP_IDS = ("x", "y", "z")
+
+
+SharedQueueWithGroups.TestCase.settings = SETTINGS
+TestSharedQueueWithGroups = SharedQueueWithGroups.TestCase
+
+
+class SharedShardedQueue(SharedQueue):
+    """The same on a queue in four shards (each process's sends and receives begin at a shard of
+    its own: its home), some of its messages with deduplication ids (looked for in every shard)."""
+
+    SHARDS = 4
+    DEDUP_IDS = ("x", "y", "z")
+
+
+SharedShardedQueue.TestCase.settings = SETTINGS
+TestSharedShardedQueue = SharedShardedQueue.TestCase
+
+
+class SharedQueueWithDeadLetters(SharedQueue):
+    """The same, its messages in two groups or none, moved to a dead-letter queue when released
+    and received again."""
+
+    GROUPS = ("a", "b")
+    MAX_RECEIVES = 1
+
+
+SharedQueueWithDeadLetters.TestCase.settings = SETTINGS
+TestSharedQueueWithDeadLetters = SharedQueueWithDeadLetters.TestCase
