@@ -42,6 +42,13 @@ HIDE = 3600.0  # no visibility ends during a run
 BODY = 180  # bytes: a topic segment of 4 KiB holds about 20 messages
 PATCHED = {"SNAPSHOT_EVERY": 7, "SNAPSHOT_SMALL_EVERY": 3, "STATE_SEGMENT_SIZE": 4096}
 
+LEVELS = ("low", "mid", "high")  # the ordered enum of the filter ``level``
+Want = dict[str, tuple[str, str]] | None
+WANTS: list[Want] = [
+    None, *({"level": (level, method)} for method in ("absolute", "at_least") for level in LEVELS)
+]
+"""A consumer's filters: none (it takes every message), or one ``level`` it offers."""
+
 AVAILABLE, IN_FLIGHT, DELETED, MOVED = "available", "in flight", "deleted", "moved to the dead-letter queue"
 
 
@@ -57,6 +64,9 @@ class SharedQueue(RuleBasedStateMachine):
     DEDUP_IDS: tuple[str, ...] = ()
     """The deduplication ids that sends draw from, beside none."""
     MAX_RECEIVES: int | None = None
+    FILTERED = False
+    """Whether messages carry zkmq filters (a level of ``LEVELS``, or none) and consumers receive
+    with filters of their own (``WANTS``)."""
     """The queue's ``max_receive_count``: a message received that many times goes to the
     dead-letter queue ``dlq`` when a receive next comes to it."""
 
@@ -71,10 +81,10 @@ class SharedQueue(RuleBasedStateMachine):
         sharded_module._instances = itertools.count()
         self.root = Path(tempfile.mkdtemp(prefix="journalq-model-"))
         self.brokers = [self.new_broker() for _ in range(PROCESSES)]
-        dead_letters = {}
+        dead_letters: dict[str, Any] = {"enums": {"level": LEVELS}} if self.FILTERED else {}
         if self.MAX_RECEIVES is not None:
             self.brokers[0].queue("dlq")
-            dead_letters = {"max_receive_count": self.MAX_RECEIVES, "dead_letter_queue": "dlq"}
+            dead_letters |= {"max_receive_count": self.MAX_RECEIVES, "dead_letter_queue": "dlq"}
         self.brokers[0].queue(
             "q", visibility_timeout=HIDE, segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS,
             **dead_letters,
@@ -83,6 +93,7 @@ class SharedQueue(RuleBasedStateMachine):
         self.id: list[str] = []
         self.shard: list[int] = []
         self.group: list[str | None] = []
+        self.level: list[str | None] = []  # the message's filter ``level``
         self.status: list[str] = []
         self.receipt: list[str | None] = []
         self.count: list[int] = []
@@ -110,11 +121,12 @@ class SharedQueue(RuleBasedStateMachine):
     def with_status(self, status: str) -> list[int]:
         return [n for n, s in enumerate(self.status) if s == status]
 
-    def expected(self, wanted: int) -> tuple[list[int], list[int]]:
-        """What a receive of ``wanted`` may give, oldest first: the available messages, but for
-        one whose group has a message in flight, or one taken by this receive already; and what
-        it moves to the dead-letter queue: each one received ``MAX_RECEIVES`` times already that
-        it comes to before it has ``wanted``."""
+    def expected(self, wanted: int, wants: Want = None) -> tuple[list[int], list[int]]:
+        """What a receive of ``wanted`` with the consumer filters ``wants`` may give, oldest
+        first: the available messages its filters match, but for one whose group has a message
+        in flight, or one taken or not matched by this receive before it; and what it moves to
+        the dead-letter queue: each one received ``MAX_RECEIVES`` times already that it comes to
+        before it has ``wanted``."""
         blocked = {self.group[n] for n in self.with_status(IN_FLIGHT)}
         taken: list[int] = []
         moved: list[int] = []
@@ -122,6 +134,9 @@ class SharedQueue(RuleBasedStateMachine):
             if len(taken) == wanted:
                 break
             group = self.group[n]
+            if not _matches(self.level[n], wants):
+                blocked.add(group)  # nothing after it in its group goes to this consumer first
+                continue
             if group is None or group not in blocked:
                 if self.MAX_RECEIVES is not None and self.count[n] >= self.MAX_RECEIVES:
                     moved.append(n)
@@ -130,13 +145,13 @@ class SharedQueue(RuleBasedStateMachine):
                 blocked.add(group)
         return taken, moved
 
-    def received(self, got: list, wanted: int) -> None:
+    def received(self, got: list, wanted: int, wants: Want = None) -> None:
         """Check a receive's messages against the model, then note them as delivered. One queue:
-        exactly ``expected``. Sharded (no groups): as many as are available up to ``wanted``,
-        each shard's the oldest available of that shard, in order."""
+        exactly ``expected``. Sharded (no groups, no filters): as many as are available up to
+        ``wanted``, each shard's the oldest available of that shard, in order."""
         numbers = [int(m.body[:6]) for m in got]
         assert [m.id for m in got] == [self.id[n] for n in numbers]
-        taken, moved = self.expected(wanted)
+        taken, moved = self.expected(wanted, wants)
         if self.SHARDS == 1:
             assert numbers == taken, "not the oldest available, in order"
         else:
@@ -147,6 +162,7 @@ class SharedQueue(RuleBasedStateMachine):
                 assert taken == available[: len(taken)], f"shard {shard}: not its oldest available, in order"
         for m, n in zip(got, numbers):
             assert m.body == _body(n) and m.group_id == self.group[n]
+            assert m.filters == ({} if self.level[n] is None else {"level": self.level[n]})
             self.count[n] += 1
             assert m.receive_count == self.count[n]
             if self.receipt[n] is not None:
@@ -166,27 +182,34 @@ class SharedQueue(RuleBasedStateMachine):
         """A batch; a message whose deduplication id was sent before (or earlier in the batch) is
         dropped, and its id is the first one's."""
         drawn = data.draw(st.lists(
-            st.tuples(st.sampled_from((None, *self.GROUPS)), st.sampled_from((None, *self.DEDUP_IDS))),
+            st.tuples(
+                st.sampled_from((None, *self.GROUPS)),
+                st.sampled_from((None, *self.DEDUP_IDS)),
+                st.sampled_from((None, *LEVELS) if self.FILTERED else (None,)),
+            ),
             min_size=1, max_size=12,
         ))
         items: list[bytes | dict[str, Any]] = []
         kept: list[bool] = []  # for each item: stored (as message ``number[i]``), or a duplicate
         number: list[int] = []
         first = n = len(self.status)
-        for group, dedup in drawn:
+        for group, dedup, level in drawn:
             duplicate = dedup is not None and dedup in self.dedup
             if not duplicate:
                 number.append(n)
                 if dedup is not None:
                     self.dedup[dedup] = n
                 self.group.append(group)
+                self.level.append(level)
                 n += 1
             else:
                 number.append(self.dedup[dedup])
             kept.append(not duplicate)
             body = b"duplicate" if duplicate else _body(number[-1])
-            plain = group is None and dedup is None
-            items.append(body if plain else {"body": body, "group_id": group, "dedup_id": dedup})
+            item: dict[str, Any] = {"body": body, "group_id": group, "dedup_id": dedup}
+            if level is not None:
+                item["filters"] = {"level": level}
+            items.append(body if group is None and dedup is None and level is None else item)
         ids = self.queue(process).send_many(items)
         for message_id, stored, k in zip(ids, kept, number):
             if not stored:
@@ -205,9 +228,10 @@ class SharedQueue(RuleBasedStateMachine):
         self.receipt += [None] * count
         self.count += [0] * count
 
-    @rule(process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5))
-    def receive(self, process: int, wanted: int) -> None:
-        self.received(self.queue(process).receive(wanted), wanted)
+    @rule(process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), choice=st.integers(0, len(WANTS) - 1))
+    def receive(self, process: int, wanted: int, choice: int) -> None:
+        wants = WANTS[choice] if self.FILTERED else None
+        self.received(self.queue(process).receive(wanted, filters=wants), wanted, wants)
 
     @precondition(lambda self: IN_FLIGHT in self.status)
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
@@ -224,15 +248,19 @@ class SharedQueue(RuleBasedStateMachine):
         self.queue(process).change_visibility(self.receipt[n], 0)
         self.status[n] = AVAILABLE  # its receipt holds until it is delivered again
 
-    @rule(process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), data=st.data())
-    def consumer_loop(self, process: int, wanted: int, data: st.DataObject) -> None:
+    @rule(
+        process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), choice=st.integers(0, len(WANTS) - 1),
+        data=st.data(),
+    )
+    def consumer_loop(self, process: int, wanted: int, choice: int, data: st.DataObject) -> None:
         """``receive(delete=...)``: the deletes first, then the receive, in one step."""
+        wants = WANTS[choice] if self.FILTERED else None
         in_flight = self.with_status(IN_FLIGHT)
         chosen = data.draw(st.lists(st.sampled_from(in_flight), max_size=4, unique=True)) if in_flight else []
-        got = self.queue(process).receive(wanted, delete=[self.receipt[n] for n in chosen])
+        got = self.queue(process).receive(wanted, delete=[self.receipt[n] for n in chosen], filters=wants)
         for n in chosen:
             self.finished(n)
-        self.received(got, wanted)
+        self.received(got, wanted, wants)
 
     @rule(process=st.integers(0, PROCESSES - 1), everything=st.booleans())
     def drain(self, process: int, everything: bool) -> None:
@@ -305,6 +333,15 @@ class SharedQueue(RuleBasedStateMachine):
             assert self.brokers[0].queue("dlq", create=False).stats().available == len(self.moved)
 
 
+def _matches(level: str | None, wants: Want) -> bool:
+    """Whether a consumer with filters ``wants`` takes a message of filter ``level`` (zkmq's rules:
+    ``journalq.queue.filters``)."""
+    if wants is None or level is None:
+        return True
+    offered, method = wants["level"]
+    return offered == level if method == "absolute" else LEVELS.index(offered) >= LEVELS.index(level)
+
+
 def _body(n: int) -> bytes:
     return b"%06d" % n + bytes(BODY - 6)
 
@@ -340,11 +377,12 @@ TestSharedShardedQueue = SharedShardedQueue.TestCase
 
 
 class SharedQueueWithDeadLetters(SharedQueue):
-    """The same, its messages in two groups or none, moved to a dead-letter queue when released
-    and received again."""
+    """The same, its messages in two groups or none, with filters, moved to a dead-letter queue
+    when released and received again."""
 
     GROUPS = ("a", "b")
     MAX_RECEIVES = 1
+    FILTERED = True
 
 
 SharedQueueWithDeadLetters.TestCase.settings = SETTINGS
