@@ -299,6 +299,13 @@ class SharedQueue(RuleBasedStateMachine):
             raise AssertionError(f"a consumer loop with the stale receipt of message {n} went on")
 
     @rule(process=st.integers(0, PROCESSES - 1))
+    def purge(self, process: int) -> None:
+        """Every message sent so far is finished, those in flight too (their receipts stale)."""
+        self.queue(process).purge()
+        for n in self.with_status(AVAILABLE) + self.with_status(IN_FLIGHT):
+            self.finished(n)
+
+    @rule(process=st.integers(0, PROCESSES - 1))
     def restart(self, process: int) -> None:
         self.brokers[process].close()
         self.brokers[process] = self.new_broker()
