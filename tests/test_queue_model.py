@@ -60,7 +60,8 @@ class SharedQueue(RuleBasedStateMachine):
     OFFSET_IDS = True
     """Whether message ids are offsets (a shard's: ``SHARD.OFFSET``), as on files."""
     GROUPS: tuple[str, ...] = ()
-    """The message groups that sends draw from, beside none."""
+    """The message groups that sends draw from, beside none (but with ``GROUP_ALWAYS``)."""
+    GROUP_ALWAYS = False
     DEDUP_IDS: tuple[str, ...] = ()
     """The deduplication ids that sends draw from, beside none."""
     MAX_RECEIVES: int | None = None
@@ -187,7 +188,7 @@ class SharedQueue(RuleBasedStateMachine):
         dropped, and its id is the first one's."""
         drawn = data.draw(st.lists(
             st.tuples(
-                st.sampled_from((None, *self.GROUPS)),
+                st.sampled_from(self.GROUPS if self.GROUP_ALWAYS else (None, *self.GROUPS)),
                 st.sampled_from((None, *self.DEDUP_IDS)),
                 st.sampled_from((None, *LEVELS) if self.FILTERED else (None,)),
             ),

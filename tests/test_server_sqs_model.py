@@ -1,8 +1,9 @@
 """The queue model of ``test_queue_model`` through the Amazon SQS protocol: two ``journalq serve``
 processes on one data directory, each spoken to by boto3, as the model's processes (sends in
 batches, receives, deletes, releases, catch-ups). The same rules hold, with SQS's answer to a
-stale receipt's delete: a success that deletes nothing. (No groups, deduplication ids or filters:
-a standard SQS queue has none; no purge: SQS allows one a minute.)"""
+stale receipt's delete: a success that deletes nothing. A standard queue, and a FIFO queue (its
+messages in groups, some with deduplication ids); no zkmq filters (SQS has none), no purge (SQS
+allows one a minute)."""
 
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ class SqsQueue:
         self.client = client
         self.url = url
 
-    def send_many(self, items: Sequence[bytes]) -> list[str]:
+    def send_many(self, items: Sequence[bytes | dict[str, Any]]) -> list[str]:
         ids: list[str] = []
         for start in range(0, len(items), 10):  # SendMessageBatch takes up to 10
             chunk = items[start : start + 10]
-            entries = [{"Id": str(i), "MessageBody": body.decode()} for i, body in enumerate(chunk)]
+            entries = [_entry(str(i), item) for i, item in enumerate(chunk)]
             answer = self.client.send_message_batch(QueueUrl=self.url, Entries=entries)
             assert not answer.get("Failed"), answer["Failed"]
             by_entry = {entry["Id"]: entry["MessageId"] for entry in answer["Successful"]}
@@ -61,11 +62,12 @@ class SqsQueue:
             assert self.delete_many(list(delete)) == [None] * len(delete)
         answer = self.client.receive_message(
             QueueUrl=self.url, MaxNumberOfMessages=wanted, WaitTimeSeconds=0,
-            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            MessageSystemAttributeNames=["ApproximateReceiveCount", "MessageGroupId"],
         )
         return [
             SimpleNamespace(
-                id=m["MessageId"], receipt=m["ReceiptHandle"], body=m["Body"].encode(), group_id=None, filters={},
+                id=m["MessageId"], receipt=m["ReceiptHandle"], body=m["Body"].encode(),
+                group_id=m["Attributes"].get("MessageGroupId"), filters={},
                 receive_count=int(m["Attributes"]["ApproximateReceiveCount"]),
             )
             for m in answer.get("Messages", [])
@@ -92,16 +94,19 @@ class SqsBroker:
     """A model's process: a client of one of the servers, its queue ``q`` a queue of the
     example's own on the servers' data directory."""
 
-    def __init__(self, process: int, name: str) -> None:
+    def __init__(self, process: int, name: str, fifo: bool) -> None:
         server, self.client = _servers[process % SERVERS]
-        self.url = f"{server.url}/000000000000/{name}"
-        self.name = name
+        self.name = f"{name}.fifo" if fifo else name
+        self.url = f"{server.url}/000000000000/{self.name}"
+        self.fifo = fifo
 
     def queue(self, name: str, *, create: bool = True, **settings: Any) -> SqsQueue:
         assert name == "q", "the model's one queue"
         if settings:  # the model's first call makes it: of its settings, SQS carries the visibility
-            hide = str(int(settings["visibility_timeout"]))
-            self.client.create_queue(QueueName=self.name, Attributes={"VisibilityTimeout": hide})
+            attributes = {"VisibilityTimeout": str(int(settings["visibility_timeout"]))}
+            if self.fifo:  # (messages with no deduplication id: their bodies, all different, are theirs)
+                attributes |= {"FifoQueue": "true", "ContentBasedDeduplication": "true"}
+            self.client.create_queue(QueueName=self.name, Attributes=attributes)
         return SqsQueue(self.client, self.url)
 
     def gc(self) -> dict[str, int]:
@@ -121,8 +126,31 @@ class SharedQueueOverSqs(SharedQueue):
         if not hasattr(self, "name"):
             self.name, self.made = f"m{next(_names)}", 0
         self.made += 1  # processes 0, 1, 2, then each restart: the next server in turn
-        return SqsBroker(self.made - 1, self.name)
+        return SqsBroker(self.made - 1, self.name, fifo=self.GROUP_ALWAYS)
 
 
 SharedQueueOverSqs.TestCase.settings = SETTINGS
 TestSharedQueueOverSqs = pytest.mark.usefixtures("two_servers")(SharedQueueOverSqs.TestCase)
+
+
+class SharedFifoQueueOverSqs(SharedQueueOverSqs):
+    """An SQS FIFO queue: every message in one of two groups, some with deduplication ids."""
+
+    GROUPS = ("a", "b")
+    GROUP_ALWAYS = True
+    DEDUP_IDS = ("x", "y")
+
+
+SharedFifoQueueOverSqs.TestCase.settings = SETTINGS
+TestSharedFifoQueueOverSqs = pytest.mark.usefixtures("two_servers")(SharedFifoQueueOverSqs.TestCase)
+
+
+def _entry(entry_id: str, item: bytes | dict[str, Any]) -> dict[str, str]:
+    """A SendMessageBatch entry of a model's message (a body, or a body with a group and a
+    deduplication id)."""
+    if isinstance(item, bytes):
+        return {"Id": entry_id, "MessageBody": item.decode()}
+    entry = {"Id": entry_id, "MessageBody": item["body"].decode(), "MessageGroupId": item["group_id"]}
+    if item["dedup_id"] is not None:
+        entry["MessageDeduplicationId"] = item["dedup_id"]
+    return entry
