@@ -50,6 +50,7 @@ WANTS: list[Want] = [
 """A consumer's filters: none (it takes every message), or one ``level`` it offers."""
 
 AVAILABLE, IN_FLIGHT, DELETED, MOVED = "available", "in flight", "deleted", "moved to the dead-letter queue"
+TASK_STATES = {AVAILABLE: "inserted", IN_FLIGHT: "claimed", DELETED: "finished", MOVED: "dead"}
 
 
 class SharedQueue(RuleBasedStateMachine):
@@ -70,6 +71,8 @@ class SharedQueue(RuleBasedStateMachine):
     """Whether a delete of a stale receipt is refused (``StaleReceiptError``); SQS answers it as
     a success that deletes nothing."""
     PURGES = True
+    TASKS = True
+    """Whether ``task(id)`` is asked (SQS has no such call)."""
     """Whether messages carry zkmq filters (a level of ``LEVELS``, or none) and consumers receive
     with filters of their own (``WANTS``)."""
     """The queue's ``max_receive_count``: a message received that many times goes to the
@@ -306,6 +309,17 @@ class SharedQueue(RuleBasedStateMachine):
             assert "nothing received" in str(exc)
         else:
             raise AssertionError(f"a consumer loop with the stale receipt of message {n} went on")
+
+    @precondition(lambda self: self.TASKS and bool(self.status))
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def task(self, process: int, data: st.DataObject) -> None:
+        """zkmq's view of a message: its state, and while it is not finished, how many times it
+        was received (a finished one's count is not kept)."""
+        n = data.draw(st.integers(0, len(self.status) - 1))
+        task = self.queue(process).task(self.id[n])
+        assert task.state == TASK_STATES[self.status[n]], (n, self.status[n], task)
+        if self.status[n] in (AVAILABLE, IN_FLIGHT):
+            assert task.receive_count == self.count[n], (n, task)
 
     @precondition(lambda self: self.PURGES)
     @rule(process=st.integers(0, PROCESSES - 1))

@@ -121,6 +121,7 @@ class SharedQueueOverSqs(SharedQueue):
     OFFSET_IDS = False  # (the server's ids carry the queue's token)
     STALE_REFUSED = False
     PURGES = False
+    TASKS = False
 
     def new_broker(self) -> SqsBroker:  # type: ignore[override]
         if not hasattr(self, "name"):
