@@ -66,17 +66,18 @@ class SharedQueue(RuleBasedStateMachine):
     DEDUP_IDS: tuple[str, ...] = ()
     """The deduplication ids that sends draw from, beside none."""
     MAX_RECEIVES: int | None = None
+    """The queue's ``max_receive_count``: a message received that many times goes to the
+    dead-letter queue ``dlq`` when a receive next comes to it."""
     FILTERED = False
+    """Whether messages carry zkmq filters (a level of ``LEVELS``, or none) and consumers receive
+    with filters of their own (``WANTS``)."""
     STALE_REFUSED = True
     """Whether a delete of a stale receipt is refused (``StaleReceiptError``); SQS answers it as
     a success that deletes nothing."""
     PURGES = True
+    """Whether ``purge()`` is asked (SQS allows one a minute)."""
     TASKS = True
     """Whether ``task(id)`` is asked (SQS has no such call)."""
-    """Whether messages carry zkmq filters (a level of ``LEVELS``, or none) and consumers receive
-    with filters of their own (``WANTS``)."""
-    """The queue's ``max_receive_count``: a message received that many times goes to the
-    dead-letter queue ``dlq`` when a receive next comes to it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,13 +90,12 @@ class SharedQueue(RuleBasedStateMachine):
         sharded_module._instances = itertools.count()
         self.root = Path(tempfile.mkdtemp(prefix="journalq-model-"))
         self.brokers = [self.new_broker() for _ in range(PROCESSES)]
-        dead_letters: dict[str, Any] = {"enums": {"level": LEVELS}} if self.FILTERED else {}
+        more: dict[str, Any] = {"enums": {"level": LEVELS}} if self.FILTERED else {}
         if self.MAX_RECEIVES is not None:
             self.brokers[0].queue("dlq")
-            dead_letters |= {"max_receive_count": self.MAX_RECEIVES, "dead_letter_queue": "dlq"}
+            more |= {"max_receive_count": self.MAX_RECEIVES, "dead_letter_queue": "dlq"}
         self.brokers[0].queue(
-            "q", visibility_timeout=HIDE, segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS,
-            **dead_letters,
+            "q", visibility_timeout=HIDE, segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS, **more
         )
         self.moved: list[int] = []  # the messages in the dead-letter queue, in the order moved
         self.id: list[str] = []
