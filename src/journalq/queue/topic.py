@@ -572,13 +572,7 @@ class Topic(TopicDirectory):
         if newest is None:
             newest = 0
             for batch in self._segment_batches(segment, end):
-                for m in batch:
-                    if (
-                        m.type == envelope.ENVELOPE_TYPE
-                        and m.timestamp_ns > newest
-                        and envelope.decode(m.type, m.value).dedup_id is not None
-                    ):
-                        newest = m.timestamp_ns
+                newest = max((m.timestamp_ns for m, _ in _with_dedup_ids(batch)), default=newest)
             _remember(self._newest_dedup, segment.base, newest)
         return newest
 
@@ -610,6 +604,15 @@ class Topic(TopicDirectory):
             self._dedup.close()
             self._dedup = None
         self._let_go_of_directory()
+
+
+def _with_dedup_ids(messages: Iterable[Message]) -> Iterator[tuple[Message, str]]:
+    """The messages that carry a deduplication id (in their envelope), each with it."""
+    for message in messages:
+        if message.type == envelope.ENVELOPE_TYPE:
+            dedup_id = envelope.decode(message.type, message.value).dedup_id
+            if dedup_id is not None:
+                yield message, dedup_id
 
 
 def _remember(per_segment: dict[int, int], base: int, value: int) -> None:
@@ -761,11 +764,8 @@ class DedupIndex:
     def _read_new(self) -> None:
         assert self._scanner is not None
         while batch := self._scanner.read_batch():
-            for message in batch:
-                if message.type == envelope.ENVELOPE_TYPE:
-                    dedup_id = envelope.decode(message.type, message.value).dedup_id
-                    if dedup_id is not None:
-                        self.remember(dedup_id, message.offset, message.timestamp_ns)
+            for message, dedup_id in _with_dedup_ids(batch):
+                self.remember(dedup_id, message.offset, message.timestamp_ns)
 
     def remember(self, dedup_id: str, offset: int, timestamp_ns: int) -> None:
         """Note a send of ``dedup_id`` at ``offset``: its first, or one accepted after the window
