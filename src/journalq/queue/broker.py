@@ -143,10 +143,8 @@ class Broker(Closing):
         """The queue ``name``: a topic with the one channel ``default``."""
         with self._lock:
             topic = self.topic(name, create=create, **settings)
-            queue = self._queues.get(name)
-            # Opened anew when its topic was (``_topic``) or it was closed (``close``, or its
-            # topic's): a closed channel's receives return nothing, its messages waiting.
-            if queue is None or queue.topic is not topic or queue._closed:
+            queue = self._open_queue(name, topic)
+            if queue is None:
                 if isinstance(topic, Topic):
                     queue = self._queues[name] = Queue(topic, DEFAULT_CHANNEL)
                 else:
@@ -173,8 +171,8 @@ class Broker(Closing):
         has the name. For what must make no channel: the server's sends, deletes and purges."""
         with self._lock:
             topic = self.topic(name, create=False)
-            queue = self._queues.get(name)
-            if queue is not None and queue.topic is topic and not queue._closed:
+            queue = self._open_queue(name, topic)
+            if queue is not None:
                 return queue  # open here: no look at the directory (the server's every send asks)
             if not _has_default_channel(topic):
                 return None
@@ -190,10 +188,17 @@ class Broker(Closing):
         topic = self._topics.get(name)
         if topic is None or topic.gone:
             return None
-        queue = self._queues.get(name)
-        if queue is not None and queue.topic is topic and not queue._closed:
+        queue = self._open_queue(name, topic)
+        if queue is not None:
             return queue
         return None if _has_default_channel(topic) else topic
+
+    def _open_queue(self, name: str, topic: Topic | ShardedTopic) -> Queue | ShardedQueue | None:
+        """The queue ``name`` this broker has open on ``topic``, or None: it is opened anew when
+        its topic was (``_topic``) or it was closed (``close``, or its topic's): a closed
+        channel's receives return nothing, its messages waiting."""
+        queue = self._queues.get(name)
+        return queue if queue is not None and queue.topic is topic and not queue._closed else None
 
     def forget(self, name: str) -> None:
         """Close what this broker has open of ``name``; the next use opens it again (recovering its
