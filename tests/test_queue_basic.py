@@ -356,6 +356,29 @@ def test_dedup_is_shared_by_brokers_and_ends_with_the_window(broker: Broker) -> 
     assert [(m.id, m.dedup_id) for m in q.receive(10)] == [(first, "same"), (later, "same")]
 
 
+def test_a_deduplication_id_sent_at_the_very_start_of_its_window_is_found_by_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window includes its first nanosecond: an id sent exactly ``dedup_window`` ago is still
+    within it, in a segment before others that began that same nanosecond (a coarse clock, or a
+    burst). A process that opens the topic then must start reading before them (the queue model
+    with a clock of its own found it starting at the last of them, and taking the id as new)."""
+    clock = [time.time_ns()]
+    monkeypatch.setattr(time, "time_ns", lambda: clock[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0] / 1e9)
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("jobs", dedup_window=20.0, segment_size=4096)
+        first = q.send(b"x", dedup_id="same")
+        q.send_many([b"-" * 180] * 60)  # more segments, each begun in the same nanosecond
+        assert len(list((tmp_path / "jobs" / "jnl").glob("*.jnl"))) > 2
+        clock[0] += 20 * 10**9  # the window's first nanosecond is the send's
+        with Broker(tmp_path, sync="none") as other:
+            assert other.queue("jobs").send(b"x", dedup_id="same") == first
+        clock[0] += 1  # and over one nanosecond later
+        with Broker(tmp_path, sync="none") as other:
+            assert other.queue("jobs").send(b"x", dedup_id="same") != first
+
+
 def test_content_based_dedup(broker: Broker) -> None:
     q = broker.queue("jobs", content_based_dedup=True)
     a = q.send(b"same body")

@@ -480,9 +480,12 @@ class Topic(TopicDirectory):
         without channels keeps everything until retention). Never deletes the segment being
         written. ``size_kept_from``: retention by size decided by the caller (the segments
         before the one holding this offset go), instead of ``retention_bytes`` over this journal
-        alone (a sharded topic's, which counts every shard). Returns the files deleted.
+        alone (a sharded topic's, which counts every shard). Returns the files deleted. ``now``:
+        seconds since the epoch (the clock's by default).
         """
-        now = time.time() if now is None else now
+        # In nanoseconds, as the messages' times: the float of seconds is off by up to a few
+        # hundred (what a deduplication window's or retention's edge is compared to).
+        now_ns = time.time_ns() if now is None else int(now * 1e9)
         self.check_present()
         self._last_gc = time.monotonic()  # first: one that fails is tried again an interval later
         # The cursors of this process's channels as it knows them when the disk is too full to
@@ -496,7 +499,7 @@ class Topic(TopicDirectory):
         kept_from = 0
         while True:
             try:
-                kept_from = max(kept_from, self._delete_segments(now, needed_from, deleted, size_kept_from))
+                kept_from = max(kept_from, self._delete_segments(now_ns, needed_from, deleted, size_kept_from))
                 break
             except FileNotFoundError as exc:
                 # A segment listed was deleted meanwhile (another process's gc): list again (unless
@@ -511,7 +514,7 @@ class Topic(TopicDirectory):
         return deleted
 
     def _delete_segments(
-        self, now: float, needed_from: int | None, deleted: list[Path], size_kept_from: int | None
+        self, now_ns: int, needed_from: int | None, deleted: list[Path], size_kept_from: int | None
     ) -> int:
         """``gc``'s deletes, oldest first, noted in ``deleted``; returns the first offset of the
         segments kept (0 when none was deleted). ``FileNotFoundError``: a segment listed is gone."""
@@ -520,9 +523,9 @@ class Topic(TopicDirectory):
         if size_kept_from is None and settings.retention_bytes is not None:
             size_kept_from = size_cuts([segments], settings.retention_bytes)[0]
         kept_from = 0
-        horizon = retention_horizon(settings, int(now * 1e9))
+        horizon = retention_horizon(settings, now_ns)
         # (A stat at each gc: the mark may have been made by another process since.)
-        dedup_horizon = int(now * 1e9) - int(settings.dedup_window * 1e9) if (self.path / DEDUP_MARK).exists() else None
+        dedup_horizon = now_ns - int(settings.dedup_window * 1e9) if (self.path / DEDUP_MARK).exists() else None
         for segment, following in zip(segments, segments[1:]):
             consumed = needed_from is not None and following.base <= needed_from
             # Past retention as a receive has it: a message with no time (0 or less) never is.
@@ -704,7 +707,8 @@ class DedupIndex:
         self._resume_at: int | None = None  # where ``rest`` stopped reading (None: read the window)
 
     def _start(self) -> Scanner:
-        """Start reading at the newest segment that begins before the window."""
+        """Start reading at the newest segment that begins before the window (strictly: a message
+        sent at its very start is within it, and so may be the ones before, sent at that time)."""
         horizon = time.time_ns() - self.window_ns
         segments = list_segments(self.path)
         start = segments[0].base if segments else 0
@@ -720,7 +724,7 @@ class DedupIndex:
                 # so are those before it; the window starts in the next one at the latest.
                 break
             start = segment.base
-            if len(header) == HEADER.size and HEADER.unpack(header)[1] <= horizon:
+            if len(header) == HEADER.size and HEADER.unpack(header)[1] < horizon:
                 break
         return Scanner(self.path, start)
 
