@@ -13,9 +13,14 @@ and a consumer loop that carries it does nothing), deleted messages never come b
 counts and the counts of ``stats``; none of it changed by a restart or by the collection of
 finished tasks and consumed segments. The channels' state journals are made to compact every few
 changes and the topic to roll its segments every few messages, so that the snapshots, the
-catch-ups across them and the deletion of consumed segments are met in most runs. Nothing expires
-by the clock: messages are hidden for an hour, and released by ``change_visibility(0)``. On files
-(one queue, and four shards) and on the ZooKeeper store."""
+catch-ups across them and the deletion of consumed segments are met in most runs. In most machines
+nothing expires by the clock: messages are hidden for an hour, and released by
+``change_visibility(0)``. In those with a clock of the model's (``CLOCK``), time moves only when
+the model says, by whole steps, so that the visibility timeouts, the delays and the deduplication
+window end at known times, and the rules that hang on them are checked too: a message whose
+visibility ended comes back by itself, before newer ones, its receipt good until it is delivered
+again; a delayed one holds its group back; a deduplication id is free again after its window. On
+files (one queue, and four shards) and on the ZooKeeper store."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +44,9 @@ from journalq.queue import channel as channel_module
 from journalq.queue import sharded as sharded_module
 
 PROCESSES = 3
-HIDE = 3600.0  # no visibility ends during a run
+HIDE = 3600.0  # no visibility ends during a run (but with the model's clock)
+CLOCK_HIDE = 2.0  # with the model's clock: the queue's visibility timeout, in seconds
+CLOCK_DEDUP_WINDOW = 20.0  # with the model's clock: the queue's deduplication window, in seconds
 BODY = 180  # bytes: a topic segment of 4 KiB holds about 20 messages
 PATCHED = {"SNAPSHOT_EVERY": 7, "SNAPSHOT_SMALL_EVERY": 3, "STATE_SEGMENT_SIZE": 4096}
 
@@ -78,9 +86,26 @@ class SharedQueue(RuleBasedStateMachine):
     """Whether ``purge()`` is asked (SQS allows one a minute)."""
     TASKS = True
     """Whether ``task(id)`` is asked (SQS has no such call)."""
+    CLOCK = False
+    """Whether the queue's clocks (``time.time_ns``, ``time.time`` and ``time.monotonic``, in this
+    process) are the model's, moved by ``tick`` alone (so that when a collection is due, say,
+    does not hang on how fast the run goes); sends then draw delays, receives visibility timeouts, and
+    ``change_visibility`` hides again for a while, with ``CLOCK_HIDE`` and ``CLOCK_DEDUP_WINDOW``
+    the queue's settings."""
+    RETENTION: float | None = None
+    """With ``CLOCK``, the queue's ``retention_seconds``: a message sent longer ago than that is
+    never delivered again (nor moved to the dead-letter queue), and its segment may be deleted.
+    Which step finishes it is not the model's to say (a receive that comes to it, or the gc):
+    its receipts are not used, its task not read, and while it is in flight it may count so or
+    not. (Without groups: one still in flight would hold its group back until then.)"""
 
     def __init__(self) -> None:
         super().__init__()
+        self.now = time.time_ns()  # the model's time; the queue's too with ``CLOCK``
+        self.real_clock = time.time_ns, time.time, time.monotonic
+        if self.CLOCK:
+            time.time_ns = lambda: self.now
+            time.time = time.monotonic = lambda: self.now / 1e9
         self.patched = {name: getattr(channel_module, name) for name in PATCHED}
         for name, value in PATCHED.items():
             setattr(channel_module, name, value)
@@ -91,11 +116,15 @@ class SharedQueue(RuleBasedStateMachine):
         self.root = Path(tempfile.mkdtemp(prefix="journalq-model-"))
         self.brokers = [self.new_broker() for _ in range(PROCESSES)]
         more: dict[str, Any] = {"enums": {"level": LEVELS}} if self.FILTERED else {}
+        if self.CLOCK:
+            more |= {"dedup_window": CLOCK_DEDUP_WINDOW}
+        if self.RETENTION is not None:
+            more |= {"retention_seconds": self.RETENTION}
         if self.MAX_RECEIVES is not None:
             self.brokers[0].queue("dlq")
             more |= {"max_receive_count": self.MAX_RECEIVES, "dead_letter_queue": "dlq"}
         self.brokers[0].queue(
-            "q", visibility_timeout=HIDE, segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS, **more
+            "q", visibility_timeout=self.hide(), segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS, **more
         )
         self.moved: list[int] = []  # the messages in the dead-letter queue, in the order moved
         self.id: list[str] = []
@@ -105,8 +134,11 @@ class SharedQueue(RuleBasedStateMachine):
         self.status: list[str] = []
         self.receipt: list[str | None] = []
         self.count: list[int] = []
+        self.visible_at: list[int] = []
+        self.sent_at: list[int] = []
+        """When the message may go out (its delay ended), or while in flight, comes back (ns)."""
         self.next_offset = [0] * self.SHARDS
-        self.dedup: dict[str, int] = {}  # deduplication id -> the message sent with it
+        self.dedup: dict[str, tuple[int, int]] = {}  # deduplication id -> (message sent with it, when)
         self.stale: list[tuple[int, str]] = []  # (message, a receipt of an earlier delivery)
 
     def teardown(self) -> None:
@@ -116,6 +148,7 @@ class SharedQueue(RuleBasedStateMachine):
         finally:
             for name, value in self.patched.items():
                 setattr(channel_module, name, value)
+            time.time_ns, time.time, time.monotonic = self.real_clock
             sharded_module._instances = self.instances
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -129,10 +162,39 @@ class SharedQueue(RuleBasedStateMachine):
     def with_status(self, status: str) -> list[int]:
         return [n for n, s in enumerate(self.status) if s == status]
 
+    def hide(self, seconds: float | None = None) -> float:
+        """The visibility timeout of a receive asked for ``seconds`` (None: the queue's)."""
+        return (CLOCK_HIDE if self.CLOCK else HIDE) if seconds is None else seconds
+
+    def with_receipt(self) -> list[int]:
+        """The messages whose latest receipt still works: in flight, or back (by a change of
+        visibility or its end) and not delivered again since."""
+        return [n for n, r in enumerate(self.receipt) if r is not None and not self.retired(n)]
+
+    def retired(self, n: int) -> bool:
+        """Whether message ``n`` is past retention."""
+        return self.RETENTION is not None and self.sent_at[n] < self.now - int(self.RETENTION * 1e9)
+
+    def delayed(self, n: int) -> bool:
+        return self.status[n] == AVAILABLE and self.visible_at[n] > self.now
+
+    def waiting(self, n: int) -> bool:
+        """Whether message ``n`` may be received now (by a consumer its filters match, its group
+        free): available, neither delayed nor past retention."""
+        return self.status[n] == AVAILABLE and not self.delayed(n) and not self.retired(n)
+
+    def duplicate_of(self, dedup: str | None) -> int | None:
+        """The message a send with deduplication id ``dedup`` is a duplicate of, if any: the
+        first one sent with it, within the window (whatever its status since)."""
+        sent = self.dedup.get(dedup) if dedup is not None else None
+        if sent is None or self.CLOCK and self.now - sent[1] > int(CLOCK_DEDUP_WINDOW * 1e9):
+            return None
+        return sent[0]
+
     def expected(self, wanted: int, wants: Want = None) -> tuple[list[int], list[int]]:
         """What a receive of ``wanted`` with the consumer filters ``wants`` may give, oldest
-        first: the available messages its filters match, but for one whose group has a message
-        in flight, or one taken or not matched by this receive before it; and what it moves to
+        first: the available messages its filters match whose delay is over, but for one whose
+        group has a message in flight, or one taken, not matched or delayed before it; and what it moves to
         the dead-letter queue: each one received ``MAX_RECEIVES`` times already that it comes to
         before it has ``wanted``."""
         blocked = {self.group[n] for n in self.with_status(IN_FLIGHT)}
@@ -141,8 +203,10 @@ class SharedQueue(RuleBasedStateMachine):
         for n in self.with_status(AVAILABLE):
             if len(taken) == wanted:
                 break
+            if self.retired(n):
+                continue  # finished unseen
             group = self.group[n]
-            if not _matches(self.level[n], wants):
+            if not _matches(self.level[n], wants) or self.visible_at[n] > self.now:
                 blocked.add(group)  # nothing after it in its group goes to this consumer first
                 continue
             if group is None or group not in blocked:
@@ -153,8 +217,9 @@ class SharedQueue(RuleBasedStateMachine):
                 blocked.add(group)
         return taken, moved
 
-    def received(self, got: list, wanted: int, wants: Want = None) -> None:
-        """Check a receive's messages against the model, then note them as delivered. One queue:
+    def received(self, got: list, wanted: int, wants: Want = None, hide: float | None = None) -> None:
+        """Check a receive's messages against the model, then note them as delivered (for
+        ``hide`` seconds, None: the queue's visibility timeout). One queue:
         exactly ``expected``. Sharded (no groups, no filters): as many as are available up to
         ``wanted``, each shard's the oldest available of that shard, in order."""
         numbers = [int(m.body[:6]) for m in got]
@@ -166,7 +231,7 @@ class SharedQueue(RuleBasedStateMachine):
             assert len(numbers) == len(taken), "fewer than asked for, with more available"
             for shard in set(self.shard[n] for n in numbers):
                 taken = [n for n in numbers if self.shard[n] == shard]
-                available = [n for n in self.with_status(AVAILABLE) if self.shard[n] == shard]
+                available = [n for n in range(len(self.status)) if self.shard[n] == shard and self.waiting(n)]
                 assert taken == available[: len(taken)], f"shard {shard}: not its oldest available, in order"
         for m, n in zip(got, numbers):
             assert m.body == _body(n) and m.group_id == self.group[n]
@@ -176,6 +241,7 @@ class SharedQueue(RuleBasedStateMachine):
             if self.receipt[n] is not None:
                 self.stale.append((n, self.receipt[n]))
             self.status[n], self.receipt[n] = IN_FLIGHT, m.receipt
+            self.visible_at[n] = self.now + int(self.hide(hide) * 1e9)
         for n in moved:
             self.finished(n, MOVED)
         self.moved += moved
@@ -187,13 +253,14 @@ class SharedQueue(RuleBasedStateMachine):
 
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
     def send(self, process: int, data: st.DataObject) -> None:
-        """A batch; a message whose deduplication id was sent before (or earlier in the batch) is
-        dropped, and its id is the first one's."""
+        """A batch; a message whose deduplication id was sent before (or earlier in the batch)
+        within the window is dropped, and its id is the first one's."""
         drawn = data.draw(st.lists(
             st.tuples(
                 st.sampled_from(self.GROUPS if self.GROUP_ALWAYS else (None, *self.GROUPS)),
                 st.sampled_from((None, *self.DEDUP_IDS)),
                 st.sampled_from((None, *LEVELS) if self.FILTERED else (None,)),
+                st.sampled_from((0, 0, 0, 1, 4) if self.CLOCK else (0,)),  # a delay, in seconds
             ),
             min_size=1, max_size=12,
         ))
@@ -201,23 +268,28 @@ class SharedQueue(RuleBasedStateMachine):
         kept: list[bool] = []  # for each item: stored (as message ``number[i]``), or a duplicate
         number: list[int] = []
         first = n = len(self.status)
-        for group, dedup, level in drawn:
-            duplicate = dedup is not None and dedup in self.dedup
+        for group, dedup, level, delay in drawn:
+            original = self.duplicate_of(dedup)
+            duplicate = original is not None
             if not duplicate:
                 number.append(n)
                 if dedup is not None:
-                    self.dedup[dedup] = n
+                    self.dedup[dedup] = (n, self.now)
                 self.group.append(group)
                 self.level.append(level)
+                self.visible_at.append(self.now + int(delay * 1e9))
+                self.sent_at.append(self.now)
                 n += 1
             else:
-                number.append(self.dedup[dedup])
+                number.append(original)
             kept.append(not duplicate)
             body = b"duplicate" if duplicate else _body(number[-1])
             item: dict[str, Any] = {"body": body, "group_id": group, "dedup_id": dedup}
             if level is not None:
                 item["filters"] = {"level": level}
-            items.append(body if group is None and dedup is None and level is None else item)
+            if delay:
+                item["delay"] = delay
+            items.append(body if group is None and dedup is None and level is None and not delay else item)
         ids = self.queue(process).send_many(items)
         for message_id, stored, k in zip(ids, kept, number):
             if not stored:
@@ -236,39 +308,60 @@ class SharedQueue(RuleBasedStateMachine):
         self.receipt += [None] * count
         self.count += [0] * count
 
-    @rule(process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), choice=st.integers(0, len(WANTS) - 1))
-    def receive(self, process: int, wanted: int, choice: int) -> None:
+    @rule(
+        process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), choice=st.integers(0, len(WANTS) - 1),
+        hide=st.sampled_from((None, 1, 3, 30)),
+    )
+    def receive(self, process: int, wanted: int, choice: int, hide: float | None) -> None:
         wants = WANTS[choice] if self.FILTERED else None
-        self.received(self.queue(process).receive(wanted, filters=wants), wanted, wants)
+        hide = hide if self.CLOCK else None
+        got = self.queue(process).receive(wanted, filters=wants, **_visibility(hide))
+        self.received(got, wanted, wants, hide)
 
-    @precondition(lambda self: IN_FLIGHT in self.status)
+    @precondition(lambda self: bool(self.with_receipt()))
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
     def delete(self, process: int, data: st.DataObject) -> None:
-        chosen = data.draw(st.lists(st.sampled_from(self.with_status(IN_FLIGHT)), min_size=1, max_size=4, unique=True))
+        chosen = data.draw(st.lists(st.sampled_from(self.with_receipt()), min_size=1, max_size=4, unique=True))
         assert self.queue(process).delete_many([self.receipt[n] for n in chosen]) == [None] * len(chosen)
         for n in chosen:
             self.finished(n)
 
-    @precondition(lambda self: IN_FLIGHT in self.status)
-    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
-    def release(self, process: int, data: st.DataObject) -> None:
-        n = data.draw(st.sampled_from(self.with_status(IN_FLIGHT)))
-        self.queue(process).change_visibility(self.receipt[n], 0)
-        self.status[n] = AVAILABLE  # its receipt holds until it is delivered again
+    @precondition(lambda self: bool(self.with_receipt()))
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data(), seconds=st.sampled_from((0, 0, 2, 20)))
+    def change_visibility(self, process: int, data: st.DataObject, seconds: float) -> None:
+        """Released (0 seconds), or hidden again from now, back in flight: its receipt holds
+        until it is delivered again."""
+        n = data.draw(st.sampled_from(self.with_receipt()))
+        seconds = seconds if self.CLOCK else 0
+        self.queue(process).change_visibility(self.receipt[n], seconds)
+        self.status[n] = IN_FLIGHT if seconds else AVAILABLE
+        self.visible_at[n] = self.now + int(seconds * 1e9)
+
+    @precondition(lambda self: self.CLOCK)
+    @rule(seconds=st.sampled_from((0.5, 1, 2, 5, 10, 25)))
+    def tick(self, seconds: float) -> None:
+        """Time passes: the messages whose visibility ended are back (their receipts hold until
+        they are delivered again)."""
+        self.now += int(seconds * 1e9)
+        for n in self.with_status(IN_FLIGHT):
+            if self.visible_at[n] <= self.now:
+                self.status[n] = AVAILABLE
 
     @rule(
         process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), choice=st.integers(0, len(WANTS) - 1),
-        data=st.data(),
+        hide=st.sampled_from((None, 1, 3, 30)), data=st.data(),
     )
-    def consumer_loop(self, process: int, wanted: int, choice: int, data: st.DataObject) -> None:
+    def consumer_loop(self, process: int, wanted: int, choice: int, hide: float | None, data: st.DataObject) -> None:
         """``receive(delete=...)``: the deletes first, then the receive, in one step."""
         wants = WANTS[choice] if self.FILTERED else None
-        in_flight = self.with_status(IN_FLIGHT)
-        chosen = data.draw(st.lists(st.sampled_from(in_flight), max_size=4, unique=True)) if in_flight else []
-        got = self.queue(process).receive(wanted, delete=[self.receipt[n] for n in chosen], filters=wants)
+        hide = hide if self.CLOCK else None
+        live = self.with_receipt()
+        chosen = data.draw(st.lists(st.sampled_from(live), max_size=4, unique=True)) if live else []
+        receipts = [self.receipt[n] for n in chosen]
+        got = self.queue(process).receive(wanted, delete=receipts, filters=wants, **_visibility(hide))
         for n in chosen:
             self.finished(n)
-        self.received(got, wanted, wants)
+        self.received(got, wanted, wants, hide)
 
     @rule(process=st.integers(0, PROCESSES - 1), everything=st.booleans())
     def drain(self, process: int, everything: bool) -> None:
@@ -278,8 +371,10 @@ class SharedQueue(RuleBasedStateMachine):
         queue = self.queue(process)
         if everything:
             for n in self.with_status(IN_FLIGHT):
+                if self.retired(n):
+                    continue
                 queue.change_visibility(self.receipt[n], 0)
-                self.status[n] = AVAILABLE
+                self.status[n], self.visible_at[n] = AVAILABLE, self.now
         while True:
             got = queue.receive(10)
             self.received(got, 10)
@@ -316,6 +411,8 @@ class SharedQueue(RuleBasedStateMachine):
         """zkmq's view of a message: its state, and while it is not finished, how many times it
         was received (a finished one's count is not kept)."""
         n = data.draw(st.integers(0, len(self.status) - 1))
+        if self.retired(n):
+            return  # finished or not, collected or not, as the steps since came
         task = self.queue(process).task(self.id[n])
         assert task.state == TASK_STATES[self.status[n]], (n, self.status[n], task)
         if self.status[n] in (AVAILABLE, IN_FLIGHT):
@@ -358,7 +455,15 @@ class SharedQueue(RuleBasedStateMachine):
     @invariant()
     def counts(self) -> None:
         stats = self.queue(0).stats()
-        assert (stats.available, stats.in_flight) == (self.status.count(AVAILABLE), self.status.count(IN_FLIGHT))
+        every = range(len(self.status))
+        available = sum(map(self.waiting, every))
+        in_flight = self.with_status(IN_FLIGHT)
+        retired = sum(map(self.retired, in_flight))  # counted while their segment is there
+        assert stats.available == available
+        assert len(in_flight) - retired <= stats.in_flight <= len(in_flight), (stats, len(in_flight), retired)
+        delayed = sum(map(self.delayed, every))
+        if self.CLOCK:
+            assert stats.delayed == delayed
         if self.MAX_RECEIVES is not None:
             assert stats.dead == self.status.count(MOVED)
             assert self.brokers[0].queue("dlq", create=False).stats().available == len(self.moved)
@@ -371,6 +476,11 @@ def _matches(level: str | None, wants: Want) -> bool:
         return True
     offered, method = wants["level"]
     return offered == level if method == "absolute" else LEVELS.index(offered) >= LEVELS.index(level)
+
+
+def _visibility(hide: float | None) -> dict[str, float]:
+    """A receive's keyword for a visibility timeout of ``hide`` seconds (None: the queue's)."""
+    return {} if hide is None else {"visibility_timeout": hide}
 
 
 def _body(n: int) -> bytes:
@@ -407,6 +517,18 @@ SharedShardedQueue.TestCase.settings = SETTINGS
 TestSharedShardedQueue = SharedShardedQueue.TestCase
 
 
+class SharedShardedQueueWithClock(SharedShardedQueue):
+    """The same on four shards, with the model's clock and messages kept 30 seconds."""
+
+    CLOCK = True
+    RETENTION = 30.0
+    PURGES = False
+
+
+SharedShardedQueueWithClock.TestCase.settings = SETTINGS
+TestSharedShardedQueueWithClock = SharedShardedQueueWithClock.TestCase
+
+
 class SharedQueueWithDeadLetters(SharedQueue):
     """The same, its messages in two groups or none, with filters, moved to a dead-letter queue
     when released and received again."""
@@ -418,6 +540,34 @@ class SharedQueueWithDeadLetters(SharedQueue):
 
 SharedQueueWithDeadLetters.TestCase.settings = SETTINGS
 TestSharedQueueWithDeadLetters = SharedQueueWithDeadLetters.TestCase
+
+
+class SharedQueueWithClock(SharedQueue):
+    """The same with the model's clock: delays, visibility timeouts that end, receipts of
+    deliveries that ended, deduplication windows that end; messages in two groups or none, with
+    filters, moved to a dead-letter queue when received twice already."""
+
+    CLOCK = True
+    GROUPS = ("a", "b")
+    DEDUP_IDS = ("x", "y", "z")
+    MAX_RECEIVES = 2
+    FILTERED = True
+    PURGES = False  # (which end everything: the other machines ask them)
+
+
+SharedQueueWithClock.TestCase.settings = SETTINGS
+TestSharedQueueWithClock = SharedQueueWithClock.TestCase
+
+
+class SharedQueueWithRetention(SharedQueueWithClock):
+    """The same, its messages kept 30 seconds (and in no group)."""
+
+    RETENTION = 30.0
+    GROUPS = ()
+
+
+SharedQueueWithRetention.TestCase.settings = SETTINGS
+TestSharedQueueWithRetention = SharedQueueWithRetention.TestCase
 
 
 _zookeeper: list[Any] = []  # the session's server, for the ZooKeeper store's machine (below)
