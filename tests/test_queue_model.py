@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from journalq.errors import ReceiptError, StaleReceiptError
+from journalq.errors import ReceiptError, StaleReceiptError, TaskNotFoundError
 from journalq.queue import Broker
 from journalq.queue import channel as channel_module
 from journalq.queue import sharded as sharded_module
@@ -85,7 +85,7 @@ class SharedQueue(RuleBasedStateMachine):
     PURGES = True
     """Whether ``purge()`` is asked (SQS allows one a minute)."""
     TASKS = True
-    """Whether ``task(id)`` is asked (SQS has no such call)."""
+    """Whether ``task(id)`` is asked, and ``delete_ids`` (mq's delete by id; SQS has neither)."""
     CLOCK = False
     """Whether the queue's clocks (``time.time_ns``, ``time.time`` and ``time.monotonic``, in this
     process) are the model's, moved by ``tick`` alone (so that when a collection is due, say,
@@ -115,16 +115,18 @@ class SharedQueue(RuleBasedStateMachine):
         sharded_module._instances = itertools.count()
         self.root = Path(tempfile.mkdtemp(prefix="journalq-model-"))
         self.brokers = [self.new_broker() for _ in range(PROCESSES)]
-        more: dict[str, Any] = {"enums": {"level": LEVELS}} if self.FILTERED else {}
+        self.settings: dict[str, Any] = {"visibility_timeout": CLOCK_HIDE if self.CLOCK else HIDE, "delay": 0}
+        """The queue's settings that the model follows (``configure`` changes them)."""
         if self.CLOCK:
-            more |= {"dedup_window": CLOCK_DEDUP_WINDOW}
-        if self.RETENTION is not None:
-            more |= {"retention_seconds": self.RETENTION}
+            self.settings["dedup_window"] = CLOCK_DEDUP_WINDOW
         if self.MAX_RECEIVES is not None:
             self.brokers[0].queue("dlq")
-            more |= {"max_receive_count": self.MAX_RECEIVES, "dead_letter_queue": "dlq"}
+            self.settings |= {"max_receive_count": self.MAX_RECEIVES, "dead_letter_queue": "dlq"}
+        more: dict[str, Any] = {"enums": {"level": LEVELS}} if self.FILTERED else {}
+        if self.RETENTION is not None:
+            more |= {"retention_seconds": self.RETENTION}
         self.brokers[0].queue(
-            "q", visibility_timeout=self.hide(), segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS, **more
+            "q", segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS, **self.settings, **more
         )
         self.moved: list[int] = []  # the messages in the dead-letter queue, in the order moved
         self.id: list[str] = []
@@ -164,7 +166,7 @@ class SharedQueue(RuleBasedStateMachine):
 
     def hide(self, seconds: float | None = None) -> float:
         """The visibility timeout of a receive asked for ``seconds`` (None: the queue's)."""
-        return (CLOCK_HIDE if self.CLOCK else HIDE) if seconds is None else seconds
+        return self.settings["visibility_timeout"] if seconds is None else seconds
 
     def with_receipt(self) -> list[int]:
         """The messages whose latest receipt still works: in flight, or back (by a change of
@@ -187,7 +189,7 @@ class SharedQueue(RuleBasedStateMachine):
         """The message a send with deduplication id ``dedup`` is a duplicate of, if any: the
         first one sent with it, within the window (whatever its status since)."""
         sent = self.dedup.get(dedup) if dedup is not None else None
-        if sent is None or self.CLOCK and self.now - sent[1] > int(CLOCK_DEDUP_WINDOW * 1e9):
+        if sent is None or self.CLOCK and self.now - sent[1] > int(self.settings["dedup_window"] * 1e9):
             return None
         return sent[0]
 
@@ -195,7 +197,7 @@ class SharedQueue(RuleBasedStateMachine):
         """What a receive of ``wanted`` with the consumer filters ``wants`` may give, oldest
         first: the available messages its filters match whose delay is over, but for one whose
         group has a message in flight, or one taken, not matched or delayed before it; and what it moves to
-        the dead-letter queue: each one received ``MAX_RECEIVES`` times already that it comes to
+        the dead-letter queue: each one received ``max_receive_count`` times already that it comes to
         before it has ``wanted``."""
         blocked = {self.group[n] for n in self.with_status(IN_FLIGHT)}
         taken: list[int] = []
@@ -210,7 +212,7 @@ class SharedQueue(RuleBasedStateMachine):
                 blocked.add(group)  # nothing after it in its group goes to this consumer first
                 continue
             if group is None or group not in blocked:
-                if self.MAX_RECEIVES is not None and self.count[n] >= self.MAX_RECEIVES:
+                if self.MAX_RECEIVES is not None and self.count[n] >= self.settings["max_receive_count"]:
                     moved.append(n)
                     continue
                 taken.append(n)
@@ -260,7 +262,8 @@ class SharedQueue(RuleBasedStateMachine):
                 st.sampled_from(self.GROUPS if self.GROUP_ALWAYS else (None, *self.GROUPS)),
                 st.sampled_from((None, *self.DEDUP_IDS)),
                 st.sampled_from((None, *LEVELS) if self.FILTERED else (None,)),
-                st.sampled_from((0, 0, 0, 1, 4) if self.CLOCK else (0,)),  # a delay, in seconds
+                # A delay, in seconds; None: the queue's.
+                st.sampled_from((None, None, None, 0, 1, 4) if self.CLOCK else (None,)),
             ),
             min_size=1, max_size=12,
         ))
@@ -277,7 +280,7 @@ class SharedQueue(RuleBasedStateMachine):
                     self.dedup[dedup] = (n, self.now)
                 self.group.append(group)
                 self.level.append(level)
-                self.visible_at.append(self.now + int(delay * 1e9))
+                self.visible_at.append(self.now + int((self.settings["delay"] if delay is None else delay) * 1e9))
                 self.sent_at.append(self.now)
                 n += 1
             else:
@@ -287,9 +290,9 @@ class SharedQueue(RuleBasedStateMachine):
             item: dict[str, Any] = {"body": body, "group_id": group, "dedup_id": dedup}
             if level is not None:
                 item["filters"] = {"level": level}
-            if delay:
+            if delay is not None:
                 item["delay"] = delay
-            items.append(body if group is None and dedup is None and level is None and not delay else item)
+            items.append(body if group is None and dedup is None and level is None and delay is None else item)
         ids = self.queue(process).send_many(items)
         for message_id, stored, k in zip(ids, kept, number):
             if not stored:
@@ -342,10 +345,33 @@ class SharedQueue(RuleBasedStateMachine):
     def tick(self, seconds: float) -> None:
         """Time passes: the messages whose visibility ended are back (their receipts hold until
         they are delivered again)."""
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
         self.now += int(seconds * 1e9)
         for n in self.with_status(IN_FLIGHT):
             if self.visible_at[n] <= self.now:
                 self.status[n] = AVAILABLE
+
+    @precondition(lambda self: self.CLOCK)
+    @rule(
+        process=st.integers(0, PROCESSES - 1),
+        hide=st.sampled_from((1.0, 2.0, 5.0)),
+        delay=st.sampled_from((0, 0, 2)),
+        window=st.sampled_from((5.0, 20.0, 40.0)),
+        receives=st.sampled_from((1, 2, 3)),
+    )
+    def configure(self, process: int, hide: float, delay: float, window: float, receives: int) -> None:
+        """Another visibility timeout, delay, deduplication window and (with dead letters)
+        ``max_receive_count``, by one process; a second later (when each process looks at the
+        settings again, at its next send or receive) every process's. A message keeps the
+        delay it was sent with."""
+        changes: dict[str, Any] = {"visibility_timeout": hide, "delay": delay, "dedup_window": window}
+        if self.MAX_RECEIVES is not None:
+            changes["max_receive_count"] = receives
+        self.queue(process).configure(**changes)
+        self.settings |= changes
+        self.advance(1.0)
 
     @rule(
         process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), choice=st.integers(0, len(WANTS) - 1),
@@ -417,6 +443,21 @@ class SharedQueue(RuleBasedStateMachine):
         assert task.state == TASK_STATES[self.status[n]], (n, self.status[n], task)
         if self.status[n] in (AVAILABLE, IN_FLIGHT):
             assert task.receive_count == self.count[n], (n, task)
+
+    @precondition(lambda self: self.TASKS and bool(self.status))
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def delete_ids(self, process: int, data: st.DataObject) -> None:
+        """mq's delete by id: a message waiting, delayed or in flight is finished (its receipts
+        stale), one finished already (or moved) is not found, and so is an id given twice."""
+        chosen = data.draw(st.lists(st.integers(0, len(self.status) - 1), min_size=1, max_size=3))
+        chosen = [n for n in chosen if not self.retired(n)]
+        outcomes = self.queue(process).delete_ids([self.id[n] for n in chosen])
+        for n, outcome in zip(chosen, outcomes):
+            if self.status[n] in (AVAILABLE, IN_FLIGHT):
+                assert outcome is None, (n, self.status[n], outcome)
+                self.finished(n)
+            else:
+                assert isinstance(outcome, TaskNotFoundError), (n, self.status[n], outcome)
 
     @precondition(lambda self: self.PURGES)
     @rule(process=st.integers(0, PROCESSES - 1))
