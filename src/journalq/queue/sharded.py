@@ -497,8 +497,9 @@ class ShardedTopic(TopicDirectory):
                 ids[position] = f"{index}.{inner}"
 
     def _sent_before(self, dedup_ids: set[str]) -> dict[str, str]:
-        """The ids of ``dedup_ids`` sent within the window to any shard: the earliest when there
-        are several (sent while deduplication went per shard). Each shard's ids are caught up
+        """The ids of ``dedup_ids`` sent within the window to any shard: the latest when there
+        are several (each was accepted, after the window of the one before as it was then: a
+        window made longer since covers both; ``DedupIndex.remember``). Each shard's ids are caught up
         from its journal here, by this object's own reading of it (a shard's own is used under
         its hold alone). A shard that cannot be read (damaged) is left out, with a warning: a
         receive from it raises its damage, and the sends to the others go on."""
@@ -517,7 +518,7 @@ class ShardedTopic(TopicDirectory):
                     continue
                 for dedup_id in dedup_ids:
                     sent = dedup.sent(dedup_id)
-                    if sent is not None and (dedup_id not in found or sent.timestamp_ns < found[dedup_id][0]):
+                    if sent is not None and (dedup_id not in found or sent.timestamp_ns > found[dedup_id][0]):
                         found[dedup_id] = (sent.timestamp_ns, f"{index}.{message_id(sent.offset)}")
         return {dedup_id: id for dedup_id, (_, id) in found.items()}
 

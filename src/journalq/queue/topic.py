@@ -772,12 +772,15 @@ class DedupIndex:
                 self.remember(dedup_id, message.offset, message.timestamp_ns)
 
     def remember(self, dedup_id: str, offset: int, timestamp_ns: int) -> None:
-        """Note a send of ``dedup_id`` at ``offset``: its first, or one accepted after the window
-        of the send noted (the id's window starts again there; kept, the old one would be found
-        expired and the id taken as new once more)."""
+        """Note a send of ``dedup_id`` at ``offset``, stored after those noted: the id's latest.
+        Every send stored was accepted, so a later one came after the window of the one before
+        (the id's window starts again there), as that window was then: one made longer since
+        may cover both, and the id still stands for the latest (a process that reads the
+        window again must find what the sender was answered). One that says it is older (a
+        writer whose clock is behind) does not replace a newer."""
         seen = self._seen
         noted = seen.get(dedup_id)
-        if noted is None or noted.timestamp_ns < timestamp_ns - self.window_ns:
+        if noted is None or noted.timestamp_ns <= timestamp_ns:
             seen.pop(dedup_id, None)
             seen[dedup_id] = DedupSend(offset, timestamp_ns)  # at the end: ``_seen`` stays in time order
 
