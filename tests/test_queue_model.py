@@ -1,5 +1,6 @@
 """A queue shared by several processes, against a model of what it must do: random sends,
-receives, deletes, releases, consumer loops, catch-ups, restarts and collections, each by one of
+receives, deletes (by receipt, and by id), releases, consumer loops, redrives of dead letters,
+catch-ups, restarts and collections, each by one of
 three ``Broker`` objects on one data directory (each opens its own files and takes its own locks,
 as another process would), and after each step the answer the model gives.
 
@@ -7,7 +8,8 @@ The rules checked: FIFO (a receive gives the oldest messages available, a releas
 newer ones; in a sharded queue, per shard, and as many as there are up to the number asked for),
 message groups (one message of a group in flight at a time, in order), deduplication (a second
 send of an id is dropped and answered with the first one's id), dead letters (moved once, in
-order, with their groups), each message given to one consumer at a time, dense message ids, a
+order, with their groups; redriven to the queue's end, in that order, and moved again after as
+many receives), each message given to one consumer at a time, dense message ids, a
 receipt works in any process until its message is delivered again or deleted (then it is stale,
 and a consumer loop that carries it does nothing), deleted messages never come back, the receive
 counts and the counts of ``stats``; none of it changed by a restart or by the collection of
@@ -19,8 +21,9 @@ nothing expires by the clock: messages are hidden for an hour, and released by
 the model says, by whole steps, so that the visibility timeouts, the delays and the deduplication
 window end at known times, and the rules that hang on them are checked too: a message whose
 visibility ended comes back by itself, before newer ones, its receipt good until it is delivered
-again; a delayed one holds its group back; a deduplication id is free again after its window. On
-files (one queue, and four shards) and on the ZooKeeper store."""
+again; a delayed one holds its group back; a deduplication id is free again after its window
+(and stands for its latest send); settings changed by one process hold in every process a second
+later. On files (one queue, and four shards) and on the ZooKeeper store."""
 
 from __future__ import annotations
 
@@ -129,7 +132,11 @@ class SharedQueue(RuleBasedStateMachine):
             "q", segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS, **self.settings, **more
         )
         self.moved: list[int] = []  # the messages in the dead-letter queue, in the order moved
-        self.id: list[str] = []
+        self.dead = 0  # moves to the dead-letter queue so far (a message redriven may move again)
+        self.id: list[str | None] = []  # the message's id (None: redriven, learned when received)
+        self.first_id: list[str] = []  # its id when first sent (a duplicate's answer)
+        self.position: list[int] = []  # where the message is in the queue: its order
+        self.positions = itertools.count()
         self.shard: list[int] = []
         self.group: list[str | None] = []
         self.level: list[str | None] = []  # the message's filter ``level``
@@ -141,6 +148,7 @@ class SharedQueue(RuleBasedStateMachine):
         """When the message may go out (its delay ended), or while in flight, comes back (ns)."""
         self.next_offset = [0] * self.SHARDS
         self.dedup: dict[str, tuple[int, int]] = {}  # deduplication id -> (message sent with it, when)
+        self.lapsed: set[str] = set()  # ids whose window ended once (``lapse``)
         self.stale: list[tuple[int, str]] = []  # (message, a receipt of an earlier delivery)
 
     def teardown(self) -> None:
@@ -187,11 +195,21 @@ class SharedQueue(RuleBasedStateMachine):
 
     def duplicate_of(self, dedup: str | None) -> int | None:
         """The message a send with deduplication id ``dedup`` is a duplicate of, if any: the
-        first one sent with it, within the window (whatever its status since)."""
+        latest one stored with it, within the window (whatever its status since)."""
         sent = self.dedup.get(dedup) if dedup is not None else None
         if sent is None or self.CLOCK and self.now - sent[1] > int(self.settings["dedup_window"] * 1e9):
             return None
         return sent[0]
+
+    def lapse(self) -> None:
+        """Note the deduplication ids whose window ended now (time moved, or the window changed).
+        One whose window ended, then was made longer to cover it again, is a duplicate or not as
+        the gc went meanwhile (its segment may have been deleted): the model does not send it
+        until its window ends again (``send``)."""
+        if not self.CLOCK:
+            return  # (no window ends)
+        window = int(self.settings["dedup_window"] * 1e9)
+        self.lapsed |= {dedup for dedup, (_, sent) in self.dedup.items() if self.now - sent > window}
 
     def expected(self, wanted: int, wants: Want = None) -> tuple[list[int], list[int]]:
         """What a receive of ``wanted`` with the consumer filters ``wants`` may give, oldest
@@ -202,7 +220,7 @@ class SharedQueue(RuleBasedStateMachine):
         blocked = {self.group[n] for n in self.with_status(IN_FLIGHT)}
         taken: list[int] = []
         moved: list[int] = []
-        for n in self.with_status(AVAILABLE):
+        for n in sorted(self.with_status(AVAILABLE), key=self.position.__getitem__):
             if len(taken) == wanted:
                 break
             if self.retired(n):
@@ -225,7 +243,7 @@ class SharedQueue(RuleBasedStateMachine):
         exactly ``expected``. Sharded (no groups, no filters): as many as are available up to
         ``wanted``, each shard's the oldest available of that shard, in order."""
         numbers = [int(m.body[:6]) for m in got]
-        assert [m.id for m in got] == [self.id[n] for n in numbers]
+        assert [m.id for m in got] == [m.id if self.id[n] is None else self.id[n] for m, n in zip(got, numbers)]
         taken, moved = self.expected(wanted, wants)
         if self.SHARDS == 1:
             assert numbers == taken, "not the oldest available, in order"
@@ -242,11 +260,12 @@ class SharedQueue(RuleBasedStateMachine):
             assert m.receive_count == self.count[n]
             if self.receipt[n] is not None:
                 self.stale.append((n, self.receipt[n]))
-            self.status[n], self.receipt[n] = IN_FLIGHT, m.receipt
+            self.status[n], self.receipt[n], self.id[n] = IN_FLIGHT, m.receipt, m.id
             self.visible_at[n] = self.now + int(self.hide(hide) * 1e9)
         for n in moved:
             self.finished(n, MOVED)
         self.moved += moved
+        self.dead += len(moved)
 
     def finished(self, n: int, how: str = DELETED) -> None:
         if self.receipt[n] is not None:
@@ -273,11 +292,14 @@ class SharedQueue(RuleBasedStateMachine):
         first = n = len(self.status)
         for group, dedup, level, delay in drawn:
             original = self.duplicate_of(dedup)
+            if dedup in self.lapsed and original is not None:
+                dedup = original = None  # (see ``lapse``)
             duplicate = original is not None
             if not duplicate:
                 number.append(n)
                 if dedup is not None:
                     self.dedup[dedup] = (n, self.now)
+                    self.lapsed.discard(dedup)
                 self.group.append(group)
                 self.level.append(level)
                 self.visible_at.append(self.now + int((self.settings["delay"] if delay is None else delay) * 1e9))
@@ -296,7 +318,7 @@ class SharedQueue(RuleBasedStateMachine):
         ids = self.queue(process).send_many(items)
         for message_id, stored, k in zip(ids, kept, number):
             if not stored:
-                assert message_id == self.id[k], f"a duplicate of message {k} was answered {message_id}"
+                assert message_id == self.first_id[k], f"a duplicate of message {k} was answered {message_id}"
                 continue
             index = 0
             if self.OFFSET_IDS:  # dense: each shard's offsets go up by one
@@ -306,6 +328,8 @@ class SharedQueue(RuleBasedStateMachine):
                 self.next_offset[index] += 1
             self.shard.append(index)
             self.id.append(message_id)
+            self.first_id.append(message_id)
+            self.position.append(next(self.positions))
         count = n - first
         self.status += [AVAILABLE] * count
         self.receipt += [None] * count
@@ -352,6 +376,7 @@ class SharedQueue(RuleBasedStateMachine):
         for n in self.with_status(IN_FLIGHT):
             if self.visible_at[n] <= self.now:
                 self.status[n] = AVAILABLE
+        self.lapse()
 
     @precondition(lambda self: self.CLOCK)
     @rule(
@@ -371,6 +396,7 @@ class SharedQueue(RuleBasedStateMachine):
             changes["max_receive_count"] = receives
         self.queue(process).configure(**changes)
         self.settings |= changes
+        self.lapse()
         self.advance(1.0)
 
     @rule(
@@ -437,8 +463,8 @@ class SharedQueue(RuleBasedStateMachine):
         """zkmq's view of a message: its state, and while it is not finished, how many times it
         was received (a finished one's count is not kept)."""
         n = data.draw(st.integers(0, len(self.status) - 1))
-        if self.retired(n):
-            return  # finished or not, collected or not, as the steps since came
+        if self.retired(n) or self.id[n] is None:
+            return  # finished or not, collected or not, as the steps since came; or its id unknown
         task = self.queue(process).task(self.id[n])
         assert task.state == TASK_STATES[self.status[n]], (n, self.status[n], task)
         if self.status[n] in (AVAILABLE, IN_FLIGHT):
@@ -450,7 +476,7 @@ class SharedQueue(RuleBasedStateMachine):
         """mq's delete by id: a message waiting, delayed or in flight is finished (its receipts
         stale), one finished already (or moved) is not found, and so is an id given twice."""
         chosen = data.draw(st.lists(st.integers(0, len(self.status) - 1), min_size=1, max_size=3))
-        chosen = [n for n in chosen if not self.retired(n)]
+        chosen = [n for n in chosen if not self.retired(n) and self.id[n] is not None]
         outcomes = self.queue(process).delete_ids([self.id[n] for n in chosen])
         for n, outcome in zip(chosen, outcomes):
             if self.status[n] in (AVAILABLE, IN_FLIGHT):
@@ -493,6 +519,42 @@ class SharedQueue(RuleBasedStateMachine):
         assert found == self.moved, f"the dead-letter queue holds {found}, not {self.moved}, the messages moved"
         self.moved.clear()
 
+    def redrive_order(self) -> list[int]:
+        """The order in which a redrive sends the dead letters back: as the dead-letter queue's
+        receives give them (of 100 at most), each of which takes one message of a group."""
+        left, order = list(self.moved), []
+        while left:
+            batch: list[int] = []
+            groups: set[str] = set()
+            for n in left:
+                group = self.group[n]
+                if len(batch) < 100 and group not in groups:
+                    batch.append(n)
+                    if group is not None:
+                        groups.add(group)
+            order += batch
+            left = [n for n in left if n not in batch]
+        return order
+
+    @precondition(lambda self: self.MAX_RECEIVES is not None and self.SHARDS == 1 and bool(self.moved))
+    @rule(process=st.integers(0, PROCESSES - 1))
+    def redrive(self, process: int) -> None:
+        """The dead letters back to the queue, in the order moved, as new messages at its end:
+        received again (their receive counts start again), delayed as the queue delays new ones,
+        moved again after ``max_receive_count`` more receives; a duplicate of one is still
+        answered with the id it was first sent with."""
+        assert self.brokers[process].queue("dlq", create=False).redrive() == len(self.moved)
+        for n in self.redrive_order():
+            self.position[n] = next(self.positions)
+            self.id[n] = None  # (on files, its offset: the next one)
+            if self.OFFSET_IDS:
+                self.id[n] = str(self.next_offset[0])
+                self.next_offset[0] += 1
+            self.status[n], self.count[n] = AVAILABLE, 0
+            self.visible_at[n] = self.now + int(self.settings["delay"] * 1e9)
+            self.sent_at[n] = self.now
+        self.moved.clear()
+
     @invariant()
     def counts(self) -> None:
         stats = self.queue(0).stats()
@@ -506,7 +568,7 @@ class SharedQueue(RuleBasedStateMachine):
         if self.CLOCK:
             assert stats.delayed == delayed
         if self.MAX_RECEIVES is not None:
-            assert stats.dead == self.status.count(MOVED)
+            assert stats.dead == self.dead
             assert self.brokers[0].queue("dlq", create=False).stats().available == len(self.moved)
 
 
