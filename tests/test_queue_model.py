@@ -214,9 +214,9 @@ class SharedQueue(RuleBasedStateMachine):
     def expected(self, wanted: int, wants: Want = None) -> tuple[list[int], list[int]]:
         """What a receive of ``wanted`` with the consumer filters ``wants`` may give, oldest
         first: the available messages its filters match whose delay is over, but for one whose
-        group has a message in flight, or one taken, not matched or delayed before it; and what it moves to
-        the dead-letter queue: each one received ``max_receive_count`` times already that it comes to
-        before it has ``wanted``."""
+        group has a message in flight, or one taken, not matched or delayed before it; and what
+        it moves to the dead-letter queue: each one received ``max_receive_count`` times already
+        that it comes to before it has ``wanted``."""
         blocked = {self.group[n] for n in self.with_status(IN_FLIGHT)}
         taken: list[int] = []
         moved: list[int] = []
@@ -275,7 +275,8 @@ class SharedQueue(RuleBasedStateMachine):
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
     def send(self, process: int, data: st.DataObject) -> None:
         """A batch; a message whose deduplication id was sent before (or earlier in the batch)
-        within the window is dropped, and its id is the first one's."""
+        within the window is dropped, and answered with the id of the latest message stored with
+        it (the id it was sent with: not where a redrive put it since)."""
         drawn = data.draw(st.lists(
             st.tuples(
                 st.sampled_from(self.GROUPS if self.GROUP_ALWAYS else (None, *self.GROUPS)),

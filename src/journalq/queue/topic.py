@@ -483,8 +483,8 @@ class Topic(TopicDirectory):
         alone (a sharded topic's, which counts every shard). Returns the files deleted. ``now``:
         seconds since the epoch (the clock's by default).
         """
-        # In nanoseconds, as the messages' times: the float of seconds is off by up to a few
-        # hundred (what a deduplication window's or retention's edge is compared to).
+        # In nanoseconds, as the messages' times are (a float of seconds since the epoch is off
+        # by up to a few hundred of them): a deduplication window's or retention's edge is exact.
         now_ns = time.time_ns() if now is None else int(now * 1e9)
         self.check_present()
         self._last_gc = time.monotonic()  # first: one that fails is tried again an interval later
