@@ -407,6 +407,28 @@ def test_a_deduplication_id_stands_for_its_latest_send_when_its_window_is_made_l
     assert q.stats().available == 2
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_gc_takes_up_a_longer_deduplication_window_set_by_another_process(
+    tmp_path: Path, shards: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process's first send after another process made the window longer collects with the new
+    window, not the one it last read: its gc ran before the send took up the settings, and
+    deleted the segment of an id still within the new window (found by the queue model)."""
+    clock = [time.time_ns()]
+    monkeypatch.setattr(time, "time_ns", lambda: clock[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0] / 1e9)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0] / 1e9)
+    with Broker(tmp_path, sync="none") as broker, Broker(tmp_path, sync="none") as other:
+        q = broker.queue("jobs", dedup_window=5.0, segment_size=4096, task_gc_interval=1.0, shards=shards)
+        first = q.send(b"x", dedup_id="same")
+        q.send_many([b"-" * 180] * 60)
+        while got := q.receive(10):  # consumed: only the window keeps the segments
+            q.delete_many([m.receipt for m in got])
+        other.queue("jobs").configure(dedup_window=20.0)
+        clock[0] += 7 * 10**9  # past the old window, within the new one; the settings looked at again
+        assert q.send(b"x", dedup_id="same") == first
+
+
 def test_content_based_dedup(broker: Broker) -> None:
     q = broker.queue("jobs", content_based_dedup=True)
     a = q.send(b"same body")

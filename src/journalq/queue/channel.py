@@ -851,6 +851,9 @@ class Channel:
             return  # (the common case first: a queue's send checks this, ~0.3 µs)
         try:
             if now is None:
+                # Settings another process changed first: what a collection deletes by them
+                # cannot be undone (a receive took them up already).
+                self.topic.refresh_settings()
                 with self._hold():
                     self._apply_new()
                     self._maintain(time.time_ns())  # (due as this process knew: checked again)

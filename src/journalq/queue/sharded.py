@@ -334,8 +334,9 @@ class _ShardTopic(Topic):
         return None if self.making else self.path
 
     def refresh_settings(self) -> None:
-        """Nothing: the sharded topic takes up changed settings for all its shards (its own
+        """The sharded topic's: it takes up changed settings for all its shards (its own
         directory holds them)."""
+        self.sharded.refresh_settings()
 
     def gc(self, now: float | None = None, *, size_kept_from: int | None = None) -> list[Path]:
         """``Topic.gc``, with ``retention_bytes`` counted over every shard (the sharded topic's
@@ -583,6 +584,7 @@ class ShardedTopic(TopicDirectory):
         """Each shard's ``Topic.gc`` (retention by size counted over them all); returns the files
         deleted. A shard whose gc fails (damaged) does not keep the others from being collected:
         its failure is raised once every shard was tried."""
+        self.refresh_settings()  # (as ``Topic.gc``)
         self._last_gc = time.monotonic()
         deleted: list[Path] = []
         failed: Exception | None = None

@@ -486,6 +486,9 @@ class Topic(TopicDirectory):
         # In nanoseconds, as the messages' times are (a float of seconds since the epoch is off
         # by up to a few hundred of them): a deduplication window's or retention's edge is exact.
         now_ns = time.time_ns() if now is None else int(now * 1e9)
+        # Settings another process changed: what it deletes by them cannot be undone (a longer
+        # deduplication window than this process last read keeps the segments of more ids).
+        self.refresh_settings()
         self.check_present()
         self._last_gc = time.monotonic()  # first: one that fails is tried again an interval later
         # The cursors of this process's channels as it knows them when the disk is too full to
