@@ -356,6 +356,19 @@ def test_dedup_is_shared_by_brokers_and_ends_with_the_window(broker: Broker) -> 
     assert [(m.id, m.dedup_id) for m in q.receive(10)] == [(first, "same"), (later, "same")]
 
 
+def held_clock(monkeypatch: pytest.MonkeyPatch, *, monotonic: bool = False) -> list[int]:
+    """The process's clock held at its present reading and moved by the test alone: the list's one
+    item, in nanoseconds, is what ``time.time_ns`` and ``time.time`` say, and with ``monotonic``
+    ``time.monotonic`` too (which decides when a process looks at a queue's settings again; not on
+    ZooKeeper, whose client keeps its connection by it)."""
+    clock = [time.time_ns()]
+    monkeypatch.setattr(time, "time_ns", lambda: clock[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0] / 1e9)
+    if monotonic:
+        monkeypatch.setattr(time, "monotonic", lambda: clock[0] / 1e9)
+    return clock
+
+
 def test_a_deduplication_id_sent_at_the_very_start_of_its_window_is_found_by_another_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -363,9 +376,7 @@ def test_a_deduplication_id_sent_at_the_very_start_of_its_window_is_found_by_ano
     within it, in a segment before others that began that same nanosecond (a coarse clock, or a
     burst). A process that opens the topic then must start reading before them (the queue model
     with a clock of its own found it starting at the last of them, and taking the id as new)."""
-    clock = [time.time_ns()]
-    monkeypatch.setattr(time, "time_ns", lambda: clock[0])
-    monkeypatch.setattr(time, "time", lambda: clock[0] / 1e9)
+    clock = held_clock(monkeypatch)
     with Broker(tmp_path, sync="none") as broker:
         q = broker.queue("jobs", dedup_window=20.0, segment_size=4096)
         first = q.send(b"x", dedup_id="same")
@@ -389,11 +400,7 @@ def test_a_deduplication_id_stands_for_its_latest_send_when_its_window_is_made_l
     window again found both; found by the queue model with its clock)."""
     if shards > 1 and not isinstance(store_root, Path):
         pytest.skip("the ZooKeeper store has no shards")
-    clock = [time.time_ns()]
-    monkeypatch.setattr(time, "time_ns", lambda: clock[0])
-    monkeypatch.setattr(time, "time", lambda: clock[0] / 1e9)
-    if isinstance(store_root, Path):  # (kazoo's connection keeps time by it)
-        monkeypatch.setattr(time, "monotonic", lambda: clock[0] / 1e9)  # settings looked at again
+    clock = held_clock(monkeypatch, monotonic=isinstance(store_root, Path))
     q = broker.queue("jobs", dedup_window=5.0, shards=shards)
     first = q.send(b"x", dedup_id="same")
     clock[0] += 6 * 10**9
@@ -414,10 +421,7 @@ def test_a_gc_takes_up_a_longer_deduplication_window_set_by_another_process(
     """A process's first send after another process made the window longer collects with the new
     window, not the one it last read: its gc ran before the send took up the settings, and
     deleted the segment of an id still within the new window (found by the queue model)."""
-    clock = [time.time_ns()]
-    monkeypatch.setattr(time, "time_ns", lambda: clock[0])
-    monkeypatch.setattr(time, "time", lambda: clock[0] / 1e9)
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0] / 1e9)
+    clock = held_clock(monkeypatch, monotonic=True)
     with Broker(tmp_path, sync="none") as broker, Broker(tmp_path, sync="none") as other:
         q = broker.queue("jobs", dedup_window=5.0, segment_size=4096, task_gc_interval=1.0, shards=shards)
         first = q.send(b"x", dedup_id="same")
