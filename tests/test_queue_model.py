@@ -7,7 +7,7 @@ as another process would), and after each step the answer the model gives.
 The rules checked: FIFO (a receive gives the oldest messages available, a released one before
 newer ones; in a sharded queue, per shard, and as many as there are up to the number asked for),
 message groups (one message of a group in flight at a time, in order), deduplication (a second
-send of an id is dropped and answered with the first one's id), dead letters (moved once, in
+send of an id is dropped and answered with the id of the latest send stored with it), dead letters (moved once, in
 order, with their groups; redriven to the queue's end, in that order, and moved again after as
 many receives), each message given to one consumer at a time, dense message ids, a
 receipt works in any process until its message is delivered again or deleted (then it is stale,
