@@ -23,7 +23,11 @@ window end at known times, and the rules that hang on them are checked too: a me
 visibility ended comes back by itself, before newer ones, its receipt good until it is delivered
 again; a delayed one holds its group back; a deduplication id is free again after its window
 (and stands for its latest send); settings changed by one process hold in every process a second
-later. On files (one queue, and four shards) and on the ZooKeeper store."""
+later. In those of a topic with several channels (``CHANNELS``), each channel gets every message
+and keeps its own deliveries, receipts, purges and dead letters (a dead letter is redriven to its
+channel alone), a segment is deleted only once every channel is done with it, and a channel made
+during the run gets every message still stored. On files (one queue, and four shards) and on the
+ZooKeeper store."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +46,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from journalq.errors import ReceiptError, StaleReceiptError, TaskNotFoundError
-from journalq.queue import Broker
+from journalq.queue import DEFAULT_CHANNEL, Broker
 from journalq.queue import channel as channel_module
 from journalq.queue import sharded as sharded_module
 
@@ -50,7 +54,7 @@ PROCESSES = 3
 HIDE = 3600.0  # no visibility ends during a run (but with the model's clock)
 CLOCK_HIDE = 2.0  # with the model's clock: the queue's visibility timeout, in seconds
 CLOCK_DEDUP_WINDOW = 20.0  # with the model's clock: the queue's deduplication window, in seconds
-BODY = 180  # bytes: a topic segment of 4 KiB holds about 20 messages
+SEGMENT_SIZE = 4096  # the topic's: the smallest there is
 PATCHED = {"SNAPSHOT_EVERY": 7, "SNAPSHOT_SMALL_EVERY": 3, "STATE_SEGMENT_SIZE": 4096}
 
 LEVELS = ("low", "mid", "high")  # the ordered enum of the filter ``level``
@@ -61,14 +65,23 @@ WANTS: list[Want] = [
 """A consumer's filters: none (it takes every message), or one ``level`` it offers."""
 
 AVAILABLE, IN_FLIGHT, DELETED, MOVED = "available", "in flight", "deleted", "moved to the dead-letter queue"
+GONE = "collected before its channel was made"
 TASK_STATES = {AVAILABLE: "inserted", IN_FLIGHT: "claimed", DELETED: "finished", MOVED: "dead"}
 
 
 class SharedQueue(RuleBasedStateMachine):
-    """The model: message ``n`` (the ``n``-th sent; its body starts with ``n``) has an id, a
-    shard, a group, a status, its latest receipt and how many times it was received."""
+    """The model: message ``n`` (the ``n``-th sent; its body starts with ``n``) has a first id, a
+    shard, a group and a filter level; in each channel (``ChannelModel``) a status, its latest
+    receipt and how many times it was received."""
 
     SHARDS = 1
+    BODY = 180
+    """Bytes a message: a topic segment (``SEGMENT_SIZE``) holds about 20."""
+    CHANNELS: tuple[str, ...] = (DEFAULT_CHANNEL,)
+    """The topic's channels (each gets every message): ``default`` is the queue's, which sends go
+    through; the others are opened with ``Topic.channel``."""
+    LATE_CHANNELS = 0
+    """How many more channels may be made during a run (``open_channel``; on files)."""
     OFFSET_IDS = True
     """Whether message ids are offsets (a shard's: ``SHARD.OFFSET``), as on files."""
     GROUPS: tuple[str, ...] = ()
@@ -129,27 +142,23 @@ class SharedQueue(RuleBasedStateMachine):
         if self.RETENTION is not None:
             more |= {"retention_seconds": self.RETENTION}
         self.brokers[0].queue(
-            "q", segment_size=4096, task_gc_interval=0.001, shards=self.SHARDS, **self.settings, **more
+            "q", segment_size=SEGMENT_SIZE, task_gc_interval=0.001, shards=self.SHARDS, **self.settings, **more
         )
-        self.moved: list[int] = []  # the messages in the dead-letter queue, in the order moved
-        self.dead = 0  # moves to the dead-letter queue so far (a message redriven may move again)
-        self.id: list[str | None] = []  # the message's id (None: redriven, learned when received)
-        self.first_id: list[str] = []  # its id when first sent (a duplicate's answer)
-        self.position: list[int] = []  # where the message is in the queue: its order
+        self.channels = [ChannelModel(self, name) for name in self.CHANNELS]
+        for ch in self.channels[1:]:  # (made before the first send: each gets every message)
+            self.channel(0, ch)
+        self.moved: list[tuple[ChannelModel, int]] = []  # the dead letters (channel, message), in the order moved
+        self.first_id: list[str] = []  # the message's id when first sent (a duplicate's answer)
+        self.first_position: list[int] = []  # and so its place in the queue (a redrive moves it in one channel)
+        self.first_visible_at: list[int] = []  # when its delay ended
+        self.first_sent_at: list[int] = []
         self.positions = itertools.count()
         self.shard: list[int] = []
         self.group: list[str | None] = []
         self.level: list[str | None] = []  # the message's filter ``level``
-        self.status: list[str] = []
-        self.receipt: list[str | None] = []
-        self.count: list[int] = []
-        self.visible_at: list[int] = []
-        self.sent_at: list[int] = []
-        """When the message may go out (its delay ended), or while in flight, comes back (ns)."""
         self.next_offset = [0] * self.SHARDS
         self.dedup: dict[str, tuple[int, int]] = {}  # deduplication id -> (message sent with it, when)
         self.lapsed: set[str] = set()  # ids whose window ended once (``lapse``)
-        self.stale: list[tuple[int, str]] = []  # (message, a receipt of an earlier delivery)
 
     def teardown(self) -> None:
         try:
@@ -169,29 +178,30 @@ class SharedQueue(RuleBasedStateMachine):
     def queue(self, process: int) -> Any:  # a Queue or a ShardedQueue
         return self.brokers[process].queue("q", create=False)
 
-    def with_status(self, status: str) -> list[int]:
-        return [n for n, s in enumerate(self.status) if s == status]
+    def channel(self, process: int, ch: ChannelModel) -> Any:  # a Channel or a ShardedChannel (a Queue for the first)
+        """Process ``process``'s object of the channel ``ch`` models."""
+        if ch is self.channels[0]:
+            return self.queue(process)
+        return self.brokers[process].topic("q", create=False).channel(ch.name)
+
+    def draw_channel(self, data: st.DataObject, which: Callable[[ChannelModel], bool] = bool) -> ChannelModel:
+        """A channel, of those ``which`` says."""
+        return data.draw(st.sampled_from([ch for ch in self.channels if which(ch)]))
+
+    def with_receipts(self) -> bool:
+        return any(ch.with_receipt() for ch in self.channels)
+
+    def segments_sent(self) -> int:
+        """About how many topic segments the messages sent fill."""
+        return len(self.group) * self.BODY // SEGMENT_SIZE
+
+    def body(self, n: int) -> bytes:
+        """Message ``n``'s body: its number first, ``BODY`` bytes in all (text: SQS bodies are)."""
+        return b"%06d" % n + b"-" * (self.BODY - 6)
 
     def hide(self, seconds: float | None = None) -> float:
         """The visibility timeout of a receive asked for ``seconds`` (None: the queue's)."""
         return self.settings["visibility_timeout"] if seconds is None else seconds
-
-    def with_receipt(self) -> list[int]:
-        """The messages whose latest receipt still works: in flight, or back (by a change of
-        visibility or its end) and not delivered again since."""
-        return [n for n, r in enumerate(self.receipt) if r is not None and not self.retired(n)]
-
-    def retired(self, n: int) -> bool:
-        """Whether message ``n`` is past retention."""
-        return self.RETENTION is not None and self.sent_at[n] < self.now - int(self.RETENTION * 1e9)
-
-    def delayed(self, n: int) -> bool:
-        return self.status[n] == AVAILABLE and self.visible_at[n] > self.now
-
-    def waiting(self, n: int) -> bool:
-        """Whether message ``n`` may be received now (by a consumer its filters match, its group
-        free): available, neither delayed nor past retention."""
-        return self.status[n] == AVAILABLE and not self.delayed(n) and not self.retired(n)
 
     def duplicate_of(self, dedup: str | None) -> int | None:
         """The message a send with deduplication id ``dedup`` is a duplicate of, if any: the
@@ -211,67 +221,6 @@ class SharedQueue(RuleBasedStateMachine):
         window = int(self.settings["dedup_window"] * 1e9)
         self.lapsed |= {dedup for dedup, (_, sent) in self.dedup.items() if self.now - sent > window}
 
-    def expected(self, wanted: int, wants: Want = None) -> tuple[list[int], list[int]]:
-        """What a receive of ``wanted`` with the consumer filters ``wants`` may give, oldest
-        first: the available messages its filters match whose delay is over, but for one whose
-        group has a message in flight, or one taken, not matched or delayed before it; and what
-        it moves to the dead-letter queue: each one received ``max_receive_count`` times already
-        that it comes to before it has ``wanted``."""
-        blocked = {self.group[n] for n in self.with_status(IN_FLIGHT)}
-        taken: list[int] = []
-        moved: list[int] = []
-        for n in sorted(self.with_status(AVAILABLE), key=self.position.__getitem__):
-            if len(taken) == wanted:
-                break
-            if self.retired(n):
-                continue  # finished unseen
-            group = self.group[n]
-            if not _matches(self.level[n], wants) or self.visible_at[n] > self.now:
-                blocked.add(group)  # nothing after it in its group goes to this consumer first
-                continue
-            if group is None or group not in blocked:
-                if self.MAX_RECEIVES is not None and self.count[n] >= self.settings["max_receive_count"]:
-                    moved.append(n)
-                    continue
-                taken.append(n)
-                blocked.add(group)
-        return taken, moved
-
-    def received(self, got: list, wanted: int, wants: Want = None, hide: float | None = None) -> None:
-        """Check a receive's messages against the model, then note them as delivered (for
-        ``hide`` seconds, None: the queue's visibility timeout). One queue:
-        exactly ``expected``. Sharded (no groups, no filters): as many as are available up to
-        ``wanted``, each shard's the oldest available of that shard, in order."""
-        numbers = [int(m.body[:6]) for m in got]
-        assert [m.id for m in got] == [m.id if self.id[n] is None else self.id[n] for m, n in zip(got, numbers)]
-        taken, moved = self.expected(wanted, wants)
-        if self.SHARDS == 1:
-            assert numbers == taken, "not the oldest available, in order"
-        else:
-            assert len(numbers) == len(taken), "fewer than asked for, with more available"
-            for shard in set(self.shard[n] for n in numbers):
-                taken = [n for n in numbers if self.shard[n] == shard]
-                available = [n for n in range(len(self.status)) if self.shard[n] == shard and self.waiting(n)]
-                assert taken == available[: len(taken)], f"shard {shard}: not its oldest available, in order"
-        for m, n in zip(got, numbers):
-            assert m.body == _body(n) and m.group_id == self.group[n]
-            assert m.filters == ({} if self.level[n] is None else {"level": self.level[n]})
-            self.count[n] += 1
-            assert m.receive_count == self.count[n]
-            if self.receipt[n] is not None:
-                self.stale.append((n, self.receipt[n]))
-            self.status[n], self.receipt[n], self.id[n] = IN_FLIGHT, m.receipt, m.id
-            self.visible_at[n] = self.now + int(self.hide(hide) * 1e9)
-        for n in moved:
-            self.finished(n, MOVED)
-        self.moved += moved
-        self.dead += len(moved)
-
-    def finished(self, n: int, how: str = DELETED) -> None:
-        if self.receipt[n] is not None:
-            self.stale.append((n, self.receipt[n]))
-        self.status[n], self.receipt[n] = how, None
-
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
     def send(self, process: int, data: st.DataObject) -> None:
         """A batch; a message whose deduplication id was sent before (or earlier in the batch)
@@ -288,28 +237,28 @@ class SharedQueue(RuleBasedStateMachine):
             min_size=1, max_size=12,
         ))
         items: list[bytes | dict[str, Any]] = []
-        kept: list[bool] = []  # for each item: stored (as message ``number[i]``), or a duplicate
-        number: list[int] = []
-        first = n = len(self.status)
+        number: list[int | None] = []  # for each item: the message it stores, or None: a duplicate of ``kept[i]``
+        kept: list[int] = []
+        visible_at: list[int] = []  # for each message stored: when its delay ends
+        first = n = len(self.group)
         for group, dedup, level, delay in drawn:
             original = self.duplicate_of(dedup)
             if dedup in self.lapsed and original is not None:
                 dedup = original = None  # (see ``lapse``)
-            duplicate = original is not None
-            if not duplicate:
-                number.append(n)
+            if original is None:
                 if dedup is not None:
                     self.dedup[dedup] = (n, self.now)
                     self.lapsed.discard(dedup)
                 self.group.append(group)
                 self.level.append(level)
-                self.visible_at.append(self.now + int((self.settings["delay"] if delay is None else delay) * 1e9))
-                self.sent_at.append(self.now)
+                visible_at.append(self.now + int((self.settings["delay"] if delay is None else delay) * 1e9))
+                number.append(n)
+                kept.append(n)
                 n += 1
             else:
-                number.append(original)
-            kept.append(not duplicate)
-            body = b"duplicate" if duplicate else _body(number[-1])
+                number.append(None)
+                kept.append(original)
+            body = b"duplicate" if original is not None else self.body(n - 1)
             item: dict[str, Any] = {"body": body, "group_id": group, "dedup_id": dedup}
             if level is not None:
                 item["filters"] = {"level": level}
@@ -317,8 +266,8 @@ class SharedQueue(RuleBasedStateMachine):
                 item["delay"] = delay
             items.append(body if group is None and dedup is None and level is None and delay is None else item)
         ids = self.queue(process).send_many(items)
-        for message_id, stored, k in zip(ids, kept, number):
-            if not stored:
+        for message_id, stored, k in zip(ids, number, kept):
+            if stored is None:
                 assert message_id == self.first_id[k], f"a duplicate of message {k} was answered {message_id}"
                 continue
             index = 0
@@ -328,42 +277,45 @@ class SharedQueue(RuleBasedStateMachine):
                 assert int(offset) == self.next_offset[index], (message_id, self.next_offset)
                 self.next_offset[index] += 1
             self.shard.append(index)
-            self.id.append(message_id)
             self.first_id.append(message_id)
-            self.position.append(next(self.positions))
-        count = n - first
-        self.status += [AVAILABLE] * count
-        self.receipt += [None] * count
-        self.count += [0] * count
+            self.first_position.append(next(self.positions))
+            self.first_visible_at.append(visible_at[stored - first])
+            self.first_sent_at.append(self.now)
+            for ch in self.channels:
+                ch.add(stored)
 
     @rule(
         process=st.integers(0, PROCESSES - 1), wanted=st.integers(1, 5), choice=st.integers(0, len(WANTS) - 1),
-        hide=st.sampled_from((None, 1, 3, 30)),
+        hide=st.sampled_from((None, 1, 3, 30)), data=st.data(),
     )
-    def receive(self, process: int, wanted: int, choice: int, hide: float | None) -> None:
+    def receive(self, process: int, wanted: int, choice: int, hide: float | None, data: st.DataObject) -> None:
+        ch = self.draw_channel(data)
         wants = WANTS[choice] if self.FILTERED else None
         hide = hide if self.CLOCK else None
-        got = self.queue(process).receive(wanted, filters=wants, **_visibility(hide))
-        self.received(got, wanted, wants, hide)
+        got = self.channel(process, ch).receive(wanted, filters=wants, **_visibility(hide))
+        ch.received(got, wanted, wants, hide)
 
-    @precondition(lambda self: bool(self.with_receipt()))
+    @precondition(lambda self: self.with_receipts())
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
     def delete(self, process: int, data: st.DataObject) -> None:
-        chosen = data.draw(st.lists(st.sampled_from(self.with_receipt()), min_size=1, max_size=4, unique=True))
-        assert self.queue(process).delete_many([self.receipt[n] for n in chosen]) == [None] * len(chosen)
+        ch = self.draw_channel(data, ChannelModel.with_receipt)
+        chosen = data.draw(st.lists(st.sampled_from(ch.with_receipt()), min_size=1, max_size=4, unique=True))
+        channel = self.channel(process, ch)
+        assert channel.delete_many([ch.receipt[n] for n in chosen]) == [None] * len(chosen)
         for n in chosen:
-            self.finished(n)
+            ch.finished(n)
 
-    @precondition(lambda self: bool(self.with_receipt()))
+    @precondition(lambda self: self.with_receipts())
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data(), seconds=st.sampled_from((0, 0, 2, 20)))
     def change_visibility(self, process: int, data: st.DataObject, seconds: float) -> None:
         """Released (0 seconds), or hidden again from now, back in flight: its receipt holds
         until it is delivered again."""
-        n = data.draw(st.sampled_from(self.with_receipt()))
+        ch = self.draw_channel(data, ChannelModel.with_receipt)
+        n = data.draw(st.sampled_from(ch.with_receipt()))
         seconds = seconds if self.CLOCK else 0
-        self.queue(process).change_visibility(self.receipt[n], seconds)
-        self.status[n] = IN_FLIGHT if seconds else AVAILABLE
-        self.visible_at[n] = self.now + int(seconds * 1e9)
+        self.channel(process, ch).change_visibility(ch.receipt[n], seconds)
+        ch.status[n] = IN_FLIGHT if seconds else AVAILABLE
+        ch.visible_at[n] = self.now + int(seconds * 1e9)
 
     @precondition(lambda self: self.CLOCK)
     @rule(seconds=st.sampled_from((0.5, 1, 2, 5, 10, 25)))
@@ -374,9 +326,10 @@ class SharedQueue(RuleBasedStateMachine):
 
     def advance(self, seconds: float) -> None:
         self.now += int(seconds * 1e9)
-        for n in self.with_status(IN_FLIGHT):
-            if self.visible_at[n] <= self.now:
-                self.status[n] = AVAILABLE
+        for ch in self.channels:
+            for n in ch.with_status(IN_FLIGHT):
+                if ch.visible_at[n] <= self.now:
+                    ch.status[n] = AVAILABLE
         self.lapse()
 
     @precondition(lambda self: self.CLOCK)
@@ -406,93 +359,118 @@ class SharedQueue(RuleBasedStateMachine):
     )
     def consumer_loop(self, process: int, wanted: int, choice: int, hide: float | None, data: st.DataObject) -> None:
         """``receive(delete=...)``: the deletes first, then the receive, in one step."""
+        ch = self.draw_channel(data)
         wants = WANTS[choice] if self.FILTERED else None
         hide = hide if self.CLOCK else None
-        live = self.with_receipt()
+        live = ch.with_receipt()
         chosen = data.draw(st.lists(st.sampled_from(live), max_size=4, unique=True)) if live else []
-        receipts = [self.receipt[n] for n in chosen]
-        got = self.queue(process).receive(wanted, delete=receipts, filters=wants, **_visibility(hide))
+        receipts = [ch.receipt[n] for n in chosen]
+        got = self.channel(process, ch).receive(wanted, delete=receipts, filters=wants, **_visibility(hide))
         for n in chosen:
-            self.finished(n)
-        self.received(got, wanted, wants, hide)
+            ch.finished(n)
+        ch.received(got, wanted, wants, hide)
 
-    @rule(process=st.integers(0, PROCESSES - 1), everything=st.booleans())
-    def drain(self, process: int, everything: bool) -> None:
+    @rule(process=st.integers(0, PROCESSES - 1), everything=st.booleans(), data=st.data())
+    def drain(self, process: int, everything: bool, data: st.DataObject) -> None:
         """A consumer that catches up: receives and deletes all that is available (with
         ``everything``, what is in flight too, released first), so that the cursor passes whole
-        segments, which the collections then delete."""
-        queue = self.queue(process)
+        segments, which the collections then delete (once every channel's has)."""
+        ch = self.draw_channel(data)
+        channel = self.channel(process, ch)
         if everything:
-            for n in self.with_status(IN_FLIGHT):
-                if self.retired(n):
+            for n in ch.with_status(IN_FLIGHT):
+                if ch.retired(n):
                     continue
-                queue.change_visibility(self.receipt[n], 0)
-                self.status[n], self.visible_at[n] = AVAILABLE, self.now
+                channel.change_visibility(ch.receipt[n], 0)
+                ch.status[n], ch.visible_at[n] = AVAILABLE, self.now
         while True:
-            got = queue.receive(10)
-            self.received(got, 10)
+            got = channel.receive(10)
+            ch.received(got, 10)
             if not got:
                 break
-            assert queue.delete_many([m.receipt for m in got]) == [None] * len(got)
+            assert channel.delete_many([m.receipt for m in got]) == [None] * len(got)
             for m in got:
-                self.finished(int(m.body[:6]))
-        assert self.expected(10) == ([], [])
+                ch.finished(int(m.body[:6]))
+        assert ch.expected(10) == ([], [])
 
-    @precondition(lambda self: bool(self.stale))
+    @precondition(lambda self: any(ch.stale for ch in self.channels))
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
     def stale_receipt(self, process: int, data: st.DataObject) -> None:
         """A receipt of an earlier delivery changes nothing: refused in a delete (SQS: answered as
         a success, as SQS does), and a consumer loop that carries it receives nothing (its other
         deletes are not made either)."""
-        n, receipt = data.draw(st.sampled_from(self.stale))
-        queue = self.queue(process)
-        (outcome,) = queue.delete_many([receipt])
+        ch = self.draw_channel(data, lambda ch: bool(ch.stale))
+        n, receipt = data.draw(st.sampled_from(ch.stale))
+        channel = self.channel(process, ch)
+        (outcome,) = channel.delete_many([receipt])
         if not self.STALE_REFUSED:
             assert outcome is None, outcome
             return  # (the counts, checked next, show that nothing changed)
         assert isinstance(outcome, StaleReceiptError), outcome
         try:
-            queue.receive(1, delete=[receipt])
+            channel.receive(1, delete=[receipt])
         except ReceiptError as exc:
             assert "nothing received" in str(exc)
         else:
             raise AssertionError(f"a consumer loop with the stale receipt of message {n} went on")
 
-    @precondition(lambda self: self.TASKS and bool(self.status))
+    @precondition(lambda self: self.TASKS and bool(self.group))
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
     def task(self, process: int, data: st.DataObject) -> None:
         """zkmq's view of a message: its state, and while it is not finished, how many times it
         was received (a finished one's count is not kept)."""
-        n = data.draw(st.integers(0, len(self.status) - 1))
-        if self.retired(n) or self.id[n] is None:
+        ch = self.draw_channel(data)
+        n = data.draw(st.integers(0, len(self.group) - 1))
+        if ch.retired(n) or ch.id[n] is None or ch.status[n] == GONE:
             return  # finished or not, collected or not, as the steps since came; or its id unknown
-        task = self.queue(process).task(self.id[n])
-        assert task.state == TASK_STATES[self.status[n]], (n, self.status[n], task)
-        if self.status[n] in (AVAILABLE, IN_FLIGHT):
-            assert task.receive_count == self.count[n], (n, task)
+        task = self.channel(process, ch).task(ch.id[n])
+        assert task.state == TASK_STATES[ch.status[n]], (n, ch.status[n], task)
+        if ch.status[n] in (AVAILABLE, IN_FLIGHT):
+            assert task.receive_count == ch.count[n], (n, task)
 
-    @precondition(lambda self: self.TASKS and bool(self.status))
+    @precondition(lambda self: self.TASKS and bool(self.group))
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
     def delete_ids(self, process: int, data: st.DataObject) -> None:
         """mq's delete by id: a message waiting, delayed or in flight is finished (its receipts
         stale), one finished already (or moved) is not found, and so is an id given twice."""
-        chosen = data.draw(st.lists(st.integers(0, len(self.status) - 1), min_size=1, max_size=3))
-        chosen = [n for n in chosen if not self.retired(n) and self.id[n] is not None]
-        outcomes = self.queue(process).delete_ids([self.id[n] for n in chosen])
+        ch = self.draw_channel(data)
+        chosen = data.draw(st.lists(st.integers(0, len(self.group) - 1), min_size=1, max_size=3))
+        chosen = [n for n in chosen if not ch.retired(n) and ch.id[n] is not None]
+        outcomes = self.channel(process, ch).delete_ids([ch.id[n] for n in chosen])
         for n, outcome in zip(chosen, outcomes):
-            if self.status[n] in (AVAILABLE, IN_FLIGHT):
-                assert outcome is None, (n, self.status[n], outcome)
-                self.finished(n)
+            if ch.status[n] in (AVAILABLE, IN_FLIGHT):
+                assert outcome is None, (n, ch.status[n], outcome)
+                ch.finished(n)
             else:
-                assert isinstance(outcome, TaskNotFoundError), (n, self.status[n], outcome)
+                assert isinstance(outcome, TaskNotFoundError), (n, ch.status[n], outcome)
 
     @precondition(lambda self: self.PURGES)
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def purge(self, process: int, data: st.DataObject) -> None:
+        """Every message sent so far is finished in the channel, those in flight too (their
+        receipts stale)."""
+        ch = self.draw_channel(data)
+        self.channel(process, ch).purge()
+        for n in ch.with_status(AVAILABLE) + ch.with_status(IN_FLIGHT):
+            ch.finished(n)
+
+    @precondition(lambda self: len(self.channels) < len(self.CHANNELS) + self.LATE_CHANNELS)
+    @precondition(lambda self: self.segments_sent() > 2)  # (so that one may have been collected)
     @rule(process=st.integers(0, PROCESSES - 1))
-    def purge(self, process: int) -> None:
-        """Every message sent so far is finished, those in flight too (their receipts stale)."""
-        self.queue(process).purge()
-        for n in self.with_status(AVAILABLE) + self.with_status(IN_FLIGHT):
-            self.finished(n)
+    def open_channel(self, process: int) -> None:
+        """A channel made now gets every message still stored: from the topic's first segment on
+        (those before were collected once every channel then was done with them), but for the
+        dead letters redriven to another channel."""
+        name = f"late{len(self.channels)}"
+        topic = self.brokers[process].topic("q", create=False)
+        first = [shard.first_offset() for shard in getattr(topic, "shards", [topic])]  # (each shard's)
+        topic.channel(name)
+        ch = ChannelModel(self, name)
+        for n in range(len(self.group)):
+            ch.add(n)
+            if int(self.first_id[n].rpartition(".")[2]) < first[self.shard[n]]:
+                ch.status[n] = GONE
+        self.channels.append(ch)
 
     @rule(process=st.integers(0, PROCESSES - 1))
     def restart(self, process: int) -> None:
@@ -505,8 +483,9 @@ class SharedQueue(RuleBasedStateMachine):
 
     @rule(process=st.integers(0, PROCESSES - 1))
     def drain_dead_letters(self, process: int) -> None:
-        """The dead-letter queue holds the messages moved, in the order moved, once each, with
-        their groups. (Received one at a time: a receive of more takes one message a group.)"""
+        """The dead-letter queue holds the messages moved, in the order moved, once each (for
+        each channel that moved it), with their groups. (Received one at a time: a receive of
+        more takes one message a group.)"""
         if self.MAX_RECEIVES is None:
             return
         letters = self.brokers[process].queue("dlq", create=False)
@@ -514,63 +493,189 @@ class SharedQueue(RuleBasedStateMachine):
         while got := letters.receive(1):
             (m,) = got
             n = int(m.body[:6])
-            assert m.body == _body(n) and m.group_id == self.group[n]
+            assert m.body == self.body(n) and m.group_id == self.group[n]
             found.append(n)
             letters.delete(m.receipt)
-        assert found == self.moved, f"the dead-letter queue holds {found}, not {self.moved}, the messages moved"
+        moved = [n for _, n in self.moved]
+        assert found == moved, f"the dead-letter queue holds {found}, not {moved}, the messages moved"
         self.moved.clear()
 
-    def redrive_order(self) -> list[int]:
+    def redrive_order(self) -> list[tuple[ChannelModel, int]]:
         """The order in which a redrive sends the dead letters back: as the dead-letter queue's
         receives give them (of 100 at most), each of which takes one message of a group."""
         left, order = list(self.moved), []
         while left:
-            batch: list[int] = []
+            batch: list[tuple[ChannelModel, int]] = []
             groups: set[str] = set()
-            for n in left:
-                group = self.group[n]
+            for letter in left:
+                group = self.group[letter[1]]
                 if len(batch) < 100 and group not in groups:
-                    batch.append(n)
+                    batch.append(letter)
                     if group is not None:
                         groups.add(group)
             order += batch
-            left = [n for n in left if n not in batch]
+            left = [letter for letter in left if letter not in batch]
         return order
 
     @precondition(lambda self: self.MAX_RECEIVES is not None and self.SHARDS == 1 and bool(self.moved))
     @rule(process=st.integers(0, PROCESSES - 1))
     def redrive(self, process: int) -> None:
-        """The dead letters back to the queue, in the order moved, as new messages at its end:
-        received again (their receive counts start again), delayed as the queue delays new ones,
-        moved again after ``max_receive_count`` more receives; a duplicate of one is still
-        answered with the id it was first sent with."""
+        """The dead letters back to the channel each came from (the topic's other channels had
+        them), in the order moved, as new messages at its end: received again (their receive
+        counts start again), delayed as the queue delays new ones, moved again after
+        ``max_receive_count`` more receives; a duplicate of one is still answered with the id it
+        was first sent with."""
         assert self.brokers[process].queue("dlq", create=False).redrive() == len(self.moved)
-        for n in self.redrive_order():
-            self.position[n] = next(self.positions)
-            self.id[n] = None  # (on files, its offset: the next one)
+        for ch, n in self.redrive_order():
+            message_id = None  # (on files, its offset: the next one)
             if self.OFFSET_IDS:
-                self.id[n] = str(self.next_offset[0])
+                message_id = str(self.next_offset[0])
                 self.next_offset[0] += 1
-            self.status[n], self.count[n] = AVAILABLE, 0
-            self.visible_at[n] = self.now + int(self.settings["delay"] * 1e9)
-            self.sent_at[n] = self.now
+            ch.redriven(n, message_id)
         self.moved.clear()
 
     @invariant()
     def counts(self) -> None:
-        stats = self.queue(0).stats()
-        every = range(len(self.status))
-        available = sum(map(self.waiting, every))
-        in_flight = self.with_status(IN_FLIGHT)
-        retired = sum(map(self.retired, in_flight))  # counted while their segment is there
-        assert stats.available == available
-        assert len(in_flight) - retired <= stats.in_flight <= len(in_flight), (stats, len(in_flight), retired)
-        delayed = sum(map(self.delayed, every))
-        if self.CLOCK:
-            assert stats.delayed == delayed
+        for ch in self.channels:
+            stats = self.channel(0, ch).stats()
+            every = range(len(ch.status))
+            available = sum(map(ch.waiting, every))
+            in_flight = ch.with_status(IN_FLIGHT)
+            retired = sum(map(ch.retired, in_flight))  # counted while their segment is there
+            assert stats.available == available, (ch.name, stats, available)
+            assert len(in_flight) - retired <= stats.in_flight <= len(in_flight), (ch.name, stats, retired)
+            if self.CLOCK:
+                assert stats.delayed == sum(map(ch.delayed, every)), (ch.name, stats)
+            if self.MAX_RECEIVES is not None:
+                assert stats.dead == ch.dead, (ch.name, stats, ch.dead)
         if self.MAX_RECEIVES is not None:
-            assert stats.dead == self.dead
             assert self.brokers[0].queue("dlq", create=False).stats().available == len(self.moved)
+
+
+class ChannelModel:
+    """One channel's view of the topic's messages: every channel gets every message sent (``n``,
+    the topic's ``n``-th), each with its own status, latest receipt, receive count and time to
+    come back; its own id and place in the queue too, once a redrive sent it back from the
+    dead-letter queue (to that channel alone)."""
+
+    def __init__(self, model: SharedQueue, name: str) -> None:
+        self.model = model
+        self.name = name
+        self.id: list[str | None] = []  # the message's id (None: redriven, learned when received)
+        self.position: list[int] = []  # where the message is in the queue: its order
+        self.status: list[str] = []
+        self.receipt: list[str | None] = []
+        self.count: list[int] = []
+        self.visible_at: list[int] = []
+        """When the message may go out (its delay ended), or while in flight, comes back (ns)."""
+        self.sent_at: list[int] = []  # when it was sent (or redriven): retention counts from then
+        self.dead = 0  # moves to the dead-letter queue so far (a message redriven may move again)
+        self.stale: list[tuple[int, str]] = []  # (message, a receipt of an earlier delivery)
+
+    def add(self, n: int) -> None:
+        """Message ``n``, as it was sent."""
+        model = self.model
+        self.id.append(model.first_id[n])
+        self.position.append(model.first_position[n])
+        self.status.append(AVAILABLE)
+        self.receipt.append(None)
+        self.count.append(0)
+        self.visible_at.append(model.first_visible_at[n])
+        self.sent_at.append(model.first_sent_at[n])
+
+    def with_status(self, status: str) -> list[int]:
+        return [n for n, s in enumerate(self.status) if s == status]
+
+    def with_receipt(self) -> list[int]:
+        """The messages whose latest receipt still works: in flight, or back (by a change of
+        visibility or its end) and not delivered again since."""
+        return [n for n, r in enumerate(self.receipt) if r is not None and not self.retired(n)]
+
+    def retired(self, n: int) -> bool:
+        """Whether message ``n`` is past retention."""
+        model = self.model
+        return model.RETENTION is not None and self.sent_at[n] < model.now - int(model.RETENTION * 1e9)
+
+    def delayed(self, n: int) -> bool:
+        return self.status[n] == AVAILABLE and self.visible_at[n] > self.model.now
+
+    def waiting(self, n: int) -> bool:
+        """Whether message ``n`` may be received now (by a consumer its filters match, its group
+        free): available, neither delayed nor past retention."""
+        return self.status[n] == AVAILABLE and not self.delayed(n) and not self.retired(n)
+
+    def expected(self, wanted: int, wants: Want = None) -> tuple[list[int], list[int]]:
+        """What a receive of ``wanted`` with the consumer filters ``wants`` may give, oldest
+        first: the available messages its filters match whose delay is over, but for one whose
+        group has a message in flight, or one taken, not matched or delayed before it; and what
+        it moves to the dead-letter queue: each one received ``max_receive_count`` times already
+        that it comes to before it has ``wanted``."""
+        model = self.model
+        blocked = {model.group[n] for n in self.with_status(IN_FLIGHT)}
+        taken: list[int] = []
+        moved: list[int] = []
+        for n in sorted(self.with_status(AVAILABLE), key=self.position.__getitem__):
+            if len(taken) == wanted:
+                break
+            if self.retired(n):
+                continue  # finished unseen
+            group = model.group[n]
+            if not _matches(model.level[n], wants) or self.visible_at[n] > model.now:
+                blocked.add(group)  # nothing after it in its group goes to this consumer first
+                continue
+            if group is None or group not in blocked:
+                if model.MAX_RECEIVES is not None and self.count[n] >= model.settings["max_receive_count"]:
+                    moved.append(n)
+                    continue
+                taken.append(n)
+                blocked.add(group)
+        return taken, moved
+
+    def received(self, got: list, wanted: int, wants: Want = None, hide: float | None = None) -> None:
+        """Check a receive's messages against the model, then note them as delivered (for
+        ``hide`` seconds, None: the queue's visibility timeout). One queue:
+        exactly ``expected``. Sharded (no groups, no filters): as many as are available up to
+        ``wanted``, each shard's the oldest available of that shard, in order."""
+        model = self.model
+        numbers = [int(m.body[:6]) for m in got]
+        assert [m.id for m in got] == [m.id if self.id[n] is None else self.id[n] for m, n in zip(got, numbers)]
+        taken, moved = self.expected(wanted, wants)
+        if model.SHARDS == 1:
+            assert numbers == taken, "not the oldest available, in order"
+        else:
+            assert len(numbers) == len(taken), "fewer than asked for, with more available"
+            for shard in set(model.shard[n] for n in numbers):
+                taken = [n for n in numbers if model.shard[n] == shard]
+                available = [n for n in range(len(self.status)) if model.shard[n] == shard and self.waiting(n)]
+                assert taken == available[: len(taken)], f"shard {shard}: not its oldest available, in order"
+        for m, n in zip(got, numbers):
+            assert m.body == model.body(n) and m.group_id == model.group[n]
+            assert m.filters == ({} if model.level[n] is None else {"level": model.level[n]})
+            self.count[n] += 1
+            assert m.receive_count == self.count[n]
+            if self.receipt[n] is not None:
+                self.stale.append((n, self.receipt[n]))
+            self.status[n], self.receipt[n], self.id[n] = IN_FLIGHT, m.receipt, m.id
+            self.visible_at[n] = model.now + int(model.hide(hide) * 1e9)
+        for n in moved:
+            self.finished(n, MOVED)
+        model.moved += [(self, n) for n in moved]
+        self.dead += len(moved)
+
+    def finished(self, n: int, how: str = DELETED) -> None:
+        if self.receipt[n] is not None:
+            self.stale.append((n, self.receipt[n]))
+        self.status[n], self.receipt[n] = how, None
+
+    def redriven(self, n: int, message_id: str | None) -> None:
+        """Message ``n`` sent back to this channel's end by a redrive, as ``message_id`` (None:
+        learned when received)."""
+        model = self.model
+        self.position[n] = next(model.positions)
+        self.id[n] = message_id
+        self.status[n], self.count[n] = AVAILABLE, 0
+        self.visible_at[n] = model.now + int(model.settings["delay"] * 1e9)
+        self.sent_at[n] = model.now
 
 
 def _matches(level: str | None, wants: Want) -> bool:
@@ -587,8 +692,6 @@ def _visibility(hide: float | None) -> dict[str, float]:
     return {} if hide is None else {"visibility_timeout": hide}
 
 
-def _body(n: int) -> bytes:
-    return b"%06d" % n + b"-" * (BODY - 6)  # (text: SQS bodies are)
 
 
 SETTINGS = settings(
@@ -672,6 +775,47 @@ class SharedQueueWithRetention(SharedQueueWithClock):
 
 SharedQueueWithRetention.TestCase.settings = SETTINGS
 TestSharedQueueWithRetention = SharedQueueWithRetention.TestCase
+
+
+class SharedTopicWithChannels(SharedQueueWithClock):
+    """The same on a topic with three channels, each getting every message (its segments deleted
+    once every channel is done with them), each with its own dead letters, redriven to it alone."""
+
+    CHANNELS = (DEFAULT_CHANNEL, "audit", "replay")
+    LATE_CHANNELS = 1
+    BODY = 900  # (a segment of 4 or 5: one all three channels finished with is met more often)
+    DEDUP_IDS = ()  # (which keep their segments for the window: the other machines have them)
+
+
+SharedTopicWithChannels.TestCase.settings = SETTINGS
+TestSharedTopicWithChannels = SharedTopicWithChannels.TestCase
+
+
+class SharedTopicWithChannelsAndPurges(SharedQueueWithGroups):
+    """Two channels, with purges (of one channel: the other keeps its messages), no clock, and no
+    deduplication ids (which would keep their segments for the window, five minutes here)."""
+
+    CHANNELS = (DEFAULT_CHANNEL, "audit")
+    LATE_CHANNELS = 2
+    DEDUP_IDS = ()
+    BODY = 900
+
+
+SharedTopicWithChannelsAndPurges.TestCase.settings = SETTINGS
+TestSharedTopicWithChannelsAndPurges = SharedTopicWithChannelsAndPurges.TestCase
+
+
+class SharedShardedTopicWithChannels(SharedShardedQueueWithClock):
+    """Two channels on four shards (and one made during the run), with the model's clock and
+    retention."""
+
+    CHANNELS = (DEFAULT_CHANNEL, "audit")
+    LATE_CHANNELS = 1
+    BODY = 900
+
+
+SharedShardedTopicWithChannels.TestCase.settings = SETTINGS
+TestSharedShardedTopicWithChannels = SharedShardedTopicWithChannels.TestCase
 
 
 _zookeeper: list[Any] = []  # the session's server, for the ZooKeeper store's machine (below)
