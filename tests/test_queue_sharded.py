@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from journalq.errors import (
+    BusyError,
     CorruptionError,
     InvalidMessageError,
     InvalidNameError,
@@ -34,6 +35,7 @@ from journalq.errors import (
     TaskNotFoundError,
 )
 from journalq.journal.lock import FileLock
+from journalq.journal.writer import DeferredSyncs
 from journalq.journal import Scanner
 from journalq.queue import Broker, Queue, QueueSettings, settings as settings_file, sharded
 from journalq.queue.envelope import decode
@@ -275,6 +277,44 @@ def test_a_consumer_opens_no_shard_channel_but_its_home_s(tmp_path: Path, monkey
         assert b.home == 3 and [c is not None for c in b._shard_channels] == [False, False, False, True]
         assert got and got[0].id.startswith("3.")
         assert {c.consumer_id for c in b._shard_channels if c is not None} == {b.consumer_id}
+
+
+def test_an_event_loops_call_that_would_open_a_shards_channel_is_busy_with_nothing_done(tmp_path: Path) -> None:
+    """Opening a shard's channel replays its state journal (for hundreds of ms at a deep backlog):
+    in a ``DeferredSyncs(wait=False)`` block that did nothing yet (the server's event loop), a
+    receive or a delete that would open one raises ``BusyError``, having taken or deleted
+    nothing; the same call outside the block (the server's thread) opens it. Once a call did
+    something, it opens what it needs where it is (its change cannot be taken back)."""
+    with Broker(tmp_path, sync="always") as broker, Broker(tmp_path, sync="none") as other:
+        queue = broker.queue("jobs", shards=2)
+        ids = queue.send_many([b"%d" % i for i in range(4)])  # (two a shard: round robin)
+        with DeferredSyncs(wait=False):
+            with pytest.raises(BusyError, match="opening shard .'s channel could take long"):
+                queue.receive(10)
+        assert queue._shard_channels == [None, None]
+        assert other.queue("jobs").stats().available == 4
+        (first,) = queue.receive(1)  # outside: opens its home's
+        home = shard_of(first.id)
+        assert [c is not None for c in queue._shard_channels] == [i == home for i in range(2)]
+        with DeferredSyncs(wait=False) as syncs:
+            rest = queue.receive(10)  # its home's first: then it opens the other shard's
+        syncs.sync()
+        assert sorted(m.id for m in [first, *rest]) == sorted(ids)
+        # Receipts of a shard whose channel this process has not opened: another's.
+        theirs = other.queue("jobs", create=False)
+        theirs.change_visibility_many([(m.receipt, 0) for m in [first, *rest]])
+        got = theirs.receive(10)
+        fresh = Broker(tmp_path, sync="always")
+        try:
+            mine = fresh.queue("jobs", create=False)
+            with DeferredSyncs(wait=False):
+                with pytest.raises(BusyError, match="opening shard"):
+                    mine.delete_many([m.receipt for m in got])
+            assert other.queue("jobs").stats().in_flight == 4
+            assert mine.delete_many([m.receipt for m in got]) == [None] * 4
+        finally:
+            fresh.close()
+        assert other.queue("jobs").stats().in_flight == 0 and theirs.receive(10) == []
 
 
 def test_a_process_under_the_usual_open_files_limit_uses_every_shard(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from test_server_rest import _families
 import journalq.server.batching as batching_mod
 from journalq.errors import LockedError, StorageError, TaskNotFoundError
 from journalq.journal.sync import syncs_done
+from journalq.queue.sharded import ShardedChannel
 from journalq.server.app import create_app
 from journalq.server.batching import Batcher, SyncPlacement
 from journalq.server.config import ServerConfig
@@ -255,6 +257,39 @@ def test_a_rest_batch_stored_in_part_answers_the_stored_201_and_counts_them(
     assert all(a.status_code >= 500 for a in answers if a.status_code != 201), [a.status_code for a in answers]
     assert sorted(received) == sorted(a.request.content for a in stored)
     assert value(_families(metrics), "journalq_messages_in", "journalq_messages_in_total", queue="q") == len(stored)
+
+
+def test_a_fetch_opens_a_shards_channel_in_a_thread_not_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a shard's channel replays its state journal (hundreds of ms at a deep backlog):
+    the fetches that open one run in a thread, so that the event loop, which answers every other
+    request meanwhile, does not wait for it. (It was opened on the loop, inside the receive.)"""
+    opened_in: list[threading.Thread] = []
+    shard_channel = ShardedChannel._shard_channel
+
+    def noted(self: ShardedChannel, index: int) -> Any:
+        opened_in.append(threading.current_thread())
+        return shard_channel(self, index)
+
+    monkeypatch.setattr(ShardedChannel, "_shard_channel", noted)
+
+    async def scenario() -> list[bytes]:
+        app = create_app(ServerConfig(data=tmp_path))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+                assert (await client.put("/q", params={"shards": 2})).status_code == 201
+                for i in range(4):
+                    assert (await client.post("/q/messages", content=b"m%d" % i)).status_code == 201
+                received = []
+                while (got := await client.get("/q/messages")).status_code == 200:
+                    received.append(got.content)
+                    assert (await client.delete(f"/q/messages/{got.headers['X-Message-Id']}")).status_code == 204
+        return received
+
+    assert sorted(asyncio.run(scenario())) == [b"m0", b"m1", b"m2", b"m3"]
+    assert len(opened_in) == 2 and threading.main_thread() not in opened_in, opened_in
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["stored", "store failed"])

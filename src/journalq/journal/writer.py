@@ -940,6 +940,14 @@ class _Deferring(threading.local):
 _deferring = _Deferring()  # the ``DeferredSyncs`` block this thread is in, if any
 
 
+def refuse_to_wait(what: str, file: Path) -> None:
+    """In a ``DeferredSyncs(wait=False)`` block that took no hold yet, ``BusyError``: the caller
+    is about to do ``what`` (open a journal, replay a state), which may take long, and an event
+    loop must not stop for it (it runs the call again in a thread). Elsewhere, nothing."""
+    if _deferring.refusing:
+        raise BusyError(f"{what} could take long: not done on an event loop", file=file)
+
+
 class DeferredSyncs:
     """``with DeferredSyncs() as syncs:`` the durable appends of any writer under ``sync="always"``
     made in the block, by this thread, return once written, not synced; ``syncs.sync()`` (in any

@@ -81,7 +81,7 @@ from journalq.journal.segment import (
     segment_bases,
     segment_name,
 )
-from journalq.journal.writer import held
+from journalq.journal.writer import held, refuse_to_wait
 from journalq.journal.watch import DirectoryWatch
 from journalq.queue import filters as filtering
 from journalq.queue.channel import (
@@ -735,6 +735,7 @@ class ShardedChannel:
     def _channel(self, index: int) -> Channel:
         channel = self._shard_channels[index]
         if channel is None:
+            self._refuse_opening_on_loop(index)
             with self._opening:  # threads of a server share one queue object
                 channel = self._shard_channels[index]
                 if channel is None:
@@ -743,6 +744,13 @@ class ShardedChannel:
                     channel.consumer_id = self.consumer_id
                     self._shard_channels[index] = channel
         return channel
+
+    def _refuse_opening_on_loop(self, index: int) -> None:
+        """``BusyError`` in a ``DeferredSyncs(wait=False)`` block that did nothing yet (an event
+        loop's call): opening shard ``index``'s channel replays its state journal, for up to
+        hundreds of ms at a deep backlog, which the loop must not wait for. (The server runs
+        the call again in a thread, as it does the first use of a queue.)"""
+        refuse_to_wait(f"opening shard {index}'s channel", channel_dir(self.topic.shards[index].path, self.name))
 
     def _shard_channel(self, index: int) -> Channel:
         channel = self.topic.shards[index].channel(self.name)
@@ -809,6 +817,10 @@ class ShardedChannel:
                 if channel is not None:
                     channel.pass_by()
                 continue
+            if self._shard_channels[index] is None:
+                # Out of the try below: refused on a loop, the whole receive goes to a thread
+                # (a shard passed by for it now would wait behind the others' messages).
+                self._refuse_opening_on_loop(index)
             try:
                 got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
             except Exception as exc:
