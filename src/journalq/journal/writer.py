@@ -961,10 +961,11 @@ class DeferredSyncs:
 
     ``wait=False``: the block's first hold of a writer (an append, a ``hold()``; or the opening
     of a shared writer) that another thread or process holds raises ``BusyError`` at once,
-    before anything was done, instead of waiting: an event loop must not stop for another
-    process's compaction (hundreds of ms at a deep backlog) or a thread's collection; it runs
-    the call again in a thread. Later holds in the block wait as usual: the call may have
-    changed something by then."""
+    before anything was done, instead of waiting (as does a step that would take long before
+    it, such as the replay of a channel's state: ``refuse_to_wait``): an event loop must not
+    stop for another process's compaction (hundreds of ms at a deep backlog) or a thread's
+    collection; it runs the call again in a thread. Later holds in the block wait as usual:
+    the call may have changed something by then."""
 
     __slots__ = ("due", "wait")
 
