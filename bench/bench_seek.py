@@ -9,6 +9,10 @@ Baseline: the same open-and-read-one at offset 0, the cheapest read a Scanner ca
 interleaved with the random seeks in the same journal. An information row gives the floor under
 both: ``os.open`` + ``os.pread`` + unpack + ``os.close`` of one message whose file and position are
 known beforehand (what any reader pays at least).
+
+Also the time to find a journal's end (``end_offset``: a queue's counts, a metrics scrape, a Spark
+stream's next batch), which reads the last entries of the last segment's index, against the same
+found by reading that whole index (``last_confirmed``, as before): 16,000 entries in a full segment.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import time
 from bisect import bisect_right
 
 from harness import MESSAGE_SIZE, Context, Result, cached_journal, ms, segment_files, summarize
-from journalq.journal import Scanner
+from journalq.journal import Scanner, end_offset
+from journalq.journal.index import last_confirmed
+from journalq.journal.segment import list_segments, scan_segment
 
 FLAT = 1.5  # "flat": a seek in 10**7 messages costs at most this many times one in 10**5
 
@@ -54,6 +60,22 @@ def raw_once(file: str, position: int, offset: int, unpack=struct.Struct(">QqBbi
     seconds = time.perf_counter() - started
     if found != offset or len(value) != value_len:
         raise AssertionError(f"raw read at {position} found offset {found}, not {offset}")
+    return seconds
+
+
+def end_once(path, whole_index: bool, messages: int) -> float:
+    """The time to find the journal's end: ``end_offset``, or with ``whole_index`` the same from the
+    last segment's whole index."""
+    started = time.perf_counter()
+    if whole_index:
+        last = list_segments(path)[-1]
+        offset, position, _ = last_confirmed(last, os.stat(last.path).st_size)
+        end = scan_segment(last, position, offset).next_offset
+    else:
+        end = end_offset(path)
+    seconds = time.perf_counter() - started
+    if end != messages:
+        raise AssertionError(f"the end of a journal of {messages} messages was found at {end}")
     return seconds
 
 
@@ -133,6 +155,7 @@ def run(ctx: Context) -> list[Result]:
             extra={"median_ratio": round(flat, 3), "p99_ratio": round(flat99, 3)},
         )
     )
+    results += ends(ctx, journals)
     raw = {k: v * 1000 for k, v in summarize(raws).items()}
     results.append(
         Result(
@@ -147,4 +170,43 @@ def run(ctx: Context) -> list[Result]:
             },
         )
     )
+    return results
+
+
+def ends(ctx: Context, journals: dict) -> list[Result]:
+    """``end_offset`` of each journal against its last segment's whole index read (interleaved)."""
+    samples = 20 if ctx.quick else 50
+    times: dict[tuple[int, bool], list[list[float]]] = {(n, whole): [] for n in journals for whole in (False, True)}
+    for _ in range(ctx.repeat):
+        rounds: dict[tuple[int, bool], list[float]] = {key: [] for key in times}
+        for _ in range(samples):
+            for n, path in journals.items():
+                for whole in (False, True):
+                    rounds[n, whole].append(end_once(path, whole, n))
+        for key, got in rounds.items():
+            times[key].append(got)
+    results = []
+    for n in journals:
+        stats = {k: v * 1000 for k, v in summarize(times[n, False]).items()}
+        base = {k: v * 1000 for k, v in summarize(times[n, True]).items()}
+        last = list_segments(journals[n])[-1]
+        results.append(
+            Result(
+                "seek",
+                f"end_offset (the tail of the last index), {n:,} msgs",
+                stats["median"],
+                "ms",
+                f"median of {ctx.repeat} rounds x {samples}",
+                "the whole last index read",
+                base["median"],
+                figure=f"median {ms(stats['median'])}, p99 {ms(stats['p99'])}",
+                extra={
+                    "messages": n,
+                    "median_ms": round(stats["median"], 4),
+                    "p99_ms": round(stats["p99"], 4),
+                    "baseline_p99_ms": round(base["p99"], 4),
+                    "last_index_bytes": last.index_path.stat().st_size,
+                },
+            )
+        )
     return results

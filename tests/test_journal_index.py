@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journalq.journal import Scanner, Writer
+from journalq.journal import Scanner, Writer, end_offset
 from journalq.journal import index as index_mod
 from journalq.journal.codec import OVERHEAD
-from journalq.journal.index import ENTRY, HEADER, MAGIC, lookup, read_entries, write_index
+from journalq.journal.index import ENTRY, HEADER, MAGIC, lookup, read_entries, scan_tail, write_index
 from journalq.journal.segment import list_segments, scan_segment, segment_at
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
@@ -106,52 +106,100 @@ def test_an_index_of_another_segment_changes_no_seek(fresh):
     check_seeks(path, messages, all_targets(messages))
 
 
-@pytest.mark.parametrize(
-    "damage",
-    [
-        "empty",
-        "header only",
-        "bad magic",
-        "torn last entry",
-        "garbage appended",
-        "positions shifted",
-        "positions past the end",
-        "huge positions",
-        "offsets shifted",
-        "not rising",
-    ],
-)
+DAMAGES = [
+    "empty",
+    "header only",
+    "bad magic",
+    "torn last entry",
+    "garbage appended",
+    "positions shifted",
+    "positions past the end",
+    "huge positions",
+    "offsets shifted",
+    "not rising",
+    "last entries not rising",
+    "an entry before the last ones not rising",
+]
+
+
+def damaged(data: bytes, damage: str) -> bytes:
+    """An index's bytes ``data`` with the damage named (one of ``DAMAGES``)."""
+    header, body = data[: HEADER.size], data[HEADER.size :]
+    entries = list(ENTRY.iter_unpack(body))
+    if damage == "empty":
+        return b""
+    if damage == "header only":
+        return header
+    if damage == "bad magic":
+        return b"JQIDX999" + data[8:]
+    if damage == "torn last entry":
+        return data + ENTRY.pack(10**6, 10**6)[:9]
+    if damage == "garbage appended":
+        return data + os.urandom(48)
+    if damage == "positions shifted":  # each entry names the position of another message
+        return header + b"".join(ENTRY.pack(o, p + OVERHEAD) for o, p in entries)
+    if damage == "positions past the end":
+        return header + b"".join(ENTRY.pack(o, p + 10**6) for o, p in entries)
+    if damage == "huge positions":  # past what a file offset (off_t) can hold
+        return header + b"".join(ENTRY.pack(o, 2**64 - 1 - p) for o, p in entries)
+    if damage == "offsets shifted":
+        return header + b"".join(ENTRY.pack(o + 1, p) for o, p in entries)
+    if damage == "not rising":
+        return header + b"".join(ENTRY.pack(o, p) for o, p in reversed(entries))
+    if damage == "last entries not rising":
+        return header + b"".join(ENTRY.pack(o, p) for o, p in entries[:-2] + entries[-2:][::-1])
+    if damage == "an entry before the last ones not rising":
+        middle = len(entries) // 2
+        return header + b"".join(ENTRY.pack(*e) for e in entries[:middle] + [(0, 0)] + entries[middle + 1 :])
+    raise AssertionError(damage)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_damaged_indexes_change_no_seek(fresh, damage):
     path, messages = fresh
     for p in index_files(path):
-        data = p.read_bytes()
-        header, body = data[: HEADER.size], data[HEADER.size :]
-        entries = list(ENTRY.iter_unpack(body))
-        if damage == "empty":
-            data = b""
-        elif damage == "header only":
-            data = header
-        elif damage == "bad magic":
-            data = b"JQIDX999" + data[8:]
-        elif damage == "torn last entry":
-            data = data + ENTRY.pack(10**6, 10**6)[:9]
-        elif damage == "garbage appended":
-            data = data + os.urandom(48)
-        elif damage == "positions shifted":  # each entry names the position of another message
-            data = header + b"".join(ENTRY.pack(o, p + OVERHEAD) for o, p in entries)
-        elif damage == "positions past the end":
-            data = header + b"".join(ENTRY.pack(o, p + 10**6) for o, p in entries)
-        elif damage == "huge positions":  # past what a file offset (off_t) can hold
-            data = header + b"".join(ENTRY.pack(o, 2**64 - 1 - p) for o, p in entries)
-        elif damage == "offsets shifted":
-            data = header + b"".join(ENTRY.pack(o + 1, p) for o, p in entries)
-        elif damage == "not rising":
-            data = header + b"".join(ENTRY.pack(o, p) for o, p in reversed(entries))
-        p.write_bytes(data)
+        p.write_bytes(damaged(p.read_bytes(), damage))
     check_seeks(path, messages, all_targets(messages))
     with Writer(path, segment_size=2500, index_interval=INTERVAL) as w:  # and a writer opens
         assert w.recoveries == []
         assert w.append(b"after") == len(messages)
+
+
+@pytest.mark.parametrize("damage", [None, *DAMAGES])
+def test_a_segments_end_read_from_the_tail_of_its_index_is_its_end(fresh, damage, monkeypatch):
+    """A journal's end (``end_offset``: a queue's counts, a scrape, a stream's next batch) reads
+    the last few entries of the last segment's index (``scan_tail``), not the whole of it (a full
+    segment's holds 16,000): whatever the index holds, each segment's end is the one a scan of
+    the whole segment finds. (The tail made 3 entries: this journal's indexes hold about 16.)"""
+    monkeypatch.setattr(index_mod, "_TAIL_ENTRIES", 3)
+    path, messages = fresh
+    if damage is None:  # the tail decides alone: the whole index is not read
+
+        def whole_index_read(segment):
+            raise AssertionError(f"the whole index of {segment} was read")
+
+        monkeypatch.setattr(index_mod, "read_entries", whole_index_read)
+    else:
+        for p in index_files(path):
+            p.write_bytes(damaged(p.read_bytes(), damage))
+    for segment in list_segments(path):
+        assert scan_tail(segment).next_offset == scan_segment(segment, 0, segment.base).next_offset, segment
+    assert end_offset(path) == len(messages)
+
+
+def test_a_segment_cut_back_below_its_last_entries_ends_where_it_was_cut(tmp_path, monkeypatch):
+    """A segment cut back (an append taken back after its sync failed) below the last entries of
+    its index: its end is that of what it holds, whether the tail still has an entry below the
+    cut or none."""
+    monkeypatch.setattr(index_mod, "_TAIL_ENTRIES", 3)
+    with Writer(tmp_path, index_interval=INTERVAL) as w:
+        w.append_many([b"%d" % i * 10 for i in range(400)])
+    (last,) = list_segments(tmp_path)
+    entries = read_entries(last)
+    assert len(entries) > 6
+    for entry in (entries[-2], entries[2]):  # (the tail's second last; one well before the tail)
+        os.truncate(last.path, entry[1])
+        assert scan_tail(last).next_offset == entry[0] == end_offset(tmp_path)
 
 
 @settings(
