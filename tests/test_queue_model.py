@@ -572,6 +572,9 @@ class ChannelModel:
         self.dead = 0  # moves to the dead-letter queue so far (a message redriven may move again)
         self.stale: list[tuple[int, str]] = []  # (message, a receipt of an earlier delivery)
 
+    def __repr__(self) -> str:  # (how a failing run's steps show the channel drawn)
+        return f"<channel {self.name!r}>"
+
     def add(self, n: int) -> None:
         """Message ``n``, as it was sent."""
         model = self.model
