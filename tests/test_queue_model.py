@@ -150,7 +150,7 @@ class SharedQueue(RuleBasedStateMachine):
         self.moved: list[tuple[ChannelModel, int]] = []  # the dead letters (channel, message), in the order moved
         self.first_id: list[str] = []  # the message's id when first sent (a duplicate's answer)
         self.first_position: list[int] = []  # and so its place in the queue (a redrive moves it in one channel)
-        self.first_visible_at: list[int] = []  # when its delay ended
+        self.first_visible_at: list[int] = []  # when its delay ends
         self.first_sent_at: list[int] = []
         self.positions = itertools.count()
         self.shard: list[int] = []
@@ -237,8 +237,8 @@ class SharedQueue(RuleBasedStateMachine):
             min_size=1, max_size=12,
         ))
         items: list[bytes | dict[str, Any]] = []
-        number: list[int | None] = []  # for each item: the message it stores, or None: a duplicate of ``kept[i]``
-        kept: list[int] = []
+        stores: list[int | None] = []  # for each item: the message it stores (None: a duplicate)
+        answered: list[int] = []  # for each item: the message whose id answers it (a duplicate's original)
         visible_at: list[int] = []  # for each message stored: when its delay ends
         first = n = len(self.group)
         for group, dedup, level, delay in drawn:
@@ -252,12 +252,12 @@ class SharedQueue(RuleBasedStateMachine):
                 self.group.append(group)
                 self.level.append(level)
                 visible_at.append(self.now + int((self.settings["delay"] if delay is None else delay) * 1e9))
-                number.append(n)
-                kept.append(n)
+                stores.append(n)
+                answered.append(n)
                 n += 1
             else:
-                number.append(None)
-                kept.append(original)
+                stores.append(None)
+                answered.append(original)
             body = b"duplicate" if original is not None else self.body(n - 1)
             item: dict[str, Any] = {"body": body, "group_id": group, "dedup_id": dedup}
             if level is not None:
@@ -266,7 +266,7 @@ class SharedQueue(RuleBasedStateMachine):
                 item["delay"] = delay
             items.append(body if group is None and dedup is None and level is None and delay is None else item)
         ids = self.queue(process).send_many(items)
-        for message_id, stored, k in zip(ids, number, kept):
+        for message_id, stored, k in zip(ids, stores, answered):
             if stored is None:
                 assert message_id == self.first_id[k], f"a duplicate of message {k} was answered {message_id}"
                 continue
