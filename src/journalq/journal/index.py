@@ -15,7 +15,7 @@ import os
 import re
 import struct
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from journalq.errors import JournalError
 from journalq.journal.segment import Segment, SegmentScan, confirms, open_journal_file, open_segment, scan_segment
@@ -83,15 +83,21 @@ def read_entries(segment: Segment) -> list[Entry]:
         return []
     if not _valid_header(data[: HEADER.size], segment):
         return []
-    entries: list[Entry] = []
-    last = (segment.base, 0)
     usable = HEADER.size + (len(data) - HEADER.size) // ENTRY.size * ENTRY.size
-    for entry in ENTRY.iter_unpack(data[HEADER.size : usable]):
+    return _rising(ENTRY.iter_unpack(data[HEADER.size : usable]), (segment.base, 0))
+
+
+def _rising(entries: Iterable[Entry], after: Entry) -> list[Entry]:
+    """The leading ``entries`` that rise, offset and position both, from ``after``: from the
+    first that does not, what follows is damage, not index."""
+    kept: list[Entry] = []
+    last = after
+    for entry in entries:
         if entry[0] <= last[0] or entry[1] <= last[1]:
-            break  # not rising: what follows is damage, not index
-        entries.append(entry)
+            break
+        kept.append(entry)
         last = entry
-    return entries
+    return kept
 
 
 def lookup(segment: Segment, offset: int) -> Entry | None:
@@ -277,8 +283,7 @@ def last_confirmed_entry(segment: Segment, size: int) -> Entry:
     if not _valid_header(header, segment) or entry_bytes <= 0:
         return segment.base, 0  # (no entry: the segment's start)
     tail = list(ENTRY.iter_unpack(data[: len(data) // ENTRY.size * ENTRY.size]))
-    rising = all(a[0] < b[0] and a[1] < b[1] for a, b in zip(tail, tail[1:]))
-    if rising and tail and tail[0][0] > segment.base and tail[0][1] > 0:
+    if tail and len(_rising(tail, (segment.base, 0))) == len(tail):
         fd = open_segment(segment)
         try:
             for offset, position in reversed(tail):
