@@ -564,26 +564,58 @@ def test_consumed_segments_stay_while_a_deduplication_id_in_them_is_within_its_w
         assert [len(list_segments(path)) for path in paths] == [1] * shards
 
 
+class RacingGc:
+    """The gc of another process (``other``, the same topic opened by another broker), begun in a
+    thread the next time this process lists the topic's segments; waited for half a second there
+    (it is done by then, unless it waits for a lock this process holds)."""
+
+    def __init__(self, other, now: float | None) -> None:
+        self.other, self.now = other, now
+        self.deleted: list[Path] | None = None
+        self.errors: list[BaseException] = []
+        self.thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        try:
+            self.deleted = self.other.gc(self.now)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            self.errors.append(exc)
+
+    def join(self) -> list[Path]:
+        assert self.thread is not None, "this process listed no segments"
+        self.thread.join(10)
+        assert not self.thread.is_alive() and self.errors == []
+        assert self.deleted is not None
+        return self.deleted
+
+
 @pytest.fixture
 def gc_of_another_process_after_listing(monkeypatch: pytest.MonkeyPatch):
-    """``racing(topic)``: the next time this process lists the topic's segments, ``topic`` (the
-    same topic, opened by another broker: another process) collects right after, deleting some
-    of the segments listed, as a gc of another process running at the same time can."""
+    """``racing(topic, now)``: the next time this process lists the topic's segments, ``topic``
+    (the same topic, opened by another broker: another process) collects, as a gc of another
+    process running at the same time can (``RacingGc``)."""
     real = topic_module.list_segments
-    raced: list[list[Path]] = []
 
-    def racing(other):
+    def racing(other, now: float | None = None) -> RacingGc:
+        race = RacingGc(other, now)
+
         def listing(path):
             segments = real(path)
-            if not raced:
-                raced.append([])  # (the other gc lists them too)
-                raced[0] = other.gc()
+            if race.thread is None:
+                race.thread = threading.Thread(target=race.run)
+                race.thread.start()
+                race.thread.join(0.5)
             return segments
 
         monkeypatch.setattr(topic_module, "list_segments", listing)
-        return raced
+        return race
 
     return racing
+
+
+def journals(deleted: list[Path]) -> list[Path]:
+    """The segments' files among the files a gc deleted (not their indexes)."""
+    return [path for path in deleted if path.suffix == ".jnl"]
 
 
 def consumed_topic(broker: Broker, count: int):
@@ -595,14 +627,36 @@ def consumed_topic(broker: Broker, count: int):
 
 
 def test_gc_at_the_same_time_as_another_process_gc(tmp_path: Path, gc_of_another_process_after_listing) -> None:
+    """Two gcs of a topic with channels take turns (the lock of a channel's making): the second
+    finds the first's deletes done."""
     with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
         queue = consumed_topic(a, 400)
-        raced = gc_of_another_process_after_listing(b.topic("jobs"))
-        a.topic("jobs").gc()
-        assert raced and raced[0], "the other gc deleted nothing"
-        assert len(list_segments(queue.topic.path)) == 1
+        segments = list_segments(queue.topic.path)
+        race = gc_of_another_process_after_listing(b.topic("jobs"))
+        deleted = a.topic("jobs").gc()
+        assert race.join() == []
+        assert journals(deleted) == [s.path for s in segments[:-1]]
+        assert list_segments(queue.topic.path) == segments[-1:]
         queue.send(b"after")
         assert drain(queue) == [b"after"]
+
+
+def test_retention_at_the_same_time_as_another_process_s(
+    tmp_path: Path, gc_of_another_process_after_listing
+) -> None:
+    """A topic with no channel is collected by retention alone, with no lock: a segment listed
+    may be gone before it is deleted (another process's gc deleted it)."""
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        topic = a.topic("events", segment_size=SEGMENT, retention_seconds=1)
+        topic.send_many([body(i) for i in range(400)])
+        segments = list_segments(topic.path)
+        later = time.time() + 10
+        race = gc_of_another_process_after_listing(b.topic("events"), later)
+        deleted = topic.gc(later)
+        raced = race.join()
+        assert raced, "the other gc deleted nothing"
+        assert sorted(journals(deleted + raced)) == [s.path for s in segments[:-1]]
+        assert list_segments(topic.path) == segments[-1:]
 
 
 def test_a_dedup_send_while_another_process_collects(tmp_path: Path, gc_of_another_process_after_listing) -> None:
@@ -610,10 +664,11 @@ def test_a_dedup_send_while_another_process_collects(tmp_path: Path, gc_of_anoth
     another process's gc deleted meanwhile is no error."""
     with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
         queue = consumed_topic(a, 400)
-        raced = gc_of_another_process_after_listing(b.topic("jobs"))
+        race = gc_of_another_process_after_listing(b.topic("jobs"))
         with Broker(tmp_path, sync="none") as c:
+            c.queue("jobs").topic._last_gc = time.monotonic()  # its own gc not due: the listing is the send's
             sent = c.queue("jobs").send(b"once", dedup_id="d")
-            assert raced and raced[0], "the other gc deleted nothing"
+            assert race.join(), "the other gc deleted nothing"
             assert c.queue("jobs").send(b"once", dedup_id="d") == sent
         assert drain(queue) == [b"once"]
 
@@ -686,6 +741,45 @@ def test_a_channel_opened_while_the_gc_publishes_the_cursors(tmp_path: Path, mon
         topic.gc()
         assert read_offset(topic.path, "first") == 1
         assert topic.channel_names() == ["first", "second"]
+
+
+def test_a_channel_made_by_another_process_during_a_gc_keeps_what_it_was_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gc decides what is consumed from the channels it lists; a channel made by another process
+    right after the listing was not among them, and the segments it had begun to read were deleted
+    under it: a message it had been given was gone before its redelivery. Making a channel now
+    waits for a gc under way (and a gc for a channel being made), so the new channel starts
+    either where the gc left the topic or before a gc that counts it."""
+    listed, made = threading.Event(), threading.Event()
+    real = topic_module.channel_names_in
+
+    def listing(path: Path) -> list[str]:
+        names = real(path)
+        if not listed.is_set():
+            listed.set()
+            made.wait(0.5)  # the other process makes its channel meanwhile (or waits for this gc)
+        return names
+
+    with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
+        topic = a.topic("events", segment_size=SEGMENT)
+        old = topic.channel("old")
+        topic.send_many([body(i) for i in range(300)])
+        assert len(drain(old)) == 300
+        monkeypatch.setattr(topic_module, "channel_names_in", listing)
+        gc = threading.Thread(target=topic.gc)
+        gc.start()
+        assert listed.wait(10)
+        new = b.topic("events").channel("new")
+        given = new.receive(visibility_timeout=60)[0]
+        made.set()
+        gc.join(10)
+        assert not gc.is_alive()
+        assert list_segments(topic.path)[0].base > 0, "the gc deleted nothing"
+        new.release(given.receipt)
+        with Broker(tmp_path, sync="none") as c:  # a consumer of the channel that has not read it
+            again = c.topic("events").channel("new").receive(visibility_timeout=60)[0]
+        assert (again.id, again.body, again.receive_count) == (given.id, given.body, 2)
 
 
 @pytest.mark.parametrize("opened_here", [False, True])

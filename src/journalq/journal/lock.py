@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -108,6 +109,20 @@ class FileLock:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def directory_locked(directory: str | os.PathLike[str], *, shared: bool = False) -> Iterator[None]:
+    """A ``flock`` of ``directory`` itself, exclusive or ``shared``, for the block: for changes
+    that span several files of it. Opened anew each time: a lock is its open file's, so threads
+    of one process exclude each other too (on one descriptor, a thread's shared lock would turn
+    another's exclusive one into a shared one). ``FileNotFoundError`` when it is missing."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def process_alive(pid: int) -> bool:

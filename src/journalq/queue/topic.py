@@ -8,6 +8,7 @@ segments once every channel is done with them, or once retention says they have 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import heapq
@@ -29,11 +30,12 @@ from journalq.errors import (
 from journalq.journal import Message, Scanner, Writer
 from journalq.journal.writer import held
 from journalq.journal.codec import HEADER, INT32
+from journalq.journal.lock import directory_locked
 from journalq.journal.offsets import read_offset
-from journalq.journal.recovery import fsync_dir
+from journalq.journal.recovery import fsync_dir, make_dirs
 from journalq.journal.segment import Segment, list_segments, open_segment, raise_if_unopenable, remove_segment
 from journalq.queue import envelope, filters
-from journalq.queue.channel import Channel, log_failed_collection, retention_horizon
+from journalq.queue.channel import Channel, channel_dir, log_failed_collection, retention_horizon
 from journalq.queue.envelope import Attribute, Envelope, message_id
 from journalq.queue.settings import QueueSettings, SettingsFile, check_name
 
@@ -466,7 +468,17 @@ class Topic(TopicDirectory):
         def make() -> Channel:
             self.check_present()
             self._hold_directory()  # first: the channel's opening tells a delete under it by this
-            return Channel(self, name)
+            if channel_dir(self.path, name).is_dir():
+                return Channel(self, name)
+            # A new channel: made under the lock that a gc holds from its listing of the channels
+            # to its last delete (see ``gc``).
+            try:
+                make_dirs(self.path / "channels", durable=True, inside=self.path)  # (once a topic)
+            except FileNotFoundError:
+                self.check_present()  # QueueNotFoundError, when that is what happened
+                raise
+            with directory_locked(self.path / "channels", shared=True):
+                return Channel(self, name)
 
         return channel_once(self._channels, self._making_channel, name, make)
 
@@ -495,19 +507,28 @@ class Topic(TopicDirectory):
         # publish them: what a commit would have published (the gc is what frees space).
         # (A copy of the channels: another thread may open one meanwhile.)
         unpublished = {name: c.state.cursor for name, c in list(self._channels.items()) if not c.commit_cursor()}
-        names = self.channel_names()
-        cursors = [unpublished[name] if name in unpublished else read_offset(self.path, name) for name in names]
-        needed_from = min(cursors) if cursors else None
         deleted: list[Path] = []
         kept_from = 0
-        while True:
-            try:
-                kept_from = max(kept_from, self._delete_segments(now_ns, needed_from, deleted, size_kept_from))
-                break
-            except FileNotFoundError as exc:
-                # A segment listed was deleted meanwhile (another process's gc): list again (unless
-                # it is listed still, and cannot be opened: looking again would never end).
-                raise_if_unopenable(exc, list_segments(self.path))
+        with contextlib.ExitStack() as stack:
+            # The channels listed stay all there are until the last delete: a channel is made under
+            # this lock (shared: see ``channel``). One made after the listing would begin to read
+            # segments that the channels listed were done with, and lose what it was given to
+            # the deletes. (No ``channels`` directory, no channel: retention alone deletes then,
+            # and a channel gets only what retention keeps.)
+            with contextlib.suppress(FileNotFoundError):
+                stack.enter_context(directory_locked(self.path / "channels"))
+            names = self.channel_names()
+            cursors = [unpublished[name] if name in unpublished else read_offset(self.path, name) for name in names]
+            needed_from = min(cursors) if cursors else None
+            while True:
+                try:
+                    kept_from = max(kept_from, self._delete_segments(now_ns, needed_from, deleted, size_kept_from))
+                    break
+                except FileNotFoundError as exc:
+                    # A segment listed was deleted meanwhile (another process's gc of a topic with
+                    # no channel): list again (unless it is listed still, and cannot be opened:
+                    # looking again would never end).
+                    raise_if_unopenable(exc, list_segments(self.path))
         if deleted:
             self.first_kept = max(self.first_kept, kept_from)
             with self._cache_lock:  # deleted: not to be delivered from the cache

@@ -66,7 +66,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -93,6 +92,7 @@ from journalq.errors import (
     VisibilityLimitError,
     raise_storage_failure,
 )
+from journalq.journal.lock import directory_locked
 from journalq.journal.recovery import replace_file
 from journalq.queue import settings as settings_file
 from journalq.queue.broker import DEFAULT_CHANNEL, Broker, Queue
@@ -520,18 +520,14 @@ def _directory_locked(
 ) -> Iterator[None]:
     """Held by one thread of this process (``mutex``) and one process (a ``flock`` of
     ``directory``) at a time. ``missing``: the error for a directory that is not there."""
-    with mutex:
+    with mutex, contextlib.ExitStack() as stack:
         try:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            stack.enter_context(directory_locked(directory))
         except FileNotFoundError:
             if missing is None:
                 raise
             raise missing() from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        yield
 
 
 class _Sidecar:
