@@ -818,7 +818,7 @@ class Channel:
         """Under the hold, every ``task_gc_interval``: catch up with retention, collect finished
         tasks, publish the cursor, collect consumed segments; and compact when due."""
         state = self.state
-        if now - state.last_collect >= int(self.settings.task_gc_interval * 1e9):
+        if _collection_due(state, self.settings, now):
             older = now - int(self.settings.task_gc_lifetime * 1e9)
             collector = self.topic.collected_by  # a shard's: its sharded topic, once for all shards
             try:
@@ -877,10 +877,7 @@ class Channel:
 
     def _maintenance_due(self, now: int) -> bool:
         """Whether a collection is due, as far as this process knows."""
-        return (
-            now - self.state.last_collect >= self.topic.settings.task_gc_interval * 1e9
-            and now >= self._retry_maintenance_at
-        )
+        return _collection_due(self.state, self.settings, now) and now >= self._retry_maintenance_at
 
     def _skip_deleted(self) -> None:
         """Forget messages that retention deleted from the topic before this channel took them."""
@@ -1181,8 +1178,7 @@ class Channel:
             # Applied now, so that nothing they finish goes out again; appended with what this
             # receive records next (one write; the hold's end syncs once for everything).
             self._apply_unwritten(_finishing(current), now)
-        collect_due = now - state.last_collect >= int(settings.task_gc_interval * 1e9)
-        if collect_due or _compaction_due(state):
+        if _collection_due(state, settings, now) or _compaction_due(state):
             self._maintain(now)
         if state.cursor < self.topic.first_kept:  # a gc of this process deleted messages unfinished
             self._skip_deleted()
@@ -1947,6 +1943,12 @@ def _finishing(current: list[tuple[int, int, int]]) -> list[Record]:
         return []
     _, offsets, seqs = zip(*current)
     return finish_records(offsets, seqs)
+
+
+def _collection_due(state: ChannelState, settings: QueueSettings, now: int) -> bool:
+    """Whether ``task_gc_interval`` passed at ``now`` (ns) since the channel's last collection, by
+    any process (its COLLECT event)."""
+    return now - state.last_collect >= int(settings.task_gc_interval * 1e9)
 
 
 def _compaction_due(state: ChannelState) -> bool:
