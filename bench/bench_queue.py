@@ -62,8 +62,9 @@ import sys
 import time
 from itertools import cycle
 from pathlib import Path
+from typing import NamedTuple
 
-from harness import Context, Result, ms, rate
+from harness import Context, Result, cpu_jiffies, ms, rate, stolen_share
 from journalq.journal import Writer, end_offset
 from journalq.queue import Broker
 from vsqs import VsqsQueue
@@ -271,7 +272,16 @@ def _persist_queue_template(ctx: Context, bodies: list[bytes]) -> Path:
     return path
 
 
-def _consume(impl: str, path: Path, sync: str, batch: int, processes: int, count: int) -> tuple[float, dict]:
+class Consumed(NamedTuple):
+    """A run of ``_consume``: its time, what the queue was opened with, and the share of the
+    machine's CPU time that the host stole meanwhile (None: not known here)."""
+
+    seconds: float
+    settings: dict
+    stolen: float | None
+
+
+def _consume(impl: str, path: Path, sync: str, batch: int, processes: int, count: int) -> Consumed:
     """Start the consumers, let them empty the queue; check each message came out exactly once."""
     children = []
     try:
@@ -286,6 +296,7 @@ def _consume(impl: str, path: Path, sync: str, batch: int, processes: int, count
             line = child.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"{impl} consumer did not start: {line!r}")
+        jiffies = cpu_jiffies()
         for child in children:
             child.stdin.write("go\n")
             child.stdin.flush()
@@ -295,6 +306,7 @@ def _consume(impl: str, path: Path, sync: str, batch: int, processes: int, count
             if child.returncode:
                 raise RuntimeError(f"{impl} consumer failed with exit status {child.returncode}")
             reports.append(json.loads(out))
+        stolen = stolen_share(jiffies, cpu_jiffies())
     finally:
         for child in children:
             if child.poll() is None:
@@ -311,7 +323,13 @@ def _consume(impl: str, path: Path, sync: str, batch: int, processes: int, count
     settings = dict(reports[0]["settings"])
     if "first_shard" in settings:  # a sharded queue: where each consumer started
         settings["first_shard"] = [r["settings"]["first_shard"] for r in reports]
-    return max(r["end"] for r in reports) - min(r["start"] for r in reports), settings
+    return Consumed(max(r["end"] for r in reports) - min(r["start"] for r in reports), settings, stolen)
+
+
+def stolen_text(stolen: dict[str, list[float | None]]) -> str:
+    """For the log: the most CPU time the host stole in a run of the row, when known."""
+    known = [x for runs in stolen.values() for x in runs if x is not None]
+    return f"; the host stole up to {max(known):.0%} of the CPU time in a run" if known else ""
 
 
 # -- the floors under receive: what the system calls alone allow -----------------------------------
@@ -409,18 +427,21 @@ def run_receive(ctx: Context) -> list[Result]:
                 ctx.log(f"  {case}: {count:,} messages, best of {ctx.repeat}")
                 impls = IMPLEMENTATIONS + (SHARDED if processes > 1 else ())
                 runs: dict[str, list[float]] = {impl: [] for impl in impls}
+                stolen: dict[str, list[float | None]] = {impl: [] for impl in impls}
                 settings: dict[str, dict] = {}
                 floors: list[float] = []
                 for _ in range(ctx.repeat):
                     for impl in impls:
                         path = ctx.scratch(f"receive-{impl}")
                         _fill(impl, path, bodies, template)
-                        seconds, settings[impl] = _consume(impl, path, sync, batch, processes, count)
-                        runs[impl].append(count / seconds)
+                        consumed = _consume(impl, path, sync, batch, processes, count)
+                        runs[impl].append(count / consumed.seconds)
+                        stolen[impl].append(consumed.stolen)
+                        settings[impl] = consumed.settings
                     floors.append(receive_floor(ctx, processes, sync))  # the disk's pace changes
                 best = {impl: max(r) for impl, r in runs.items()}
                 floor = max(floors)
-                ctx.log("    " + ", ".join(f"{impl} {rate(best[impl])}" for impl in impls))
+                ctx.log("    " + ", ".join(f"{impl} {rate(best[impl])}" for impl in impls) + stolen_text(stolen))
                 top = max(BASELINES, key=best.__getitem__)
                 other = next(b for b in BASELINES if b != top)
                 config = {"messages": count, "processes": processes, "sync": sync, "batch": batch}
@@ -428,6 +449,8 @@ def run_receive(ctx: Context) -> list[Result]:
                     **config,
                     **{f"{impl}_msg_per_s": round(best[impl]) for impl in impls},
                     **{f"{impl}_runs": [round(r) for r in runs[impl]] for impl in impls},
+                    # The share of CPU time the host stole during each run (a shared host's noise).
+                    **{f"{impl}_stolen": [None if x is None else round(x, 3) for x in stolen[impl]] for impl in impls},
                     "settings": settings,
                 }
                 rows = [

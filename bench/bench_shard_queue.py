@@ -36,10 +36,10 @@ def run(ctx: Context) -> list[Result]:
             for shards in runs:
                 path = ctx.scratch(f"shard-queue-{shards}")
                 _fill("journalq-sharded" if shards > 1 else "journalq", path, bodies)
-                seconds, settings = _consume("journalq", path, sync, batch, PROCESSES, count)
-                runs[shards].append(count / seconds)
+                consumed = _consume("journalq", path, sync, batch, PROCESSES, count)
+                runs[shards].append(count / consumed.seconds)
                 if shards > 1:
-                    first_shards.append(settings["first_shard"])
+                    first_shards.append(consumed.settings["first_shard"])
         best = {shards: max(r) for shards, r in runs.items()}
         ctx.log(f"    sharded {rate(best[SHARDS])}, unsharded {rate(best[1])}")
         results.append(

@@ -148,6 +148,26 @@ def best_rate(repeat: int, run: Callable[[], tuple[int, float]]) -> tuple[float,
     return max(rates), rates
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(stolen, total) CPU time of the machine since boot, in clock ticks, from ``/proc/stat``;
+    None where there is none. Stolen: time the hypervisor ran someone else on this machine's
+    virtual CPUs while they had work (a shared host's noise, which no run here controls)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: counted in user already]
+    return (fields[7], sum(fields[:8])) if len(fields) >= 8 else None
+
+
+def stolen_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time stolen between two ``cpu_jiffies`` (None: unknown)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def percentile(sorted_values: list[float], p: float) -> float:
     """The ``p``-th percentile (0-100) of sorted values, nearest rank."""
     if not sorted_values:
