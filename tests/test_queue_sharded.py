@@ -229,6 +229,46 @@ def test_consumers_spread_over_shards_and_stay_where_there_is_work(tmp_path: Pat
         assert len(received) == 40 - 4 * 5  # the first five of each consumer are in flight
 
 
+def test_consumers_whose_homes_run_dry_go_to_shards_no_one_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two consumers on four shards: one whose home runs dry goes on to a shard that neither the
+    other's home nor its visit is, while there is one; before, it went to the shard after its
+    home, the other's, and both waited for each other's hold there, shards no one worked
+    waiting. A visit holds the shard's lock, so a consumer that comes later goes elsewhere; back
+    home, a consumer lets go of it."""
+    monkeypatch.setattr(sharded, "_instances", itertools.count(-os.getpid() % 4))  # homes 0, 1
+    with Broker(tmp_path, sync="none") as first, Broker(tmp_path, sync="none") as second:
+        topic = first.topic("jobs", shards=4)
+        topic.send_many([b"%d" % i for i in range(40)])  # round robin: ten in each shard
+        a, b = topic.channel("work"), second.topic("jobs").channel("work")
+        assert (a.home, b.home) == (0, 1)
+        assert {shard_of(m.id) for m in drain_once(a)} == {0}
+        assert {shard_of(m.id) for m in drain_once(a)} == {2}  # not 1, b's home, which has work
+        with pytest.raises(LockedError):
+            FileLock(topic.path / "consumers" / "work.2.lck").acquire(wait=False)
+        with Broker(tmp_path, sync="none") as third:  # a consumer that comes now: the shard no one holds
+            assert third.topic("jobs").channel("work").home == 3
+        assert {shard_of(m.id) for m in drain_once(b)} == {1}
+        assert {shard_of(m.id) for m in drain_once(b)} == {3}
+        later = topic.send_many([{"body": b"home", "key": key_of(0)}])
+        assert [m.id for m in drain_once(a)] == later  # home again: the visit let go
+        with FileLock(topic.path / "consumers" / "work.2.lck"):
+            pass
+
+
+def drain_once(queue, batch: int = 10) -> list:
+    """One receive of ``batch``, deleted."""
+    got = queue.receive(batch)
+    assert queue.delete_many([m.receipt for m in got]) == [None] * len(got)
+    return got
+
+
+def key_of(shard: int, shards: int = 4) -> str:
+    """A routing key of ``shard`` (sej's routing: crc32 of the key, masked)."""
+    return next(k for k in map(str, range(1000)) if zlib.crc32(k.encode()) & (shards - 1) == shard)
+
+
 def test_a_consumer_passes_a_shard_run_dry_without_opening_its_channel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

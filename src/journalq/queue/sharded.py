@@ -23,7 +23,9 @@ is repeated here. What a sharded topic adds is routing:
   its pid on the first that no other live consumer of the channel holds (a lock file in
   ``ROOT/NAME/consumers/``), and takes what its home has; when home has fewer than asked for it
   tries the shard that had work last, then the others in turn (mq's peers: consumers mostly work
-  different shards, so they seldom wait for one another's locks), passing by those it can tell
+  different shards, so they seldom wait for one another's locks), first those that no other
+  consumer holds as its home or as the shard it works away from home (it holds that one's lock
+  while it stays there: ``_visit``), passing by those it can tell
   are run dry without their lock (``_surely_empty``), home too (a consumer of a queue run dry,
   or one that drains the other shards, does not lock an empty home at every receive; nor opens
   its channel until it has something). Order holds within a shard, not across
@@ -52,7 +54,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from itertools import count, repeat
+from itertools import chain, count, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -656,6 +658,7 @@ class ShardedChannel:
         self._closed = False
         self._opening = threading.Lock()
         self._claim: FileLock | None = None
+        self._visiting: tuple[int, FileLock] | None = None  # away from home: see ``_visit``
         self._home: int | None = None  # claimed at the first receive: a producer claims nothing
         # The receipts given out here lately and their shard, so that their deletes do not split
         # them again (see ``_known_shards``); cleared when it grows.
@@ -705,7 +708,7 @@ class ShardedChannel:
             return start  # the topic is being deleted: its receives will say so
         for step in range(shards):
             index = (start + step) % shards
-            claim = FileLock(directory / f"{self.name}.{index}.lck")
+            claim = self._claim_of(index)
             try:
                 claim.acquire(wait=False)
             except LockedError:
@@ -805,7 +808,8 @@ class ShardedChannel:
         failed: Exception | None = None
         failed_shard = 0
         home = self.home  # claims it at the first receive
-        for index in self._order(last, home, self._current):
+        held: list[int] = []  # shards that another consumer holds: tried after the others
+        for index in chain(self._order(last, home, self._current), held):
             mine = deletes.get(index, ()) if index == last else ()
             if len(received) >= max_messages:
                 break
@@ -816,6 +820,9 @@ class ShardedChannel:
                 channel = self._shard_channels[index]
                 if channel is not None:
                     channel.pass_by()
+                continue
+            if not mine and index != home and index != self._current and index not in held and not self._visit(index):
+                held.append(index)  # another consumer's, home or visit: consumers stay spread
                 continue
             if self._shard_channels[index] is None:
                 # Out of the try below: refused on a loop, the whole receive goes to a thread
@@ -836,6 +843,9 @@ class ShardedChannel:
                 wake_at = wake if wake_at is None else min(wake_at, wake)
             if got:
                 self._current = index  # stay where there is work
+                visiting = self._visiting
+                if visiting is not None and visiting[0] != index:
+                    self._leave_visit()  # home again, or elsewhere: the shard left is free for others
                 issued = self._issued
                 if len(issued) > ISSUED_MAX:
                     issued.clear()  # receipts given out long ago are split again, that is all
@@ -849,6 +859,45 @@ class ShardedChannel:
             self.topic.shards[failed_shard].check_present()
             raise failed
         return received, wake_at
+
+    def _claim_of(self, index: int) -> FileLock:
+        """The lock that a consumer of the channel holds on shard ``index``, its home or its visit
+        (``ROOT/NAME/consumers/CHANNEL.INDEX.lck``), not taken."""
+        return FileLock(self.topic.path / "consumers" / f"{self.name}.{index}.lck")
+
+    def _visit(self, index: int) -> bool:
+        """Whether this consumer may work shard ``index`` away from home before the others: no
+        other consumer holds its lock (as home, or visiting it). Holds it when so, letting go of
+        the one it visited before, until it moves on or goes home: a consumer whose home runs
+        dry goes to a shard no one works, not to another's home (where both would wait for each
+        other's hold while shards no one works wait)."""
+        visiting = self._visiting
+        if visiting is not None and visiting[0] == index:
+            return True
+        claim = self._claim_of(index)
+        try:
+            free = claim.try_acquire(wait=False)
+        except OSError:  # cannot be tried (the topic is being deleted, say): free, held by no one
+            claim.close()
+            return True
+        if not free:
+            claim.close()
+            return False
+        with self._opening:  # threads of a server share one consumer
+            if self._closed:
+                left: tuple[int, FileLock] | None = (index, claim)  # (closed: holds nothing)
+            else:
+                left, self._visiting = self._visiting, (index, claim)
+        if left is not None:
+            left[1].close()
+        return True
+
+    def _leave_visit(self) -> None:
+        """Let go of the shard visited (``_visit``), if any."""
+        with self._opening:
+            left, self._visiting = self._visiting, None
+        if left is not None:
+            left[1].close()
 
     def _surely_empty(self, index: int) -> bool:
         """Whether shard ``index`` has nothing for this channel, as far as can be told without
@@ -1118,6 +1167,7 @@ class ShardedChannel:
         if self._claim is not None:
             self._claim.close()
             self._claim = None
+        self._leave_visit()
         return opened
 
 
