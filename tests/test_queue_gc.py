@@ -566,11 +566,11 @@ def test_consumed_segments_stay_while_a_deduplication_id_in_them_is_within_its_w
 
 class RacingGc:
     """The gc of another process (``other``, the same topic opened by another broker), begun in a
-    thread the next time this process lists the topic's segments; waited for half a second there
-    (it is done by then, unless it waits for a lock this process holds)."""
+    thread the next time this process lists the topic's segments, and waited for there up to
+    ``wait`` seconds (short where it waits for a lock this process holds)."""
 
-    def __init__(self, other, now: float | None) -> None:
-        self.other, self.now = other, now
+    def __init__(self, other, now: float | None, wait: float) -> None:
+        self.other, self.now, self.wait = other, now, wait
         self.deleted: list[Path] | None = None
         self.errors: list[BaseException] = []
         self.thread: threading.Thread | None = None
@@ -591,20 +591,20 @@ class RacingGc:
 
 @pytest.fixture
 def gc_of_another_process_after_listing(monkeypatch: pytest.MonkeyPatch):
-    """``racing(topic, now)``: the next time this process lists the topic's segments, ``topic``
+    """``racing(topic, now, wait)``: the next time this process lists the topic's segments, ``topic``
     (the same topic, opened by another broker: another process) collects, as a gc of another
     process running at the same time can (``RacingGc``)."""
     real = topic_module.list_segments
 
-    def racing(other, now: float | None = None) -> RacingGc:
-        race = RacingGc(other, now)
+    def racing(other, now: float | None = None, wait: float = 10) -> RacingGc:
+        race = RacingGc(other, now, wait)
 
         def listing(path):
             segments = real(path)
             if race.thread is None:
                 race.thread = threading.Thread(target=race.run)
                 race.thread.start()
-                race.thread.join(0.5)
+                race.thread.join(race.wait)
             return segments
 
         monkeypatch.setattr(topic_module, "list_segments", listing)
@@ -632,7 +632,7 @@ def test_gc_at_the_same_time_as_another_process_gc(tmp_path: Path, gc_of_another
     with Broker(tmp_path, sync="none") as a, Broker(tmp_path, sync="none") as b:
         queue = consumed_topic(a, 400)
         segments = list_segments(queue.topic.path)
-        race = gc_of_another_process_after_listing(b.topic("jobs"))
+        race = gc_of_another_process_after_listing(b.topic("jobs"), wait=0.5)  # it waits for this gc
         deleted = a.topic("jobs").gc()
         assert race.join() == []
         assert journals(deleted) == [s.path for s in segments[:-1]]
