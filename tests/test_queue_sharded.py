@@ -49,6 +49,11 @@ def shard_of(id_or_receipt: str) -> int:
     return int(id_or_receipt.split(".", 1)[0])
 
 
+def key_of(shard: int, shards: int = 4) -> str:
+    """A routing key of ``shard`` (sej's routing: crc32 of the key, masked)."""
+    return next(k for k in map(str, range(1000)) if zlib.crc32(k.encode()) & (shards - 1) == shard)
+
+
 def drain(queue, batch: int = 10) -> list:
     received = []
     while got := queue.receive(batch):
@@ -264,11 +269,6 @@ def drain_once(queue, batch: int = 10) -> list:
     return got
 
 
-def key_of(shard: int, shards: int = 4) -> str:
-    """A routing key of ``shard`` (sej's routing: crc32 of the key, masked)."""
-    return next(k for k in map(str, range(1000)) if zlib.crc32(k.encode()) & (shards - 1) == shard)
-
-
 def test_a_consumer_passes_a_shard_run_dry_without_opening_its_channel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -278,7 +278,7 @@ def test_a_consumer_passes_a_shard_run_dry_without_opening_its_channel(
     back)."""
     with Broker(tmp_path, sync="none") as first, Broker(tmp_path, sync="none") as second:
         topic = first.topic("jobs", shards=2)
-        keys = {index: next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 1 == index) for index in (0, 1)}
+        keys = {index: key_of(index, shards=2) for index in (0, 1)}
         # A consumer opens the channel of the shard it starts at, picked by its pid: b at 1, a at 0.
         monkeypatch.setattr(sharded, "_instances", itertools.count((1 - os.getpid()) % 2))
         b = second.topic("jobs").channel("work")
@@ -433,7 +433,7 @@ def test_a_damaged_shard_does_not_hide_the_messages_of_the_others(tmp_path: Path
     the failure is raised once no other shard has anything to give."""
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("jobs", shards=2)
-        keys = {index: next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 1 == index) for index in (0, 1)}
+        keys = {index: key_of(index, shards=2) for index in (0, 1)}
         healthy = queue.send_many([{"body": b"h%d" % i, "key": keys[0]} for i in range(4)])
         queue.send_many([{"body": b"d%d" % i, "key": keys[1]} for i in range(4)])
         segment = next((tmp_path / "jobs.1.001" / "jnl").glob("*.jnl"))
@@ -460,7 +460,7 @@ def test_a_receive_whose_deletes_fail_raises_even_when_other_shards_have_message
     deletes them fails, the receive raises, whatever the other shards have to give."""
     with Broker(tmp_path, sync="none") as broker:
         queue = broker.queue("jobs", shards=2)
-        keys = {index: next(k for k in map(str, range(100)) if zlib.crc32(k.encode()) & 1 == index) for index in (0, 1)}
+        keys = {index: key_of(index, shards=2) for index in (0, 1)}
         queue.send_many([{"body": b"%d.%d" % (index, i), "key": keys[index]} for index in (0, 1) for i in range(3)])
         got = queue.receive(10, visibility_timeout=30)
         held = [m for m in got if shard_of(m.id) == 1]
