@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import StorageError
+from journalq.errors import CorruptionError, StorageError
 from journalq.journal import Scanner
 from journalq.queue import Broker
 from journalq.queue import channel as channel_module
@@ -421,3 +421,81 @@ def test_a_far_group_head_goes_out_when_its_group_s_next_is_delayed(broker: Brok
     q.send(b"g1", group_id="g")
     q.send(b"g2", group_id="g", delay=600)
     assert [m.body for m in q.receive(10, wait=0)] == [b"g1"]
+
+
+# -- damage in the topic ahead ---------------------------------------------------------------------
+
+DAMAGED_AT = channel_module._LOOK_AHEAD + 476  # within the look-ahead read from a frontier before it
+_SIZE = 100  # each message's body: every message takes the same bytes in the segment
+
+
+def _damaged_topic(root: Path, damage: str, total: int = 3000) -> tuple[Path, bytes]:
+    """A queue "jobs" of ``total`` messages of ``_SIZE`` bytes whose message ``DAMAGED_AT`` is
+    damaged in its segment as ``damage`` says; the segment and its damaged bytes."""
+    with Broker(root, sync="none") as broker:
+        broker.queue("jobs").send_many([b"%05d" % i + b"x" * (_SIZE - 5) for i in range(total)])
+    (segment,) = (root / "jobs" / "jnl").glob("*.jnl")
+    data = bytearray(segment.read_bytes())
+    at = DAMAGED_AT * (len(data) // total)  # the damaged message's first byte
+    if damage == "value length":  # framing broken: the trailing size no longer agrees
+        data[at + 18 : at + 22] = (_SIZE + 1).to_bytes(4, "big")
+    elif damage == "offset":
+        data[at : at + 8] = (10**6).to_bytes(8, "big")
+    else:  # zeroed: a block the disk lost
+        data[at : at + 4096] = bytes(4096)
+    segment.write_bytes(bytes(data))
+    return segment, bytes(data)
+
+
+@pytest.mark.parametrize("damage", ["value length", "offset", "zeroed"])
+def test_the_messages_before_damage_in_the_topic_go_out_before_its_error(tmp_path: Path, damage: str) -> None:
+    """sej's messages carry no checksum, and a damaged one in the middle of the topic stops its
+    reading there. The look-ahead reads past the frontier: meeting the damage, it must not keep
+    back the whole messages before it (a consumer got 530 of 1,500, then only the error). Each goes
+    out once; then every receive raises a ``CorruptionError`` that names the segment and the
+    offset, and nothing in the file is cut or rewritten."""
+    root = tmp_path / "data"
+    segment, damaged = _damaged_topic(root, damage)
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs", create=False)
+        bodies: list[bytes] = []
+        receipts: list[str] = []
+        while got := queue.receive(10, delete=receipts):
+            bodies += [m.body[:5] for m in got]
+            receipts = [m.receipt for m in got]
+        # That last receive, which found nothing, stored its deletes rather than raise.
+        assert bodies == [b"%05d" % i for i in range(DAMAGED_AT)]
+        for _ in range(2):
+            with pytest.raises(CorruptionError) as info:
+                queue.receive(10, wait=1)  # at once, not at the end of the wait
+            assert info.value.file == segment and info.value.offset == DAMAGED_AT, str(info.value)
+        stats = queue.stats()  # the counts still come: past the damage, counted as available
+        assert (stats.in_flight, stats.available) == (0, 3000 - DAMAGED_AT)
+    assert segment.read_bytes() == damaged
+
+
+def test_redeliveries_and_delayed_messages_before_damage_still_go_out(tmp_path: Path) -> None:
+    """Damage at the frontier holds back none of what comes before it: a message whose visibility
+    ended comes back, and a delayed one goes out once its delay ends, before the damage's error
+    (which a receive that waits gets at once, not at the end of its wait, once nothing is left)."""
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs")
+        queue.send_many([b"%05d" % i + b"x" * (_SIZE - 5) for i in range(3)])
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs", create=False)
+        queue.send(b"later", delay=1)
+        (first,) = queue.receive(1, visibility_timeout=0.5)
+        queue.delete_many([m.receipt for m in queue.receive(10)])  # the other two
+        with (root / "jobs" / "jnl" / "0000000000000000.jnl").open("ab") as f:
+            f.write(b"\xff" * 60)  # a damaged message after "later": never a write under way
+        got = queue.receive(1, wait=5)
+        assert [m.body for m in got] == [first.body] and got[0].receive_count == 2
+        queue.delete(got[0].receipt)
+        got = queue.receive(1, wait=5)
+        assert [m.body for m in got] == [b"later"]
+        queue.delete(got[0].receipt)
+        started = time.monotonic()
+        with pytest.raises(CorruptionError) as info:
+            queue.receive(1, wait=5)
+        assert time.monotonic() - started < 4 and info.value.offset == 4, str(info.value)

@@ -545,6 +545,7 @@ class Channel:
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
         self._tail_lost = False  # the tail's next message was deleted (retention): see ``_read_ahead``
+        self._damage: CorruptionError | None = None  # where the tail met damage: see ``_read_ahead``
         # Runs of delayed messages found past the frontier, by start (``_Asleep``): replaced whole
         # (under ``_asleep_lock``), never changed in place, so the hold reads it without a lock.
         self._asleep: list[_Asleep] = []
@@ -1039,7 +1040,7 @@ class Channel:
             return False
         try:
             self._read_ahead(frontier)  # drops what was taken, reads what came since
-            return not self._ahead and not self._tail_lost
+            return not self._ahead and not self._tail_lost and self._damage is None
         finally:
             self._ahead_lock.release()
 
@@ -1108,6 +1109,8 @@ class Channel:
                         self._forget_unwritten()
                         raise
         if not picks:
+            if not delete:  # (deletes given were done: the next receive says it)
+                self._check_damage()
             return [], wake_at
         metadata = self.state.metadata
         # Every receipt of this receive ends alike: the part after offset and delivery number,
@@ -1148,6 +1151,14 @@ class Channel:
                 )
             )
         return received, wake_at
+
+    def _check_damage(self) -> None:
+        """For a receive that found nothing to give: the ``CorruptionError`` (file, byte, offset)
+        of damage the topic's reading met, once every message before it was taken. (Messages
+        before it that wait, delayed or held back by their group, go out first.)"""
+        damage = self._damage
+        if damage is not None and (damage.offset is None or damage.offset <= self.state.frontier):
+            raise damage
 
     def _receive_held(
         self,
@@ -1375,6 +1386,7 @@ class Channel:
         if start < most:
             tail = self._tail
             position = ahead[-1].offset + 1 if ahead else frontier
+            self._damage = None  # (read again: gone once retention or a repair took it away)
             try:
                 if tail is None or tail.offset != position:
                     if tail is not None:
@@ -1385,6 +1397,15 @@ class Channel:
                 while len(ahead) < most and (more := tail.read_batch(most - len(ahead))):
                     self.topic.remember(more)
                     ahead.extend(more)
+            except CorruptionError as exc:
+                # Damage in the topic (sej's messages carry no checksum; framing broken, say):
+                # the whole messages before it were read and still go out. The error is the
+                # receive's that finds nothing else to give (``_check_damage``); until then,
+                # each read tries again from the damaged message, with a new scanner.
+                self._damage = exc
+                if self._tail is not None:
+                    self._tail.close()
+                    self._tail = None
             except (OffsetOutOfRangeError, TruncatedError):
                 # Retention deleted messages this channel had not read: ``_skip_deleted`` skips
                 # them (the receive, under the hold, told by ``_tail_lost``).
@@ -1885,17 +1906,23 @@ class Channel:
         unseen = max(0, end - start)
         if unseen:
             counted: list[Message] = []
-            with Scanner(self.topic.path, start) as scanner:
-                looked = 0
-                while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch(_STATS_LOOK_AHEAD - looked)):
-                    looked += len(batch)
-                    hows = [waiting(message) for message in batch]
-                    late = hows.count("delayed")
-                    delayed += late
-                    unseen -= late + hows.count(None)
-                    if not counted:
-                        counted = [m for m, how in zip(batch, hows) if how is not None][:1]
-            if not counted and unseen:  # only beyond the look-ahead: approximately, the next
+            damaged = False
+            looked = 0
+            try:
+                with Scanner(self.topic.path, start) as scanner:
+                    while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch(_STATS_LOOK_AHEAD - looked)):
+                        looked += len(batch)
+                        hows = [waiting(message) for message in batch]
+                        late = hows.count("delayed")
+                        delayed += late
+                        unseen -= late + hows.count(None)
+                        if not counted:
+                            counted = [m for m, how in zip(batch, hows) if how is not None][:1]
+            except CorruptionError:
+                # Damage in the topic: what lies past it counts as available, as what lies past
+                # the look-ahead does (a receive raises there: ``_check_damage``).
+                damaged = True
+            if not counted and unseen and not damaged:  # only beyond the look-ahead: approximately, the next
                 counted = [m for m in (self.topic.message(start + looked),) if m is not None]
             sent += [m.timestamp_ns for m in counted]
         available += unseen
