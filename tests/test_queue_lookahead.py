@@ -463,7 +463,7 @@ def test_the_messages_before_damage_in_the_topic_go_out_before_its_error(tmp_pat
         while got := queue.receive(10, delete=receipts):
             bodies += [m.body[:5] for m in got]
             receipts = [m.receipt for m in got]
-        # That last receive, which found nothing, stored its deletes rather than raise.
+        # That last receive found nothing: it stored its deletes rather than raise (nothing is in flight below).
         assert bodies == [b"%05d" % i for i in range(DAMAGED_AT)]
         for _ in range(2):
             with pytest.raises(CorruptionError) as info:
