@@ -439,6 +439,8 @@ def _damaged_topic(root: Path, damage: str, total: int = 3000) -> tuple[Path, by
     at = DAMAGED_AT * (len(data) // total)  # the damaged message's first byte
     if damage == "value length":  # framing broken: the trailing size no longer agrees
         data[at + 18 : at + 22] = (_SIZE + 1).to_bytes(4, "big")
+    elif damage == "size past the end":  # as a message still being written, but for the index
+        data[at + 18 : at + 22] = (0x7FFFFF00).to_bytes(4, "big")
     elif damage == "offset":
         data[at : at + 8] = (10**6).to_bytes(8, "big")
     else:  # zeroed: a block the disk lost
@@ -447,7 +449,7 @@ def _damaged_topic(root: Path, damage: str, total: int = 3000) -> tuple[Path, by
     return segment, bytes(data)
 
 
-@pytest.mark.parametrize("damage", ["value length", "offset", "zeroed"])
+@pytest.mark.parametrize("damage", ["value length", "size past the end", "offset", "zeroed"])
 def test_the_messages_before_damage_in_the_topic_go_out_before_its_error(tmp_path: Path, damage: str) -> None:
     """sej's messages carry no checksum, and a damaged one in the middle of the topic stops its
     reading there. The look-ahead reads past the frontier: meeting the damage, it must not keep

@@ -317,6 +317,8 @@ class Scanner(Closing):
             if pending and os.pread(self._fd, len(pending), self._pos) != pending:
                 self._pending = b""  # cut and written over with as many bytes: read them again
                 continue
+            if pending:
+                self._check_incomplete(size)
             # At the end of the segment: go on to the next one once it exists (a string path:
             # this runs on every poll, and pathlib is slow).
             if self._next == self._segment.base or not os.path.exists(
@@ -373,6 +375,22 @@ class Scanner(Closing):
                     file=following.path,
                     offset=self._next,
                 )
+
+    def _check_incomplete(self, size: int) -> None:
+        """At the segment's end (``size`` bytes), ``_pending`` the start of a message: raise a
+        ``CorruptionError`` when the index names a whole message after it, which the segment
+        confirms. A writer adds index entries once the messages are written, in order, so an
+        append under way has none past its start: the bytes at ``_pos`` are damage (a size field
+        that reaches past the end), which a follower would otherwise wait at for ever."""
+        offset, position = index.last_confirmed_entry(self._segment, size)
+        if position > self._pos and offset > self._next:
+            raise CorruptionError(
+                f"incomplete message ({len(self._pending)} bytes to the segment's end), yet the whole "
+                f"message {offset} stands after it at byte {position}",
+                file=self._segment.path,
+                position=self._pos,
+                offset=self._next,
+            )
 
     def _incomplete_end(self) -> CorruptionError:
         return incomplete_end_error(self._segment, self._pos, self._next, len(self._pending))
