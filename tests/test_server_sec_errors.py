@@ -49,7 +49,7 @@ def _damage_second_message(queue_dir: Path) -> None:
 def test_damaged_stored_data_is_a_server_error_that_names_no_file(tmp_path: Path) -> None:
     """A queue whose journal is damaged was answered 400 (as if the request were wrong) with the
     segment's absolute path, and SQS's InternalFailure named the file too. Now: 500, the
-    reason, no path (the log has the whole story)."""
+    reason, no path (the log has the whole story), once the message before the damage is taken."""
     data = tmp_path / "secret-place" / "data"
     with serving(data, DirectHttpToolsProtocol) as port, \
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
@@ -57,6 +57,8 @@ def test_damaged_stored_data_is_a_server_error_that_names_no_file(tmp_path: Path
         for body in (b"first", b"other", b"third"):
             assert client.post("/damaged/messages", content=body).status_code == 201
         _damage_second_message(data / "damaged")
+        first = client.get("/damaged/messages")  # the whole message before the damage still goes out
+        assert (first.status_code, first.content) == (200, b"first"), first.text
         rest = client.get("/damaged/messages")
         sqs = client.post("/", headers={"X-Amz-Target": "AmazonSQS.ReceiveMessage",
                                         "Content-Type": "application/x-amz-json-1.0"},
