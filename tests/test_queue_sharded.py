@@ -240,8 +240,10 @@ def test_consumers_whose_homes_run_dry_go_to_shards_no_one_works(
     """Two consumers on four shards: one whose home runs dry goes on to a shard that neither the
     other's home nor its visit is, while there is one; before, it went to the shard after its
     home, the other's, and both waited for each other's hold there, shards no one worked
-    waiting. A visit holds the shard's lock, so a consumer that comes later goes elsewhere; back
-    home, a consumer lets go of it."""
+    waiting. A visit holds the shard's visit lock, so a consumer that comes later goes elsewhere
+    while it can, and takes the visited shard as its home when no other is left (with one lock
+    for both, the fourth of four consumers was left without a home); back home, a consumer lets
+    go of its visit."""
     monkeypatch.setattr(sharded, "_instances", itertools.count(-os.getpid() % 4))  # homes 0, 1
     with Broker(tmp_path, sync="none") as first, Broker(tmp_path, sync="none") as second:
         topic = first.topic("jobs", shards=4)
@@ -251,14 +253,16 @@ def test_consumers_whose_homes_run_dry_go_to_shards_no_one_works(
         assert {shard_of(m.id) for m in drain_once(a)} == {0}
         assert {shard_of(m.id) for m in drain_once(a)} == {2}  # not 1, b's home, which has work
         with pytest.raises(LockedError):
-            FileLock(topic.path / "consumers" / "work.2.lck").acquire(wait=False)
+            FileLock(topic.path / "consumers" / "work.2.visit.lck").acquire(wait=False)
         with Broker(tmp_path, sync="none") as third:  # a consumer that comes now: the shard no one holds
             assert third.topic("jobs").channel("work").home == 3
+            with Broker(tmp_path, sync="none") as fourth:  # none left: the visited one is still a home
+                assert fourth.topic("jobs").channel("work").home == 2
         assert {shard_of(m.id) for m in drain_once(b)} == {1}
         assert {shard_of(m.id) for m in drain_once(b)} == {3}
         later = topic.send_many([{"body": b"home", "key": key_of(0)}])
         assert [m.id for m in drain_once(a)] == later  # home again: the visit let go
-        with FileLock(topic.path / "consumers" / "work.2.lck"):
+        with FileLock(topic.path / "consumers" / "work.2.visit.lck"):
             pass
 
 

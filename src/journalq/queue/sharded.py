@@ -697,8 +697,9 @@ class ShardedChannel:
 
     def _claim_home(self) -> int:
         """From the shard picked by the pid on, the first that no other consumer of the channel
-        holds (a lock in ``ROOT/NAME/consumers/``, let go when the consumer closes or dies); the
-        pid's own when every shard has its consumer already."""
+        holds as its home (a lock in ``ROOT/NAME/consumers/``, let go when the consumer closes or
+        dies), one that no consumer visits first (``_visit``); the pid's own when every shard has
+        its consumer already. (A visit is for a while: the shard is still a home to take.)"""
         shards = len(self.topic.shards)
         start = self._current
         directory = self.topic.path / "consumers"
@@ -706,19 +707,22 @@ class ShardedChannel:
             directory.mkdir(exist_ok=True)
         except OSError:
             return start  # the topic is being deleted: its receives will say so
-        for step in range(shards):
-            index = (start + step) % shards
-            claim = self._claim_of(index)
-            try:
-                claim.acquire(wait=False)
-            except LockedError:
-                claim.close()
-                continue
-            except OSError:
-                claim.close()
-                return start
-            self._claim = claim
-            return index
+        for visited_too in (False, True):
+            for step in range(shards):
+                index = (start + step) % shards
+                if not visited_too and not _free(self._claim_of(index, visit=True)):
+                    continue
+                claim = self._claim_of(index)
+                try:
+                    claim.acquire(wait=False)
+                except LockedError:
+                    claim.close()
+                    continue
+                except OSError:
+                    claim.close()
+                    return start
+                self._claim = claim
+                return index
         return start
 
     @property
@@ -860,21 +864,26 @@ class ShardedChannel:
             raise failed
         return received, wake_at
 
-    def _claim_of(self, index: int) -> FileLock:
-        """The lock that a consumer of the channel holds on shard ``index``, its home or its visit
-        (``ROOT/NAME/consumers/CHANNEL.INDEX.lck``), not taken."""
-        return FileLock(self.topic.path / "consumers" / f"{self.name}.{index}.lck")
+    def _claim_of(self, index: int, visit: bool = False) -> FileLock:
+        """The lock that a consumer of the channel holds on shard ``index`` as its home
+        (``ROOT/NAME/consumers/CHANNEL.INDEX.lck``) or, ``visit``, while it works it away from
+        home (``CHANNEL.INDEX.visit.lck``), not taken. Two locks: a consumer that starts while a
+        shard is visited still takes it as its home when no other is free (with one lock, the
+        fourth of four consumers found none, and the visitor held two shards)."""
+        return FileLock(self.topic.path / "consumers" / f"{self.name}.{index}{'.visit' if visit else ''}.lck")
 
     def _visit(self, index: int) -> bool:
         """Whether this consumer may work shard ``index`` away from home before the others: no
-        other consumer holds its lock (as home, or visiting it). Holds it when so, letting go of
-        the one it visited before, until it moves on or goes home: a consumer whose home runs
+        other consumer holds it as home or visits it. Holds its visit lock when so, letting go
+        of the one it visited before, until it moves on or goes home: a consumer whose home runs
         dry goes to a shard no one works, not to another's home (where both would wait for each
         other's hold while shards no one works wait)."""
         visiting = self._visiting
         if visiting is not None and visiting[0] == index:
             return True
-        claim = self._claim_of(index)
+        if not _free(self._claim_of(index)):
+            return False
+        claim = self._claim_of(index, visit=True)
         try:
             free = claim.try_acquire(wait=False)
         except OSError:  # cannot be tried (the topic is being deleted, say): free, held by no one
@@ -1169,6 +1178,17 @@ class ShardedChannel:
             self._claim = None
         self._leave_visit()
         return opened
+
+
+def _free(lock: FileLock) -> bool:
+    """Whether no one holds ``lock`` (taken and let go at once; one that cannot be tried, the
+    topic being deleted say, counts as free: held by no one)."""
+    try:
+        return lock.try_acquire(wait=False)
+    except OSError:
+        return True
+    finally:
+        lock.close()
 
 
 def _one_shard(known: list[int | None]) -> int | None:
