@@ -410,7 +410,7 @@ def test_check_reports_the_torn_tail_and_repair_cuts_it(tmp_path: Path) -> None:
     assert result.exit_code == 1
     problems = [json.loads(line) for line in result.stdout.splitlines()]
     tail = next(p for p in problems if p["kind"] == "tail")
-    assert (tail["position"], tail["offset"], tail["fixed"]) == (17777, 50, False)
+    assert (tail["position"], tail["offset"], tail["fixed"], tail["resume"]) == (17777, 50, False, None)
     assert tail["file"].endswith("0000000000000000.jnl") and "incomplete message" in tail["reason"]
 
     repaired = run("check", torn, "--repair")

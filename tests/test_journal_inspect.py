@@ -178,3 +178,43 @@ def test_check_repair_of_a_stale_index_past_damage_keeps_the_sound_entries(tmp_p
     assert check(tmp_path).remaining == report.remaining[:1]
     with Scanner(tmp_path, 1000) as scanner:
         assert scanner.read_batch(1)[0].offset == 1000
+
+
+# -- where whole messages start again after damage (``Problem.resume``) ----------------------------
+
+
+def test_check_names_the_first_index_entry_past_damage_as_where_messages_resume(tmp_path):
+    """What a channel stuck at the damage skips to (``journalq queue skip``): the first entry of the
+    index past the damage that the segment confirms, and from there a scanner reads on."""
+    with Writer(tmp_path, segment_size=50_000) as writer:
+        writer.append_many([b"v%05d" % i for i in range(3000)])
+    first = list_segments(tmp_path)[0]
+    _damage_offset_field(first.path, 32 * 500)
+    (problem,) = check(tmp_path).problems
+    resume, position = next(e for e in index.read_entries(first) if e[0] > 500)
+    assert (problem.offset, problem.resume) == (500, resume)
+    assert f"whole messages start again at offset {resume} (byte {position}" in problem.reason
+    with Scanner(tmp_path, resume) as scanner:
+        assert scanner.read_batch(1)[0].offset == resume
+
+
+def test_check_names_the_next_segment_where_no_index_entry_follows_damage(tmp_path):
+    with Writer(tmp_path, segment_size=50_000) as writer:
+        writer.append_many([b"v%05d" % i for i in range(3000)])
+    first, second = list_segments(tmp_path)[:2]
+    last_message = first.path.stat().st_size - 32
+    _damage_offset_field(first.path, last_message)  # after the segment's last index entry
+    (problem,) = check(tmp_path).problems
+    assert (problem.kind, problem.offset, problem.resume) == ("segment", second.base - 1, second.base)
+    assert problem.reason.endswith(f"whole messages start again at offset {second.base} (the next segment)")
+
+
+def test_check_names_no_resume_for_a_tail_that_a_writer_cuts(tmp_path):
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"v%05d" % i for i in range(100)])
+    (segment,) = list_segments(tmp_path)
+    with segment.path.open("ab") as f:
+        f.write(b"\xff" * 20)
+    (problem,) = check(tmp_path).problems
+    assert (problem.kind, problem.resume) == ("tail", None)
+    assert "start again" not in problem.reason

@@ -866,6 +866,7 @@ def _report_lines(report: CheckReport, directory: str | None, tabular: bool) -> 
                     "offset": problem.offset,
                     "reason": problem.reason,
                     "fixed": problem.fixed,
+                    "resume": problem.resume,
                 }
             )
     if tabular:
@@ -886,7 +887,9 @@ def _report_lines(report: CheckReport, directory: str | None, tabular: bool) -> 
 def check_command(ctx: click.Context, directory: Path, repair: bool, fmt: str) -> None:
     """Read every message and sparse index of the journal at DIR (or of each shard of a root).
 
-    Prints one problem per line (as JSON lines: kind, file, position, offset, reason, fixed).
+    Prints one problem per line (as JSON lines: kind, file, position, offset, reason, fixed, and
+    resume: where whole messages start again after damage that stays, which a queue can skip to
+    with `queue skip`).
     Exit status 0 when no problem is left, 1 otherwise. Kinds: segment (damage inside a segment,
     never cut), tail (the end of the last segment, where a writer would cut), index (a missing or
     stale sparse index, sej writes none, so a journal written by sej has them missing until

@@ -236,7 +236,9 @@ class Problem:
     rebuild whose process was killed (repaired by removing it); ``journal``, segments that do not
     follow each other densely; ``offset``, a reader offset file that cannot be read (never
     repaired: ``set_offset`` mends it) or a killed commit's temporary file (removed). ``fixed`` says
-    whether ``check(repair=True)`` repaired it.
+    whether ``check(repair=True)`` repaired it. ``resume``: for damage that is left in place, the
+    offset where whole messages start again after it (an index entry that the segment confirms,
+    or the next segment's first), where a queue's channel can skip to (``Channel.skip_to``).
     """
 
     kind: ProblemKind
@@ -245,6 +247,7 @@ class Problem:
     offset: int | None
     reason: str
     fixed: bool = False
+    resume: int | None = None
 
     def __str__(self) -> str:
         where = [str(self.file)]
@@ -339,9 +342,11 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
         try:
             scan = scan_segment(segment, 0, segment.base, fd=fd)
             report.messages += scan.next_offset - segment.base
+            sound_past = index.entries_past_damage(segment, scan, fd)
             if scan.problem is not None:
-                report.problems.append(_scan_problem(segment, scan, last=i == len(segments) - 1))
-            index_problems = _check_index(segment, scan, repair, fd)
+                following = segments[i + 1].base if i + 1 < len(segments) else None
+                report.problems.append(_scan_problem(segment, scan, sound_past, following))
+            index_problems = _check_index(segment, scan, sound_past, repair, fd)
         finally:
             os.close(fd)
         if not index_problems and before is not None and before[0] == segment.index_path:
@@ -474,23 +479,36 @@ def _gap_problem(segment: Segment, due: int) -> Problem:
     )
 
 
-def _scan_problem(segment: Segment, scan: SegmentScan, *, last: bool) -> Problem:
+def _scan_problem(
+    segment: Segment, scan: SegmentScan, sound_past: list[index.Entry], following: int | None
+) -> Problem:
     """A segment's first bad message: a repairable tail only where a writer would cut it, which is
-    in the last segment at or after its last confirmed index entry (and not in a misnamed one)."""
+    in the last segment (``following`` None; else the next segment's base) at or after its last
+    confirmed index entry (and not in a misnamed one). Where whole messages start again after
+    damage that stays: the first entry of ``sound_past`` (``index.entries_past_damage``), else the
+    next segment."""
     problem = scan.problem
     assert problem is not None
     kind: ProblemKind = "segment"
-    if last and not (scan.end == 0 and misnamed(segment, segment.path.read_bytes())):
+    if following is None and not (scan.end == 0 and misnamed(segment, segment.path.read_bytes())):
         _, confirmed, _ = index.last_confirmed(segment, scan.file_size)
         if scan.end >= confirmed:
             kind = "tail"
-    return Problem(kind, segment.path, scan.end, scan.next_offset, problem.reason)
+    reason, resume = problem.reason, None
+    if sound_past:
+        resume, position = sound_past[0]
+        reason += f"; whole messages start again at offset {resume} (byte {position}, as the index confirms)"
+    elif following is not None:
+        resume = following
+        reason += f"; whole messages start again at offset {resume} (the next segment)"
+    return Problem(kind, segment.path, scan.end, scan.next_offset, reason, resume=resume)
 
 
-def _check_index(segment: Segment, scan: SegmentScan, repair: bool, fd: int) -> list[Problem]:
+def _check_index(
+    segment: Segment, scan: SegmentScan, sound_past: list[index.Entry], repair: bool, fd: int
+) -> list[Problem]:
     """The segment's index problem, if any, rebuilt from ``scan`` when ``repair``. ``fd``: the
-    segment, open."""
-    sound_past = index.entries_past_damage(segment, scan, fd)
+    segment, open; ``sound_past``: ``index.entries_past_damage``."""
     reason = _index_problem(segment, scan, sound_past, fd)
     if reason is None:
         return []
