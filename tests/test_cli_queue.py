@@ -345,12 +345,44 @@ def test_commands_on_a_missing_queue_fail_and_create_nothing(data: Path) -> None
     for args in (
         ("receive", "nope"), ("stats", "nope"), ("stats", "jobs", "nope"), ("purge", "nope"),
         ("delete", "nope", "0.1"), ("release", "nope", "0.1"), ("change-visibility", "nope", "0.1", "1"),
-        ("task", "nope", "0"), ("redrive", "nope"), ("delete-queue", "nope"),
+        ("task", "nope", "0"), ("redrive", "nope"), ("delete-queue", "nope"), ("skip", "nope", "--to", "0"),
         ("send", "nope", "x", "--no-create"),
     ):
         fails(data, *args, needle="no queue 'nope'", code=1)
     assert ok(data, "list") == [{"name": "jobs"}]
     assert sorted(p.name for p in data.iterdir()) == ["jobs"]
+
+
+def test_skip_finishes_what_is_below_the_offset_and_names_the_shard_of_a_sharded_queue(data: Path) -> None:
+    """``queue skip`` is the way past damage that ``check`` reports (its resume offset): the
+    damage itself is tested with ``Channel.skip_to``; here the command's arguments and output."""
+    ok(data, "send", "jobs", input="".join(f"m{i}\n" for i in range(10)))
+    if isinstance(data, str):  # ZooKeeper's store keeps tasks, not a journal
+        fails(data, "skip", "jobs", "--to", 4, needle="'jobs' is stored in ZooKeeper: it has no journal offsets")
+        return
+    receive(data, "jobs", "-n", 2, "--visibility-timeout", 600)  # in flight: finished too
+    assert ok(data, "skip", "jobs", "--to", 4) == [{"name": "jobs", "shard": None, "to": 4, "skipped": 4}]
+    assert ok(data, "skip", "jobs", "--to", 3) == [{"name": "jobs", "shard": None, "to": 3, "skipped": 0}]
+    assert [m["body"] for m in receive(data, "jobs", "-n", 10)] == [f"m{i}" for i in range(4, 10)]
+    past = "offset 11 is past the end of topic 'jobs': its next message will be offset 10"
+    fails(data, "skip", "jobs", "--to", 11, needle=past)
+    fails(data, "skip", "jobs", "--to", 1, "--shard", "x", needle="'jobs' is not a sharded queue: it has no shard 'x'")
+    fails(data, "skip", "jobs", "--to", -1, needle="-1")
+
+    ok(data, "create", "wide", "--shards", 2)
+    with Broker(data, sync="none") as broker:
+        queue = broker.queue("wide", create=False)
+        queue.send_many([{"body": b"w%d" % i, "key": b"k%d" % i} for i in range(20)])
+        first, second = queue.topic.shard_names
+        in_first = queue.shard_stats()[first].available
+    fails(data, "skip", "wide", "--to", 1, needle="'wide' is a sharded queue: name the shard with --shard")
+    unknown = f"'x' is not a shard of 'wide': its shards are {first} to {second}"
+    fails(data, "skip", "wide", "--to", 1, "--shard", "x", needle=unknown)
+    assert ok(data, "skip", "wide", "--to", in_first, "--shard", first) == [
+        {"name": "wide", "shard": first, "to": in_first, "skipped": in_first}
+    ]
+    [wide] = ok(data, "stats", "wide")
+    assert wide["available"] == 20 - in_first
 
 
 def test_attributes_of_every_type_round_trip(data: Path) -> None:

@@ -14,8 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import CorruptionError, StorageError
+from journalq.errors import (
+    CorruptionError,
+    InvalidSettingError,
+    OffsetOutOfRangeError,
+    ReceiptError,
+    StorageError,
+)
 from journalq.journal import Scanner
+from journalq.journal.inspect import check
 from journalq.queue import Broker
 from journalq.queue import channel as channel_module
 from conftest import counted_lookups
@@ -501,3 +508,78 @@ def test_redeliveries_and_delayed_messages_before_damage_still_go_out(tmp_path: 
         with pytest.raises(CorruptionError) as info:
             queue.receive(1, wait=5)
         assert time.monotonic() - started < 4 and info.value.offset == 4, str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["value length", "size past the end", "offset", "zeroed"])
+def test_a_skip_to_where_check_says_messages_start_again_gets_every_channel_past_damage(
+    tmp_path: Path, damage: str
+) -> None:
+    """The operator's way on (``journalq check``, then ``journalq queue skip``): every message from
+    where ``check`` says whole messages start again goes out, once; what lay between is finished.
+    A consumer of another broker (another process's) that had met the damage goes on too."""
+    root = tmp_path / "data"
+    segment, damaged = _damaged_topic(root, damage)
+    (problem,) = [p for p in check(root / "jobs").problems if p.kind == "segment"]
+    assert problem.offset == DAMAGED_AT and problem.resume is not None
+    resume = problem.resume
+    assert DAMAGED_AT < resume < DAMAGED_AT + 100  # the next sound index entry (one every 4 KiB)
+    with Broker(root, sync="none") as broker, Broker(root, sync="none") as other:
+        queue, elsewhere = broker.queue("jobs", create=False), other.queue("jobs", create=False)
+        taken = queue.receive(10, visibility_timeout=600)  # in flight when skipped: finished too
+        bodies: list[bytes] = [m.body[:5] for m in taken]
+        with pytest.raises(CorruptionError, match="`journalq check` names where whole messages start again"):
+            while True:  # until the error, once all before the damage went out
+                got = elsewhere.receive(10)
+                bodies += [m.body[:5] for m in got]
+                elsewhere.delete_many([m.receipt for m in got])
+        assert queue.skip_to(resume) == resume - DAMAGED_AT + 10
+        assert queue.skip_to(resume) == 0  # never back
+        with pytest.raises(ReceiptError):
+            queue.change_visibility(taken[0].receipt, 0)  # finished by the skip
+        while got := elsewhere.receive(10, wait=0):
+            bodies += [m.body[:5] for m in got]
+            elsewhere.delete_many([m.receipt for m in got])
+        assert bodies == [b"%05d" % i for i in [*range(DAMAGED_AT), *range(resume, 3000)]]
+        assert queue.receive(10, wait=0) == []
+        stats = queue.stats()
+        assert (stats.available, stats.in_flight) == (0, 0)
+    assert segment.read_bytes() == damaged  # nothing cut or rewritten
+
+
+def test_a_skip_refuses_an_offset_past_the_end_and_a_wrong_one(broker: Broker) -> None:
+    queue = broker.queue("jobs")
+    queue.send_many([b"m%d" % i for i in range(5)])
+    past = "offset 6 is past the end of topic 'jobs': its next message will be offset 5"
+    with pytest.raises(OffsetOutOfRangeError, match=past):
+        queue.skip_to(6)
+    for wrong in (-1, 1.5, True, "3"):
+        with pytest.raises(InvalidSettingError, match="offset must be a whole number from 0"):
+            queue.skip_to(wrong)  # type: ignore[arg-type]
+    assert queue.skip_to(5) == 5  # up to the end: a purge
+    assert queue.receive(wait=0) == []
+    queue.send(b"after")
+    assert [m.body for m in queue.receive(wait=0)] == [b"after"]
+
+
+def test_a_skip_counts_only_what_it_finished(broker: Broker) -> None:
+    queue = broker.queue("jobs")
+    queue.send_many([b"m%d" % i for i in range(10)])
+    got = queue.receive(4)
+    queue.delete_many([got[1].receipt, got[3].receipt])  # finished out of order: 1 and 3
+    assert queue.skip_to(6) == 4  # 0, 2, 4 and 5
+    assert [m.body for m in queue.receive(10, wait=0)] == [b"m6", b"m7", b"m8", b"m9"]
+
+
+def test_a_sharded_queue_skips_in_the_shard_named(tmp_path: Path) -> None:
+    with Broker(tmp_path / "data", sync="none") as broker:
+        queue = broker.queue("jobs", shards=2)
+        queue.send_many([{"body": b"m%d" % i, "key": b"k%d" % i} for i in range(40)])
+        first, second = queue.topic.shard_names
+        in_first = queue.shard_stats()[first].available
+        assert 0 < in_first < 40
+        unknown = f"'nope' is not a shard of 'jobs': its shards are {first} to {second}"
+        with pytest.raises(InvalidSettingError, match=unknown):
+            queue.skip_to(1, shard="nope")
+        assert queue.skip_to(in_first, shard=first) == in_first
+        left = queue.shard_stats()
+        assert (left[first].available, left[second].available) == (0, 40 - in_first)

@@ -56,7 +56,7 @@ from journalq.journal.sync import POLICY_FORMS
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_dead_letter_kinds, check_name
-from journalq.queue.sharded import check_topic_name
+from journalq.queue.sharded import ShardedQueue, check_topic_name
 from journalq.queue.topic import make_envelope
 from journalq.queue.zookeeper.layout import CLIENT_LOG
 
@@ -664,6 +664,30 @@ def purge(name: str, data: Path, sync: str) -> None:
     with _broker(data, sync) as broker:
         _queue(broker, name).purge()
         _echo_jsonl([{"name": name, "purged": True}])
+
+
+@queue.command()
+@click.argument("name", metavar="QUEUE")
+@click.option("--to", "offset", type=click.IntRange(min=0), required=True, metavar="OFFSET",
+              help="The first offset to keep: `journalq check` names it as resume, after damage.")
+@click.option("--shard", metavar="SHARD",
+              help="For a sharded queue, the shard's directory (as `check` names it): offsets are a shard's own.")
+@_broker_options
+def skip(name: str, offset: int, shard: str | None, data: Path, sync: str) -> None:
+    """Finish every message of QUEUE below OFFSET, in flight or not; the way past damage in the
+    queue's journal, which receives report once every message before it went out. Prints
+    {"name", "shard", "to", "skipped"}: skipped is how many messages it finished (0 when the
+    queue is past OFFSET already)."""
+    with _broker(data, sync) as broker:
+        target = _queue(broker, name)
+        if not hasattr(target, "skip_to"):  # (ZooKeeper's store: no journal, no offsets)
+            raise CommandError(f"{name!r} is stored in ZooKeeper: it has no journal offsets to skip")
+        if isinstance(target, ShardedQueue) and shard is None:
+            raise CommandError(f"{name!r} is a sharded queue: name the shard with --shard (offsets are a shard's own)")
+        if not isinstance(target, ShardedQueue) and shard is not None:
+            raise CommandError(f"{name!r} is not a sharded queue: it has no shard {shard!r}")
+        skipped = target.skip_to(offset) if shard is None else target.skip_to(offset, shard=shard)
+        _echo_jsonl([{"name": name, "shard": shard, "to": offset, "skipped": skipped}])
 
 
 @queue.command()

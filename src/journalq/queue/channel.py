@@ -1402,7 +1402,11 @@ class Channel:
                 # the whole messages before it were read and still go out. The error is the
                 # receive's that finds nothing else to give (``_check_damage``); until then,
                 # each read tries again from the damaged message, with a new scanner.
-                self._damage = exc
+                self._damage = CorruptionError(
+                    f"{exc.reason}; to go on past it, `journalq check` names where whole messages start "
+                    "again, and `skip_to` (`journalq queue skip`) moves the channel there",
+                    file=exc.file, position=exc.position, offset=exc.offset, timestamp_ns=exc.timestamp_ns,
+                )
                 if self._tail is not None:
                     self._tail.close()
                     self._tail = None
@@ -1945,6 +1949,37 @@ class Channel:
         """Finish every message sent so far (SQS's PurgeQueue)."""
         with self._held_current():
             self._record([Event(EventKind.SKIP_TO, self._end_offset()).encode()])
+
+    def skip_to(self, offset: int) -> int:
+        """Finish every message of the topic below ``offset`` that this channel has not finished,
+        in flight or not: none of them is delivered (again), and their receipts stop working.
+        Returns how many it finished; 0 when the channel is past ``offset`` already (a skip never
+        goes back).
+
+        The way past damage in the topic: a receive raises its ``CorruptionError`` once every
+        message before it went out, and ``journalq check`` names the offset where whole messages
+        start again (``Problem.resume``), which a skip to it gets this channel to. What lies
+        between is lost to this channel, as it is to a reader that cannot decode it. (Kafka's
+        answer is the same: a consumer group's offset reset past the bad records.)
+
+        ``OffsetOutOfRangeError`` for an offset past the topic's end: messages not yet sent
+        cannot be finished."""
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidSettingError(f"offset must be a whole number from 0, not {offset!r}")
+        with self._held_current():
+            end = self._end_offset()
+            if offset > end:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is past the end of topic {self.topic.name!r}: its next message "
+                    f"will be offset {end}",
+                    file=self.topic.path,
+                )
+            state = self.state
+            if offset <= state.cursor:
+                return 0
+            skipped = offset - state.cursor - sum(1 for o in state.finished if o < offset)
+            self._record([Event(EventKind.SKIP_TO, offset).encode()])
+            return skipped
 
     def close(self) -> None:
         self._closed = True

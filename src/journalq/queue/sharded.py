@@ -1158,6 +1158,16 @@ class ShardedChannel:
         for channel in self._all():
             channel.purge()
 
+    def skip_to(self, offset: int, *, shard: str) -> int:
+        """``Channel.skip_to`` in one shard, named by its directory (as ``journalq check`` and
+        ``shard_stats`` name it): offsets are a shard's own."""
+        names = self.topic.shard_names
+        if shard not in names:
+            raise InvalidSettingError(
+                f"{shard!r} is not a shard of {self.topic.name!r}: its shards are {names[0]} to {names[-1]}"
+            )
+        return self._channel(names.index(shard)).skip_to(offset)
+
     def commit_cursor(self) -> None:
         for channel in self._shard_channels:
             if channel is not None:
