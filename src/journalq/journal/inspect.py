@@ -497,6 +497,11 @@ def _scan_problem(
     reason, resume = problem.reason, None
     if sound_past:
         resume, position = sound_past[0]
+        if scan.incomplete:  # not an append under way: a writer indexes only whole messages, in order
+            reason = (
+                f"incomplete message ({scan.file_size - scan.end} bytes to the segment's end), yet whole "
+                "messages stand after it: its size field is damaged"
+            )
         reason += f"; whole messages start again at offset {resume} (byte {position}, as the index confirms)"
     elif following is not None:
         resume = following

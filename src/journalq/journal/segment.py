@@ -318,6 +318,9 @@ class SegmentScan:
     """The messages read, with ``keep=True``."""
     data: bytes = b""
     """Their bytes as the segment held them (from ``start`` to ``end``), with ``keep=True``."""
+    incomplete: bool = False
+    """Whether the ``problem`` is a message that the segment's end cuts short (an append under
+    way, a torn write, or a size field that reaches past the end), not bytes that cannot decode."""
 
     @property
     def clean(self) -> bool:
@@ -383,8 +386,9 @@ def scan_segment(
     finally:
         if own:
             os.close(fd)
-    if problem is None and pos < size:
+    incomplete = problem is None and pos < size
+    if incomplete:
         problem = CorruptionError(
             f"incomplete message: {size - pos} bytes at the end", file=segment.path, position=pos, offset=next_offset
         )
-    return SegmentScan(pos, next_offset, last_ts, size, entries, problem, kept, b"".join(kept_bytes))
+    return SegmentScan(pos, next_offset, last_ts, size, entries, problem, kept, b"".join(kept_bytes), incomplete)
