@@ -583,3 +583,26 @@ def test_a_sharded_queue_skips_in_the_shard_named(tmp_path: Path) -> None:
         assert queue.skip_to(in_first, shard=first) == in_first
         left = queue.shard_stats()
         assert (left[first].available, left[second].available) == (0, 40 - in_first)
+
+
+def test_a_damaged_segment_that_every_channel_skipped_past_is_collected(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        broker.queue("jobs", segment_size=65536).send_many([b"%05d" % i + b"x" * (_SIZE - 5) for i in range(3000)])
+    first, *rest = sorted((root / "jobs" / "jnl").glob("*.jnl"))
+    assert rest
+    data = bytearray(first.read_bytes())
+    at = 100 * (len(data) // int(rest[0].stem, 16))  # message 100 (the segment's messages are all alike)
+    data[at + 18 : at + 22] = (_SIZE + 1).to_bytes(4, "big")
+    first.write_bytes(bytes(data))
+    (problem,) = [p for p in check(root / "jobs").problems if p.kind == "segment"]
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs", create=False)
+        with pytest.raises(CorruptionError):
+            while True:
+                queue.delete_many([m.receipt for m in queue.receive(10)])
+        queue.skip_to(problem.resume)
+        while got := queue.receive(10, wait=0):
+            queue.delete_many([m.receipt for m in got])
+        broker.gc()
+    assert not first.exists() and not first.with_suffix(".idx").exists()
