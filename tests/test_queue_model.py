@@ -454,6 +454,31 @@ class SharedQueue(RuleBasedStateMachine):
         for n in ch.with_status(AVAILABLE) + ch.with_status(IN_FLIGHT):
             ch.finished(n)
 
+    @precondition(lambda self: self.OFFSET_IDS and bool(self.group))
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def skip(self, process: int, data: st.DataObject) -> None:
+        """A skip to the offset of a message (``skip_to``, the way past damage) finishes every
+        message of the channel below it in its shard, in flight too (their receipts stale), and
+        nothing else: that message and what comes after it stay as they were."""
+        ch = self.draw_channel(data)
+        n = data.draw(st.sampled_from([n for n, i in enumerate(ch.id) if i is not None]))
+        shard, offset = _placed(ch.id[n])
+        channel = self.channel(process, ch)
+        if self.SHARDS == 1:
+            skipped = channel.skip_to(offset)
+        else:
+            skipped = channel.skip_to(offset, shard=channel.topic.shard_names[shard])
+        below = [
+            m for m, i in enumerate(ch.id)
+            if i is not None and _placed(i)[0] == shard and _placed(i)[1] < offset
+            and ch.status[m] in (AVAILABLE, IN_FLIGHT)
+        ]
+        # At least those: offsets of messages for other channels (redriven), or past retention,
+        # that this channel has not come to yet, are finished by the skip too.
+        assert skipped >= sum(not ch.retired(m) for m in below), (skipped, below)
+        for m in below:
+            ch.finished(m)
+
     @precondition(lambda self: len(self.channels) < len(self.CHANNELS) + self.LATE_CHANNELS)
     @precondition(lambda self: self.segments_sent() > 2)  # (so that one may have been collected)
     @rule(process=st.integers(0, PROCESSES - 1))
@@ -688,6 +713,13 @@ def _matches(level: str | None, wants: Want) -> bool:
         return True
     offered, method = wants["level"]
     return offered == level if method == "absolute" else LEVELS.index(offered) >= LEVELS.index(level)
+
+
+def _placed(message_id: str) -> tuple[int, int]:
+    """The shard (0 in a queue of one) and the offset of a message id on files: ``OFFSET`` or
+    ``SHARD.OFFSET``."""
+    shard, _, offset = message_id.rpartition(".")
+    return int(shard or 0), int(offset)
 
 
 def _visibility(hide: float | None) -> dict[str, float]:
