@@ -657,6 +657,30 @@ def test_a_read_takes_no_index_entry_that_the_segment_does_not_confirm(tmp_path,
         assert got == values[start:]
 
 
+def test_a_size_that_reaches_past_the_end_before_indexed_messages_is_damage_not_a_cut(tmp_path):
+    """The last segment ends in an incomplete message, yet its index shows whole messages after
+    it: the read says damage there (as the scanner does), not that the journal was cut short."""
+    from journalq.errors import JournalError
+    from journalq.journal import Writer, end_offset
+
+    with Writer(tmp_path) as writer:
+        writer.append_many([b"v%05d" % i for i in range(3000)])
+    (segment,) = tmp_path.glob("jnl/*.jnl")
+    data = bytearray(segment.read_bytes())
+    data[32 * 500 + 18 : 32 * 500 + 22] = (0x7FFFFF00).to_bytes(4, "big")  # message 500's value length
+    segment.write_bytes(bytes(data))
+    assert end_offset(tmp_path) == 3000  # as a query plans it
+    with pytest.raises(CorruptionError, match="incomplete message .* yet the whole message") as caught:
+        for _ in reading.iter_columns(str(tmp_path), 0, 3000):
+            pass
+    assert (caught.value.file, caught.value.position, caught.value.offset) == (segment, 32 * 500, 500)
+    # Where the index names nothing after it, it is an append under way: the journal ends there.
+    (tmp_path / "jnl" / segment.name.replace(".jnl", ".idx")).unlink()
+    with pytest.raises(JournalError, match="the journal ends at offset 500"):
+        for _ in reading.iter_columns(str(tmp_path), 0, 3000):
+            pass
+
+
 def test_register_without_a_session_is_a_journalq_error(monkeypatch):
     from pyspark.sql import SparkSession
 

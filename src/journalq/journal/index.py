@@ -17,7 +17,7 @@ import struct
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
-from journalq.errors import JournalError
+from journalq.errors import CorruptionError, JournalError
 from journalq.journal.segment import Segment, SegmentScan, confirms, open_journal_file, open_segment, scan_segment
 
 MAGIC = b"JQIDX001"
@@ -292,6 +292,25 @@ def last_confirmed_entry(segment: Segment, size: int) -> Entry:
         finally:
             os.close(fd)
     return last_confirmed(segment, size)[:2]
+
+
+def damage_at_end(segment: Segment, position: int, due: int, pending: int, size: int) -> CorruptionError | None:
+    """For a segment of ``size`` bytes that ends with ``pending`` bytes of an incomplete message
+    (message ``due``, at byte ``position``): a ``CorruptionError`` when the index names a whole
+    message after it that the segment confirms, else None (an append may be under way). A writer
+    adds index entries once their messages are written, in order, so an append under way has none
+    past its start: such an entry means a size field that reaches past the end, which a reader
+    would otherwise wait at for ever."""
+    offset, entry = last_confirmed_entry(segment, size)
+    if entry <= position or offset <= due:
+        return None
+    return CorruptionError(
+        f"incomplete message ({pending} bytes to the segment's end), yet the whole message {offset} "
+        f"stands after it at byte {entry}",
+        file=segment.path,
+        position=position,
+        offset=due,
+    )
 
 
 def scan_tail(segment: Segment) -> SegmentScan:

@@ -377,20 +377,11 @@ class Scanner(Closing):
                 )
 
     def _check_incomplete(self, size: int) -> None:
-        """At the segment's end (``size`` bytes), ``_pending`` the start of a message: raise a
-        ``CorruptionError`` when the index names a whole message after it, which the segment
-        confirms. A writer adds index entries once the messages are written, in order, so an
-        append under way has none past its start: the bytes at ``_pos`` are damage (a size field
-        that reaches past the end), which a follower would otherwise wait at for ever."""
-        offset, position = index.last_confirmed_entry(self._segment, size)
-        if position > self._pos and offset > self._next:
-            raise CorruptionError(
-                f"incomplete message ({len(self._pending)} bytes to the segment's end), yet the whole "
-                f"message {offset} stands after it at byte {position}",
-                file=self._segment.path,
-                position=self._pos,
-                offset=self._next,
-            )
+        """At the segment's end (``size`` bytes), ``_pending`` the start of a message: raise the
+        ``CorruptionError`` of ``index.damage_at_end`` when the index shows it is damage."""
+        damage = index.damage_at_end(self._segment, self._pos, self._next, len(self._pending), size)
+        if damage is not None:
+            raise damage
 
     def _incomplete_end(self) -> CorruptionError:
         return incomplete_end_error(self._segment, self._pos, self._next, len(self._pending))

@@ -352,6 +352,10 @@ def iter_columns(
                 if not data:
                     if pending and os.path.exists(os.path.join(path, "jnl", segment_name(offset))):
                         raise incomplete_end_error(segment, position, offset, len(pending))
+                    if pending:  # damage, or an append under way (then the planned end is not reached)
+                        damage = index.damage_at_end(segment, position, offset, len(pending), position + len(pending))
+                        if damage is not None:
+                            raise damage
                     break  # on to the next segment
                 buf = pending + data if pending else data
                 used = 0
