@@ -394,6 +394,26 @@ def test_a_raw_reader_at_damage_before_the_last_segment_says_so(tmp_path: Path, 
             assert start + got == due and info.value.file == segment
 
 
+def test_a_raw_reader_at_a_size_past_the_last_segments_end_before_indexed_messages_says_so(tmp_path: Path) -> None:
+    """An incomplete message at the last segment's end that the index shows whole messages after
+    is damage (a size field that reaches past the end), not an append under way: ``hub push
+    --once`` would say "caught-up" with the rest never copied."""
+    with Writer(tmp_path / "j") as writer:
+        writer.append_many([b"v%05d" % i for i in range(3000)])  # 32 bytes a message
+    (segment,) = (tmp_path / "j" / "jnl").glob("*.jnl")
+    data = bytearray(segment.read_bytes())
+    data[32 * 500 + 18 : 32 * 500 + 22] = (0x7FFFFF00).to_bytes(4, "big")  # message 500's value length
+    segment.write_bytes(bytes(data))
+    with RawReader(tmp_path / "j") as reader:
+        got = 0
+        with pytest.raises(CorruptionError, match="yet the whole message .* stands after it") as info:
+            while True:
+                run = reader.read(got)
+                assert run.count, f"offset {got} read as the journal's end"
+                got += run.count
+        assert got == 500 and (info.value.file, info.value.offset) == (segment, 500)
+
+
 def test_a_raw_reader_seeks_past_a_message_larger_than_one_read(tmp_path: Path) -> None:
     """A journal without journalq's sparse index (sej writes none) is decoded from its segment's
     start to the offset asked for; a message larger than one read (1 MiB) may be on the way, as

@@ -136,8 +136,14 @@ class RawReader(Closing):
         """At the end of a segment that no segment follows at the offset due: the journal's end,
         unless a segment is listed after it, which a copy would never reach (a push stopped
         there for good, "caught-up", exit status 0): the segment was cut inside a message, or
-        segments are missing. (Listed again: a failed append may have taken that one back.)"""
+        segments are missing. (Listed again: a failed append may have taken that one back.) In
+        the last segment, an incomplete message with indexed whole messages after it is damage
+        too (``index.damage_at_end``), not an append under way."""
         if self._next_base is None:
+            if size > self._pos and self._fd >= 0:
+                damage = index.damage_at_end(self._segment, self._pos, self._next, size - self._pos, size)
+                if damage is not None:
+                    raise damage
             return
         self._next_base = base_after(self.path, self._segment.base)
         if self._next_base is None or os.fstat(self._fd).st_size != size:
