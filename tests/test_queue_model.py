@@ -1,6 +1,6 @@
 """A queue shared by several processes, against a model of what it must do: random sends,
 receives, deletes (by receipt, and by id), releases, consumer loops, redrives of dead letters,
-catch-ups, restarts and collections, each by one of
+skips to an offset (on files), catch-ups, restarts and collections, each by one of
 three ``Broker`` objects on one data directory (each opens its own files and takes its own locks,
 as another process would), and after each step the answer the model gives.
 
