@@ -361,12 +361,16 @@ def test_skip_finishes_what_is_below_the_offset_and_names_the_shard_of_a_sharded
         fails(data, "skip", "jobs", "--to", 4, needle="'jobs' is stored in ZooKeeper: it has no journal offsets")
         return
     receive(data, "jobs", "-n", 2, "--visibility-timeout", 600)  # in flight: finished too
-    assert ok(data, "skip", "jobs", "--to", 4) == [{"name": "jobs", "shard": None, "to": 4, "skipped": 4}]
-    assert ok(data, "skip", "jobs", "--to", 3) == [{"name": "jobs", "shard": None, "to": 3, "skipped": 0}]
+    assert ok(data, "skip", "jobs", "--to", 4) == [
+        {"name": "jobs", "channel": "default", "shard": None, "to": 4, "skipped": 4}
+    ]
+    assert ok(data, "skip", "jobs", "--to", 3, "--channel", "default")[0]["skipped"] == 0
     assert [m["body"] for m in receive(data, "jobs", "-n", 10)] == [f"m{i}" for i in range(4, 10)]
     past = "offset 11 is past the end of topic 'jobs': its next message will be offset 10"
     fails(data, "skip", "jobs", "--to", 11, needle=past)
-    fails(data, "skip", "jobs", "--to", 1, "--shard", "x", needle="'jobs' is not a sharded queue: it has no shard 'x'")
+    fails(data, "skip", "jobs", "--to", 1, "--shard", "x", needle="'jobs' is not sharded: it has no shard 'x'")
+    fails(data, "skip", "jobs", "--to", 1, "--channel", "x", needle="'jobs' in")
+    fails(data, "skip", "jobs", "--to", 1, "--channel", "x", needle="has no channel 'x': its channels are default")
     fails(data, "skip", "jobs", "--to", -1, needle="-1")
 
     ok(data, "create", "wide", "--shards", 2)
@@ -375,14 +379,36 @@ def test_skip_finishes_what_is_below_the_offset_and_names_the_shard_of_a_sharded
         queue.send_many([{"body": b"w%d" % i, "key": b"k%d" % i} for i in range(20)])
         first, second = queue.topic.shard_names
         in_first = queue.shard_stats()[first].available
-    fails(data, "skip", "wide", "--to", 1, needle="'wide' is a sharded queue: name the shard with --shard")
+    fails(data, "skip", "wide", "--to", 1, needle="'wide' is sharded: name the shard with --shard")
     unknown = f"'x' is not a shard of 'wide': its shards are {first} to {second}"
     fails(data, "skip", "wide", "--to", 1, "--shard", "x", needle=unknown)
     assert ok(data, "skip", "wide", "--to", in_first, "--shard", first) == [
-        {"name": "wide", "shard": first, "to": in_first, "skipped": in_first}
+        {"name": "wide", "channel": "default", "shard": first, "to": in_first, "skipped": in_first}
     ]
     [wide] = ok(data, "stats", "wide")
     assert wide["available"] == 20 - in_first
+
+
+def test_skip_of_a_topic_s_channel_names_it_and_leaves_the_others(tmp_path: Path) -> None:
+    """Each channel of a topic is stuck at damage alone, and skips alone; a channel that does not
+    exist is refused, not made (it would get every message of the topic)."""
+    data = tmp_path / "data"
+    with Broker(data, sync="none") as broker:
+        topic = broker.topic("events")
+        topic.channel("audit"), topic.channel("billing")  # (made before the sends: each gets them all)
+        topic.send_many([b"e%d" % i for i in range(6)])
+    fails(data, "skip", "events", "--to", 4, needle="'events' in")
+    fails(data, "skip", "events", "--to", 4, needle="is a topic with the channels audit, billing, not a queue")
+    assert ok(data, "skip", "events", "--to", 4, "--channel", "audit") == [
+        {"name": "events", "channel": "audit", "shard": None, "to": 4, "skipped": 4}
+    ]
+    fails(data, "skip", "events", "--to", 4, "--channel", "nope",
+          needle="has no channel 'nope': its channels are audit, billing")
+    with Broker(data, sync="none") as broker:
+        topic = broker.topic("events", create=False)
+        assert [m.body for m in topic.channel("audit").receive(10)] == [b"e4", b"e5"]
+        assert len(topic.channel("billing").receive(10)) == 6
+        assert broker.channel_names("events") == ["audit", "billing"]
 
 
 def test_attributes_of_every_type_round_trip(data: Path) -> None:

@@ -56,7 +56,7 @@ from journalq.journal.sync import POLICY_FORMS
 from journalq.queue import DEFAULT_CHANNEL, Attribute, Broker, Queue, QueueSettings, ReceivedMessage
 from journalq.queue.channel import MAX_RECEIVE
 from journalq.queue.settings import check_dead_letter_kinds, check_name
-from journalq.queue.sharded import ShardedQueue, check_topic_name
+from journalq.queue.sharded import ShardedChannel, check_topic_name
 from journalq.queue.topic import make_envelope
 from journalq.queue.zookeeper.layout import CLIENT_LOG
 
@@ -672,22 +672,36 @@ def purge(name: str, data: Path, sync: str) -> None:
               help="The first offset to keep: `journalq check` names it as resume, after damage.")
 @click.option("--shard", metavar="SHARD",
               help="For a sharded queue, the shard's directory (as `check` names it): offsets are a shard's own.")
+@click.option("--channel", type=TEXT, metavar="NAME",
+              help="A channel of a topic with channels of its own (each skips alone; default: the queue's).")
 @_broker_options
-def skip(name: str, offset: int, shard: str | None, data: Path, sync: str) -> None:
+def skip(name: str, offset: int, shard: str | None, channel: str | None, data: Path, sync: str) -> None:
     """Finish every message of QUEUE below OFFSET, in flight or not; the way past damage in the
     queue's journal, which receives report once every message before it went out. Prints
-    {"name", "shard", "to", "skipped"}: skipped is how many messages it finished (0 when the
-    queue is past OFFSET already)."""
+    {"name", "channel", "shard", "to", "skipped"}: skipped is how many messages it finished (0
+    when the queue is past OFFSET already)."""
     with _broker(data, sync) as broker:
-        target = _queue(broker, name)
+        target = _queue(broker, name) if channel is None else _channel(broker, name, channel)
         if not hasattr(target, "skip_to"):  # (ZooKeeper's store: no journal, no offsets)
             raise CommandError(f"{name!r} is stored in ZooKeeper: it has no journal offsets to skip")
-        if isinstance(target, ShardedQueue) and shard is None:
-            raise CommandError(f"{name!r} is a sharded queue: name the shard with --shard (offsets are a shard's own)")
-        if not isinstance(target, ShardedQueue) and shard is not None:
-            raise CommandError(f"{name!r} is not a sharded queue: it has no shard {shard!r}")
+        if isinstance(target, ShardedChannel) and shard is None:
+            raise CommandError(f"{name!r} is sharded: name the shard with --shard (offsets are a shard's own)")
+        if not isinstance(target, ShardedChannel) and shard is not None:
+            raise CommandError(f"{name!r} is not sharded: it has no shard {shard!r}")
         skipped = target.skip_to(offset) if shard is None else target.skip_to(offset, shard=shard)
-        _echo_jsonl([{"name": name, "shard": shard, "to": offset, "skipped": skipped}])
+        _echo_jsonl([{"name": name, "channel": target.name, "shard": shard, "to": offset, "skipped": skipped}])
+
+
+def _channel(broker: Broker, name: str, channel: str) -> Any:
+    """An existing channel of topic ``name`` (of a queue: ``default``); never creates one (a new
+    channel would get every message of the topic)."""
+    channels = _channels(broker, name)
+    if channel not in channels:
+        listed = ", ".join(channels)
+        raise QueueError(f"{name!r} in {broker.root} has no channel {channel!r}: its channels are {listed}")
+    if channel == DEFAULT_CHANNEL:
+        return broker.queue(name, create=False)
+    return broker.topic(name, create=False).channel(channel)
 
 
 @queue.command()
