@@ -697,7 +697,7 @@ def _channel(broker: Broker, name: str, channel: str) -> Any:
     channel would get every message of the topic)."""
     channels = _channels(broker, name)
     if channel not in channels:
-        listed = ", ".join(channels)
+        listed = ", ".join(channels) or "none yet"
         raise QueueError(f"{name!r} in {broker.root} has no channel {channel!r}: its channels are {listed}")
     if channel == DEFAULT_CHANNEL:
         return broker.queue(name, create=False)
