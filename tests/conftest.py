@@ -308,6 +308,19 @@ def fifo_at(path: Path) -> Iterator[Path]:
                 os.close(os.open(path, other_end | os.O_NONBLOCK))
 
 
+def size_past_the_end(path: Path, damaged: int, count: int = 2000) -> Path:
+    """A journal of ``count`` 100-byte messages (several index entries) whose message ``damaged``
+    has a value length that reaches past the segment's end; its segment."""
+    with Writer(path) as writer:
+        writer.append_many([b"%04d" % i + b"x" * 96 for i in range(count)])
+    segment = path / "jnl" / "0000000000000000.jnl"
+    data = bytearray(segment.read_bytes())
+    at = damaged * (len(data) // count)
+    data[at + 18 : at + 22] = (0x7FFFFF00).to_bytes(4, "big")
+    segment.write_bytes(bytes(data))
+    return segment
+
+
 def small_journal(path: Path, count: int = 5) -> None:
     """``count`` messages of 46 bytes in segments of 100 bytes (three messages each)."""
     with Writer(path, segment_size=100) as writer:

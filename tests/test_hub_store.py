@@ -37,7 +37,7 @@ from journalq.journal import Writer
 from journalq.journal.codec import decode, encode_batch
 from journalq.journal.segment import READ_CHUNK, segment_at
 from journalq.server.hub import create_hub_app
-from conftest import fifo_at, returned_at_once
+from conftest import fifo_at, returned_at_once, size_past_the_end
 
 
 def write(path: Path, count: int, segment_size: int = 4000, start: int = 0) -> None:
@@ -398,12 +398,7 @@ def test_a_raw_reader_at_a_size_past_the_last_segments_end_before_indexed_messag
     """An incomplete message at the last segment's end that the index shows whole messages after
     is damage (a size field that reaches past the end), not an append under way: ``hub push
     --once`` would say "caught-up" with the rest never copied."""
-    with Writer(tmp_path / "j") as writer:
-        writer.append_many([b"v%05d" % i for i in range(3000)])  # 32 bytes a message
-    (segment,) = (tmp_path / "j" / "jnl").glob("*.jnl")
-    data = bytearray(segment.read_bytes())
-    data[32 * 500 + 18 : 32 * 500 + 22] = (0x7FFFFF00).to_bytes(4, "big")  # message 500's value length
-    segment.write_bytes(bytes(data))
+    segment = size_past_the_end(tmp_path / "j", 500)
     with RawReader(tmp_path / "j") as reader:
         got = 0
         with pytest.raises(CorruptionError, match="yet the whole message .* stands after it") as info:

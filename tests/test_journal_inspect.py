@@ -16,7 +16,7 @@ from journalq.journal import Scanner, Writer, index
 from journalq.journal.inspect import check, describe
 from journalq.journal.segment import list_segments, segment_at
 
-from conftest import small_journal
+from conftest import size_past_the_end, small_journal
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -223,14 +223,10 @@ def test_check_names_no_resume_for_a_tail_that_a_writer_cuts(tmp_path):
 def test_check_says_a_size_that_reaches_past_the_end_before_indexed_messages_is_damage(tmp_path):
     """Such a message looks like an append under way, but a writer indexes only whole messages,
     in order: with an entry after it, it is damage, and check says so, and where to go on."""
-    with Writer(tmp_path) as writer:
-        writer.append_many([b"v%05d" % i for i in range(3000)])
-    (segment,) = list_segments(tmp_path)
-    data = bytearray(segment.path.read_bytes())
-    data[32 * 500 + 18 : 32 * 500 + 22] = (0x7FFFFF00).to_bytes(4, "big")  # message 500's value length
-    segment.path.write_bytes(bytes(data))
+    segment = size_past_the_end(tmp_path, 500)
+    each = segment.stat().st_size // 2000  # every message takes as many bytes
     (problem,) = check(tmp_path).problems
     assert (problem.kind, problem.offset) == ("segment", 500) and problem.resume is not None
     assert problem.reason.startswith(
-        f"incomplete message ({32 * 2500} bytes to the segment's end), yet whole messages stand after it"
+        f"incomplete message ({each * 1500} bytes to the segment's end), yet whole messages stand after it"
     ), problem.reason

@@ -20,6 +20,7 @@ from journalq.journal import Message, Scanner, Writer
 from journalq.journal import scanner as scanner_module
 from journalq.journal.codec import encode
 from journalq.journal.segment import list_segments, segment_bases
+from conftest import size_past_the_end
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -291,25 +292,12 @@ def test_incomplete_message_at_the_end_of_a_finished_segment(tmp_path):
     assert got == [0, 1]
 
 
-def _size_past_the_end(path: Path, damaged: int, count: int = 2000) -> Path:
-    """A journal of ``count`` 100-byte messages (several index entries) whose message ``damaged``
-    has a value length that reaches past the segment's end; its segment."""
-    with Writer(path) as writer:
-        writer.append_many([b"%04d" % i + b"x" * 96 for i in range(count)])
-    segment = path / "jnl" / SEG0
-    data = bytearray(segment.read_bytes())
-    at = damaged * (len(data) // count)
-    data[at + 18 : at + 22] = (0x7FFFFF00).to_bytes(4, "big")
-    segment.write_bytes(bytes(data))
-    return segment
-
-
 def test_a_size_past_the_end_with_whole_messages_after_it_is_damage(tmp_path):
     """A size field that reaches past the last segment's end reads as a message still being
     written. When the index names a whole message after it, which the segment confirms, it cannot
     be: a writer indexes messages once they are written, in order. A follower raises there, after
     the messages before it, rather than wait for ever; one that ends at the end does too."""
-    segment = _size_past_the_end(tmp_path, 700)
+    segment = size_past_the_end(tmp_path, 700)
     for timeout in (None, 20):
         got = []
         started = time.monotonic()
@@ -325,10 +313,10 @@ def test_a_size_past_the_end_with_no_index_after_it_is_waited_out(tmp_path):
     """Without an index entry past it (the journal's last bytes; or a journal that sej wrote,
     with no index), such damage is not told apart from an append under way: waited for, as
     before, until a writer's recovery cuts it."""
-    _size_past_the_end(tmp_path, 1999)
+    size_past_the_end(tmp_path, 1999)
     with Scanner(tmp_path, 0) as scanner:
         assert [m.offset for m in scanner] == list(range(1999))
-    _size_past_the_end(tmp_path / "sej", 700)
+    size_past_the_end(tmp_path / "sej", 700)
     (tmp_path / "sej" / "jnl" / SEG0.replace(".jnl", ".idx")).unlink()
     with Scanner(tmp_path / "sej", 0) as scanner:
         assert [m.offset for m in scanner] == list(range(700))

@@ -30,6 +30,7 @@ from journalq.spark.schema import SCHEMA  # noqa: E402
 from journalq.spark.source import JournalStreamReader, allocate  # noqa: E402
 from journalq.spark.targets import Target, for_writing, resolve  # noqa: E402
 from journalq.spark.writing import COMMIT, INTENT, CommitLog, digest, log_name  # noqa: E402
+from conftest import size_past_the_end  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("vectors_untouched")
 
@@ -661,23 +662,19 @@ def test_a_size_that_reaches_past_the_end_before_indexed_messages_is_damage_not_
     """The last segment ends in an incomplete message, yet its index shows whole messages after
     it: the read says damage there (as the scanner does), not that the journal was cut short."""
     from journalq.errors import JournalError
-    from journalq.journal import Writer, end_offset
+    from journalq.journal import end_offset
 
-    with Writer(tmp_path) as writer:
-        writer.append_many([b"v%05d" % i for i in range(3000)])
-    (segment,) = tmp_path.glob("jnl/*.jnl")
-    data = bytearray(segment.read_bytes())
-    data[32 * 500 + 18 : 32 * 500 + 22] = (0x7FFFFF00).to_bytes(4, "big")  # message 500's value length
-    segment.write_bytes(bytes(data))
-    assert end_offset(tmp_path) == 3000  # as a query plans it
+    segment = size_past_the_end(tmp_path, 500)
+    each = segment.stat().st_size // 2000  # every message takes as many bytes
+    assert end_offset(tmp_path) == 2000  # as a query plans it
     with pytest.raises(CorruptionError, match="incomplete message .* yet the whole message") as caught:
-        for _ in reading.iter_columns(str(tmp_path), 0, 3000):
+        for _ in reading.iter_columns(str(tmp_path), 0, 2000):
             pass
-    assert (caught.value.file, caught.value.position, caught.value.offset) == (segment, 32 * 500, 500)
+    assert (caught.value.file, caught.value.position, caught.value.offset) == (segment, each * 500, 500)
     # Where the index names nothing after it, it is an append under way: the journal ends there.
     (tmp_path / "jnl" / segment.name.replace(".jnl", ".idx")).unlink()
     with pytest.raises(JournalError, match="the journal ends at offset 500"):
-        for _ in reading.iter_columns(str(tmp_path), 0, 3000):
+        for _ in reading.iter_columns(str(tmp_path), 0, 2000):
             pass
 
 
