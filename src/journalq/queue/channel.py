@@ -1389,9 +1389,7 @@ class Channel:
             self._damage = None  # (read again: gone once retention or a repair took it away)
             try:
                 if tail is None or tail.offset != position:
-                    if tail is not None:
-                        tail.close()
-                        self._tail = None
+                    self._drop_tail()
                     tail = self._tail = Scanner(self.topic.path, position)
                 # read_batch gives one decoded chunk at a time: read on up to the look-ahead
                 while len(ahead) < most and (more := tail.read_batch(most - len(ahead))):
@@ -1407,17 +1405,20 @@ class Channel:
                     "again, and `skip_to` (`journalq queue skip`) moves the channel there",
                     file=exc.file, position=exc.position, offset=exc.offset, timestamp_ns=exc.timestamp_ns,
                 )
-                if self._tail is not None:
-                    self._tail.close()
-                    self._tail = None
+                self._drop_tail()
             except (OffsetOutOfRangeError, TruncatedError):
                 # Retention deleted messages this channel had not read: ``_skip_deleted`` skips
                 # them (the receive, under the hold, told by ``_tail_lost``).
                 self._tail_lost = True
-                if self._tail is not None:
-                    self._tail.close()
-                    self._tail = None
+                self._drop_tail()
         return ahead[start:]
+
+    def _drop_tail(self) -> None:
+        """Close the scanner that reads the topic ahead, if any: the next read opens one where it
+        is to read. (Under ``_ahead_lock``.)"""
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
 
     @staticmethod
     def _awake(
