@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from test_queue_lookahead import DAMAGED_AT, damaged_topic
 
 from journalq.cli.main import cli
+from journalq.journal.inspect import check
 from journalq.queue import Broker
 
 _SCRIPT = Path(sys.executable).parent / "journalq"
@@ -187,7 +189,8 @@ def test_stats_counts_and_purge(data: Path) -> None:
     rows = ok(data, "stats")
     assert [r["name"] for r in rows] == ["a", "b"]
     a, b = rows
-    assert set(a) == {"name", "available", "in_flight", "delayed", "dead", "oldest_age"}
+    assert set(a) == {"name", "available", "in_flight", "delayed", "dead", "oldest_age", "damage"}
+    assert a["damage"] is None and b["damage"] is None
     assert (a["available"], a["in_flight"], a["delayed"], a["dead"]) == (3, 1, 1, 0)
     assert isinstance(a["oldest_age"], float) and 0 <= a["oldest_age"] < 60
     assert (b["available"], b["in_flight"], b["oldest_age"]) == (0, 0, None)
@@ -409,6 +412,22 @@ def test_skip_of_a_topic_s_channel_names_it_and_leaves_the_others(tmp_path: Path
         assert [m.body for m in topic.channel("audit").receive(10)] == [b"e4", b"e5"]
         assert len(topic.channel("billing").receive(10)) == 6
         assert broker.channel_names("events") == ["audit", "billing"]
+
+
+def test_stats_say_where_damage_stops_a_queue_until_it_is_skipped(tmp_path: Path) -> None:
+    """``damage`` in the JSON lines; a table says it on stderr, under the counts; a skip to
+    where ``check`` says whole messages start again clears it."""
+    data = tmp_path / "data"
+    segment, _ = damaged_topic(data, "value length")
+    ok(data, "create", "sound")
+    jobs, sound = ok(data, "stats")
+    assert str(segment) in jobs["damage"] and f"offset {DAMAGED_AT}" in jobs["damage"] and sound["damage"] is None
+    table = run(data, "stats", "--format", "table")
+    assert table.exit_code == 0 and "damage" not in table.stdout
+    assert table.stderr.splitlines() == [f"jobs: stopped at damage: {jobs['damage']}"]
+    (problem,) = [p for p in check(data / "jobs").problems if p.kind == "segment"]
+    ok(data, "skip", "jobs", "--to", problem.resume)
+    assert ok(data, "stats", "jobs")[0]["damage"] is None
 
 
 def test_attributes_of_every_type_round_trip(data: Path) -> None:

@@ -436,12 +436,12 @@ DAMAGED_AT = channel_module._LOOK_AHEAD + 476  # within the look-ahead read from
 _SIZE = 100  # each message's body: every message takes the same bytes in the segment
 
 
-def _damaged_topic(root: Path, damage: str, total: int = 3000) -> tuple[Path, bytes]:
-    """A queue "jobs" of ``total`` messages of ``_SIZE`` bytes whose message ``DAMAGED_AT`` is
+def damaged_topic(root: Path, damage: str, total: int = 3000, name: str = "jobs") -> tuple[Path, bytes]:
+    """A queue ``name`` of ``total`` messages of ``_SIZE`` bytes whose message ``DAMAGED_AT`` is
     damaged in its segment as ``damage`` says; the segment and its damaged bytes."""
     with Broker(root, sync="none") as broker:
-        broker.queue("jobs").send_many([b"%05d" % i + b"x" * (_SIZE - 5) for i in range(total)])
-    (segment,) = (root / "jobs" / "jnl").glob("*.jnl")
+        broker.queue(name).send_many([b"%05d" % i + b"x" * (_SIZE - 5) for i in range(total)])
+    (segment,) = (root / name / "jnl").glob("*.jnl")
     data = bytearray(segment.read_bytes())
     at = DAMAGED_AT * (len(data) // total)  # the damaged message's first byte
     if damage == "value length":  # framing broken: the trailing size no longer agrees
@@ -464,7 +464,7 @@ def test_the_messages_before_damage_in_the_topic_go_out_before_its_error(tmp_pat
     out once; then every receive raises a ``CorruptionError`` that names the segment and the
     offset, and nothing in the file is cut or rewritten."""
     root = tmp_path / "data"
-    segment, damaged = _damaged_topic(root, damage)
+    segment, damaged = damaged_topic(root, damage)
     with Broker(root, sync="none") as broker:
         queue = broker.queue("jobs", create=False)
         bodies: list[bytes] = []
@@ -518,7 +518,7 @@ def test_a_skip_to_where_check_says_messages_start_again_gets_every_channel_past
     where ``check`` says whole messages start again goes out, once; what lay between is finished.
     A consumer of another broker (another process's) that had met the damage goes on too."""
     root = tmp_path / "data"
-    segment, damaged = _damaged_topic(root, damage)
+    segment, damaged = damaged_topic(root, damage)
     (problem,) = [p for p in check(root / "jobs").problems if p.kind == "segment"]
     assert problem.offset == DAMAGED_AT and problem.resume is not None
     resume = problem.resume
@@ -544,6 +544,62 @@ def test_a_skip_to_where_check_says_messages_start_again_gets_every_channel_past
         stats = queue.stats()
         assert (stats.available, stats.in_flight) == (0, 0)
     assert segment.read_bytes() == damaged  # nothing cut or rewritten
+
+
+def test_stats_say_where_damage_stops_the_receives_until_a_skip_gets_past_it(tmp_path: Path) -> None:
+    """Monitoring sees a queue stopped at damage: ``stats().damage`` names the segment and the
+    offset, from a broker that never received (another process's, as ``journalq queue stats``
+    and the server's scrape are) and from the consumer stuck there; None once skipped past."""
+    root = tmp_path / "data"
+    segment, _ = damaged_topic(root, "value length")
+    (problem,) = [p for p in check(root / "jobs").problems if p.kind == "segment"]
+    with Broker(root, sync="none") as broker, Broker(root, sync="none") as watcher:
+        queue, watched = broker.queue("jobs", create=False), watcher.queue("jobs", create=False)
+        damage = watched.stats().damage
+        assert damage is not None and str(segment) in damage and f"offset {DAMAGED_AT}" in damage
+        with pytest.raises(CorruptionError):
+            while True:
+                queue.delete_many([m.receipt for m in queue.receive(10)])
+        assert queue.stats().damage == damage == watched.stats().damage
+        queue.skip_to(problem.resume)
+        assert queue.stats().damage is None and watched.stats().damage is None
+
+
+def test_stats_say_damage_past_what_they_read_once_this_process_s_receives_met_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stats`` reads only so far past what receives took (``_STATS_LOOK_AHEAD``): damage
+    beyond is said once the receives' look-ahead met it, in their process."""
+    monkeypatch.setattr(channel_module, "_STATS_LOOK_AHEAD", 100)
+    root = tmp_path / "data"
+    damaged_topic(root, "zeroed")
+    with Broker(root, sync="none") as broker, Broker(root, sync="none") as watcher:
+        queue, watched = broker.queue("jobs", create=False), watcher.queue("jobs", create=False)
+        assert queue.stats().damage is None  # not read yet by anyone here
+        taken = 0
+        while queue.stats().damage is None:  # the look-ahead reads 1,024 past the frontier
+            taken += len(queue.receive(100))
+            assert taken < DAMAGED_AT - 200  # met by the receives, not by a stats read near the frontier
+        assert f"offset {DAMAGED_AT}" in str(queue.stats().damage)
+        assert watched.stats().damage is None  # that process's stats read 100 past the frontier
+
+
+def test_a_sharded_queue_s_stats_name_each_damaged_shard(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs", shards=2)
+        queue.send_many([{"body": b"%05d" % i + b"x" * (_SIZE - 5), "key": b"k%05d" % i} for i in range(3000)])
+        first, second = queue.topic.shard_names
+        count = queue.shard_stats()[second].available
+    (segment,) = (root / second / "jnl").glob("*.jnl")
+    with segment.open("r+b") as f:  # the offset of message 100 (all take the same bytes), indexed ones after it
+        f.seek(100 * (segment.stat().st_size // count))
+        f.write((10**6).to_bytes(8, "big"))
+    with Broker(root, sync="none") as broker:
+        queue = broker.queue("jobs", create=False)
+        stats, by_shard = queue.stats(), queue.shard_stats()
+        assert by_shard[first].damage is None and by_shard[second].damage is not None
+        assert stats.damage == by_shard[second].damage and str(segment) in stats.damage
 
 
 def test_a_skip_refuses_an_offset_past_the_end_and_a_wrong_one(broker: Broker) -> None:

@@ -136,7 +136,7 @@ def test_every_scrape_adds_up_both_workers(start_server: Callable[..., ServerPro
         depths = {s.name: s.value for name, family in families.items() if name.startswith("journalq_queue_")
                   for s in family.samples if s.labels["queue"] == QUEUE}
         assert depths == {"journalq_queue_available": SENT - RECEIVED, "journalq_queue_in_flight": RECEIVED - DELETED,
-                          "journalq_queue_delayed": 0, "journalq_queue_dead": 0,
+                          "journalq_queue_delayed": 0, "journalq_queue_dead": 0, "journalq_queue_damaged": 0,
                           "journalq_queue_oldest_age_seconds": depths["journalq_queue_oldest_age_seconds"]}
     # sync=always: each batch of POSTs and each DELETE synced, by one worker or the other; the sum
     # is the same from either (nothing was written between the scrapes).

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 from prometheus_client.parser import text_string_to_metric_families
+from test_queue_lookahead import DAMAGED_AT, damaged_topic
 from test_server_harness import ServerProcess, module_server, raw_request, read_answer, sqs_client, status_of
 
 from journalq.queue import Broker
@@ -502,6 +503,24 @@ def _sample(families: dict, family: str, sample: str, **labels: str) -> float | 
         if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
             return s.value
     return None
+
+
+def test_a_queue_stopped_at_damage_is_seen_in_its_counts_and_metrics(
+    server: ServerProcess, client: httpx.Client
+) -> None:
+    """Damage in a queue's journal stops its receives (after every message before it): monitoring
+    sees it, in ``GET /{queue}`` (``damage``: file, byte, offset) and in the gauge
+    ``journalq_queue_damaged``, 1 for that queue and 0 for a sound one."""
+    damaged, sound = f"damaged-{uuid.uuid4().hex[:8]}", f"sound-{uuid.uuid4().hex[:8]}"
+    segment, _ = damaged_topic(server.data, "value length", name=damaged)
+    client.put(f"/{sound}").raise_for_status()
+    counts = client.get(f"/{damaged}").json()
+    assert str(segment) in counts["damage"] and f"offset {DAMAGED_AT}" in counts["damage"], counts
+    assert counts["available"] == 3000 and client.get(f"/{sound}").json()["damage"] is None
+    families = _families(client.get("/metrics").text)
+    assert families["journalq_queue_damaged"].type == "gauge"
+    assert _sample(families, "journalq_queue_damaged", "journalq_queue_damaged", queue=damaged) == 1
+    assert _sample(families, "journalq_queue_damaged", "journalq_queue_damaged", queue=sound) == 0
 
 
 def test_metrics_in_prometheus_text_format(server: ServerProcess, client: httpx.Client) -> None:

@@ -523,8 +523,10 @@ _STATS_COLUMNS = ["name", "available", "in_flight", "delayed", "dead", "oldest_a
 @_broker_options
 def stats(names: tuple[str, ...], fmt: str, data: Path, sync: str) -> None:
     """Counts of each QUEUE (every queue when none is named): name, available, in_flight,
-    delayed, dead (moved to the dead-letter queue so far) and oldest_age (seconds since the
-    oldest unfinished message was sent; null when none)."""
+    delayed, dead (moved to the dead-letter queue so far), oldest_age (seconds since the
+    oldest unfinished message was sent; null when none) and damage (where damage in the
+    queue's journal stops its receives; null when none: `journalq check` and `queue skip` get
+    past it). A table says each damage on a line of its own under it, on stderr."""
     with _broker(data, sync) as broker:
         for name in names:
             _require(broker, name)  # every name before any output
@@ -544,10 +546,14 @@ def stats(names: tuple[str, ...], fmt: str, data: Path, sync: str) -> None:
             rows.append({
                 "name": name, "available": s.available, "in_flight": s.in_flight, "delayed": s.delayed,
                 "dead": s.dead, "oldest_age": None if s.oldest_age is None else round(s.oldest_age, 3),
+                "damage": s.damage,
             })
     if _tabular(fmt):
         for line in _table(rows, _STATS_COLUMNS):
             click.echo(line)
+        for row in rows:
+            if row["damage"] is not None:
+                click.echo(f"{row['name']}: stopped at damage: {row['damage']}", err=True)
     else:
         _echo_jsonl(rows)
 

@@ -360,6 +360,12 @@ class ChannelStats:
     oldest_age: float | None
     """Seconds since the oldest message counted above was sent (None when there is none): not
     one past retention or for another channel, which a receive finishes unseen."""
+    damage: str | None = None
+    """Damage in the topic ahead of the channel (sej's messages carry no checksum): where it is
+    (file, byte, offset), None when none was met. Receives give every message before it, then
+    raise it; ``journalq check`` names where whole messages start again and ``skip_to`` moves
+    the channel there. The messages past it count above as available. Seen as far as ``stats``
+    reads past what receives took (``_STATS_LOOK_AHEAD``) or this process's receives read."""
 
 
 # What ``_receipt`` makes: offset, delivery number, channel token, delivery stamp (hex). Receipts
@@ -545,7 +551,9 @@ class Channel:
         self._ahead: list[Message] = []  # read from the frontier on, not yet taken
         self._ahead_lock = threading.Lock()  # ``_ahead`` and ``_tail``: read outside the hold too
         self._tail_lost = False  # the tail's next message was deleted (retention): see ``_read_ahead``
-        self._damage: CorruptionError | None = None  # where the tail met damage: see ``_read_ahead``
+        # Where the tail met damage, the scanner's error: see ``_read_ahead`` (a receive raises it
+        # with how to go on: ``_check_damage``; ``stats`` says it).
+        self._damage: CorruptionError | None = None
         # Runs of delayed messages found past the frontier, by start (``_Asleep``): replaced whole
         # (under ``_asleep_lock``), never changed in place, so the hold reads it without a lock.
         self._asleep: list[_Asleep] = []
@@ -1158,7 +1166,11 @@ class Channel:
         before it that wait, delayed or held back by their group, go out first.)"""
         damage = self._damage
         if damage is not None and (damage.offset is None or damage.offset <= self.state.frontier):
-            raise damage
+            raise CorruptionError(
+                f"{damage.reason}; to go on past it, `journalq check` names where whole messages start "
+                "again, and `skip_to` (`journalq queue skip`) moves the channel there",
+                file=damage.file, position=damage.position, offset=damage.offset, timestamp_ns=damage.timestamp_ns,
+            )
 
     def _receive_held(
         self,
@@ -1400,11 +1412,7 @@ class Channel:
                 # the whole messages before it were read and still go out. The error is the
                 # receive's that finds nothing else to give (``_check_damage``); until then,
                 # each read tries again from the damaged message, with a new scanner.
-                self._damage = CorruptionError(
-                    f"{exc.reason}; to go on past it, `journalq check` names where whole messages start "
-                    "again, and `skip_to` (`journalq queue skip`) moves the channel there",
-                    file=exc.file, position=exc.position, offset=exc.offset, timestamp_ns=exc.timestamp_ns,
-                )
+                self._damage = exc
                 self._drop_tail()
             except (OffsetOutOfRangeError, TruncatedError):
                 # Retention deleted messages this channel had not read: ``_skip_deleted`` skips
@@ -1909,10 +1917,10 @@ class Channel:
         end = self._end_offset()
         start = max(frontier, self.topic.first_offset())  # retention may have deleted some
         unseen = max(0, end - start)
+        damage: CorruptionError | None = None
+        looked = 0
         if unseen:
             counted: list[Message] = []
-            damaged = False
-            looked = 0
             try:
                 with Scanner(self.topic.path, start) as scanner:
                     while looked < _STATS_LOOK_AHEAD and (batch := scanner.read_batch(_STATS_LOOK_AHEAD - looked)):
@@ -1923,16 +1931,19 @@ class Channel:
                         unseen -= late + hows.count(None)
                         if not counted:
                             counted = [m for m, how in zip(batch, hows) if how is not None][:1]
-            except CorruptionError:
-                # Damage in the topic: what lies past it counts as available, as what lies past
-                # the look-ahead does (a receive raises there: ``_check_damage``).
-                damaged = True
-            if not counted and unseen and not damaged:  # only beyond the look-ahead: approximately, the next
+            except CorruptionError as exc:
+                # Damage in the topic: said, and what lies past it counts as available, as what
+                # lies past the look-ahead does (a receive raises there: ``_check_damage``).
+                damage = exc
+            if not counted and unseen and damage is None:  # only beyond the look-ahead: approximately, the next
                 counted = [m for m in (self.topic.message(start + looked),) if m is not None]
             sent += [m.timestamp_ns for m in counted]
+        known = self._damage  # what this process's receives met, maybe past what was read here
+        if damage is None and known is not None and (known.offset is None or known.offset >= start + looked):
+            damage = known
         available += unseen
         oldest = max(0.0, (now - min(sent)) / 1e9) if sent else None
-        return ChannelStats(available, len(hidden), delayed, dead, oldest)
+        return ChannelStats(available, len(hidden), delayed, dead, oldest, None if damage is None else str(damage))
 
     def _end_offset(self) -> int:
         return end_offset(self.topic.path)

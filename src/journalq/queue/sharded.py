@@ -1138,15 +1138,18 @@ class ShardedChannel:
         return held
 
     def stats(self) -> ChannelStats:
-        """The sums of every shard's counts; the oldest age over all shards."""
+        """The sums of every shard's counts; the oldest age over all shards; the damage of each
+        shard that met some, in shard order (each names its shard's file)."""
         every = [channel.stats() for channel in self._all()]
         ages = [s.oldest_age for s in every if s.oldest_age is not None]
+        damages = [s.damage for s in every if s.damage is not None]
         return ChannelStats(
             available=sum(s.available for s in every),
             in_flight=sum(s.in_flight for s in every),
             delayed=sum(s.delayed for s in every),
             dead=sum(s.dead for s in every),
             oldest_age=max(ages) if ages else None,
+            damage="; ".join(damages) if damages else None,
         )
 
     def shard_stats(self) -> dict[str, ChannelStats]:

@@ -473,9 +473,11 @@ def create_app(config: ServerConfig) -> App:
 
     @app.get("/{queue}", tags=["mq"], dependencies=[Depends(rest_checks)])
     async def get_queue(queue: str) -> dict[str, Any]:
-        """200 with the queue's counts when it exists, 404 otherwise. A topic whose channels are
-        its own (made through the library, none named ``default``): the counts of each channel,
-        under ``channels`` (a read gives it no channel of its own)."""
+        """200 with the queue's counts when it exists (available, in_flight, delayed, dead,
+        oldest_age; damage: where damage in its journal stops its receives, null when none),
+        404 otherwise. A topic whose channels are its own (made through the library, none named
+        ``default``): the counts of each channel, under ``channels`` (a read gives it no channel
+        of its own)."""
 
         def counts_of(name: str) -> dict[str, Any]:
             found = queue_to_read(broker(), name)

@@ -282,6 +282,7 @@ class _ScrapeTime:
                 ("delayed", "Messages waiting out a delay."),
                 ("dead", "Messages moved to the dead-letter queue."),
                 ("oldest_age_seconds", "Age of the oldest message not yet deleted."),
+                ("damaged", "1 when damage in the queue's journal stops its receives (journalq check says where)."),
             )
         }
         try:
@@ -297,7 +298,10 @@ class _ScrapeTime:
             except Exception:  # a queue deleted meanwhile, or unreadable: leave it out of this scrape
                 continue
             for field, family in families.items():
-                value = getattr(stats, field.removesuffix("_seconds"))
+                if field == "damaged":
+                    value: Any = stats.damage is not None
+                else:
+                    value = getattr(stats, field.removesuffix("_seconds"))
                 if value is not None:
                     family.add_metric([name], float(value))
         yield from families.values()
