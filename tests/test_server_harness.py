@@ -224,12 +224,22 @@ def status_of(answer: bytes) -> int:
     return int(match[1])
 
 
-def sqs_client(url: str, key: str = "AKIDEXAMPLE", secret: str = "secret", **config: object):
-    """A boto3 SQS client for the server at ``url``, with one attempt per call (no retries)."""
+QUERY_MODEL = Path(__file__).parent / "data" / "botocore-sqs-query"
+"""botocore 1.31.60's model of SQS (its documentation left out): the Query protocol, which
+botocore spoke to SQS before its JSON protocol. A client made with it is such an SDK."""
+
+
+def sqs_client(url: str, key: str = "AKIDEXAMPLE", secret: str = "secret", *, query: bool = False, **config: object):
+    """A boto3 SQS client for the server at ``url``, with one attempt per call (no retries);
+    with ``query``, one that speaks SQS's Query protocol (``QUERY_MODEL``), as older SDKs do."""
     import boto3
+    import botocore.session
     from botocore.config import Config
 
-    return boto3.client(
+    session = botocore.session.get_session()
+    if query:
+        session.get_component("data_loader").search_paths.insert(0, str(QUERY_MODEL))
+    return boto3.Session(botocore_session=session).client(
         "sqs",
         endpoint_url=url,
         region_name="us-east-1",

@@ -141,16 +141,19 @@ def test_the_h11_fallback_answers_a_request_past_the_concurrency_limit_as_httpto
         assert http.get("/q/messages").content == b"hi"
 
 
-def test_a_query_protocol_request_is_told_that_the_endpoint_speaks_json(tmp_path: Path) -> None:
-    """An SQS client of the older Query protocol (a form-encoded ``Action=...``, no X-Amz-Target:
-    AWS SDK for Java 1.x and boto3 releases from before SQS's JSON protocol) was answered
-    ``X-Amz-Target '' is not an Amazon SQS action``, which does not say what to change. The
-    answer now says that the endpoint speaks SQS's JSON protocol, and not the Query one."""
+def test_an_sqs_request_that_names_no_action_is_told_how_to_name_one(tmp_path: Path) -> None:
+    """A POST to ``/`` with neither an X-Amz-Target (SQS's JSON protocol) nor a form (its Query
+    protocol) is told both ways of naming an action; a form without ``Action`` is told so in the
+    Query protocol's XML."""
     with serving(tmp_path / "data", StoppingH11Protocol) as port:
-        answer = httpx.post(f"http://127.0.0.1:{port}/", content=b"Action=ListQueues&Version=2012-11-05",
-                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+        answer = httpx.post(f"http://127.0.0.1:{port}/", content=b"{}",
+                            headers={"Content-Type": "application/x-amz-json-1.0"})
         assert answer.status_code == 400 and answer.headers["x-amzn-query-error"] == "InvalidAction;Sender"
         message = answer.json()["message"]
-        assert "X-Amz-Target" in message and "JSON protocol" in message and "Query protocol" in message
+        assert "X-Amz-Target" in message and "JSON protocol" in message and "Action parameter" in message
+        form = httpx.post(f"http://127.0.0.1:{port}/", content=b"Version=2012-11-05",
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert form.status_code == 400 and form.headers["content-type"] == "text/xml"
+        assert "<Code>MissingAction</Code>" in form.text and "names no action" in form.text
         named = httpx.post(f"http://127.0.0.1:{port}/", content=b"{}", headers={"X-Amz-Target": "Other.Thing"})
         assert named.json()["message"] == "X-Amz-Target 'Other.Thing' is not an Amazon SQS action"

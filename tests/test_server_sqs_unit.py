@@ -1286,7 +1286,7 @@ def test_the_character_check_refuses_what_the_pattern_refuses_and_no_more(check:
     pattern judges it."""
     for code in range(128):
         for text in (chr(code), f"ab{chr(code)}cd"):
-            refused = sqs_module._BAD_CHARACTER.search(text) is not None
+            refused = sqs_module.BAD_CHARACTER.search(text) is not None
             try:
                 encoded = check(text)
             except SqsError as exc:

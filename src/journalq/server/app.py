@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -26,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, parse_qsl
 
 import anyio
 from fastapi import Depends, FastAPI, Request, Response
@@ -67,7 +68,8 @@ from journalq.server.polling import poll_slices
 from journalq.server.reading import queue_to_read, received_in_turn
 from journalq.server.scopes import header
 from journalq.server.sigv4 import AuthError, verify
-from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol, sending_to
+from journalq.server import sqs_query
+from journalq.server.sqs import FIFO_SUFFIX, SqsError, SqsProtocol, plain_answer, sending_to
 from journalq.server.tokens import bearer_matches
 
 log = logging.getLogger("journalq.server")
@@ -804,7 +806,12 @@ def create_app(config: ServerConfig) -> App:
                                        max_message_size=config.max_message_size, stopping=stopping.is_set))
         return sqs_box[0]
 
-    async def store_sqs(name: str, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | Exception]:
+    async def store_sqs(
+        name: str, requests: Sequence[tuple[str, dict[str, Any]]], plain: Callable[[str, str], Any] = _plain_sent_answer
+    ) -> list[dict[str, Any] | Exception]:
+        """SendMessage and SendMessageBatch requests to queue ``name``, stored together; a plain
+        SendMessage answered ``plain(message_id, md5)`` (see ``SqsProtocol.send_together``)."""
+
         def partly_stored(exc: PartialSendError) -> Exception:
             if not isinstance(exc, (StorageError, StoreUnavailableError)):
                 return exc  # answered as any other unexpected error of the queue's
@@ -817,13 +824,15 @@ def create_app(config: ServerConfig) -> App:
             rules = protocol.send_rules(name)
         answers: list[dict[str, Any] | Answer | Exception] = await appended(
             functools.partial(
-                protocol.send_together, partly_stored=partly_stored, plain=_plain_sent_answer, rules=rules
+                protocol.send_together, partly_stored=partly_stored, plain=plain, rules=rules
             ),
             name, requests)
         counts.count_sqs_sends(name, [action for action, _ in requests], answers)
         return answers
 
     sqs_sends = Batcher(store_sqs)  # SendMessage and SendMessageBatch: group commit, as REST's
+    # The same for the Query protocol, whose plain sends are answered in XML (from their dicts).
+    sqs_query_sends = Batcher(functools.partial(store_sqs, plain=plain_answer))
 
     async def store_sqs_deletes(name: str, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any] | Exception]:
         return await appended(sqs_protocol().delete_together, name, requests)
@@ -840,7 +849,7 @@ def create_app(config: ServerConfig) -> App:
         """The action an SQS request names in its ``X-Amz-Target`` (checked before its body is
         read), or ``SqsRefusal``."""
         service, _, action = target.partition(".")
-        if not target:  # what an SDK of SQS's older Query protocol (a form-encoded Action=...) sends
+        if not target:  # neither JSON (X-Amz-Target) nor a Query protocol form (``is_query``)
             raise SqsRefusal(SqsError("InvalidAction", _NO_TARGET))
         if service != "AmazonSQS" or not action:
             raise SqsRefusal(SqsError("InvalidAction", f"X-Amz-Target {target!r} is not an Amazon SQS action"))
@@ -854,7 +863,7 @@ def create_app(config: ServerConfig) -> App:
                 # The signature covers the path the client posted to, as sent (still percent-
                 # encoded: ``path`` is decoded); ``raw_path`` has no query (some servers' has).
                 raw_path = scope.get("raw_path") or scope["path"].encode()
-                verify("POST", raw_path.partition(b"?")[0].decode("latin-1"),
+                verify(scope["method"], raw_path.partition(b"?")[0].decode("latin-1"),
                        scope["query_string"].decode("latin-1"), headers, body, config.aws_credentials)
             except AuthError as exc:
                 raise SqsRefusal(SqsError(exc.code, exc.message, status=exc.status)) from None
@@ -868,72 +877,89 @@ def create_app(config: ServerConfig) -> App:
                                  exc.headers) from None
 
     def sqs_request(
-        scope: Scope, target: str, body: bytes, headers: dict[str, str] | None = None
+        scope: Scope, target: str, body: bytes, headers: dict[str, str] | None = None, *, query: bool = False
     ) -> tuple[str, dict[str, Any]]:
         """The checks of an SQS request whose body is read: its action and payload, or
         ``SqsRefusal``. ``target``: its ``X-Amz-Target``; ``headers``: all of them as text
-        (``_text_headers``), made here if None and a check reads them. No side effects: the
+        (``_text_headers``), made here if None and a check reads them; ``query``: a request of
+        the Query protocol (``is_query``), whose action is in its form. No side effects: the
         direct path may check a request the ASGI path then answers."""
-        action = sqs_action(target)
+        action = "" if query else sqs_action(target)  # (a Query request's is in its form, read after the credentials)
         if sqs_checks_headers:
             check_sqs_credentials(scope, headers if headers is not None else _text_headers(scope), body)
-        try:
-            payload = _json_of(body or b"{}")
-            if not isinstance(payload, dict):
-                raise ValueError("not a JSON object")
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the decoder goes
-            raise SqsRefusal(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}")) from None
+        if query:
+            action, payload = _query_request(scope, body)
+        else:
+            try:
+                payload = _json_of(body or b"{}")
+                if not isinstance(payload, dict):
+                    raise ValueError("not a JSON object")
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the decoder goes
+                raise SqsRefusal(SqsError("InvalidRequest", f"the body is not a JSON object: {exc}")) from None
         if on_zookeeper:
             raise SqsRefusal(SqsError(
                 "UnsupportedOperation", "the SQS protocol needs a data directory: this server's queues are in "
                 "ZooKeeper (use mq's REST API)", status=400))
         return action, payload
 
-    def sqs_answer(action: str, payload: dict[str, Any], outcome: dict[str, Any] | Answer | BaseException) -> Answer:
+    def sqs_answer(
+        action: str, payload: dict[str, Any], outcome: dict[str, Any] | Answer | BaseException, *, query: bool = False
+    ) -> Answer:
         """The answer to an SQS request that reached its queue: its result, or the error that
-        refused it (other exceptions propagate)."""
+        refused it (other exceptions propagate); in XML for a request of the Query protocol."""
         if action in metrics.Metrics.SQS_COUNTED and isinstance(outcome, dict):  # (sends: once a batch, by store_sqs)
             counts.count_sqs(action, sqs_protocol().queue_of(payload), outcome)  # the queue it reached
-        return sqs_outcome_answer(outcome)
+        return sqs_outcome_answer(outcome, action if query else None)
 
-    def sqs_outcome_answer(outcome: dict[str, Any] | Answer | BaseException) -> Answer:
+    def sqs_outcome_answer(outcome: dict[str, Any] | Answer | BaseException, query_action: str | None = None) -> Answer:
         """What an SQS request that reached its queue is answered, given its outcome: ``sqs_answer``
-        without the counting, for the sends (counted once a batch), with no partial per request."""
+        without the counting, for the sends (counted once a batch), with no partial per request.
+        ``query_action``: the action of a request of the Query protocol, answered in XML."""
         if type(outcome) is tuple:  # first: the common case, a plain SendMessage's (_plain_sent_answer)
             return outcome
         if not isinstance(outcome, BaseException):
+            if query_action is not None:
+                request_id = _request_id()
+                return _whole(200, sqs_query.answer_xml(query_action, outcome, request_id.decode()),
+                              _sqs_headers(request_id=request_id, content_type=_XML))
             return _whole(200, _json_text(outcome).encode(), _sqs_headers())
+        query = query_action is not None
         if isinstance(outcome, SqsError):
-            return _sqs_error_answer(outcome)
+            return _sqs_error_answer(outcome, query=query)
         if isinstance(outcome, HTTPProblem):
             return _sqs_error_answer(SqsError("ServiceUnavailable", outcome.message, status=outcome.status,
-                                              sender=False), outcome.headers)
+                                              sender=False), outcome.headers, query=query)
         if isinstance(outcome, Error):  # none that SQS has a code for: still answered in SQS's shape
             text = _journal_problem(outcome) if isinstance(outcome, JournalError) else str(outcome)
-            return _sqs_error_answer(SqsError("InternalFailure", text, status=500, sender=False))
+            return _sqs_error_answer(SqsError("InternalFailure", text, status=500, sender=False), query=query)
         raise outcome
 
     async def hot_sqs(scope: Scope, receive: Receive, send: Send) -> int:
-        """The Amazon SQS JSON protocol: any POST naming an SQS action in ``X-Amz-Target`` (SQS
-        clients may post to the queue's URL instead of ``/``), and every POST to ``/``."""
+        """The Amazon SQS protocols: JSON, any POST naming an SQS action in ``X-Amz-Target`` (SQS
+        clients may post to the queue's URL instead of ``/``), and every other POST to ``/``;
+        Query, a form-encoded POST to ``/`` or to a queue's URL, or a GET of one with an
+        ``Action`` (``is_query``), answered in XML."""
         headers = _text_headers(scope)
         target = headers.get("x-amz-target", "")
+        query = not target and is_query(scope)
         try:
-            sqs_action(target)
+            if not query:
+                sqs_action(target)
             try:
                 declared = headers.get("content-length")
                 body = await body_of(receive, None if declared is None else declared.encode(), config.max_request_size)
             except HTTPProblem as exc:
                 code = "RequestEntityTooLarge" if exc.status == 413 else "InvalidRequest"
                 raise SqsRefusal(SqsError(code, exc.message, status=exc.status)) from None
-            action, payload = sqs_request(scope, target, body, headers)
+            action, payload = sqs_request(scope, target, body, headers, query=query)
         except SqsRefusal as refusal:
-            return await _send_answer(send, _sqs_error_answer(refusal.error, refusal.headers))
+            return await _send_answer(send, _sqs_error_answer(refusal.error, refusal.headers, query=query))
         base_url = f"{scope['scheme']}://{headers.get('host') or f'{config.host}:{config.port}'}"
         outcome: dict[str, Any] | BaseException
         try:
             if action in SqsProtocol.SEND_ACTIONS:
-                outcome = await sqs_sends.call(sqs_protocol().queue_of(payload), (action, payload))
+                sends = sqs_query_sends if query else sqs_sends
+                outcome = await sends.call(sqs_protocol().queue_of(payload), (action, payload))
             elif action == "DeleteMessage":
                 outcome = await sqs_deletes.call(sqs_protocol().queue_of(payload), payload)
             elif action == "ReceiveMessage":
@@ -947,7 +973,7 @@ def create_app(config: ServerConfig) -> App:
                         waitless.clear()  # (its queue's wait may have changed: each is looked at again)
         except (SqsError, HTTPProblem, Error) as exc:
             outcome = exc
-        return await _send_answer(send, sqs_answer(action, payload, outcome))
+        return await _send_answer(send, sqs_answer(action, payload, outcome, query=query))
 
     async def sqs_receive(receive: Receive, payload: dict[str, Any], base_url: str) -> dict[str, Any]:
         """A ReceiveMessage, told when its client goes away (``http.disconnect``, which the
@@ -987,11 +1013,29 @@ def create_app(config: ServerConfig) -> App:
             sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, sqs_outcome_answer))
         return True
 
+    def is_query(scope: Scope) -> bool:
+        """Whether a request with no ``X-Amz-Target`` is one of SQS's Query protocol: a POST of a
+        form (``Action=...``) to ``/`` or to a queue's URL (``/ACCOUNT/QUEUE``, where the Java
+        SDK posts), or a GET of one of those with an ``Action`` in its query string."""
+        if not _is_query_path(scope["path"]):
+            return False
+        if scope["method"] == "GET":
+            return _names_action(scope["query_string"])
+        content_type = (header(scope, b"content-type") or b"").partition(b";")[0].strip().lower()
+        return content_type == b"application/x-www-form-urlencoded"
+
     def hot_route(scope: Scope) -> Handler | None:
-        if scope["method"] != "POST":
+        method = scope["method"]
+        if method == "GET":
+            if scope["query_string"] and is_query(scope):
+                scope["journalq.operation"] = "GET /"
+                return hot_sqs
+            return None
+        if method != "POST":
             return None
         path: str = scope["path"]
-        if path == "/" or header(scope, b"x-amz-target") is not None:
+        # (A queue's URL begins with its account's digits: REST's paths, seldom, pay for no more.)
+        if path == "/" or header(scope, b"x-amz-target") is not None or path[1:2].isdigit() and is_query(scope):
             scope["journalq.operation"] = "POST /"  # the latency label when no action is named
             return hot_sqs
         if _is_messages(path):
@@ -1002,7 +1046,7 @@ def create_app(config: ServerConfig) -> App:
     def direct_route(scope: Scope) -> DirectHandler | None:
         method = scope["method"]
         if method == "GET":
-            return direct_fetch if _is_messages(scope["path"]) else None
+            return direct_fetch if _is_messages(scope["path"]) and not hot_route(scope) else None
         if method == "DELETE":
             return direct_remove if _is_message(scope["path"]) else None
         handler = hot_route(scope)
@@ -1025,10 +1069,16 @@ _QUEUE_CHANGES = frozenset({"CreateQueue", "SetQueueAttributes", "DeleteQueue"})
 """SQS actions that may change a queue's own wait (``waitless``)."""
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
 _NO_TARGET = (
-    "the request names no action (no X-Amz-Target header): this endpoint speaks SQS's JSON protocol "
-    "(X-Amz-Target: AmazonSQS.<Action>, a JSON body), not its older Query protocol (a form-encoded "
-    "Action=...): use an AWS SDK or CLI release that speaks SQS's JSON protocol"
+    "the request names no action: SQS's JSON protocol names it in an X-Amz-Target header "
+    "(AmazonSQS.<Action>, with a JSON body), its Query protocol in a form's Action parameter "
+    "(Content-Type: application/x-www-form-urlencoded)"
 )
+_XML = (b"content-type", sqs_query.CONTENT_TYPE.encode())
+_QUERY_FIELDS = 4000
+"""The most parameters a Query request's form (or query string) may have: a SendMessageBatch of
+ten messages with ten attributes each has about 500. (Reading each costs the event loop ~1 µs.)"""
+_QUERY_PATH = re.compile(r"/(?:[0-9]{12}/[^/]+/?)?")
+"""Where a Query request goes: ``/``, or a queue's URL (``/ACCOUNT/QUEUE``)."""
 _request_id_prefix = b""
 _request_id_blocks = itertools.count()
 _LAST_DIGITS = [b"%03x" % number for number in range(4096)]
@@ -1065,14 +1115,19 @@ def _request_id() -> bytes:
     return request_id
 
 
-def _sqs_headers(*extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
-    """The headers of an SQS answer, ``extra`` among them: its content type, and its request id
-    (``_request_id``), which SQS sends with every answer and the SDKs expose (boto3's
-    ``ResponseMetadata``'s ``RequestId``, which code reading it expects). In a UUID's shape, as
-    SQS's; a random prefix per process and a count."""
+def _sqs_headers(
+    *extra: tuple[bytes, bytes], request_id: bytes | None = None, content_type: tuple[bytes, bytes] = _AMZ_JSON
+) -> list[tuple[bytes, bytes]]:
+    """The headers of an SQS answer, ``extra`` among them: its content type (JSON's unless
+    given), and its request id (``_request_id``, unless given: a Query answer's is in its body
+    too), which SQS sends with every answer and the SDKs expose (boto3's ``ResponseMetadata``'s
+    ``RequestId``, which code reading it expects). In a UUID's shape, as SQS's; a random prefix
+    per process and a count."""
+    if request_id is None:
+        request_id = _request_id()
     if extra:
-        return [(b"x-amzn-requestid", _request_id()), *extra, _AMZ_JSON]
-    return [(b"x-amzn-requestid", _request_id()), _AMZ_JSON]
+        return [(b"x-amzn-requestid", request_id), *extra, content_type]
+    return [(b"x-amzn-requestid", request_id), content_type]
 
 
 _NO_BODY = (b"content-length", b"0")
@@ -1321,10 +1376,52 @@ async def _respond(response: Response, scope: Scope, receive: Receive, send: Sen
     return response.status_code
 
 
-def _sqs_error_answer(exc: SqsError, headers: dict[str, str] | None = None) -> Answer:
-    extra = _sqs_headers((b"x-amzn-query-error", exc.query_error.encode()))
-    extra += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
-    return _whole(exc.status, _json_text({"__type": exc.type, "message": exc.message}).encode(), extra)
+def _sqs_error_answer(exc: SqsError, headers: dict[str, str] | None = None, *, query: bool = False) -> Answer:
+    """SQS's answer to a request it refused: JSON's shape, or with ``query`` the Query protocol's XML."""
+    request_id = _request_id()
+    if query:
+        answer = _sqs_headers(request_id=request_id, content_type=_XML)
+        body = sqs_query.error_xml(exc, request_id.decode())
+    else:
+        answer = _sqs_headers((b"x-amzn-query-error", exc.query_error.encode()), request_id=request_id)
+        body = _json_text({"__type": exc.type, "message": exc.message}).encode()
+    answer += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    return _whole(exc.status, body, answer)
+
+
+def _is_query_path(path: str) -> bool:
+    """Whether a path is one a Query request goes to (``_QUERY_PATH``): ``/``, or one whose first
+    character after it is a digit (REST's paths begin with a queue's name, seldom a digit) and that
+    is a queue's URL."""
+    return path == "/" or path[1:2].isdigit() and _QUERY_PATH.fullmatch(path) is not None
+
+
+def _names_action(query_string: bytes) -> bool:
+    """Whether a query string has an ``Action`` parameter (a GET of the Query protocol)."""
+    return query_string.startswith(b"Action=") or b"&Action=" in query_string
+
+
+def _query_request(scope: Scope, body: bytes) -> tuple[str, dict[str, Any]]:
+    """The action and payload of a request of the Query protocol (``sqs_query.request_of``) from
+    its form and its query string; its path as the ``QueueUrl`` when it was sent to a queue's
+    URL and names none. ``SqsRefusal`` when they cannot be read."""
+    try:
+        parameters = [
+            *parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict", max_num_fields=_QUERY_FIELDS),
+            *parse_qsl(scope["query_string"].decode("utf-8"), keep_blank_values=True, errors="strict",
+                       max_num_fields=_QUERY_FIELDS),
+        ]
+    except UnicodeDecodeError as exc:
+        raise SqsRefusal(SqsError("InvalidRequest", f"the request's parameters are not UTF-8: {exc}")) from None
+    except ValueError:  # parse_qsl's "Max number of fields exceeded"
+        raise SqsRefusal(SqsError(
+            "InvalidRequest", f"the request has more than {_QUERY_FIELDS} parameters (an SQS request has a few "
+            "hundred at the most)")) from None
+    path: str = scope["path"]
+    try:
+        return sqs_query.request_of(parameters, None if path == "/" else path)
+    except SqsError as exc:
+        raise SqsRefusal(exc) from None
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
