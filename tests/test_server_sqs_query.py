@@ -296,6 +296,9 @@ def test_a_form_posted_to_the_queue_s_url_names_the_queue_and_a_get_takes_its_ac
         assert flood.status_code == 400 and "more than 4000 parameters" in flood.text
         not_utf8 = http.post("/", content=b"Action=ListQueues&QueueNamePrefix=%ff", headers=form)
         assert not_utf8.status_code == 400 and "not UTF-8" in not_utf8.text
+        latency = http.get("/metrics").text  # by action, as JSON's requests are
+        assert 'journalq_request_seconds_count{api="sqs",operation="SendMessage",status="200"}' in latency
+        assert 'journalq_request_seconds_count{api="sqs",operation="ReceiveMessage",status="200"}' in latency
         # mq's REST API is where it was: a form posted to a queue's messages is a message.
         assert http.put(f"/{name}-rest").status_code == 201
         posted = http.post(f"/{name}-rest/messages", content="Action=SendMessage", headers=form)

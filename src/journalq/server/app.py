@@ -954,6 +954,8 @@ def create_app(config: ServerConfig) -> App:
             action, payload = sqs_request(scope, target, body, headers, query=query)
         except SqsRefusal as refusal:
             return await _send_answer(send, _sqs_error_answer(refusal.error, refusal.headers, query=query))
+        if query:
+            scope["journalq.sqs_action"] = action  # the latency label (``Metrics.note_request``)
         base_url = f"{scope['scheme']}://{headers.get('host') or f'{config.host}:{config.port}'}"
         outcome: dict[str, Any] | BaseException
         try:

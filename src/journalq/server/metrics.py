@@ -125,8 +125,9 @@ class Metrics:
         """Note the latency of a request answered with ``status``, begun at ``started``
         (``time.perf_counter()``)."""
         target = header(scope, b"x-amz-target")  # the one the app acts on: the last
-        if target:
-            action = target.decode("latin-1").partition(".")[2]
+        # (A request of SQS's Query protocol names its action in its form: the app notes it.)
+        action = target.decode("latin-1").partition(".")[2] if target else scope.get("journalq.sqs_action")
+        if action is not None:
             api, operation = "sqs", action if action in SQS_ACTIONS else "other"
         else:
             operation = scope.get("journalq.operation")  # set by the app's hot path
