@@ -7,6 +7,8 @@ JSON answer as a dict, or raises ``SqsError`` (an SQS error: the app answers it 
 ``x-amzn-query-error: error.query_error``). Storage failures (``journalq.errors.StorageError``:
 a full disk, an I/O error) propagate: the app answers them 503 with ``Retry-After``. It blocks
 (``ReceiveMessage`` long-polls up to 20 seconds): call it from a worker thread. It is thread-safe.
+SQS's older Query protocol reaches the same functions: ``sqs_query`` turns its form into the
+request a JSON body gives, and the answer into XML.
 
 How SQS maps onto journalq:
 
