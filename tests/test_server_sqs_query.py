@@ -16,10 +16,12 @@ from typing import Any
 import httpx
 import pytest
 from botocore.exceptions import ClientError
-from test_server_harness import ServerProcess, module_server, sqs_client
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_server_harness import QUERY_MODEL, ServerProcess, module_server, sqs_client
 
 from journalq.server.digests import md5_of_body
-from journalq.server.sqs import SqsError
+from journalq.server.sqs import BAD_CHARACTER, SqsError
 from journalq.server.sqs_query import NAMESPACE, answer_xml, error_xml, request_of
 
 KEY, SECRET = "AKIDQUERYTEST", "query-test-secret"
@@ -66,6 +68,8 @@ def test_numbered_parameters_become_the_payload_a_json_request_has() -> None:
     )) == ("CreateQueue", {"QueueName": "q", "Attributes": {"VisibilityTimeout": "5"}, "tags": {"team": "core"}})
     assert request_of(params("Action=TagQueue&Tag.1.Key=a&Tag.1.Value=1"), "/000000000000/q") == (
         "TagQueue", {"Tags": {"a": "1"}, "QueueUrl": "/000000000000/q"})  # the queue it was posted to
+    assert request_of(params("Action=GetQueueAttributes&QueueUrl=u&AttributeName=")) == (
+        "GetQueueAttributes", {"QueueUrl": "u", "AttributeNames": []})  # an empty list, as the Java SDK sends it
     assert request_of(params(
         "Action=ReceiveMessage&QueueUrl=u&AttributeName.1=All&MessageAttributeName.1=.*&MaxNumberOfMessages=10"
         "&WaitTimeSeconds=soon"
@@ -79,6 +83,7 @@ def test_numbered_parameters_become_the_payload_a_json_request_has() -> None:
     ("Action=GetQueueAttributes&AttributeName.0=All", "AttributeName.0"),
     ("Action=GetQueueAttributes&AttributeName.one=All", "AttributeName.one"),
     ("Action=GetQueueAttributes&AttributeName=All", "AttributeName"),
+    ("Action=GetQueueAttributes&AttributeName.1.x=All", "AttributeName.1"),
     ("Action=CreateQueue&QueueName=q&Attribute.1.Value=5", "Attribute.1"),
     ("Action=CreateQueue&QueueName=q&Attribute.1=x&Attribute.1.Name=y", "Attribute.1.Name"),
     ("Action=DeleteMessageBatch&DeleteMessageBatchRequestEntry.1=x", "DeleteMessageBatchRequestEntry.1"),
@@ -303,3 +308,139 @@ def test_a_form_posted_to_the_queue_s_url_names_the_queue_and_a_get_takes_its_ac
         assert http.put(f"/{name}-rest").status_code == 201
         posted = http.post(f"/{name}-rest/messages", content="Action=SendMessage", headers=form)
         assert posted.status_code == 201 and http.get(f"/{name}-rest/messages").content == b"Action=SendMessage"
+
+
+# -- round trips through botocore's own serializer and parser of the Query protocol -----------------
+
+
+def _query_model() -> Any:
+    import botocore.session
+
+    session = botocore.session.get_session()
+    session.get_component("data_loader").search_paths.insert(0, str(QUERY_MODEL))
+    return session.get_service_model("sqs")
+
+
+MODEL = _query_model()
+SQS_CHARACTER = st.characters(blacklist_categories=("Cs",)).filter(lambda c: BAD_CHARACTER.match(c) is None)
+TEXT = st.text(SQS_CHARACTER, max_size=12)
+NAME = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,8}", fullmatch=True)
+BLOB = st.binary(max_size=8)
+ATTRIBUTE = st.one_of(
+    st.builds(lambda v: {"DataType": "String", "StringValue": v}, TEXT),
+    st.builds(lambda v: {"DataType": "Number.int", "StringValue": v}, st.integers().map(str)),
+    st.builds(lambda v: {"DataType": "Binary", "BinaryValue": v}, BLOB),
+    st.builds(lambda v: {"DataType": "String", "StringListValues": v}, st.lists(TEXT, max_size=2)),
+)
+MESSAGE = st.fixed_dictionaries({"MessageBody": TEXT}, optional={
+    "DelaySeconds": st.integers(0, 900),
+    "MessageAttributes": st.dictionaries(NAME, ATTRIBUTE, max_size=3),
+    "MessageSystemAttributes": st.fixed_dictionaries({"AWSTraceHeader": st.builds(
+        lambda v: {"DataType": "String", "StringValue": v}, TEXT)}),
+    "MessageGroupId": NAME, "MessageDeduplicationId": NAME,
+})
+ENTRY_IDS = st.lists(NAME, min_size=1, max_size=10, unique=True)
+REQUESTS = st.one_of(
+    st.tuples(st.just("SendMessage"), MESSAGE.map(lambda m: {"QueueUrl": "u", **m})),
+    st.tuples(st.just("SendMessageBatch"), ENTRY_IDS.flatmap(lambda ids: st.tuples(*[
+        MESSAGE.map(lambda m, i=i: {"Id": i, **m}) for i in ids])).map(lambda entries: {
+            "QueueUrl": "u", "Entries": list(entries)})),
+    st.tuples(st.just("CreateQueue"), st.fixed_dictionaries({"QueueName": NAME}, optional={
+        "Attributes": st.dictionaries(st.sampled_from(["DelaySeconds", "VisibilityTimeout", "Policy"]), TEXT),
+        "tags": st.dictionaries(NAME, TEXT, max_size=3)})),
+    st.tuples(st.just("ReceiveMessage"), st.fixed_dictionaries({"QueueUrl": TEXT}, optional={
+        "AttributeNames": st.lists(st.sampled_from(["All", "SentTimestamp"]), max_size=2),
+        "MessageAttributeNames": st.lists(NAME, max_size=3), "MaxNumberOfMessages": st.integers(-5, 20),
+        "VisibilityTimeout": st.integers(0, 43200), "WaitTimeSeconds": st.integers(0, 20),
+        "ReceiveRequestAttemptId": NAME})),
+    st.tuples(st.just("ChangeMessageVisibilityBatch"), ENTRY_IDS.map(lambda ids: {"QueueUrl": "u", "Entries": [
+        {"Id": i, "ReceiptHandle": f"r{n}", "VisibilityTimeout": n} for n, i in enumerate(ids)]})),
+    st.tuples(st.just("TagQueue"), st.builds(lambda tags: {"QueueUrl": "u", "Tags": tags},
+                                              st.dictionaries(NAME, TEXT, max_size=3))),
+    st.tuples(st.just("UntagQueue"), st.builds(lambda keys: {"QueueUrl": "u", "TagKeys": keys},
+                                                st.lists(NAME, max_size=3))),
+)
+
+
+def _as_json(value: Any) -> Any:
+    """A request's parameters as a JSON body carries them: blobs in base64; empty maps left out,
+    as the Query protocol cannot send them (an empty list it sends as its name alone)."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items() if v != {}}
+    if isinstance(value, list):
+        return [_as_json(v) for v in value]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(REQUESTS)
+def test_what_botocore_serializes_reads_as_the_json_request(request: tuple[str, dict[str, Any]]) -> None:
+    from botocore.serialize import create_serializer
+
+    action, parameters = request
+    serialized = create_serializer("query").serialize_to_request(parameters, MODEL.operation_model(action))
+    form = [(name, str(value)) for name, value in serialized["body"].items()]  # (as urlencode sends them)
+    assert request_of(form) == (action, _as_json(parameters))
+
+
+RECEIVED = st.fixed_dictionaries({
+    "MessageId": NAME, "ReceiptHandle": NAME, "Body": TEXT,
+    "Attributes": st.dictionaries(st.sampled_from(["SentTimestamp", "ApproximateReceiveCount", "SenderId"]),
+                                  st.integers(0, 2**40).map(str)),
+    "MessageAttributes": st.dictionaries(NAME, st.one_of(
+        st.builds(lambda v: {"DataType": "String", "StringValue": v}, TEXT),
+        st.builds(lambda v: {"DataType": "Binary", "BinaryValue": base64.b64encode(v).decode()}, BLOB)), max_size=3),
+}).map(lambda m: {**m, "MD5OfBody": md5_of_body(m["Body"])})
+RESULTS = st.one_of(
+    st.tuples(st.just("ReceiveMessage"), st.builds(lambda ms: {"Messages": ms}, st.lists(RECEIVED, max_size=3))),
+    st.tuples(st.just("SendMessageBatch"), st.fixed_dictionaries({
+        "Successful": st.lists(st.fixed_dictionaries({"Id": NAME, "MessageId": NAME, "MD5OfMessageBody": NAME},
+                                                     optional={"SequenceNumber": NAME}), max_size=3),
+        "Failed": st.lists(st.fixed_dictionaries({"Id": NAME, "SenderFault": st.booleans(), "Code": NAME,
+                                                  "Message": TEXT}), max_size=3)})),
+    st.tuples(st.just("GetQueueAttributes"), st.builds(lambda a: {"Attributes": a}, st.dictionaries(NAME, TEXT))),
+    st.tuples(st.just("ListQueueTags"), st.builds(lambda t: {"Tags": t}, st.dictionaries(NAME, TEXT))),
+    st.tuples(st.just("ListQueues"), st.fixed_dictionaries({"QueueUrls": st.lists(TEXT, max_size=3)},
+                                                           optional={"NextToken": NAME})),
+    st.tuples(st.just("ListDeadLetterSourceQueues"), st.fixed_dictionaries(
+        {"queueUrls": st.lists(TEXT, max_size=3)}, optional={"NextToken": NAME})),
+    st.tuples(st.sampled_from(["DeleteMessageBatch", "ChangeMessageVisibilityBatch"]), st.fixed_dictionaries({
+        "Successful": st.lists(st.builds(lambda i: {"Id": i}, NAME), max_size=3),
+        "Failed": st.lists(st.fixed_dictionaries({"Id": NAME, "SenderFault": st.booleans(), "Code": NAME,
+                                                  "Message": TEXT}), max_size=3)})),
+    st.tuples(st.sampled_from(["CreateQueue", "GetQueueUrl"]), st.builds(lambda u: {"QueueUrl": u}, TEXT)),
+    st.tuples(st.just("SendMessage"), st.fixed_dictionaries({"MessageId": NAME, "MD5OfMessageBody": NAME}, optional={
+        "MD5OfMessageAttributes": NAME, "MD5OfMessageSystemAttributes": NAME, "SequenceNumber": NAME})),
+    st.tuples(st.just("StartMessageMoveTask"), st.builds(lambda h: {"TaskHandle": h}, TEXT)),
+    st.tuples(st.just("CancelMessageMoveTask"), st.builds(
+        lambda n: {"ApproximateNumberOfMessagesMoved": n}, st.integers(0, 2**40))),
+    st.tuples(st.just("ListMessageMoveTasks"), st.builds(lambda r: {"Results": r}, st.lists(st.fixed_dictionaries({
+        "TaskHandle": NAME, "Status": st.sampled_from(["RUNNING", "COMPLETED"]), "SourceArn": NAME,
+        "ApproximateNumberOfMessagesMoved": st.integers(0, 2**40), "StartedTimestamp": st.integers(0, 2**45)}),
+        max_size=2))),
+)
+
+
+def _as_parsed(value: Any, key: str = "") -> Any:
+    """A result as botocore parses it from XML: binary values decoded, empty lists and maps not
+    there (XML has no element for them)."""
+    if isinstance(value, dict):
+        return {k: _as_parsed(v, k) for k, v in value.items() if v != [] and v != {}}
+    if isinstance(value, list):
+        return [_as_parsed(v) for v in value]
+    return base64.b64decode(value) if key == "BinaryValue" else value
+
+
+@settings(max_examples=300, deadline=None)
+@given(RESULTS)
+def test_botocore_parses_each_answer_as_the_result_it_was(result: tuple[str, dict[str, Any]]) -> None:
+    from botocore.parsers import create_parser
+
+    action, fields = result
+    parsed_answer = create_parser("query").parse(
+        {"body": answer_xml(action, fields, "id-3"), "headers": {}, "status_code": 200},
+        MODEL.operation_model(action).output_shape)
+    assert parsed_answer.pop("ResponseMetadata")["RequestId"] == "id-3"
+    assert parsed_answer == _as_parsed(fields)

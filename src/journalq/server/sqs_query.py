@@ -51,6 +51,7 @@ _LISTS = {
     "BinaryListValue": "BinaryListValues",
 }
 """Numbered request parameters that are lists: their JSON names."""
+_LIST_NAMES = frozenset(_LISTS.values())
 
 _MAPS = {
     "Attribute": ("Attributes", "Name"),
@@ -103,7 +104,9 @@ def request_of(parameters: Iterable[tuple[str, str]], queue_url: str | None = No
     entries = _BATCH_ENTRIES.get(action)
     payload = {}
     for name, value in tree.items():
-        if name == entries:
+        if name in (entries, "Entries") and value == "":
+            payload["Entries"] = []  # an empty list, as the SDKs send one (refused by the checks)
+        elif name == entries:
             payload["Entries"] = [_structure(entry, f"{name}.{n}") for n, entry in _numbered(value, name)]
         elif name == "Tag" and action in _TAGS_AS:
             payload[_TAGS_AS[action]] = _map(value, name)
@@ -117,6 +120,10 @@ def request_of(parameters: Iterable[tuple[str, str]], queue_url: str | None = No
 
 def _member(name: str, value: Any, where: str) -> tuple[str, Any]:
     """A parameter of a structure as its JSON member: (name, value)."""
+    if value == "" and (name in _LISTS or name in _LIST_NAMES):
+        # An empty list: the SDKs send its name with no value (the Java SDK its members' name,
+        # botocore the list's), for there is no numbered member to send.
+        return _LISTS.get(name, name), []
     if name in _LISTS:
         return _LISTS[name], [_scalar(item, f"{where}.{n}") for n, item in _numbered(value, where)]
     if name in _MAPS:
