@@ -82,6 +82,7 @@ def test_numbered_parameters_become_the_payload_a_json_request_has() -> None:
 @pytest.mark.parametrize("text, named", [
     ("Action=GetQueueAttributes&AttributeName.0=All", "AttributeName.0"),
     ("Action=GetQueueAttributes&AttributeName.one=All", "AttributeName.one"),
+    ("Action=GetQueueAttributes&AttributeName.\u00b2=All", "AttributeName.\u00b2"),
     ("Action=GetQueueAttributes&AttributeName=All", "AttributeName"),
     ("Action=GetQueueAttributes&AttributeName.1.x=All", "AttributeName.1"),
     ("Action=CreateQueue&QueueName=q&Attribute.1.Value=5", "Attribute.1"),
@@ -444,3 +445,18 @@ def test_botocore_parses_each_answer_as_the_result_it_was(result: tuple[str, dic
         MODEL.operation_model(action).output_shape)
     assert parsed_answer.pop("ResponseMetadata")["RequestId"] == "id-3"
     assert parsed_answer == _as_parsed(fields)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["SendMessageBatch", "CreateQueue", "TagQueue", "ReceiveMessage"]), st.lists(st.tuples(
+    st.lists(st.sampled_from(["Entries", "SendMessageBatchRequestEntry", "Attribute", "Tag", "Name", "Key", "Value",
+                              "MessageAttribute", "AttributeName", "1", "2", "0", "x", "\u00b2", ""]),
+             min_size=1, max_size=4).map(".".join),
+    st.sampled_from(["", "5", "x"])), max_size=8))
+def test_any_form_reads_as_a_request_or_is_refused_with_an_sqs_error(action: str, form: list[tuple[str, str]]) -> None:
+    """Whatever a client sends, the translation answers with a request or an ``SqsError`` (a 400),
+    never another exception (a 500)."""
+    try:
+        request_of([("Action", action), *form], "/000000000000/q")
+    except SqsError as exc:
+        assert exc.status == 400

@@ -159,7 +159,7 @@ def _numbered(node: Any, where: str) -> list[tuple[int, Any]]:
         raise _malformed(where, "it takes numbered members (.1, .2, ...), not a value of its own")
     members = []
     for number, value in node.items():
-        if not number.isdigit() or number.startswith("0"):
+        if not (number.isascii() and number.isdigit()) or number.startswith("0"):  # (not "²", a digit to isdigit)
             raise _malformed(f"{where}.{number}", "its members are numbered from 1")
         members.append((int(number), value))
     return sorted(members, key=lambda member: member[0])
