@@ -312,6 +312,12 @@ def test_full_disk_is_503_and_recovers(tmpfs: Path, tmp_path: Path) -> None:
         assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
         assert info.value.response["Error"]["Code"] == "ServiceUnavailable"
         assert "retry-after" in info.value.response["ResponseMetadata"]["HTTPHeaders"]
+        query = sqs_client(server.url, query=True)  # the Query protocol's answer: the same, in XML
+        with pytest.raises(query.exceptions.ClientError) as info:
+            query.send_message_batch(QueueUrl=queue_url, Entries=[{"Id": "a", "MessageBody": "q" * 8000}])
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        assert info.value.response["Error"]["Code"] == "ServiceUnavailable"
+        assert "retry-after" in info.value.response["ResponseMetadata"]["HTTPHeaders"]
         # Making a queue needs space too: refused (not a 500), and no half-made queue is left.
         made = client.put("/another")
         assert made.status_code in (201, 503), made.text
