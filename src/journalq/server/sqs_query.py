@@ -227,7 +227,9 @@ def error_xml(error: SqsError, request_id: str) -> bytes:
 
 
 def _members(parts: list[str], structure: Mapping[str, Any], successful: str) -> None:
-    if "Body" in structure and "MD5OfBody" in structure:
+    """The elements of a structure's members into ``parts``; ``successful``: the element of a
+    batch's ``Successful`` items."""
+    if "Body" in structure and "MD5OfBody" in structure:  # a received message
         structure = _deliverable(structure)
     for name, value in structure.items():
         if value is None:
@@ -260,8 +262,8 @@ def _value(parts: list[str], value: Any, successful: str) -> None:
 
 
 def _deliverable(message: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A received message whose body XML can carry: characters XML has not replaced by U+FFFD,
-    and ``MD5OfBody`` then the digest of the body delivered."""
+    """A received message as XML can carry it: the characters of its body that XML 1.0 has not
+    as U+FFFD, and then ``MD5OfBody`` the digest of the body that goes out."""
     body = message["Body"]
     if body.isascii() and body.isprintable() or BAD_CHARACTER.search(body) is None:
         return message
