@@ -229,17 +229,24 @@ QUERY_MODEL = Path(__file__).parent / "data" / "botocore-sqs-query"
 botocore spoke to SQS before its JSON protocol. A client made with it is such an SDK."""
 
 
-def sqs_client(url: str, key: str = "AKIDEXAMPLE", secret: str = "secret", *, query: bool = False, **config: object):
-    """A boto3 SQS client for the server at ``url``, with one attempt per call (no retries);
-    with ``query``, one that speaks SQS's Query protocol (``QUERY_MODEL``), as older SDKs do."""
-    import boto3
+def botocore_session(*, query: bool = False):
+    """A new botocore session; with ``query``, one whose SQS speaks the Query protocol
+    (``QUERY_MODEL``), as older SDKs do."""
     import botocore.session
-    from botocore.config import Config
 
     session = botocore.session.get_session()
     if query:
         session.get_component("data_loader").search_paths.insert(0, str(QUERY_MODEL))
-    return boto3.Session(botocore_session=session).client(
+    return session
+
+
+def sqs_client(url: str, key: str = "AKIDEXAMPLE", secret: str = "secret", *, query: bool = False, **config: object):
+    """A boto3 SQS client for the server at ``url``, with one attempt per call (no retries);
+    with ``query``, one that speaks SQS's Query protocol (``botocore_session``)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.Session(botocore_session=botocore_session(query=query)).client(
         "sqs",
         endpoint_url=url,
         region_name="us-east-1",

@@ -18,7 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_server_harness import QUERY_MODEL, ServerProcess, module_server, sqs_client
+from test_server_harness import ServerProcess, botocore_session, module_server, sqs_client
 
 from journalq.server.digests import md5_of_body
 from journalq.server.sqs import BAD_CHARACTER, SqsError
@@ -314,15 +314,7 @@ def test_a_form_posted_to_the_queue_s_url_names_the_queue_and_a_get_takes_its_ac
 # -- round trips through botocore's own serializer and parser of the Query protocol -----------------
 
 
-def _query_model() -> Any:
-    import botocore.session
-
-    session = botocore.session.get_session()
-    session.get_component("data_loader").search_paths.insert(0, str(QUERY_MODEL))
-    return session.get_service_model("sqs")
-
-
-MODEL = _query_model()
+MODEL = botocore_session(query=True).get_service_model("sqs")
 SQS_CHARACTER = st.characters(blacklist_categories=("Cs",)).filter(lambda c: BAD_CHARACTER.match(c) is None)
 TEXT = st.text(SQS_CHARACTER, max_size=12)
 NAME = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,8}", fullmatch=True)
