@@ -1409,9 +1409,11 @@ def _query_request(scope: Scope, body: bytes) -> tuple[str, dict[str, Any]]:
     URL and names none. ``SqsRefusal`` when they cannot be read."""
     try:
         parameters = [
-            *parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict", max_num_fields=_QUERY_FIELDS),
-            *parse_qsl(scope["query_string"].decode("utf-8"), keep_blank_values=True, errors="strict",
-                       max_num_fields=_QUERY_FIELDS),
+            parameter
+            for text in (body, scope["query_string"])
+            for parameter in parse_qsl(
+                text.decode("utf-8"), keep_blank_values=True, errors="strict", max_num_fields=_QUERY_FIELDS
+            )
         ]
     except UnicodeDecodeError as exc:
         raise SqsRefusal(SqsError("InvalidRequest", f"the request's parameters are not UTF-8: {exc}")) from None

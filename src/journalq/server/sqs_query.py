@@ -265,22 +265,28 @@ def _deliverable(message: Mapping[str, Any]) -> Mapping[str, Any]:
     """A received message as XML can carry it: the characters of its body that XML 1.0 has not
     as U+FFFD, and then ``MD5OfBody`` the digest of the body that goes out."""
     body = message["Body"]
-    if body.isascii() and body.isprintable() or BAD_CHARACTER.search(body) is None:
+    delivered = _carried(body)
+    if delivered is body:
         return message
-    delivered = BAD_CHARACTER.sub("\ufffd", body)
     return {**message, "Body": delivered, "MD5OfBody": md5_of_body(delivered)}
 
 
 _XML_ENTITIES = {"\r": "&#xD;"}
 
 
+def _carried(text: str) -> str:
+    """``text`` as XML 1.0 can carry it: each character it cannot as U+FFFD (``text`` itself when
+    there is none)."""
+    if text.isascii() and text.isprintable() or BAD_CHARACTER.search(text) is None:
+        return text
+    return BAD_CHARACTER.sub("\ufffd", text)
+
+
 def _text(value: str) -> str:
     """Text as XML character data: ``&``, ``<`` and ``>`` escaped, a carriage return as ``&#xD;``
     (which a parser would otherwise read as a line feed), and characters XML 1.0 cannot carry
     (a message attribute's value holds none: SQS's checks refuse them) as U+FFFD."""
-    if not (value.isascii() and value.isprintable()) and BAD_CHARACTER.search(value) is not None:
-        value = BAD_CHARACTER.sub("\ufffd", value)
-    return escape(value, _XML_ENTITIES)
+    return escape(_carried(value), _XML_ENTITIES)
 
 
 __all__ = ["CONTENT_TYPE", "NAMESPACE", "answer_xml", "error_xml", "request_of"]
