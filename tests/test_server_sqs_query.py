@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +18,7 @@ from botocore.exceptions import ClientError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_server_harness import ServerProcess, botocore_session, module_server, sqs_client
+from test_server_sqs import error_code, new_name
 
 from journalq.server.digests import md5_of_body
 from journalq.server.sqs import BAD_CHARACTER, SqsError
@@ -176,16 +176,8 @@ def json_sqs(server: ServerProcess) -> Any:
     return sqs_client(server.url, KEY, SECRET)
 
 
-def new_name() -> str:
-    return f"query-{uuid.uuid4().hex[:10]}"
-
-
-def code_of(info: pytest.ExceptionInfo[ClientError]) -> str:
-    return info.value.response["Error"]["Code"]
-
-
 def test_a_query_client_sends_receives_and_deletes_with_attributes_and_digests(query: Any, json_sqs: Any) -> None:
-    name = new_name()
+    name = new_name("query")
     url = query.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "30"}, tags={"team": "core"})["QueueUrl"]
     assert url.endswith(f"/000000000000/{name}")
     assert query.get_queue_url(QueueName=name)["QueueUrl"] == url
@@ -230,7 +222,7 @@ def test_a_query_client_sends_receives_and_deletes_with_attributes_and_digests(q
 
 
 def test_queue_attributes_tags_purges_and_errors_through_the_query_protocol(query: Any) -> None:
-    name = new_name()
+    name = new_name("query")
     url = query.create_queue(QueueName=name)["QueueUrl"]
     dead = query.create_queue(QueueName=name + "-dead")["QueueUrl"]
     dead_arn = query.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
@@ -245,25 +237,25 @@ def test_queue_attributes_tags_purges_and_errors_through_the_query_protocol(quer
     assert "Messages" not in query.receive_message(QueueUrl=url, WaitTimeSeconds=0)
     with pytest.raises(ClientError) as info:
         query.purge_queue(QueueUrl=url)  # once a minute, as on SQS
-    assert code_of(info) == "AWS.SimpleQueueService.PurgeQueueInProgress"
+    assert error_code(info) == "AWS.SimpleQueueService.PurgeQueueInProgress"
     with pytest.raises(ClientError) as info:
-        query.get_queue_url(QueueName=new_name())
-    assert code_of(info) == "AWS.SimpleQueueService.NonExistentQueue"
+        query.get_queue_url(QueueName=new_name("query"))
+    assert error_code(info) == "AWS.SimpleQueueService.NonExistentQueue"
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
     with pytest.raises(ClientError) as info:
         query.receive_message(QueueUrl=url, MaxNumberOfMessages=11)
-    assert code_of(info) == "InvalidParameterValue"
+    assert error_code(info) == "InvalidParameterValue"
     query.delete_queue(QueueUrl=url)
     with pytest.raises(ClientError) as info:
         query.send_message(QueueUrl=url, MessageBody="m")
-    assert code_of(info) == "AWS.SimpleQueueService.NonExistentQueue"
+    assert error_code(info) == "AWS.SimpleQueueService.NonExistentQueue"
 
 
 def test_a_wrong_signature_is_refused_in_xml(server: ServerProcess) -> None:
     impostor = sqs_client(server.url, KEY, "not-the-secret", query=True)
     with pytest.raises(ClientError) as info:
         impostor.list_queues()
-    assert code_of(info) == "SignatureDoesNotMatch"
+    assert error_code(info) == "SignatureDoesNotMatch"
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
 
 
@@ -281,7 +273,7 @@ def test_a_form_posted_to_the_queue_s_url_names_the_queue_and_a_get_takes_its_ac
 ) -> None:
     """The AWS SDK for Java 1.x posts each request of a queue to the queue's URL and leaves the
     QueueUrl parameter out; the Query protocol also takes GET with the parameters in the URL."""
-    name = new_name()
+    name = new_name("query")
     form = {"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"}
     with httpx.Client(base_url=open_server.url, timeout=30) as http:
         made = http.post("/", content=f"Action=CreateQueue&QueueName={name}", headers=form)
