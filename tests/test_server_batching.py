@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from test_server_metrics import value
-from test_server_rest import _families
+from test_server_harness import metric_families
 
 import journalq.server.batching as batching_mod
 from journalq.errors import LockedError, StorageError, TaskNotFoundError
@@ -256,7 +256,8 @@ def test_a_rest_batch_stored_in_part_answers_the_stored_201_and_counts_them(
     assert stored, [a.status_code for a in answers]
     assert all(a.status_code >= 500 for a in answers if a.status_code != 201), [a.status_code for a in answers]
     assert sorted(received) == sorted(a.request.content for a in stored)
-    assert value(_families(metrics), "journalq_messages_in", "journalq_messages_in_total", queue="q") == len(stored)
+    families = metric_families(metrics)
+    assert value(families, "journalq_messages_in", "journalq_messages_in_total", queue="q") == len(stored)
 
 
 def test_a_fetch_opens_a_shards_channel_in_a_thread_not_on_the_loop(

@@ -18,9 +18,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from journalq.queue import Broker
 
@@ -218,6 +220,37 @@ def read_all(s: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+def metric_families(text: str) -> dict[str, Any]:
+    """The metric families of a scrape's text, by name."""
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def metric_sample(families: dict[str, Any], family: str, sample: str, **labels: str) -> float | None:
+    """The value of the first sample ``sample`` of ``family`` with ``labels``, or None."""
+    for s in families[family].samples:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    return None
+
+
+def await_waiting_receives(url: str, queue: str, count: int, timeout: float = 30, **get: Any) -> None:
+    """Return once ``count`` receives of ``queue`` wait in the server at ``url`` (its gauge
+    ``journalq_receives_waiting``; ``get``: httpx's, such as ``headers``): a test that acts on
+    polls under way knows they are, where a fixed sleep is outrun by a loaded host."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = httpx.get(f"{url}/metrics", timeout=timeout, **get)
+        answer.raise_for_status()
+        families = metric_families(answer.text)
+        # (No family before a worker's first poll: with workers, the values live in their files.)
+        gauge = "journalq_receives_waiting"
+        waiting = (metric_sample(families, gauge, gauge, queue=queue) if gauge in families else None) or 0.0
+        if waiting == count:
+            return
+        assert time.monotonic() < deadline, f"{waiting} receives of {queue!r} waiting after {timeout} s, not {count}"
+        time.sleep(0.02)
+
+
 def status_of(answer: bytes) -> int:
     match = re.match(rb"HTTP/1\.[01] (\d{3})", answer)
     assert match is not None, f"not an HTTP answer: {answer[:200]!r}"
@@ -325,7 +358,8 @@ def test_a_stop_ends_long_polls_at_once_and_lets_a_slow_post_finish(start_server
         b"POST /q/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
         b"Content-Length: %d\r\n\r\n" % len(body) + body[:5]
     )
-    time.sleep(0.5)  # the long poll and the POST are in flight
+    await_waiting_receives(server.url, "idle", 1)
+    time.sleep(0.2)  # and the POST's first bytes have reached the server
     assert server.process is not None
     signalled = time.monotonic()
     server.process.send_signal(sig)
@@ -509,7 +543,7 @@ def test_sigint_sent_again_while_the_server_stops_still_stops_it_gracefully(
     poll = threading.Thread(target=lambda: polled.append(
         httpx.get(f"{server.url}/empty/messages", params={"wait": 20}, timeout=30).status_code))
     poll.start()
-    time.sleep(0.5)  # the poll waits
+    await_waiting_receives(server.url, "empty", 1)
     assert server.process is not None
     os.killpg(server.process.pid, signal.SIGINT)  # as a terminal does (the server leads its group)
     time.sleep(0.1)  # the stop has begun: the poll is ending

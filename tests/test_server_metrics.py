@@ -1,7 +1,8 @@
 """/metrics of ``journalq serve --workers 2``: every scrape, whichever worker answers it, adds up
 the counters and histograms of both workers (and of a worker that died), shows the queue gauges
 once, and one process keeps its values in memory. Methods a client makes up share one latency
-label, and a scrape while the queues cannot be listed still gives the counters."""
+label, a scrape while the queues cannot be listed still gives the counters, and the receives
+waiting are counted while they wait."""
 
 from __future__ import annotations
 
@@ -16,8 +17,14 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
-from test_server_harness import ServerProcess, start_server  # noqa: F401 - a fixture of these tests
-from test_server_rest import _families, _sample
+from test_server_harness import (  # noqa: F401 - start_server: a fixture of these tests
+    ServerProcess,
+    await_waiting_receives,
+    metric_families,
+    metric_sample,
+    sqs_client,
+    start_server,
+)
 
 QUEUE = "counted"
 SENDERS = 8
@@ -34,11 +41,11 @@ def scrape(server: ServerProcess) -> dict[str, Any]:
     """The metrics, over a new connection (either worker takes it)."""
     answer = httpx.get(f"{server.url}/metrics", timeout=30)
     assert answer.status_code == 200
-    return _families(answer.text)
+    return metric_families(answer.text)
 
 
 def value(families: dict[str, Any], family: str, sample: str | None = None, **labels: str) -> float | None:
-    return _sample(families, family, sample or family, **labels)
+    return metric_sample(families, family, sample or family, **labels)
 
 
 def multiprocess_directory(server: ServerProcess) -> Path:
@@ -188,6 +195,43 @@ def test_a_dead_workers_counters_still_count_and_its_gauges_do_not(
     assert value(families, "journalq_queue_available", queue=QUEUE) == 2 * SENT
 
 
+def test_receives_waiting_are_counted_in_every_worker_while_they_wait(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    """``journalq_receives_waiting``: the long polls of a queue waiting now, REST's and SQS's,
+    summed over the workers; each leaves it once it ends, with a message or its wait over."""
+    server = start_server("--workers", "2")
+    sqs = sqs_client(server.url, read_timeout=60)
+    queue_url = sqs.create_queue(QueueName=QUEUE)["QueueUrl"]
+    got: list[bytes] = []
+
+    def rest_poll() -> None:  # a connection each: either worker takes it
+        got.append(httpx.get(f"{server.url}/{QUEUE}/messages", params={"wait": 30}, timeout=60).content)
+
+    def sqs_poll() -> None:
+        answer = sqs.receive_message(QueueUrl=queue_url, WaitTimeSeconds=20)
+        got.extend(m["Body"].encode() for m in answer.get("Messages", ()))
+
+    polls = [threading.Thread(target=rest_poll) for _ in range(3)] + [threading.Thread(target=sqs_poll)]
+    for poll in polls:
+        poll.start()
+    await_waiting_receives(server.url, QUEUE, 4)
+    assert not got
+    sent = [b"m%d" % i for i in range(4)]
+    for body in sent:
+        assert httpx.post(f"{server.url}/{QUEUE}/messages", content=body).status_code == 201
+    for poll in polls:
+        poll.join(60)
+    assert sorted(got) == sent
+    await_waiting_receives(server.url, QUEUE, 0)
+    # A poll whose wait runs out leaves it too; one that finds a message at once never waited.
+    assert httpx.get(f"{server.url}/{QUEUE}/messages", params={"wait": 0.2}).status_code == 204
+    httpx.post(f"{server.url}/{QUEUE}/messages", content=b"there").raise_for_status()
+    assert httpx.get(f"{server.url}/{QUEUE}/messages", params={"wait": 30}).content == b"there"
+    await_waiting_receives(server.url, QUEUE, 0)
+    server.check_clean_stop()
+
+
 def test_syncs_after_the_last_request_are_added_within_a_second(start_server: Callable[..., ServerProcess]) -> None:
     """``--sync group``: the syncs come from the writers' flusher thread after the answers; each
     worker adds its own to the sum within a second, not only at its next request."""
@@ -286,7 +330,7 @@ def test_latencies_noted_reach_the_histogram_in_the_next_turn_of_the_loop_or_bef
     metrics = Metrics()
 
     def count() -> float | None:
-        families = _families(metrics.render().decode())
+        families = metric_families(metrics.render().decode())
         return value(families, "journalq_request_seconds", "journalq_request_seconds_count", **POST)
 
     async def main() -> None:
@@ -311,7 +355,7 @@ def test_sqs_sends_are_counted_once_a_batch_by_their_answers() -> None:
     metrics = Metrics()
 
     def sent(queue: str) -> float | None:
-        return value(_families(metrics.render().decode()), "journalq_messages_in", "journalq_messages_in_total",
+        return value(metric_families(metrics.render().decode()), "journalq_messages_in", "journalq_messages_in_total",
                      queue=queue)
 
     refused = SqsError("MissingParameter", "no body")
@@ -346,7 +390,7 @@ def test_an_sqs_request_is_timed_under_the_action_the_app_acts_on() -> None:
     scope = {"headers": [(b"x-amz-target", b"AmazonSQS.DeleteMessage"), (b"host", b"h"),
                          (b"x-amz-target", b"AmazonSQS.ReceiveMessage")]}
     metrics.note_request(scope, 200, time.perf_counter())
-    families = _families(metrics.render().decode())
+    families = metric_families(metrics.render().decode())
     labels = {"api": "sqs", "status": "200"}
     count = "journalq_request_seconds_count"
     assert value(families, "journalq_request_seconds", count, operation="ReceiveMessage", **labels) == 1
@@ -365,7 +409,7 @@ def test_an_unknown_http_method_is_not_a_latency_label_of_its_own() -> None:
     for method in ("FOO1", "FOO2", "BREW"):
         metrics.note_request({"headers": [], "method": method}, 404, time.perf_counter())
     metrics.note_request({"headers": [], "method": "GET"}, 404, time.perf_counter())
-    families = _families(metrics.render().decode())
+    families = metric_families(metrics.render().decode())
     count = "journalq_request_seconds_count"
     operations = {s.labels["operation"] for s in families["journalq_request_seconds"].samples if s.name == count}
     assert operations == {"OTHER unrouted", "GET unrouted"}
@@ -391,6 +435,6 @@ def test_a_scrape_while_the_queues_cannot_be_listed_still_gives_the_counters(
         raise PermissionError(13, "Permission denied", str(self.root))
 
     monkeypatch.setattr(Broker, "names", refused)
-    families = _families(metrics.render().decode())
+    families = metric_families(metrics.render().decode())
     assert value(families, "journalq_messages_in", "journalq_messages_in_total", queue="q") == 3
     assert families["journalq_queue_available"].samples == []

@@ -17,9 +17,18 @@ from typing import Any
 import httpx
 import pytest
 from botocore.exceptions import ClientError
-from prometheus_client.parser import text_string_to_metric_families
 from test_queue_lookahead import DAMAGED_AT, damaged_topic
-from test_server_harness import ServerProcess, module_server, raw_request, read_answer, sqs_client, status_of
+from test_server_harness import (
+    ServerProcess,
+    await_waiting_receives,
+    metric_families,
+    metric_sample,
+    module_server,
+    raw_request,
+    read_answer,
+    sqs_client,
+    status_of,
+)
 
 from journalq.queue import Broker
 
@@ -494,17 +503,6 @@ def test_unknown_endpoints_and_unreadable_parameters_are_named(client: httpx.Cli
     assert answer.status_code == 400 and answer.json()["error"].startswith("shards: "), answer.text
 
 
-def _families(text: str) -> dict[str, object]:
-    return {family.name: family for family in text_string_to_metric_families(text)}
-
-
-def _sample(families: dict, family: str, sample: str, **labels: str) -> float | None:
-    for s in families[family].samples:
-        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
-            return s.value
-    return None
-
-
 def test_a_queue_stopped_at_damage_is_seen_in_its_counts_and_metrics(
     server: ServerProcess, client: httpx.Client
 ) -> None:
@@ -517,10 +515,10 @@ def test_a_queue_stopped_at_damage_is_seen_in_its_counts_and_metrics(
     counts = client.get(f"/{damaged}").json()
     assert str(segment) in counts["damage"] and f"offset {DAMAGED_AT}" in counts["damage"], counts
     assert counts["available"] == 3000 and client.get(f"/{sound}").json()["damage"] is None
-    families = _families(client.get("/metrics").text)
+    families = metric_families(client.get("/metrics").text)
     assert families["journalq_queue_damaged"].type == "gauge"
-    assert _sample(families, "journalq_queue_damaged", "journalq_queue_damaged", queue=damaged) == 1
-    assert _sample(families, "journalq_queue_damaged", "journalq_queue_damaged", queue=sound) == 0
+    assert metric_sample(families, "journalq_queue_damaged", "journalq_queue_damaged", queue=damaged) == 1
+    assert metric_sample(families, "journalq_queue_damaged", "journalq_queue_damaged", queue=sound) == 0
 
 
 def test_metrics_in_prometheus_text_format(server: ServerProcess, client: httpx.Client) -> None:
@@ -538,18 +536,18 @@ def test_metrics_in_prometheus_text_format(server: ServerProcess, client: httpx.
     got = client.get("/metrics")
     assert got.status_code == 200
     assert got.headers["content-type"].startswith("text/plain")
-    families = _families(got.text)
+    families = metric_families(got.text)
     assert families["journalq_messages_in"].type == "counter"
-    assert _sample(families, "journalq_messages_in", "journalq_messages_in_total", queue=name) == 5
-    assert _sample(families, "journalq_messages_out", "journalq_messages_out_total", queue=name) == 2
-    assert _sample(families, "journalq_messages_deleted", "journalq_messages_deleted_total", queue=name) == 1
-    assert _sample(families, "journalq_queue_available", "journalq_queue_available", queue=name) == 3
-    assert _sample(families, "journalq_queue_in_flight", "journalq_queue_in_flight", queue=name) == 1
-    assert _sample(families, "journalq_queue_dead", "journalq_queue_dead", queue=name) == 0
+    assert metric_sample(families, "journalq_messages_in", "journalq_messages_in_total", queue=name) == 5
+    assert metric_sample(families, "journalq_messages_out", "journalq_messages_out_total", queue=name) == 2
+    assert metric_sample(families, "journalq_messages_deleted", "journalq_messages_deleted_total", queue=name) == 1
+    assert metric_sample(families, "journalq_queue_available", "journalq_queue_available", queue=name) == 3
+    assert metric_sample(families, "journalq_queue_in_flight", "journalq_queue_in_flight", queue=name) == 1
+    assert metric_sample(families, "journalq_queue_dead", "journalq_queue_dead", queue=name) == 0
     assert "journalq_queue_delayed" in families
     # syncs: the server answers only once data is synced (sync=always)
     assert families["journalq_syncs"].type == "counter"
-    assert _sample(families, "journalq_syncs", "journalq_syncs_total") > 0
+    assert metric_sample(families, "journalq_syncs", "journalq_syncs_total") > 0
     # latency histograms, by API and operation
     latency = families["journalq_request_seconds"]
     assert latency.type == "histogram"
@@ -557,7 +555,7 @@ def test_metrics_in_prometheus_text_format(server: ServerProcess, client: httpx.
     assert ("rest", "POST /{queue}/messages") in operations
     assert ("rest", "GET /{queue}/messages") in operations
     assert ("sqs", "SendMessage") in operations
-    count = _sample(families, "journalq_request_seconds", "journalq_request_seconds_count",
+    count = metric_sample(families, "journalq_request_seconds", "journalq_request_seconds_count",
                     api="rest", operation="POST /{queue}/messages", status="201")
     assert count is not None and count >= 4
     buckets = [s for s in latency.samples if s.name == "journalq_request_seconds_bucket"
@@ -616,7 +614,7 @@ def test_clients_cannot_make_metric_labels_without_bound(server: ServerProcess, 
     client.get(f"/{uuid.uuid4().hex}/{uuid.uuid4().hex}/deep", headers={"X-Amz-Target": f"Evil.{uuid.uuid4().hex}"})
     text = client.get("/metrics").text
     assert "MadeUp" not in text and "Evil" not in text
-    operations = {s.labels["operation"] for s in _families(text)["journalq_request_seconds"].samples}
+    operations = {s.labels["operation"] for s in metric_families(text)["journalq_request_seconds"].samples}
     assert "other" in operations
 
 
@@ -686,7 +684,7 @@ def test_a_queue_another_process_is_removing_under_long_polls_is_not_found(
     threads = [threading.Thread(target=rest_poll), threading.Thread(target=sqs_poll)]
     for t in threads:
         t.start()
-    time.sleep(0.7)  # both are waiting
+    await_waiting_receives(server.url, name, 2)
     doomed = server.data / f".deleted-{name}-1-0badcafe"
     os.replace(server.data / name, doomed)  # a deleter's first step (journalq.queue.removal)
     for lock in (doomed / "channels" / "default" / "jnl.lck", doomed / "jnl.lck"):
@@ -725,8 +723,8 @@ def test_a_queue_delay_holds_new_messages_then_delivers_them(server: ServerProce
     sqs_client(server.url).create_queue(QueueName=name, Attributes={"DelaySeconds": "1"})
     client.post(f"/{name}/messages", content=b"later").raise_for_status()
     assert client.get(f"/{name}/messages").status_code == 204
-    families = _families(client.get("/metrics").text)
-    assert _sample(families, "journalq_queue_delayed", "journalq_queue_delayed", queue=name) == 1
+    families = metric_families(client.get("/metrics").text)
+    assert metric_sample(families, "journalq_queue_delayed", "journalq_queue_delayed", queue=name) == 1
     got = client.get(f"/{name}/messages", params={"wait": 5})
     assert got.status_code == 200 and got.content == b"later"
 
@@ -761,18 +759,18 @@ def test_dead_letters_and_syncs_move_the_metrics(server: ServerProcess, client: 
     sqs.create_queue(QueueName=source, Attributes={"RedrivePolicy": policy})
 
     def scrape() -> dict[str, object]:
-        return _families(client.get("/metrics").text)
+        return metric_families(client.get("/metrics").text)
 
-    syncs = _sample(scrape(), "journalq_syncs", "journalq_syncs_total")
+    syncs = metric_sample(scrape(), "journalq_syncs", "journalq_syncs_total")
     client.post(f"/{source}/messages", content=b"poison").raise_for_status()
     after_post = scrape()
-    assert _sample(after_post, "journalq_syncs", "journalq_syncs_total") > syncs  # sync=always
+    assert metric_sample(after_post, "journalq_syncs", "journalq_syncs_total") > syncs  # sync=always
     assert client.get(f"/{source}/messages", params={"visibility_timeout": 0}).status_code == 200
     assert client.get(f"/{source}/messages").status_code == 204  # received once: now dead
     families = scrape()
-    assert _sample(families, "journalq_queue_dead", "journalq_queue_dead", queue=source) == 1
-    assert _sample(families, "journalq_queue_available", "journalq_queue_available", queue=dead) == 1
-    assert _sample(families, "journalq_messages_out", "journalq_messages_out_total", queue=source) == 1
+    assert metric_sample(families, "journalq_queue_dead", "journalq_queue_dead", queue=source) == 1
+    assert metric_sample(families, "journalq_queue_available", "journalq_queue_available", queue=dead) == 1
+    assert metric_sample(families, "journalq_messages_out", "journalq_messages_out_total", queue=source) == 1
 
 
 # -- a queue whose settings file is damaged, a queue's receive wait --------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from botocore.exceptions import ClientError
-from test_server_harness import ServerProcess, module_server, sqs_client
+from test_server_harness import ServerProcess, await_waiting_receives, module_server, sqs_client
 
 KEY, SECRET = "AKIDSQSTEST", "sqs-test-secret"
 
@@ -701,7 +701,7 @@ def test_a_long_poll_whose_client_went_away_takes_no_message(sqs: Any, server: S
     for pause in (2.5, 0.2):  # past the slice in which the poll notices; within it
         with socket.create_connection(("127.0.0.1", server.port)) as departing:
             departing.sendall(raw.encode() + payload)
-            time.sleep(0.3)  # its poll has begun
+            await_waiting_receives(server.url, queue_url.rsplit("/", 1)[1], 1)
         time.sleep(pause)
         # Within the slice, the departed poll takes the message: and gives it back at once.
         sqs.send_message(QueueUrl=queue_url, MessageBody="for whoever is there")

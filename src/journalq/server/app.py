@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, parse_qsl
@@ -575,10 +575,11 @@ def create_app(config: ServerConfig) -> App:
                 slices = poll_slices(whole)
         else:
             got, whole, given, slices = [], wait, "", poll_slices(wait)
-        for seconds in slices:
-            got, given = await blocking(receive, seconds, receiving=True)
-            if got or stopping.is_set() or await request.is_disconnected():
-                break
+        with counts.waiting(name) if slices and whole else nullcontext():  # (metrics: a poll that waits)
+            for seconds in slices:
+                got, given = await blocking(receive, seconds, receiving=True)
+                if got or stopping.is_set() or await request.is_disconnected():
+                    break
         if got and whole and await request.is_disconnected():
             # Taken in the slice its client went away in: given back, not hidden for no one.
             await blocking(broker().queue(name, create=False).release, got[0].receipt)
@@ -803,7 +804,8 @@ def create_app(config: ServerConfig) -> App:
     def sqs_protocol() -> SqsProtocol:
         if not sqs_box:
             sqs_box.append(SqsProtocol(broker(), account_id=config.account_id, region=config.region,
-                                       max_message_size=config.max_message_size, stopping=stopping.is_set))
+                                       max_message_size=config.max_message_size, stopping=stopping.is_set,
+                                       waiting=counts.waiting))
         return sqs_box[0]
 
     async def store_sqs(

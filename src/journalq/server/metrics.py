@@ -1,4 +1,4 @@
-"""Prometheus metrics: messages in and out, queue depths, request latency, syncs.
+"""Prometheus metrics: messages in and out, queue depths, receives waiting, request latency, syncs.
 
 One process (``journalq serve``, and the tests, which start many apps in one process): each app
 has a registry of its own that holds the values in memory.
@@ -100,6 +100,11 @@ class Metrics:
         # livesum: a dead worker's 1 leaves the sum once the supervisor marks it dead.
         workers = Gauge("journalq_workers", "Server processes running.", registry=own, multiprocess_mode="livesum")
         workers.set(1)
+        # livesum: the polls of a worker that died leave the sum with it.
+        self.receives_waiting = Gauge(
+            "journalq_receives_waiting", "Receives waiting for a message now (long polls).", ["queue"],
+            registry=own, multiprocess_mode="livesum",
+        )
         self._children: dict[tuple[str, str, int], Any] = {}  # bounded: operations x statuses
         # Latencies noted and not yet in the histogram, by labels: see ``note``.
         self._noted: dict[tuple[str, str, int], list[float]] = {}
@@ -230,7 +235,17 @@ class Metrics:
         if answered:
             self.counted(self.messages_in, queue).inc(sent)
 
-    def counted(self, counter: Counter, queue: str) -> Any:
+    @contextlib.contextmanager
+    def waiting(self, queue: str) -> Iterator[None]:
+        """Count a receive of ``queue`` in ``journalq_receives_waiting`` while it waits for a message."""
+        gauge = self.counted(self.receives_waiting, queue)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+
+    def counted(self, counter: Counter | Gauge, queue: str) -> Any:
         """``counter.labels(queue)``, looked up once per queue (``labels`` takes a lock and checks
         its values: about a µs). The names come from requests that reached a queue (or its
         checks), as the counters' labels do themselves."""

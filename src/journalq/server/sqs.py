@@ -792,9 +792,11 @@ class SqsProtocol:
         region: str = "us-east-1",
         max_message_size: int = SQS_MAX_MESSAGE_SIZE,
         stopping: Callable[[], bool] = lambda: False,
+        waiting: Callable[[str], contextlib.AbstractContextManager[object]] = lambda name: contextlib.nullcontext(),
     ) -> None:
         self.broker = broker
         self.stopping = stopping  # true once the server stops: long polls end (empty) at once
+        self.waiting = waiting  # held by a receive of the queue named while it waits (the server's metrics)
         self.account_id = account_id
         self.region = region
         self.max_message_size = max_message_size
@@ -1757,10 +1759,12 @@ class SqsProtocol:
         if received is None:
             # In slices: a poll ends within one once the server begins to stop, or its client
             # goes away (a poll left to take messages for no one would hide them for nothing).
-            for seconds in poll_slices(queue.settings.receive_wait if asked.wait is None else asked.wait):
-                received = queue.receive(asked.count, visibility_timeout=asked.hide, wait=seconds)
-                if received or self.stopping() or gone():
-                    break
+            wait = queue.settings.receive_wait if asked.wait is None else asked.wait
+            with self.waiting(name) if wait else contextlib.nullcontext():
+                for seconds in poll_slices(wait):
+                    received = queue.receive(asked.count, visibility_timeout=asked.hide, wait=seconds)
+                    if received or self.stopping() or gone():
+                        break
             if received and gone():  # taken in the slice the client went away in: given back
                 queue.change_visibility_many([(m.receipt, 0) for m in received])
                 return {}
