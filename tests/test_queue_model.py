@@ -6,7 +6,8 @@ as another process would), and after each step the answer the model gives.
 
 The rules checked: FIFO (a receive gives the oldest messages available, a released one before
 newer ones; in a sharded queue, per shard, and as many as there are up to the number asked for),
-message groups (one message of a group in flight at a time, in order), deduplication (a second
+message groups (none of a group out while one is in flight; on files, a receive takes a group's
+next ones in order too), deduplication (a second
 send of an id is dropped and answered with the id of the latest send stored with it), dead letters (moved once, in
 order, with their groups; redriven to the queue's end, in that order, and moved again after as
 many receives), each message given to one consumer at a time, dense message ids, a
@@ -87,6 +88,9 @@ class SharedQueue(RuleBasedStateMachine):
     GROUPS: tuple[str, ...] = ()
     """The message groups that sends draw from, beside none (but with ``GROUP_ALWAYS``)."""
     GROUP_ALWAYS = False
+    GROUP_BATCHES = True
+    """Whether a receive takes a group's next messages after the first (the file store's), or
+    one message of a group (the ZooKeeper store's)."""
     DEDUP_IDS: tuple[str, ...] = ()
     """The deduplication ids that sends draw from, beside none."""
     MAX_RECEIVES: int | None = None
@@ -509,8 +513,7 @@ class SharedQueue(RuleBasedStateMachine):
     @rule(process=st.integers(0, PROCESSES - 1))
     def drain_dead_letters(self, process: int) -> None:
         """The dead-letter queue holds the messages moved, in the order moved, once each (for
-        each channel that moved it), with their groups. (Received one at a time: a receive of
-        more takes one message a group.)"""
+        each channel that moved it), with their groups. (Received one at a time.)"""
         if self.MAX_RECEIVES is None:
             return
         letters = self.brokers[process].queue("dlq", create=False)
@@ -527,7 +530,10 @@ class SharedQueue(RuleBasedStateMachine):
 
     def redrive_order(self) -> list[tuple[ChannelModel, int]]:
         """The order in which a redrive sends the dead letters back: as the dead-letter queue's
-        receives give them (of 100 at most), each of which takes one message of a group."""
+        receives give them (of 100 at most): the order moved, but where each receive takes one
+        message of a group (not ``GROUP_BATCHES``)."""
+        if self.GROUP_BATCHES:
+            return list(self.moved)
         left, order = list(self.moved), []
         while left:
             batch: list[tuple[ChannelModel, int]] = []
@@ -635,7 +641,7 @@ class ChannelModel:
     def expected(self, wanted: int, wants: Want = None) -> tuple[list[int], list[int]]:
         """What a receive of ``wanted`` with the consumer filters ``wants`` may give, oldest
         first: the available messages its filters match whose delay is over, but for one whose
-        group has a message in flight, or one taken, not matched or delayed before it; and what
+        group has a message in flight, or one not matched or delayed before it; and what
         it moves to the dead-letter queue: each one received ``max_receive_count`` times already
         that it comes to before it has ``wanted``."""
         model = self.model
@@ -656,7 +662,8 @@ class ChannelModel:
                     moved.append(n)
                     continue
                 taken.append(n)
-                blocked.add(group)
+                if not model.GROUP_BATCHES:
+                    blocked.add(group)  # (else its group's next ones may follow it)
         return taken, moved
 
     def received(self, got: list, wanted: int, wants: Want = None, hide: float | None = None) -> None:
@@ -871,6 +878,7 @@ class SharedQueueOnZooKeeper(SharedQueueWithDeadLetters):
 
     OFFSET_IDS = False
     DEDUP_IDS = ("x", "y")
+    GROUP_BATCHES = False
 
     def new_broker(self) -> Broker:
         if not hasattr(self, "url"):

@@ -129,6 +129,22 @@ def test_what_the_store_cannot_do_is_refused(broker) -> None:
     assert q.stats().available == 0
 
 
+def test_a_receive_takes_one_message_of_a_group_and_keeps_order_after_expiry(broker) -> None:
+    """Where the file store's receive takes a group's next messages after its first (SQS FIFO's
+    batches), the ZooKeeper store's takes one of each group: a group's tasks are claimed one by
+    one, and a claim lost to another consumer must not leave the group's next with this one."""
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"%s%d" % (g, i), "group_id": g.decode()} for i in range(3) for g in (b"x", b"y")])
+    q.send(b"plain")
+    got = q.receive(10, visibility_timeout=0.2)
+    assert [m.body for m in got] == [b"x0", b"y0", b"plain"]
+    time.sleep(0.25)
+    got = q.receive(10)
+    assert [m.body for m in got] == [b"x0", b"y0", b"plain"] and all(m.receive_count == 2 for m in got)
+    q.delete_many([m.receipt for m in got])
+    assert [m.body for m in q.receive(10)] == [b"x1", b"y1"]
+
+
 def test_a_send_that_fails_in_its_garbage_collection_stored_nothing(broker, monkeypatch: pytest.MonkeyPatch) -> None:
     from kazoo.exceptions import ConnectionLoss
 

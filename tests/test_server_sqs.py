@@ -450,17 +450,19 @@ def test_fifo_groups_and_deduplication(sqs: Any) -> None:
         {"Id": "b1", "MessageBody": "b1", "MessageGroupId": "b", "MessageDeduplicationId": "d3"},
     ])
     got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"])["Messages"]
-    # One message per group at a time, in order within a group.
-    assert sorted(m["Body"] for m in got) == ["a1", "b1"]
+    # A group's messages together, in order (as SQS's FIFO receives give them); none of a group
+    # while some of it is in flight.
+    assert [m["Body"] for m in got] == ["a1", "a2", "b1"]
     for m in got:
         assert m["Attributes"]["MessageGroupId"] in ("a", "b")
         assert m["Attributes"]["SequenceNumber"].isdigit()
         assert "MessageDeduplicationId" in m["Attributes"]
     assert "Messages" not in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
-    a1 = next(m for m in got if m["Body"] == "a1")
-    sqs.delete_message(QueueUrl=url, ReceiptHandle=a1["ReceiptHandle"])
-    (a2,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
-    assert a2["Body"] == "a2"
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=got[1]["ReceiptHandle"], VisibilityTimeout=0)
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)  # a1 is in flight
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
+    (a2,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"])["Messages"]
+    assert a2["Body"] == "a2" and a2["Attributes"]["ApproximateReceiveCount"] == "2"
     with pytest.raises(ClientError) as info:
         sqs.send_message(QueueUrl=url, MessageBody="no group", MessageDeduplicationId="x")
     assert error_code(info) == "MissingParameter"

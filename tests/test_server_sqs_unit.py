@@ -1022,14 +1022,16 @@ def test_fifo_queues(client: Client) -> None:
     assert len(first["SequenceNumber"]) == 20
     assert int(first["SequenceNumber"]) < int(second["SequenceNumber"]) < int(other["SequenceNumber"])
     messages = client.receive(url, MaxNumberOfMessages=10, AttributeNames=["All"])
-    assert [m["Body"] for m in messages] == ["first", "other group"]  # one of a group in flight at a time
+    assert [m["Body"] for m in messages] == ["first", "second", "other group"]  # a group's together, in order
     head = messages[0]["Attributes"]
     assert (head["MessageGroupId"], head["MessageDeduplicationId"], head["SequenceNumber"]) == (
         "g1",
         "d1",
         first["SequenceNumber"],
     )
-    assert client("ReceiveMessage", QueueUrl=url) == {}  # g1 waits for "first"
+    assert client("ReceiveMessage", QueueUrl=url) == {}  # g1 and g2 are in flight
+    client("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=messages[1]["ReceiptHandle"], VisibilityTimeout=0)
+    assert client("ReceiveMessage", QueueUrl=url) == {}  # "second" waits while "first" is in flight
     client("DeleteMessage", QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
     assert [m["Body"] for m in client.receive(url)] == ["second"]
 

@@ -340,7 +340,7 @@ def queue() -> None:
 @click.option("--filter", "filters", type=TEXT, multiple=True, metavar="NAME=VALUE",
               help="What a consumer must offer to take the message (repeatable).")
 @click.option("--dedup-id", type=TEXT, help="Deduplication id: a second send within the queue's window is dropped.")
-@click.option("--group-id", type=TEXT, help="Group id: one message of a group in flight at a time, in order.")
+@click.option("--group-id", type=TEXT, help="Group id: in order, none of a group out while some is in flight.")
 @click.option("--metadata", type=TEXT, metavar="JSON", help="Task metadata, any JSON value.")
 @click.option("--key", type=TEXT, help="Sharded queues: the key that picks the message's shard (a group id wins).")
 @click.option("--no-create", is_flag=True, help="Fail when the queue does not exist (default: create it).")

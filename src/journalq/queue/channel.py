@@ -1246,9 +1246,10 @@ class Channel:
                     return False
                 dead.append((message, self._envelope(message) if env is _PLAIN else env, count))
                 return False
+            # A group's next messages may follow it in this receive (SQS FIFO's batches: the
+            # group is then in flight with one consumer, in order); ``blocked`` holds the group
+            # back only once one of its messages is refused.
             picks.append((message, env, count + 1))
-            if group is not None:
-                blocked.add(group)
             return len(picks) >= max_messages
 
         full = False
@@ -1531,11 +1532,12 @@ class Channel:
             asleep_made.end(offset)
             if verdict != _TAKE:
                 return 0  # (those past retention or for another channel: finished by a receive's walk)
-            if group is not None:
-                blocked.add(group)  # as ``consider``: one of a group at a time
             if offset < far.start:
-                return 0  # the look-ahead's own were offered under the hold, and not taken
-            found.append(message)
+                # The look-ahead's own were offered under the hold, and not taken: held back.
+                if group is not None:
+                    blocked.add(group)
+                return 0
+            found.append(message)  # (and its group's next ones after it, as ``consider``)
             if group is not None:
                 taking.add(group)  # not held back: it goes out
             return -1 if len(found) >= max_messages else 0

@@ -12,7 +12,7 @@ message with queue metadata has the type ``ENVELOPE_TYPE`` (0xE0) and a value of
     "d"  delay in seconds (a number) from the message's timestamp
     "f"  filters: {name: value}, both strings
     "i"  deduplication id
-    "g"  group id (FIFO: one message of a group in flight at a time)
+    "g"  group id (FIFO: a group in flight with one receive at a time, in order)
     "m"  task metadata, any JSON object
     "s"  where a dead letter came from: {"queue": name, "channel": name, "id": message id,
          "count": receives, "sent_at_ns": when it was first sent, before any move} (the last

@@ -307,7 +307,7 @@ class ChannelState:
         self._hide(visible_at, (delivery,))
 
     def _hold(self, delivery: Delivery) -> None:
-        """Count a hidden delivery against its group (FIFO: one of a group in flight at a time)."""
+        """Count a hidden delivery against its group (FIFO: none of a group goes out while one is hidden)."""
         if delivery.group is not None:
             self.group_holds[delivery.group] = self.group_holds.get(delivery.group, 0) + 1
 

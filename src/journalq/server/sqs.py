@@ -43,9 +43,10 @@ How SQS maps onto journalq:
   system attribute, never among ``MessageAttributes``. So is the ``MessageGroupId`` of a message
   sent to a standard queue (SQS's fair queues), as ``AWS.MessageGroupId``: on a standard queue it
   names a tenant and its messages go out in parallel, while a FIFO queue's is journalq's group
-  (one message of a group in flight at a time). journalq does not reorder for fairness: every
-  tenant's messages go out oldest first. A FIFO queue whose DeduplicationScope is messageGroup
-  deduplicates by a hash of the group and the deduplication id, and keeps the client's id as
+  (none of it goes out while some is in flight; a receive takes its messages in order).
+  journalq does not reorder for fairness: every tenant's messages go out oldest first. A FIFO
+  queue whose DeduplicationScope is messageGroup deduplicates by a hash of the group and the
+  deduplication id, and keeps the client's id as
   ``AWS.MessageDeduplicationId`` to deliver it. FifoThroughputLimit is stored and echoed (its
   perMessageGroupId only with DeduplicationScope messageGroup, as SQS takes it).
 * ``DeleteMessage`` with the receipt of a delivery that is over (the message was deleted, or
