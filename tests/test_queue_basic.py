@@ -346,6 +346,17 @@ def test_a_batch_takes_each_group_in_order_and_again_after_expiry(broker: Broker
     assert bodies(q.receive(10)) == [b"x1"]
 
 
+def test_one_per_group_takes_one_message_of_each_group(broker: Broker) -> None:
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"%s%d" % (g, i), "group_id": g.decode()} for i in range(3) for g in (b"x", b"y")])
+    q.send(b"plain")
+    got = q.receive(10, one_per_group=True)
+    assert bodies(got) == [b"x0", b"y0", b"plain"]
+    assert q.receive(10) == []  # x and y are in flight
+    q.delete_many([m.receipt for m in got])
+    assert bodies(q.receive(10, one_per_group=True)) == [b"x1", b"y1"]
+
+
 def test_a_refused_message_stops_its_group_in_a_batch(broker: Broker) -> None:
     """A message of a group that cannot go now (delayed; not for this consumer's filters) holds
     back the group's next ones in the same receive, as it does across receives."""

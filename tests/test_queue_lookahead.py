@@ -97,6 +97,11 @@ def test_a_group_past_the_look_ahead_goes_out_together_up_to_its_first_held_back
     assert q.receive(10, wait=0) == []  # g and h in flight (h1 delayed besides)
     q.delete_many([m.receipt for m in got])
     assert [m.body for m in q.receive(10, wait=0)] == [b"g3"]
+    # (With ``one_per_group``, the scan takes one of each.)
+    q = broker.queue("fifo-shared")
+    q.send_many([{"body": b"x", "delay": 600}] * BEYOND)
+    q.send_many([{"body": b"g%d" % i, "group_id": "g"} for i in range(3)] + [{"body": b"h0", "group_id": "h"}])
+    assert [m.body for m in q.receive(10, wait=0, one_per_group=True)] == [b"g0", b"h0"]
 
 
 def test_a_batch_takes_several_far_messages_and_another_process_sees_them(broker: Broker) -> None:

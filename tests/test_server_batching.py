@@ -334,3 +334,24 @@ def test_an_answer_that_cannot_be_given_keeps_no_other_request_of_its_batch_wait
         assert all(isinstance(outcome, StorageError) for outcome in answered.values())
     else:
         assert answered == {"first": "first", "after": "after", "meanwhile": "meanwhile"}
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_fetches_taken_together_never_share_out_one_fifo_group(tmp_path: Path, shards: int) -> None:
+    """The fetches of a queue under way together are one receive, shared out in turn: it takes one
+    message of a group, so that no two requests' consumers hold one group at once (a single
+    receive takes a group's next ones too)."""
+    from journalq.queue import Broker
+    from journalq.server.reading import received_in_turn
+
+    with Broker(tmp_path, sync="none") as broker:
+        q = broker.queue("orders", shards=shards)
+        q.send_many([{"body": b"g%d" % i, "group_id": "g"} for i in range(3)] + [b"plain 0", b"plain 1"])
+        first, second, third = received_in_turn(q, [(None, 1), (None, 2), (None, 1)])
+        taken = first + second + third
+        assert [m.body for m in taken if m.group_id == "g"] == [b"g0"]
+        assert sorted(m.body for m in taken if m.group_id is None) == [b"plain 0", b"plain 1"]
+        assert received_in_turn(q, [(None, 1), (None, 1)]) == [[], []]  # g is in flight
+        q.delete_many([m.receipt for m in taken])
+        (alone,) = received_in_turn(q, [(None, 10)])  # one request: a receive of its own
+        assert [m.body for m in alone] == [b"g1", b"g2"]

@@ -972,9 +972,15 @@ class Channel:
         wait: float | None = None,
         filters: filtering.ConsumerFilters | None = None,
         delete: Sequence[str] = (),
+        one_per_group: bool = False,
     ) -> list[ReceivedMessage]:
         """Receive up to ``max_messages``, oldest available first, each hidden from every other
         consumer for ``visibility_timeout`` seconds (the queue's by default) unless deleted.
+        Of a FIFO group none of whose messages is in flight, its messages in order, up to its
+        first that cannot go now (delayed, or not for these filters): the group is then with
+        this consumer alone, as SQS FIFO's receives give it. ``one_per_group``: at most one
+        message of a group (for a caller that shares what it received out among consumers,
+        each of whom must hold a group alone; the ZooKeeper store's receives always do).
 
         ``wait`` (the queue's ``receive_wait`` by default) is long polling: with nothing
         available, wait up to that many seconds and return as soon as something arrives.
@@ -1001,7 +1007,7 @@ class Channel:
         try:
             while True:
                 try:
-                    got, wake_at = self._receive_now(max_messages, hide, wanted, delete)
+                    got, wake_at = self._receive_now(max_messages, hide, wanted, delete, one_per_group)
                 except ReceiptError:
                     raise
                 except Exception:
@@ -1076,6 +1082,7 @@ class Channel:
         hide: float,
         wanted: dict[str, tuple[str, filtering.Method]] | None,
         delete: Sequence[str] = (),
+        one_per_group: bool = False,
     ) -> tuple[list[ReceivedMessage], int | None]:
         """One attempt; also returns when something hidden comes back."""
         if not delete and self.surely_empty():
@@ -1097,21 +1104,21 @@ class Channel:
                 self._ahead_lock.release()
         with self._hold():
             try:
-                picks, wake_at, stamp, far = self._receive_held(max_messages, hide, wanted, delete)
+                picks, wake_at, stamp, far = self._receive_held(max_messages, hide, wanted, delete, one_per_group)
             except BaseException:
                 self._forget_unwritten()
                 raise
         if far is not None:
             # Nothing to take in the look-ahead, and more beyond it: read on out of the hold, then
             # take what was found in a second one (see ``_scan_far``).
-            found, blocked, far_wake = self._scan_far(far, wanted, max_messages)
+            found, blocked, far_wake = self._scan_far(far, wanted, max_messages, one_per_group)
             if far_wake is not None:
                 wake_at = far_wake if wake_at is None else min(wake_at, far_wake)
             if found:
                 with self._hold():
                     try:
                         picks, _, stamp, _ = self._receive_held(
-                            max_messages, hide, wanted, (), far=(found, blocked)
+                            max_messages, hide, wanted, (), one_per_group, far=(found, blocked)
                         )
                     except BaseException:
                         self._forget_unwritten()
@@ -1178,6 +1185,7 @@ class Channel:
         hide: float,
         wanted: dict[str, tuple[str, filtering.Method]] | None,
         delete: Sequence[str],
+        one_per_group: bool,
         far: tuple[list[Message], set[str]] | None = None,
     ) -> tuple[list[tuple[Message, Envelope, int]], int | None, int, _Far | None]:
         """``_receive_now``'s work under the hold: (message, envelope, delivery number) of each
@@ -1248,8 +1256,10 @@ class Channel:
                 return False
             # A group's next messages may follow it in this receive (SQS FIFO's batches: the
             # group is then in flight with one consumer, in order); ``blocked`` holds the group
-            # back only once one of its messages is refused.
+            # back once one of its messages is refused.
             picks.append((message, env, count + 1))
+            if one_per_group and group is not None:
+                blocked.add(group)
             return len(picks) >= max_messages
 
         full = False
@@ -1462,7 +1472,8 @@ class Channel:
             position = offset + 1
 
     def _scan_far(
-        self, far: _Far, wanted: dict[str, tuple[str, filtering.Method]] | None, max_messages: int
+        self, far: _Far, wanted: dict[str, tuple[str, filtering.Method]] | None, max_messages: int,
+        one_per_group: bool,
     ) -> tuple[list[Message], set[str], int | None]:
         """Out of the hold: read the topic past the look-ahead, from ``far.start``, to its end or
         until ``max_messages`` are found that this consumer may take now (never seen, so no
@@ -1540,6 +1551,8 @@ class Channel:
             found.append(message)  # (and its group's next ones after it, as ``consider``)
             if group is not None:
                 taking.add(group)  # not held back: it goes out
+                if one_per_group:
+                    blocked.add(group)
             return -1 if len(found) >= max_messages else 0
 
         with self._ahead_lock:  # the look-ahead's messages, for its runs (read ahead already)

@@ -791,6 +791,7 @@ class ShardedChannel:
         hide: float,
         wanted: dict[str, tuple[str, filtering.Method]] | None,
         delete: Sequence[str] = (),
+        one_per_group: bool = False,
     ) -> tuple[list[ReceivedMessage], int | None]:
         """Take from the shards in ``_order`` until ``max_messages`` are taken or all were tried;
         also returns when something hidden in any shard looked at comes back.
@@ -833,7 +834,9 @@ class ShardedChannel:
                 # (a shard passed by for it now would wait behind the others' messages).
                 self._refuse_opening_on_loop(index)
             try:
-                got, wake = self._channel(index)._receive_now(max_messages - len(received), hide, wanted, mine)
+                got, wake = self._channel(index)._receive_now(
+                    max_messages - len(received), hide, wanted, mine, one_per_group
+                )
             except Exception as exc:
                 if mine or isinstance(exc, ReceiptError):
                     raise  # the deletes are not stored: nothing may be returned as if they were

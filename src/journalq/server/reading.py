@@ -27,13 +27,15 @@ def received_in_turn(
     """Receives of ``queue`` that came together (mq's fetches, SQS's ReceiveMessages), each asking
     (visibility timeout, count), made as one receive with no wait for each timeout asked, the
     oldest messages to the earliest: each one's messages (fewer than it asked, or none, when the
-    queue had fewer)."""
+    queue had fewer). A receive shared out so takes one message of a FIFO group: two requests'
+    consumers must not hold one group at once."""
     by_timeout: dict[float | None, list[int]] = {}
     for position, (timeout, _) in enumerate(asked):
         by_timeout.setdefault(timeout, []).append(position)
     received: list[list[ReceivedMessage]] = [[] for _ in asked]
     for timeout, positions in by_timeout.items():
-        got = queue.receive(sum(asked[p][1] for p in positions), wait=0, visibility_timeout=timeout)
+        got = queue.receive(sum(asked[p][1] for p in positions), wait=0, visibility_timeout=timeout,
+                            one_per_group=len(positions) > 1)
         taken = 0
         for position in positions:
             count = asked[position][1]

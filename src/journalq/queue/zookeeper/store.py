@@ -1474,9 +1474,12 @@ class ZooKeeperQueue:
         wait: float | None = None,
         filters: filtering.ConsumerFilters | None = None,
         delete: Sequence[str] = (),
+        one_per_group: bool = False,
     ) -> list[ReceivedMessage]:
         """As ``Channel.receive``: oldest first (by the senders' clocks), each hidden for
-        ``visibility_timeout`` seconds; ``wait`` is long polling (woken by new tasks).
+        ``visibility_timeout`` seconds; ``wait`` is long polling (woken by new tasks). At most
+        one message of a FIFO group, whatever ``one_per_group`` says: a group's tasks are claimed
+        one by one, and a claim lost to another consumer must not leave the next with this one.
         ``delete``: receipts deleted first, as ``delete_many`` does; if one of them is refused,
         ``ReceiptError`` and nothing is received, but unlike on files the others stay deleted
         (each is its own change in ZooKeeper)."""
