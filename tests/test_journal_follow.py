@@ -103,6 +103,18 @@ def test_a_watch_waits_longer_than_poll_can(tmp_path: Path) -> None:
         assert _in_thread(lambda: watch.wait(LONG), lambda: (tmp_path / "new").write_bytes(b"x")) is True
 
 
+def test_a_wait_without_end_wakes_to_look_again_at_least_every_second(tmp_path: Path) -> None:
+    """A signal that comes as a wait begins is handled only when the wait's system call returns:
+    an endless wait ignored Ctrl-C for good (``scan --follow``, 1 time in 20 when the signal came
+    just after an append). A wait with no timeout, or a long one, now says "look again" (True,
+    nothing changed) within about a second, and the caller waits anew."""
+    with DirectoryWatch(tmp_path) as watch:
+        for timeout in (None, LONG):
+            started = time.monotonic()
+            assert watch.wait(timeout) is True
+            assert time.monotonic() - started < 10
+
+
 def test_a_scanner_follows_with_a_timeout_longer_than_poll_can_wait(tmp_path: Path) -> None:
     """``journalq scan J --timeout 3e6`` gave a traceback (OverflowError) instead of waiting."""
     path = _journal(tmp_path / "j", 2)
