@@ -105,7 +105,7 @@ def test_a_watch_waits_longer_than_poll_can(tmp_path: Path) -> None:
 
 def test_a_wait_without_end_wakes_to_look_again_at_least_every_second(tmp_path: Path) -> None:
     """A signal that comes as a wait begins is handled only when the wait's system call returns:
-    an endless wait ignored Ctrl-C for good (``scan --follow``, 1 time in 20 when the signal came
+    an endless wait ignored Ctrl-C for good (``scan --follow``, 1 time in 10-20 when the signal came
     just after an append). A wait with no timeout, or a long one, now says "look again" (True,
     nothing changed) within about a second, and the caller waits anew."""
     with DirectoryWatch(tmp_path) as watch:

@@ -22,7 +22,7 @@ _POLL_MIN, _POLL_MAX = 0.001, 0.05
 # The longest one wait sleeps; callers with a longer timeout (or none) loop until their own
 # deadline. A signal that comes as the wait begins, after Python last looked for one and before
 # the system call, interrupts nothing: its handler (Ctrl-C's KeyboardInterrupt) runs only once the
-# call returns. An endless wait then ignored Ctrl-C for good (``scan --follow``, 1 time in 20
+# call returns. An endless wait then ignored Ctrl-C for good (``scan --follow``, 1 time in 10-20
 # when the signal came right after an append it printed); now for at most this long.
 _MAX_WAIT = 1.0
 
