@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from conftest import SyncFault
 import uvicorn
-from test_server_harness import sqs_client, status_of
+from test_server_harness import await_waiting_receives, sqs_client, status_of
 
 from journalq.errors import StoreUnavailableError
 from journalq.journal.inspect import check
@@ -49,21 +49,11 @@ def serving(
 ) -> Iterator[int]:
     """A journalq app under uvicorn with ``protocol`` (idle connections closed after
     ``keep_alive`` seconds; uvicorn's ``limit_concurrency``), in a thread; yields its port."""
-    with serving_server(data, protocol, keep_alive, limit_concurrency, **settings) as server:
-        yield server.config.port
-
-
-@contextmanager
-def serving_server(
-    data: Path, protocol: type, keep_alive: float = 5, limit_concurrency: int | None = None, **settings: Any
-) -> Iterator[uvicorn.Server]:
-    """``serving``, yielding the uvicorn server itself (its ``server_state`` holds the requests
-    being answered), its port in ``config.port``."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(ServerConfig(data=data, port=port, **settings))
-    server = uvicorn.Server(uvicorn.Config(app, port=port, http=protocol, log_level="warning", access_log=False,
+    server = uvicorn.Server(uvicorn.Config(app, http=protocol, log_level="warning", access_log=False,
                                            timeout_keep_alive=keep_alive, timeout_graceful_shutdown=5,
                                            limit_concurrency=limit_concurrency))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -73,7 +63,7 @@ def serving_server(
         assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
         time.sleep(0.01)
     try:
-        yield server
+        yield port
     finally:
         server.should_exit = True
         thread.join(10)
@@ -94,8 +84,8 @@ def test_a_stop_ends_long_polls_under_either_protocol(tmp_path: Path, protocol: 
         except Exception as exc:  # noqa: BLE001 - what the client met is the test's finding
             results[name] = repr(exc)
 
-    with serving_server(tmp_path, protocol) as server:
-        url = f"http://127.0.0.1:{server.config.port}"
+    with serving(tmp_path, protocol) as port:
+        url = f"http://127.0.0.1:{port}"
         httpx.put(f"{url}/idle").raise_for_status()
         queue_url = sqs_client(url).get_queue_url(QueueName="idle")["QueueUrl"]
         polls = [
@@ -106,14 +96,9 @@ def test_a_stop_ends_long_polls_under_either_protocol(tmp_path: Path, protocol: 
         ]
         for thread in polls:
             thread.start()
-        # Both polls are in the app (uvicorn runs a task for each request being answered) before the
-        # stop: a fixed sleep was too short on a loaded CI host, where the clients had not yet
-        # connected when the server stopped, and met a refused connection.
-        deadline = time.monotonic() + 15
-        while len(server.server_state.tasks) < 2:
-            assert time.monotonic() < deadline and not results, results
-            time.sleep(0.01)
-        time.sleep(0.2)  # from the request's head to the wait is a few steps of the loop
+        # Both polls wait before the stop: a fixed sleep was too short on a loaded CI host, where
+        # the clients had not yet connected when the server stopped, and met a refused connection.
+        await_waiting_receives(url, "idle", 2)
         assert not results
     # (the server has stopped: ``serving`` waited for it)
     for thread in polls:
