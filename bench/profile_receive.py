@@ -92,6 +92,13 @@ def add_workload_options(parser: argparse.ArgumentParser, *, messages: int, batc
         "--batch", type=int, default=batch, help=f"receive(B) + delete_many (1: delete; default {batch})"
     )
     parser.add_argument("--loop", action="store_true", help="receive(B, delete=last round's receipts)")
+    parser.add_argument(
+        "--messages-of",
+        dest="kind",
+        default="plain",
+        choices=("plain", "groups", "attributes"),
+        help="plain messages (default); envelopes in 10 FIFO groups (round robin); envelopes with two attributes",
+    )
 
 
 def consume(queue: Any, args: argparse.Namespace) -> int:
@@ -120,8 +127,17 @@ def fill(args: argparse.Namespace, shards: int = 1) -> Path:
     root = Path(tempfile.mkdtemp(prefix="profile-receive-", dir=HERE / ".data"))
     with Broker(root, sync="none") as broker:
         queue = broker.queue("q", shards=shards)
+        kind = getattr(args, "kind", "plain")
         for i in range(0, args.messages, 1000):
-            queue.send_many([b"%010d" % n + bytes(90) for n in range(i, min(i + 1000, args.messages))])
+            bodies = [b"%010d" % n + bytes(90) for n in range(i, min(i + 1000, args.messages))]
+            if kind == "plain":
+                queue.send_many(bodies)
+            else:
+                queue.send_many(
+                    [{"body": body, "group_id": f"g{n % 10}"} for n, body in enumerate(bodies, i)]
+                    if kind == "groups"
+                    else [{"body": body, "attributes": {"trace": "abc123", "n": 7}} for body in bodies]
+                )
     return root
 
 
