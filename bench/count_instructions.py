@@ -58,7 +58,7 @@ def main() -> int:
 
 def count(root: Path, args: argparse.Namespace) -> tuple[int, int]:
     """Run the consumer under callgrind, counting its loop alone: (instructions, messages)."""
-    out = root / "callgrind.out"
+    out = Path(os.environ["CALLGRIND_OUT"]) if os.environ.get("CALLGRIND_OUT") else root / "callgrind.out"
     options = ["--messages", str(args.messages), "--sync", args.sync, "--batch", str(args.batch)]
     options += ["--loop"] if args.loop else []
     child = subprocess.Popen(

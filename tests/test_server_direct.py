@@ -319,6 +319,76 @@ def test_fetches_and_deletes_on_the_direct_path_answer_as_the_asgi_path(
     ]
 
 
+def _sqs_consumer_run(port: int) -> tuple[list[bytes], list[str]]:
+    """SQS consumer requests (ReceiveMessage, with and without a wait, on a standard and a FIFO
+    queue, and DeleteMessage) on a new server: the answers without what differs from one
+    server to another, and the bodies of the requests the direct path took, by action."""
+    url = "http://test/000000000000/"
+
+    def go(action: str, payload: dict[str, Any]) -> bytes:
+        return exchange(port, sqs(action, payload))[0]
+
+    for name, attributes in (("q", {}), ("f.fifo", {"FifoQueue": "true", "ContentBasedDeduplication": "true"})):
+        assert status_of(go("CreateQueue", {"QueueName": name, "Attributes": attributes})) == 200
+    for body in ("m0", "m1", "m2"):
+        assert status_of(go("SendMessage", {"QueueUrl": url + "q", "MessageBody": body})) == 200
+        assert status_of(go("SendMessage", {"QueueUrl": url + "f.fifo", "MessageBody": body,
+                                            "MessageGroupId": "g"})) == 200
+    everything = {"AttributeNames": ["All"], "MessageAttributeNames": ["All"]}
+    answers = [
+        go("ReceiveMessage", {"QueueUrl": url + "q", **everything}),  # the first: learns the queue's wait
+        go("ReceiveMessage", {"QueueUrl": url + "q", "VisibilityTimeout": 0, **everything}),
+        go("ReceiveMessage", {"QueueUrl": url + "q", "WaitTimeSeconds": 0, "MaxNumberOfMessages": 5}),
+        go("ReceiveMessage", {"QueueUrl": url + "q", "WaitTimeSeconds": 1}),  # may wait: not direct
+        go("ReceiveMessage", {"QueueUrl": url + "q", "WaitTimeSeconds": 0, "MaxNumberOfMessages": 11}),
+        go("ReceiveMessage", {"QueueUrl": url + "nope", "WaitTimeSeconds": 0}),
+        go("ReceiveMessage", {"QueueUrl": url + "f.fifo", "WaitTimeSeconds": 0, "MaxNumberOfMessages": 2}),
+        go("ReceiveMessage", {"QueueUrl": url + "f.fifo", "WaitTimeSeconds": 0}),  # the group is held
+    ]
+    receipts = [m["ReceiptHandle"] for answer in answers[:3] + answers[6:7]
+                for m in json.loads(answer.partition(b"\r\n\r\n")[2]).get("Messages", [])]
+    answers += [go("DeleteMessage", {"QueueUrl": url + ("f.fifo" if i > 3 else "q"), "ReceiptHandle": receipt})
+                for i, receipt in enumerate(receipts)]
+    answers.append(go("ReceiveMessage", {"QueueUrl": url + "f.fifo", "WaitTimeSeconds": 0}))  # m2 of the group
+    metrics = exchange(port, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")[0]
+    answers.append(b"\n".join(sorted(re.findall(
+        rb'journalq_(?:request_seconds_count\{api="sqs",[^}]*\}|messages_(?:out|deleted)_total\{[^}]*\}) \S+',
+        metrics))))
+    shown = [re.sub(rb'"(ReceiptHandle|MD5OfBody|SequenceNumber)": "[^"]*"|"\d+\.[0-9a-f]{8}"', b"R", normalized(a))
+             for a in answers]
+    return shown, receipts
+
+
+def test_sqs_receives_that_cannot_wait_answer_on_the_direct_path_as_the_asgi_path(
+    tmp_path: Path, taken: list[bytes]
+) -> None:
+    """A ReceiveMessage that cannot wait (WaitTimeSeconds 0, or none and a queue whose own wait
+    is 0) is taken straight from the parser, its first look batched with the others under way,
+    and answers byte for byte what the ASGI path answers (a FIFO queue's made whole in a thread,
+    as there); one that may wait, and the first to a queue not looked at yet, go to ASGI."""
+    answers = {}
+    for protocol in (HeadLimitedHttpToolsProtocol, DirectHttpToolsProtocol):
+        data = tmp_path / "data"
+        with serving(data, protocol) as port:
+            answers[protocol], receipts = _sqs_consumer_run(port)
+        data.rename(tmp_path / protocol.__name__)
+    direct = answers[DirectHttpToolsProtocol]
+    assert direct == answers[HeadLimitedHttpToolsProtocol]
+    assert [status_of(a) for a in direct[:-1]] == [200] * 4 + [400, 400] + [200] * 9
+    bodies = [re.findall(rb'"Body": "(\w+)"', a) for a in direct[:-1]]
+    assert bodies[:4] == [[b"m0"], [b"m1"], [b"m1", b"m2"], []]
+    assert b"MaxNumberOfMessages" in direct[4] and b"QueueDoesNotExist" in direct[5]
+    assert bodies[6:8] == [[b"m0", b"m1"], []] and bodies[-1] == [b"m2"]
+    assert len(receipts) == 6
+    assert b'messages_out_total{queue="q"} 4.0' in direct[-1]
+    assert b'messages_deleted_total{queue="f.fifo"} 2.0' in direct[-1]
+    # What went the direct way: the sends, the deletes, and the receives that cannot wait once
+    # their queue's own wait is known (not the first to "q"; a refused one tried, then ASGI's).
+    receives = [json.loads(body) for body in taken if b"ReceiptHandle" not in body and b"MessageBody" not in body]
+    assert [(r["QueueUrl"].rsplit("/", 1)[1], r.get("WaitTimeSeconds")) for r in receives] == [
+        ("q", None), ("q", 0), ("q", 0), ("nope", 0), ("f.fifo", 0), ("f.fifo", 0), ("f.fifo", 0)]
+
+
 def test_a_direct_fetch_waits_once_an_sqs_call_gives_the_queue_a_wait(
     tmp_path: Path, taken_requests: list[str]
 ) -> None:

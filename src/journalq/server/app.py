@@ -682,9 +682,10 @@ def create_app(config: ServerConfig) -> App:
     fetches: Batcher[float | None, Fetched] = Batcher(functools.partial(appended, fetch_now))
     deletes: Batcher[str, None] = Batcher(store_deletes)
     waitless: set[str] = set()
-    """Queues whose own wait was 0 at the last look (``fetch_now``): the direct path fetches from
-    them (a fetch that may long-poll goes through FastAPI). Emptied when this server changes or
-    deletes a queue; a change by another process is seen by the next batch of fetches."""
+    """Queues whose own wait was 0 at the last look (``fetch_now``, ``sqs_fetch_now``): the direct
+    path fetches from them (a fetch that may long-poll goes through FastAPI, or ``hot_sqs``).
+    Emptied when this server changes or deletes a queue; a change by another process is seen by
+    the next batch of fetches."""
 
     async def add_message(queue: str, body: bytes) -> str:
         return await sends.call(queue_name(queue), body)
@@ -841,8 +842,16 @@ def create_app(config: ServerConfig) -> App:
 
     sqs_deletes = Batcher(store_sqs_deletes)  # DeleteMessage: one step, and one sync, a batch
 
+    def sqs_fetch_now(name: str, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any] | SqsError | None]:
+        """``SqsProtocol.receive_together``, the queue's own wait noted for the direct path
+        (``waitless``), as ``fetch_now`` notes it."""
+        answers = sqs_protocol().receive_together(name, requests)
+        found = broker().opened(name)  # (opened by the receive, unless every request was refused)
+        (waitless.add if found is not None and found.settings.receive_wait == 0 else waitless.discard)(name)
+        return answers
+
     async def receive_sqs(name: str, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any] | Exception | None]:
-        return await appended(sqs_protocol().receive_together, name, requests)
+        return await appended(sqs_fetch_now, name, requests)
 
     sqs_fetches = Batcher(receive_sqs)  # ReceiveMessage's first look (``SqsProtocol.receive_together``)
     sqs_checks_headers = bool(config.aws_credentials) or config.rest_token is not None
@@ -998,14 +1007,15 @@ def create_app(config: ServerConfig) -> App:
             watcher.cancel()
 
     def direct_sqs(scope: Scope, body: bytes, respond: Respond) -> bool:
-        """SendMessage, SendMessageBatch and DeleteMessage taken straight from the HTTP protocol,
-        as ``direct_add``; every other request, and any refused one, goes to ``hot_sqs``."""
+        """SendMessage, SendMessageBatch, DeleteMessage and a ReceiveMessage that cannot wait
+        taken straight from the HTTP protocol, as ``direct_add``; every other request, and any
+        refused one, goes to ``hot_sqs``."""
         if len(body) > config.max_request_size:
             return False
         try:
             target = (header(scope, b"x-amz-target") or b"").decode("latin-1")
             action, payload = sqs_request(scope, target, body)
-            if action not in SqsProtocol.SEND_ACTIONS and action != "DeleteMessage":
+            if action not in _SQS_DIRECT:
                 return False
             queue = sqs_protocol().queue_of(payload)
         except (SqsRefusal, SqsError):
@@ -1013,9 +1023,45 @@ def create_app(config: ServerConfig) -> App:
         if action == "DeleteMessage":
             sqs_deletes.submit(queue, payload, answering(respond, "sqs", action,
                                                          functools.partial(sqs_answer, action, payload)))
+        elif action == "ReceiveMessage":
+            # One that may long-poll goes through ``hot_sqs``, which hears its client leave (the
+            # direct path does not): WaitTimeSeconds 0, or none and a queue whose own wait is 0.
+            wait = payload.get("WaitTimeSeconds")
+            if not (wait == 0 if wait is not None else queue in waitless):
+                return False
+            answer = answering(respond, "sqs", action, functools.partial(sqs_answer, action, payload))
+            sqs_fetches.submit(queue, payload, functools.partial(direct_received, scope, payload, answer))
         else:
             sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, sqs_outcome_answer))
         return True
+
+    def direct_received(
+        scope: Scope,
+        payload: dict[str, Any],
+        answer: Callable[[Any], None],
+        first: dict[str, Any] | BaseException | None,
+    ) -> None:
+        """A direct ReceiveMessage's first look done: answered with it, or, when it is to be made
+        whole (a FIFO queue's; one whose queue's wait changed since, by another process), by
+        ``receive_message`` in a thread, as ``hot_sqs`` does, but for its client's departure."""
+        if first is not None:
+            answer(first)
+            return
+
+        async def whole() -> None:
+            host = header(scope, b"host")
+            base_url = f"{scope['scheme']}://{host.decode('latin-1') if host else f'{config.host}:{config.port}'}"
+            try:
+                outcome: Any = await blocking(sqs_protocol().handle, "ReceiveMessage", payload, base_url)
+            except Exception as exc:  # (``sqs_answer`` answers journalq's and SQS's; others as a failure)
+                outcome = exc
+            answer(outcome)
+
+        task = asyncio.get_running_loop().create_task(whole())
+        made_whole.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(made_whole.discard)
+
+    made_whole: set[asyncio.Task[None]] = set()
 
     def is_query(scope: Scope) -> bool:
         """Whether a request with no ``X-Amz-Target`` is one of SQS's Query protocol: a POST of a
@@ -1069,6 +1115,8 @@ _REST_ADD = "POST /{queue}/messages"
 _REST_FETCH = "GET /{queue}/messages"
 _REST_DELETE = "DELETE /{queue}/messages/{message_id}"
 _OCTET_STREAM = (b"content-type", b"application/octet-stream")
+_SQS_DIRECT = SqsProtocol.SEND_ACTIONS | {"DeleteMessage", "ReceiveMessage"}
+"""The SQS actions the direct path takes (``direct_sqs``); a ReceiveMessage only if it cannot wait."""
 _QUEUE_CHANGES = frozenset({"CreateQueue", "SetQueueAttributes", "DeleteQueue"})
 """SQS actions that may change a queue's own wait (``waitless``)."""
 _AMZ_JSON = (b"content-type", b"application/x-amz-json-1.0")
