@@ -300,7 +300,7 @@ def test_fifo_expired_message_goes_out_before_newer_ones(broker: Broker) -> None
     assert bodies(q.receive(3)) == [b"1", b"3", b"4"]
 
 
-def test_groups_none_of_a_group_goes_out_while_one_is_in_flight(broker: Broker, store_root: Path | str) -> None:
+def test_groups_none_of_a_group_goes_out_while_one_is_in_flight(broker: Broker) -> None:
     q = broker.queue("fifo")
     q.send_many(
         [{"body": b"a1", "group_id": "A"}, {"body": b"a2", "group_id": "A"},
@@ -318,12 +318,10 @@ def test_groups_none_of_a_group_goes_out_while_one_is_in_flight(broker: Broker, 
     q.release(b1.receipt)  # b1 back: it goes before b2
     again, *rest = q.receive(10)
     assert again.body == b"b1" and again.receive_count == 2
-    # On files, b2 with it (nothing of B in flight), as SQS FIFO's batches; the ZooKeeper store
-    # gives one message of a group a receive.
-    assert bodies(rest) == ([b"b2"] if isinstance(store_root, Path) else [])
+    # b2 with it (nothing of B in flight), as SQS FIFO's batches.
+    assert bodies(rest) == [b"b2"]
 
 
-@pytest.mark.files_only("the ZooKeeper store gives one message of a group a receive (test_queue_zookeeper)")
 def test_a_batch_takes_each_group_in_order_and_again_after_expiry(broker: Broker) -> None:
     """As SQS FIFO's: a receive of several takes a group's messages in order, as long as none of
     the group is in flight (the whole group is then with one consumer); they come back in order,
@@ -503,14 +501,14 @@ def test_queue_default_delay(broker: Broker) -> None:
     assert bodies(got) == [b"a"] and time.monotonic() - t0 < 2.5
 
 
-def test_delayed_group_head_holds_its_group(broker: Broker, store_root: Path | str) -> None:
+def test_delayed_group_head_holds_its_group(broker: Broker) -> None:
     q = broker.queue("fifo")
     q.send(b"g1", group_id="g", delay=0.6)
     q.send(b"g2", group_id="g")
     q.send(b"h1", group_id="h")
     assert bodies(q.receive(10)) == [b"h1"]
     time.sleep(0.65)
-    assert bodies(q.receive(10)) == ([b"g1", b"g2"] if isinstance(store_root, Path) else [b"g1"])
+    assert bodies(q.receive(10)) == [b"g1", b"g2"]
 
 
 # -- long polling ---------------------------------------------------------------------------

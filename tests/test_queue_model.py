@@ -88,9 +88,6 @@ class SharedQueue(RuleBasedStateMachine):
     GROUPS: tuple[str, ...] = ()
     """The message groups that sends draw from, beside none (but with ``GROUP_ALWAYS``)."""
     GROUP_ALWAYS = False
-    GROUP_BATCHES = True
-    """Whether a receive takes a group's next messages after the first (the file store's), or
-    one message of a group (the ZooKeeper store's)."""
     DEDUP_IDS: tuple[str, ...] = ()
     """The deduplication ids that sends draw from, beside none."""
     MAX_RECEIVES: int | None = None
@@ -528,26 +525,6 @@ class SharedQueue(RuleBasedStateMachine):
         assert found == moved, f"the dead-letter queue holds {found}, not {moved}, the messages moved"
         self.moved.clear()
 
-    def redrive_order(self) -> list[tuple[ChannelModel, int]]:
-        """The order in which a redrive sends the dead letters back: as the dead-letter queue's
-        receives give them (of 100 at most): the order moved, but where each receive takes one
-        message of a group (not ``GROUP_BATCHES``)."""
-        if self.GROUP_BATCHES:
-            return list(self.moved)
-        left, order = list(self.moved), []
-        while left:
-            batch: list[tuple[ChannelModel, int]] = []
-            groups: set[str] = set()
-            for letter in left:
-                group = self.group[letter[1]]
-                if len(batch) < 100 and group not in groups:
-                    batch.append(letter)
-                    if group is not None:
-                        groups.add(group)
-            order += batch
-            left = [letter for letter in left if letter not in batch]
-        return order
-
     @precondition(lambda self: self.MAX_RECEIVES is not None and self.SHARDS == 1 and bool(self.moved))
     @rule(process=st.integers(0, PROCESSES - 1))
     def redrive(self, process: int) -> None:
@@ -557,7 +534,7 @@ class SharedQueue(RuleBasedStateMachine):
         ``max_receive_count`` more receives; a duplicate of one is still answered with the id it
         was first sent with."""
         assert self.brokers[process].queue("dlq", create=False).redrive() == len(self.moved)
-        for ch, n in self.redrive_order():
+        for ch, n in list(self.moved):  # (the dead-letter queue's receives give them in the order moved)
             message_id = None  # (on files, its offset: the next one)
             if self.OFFSET_IDS:
                 message_id = str(self.next_offset[0])
@@ -661,9 +638,7 @@ class ChannelModel:
                 if model.MAX_RECEIVES is not None and self.count[n] >= model.settings["max_receive_count"]:
                     moved.append(n)
                     continue
-                taken.append(n)
-                if not model.GROUP_BATCHES:
-                    blocked.add(group)  # (else its group's next ones may follow it)
+                taken.append(n)  # (its group's next ones may follow it)
         return taken, moved
 
     def received(self, got: list, wanted: int, wants: Want = None, hide: float | None = None) -> None:
@@ -878,7 +853,6 @@ class SharedQueueOnZooKeeper(SharedQueueWithDeadLetters):
 
     OFFSET_IDS = False
     DEDUP_IDS = ("x", "y")
-    GROUP_BATCHES = False
 
     def new_broker(self) -> Broker:
         if not hasattr(self, "url"):

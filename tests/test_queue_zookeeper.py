@@ -129,20 +129,63 @@ def test_what_the_store_cannot_do_is_refused(broker) -> None:
     assert q.stats().available == 0
 
 
-def test_a_receive_takes_one_message_of_a_group_and_keeps_order_after_expiry(broker) -> None:
-    """Where the file store's receive takes a group's next messages after its first (SQS FIFO's
-    batches), the ZooKeeper store's takes one of each group: a group's tasks are claimed one by
-    one, and a claim lost to another consumer must not leave the group's next with this one."""
+def test_a_receive_takes_a_groups_tasks_in_order_and_keeps_order_after_expiry(broker) -> None:
+    """As on files (SQS FIFO's batches): a receive takes a group's next tasks after its first, in
+    one transaction; ``one_per_group`` takes the first alone. After their visibility runs out,
+    they come back in order."""
     q = broker.queue("fifo")
     q.send_many([{"body": b"%s%d" % (g, i), "group_id": g.decode()} for i in range(3) for g in (b"x", b"y")])
     q.send(b"plain")
-    got = q.receive(10, visibility_timeout=0.2)
+    got = q.receive(10, visibility_timeout=0.2, one_per_group=True)
     assert [m.body for m in got] == [b"x0", b"y0", b"plain"]
     time.sleep(0.25)
-    got = q.receive(10)
-    assert [m.body for m in got] == [b"x0", b"y0", b"plain"] and all(m.receive_count == 2 for m in got)
+    got = q.receive(4)
+    assert [m.body for m in got] == [b"x0", b"y0", b"x1", b"y1"] and [m.receive_count for m in got] == [2, 2, 1, 1]
+    assert [m.body for m in q.receive(10)] == [b"plain"]  # nothing of a group while some of it is out
     q.delete_many([m.receipt for m in got])
-    assert [m.body for m in q.receive(10)] == [b"x1", b"y1"]
+    assert [m.body for m in q.receive(10)] == [b"x2", b"y2"]
+
+
+def test_a_group_whose_first_task_comes_back_while_a_later_one_is_held_stays_held(broker) -> None:
+    """A consumer that gives back the first task of its batch but keeps the second still holds
+    the group (``Entry.then``): nothing of it goes to anyone until the second is done; the
+    claim that then takes the first checks the second's entry unchanged."""
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(3)])
+    first, second = q.receive(2)
+    q.release(first.receipt)
+    assert q.receive(1) == []  # (a look that stops at its first pick learns of the second from the first's entry)
+    assert q.receive(10) == []
+    q.change_visibility(second.receipt, 0.2)  # still held a while
+    assert q.receive(10, wait=0) == []
+    time.sleep(0.25)  # the second's visibility ran out: the group is free, in order
+    assert [m.body for m in q.receive(10)] == [b"x0", b"x1", b"x2"]
+
+
+def test_a_groups_claim_fails_when_a_later_task_is_held_again_after_the_look(
+    broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look read the later task free (its visibility over); its holder hides it again before
+    the claim: the claim, which checks that entry unchanged, fails, and the group stays held."""
+    from journalq.queue.zookeeper.store import ZooKeeperQueue
+
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(2)])
+    first, second = q.receive(2, visibility_timeout=0.2)
+    q.release(first.receipt)
+    time.sleep(0.25)  # the second's visibility ran out: free, but its receipt still current
+    real = ZooKeeperQueue._group_holds
+
+    def then_hidden_again(self, *args):
+        found = real(self, *args)
+        monkeypatch.setattr(ZooKeeperQueue, "_group_holds", real)  # once
+        q.change_visibility(second.receipt, 30)
+        return found
+
+    monkeypatch.setattr(ZooKeeperQueue, "_group_holds", then_hidden_again)
+    assert q.receive(1) == []
+    q.delete(second.receipt)
+    assert [m.body for m in q.receive(10)] == [b"x0"]
 
 
 def test_a_send_that_fails_in_its_garbage_collection_stored_nothing(broker, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,7 @@ agree, and finished tasks are collected after their lifetime, not before."""
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import random
 import re
@@ -324,9 +325,10 @@ def _working(children: Children) -> bool:
 
 
 def check_deliveries(run: ZooKeeperRun, scenario: str) -> None:
-    """What the children's logs say: nothing delivered while an earlier delivery of it (or of
-    its FIFO group) was hidden, groups in order, and nothing to a consumer whose filters exclude
-    it."""
+    """What the children's logs say: nothing delivered while an earlier delivery of it was
+    hidden; of a FIFO group, nothing while a delivery of an earlier receive was (a receive takes
+    a group's tasks together), each receive's in order and the first deliveries in order; and
+    nothing to a consumer whose filters exclude it."""
     assert run.sent and run.acked, "the children did no work"
     check_ended(run)  # receive counts rise; nothing comes back after a delete that returned
     by_id: dict[str, list[Delivery]] = collections.defaultdict(list)
@@ -336,15 +338,19 @@ def check_deliveries(run: ZooKeeperRun, scenario: str) -> None:
         if scenario == "fifo":  # a group's messages of one producer (the ids of two interleave)
             by_group[d.group, d.body.split(".")[0]].append(d)
     for deliveries in [*by_id.values(), *by_group.values()]:
-        deliveries.sort(key=lambda d: d.stamp)
-        for first, then in zip(deliveries, deliveries[1:]):
-            if first not in run.settled:
-                continue  # its consumer's last: maybe deleted or released unlogged, at any time
-            end = run.end_of(first)
-            assert end is not None and end <= then.stamp, f"{then} delivered while {first} was hidden"
+        deliveries.sort(key=lambda d: d.stamp)  # (stable: one receive's in the order it gave them)
+        earlier: list[Delivery] = []  # the settled deliveries of the earlier receives
+        for stamp, together in itertools.groupby(deliveries, key=lambda d: d.stamp):
+            receive = list(together)
+            assert [d.id for d in receive] == sorted(d.id for d in receive), f"a receive at {stamp} gave {receive}"
+            for first in earlier:
+                end = run.end_of(first)
+                assert end is not None and end <= stamp, f"{receive[0]} delivered while {first} was hidden"
+            # (not settled: its consumer's last, maybe deleted or released unlogged, at any time)
+            earlier += [d for d in receive if d in run.settled]
     for (group, _), deliveries in by_group.items():
-        offsets = [d.id for d in deliveries]
-        assert offsets == sorted(offsets), f"group {group} delivered out of order"
+        firsts = [d.id for d in deliveries if d.count == 1]
+        assert firsts == sorted(firsts), f"group {group} first delivered out of order"
     if scenario == "filters":
         for d in run.deliveries:
             _, tier, region = d.body.split("/")

@@ -984,7 +984,7 @@ class Channel:
         first that cannot go now (delayed, or not for these filters): the group is then with
         this consumer alone, as SQS FIFO's receives give it. ``one_per_group``: at most one
         message of a group (for a caller that shares what it received out among consumers,
-        each of whom must hold a group alone; the ZooKeeper store's receives always do).
+        each of whom must hold a group alone).
 
         ``wait`` (the queue's ``receive_wait`` by default) is long polling: with nothing
         available, wait up to that many seconds and return as soon as something arrives.

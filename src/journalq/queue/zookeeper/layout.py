@@ -5,7 +5,8 @@ One queue is one zkmq directory under the broker's path::
 
     /path/<queue>                  the queue's settings (JSON), but the two below
         /queue/<task>              pending tasks: the entry (JSON) says when the task is visible,
-                                   how often it was received, by whom, its group and filters
+                                   how often it was received, by whom, its group and filters, and
+                                   the later tasks of its group claimed with it (``Entry.then``)
         /tasks/<task>
             /filters/<name>        the message's zkmq filters
             /state                 inserted, claimed, finished or dead
@@ -189,6 +190,10 @@ class Entry:
     received: int = 0
     """When the claim was made (ms; 0: not claimed, or by a version that did not write it), for
     ``change_visibility_many``'s ``within``."""
+    then: tuple[str, ...] = ()
+    """The later tasks of its FIFO group that the same receive claimed (SQS FIFO's batches). A
+    look that finds this task available reads them too, and while one of them is held nothing
+    of the group goes out: a consumer that gives back the first of its batch keeps the rest."""
 
     def encode(self) -> bytes:
         data: dict[str, Any] = {"at": self.at, "n": self.count}
@@ -204,14 +209,19 @@ class Entry:
             data["mv"] = 1
         if self.received:
             data["r"] = self.received
+        if self.then:
+            data["t"] = self.then
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Entry:
         try:
             data = json.loads(raw)
+            then = data.get("t", ())
+            if not isinstance(then, list | tuple) or not all(isinstance(task, str) for task in then):
+                then = ()  # (damaged: the group's order is kept as far as the other entries tell)
             return cls(int(data["at"]), int(data.get("n", 0)), data.get("by"), data.get("g"), dict(data.get("f", {})),
-                       bool(data.get("k")), bool(data.get("mv")), int(data.get("r", 0)))
+                       bool(data.get("k")), bool(data.get("mv")), int(data.get("r", 0)), tuple(then))
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls(0)  # a damaged entry is delivered rather than stuck: at least once
 

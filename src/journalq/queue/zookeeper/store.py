@@ -32,6 +32,7 @@ How it keeps its promises:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -40,10 +41,10 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -312,6 +313,20 @@ class _Live:
             if self._zk.exists(self._paths.consumer(consumer, "current")) is not None:
                 self._known.add(consumer)
         return consumer in self._known
+
+
+class _Planned(NamedTuple):
+    """A claim that ``ZooKeeperQueue._claim`` plans: the task, its entry to write over the one
+    read at ``version``, whether that one's visibility ran out, whether the claim replaces its
+    holder's lock, and the reads of the task's data and metadata under way."""
+
+    task: str
+    new: Entry
+    version: int
+    expired: bool
+    replace: bool
+    data: AsyncResult
+    meta: AsyncResult
 
 
 @dataclass
@@ -1477,9 +1492,9 @@ class ZooKeeperQueue:
         one_per_group: bool = False,
     ) -> list[ReceivedMessage]:
         """As ``Channel.receive``: oldest first (by the senders' clocks), each hidden for
-        ``visibility_timeout`` seconds; ``wait`` is long polling (woken by new tasks). At most
-        one message of a FIFO group, whatever ``one_per_group`` says: a group's tasks are claimed
-        one by one, and a claim lost to another consumer must not leave the next with this one.
+        ``visibility_timeout`` seconds; ``wait`` is long polling (woken by new tasks). Of a FIFO
+        group none of whose tasks is held, its tasks in order up to the first that cannot go
+        (``one_per_group``: its first alone), claimed in one transaction: all of them or none.
         ``delete``: receipts deleted first, as ``delete_many`` does; if one of them is refused,
         ``ReceiptError`` and nothing is received, but unlike on files the others stay deleted
         (each is its own change in ZooKeeper)."""
@@ -1504,7 +1519,8 @@ class ZooKeeperQueue:
                     deadline = start + wait
                 first = False
                 self._changed.clear()
-                got, wake_at = self._receive_now(max_messages, int(hide * 1000), wanted, watch=wait > 0)
+                got, wake_at = self._receive_now(max_messages, int(hide * 1000), wanted, watch=wait > 0,
+                                                 one_per_group=one_per_group)
                 remaining = deadline - time.monotonic()
                 if got or remaining <= 0 or self._closed:
                     return got
@@ -1513,24 +1529,25 @@ class ZooKeeperQueue:
                 self._changed.wait(min(remaining, _POLL))
 
     def _receive_now(
-        self, max_messages: int, hide_ms: int, wanted: dict[str, tuple[str, filtering.Method]] | None, *, watch: bool
+        self, max_messages: int, hide_ms: int, wanted: dict[str, tuple[str, filtering.Method]] | None, *, watch: bool,
+        one_per_group: bool = False,
     ) -> tuple[list[ReceivedMessage], int | None]:
         self.topic.maybe_collect()
         received: list[ReceivedMessage] = []
         relist = False
         for _ in range(5):
             got, wake_at, raced, fresh = self._claim_some(
-                max_messages - len(received), hide_ms, wanted, watch, relist, {m.id for m in received}
+                max_messages - len(received), hide_ms, wanted, watch, relist, {m.id for m in received}, one_per_group
             )
             received += got
             if len(received) == max_messages or (fresh and (got or not raced)):
                 break
-            relist = True  # too few in an older listing, or others won every race: look again
+            relist = True  # too few in an older listing (nothing claimed), or others won every race: look again
         return received, wake_at
 
     def _claim_some(
         self, max_messages: int, hide_ms: int, wanted: dict[str, tuple[str, filtering.Method]] | None,
-        watch: bool, relist: bool, taken: set[str],
+        watch: bool, relist: bool, taken: set[str], one_per_group: bool = False,
     ) -> tuple[list[ReceivedMessage], int | None, bool, bool]:
         """One look (past the tasks this receive has ``taken``): returns what was received, when
         something hidden comes back, whether other consumers won every claim tried, and whether
@@ -1545,18 +1562,24 @@ class ZooKeeperQueue:
         live = self._live(consumers.get())
         picks: list[tuple[str, Entry, int]] = []
         dead: list[tuple[str, Entry, int]] = []
-        blocked: set[str] = set()  # groups whose head is held, delayed or not for this consumer
+        # Groups whose next task cannot go (held, delayed, not for this consumer, or taken by
+        # this receive already): nothing more of them in this look.
+        blocked: set[str] = set()
         wake_at: int | None = None
         known = self.topic.broker.known_tasks.facts(self._incarnation)
 
         def settled(task: str) -> SentFacts | None:
-            """The facts of a task whose entry this look need not read: in a blocked group, not
-            for this consumer, or delayed still (its entry is as sent)."""
+            """The facts of a task whose entry this look need not read: in a blocked group, or of
+            no group and not for this consumer or delayed still (its entry is as sent). One of a
+            group is read: it holds its group back only while it is there (an older listing may
+            name one finished since)."""
             facts = known.get(task)
-            if facts is not None and (facts.group in blocked or facts.delayed(now)
-                                      or not filtering.matches(facts.filters, wanted, settings.enums)):
-                return facts
-            return None
+            if facts is None:
+                return None
+            if facts.group is None:
+                skipped = facts.delayed(now) or not filtering.matches(facts.filters, wanted, settings.enums)
+                return facts if skipped else None
+            return facts if facts.group in blocked else None
 
         for task, facts, read in self._look(names, max(8, 2 * max_messages), settled):
             group = facts.group
@@ -1570,6 +1593,11 @@ class ZooKeeperQueue:
                 entry, version = read if read is not None else (facts.unclaimed_entry(), 0)  # (delayed)
                 if not entry.available(now, live):
                     wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
+                    if group is not None and entry.held(now, live):
+                        # Held while earlier tasks of its group are not: its batch's first ones
+                        # given back. Those picked here wait with it (``Entry.then``). (One
+                        # delayed still only stops its group here.)
+                        picks = [pick for pick in picks if pick[1].group != group]
                 elif max_count is not None and entry.count >= max_count:
                     if time.monotonic() >= self._retry_dead_letters_at:
                         dead.append((task, entry, version))
@@ -1577,17 +1605,29 @@ class ZooKeeperQueue:
                     # (else the dead-letter queue failed lately: it stays first in its group, undelivered)
                 else:
                     picks.append((task, entry, version))
+                    if len(picks) >= max_messages:
+                        break
+                    if not one_per_group:
+                        continue  # the group's next tasks may follow it in this receive
             if group is not None:
                 blocked.add(group)
             if len(picks) >= max_messages:
                 break
+        if not fresh and len(picks) < max_messages:
+            # Too few in an older listing: the caller lists again and looks anew before this
+            # receive claims anything (a group claimed in one look, its next tasks in another,
+            # would be two claims: the first's entry would not name the others, ``Entry.then``).
+            return [], wake_at, False, False
+        picks, checks, later_wake = self._group_holds(picks, now, live)
+        if later_wake is not None:
+            wake_at = later_wake if wake_at is None else min(wake_at, later_wake)
         if dead:  # moved first (as on files): a move that fails then holds back none of the picks
             moving = self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False, moving=True)
             if not self._send_dead(moving):
                 # Kept here: what their groups have after them waits for them, as above.
                 kept = {entry.group for _, entry, _, _, _ in moving if entry.group is not None}
                 picks = [pick for pick in picks if pick[1].group not in kept]
-        won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live)
+        won = self._claim([(t, e, v, e.count + 1, hide_ms) for t, e, v in picks], now, live, checks=checks)
         received = []
         for task, entry, count, body, meta in won:
             env = envelope.decode_meta(body, meta) or Envelope(body)
@@ -1597,6 +1637,36 @@ class ZooKeeperQueue:
                 dedup_id=env.dedup_id, filters=entry.filters, metadata=env.metadata, source=env.source,
             ))
         return received, wake_at, bool(picks) and not received, fresh
+
+    def _group_holds(
+        self, picks: list[tuple[str, Entry, int]], now: int, live: _Live
+    ) -> tuple[list[tuple[str, Entry, int]], dict[str, list[tuple[str, int]]], int | None]:
+        """The picks of a look whose FIFO groups may go: a group whose picks name later tasks
+        claimed with them (``Entry.then``) that are held still is dropped. Also, by group, the
+        (entry path, version) of those later tasks read, for the claim to check unchanged (a
+        holder that extends one meanwhile fails the claim), and when the first dropped comes
+        back."""
+        picked = {task for task, _, _ in picks}
+        later = {task: pick[1].group for pick in picks for task in pick[1].then if task not in picked}
+        if not later:
+            return picks, {}, None
+        reads = {task: self._zk.get_async(self.paths.entry(task)) for task in later}
+        held: set[str | None] = set()
+        checks: dict[str, list[tuple[str, int]]] = {}
+        wake_at: int | None = None
+        for task, read in reads.items():
+            group = later[task]
+            try:
+                raw, stat = read.get()
+            except NoNodeError:
+                continue  # finished since: holds nothing
+            entry = Entry.decode(raw)
+            if entry.held(now, live):
+                held.add(group)
+                wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
+            elif group is not None:
+                checks.setdefault(group, []).append((self.paths.entry(task), stat.version))
+        return [pick for pick in picks if pick[1].group not in held], checks, wake_at
 
     def _batches(self, changes: list[Callable[[Any], Any]]) -> Iterator[list[Callable[[Any], Any]]]:
         """The changes in groups of up to a hundred and ``_BATCH_BYTES`` (a queue entry holds its
@@ -1645,12 +1715,16 @@ class ZooKeeperQueue:
 
     def _claim(
         self, wanted: list[tuple[str, Entry, int, int, int]], now: int, live: _Live, *, record: bool = True,
-        moving: bool = False,
+        moving: bool = False, checks: Mapping[str, list[tuple[str, int]]] | None = None,
     ) -> list[tuple[str, Entry, int, bytes, bytes]]:
         """Claim (task, entry, version, count, hide_ms) each, with the task's data and metadata
         read meanwhile; returns (task, new entry, count, data, metadata) of those won.
         ``record``: write the tasks won in this consumer's ``current``. ``moving``: claims of a
-        dead-letter mover (``Entry.moving``).
+        dead-letter mover (``Entry.moving``). ``checks``: by FIFO group, entries (path, version)
+        that its claims must find unchanged (``_group_holds``).
+
+        The tasks of one FIFO group are claimed in one transaction, all of them or none (a group
+        is with one consumer); when that fails, its first alone, as any other task is claimed.
 
         The lock of the entry's holder is replaced (deleted in the claim's transaction) only when
         the entry says that its visibility ran out (``at`` <= ``now``): an entry that the claim's
@@ -1662,10 +1736,11 @@ class ZooKeeperQueue:
         zk, paths = self._zk, self.paths
         me = self.consumer_id  # (one name throughout, should another thread register anew)
         current = paths.consumer(me, "current")
+        checks = checks or {}
 
         def claim(task: str, new: Entry, version: int, replace: bool) -> Callable[[Any], None]:
             def add(t: Any) -> None:
-                t.set_data(paths.entry(task), new.encode(), version)
+                t.set_data(paths.entry(task), new.encode(), version)  # (first: its result holds the version)
                 if replace:
                     t.delete(paths.task(task, "claim"))
                 t.create(paths.task(task, "claim"), me.encode(), ephemeral=True)
@@ -1675,22 +1750,56 @@ class ZooKeeperQueue:
                 t.check(current, -1)
             return add
 
-        planned = []
+        def together(group: str | None, adds: list[Callable[[Any], None]]) -> Callable[[Any], None]:
+            """The claims of one group's tasks in one change, then its ``checks`` (after them: the
+            first claim's operations keep their places, which the retry below reads)."""
+            def add(t: Any) -> None:
+                for each in adds:
+                    each(t)
+                for path, version in checks.get(group, ()) if group is not None else ():
+                    t.check(path, version)
+            return add
+
+        planned: list[_Planned] = []
         for task, entry, version, count, hide_ms in wanted:
             new = Entry(now + hide_ms, count, me, entry.group, entry.filters, moving=moving, received=now)
             expired = entry.at <= now
             replace = expired and entry.by is not None and not entry.kept and entry.by in live
-            planned.append((task, new, version, expired, replace,
-                            zk.get_async(paths.task(task, "data")), zk.get_async(paths.task(task, "metadata"))))
-        changes = [claim(task, new, version, replace) for task, new, version, _, replace, _, _ in planned]
+            planned.append(_Planned(task, new, version, expired, replace,
+                                    zk.get_async(paths.task(task, "data")), zk.get_async(paths.task(task, "metadata"))))
+        # One unit a change: a task, or a FIFO group's tasks in order, each naming those after it.
+        units: list[list[_Planned]] = []
+        of_group: dict[str, list[_Planned]] = {}
+        for plan in planned:
+            if plan.new.group is None:
+                units.append([plan])
+            elif plan.new.group in of_group:
+                of_group[plan.new.group].append(plan)
+            else:
+                units.append(of_group.setdefault(plan.new.group, [plan]))
+        for unit in units:
+            unit[:-1] = [plan._replace(new=dataclasses.replace(plan.new, then=tuple(p.task for p in unit[k + 1 :])))
+                         for k, plan in enumerate(unit[:-1])]
+        changes = [together(unit[0].new.group, [claim(p.task, p.new, p.version, p.replace) for p in unit])
+                   for unit in units]
         if record and planned:
             # this consumer's current tasks, in the claims' transaction (one write, not two)
-            changes.append(lambda t: t.set_data(current, json.dumps([p[0] for p in planned]).encode()))
+            changes.append(lambda t: t.set_data(current, json.dumps([p.task for p in planned]).encode()))
         outcomes = self._commit_each(changes)
         all_won = all(_failure(results) is None for results in outcomes)
-        won = []
-        for (task, new, version, expired, replace, data, meta), results in zip(planned, outcomes):
+        won: list[tuple[str, Entry, int, bytes, bytes]] = []
+        for unit, results in zip(units, outcomes):
             failed = _failure(results)
+            if failed is None:
+                # Each claim's first operation is its entry's write: its result has the version.
+                starts = itertools.accumulate((5 if p.replace else 4 for p in unit[:-1]), initial=0)
+                won += [w for p, start in zip(unit, starts) if (w := self._won(p, results[start].version))]
+                continue
+            plan = unit[0]._replace(new=dataclasses.replace(unit[0].new, then=()))
+            task, new, version, expired, replace = plan[:5]
+            if len(unit) > 1:  # the group's first task alone, as any other
+                (results,) = self._commit_each([together(new.group, [claim(task, new, version, replace)])])
+                failed = _failure(results)
             if failed is not None and failed[0] == 1:  # the lock was not as planned
                 if replace and isinstance(failed[1], NoNodeError):
                     retry = True  # its holder's session ended since: a claim that only creates one
@@ -1699,20 +1808,28 @@ class ZooKeeperQueue:
                 else:
                     retry = False
                 if retry:
-                    (results,) = self._commit_each([claim(task, new, version, not replace)])
+                    replace = not replace
+                    (results,) = self._commit_each([together(new.group, [claim(task, new, version, replace)])])
                     failed = _failure(results)
             if failed is not None:
-                if failed[0] == len(results) - 1 and isinstance(failed[1], NoNodeError):
+                if failed[0] == (4 if replace else 3) and isinstance(failed[1], NoNodeError):
                     self._session = None  # this consumer's session ended: register anew, then claim
                 continue  # another consumer won it, or it was deleted, or its holder lives
-            self._remember(task, new, results[0].version)
-            try:
-                won.append((task, new, new.count, data.get()[0], meta.get()[0]))
-            except NoNodeError:
-                continue
+            if w := self._won(plan, results[0].version):
+                won.append(w)
         if record and planned and not all_won:
             zk.set_async(current, json.dumps([w[0] for w in won]).encode())
-        return won
+        order = {plan.task: i for i, plan in enumerate(planned)}
+        return sorted(won, key=lambda w: order[w[0]])  # in the look's order, not by group
+
+    def _won(self, plan: _Planned, version: int) -> tuple[str, Entry, int, bytes, bytes] | None:
+        """A claim won, its entry written at ``version``: (task, new entry, count, data, metadata),
+        or None when the task's data went meanwhile (finished by id)."""
+        self._remember(plan.task, plan.new, version)
+        try:
+            return plan.task, plan.new, plan.new.count, plan.data.get()[0], plan.meta.get()[0]
+        except NoNodeError:
+            return None
 
     def _send_dead(self, claimed: list[tuple[str, Entry, int, bytes, bytes]]) -> bool:
         """Move claimed tasks to the dead-letter queue, then finish them as ``dead``. A crash
@@ -1895,7 +2012,7 @@ class ZooKeeperQueue:
             # the lock of a live claim (a claim whose consumer closed cleanly has none left)
             locked = claim and entry.by is not None and not entry.kept
             written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group,
-                            entry.filters, entry.kept and bool(hide), received=entry.received)
+                            entry.filters, entry.kept and bool(hide), received=entry.received, then=entry.then)
 
             def add(t: Any) -> None:
                 if end is not None:
