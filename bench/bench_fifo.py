@@ -5,7 +5,8 @@ receipts)``, one process, ``sync="none"``.
 A receive takes a group's messages in order, as SQS FIFO's does (the group is then out with this
 consumer alone). Baseline, in the same run and the same directory layout: the same loop with
 ``one_per_group=True``, one message of a group a receive, which is what a FIFO receive gave
-before (and what the ZooKeeper store's still gives): with one group, one message a call.
+before (and what the ZooKeeper store's gave until the twenty-fifth session): with one group,
+one message a call.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ machine) in the same run, one process, 100-byte bodies:
 * send: ``send()`` one by one, and ``send_many()`` in batches of 100;
 * receive + delete: ``receive(1)`` + ``delete``, and ``receive(10)`` + ``delete_many``, until the
   queue is empty (filled with ``send_many``, not timed); every run checks that each message was
-  received exactly once.
+  received exactly once. Also ``receive(10)`` + ``delete_many`` of messages all in one FIFO group
+  (``group_id``): a receive takes the group's next ten in one claim.
 
 Each figure is the best of ``repeat`` runs, stores interleaved, each run on a fresh queue (a fresh
 ZooKeeper path, a fresh directory). The aims are what a low-throughput shared queue (zkmq's words)
@@ -31,13 +32,14 @@ AIMS = {  # msg/s of the ZooKeeper store
     "send_many": 3_000,
     "receive1": 100,
     "receive10": 500,
+    "receive10_group": 500,
 }
 
 
 def _sizes(ctx: Context) -> dict[str, int]:
     if ctx.quick:
-        return {"send": 300, "send_many": 2_000, "receive1": 300, "receive10": 1_000}
-    return {"send": 1_000, "send_many": 10_000, "receive1": 1_000, "receive10": 5_000}
+        return {"send": 300, "send_many": 2_000, "receive1": 300, "receive10": 1_000, "receive10_group": 1_000}
+    return {"send": 1_000, "send_many": 10_000, "receive1": 1_000, "receive10": 5_000, "receive10_group": 5_000}
 
 
 def _send(broker: Broker, n: int) -> float:
@@ -60,11 +62,12 @@ def _send_many(broker: Broker, n: int) -> float:
     return elapsed
 
 
-def _drain(batch: int) -> Callable[[Broker, int], float]:
+def _drain(batch: int, group_id: str | None = None) -> Callable[[Broker, int], float]:
     def drain(broker: Broker, n: int) -> float:
         q = broker.queue("bench", visibility_timeout=300)
         for i in range(0, n, 1000):
-            q.send_many([b"%d " % j + BODY for j in range(i, min(i + 1000, n))])
+            bodies = [b"%d " % j + BODY for j in range(i, min(i + 1000, n))]
+            q.send_many(bodies if group_id is None else [{"body": body, "group_id": group_id} for body in bodies])
         seen: set[bytes] = set()
         start = time.perf_counter()
         while got := q.receive(batch):
@@ -76,6 +79,7 @@ def _drain(batch: int) -> Callable[[Broker, int], float]:
             for m in got:
                 number = m.body.split(b" ", 1)[0]
                 assert number not in seen, f"message {number!r} received twice"
+                assert group_id is None or int(number) == len(seen), f"message {number!r} out of its group's order"
                 seen.add(number)
         elapsed = time.perf_counter() - start
         assert len(seen) == n, f"{n - len(seen)} messages never received"
@@ -89,6 +93,7 @@ CASES: dict[str, tuple[str, Callable[[Broker, int], float]]] = {
     "send_many": (f"send_many() x{BATCH}", _send_many),
     "receive1": ("receive(1) + delete", _drain(1)),
     "receive10": ("receive(10) + delete_many", _drain(10)),
+    "receive10_group": ("receive(10) + delete_many, one FIFO group", _drain(10, "g")),
 }
 
 

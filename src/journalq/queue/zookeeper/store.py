@@ -1613,10 +1613,11 @@ class ZooKeeperQueue:
                 blocked.add(group)
             if len(picks) >= max_messages:
                 break
-        if not fresh and len(picks) < max_messages:
-            # Too few in an older listing: the caller lists again and looks anew before this
-            # receive claims anything (a group claimed in one look, its next tasks in another,
-            # would be two claims: the first's entry would not name the others, ``Entry.then``).
+        if not fresh and len(picks) < max_messages and not one_per_group and any(p[1].group for p in picks):
+            # Too few in an older listing, of a group: the caller lists again and looks anew
+            # before this receive claims anything (a group claimed in one look, its next tasks in
+            # another, would be two claims: the first's entry would not name the others,
+            # ``Entry.then``).
             return [], wake_at, False, False
         picks, checks, later_wake = self._group_holds(picks, now, live)
         if later_wake is not None:
