@@ -389,6 +389,34 @@ def test_sqs_receives_that_cannot_wait_answer_on_the_direct_path_as_the_asgi_pat
         ("q", None), ("q", 0), ("q", 0), ("nope", 0), ("f.fifo", 0), ("f.fifo", 0), ("f.fifo", 0)]
 
 
+def test_a_direct_receive_that_waits_after_all_takes_nothing_for_a_client_gone(
+    tmp_path: Path, taken: list[bytes]
+) -> None:
+    """Another process gives a queue a wait after the server last looked at it: a ReceiveMessage
+    with no WaitTimeSeconds, taken by the direct path as one that cannot wait, long-polls after
+    all (made whole in a thread). Its client goes away: its poll ends within about a second, and a
+    message sent later goes to the next consumer, not to nobody for the visibility timeout."""
+    queue_url = "http://test/000000000000/stale"
+    with serving(tmp_path, DirectHttpToolsProtocol) as port:
+        url = f"http://127.0.0.1:{port}"
+        client = sqs_client(url)
+        client.create_queue(QueueName="stale")
+        request = sqs("ReceiveMessage", {"QueueUrl": queue_url})
+        assert b'"Messages"' not in exchange(port, request)[0]  # (the server learns the queue's wait: 0)
+        with Broker(tmp_path) as broker:  # another process
+            broker.queue("stale", create=False).configure(receive_wait=20)
+        time.sleep(1.2)  # (a process takes up settings changed by another once a second)
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(request)
+        time.sleep(0.5)
+        s.close()
+        time.sleep(1.5)
+        client.send_message(QueueUrl=f"{url}/000000000000/stale", MessageBody="for someone there")
+        got = client.receive_message(QueueUrl=f"{url}/000000000000/stale", WaitTimeSeconds=2).get("Messages", [])
+        assert [m["Body"] for m in got] == ["for someone there"]
+    assert taken.count(json.dumps({"QueueUrl": queue_url}).encode()) == 1  # (the second: the first learned the wait)
+
+
 def test_a_direct_fetch_waits_once_an_sqs_call_gives_the_queue_a_wait(
     tmp_path: Path, taken_requests: list[str]
 ) -> None:

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qs, parse_qsl
 
 import anyio
@@ -1024,13 +1024,14 @@ def create_app(config: ServerConfig) -> App:
             sqs_deletes.submit(queue, payload, answering(respond, "sqs", action,
                                                          functools.partial(sqs_answer, action, payload)))
         elif action == "ReceiveMessage":
-            # One that may long-poll goes through ``hot_sqs``, which hears its client leave (the
-            # direct path does not): WaitTimeSeconds 0, or none and a queue whose own wait is 0.
+            # One that may long-poll goes through ``hot_sqs``: the first looks batched here do not
+            # wait. WaitTimeSeconds 0, or none and a queue whose own wait was 0 when last looked
+            # at (should another process have given it one since, ``direct_received`` waits).
             wait = payload.get("WaitTimeSeconds")
             if not (wait == 0 if wait is not None else queue in waitless):
                 return False
             answer = answering(respond, "sqs", action, functools.partial(sqs_answer, action, payload))
-            sqs_fetches.submit(queue, payload, functools.partial(direct_received, scope, payload, answer))
+            sqs_fetches.submit(queue, payload, functools.partial(direct_received, scope, payload, answer, respond.gone))
         else:
             sqs_sends.submit(queue, (action, payload), answering(respond, "sqs", action, sqs_outcome_answer))
         return True
@@ -1039,11 +1040,13 @@ def create_app(config: ServerConfig) -> App:
         scope: Scope,
         payload: dict[str, Any],
         answer: Callable[[Any], None],
+        gone: Callable[[], bool],
         first: dict[str, Any] | BaseException | None,
     ) -> None:
         """A direct ReceiveMessage's first look done: answered with it, or, when it is to be made
-        whole (a FIFO queue's; one whose queue's wait changed since, by another process), by
-        ``receive_message`` in a thread, as ``hot_sqs`` does, but for its client's departure."""
+        whole (a FIFO queue's; one whose queue's wait changed since, by another process, which
+        long-polls), by ``receive_message`` in a thread, as ``hot_sqs`` does: ``gone`` tells it
+        that its client went away (its poll then ends, what it took given back)."""
         if first is not None:
             answer(first)
             return
@@ -1052,7 +1055,8 @@ def create_app(config: ServerConfig) -> App:
             host = header(scope, b"host")
             base_url = f"{scope['scheme']}://{host.decode('latin-1') if host else f'{config.host}:{config.port}'}"
             try:
-                outcome: Any = await blocking(sqs_protocol().handle, "ReceiveMessage", payload, base_url)
+                outcome: Any = await blocking(sqs_protocol().handle, "ReceiveMessage", payload, base_url, gone,
+                                              receiving=True)
             except Exception as exc:  # (``sqs_answer`` answers journalq's and SQS's; others as a failure)
                 outcome = exc
             answer(outcome)
@@ -1484,8 +1488,14 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 """A whole answer: status, headers (with content-length), body."""
 
-Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
-"""Writes a whole answer: status, headers (with content-length), body."""
+class Respond(Protocol):
+    """Writes a whole answer (status, headers with content-length, body) to a request of the
+    direct path; ``gone()``: whether its client went away meanwhile (asked from any thread)."""
+
+    def __call__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, /) -> None: ...
+
+    def gone(self) -> bool: ...
+
 
 DirectHandler = Callable[[Scope, bytes, Respond], bool]
 """Takes a request whose whole body is there, answering it later through ``respond``; or returns

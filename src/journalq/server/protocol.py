@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
@@ -315,7 +314,7 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def _direct(self, cycle: RequestResponseCycle, handler: Any) -> bool:
-        taken: bool = handler(cycle.scope, bytes(cycle.body), partial(self._answer, cycle))
+        taken: bool = handler(cycle.scope, bytes(cycle.body), DirectReply(self, cycle))
         return taken
 
     def _answer(
@@ -337,6 +336,26 @@ class DirectHttpToolsProtocol(HeadLimitedHttpToolsProtocol):
         if not cycle.keep_alive:
             self.transport.close()
         cycle.on_response()
+
+
+class DirectReply:
+    """The ``respond`` that a direct request's handler is given: called with the whole answer
+    (status, headers with content-length, body), which it writes as uvicorn's ``send`` would;
+    ``gone()`` tells whether the client went away meanwhile (a long poll then ends early)."""
+
+    __slots__ = ("_protocol", "_cycle")
+
+    def __init__(self, protocol: DirectHttpToolsProtocol, cycle: RequestResponseCycle) -> None:
+        self._protocol = protocol
+        self._cycle = cycle
+
+    def __call__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self._protocol._answer(self._cycle, status, headers, body)
+
+    def gone(self) -> bool:
+        """Whether the client went away (asked from a worker thread too: two flags read). A
+        pipelined request's cycle is not told, but the transport is closing."""
+        return self._cycle.disconnected or self._protocol.transport.is_closing()
 
 
 class _NoWaiter:
