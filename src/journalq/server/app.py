@@ -1488,6 +1488,7 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 """A whole answer: status, headers (with content-length), body."""
 
+
 class Respond(Protocol):
     """Writes a whole answer (status, headers with content-length, body) to a request of the
     direct path; ``gone()``: whether its client went away meanwhile (asked from any thread)."""
