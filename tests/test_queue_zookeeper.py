@@ -162,6 +162,21 @@ def test_a_group_whose_first_task_comes_back_while_a_later_one_is_held_stays_hel
     assert [m.body for m in q.receive(10)] == [b"x0", b"x1", b"x2"]
 
 
+def test_a_first_task_past_its_receives_waits_for_its_group_before_it_moves(broker) -> None:
+    """The first task of a batch, given back past ``max_receive_count``, is not moved to the
+    dead-letter queue while the second is held: it waits with its group, then moves."""
+    dlq = broker.queue("fifo-dlq")
+    q = broker.queue("fifo", max_receive_count=1, dead_letter_queue="fifo-dlq")
+    q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(2)])
+    first, second = q.receive(2)
+    q.release(first.receipt)
+    assert q.receive(10) == []
+    assert (q.stats().dead, dlq.stats().available) == (0, 0)
+    q.delete(second.receipt)
+    assert q.receive(10) == []  # the first moves now
+    assert [m.body for m in dlq.receive(10)] == [b"x0"]
+
+
 def test_a_groups_claim_fails_when_a_later_task_is_held_again_after_the_look(
     broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1619,11 +1619,15 @@ class ZooKeeperQueue:
             # another, would be two claims: the first's entry would not name the others,
             # ``Entry.then``).
             return [], wake_at, False, False
-        picks, checks, later_wake = self._group_holds(picks, now, live)
+        held, checks, later_wake = self._group_holds([*dead, *picks], now, live)
+        if held:  # (a first task past its receives waits with its group too: not moved yet)
+            dead = [one for one in dead if one[1].group not in held]
+            picks = [pick for pick in picks if pick[1].group not in held]
         if later_wake is not None:
             wake_at = later_wake if wake_at is None else min(wake_at, later_wake)
         if dead:  # moved first (as on files): a move that fails then holds back none of the picks
-            moving = self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False, moving=True)
+            moving = self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False, moving=True,
+                                 checks=checks)
             if not self._send_dead(moving):
                 # Kept here: what their groups have after them waits for them, as above.
                 kept = {entry.group for _, entry, _, _, _ in moving if entry.group is not None}
@@ -1641,16 +1645,16 @@ class ZooKeeperQueue:
 
     def _group_holds(
         self, picks: list[tuple[str, Entry, int]], now: int, live: _Live
-    ) -> tuple[list[tuple[str, Entry, int]], dict[str, list[tuple[str, int]]], int | None]:
-        """The picks of a look whose FIFO groups may go: a group whose picks name later tasks
-        claimed with them (``Entry.then``) that are held still is dropped. Also, by group, the
+    ) -> tuple[set[str | None], dict[str, list[tuple[str, int]]], int | None]:
+        """The FIFO groups of a look's picks that may not go: those whose picks name later
+        tasks claimed with them (``Entry.then``) that are held still. Also, by group, the
         (entry path, version) of those later tasks read, for the claim to check unchanged (a
-        holder that extends one meanwhile fails the claim), and when the first dropped comes
+        holder that extends one meanwhile fails the claim), and when the first held comes
         back."""
         picked = {task for task, _, _ in picks}
         later = {task: pick[1].group for pick in picks for task in pick[1].then if task not in picked}
         if not later:
-            return picks, {}, None
+            return set(), {}, None
         reads = {task: self._zk.get_async(self.paths.entry(task)) for task in later}
         held: set[str | None] = set()
         checks: dict[str, list[tuple[str, int]]] = {}
@@ -1667,7 +1671,7 @@ class ZooKeeperQueue:
                 wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
             elif group is not None:
                 checks.setdefault(group, []).append((self.paths.entry(task), stat.version))
-        return [pick for pick in picks if pick[1].group not in held], checks, wake_at
+        return held, checks, wake_at
 
     def _batches(self, changes: list[Callable[[Any], Any]]) -> Iterator[list[Callable[[Any], Any]]]:
         """The changes in groups of up to a hundred and ``_BATCH_BYTES`` (a queue entry holds its
