@@ -967,7 +967,7 @@ def create_app(config: ServerConfig) -> App:
             return await _send_answer(send, _sqs_error_answer(refusal.error, refusal.headers, query=query))
         if query:
             scope["journalq.sqs_action"] = action  # the latency label (``Metrics.note_request``)
-        base_url = f"{scope['scheme']}://{headers.get('host') or f'{config.host}:{config.port}'}"
+        base_url = base_url_of(scope)
         outcome: dict[str, Any] | BaseException
         try:
             if action in SqsProtocol.SEND_ACTIONS:
@@ -988,10 +988,20 @@ def create_app(config: ServerConfig) -> App:
             outcome = exc
         return await _send_answer(send, sqs_answer(action, payload, outcome, query=query))
 
+    def base_url_of(scope: Scope) -> str:
+        """The server's URL as an SQS request reached it (its queues' URLs begin with it)."""
+        host = header(scope, b"host")
+        return f"{scope['scheme']}://{host.decode('latin-1') if host else f'{config.host}:{config.port}'}"
+
+    async def receive_whole(payload: dict[str, Any], base_url: str, gone: Callable[[], bool]) -> dict[str, Any]:
+        """A ReceiveMessage whose first look did not answer it, in a receive thread: its long
+        poll ends once ``gone()`` says that its client went away, and what it took is given back
+        instead of hidden for the visibility timeout for no one."""
+        return await blocking(sqs_protocol().handle, "ReceiveMessage", payload, base_url, gone, receiving=True)
+
     async def sqs_receive(receive: Receive, payload: dict[str, Any], base_url: str) -> dict[str, Any]:
-        """A ReceiveMessage, told when its client goes away (``http.disconnect``, which the
-        server's ``receive`` gives once the body was read): its long poll then ends, and what it
-        took is given back instead of hidden for the visibility timeout for no one."""
+        """``receive_whole``, told when its client goes away by ``http.disconnect`` (which the
+        server's ``receive`` gives once the body was read)."""
         gone = threading.Event()
 
         async def watch() -> None:
@@ -1001,8 +1011,7 @@ def create_app(config: ServerConfig) -> App:
 
         watcher = asyncio.ensure_future(watch())
         try:
-            return await blocking(sqs_protocol().handle, "ReceiveMessage", payload, base_url, gone.is_set,
-                                  receiving=True)
+            return await receive_whole(payload, base_url, gone.is_set)
         finally:
             watcher.cancel()
 
@@ -1045,18 +1054,15 @@ def create_app(config: ServerConfig) -> App:
     ) -> None:
         """A direct ReceiveMessage's first look done: answered with it, or, when it is to be made
         whole (a FIFO queue's; one whose queue's wait changed since, by another process, which
-        long-polls), by ``receive_message`` in a thread, as ``hot_sqs`` does: ``gone`` tells it
-        that its client went away (its poll then ends, what it took given back)."""
+        long-polls), by ``receive_whole`` as ``hot_sqs`` does, ``gone`` telling it that its
+        client went away."""
         if first is not None:
             answer(first)
             return
 
         async def whole() -> None:
-            host = header(scope, b"host")
-            base_url = f"{scope['scheme']}://{host.decode('latin-1') if host else f'{config.host}:{config.port}'}"
             try:
-                outcome: Any = await blocking(sqs_protocol().handle, "ReceiveMessage", payload, base_url, gone,
-                                              receiving=True)
+                outcome: Any = await receive_whole(payload, base_url_of(scope), gone)
             except Exception as exc:  # (``sqs_answer`` answers journalq's and SQS's; others as a failure)
                 outcome = exc
             answer(outcome)
