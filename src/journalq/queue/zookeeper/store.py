@@ -1743,6 +1743,11 @@ class ZooKeeperQueue:
         current = paths.consumer(me, "current")
         checks = checks or {}
 
+        def operations(replace: bool) -> int:
+            """How many operations ``claim`` adds: its entry's write first, this consumer's session
+            check last (the retry and the session's end below read their places)."""
+            return 5 if replace else 4
+
         def claim(task: str, new: Entry, version: int, replace: bool) -> Callable[[Any], None]:
             def add(t: Any) -> None:
                 t.set_data(paths.entry(task), new.encode(), version)  # (first: its result holds the version)
@@ -1797,7 +1802,7 @@ class ZooKeeperQueue:
             failed = _failure(results)
             if failed is None:
                 # Each claim's first operation is its entry's write: its result has the version.
-                starts = itertools.accumulate((5 if p.replace else 4 for p in unit[:-1]), initial=0)
+                starts = itertools.accumulate((operations(p.replace) for p in unit[:-1]), initial=0)
                 won += [w for p, start in zip(unit, starts) if (w := self._won(p, results[start].version))]
                 continue
             plan = unit[0]._replace(new=dataclasses.replace(unit[0].new, then=()))
@@ -1817,7 +1822,7 @@ class ZooKeeperQueue:
                     (results,) = self._commit_each([together(new.group, [claim(task, new, version, replace)])])
                     failed = _failure(results)
             if failed is not None:
-                if failed[0] == (4 if replace else 3) and isinstance(failed[1], NoNodeError):
+                if failed[0] == operations(replace) - 1 and isinstance(failed[1], NoNodeError):
                     self._session = None  # this consumer's session ended: register anew, then claim
                 continue  # another consumer won it, or it was deleted, or its holder lives
             if w := self._won(plan, results[0].version):
