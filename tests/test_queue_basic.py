@@ -368,6 +368,37 @@ def test_a_refused_message_stops_its_group_in_a_batch(broker: Broker) -> None:
     assert bodies(q.receive(10, filters={"level": "low"})) == [b"g1", b"k1"]
 
 
+def test_a_receipt_past_its_visibility_cannot_hide_its_message_once_another_receive_took_its_group(
+    broker: Broker,
+) -> None:
+    """A receipt whose visibility ran out names its message until the message is delivered
+    again, but it may not hide it again once another receive holds the group: the group would
+    have two holders, each working on a message of it at once, out of order. Until then it may
+    (no one else holds the group), and a batch's own receipts may hide each other's messages."""
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(3)])
+    first, second = q.receive(2, visibility_timeout=0.2)
+    time.sleep(0.25)
+    q.change_visibility(second.receipt, 0.2)  # no one took the group: hidden again, for its batch
+    q.change_visibility(first.receipt, 0.2)  # and the first again, though the second is hidden
+    assert q.receive(10) == []
+    time.sleep(0.25)
+    (again,) = q.receive(1)  # another consumer takes the group: x0 again
+    assert (again.body, again.receive_count) == (b"x0", 2)
+    with pytest.raises(StaleReceiptError, match="another receive took its FIFO group"):
+        q.change_visibility(second.receipt, 30)
+    with pytest.raises(StaleReceiptError, match="another receive took its FIFO group"):
+        q.release(second.receipt)
+    assert isinstance(q.change_visibility_many([(second.receipt, 30)])[0], StaleReceiptError)
+    q.release(again.receipt)  # x0 back, now with the other receive's receipt: the group is free
+    q.change_visibility(second.receipt, 30)  # so the first receive's x1 may be hidden again
+    with pytest.raises(StaleReceiptError, match="another receive took its FIFO group"):
+        q.change_visibility(again.receipt, 30)  # and x0 no longer: the first receive holds x1
+    q.delete(second.receipt)  # (deleting stays allowed: the work was done)
+    got = q.receive(10)
+    assert bodies(got) == [b"x0", b"x2"] and [m.receive_count for m in got] == [3, 1]
+
+
 def test_dedup_drops_second_send_within_window(broker: Broker) -> None:
     q = broker.queue("jobs")
     first = q.send(b"one", dedup_id="k")

@@ -310,13 +310,39 @@ class SharedQueue(RuleBasedStateMachine):
     @rule(process=st.integers(0, PROCESSES - 1), data=st.data(), seconds=st.sampled_from((0, 0, 2, 20)))
     def change_visibility(self, process: int, data: st.DataObject, seconds: float) -> None:
         """Released (0 seconds), or hidden again from now, back in flight: its receipt holds
-        until it is delivered again."""
+        until it is delivered again, but hides it again only while no other receive holds its
+        FIFO group."""
         ch = self.draw_channel(data, ChannelModel.with_receipt)
         n = data.draw(st.sampled_from(ch.with_receipt()))
         seconds = seconds if self.CLOCK else 0
+        taken = ch.group_taken_since(n)
+        if taken is None:
+            return  # (either answer is right: not asked)
+        if taken:
+            self.change_refused(self.channel(process, ch), ch.receipt[n], seconds)
+            return
         self.channel(process, ch).change_visibility(ch.receipt[n], seconds)
         ch.status[n] = IN_FLIGHT if seconds else AVAILABLE
         ch.visible_at[n] = self.now + int(seconds * 1e9)
+
+    def change_refused(self, channel: Any, receipt: str, seconds: float) -> None:
+        """A change of visibility that the queue refuses: another receive holds the message's
+        FIFO group since its visibility ended."""
+        with pytest.raises(StaleReceiptError, match="another receive took its FIFO group"):
+            channel.change_visibility(receipt, seconds)
+
+    @precondition(lambda self: any(ch.in_flight_receives() for ch in self.channels))
+    @rule(process=st.integers(0, PROCESSES - 1), data=st.data())
+    def give_back(self, process: int, data: st.DataObject) -> None:
+        """A consumer gives back at once what one receive gave it and it still holds (a batch it
+        will not work on): its receipts hold until the messages are delivered again."""
+        ch = self.draw_channel(data, ChannelModel.in_flight_receives)
+        receive = data.draw(st.sampled_from(ch.in_flight_receives()))
+        given = [n for n in ch.with_status(IN_FLIGHT) if ch.receive_of[n] == receive and not ch.retired(n)]
+        outcomes = self.channel(process, ch).change_visibility_many([(ch.receipt[n], 0) for n in given])
+        assert outcomes == [None] * len(given), outcomes
+        for n in given:
+            ch.status[n], ch.visible_at[n] = AVAILABLE, self.now
 
     @precondition(lambda self: self.CLOCK)
     @rule(seconds=st.sampled_from((0.5, 1, 2, 5, 10, 25)))
@@ -573,6 +599,8 @@ class ChannelModel:
         self.position: list[int] = []  # where the message is in the queue: its order
         self.status: list[str] = []
         self.receipt: list[str | None] = []
+        self.receive_of: list[int] = []  # which receive of this channel made the latest delivery
+        self.receives = 0  # receives of this channel so far
         self.count: list[int] = []
         self.visible_at: list[int] = []
         """When the message may go out (its delay ended), or while in flight, comes back (ns)."""
@@ -590,6 +618,7 @@ class ChannelModel:
         self.position.append(model.first_position[n])
         self.status.append(AVAILABLE)
         self.receipt.append(None)
+        self.receive_of.append(-1)
         self.count.append(0)
         self.visible_at.append(model.first_visible_at[n])
         self.sent_at.append(model.first_sent_at[n])
@@ -601,6 +630,26 @@ class ChannelModel:
         """The messages whose latest receipt still works: in flight, or back (by a change of
         visibility or its end) and not delivered again since."""
         return [n for n, r in enumerate(self.receipt) if r is not None and not self.retired(n)]
+
+    def group_taken_since(self, n: int) -> bool | None:
+        """Whether message ``n``, back (its visibility ended, or released), is of a FIFO group that
+        another receive holds now: its receipt may not hide it again (two holders of a group).
+        None when only messages past retention hold it (the queue forgets them when their
+        segment goes: either answer is right)."""
+        group = self.model.group[n]
+        if group is None or self.status[n] != AVAILABLE:
+            return False
+        holders = [
+            m for m in range(len(self.status))
+            if self.status[m] == IN_FLIGHT and self.model.group[m] == group and self.receive_of[m] != self.receive_of[n]
+        ]
+        if not holders:
+            return False
+        return True if not all(map(self.retired, holders)) else None
+
+    def in_flight_receives(self) -> list[int]:
+        """The receives (``receive_of``) whose deliveries are in flight still, some of them."""
+        return sorted({self.receive_of[n] for n in self.with_status(IN_FLIGHT) if not self.retired(n)})
 
     def retired(self, n: int) -> bool:
         """Whether message ``n`` is past retention."""
@@ -666,7 +715,9 @@ class ChannelModel:
             if self.receipt[n] is not None:
                 self.stale.append((n, self.receipt[n]))
             self.status[n], self.receipt[n], self.id[n] = IN_FLIGHT, m.receipt, m.id
+            self.receive_of[n] = self.receives
             self.visible_at[n] = model.now + int(model.hide(hide) * 1e9)
+        self.receives += 1
         for n in moved:
             self.finished(n, MOVED)
         model.moved += [(self, n) for n in moved]

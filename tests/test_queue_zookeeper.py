@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from journalq.errors import InvalidMessageError, InvalidSettingError, StoreUnavailableError, TaskNotFoundError
+from journalq.errors import (
+    InvalidMessageError,
+    InvalidSettingError,
+    StaleReceiptError,
+    StoreUnavailableError,
+    TaskNotFoundError,
+)
 from journalq.queue import Broker
 from journalq.queue.zookeeper import parse_url
 from journalq.queue.zookeeper.layout import DedupRecord, Entry, TaskFacts, collectable, dedup_collectable
@@ -201,6 +207,33 @@ def test_a_groups_claim_fails_when_a_later_task_is_held_again_after_the_look(
     assert q.receive(1) == []
     q.delete(second.receipt)
     assert [m.body for m in q.receive(10)] == [b"x0"]
+
+
+def test_a_hide_after_the_claim_ran_out_fails_when_another_receive_takes_the_group_after_the_look(
+    broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The change read the group free, then another receive claims its first task before the
+    change commits: the change, which checks the group's entries unchanged, fails, reads
+    again and is refused (the group would have two holders)."""
+    from journalq.queue.zookeeper.store import ZooKeeperQueue
+
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(2)])
+    first, second = q.receive(2, visibility_timeout=0.2)
+    time.sleep(0.25)  # both ran out: receipts still current, the group free
+    real = ZooKeeperQueue._group_taken_since
+    taken: list[bytes] = []
+
+    def then_taken(self, *args):
+        found = real(self, *args)
+        monkeypatch.setattr(ZooKeeperQueue, "_group_taken_since", real)  # once
+        taken.extend(m.body for m in q.receive(1))
+        return found
+
+    monkeypatch.setattr(ZooKeeperQueue, "_group_taken_since", then_taken)
+    with pytest.raises(StaleReceiptError, match="another receive took its FIFO group"):
+        q.change_visibility(second.receipt, 30)
+    assert taken == [b"x0"]
 
 
 def test_a_send_that_fails_in_its_garbage_collection_stored_nothing(broker, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -459,8 +492,6 @@ def test_receipts_of_a_session_that_expired_are_refused(url: str) -> None:
     """Its claims ended with the session: their receipts no longer delete or hide (another
     consumer may be working on the task), from that process or any other; and its close does
     not keep them hidden."""
-    from journalq.errors import StaleReceiptError
-
     with Broker(url) as a, Broker(url) as b:
         qa, qb = a.queue("jobs"), b.queue("jobs")
         ids = qa.send_many([b"t", b"u", b"v"])
@@ -547,7 +578,6 @@ def test_a_stale_receipt_cannot_delete_a_task_that_a_dead_letter_mover_claimed(
     """The consumer's visibility ran out; a mover claims the task for the dead-letter queue (its
     receive count ran out), and then the consumer deletes with its receipt: refused, else the
     task were both deleted and dead-lettered (the mover's mark then failed, and stats missed it)."""
-    from journalq.errors import StaleReceiptError
 
     with Broker(url, sync="none") as a, Broker(url, sync="none") as b:
         qa = a.queue("jobs", max_receive_count=1, dead_letter_queue="jobs-dlq")

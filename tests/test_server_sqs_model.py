@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 from test_queue_model import SETTINGS, SharedQueue
 from test_server_harness import ServerProcess, sqs_client
 
@@ -84,6 +85,16 @@ class SqsQueue:
     def change_visibility(self, receipt: str, seconds: float) -> None:
         self.client.change_message_visibility(QueueUrl=self.url, ReceiptHandle=receipt, VisibilityTimeout=int(seconds))
 
+    def change_visibility_many(self, changes: list[tuple[str, float]]) -> list[object | None]:
+        """For each change, None, or the entry SQS listed under ``Failed``."""
+        entries = [
+            {"Id": str(i), "ReceiptHandle": receipt, "VisibilityTimeout": int(seconds)}
+            for i, (receipt, seconds) in enumerate(changes)
+        ]
+        answer = self.client.change_message_visibility_batch(QueueUrl=self.url, Entries=entries)
+        failed = {entry["Id"]: entry for entry in answer.get("Failed", [])}
+        return [failed.get(str(i)) for i in range(len(changes))]
+
     def stats(self) -> SimpleNamespace:
         names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
         found = self.client.get_queue_attributes(QueueUrl=self.url, AttributeNames=names)["Attributes"]
@@ -128,6 +139,11 @@ class SharedQueueOverSqs(SharedQueue):
             self.name, self.made = f"m{next(_names)}", 0
         self.made += 1  # processes 0, 1, 2, then each restart: the next server in turn
         return SqsBroker(self.made - 1, self.name, fifo=self.GROUP_ALWAYS)
+
+    def change_refused(self, channel: Any, receipt: str, seconds: float) -> None:
+        """SQS's answer to it: InvalidParameterValue, as for any receipt that cannot change."""
+        with pytest.raises(ClientError, match="not available for visibility timeout change"):
+            channel.change_visibility(receipt, seconds)
 
 
 SharedQueueOverSqs.TestCase.settings = SETTINGS

@@ -478,6 +478,16 @@ def past_limit(
     )
 
 
+def group_taken_error(shown: str, message_id: str) -> StaleReceiptError:
+    """The error of receipt ``shown`` (quoted) whose message came back when its visibility ran
+    out and whose FIFO group another receive took since: hiding it again would give the group
+    two holders, out of order (every store's ``change_visibility_many``)."""
+    return StaleReceiptError(
+        f"receipt {shown}: message {message_id} came back when its visibility ran out, and another receive "
+        "took its FIFO group since"
+    )
+
+
 _TOKEN = re.compile(rb"[0-9a-f]{8}")
 
 
@@ -1720,7 +1730,11 @@ class Channel:
 
         def refused(i: int, offset: int, now: int) -> ReceiptError | None:
             receipt, seconds = changes[i]
-            return past_limit(self._shown(receipt), seconds, self.state.inflight[offset].stamp, now, within)
+            state = self.state  # (under the hold: the one ``_act`` brought up to date)
+            delivery = state.inflight[offset]
+            if state.group_taken_since(delivery):
+                return group_taken_error(self._shown(receipt), f"{self.receipt_prefix}{offset}")
+            return past_limit(self._shown(receipt), seconds, delivery.stamp, now, within)
 
         return self._act(
             [receipt for receipt, _ in changes],
@@ -1728,7 +1742,7 @@ class Channel:
                 Event(EventKind.VISIBILITY, offset, seq, now + int(changes[i][1] * 1e9)).encode()
                 for i, offset, seq in current
             ],
-            refuse=None if within is None else refused,
+            refuse=refused,
         )
 
     def release(self, receipt: str, delay: float = 0.0) -> None:

@@ -442,6 +442,20 @@ class ChannelState:
             )
         return delivery
 
+    def group_taken_since(self, delivery: Delivery) -> bool:
+        """Whether another receive took the FIFO group of ``delivery`` since its visibility
+        ended: a delivery of the group is hidden now that another receive made (its stamp or
+        consumer differ). Hiding ``delivery`` again would give the group two holders at once.
+        (Called only on changes of visibility: it looks at every message in flight.)"""
+        group = delivery.group
+        if group is None or delivery.offset not in self.ready or group not in self.group_holds:
+            return False
+        ready, stamp, consumer = self.ready, delivery.stamp, delivery.consumer
+        return any(
+            other.group == group and (other.stamp != stamp or other.consumer != consumer) and other.offset not in ready
+            for other in self.inflight.values()
+        )
+
     def receive_count(self, offset: int) -> int:
         delivery = self.inflight.get(offset)
         return delivery.seq if delivery is not None else 0

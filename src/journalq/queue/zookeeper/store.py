@@ -89,6 +89,7 @@ from journalq.queue.channel import (
     check_release_delay,
     check_visibility_changes,
     check_within,
+    group_taken_error,
     log_dead_letters_kept,
     moving_on_after,
     past_limit,
@@ -1952,6 +1953,7 @@ class ZooKeeperQueue:
                 # what this handle wrote last is most likely still there: write on it unread
                 reads[i] = known if known is not None and known[0].count == count else zk.get_async(paths.entry(task))
             commits: dict[int, tuple[str, Entry, int, str | None, int | None]] = {}
+            guards: dict[int, list[tuple[str, int]]] = {}
             for i, read in reads.items():
                 task, count = todo[i]
                 if isinstance(read, tuple):
@@ -1983,9 +1985,16 @@ class ZooKeeperQueue:
                 except ReceiptError as exc:  # refused by the change (``within``)
                     outcomes[i] = exc
                     continue
+                if end is None and entry.group is not None and not moving and entry.at <= _now_ms():
+                    # Hidden again after its claim ran out: not if another receive took its group since.
+                    taken, guards[i] = self._group_taken_since(task, entry)
+                    if taken:
+                        outcomes[i] = group_taken_error(repr(receipts[i]), task)
+                        continue
                 commits[i] = (task, entry, version, end, hide)
             retry = {}
-            for i, (failed, new) in zip(commits, self._apply(list(commits.values()), fenced=True)):
+            applied = self._apply(list(commits.values()), fenced=True, guards=[guards.get(i, ()) for i in commits])
+            for i, (failed, new) in zip(commits, applied):
                 task = commits[i][0]
                 if isinstance(failed, StaleReceiptError):
                     self._known.pop(task, None)
@@ -2004,8 +2013,34 @@ class ZooKeeperQueue:
             attempt += 1
         return outcomes
 
+    def _group_taken_since(self, task: str, entry: Entry) -> tuple[bool, list[tuple[str, int]]]:
+        """For a change that hides ``task`` again after its claim ran out (``entry``, of a FIFO
+        group): whether another receive took the group since (a task of it is held by another
+        claim: its time, ``Entry.received``, differs; a receive claims a group's tasks at one
+        time); if not, the (entry path, version) of the group's other tasks, for the change to
+        check unchanged (a claim of one of them meanwhile fails it). Lists the queue: changes
+        of visibility after a claim ran out are rare."""
+        listing, _ = self._pending(relist=True, watch=False)
+        facts = self.topic.broker.known_tasks.facts(self._incarnation)
+
+        def elsewhere(other: str) -> SentFacts | None:
+            """Known to be of another group: its entry need not be read."""
+            known = facts.get(other)
+            return known if known is not None and known.group != entry.group else None
+
+        now, live = _now_ms(), self._live()
+        checks = []
+        for other, _, read in self._look([other for other in listing if other != task], 512, elsewhere):
+            if read is None or read[0].group != entry.group:
+                continue
+            if read[0].held(now, live) and read[0].received != entry.received:
+                return True, []
+            checks.append((self.paths.entry(other), read[1]))
+        return False, checks
+
     def _apply(
-        self, changes: list[tuple[str, Entry, int, str | None, int | None]], *, fenced: bool
+        self, changes: list[tuple[str, Entry, int, str | None, int | None]], *, fenced: bool,
+        guards: Sequence[Sequence[tuple[str, int]]] = (),
     ) -> list[tuple[Exception | None, tuple[Entry, int] | None]]:
         """Apply (task, entry read, its version, end, hide) each: end the task (``end``:
         finished or dead) or hide it for ``hide`` ms (0: release it). Returns for each the error
@@ -2015,10 +2050,17 @@ class ZooKeeperQueue:
         ``fenced`` (a change by receipt): a delivery whose consumer's session ended (its lock is
         gone) is not changed, and its error is a ``StaleReceiptError``: its claim ended with the
         session, and another consumer may have the task now (or soon: it is available). Without
-        it (a change by id), the change is made whoever held the task."""
+        it (a change by id), the change is made whoever held the task.
+
+        ``guards``, for each change: (entry path, version) of entries that must be unchanged
+        (checked last in its transaction); when one changed or went, its error is that of an
+        entry that changed: the caller reads again."""
         paths = self.paths
 
-        def change(task: str, entry: Entry, version: int, end: str | None, hide: int | None, claim: bool) -> Any:
+        def change(
+            task: str, entry: Entry, version: int, end: str | None, hide: int | None, claim: bool,
+            guard: Sequence[tuple[str, int]] = (),
+        ) -> Any:
             # the lock of a live claim (a claim whose consumer closed cleanly has none left)
             locked = claim and entry.by is not None and not entry.kept
             written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group,
@@ -2040,11 +2082,22 @@ class ZooKeeperQueue:
                     # could not count it): this raises the counter's child version by two.
                     t.create(f"{paths.dead_letters}/{task}", b"")
                     t.delete(f"{paths.dead_letters}/{task}")
+                for path, checked in guard:
+                    t.check(path, checked)
             return add, (None if end is not None else written)
 
-        planned = [change(*c, claim=True) for c in changes]
+        def guard_failed(results: list[Any], guard: Sequence[tuple[str, int]]) -> Exception | None:
+            """The error of a guard's check that failed in ``results`` (the checks come last)."""
+            failed = _failure(results)
+            return failed[1] if failed is not None and failed[0] >= len(results) - len(guard) else None
+
+        guards = guards or [()] * len(changes)
+        planned = [change(*c, claim=True, guard=g) for c, g in zip(changes, guards)]
         outcomes: list[tuple[Exception | None, tuple[Entry, int] | None]] = []
-        for c, (add, written), results in zip(changes, planned, self._commit_each([a for a, _ in planned])):
+        for c, g, (add, written), results in zip(changes, guards, planned, self._commit_each([a for a, _ in planned])):
+            if (changed := guard_failed(results, g)) is not None:
+                outcomes.append((changed, None))  # a guarded entry changed or went: read again
+                continue
             failed = _failure(results)
             lock_gone = failed is not None and failed[0] == 1 and isinstance(failed[1], NoNodeError)
             if lock_gone and fenced:
@@ -2055,8 +2108,11 @@ class ZooKeeperQueue:
                 ), None))
                 continue
             if failed is not None and failed[0] > 0 and isinstance(failed[1], NoNodeError):
-                add, written = change(*c, claim=False)  # a claim whose session ended has no lock
+                add, written = change(*c, claim=False, guard=g)  # a claim whose session ended has no lock
                 (results,) = self._commit_each([add])
+                if (changed := guard_failed(results, g)) is not None:
+                    outcomes.append((changed, None))
+                    continue
                 failed = _failure(results)
             if failed is not None and failed[0] > 0:
                 raise failed[1]
