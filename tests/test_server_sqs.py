@@ -471,6 +471,29 @@ def test_fifo_groups_and_deduplication(sqs: Any) -> None:
     assert error_code(info) == "InvalidParameterValue"
 
 
+def test_a_fifo_receipt_given_back_cannot_hide_its_message_once_another_receive_took_the_group(sqs: Any) -> None:
+    """Two holders of one group would work on its messages at once, out of order: a receipt
+    whose message came back may not hide it again once another receive holds the group."""
+    url = sqs.create_queue(
+        QueueName=new_name("held") + ".fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}
+    )["QueueUrl"]
+    sqs.send_message_batch(
+        QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": f"g{i}", "MessageGroupId": "g"} for i in range(3)]
+    )
+    first, second = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, VisibilityTimeout=60)["Messages"]
+    entries = [{"Id": m["Body"], "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0} for m in (first, second)]
+    answer = sqs.change_message_visibility_batch(QueueUrl=url, Entries=entries)
+    assert len(answer["Successful"]) == 2  # both given back
+    (again,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=60)["Messages"]
+    assert again["Body"] == "g0"
+    with pytest.raises(ClientError) as info:
+        sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=30)
+    assert error_code(info) == "InvalidParameterValue"
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
+    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    assert [m["Body"] for m in got] == ["g1", "g2"]
+
+
 def test_a_retried_fifo_receive_gets_the_same_messages(sqs: Any) -> None:
     """ReceiveRequestAttemptId: a receive whose answer was lost (a network error) is retried with
     the same id and gets the same messages and receipts, not the next ones (nor nothing, while
