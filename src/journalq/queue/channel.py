@@ -1716,7 +1716,9 @@ class Channel:
         )
 
     def change_visibility(self, receipt: str, seconds: float) -> None:
-        """Hide the message of this delivery for ``seconds`` from now (0: available at once)."""
+        """Hide the message of this delivery for ``seconds`` from now (0: available at once).
+        ``StaleReceiptError`` once the message was delivered again, or when it came back (its
+        visibility ran out) and another receive has taken its FIFO group since."""
         _raise(self.change_visibility_many([(receipt, seconds)])[0])
 
     def change_visibility_many(
