@@ -379,10 +379,10 @@ def test_a_receipt_past_its_visibility_cannot_hide_its_message_once_another_rece
     q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(3)])
     first, second = q.receive(2, visibility_timeout=0.2)
     time.sleep(0.25)
-    q.change_visibility(second.receipt, 0.2)  # no one took the group: hidden again, for its batch
-    q.change_visibility(first.receipt, 0.2)  # and the first again, though the second is hidden
+    q.change_visibility(second.receipt, 30)  # no one took the group: hidden again, for its batch
+    q.change_visibility(first.receipt, 30)  # and the first again, though the second is hidden
     assert q.receive(10) == []
-    time.sleep(0.25)
+    assert q.change_visibility_many([(first.receipt, 0), (second.receipt, 0)]) == [None, None]  # both back
     (again,) = q.receive(1)  # another consumer takes the group: x0 again
     assert (again.body, again.receive_count) == (b"x0", 2)
     with pytest.raises(StaleReceiptError, match="another receive took its FIFO group"):
@@ -392,11 +392,33 @@ def test_a_receipt_past_its_visibility_cannot_hide_its_message_once_another_rece
     assert isinstance(q.change_visibility_many([(second.receipt, 30)])[0], StaleReceiptError)
     q.release(again.receipt)  # x0 back, now with the other receive's receipt: the group is free
     q.change_visibility(second.receipt, 30)  # so the first receive's x1 may be hidden again
+    assert q.receive(1) == []  # and it holds the group: x0 waits
     with pytest.raises(StaleReceiptError, match="another receive took its FIFO group"):
         q.change_visibility(again.receipt, 30)  # and x0 no longer: the first receive holds x1
     q.delete(second.receipt)  # (deleting stays allowed: the work was done)
     got = q.receive(10)
     assert bodies(got) == [b"x0", b"x2"] and [m.receive_count for m in got] == [3, 1]
+
+
+def test_a_message_given_back_then_hidden_by_its_receipt_holds_its_group(broker: Broker) -> None:
+    """Hidden again by its receipt after it was given back (or given back with a delay), a
+    message holds its FIFO group as it did when received: nothing of the group goes out, the
+    messages before it neither, until it is deleted or comes back."""
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(4)])
+    first, second = q.receive(2)
+    assert q.change_visibility_many([(first.receipt, 0), (second.receipt, 0)]) == [None, None]
+    q.change_visibility(second.receipt, 30)
+    assert q.receive(1) == []
+    assert q.receive(10) == []
+    q.delete(second.receipt)
+    first, third = q.receive(2)
+    assert (first.body, third.body) == (b"x0", b"x2")
+    assert q.change_visibility_many([(first.receipt, 0), (third.receipt, 0)]) == [None, None]
+    q.release(third.receipt, delay=30)  # mq's delayed redelivery: held back, with its group
+    assert q.receive(1) == []
+    q.delete(third.receipt)
+    assert bodies(q.receive(10)) == [b"x0", b"x3"]
 
 
 def test_dedup_drops_second_send_within_window(broker: Broker) -> None:

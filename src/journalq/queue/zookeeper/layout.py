@@ -229,6 +229,12 @@ class Entry:
         """Hidden by a consumer's claim: a live consumer's, or one that left cleanly."""
         return self.by is not None and self.at > now_ms and (self.kept or self.by in live)
 
+    def holds_group(self, now_ms: int, live: Container[str]) -> bool:
+        """Hidden as a delivery, which holds its FIFO group: held by a claim, or given back and
+        hidden again by its receipt (a release with a delay, a change of visibility after it:
+        the entry names no holder then, but the receipt's does the work, as on files)."""
+        return self.held(now_ms, live) or (self.by is None and self.count > 0 and self.at > now_ms)
+
     def available(self, now_ms: int, live: Container[str]) -> bool:
         """Receivable now: its time came, or the consumer that held it died (session over)."""
         return self.at <= now_ms or (self.by is not None and not self.kept and self.by not in live)

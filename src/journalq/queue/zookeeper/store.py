@@ -1594,7 +1594,7 @@ class ZooKeeperQueue:
                 entry, version = read if read is not None else (facts.unclaimed_entry(), 0)  # (delayed)
                 if not entry.available(now, live):
                     wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
-                    if group is not None and entry.held(now, live):
+                    if group is not None and entry.holds_group(now, live):
                         # Held while earlier tasks of its group are not: its batch's first ones
                         # given back. Those picked here wait with it (``Entry.then``). (One
                         # delayed still only stops its group here.)
@@ -1667,7 +1667,7 @@ class ZooKeeperQueue:
             except NoNodeError:
                 continue  # finished since: holds nothing
             entry = Entry.decode(raw)
-            if entry.held(now, live):
+            if entry.holds_group(now, live):
                 held.add(group)
                 wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
             elif group is not None:
@@ -1953,7 +1953,7 @@ class ZooKeeperQueue:
                 # what this handle wrote last is most likely still there: write on it unread
                 reads[i] = known if known is not None and known[0].count == count else zk.get_async(paths.entry(task))
             commits: dict[int, tuple[str, Entry, int, str | None, int | None]] = {}
-            guards: dict[int, list[tuple[str, int]]] = {}
+            guards: dict[int, list[tuple[str, int, bytes | None]]] = {}
             for i, read in reads.items():
                 task, count = todo[i]
                 if isinstance(read, tuple):
@@ -2013,13 +2013,16 @@ class ZooKeeperQueue:
             attempt += 1
         return outcomes
 
-    def _group_taken_since(self, task: str, entry: Entry) -> tuple[bool, list[tuple[str, int]]]:
+    def _group_taken_since(self, task: str, entry: Entry) -> tuple[bool, list[tuple[str, int, bytes | None]]]:
         """For a change that hides ``task`` again after its claim ran out (``entry``, of a FIFO
-        group): whether another receive took the group since (a task of it is held by another
-        claim: its time, ``Entry.received``, differs; a receive claims a group's tasks at one
-        time); if not, the (entry path, version) of the group's other tasks, for the change to
-        check unchanged (a claim of one of them meanwhile fails it). Lists the queue: changes
-        of visibility after a claim ran out are rare."""
+        group): whether another receive took the group since (a task of it holds the group for
+        another claim: its time, ``Entry.received``, differs; a receive claims a group's tasks
+        at one time). If not, what the change's transaction must also do, as (entry path,
+        version, None) to check an entry of the group unchanged (a claim of one meanwhile fails
+        the change), or (path, version, data) to write it: the group's first task, if it comes
+        before ``task`` and is free, names ``task`` among its later ones (``Entry.then``), so
+        that no look claims it while ``task`` is hidden. Lists the queue: changes of visibility
+        after a claim ran out are rare."""
         listing, _ = self._pending(relist=True, watch=False)
         facts = self.topic.broker.known_tasks.facts(self._incarnation)
 
@@ -2029,18 +2032,24 @@ class ZooKeeperQueue:
             return known if known is not None and known.group != entry.group else None
 
         now, live = _now_ms(), self._live()
-        checks = []
+        guard: list[tuple[str, int, bytes | None]] = []
         for other, _, read in self._look([other for other in listing if other != task], 512, elsewhere):
             if read is None or read[0].group != entry.group:
                 continue
-            if read[0].held(now, live) and read[0].received != entry.received:
+            found, version = read
+            holds = found.holds_group(now, live)
+            if holds and found.received != entry.received:
                 return True, []
-            checks.append((self.paths.entry(other), read[1]))
-        return False, checks
+            path = self.paths.entry(other)
+            if not guard and other < task and not holds and task not in found.then:
+                guard.append((path, version, dataclasses.replace(found, then=(*found.then, task)).encode()))
+            else:
+                guard.append((path, version, None))
+        return False, guard
 
     def _apply(
         self, changes: list[tuple[str, Entry, int, str | None, int | None]], *, fenced: bool,
-        guards: Sequence[Sequence[tuple[str, int]]] = (),
+        guards: Sequence[Sequence[tuple[str, int, bytes | None]]] = (),
     ) -> list[tuple[Exception | None, tuple[Entry, int] | None]]:
         """Apply (task, entry read, its version, end, hide) each: end the task (``end``:
         finished or dead) or hide it for ``hide`` ms (0: release it). Returns for each the error
@@ -2052,14 +2061,15 @@ class ZooKeeperQueue:
         session, and another consumer may have the task now (or soon: it is available). Without
         it (a change by id), the change is made whoever held the task.
 
-        ``guards``, for each change: (entry path, version) of entries that must be unchanged
-        (checked last in its transaction); when one changed or went, its error is that of an
-        entry that changed: the caller reads again."""
+        ``guards``, for each change: (entry path, version, data) of entries that must be
+        unchanged, or be written ``data`` (last in its transaction, after a check or a write at
+        that version); when one changed or went, its error is that of an entry that changed:
+        the caller reads again."""
         paths = self.paths
 
         def change(
             task: str, entry: Entry, version: int, end: str | None, hide: int | None, claim: bool,
-            guard: Sequence[tuple[str, int]] = (),
+            guard: Sequence[tuple[str, int, bytes | None]] = (),
         ) -> Any:
             # the lock of a live claim (a claim whose consumer closed cleanly has none left)
             locked = claim and entry.by is not None and not entry.kept
@@ -2082,12 +2092,15 @@ class ZooKeeperQueue:
                     # could not count it): this raises the counter's child version by two.
                     t.create(f"{paths.dead_letters}/{task}", b"")
                     t.delete(f"{paths.dead_letters}/{task}")
-                for path, checked in guard:
-                    t.check(path, checked)
+                for path, checked, data in guard:
+                    if data is None:
+                        t.check(path, checked)
+                    else:
+                        t.set_data(path, data, checked)
             return add, (None if end is not None else written)
 
-        def guard_failed(results: list[Any], guard: Sequence[tuple[str, int]]) -> Exception | None:
-            """The error of a guard's check that failed in ``results`` (the checks come last)."""
+        def guard_failed(results: list[Any], guard: Sequence[tuple[str, int, bytes | None]]) -> Exception | None:
+            """The error of a guard that failed in ``results`` (the guards come last)."""
             failed = _failure(results)
             return failed[1] if failed is not None and failed[0] >= len(results) - len(guard) else None
 
