@@ -232,7 +232,7 @@ class Entry:
     def holds_group(self, now_ms: int, live: Container[str]) -> bool:
         """Hidden as a delivery, which holds its FIFO group: held by a claim, or given back and
         hidden again by its receipt (a release with a delay, a change of visibility after it:
-        the entry names no holder then, but the receipt's does the work, as on files)."""
+        the entry names no holder then, but whoever has the receipt works on it, as on files)."""
         return self.held(now_ms, live) or (self.by is None and self.count > 0 and self.at > now_ms)
 
     def available(self, now_ms: int, live: Container[str]) -> bool:

@@ -2033,7 +2033,7 @@ class ZooKeeperQueue:
 
         now, live = _now_ms(), self._live()
         guard: list[tuple[str, int, bytes | None]] = []
-        for other, _, read in self._look([other for other in listing if other != task], 512, elsewhere):
+        for other, _, read in self._look([t for t in listing if t != task], 512, elsewhere):
             if read is None or read[0].group != entry.group:
                 continue
             found, version = read
