@@ -400,6 +400,58 @@ def test_a_receipt_past_its_visibility_cannot_hide_its_message_once_another_rece
     assert bodies(got) == [b"x0", b"x2"] and [m.receive_count for m in got] == [3, 1]
 
 
+def test_a_batch_of_changes_of_visibility_never_gives_a_group_two_holders(broker: Broker) -> None:
+    """Two receipts whose visibility ran out, of two receives of one group, hide their messages
+    again in one call: the first does, and holds the group; the second is refused, as it would
+    be in a call of its own after the first (judged as the queue was before the call, both
+    would be hidden, and the group have two holders)."""
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(2)])
+    first, second = q.receive(2)
+    assert q.change_visibility_many([(first.receipt, 0), (second.receipt, 0)]) == [None, None]
+    (again,) = q.receive(1)  # another receive takes the group: x0
+    q.release(again.receipt)  # and gives it back: x0 and x1 are back, each with its receipt current
+    hidden, refused = q.change_visibility_many([(again.receipt, 30), (second.receipt, 30)])
+    assert hidden is None
+    assert isinstance(refused, StaleReceiptError) and "another receive took its FIFO group" in str(refused)
+    assert q.receive(10) == []  # the other receive holds the group, with x0
+    q.delete(again.receipt)
+    assert bodies(q.receive(10)) == [b"x1"]
+
+
+@pytest.mark.files_only("on ZooKeeper each change reads its group before the call's writes (README)")
+def test_a_batch_of_changes_of_visibility_acts_as_its_changes_one_after_another(broker: Broker) -> None:
+    """A change that gives back the message of the receive that took a group lets the late
+    consumer's receipt after it in the same call hide its message of the group again."""
+    q = broker.queue("fifo")
+    q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(2)])
+    first, second = q.receive(2)
+    assert q.change_visibility_many([(first.receipt, 0), (second.receipt, 0)]) == [None, None]
+    (again,) = q.receive(1)  # another receive takes the group: x0
+    refused, given = q.change_visibility_many([(second.receipt, 30), (again.receipt, 0)])
+    assert isinstance(refused, StaleReceiptError) and given is None  # the give-back comes after it
+    (again,) = q.receive(1)
+    assert q.change_visibility_many([(again.receipt, 0), (second.receipt, 30)]) == [None, None]
+    assert q.receive(10) == []  # the late consumer holds the group again, with x1
+    q.delete(second.receipt)
+    assert bodies(q.receive(10)) == [b"x0"]
+
+
+def test_a_receive_takes_what_comes_after_a_group_that_waits_for_its_later_message(broker: Broker) -> None:
+    """A group whose first messages were given back while a later one of the same receive is
+    still out waits for it; a receive of three takes the three that may go, past that group's
+    first message, though it comes before the last of them."""
+    q = broker.queue("fifo")
+    q.send_many([{"body": body, "group_id": body[:1].decode()} for body in (b"b0", b"b1", b"a0", b"b2", b"a1")])
+    got = {m.body: m for m in q.receive(5)}
+    assert list(got) == [b"b0", b"b1", b"a0", b"b2", b"a1"]
+    given = [(got[body].receipt, 0) for body in (b"b0", b"b1", b"a0", b"b2")]
+    assert q.change_visibility_many(given) == [None] * 4
+    assert bodies(q.receive(3)) == [b"b0", b"b1", b"b2"]  # a0 waits for a1, which is still out
+    q.delete(got[b"a1"].receipt)
+    assert bodies(q.receive(3)) == [b"a0"]
+
+
 def test_a_message_given_back_then_hidden_by_its_receipt_holds_its_group(broker: Broker) -> None:
     """Hidden again by its receipt after it was given back (or given back with a delay), a
     message holds its FIFO group as it did when received: nothing of the group goes out, the

@@ -221,19 +221,43 @@ def test_a_hide_after_the_claim_ran_out_fails_when_another_receive_takes_the_gro
     q.send_many([{"body": b"x%d" % i, "group_id": "x"} for i in range(2)])
     first, second = q.receive(2, visibility_timeout=0.2)
     time.sleep(0.25)  # both ran out: receipts still current, the group free
-    real = ZooKeeperQueue._group_taken_since
+    real = ZooKeeperQueue._group_entries
     taken: list[bytes] = []
 
     def then_taken(self, *args):
         found = real(self, *args)
-        monkeypatch.setattr(ZooKeeperQueue, "_group_taken_since", real)  # once
+        monkeypatch.setattr(ZooKeeperQueue, "_group_entries", real)  # once
         taken.extend(m.body for m in q.receive(1))
         return found
 
-    monkeypatch.setattr(ZooKeeperQueue, "_group_taken_since", then_taken)
+    monkeypatch.setattr(ZooKeeperQueue, "_group_entries", then_taken)
     with pytest.raises(StaleReceiptError, match="another receive took its FIFO group"):
         q.change_visibility(second.receipt, 30)
     assert taken == [b"x0"]
+
+
+def test_the_guard_of_a_hide_after_a_claim_ran_out_is_pure() -> None:
+    """``group_guard``: the group taken by another claim refuses the change; else the change
+    checks every other entry of the group, and names its task in the group's first task's
+    ``then`` when that one comes before it and is free (so that no look claims it meanwhile)."""
+    from journalq.queue.zookeeper.layout import group_guard
+
+    now, live = 10_000, {"c1", "c2"}
+    first = Entry(at=now - 5, count=1)  # given back: free, first of the group
+    late = Entry(at=now - 1, count=1, by="c1", group="g", received=500)  # its claim ran out
+    other = Entry(at=now - 1, count=1, by="c1", group="g", received=500)
+    group = {"01": (first, 3), "02": (late, 7), "03": (other, 7)}
+    taken, guard = group_guard("02", late, group, now, live)
+    assert not taken and guard == [("01", 3, Entry(at=now - 5, count=1, then=("02",))), ("03", 7, None)]
+    # Hidden again by the same claim's receipt: still not taken; the first already names it: checked.
+    group = {"01": (Entry(at=now - 5, count=1, then=("02",)), 4), "02": (late, 7), "03": (late.hidden(30, now), 8)}
+    assert group_guard("02", late, group, now, live) == (False, [("01", 4, None), ("03", 8, None)])
+    # Another receive holds a task of the group: taken.
+    held = Entry(at=now + 30_000, count=2, by="c2", group="g", received=now)
+    assert group_guard("02", late, {"01": (held, 5), "02": (late, 7)}, now, live) == (True, [])
+    # (The hidden entry keeps its holder while hidden, and names none once given back.)
+    assert late.hidden(30, now) == Entry(at=now + 30, count=1, by="c1", group="g", received=500)
+    assert late.hidden(0, now).by is None and late.hidden(0, now).at == now
 
 
 def test_a_send_that_fails_in_its_garbage_collection_stored_nothing(broker, monkeypatch: pytest.MonkeyPatch) -> None:

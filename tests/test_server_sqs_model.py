@@ -140,10 +140,13 @@ class SharedQueueOverSqs(SharedQueue):
         self.made += 1  # processes 0, 1, 2, then each restart: the next server in turn
         return SqsBroker(self.made - 1, self.name, fifo=self.GROUP_ALWAYS)
 
-    def change_refused(self, channel: Any, receipt: str, seconds: float) -> None:
-        """SQS's answer to it: InvalidParameterValue, as for any receipt that cannot change."""
-        with pytest.raises(ClientError, match="not available for visibility timeout change"):
-            channel.change_visibility(receipt, seconds)
+    def check_refused(self, refused: object) -> None:
+        """SQS's answer to it: InvalidParameterValue, as for any receipt that cannot change (a
+        ``ClientError`` raised, or a batch's entry listed under ``Failed``)."""
+        failed = refused.response["Error"] if isinstance(refused, ClientError) else refused
+        assert isinstance(failed, dict), refused
+        assert failed["Code"] == "InvalidParameterValue", failed
+        assert "not available for visibility timeout change" in failed["Message"], failed
 
 
 SharedQueueOverSqs.TestCase.settings = SETTINGS

@@ -1724,19 +1724,25 @@ class Channel:
     def change_visibility_many(
         self, changes: list[tuple[str, float]], *, within: float | None = None
     ) -> list[ReceiptError | None]:
-        """Change several; for each receipt, None or the error that kept it from being changed.
+        """Change several, as one after another in their order (in one step: one lock, one
+        append); for each receipt, None or the error that kept it from being changed.
         ``within``: refuse (``VisibilityLimitError``) a change that would hide its message more
         than that many seconds after its delivery (SQS's 12-hour limit)."""
         check_visibility_changes(changes)
         check_within(within)
 
+        changed: dict[int, bool] = {}  # by the changes before: hidden again (True) or given back
+
         def refused(i: int, offset: int, now: int) -> ReceiptError | None:
             receipt, seconds = changes[i]
             state = self.state  # (under the hold: the one ``_act`` brought up to date)
             delivery = state.inflight[offset]
-            if state.group_taken_since(delivery):
+            if state.group_taken_since(delivery, changed):
                 return group_taken_error(self._shown(receipt), f"{self.receipt_prefix}{offset}")
-            return past_limit(self._shown(receipt), seconds, delivery.stamp, now, within)
+            error = past_limit(self._shown(receipt), seconds, delivery.stamp, now, within)
+            if error is None and delivery.group is not None:
+                changed[offset] = bool(seconds)
+            return error
 
         return self._act(
             [receipt for receipt, _ in changes],

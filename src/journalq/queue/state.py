@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import json
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -442,17 +442,21 @@ class ChannelState:
             )
         return delivery
 
-    def group_taken_since(self, delivery: Delivery) -> bool:
+    def group_taken_since(self, delivery: Delivery, changed: Mapping[int, bool] | None = None) -> bool:
         """Whether another receive took the FIFO group of ``delivery`` since its visibility
         ended: a delivery of the group is hidden now that another receive made (its stamp or
         consumer differ). Hiding ``delivery`` again would give the group two holders at once.
-        (Called only on changes of visibility: it looks at every message in flight.)"""
+        ``changed``: offsets that the earlier changes of the same call hid again (True) or gave
+        back (False): a batch acts as its changes one after another. (Called only on changes
+        of visibility: it looks at every message in flight.)"""
         group = delivery.group
-        if group is None or delivery.offset not in self.ready or group not in self.group_holds:
+        if group is None or delivery.offset not in self.ready or (group not in self.group_holds and not changed):
             return False
-        ready, stamp, consumer = self.ready, delivery.stamp, delivery.consumer
+        ready, stamp, consumer, changed = self.ready, delivery.stamp, delivery.consumer, changed or {}
         return any(
-            other.group == group and (other.stamp != stamp or other.consumer != consumer) and other.offset not in ready
+            other.group == group
+            and (other.stamp != stamp or other.consumer != consumer)
+            and changed.get(other.offset, other.offset not in ready)
             for other in self.inflight.values()
         )
 

@@ -38,7 +38,7 @@ import secrets
 import threading
 import time
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from journalq.errors import InvalidMessageError, InvalidSettingError, ReceiptError
@@ -238,6 +238,39 @@ class Entry:
     def available(self, now_ms: int, live: Container[str]) -> bool:
         """Receivable now: its time came, or the consumer that held it died (session over)."""
         return self.at <= now_ms or (self.by is not None and not self.kept and self.by not in live)
+
+    def hidden(self, hide_ms: int, now_ms: int) -> Entry:
+        """This delivery's entry once its receipt hides it for ``hide_ms`` from ``now_ms`` (0:
+        gives it back): still its holder's while hidden; its count, claim time and later tasks
+        (``then``) kept."""
+        return Entry(now_ms + hide_ms, self.count, self.by if hide_ms else None, self.group, self.filters,
+                     self.kept and bool(hide_ms), received=self.received, then=self.then)
+
+
+def group_guard(
+    task: str, entry: Entry, group: Mapping[str, tuple[Entry, int]], now_ms: int, live: Container[str]
+) -> tuple[bool, list[tuple[str, int, Entry | None]]]:
+    """For a change that hides ``task`` again after its claim ran out (``entry``, of a FIFO
+    group whose pending tasks' entries are ``group``, (entry, version) by task, oldest first):
+    whether another receive took the group since (a task of it holds the group for another
+    claim: its time, ``Entry.received``, differs; a receive claims a group's tasks at one time).
+    If not, what the change's transaction must also do, as (task, version, None) to check an
+    entry of the group unchanged (a claim of one meanwhile fails the change), or (task, version,
+    entry) to write that entry: the group's first task, if it comes before ``task`` and is free,
+    names ``task`` among its later ones (``Entry.then``), so that no look claims it while
+    ``task`` is hidden."""
+    guard: list[tuple[str, int, Entry | None]] = []
+    for other, (found, version) in group.items():
+        if other == task:
+            continue
+        holds = found.holds_group(now_ms, live)
+        if holds and found.received != entry.received:
+            return True, []
+        if not guard and other < task and not holds and task not in found.then:
+            guard.append((other, version, replace(found, then=(*found.then, task))))
+        else:
+            guard.append((other, version, None))
+    return False, guard
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ from journalq.queue.zookeeper.layout import (
     check_task_id,
     collectable,
     dedup_collectable,
+    group_guard,
     parse_receipt,
     parse_url,
     receipt,
@@ -1561,13 +1562,10 @@ class ZooKeeperQueue:
         names, fresh = self._pending(relist, watch)
         now = _now_ms()
         live = self._live(consumers.get())
-        picks: list[tuple[str, Entry, int]] = []
-        dead: list[tuple[str, Entry, int]] = []
-        # Groups whose next task cannot go (held, delayed, not for this consumer, or taken by
-        # this receive already): nothing more of them in this look.
-        blocked: set[str] = set()
-        wake_at: int | None = None
         known = self.topic.broker.known_tasks.facts(self._incarnation)
+        # Groups whose next task cannot go (held, delayed, not for this consumer, or taken by
+        # this receive already): nothing more of them in a look.
+        blocked: set[str] = set()
 
         def settled(task: str) -> SentFacts | None:
             """The facts of a task whose entry this look need not read: in a blocked group, or of
@@ -1582,50 +1580,68 @@ class ZooKeeperQueue:
                 return facts if skipped else None
             return facts if facts.group in blocked else None
 
-        for task, facts, read in self._look(names, max(8, 2 * max_messages), settled):
-            group = facts.group
-            if group is not None and group in blocked:
-                continue
-            if task in taken:
-                pass  # received by this call already (a visibility of 0 makes it available again)
-            elif not filtering.matches(facts.filters, wanted, settings.enums):
-                pass  # (whatever its state: its filters never change)
-            else:
-                entry, version = read if read is not None else (facts.unclaimed_entry(), 0)  # (delayed)
-                if not entry.available(now, live):
-                    wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
-                    if group is not None and entry.holds_group(now, live):
-                        # Held while earlier tasks of its group are not: its batch's first ones
-                        # given back. Those picked here wait with it (``Entry.then``). (One
-                        # delayed still only stops its group here.)
-                        picks = [pick for pick in picks if pick[1].group != group]
-                elif max_count is not None and entry.count >= max_count:
-                    if time.monotonic() >= self._retry_dead_letters_at:
-                        dead.append((task, entry, version))
-                        continue
-                    # (else the dead-letter queue failed lately: it stays first in its group, undelivered)
+        # Groups held by a later task that an earlier look's picks named (``_group_holds``), and
+        # when the first of those comes back.
+        held: set[str | None] = set()
+        held_wake: int | None = None
+        while True:
+            picks: list[tuple[str, Entry, int]] = []
+            dead: list[tuple[str, Entry, int]] = []
+            blocked = {group for group in held if group is not None}
+            wake_at: int | None = held_wake
+            for task, facts, read in self._look(names, max(8, 2 * max_messages), settled):
+                group = facts.group
+                if group is not None and group in blocked:
+                    continue
+                if task in taken:
+                    pass  # received by this call already (a visibility of 0 makes it available again)
+                elif not filtering.matches(facts.filters, wanted, settings.enums):
+                    pass  # (whatever its state: its filters never change)
                 else:
-                    picks.append((task, entry, version))
-                    if len(picks) >= max_messages:
-                        break
-                    if not one_per_group:
-                        continue  # the group's next tasks may follow it in this receive
-            if group is not None:
-                blocked.add(group)
-            if len(picks) >= max_messages:
-                break
-        if not fresh and len(picks) < max_messages and not one_per_group and any(p[1].group for p in picks):
-            # Too few in an older listing, of a group: the caller lists again and looks anew
-            # before this receive claims anything (a group claimed in one look, its next tasks in
-            # another, would be two claims: the first's entry would not name the others,
-            # ``Entry.then``).
-            return [], wake_at, False, False
-        held, checks, later_wake = self._group_holds([*dead, *picks], now, live)
-        if held:  # (a first task past its receives waits with its group too: not moved yet)
-            dead = [one for one in dead if one[1].group not in held]
-            picks = [pick for pick in picks if pick[1].group not in held]
-        if later_wake is not None:
-            wake_at = later_wake if wake_at is None else min(wake_at, later_wake)
+                    entry, version = read if read is not None else (facts.unclaimed_entry(), 0)  # (delayed)
+                    if not entry.available(now, live):
+                        wake_at = entry.at if wake_at is None else min(wake_at, entry.at)
+                        if group is not None and entry.holds_group(now, live):
+                            # Held while earlier tasks of its group are not: its batch's first ones
+                            # given back. Those picked here wait with it (``Entry.then``). (One
+                            # delayed still only stops its group here.)
+                            picks = [pick for pick in picks if pick[1].group != group]
+                    elif max_count is not None and entry.count >= max_count:
+                        if time.monotonic() >= self._retry_dead_letters_at:
+                            dead.append((task, entry, version))
+                            continue
+                        # (else the dead-letter queue failed lately: it stays first in its group, undelivered)
+                    else:
+                        picks.append((task, entry, version))
+                        if len(picks) >= max_messages:
+                            break
+                        if not one_per_group:
+                            continue  # the group's next tasks may follow it in this receive
+                if group is not None:
+                    blocked.add(group)
+                if len(picks) >= max_messages:
+                    break
+            if not fresh and len(picks) < max_messages and not one_per_group and any(p[1].group for p in picks):
+                # Too few in an older listing, of a group: the caller lists again and looks anew
+                # before this receive claims anything (a group claimed in one look, its next tasks in
+                # another, would be two claims: the first's entry would not name the others,
+                # ``Entry.then``).
+                return [], wake_at, False, False
+            found, checks, later_wake = self._group_holds([*dead, *picks], now, live)
+            if later_wake is not None:
+                held_wake = later_wake if held_wake is None else min(held_wake, later_wake)
+                wake_at = later_wake if wake_at is None else min(wake_at, later_wake)
+            cut_short = len(picks) >= max_messages
+            if found:  # (a first task past its receives waits with its group too: not moved yet)
+                dead = [one for one in dead if one[1].group not in found]
+                picks = [pick for pick in picks if pick[1].group not in found]
+            if cut_short and len(picks) < max_messages and not found <= held:
+                # The look stopped at picks that wait for their groups (a batch's first tasks
+                # given back, a later one held): look again past those groups, for what comes
+                # after them, as a receive on files takes it.
+                held |= found
+                continue
+            break
         if dead:  # moved first (as on files): a move that fails then holds back none of the picks
             moving = self._claim([(t, e, v, e.count, 30_000) for t, e, v in dead], now, live, record=False, moving=True,
                                  checks=checks)
@@ -2015,37 +2031,30 @@ class ZooKeeperQueue:
 
     def _group_taken_since(self, task: str, entry: Entry) -> tuple[bool, list[tuple[str, int, bytes | None]]]:
         """For a change that hides ``task`` again after its claim ran out (``entry``, of a FIFO
-        group): whether another receive took the group since (a task of it holds the group for
-        another claim: its time, ``Entry.received``, differs; a receive claims a group's tasks
-        at one time). If not, what the change's transaction must also do, as (entry path,
-        version, None) to check an entry of the group unchanged (a claim of one meanwhile fails
-        the change), or (path, version, data) to write it: the group's first task, if it comes
-        before ``task`` and is free, names ``task`` among its later ones (``Entry.then``), so
-        that no look claims it while ``task`` is hidden. Lists the queue: changes of visibility
-        after a claim ran out are rare."""
+        group): ``group_guard``, from the group's other entries read now, as ``_apply`` takes
+        it ((entry path, version, data or None)). Lists the queue and reads the group: changes
+        of visibility after a claim ran out are rare. (Each change of a batch reads for itself,
+        before the batch's writes: see ``_act``'s retries.)"""
+        group = self._group_entries(entry.group, task)
+        taken, guard = group_guard(task, entry, group, _now_ms(), self._live())
+        return taken, [(self.paths.entry(other), v, None if e is None else e.encode()) for other, v, e in guard]
+
+    def _group_entries(self, group: str | None, but: str) -> dict[str, tuple[Entry, int]]:
+        """The entries of FIFO ``group``'s pending tasks but ``but``, (entry, version) by task,
+        oldest first, listed and read now."""
         listing, _ = self._pending(relist=True, watch=False)
         facts = self.topic.broker.known_tasks.facts(self._incarnation)
 
         def elsewhere(other: str) -> SentFacts | None:
             """Known to be of another group: its entry need not be read."""
-            known = facts.get(other)
-            return known if known is not None and known.group != entry.group else None
+            found = facts.get(other)
+            return found if found is not None and found.group != group else None
 
-        now, live = _now_ms(), self._live()
-        guard: list[tuple[str, int, bytes | None]] = []
-        for other, _, read in self._look([t for t in listing if t != task], 512, elsewhere):
-            if read is None or read[0].group != entry.group:
-                continue
-            found, version = read
-            holds = found.holds_group(now, live)
-            if holds and found.received != entry.received:
-                return True, []
-            path = self.paths.entry(other)
-            if not guard and other < task and not holds and task not in found.then:
-                guard.append((path, version, dataclasses.replace(found, then=(*found.then, task)).encode()))
-            else:
-                guard.append((path, version, None))
-        return False, guard
+        return {
+            other: read
+            for other, _, read in self._look([t for t in listing if t != but], 512, elsewhere)
+            if read is not None and read[0].group == group
+        }
 
     def _apply(
         self, changes: list[tuple[str, Entry, int, str | None, int | None]], *, fenced: bool,
@@ -2073,8 +2082,7 @@ class ZooKeeperQueue:
         ) -> Any:
             # the lock of a live claim (a claim whose consumer closed cleanly has none left)
             locked = claim and entry.by is not None and not entry.kept
-            written = Entry(_now_ms() + (hide or 0), entry.count, entry.by if hide else None, entry.group,
-                            entry.filters, entry.kept and bool(hide), received=entry.received, then=entry.then)
+            written = entry.hidden(hide or 0, _now_ms())
 
             def add(t: Any) -> None:
                 if end is not None:
