@@ -419,7 +419,6 @@ def test_a_batch_of_changes_of_visibility_never_gives_a_group_two_holders(broker
     assert bodies(q.receive(10)) == [b"x1"]
 
 
-@pytest.mark.files_only("on ZooKeeper each change reads its group before the call's writes (README)")
 def test_a_batch_of_changes_of_visibility_acts_as_its_changes_one_after_another(broker: Broker) -> None:
     """A change that gives back the message of the receive that took a group lets the late
     consumer's receipt after it in the same call hide its message of the group again."""

@@ -103,11 +103,6 @@ class SharedQueue(RuleBasedStateMachine):
     """Whether ``purge()`` is asked (SQS allows one a minute)."""
     TASKS = True
     """Whether ``task(id)`` is asked, and ``delete_ids`` (mq's delete by id; SQS has neither)."""
-    BATCH_AS_FOUND = False
-    """Whether a change of a ``change_visibility_many`` may also be refused when another receive
-    held its message's group as the call found the queue, though a change before it in the call
-    gave that back (ZooKeeper: each change reads the group before the batch writes, but for one
-    made again after a conflict, which reads it after)."""
     CLOCK = False
     """Whether the queue's clocks (``time.time_ns``, ``time.time`` and ``time.monotonic``, in this
     process) are the model's, moved by ``tick`` alone (so that when a collection is due, say,
@@ -340,8 +335,7 @@ class SharedQueue(RuleBasedStateMachine):
     def hide_again(self, process: int, ch: ChannelModel, chosen: list[int], seconds: float) -> None:
         """Change the visibility of the messages ``chosen`` (one: ``change_visibility``; more:
         ``change_visibility_many``), each refused when another receive took its group since,
-        after the changes before it in the call (``BATCH_AS_FOUND``: or may be refused when
-        another receive held it as the call found the queue)."""
+        after the changes before it in the call."""
         found = {n: ch.group_taken_since(n) for n in chosen}
         chosen = [n for n in chosen if found[n] is not None]  # (else either answer is right: not asked)
         channel = self.channel(process, ch)
@@ -356,7 +350,7 @@ class SharedQueue(RuleBasedStateMachine):
             outcomes = channel.change_visibility_many([(ch.receipt[n], seconds) for n in chosen])
         for n, outcome in zip(chosen, outcomes):  # in order: a change counts for the ones after it
             taken = ch.group_taken_since(n)
-            if taken or outcome is not None and (taken is None or self.BATCH_AS_FOUND and found[n]):
+            if taken or outcome is not None and taken is None:
                 self.check_refused(outcome)
                 continue
             assert outcome is None, outcome
@@ -958,7 +952,6 @@ class SharedQueueOnZooKeeper(SharedQueueWithDeadLetters):
 
     OFFSET_IDS = False
     DEDUP_IDS = ("x", "y")
-    BATCH_AS_FOUND = True
 
     def new_broker(self) -> Broker:
         if not hasattr(self, "url"):

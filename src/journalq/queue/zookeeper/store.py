@@ -2008,6 +2008,15 @@ class ZooKeeperQueue:
                         outcomes[i] = group_taken_error(repr(receipts[i]), task)
                         continue
                 commits[i] = (task, entry, version, end, hide)
+            if guards and len(todo) > 1:
+                # A hide after a claim ran out, of a group, beside other changes: the changes are
+                # made one at a time, in order, each reading the queue after the ones before it
+                # (as a batch acts on files). Read together, a change could be refused for a
+                # holder that an earlier change of the batch gives back. (Rare, so its reads
+                # again cost little.)
+                for i in sorted(todo):
+                    outcomes[i] = self._act([receipts[i]], lambda _, entry, i=i: change(i, entry), moving=moving)[0]
+                return outcomes
             retry = {}
             applied = self._apply(list(commits.values()), fenced=True, guards=[guards.get(i, ()) for i in commits])
             for i, (failed, new) in zip(commits, applied):
@@ -2033,8 +2042,8 @@ class ZooKeeperQueue:
         """For a change that hides ``task`` again after its claim ran out (``entry``, of a FIFO
         group): ``group_guard``, from the group's other entries read now, as ``_apply`` takes
         it ((entry path, version, data or None)). Lists the queue and reads the group: changes
-        of visibility after a claim ran out are rare. (Each change of a batch reads for itself,
-        before the batch's writes: see ``_act``'s retries.)"""
+        of visibility after a claim ran out are rare. (In a batch, ``_act`` makes such a change
+        after the changes before it, and reads for it then.)"""
         group = self._group_entries(entry.group, task)
         taken, guard = group_guard(task, entry, group, _now_ms(), self._live())
         return taken, [(self.paths.entry(other), v, None if e is None else e.encode()) for other, v, e in guard]
