@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import journalq.journal.index as index_mod
 import journalq.journal.writer as writer_mod
@@ -19,9 +22,10 @@ from journalq.errors import StorageError
 from journalq.journal.codec import OVERHEAD, encode
 from journalq.journal.index import read_entries
 from journalq.journal.scanner import Scanner
-from journalq.journal.segment import scan_segment
+from journalq.journal.inspect import check
+from journalq.journal.segment import SPARE, list_segments, scan_segment, segment_at, spare_path
 from journalq.journal.space import allocated, release, reserve
-from journalq.journal.writer import Writer
+from journalq.journal.writer import Writer, split_at_rolls
 
 
 def can_reserve(directory: Path) -> bool:
@@ -379,3 +383,100 @@ def test_a_shared_writer_reserves_again_after_it_cut_a_dead_writers_torn_tail(
     assert asked and asked[0][0] == len(b"one") + OVERHEAD  # reserved again from the cut
     first.close()
     assert values(tmp_path) == [b"one", b"two"]
+
+
+def spares(path: Path) -> list[str]:
+    return sorted(name for name in os.listdir(path / "jnl") if SPARE.match(name))
+
+
+def test_a_batch_that_rolls_reserves_its_new_segments_before_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writes: list[int]
+) -> None:
+    """The room of the segments a batch starts is reserved before any of it is written: a disk
+    that another journal fills between the check of the room and the roll (here, every
+    reservation in another file than the segment appended to fails) fails the batch before it
+    writes. It was written up to the roll, read by a follower, then taken back: a message never
+    stored, whose offset the next append reused."""
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    w = Writer(tmp_path, segment_size=1024)
+    w.append(b"kept")
+    follower = Scanner(tmp_path, 0, timeout=0.2)
+    assert [m.value for m in follower] == [b"kept"]
+    current = os.stat(w.segment.path).st_ino
+    real = writer_mod.reserve
+
+    def full_elsewhere(fd: int, offset: int, length: int) -> bool:
+        if os.fstat(fd).st_ino != current:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(writer_mod, "reserve", full_elsewhere)
+    writes.clear()
+    with pytest.raises(StorageError, match="No space left on device") as info:
+        w.append_many([b"lost %d" % i + b"." * 200 for i in range(8)])  # two segments' worth
+    assert info.value.errno == errno.ENOSPC and info.value.offset == 1
+    assert writes == []
+    assert list(follower) == []
+    assert spares(tmp_path) == []
+    monkeypatch.undo()
+    assert w.append_many([b"after %d" % i + b"." * 200 for i in range(8)]) == 8
+    w.close()
+    assert [m.value[:7] for m in follower] == [b"after %d" % i for i in range(8)]
+    follower.close()
+    assert len(list_segments(tmp_path)) == 2
+
+
+def test_the_segments_a_batch_starts_keep_the_room_reserved_for_them(tmp_path: Path) -> None:
+    """A spare file's blocks become its segment's: the batch's later pieces are written into
+    room already there, and no spare file stays."""
+    if not can_reserve(tmp_path):
+        pytest.skip("this file system cannot reserve space")
+    with Writer(tmp_path, segment_size=64 * 1024) as w:
+        w.append_many([b"x" * 4000] * 40)  # three segments
+        bases = [s.base for s in list_segments(tmp_path)]
+        assert len(bases) == 3 and w.segment.base == bases[-1]
+        stat = os.stat(w.segment.path)
+        assert allocated(stat) >= stat.st_size > 0
+        assert spares(tmp_path) == []
+    assert values(tmp_path) == [b"x" * 4000] * 40
+
+
+def test_a_writer_opening_removes_the_spares_a_killed_writer_left(tmp_path: Path) -> None:
+    """A spare exists only while its writer holds the journal's lock: one found by a writer that
+    takes the lock was left by a writer killed mid-append, and is deleted (with its blocks);
+    ``check`` reports one whose process is gone."""
+    with Writer(tmp_path) as w:
+        w.append(b"kept")
+    leftover = spare_path(segment_at(tmp_path, 1)).with_name(f"{1:016x}.{2**40}.spare")
+    with open(leftover, "wb") as f:
+        reserve(f.fileno(), 0, 1024 * 1024)
+    os.utime(leftover, (1, 1))  # long ago
+    report = check(tmp_path)
+    assert [(p.kind, p.file, p.fixed) for p in report.problems] == [("segment", leftover, False)]
+    assert values(tmp_path) == [b"kept"]  # readers pass it by
+    with Writer(tmp_path) as w:
+        assert spares(tmp_path) == []
+        assert w.append(b"next") == 1
+    assert values(tmp_path) == [b"kept", b"next"]
+    assert check(tmp_path).problems == []
+
+
+@given(
+    start=st.integers(0, 300),
+    sizes=st.lists(st.integers(1, 200), min_size=1, max_size=30),
+    segment_size=st.integers(1, 500),
+)
+def test_a_batch_is_split_where_sej_rolls(start: int, sizes: list[int], segment_size: int) -> None:
+    """``split_at_rolls``: pieces that follow each other over the whole batch, each ended by the
+    first message that reaches the segment size (counted from its segment's start), and no
+    other message reaching it."""
+    starts = list(accumulate(sizes, initial=start))
+    pieces = split_at_rolls(starts, segment_size)
+    assert [first for first, _, _ in pieces] == [0] + [end for _, end, _ in pieces[:-1]]
+    assert pieces[-1][1] == len(sizes)
+    for k, (first, end, shift) in enumerate(pieces):
+        assert shift == (0 if k == 0 else starts[first])
+        ends = [starts[i + 1] - shift for i in range(first, end)]
+        assert all(e < segment_size for e in ends[:-1])
+        assert k == len(pieces) - 1 or ends[-1] >= segment_size

@@ -31,6 +31,7 @@ from journalq.journal.lock import FileLock, process_alive
 from journalq.journal.recovery import Recovery, misnamed
 from journalq.journal.scanner import Scanner
 from journalq.journal.segment import (
+    SPARE,
     Segment,
     SegmentScan,
     gap_reason,
@@ -358,6 +359,7 @@ def check(path: str | os.PathLike[str], repair: bool = False) -> CheckReport:
     for file in orphan_indexes(path):
         report.problems.append(_leftover("index", file, "index of no segment: its segment was deleted", repair))
     report.problems.extend(_abandoned("index", journal_dir(path), index.TEMPORARY, repair))
+    report.problems.extend(_abandoned("segment", journal_dir(path), SPARE, repair))
     report.problems.extend(_abandoned("offset", path / "ofs", offsets.TEMPORARY, repair))
     report.problems.extend(_offset_problems(path))
     return report
@@ -389,7 +391,7 @@ def _leftover(kind: ProblemKind, file: Path, reason: str, repair: bool) -> Probl
 def _abandoned(kind: ProblemKind, directory: Path, temporary: re.Pattern[str], repair: bool) -> Iterator[Problem]:
     """The temporary files in ``directory`` (named as ``temporary`` matches, with the writing
     process's id) whose process is gone: killed before it renamed one over its index or offset
-    file. A live process's is a write in progress."""
+    file, or linked a spare segment into place. A live process's is a write in progress."""
     try:
         names = sorted(os.listdir(directory))
     except (FileNotFoundError, NotADirectoryError):

@@ -2,7 +2,9 @@
 
 A journal directory holds ``jnl/`` with one file per segment, named by the offset of its first
 message in 16 hex digits (``%016x.jnl``), and beside each segment journalq keeps a sparse offset
-index, ``%016x.idx``, which sej ignores (it only reads ``*.jnl``).
+index, ``%016x.idx``, which sej ignores (it only reads ``*.jnl``). While an append that starts
+new segments is under way, the blocks of those segments wait in spare files,
+``%016x.PID.spare`` (see ``spare_path``), which every reader ignores too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ SEGMENT_SUFFIX = ".jnl"
 INDEX_SUFFIX = ".idx"
 _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")  # as sej names them: %016x
 _INDEX_NAME = re.compile(r"^[0-9a-f]{16}\.idx$")
+SPARE = re.compile(r"^[0-9a-f]{16}\.(\d+)\.spare$")
+"""A spare segment's name (its group: the process that made it)."""
 
 
 def check_integer(name: str, value: object, minimum: int | None) -> int:
@@ -71,6 +75,35 @@ class Segment:
 def segment_at(path: str | os.PathLike[str], base_offset: int) -> Segment:
     """The segment of the journal at ``path`` that starts at ``base_offset`` (it may not exist)."""
     return Segment(base_offset, journal_dir(path) / segment_name(base_offset))
+
+
+def spare_path(segment: Segment) -> Path:
+    """Where this process keeps the blocks of ``segment`` before it starts it: a writer whose
+    append will start new segments reserves their room first, in these files, and links each
+    into place when it comes to it. So a disk that fills up meanwhile (another journal's
+    appends) fails the append before it writes anything, rather than after readers may have
+    read its first part (which the failure would take back). Only under the journal's lock:
+    a spare left there (its writer killed) is of no one."""
+    return segment.path.with_name(f"{segment.base:016x}.{os.getpid()}.spare")
+
+
+def remove_spares(path: str | os.PathLike[str]) -> list[Path]:
+    """Delete the spare segments in the journal at ``path`` (under its lock: see ``spare_path``).
+    Returns the files it deleted."""
+    directory = journal_dir(path)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        if SPARE.match(name):
+            try:
+                (directory / name).unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(directory / name)
+    return removed
 
 
 def segment_bases(path: str | os.PathLike[str]) -> list[int]:

@@ -3,7 +3,8 @@
 A writer whose write runs out of space takes back the whole messages it wrote (appends are all or
 nothing), but a reader in another thread or process may have read them meanwhile: messages never
 stored, whose offsets the next append reuses. With the blocks allocated first, the full disk is
-found before the first byte is written, and there is nothing to take back. Linux's ``fallocate``
+found before the first byte is written, and there is nothing to take back (the segments that a
+batch starts are reserved before it writes too, in spare files: ``segment.spare_path``). Linux's ``fallocate``
 with ``FALLOC_FL_KEEP_SIZE`` allocates them without changing the file's size: readers, recovery
 and sej's own code see the same file as before, and ``ftruncate`` to that size gives them back.
 

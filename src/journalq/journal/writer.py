@@ -21,6 +21,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from itertools import accumulate
 from pathlib import Path
 
@@ -57,9 +58,11 @@ from journalq.journal.segment import (
     lock_path,
     open_segment,
     remove_segment,
+    remove_spares,
     scan_segment,
     segment_at,
     segment_name,
+    spare_path,
 )
 from journalq.journal.sync import SyncPolicy, fdatasync
 
@@ -207,6 +210,7 @@ class Writer(Closing):
                 self._lock.acquire(wait=False)
                 self._lock.write_note(f"{_EXCLUSIVE_NOTE}, pid {os.getpid()}")
             try:
+                remove_spares(self.path)  # a killed writer's, holding blocks
                 segments = list_segments(self.path)
                 segment = segments[-1] if segments else segment_at(self.path, 0)
                 try:
@@ -409,11 +413,20 @@ class Writer(Closing):
 
     # -- opening and recovery ---------------------------------------------------------------
 
-    def _open_segment(self, segment: Segment) -> None:
+    def _open_segment(self, segment: Segment, spare: tuple[Path, int] | None = None) -> None:
         """Make ``segment`` the one appended to, after checking and recovering its tail. The
         segment appended to so far is closed once this one is open: a failure (too many open
-        files, say) leaves the writer on it, usable."""
+        files, say) leaves the writer on it, usable. ``spare``: (path, bytes reserved) of the
+        spare file that becomes the segment, when it is not there yet (``spare_path``)."""
         created = not segment.path.exists()
+        reserved = 0
+        if spare is not None and created:
+            try:
+                # A link, not a rename: never over a segment that another writer made meanwhile.
+                os.link(spare[0], segment.path)
+                reserved = spare[1]
+            except OSError:
+                pass  # (no hard links here, say): made empty below, unreserved
         # Read too: a shared writer reads what the others appended through it (``_catch_up``).
         fd = open_segment(segment, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
@@ -430,7 +443,8 @@ class Writer(Closing):
             if not scan.clean:
                 self.recoveries.append(cut_tail(self.path, segment, scan))
             index = IndexAppender(segment, kept + scan.entries)
-            release(fd)  # what a writer that died had reserved (opened under the lock: see ``release``)
+            if not reserved:
+                release(fd)  # what a writer that died had reserved (opened under the lock: see ``release``)
         except BaseException:
             os.close(fd)
             if created:
@@ -448,7 +462,7 @@ class Writer(Closing):
         self._segment = segment
         self._seg_len = scan.end
         self._next_offset = scan.next_offset
-        self._reserved = 0
+        self._reserved = reserved
         self._looked_at = -1
 
     def _take_shared_lock(self) -> None:
@@ -676,18 +690,14 @@ class Writer(Closing):
             except OSError as exc:
                 self._take_back(start_segment, start_len, first_offset, created)
                 raise _append_failed(exc, count, self._segment.path, first_offset) from exc
-        # starts[i] is where message i begins, counted from the current segment's start;
-        # after a roll, ``shift`` is where the new segment began in the same count.
+        # starts[i] is where message i begins, counted from the current segment's start.
         starts = list(accumulate(map(OVERHEAD.__add__, lengths), initial=self._seg_len))
+        pieces = split_at_rolls(starts, self.segment_size)
         view = memoryview(data)
-        shift = 0
-        done = 0  # messages written
+        spares: dict[int, tuple[Path, int]] = {}
         try:
-            self._room_for_rolls(starts)
-            while done < count:
-                # The first message that ends at or past the segment size closes the segment.
-                last = bisect_left(starts, self.segment_size + shift, done + 1, count + 1)
-                end = min(last, count)
+            spares = self._spares_for(pieces, starts, first_offset)
+            for done, end, shift in pieces:
                 piece = view[starts[done] - starts[0] : starts[end] - starts[0]]
                 if starts[end] - shift > self._reserved:
                     self._reserve(starts[end] - shift)
@@ -702,11 +712,9 @@ class Writer(Closing):
                 self._index.add([(offset, position - shift) for offset, position in entries])
                 self._seg_len = starts[end] - shift
                 self._next_offset = first_offset + end
-                done = end
                 if self._seg_len >= self.segment_size:
-                    self._roll()
+                    self._roll(spares.get(self._next_offset))
                     created.append(self._segment)
-                    shift = starts[end]
             self._looked_at = self._seg_len
             self._synced_after(count)
         except (OSError, JournalError) as exc:
@@ -715,13 +723,43 @@ class Writer(Closing):
             if isinstance(exc, JournalError):
                 raise
             raise _append_failed(exc, count, self._segment.path, first_offset) from exc
+        finally:
+            _discard(spares)  # linked into place (or not needed: the append failed)
+
+    def _spares_for(
+        self, pieces: list[tuple[int, int, int]], starts: list[int], first_offset: int
+    ) -> dict[int, tuple[Path, int]]:
+        """Before a batch that rolls writes anything: reserve the room of the segments it will
+        start, in spare files (``spare_path``), so that a full disk fails it now. By base
+        offset, (path, bytes reserved). Where nothing can be reserved, only a check that the
+        file system has the room (``_room_for_rolls``)."""
+        spares: dict[int, tuple[Path, int]] = {}
+        try:
+            for done, end, shift in pieces[1:]:
+                if not self._reserving:
+                    break
+                size = starts[end] - shift
+                path = spare_path(segment_at(self.path, first_offset + done))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                spares[first_offset + done] = (path, size)
+                try:
+                    self._reserving = reserve(fd, 0, size)
+                finally:
+                    os.close(fd)
+            if self._reserving:
+                return spares
+        except BaseException:
+            _discard(spares)
+            raise
+        _discard(spares)
+        self._room_for_rolls(starts)
+        return {}
 
     def _room_for_rolls(self, starts: list[int]) -> None:
-        """Before a batch that rolls writes anything: raise ``ENOSPC`` if the file system has no
-        room for what goes past the current segment. Those bytes cannot be reserved until their
-        segments are made, after the first part is written for readers to see; a full disk then
-        would take that part back. (A check, not a reservation: another writer may take the
-        room in between, and then the take-back remains.)"""
+        """Where nothing can be reserved, before a batch that rolls writes anything: raise
+        ``ENOSPC`` if the file system has no room for what goes past the current segment. (A
+        check, not a reservation: another writer may take the room in between, and then a full
+        disk takes back the first part, which readers may have read.)"""
         first_roll = bisect_left(starts, self.segment_size, 1)
         beyond = starts[-1] - starts[min(first_roll, len(starts) - 1)]
         if beyond <= 0:
@@ -773,12 +811,13 @@ class Writer(Closing):
         finally:
             self._lock.release()
 
-    def _roll(self) -> None:
-        """Close the full segment (synced, as sej does) and start the next one."""
+    def _roll(self, spare: tuple[Path, int] | None = None) -> None:
+        """Close the full segment (synced, as sej does) and start the next one (from ``spare``,
+        as ``_open_segment`` takes it)."""
         self._sync_segment()
         self._unsynced = 0
         self._mark_durable(self._next_offset)
-        self._open_segment(segment_at(self.path, self._next_offset))
+        self._open_segment(segment_at(self.path, self._next_offset), spare)
 
     def _take_back(self, segment: Segment, length: int, next_offset: int, created: list[Segment]) -> None:
         """Undo a failed batch: remove segments it started and cut the first back to ``length``."""
@@ -1146,6 +1185,30 @@ def _append_failed(exc: OSError, count: int, file: Path, offset: int) -> Storage
         file=file,
         offset=offset,
     )
+
+
+def _discard(spares: dict[int, tuple[Path, int]]) -> None:
+    for path, _ in spares.values():
+        with suppress(FileNotFoundError):
+            path.unlink()
+
+
+def split_at_rolls(starts: list[int], segment_size: int) -> list[tuple[int, int, int]]:
+    """How a batch is written when message ``i`` begins at ``starts[i]`` (counted from the
+    current segment's start; the last item is where the batch ends): (first message, end, shift)
+    of each piece written to one segment, ``shift`` being where that segment begins in the same
+    count. The first message that ends at or past ``segment_size`` closes its segment, as sej
+    rolls, and the next piece (if any) starts a new one."""
+    count = len(starts) - 1
+    pieces = []
+    done = shift = 0
+    while done < count:
+        end = min(bisect_left(starts, segment_size + shift, done + 1, count + 1), count)
+        pieces.append((done, end, shift))
+        if starts[end] - shift >= segment_size:
+            shift = starts[end]
+        done = end
+    return pieces
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
