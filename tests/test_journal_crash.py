@@ -114,14 +114,17 @@ def test_sigkill_during_appends_loses_nothing_acknowledged(tmp_path, child_env):
     history: list[bytes] = []  # every value in the journal, by offset, after the last round
     total_acks = 0
     recoveries = 0
+    spares_left = 0  # spare segments of an append cut by the kill (see ``segment.spare_path``)
     for round_ in range(ROUNDS):
         start, acks = run_round(path, round_, rng, child_env)
         assert start == len(history), f"round {round_}: the child started at {start}, not {len(history)}"
         total_acks += len(acks)
 
+        spares_left += len(list((path / "jnl").glob("*.spare")))
         with Writer(path, segment_size=SEGMENT_SIZE) as w:  # reopening recovers
             recoveries += len(w.recoveries)
             assert all(r.saved_to.exists() for r in w.recoveries)
+            assert list((path / "jnl").glob("*.spare")) == [], "the spares of the killed append were kept"
             end = w.next_offset
         with Scanner(path) as s:
             messages = list(s)
@@ -143,7 +146,7 @@ def test_sigkill_during_appends_loses_nothing_acknowledged(tmp_path, child_env):
     segments = sorted((path / "jnl").glob("*.jnl"))
     print(
         f"{ROUNDS} rounds: {total_acks} acknowledged, {len(history)} messages, {len(segments)} segments, "
-        f"{recoveries} recoveries"
+        f"{recoveries} recoveries, {spares_left} spare segments left by the kills"
     )
     assert total_acks > ROUNDS, "the children appended too little before being killed"
     assert len(segments) > ROUNDS // 2, "the segments should have rolled many times during the rounds"
