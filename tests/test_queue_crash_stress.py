@@ -307,9 +307,12 @@ class Children:
 
 def stress(
     root: Path, tmp_path: Path, env: dict, *, sync: str, seconds: float, seed: int, scenario: str = "basic",
-    finish_dead: bool = True, snapshot_every: int = SNAPSHOT_EVERY,
+    finish_dead: bool = True, snapshot_every: int = SNAPSHOT_EVERY, at_least: dict[str, int] | None = None,
 ) -> Run:
-    """``finish_dead``: delete by id what a killed consumer held (for a long visibility timeout)."""
+    """``finish_dead``: delete by id what a killed consumer held (for a long visibility timeout).
+    ``at_least``: events (as the children log them) that the run must see this many times: it
+    goes on past ``seconds`` until they come, up to four times as long in all (a slow or busy
+    machine does less in the time)."""
     rng = random.Random(seed)
     run = Run()
     children = Children(CHILD, tmp_path, env, run, lambda role, log: [
@@ -324,8 +327,14 @@ def stress(
     try:
         for slot in range(len(ROLES)):
             start(slot)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+
+        def going_on() -> bool:
+            spent = time.monotonic() - started
+            short = any(run.events[kind] < least for kind, least in (at_least or {}).items())
+            return spent < seconds or short and spent < 4 * seconds
+
+        while going_on():
             time.sleep(rng.uniform(0.05, 0.3))
             slot = rng.randrange(len(ROLES))
             dead = kill(slot)
@@ -429,11 +438,12 @@ def test_random_kills_of_many_producers_and_consumers(
     seed = int(os.environ.get("JOURNALQ_STRESS_SEED", "20261122"))
     seconds = float(os.environ.get("JOURNALQ_STRESS_SECONDS", seconds))
     root = prepare(tmp_path, monkeypatch)
-    run = stress(root, tmp_path, child_env, sync=sync, seconds=seconds, seed=seed)
+    least = {"compact": 5, "roll": 5, "gc": 1}
+    run = stress(root, tmp_path, child_env, sync=sync, seconds=seconds, seed=seed, at_least=least)
     print(f"seed {seed}: {len(run.sent)} sent, {len(run.acked)} deleted, {dict(run.events)}")
     # (Hundreds of compactions and rolls and tens of topic collections in a run here: the bounds
-    # only make sure the paths were taken, on a slower machine too.)
-    assert run.events["compact"] >= 5 and run.events["roll"] >= 5 and run.events["gc"] >= 1
+    # only make sure the paths were taken, on a slower or busy machine too.)
+    assert all(run.events[kind] >= n for kind, n in least.items()), dict(run.events)
     check(root, run)
 
 
