@@ -448,7 +448,8 @@ def test_a_writer_opening_removes_the_spares_a_killed_writer_left(tmp_path: Path
     ``check`` reports one whose process is gone."""
     with Writer(tmp_path) as w:
         w.append(b"kept")
-    leftover = spare_path(segment_at(tmp_path, 1)).with_name(f"{1:016x}.{2**40}.spare")
+    assert SPARE.match(spare_path(segment_at(tmp_path, 1)).name)  # (this process's: alive)
+    leftover = tmp_path / "jnl" / f"{1:016x}.{2**40}.spare"  # a process that cannot be
     with open(leftover, "wb") as f:
         reserve(f.fileno(), 0, 1024 * 1024)
     os.utime(leftover, (1, 1))  # long ago
