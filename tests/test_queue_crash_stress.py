@@ -357,8 +357,7 @@ def stress(
                 if torn.is_dir():
                     lock.acquire(wait=True)
                     try:
-                        if list_segments(torn):
-                            tear_state_tail(torn, rng)
+                        if list_segments(torn) and tear_state_tail(torn, rng):
                             run.events["tear"] += 1
                     finally:
                         lock.release()

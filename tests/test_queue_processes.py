@@ -25,7 +25,7 @@ from journalq.journal import end_offset
 from journalq.journal.codec import encode
 from journalq.journal.lock import FileLock
 from journalq.journal.offsets import read_offset
-from journalq.journal.segment import list_segments, lock_path
+from journalq.journal.segment import list_segments, lock_path, scan_segment
 from journalq.queue import Broker
 from journalq.queue.state import ChannelState, Event, EventKind
 
@@ -69,14 +69,22 @@ PRODUCER = textwrap.dedent(
 )
 
 
-def tear_state_tail(channel: Path, rng: random.Random) -> None:
-    """Append the first bytes of an event, as a writer killed in the middle of it leaves them."""
+def tear_state_tail(channel: Path, rng: random.Random) -> bool:
+    """Append the first bytes of an event, as a writer killed in the middle of it leaves them
+    (under the journal's lock). Not over a torn tail that no writer has cut yet (then False):
+    every writer cuts one before it appends, so a killed writer's torn bytes never follow
+    another's. Two in a row read as a whole message with a wrong size field, which a reader
+    rightly takes for damage: the crash stress test, on a busy machine, tore a topic twice
+    before any producer took its lock, and a consumer raised ``CorruptionError``."""
     last = list_segments(channel)[-1]
+    if not scan_segment(last, 0, last.base).clean:
+        return False
     at = end_offset(channel)
     type_, key, value = Event(EventKind.FINISH, 0, 1).encode()
     data = encode(at, time.time_ns(), type_, key, value)
     with open(last.path, "ab") as f:
         f.write(data[: rng.randint(1, len(data) - 1)])
+    return True
 
 
 def spawn(code: str, *args: object, env: dict, **kwargs) -> subprocess.Popen:
