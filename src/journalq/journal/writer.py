@@ -427,6 +427,11 @@ class Writer(Closing):
                 reserved = spare[1]
             except OSError:
                 pass  # (no hard links here, say): made empty below, unreserved
+            else:
+                # At once: a spare's name left by a kill would keep the segment's blocks after a
+                # gc deletes it (until the next writer to open the journal removes the name).
+                with suppress(OSError):
+                    spare[0].unlink()
         # Read too: a shared writer reads what the others appended through it (``_catch_up``).
         fd = open_segment(segment, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
@@ -724,7 +729,7 @@ class Writer(Closing):
                 raise
             raise _append_failed(exc, count, self._segment.path, first_offset) from exc
         finally:
-            _discard(spares)  # linked into place (or not needed: the append failed)
+            _discard(spares)  # those not linked into place (the append failed)
 
     def _spares_for(
         self, pieces: list[tuple[int, int, int]], starts: list[int], first_offset: int
